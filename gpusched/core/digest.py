@@ -1,0 +1,31 @@
+"""A digest of the state: two replicas that applied the same log prefix must agree on it."""
+from __future__ import annotations
+
+import hashlib
+import json
+
+from gpusched.core.state import ClusterState
+
+
+def canonical(state: ClusterState) -> dict:
+    nodes = {
+        name: [n.status.value, n.used_cpu, n.used_mem, n.faults, sorted(n.jobs),
+               [[g.healthy, g.used_milli, g.mig_mask] for g in n.gpus]]
+        for name, n in sorted(state.nodes.items())
+    }
+    jobs = {
+        jid: [j.phase.value, j.attempt, j.reason, j.seq, j.restarts, j.preemptions,
+              j.checkpoint, sorted(j.started), sorted(j.finished.items()),
+              [[w.worker, w.node, [[s.index, s.milli, s.mig_profile, s.mig_start] for s in w.gpus]]
+               for w in j.workers]]
+        for jid, j in sorted(state.jobs.items())
+    }
+    usage = {t: [u.gpu_milli, u.cpu_milli, u.memory_mib, u.jobs] for t, u in sorted(state.usage.items())
+             if u.gpu_milli or u.cpu_milli or u.memory_mib or u.jobs}
+    return {"nodes": nodes, "jobs": jobs, "usage": usage, "pending": list(state.pending),
+            "applied": state.applied, "rejected": state.rejected, "dedupe": state.dedupe.ids()[-64:]}
+
+
+def digest(state: ClusterState) -> str:
+    blob = json.dumps(canonical(state), separators=(",", ":"), sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()

@@ -1,0 +1,61 @@
+"""MIG (Multi-Instance GPU) profiles and NVIDIA's placement rules.
+
+An A100/H100/H200 is cut into 8 memory slices and 7 compute slices. A profile may start
+only at certain slice positions and covers a fixed width; two instances may not overlap.
+(From NVIDIA's MIG user guide, A100/H100 placement table.) We model the 8 memory slices
+as a bitmask per GPU: the reducer checks overlap, the policies choose starts.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class MigProfile:
+    name: str
+    compute: int          # compute slices out of 7
+    width: int            # memory slices out of 8
+    starts: tuple[int, ...]
+
+    def mask(self, start: int) -> int:
+        return ((1 << self.width) - 1) << start
+
+    @property
+    def milli(self) -> int:
+        """GPU milli this instance accounts for (compute share of the whole GPU)."""
+        return self.compute * 1000 // 7
+
+
+PROFILES: dict[str, MigProfile] = {
+    p.name: p
+    for p in (
+        MigProfile("1g", 1, 1, (0, 1, 2, 3, 4, 5, 6)),
+        MigProfile("2g", 2, 2, (0, 2, 4)),
+        MigProfile("3g", 3, 4, (0, 4)),
+        MigProfile("4g", 4, 4, (0,)),
+        MigProfile("7g", 7, 8, (0,)),
+    )
+}
+FULL_MASK = (1 << 8) - 1
+
+
+def parse_profile(text: str) -> MigProfile | None:
+    """'3g', '3g.40gb' or '3g.71gb' -> the 3g profile; None when unknown."""
+    return PROFILES.get(text.split(".", 1)[0].strip().lower())
+
+
+def fits_at(used_mask: int, profile: MigProfile, start: int) -> bool:
+    return start in profile.starts and not used_mask & profile.mask(start)
+
+
+def free_starts(used_mask: int, profile: MigProfile) -> list[int]:
+    return [s for s in profile.starts if not used_mask & profile.mask(s)]
+
+
+def largest_placeable(used_mask: int) -> int:
+    """Compute slices of the largest profile that still fits: a fragmentation measure."""
+    best = 0
+    for p in PROFILES.values():
+        if p.compute > best and free_starts(used_mask, p):
+            best = p.compute
+    return best

@@ -1,0 +1,140 @@
+"""Value objects of the domain: what a job asks for and where its workers were put.
+
+All frozen: they travel inside events, which are history and never change.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+class JobKind(str, Enum):
+    TRAINING = "training"
+    INFERENCE = "inference"
+
+
+class JobPhase(str, Enum):
+    PENDING = "pending"
+    PLACED = "placed"
+    RUNNING = "running"
+    PREEMPTING = "preempting"   # victims told to checkpoint, GPUs not yet free
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (JobPhase.SUCCEEDED, JobPhase.FAILED, JobPhase.CANCELLED)
+
+    @property
+    def holds_gpus(self) -> bool:
+        return self in (JobPhase.PLACED, JobPhase.RUNNING, JobPhase.PREEMPTING)
+
+
+class NodeStatus(str, Enum):
+    READY = "ready"
+    LOST = "lost"
+    CORDONED = "cordoned"
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerResources:
+    """What one worker (gang member) needs. Exactly one GPU form is used:
+    ``gpus`` whole GPUs, or one GPU shared at ``gpu_milli`` (1..999), or ``mig_profile``.
+    A worker with none of them is CPU-only."""
+
+    gpus: int = 0
+    gpu_milli: int = 0
+    mig_profile: str = ""
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    gpu_models: tuple[str, ...] = ()
+
+    @property
+    def is_share(self) -> bool:
+        return self.gpu_milli > 0 and self.gpus == 0
+
+    @property
+    def is_mig(self) -> bool:
+        return bool(self.mig_profile)
+
+    @property
+    def milli(self) -> int:
+        """GPU milli one worker accounts for (whole GPUs count 1000 each)."""
+        if self.is_share:
+            return self.gpu_milli
+        if self.is_mig:
+            from gpusched.core.mig import parse_profile
+
+            profile = parse_profile(self.mig_profile)
+            return profile.milli if profile else 0
+        return self.gpus * 1000
+
+    def allows(self, model: str) -> bool:
+        return not self.gpu_models or model in self.gpu_models
+
+
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    name: str
+    team: str
+    pool: str = "default"
+    priority_class: str = "training"
+    kind: JobKind = JobKind.TRAINING
+    workers: int = 1
+    resources: WorkerResources = field(default_factory=WorkerResources)
+    max_runtime_s: float = 0.0
+    preemptible: bool = True
+    checkpoint_interval_s: float = 0.0
+    command: tuple[str, ...] = ()
+    simulated_duration_s: float = 0.0
+    org: str = ""
+    max_restarts: int = 3
+
+    @property
+    def total_milli(self) -> int:
+        return self.workers * self.resources.milli
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSlot:
+    """One GPU (or part of one) given to a worker."""
+
+    index: int
+    milli: int = 1000
+    mig_profile: str = ""
+    mig_start: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerAssignment:
+    worker: int
+    node: str
+    gpus: tuple[GpuSlot, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class GpuInfo:
+    index: int
+    uuid: str
+    model: str
+    memory_mib: int
+    mig_capable: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    name: str
+    pool: str
+    cpu_milli: int
+    memory_mib: int
+    gpus: tuple[GpuInfo, ...] = ()
+    labels: tuple[tuple[str, str], ...] = ()   # e.g. (("rack", "r1"), ("spine", "s0"))
+    simulated: bool = False
+    agent_id: str = ""                            # incarnation of the agent process
+
+    def label(self, key: str, default: str = "") -> str:
+        for k, v in self.labels:
+            if k == key:
+                return v
+        return default

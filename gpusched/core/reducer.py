@@ -1,0 +1,283 @@
+"""``apply(state, event) -> Outcome``: the one deterministic fold of the pool log.
+
+Every service and the simulator apply events with this function only. It reads no
+clock, draws no random number and does no I/O, so replicas that applied the same prefix
+hold the same state (``gpusched.core.digest``). Decisions written by schedulers are
+proposals: they are checked here, against the state at their position in the log, and
+recorded as rejected when no longer valid — which is what makes zombie schedulers,
+duplicated messages and racing replicas harmless.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import singledispatch
+
+from gpusched.core import events as ev
+from gpusched.core.capacity import check_placement, commit, release
+from gpusched.core.model import JobPhase, NodeStatus
+from gpusched.core.state import ClusterState, GpuState, JobState, NodeState
+
+# A node with this many GPU faults is cordoned until an operator clears it.
+FAULTS_TO_QUARANTINE = 2
+RETRY_BACKOFF_BASE_S = 1.0
+RETRY_BACKOFF_MAX_S = 300.0
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    accepted: bool
+    reason: str = ""
+    jobs: tuple[str, ...] = ()     # jobs whose state changed
+    duplicate: bool = False
+
+
+DUPLICATE = Outcome(False, "duplicate event id", duplicate=True)
+
+
+def apply(state: ClusterState, event: ev.Event) -> Outcome:
+    if state.dedupe.seen(event.event_id):
+        return DUPLICATE
+    state.dedupe.add(event.event_id)
+    state.applied += 1
+    outcome = _apply(event, state)
+    if outcome.accepted:
+        state.version += 1
+    else:
+        state.rejected += 1
+    return outcome
+
+
+@singledispatch
+def _apply(event: ev.Event, state: ClusterState) -> Outcome:
+    return Outcome(False, f"unknown event type {type(event).__name__}")
+
+
+def _reject(reason: str, job_id: str = "") -> Outcome:
+    return Outcome(False, reason, (job_id,) if job_id else ())
+
+
+# --- nodes --------------------------------------------------------------------------
+@_apply.register
+def _(e: ev.NodeRegistered, state: ClusterState) -> Outcome:
+    info = e.node
+    old = state.nodes.get(info.name)
+    if old is None:
+        state.nodes[info.name] = NodeState(info=info, gpus=[GpuState(g) for g in info.gpus])
+        return Outcome(True)
+    if len(old.gpus) != len(info.gpus):
+        return _reject(f"node {info.name} re-registered with a different GPU count")
+    # A restarted agent: keep allocations (the log still assigns that work here), take
+    # the fresh inventory, and bring a lost node back. A cordon survives restarts.
+    old.info = info
+    for gpu, fresh in zip(old.gpus, info.gpus):
+        gpu.info = fresh
+    if old.status is NodeStatus.LOST:
+        old.status = NodeStatus.READY
+    return Outcome(True)
+
+
+@_apply.register
+def _(e: ev.NodeLost, state: ClusterState) -> Outcome:
+    node = state.nodes.get(e.node)
+    if node is None or node.status is NodeStatus.LOST:
+        return _reject(f"node {e.node} unknown or already lost")
+    node.status = NodeStatus.LOST
+    moved = [_requeue(state, state.jobs[j], f"node {e.node} lost", e.time) for j in sorted(node.jobs)]
+    return Outcome(True, jobs=tuple(moved))
+
+
+@_apply.register
+def _(e: ev.NodeCordoned, state: ClusterState) -> Outcome:
+    node = state.nodes.get(e.node)
+    if node is None or node.status is not NodeStatus.READY:
+        return _reject(f"node {e.node} unknown or not ready")
+    node.status = NodeStatus.CORDONED
+    return Outcome(True)
+
+
+@_apply.register
+def _(e: ev.NodeUncordoned, state: ClusterState) -> Outcome:
+    node = state.nodes.get(e.node)
+    if node is None or node.status is not NodeStatus.CORDONED:
+        return _reject(f"node {e.node} unknown or not cordoned")
+    node.status = NodeStatus.READY
+    node.faults = 0
+    return Outcome(True)
+
+
+@_apply.register
+def _(e: ev.GpuHealthChanged, state: ClusterState) -> Outcome:
+    node = state.nodes.get(e.node)
+    if node is None or not 0 <= e.gpu_index < len(node.gpus):
+        return _reject(f"no GPU {e.gpu_index} on node {e.node}")
+    gpu = node.gpus[e.gpu_index]
+    if gpu.healthy == e.healthy:
+        return _reject("health unchanged")
+    gpu.healthy = e.healthy
+    if e.healthy:
+        return Outcome(True)
+    node.faults += 1
+    if node.faults >= FAULTS_TO_QUARANTINE and node.status is NodeStatus.READY:
+        node.status = NodeStatus.CORDONED
+    hit = [j for j in sorted(node.jobs) if _uses_gpu(state.jobs[j], e.node, e.gpu_index)]
+    moved = [_requeue(state, state.jobs[j], f"GPU {e.node}/{e.gpu_index} unhealthy", e.time) for j in hit]
+    return Outcome(True, jobs=tuple(moved))
+
+
+def _uses_gpu(job: JobState, node: str, index: int) -> bool:
+    return any(w.node == node and any(s.index == index for s in w.gpus) for w in job.workers)
+
+
+# --- jobs ---------------------------------------------------------------------------
+@_apply.register
+def _(e: ev.JobSubmitted, state: ClusterState) -> Outcome:
+    if e.job_id in state.jobs:
+        return _reject(f"job {e.job_id} exists", e.job_id)
+    key = f"{e.spec.team}/{e.idempotency_key}" if e.idempotency_key else ""
+    if key and key in state.idempotency:
+        return _reject(f"idempotency key already used by {state.idempotency[key]}", e.job_id)
+    job = JobState(e.job_id, e.spec, state.next_seq, e.time, e.idempotency_key)
+    state.next_seq += 1
+    state.jobs[e.job_id] = job
+    state.pending[e.job_id] = None
+    if key:
+        state.idempotency[key] = e.job_id
+    return Outcome(True, jobs=(e.job_id,))
+
+
+@_apply.register
+def _(e: ev.JobCancelled, state: ClusterState) -> Outcome:
+    job = state.jobs.get(e.job_id)
+    if job is None or job.phase.terminal:
+        return _reject(f"job {e.job_id} unknown or already ended", e.job_id)
+    _end(state, job, JobPhase.CANCELLED, e.reason or "cancelled", e.time)
+    return Outcome(True, jobs=(job.job_id,))
+
+
+@_apply.register
+def _(e: ev.JobPlaced, state: ClusterState) -> Outcome:
+    job = state.jobs.get(e.job_id)
+    if job is None or job.phase is not JobPhase.PENDING:
+        return _reject(f"job {e.job_id} is not pending", e.job_id)
+    if e.attempt != job.attempt:
+        return _reject(f"stale attempt {e.attempt}, job is at {job.attempt}", e.job_id)
+    problem = check_placement(state, job, e.workers)
+    if problem:
+        job.reason = f"placement rejected: {problem}"
+        return _reject(problem, e.job_id)
+    commit(state, job, e.workers)
+    job.workers = e.workers
+    job.phase = JobPhase.PLACED
+    job.placed_at = e.time
+    job.reason = ""
+    job.started.clear()
+    job.finished.clear()
+    del state.pending[job.job_id]
+    return Outcome(True, jobs=(job.job_id,))
+
+
+def _current(state: ClusterState, job_id: str, attempt: int) -> JobState | None:
+    job = state.jobs.get(job_id)
+    if job is None or job.attempt != attempt or not job.phase.holds_gpus:
+        return None
+    return job
+
+
+@_apply.register
+def _(e: ev.WorkerStarted, state: ClusterState) -> Outcome:
+    job = _current(state, e.job_id, e.attempt)
+    if job is None or e.worker in job.started or not _assigned(job, e.worker, e.node):
+        return _reject(f"no placed attempt {e.attempt} worker {e.worker} on {e.node}", e.job_id)
+    job.started.add(e.worker)
+    if job.phase is JobPhase.PLACED and len(job.started) == job.spec.workers:
+        job.phase = JobPhase.RUNNING
+        job.started_at = e.time
+    return Outcome(True, jobs=(job.job_id,))
+
+
+def _assigned(job: JobState, worker: int, node: str) -> bool:
+    return any(w.worker == worker and w.node == node for w in job.workers)
+
+
+@_apply.register
+def _(e: ev.WorkerFinished, state: ClusterState) -> Outcome:
+    job = _current(state, e.job_id, e.attempt)
+    if job is None or e.worker in job.finished or not _assigned(job, e.worker, e.node):
+        return _reject(f"no live attempt {e.attempt} worker {e.worker} on {e.node}", e.job_id)
+    job.finished[e.worker] = e.exit_code
+    if job.phase is JobPhase.PREEMPTING:
+        if len(job.finished) == len(job.workers):
+            job.preemptions += 1
+            _requeue(state, job, f"preempted for {job.nominated_by}", e.time, charge=False)
+        return Outcome(True, jobs=(job.job_id,))
+    if e.exit_code != 0:
+        # One failed member fails the attempt: a gang restarts as a whole.
+        _retry_or_fail(state, job, e.reason or f"worker {e.worker} exited {e.exit_code}", e.time)
+    elif len(job.finished) == len(job.workers):
+        _end(state, job, JobPhase.SUCCEEDED, "", e.time)
+    return Outcome(True, jobs=(job.job_id,))
+
+
+@_apply.register
+def _(e: ev.CheckpointSaved, state: ClusterState) -> Outcome:
+    job = _current(state, e.job_id, e.attempt)
+    if job is None:
+        return _reject(f"checkpoint for a job not running attempt {e.attempt}", e.job_id)
+    job.checkpoint = e.checkpoint
+    job.checkpoint_progress_s = max(job.checkpoint_progress_s, e.progress_s)
+    return Outcome(True, jobs=(job.job_id,))
+
+
+@_apply.register
+def _(e: ev.JobPreempted, state: ClusterState) -> Outcome:
+    job = _current(state, e.job_id, e.attempt)
+    if job is None or job.phase is JobPhase.PREEMPTING:
+        return _reject(f"job {e.job_id} attempt {e.attempt} is not running", e.job_id)
+    if not job.spec.preemptible:
+        return _reject(f"job {e.job_id} is not preemptible", e.job_id)
+    job.phase = JobPhase.PREEMPTING
+    job.nominated_by = e.for_job
+    job.reason = e.reason or f"preempted for {e.for_job}"
+    return Outcome(True, jobs=(job.job_id,))
+
+
+# --- transitions shared by several events --------------------------------------------
+def _end(state: ClusterState, job: JobState, phase: JobPhase, reason: str, time: float) -> None:
+    _stop(state, job, time)
+    state.pending.pop(job.job_id, None)
+    job.phase = phase
+    job.reason = reason
+    job.ended_at = time
+
+
+def _stop(state: ClusterState, job: JobState, time: float) -> None:
+    if job.phase.holds_gpus:
+        release(state, job, job.workers)
+        if job.started_at:
+            job.run_s += max(0.0, time - job.started_at)
+    job.started_at = 0.0
+
+
+def _requeue(state: ClusterState, job: JobState, reason: str, time: float, charge: bool = False) -> str:
+    """Back to pending as a new attempt; it resumes from ``job.checkpoint`` if any."""
+    _stop(state, job, time)
+    job.phase = JobPhase.PENDING
+    job.reason = reason
+    job.attempt += 1
+    job.workers = ()
+    job.started.clear()
+    job.finished.clear()
+    job.nominated_by = ""
+    if charge:
+        job.restarts += 1
+        backoff = min(RETRY_BACKOFF_MAX_S, RETRY_BACKOFF_BASE_S * 2 ** (job.restarts - 1))
+        job.not_before = time + backoff
+    state.pending[job.job_id] = None
+    return job.job_id
+
+
+def _retry_or_fail(state: ClusterState, job: JobState, reason: str, time: float) -> None:
+    if job.restarts < job.spec.max_restarts:
+        _requeue(state, job, f"retrying after failure: {reason}", time, charge=True)
+    else:
+        _end(state, job, JobPhase.FAILED, f"restart budget spent: {reason}", time)

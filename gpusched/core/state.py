@@ -1,0 +1,171 @@
+"""The state one pool log folds into: nodes, their GPUs' allocations, and jobs.
+
+Mutable on purpose: the reducer updates it in place, because copying a cluster of
+thousands of nodes per event would cap replay far below the 100k events/s we need.
+Only the reducer writes it; policies and services read it.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from gpusched.core.mig import FULL_MASK, MigProfile
+from gpusched.core.model import (
+    GpuInfo, JobPhase, JobSpec, NodeInfo, NodeStatus, WorkerAssignment,
+)
+
+
+@dataclass(slots=True)
+class GpuState:
+    info: GpuInfo
+    healthy: bool = True
+    used_milli: int = 0   # whole-GPU and shared allocations
+    mig_mask: int = 0     # memory slices held by MIG instances
+
+    @property
+    def free_milli(self) -> int:
+        return 0 if self.mig_mask else 1000 - self.used_milli
+
+    def fits_whole(self) -> bool:
+        return self.healthy and self.used_milli == 0 and self.mig_mask == 0
+
+    def fits_share(self, milli: int) -> bool:
+        return self.healthy and self.mig_mask == 0 and self.used_milli + milli <= 1000
+
+    def fits_mig(self, profile: MigProfile, start: int) -> bool:
+        return (
+            self.healthy and self.info.mig_capable and self.used_milli == 0
+            and start in profile.starts and not self.mig_mask & profile.mask(start)
+        )
+
+    @property
+    def mig_full(self) -> bool:
+        return self.mig_mask == FULL_MASK
+
+
+@dataclass(slots=True)
+class NodeState:
+    info: NodeInfo
+    gpus: list[GpuState]
+    status: NodeStatus = NodeStatus.READY
+    used_cpu: int = 0
+    used_mem: int = 0
+    jobs: set[str] = field(default_factory=set)
+    faults: int = 0       # GPU faults seen; repeated faults cordon the node
+
+    @property
+    def name(self) -> str:
+        return self.info.name
+
+    @property
+    def model(self) -> str:
+        return self.info.gpus[0].model if self.info.gpus else ""
+
+    @property
+    def schedulable(self) -> bool:
+        return self.status is NodeStatus.READY
+
+    @property
+    def free_cpu(self) -> int:
+        return self.info.cpu_milli - self.used_cpu
+
+    @property
+    def free_mem(self) -> int:
+        return self.info.memory_mib - self.used_mem
+
+    def free_whole_gpus(self) -> int:
+        return sum(1 for g in self.gpus if g.fits_whole())
+
+
+@dataclass(slots=True)
+class JobState:
+    job_id: str
+    spec: JobSpec
+    seq: int                       # submission order within the log
+    submitted_at: float
+    idempotency_key: str = ""
+    phase: JobPhase = JobPhase.PENDING
+    reason: str = ""
+    attempt: int = 0               # bumps each time the job goes back to pending
+    workers: tuple[WorkerAssignment, ...] = ()
+    started: set[int] = field(default_factory=set)
+    finished: dict[int, int] = field(default_factory=dict)   # worker -> exit code
+    placed_at: float = 0.0
+    started_at: float = 0.0
+    ended_at: float = 0.0
+    restarts: int = 0              # failures charged to the restart budget
+    preemptions: int = 0
+    not_before: float = 0.0        # retry back-off: do not place before this time
+    checkpoint: str = ""
+    checkpoint_progress_s: float = 0.0
+    run_s: float = 0.0             # runtime accumulated over earlier attempts
+    nominated_by: str = ""         # job this one is being preempted for
+
+    @property
+    def team(self) -> str:
+        return self.spec.team
+
+    @property
+    def milli(self) -> int:
+        return self.spec.total_milli
+
+
+@dataclass(slots=True)
+class Usage:
+    """What a team holds right now: the basis of quota accounting and fair share."""
+
+    gpu_milli: int = 0
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    jobs: int = 0
+
+
+class DedupeWindow:
+    """The ids of the last ``size`` applied events, to drop duplicates on replay.
+
+    Bounded, so state and snapshots stay small; duplicates come from producer retries,
+    which land close to the original, so a window of 200k events covers them. Being a
+    function of the applied sequence alone, it is deterministic across replicas."""
+
+    __slots__ = ("size", "_ids", "_order")
+
+    def __init__(self, size: int = 200_000) -> None:
+        self.size = size
+        self._ids: set[str] = set()
+        self._order: deque[str] = deque()
+
+    def seen(self, event_id: str) -> bool:
+        return event_id in self._ids
+
+    def add(self, event_id: str) -> None:
+        self._ids.add(event_id)
+        self._order.append(event_id)
+        if len(self._order) > self.size:
+            self._ids.discard(self._order.popleft())
+
+    def ids(self) -> list[str]:
+        return list(self._order)
+
+
+@dataclass(slots=True)
+class ClusterState:
+    nodes: dict[str, NodeState] = field(default_factory=dict)
+    jobs: dict[str, JobState] = field(default_factory=dict)
+    pending: dict[str, None] = field(default_factory=dict)   # ordered set of job ids
+    usage: dict[str, Usage] = field(default_factory=dict)    # team -> usage
+    idempotency: dict[str, str] = field(default_factory=dict)  # team/key -> job id
+    dedupe: DedupeWindow = field(default_factory=DedupeWindow)
+    applied: int = 0      # events applied (duplicates excluded)
+    rejected: int = 0     # proposals found invalid when applied
+    next_seq: int = 0
+    offset: int = -1      # last log offset folded in (set by the log adapter)
+    version: int = 0      # bumps on every change; lets schedulers skip idle cycles
+
+    def team_usage(self, team: str) -> Usage:
+        usage = self.usage.get(team)
+        if usage is None:
+            usage = self.usage[team] = Usage()
+        return usage
+
+    def pool_nodes(self, pool: str) -> list[NodeState]:
+        return [n for n in self.nodes.values() if n.info.pool == pool]
