@@ -8,6 +8,11 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 
+# Exit code a node-agent reports for work lost to infrastructure (agent restart, node
+# loss): the job is requeued without charging its restart budget.
+EXIT_LOST = -2
+
+
 class JobKind(str, Enum):
     TRAINING = "training"
     INFERENCE = "inference"

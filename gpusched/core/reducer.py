@@ -14,7 +14,7 @@ from functools import singledispatch
 
 from gpusched.core import events as ev
 from gpusched.core.capacity import check_placement, commit, release
-from gpusched.core.model import JobPhase, NodeStatus
+from gpusched.core.model import EXIT_LOST, JobPhase, NodeStatus
 from gpusched.core.state import ClusterState, GpuState, JobState, NodeState
 
 # A node with this many GPU faults is cordoned until an operator clears it.
@@ -210,7 +210,9 @@ def _(e: ev.WorkerFinished, state: ClusterState) -> Outcome:
             job.preemptions += 1
             _requeue(state, job, f"preempted for {job.nominated_by}", e.time, charge=False)
         return Outcome(True, jobs=(job.job_id,))
-    if e.exit_code != 0:
+    if e.exit_code == EXIT_LOST:
+        _requeue(state, job, e.reason or f"worker {e.worker} lost on {e.node}", e.time)
+    elif e.exit_code != 0:
         # One failed member fails the attempt: a gang restarts as a whole.
         _retry_or_fail(state, job, e.reason or f"worker {e.worker} exited {e.exit_code}", e.time)
     elif len(job.finished) == len(job.workers):

@@ -1,0 +1,31 @@
+"""What every service process does around its own logic: Kafka plumbing, a gRPC server
+with health, and a clean stop on SIGTERM/SIGINT."""
+from __future__ import annotations
+
+import asyncio
+import signal
+import uuid
+
+from gpusched.adapters.eventlog import DeadLetters, EventPublisher
+from gpusched.adapters.kafka_admin import ensure_topics, wait_for_broker
+from gpusched.config import KafkaSettings
+
+
+def instance_id(service: str) -> str:
+    return f"{service}-{uuid.uuid4().hex[:8]}"
+
+
+async def connect(settings: KafkaSettings, instance: str) -> tuple[EventPublisher, DeadLetters]:
+    await wait_for_broker(settings.bootstrap, 120)
+    await ensure_topics(settings.bootstrap, settings.topics, settings.partitions)
+    publisher = EventPublisher(settings.bootstrap, settings.topics, settings.partitions)
+    await publisher.start()
+    return publisher, DeadLetters(publisher, instance)
+
+
+def stop_event() -> asyncio.Event:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    return stop

@@ -1,0 +1,47 @@
+"""OpenTelemetry wiring: one tracer provider per process, W3C context through events.
+
+The trace context travels inside the event envelope (``trace_context``) so a job's
+submit -> place -> run spans join into one trace across services, whichever consumer
+library reads the record. Exporter: OTLP when ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set
+and the exporter package is installed, the console when ``GPUSCHED_TRACE_CONSOLE=1``,
+otherwise spans are created but dropped (no backend configured).
+"""
+from __future__ import annotations
+
+import os
+
+from opentelemetry import context, propagate, trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
+
+
+def setup_tracing(service: str, exporter: SpanExporter | None = None) -> trace.Tracer:
+    provider = TracerProvider(resource=Resource.create({"service.name": service}))
+    exporter = exporter or _exporter_from_env()
+    if exporter is not None:
+        provider.add_span_processor(BatchSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+    return trace.get_tracer(service)
+
+
+def _exporter_from_env() -> SpanExporter | None:
+    if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+        try:
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+        except ImportError:
+            return None
+        return OTLPSpanExporter()
+    if os.environ.get("GPUSCHED_TRACE_CONSOLE") == "1":
+        return ConsoleSpanExporter()
+    return None
+
+
+def current_context() -> dict[str, str]:
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    return carrier
+
+
+def context_from(carrier: dict[str, str]) -> context.Context:
+    return propagate.extract(dict(carrier))

@@ -1,0 +1,43 @@
+"""State -> API messages (``gpusched.v1``) for the gRPC services."""
+from __future__ import annotations
+
+from gpusched.adapters.codec import to_proto
+from gpusched.core.queries import PoolSummary
+from gpusched.core.state import JobState, NodeState
+from gpusched.v1 import cluster_pb2, types_pb2
+
+
+def job_message(job: JobState) -> types_pb2.Job:
+    msg = types_pb2.Job(
+        job_id=job.job_id, phase=types_pb2.JobPhase.Value("JOB_PHASE_" + job.phase.name),
+        reason=job.reason, attempt=job.attempt, submitted_at=job.submitted_at,
+        placed_at=job.placed_at, started_at=job.started_at, ended_at=job.ended_at,
+        restarts=job.restarts, preemptions=job.preemptions, checkpoint=job.checkpoint,
+        idempotency_key=job.idempotency_key,
+    )
+    msg.spec.CopyFrom(to_proto(job.spec, types_pb2.JobSpec))
+    for w in job.workers:
+        msg.workers.append(to_proto(w, types_pb2.WorkerAssignment))
+    return msg
+
+
+def node_message(node: NodeState) -> types_pb2.Node:
+    msg = types_pb2.Node(
+        status=types_pb2.NodeStatus.Value("NODE_STATUS_" + node.status.name),
+        used_cpu_milli=node.used_cpu, used_memory_mib=node.used_mem, jobs=sorted(node.jobs),
+    )
+    msg.info.CopyFrom(to_proto(node.info, types_pb2.NodeInfo))
+    for g in node.gpus:
+        msg.gpus.append(types_pb2.Gpu(info=to_proto(g.info, types_pb2.GpuInfo), healthy=g.healthy,
+                                      used_milli=g.used_milli, mig_slices_used=g.mig_mask))
+    return msg
+
+
+def summary_message(s: PoolSummary) -> cluster_pb2.PoolSummary:
+    return cluster_pb2.PoolSummary(
+        pool=s.pool, nodes=s.nodes, gpus=s.gpus, gpu_milli_capacity=s.gpu_milli_capacity,
+        gpu_milli_allocated=s.gpu_milli_allocated, gpu_milli_free=s.gpu_milli_free,
+        pending_jobs=s.pending_jobs, running_jobs=s.running_jobs,
+        allocation_ratio=s.allocation_ratio, cpu_milli_capacity=s.cpu_milli_capacity,
+        cpu_milli_allocated=s.cpu_milli_allocated,
+    )

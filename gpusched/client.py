@@ -1,0 +1,51 @@
+"""A small async client for the gpusched API, for training platforms, the demo and tests."""
+from __future__ import annotations
+
+import grpc
+
+from gpusched.v1 import admission_pb2, admission_pb2_grpc, cluster_pb2, cluster_pb2_grpc, types_pb2
+
+
+def spec(name: str, team: str, *, gpus: int = 0, gpu_milli: int = 0, mig: str = "", workers: int = 1,
+         duration: float = 0.0, priority: str = "training", pool: str = "default",
+         cpu_milli: int = 1000, memory_mib: int = 4096, models: tuple[str, ...] = (),
+         command: tuple[str, ...] = (), preemptible: bool = True, checkpoint_interval: float = 0.0,
+         max_runtime: float = 0.0, kind: int = types_pb2.JOB_KIND_TRAINING) -> types_pb2.JobSpec:
+    return types_pb2.JobSpec(
+        name=name, team=team, pool=pool, priority_class=priority, kind=kind, workers=workers,
+        resources=types_pb2.WorkerResources(gpus=gpus, gpu_milli=gpu_milli, mig_profile=mig,
+                                            cpu_milli=cpu_milli, memory_mib=memory_mib, gpu_models=models),
+        simulated_duration_s=duration, command=command, preemptible=preemptible,
+        checkpoint_interval_s=checkpoint_interval, max_runtime_s=max_runtime,
+    )
+
+
+class Client:
+    def __init__(self, target: str) -> None:
+        self.channel = grpc.aio.insecure_channel(target)
+        self.jobs = admission_pb2_grpc.AdmissionServiceStub(self.channel)
+        self.cluster = cluster_pb2_grpc.ClusterServiceStub(self.channel)
+
+    async def close(self) -> None:
+        await self.channel.close()
+
+    async def submit(self, job_spec: types_pb2.JobSpec, key: str = "") -> admission_pb2.SubmitJobResponse:
+        return await self.jobs.SubmitJob(admission_pb2.SubmitJobRequest(spec=job_spec, idempotency_key=key))
+
+    async def get(self, job_id: str) -> types_pb2.Job:
+        return await self.jobs.GetJob(admission_pb2.GetJobRequest(job_id=job_id))
+
+    async def list_all(self, **filters) -> list[types_pb2.Job]:
+        jobs, token = [], ""
+        while True:
+            page = await self.jobs.ListJobs(admission_pb2.ListJobsRequest(page_size=1000, page_token=token, **filters))
+            jobs.extend(page.jobs)
+            token = page.next_page_token
+            if not token:
+                return jobs
+
+    async def summary(self, pool: str = "default") -> cluster_pb2.PoolSummary:
+        return await self.cluster.GetPoolSummary(cluster_pb2.GetPoolSummaryRequest(pool=pool))
+
+    async def nodes(self, pool: str = "") -> list[types_pb2.Node]:
+        return list((await self.cluster.ListNodes(cluster_pb2.ListNodesRequest(pool=pool))).nodes)

@@ -1,0 +1,35 @@
+"""Service configuration, validated with pydantic: flags and environment in, typed settings out."""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+
+from pydantic import BaseModel, Field
+
+from gpusched.adapters.kafka_admin import TopicNames
+
+
+class KafkaSettings(BaseModel):
+    bootstrap: str = Field(min_length=3)
+    topic_prefix: str = "gpusched."
+    partitions: int = Field(default=4, ge=1, le=1024)
+
+    @property
+    def topics(self) -> TopicNames:
+        return TopicNames(self.topic_prefix)
+
+
+def add_kafka_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--bootstrap", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:19092"),
+                        help="Kafka bootstrap servers (env KAFKA_BOOTSTRAP_SERVERS)")
+    parser.add_argument("--topic-prefix", default=os.environ.get("GPUSCHED_TOPIC_PREFIX", "gpusched."))
+    parser.add_argument("--partitions", type=int, default=int(os.environ.get("GPUSCHED_PARTITIONS", "4")),
+                        help="partitions of the cluster-events topic (pools hash onto them)")
+    parser.add_argument("--log-level", default=os.environ.get("GPUSCHED_LOG_LEVEL", "INFO"))
+
+
+def kafka_settings(args: argparse.Namespace) -> KafkaSettings:
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return KafkaSettings(bootstrap=args.bootstrap, topic_prefix=args.topic_prefix, partitions=args.partitions)

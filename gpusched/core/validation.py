@@ -1,0 +1,113 @@
+"""Validation of a job spec at admission: every problem names the field it is about.
+
+Pure: checks the spec alone and against the nodes of its pool, so a request that can
+never run ("16 GPUs per worker" in a pool of 8-GPU nodes) fails at submit time with a
+clear message instead of pending forever.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from gpusched.core.catalog import CATALOG, is_mig_capable
+from gpusched.core.mig import parse_profile
+from gpusched.core.model import JobSpec
+from gpusched.core.priority import PRIORITY_CLASSES
+from gpusched.core.state import NodeState
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
+MAX_WORKERS = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class FieldError:
+    field: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.message}"
+
+
+def validate_spec(spec: JobSpec, pool_nodes: list[NodeState]) -> list[FieldError]:
+    errors = _check_identity(spec) + _check_resources(spec) + _check_numbers(spec)
+    if not errors and pool_nodes:
+        errors += _check_fits_pool(spec, pool_nodes)
+    return errors
+
+
+def _check_identity(spec: JobSpec) -> list[FieldError]:
+    errors = []
+    if not spec.name:
+        errors.append(FieldError("spec.name", "must not be empty"))
+    elif not _NAME.match(spec.name):
+        errors.append(FieldError("spec.name", "use letters, digits, '.', '_' or '-' (at most 253)"))
+    if not spec.team:
+        errors.append(FieldError("spec.team", "must not be empty"))
+    elif not _NAME.match(spec.team):
+        errors.append(FieldError("spec.team", "use letters, digits, '.', '_' or '-'"))
+    if not _NAME.match(spec.pool):
+        errors.append(FieldError("spec.pool", f"invalid pool name {spec.pool!r}"))
+    if spec.priority_class not in PRIORITY_CLASSES:
+        errors.append(FieldError("spec.priority_class",
+                                 f"unknown class {spec.priority_class!r}; one of {sorted(PRIORITY_CLASSES)}"))
+    if not 1 <= spec.workers <= MAX_WORKERS:
+        errors.append(FieldError("spec.workers", f"must be 1..{MAX_WORKERS}, got {spec.workers}"))
+    return errors
+
+
+def _check_resources(spec: JobSpec) -> list[FieldError]:
+    r = spec.resources
+    errors = []
+    if r.gpus < 0:
+        errors.append(FieldError("spec.resources.gpus", f"must not be negative, got {r.gpus}"))
+    if not 0 <= r.gpu_milli <= 1000:
+        errors.append(FieldError("spec.resources.gpu_milli", f"must be 1..1000 (share of one GPU), got {r.gpu_milli}"))
+    forms = (r.gpus > 0) + (r.gpu_milli > 0) + bool(r.mig_profile)
+    if forms > 1:
+        errors.append(FieldError("spec.resources", "set only one of gpus, gpu_milli, mig_profile"))
+    elif forms == 0 and not errors:
+        errors.append(FieldError("spec.resources.gpus", "request at least one GPU, a GPU share (gpu_milli) or a MIG profile"))
+    if r.mig_profile and parse_profile(r.mig_profile) is None:
+        errors.append(FieldError("spec.resources.mig_profile", f"unknown MIG profile {r.mig_profile!r}; one of 1g, 2g, 3g, 4g, 7g"))
+    if r.cpu_milli < 0:
+        errors.append(FieldError("spec.resources.cpu_milli", "must not be negative"))
+    if r.memory_mib < 0:
+        errors.append(FieldError("spec.resources.memory_mib", "must not be negative"))
+    for i, model in enumerate(r.gpu_models):
+        if model not in CATALOG:
+            errors.append(FieldError(f"spec.resources.gpu_models[{i}]", f"unknown GPU model {model!r}"))
+    if r.mig_profile and r.gpu_models and not any(is_mig_capable(m) for m in r.gpu_models):
+        errors.append(FieldError("spec.resources.gpu_models", "no listed model supports MIG"))
+    return errors
+
+
+def _check_numbers(spec: JobSpec) -> list[FieldError]:
+    checks = (
+        ("spec.max_runtime_s", spec.max_runtime_s),
+        ("spec.checkpoint_interval_s", spec.checkpoint_interval_s),
+        ("spec.simulated_duration_s", spec.simulated_duration_s),
+        ("spec.max_restarts", spec.max_restarts),
+    )
+    return [FieldError(f, "must not be negative") for f, v in checks if v < 0]
+
+
+def _check_fits_pool(spec: JobSpec, nodes: list[NodeState]) -> list[FieldError]:
+    r = spec.resources
+    usable = [n for n in nodes if r.allows(n.model) and (not r.mig_profile or is_mig_capable(n.model))]
+    if not usable:
+        what = f"models {list(r.gpu_models)}" if r.gpu_models else "MIG-capable GPUs"
+        return [FieldError("spec.resources.gpu_models", f"pool {spec.pool} has no nodes with {what}")]
+    errors = []
+    most_gpus = max(len(n.gpus) for n in usable)
+    if r.gpus > most_gpus:
+        errors.append(FieldError("spec.resources.gpus",
+                                 f"{r.gpus} per worker exceeds the largest node in pool {spec.pool} ({most_gpus} GPUs)"))
+    total_gpus = sum(len(n.gpus) for n in usable)
+    if r.gpus and r.gpus * spec.workers > total_gpus:
+        errors.append(FieldError("spec.workers",
+                                 f"gang needs {r.gpus * spec.workers} GPUs, pool {spec.pool} has {total_gpus}"))
+    if r.cpu_milli > max(n.info.cpu_milli for n in usable):
+        errors.append(FieldError("spec.resources.cpu_milli", "exceeds every node of the pool"))
+    if r.memory_mib > max(n.info.memory_mib for n in usable):
+        errors.append(FieldError("spec.resources.memory_mib", "exceeds every node of the pool"))
+    return errors

@@ -1,0 +1,226 @@
+"""gRPC handlers of AdmissionService and ClusterService. No policy here: validation is
+``gpusched.core.validation``, state is the log follower's, writes are events."""
+from __future__ import annotations
+
+import asyncio
+import base64
+import time
+import uuid
+
+import grpc
+from opentelemetry import trace
+
+from gpusched.adapters.eventlog import EventPublisher, LogFollower, partition_for
+from gpusched.adapters.views import job_message, node_message, summary_message
+from gpusched.core import events as ev
+from gpusched.core.model import JobPhase
+from gpusched.core.queries import pool_summary
+from gpusched.core.state import ClusterState, JobState, NodeState
+from gpusched.core.validation import FieldError, validate_spec
+from gpusched.v1 import admission_pb2, admission_pb2_grpc, cluster_pb2, cluster_pb2_grpc, types_pb2
+from gpusched_admission.convert import spec_from_request
+from gpusched_admission.watch import Watchers
+
+_KEY_NAMESPACE = uuid.UUID("6f1c2a8e-0d4b-4d59-9a51-7e2f0c3b9d10")
+tracer = trace.get_tracer("gpusched.admission")
+
+
+def job_id_for(team: str, key: str) -> str:
+    """Deterministic from the idempotency key, so two replicas racing on the same key
+    write the same job id and the reducer keeps only the first."""
+    if key:
+        return "job-" + uuid.uuid5(_KEY_NAMESPACE, f"{team}/{key}").hex[:20]
+    return "job-" + uuid.uuid4().hex[:20]
+
+
+class ReadModel:
+    """Queries over the follower's per-partition states."""
+
+    def __init__(self, follower: LogFollower, partitions: int) -> None:
+        self.follower = follower
+        self.partitions = partitions
+
+    def state_for_pool(self, pool: str) -> ClusterState | None:
+        return self.follower.states.get(partition_for(pool, self.partitions))
+
+    def job(self, job_id: str) -> JobState | None:
+        for state in self.follower.states.values():
+            job = state.jobs.get(job_id)
+            if job is not None:
+                return job
+        return None
+
+    def node(self, name: str) -> NodeState | None:
+        for state in self.follower.states.values():
+            if name in state.nodes:
+                return state.nodes[name]
+        return None
+
+    def pool_nodes(self, pool: str) -> list[NodeState]:
+        state = self.state_for_pool(pool)
+        return state.pool_nodes(pool) if state else []
+
+    def jobs(self):
+        for state in self.follower.states.values():
+            yield from state.jobs.values()
+
+
+async def _abort_invalid(context, errors: list[FieldError]) -> None:
+    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "; ".join(map(str, errors)))
+
+
+class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
+    def __init__(self, model: ReadModel, publisher: EventPublisher, producer: str, watchers: Watchers) -> None:
+        self.model = model
+        self.publisher = publisher
+        self.producer = producer
+        self.watchers = watchers
+        self.submitted_here: dict[str, bool | None] = {}   # event id -> accepted?
+
+    async def SubmitJob(self, request, context):
+        with tracer.start_as_current_span("SubmitJob") as span:
+            spec = spec_from_request(request.spec)
+            if isinstance(spec, FieldError):
+                await _abort_invalid(context, [spec])
+            errors = validate_spec(spec, self.model.pool_nodes(spec.pool))
+            if errors:
+                await _abort_invalid(context, errors)
+            key = request.idempotency_key
+            if len(key) > 256:
+                await _abort_invalid(context, [FieldError("idempotency_key", "at most 256 characters")])
+            job_id = job_id_for(spec.team, key)
+            span.set_attribute("gpusched.job_id", job_id)
+            existing = self.model.job(job_id) if key else None
+            if existing is not None:
+                return admission_pb2.SubmitJobResponse(job=job_message(existing), created=False)
+            event = ev.JobSubmitted(event_id=uuid.uuid4().hex, time=time.time(), producer=self.producer,
+                                    job_id=job_id, spec=spec, idempotency_key=key)
+            self.submitted_here[event.event_id] = None
+            try:
+                pos = await self.publisher.publish(event, spec.pool)
+                await self.model.follower.wait_applied(pos)
+            finally:
+                accepted = self.submitted_here.pop(event.event_id, None)
+            job = self.model.job(job_id)
+            if job is None:
+                await context.abort(grpc.StatusCode.INTERNAL, f"job {job_id} not in the log after submit")
+            return admission_pb2.SubmitJobResponse(job=job_message(job), created=bool(accepted))
+
+    def note_outcome(self, event: ev.Event, accepted: bool) -> None:
+        if event.event_id in self.submitted_here:
+            self.submitted_here[event.event_id] = accepted
+
+    async def GetJob(self, request, context):
+        if not request.job_id:
+            await _abort_invalid(context, [FieldError("job_id", "must not be empty")])
+        job = self.model.job(request.job_id)
+        if job is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"job_id: no job {request.job_id!r}")
+        return job_message(job)
+
+    async def ListJobs(self, request, context):
+        size = request.page_size or 100
+        if not 1 <= size <= 1000:
+            await _abort_invalid(context, [FieldError("page_size", "must be 1..1000")])
+        try:
+            after = _decode_token(request.page_token)
+        except ValueError:
+            await _abort_invalid(context, [FieldError("page_token", "not a token from a previous page")])
+        phases = {JobPhase[types_pb2.JobPhase.Name(p)[len("JOB_PHASE_"):]] for p in request.phases
+                  if p != types_pb2.JOB_PHASE_UNSPECIFIED}
+        matching = sorted(
+            (j for j in self.model.jobs()
+             if (not request.team or j.team == request.team)
+             and (not request.pool or j.spec.pool == request.pool)
+             and (not phases or j.phase in phases)
+             and (after is None or (j.submitted_at, j.job_id) > after)),
+            key=lambda j: (j.submitted_at, j.job_id),
+        )
+        page = matching[:size]
+        token = _encode_token(page[-1]) if len(matching) > size else ""
+        return admission_pb2.ListJobsResponse(jobs=[job_message(j) for j in page], next_page_token=token)
+
+    async def CancelJob(self, request, context):
+        job = self.model.job(request.job_id) if request.job_id else None
+        if job is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"job_id: no job {request.job_id!r}")
+        if job.phase.terminal:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"job_id: job already {job.phase.value}")
+        event = ev.JobCancelled(event_id=uuid.uuid4().hex, time=time.time(), producer=self.producer,
+                                job_id=job.job_id, reason=request.reason or "cancelled by user")
+        pos = await self.publisher.publish(event, job.spec.pool)
+        await self.model.follower.wait_applied(pos)
+        return job_message(self.model.job(job.job_id))
+
+    async def WatchJobs(self, request, context):
+        queue = self.watchers.subscribe(request.team, request.job_id, request.pool)
+        try:
+            while True:
+                update = await queue.get()
+                if update is None:
+                    await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "watcher fell too far behind")
+                yield update
+        finally:
+            self.watchers.unsubscribe(queue)
+
+
+def _encode_token(job: JobState) -> str:
+    return base64.urlsafe_b64encode(f"{job.submitted_at!r}|{job.job_id}".encode()).decode()
+
+
+def _decode_token(token: str) -> tuple[float, str] | None:
+    if not token:
+        return None
+    try:
+        at, job_id = base64.urlsafe_b64decode(token.encode()).decode().split("|", 1)
+        return float(at), job_id
+    except Exception as exc:
+        raise ValueError(token) from exc
+
+
+class ClusterServicer(cluster_pb2_grpc.ClusterServiceServicer):
+    def __init__(self, model: ReadModel, publisher: EventPublisher, producer: str) -> None:
+        self.model = model
+        self.publisher = publisher
+        self.producer = producer
+
+    async def ListNodes(self, request, context):
+        nodes = (self.model.pool_nodes(request.pool) if request.pool else
+                 [n for s in self.model.follower.states.values() for n in s.nodes.values()])
+        return cluster_pb2.ListNodesResponse(nodes=[node_message(n) for n in sorted(nodes, key=lambda n: n.name)])
+
+    async def GetNode(self, request, context):
+        node = await self._node_or_abort(request.name, context)
+        return node_message(node)
+
+    async def GetPoolSummary(self, request, context):
+        pool = request.pool or "default"
+        state = self.model.state_for_pool(pool)
+        if state is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"pool: no pool {pool!r}")
+        return summary_message(pool_summary(state, pool))
+
+    async def CordonNode(self, request, context):
+        node = await self._node_or_abort(request.name, context)
+        event = ev.NodeCordoned(event_id=uuid.uuid4().hex, time=time.time(), producer=self.producer,
+                                node=node.name, reason=request.reason or "cordoned by operator")
+        return await self._apply(event, node, context)
+
+    async def UncordonNode(self, request, context):
+        node = await self._node_or_abort(request.name, context)
+        event = ev.NodeUncordoned(event_id=uuid.uuid4().hex, time=time.time(), producer=self.producer,
+                                  node=node.name)
+        return await self._apply(event, node, context)
+
+    async def _apply(self, event, node: NodeState, context):
+        pos = await self.publisher.publish(event, node.info.pool)
+        await self.model.follower.wait_applied(pos)
+        return node_message(self.model.node(node.name))
+
+    async def _node_or_abort(self, name: str, context) -> NodeState:
+        if not name:
+            await _abort_invalid(context, [FieldError("name", "must not be empty")])
+        node = self.model.node(name)
+        if node is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"name: no node {name!r}")
+        return node

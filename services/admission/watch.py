@@ -1,0 +1,40 @@
+"""Fan-out of job changes to WatchJobs streams, with a bound per watcher."""
+from __future__ import annotations
+
+import asyncio
+
+from gpusched.adapters.views import job_message
+from gpusched.core.state import JobState
+from gpusched.v1 import admission_pb2
+
+QUEUE_BOUND = 10_000
+
+
+class Watchers:
+    def __init__(self) -> None:
+        self._queues: dict[asyncio.Queue, tuple[str, str, str]] = {}
+
+    def subscribe(self, team: str, job_id: str, pool: str) -> asyncio.Queue:
+        queue: asyncio.Queue = asyncio.Queue(QUEUE_BOUND)
+        self._queues[queue] = (team, job_id, pool)
+        return queue
+
+    def unsubscribe(self, queue: asyncio.Queue) -> None:
+        self._queues.pop(queue, None)
+
+    def publish(self, job: JobState, event_type: str, offset: int) -> None:
+        if not self._queues:
+            return
+        update = None
+        for queue, (team, job_id, pool) in list(self._queues.items()):
+            if (team and team != job.team) or (job_id and job_id != job.job_id) or (pool and pool != job.spec.pool):
+                continue
+            if update is None:
+                update = admission_pb2.JobUpdate(job=job_message(job), event_type=event_type, offset=offset)
+            if queue.full():
+                # A stalled client must not grow memory without bound: end its stream.
+                self.unsubscribe(queue)
+                queue.get_nowait()
+                queue.put_nowait(None)
+            else:
+                queue.put_nowait(update)

@@ -1,0 +1,72 @@
+"""``gpusched-node-agent``: one process per node, NVML or simulated GPUs."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import socket
+import uuid
+
+from gpusched.adapters.eventlog import LogFollower, partition_for
+from gpusched.adapters.gpu_inventory import InventoryError, nvml_gpus, simulated_gpus
+from gpusched.adapters.grpc_server import set_serving, start_server
+from gpusched.adapters.service import connect, stop_event
+from gpusched.adapters.tracing import setup_tracing
+from gpusched.config import add_kafka_args, kafka_settings
+from gpusched.core.model import NodeInfo
+from gpusched_node_agent.agent import NodeAgent
+
+
+def node_info(args: argparse.Namespace) -> NodeInfo:
+    name = args.name or socket.gethostname()
+    gpus = simulated_gpus(args.simulate, name) if args.simulate else nvml_gpus()
+    labels = tuple(sorted(tuple(label.split("=", 1)) for label in args.label))
+    return NodeInfo(
+        name=name, pool=args.pool,
+        cpu_milli=args.cpu_milli or 16_000 * max(1, len(gpus)),
+        memory_mib=args.memory_mib or 131_072 * max(1, len(gpus)),
+        gpus=gpus, labels=labels, simulated=bool(args.simulate), agent_id=uuid.uuid4().hex[:12],
+    )
+
+
+async def run(args: argparse.Namespace) -> None:
+    settings = kafka_settings(args)
+    setup_tracing("gpusched-node-agent")
+    try:
+        info = node_info(args)
+    except InventoryError as exc:
+        raise SystemExit(f"gpusched-node-agent: {exc}")
+    me = f"node-agent-{info.name}-{info.agent_id}"
+    publisher, dead_letters = await connect(settings, me)
+    agent = NodeAgent(info, publisher, me)
+    follower = LogFollower(settings.bootstrap, settings.topics, me, dead_letters, on_event=agent.on_event,
+                           partitions=[partition_for(info.pool, settings.partitions)])
+    server, port, health = await start_server(args.listen, [], [])
+    await follower.start()
+    await agent.join(follower)
+    await set_serving(health, [])
+    print(f"node-agent ready node={info.name} gpus={len(info.gpus)} simulated={info.simulated} port={port}", flush=True)
+    stop = stop_event()
+    beats = asyncio.create_task(agent.heartbeats(args.heartbeat_interval, stop))
+    await stop.wait()
+    beats.cancel()
+    await server.stop(grace=1)
+    await follower.stop()
+    await publisher.stop()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="gpusched-node-agent", description=__doc__)
+    add_kafka_args(parser)
+    parser.add_argument("--name", default="", help="node name (default: host name)")
+    parser.add_argument("--pool", default="default")
+    parser.add_argument("--simulate", default="", help="simulated GPUs, e.g. 8xH100-80GB (default: NVML)")
+    parser.add_argument("--cpu-milli", type=int, default=0)
+    parser.add_argument("--memory-mib", type=int, default=0)
+    parser.add_argument("--label", action="append", default=[], help="topology label, e.g. rack=r1")
+    parser.add_argument("--heartbeat-interval", type=float, default=1.0)
+    parser.add_argument("--listen", default="127.0.0.1:0", help="health endpoint")
+    asyncio.run(run(parser.parse_args(argv)))
+
+
+if __name__ == "__main__":
+    main()

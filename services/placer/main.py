@@ -1,0 +1,55 @@
+"""``gpusched-placer``: a consumer-group member that schedules the pools it owns."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+
+from gpusched.adapters.eventlog import LogFollower
+from gpusched.adapters.grpc_server import set_serving, start_server
+from gpusched.adapters.service import connect, instance_id, stop_event
+from gpusched.adapters.tracing import setup_tracing
+from gpusched.config import add_kafka_args, kafka_settings
+from gpusched.policies.scheduler import Scheduler, SchedulerConfig
+from gpusched_placer.loop import PlacerLoop
+
+log = logging.getLogger("gpusched.placer")
+
+
+async def run(args: argparse.Namespace) -> None:
+    settings = kafka_settings(args)
+    setup_tracing("gpusched-placer")
+    me = instance_id("placer")
+    scheduler = Scheduler(SchedulerConfig(queue=args.queue, placement=args.placement))
+    publisher, dead_letters = await connect(settings, me)
+    holder: dict = {}
+    follower = LogFollower(
+        settings.bootstrap, settings.topics, me, dead_letters, group_id=f"{settings.topic_prefix}placer",
+        on_assigned=lambda parts: holder["loop"].on_assigned(parts),
+        on_revoked=lambda parts: holder["loop"].on_revoked(parts),
+    )
+    loop = holder["loop"] = PlacerLoop(follower, publisher, scheduler, me)
+    server, port, health = await start_server(args.listen, [], [])
+    await follower.start()
+    await set_serving(health, [])
+    print(f"placer ready port={port} id={me}", flush=True)
+    stop = stop_event()
+    task = asyncio.create_task(loop.run(stop))
+    await stop.wait()
+    task.cancel()
+    await server.stop(grace=1)
+    await follower.stop()
+    await publisher.stop()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="gpusched-placer", description=__doc__)
+    add_kafka_args(parser)
+    parser.add_argument("--listen", default="127.0.0.1:0", help="health endpoint")
+    parser.add_argument("--queue", default="priority", help="queue-sort policy name")
+    parser.add_argument("--placement", default="best-fit", help="placement policy name")
+    asyncio.run(run(parser.parse_args(argv)))
+
+
+if __name__ == "__main__":
+    main()
