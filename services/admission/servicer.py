@@ -153,8 +153,13 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
         return job_message(self.model.job(job.job_id))
 
     async def WatchJobs(self, request, context):
+        # Subscribe first, then send the current state of every matching job, then the
+        # changes (Kubernetes' list-then-watch): a client never misses a transition.
         queue = self.watchers.subscribe(request.team, request.job_id, request.pool)
         try:
+            for job in list(self.model.jobs()):
+                if self.watchers.matches(queue, job):
+                    yield admission_pb2.JobUpdate(job=job_message(job), event_type="Current", offset=-1)
             while True:
                 update = await queue.get()
                 if update is None:

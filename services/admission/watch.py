@@ -22,12 +22,17 @@ class Watchers:
     def unsubscribe(self, queue: asyncio.Queue) -> None:
         self._queues.pop(queue, None)
 
+    def matches(self, queue: asyncio.Queue, job: JobState) -> bool:
+        team, job_id, pool = self._queues.get(queue, ("", "", ""))
+        return (not team or team == job.team) and (not job_id or job_id == job.job_id) \
+            and (not pool or pool == job.spec.pool)
+
     def publish(self, job: JobState, event_type: str, offset: int) -> None:
         if not self._queues:
             return
         update = None
-        for queue, (team, job_id, pool) in list(self._queues.items()):
-            if (team and team != job.team) or (job_id and job_id != job.job_id) or (pool and pool != job.spec.pool):
+        for queue in list(self._queues):
+            if not self.matches(queue, job):
                 continue
             if update is None:
                 update = admission_pb2.JobUpdate(job=job_message(job), event_type=event_type, offset=offset)
