@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The test command: set up (deploy/setup.sh), then pytest with any extra args,
+# e.g. `bash deploy/test.sh tests/integration -v` or `bash deploy/test.sh -m "not broker"`.
+# The Kafka broker is started and stopped by the pytest fixtures (tests/conftest.py).
+set -euo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$REPO"
+
+bash deploy/setup.sh
+
+# Safety net: tests/conftest.py notes its broker's port and run dir in this file;
+# if pytest dies without running its session teardown, stop that broker here.
+NOTE="$(mktemp)"
+export GPUSCHED_TEST_BROKER_NOTE="$NOTE"
+stop_test_broker() {
+  local port run_dir
+  if read -r port run_dir <"$NOTE" 2>/dev/null && [[ -n "$run_dir" ]]; then
+    env -u KAFKA_BOOTSTRAP_SERVERS GPUSCHED_KAFKA_PORT="$port" GPUSCHED_RUN_DIR="$run_dir" \
+      bash deploy/kafka.sh stop >/dev/null 2>&1 || true
+  fi
+  rm -f "$NOTE"
+}
+trap stop_test_broker EXIT
+
+rc=0
+.venv/bin/python -m pytest -q "$@" || rc=$?
+if [[ $rc -eq 5 ]]; then
+  echo "test.sh: pytest collected no tests (exit 5); treating that as a failure" >&2
+  exit 1
+fi
+exit "$rc"

@@ -1,0 +1,167 @@
+"""Shared pytest fixtures: a real Kafka broker for the tests that need one.
+
+* ``kafka_bootstrap`` (session): the bootstrap address. Uses
+  ``KAFKA_BOOTSTRAP_SERVERS`` when set; otherwise starts a private broker with
+  ``deploy/kafka.sh`` on a free loopback port pair (or ``GPUSCHED_TEST_KAFKA_PORT``)
+  with its data in ``.run/test-kafka-<port>``, and stops it at session end. The
+  run dir is deleted afterwards unless a test failed (its logs are kept then).
+  Separate ports and dirs per session let several test runs share a machine.
+* ``topics`` (function): a fresh, unique set of topics (``TopicNames``) per test,
+  deleted again afterwards.
+* ``kafka_control`` (function): stop/kill/start the broker (only the broker this
+  file started; skips with KAFKA_BOOTSTRAP_SERVERS). A test that leaves the
+  broker down gets it restarted at teardown.
+
+Any test using these fixtures is marked ``broker`` automatically, so
+``pytest -m "not broker"`` runs without Java/Kafka.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import re
+import secrets
+import shutil
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+from aiokafka.admin import AIOKafkaAdminClient
+
+from gpusched.adapters.kafka_admin import TopicNames, ensure_topics
+
+REPO = Path(__file__).resolve().parents[1]
+KAFKA_SH = REPO / "deploy" / "kafka.sh"
+
+_BROKER_FIXTURES = {"kafka_bootstrap", "topics", "kafka_control"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if _BROKER_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.broker)
+
+
+def _free_port_pair() -> int:
+    """A port p with p and p+1 (controller) free on 127.0.0.1, below the
+    kernel's ephemeral range so client sockets do not take it meanwhile."""
+    for _ in range(200):
+        port = random.randrange(20000, 32000, 2)
+        try:
+            with socket.socket() as a, socket.socket() as b:
+                a.bind(("127.0.0.1", port))
+                b.bind(("127.0.0.1", port + 1))
+            return port
+        except OSError:
+            continue
+    raise RuntimeError("no free port pair for the test broker")
+
+
+class KafkaControl:
+    """Drives deploy/kafka.sh for the test broker. Sync methods block; use the
+    ``*_async`` ones inside async tests so clients on the loop keep running."""
+
+    def __init__(self, bootstrap: str, managed: bool, port: int = 0,
+                 run_dir: Path | None = None) -> None:
+        self.bootstrap = bootstrap
+        self.managed = managed  # False: external cluster, not ours to stop
+        self.run_dir = run_dir
+        self.running = True
+        env = dict(os.environ)
+        if managed:
+            env.pop("KAFKA_BOOTSTRAP_SERVERS", None)
+            env.update(GPUSCHED_KAFKA_PORT=str(port), GPUSCHED_RUN_DIR=str(run_dir))
+        self._env = env
+
+    def _args(self, action: str) -> list[str]:
+        return ["bash", str(KAFKA_SH), action]
+
+    def _check(self, action: str, rc: int, out: str) -> None:
+        if rc != 0:
+            raise RuntimeError(f"deploy/kafka.sh {action} failed (rc={rc}):\n{out}")
+
+    def run(self, action: str) -> None:
+        p = subprocess.run(self._args(action), env=self._env, cwd=REPO, text=True,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        self._check(action, p.returncode, p.stdout)
+        self.running = action == "start"
+
+    async def run_async(self, action: str) -> None:
+        p = await asyncio.create_subprocess_exec(
+            *self._args(action), env=self._env, cwd=REPO,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        out, _ = await p.communicate()
+        self._check(action, p.returncode or 0, out.decode(errors="replace"))
+        self.running = action == "start"
+
+    # stop = controlled shutdown (SIGTERM), kill = crash (SIGKILL); start waits
+    # until the broker answers. Data survives all of them.
+    def stop(self) -> None: self.run("stop")
+    def kill(self) -> None: self.run("kill")
+    def start(self) -> None: self.run("start")
+    async def stop_async(self) -> None: await self.run_async("stop")
+    async def kill_async(self) -> None: await self.run_async("kill")
+    async def start_async(self) -> None: await self.run_async("start")
+
+    async def restart_async(self, hard: bool = False) -> None:
+        await (self.kill_async() if hard else self.stop_async())
+        await self.start_async()
+
+
+@pytest.fixture(scope="session")
+def _kafka_session(request: pytest.FixtureRequest) -> KafkaControl:
+    external = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+    if external:
+        control = KafkaControl(external, managed=False)
+        control.start()  # with KAFKA_BOOTSTRAP_SERVERS set this only checks it answers
+        yield control
+        return
+    port = int(os.environ.get("GPUSCHED_TEST_KAFKA_PORT") or _free_port_pair())
+    run_dir = REPO / ".run" / f"test-kafka-{port}"
+    control = KafkaControl(f"127.0.0.1:{port}", managed=True, port=port, run_dir=run_dir)
+    control.run("clean")  # fresh cluster (also stops a leftover broker on that dir)
+    # deploy/test.sh passes a file to note the run dir in, so that it can stop the
+    # broker should pytest die before this fixture's teardown.
+    if note := os.environ.get("GPUSCHED_TEST_BROKER_NOTE"):
+        Path(note).write_text(f"{port} {run_dir}\n")
+    control.start()
+    try:
+        yield control
+    finally:
+        control.stop()
+        if request.session.testsfailed == 0:
+            shutil.rmtree(run_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(_kafka_session: KafkaControl) -> str:
+    return _kafka_session.bootstrap
+
+
+@pytest.fixture
+def kafka_control(_kafka_session: KafkaControl) -> KafkaControl:
+    if not _kafka_session.managed:
+        pytest.skip("broker comes from KAFKA_BOOTSTRAP_SERVERS; tests cannot stop/start it")
+    yield _kafka_session
+    if not _kafka_session.running:  # the test left it down (failed mid-way?)
+        _kafka_session.start()
+
+
+@pytest.fixture
+async def topics(request: pytest.FixtureRequest, kafka_bootstrap: str) -> TopicNames:
+    name = re.sub(r"[^A-Za-z0-9]+", "-", request.node.name).strip("-")[:60]
+    names = TopicNames(f"t-{name}-{secrets.token_hex(3)}.")
+    await ensure_topics(kafka_bootstrap, names)
+    yield names
+    # Best effort: keep the test broker from piling up partitions.
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap, request_timeout_ms=10000)
+    try:
+        await asyncio.wait_for(admin.start(), 10)
+        await admin.delete_topics(list(names.all()))
+    except Exception:
+        pass
+    finally:
+        await admin.close()
