@@ -1,0 +1,130 @@
+"""The admission API: idempotent submission, clear errors for bad input, and a log
+that survives garbage: malformed records go to the dead-letter topic, consumers go on."""
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+from aiokafka import AIOKafkaProducer
+
+from gpusched.adapters.eventlog import partition_for
+from gpusched.client import Client, spec
+from gpusched.v1 import admission_pb2, events_pb2, types_pb2
+from tests.integration.cluster import LocalCluster
+from tests.integration.logcheck import read_log
+from tests.integration.test_end_to_end import SUCCEEDED, wait_all_terminal
+
+
+@pytest.fixture
+async def api(kafka_bootstrap, topics, tmp_path):
+    cluster = LocalCluster(kafka_bootstrap, topics, tmp_path)
+    admission = await cluster.admission()
+    await cluster.placer()
+    await cluster.agent("node-0", "8xA100-80GB")
+    client = Client(f"127.0.0.1:{admission.port}")
+    yield cluster, client
+    await client.close()
+    await cluster.stop_all()
+
+
+async def test_same_idempotency_key_gives_one_job_even_concurrently_and_across_replicas(api):
+    cluster, client = api
+    other = await cluster.admission("admission-2")
+    client2 = Client(f"127.0.0.1:{other.port}")
+    job_spec = spec("once", "nlp", gpus=1, duration=0.2)
+    calls = [c.submit(job_spec, key="run-42") for c in (client, client2) for _ in range(10)]
+    responses = await asyncio.gather(*calls)
+    assert len({r.job.job_id for r in responses}) == 1
+    assert sum(r.created for r in responses) == 1
+    listed = await client.list_all(team="nlp")
+    assert [j.job_id for j in listed] == [responses[0].job.job_id]
+    # The same key in another team is another job.
+    other_team = await client.submit(spec("once", "vision", gpus=1, duration=0.2), key="run-42")
+    assert other_team.created and other_team.job.job_id != responses[0].job.job_id
+    await client2.close()
+
+
+def _bad(**changes) -> types_pb2.JobSpec:
+    s = spec("ok", "team-a", gpus=1, duration=0.1)
+    for path, value in changes.items():
+        target, *rest = path.split("__")
+        if rest:
+            field = getattr(s, target)
+            if isinstance(value, list):
+                del field.__getattribute__(rest[0])[:]
+                getattr(field, rest[0]).extend(value)
+            else:
+                setattr(field, rest[0], value)
+        else:
+            setattr(s, target, value)
+    return s
+
+
+INVALID = [
+    (_bad(resources__gpus=0), "spec.resources.gpus"),
+    (_bad(resources__gpus=-2), "spec.resources.gpus"),
+    (_bad(resources__gpus=0, resources__gpu_milli=1500), "spec.resources.gpu_milli"),
+    (_bad(resources__gpus=2, resources__gpu_milli=300), "spec.resources"),
+    (_bad(resources__gpus=0, resources__mig_profile="5g"), "spec.resources.mig_profile"),
+    (_bad(resources__gpu_models=["H10O"]), "spec.resources.gpu_models[0]"),
+    (_bad(resources__gpu_models=["T4"]), "spec.resources.gpu_models"),     # not in this pool
+    (_bad(resources__gpus=9), "spec.resources.gpus"),                       # nodes have 8
+    (_bad(resources__gpus=8, workers=3), "spec.workers"),                   # pool has 8
+    (_bad(team=""), "spec.team"),
+    (_bad(name=""), "spec.name"),
+    (_bad(priority_class="urgent"), "spec.priority_class"),
+    (_bad(resources__cpu_milli=-1), "spec.resources.cpu_milli"),
+    (_bad(max_runtime_s=-5.0), "spec.max_runtime_s"),
+]
+
+
+@pytest.mark.parametrize("bad_spec,field", INVALID, ids=[f for _, f in INVALID])
+async def test_invalid_requests_get_invalid_argument_naming_the_field(api, bad_spec, field):
+    _, client = api
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await client.submit(bad_spec)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert err.value.details().startswith(field + ":") or f"; {field}:" in err.value.details(), err.value.details()
+
+
+async def test_other_bad_requests_name_their_field(api):
+    _, client = api
+    cases = [
+        (client.jobs.GetJob(admission_pb2.GetJobRequest()), grpc.StatusCode.INVALID_ARGUMENT, "job_id"),
+        (client.jobs.ListJobs(admission_pb2.ListJobsRequest(page_size=5000)), grpc.StatusCode.INVALID_ARGUMENT, "page_size"),
+        (client.jobs.ListJobs(admission_pb2.ListJobsRequest(page_token="%%%")), grpc.StatusCode.INVALID_ARGUMENT, "page_token"),
+        (client.jobs.CancelJob(admission_pb2.CancelJobRequest(job_id="nope")), grpc.StatusCode.NOT_FOUND, "job_id"),
+    ]
+    for call, code, field in cases:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await call
+        assert err.value.code() == code and err.value.details().startswith(field), err.value.details()
+
+
+async def test_garbage_and_unknown_events_go_to_dead_letters_and_consumers_keep_running(api, kafka_bootstrap, topics):
+    cluster, client = api
+    partition = partition_for("default", 4)
+    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
+    await producer.start()
+    bogus = events_pb2.EventEnvelope(event_id="x1", type="JobTeleported", pool="default").SerializeToString()
+    mismatched = events_pb2.EventEnvelope(event_id="x2", type="JobCancelled", pool="default",
+                                          job_placed=events_pb2.JobPlaced(job_id="j")).SerializeToString()
+    for value in (b"\xff\x00garbage", bogus, mismatched, b""):
+        await producer.send_and_wait(topics.events, value, key=b"default", partition=partition)
+    await producer.stop()
+
+    # Every consumer is still alive and acting on new events after the garbage.
+    job = (await client.submit(spec("after-garbage", "team-a", gpus=2, duration=0.2))).job
+    (done,) = await wait_all_terminal(client, {job.job_id})
+    assert done.phase == SUCCEEDED
+    assert all(s.alive for s in cluster.services)
+
+    letters = [events_pb2.DeadLetter.FromString(v) for vs in (await read_log(kafka_bootstrap, topics, topics.dead_letters)).values() for _, v in vs]
+    reasons = {(l.offset, l.reason) for l in letters}
+    consumers = {l.consumer.split("-")[0] for l in letters}
+    assert {"admission", "placer", "node"} <= consumers
+    assert any("unknown event type 'JobTeleported'" in r for _, r in reasons)
+    assert any("does not match payload" in r for _, r in reasons)
+    assert any("not an EventEnvelope" in r or "empty record" in r for _, r in reasons)
+    assert len({o for o, _ in reasons}) == 4
