@@ -1,9 +1,14 @@
 """A small async client for the gpusched API, for training platforms, the demo and tests."""
 from __future__ import annotations
 
+import asyncio
+
 import grpc
 
 from gpusched.v1 import admission_pb2, admission_pb2_grpc, cluster_pb2, cluster_pb2_grpc, types_pb2
+
+
+TERMINAL = frozenset({types_pb2.JOB_PHASE_SUCCEEDED, types_pb2.JOB_PHASE_FAILED, types_pb2.JOB_PHASE_CANCELLED})
 
 
 def spec(name: str, team: str, *, gpus: int = 0, gpu_milli: int = 0, mig: str = "", workers: int = 1,
@@ -49,3 +54,20 @@ class Client:
 
     async def nodes(self, pool: str = "") -> list[types_pb2.Node]:
         return list((await self.cluster.ListNodes(cluster_pb2.ListNodesRequest(pool=pool))).nodes)
+
+    async def wait_terminal(self, job_ids: set[str], timeout: float = 600.0) -> list[types_pb2.Job]:
+        """Follow WatchJobs (current state first, then changes) until every job has ended."""
+        done: dict[str, types_pb2.Job] = {}
+        stream = self.jobs.WatchJobs(admission_pb2.WatchJobsRequest())
+
+        async def follow() -> None:
+            async for update in stream:
+                if update.job.job_id in job_ids and update.job.phase in TERMINAL:
+                    done[update.job.job_id] = update.job
+                    if len(done) == len(job_ids):
+                        return
+        try:
+            await asyncio.wait_for(follow(), timeout)
+        finally:
+            stream.cancel()
+        return list(done.values())

@@ -257,7 +257,6 @@ def _stop(state: ClusterState, job: JobState, time: float) -> None:
         release(state, job, job.workers)
         if job.started_at:
             job.run_s += max(0.0, time - job.started_at)
-    job.started_at = 0.0
 
 
 def _requeue(state: ClusterState, job: JobState, reason: str, time: float, charge: bool = False) -> str:
@@ -265,6 +264,7 @@ def _requeue(state: ClusterState, job: JobState, reason: str, time: float, charg
     _stop(state, job, time)
     job.phase = JobPhase.PENDING
     job.reason = reason
+    job.started_at = job.placed_at = 0.0
     job.attempt += 1
     job.workers = ()
     job.started.clear()

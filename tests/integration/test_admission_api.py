@@ -11,9 +11,9 @@ from aiokafka import AIOKafkaProducer
 from gpusched.adapters.eventlog import partition_for
 from gpusched.client import Client, spec
 from gpusched.v1 import admission_pb2, events_pb2, types_pb2
-from tests.integration.cluster import LocalCluster
+from gpusched.local_cluster import LocalCluster
 from tests.integration.logcheck import read_log
-from tests.integration.test_end_to_end import SUCCEEDED, wait_all_terminal
+from tests.integration.test_end_to_end import SUCCEEDED
 
 
 @pytest.fixture
@@ -116,7 +116,7 @@ async def test_garbage_and_unknown_events_go_to_dead_letters_and_consumers_keep_
 
     # Every consumer is still alive and acting on new events after the garbage.
     job = (await client.submit(spec("after-garbage", "team-a", gpus=2, duration=0.2))).job
-    (done,) = await wait_all_terminal(client, {job.job_id})
+    (done,) = await client.wait_terminal({job.job_id})
     assert done.phase == SUCCEEDED
     assert all(s.alive for s in cluster.services)
 

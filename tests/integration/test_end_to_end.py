@@ -4,31 +4,12 @@ from __future__ import annotations
 import asyncio
 
 from gpusched.client import Client
-from gpusched.v1 import admission_pb2, types_pb2
+from gpusched.v1 import types_pb2
 from gpusched.workloads import mixed_jobs
-from tests.integration.cluster import LocalCluster
+from gpusched.local_cluster import LocalCluster
 from tests.integration.logcheck import check_log, read_log
 
 SUCCEEDED = types_pb2.JOB_PHASE_SUCCEEDED
-TERMINAL = {types_pb2.JOB_PHASE_SUCCEEDED, types_pb2.JOB_PHASE_FAILED, types_pb2.JOB_PHASE_CANCELLED}
-
-
-async def wait_all_terminal(client: Client, job_ids: set[str], timeout: float = 240.0) -> list[types_pb2.Job]:
-    """Follow WatchJobs (current state first, then changes) until every job is terminal."""
-    done: dict[str, types_pb2.Job] = {}
-    stream = client.jobs.WatchJobs(admission_pb2.WatchJobsRequest())
-
-    async def follow():
-        async for update in stream:
-            if update.job.job_id in job_ids and update.job.phase in TERMINAL:
-                done[update.job.job_id] = update.job
-                if len(done) == len(job_ids):
-                    return
-    try:
-        await asyncio.wait_for(follow(), timeout)
-    finally:
-        stream.cancel()
-    return list(done.values())
 
 
 async def test_300_mixed_jobs_all_succeed_and_the_log_holds_the_invariants(kafka_bootstrap, topics, tmp_path):
@@ -43,7 +24,7 @@ async def test_300_mixed_jobs_all_succeed_and_the_log_holds_the_invariants(kafka
         job_ids = {r.job.job_id for r in responses}
         assert len(job_ids) == 300
 
-        jobs = await wait_all_terminal(client, job_ids)
+        jobs = await client.wait_terminal(job_ids)
         assert sorted(j.phase for j in jobs) == [SUCCEEDED] * 300, [j.reason for j in jobs if j.phase != SUCCEEDED]
         gangs = [j for j in jobs if j.spec.workers == 2]
         assert gangs and all(len({w.node for w in j.workers}) == 2 for j in gangs)

@@ -13,9 +13,9 @@ from gpusched.client import Client
 from gpusched.core.digest import digest
 from gpusched.v1 import admission_pb2, types_pb2
 from gpusched.workloads import mixed_jobs
-from tests.integration.cluster import LocalCluster
+from gpusched.local_cluster import LocalCluster
 from tests.integration.logcheck import check_log, read_log
-from tests.integration.test_end_to_end import SUCCEEDED, wait_all_terminal
+from tests.integration.test_end_to_end import SUCCEEDED
 
 
 async def _fresh_follower(bootstrap, topics, partitions=4) -> tuple[LogFollower, EventPublisher]:
@@ -35,7 +35,7 @@ async def test_replicas_replaying_the_same_log_agree_and_duplicates_change_nothi
         await asyncio.gather(*(cluster.agent(f"node-{i}") for i in range(2)))
         client = Client(f"127.0.0.1:{admission.port}")
         ids = {(await client.submit(s)).job.job_id for s in mixed_jobs(40, seed=3, duration=(0.1, 0.3))}
-        await wait_all_terminal(client, ids)
+        await client.wait_terminal(ids)
         await client.close()
     finally:
         await cluster.stop_all()
@@ -88,7 +88,7 @@ async def test_kill9_placer_mid_run_new_placer_finishes_the_work(kafka_bootstrap
         await placer.kill9()
         await cluster.placer("placer-2")
 
-        jobs = await wait_all_terminal(client, ids)
+        jobs = await client.wait_terminal(ids)
         assert sorted(j.phase for j in jobs) == [SUCCEEDED] * len(ids)
         await client.close()
     finally:

@@ -1,4 +1,4 @@
-"""A local gpusched cluster of real service processes for integration tests.
+"""A local gpusched cluster of real service processes: the demo, benchmarks and tests.
 
 Each service runs as its own process (the console commands), so a test can kill -9 it
 exactly as an operator's worst day would. Readiness is the service's own "ready" line
