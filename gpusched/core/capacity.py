@@ -98,7 +98,7 @@ def _book(state: ClusterState, job: JobState, workers: tuple[WorkerAssignment, .
         else:
             node.jobs.discard(job.job_id)
     usage = state.team_usage(job.team)
-    usage.gpu_milli += sign * job.milli
+    usage.gpu_milli += sign * res.milli * len(workers)   # these workers, not the whole gang
     usage.cpu_milli += sign * res.cpu_milli * len(workers)
     usage.memory_mib += sign * res.memory_mib * len(workers)
     usage.jobs += sign

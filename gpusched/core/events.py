@@ -113,11 +113,22 @@ class JobPreempted(Event):
     reason: str = ""
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AttemptFailed(Event):
+    """A supervisor's verdict on an attempt the agents cannot report: hung (no progress
+    within its deadline) or lost. Charged to the restart budget when ``charge``."""
+
+    job_id: str
+    attempt: int
+    reason: str = ""
+    charge: bool = True
+
+
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.__name__: cls
     for cls in (
         NodeRegistered, NodeLost, NodeCordoned, NodeUncordoned, GpuHealthChanged,
         JobSubmitted, JobCancelled, JobPlaced, WorkerStarted, WorkerFinished,
-        CheckpointSaved, JobPreempted,
+        CheckpointSaved, JobPreempted, AttemptFailed,
     )
 }

@@ -102,6 +102,8 @@ def _(e: ev.NodeUncordoned, state: ClusterState) -> Outcome:
         return _reject(f"node {e.node} unknown or not cordoned")
     node.status = NodeStatus.READY
     node.faults = 0
+    for gpu in node.gpus:   # the operator vouches for the repaired hardware
+        gpu.healthy = True
     return Outcome(True)
 
 
@@ -173,6 +175,7 @@ def _(e: ev.JobPlaced, state: ClusterState) -> Outcome:
     job.started.clear()
     job.finished.clear()
     del state.pending[job.job_id]
+    state.nominations.pop(job.job_id, None)
     return Outcome(True, jobs=(job.job_id,))
 
 
@@ -227,6 +230,7 @@ def _(e: ev.CheckpointSaved, state: ClusterState) -> Outcome:
         return _reject(f"checkpoint for a job not running attempt {e.attempt}", e.job_id)
     job.checkpoint = e.checkpoint
     job.checkpoint_progress_s = max(job.checkpoint_progress_s, e.progress_s)
+    job.checkpoint_at = e.time
     return Outcome(True, jobs=(job.job_id,))
 
 
@@ -240,6 +244,22 @@ def _(e: ev.JobPreempted, state: ClusterState) -> Outcome:
     job.phase = JobPhase.PREEMPTING
     job.nominated_by = e.for_job
     job.reason = e.reason or f"preempted for {e.for_job}"
+    beneficiary = state.jobs.get(e.for_job)
+    if beneficiary is not None and beneficiary.phase is JobPhase.PENDING:
+        nodes, _ = state.nominations.get(e.for_job, ((), 0.0))
+        state.nominations[e.for_job] = (tuple(sorted({*nodes, *(w.node for w in job.workers)})), e.time)
+    return Outcome(True, jobs=(job.job_id,))
+
+
+@_apply.register
+def _(e: ev.AttemptFailed, state: ClusterState) -> Outcome:
+    job = _current(state, e.job_id, e.attempt)
+    if job is None:
+        return _reject(f"job {e.job_id} attempt {e.attempt} is not live", e.job_id)
+    if e.charge:
+        _retry_or_fail(state, job, e.reason or "attempt failed", e.time)
+    else:
+        _requeue(state, job, e.reason or "attempt lost", e.time)
     return Outcome(True, jobs=(job.job_id,))
 
 
@@ -247,6 +267,7 @@ def _(e: ev.JobPreempted, state: ClusterState) -> Outcome:
 def _end(state: ClusterState, job: JobState, phase: JobPhase, reason: str, time: float) -> None:
     _stop(state, job, time)
     state.pending.pop(job.job_id, None)
+    state.nominations.pop(job.job_id, None)
     job.phase = phase
     job.reason = reason
     job.ended_at = time

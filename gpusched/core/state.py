@@ -98,12 +98,19 @@ class JobState:
     not_before: float = 0.0        # retry back-off: do not place before this time
     checkpoint: str = ""
     checkpoint_progress_s: float = 0.0
+    checkpoint_at: float = 0.0     # when the latest checkpoint was saved
     run_s: float = 0.0             # runtime accumulated over earlier attempts
     nominated_by: str = ""         # job this one is being preempted for
 
     @property
     def team(self) -> str:
         return self.spec.team
+
+    def work_at_risk(self, now: float) -> float:
+        """Seconds of work lost if the job stopped now: run time since its last checkpoint."""
+        if not self.started_at:
+            return 0.0
+        return max(0.0, now - max(self.started_at, self.checkpoint_at))
 
     @property
     def milli(self) -> int:
@@ -154,6 +161,9 @@ class ClusterState:
     pending: dict[str, None] = field(default_factory=dict)   # ordered set of job ids
     usage: dict[str, Usage] = field(default_factory=dict)    # team -> usage
     idempotency: dict[str, str] = field(default_factory=dict)  # team/key -> job id
+    # Preemptions in flight: the job they free capacity for -> (victims' nodes, when).
+    # Schedulers keep those nodes for that job until it is placed or the hold expires.
+    nominations: dict[str, tuple[tuple[str, ...], float]] = field(default_factory=dict)
     dedupe: DedupeWindow = field(default_factory=DedupeWindow)
     applied: int = 0      # events applied (duplicates excluded)
     rejected: int = 0     # proposals found invalid when applied

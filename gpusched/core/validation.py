@@ -6,6 +6,7 @@ clear message instead of pending forever.
 """
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -88,7 +89,9 @@ def _check_numbers(spec: JobSpec) -> list[FieldError]:
         ("spec.simulated_duration_s", spec.simulated_duration_s),
         ("spec.max_restarts", spec.max_restarts),
     )
-    return [FieldError(f, "must not be negative") for f, v in checks if v < 0]
+    # NaN compares false with everything, so `v < 0` alone would let it through.
+    return [FieldError(f, "must not be negative" if v < 0 else "must be a finite number")
+            for f, v in checks if v < 0 or not math.isfinite(v)]
 
 
 def _check_fits_pool(spec: JobSpec, nodes: list[NodeState]) -> list[FieldError]:
