@@ -138,7 +138,7 @@ def _(e: ev.JobSubmitted, state: ClusterState) -> Outcome:
     key = f"{e.spec.team}/{e.idempotency_key}" if e.idempotency_key else ""
     if key and key in state.idempotency:
         return _reject(f"idempotency key already used by {state.idempotency[key]}", e.job_id)
-    job = JobState(e.job_id, e.spec, state.next_seq, e.time, e.idempotency_key)
+    job = JobState(e.job_id, e.spec, state.next_seq, e.time, e.idempotency_key, pending_since=e.time)
     state.next_seq += 1
     state.jobs[e.job_id] = job
     state.pending[e.job_id] = None
@@ -286,6 +286,7 @@ def _requeue(state: ClusterState, job: JobState, reason: str, time: float, charg
     job.phase = JobPhase.PENDING
     job.reason = reason
     job.started_at = job.placed_at = 0.0
+    job.pending_since = time
     job.attempt += 1
     job.workers = ()
     job.started.clear()

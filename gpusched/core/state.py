@@ -90,6 +90,7 @@ class JobState:
     workers: tuple[WorkerAssignment, ...] = ()
     started: set[int] = field(default_factory=set)
     finished: dict[int, int] = field(default_factory=dict)   # worker -> exit code
+    pending_since: float = 0.0     # when it (last) entered the queue
     placed_at: float = 0.0
     started_at: float = 0.0
     ended_at: float = 0.0

@@ -7,13 +7,18 @@ import socket
 import uuid
 
 from gpusched.adapters.eventlog import LogFollower, partition_for
+from gpusched.adapters.gpu_health import NvmlWatch, SimulatedNvml
 from gpusched.adapters.gpu_inventory import InventoryError, nvml_gpus, simulated_gpus
 from gpusched.adapters.grpc_server import set_serving, start_server
 from gpusched.adapters.service import connect, stop_event
 from gpusched.adapters.tracing import setup_tracing
 from gpusched.config import add_kafka_args, kafka_settings
 from gpusched.core.model import NodeInfo
+from gpusched.v1 import node_agent_pb2_grpc
 from gpusched_node_agent.agent import NodeAgent
+from gpusched_node_agent.api import NodeAgentServicer
+
+SERVICES = ["gpusched.v1.NodeAgentService"]
 
 
 def node_info(args: argparse.Namespace) -> NodeInfo:
@@ -37,18 +42,24 @@ async def run(args: argparse.Namespace) -> None:
         raise SystemExit(f"gpusched-node-agent: {exc}")
     me = f"node-agent-{info.name}-{info.agent_id}"
     publisher, dead_letters = await connect(settings, me)
-    agent = NodeAgent(info, publisher, me)
+    agent = NodeAgent(info, publisher, me, grace_s=args.grace)
+    backend = SimulatedNvml() if info.simulated else NvmlWatch(len(info.gpus))
     follower = LogFollower(settings.bootstrap, settings.topics, me, dead_letters, on_event=agent.on_event,
                            partitions=[partition_for(info.pool, settings.partitions)])
-    server, port, health = await start_server(args.listen, [], [])
+    servicer = NodeAgentServicer(agent, backend)
+    server, port, health = await start_server(args.listen, [
+        lambda s: node_agent_pb2_grpc.add_NodeAgentServiceServicer_to_server(servicer, s)], SERVICES)
     await follower.start()
     await agent.join(follower)
-    await set_serving(health, [])
+    await set_serving(health, SERVICES)
     print(f"node-agent ready node={info.name} gpus={len(info.gpus)} simulated={info.simulated} port={port}", flush=True)
     stop = stop_event()
-    beats = asyncio.create_task(agent.heartbeats(args.heartbeat_interval, stop))
+    tasks = [asyncio.create_task(agent.heartbeats(args.heartbeat_interval, stop)),
+             asyncio.create_task(agent.watch_health(backend))]
     await stop.wait()
-    beats.cancel()
+    backend.stop()
+    for task in tasks:
+        task.cancel()
     await server.stop(grace=1)
     await follower.stop()
     await publisher.stop()
@@ -64,6 +75,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--memory-mib", type=int, default=0)
     parser.add_argument("--label", action="append", default=[], help="topology label, e.g. rack=r1")
     parser.add_argument("--heartbeat-interval", type=float, default=1.0)
+    parser.add_argument("--grace", type=float, default=10.0, help="seconds a stopped workload has to checkpoint")
     parser.add_argument("--listen", default="127.0.0.1:0", help="health endpoint")
     asyncio.run(run(parser.parse_args(argv)))
 

@@ -1,48 +1,113 @@
-"""Running one worker: a real process with CUDA_VISIBLE_DEVICES, or a simulated run."""
+"""Running one worker: a real process with CUDA_VISIBLE_DEVICES, or a simulated run.
+
+Both report checkpoints through ``on_checkpoint(location, progress_s)``, where
+``progress_s`` is the job's total work done so far (seconds), so a resumed attempt
+starts where the checkpoint left off and the log shows how much work a stop lost.
+"""
 from __future__ import annotations
 
 import asyncio
 import os
 import signal
+from pathlib import Path
+from typing import Awaitable, Callable
 
 from gpusched.core.model import GpuSlot
 
+OnCheckpoint = Callable[[str, float], Awaitable[None]]
+EXIT_TERMINATED = 128 + int(signal.SIGTERM)
+
 
 class SimulatedRun:
-    """Holds its GPUs for ``duration`` seconds, then exits 0; a stop ends it early."""
+    """Simulated training: ``duration`` seconds of work in all, of which ``resume_from``
+    are already done; checkpoints every ``interval`` and once more when stopped."""
 
-    def __init__(self, duration: float) -> None:
+    def __init__(self, duration: float, resume_from: float = 0.0, interval: float = 0.0,
+                 on_checkpoint: OnCheckpoint | None = None, location: str = "sim://") -> None:
         self.duration = duration
+        self.done = min(resume_from, duration)
+        self.interval = interval
+        self.on_checkpoint = on_checkpoint
+        self.location = location
         self._stopped = asyncio.Event()
 
     async def start(self) -> None:
         return None
 
     async def wait(self) -> int:
-        try:
-            await asyncio.wait_for(self._stopped.wait(), self.duration)
-            return -int(signal.SIGTERM)
-        except asyncio.TimeoutError:
-            return 0
+        loop = asyncio.get_running_loop()
+        started, base = loop.time(), self.done
+        while True:
+            progress = base + loop.time() - started
+            left = self.duration - progress
+            if left <= 0:
+                return 0
+            step = min(left, self.interval) if self.interval > 0 else left
+            try:
+                await asyncio.wait_for(self._stopped.wait(), step)
+            except asyncio.TimeoutError:
+                progress = min(self.duration, base + loop.time() - started)
+                if progress < self.duration:
+                    await self._checkpoint(progress)
+                continue
+            await self._checkpoint(base + loop.time() - started)   # graceful stop: save first
+            return EXIT_TERMINATED
+
+    async def _checkpoint(self, progress: float) -> None:
+        if self.on_checkpoint is not None:
+            await self.on_checkpoint(f"{self.location}@{progress:.3f}", progress)
 
     async def stop(self, grace: float) -> None:
         self._stopped.set()
 
 
 class ProcessRun:
-    """A real workload process. Stop = SIGTERM, then SIGKILL after ``grace`` seconds."""
+    """A real workload process. Stop = SIGTERM, then SIGKILL after ``grace`` seconds.
 
-    def __init__(self, command: tuple[str, ...], gpus: tuple[GpuSlot, ...], uuids: list[str], env: dict[str, str]) -> None:
+    The workload learns where to resume from ``GPUSCHED_RESUME_FROM`` and reports a
+    checkpoint by writing "<location> <progress_s>" to ``GPUSCHED_CHECKPOINT_FILE``."""
+
+    POLL_S = 0.5
+
+    def __init__(self, command: tuple[str, ...], gpus: tuple[GpuSlot, ...], uuids: list[str],
+                 env: dict[str, str], workdir: Path, on_checkpoint: OnCheckpoint | None = None) -> None:
         self.command = command
-        self.env = {**os.environ, **env,
+        self.checkpoint_file = workdir / "checkpoint"
+        self.env = {**os.environ, **env, "GPUSCHED_CHECKPOINT_FILE": str(self.checkpoint_file),
                     "CUDA_VISIBLE_DEVICES": ",".join(uuids[s.index] for s in gpus)}
+        self.workdir = workdir
+        self.on_checkpoint = on_checkpoint
         self._proc: asyncio.subprocess.Process | None = None
+        self._seen = ""
 
     async def start(self) -> None:
-        self._proc = await asyncio.create_subprocess_exec(*self.command, env=self.env, start_new_session=True)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self._proc = await asyncio.create_subprocess_exec(
+            *self.command, env=self.env, cwd=self.workdir, start_new_session=True)
 
     async def wait(self) -> int:
-        return await self._proc.wait()
+        while True:
+            try:
+                code = await asyncio.wait_for(asyncio.shield(self._proc.wait()), self.POLL_S)
+                await self._poll_checkpoint()
+                return code
+            except asyncio.TimeoutError:
+                await self._poll_checkpoint()
+
+    async def _poll_checkpoint(self) -> None:
+        try:
+            text = self.checkpoint_file.read_text().strip()
+        except OSError:
+            return
+        if not text or text == self._seen or self.on_checkpoint is None:
+            return
+        self._seen = text
+        location, _, progress = text.rpartition(" ")
+        try:
+            done = float(progress)
+        except ValueError:
+            location, done = text, 0.0
+        await self.on_checkpoint(location or text, done)
 
     async def stop(self, grace: float) -> None:
         proc = self._proc
@@ -50,10 +115,9 @@ class ProcessRun:
             return
         _signal_group(proc.pid, signal.SIGTERM)
         try:
-            await asyncio.wait_for(proc.wait(), grace)
+            await asyncio.wait_for(asyncio.shield(proc.wait()), grace)
         except asyncio.TimeoutError:
             _signal_group(proc.pid, signal.SIGKILL)
-            await proc.wait()
 
 
 def _signal_group(pid: int, sig: int) -> None:

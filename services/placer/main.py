@@ -11,7 +11,8 @@ from gpusched.adapters.service import connect, instance_id, stop_event
 from gpusched.adapters.tracing import setup_tracing
 from gpusched.config import add_kafka_args, kafka_settings
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig
-from gpusched_placer.loop import PlacerLoop
+from gpusched.adapters.proposer import PartitionProposer
+from gpusched_placer.loop import PlacementDecider
 
 log = logging.getLogger("gpusched.placer")
 
@@ -28,7 +29,7 @@ async def run(args: argparse.Namespace) -> None:
         on_assigned=lambda parts: holder["loop"].on_assigned(parts),
         on_revoked=lambda parts: holder["loop"].on_revoked(parts),
     )
-    loop = holder["loop"] = PlacerLoop(follower, publisher, scheduler, me)
+    loop = holder["loop"] = PartitionProposer(follower, publisher, PlacementDecider(scheduler, me), me)
     server, port, health = await start_server(args.listen, [], [])
     await follower.start()
     await set_serving(health, [])

@@ -1,0 +1,46 @@
+"""Supervision verdicts: which nodes are lost and which attempts hang. Pure: the caller
+passes the clock and what it heard from the heartbeats topic."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+from gpusched.core.model import JobPhase, NodeStatus
+from gpusched.core.state import ClusterState
+
+
+@dataclass(frozen=True, slots=True)
+class SupervisionConfig:
+    heartbeat_timeout_s: float = 10.0
+    # An attempt with checkpoints on is hung when no checkpoint came for this many
+    # intervals (plus a start-up grace): it is restarted, charged to its budget.
+    hang_intervals: float = 3.0
+    hang_grace_s: float = 30.0
+
+
+def lost_nodes(state: ClusterState, last_seen: Mapping[str, float], since: float, now: float,
+               config: SupervisionConfig) -> list[tuple[str, str]]:
+    """(node, reason) for nodes whose heartbeats stopped. ``since``: when we started
+    listening — a node never heard from gets that long before it is declared lost."""
+    lost = []
+    for name, node in sorted(state.nodes.items()):
+        if node.status is NodeStatus.LOST:
+            continue
+        seen = max(last_seen.get(name, since), since)
+        if now - seen > config.heartbeat_timeout_s:
+            lost.append((name, f"no heartbeat for {now - seen:.1f}s (timeout {config.heartbeat_timeout_s:g}s)"))
+    return lost
+
+
+def hung_attempts(state: ClusterState, now: float, config: SupervisionConfig) -> list[tuple[str, int, str]]:
+    """(job, attempt, reason) for running attempts that stopped reporting progress."""
+    hung = []
+    for job in state.jobs.values():
+        interval = job.spec.checkpoint_interval_s
+        if job.phase is not JobPhase.RUNNING or interval <= 0:
+            continue
+        last = max(job.started_at, job.checkpoint_at)
+        deadline = last + config.hang_intervals * interval + config.hang_grace_s
+        if now > deadline:
+            hung.append((job.job_id, job.attempt, f"hung: no progress report for {now - last:.0f}s"))
+    return hung
