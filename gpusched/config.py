@@ -33,3 +33,18 @@ def kafka_settings(args: argparse.Namespace) -> KafkaSettings:
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     return KafkaSettings(bootstrap=args.bootstrap, topic_prefix=args.topic_prefix, partitions=args.partitions)
+
+
+def load_quotas(path: str):
+    """The org/team quota tree from a JSON file (``QueueTree.from_dict`` format); an
+    empty path means no guarantees (every team borrows)."""
+    from pathlib import Path
+
+    from gpusched.policies.quota import QueueTree
+
+    if not path:
+        return QueueTree()
+    try:
+        return QueueTree.from_json(Path(path).read_text())
+    except (OSError, ValueError, TypeError) as exc:
+        raise SystemExit(f"--quotas {path}: {exc}")

@@ -89,11 +89,14 @@ class LocalCluster:
             if b" ready" in line:
                 return line.decode().strip()
 
-    async def admission(self, name: str = "admission") -> Service:
-        return await self.start(name, "gpusched-admission", "--listen", "127.0.0.1:0")
+    async def admission(self, name: str = "admission", port: int = 0) -> Service:
+        return await self.start(name, "gpusched-admission", "--listen", f"127.0.0.1:{port}")
 
     async def placer(self, name: str = "placer", *args: str) -> Service:
         return await self.start(name, "gpusched-placer", *args)
+
+    async def preemptor(self, name: str = "preemptor", *args: str) -> Service:
+        return await self.start(name, "gpusched-preemptor", *args)
 
     async def agent(self, node: str, simulate: str = "8xH100-80GB", *args: str) -> Service:
         return await self.start(f"agent-{node}", "gpusched-node-agent", "--name", node, "--simulate", simulate, *args)

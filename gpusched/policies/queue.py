@@ -1,12 +1,18 @@
-"""Queue sort: the order in which pending jobs are offered to placement."""
+"""Queue sort: the order in which pending jobs are offered to placement.
+
+Every order takes ``(state, jobs, now, context)`` and returns a permutation of ``jobs``;
+``context`` carries what an order may need beyond the state (quotas, decayed usage,
+aging; see ``fairshare.QueueContext``) and is ignored by the orders that need nothing.
+"""
 from __future__ import annotations
 
 from typing import Callable, Iterable
 
 from gpusched.core.priority import priority_value
 from gpusched.core.state import ClusterState, JobState
+from gpusched.policies.fairshare import QueueContext, fair_share
 
-QueueOrder = Callable[[ClusterState, Iterable[JobState], float], list[JobState]]
+QueueOrder = Callable[[ClusterState, Iterable[JobState], float, QueueContext | None], list[JobState]]
 QUEUE_ORDERS: dict[str, QueueOrder] = {}
 
 
@@ -18,10 +24,15 @@ def register_queue(name: str):
 
 
 @register_queue("fifo")
-def fifo(state: ClusterState, jobs: Iterable[JobState], now: float) -> list[JobState]:
+def fifo(state: ClusterState, jobs: Iterable[JobState], now: float,
+         context: QueueContext | None = None) -> list[JobState]:
     return sorted(jobs, key=lambda j: j.seq)
 
 
 @register_queue("priority")
-def priority_then_fifo(state: ClusterState, jobs: Iterable[JobState], now: float) -> list[JobState]:
+def priority_then_fifo(state: ClusterState, jobs: Iterable[JobState], now: float,
+                       context: QueueContext | None = None) -> list[JobState]:
     return sorted(jobs, key=lambda j: (-priority_value(j.spec.priority_class), j.seq))
+
+
+register_queue("fair-share")(fair_share)

@@ -3,16 +3,27 @@
 The cycle never writes the state: it books tentatively and releases before returning.
 The caller (the placer service or the simulator) turns decisions into ``JobPlaced``
 events; the reducer validates them when they come back from the log.
+
+With ``backfill`` on, the first job that cannot be placed gets a reservation (EASY
+backfill, ``backfill``) and the jobs after it are placed only where they cannot delay
+it. Quota limits (``quotas``) hold for every queue order: a job whose team or org would
+go over its limit is skipped.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gpusched.core.model import WorkerAssignment
-from gpusched.core.state import ClusterState
-from gpusched.policies.booking import tentative
+from gpusched.core.state import ClusterState, JobState
+from gpusched.policies.backfill import (
+    Reservation, ReservationHold, ends_before, reserve_for_head_of_line,
+)
+from gpusched.policies.booking import Booking, tentative
+from gpusched.policies.fairshare import DEFAULT_AGING_S, QueueContext
 from gpusched.policies.placement import PLACEMENTS, place_gang
 from gpusched.policies.queue import QUEUE_ORDERS
+from gpusched.policies.quota import QueueTree, within_limits
+from gpusched.policies.usage import UsageLedger
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,6 +31,10 @@ class SchedulerConfig:
     queue: str = "priority"
     placement: str = "best-fit"
     max_decisions: int = 10_000     # per cycle, to bound a cycle's latency
+    backfill: bool = False          # reserve for the blocked head of line (EASY backfill)
+    quotas: QueueTree = field(default_factory=QueueTree)
+    half_life_s: float = 3600.0     # decay of the usage fair share charges teams for
+    aging_s: float = DEFAULT_AGING_S
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +43,7 @@ class Decision:
     attempt: int
     workers: tuple[WorkerAssignment, ...]
     policy: str
+    backfilled: bool = False        # placed behind a reservation it cannot delay
 
 
 class Scheduler:
@@ -39,15 +55,88 @@ class Scheduler:
         self.config = config
         self._order = QUEUE_ORDERS[config.queue]
         self._score = PLACEMENTS[config.placement]
+        self.ledger = UsageLedger(config.half_life_s)
+        self.reservation: Reservation | None = None   # the last cycle's, for reports
 
     def cycle(self, state: ClusterState, now: float) -> list[Decision]:
+        self.ledger.advance(state, now)
         ready = [state.jobs[j] for j in state.pending if state.jobs[j].not_before <= now]
-        decisions: list[Decision] = []
+        context = QueueContext(self.config.quotas, self.ledger.decayed(), self.config.aging_s)
+        order = self._order(state, ready, now, context)
         with tentative(state) as booking:
-            for job in self._order(state, ready, now):
-                workers = place_gang(state, job, self._score, booking)
-                if workers is not None:
-                    decisions.append(Decision(job.job_id, job.attempt, workers, self.config.placement))
-                    if len(decisions) >= self.config.max_decisions:
+            run = _CycleRun(self, state, now, booking)
+            try:
+                for job in order:
+                    if len(run.decisions) >= self.config.max_decisions:
                         break
-        return decisions
+                    run.offer(job)
+            finally:
+                run.lift_hold()   # before the booking is undone: the hold sits on top of it
+        self.reservation = run.reservation
+        return list(run.decisions.values())
+
+
+class _CycleRun:
+    """The bookkeeping of one cycle: decisions so far, shapes known not to fit, and the
+    reservation with its hold once the head of line is blocked."""
+
+    def __init__(self, scheduler: Scheduler, state: ClusterState, now: float, booking: Booking) -> None:
+        self.config = scheduler.config
+        self.score = scheduler._score
+        self.state, self.now, self.booking = state, now, booking
+        self.decisions: dict[str, Decision] = {}
+        # Shapes that failed this cycle fail again: a cycle only ever takes capacity.
+        self.failed: set[tuple] = set()
+        self.unreservable: set[tuple] = set()
+        self.reservation: Reservation | None = None
+        self.hold: ReservationHold | None = None
+
+    def offer(self, job: JobState) -> None:
+        reserved = self.reservation.job if self.reservation else None
+        if not within_limits(self.state, self.config.quotas, job, reserved):
+            return
+        shape = (job.spec.pool, job.spec.workers, job.spec.resources)
+        if self.hold is None:
+            workers = self.place(job, shape, held=False)
+            if workers is None and self.config.backfill and shape not in self.unreservable:
+                self.reserve(job, shape)
+        elif ends_before(job, self.now, self.reservation.shadow_s):
+            # Gone before the reserved job starts: it may use what the hold keeps.
+            workers = None
+            if not self.known_to_fail(shape, held=False):
+                self.hold.lift()
+                workers = self.place(job, shape, held=False)
+                self.hold.apply()
+        else:
+            workers = self.place(job, shape, held=True)
+        if workers is not None:
+            self.decisions[job.job_id] = Decision(job.job_id, job.attempt, workers, self.config.placement,
+                                                  backfilled=self.hold is not None)
+
+    def known_to_fail(self, shape: tuple, held: bool) -> bool:
+        # What fails without the hold fails with it too.
+        return (shape, False) in self.failed or (shape, held) in self.failed
+
+    def place(self, job: JobState, shape: tuple, held: bool) -> tuple[WorkerAssignment, ...] | None:
+        if self.known_to_fail(shape, held):
+            return None
+        workers = place_gang(self.state, job, self.score, self.booking)
+        if workers is None:
+            self.failed.add((shape, held))
+        return workers
+
+    def reserve(self, job: JobState, shape: tuple) -> None:
+        booked = {d.job_id: d.workers for d in self.decisions.values()}
+        reservation = reserve_for_head_of_line(self.state, job, self.now, booked)
+        if reservation is None:
+            # It never fits, or only after jobs of unknown runtime: holding capacity for
+            # it would block the queue for nothing, so the next blocked job is the head.
+            self.unreservable.add(shape)
+            return
+        self.reservation = reservation
+        self.hold = ReservationHold(self.state, reservation)
+        self.hold.apply()
+
+    def lift_hold(self) -> None:
+        if self.hold is not None:
+            self.hold.lift()

@@ -49,7 +49,20 @@ class NodeAgent:
         return cls(event_id=uuid.uuid4().hex, time=time.time(), producer=self.me, **fields)
 
     async def publish(self, event) -> None:
-        await self.publisher.publish(event, self.info.pool)
+        """Append, retrying through broker outages: a lost WorkerFinished would leave the
+        job holding GPUs forever. The event id stays the same, so a retry that lands
+        twice is dropped by the reducer."""
+        delay = 0.2
+        while True:
+            try:
+                await self.publisher.publish(event, self.info.pool)
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("publishing %s failed (%s); retrying in %.1fs", type(event).__name__, exc, delay)
+                await asyncio.sleep(delay)   # back-off between retries
+                delay = min(delay * 2, 5.0)
 
     # --- start-up -------------------------------------------------------------------
     async def join(self, follower: LogFollower) -> None:

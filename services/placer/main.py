@@ -10,6 +10,7 @@ from gpusched.adapters.grpc_server import set_serving, start_server
 from gpusched.adapters.service import connect, instance_id, stop_event
 from gpusched.adapters.tracing import setup_tracing
 from gpusched.config import add_kafka_args, kafka_settings
+from gpusched.config import load_quotas
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig
 from gpusched.adapters.proposer import PartitionProposer
 from gpusched_placer.loop import PlacementDecider
@@ -21,7 +22,8 @@ async def run(args: argparse.Namespace) -> None:
     settings = kafka_settings(args)
     setup_tracing("gpusched-placer")
     me = instance_id("placer")
-    scheduler = Scheduler(SchedulerConfig(queue=args.queue, placement=args.placement))
+    scheduler = Scheduler(SchedulerConfig(queue=args.queue, placement=args.placement, backfill=args.backfill,
+                                          quotas=load_quotas(args.quotas)))
     publisher, dead_letters = await connect(settings, me)
     holder: dict = {}
     follower = LogFollower(
@@ -49,6 +51,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--listen", default="127.0.0.1:0", help="health endpoint")
     parser.add_argument("--queue", default="priority", help="queue-sort policy name")
     parser.add_argument("--placement", default="best-fit", help="placement policy name")
+    parser.add_argument("--backfill", action="store_true", help="reserve for the blocked head-of-line gang (EASY)")
+    parser.add_argument("--quotas", default="", help="JSON file of org/team guarantees and limits")
     asyncio.run(run(parser.parse_args(argv)))
 
 

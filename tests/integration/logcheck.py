@@ -131,6 +131,12 @@ def _track_reported(state, event, outcome, running, where, violations) -> None:
         for key in [k for k in running if k[0] == job_id]:
             if key[1] != job.attempt or not job.phase.holds_gpus:
                 del running[key]
+    attempts: dict[str, set[int]] = defaultdict(set)
+    for job_id, attempt, _ in running:
+        attempts[job_id].add(attempt)
+    for job_id, live in attempts.items():
+        if len(live) > 1:
+            violations.append(f"{where}: job {job_id} runs attempts {sorted(live)} at once")
     load: dict[tuple[str, int], int] = defaultdict(int)
     for slots in running.values():
         for node, index, milli in slots:

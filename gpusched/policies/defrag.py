@@ -1,0 +1,165 @@
+"""Defragmentation: move a few checkpointable jobs so a fragmented pool can take a job.
+
+A pending job is *blocked by fragmentation only* when its pool has enough free whole GPUs
+of the models it allows for all its workers, yet the placer finds no placement (the free
+GPUs are spread over nodes, none with room for a worker). Then we look for a few running
+jobs to *move*: preempt them (they checkpoint and requeue, uncharged) so their GPUs
+consolidate with free ones, on the condition that
+
+* each moved job is preemptible, checkpointable (``checkpoint_interval_s > 0``), has run
+  ``min_runtime_s``, and is of a priority class no higher than the pending job's;
+* the pending job then fits (``place_gang``, the placer's default scoring), and after
+  booking it, every moved job fits again elsewhere in what is left *right now* (each
+  checked with ``place_gang`` on the tentative state, booked in turn);
+* the work it costs is capped: the moved jobs' work at risk (run time since their last
+  checkpoint) sums to at most ``defrag_max_work_lost_s``, and at most
+  ``defrag_max_moves`` jobs move.
+
+Candidate moves come from the same node-local search as preemption
+(``gpusched.policies.preemption``), with the cost of a move set being
+``(work at risk, jobs moved, GPU milli moved)``. For a one-worker job every node's minimal
+move set is a candidate, cheapest first (up to ``defrag_max_plans`` tried); a gang gets
+the greedy multi-node set. Only whole-GPU jobs are defragmented (shares and MIG slices
+pack inside a GPU and are not blocked by spreading GPUs across nodes).
+
+Decisions are ``Preemption`` with reason ``"defragmentation"``. Like preemption, a call
+books its plans tentatively (moved jobs released, the pending job and the moved jobs
+placed) so later plans of the same call build on them, and leaves the state untouched.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from gpusched.core.model import JobPhase
+from gpusched.core.priority import priority_value
+from gpusched.core.state import ClusterState, JobState
+from gpusched.policies.preemption import (
+    REASON_DEFRAG, Preemption, PreemptionConfig, _Context, _Scratch, _Search, _since,
+)
+from gpusched.policies.quota import within_limits
+
+
+def blocked_by_fragmentation(state: ClusterState, job: JobState) -> bool:
+    """Enough free whole GPUs in the job's pool and models for all its workers (whether or
+    not the placer can use them). Only meaningful for whole-GPU jobs."""
+    res = job.spec.resources
+    if res.is_share or res.is_mig or res.gpus <= 0:
+        return False
+    need = job.spec.workers * res.gpus
+    free = 0
+    for node in state.nodes.values():
+        if node.info.pool == job.spec.pool and node.schedulable and res.allows(node.model):
+            free += node.free_whole_gpus()
+            if free >= need:
+                return True
+    return False
+
+
+def defrag_decisions(state: ClusterState, now: float,
+                     config: PreemptionConfig = PreemptionConfig(),
+                     limit: int = 4) -> list[Preemption]:
+    """Move plans for pending jobs blocked by fragmentation only, highest priority first."""
+    ctx = _Context(state, now, config)
+    scratch = _Scratch(state)
+    out: list[Preemption] = []
+    try:
+        for job in ctx.pending_in_order()[: config.max_examined]:
+            if len(out) >= limit:
+                break
+            if not within_limits(state, config.quotas, job):
+                continue
+            placed = ctx.place(job)
+            if placed is not None:
+                scratch.commit(job, placed)   # the scheduler places it: hold its GPUs
+                continue
+            if job.job_id in ctx.in_flight or not blocked_by_fragmentation(state, job):
+                continue
+            plan = _plan(ctx, job, scratch)   # booked on the scratch when found
+            if plan is not None:
+                out.append(plan)
+    finally:
+        scratch.rollback()
+    return out
+
+
+def defrag_plan(state: ClusterState, job: JobState, now: float,
+                config: PreemptionConfig = PreemptionConfig()) -> tuple[str, ...] | None:
+    """The jobs to move so ``job`` fits, or None (not fragmentation-blocked, or no plan
+    within the caps). The state is left untouched."""
+    ctx = _Context(state, now, config)
+    scratch = _Scratch(state)
+    try:
+        if ctx.place(job) is not None or not blocked_by_fragmentation(state, job):
+            return None
+        plan = _plan(ctx, job, scratch)
+    finally:
+        scratch.rollback()
+    return None if plan is None else plan.victims
+
+
+# --- internals ----------------------------------------------------------------------------
+def _movable(ctx: _Context, victim: JobState, job: JobState) -> bool:
+    if victim.job_id == job.job_id or victim.job_id in ctx.taken:
+        return False
+    spec = victim.spec
+    if victim.phase not in (JobPhase.RUNNING, JobPhase.PLACED) or not spec.preemptible:
+        return False
+    if spec.checkpoint_interval_s <= 0 or ctx.now - _since(victim) < ctx.config.min_runtime_s:
+        return False
+    if victim.work_at_risk(ctx.now) > ctx.config.defrag_max_work_lost_s:
+        return False
+    return priority_value(spec.priority_class) <= priority_value(job.spec.priority_class)
+
+
+def _plan(ctx: _Context, job: JobState, scratch: _Scratch) -> Preemption | None:
+    now, config = ctx.now, ctx.config
+
+    def cost(v: JobState) -> tuple:
+        return (v.work_at_risk(now), v.milli, priority_value(v.spec.priority_class), v.seq, v.job_id)
+
+    def set_key(victims: Sequence[JobState]) -> tuple:
+        return (round(sum(v.work_at_risk(now) for v in victims), 6), len(victims),
+                sum(v.milli for v in victims))
+
+    search = _Search(ctx, job, scratch, lambda v: _movable(ctx, v, job), cost, set_key,
+                     config.defrag_max_moves)
+    if job.spec.workers == 1:
+        steps = [(step.key, name, step.victims) for name in search.nodes
+                 if (step := search.node_step(name)) is not None]
+        steps.sort(key=lambda s: (s[0], s[1]))
+        candidates = [victims for _, _, victims in steps[: config.defrag_max_plans]]
+    else:
+        victims = search.run()
+        candidates = [victims] if victims else []
+    for moved in candidates:
+        if len(moved) > config.defrag_max_moves:
+            continue
+        if sum(v.work_at_risk(now) for v in moved) > config.defrag_max_work_lost_s:
+            continue
+        if _relocate(ctx, job, moved, scratch):
+            for v in moved:
+                ctx.taken.add(v.job_id)
+            nodes = sorted({w.node for v in moved for w in v.workers})
+            return Preemption(job.job_id, tuple(v.job_id for v in sorted(moved, key=cost)),
+                              REASON_DEFRAG, tuple(nodes))
+    return None
+
+
+def _relocate(ctx: _Context, job: JobState, moved: Sequence[JobState], scratch: _Scratch) -> bool:
+    """Tentatively: release ``moved``, place ``job``, then place every moved job again
+    (higher priority first). Kept booked on the scratch when it all fits, undone otherwise."""
+    mark = scratch.mark()
+    for v in moved:
+        scratch.release(v)
+    placed = ctx.place(job)
+    if placed is None:
+        scratch.rollback(mark)
+        return False
+    scratch.commit(job, placed)
+    for v in sorted(moved, key=lambda v: (-priority_value(v.spec.priority_class), v.seq)):
+        again = ctx.place(v)
+        if again is None:
+            scratch.rollback(mark)
+            return False
+        scratch.commit(v, again)
+    return True

@@ -1,0 +1,42 @@
+"""The preemptor's decisions for one pool, as events. Policy lives in gpusched.policies."""
+from __future__ import annotations
+
+import uuid
+from typing import Callable, Mapping
+
+from gpusched.core import events as ev
+from gpusched.core.state import ClusterState
+from gpusched.policies.defrag import defrag_decisions
+from gpusched.policies.preemption import PreemptionConfig, preemption_decisions, preemption_events
+from gpusched.policies.supervision import SupervisionConfig, hung_attempts, lost_nodes
+
+
+class PreemptorDecider:
+    def __init__(self, me: str, preemption: PreemptionConfig, supervision: SupervisionConfig,
+                 heard: Callable[[float], tuple[Mapping[str, float], float, bool]], defrag: bool = True) -> None:
+        self.me = me
+        self.preemption = preemption
+        self.supervision = supervision
+        self.heard = heard          # now -> (last beat per node, listening since, hearing at all)
+        self.defrag = defrag
+
+    def _event(self, cls, now: float, **fields) -> ev.Event:
+        return cls(event_id=uuid.uuid4().hex, time=now, producer=self.me, **fields)
+
+    def __call__(self, partition: int, state: ClusterState, now: float) -> list[tuple[ev.Event, str]]:
+        out: list[tuple[ev.Event, str]] = []
+        last_seen, since, hearing = self.heard(now)
+        for node, reason in (lost_nodes(state, last_seen, since, now, self.supervision) if hearing else []):
+            out.append((self._event(ev.NodeLost, now, node=node, reason=reason), state.nodes[node].info.pool))
+        if out:
+            return out   # let the requeues land before judging anything else
+        for job_id, attempt, reason in hung_attempts(state, now, self.supervision):
+            out.append((self._event(ev.AttemptFailed, now, job_id=job_id, attempt=attempt, reason=reason),
+                        state.jobs[job_id].spec.pool))
+        plans = preemption_decisions(state, now, self.preemption)
+        if self.defrag and not plans:
+            plans = defrag_decisions(state, now, self.preemption)
+        for plan in plans:
+            pool = state.jobs[plan.for_job].spec.pool
+            out += [(e, pool) for e in preemption_events(state, plan, now, self.me)]
+        return out

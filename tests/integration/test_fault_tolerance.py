@@ -1,0 +1,186 @@
+"""Issue 4 end to end: priority preemption with checkpoints, node loss, GPU faults."""
+from __future__ import annotations
+
+import asyncio
+
+from gpusched.adapters import codec
+from gpusched.adapters.eventlog import DeadLetters, LogFollower
+from gpusched.core.model import NodeStatus
+from gpusched.client import Client, spec
+from gpusched.core import events as ev
+from gpusched.local_cluster import LocalCluster
+from gpusched.v1 import admission_pb2, cluster_pb2, node_agent_pb2, node_agent_pb2_grpc, types_pb2
+from tests.integration.logcheck import check_log, read_log
+
+import grpc
+
+RUNNING = types_pb2.JOB_PHASE_RUNNING
+SUCCEEDED = types_pb2.JOB_PHASE_SUCCEEDED
+
+
+async def until(client: Client, predicate, timeout: float = 120.0, **filters) -> types_pb2.Job:
+    """First WatchJobs update (current state included) for which ``predicate(job)`` holds."""
+    stream = client.jobs.WatchJobs(admission_pb2.WatchJobsRequest(**filters))
+
+    async def follow():
+        async for update in stream:
+            if predicate(update.job):
+                return update.job
+    try:
+        return await asyncio.wait_for(follow(), timeout)
+    finally:
+        stream.cancel()
+
+
+async def all_running(client: Client, ids: set[str], timeout: float = 120.0) -> None:
+    running: set[str] = set()
+
+    def seen(job) -> bool:
+        if job.job_id in ids and job.phase == RUNNING:
+            running.add(job.job_id)
+        return running == ids
+    await until(client, seen, timeout)
+
+
+def events_of(log) -> list[ev.Event]:
+    return [codec.decode(v)[0] for records in log.values() for _, v in records if v]
+
+
+def work_lost_per_preemption(events: list[ev.Event], victims: set[str]) -> list[float]:
+    """For each preempted attempt: run time minus the progress its checkpoints covered."""
+    started, progress_at_start, best, lost = {}, {}, {}, []
+    for e in events:
+        if isinstance(e, ev.WorkerStarted) and e.job_id in victims and e.worker == 0:
+            started[(e.job_id, e.attempt)] = e.time
+            progress_at_start[(e.job_id, e.attempt)] = best.get(e.job_id, 0.0)
+        elif isinstance(e, ev.CheckpointSaved) and e.job_id in victims:
+            best[e.job_id] = max(best.get(e.job_id, 0.0), e.progress_s)
+        elif isinstance(e, ev.WorkerFinished) and e.job_id in victims and e.worker == 0 and e.exit_code != 0:
+            key = (e.job_id, e.attempt)
+            ran = e.time - started[key]
+            covered = best.get(e.job_id, 0.0) - progress_at_start[key]
+            lost.append(ran - covered)
+    return lost
+
+
+async def test_priority_preemption_checkpoints_victims_and_they_resume(kafka_bootstrap, topics, tmp_path):
+    interval = 1.0
+    cluster = LocalCluster(kafka_bootstrap, topics, tmp_path)
+    try:
+        admission = await cluster.admission()
+        await cluster.placer()
+        await cluster.preemptor("preemptor", "--min-runtime", "0")
+        await asyncio.gather(*(cluster.agent(f"node-{i}", "8xH100-80GB", "--grace", "5") for i in range(2)))
+        client = Client(f"127.0.0.1:{admission.port}")
+        filler = [spec(f"be-{i}", "research", gpus=1, duration=8.0, priority="best-effort",
+                       checkpoint_interval=interval) for i in range(16)]
+        ids = {(await client.submit(s)).job.job_id for s in filler}
+        await all_running(client, ids)
+
+        urgent = (await client.submit(spec("urgent", "prod", gpus=8, duration=2.0, priority="training-high"))).job
+        ran = await until(client, lambda j: j.job_id == urgent.job_id and j.phase in (RUNNING, SUCCEEDED), 60)
+        assert ran.phase in (RUNNING, SUCCEEDED)
+
+        jobs = await client.wait_terminal(ids | {urgent.job_id}, timeout=180)
+        assert {j.phase for j in jobs} == {SUCCEEDED}
+        victims = {j.job_id for j in jobs if j.preemptions > 0}
+        assert len(victims) >= 8
+        assert all(j.checkpoint for j in jobs if j.job_id in victims)
+        await client.close()
+    finally:
+        await cluster.stop_all()
+    log = await read_log(kafka_bootstrap, topics)
+    report = check_log(log)
+    assert report.violations == []
+    lost = work_lost_per_preemption(events_of(log), victims)
+    assert len(lost) >= len(victims)
+    assert max(lost) <= interval, lost
+
+
+async def test_killed_node_agent_its_jobs_resume_elsewhere_from_checkpoints(kafka_bootstrap, topics, tmp_path):
+    cluster = LocalCluster(kafka_bootstrap, topics, tmp_path)
+    try:
+        admission = await cluster.admission()
+        await cluster.placer()
+        await cluster.preemptor("preemptor", "--heartbeat-timeout", "3")
+        doomed = await cluster.agent("node-0", "8xH100-80GB", "--heartbeat-interval", "0.5")
+        client = Client(f"127.0.0.1:{admission.port}")
+        jobs = [spec(f"train-{i}", "llm", gpus=2, duration=6.0, checkpoint_interval=1.0) for i in range(4)]
+        ids = {(await client.submit(s)).job.job_id for s in jobs}
+        await all_running(client, ids)
+        await cluster.agent("node-1", "8xH100-80GB", "--heartbeat-interval", "0.5")
+        # Let every job save a checkpoint, then pull the plug on node-0.
+        saved: set[str] = set()
+
+        def all_saved(job) -> bool:
+            if job.job_id in ids and job.checkpoint:
+                saved.add(job.job_id)
+            return saved == ids
+        await until(client, all_saved, 30)
+        await doomed.kill9()
+
+        done = await client.wait_terminal(ids, timeout=120)
+        assert {j.phase for j in done} == {SUCCEEDED}
+        assert all({w.node for w in j.workers} == {"node-1"} for j in done)
+        assert all(j.attempt >= 1 and j.checkpoint for j in done)
+        nodes = {n.info.name: n.status for n in await client.nodes()}
+        assert nodes["node-0"] == types_pb2.NODE_STATUS_LOST
+        await client.close()
+    finally:
+        await cluster.stop_all()
+    log = await read_log(kafka_bootstrap, topics)
+    report = check_log(log)
+    assert report.violations == []
+    resumed = [e for e in events_of(log) if isinstance(e, ev.NodeLost) and e.node == "node-0"]
+    assert len(resumed) == 1
+
+
+async def test_gpu_fault_excludes_gpu_moves_job_and_repeated_fault_quarantines(kafka_bootstrap, topics, tmp_path):
+    cluster = LocalCluster(kafka_bootstrap, topics, tmp_path)
+    try:
+        admission = await cluster.admission()
+        await cluster.placer()
+        sick = await cluster.agent("node-0", "2xA100-80GB")
+        await cluster.agent("node-1", "2xA100-80GB")
+        client = Client(f"127.0.0.1:{admission.port}")
+        job = (await client.submit(spec("victim", "cv", gpus=1, duration=30.0))).job
+        job = await until(client, lambda j: j.job_id == job.job_id and j.phase == RUNNING)
+        node, gpu = job.workers[0].node, job.workers[0].gpus[0].index
+        agent = sick if node == "node-0" else next(s for s in cluster.services if s.name == f"agent-{node}")
+        channel = grpc.aio.insecure_channel(f"127.0.0.1:{agent.port}")
+        nvml = node_agent_pb2_grpc.NodeAgentServiceStub(channel)
+        await nvml.InjectGpuFault(node_agent_pb2.InjectGpuFaultRequest(gpu_index=gpu, xid=79))
+
+        moved = await until(client, lambda j: j.job_id == job.job_id and j.attempt == 1 and j.phase == RUNNING)
+        assert (moved.workers[0].node, moved.workers[0].gpus[0].index) != (node, gpu)
+        info = await client.cluster.GetNode(cluster_pb2.GetNodeRequest(name=node))
+        assert not info.gpus[gpu].healthy and info.status == types_pb2.NODE_STATUS_READY
+
+        await nvml.InjectGpuFault(node_agent_pb2.InjectGpuFaultRequest(gpu_index=1 - gpu, ecc=True))
+        quarantined = await _until_node(kafka_bootstrap, topics, node, NodeStatus.CORDONED)
+        assert not any(g.healthy for g in quarantined.gpus)
+        cleared = await client.cluster.UncordonNode(cluster_pb2.UncordonNodeRequest(name=node))
+        assert cleared.status == types_pb2.NODE_STATUS_READY and all(g.healthy for g in cleared.gpus)
+        await channel.close()
+        await client.close()
+    finally:
+        await cluster.stop_all()
+    assert check_log(await read_log(kafka_bootstrap, topics)).violations == []
+
+
+async def _until_node(bootstrap, topics, name: str, status: NodeStatus, timeout: float = 30.0):
+    """Follow the pool log itself until the node reaches ``status``."""
+    follower = LogFollower(bootstrap, topics, "test-watch", DeadLetters(None, "test"))
+    await follower.start()
+    try:
+        async def reached():
+            while True:
+                for state in follower.states.values():
+                    node = state.nodes.get(name)
+                    if node is not None and node.status is status:
+                        return node
+                follower.changed.clear()
+                await follower.changed.wait()
+        return await asyncio.wait_for(reached(), timeout)
+    finally:
+        await follower.stop()

@@ -1,0 +1,192 @@
+"""Defragmentation (gpusched.policies.defrag): move checkpointable jobs to consolidate."""
+from __future__ import annotations
+
+from gpusched.core import events as ev
+from gpusched.core.digest import digest
+from gpusched.core.model import JobPhase
+from gpusched.policies.booking import tentative
+from gpusched.policies.defrag import blocked_by_fragmentation, defrag_decisions, defrag_plan
+from gpusched.policies.placement import PLACEMENTS, place_gang
+from gpusched.policies.preemption import PreemptionConfig, preemption_events
+from tests.unit.core.builders import Log, make_node, make_spec, whole
+
+NOW = 10_000.0
+BE, TR, HI = "best-effort", "training", "training-high"
+
+
+class Cluster:
+    def __init__(self, gpus: tuple[int, ...] = (8, 8, 8)) -> None:
+        self.log = Log(*(make_node(f"n{i + 1}", gpus=g) for i, g in enumerate(gpus)))
+        self.state = self.log.state
+
+    def pending(self, job_id: str, at: float = NOW - 5, **kw) -> None:
+        kw.setdefault("cpu", 0)
+        kw.setdefault("mem", 0)
+        assert self.log(ev.JobSubmitted, job_id=job_id, spec=make_spec(name=job_id, **kw), time=at).accepted
+
+    def running(self, job_id: str, node: str, gpus: tuple[int, ...], *, ckpt_every: float = 300.0,
+                ckpt: float | None = NOW - 60, started: float = NOW - 1000, **kw) -> None:
+        kw.setdefault("cpu", 0)
+        kw.setdefault("mem", 0)
+        spec = make_spec(name=job_id, gpus=len(gpus), **kw)
+        spec = type(spec)(**{**{f: getattr(spec, f) for f in spec.__dataclass_fields__},
+                             "checkpoint_interval_s": ckpt_every})
+        assert self.log(ev.JobSubmitted, job_id=job_id, spec=spec, time=started - 1).accepted
+        assert self.log(ev.JobPlaced, job_id=job_id, attempt=0, time=started,
+                        workers=(ev.WorkerAssignment(0, node, whole(*gpus)),)).accepted
+        assert self.log(ev.WorkerStarted, job_id=job_id, attempt=0, worker=0, node=node, time=started).accepted
+        if ckpt is not None:
+            assert self.log(ev.CheckpointSaved, job_id=job_id, attempt=0, checkpoint="c", time=ckpt).accepted
+
+    def decisions(self, config: PreemptionConfig = PreemptionConfig(), now: float = NOW):
+        before = digest(self.state)
+        out = defrag_decisions(self.state, now, config)
+        assert digest(self.state) == before
+        return out
+
+    def plan(self, job_id: str, config: PreemptionConfig = PreemptionConfig(), now: float = NOW):
+        before = digest(self.state)
+        out = defrag_plan(self.state, self.state.jobs[job_id], now, config)
+        assert digest(self.state) == before
+        return out
+
+    def fits(self, *job_ids: str) -> bool:
+        with tentative(self.state) as booking:
+            return all(place_gang(self.state, self.state.jobs[j], PLACEMENTS["best-fit"], booking) is not None
+                       for j in job_ids)
+
+
+def fragmented() -> Cluster:
+    """n1 and n2 have 4 free GPUs each, n3 is full: 8 free in total, no 8-GPU hole."""
+    c = Cluster()
+    c.running("a", "n1", (0, 1, 2, 3))
+    c.running("b", "n2", (0, 1, 2, 3), ckpt=NOW - 120)
+    c.running("full", "n3", tuple(range(8)), preemptible=False)
+    c.pending("big", gpus=8)
+    return c
+
+
+def test_fragmented_pool_gets_a_plan_whose_moved_jobs_fit_elsewhere():
+    c = fragmented()
+    assert blocked_by_fragmentation(c.state, c.state.jobs["big"])
+    (d,) = c.decisions()
+    assert d.for_job == "big" and d.reason == "defragmentation"
+    assert d.victims == ("a",)           # least work at risk (60 s against 120 s)
+    assert d.nodes == ("n1",)
+    # Carry it out through the reducer: the moved job and the pending one both fit now.
+    for e in preemption_events(c.state, d, NOW):
+        assert c.log.replay(e).accepted
+    assert c.state.jobs["a"].phase is JobPhase.PREEMPTING
+    assert c.log(ev.WorkerFinished, job_id="a", attempt=0, worker=0, node="n1", exit_code=0, time=NOW).accepted
+    assert c.state.jobs["a"].phase is JobPhase.PENDING
+    assert c.fits("big", "a")
+    # The nomination holds the plan: no second plan while it is in flight.
+    assert c.decisions(now=NOW + 1) == []
+
+
+def test_no_plan_when_the_moved_jobs_would_not_fit_elsewhere():
+    c = Cluster(gpus=(8, 8))
+    c.running("a", "n1", (0, 1, 2, 3, 4))      # 3 free on n1
+    c.running("b", "n2", (0, 1, 2, 3, 4))      # 3 free on n2
+    c.pending("six", gpus=6)
+    assert blocked_by_fragmentation(c.state, c.state.jobs["six"])
+    assert c.decisions() == []              # moving a 5-GPU job leaves it nowhere to go
+    assert c.plan("six") is None
+
+
+def test_no_plan_when_work_lost_exceeds_the_cap():
+    c = fragmented()
+    cfg = PreemptionConfig(defrag_max_work_lost_s=50)
+    assert c.decisions(cfg) == []
+    assert c.plan("big", PreemptionConfig(defrag_max_work_lost_s=100)) == ("a",)
+    assert c.plan("big", PreemptionConfig(defrag_max_work_lost_s=59)) is None
+
+
+def test_moves_are_capped_in_number():
+    c = Cluster(gpus=(8, 8, 8))
+    for i in range(4):
+        c.running(f"a{i}", "n1", (i,), ckpt=NOW - 10)
+    for i in range(4):
+        c.running(f"b{i}", "n2", (i,), ckpt=NOW - 10)
+    c.running("full", "n3", tuple(range(8)), preemptible=False)
+    c.pending("big", gpus=8)
+    assert c.plan("big", PreemptionConfig(defrag_max_moves=3)) is None
+    assert len(c.plan("big", PreemptionConfig(defrag_max_moves=4))) == 4
+
+
+def test_no_plan_when_capacity_is_short_overall():
+    c = Cluster(gpus=(8, 8))
+    c.running("a", "n1", (0, 1, 2, 3, 4))
+    c.running("b", "n2", (0, 1, 2, 3, 4))
+    c.pending("big", gpus=8)                # 6 free in all: not fragmentation
+    assert not blocked_by_fragmentation(c.state, c.state.jobs["big"])
+    assert c.decisions() == []
+
+
+def test_only_checkpointable_preemptible_old_enough_not_higher_jobs_move():
+    for kw in ({"ckpt_every": 0.0}, {"preemptible": False}, {"started": NOW - 10, "ckpt": None},
+               {"priority_class": HI}):
+        c = Cluster()
+        c.running("a", "n1", (0, 1, 2, 3), **kw)
+        c.running("b", "n2", (0, 1, 2, 3), **kw)
+        c.running("full", "n3", tuple(range(8)), preemptible=False)
+        c.pending("big", gpus=8)
+        assert c.decisions() == [], kw
+    c = Cluster()
+    c.running("a", "n1", (0, 1, 2, 3), priority_class=BE)
+    c.running("b", "n2", (0, 1, 2, 3), priority_class=HI, ckpt=NOW - 1)
+    c.running("full", "n3", tuple(range(8)), preemptible=False)
+    c.pending("big", gpus=8, priority_class=TR)
+    assert c.plan("big") == ("a",)
+
+
+def test_no_plan_when_the_job_fits_already():
+    c = Cluster()
+    c.running("a", "n1", (0, 1, 2, 3))
+    c.pending("big", gpus=8)
+    assert c.decisions() == [] and c.plan("big") is None
+
+
+def test_two_pending_jobs_do_not_share_moves_or_holes():
+    c = Cluster(gpus=(8, 8, 8, 8))
+    c.running("a", "n1", (0, 1, 2, 3), ckpt=NOW - 10)
+    c.running("b", "n2", (0, 1, 2, 3), ckpt=NOW - 20)
+    c.running("c", "n3", (0, 1, 2, 3), ckpt=NOW - 30)
+    c.running("d", "n4", (0, 1, 2, 3), ckpt=NOW - 40)
+    c.pending("big1", gpus=8, at=NOW - 10)
+    c.pending("big2", gpus=8, at=NOW - 9)
+    decisions = c.decisions()
+    assert [d.for_job for d in decisions] == ["big1", "big2"]
+    moved = [v for d in decisions for v in d.victims]
+    assert len(moved) == len(set(moved)) == 2
+    for d in decisions:
+        for e in preemption_events(c.state, d, NOW):
+            assert c.log.replay(e).accepted
+        for v in d.victims:
+            assert c.log(ev.WorkerFinished, job_id=v, attempt=0, worker=0,
+                         node=c.state.jobs[v].workers[0].node, exit_code=0, time=NOW).accepted
+    assert c.fits("big1", "big2", *moved)
+
+
+def test_gang_defragmentation():
+    c = Cluster(gpus=(8, 8, 8, 8))
+    c.running("a", "n1", (0, 1, 2, 3))
+    c.running("b", "n2", (0, 1, 2, 3))
+    c.running("c", "n3", (0, 1, 2, 3))
+    c.running("d", "n4", (0, 1))
+    c.pending("gang", gpus=8, workers=2)      # 4+4+4+6 = 18 free, no 8-GPU node
+    victims = c.plan("gang")
+    assert victims is not None and len(victims) == 2
+
+
+def test_work_cap_is_on_the_sum_of_the_moved_jobs():
+    c = Cluster(gpus=(8, 8, 8))
+    for i in range(4):
+        c.running(f"a{i}", "n1", (i,), ckpt=NOW - 200)
+        c.running(f"b{i}", "n2", (i,), ckpt=NOW - 200)
+    c.running("full", "n3", tuple(range(8)), preemptible=False)
+    c.pending("big", gpus=8)
+    # Each job risks 200 s, under the 600 s cap; the four that must move risk 800 s.
+    assert c.plan("big") is None
+    assert c.decisions() == []
+    assert len(c.plan("big", PreemptionConfig(defrag_max_work_lost_s=800))) == 4
