@@ -20,6 +20,7 @@ from gpusched.policies.backfill import (
 )
 from gpusched.policies.booking import Booking, tentative
 from gpusched.policies.fairshare import DEFAULT_AGING_S, QueueContext
+from gpusched.policies.nomination import hold_nominated_nodes, live_nominations, nominees_first
 from gpusched.policies.placement import PLACEMENTS, place_gang
 from gpusched.policies.queue import QUEUE_ORDERS
 from gpusched.policies.quota import QueueTree, within_limits
@@ -62,14 +63,20 @@ class Scheduler:
         self.ledger.advance(state, now)
         ready = [state.jobs[j] for j in state.pending if state.jobs[j].not_before <= now]
         context = QueueContext(self.config.quotas, self.ledger.decayed(), self.config.aging_s)
-        order = self._order(state, ready, now, context)
+        nominated = live_nominations(state, now)
+        order = nominees_first(self._order(state, ready, now, context), nominated)
         with tentative(state) as booking:
             run = _CycleRun(self, state, now, booking)
             try:
                 for job in order:
                     if len(run.decisions) >= self.config.max_decisions:
                         break
-                    run.offer(job)
+                    if job.job_id in nominated:
+                        run.offer(job)
+                        continue
+                    waiting = {n for j, nodes in nominated.items() if j not in run.decisions for n in nodes}
+                    with hold_nominated_nodes(state, waiting):
+                        run.offer(job)
             finally:
                 run.lift_hold()   # before the booking is undone: the hold sits on top of it
         self.reservation = run.reservation

@@ -184,3 +184,85 @@ async def _until_node(bootstrap, topics, name: str, status: NodeStatus, timeout:
         return await asyncio.wait_for(reached(), timeout)
     finally:
         await follower.stop()
+
+
+QUOTAS = {"orgs": {"ml": {"teams": {"team-a": {"guaranteed_gpus": 8}, "team-b": {"guaranteed_gpus": 8}}}}}
+
+
+def _times(events, cls, ids) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for e in events:
+        if isinstance(e, cls) and e.job_id in ids:
+            out.setdefault(e.job_id, e.time)
+    return out
+
+
+async def test_quota_reclaim_gives_a_team_its_guarantee_back(kafka_bootstrap, topics, tmp_path):
+    grace = 2.0
+    quotas = tmp_path / "quotas.json"
+    quotas.write_text(__import__("json").dumps(QUOTAS))
+    cluster = LocalCluster(kafka_bootstrap, topics, tmp_path)
+    try:
+        admission = await cluster.admission()
+        await cluster.placer("placer", "--quotas", str(quotas))
+        await cluster.preemptor("preemptor", "--min-runtime", "0", "--quotas", str(quotas))
+        await asyncio.gather(*(cluster.agent(f"node-{i}", "8xH100-80GB", "--grace", str(grace)) for i in range(2)))
+        client = Client(f"127.0.0.1:{admission.port}")
+        # Team A takes the whole cluster while B is idle: 8 GPUs of it are borrowed.
+        a_ids = {(await client.submit(spec(f"a-{i}", "team-a", gpus=2, duration=6.0, checkpoint_interval=1.0)))
+                 .job.job_id for i in range(8)}
+        await all_running(client, a_ids)
+        b_ids = {(await client.submit(spec(f"b-{i}", "team-b", gpus=2, duration=1.0))).job.job_id for i in range(4)}
+        await all_running(client, b_ids, timeout=60)
+        jobs = await client.wait_terminal(a_ids | b_ids, timeout=120)
+        assert {j.phase for j in jobs} == {SUCCEEDED}
+        reclaimed = [j for j in jobs if j.job_id in a_ids and j.preemptions]
+        assert len(reclaimed) == 4              # exactly B's guarantee came back, no more
+        await client.close()
+    finally:
+        await cluster.stop_all()
+    log = await read_log(kafka_bootstrap, topics)
+    assert check_log(log).violations == []
+    events = events_of(log)
+    submitted = _times(events, ev.JobSubmitted, b_ids)
+    started = _times(events, ev.WorkerStarted, b_ids)
+    waited = [started[j] - submitted[j] for j in b_ids]
+    # One scheduling cycle (well under a second here) plus the victims' grace period.
+    assert max(waited) <= grace + 2.0, waited
+    preempted = [e for e in events if isinstance(e, ev.JobPreempted)]
+    assert preempted and all(e.job_id in a_ids and "reclaim" in e.reason for e in preempted)
+
+
+async def test_defragmentation_migrates_checkpointable_jobs_to_fit_a_whole_node_job(kafka_bootstrap, topics, tmp_path):
+    cluster = LocalCluster(kafka_bootstrap, topics, tmp_path)
+    try:
+        admission = await cluster.admission()
+        await cluster.placer()
+        await cluster.preemptor("preemptor", "--min-runtime", "0")
+        await cluster.agent("node-0", "8xH100-80GB", "--grace", "2")
+        client = Client(f"127.0.0.1:{admission.port}")
+        # node-0 gets 4 x 1-GPU jobs and a 4-GPU hog; node-1 joins and gets 4 more jobs.
+        first = {(await client.submit(spec(f"s-{i}", "ops", gpus=1, duration=8.0, checkpoint_interval=1.0)))
+                 .job.job_id for i in range(4)}
+        await all_running(client, first)
+        await cluster.agent("node-1", "8xH100-80GB", "--grace", "2")
+        hog = (await client.submit(spec("hog", "ops", gpus=4, duration=30.0, preemptible=False))).job
+        await all_running(client, {hog.job_id})
+        second = {(await client.submit(spec(f"t-{i}", "ops", gpus=1, duration=8.0, checkpoint_interval=1.0)))
+                  .job.job_id for i in range(4)}
+        await all_running(client, second)
+        # Ending the hog leaves 4 free GPUs on each node: 8 in all, but no node with 8.
+        await client.jobs.CancelJob(admission_pb2.CancelJobRequest(job_id=hog.job_id))
+        big = (await client.submit(spec("whole-node", "ops", gpus=8, duration=1.0))).job
+        ran = await until(client, lambda j: j.job_id == big.job_id and j.phase in (RUNNING, SUCCEEDED), 60)
+        assert ran.phase in (RUNNING, SUCCEEDED)
+        jobs = await client.wait_terminal(first | second | {big.job_id}, timeout=120)
+        assert {j.phase for j in jobs} == {SUCCEEDED}
+        moved = [j for j in jobs if j.preemptions]
+        assert 1 <= len(moved) <= 4 and all(j.checkpoint for j in moved)
+        await client.close()
+    finally:
+        await cluster.stop_all()
+    log = await read_log(kafka_bootstrap, topics)
+    assert check_log(log).violations == []
+    assert any(isinstance(e, ev.JobPreempted) and "defragmentation" in e.reason for e in events_of(log))

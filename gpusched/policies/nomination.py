@@ -1,0 +1,41 @@
+"""Nominations: capacity a preemption frees is kept for the job it was made for.
+
+When the preemptor evicts victims for a job, the reducer records the victims' nodes as
+nominated for it (``ClusterState.nominations``). Until that job is placed, or the
+nomination grows older than its TTL, a scheduling cycle offers the nominee first and
+keeps the nominated nodes out of reach of every other job — otherwise an earlier or
+equal-priority job (a requeued victim, say) could take the freed GPUs first.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterator
+
+from gpusched.core.model import JobPhase, NodeStatus
+from gpusched.core.state import ClusterState, JobState
+
+NOMINATION_TTL_S = 120.0
+
+
+def live_nominations(state: ClusterState, now: float, ttl_s: float = NOMINATION_TTL_S) -> dict[str, tuple[str, ...]]:
+    return {
+        job_id: nodes for job_id, (nodes, at) in state.nominations.items()
+        if now - at <= ttl_s and state.jobs[job_id].phase is JobPhase.PENDING
+    }
+
+
+def nominees_first(order: list[JobState], nominated: dict[str, tuple[str, ...]]) -> list[JobState]:
+    return [j for j in order if j.job_id in nominated] + [j for j in order if j.job_id not in nominated]
+
+
+@contextmanager
+def hold_nominated_nodes(state: ClusterState, nodes: set[str]) -> Iterator[None]:
+    """Make ``nodes`` unschedulable for the rest of this cycle, then restore them."""
+    held = [state.nodes[n] for n in sorted(nodes) if n in state.nodes and state.nodes[n].status is NodeStatus.READY]
+    for node in held:
+        node.status = NodeStatus.CORDONED
+    try:
+        yield
+    finally:
+        for node in held:
+            node.status = NodeStatus.READY
