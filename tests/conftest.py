@@ -113,6 +113,9 @@ class KafkaControl:
 
 @pytest.fixture(scope="session")
 def _kafka_session(request: pytest.FixtureRequest) -> KafkaControl:
+    if os.environ.get("GPUSCHED_TESTCONTAINERS") == "1":
+        yield from _testcontainers_broker()
+        return
     external = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
     if external:
         control = KafkaControl(external, managed=False)
@@ -134,6 +137,15 @@ def _kafka_session(request: pytest.FixtureRequest) -> KafkaControl:
         control.stop()
         if request.session.testsfailed == 0:
             shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _testcontainers_broker():
+    """Optional path for machines with a Docker engine (not ours): a KRaft broker in a
+    container. Tests that restart the broker skip, as with an external cluster."""
+    from testcontainers.kafka import KafkaContainer   # pip install '.[docker]'
+
+    with KafkaContainer(os.environ.get("GPUSCHED_KAFKA_IMAGE", "apache/kafka:4.1.0")).with_kraft() as kafka:
+        yield KafkaControl(kafka.get_bootstrap_server(), managed=False)
 
 
 @pytest.fixture(scope="session")
