@@ -9,7 +9,7 @@ from gpusched.core.state import ClusterState
 
 def canonical(state: ClusterState) -> dict:
     nodes = {
-        name: [n.status.value, n.used_cpu, n.used_mem, n.faults, sorted(n.jobs),
+        name: [n.status.value, n.cordoned, n.used_cpu, n.used_mem, n.faults, sorted(n.jobs),
                [[g.healthy, g.used_milli, g.mig_mask] for g in n.gpus]]
         for name, n in sorted(state.nodes.items())
     }

@@ -66,13 +66,17 @@ def _(e: ev.NodeRegistered, state: ClusterState) -> Outcome:
         return Outcome(True)
     if len(old.gpus) != len(info.gpus):
         return _reject(f"node {info.name} re-registered with a different GPU count")
+    if old.jobs and info.pool != old.info.pool:
+        return _reject(f"node {info.name} cannot move to pool {info.pool} while it runs jobs")
+    if info.cpu_milli < old.used_cpu or info.memory_mib < old.used_mem:
+        return _reject(f"node {info.name} re-registered with less CPU or memory than is booked on it")
     # A restarted agent: keep allocations (the log still assigns that work here), take
     # the fresh inventory, and bring a lost node back. A cordon survives restarts.
     old.info = info
     for gpu, fresh in zip(old.gpus, info.gpus):
         gpu.info = fresh
     if old.status is NodeStatus.LOST:
-        old.status = NodeStatus.READY
+        old.status = NodeStatus.CORDONED if old.cordoned else NodeStatus.READY
     return Outcome(True)
 
 
@@ -89,18 +93,22 @@ def _(e: ev.NodeLost, state: ClusterState) -> Outcome:
 @_apply.register
 def _(e: ev.NodeCordoned, state: ClusterState) -> Outcome:
     node = state.nodes.get(e.node)
-    if node is None or node.status is not NodeStatus.READY:
-        return _reject(f"node {e.node} unknown or not ready")
-    node.status = NodeStatus.CORDONED
+    if node is None or node.cordoned:
+        return _reject(f"node {e.node} unknown or already cordoned")
+    node.cordoned = True
+    if node.status is NodeStatus.READY:
+        node.status = NodeStatus.CORDONED
     return Outcome(True)
 
 
 @_apply.register
 def _(e: ev.NodeUncordoned, state: ClusterState) -> Outcome:
     node = state.nodes.get(e.node)
-    if node is None or node.status is not NodeStatus.CORDONED:
+    if node is None or not node.cordoned:
         return _reject(f"node {e.node} unknown or not cordoned")
-    node.status = NodeStatus.READY
+    node.cordoned = False
+    if node.status is NodeStatus.CORDONED:
+        node.status = NodeStatus.READY
     node.faults = 0
     for gpu in node.gpus:   # the operator vouches for the repaired hardware
         gpu.healthy = True
@@ -119,8 +127,10 @@ def _(e: ev.GpuHealthChanged, state: ClusterState) -> Outcome:
     if e.healthy:
         return Outcome(True)
     node.faults += 1
-    if node.faults >= FAULTS_TO_QUARANTINE and node.status is NodeStatus.READY:
-        node.status = NodeStatus.CORDONED
+    if node.faults >= FAULTS_TO_QUARANTINE and not node.cordoned:
+        node.cordoned = True
+        if node.status is NodeStatus.READY:
+            node.status = NodeStatus.CORDONED
     hit = [j for j in sorted(node.jobs) if _uses_gpu(state.jobs[j], e.node, e.gpu_index)]
     moved = [_requeue(state, state.jobs[j], f"GPU {e.node}/{e.gpu_index} unhealthy", e.time) for j in hit]
     return Outcome(True, jobs=tuple(moved))

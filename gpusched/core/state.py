@@ -52,6 +52,7 @@ class NodeState:
     used_mem: int = 0
     jobs: set[str] = field(default_factory=set)
     faults: int = 0       # GPU faults seen; repeated faults cordon the node
+    cordoned: bool = False  # survives loss and re-registration until an operator clears it
 
     @property
     def name(self) -> str:

@@ -23,7 +23,9 @@ from gpusched.core.model import (
 from gpusched.core.priority import PRIORITY_CLASSES
 from gpusched.core.reducer import apply
 from gpusched.core.state import ClusterState
-from gpusched.policies.scheduler import Scheduler
+from gpusched.policies.placement import PLACEMENTS
+from gpusched.policies.queue import QUEUE_ORDERS
+from gpusched.policies.scheduler import Scheduler, SchedulerConfig
 
 from .builders import capacity_snapshot, make_node
 
@@ -151,7 +153,9 @@ def act_submit(h: History, r: Rnd) -> None:
 
 def act_schedule(h: History, r: Rnd, hold_back: bool = True) -> None:
     before, snap = digest(h.state), capacity_snapshot(h.state)
-    decisions = Scheduler().cycle(h.state, h.now)
+    config = SchedulerConfig(queue=r.pick(sorted(QUEUE_ORDERS)), placement=r.pick(sorted(PLACEMENTS)),
+                             backfill=r.chance(2))
+    decisions = Scheduler(config).cycle(h.state, h.now)
     # invariant 4 for the scheduler: its tentative bookings leave no trace
     assert digest(h.state) == before and capacity_snapshot(h.state) == snap
     for d in decisions:
@@ -266,7 +270,15 @@ def act_preempt(h: History, r: Rnd) -> None:
     picked = _pick_worker(h, r)
     if picked:
         job, _, _, attempt = picked
-        h.emit(ev.JobPreempted, job_id=job.job_id, attempt=attempt, for_job="vip")
+        beneficiary = r.pick(list(h.state.pending) + ["vip"])
+        h.emit(ev.JobPreempted, job_id=job.job_id, attempt=attempt, for_job=beneficiary)
+
+
+def act_attempt_failed(h: History, r: Rnd) -> None:
+    picked = _pick_worker(h, r)
+    if picked:
+        job, _, _, attempt = picked
+        h.emit(ev.AttemptFailed, job_id=job.job_id, attempt=attempt, reason="hung", charge=r.chance(2))
 
 
 def act_node(h: History, r: Rnd) -> None:
@@ -308,7 +320,7 @@ def act_tick(h: History, r: Rnd) -> None:
 ACTIONS = (
     [act_submit] * 4 + [act_schedule] * 4 + [act_start_all] * 3 + [act_finish] * 4 + [act_node] * 2
     + [act_start, act_random_place, act_random_place, act_zombie, act_cancel, act_checkpoint,
-       act_preempt, act_gpu_health, act_duplicate, act_duplicate, act_tick, act_tick]
+       act_preempt, act_attempt_failed, act_gpu_health, act_duplicate, act_duplicate, act_tick, act_tick]
 )
 
 
@@ -327,6 +339,11 @@ def check_invariants(state: ClusterState, terminal: dict[str, tuple]) -> None:
     usage: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
 
     assert list(state.pending) == [j for j in state.pending if j in state.jobs]
+    # nominations (capacity held for a preemption's beneficiary) exist only for pending
+    # jobs, and name real nodes
+    for jid, (nodes, _) in state.nominations.items():
+        assert jid in state.pending, f"nomination for {jid} which is not pending"
+        assert set(nodes) <= set(state.nodes) and list(nodes) == sorted(set(nodes))
     for jid, job in state.jobs.items():
         # (3) exactly one phase; terminal phases never change
         assert isinstance(job.phase, JobPhase)
