@@ -12,7 +12,7 @@ from gpusched.core import events as ev
 
 def test_a_span_started_from_a_decoded_envelope_joins_the_producers_trace():
     exporter = InMemorySpanExporter()
-    tracer = setup_tracing("test")
+    tracer = setup_tracing("test", always=True)
     trace.get_tracer_provider().add_span_processor(SimpleSpanProcessor(exporter))
     with tracer.start_as_current_span("SubmitJob") as parent:
         data = codec.encode(ev.JobCancelled(event_id="e1", job_id="j"), "default", current_context())
