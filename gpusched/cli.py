@@ -9,6 +9,7 @@ COMMANDS = {
     "placer": ("gpusched_placer.main", "schedules the pools it owns"),
     "preemptor": ("gpusched_preemptor.main", "preemption, quota reclaim, node-loss detection"),
     "node-agent": ("gpusched_node_agent.main", "runs the work of one node (NVML or simulated)"),
+    "billing": ("gpusched.consumers.billing", "GPU-hours per team, folded from the log"),
     "demo": ("gpusched.demo", "a local cluster, a mixed workload, and what happened"),
     "simulate": ("gpusched.sim.cli", "trace-driven simulator: `simulate static|dynamic ...`"),
 }
