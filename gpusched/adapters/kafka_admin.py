@@ -65,7 +65,7 @@ def topic_specs(
         # Latest snapshot per key survives compaction; partitioned like events so a
         # snapshot lives in the partition number of the events it summarises.
         NewTopic(names.snapshots, event_partitions, rf,
-                 topic_configs={"cleanup.policy": "compact"}),
+                 topic_configs={"cleanup.policy": "compact", "max.message.bytes": str(64 * 1024 * 1024)}),
     ]
 
 

@@ -13,6 +13,7 @@ from gpusched.config import add_kafka_args, kafka_settings
 from gpusched.config import load_quotas
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig
 from gpusched.adapters.proposer import PartitionProposer
+from gpusched.adapters.snapshots import SnapshotStore, SnapshotWriter
 from gpusched_placer.loop import PlacementDecider
 
 log = logging.getLogger("gpusched.placer")
@@ -26,11 +27,22 @@ async def run(args: argparse.Namespace) -> None:
                                           quotas=load_quotas(args.quotas)))
     publisher, dead_letters = await connect(settings, me)
     holder: dict = {}
+    # Snapshots: a newly owned pool starts from its latest snapshot and replays the tail;
+    # owned pools are snapshotted every N events / T seconds (and on a clean stop).
+    snapshots = SnapshotStore(settings.bootstrap, settings.topics, name=me)
+
+    def revoked(parts: set[int]):
+        holder["snapshots"].forget(parts)
+        return holder["loop"].on_revoked(parts)
+
     follower = LogFollower(
         settings.bootstrap, settings.topics, me, dead_letters, group_id=f"{settings.topic_prefix}placer",
         on_assigned=lambda parts: holder["loop"].on_assigned(parts),
-        on_revoked=lambda parts: holder["loop"].on_revoked(parts),
+        on_revoked=revoked,
+        use_snapshots=not args.no_snapshots, snapshots=snapshots, freeze_restored=True,
     )
+    writer = holder["snapshots"] = SnapshotWriter(follower, snapshots, args.snapshot_every_events,
+                                                  args.snapshot_every_s)
     loop = holder["loop"] = PartitionProposer(follower, publisher, PlacementDecider(scheduler, me), me)
     server, port, health = await start_server(args.listen, [], [])
     await follower.start()
@@ -38,10 +50,15 @@ async def run(args: argparse.Namespace) -> None:
     print(f"placer ready port={port} id={me}", flush=True)
     stop = stop_event()
     task = asyncio.create_task(loop.run(stop))
+    snapshot_task = asyncio.create_task(writer.run(stop)) if writer.enabled else None
     await stop.wait()
     task.cancel()
+    if snapshot_task is not None:
+        await asyncio.gather(snapshot_task, return_exceptions=True)
+        await writer.flush()
     await server.stop(grace=1)
     await follower.stop()
+    await snapshots.stop()
     await publisher.stop()
 
 
@@ -53,6 +70,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--placement", default="best-fit", help="placement policy name")
     parser.add_argument("--backfill", action="store_true", help="reserve for the blocked head-of-line gang (EASY)")
     parser.add_argument("--quotas", default="", help="JSON file of org/team guarantees and limits")
+    parser.add_argument("--snapshot-every-events", type=int, default=50_000,
+                        help="snapshot an owned pool after this many new events (0: never by count)")
+    parser.add_argument("--snapshot-every-s", type=float, default=60.0,
+                        help="snapshot an owned pool that moved at least this often, seconds (0: never by time)")
+    parser.add_argument("--no-snapshots", action="store_true",
+                        help="rebuild newly owned pools from offset 0 instead of their latest snapshot")
     asyncio.run(run(parser.parse_args(argv)))
 
 
