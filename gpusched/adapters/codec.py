@@ -134,8 +134,7 @@ def encode(event: ev.Event, pool: str, trace_context: dict[str, str] | None = No
     return env.SerializeToString()
 
 
-def decode(data: bytes) -> tuple[ev.Event, events_pb2.EventEnvelope]:
-    """The domain event and its envelope; DecodeError for anything else."""
+def _parse_envelope(data: bytes) -> events_pb2.EventEnvelope:
     if not data:
         raise DecodeError("empty record")
     env = events_pb2.EventEnvelope()
@@ -143,6 +142,12 @@ def decode(data: bytes) -> tuple[ev.Event, events_pb2.EventEnvelope]:
         env.ParseFromString(data)
     except Exception as exc:  # protobuf raises DecodeError or RuntimeError variants
         raise DecodeError(f"not an EventEnvelope: {exc}") from None
+    return env
+
+
+def decode(data: bytes) -> tuple[ev.Event, events_pb2.EventEnvelope]:
+    """The domain event and its envelope; DecodeError for anything else."""
+    env = _parse_envelope(data)
     type_name = env.type
     build = _EVENT_BUILDERS.get(type_name)
     if build is None:
@@ -163,13 +168,7 @@ def decode(data: bytes) -> tuple[ev.Event, events_pb2.EventEnvelope]:
 def decode_slow(data: bytes) -> tuple[ev.Event, events_pb2.EventEnvelope]:
     """``decode`` through the generic plan, field by field: the reference the generated
     builders are tested against."""
-    if not data:
-        raise DecodeError("empty record")
-    env = events_pb2.EventEnvelope()
-    try:
-        env.ParseFromString(data)
-    except Exception as exc:  # protobuf raises DecodeError or RuntimeError variants
-        raise DecodeError(f"not an EventEnvelope: {exc}") from None
+    env = _parse_envelope(data)
     cls = ev.EVENT_TYPES.get(env.type)
     if cls is None:
         raise DecodeError(f"unknown event type {env.type!r}")
