@@ -3,33 +3,91 @@
 ``check_placement`` is what makes a placement proposal safe to apply: every worker's
 node must be ready, in the job's pool, of an allowed model, with the CPU, memory and GPU
 (whole, share or MIG slice) still free — counting the other workers of the same gang.
+
+Both functions run once per placement (and ``release`` once per ended attempt) on the
+replay hot path, so they avoid per-call allocations where the common case allows: a
+placement whose workers are all on different nodes — every single-worker job, and most
+gangs — needs no per-node totals. Gangs with several workers on one node take the
+general path, which sums what the workers ask of each node and GPU. Both paths check in
+the same order and give the same reasons.
 """
 from __future__ import annotations
 
 from collections import defaultdict
 
 from gpusched.core.mig import parse_profile
-from gpusched.core.model import GpuSlot, NodeStatus, WorkerAssignment, WorkerResources
-from gpusched.core.state import ClusterState, GpuState, JobState
+from gpusched.core.model import GpuSlot, JobSpec, NodeStatus, WorkerAssignment, WorkerResources
+from gpusched.core.state import ClusterState, GpuState, JobState, NodeState
 
 
 def check_placement(state: ClusterState, job: JobState, workers: tuple[WorkerAssignment, ...]) -> str:
     """Why this placement cannot be applied now, or '' when it can."""
     spec = job.spec
-    if sorted(w.worker for w in workers) != list(range(spec.workers)):
+    if not _numbered(workers, spec.workers):
         return f"expected workers 0..{spec.workers - 1}"
+    if len(workers) == 1 or len({w.node for w in workers}) == len(workers):
+        return _check_on_distinct_nodes(state, spec, workers)
+    return _check_sharing_nodes(state, spec, workers)
+
+
+def _numbered(workers: tuple[WorkerAssignment, ...], count: int) -> bool:
+    """Workers are exactly 0..count-1 (in any order)."""
+    if count == 1:   # the common case, without building and sorting lists
+        return len(workers) == 1 and workers[0].worker == 0
+    return sorted(w.worker for w in workers) == list(range(count))
+
+
+def _unusable(node: NodeState | None, name: str, pool: str) -> str:
+    if node is None:
+        return f"unknown node {name}"
+    if node.status is not NodeStatus.READY:
+        return f"node {name} is {node.status.value}"
+    if node.info.pool != pool:
+        return f"node {name} is not in pool {pool}"
+    return ""
+
+
+def _check_on_distinct_nodes(state: ClusterState, spec: JobSpec, workers: tuple[WorkerAssignment, ...]) -> str:
+    """No two workers share a node, so no two slots share a GPU: each worker can be
+    checked against its node's free capacity alone. Same phases as the general path."""
+    res = spec.resources
+    nodes: list[NodeState] = []
+    for w in workers:
+        node = state.nodes.get(w.node)
+        problem = _unusable(node, w.node, spec.pool)
+        if problem:
+            return problem
+        problem = _check_slots(res, w.gpus, node.gpus)
+        if problem:
+            return f"node {w.node}: {problem}"
+        nodes.append(node)
+    for w, node in zip(workers, nodes):
+        if res.cpu_milli > node.free_cpu or res.memory_mib > node.free_mem:
+            return f"node {w.node} lacks CPU or memory"
+    # _check_slots passed, so every slot is of the job's kind: MIG slices or GPU milli.
+    for w, node in zip(workers, nodes):
+        for slot in w.gpus:
+            gpu = node.gpus[slot.index]
+            if slot.mig_profile:
+                mask = parse_profile(slot.mig_profile).mask(slot.mig_start)
+                if gpu.used_milli or gpu.mig_mask & mask or not gpu.healthy or not gpu.info.mig_capable:
+                    return f"GPU {w.node}/{slot.index} lacks the MIG slices"
+            elif gpu.mig_mask or gpu.used_milli + slot.milli > 1000 or not gpu.healthy:
+                return f"GPU {w.node}/{slot.index} lacks {slot.milli} milli"
+    return ""
+
+
+def _check_sharing_nodes(state: ClusterState, spec: JobSpec, workers: tuple[WorkerAssignment, ...]) -> str:
+    """Gang members share nodes (and maybe GPUs): sum what they ask of each first."""
     cpu: dict[str, int] = defaultdict(int)
     mem: dict[str, int] = defaultdict(int)
     gpu_milli: dict[tuple[str, int], int] = defaultdict(int)
     gpu_mig: dict[tuple[str, int], int] = defaultdict(int)
     for w in workers:
         node = state.nodes.get(w.node)
-        if node is None:
-            return f"unknown node {w.node}"
-        if node.status is not NodeStatus.READY:
-            return f"node {w.node} is {node.status.value}"
-        if node.info.pool != spec.pool:
-            return f"node {w.node} is not in pool {spec.pool}"
+        problem = _unusable(node, w.node, spec.pool)
+        if problem:
+            return problem
         problem = _check_slots(spec.resources, w.gpus, node.gpus)
         if problem:
             return f"node {w.node}: {problem}"
@@ -60,14 +118,15 @@ def check_placement(state: ClusterState, job: JobState, workers: tuple[WorkerAss
 
 
 def _check_slots(res: WorkerResources, slots: tuple[GpuSlot, ...], gpus: list[GpuState]) -> str:
-    if len({s.index for s in slots}) != len(slots):
+    if len(slots) > 1 and len({s.index for s in slots}) != len(slots):
         return "a GPU is listed twice"
+    models = res.gpu_models
     for s in slots:
         if not 0 <= s.index < len(gpus):
             return f"no GPU {s.index}"
-        if not res.allows(gpus[s.index].info.model):
+        if models and gpus[s.index].info.model not in models:   # res.allows(), inlined
             return f"model {gpus[s.index].info.model} not allowed"
-    if res.is_mig:
+    if res.mig_profile:   # res.is_mig
         profile = parse_profile(res.mig_profile)
         ok = (len(slots) == 1 and profile is not None
               and slots[0].mig_profile == res.mig_profile
@@ -82,12 +141,15 @@ def _check_slots(res: WorkerResources, slots: tuple[GpuSlot, ...], gpus: list[Gp
 
 def _book(state: ClusterState, job: JobState, workers: tuple[WorkerAssignment, ...], sign: int) -> None:
     res = job.spec.resources
+    cpu, mem = sign * res.cpu_milli, sign * res.memory_mib
+    nodes = state.nodes
     for w in workers:
-        node = state.nodes[w.node]
-        node.used_cpu += sign * res.cpu_milli
-        node.used_mem += sign * res.memory_mib
+        node = nodes[w.node]
+        node.used_cpu += cpu
+        node.used_mem += mem
+        gpus = node.gpus
         for slot in w.gpus:
-            gpu = node.gpus[slot.index]
+            gpu = gpus[slot.index]
             if slot.mig_profile:
                 mask = parse_profile(slot.mig_profile).mask(slot.mig_start)
                 gpu.mig_mask = gpu.mig_mask | mask if sign > 0 else gpu.mig_mask & ~mask
@@ -97,10 +159,11 @@ def _book(state: ClusterState, job: JobState, workers: tuple[WorkerAssignment, .
             node.jobs.add(job.job_id)
         else:
             node.jobs.discard(job.job_id)
-    usage = state.team_usage(job.team)
-    usage.gpu_milli += sign * res.milli * len(workers)   # these workers, not the whole gang
-    usage.cpu_milli += sign * res.cpu_milli * len(workers)
-    usage.memory_mib += sign * res.memory_mib * len(workers)
+    usage = state.team_usage(job.spec.team)
+    count = sign * len(workers)   # these workers, not the whole gang
+    usage.gpu_milli += count * res.milli
+    usage.cpu_milli += count * res.cpu_milli
+    usage.memory_mib += count * res.memory_mib
     usage.jobs += sign
 
 

@@ -41,7 +41,9 @@ FULL_MASK = (1 << 8) - 1
 
 def parse_profile(text: str) -> MigProfile | None:
     """'3g', '3g.40gb' or '3g.71gb' -> the 3g profile; None when unknown."""
-    return PROFILES.get(text.split(".", 1)[0].strip().lower())
+    # The reducer calls this for every MIG slot it checks or books: try the canonical
+    # spelling as is before normalising the text.
+    return PROFILES.get(text) or PROFILES.get(text.split(".", 1)[0].strip().lower())
 
 
 def fits_at(used_mask: int, profile: MigProfile, start: int) -> bool:

@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
+from gpusched.core.mig import parse_profile
+
 
 # Exit code a node-agent reports for work lost to infrastructure (agent restart, node
 # loss): the job is requeued without charging its restart budget.
@@ -69,8 +71,6 @@ class WorkerResources:
         if self.is_share:
             return self.gpu_milli
         if self.is_mig:
-            from gpusched.core.mig import parse_profile
-
             profile = parse_profile(self.mig_profile)
             return profile.milli if profile else 0
         return self.gpus * 1000

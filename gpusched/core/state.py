@@ -152,6 +152,19 @@ class DedupeWindow:
         if len(self._order) > self.size:
             self._ids.discard(self._order.popleft())
 
+    def admit(self, event_id: str) -> bool:
+        """``add`` the id unless ``seen``; False for a duplicate. One call per event
+        on the replay hot path instead of two."""
+        ids = self._ids
+        if event_id in ids:
+            return False
+        ids.add(event_id)
+        order = self._order
+        order.append(event_id)
+        if len(order) > self.size:
+            ids.discard(order.popleft())
+        return True
+
     def ids(self) -> list[str]:
         return list(self._order)
 
