@@ -21,7 +21,8 @@ from gpusched.core.capacity import commit, release
 from gpusched.core.mig import FULL_MASK, parse_profile
 from gpusched.core.model import JobPhase, WorkerAssignment
 from gpusched.core.state import ClusterState, GpuState, JobState, NodeState
-from gpusched.policies.placement import fits_node, pick_gpus
+from gpusched.policies.booking import Booking
+from gpusched.policies.gpu_fit import fits_node, pick_gpus
 
 
 def expected_end(job: JobState, now: float) -> float:
@@ -154,9 +155,10 @@ class ReservationHold:
     enough, because that job will be gone when the reservation starts.
     """
 
-    def __init__(self, state: ClusterState, reservation: Reservation) -> None:
+    def __init__(self, state: ClusterState, reservation: Reservation, booking: Booking) -> None:
         self.state = state
         self.reservation = reservation
+        self.booking = booking           # told which nodes changed, for its placement views
         res = reservation.job.spec.resources
         self._cpu: dict[str, int] = {}
         self._mem: dict[str, int] = {}
@@ -192,14 +194,18 @@ class ReservationHold:
                 self._take(gpu, "used_milli", 1000 - gpu.used_milli)
             else:
                 self._take_slices(gpu, mask)
+        self.booking.note(self._cpu.keys())   # every node the reservation uses
 
     def lift(self) -> None:
+        if not self._undo:
+            return
         while self._undo:
             kind, target, amount = self._undo.pop()
             if kind == "mig_mask":
                 target.mig_mask &= ~amount
             else:
                 setattr(target, kind, getattr(target, kind) - amount)
+        self.booking.note(self._cpu.keys())   # every node the reservation uses
 
     def _take(self, target: object, attr: str, amount: int) -> None:
         if amount:

@@ -38,26 +38,26 @@ class QueueContext:
     """What a queue order may know beyond the state: quotas, decayed usage, aging."""
 
     tree: QueueTree = field(default_factory=QueueTree)
-    decayed: Mapping[str, Demand] = field(default_factory=dict)
-    aging_s: float = DEFAULT_AGING_S
+    decayed: Mapping[str, Demand] = field(default_factory=dict)   # team -> UsageLedger.decayed()
+    aging_s: float = DEFAULT_AGING_S                               # <= 0: no aging
 
 
-def job_demand(job: JobState) -> Demand:
+Vector = tuple[float, float, float]   # GPU milli, CPU milli, memory MiB: what DRF compares
+
+
+def job_demand(job: JobState) -> Vector:
     res = job.spec.resources
-    return Demand(job.milli, res.cpu_milli * job.spec.workers, res.memory_mib * job.spec.workers)
+    return (job.milli, res.cpu_milli * job.spec.workers, res.memory_mib * job.spec.workers)
 
 
-def cluster_capacity(state: ClusterState) -> Demand:
-    cap = [0, 0, 0]
+def cluster_capacity(state: ClusterState) -> Vector:
+    gpu = cpu = mem = 0
     for node in state.nodes.values():
         if node.schedulable:
-            cap[0] += 1000 * sum(1 for g in node.gpus if g.healthy)
-            cap[1] += node.info.cpu_milli
-            cap[2] += node.info.memory_mib
-    return Demand(*cap)
-
-
-Vector = tuple[float, float, float]   # GPU milli, CPU milli, memory MiB
+            gpu += 1000 * sum(1 for g in node.gpus if g.healthy)
+            cpu += node.info.cpu_milli
+            mem += node.info.memory_mib
+    return (gpu, cpu, mem)
 
 
 def dominant_share(usage: Vector, capacity: Vector, weight: float) -> float:
@@ -105,8 +105,7 @@ class _Projection:
 
     def __init__(self, state: ClusterState, context: QueueContext, teams: Iterable[str]) -> None:
         tree = context.tree
-        cap = cluster_capacity(state)
-        self.capacity: Vector = (cap.gpu_milli, cap.cpu_milli, cap.memory_mib)
+        self.capacity = cluster_capacity(state)
         self.teams: dict[str, _Team] = {}
         self.orgs: dict[str, _Org] = {}
         for team in sorted(set(teams) | set(state.usage) | set(tree.teams())):
@@ -166,7 +165,7 @@ def fair_share(state: ClusterState, jobs: Iterable[JobState], now: float,
         queues.setdefault(job.team, []).append(job)
     for queue in queues.values():
         queue.sort(key=lambda j: _within_team_key(j, now, aging_s), reverse=True)   # pop() = head
-    demand = {j.job_id: _demand(j) for queue in queues.values() for j in queue}
+    demand = {j.job_id: job_demand(j) for queue in queues.values() for j in queue}
     projection = _Projection(state, context, queues)
     org_of = {team: projection.teams[team].org for team in queues}
 
@@ -190,7 +189,3 @@ def fair_share(state: ClusterState, jobs: Iterable[JobState], now: float,
                 del claims[other]
     return order
 
-
-def _demand(job: JobState) -> Vector:
-    d = job_demand(job)
-    return (d.gpu_milli, d.cpu_milli, d.memory_mib)

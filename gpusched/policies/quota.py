@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import Any, Mapping
 
 from gpusched.core.state import ClusterState, JobState
@@ -52,7 +51,7 @@ class OrgQuota:
     weight: float = 1.0
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "teams", MappingProxyType(dict(self.teams)))
+        object.__setattr__(self, "teams", dict(self.teams))   # a copy: the caller keeps theirs
         _check(self.guaranteed_gpus or 0.0, self.limit_gpus, self.weight)
 
     @property
@@ -82,14 +81,14 @@ class QueueTree:
     _has_limits: bool = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "orgs", MappingProxyType(dict(self.orgs)))
+        object.__setattr__(self, "orgs", dict(self.orgs))
         org_of: dict[str, str] = {}
         for org, quota in self.orgs.items():
             for team in quota.teams:
                 if team in org_of:
                     raise ValueError(f"team {team!r} listed in orgs {org_of[team]!r} and {org!r}")
                 org_of[team] = org
-        object.__setattr__(self, "_org_of", MappingProxyType(org_of))
+        object.__setattr__(self, "_org_of", org_of)
         limits = [self.default_team.limit_gpus] + [o.limit_gpus for o in self.orgs.values()] + [
             t.limit_gpus for o in self.orgs.values() for t in o.teams.values()]
         object.__setattr__(self, "_has_limits", any(limit is not None for limit in limits))

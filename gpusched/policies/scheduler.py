@@ -33,9 +33,12 @@ class SchedulerConfig:
     placement: str = "best-fit"
     max_decisions: int = 10_000     # per cycle, to bound a cycle's latency
     backfill: bool = False          # reserve for the blocked head of line (EASY backfill)
+    # Reserve only for a job that has waited this long (Slurm's bf_min_age_reserve):
+    # most blocked jobs start soon anyway, and a reservation idles what it holds.
+    reserve_after_s: float = 0.0
     quotas: QueueTree = field(default_factory=QueueTree)
     half_life_s: float = 3600.0     # decay of the usage fair share charges teams for
-    aging_s: float = DEFAULT_AGING_S
+    aging_s: float = DEFAULT_AGING_S     # fair share: a job waiting this long goes first (<= 0: never)
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +58,7 @@ class Scheduler:
             raise ValueError(f"unknown placement policy {config.placement!r}; known: {sorted(PLACEMENTS)}")
         self.config = config
         self._order = QUEUE_ORDERS[config.queue]
-        self._score = PLACEMENTS[config.placement]
+        self._placement = PLACEMENTS[config.placement]
         self.ledger = UsageLedger(config.half_life_s)
         self.reservation: Reservation | None = None   # the last cycle's, for reports
 
@@ -89,7 +92,7 @@ class _CycleRun:
 
     def __init__(self, scheduler: Scheduler, state: ClusterState, now: float, booking: Booking) -> None:
         self.config = scheduler.config
-        self.score = scheduler._score
+        self.placement = scheduler._placement
         self.state, self.now, self.booking = state, now, booking
         self.decisions: dict[str, Decision] = {}
         # Shapes that failed this cycle fail again: a cycle only ever takes capacity.
@@ -105,7 +108,8 @@ class _CycleRun:
         shape = (job.spec.pool, job.spec.workers, job.spec.resources)
         if self.hold is None:
             workers = self.place(job, shape, held=False)
-            if workers is None and self.config.backfill and shape not in self.unreservable:
+            if (workers is None and self.config.backfill and shape not in self.unreservable
+                    and self.now - job.submitted_at >= self.config.reserve_after_s):
                 self.reserve(job, shape)
         elif ends_before(job, self.now, self.reservation.shadow_s):
             # Gone before the reserved job starts: it may use what the hold keeps.
@@ -127,7 +131,7 @@ class _CycleRun:
     def place(self, job: JobState, shape: tuple, held: bool) -> tuple[WorkerAssignment, ...] | None:
         if self.known_to_fail(shape, held):
             return None
-        workers = place_gang(self.state, job, self.score, self.booking)
+        workers = place_gang(self.state, job, self.placement, self.booking)
         if workers is None:
             self.failed.add((shape, held))
         return workers
@@ -141,7 +145,7 @@ class _CycleRun:
             self.unreservable.add(shape)
             return
         self.reservation = reservation
-        self.hold = ReservationHold(self.state, reservation)
+        self.hold = ReservationHold(self.state, reservation, self.booking)
         self.hold.apply()
 
     def lift_hold(self) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import pickle
 
 import pytest
 
@@ -299,6 +300,7 @@ def test_queue_tree_loads_from_json_and_round_trips():
     assert tree.org_of("llm") == "research" and tree.org_of("nobody") == ""
     assert tree.team_quota("nobody") == TeamQuota(limit_gpus=4)
     assert QueueTree.from_dict(tree.to_dict()) == tree
+    assert pickle.loads(pickle.dumps(tree)) == tree      # configs travel to worker processes
 
 
 @pytest.mark.parametrize("data", [

@@ -1,0 +1,77 @@
+"""A numpy mirror of one pool's nodes, for policies that score every node at once.
+
+Rows follow registration order (the order of ``state.nodes``), so ``argmin``/stable sorts
+break ties the way every policy does. Built once per cycle on the cycle's ``Booking``
+(health and status are read then; they cannot change inside a cycle) and refreshed row by
+row for the nodes the booking books or releases. A node that is not ready, and a GPU
+that is unhealthy or cut into MIG, offer nothing here; MIG requests are placed by the
+shared MIG scan (``placement_policies.choose_mig``), not from these arrays.
+"""
+from __future__ import annotations
+
+from typing import Iterable, Mapping
+
+import numpy as np
+
+from gpusched.core.model import WorkerResources
+from gpusched.core.state import NodeState
+from gpusched.policies.booking import Booking
+
+
+class NodeArrays:
+    def __init__(self, nodes: Mapping[str, NodeState], pool: str) -> None:
+        self.nodes = [n for n in nodes.values() if n.info.pool == pool]
+        self.row = {n.name: i for i, n in enumerate(self.nodes)}
+        self.models = sorted({n.model for n in self.nodes})
+        width = max((len(n.gpus) for n in self.nodes), default=0)
+        count = len(self.nodes)
+        self.cpu = np.zeros(count, dtype=np.int64)       # free CPU milli (-1: not ready)
+        self.mem = np.zeros(count, dtype=np.int64)       # free memory MiB
+        self.gpu = np.zeros((count, width), dtype=np.int64)   # free milli of each GPU
+        self.ngpu = np.array([len(n.gpus) for n in self.nodes], dtype=np.int64)
+        self.idle = np.zeros(count, dtype=bool)          # nothing runs or is booked on it
+        self.model = np.array([self.models.index(n.model) for n in self.nodes], dtype=np.int64)
+        self._allowed: dict[tuple[str, ...], np.ndarray] = {}
+        for i in range(count):
+            self._refresh(i)
+
+    def touch(self, names: Iterable[str]) -> None:
+        for name in names:
+            i = self.row.get(name)
+            if i is not None:
+                self._refresh(i)
+
+    def _refresh(self, i: int) -> None:
+        node = self.nodes[i]
+        self.cpu[i] = node.free_cpu if node.schedulable else -1
+        self.mem[i] = node.free_mem
+        self.idle[i] = not node.jobs
+        for j, g in enumerate(node.gpus):
+            self.gpu[i, j] = 1000 - g.used_milli if g.healthy and not g.mig_mask else 0
+
+    def allowed(self, res: WorkerResources) -> np.ndarray:
+        """Rows whose GPU model ``res`` accepts (every row for a model-free request)."""
+        key = res.gpu_models
+        mask = self._allowed.get(key)
+        if mask is None:
+            ok = np.array([res.allows(m) for m in self.models], dtype=bool)
+            mask = self._allowed[key] = ok[self.model] if len(self.models) else np.zeros(0, bool)
+        return mask
+
+    def feasible(self, res: WorkerResources) -> np.ndarray:
+        """Rows with room for one worker of ``res`` (not MIG), in registration order."""
+        ok = (self.cpu >= res.cpu_milli) & (self.mem >= res.memory_mib) & self.allowed(res)
+        if res.is_share:
+            ok &= (self.gpu >= res.gpu_milli).any(axis=1)
+        elif res.gpus:
+            ok &= (self.gpu == 1000).sum(axis=1) >= res.gpus
+        return np.flatnonzero(ok)
+
+
+def arrays_for(booking: Booking, nodes: Mapping[str, NodeState], pool: str) -> NodeArrays:
+    """The cycle's mirror of ``pool``, built on first use."""
+    key = ("arrays", pool)
+    view = booking.views.get(key)
+    if view is None:
+        view = booking.views[key] = NodeArrays(nodes, pool)
+    return view

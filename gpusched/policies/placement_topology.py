@@ -1,0 +1,133 @@
+"""Gang placement by topology: fewest racks, then fewest nodes, all workers or none.
+
+Workers of a distributed job talk to each other every step, so the planner keeps them
+close: first the fewest racks (node label ``rack``; racks under one ``spine`` label
+preferred when one rack is not enough), then, inside the chosen racks, the fewest nodes
+(nodes that take the most workers first). A worker never spans nodes, so its own GPUs
+always share the node's NVLink; several workers on one node share it too.
+
+The plan is made from how many workers each node takes right now (``node_capacity``),
+then booked worker by worker with the placer's own ``fit``; the gang is booked as one
+unit at the end, or not at all.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+
+from gpusched.core.mig import parse_profile
+from gpusched.core.model import WorkerAssignment, WorkerResources
+from gpusched.core.state import JobState, NodeState
+from gpusched.policies.booking import Booking
+from gpusched.policies.gpu_fit import StateLike, fit
+
+
+def place_spread(state: StateLike, job: JobState, booking: Booking) -> tuple[WorkerAssignment, ...] | None:
+    spec, res = job.spec, job.spec.resources
+    plan = plan_gang([n for n in state.nodes.values() if n.info.pool == spec.pool], res, spec.workers)
+    if plan is None:
+        return None
+    mark = booking.mark()
+    placed: list[WorkerAssignment] = []
+    for node, count in plan:
+        for _ in range(count):
+            slots = fit(node, spec.pool, res)
+            if slots is None:            # capacity said yes, the GPUs say no: give up whole
+                booking.rollback(mark)
+                return None
+            worker = WorkerAssignment(len(placed), node.name, slots)
+            booking.add(job, (worker,))
+            placed.append(worker)
+    # Book the gang as one unit, as the reducer will apply it.
+    booking.rollback(mark)
+    gang = tuple(placed)
+    booking.add(job, gang)
+    return gang
+
+
+def plan_gang(nodes: list[NodeState], res: WorkerResources, workers: int) -> list[tuple[NodeState, int]] | None:
+    """(node, workers there) for every worker, or None when the pool cannot take them all."""
+    order = {n.name: i for i, n in enumerate(nodes)}
+    caps = {n.name: c for n in nodes if (c := node_capacity(n, res, workers)) > 0}
+    racks: dict[tuple[str, str], list[NodeState]] = defaultdict(list)
+    for n in nodes:
+        if n.name in caps:
+            racks[(n.info.label("spine"), n.info.label("rack"))].append(n)
+    for members in racks.values():
+        members.sort(key=lambda n: (-caps[n.name], order[n.name]))
+
+    def rack_cap(key: tuple[str, str]) -> int:
+        return sum(caps[n.name] for n in racks[key])
+
+    def nodes_needed(key: tuple[str, str]) -> int:
+        left = workers
+        for i, n in enumerate(racks[key]):
+            left -= caps[n.name]
+            if left <= 0:
+                return i + 1
+        return len(racks[key]) + 1
+
+    if sum(caps.values()) < workers:
+        return None
+    whole = [k for k in racks if rack_cap(k) >= workers]
+    if whole:   # one rack: fewest nodes, then the rack left fullest, then the first
+        best = min(whole, key=lambda k: (nodes_needed(k), rack_cap(k), order[racks[k][0].name]))
+        chosen = [best]
+    else:
+        chosen = _fewest_racks(racks, rack_cap, workers)
+    members = sorted((n for k in chosen for n in racks[k]), key=lambda n: (-caps[n.name], order[n.name]))
+    plan, left = [], workers
+    for n in members:
+        take = min(caps[n.name], left)
+        plan.append((n, take))
+        left -= take
+        if not left:
+            return plan
+    return None
+
+
+def _fewest_racks(racks: dict, rack_cap, workers: int) -> list[tuple[str, str]]:
+    """Biggest racks first, inside one spine when a spine can take the gang."""
+    spines: dict[str, list[tuple[str, str]]] = defaultdict(list)
+    for key in racks:
+        spines[key[0]].append(key)
+
+    def take(keys: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        out, left = [], workers
+        for k in sorted(keys, key=lambda k: (-rack_cap(k), k)):
+            out.append(k)
+            left -= rack_cap(k)
+            if left <= 0:
+                break
+        return out
+
+    fitting = [take(keys) for keys in spines.values() if sum(map(rack_cap, keys)) >= workers]
+    if fitting:
+        return min(fitting, key=lambda ks: (len(ks), ks))
+    return take(list(racks))
+
+
+def node_capacity(node: NodeState, res: WorkerResources, cap: int) -> int:
+    """How many workers of ``res`` (at most ``cap``) ``node`` takes right now."""
+    if not node.schedulable or not res.allows(node.model):
+        return 0
+    n = cap
+    if res.cpu_milli:
+        n = min(n, node.free_cpu // res.cpu_milli)
+    if res.memory_mib:
+        n = min(n, node.free_mem // res.memory_mib)
+    if res.is_mig:
+        profile = parse_profile(res.mig_profile)
+        slices = 0
+        for g in node.gpus:
+            if g.healthy and g.info.mig_capable and not g.used_milli:
+                mask = g.mig_mask
+                for start in profile.starts:   # left to right: the most slices of one width
+                    if not mask & profile.mask(start):
+                        mask |= profile.mask(start)
+                        slices += 1
+        n = min(n, slices)
+    elif res.is_share:
+        n = min(n, sum(g.free_milli // res.gpu_milli for g in node.gpus if g.healthy and not g.mig_mask))
+    elif res.gpus:
+        n = min(n, node.free_whole_gpus() // res.gpus)
+    return max(0, n)

@@ -1,0 +1,229 @@
+"""The dynamic simulator: jobs arrive, wait, run and leave on a virtual clock.
+
+It drives the production code and nothing else: events go through the reducer
+(``gpusched.core.reducer.apply``: JobSubmitted, JobPlaced, WorkerStarted,
+WorkerFinished) and placements come from ``Scheduler.cycle``, exactly as in the placer
+service, only without Kafka. Time is a heap of future events. A scheduling cycle runs
+only after something changed (an arrival or a departure), at most once per
+``cycle_interval_s`` of virtual time, so replaying months of trace costs what its events
+cost, not what its seconds would.
+
+``python -m gpusched.sim.dynamic --help``: compare configurations on a workload; the
+report (table, JSON/CSV, plots) is ``gpusched.sim.dynamic_report``.
+"""
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from pathlib import Path
+
+from gpusched.core import events as ev
+from gpusched.core.model import JobPhase
+from gpusched.core.reducer import apply
+from gpusched.core.state import ClusterState
+from gpusched.policies.scheduler import Decision, Scheduler, SchedulerConfig
+from gpusched.sim.metrics import FragmentationProbe, JobRecord, Sample, SimResult
+from gpusched.sim.workload import Workload
+
+
+class DynamicSimulator:
+    def __init__(self, workload: Workload, config: SchedulerConfig, label: str = "",
+                 cycle_interval_s: float = 0.0, fragmentation_every_s: float | None = None) -> None:
+        self.workload = workload
+        self.scheduler = Scheduler(config)
+        self.label = label or f"{config.queue}+{config.placement}" + ("+backfill" if config.backfill else "")
+        self.cycle_interval_s = cycle_interval_s
+        span = workload.arrivals[-1].time - workload.arrivals[0].time if workload.arrivals else 0.0
+        self.fragmentation_every_s = fragmentation_every_s if fragmentation_every_s is not None else span / 400
+        self.state = ClusterState()
+        self.teams = tuple(sorted({a.spec.team for a in workload.arrivals} | set(workload.quotas.teams())))
+        self._team_index = {t: i for i, t in enumerate(self.teams)}
+        self._waiting = [0] * len(self.teams)       # jobs waiting, per team
+        self._waiting_milli = 0                     # GPU milli they ask for
+        self._finishes: list[tuple[float, int, str, int]] = []   # (time, seq, job id, attempt)
+        self._seq = 0
+        self._clock = 0.0
+        self._next_arrival = 0
+        self._last_cycle = -math.inf
+        self._cycled_version = -1                   # state.version the last cycle saw
+
+    def run(self) -> SimResult:
+        started = time.perf_counter()
+        wl, state = self.workload, self.state
+        for node in wl.nodes:
+            self._apply(ev.NodeRegistered(event_id=f"node:{node.name}", node=node))
+        capacity = sum(1000 * len(n.gpus) for n in wl.nodes)
+        result = SimResult(wl.name, self.label, capacity, self.teams, _entitlements(wl, self.teams, capacity))
+        probe = FragmentationProbe.for_workload(wl)
+        next_probe = -math.inf
+        while (now := self._next_time()) is not None:
+            self._clock = now
+            self._arrive(now)
+            while self._finishes and self._finishes[0][0] <= now:
+                _, _, job_id, attempt = heapq.heappop(self._finishes)
+                self._finish(job_id, attempt, now)
+            if state.version != self._cycled_version and now >= self._last_cycle + self.cycle_interval_s:
+                self._cycle(now, result)
+            result.samples.append(self._sample(now))
+            if now >= next_probe:
+                result.fragmentation.append((now, *probe.measure(state)))
+                next_probe = now + self.fragmentation_every_s
+        result.jobs = [_record(state, job_id) for job_id in state.jobs]
+        result.rejected = state.rejected
+        result.wall_s = time.perf_counter() - started
+        return result
+
+    def _next_time(self) -> float | None:
+        times = []
+        if self._next_arrival < len(self.workload.arrivals):
+            times.append(self.workload.arrivals[self._next_arrival].time)
+        if self._finishes:
+            times.append(self._finishes[0][0])
+        if self.state.version != self._cycled_version:
+            times.append(self._last_cycle + self.cycle_interval_s)   # a cycle is owed
+        return max(min(times), self._clock) if times else None
+
+    def _arrive(self, now: float) -> None:
+        arrivals = self.workload.arrivals
+        while self._next_arrival < len(arrivals) and arrivals[self._next_arrival].time <= now:
+            a = arrivals[self._next_arrival]
+            self._apply(ev.JobSubmitted(event_id=f"submit:{a.job_id}", time=now, job_id=a.job_id, spec=a.spec))
+            self._waiting[self._team_index[a.spec.team]] += 1
+            self._waiting_milli += a.spec.total_milli
+            self._next_arrival += 1
+
+    def _cycle(self, now: float, result: SimResult) -> None:
+        result.cycles += 1
+        for d in self.scheduler.cycle(self.state, now):
+            self._start(d, now)
+            job = self.state.jobs[d.job_id]
+            self._waiting[self._team_index[job.team]] -= 1
+            self._waiting_milli -= job.milli
+            result.backfilled += d.backfilled
+        self._last_cycle, self._cycled_version = now, self.state.version
+
+    def _sample(self, now: float) -> Sample:
+        usage = self.state.usage
+        return Sample(now, sum(u.gpu_milli for u in usage.values()),
+                      tuple(usage[t].gpu_milli if t in usage else 0 for t in self.teams),
+                      tuple(w > 0 for w in self._waiting), len(self.state.pending), self._waiting_milli)
+
+    def _apply(self, event: ev.Event) -> None:
+        outcome = apply(self.state, event)
+        if not outcome.accepted:
+            # The simulator proposes only what the scheduler just checked: a rejection
+            # is a bug in the policies or the reducer, not a race.
+            raise RuntimeError(f"{type(event).__name__} rejected: {outcome.reason}")
+
+    def _start(self, d: Decision, now: float) -> None:
+        self._apply(ev.JobPlaced(event_id=f"place:{d.job_id}:{d.attempt}", time=now, job_id=d.job_id,
+                                 attempt=d.attempt, workers=d.workers, policy=d.policy))
+        for w in d.workers:
+            self._apply(ev.WorkerStarted(event_id=f"start:{d.job_id}:{d.attempt}:{w.worker}", time=now,
+                                         job_id=d.job_id, attempt=d.attempt, worker=w.worker, node=w.node))
+        duration = self.state.jobs[d.job_id].spec.simulated_duration_s
+        heapq.heappush(self._finishes, (now + duration, self._seq, d.job_id, d.attempt))
+        self._seq += 1
+
+    def _finish(self, job_id: str, attempt: int, now: float) -> None:
+        for w in self.state.jobs[job_id].workers:
+            self._apply(ev.WorkerFinished(event_id=f"finish:{job_id}:{attempt}:{w.worker}", time=now,
+                                          job_id=job_id, attempt=attempt, worker=w.worker, node=w.node,
+                                          exit_code=0))
+
+
+def _entitlements(wl: Workload, teams: tuple[str, ...], capacity: int) -> tuple[float, ...]:
+    """A team's guarantee when the quotas give one, else an equal split of the cluster."""
+    guaranteed = [wl.quotas.team_quota(t).guaranteed_milli for t in teams]
+    if any(guaranteed):
+        return tuple(guaranteed)
+    return tuple(capacity / len(teams) for _ in teams)
+
+
+def _record(state: ClusterState, job_id: str) -> JobRecord:
+    job = state.jobs[job_id]
+    ran = job.phase is JobPhase.SUCCEEDED
+    return JobRecord(job_id, job.team, job.milli, job.spec.workers, job.submitted_at,
+                     job.placed_at if ran else None, job.ended_at if ran else None)
+
+
+# --- command line --------------------------------------------------------------------
+def parse_config(text: str, quotas, half_life_s: float, aging_s: float) -> tuple[str, SchedulerConfig]:
+    """``queue+placement[+backfill[=MINUTES]][+quotas]``, e.g. ``fair-share+fgd+backfill+quotas``.
+    ``backfill=60`` reserves only for jobs that waited 60 minutes (plain: at once);
+    ``quotas`` enforces the workload's quota tree (guarantees, limits, weights)."""
+    queue, placement, *flags = text.split("+")
+    options: dict = {"queue": queue, "placement": placement, "half_life_s": half_life_s, "aging_s": aging_s}
+    for flag in flags:
+        name, _, minutes = flag.partition("=")
+        if name == "backfill":
+            options.update(backfill=True, reserve_after_s=float(minutes or 0) * 60)
+        elif flag == "quotas":
+            options["quotas"] = quotas
+        else:
+            raise ValueError(f"unknown flag {flag!r} in {text!r}")
+    return text, SchedulerConfig(**options)
+
+
+def build_parser():
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m gpusched.sim.dynamic", description=__doc__.split("\n\n")[0])
+    p.add_argument("--workload", choices=("synthetic", "openb"), default="synthetic")
+    p.add_argument("--configs", default="fifo+best-fit,priority+best-fit,fair-share+best-fit+backfill",
+                   help="comma-separated queue+placement[+backfill[=MINUTES]][+quotas]")
+    p.add_argument("--seed", type=int, default=0, help="synthetic: workload seed")
+    p.add_argument("--horizon-h", type=float, default=48.0, help="synthetic: hours of arrivals")
+    p.add_argument("--load", type=float, default=1.0, help="synthetic: scale of every team's load")
+    p.add_argument("--pods", default="default", choices=("default", "cpu050", "gpushare40", "gpuspec10"),
+                   help="openb: which openb_pod_list_<pods>.csv (multigpu20 has no times)")
+    p.add_argument("--compress", type=float, default=300.0, help="openb: divide arrival times by this")
+    p.add_argument("--node-stride", type=int, default=8, help="openb: keep every n-th node")
+    p.add_argument("--cycle-interval", type=float, default=10.0, help="virtual seconds between cycles, at least")
+    p.add_argument("--half-life-h", type=float, default=1.0, help="fair share: usage half-life, hours")
+    p.add_argument("--aging-h", type=float, default=6.0, help="fair share: wait after which a job goes first")
+    p.add_argument("--out", type=Path, default=Path("results/dynamic"))
+    p.add_argument("--no-plots", action="store_true")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    import shlex
+    import sys
+
+    from gpusched.sim import dynamic_report
+    from gpusched.sim.metrics import summarize
+    from gpusched.sim.synthetic import synthetic_workload
+    from gpusched.sim.workload import openb_workload
+
+    args = build_parser().parse_args(argv)
+    if args.workload == "synthetic":
+        wl = synthetic_workload(args.seed, args.horizon_h * 3600, args.load)
+    else:
+        wl = openb_workload(args.pods, args.compress, args.node_stride)
+    configs = [parse_config(c, wl.quotas, args.half_life_h * 3600, args.aging_h * 3600)
+               for c in args.configs.split(",")]
+    print(f"# {wl.name}: {len(wl.arrivals)} jobs; {wl.note}", flush=True)
+    results, summaries = [], []
+    for label, config in configs:
+        result = DynamicSimulator(wl, config, label, args.cycle_interval).run()
+        results.append(result)
+        summaries.append(summarize(result))
+        print(f"  {label}: {result.wall_s:.0f} s", file=sys.stderr, flush=True)
+    out = args.out / wl.name
+    command = "python -m gpusched.sim.dynamic " + shlex.join(argv if argv is not None else sys.argv[1:])
+    dynamic_report.write(out, wl.note, command, summaries)
+    print(dynamic_report.table(summaries))
+    print()
+    print(dynamic_report.team_table(summaries))
+    if not args.no_plots:
+        last_arrival = wl.arrivals[-1].time
+        for path in dynamic_report.plot(out, results, until_s=1.5 * last_arrival):
+            print(f"wrote {path}")
+    print(f"wrote {out}/summary.json, summary.csv, table.md")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

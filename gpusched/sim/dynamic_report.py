@@ -1,0 +1,135 @@
+"""Reports of dynamic runs: a table, JSON and CSV files, and two plots.
+
+Files go under ``<out>/<workload>/``: ``summary.json`` (every figure, per team too, with
+the workload's description and the command line), ``summary.csv`` (one row per
+configuration), ``table.md`` (the table printed on stdout), ``utilization.png`` (GPU
+allocation and queue length over time) and ``team_shares.png`` (GPUs each team held).
+"""
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+from gpusched.sim.metrics import SimResult
+
+COLUMNS = (
+    ("config", "config", "{}"),
+    ("alloc", "gpu_allocation", "{:.1%}"),
+    ("alloc saturated", "gpu_allocation_saturated", "{:.1%}"),
+    ("wait mean", ("queueing_delay_s", "mean"), "{:,.0f}"),
+    ("wait p50", ("queueing_delay_s", "p50"), "{:,.0f}"),
+    ("wait p99", ("queueing_delay_s", "p99"), "{:,.0f}"),
+    ("≥8-GPU wait mean", ("large_delay_s", "mean"), "{:,.0f}"),
+    ("≥8-GPU wait max", ("large_delay_s", "max"), "{:,.0f}"),
+    ("JCT mean", ("jct_s", "mean"), "{:,.0f}"),
+    ("JCT p50", ("jct_s", "p50"), "{:,.0f}"),
+    ("JCT p99", ("jct_s", "p99"), "{:,.0f}"),
+    ("Jain", "jain_backlogged", "{:.3f}"),
+    ("frag", "fragmentation", "{:.1%}"),
+    ("never ran", "never_ran", "{}"),
+    ("backfilled", "backfilled", "{}"),
+    ("run s", "wall_s", "{:.0f}"),
+)
+
+
+def _get(summary: dict, key):
+    if isinstance(key, tuple):
+        return summary[key[0]][key[1]]
+    return summary[key]
+
+
+def _cell(summary: dict, key, fmt: str) -> str:
+    value = _get(summary, key)
+    return "-" if value is None else fmt.format(value)
+
+
+def table(summaries: list[dict]) -> str:
+    """A markdown table: times in seconds."""
+    head = "| " + " | ".join(name for name, _, _ in COLUMNS) + " |"
+    rule = "|" + "|".join("---" if i == 0 else "---:" for i in range(len(COLUMNS))) + "|"
+    rows = ["| " + " | ".join(_cell(s, key, fmt) for _, key, fmt in COLUMNS) + " |" for s in summaries]
+    return "\n".join([head, rule, *rows])
+
+
+def team_table(summaries: list[dict]) -> str:
+    """Per team: mean GPUs held over the arrival window and mean wait, per configuration."""
+    teams = list(summaries[0]["teams"]) if summaries else []
+    head = "| config | " + " | ".join(f"{t} GPUs / wait s" for t in teams) + " |"
+    rule = "|---|" + "---:|" * len(teams)
+    rows = []
+    for s in summaries:
+        cells = []
+        for t in teams:
+            team = s["teams"][t]
+            wait = team["wait_s"]["mean"]
+            cells.append(f"{team['mean_gpus']:.0f} / {'-' if wait is None else f'{wait:,.0f}'}")
+        rows.append(f"| {s['config']} | " + " | ".join(cells) + " |")
+    return "\n".join([head, rule, *rows])
+
+
+def write(out: Path, workload_note: str, command: str, summaries: list[dict]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.json").write_text(json.dumps(
+        {"workload": workload_note, "command": command, "results": summaries}, indent=2))
+    flat = [{name: _get(s, key) for name, key, _ in COLUMNS} for s in summaries]
+    with open(out / "summary.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=[name for name, _, _ in COLUMNS])
+        writer.writeheader()
+        writer.writerows(flat)
+    (out / "table.md").write_text(table(summaries) + "\n\n" + team_table(summaries) + "\n")
+
+
+def plot(out: Path, results: list[SimResult], until_s: float) -> list[Path]:
+    """Utilization and per-team shares over ``[0, until_s]``, in hours."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out.mkdir(parents=True, exist_ok=True)
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 6), sharex=True)
+    for r in results:
+        t, alloc, pending = _series(r, until_s)
+        top.step(t, [a / r.capacity_milli for a in alloc], where="post", label=r.label, lw=1)
+        bottom.step(t, pending, where="post", label=r.label, lw=1)
+    top.set_ylabel("GPU allocation")
+    top.set_ylim(0, 1.02)
+    top.legend(loc="lower right", fontsize=8)
+    bottom.set_ylabel("jobs waiting")
+    bottom.set_xlabel("hours")
+    fig.suptitle(results[0].workload)
+    fig.tight_layout()
+    utilization = out / "utilization.png"
+    fig.savefig(utilization, dpi=110)
+    plt.close(fig)
+
+    fig, axes = plt.subplots(len(results), 1, figsize=(10, 2.4 * len(results)), sharex=True, squeeze=False)
+    for ax, r in zip(axes[:, 0], results):
+        t, _, _ = _series(r, until_s)
+        stacks = [[s.team_milli[i] / 1000 for s in _samples(r, until_s)] for i in range(len(r.teams))]
+        ax.stackplot(t, stacks, labels=r.teams, step="post")
+        ax.axhline(r.capacity_milli / 1000, color="black", lw=0.8, ls="--")
+        ax.set_ylabel("GPUs")
+        ax.set_title(r.label, fontsize=9)
+    axes[0, 0].legend(loc="upper right", fontsize=7, ncol=len(results[0].teams))
+    axes[-1, 0].set_xlabel("hours")
+    fig.tight_layout()
+    shares = out / "team_shares.png"
+    fig.savefig(shares, dpi=110)
+    plt.close(fig)
+    return [utilization, shares]
+
+
+# Plotting every sample of a long run gives megabyte PNGs and no more information.
+_MAX_POINTS = 4000
+
+
+def _samples(r: SimResult, until_s: float):
+    samples = [s for s in r.samples if s.time <= until_s]
+    step = max(1, len(samples) // _MAX_POINTS)
+    return samples[::step]
+
+
+def _series(r: SimResult, until_s: float):
+    samples = _samples(r, until_s)
+    return ([s.time / 3600 for s in samples], [s.allocated_milli for s in samples], [s.pending for s in samples])

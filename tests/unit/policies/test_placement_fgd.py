@@ -1,0 +1,105 @@
+"""fgd: the least growth of fragmentation against the pool's typical tasks (the pending
+and running jobs' shapes), scored as the reference simulator's integer, then first fit.
+
+Each case submits 100 pending ``typical`` jobs of one shape, so that shape alone is the
+mix (over the 95 % popularity cut); the numbers in the comments are the growth of
+fragmentation (milli) on each candidate."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpusched.policies.fragmentation import compile_mix, usable
+from tests.unit.core.builders import make_spec, share, whole
+from tests.unit.policies.placement_cases import Case, check, choose, cpu_job, node
+
+
+def mix(spec, n: int = 100):
+    return [spec] * n
+
+
+ONE_GPU_8_CORES = make_spec(gpus=1, cpu=8000, mem=0)
+HALF_GPU = make_spec(milli=500, cpu=1000, mem=0)
+SIX_TENTHS = make_spec(milli=600, cpu=1000, mem=0)
+TWO_GPUS = make_spec(gpus=2, cpu=1000, mem=0)
+
+CASES = [
+    # a: CPU-starved, its GPUs useless to the mix: taking one is free (-1000 -> 73);
+    # b: its last GPU usable by the mix (0 -> 50). best-fit would take b (tighter).
+    Case("uses GPUs stranded by CPU before good ones",
+         [node("b"), node("a")], make_spec(gpus=1, cpu=2000, mem=0), "a",
+         busy=[("a", (), 60_000), ("b", whole(0, 1, 2), 50_000)], typical=mix(ONE_GPU_8_CORES)),
+    # GPU0 (700 free) would keep 200, useless to halves (+200); GPU1 keeps 500 (0).
+    Case("picks the GPU whose leftover the mix can still use",
+         [node("a", gpus=2)], make_spec(milli=500, cpu=1000, mem=0), "a", gpus=(1,),
+         busy=[("a", share(0, 300), 0)], typical=mix(HALF_GPU)),
+    # a's GPU has 500 free, already useless to 600s (-400); b's fresh GPU would keep 600 (0).
+    Case("puts a share where the leftover is useless anyway",
+         [node("b", gpus=1), node("a", gpus=1)], make_spec(milli=400, cpu=1000, mem=0), "a",
+         busy=[("a", share(0, 500), 0)], typical=mix(SIX_TENTHS)),
+    # a: 3 free GPUs keep a pair after taking one (0); b: 2 free GPUs lose their pair (+1000).
+    Case("keeps pairs of free GPUs for 2-GPU tasks",
+         [node("b"), node("a")], make_spec(gpus=1, cpu=1000, mem=0), "a",
+         busy=[("a", whole(0), 0), ("b", whole(0, 1), 0)], typical=mix(TWO_GPUS)),
+    # a: 10 free cores would drop under the mix's 8 (+4000); b keeps plenty (0).
+    Case("CPU-only job does not strand GPUs",
+         [node("a"), node("b")], cpu_job(4000), "b",
+         busy=[("a", (), 54_000)], typical=mix(ONE_GPU_8_CORES)),
+    Case("equal growth: first registered",
+         [node("b"), node("a")], make_spec(gpus=1, cpu=1000, mem=0), "b", gpus=(0,), typical=mix(ONE_GPU_8_CORES)),
+    Case("nothing fits",
+         [node("a", gpus=1)], make_spec(gpus=2), None, typical=mix(ONE_GPU_8_CORES)),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_fgd(case: Case):
+    check(case, "fgd")
+
+
+def test_fgd_and_best_fit_disagree_where_fragmentation_matters():
+    assert choose(CASES[0], "best-fit")[0] == "b"
+    assert choose(CASES[1], "best-fit") == ("a", (0,))
+    assert choose(CASES[3], "best-fit")[0] == "b"
+    assert choose(CASES[4], "best-fit")[0] == "a"
+
+
+# --- the vectorised fragmentation against its definition --------------------------------
+def fragmentation(mix: dict, gpus: list[int], cpu: int, model: str) -> float:
+    """Free GPU milli the typical shapes cannot use, by FGD's definition, one node."""
+    total, frag = sum(gpus), 0.0
+    for (cpu_t, milli, count, models), p in mix.items():
+        fits = (not models or model in models) and cpu >= cpu_t and count and \
+            sum(g >= milli for g in gpus) >= count
+        frag += p * (sum(g for g in gpus if g < milli) if fits else total)
+    return frag
+
+
+shapes = st.tuples(st.sampled_from([0, 2000, 8000, 16_000]), st.sampled_from([0, 100, 250, 500, 800, 1000]),
+                   st.sampled_from([0, 1, 2, 4]), st.sampled_from([(), ("H100-80GB",), ("A10-24GB",)]))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.dictionaries(shapes, st.floats(0.01, 1.0), min_size=1, max_size=6),
+       st.lists(st.lists(st.sampled_from([0, 50, 200, 499, 500, 700, 1000]), min_size=8, max_size=8),
+                min_size=1, max_size=5),
+       st.lists(st.integers(0, 20_000), min_size=5, max_size=5),
+       st.lists(st.sampled_from(["H100-80GB", "A10-24GB"]), min_size=5, max_size=5))
+def test_usable_matches_the_definition_of_fragmentation(raw, gpus, cpus, models):
+    # Shapes are made consistent the way shape_of makes them: no GPUs -> milli 0, etc.
+    mix = {}
+    for (cpu, milli, count, allowed), p in raw.items():
+        shape = (cpu, 0, 0, allowed) if not count or not milli else \
+            (cpu, milli if count == 1 else 1000, count, allowed)
+        mix[shape] = mix.get(shape, 0) + p
+    total = sum(mix.values())
+    mix = {s: p / total for s, p in mix.items()}
+    names = ["A10-24GB", "H100-80GB"]
+    compiled = compile_mix(mix, names)
+    rows = len(gpus)
+    u = usable(compiled, np.array(gpus), np.array(cpus[:rows]), np.array([names.index(m) for m in models[:rows]]))
+    for i in range(rows):
+        expected = fragmentation(mix, gpus[i], cpus[i], models[i])
+        assert sum(gpus[i]) - u[i] == pytest.approx(expected, abs=1e-6)
