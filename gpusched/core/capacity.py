@@ -139,22 +139,26 @@ def _check_slots(res: WorkerResources, slots: tuple[GpuSlot, ...], gpus: list[Gp
     return "" if ok else f"expected {res.gpus} whole GPUs"
 
 
+def book_resources(node: NodeState, res: WorkerResources, slots: tuple[GpuSlot, ...], sign: int) -> None:
+    """Add (sign +1) or remove (-1) one worker's CPU, memory and GPU slots on ``node``."""
+    node.used_cpu += sign * res.cpu_milli
+    node.used_mem += sign * res.memory_mib
+    gpus = node.gpus
+    for slot in slots:
+        gpu = gpus[slot.index]
+        if slot.mig_profile:
+            mask = parse_profile(slot.mig_profile).mask(slot.mig_start)
+            gpu.mig_mask = gpu.mig_mask | mask if sign > 0 else gpu.mig_mask & ~mask
+        else:
+            gpu.used_milli += sign * slot.milli
+
+
 def _book(state: ClusterState, job: JobState, workers: tuple[WorkerAssignment, ...], sign: int) -> None:
     res = job.spec.resources
-    cpu, mem = sign * res.cpu_milli, sign * res.memory_mib
     nodes = state.nodes
     for w in workers:
         node = nodes[w.node]
-        node.used_cpu += cpu
-        node.used_mem += mem
-        gpus = node.gpus
-        for slot in w.gpus:
-            gpu = gpus[slot.index]
-            if slot.mig_profile:
-                mask = parse_profile(slot.mig_profile).mask(slot.mig_start)
-                gpu.mig_mask = gpu.mig_mask | mask if sign > 0 else gpu.mig_mask & ~mask
-            else:
-                gpu.used_milli += sign * slot.milli
+        book_resources(node, res, w.gpus, sign)
         if sign > 0:
             node.jobs.add(job.job_id)
         else:

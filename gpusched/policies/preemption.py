@@ -48,8 +48,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
 from gpusched.core import events as ev
-from gpusched.core.capacity import commit, release
-from gpusched.core.mig import parse_profile
+from gpusched.core.capacity import book_resources, commit, release
 from gpusched.core.model import GpuSlot, JobPhase, WorkerAssignment, WorkerResources
 from gpusched.core.priority import priority_value
 from gpusched.core.state import ClusterState, JobState, NodeState, Usage
@@ -228,18 +227,6 @@ class _View:
         return usage
 
 
-def _book_node(node: NodeState, res: WorkerResources, slots: tuple[GpuSlot, ...], sign: int) -> None:
-    node.used_cpu += sign * res.cpu_milli
-    node.used_mem += sign * res.memory_mib
-    for slot in slots:
-        gpu = node.gpus[slot.index]
-        if slot.mig_profile:
-            mask = parse_profile(slot.mig_profile).mask(slot.mig_start)
-            gpu.mig_mask = gpu.mig_mask | mask if sign > 0 else gpu.mig_mask & ~mask
-        else:
-            gpu.used_milli += sign * slot.milli
-
-
 def worker_slots(node: NodeState, res: WorkerResources, cap: int) -> int:
     """How many more workers of ``res`` (at most ``cap``) ``node`` takes right now, by the
     placer's own rules (``fits_node`` and ``pick_gpus``)."""
@@ -258,11 +245,11 @@ def worker_slots(node: NodeState, res: WorkerResources, cap: int) -> int:
             slots = pick_gpus(node, res)
             if slots is None:
                 break
-            _book_node(node, res, slots, +1)
+            book_resources(node, res, slots, +1)
             taken.append(slots)
     finally:
         for slots in reversed(taken):
-            _book_node(node, res, slots, -1)
+            book_resources(node, res, slots, -1)
     return len(taken)
 
 
@@ -506,7 +493,7 @@ class _Search:
         res = victim.spec.resources
         nodes = self.state.nodes
         for w in victim.workers:
-            _book_node(nodes[w.node], res, w.gpus, sign)
+            book_resources(nodes[w.node], res, w.gpus, sign)
 
     def _whole_gpu_job(self) -> bool:
         res = self.res
