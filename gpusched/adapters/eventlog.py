@@ -352,10 +352,6 @@ class LogFollower:
                     log.exception("%s: handler failed on %s:%s", self.name, record.partition, offset)
         return folded
 
-    async def _fold(self, state: ClusterState, record) -> None:
-        """One record (kept for callers of the old per-record API)."""
-        await self._fold_all(state, (record,))
-
     # --- read-your-writes -------------------------------------------------------------
     async def wait_applied(self, pos, timeout: float = 30.0) -> ClusterState:
         """Wait until the record at ``pos`` has been folded into the state."""

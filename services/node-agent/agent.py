@@ -33,7 +33,7 @@ class NodeAgent:
         self.publisher = publisher
         self.me = me
         self.grace_s = grace_s
-        self.workdir = workdir or Path(tempfile.mkdtemp(prefix=f"gpusched-{info.name}-"))
+        self._workdir = workdir
         self.follower: LogFollower | None = None
         self.live = False                        # replay finished, acting on new events
         self.running: dict[Key, asyncio.Task] = {}
@@ -44,6 +44,13 @@ class NodeAgent:
     @property
     def name(self) -> str:
         return self.info.name
+
+    @property
+    def workdir(self) -> Path:
+        """Where real workloads run; made on first use (simulated nodes never need it)."""
+        if self._workdir is None:
+            self._workdir = Path(tempfile.mkdtemp(prefix=f"gpusched-{self.info.name}-"))
+        return self._workdir
 
     def _event(self, cls, **fields):
         return cls(event_id=uuid.uuid4().hex, time=time.time(), producer=self.me, **fields)
