@@ -1,18 +1,23 @@
 """Benchmark: the job API through the real log, on a local cluster.
 
-1. Throughput: N submissions over gRPC with C in flight, as fast as they go; each
-   returns only once its JobSubmitted is acknowledged by the broker (acks=all) and
-   folded into admission's read model.
-2. Latency: open-loop arrivals at a fixed rate; submit->placed and submit->running are
-   measured by the client from its SubmitJob call to the WatchJobs update showing the
-   job placed / running.
+1. Throughput: ``--rounds`` bursts of N submissions over gRPC with C in flight, as fast
+   as they go; each returns only once its JobSubmitted is acknowledged by the broker
+   (acks=all) and folded into admission's read model. The cluster places and runs the
+   jobs meanwhile (it is part of what the machine does per job). Between rounds the
+   benchmark waits until every job of the round has ended, so each round starts on an
+   idle cluster. Per round: submissions/s and the CPU each process used per job
+   (admission, placer, node-agents, the broker and this client, from /proc).
+2. Latency: on the drained cluster, open-loop arrivals at a fixed rate; submit->placed
+   and submit->running are measured by the client from its SubmitJob call to the
+   WatchJobs update showing the job placed / running.
 
-    .venv/bin/python bench/submit_bench.py [--rate 200 --seconds 20 --burst 5000]
+    .venv/bin/python bench/submit_bench.py [--rounds 3 --burst 5000 --rate 200 --seconds 20]
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import tempfile
 import time
@@ -36,15 +41,44 @@ def pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
 
 
-async def throughput(client: Client, count: int, concurrency: int) -> float:
+async def throughput(client: Client, count: int, concurrency: int, offset: int = 0) -> tuple[float, set[str]]:
+    """Submissions/s of ``count`` submissions with ``concurrency`` in flight, and their job ids."""
     sem = asyncio.Semaphore(concurrency)
+    ids: set[str] = set()
 
     async def one(i: int) -> None:
         async with sem:
-            await client.submit(small_job(i))
+            ids.add((await client.submit(small_job(offset + i))).job.job_id)
     t0 = time.perf_counter()
     await asyncio.gather(*(one(i) for i in range(count)))
-    return count / (time.perf_counter() - t0)
+    return count / (time.perf_counter() - t0), ids
+
+
+async def drained(client: Client) -> None:
+    """Until the pool has no pending or running job. A cheap poll of the pool summary:
+    following every job through WatchJobs would add its own CPU to what is measured."""
+    while True:
+        summary = await client.summary()
+        if summary.pending_jobs == 0 and summary.running_jobs == 0:
+            return
+        await asyncio.sleep(0.1)   # poll period
+
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process so far (/proc/<pid>/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+def broker_pid() -> int | None:
+    """The broker deploy/kafka.sh started for this checkout, if it is the one we use."""
+    try:
+        return int((Path(__file__).resolve().parents[1] / ".run/kafka/kafka.pid").read_text())
+    except (OSError, ValueError):
+        return None
 
 
 async def latency(client: Client, rate: float, seconds: float) -> tuple[list[float], list[float]]:
@@ -94,9 +128,28 @@ async def main(args: argparse.Namespace) -> None:
         await cluster.placer()
         await asyncio.gather(*(cluster.agent(f"node-{i}") for i in range(args.nodes)))
         client = Client(f"127.0.0.1:{admission.port}")
-        await throughput(client, 300, 64)   # warm up connections and code paths
-        rate = await throughput(client, args.burst, args.concurrency)
-        print(f"throughput: {args.burst} submissions, {args.concurrency} in flight: {rate:,.0f} submissions/s")
+        await throughput(client, 300, 64, offset=10**8)   # warm up connections and code paths
+        await drained(client)
+        procs = {s.name: s.proc.pid for s in cluster.services}
+        if (pid := broker_pid()) is not None:
+            procs["broker"] = pid
+        procs["client"] = os.getpid()
+        print(f"throughput: {args.rounds} rounds of {args.burst} submissions, {args.concurrency} in flight, "
+              f"{args.nodes} simulated 8-GPU nodes (CPU per job over each round: submit until the last job ended)")
+        rates = []
+        for r in range(args.rounds):
+            before = {name: cpu_seconds(pid) for name, pid in procs.items()}
+            t0 = time.perf_counter()
+            rate, _ = await throughput(client, args.burst, args.concurrency, offset=r * args.burst)
+            await drained(client)   # the round's jobs all ran: the next round starts idle
+            ended = time.perf_counter() - t0
+            used = {name: cpu_seconds(pid) - before[name] for name, pid in procs.items()}
+            rates.append(rate)
+            per_job = "  ".join(f"{name} {1000 * c / args.burst:.2f}" for name, c in used.items())
+            print(f"  round {r + 1}: {rate:,.0f} submissions/s (all ended after {ended:.1f}s); "
+                  f"CPU ms/job: {per_job}; total {1000 * sum(used.values()) / args.burst:.2f}")
+        print(f"throughput: median {statistics.median(rates):,.0f} submissions/s "
+              f"(min {min(rates):,.0f}, max {max(rates):,.0f})")
         to_placed, to_running = await latency(client, args.rate, args.seconds)
         n = int(args.rate * args.seconds)
         print(f"latency at {args.rate:.0f} jobs/s for {args.seconds:.0f}s ({n} jobs, {len(to_running)} ran):")
@@ -109,6 +162,7 @@ async def main(args: argparse.Namespace) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--burst", type=int, default=5000)
     parser.add_argument("--concurrency", type=int, default=256)
     parser.add_argument("--rate", type=float, default=200)
