@@ -56,13 +56,41 @@ class Position:
     offset: int
 
 
+# Batching. Every Kafka request costs ~0.2-0.7 ms of CPU in aiokafka and the broker
+# whatever it carries, so at a thousand jobs a second (four or five events each, from
+# several producers, read by several followers) requests of one or two records would
+# cost more than everything else the services do. A producer waits up to LINGER_MS for
+# more records before it sends. A follower fetches with a plain long poll, which returns
+# on the first new record (IDLE_FETCH_WAIT_MS when nothing comes); while its partitions
+# run faster than BUSY_RECORDS_PER_S (measured over RATE_WINDOW_S) it asks the broker to
+# hold each fetch for up to BUSY_FETCH_WAIT_MS (or until BUSY_FETCH_MIN_BYTES arrived),
+# so one fetch carries many records. An idle follower costs nothing, a quiet log is
+# followed with no added latency, and a busy one adds at most BUSY_FETCH_WAIT_MS a hop.
+LINGER_MS = 1
+IDLE_FETCH_WAIT_MS = 200
+BUSY_FETCH_WAIT_MS = 10
+BUSY_FETCH_MIN_BYTES = 1 << 20
+BUSY_RECORDS_PER_S = 2500
+RATE_WINDOW_S = 0.1
+
+
+def set_fetch_batching(consumer: AIOKafkaConsumer, busy: bool) -> None:
+    """Switch the consumer's fetches between batching (busy) and long polls (idle).
+    aiokafka (0.14, pinned) builds every FetchRequest from these two fetcher attributes
+    and offers no public setter; tests/unit/adapters/test_eventlog_batching.py checks
+    that it still does."""
+    fetcher = consumer._fetcher
+    fetcher._fetch_min_bytes = BUSY_FETCH_MIN_BYTES if busy else 1
+    fetcher._fetch_max_wait_ms = BUSY_FETCH_WAIT_MS if busy else IDLE_FETCH_WAIT_MS
+
+
 class EventPublisher:
-    def __init__(self, bootstrap: str, topics: TopicNames, partitions: int) -> None:
+    def __init__(self, bootstrap: str, topics: TopicNames, partitions: int, linger_ms: int = LINGER_MS) -> None:
         self.topics = topics
         self.partitions = partitions
         self._producer = AIOKafkaProducer(
             bootstrap_servers=bootstrap, acks="all", enable_idempotence=True,
-            linger_ms=1, request_timeout_ms=30_000, retry_backoff_ms=100,
+            linger_ms=linger_ms, request_timeout_ms=30_000, retry_backoff_ms=100,
         )
 
     async def start(self) -> None:
@@ -125,8 +153,12 @@ class LogFollower:
                  on_event: OnEvent | None = None, partitions: list[int] | None = None,
                  group_id: str | None = None, on_assigned: OnPartitions | None = None,
                  on_revoked: OnPartitions | None = None, use_snapshots: bool = False,
-                 snapshots: SnapshotStore | None = None, freeze_restored: bool = False) -> None:
+                 snapshots: SnapshotStore | None = None, freeze_restored: bool = False,
+                 batch_fetches: bool = True) -> None:
         self.topics = topics
+        self.batch_fetches = batch_fetches   # see BUSY_RECORDS_PER_S
+        self.busy = False                    # fetching in batching mode
+        self._window = (0.0, 0)              # (start, records since): the rate that sets ``busy``
         self.name = name
         self.states: dict[int, ClusterState] = {}
         # partition -> offset covered by the snapshot its state was loaded from (-1: none)
@@ -157,7 +189,7 @@ class LogFollower:
         self._consumer = AIOKafkaConsumer(
             bootstrap_servers=self._bootstrap, group_id=self._group_id,
             enable_auto_commit=False, auto_offset_reset="earliest",
-            fetch_max_wait_ms=200, max_partition_fetch_bytes=16 * 1024 * 1024,
+            fetch_max_wait_ms=IDLE_FETCH_WAIT_MS, max_partition_fetch_bytes=16 * 1024 * 1024,
             fetch_max_bytes=64 * 1024 * 1024,
             isolation_level="read_uncommitted", client_id=self.name,
             session_timeout_ms=10_000, heartbeat_interval_ms=1_000,
@@ -285,7 +317,7 @@ class LogFollower:
                 gc.disable()
             try:
                 try:
-                    batches = await consumer.getmany(timeout_ms=500, max_records=self.MAX_RECORDS)
+                    batches = await consumer.getmany(timeout_ms=100, max_records=self.MAX_RECORDS)
                 except asyncio.CancelledError:
                     raise
                 except Exception:
@@ -308,6 +340,23 @@ class LogFollower:
                     gc.enable()
             if applied:
                 self.changed.set()
+            if self.batch_fetches:
+                self._measure_rate(size)
+
+    def _measure_rate(self, records: int) -> None:
+        """Count records per RATE_WINDOW_S; switch fetch batching when the rate crosses
+        BUSY_RECORDS_PER_S."""
+        now = time.monotonic()
+        start, count = self._window
+        count += records
+        if now - start < RATE_WINDOW_S:
+            self._window = (start, count)
+            return
+        busy = count >= BUSY_RECORDS_PER_S * (now - start)
+        self._window = (now, 0)
+        if busy != self.busy:
+            self.busy = busy
+            set_fetch_batching(self._consumer, busy)
 
     async def _fold_all(self, state: ClusterState, records) -> bool:
         """Fold records in order into ``state``; whether any was new. The replay hot path:
