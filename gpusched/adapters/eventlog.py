@@ -85,12 +85,12 @@ def set_fetch_batching(consumer: AIOKafkaConsumer, busy: bool) -> None:
 
 
 class EventPublisher:
-    def __init__(self, bootstrap: str, topics: TopicNames, partitions: int, linger_ms: int = LINGER_MS) -> None:
+    def __init__(self, bootstrap: str, topics: TopicNames, partitions: int) -> None:
         self.topics = topics
         self.partitions = partitions
         self._producer = AIOKafkaProducer(
             bootstrap_servers=bootstrap, acks="all", enable_idempotence=True,
-            linger_ms=linger_ms, request_timeout_ms=30_000, retry_backoff_ms=100,
+            linger_ms=LINGER_MS, request_timeout_ms=30_000, retry_backoff_ms=100,
         )
 
     async def start(self) -> None:
@@ -153,10 +153,8 @@ class LogFollower:
                  on_event: OnEvent | None = None, partitions: list[int] | None = None,
                  group_id: str | None = None, on_assigned: OnPartitions | None = None,
                  on_revoked: OnPartitions | None = None, use_snapshots: bool = False,
-                 snapshots: SnapshotStore | None = None, freeze_restored: bool = False,
-                 batch_fetches: bool = True) -> None:
+                 snapshots: SnapshotStore | None = None, freeze_restored: bool = False) -> None:
         self.topics = topics
-        self.batch_fetches = batch_fetches   # see BUSY_RECORDS_PER_S
         self.busy = False                    # fetching in batching mode
         self._window = (0.0, 0)              # (start, records since): the rate that sets ``busy``
         self.name = name
@@ -317,6 +315,7 @@ class LogFollower:
                 gc.disable()
             try:
                 try:
+                    # short: a quiet spell must end batching within a rate window or so
                     batches = await consumer.getmany(timeout_ms=100, max_records=self.MAX_RECORDS)
                 except asyncio.CancelledError:
                     raise
@@ -340,8 +339,7 @@ class LogFollower:
                     gc.enable()
             if applied:
                 self.changed.set()
-            if self.batch_fetches:
-                self._measure_rate(size)
+            self._measure_rate(size)
 
     def _measure_rate(self, records: int) -> None:
         """Count records per RATE_WINDOW_S; switch fetch batching when the rate crosses
