@@ -29,13 +29,15 @@ class JobPhase(str, Enum):
     FAILED = "failed"
     CANCELLED = "cancelled"
 
-    @property
-    def terminal(self) -> bool:
-        return self in (JobPhase.SUCCEEDED, JobPhase.FAILED, JobPhase.CANCELLED)
+    # Plain attributes of each member, set below. Properties here cost ~0.5 us a call on
+    # Python 3.11: every ``JobPhase.X`` inside them goes through EnumType.__getattr__.
+    terminal: bool
+    holds_gpus: bool
 
-    @property
-    def holds_gpus(self) -> bool:
-        return self in (JobPhase.PLACED, JobPhase.RUNNING, JobPhase.PREEMPTING)
+
+for _phase in JobPhase:
+    _phase.terminal = _phase.value in ("succeeded", "failed", "cancelled")
+    _phase.holds_gpus = _phase.value in ("placed", "running", "preempting")
 
 
 class NodeStatus(str, Enum):
@@ -68,9 +70,10 @@ class WorkerResources:
     @property
     def milli(self) -> int:
         """GPU milli one worker accounts for (whole GPUs count 1000 each)."""
-        if self.is_share:
+        # is_share and is_mig inlined: the reducer asks this for every booking
+        if self.gpu_milli > 0 and self.gpus == 0:
             return self.gpu_milli
-        if self.is_mig:
+        if self.mig_profile:
             profile = parse_profile(self.mig_profile)
             return profile.milli if profile else 0
         return self.gpus * 1000

@@ -14,6 +14,8 @@ from gpusched.core.model import (
     GpuInfo, JobPhase, JobSpec, NodeInfo, NodeStatus, WorkerAssignment,
 )
 
+_READY = NodeStatus.READY   # bound once: EnumType.__getattr__ costs ~0.13 us a lookup on 3.11
+
 
 @dataclass(slots=True)
 class GpuState:
@@ -64,7 +66,7 @@ class NodeState:
 
     @property
     def schedulable(self) -> bool:
-        return self.status is NodeStatus.READY
+        return self.status is _READY
 
     @property
     def free_cpu(self) -> int:
