@@ -249,3 +249,26 @@ def test_decode_matches_reference_decoder(event, data):
 def test_reference_decoder_rejects_bad_records_too(blob):
     with pytest.raises(codec.DecodeError):
         codec.decode_slow(blob)
+
+
+# --- interned values ------------------------------------------------------------------------
+def _placed(slots: tuple[GpuSlot, ...], n: int) -> bytes:
+    return codec.encode(ev.JobPlaced(event_id=f"e{n}", time=1.0, producer="p", job_id=f"j{n}", attempt=0,
+                                     workers=(WorkerAssignment(0, "node-1", slots),), policy="best-fit"), "p")
+
+
+def test_equal_gpu_slots_decode_to_one_shared_object():
+    a = codec.decode(_placed((GpuSlot(3), GpuSlot(4)), 1))[0]
+    b = codec.decode(_placed((GpuSlot(3), GpuSlot(5, 500)), 2))[0]
+    assert a.workers[0].gpus[0] is b.workers[0].gpus[0]
+    assert a.workers[0].gpus[1] == GpuSlot(4) and b.workers[0].gpus[1] == GpuSlot(5, 500)
+    assert a.workers[0].gpus[1] is not b.workers[0].gpus[1]
+
+
+def test_the_intern_cache_stays_bounded_and_decoding_stays_right():
+    limit = codec.INTERN_LIMIT
+    for n in range(limit + 50):   # more distinct slots than the cache keeps
+        slot = GpuSlot(n % 64, 1 + n // 64, "", 0)
+        assert codec.decode(_placed((slot,), n))[0].workers[0].gpus == (slot,)
+    build = codec._MSG_BUILDERS[GpuSlot]
+    assert len(build.__globals__["_cache"]) <= limit
