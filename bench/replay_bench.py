@@ -313,7 +313,8 @@ async def delete_topics(bootstrap: str, topics: TopicNames) -> None:
 async def full_replay(bootstrap: str, topics: TopicNames, partition: int) -> tuple[float, ClusterState]:
     publisher = EventPublisher(bootstrap, topics, PARTITIONS)
     await publisher.start()
-    follower = LogFollower(bootstrap, topics, "bench-replay", DeadLetters(publisher, "bench"), partitions=[partition])
+    follower = LogFollower(bootstrap, topics, "bench-replay", DeadLetters(publisher, "bench"), partitions=[partition],
+                           freeze_state=True)   # as the services run it
     try:
         t0 = time.perf_counter()
         await follower.start()
@@ -345,7 +346,7 @@ async def resume_child(bootstrap: str, prefix: str, partition: int, use_snapshot
                            group_id=f"{prefix}placer-{secrets.token_hex(3)}",
                            on_event=lambda *a: folds.append(time.time()),
                            on_assigned=lambda parts: assigned_at.append(time.time()),
-                           use_snapshots=use_snapshots, freeze_restored=True)   # as services/placer/main.py
+                           use_snapshots=use_snapshots, freeze_state=True)   # as services/placer/main.py
     begun: list[float] = []
     begin = follower._begin
 

@@ -39,7 +39,7 @@ async def run(args: argparse.Namespace) -> None:
         settings.bootstrap, settings.topics, me, dead_letters, group_id=f"{settings.topic_prefix}placer",
         on_assigned=lambda parts: holder["loop"].on_assigned(parts),
         on_revoked=revoked,
-        use_snapshots=not args.no_snapshots, snapshots=snapshots, freeze_restored=True,
+        use_snapshots=not args.no_snapshots, snapshots=snapshots, freeze_state=True,
     )
     writer = holder["snapshots"] = SnapshotWriter(follower, snapshots, args.snapshot_every_events,
                                                   args.snapshot_every_s)
