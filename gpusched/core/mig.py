@@ -54,10 +54,21 @@ def free_starts(used_mask: int, profile: MigProfile) -> list[int]:
     return [s for s in profile.starts if not used_mask & profile.mask(s)]
 
 
-def largest_placeable(used_mask: int) -> int:
-    """Compute slices of the largest profile that still fits: a fragmentation measure."""
+def _largest_placeable(used_mask: int) -> int:
     best = 0
     for p in PROFILES.values():
         if p.compute > best and free_starts(used_mask, p):
             best = p.compute
     return best
+
+
+# Every mask of the 8 slices, computed once: MIG placement asks this for every free start
+# of every GPU of every node it looks at.
+_LARGEST = tuple(_largest_placeable(mask) for mask in range(FULL_MASK + 1))
+
+
+def largest_placeable(used_mask: int) -> int:
+    """Compute slices of the largest profile that still fits: a fragmentation measure."""
+    if 0 <= used_mask <= FULL_MASK:
+        return _LARGEST[used_mask]
+    return _largest_placeable(used_mask)

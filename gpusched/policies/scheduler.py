@@ -77,7 +77,11 @@ class Scheduler:
                     if job.job_id in nominated:
                         run.offer(job)
                         continue
-                    waiting = {n for j, nodes in nominated.items() if j not in run.decisions for n in nodes}
+                    waiting = {n for j, nodes in nominated.items() if j not in run.decisions for n in nodes} \
+                        if nominated else None
+                    if not waiting:   # no node to keep for a nominee: nothing to hold (the common case)
+                        run.offer(job)
+                        continue
                     with hold_nominated_nodes(state, waiting):
                         run.offer(job)
             finally:

@@ -40,3 +40,48 @@ def test_mig_start_keeps_the_largest_profile():
     with tentative(state) as booking:
         placed = place_gang(state, state.jobs["job"], PLACEMENTS["best-fit"], booking)
     assert placed[0].gpus[0].mig_start == 6
+
+
+# --- the fast paths agree with the plain definitions ------------------------------------
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+from gpusched.core.mig import FULL_MASK, PROFILES, _largest_placeable, largest_placeable  # noqa: E402
+from gpusched.core.model import GpuSlot  # noqa: E402
+from gpusched.core.state import GpuState, NodeState  # noqa: E402
+from gpusched.policies.gpu_fit import pick_mig  # noqa: E402
+from tests.unit.core.builders import make_node  # noqa: E402
+
+
+def test_largest_placeable_table_matches_the_profiles():
+    for mask in range(FULL_MASK + 1):
+        assert largest_placeable(mask) == _largest_placeable(mask), bin(mask)
+    assert largest_placeable(0) == 7 and largest_placeable(FULL_MASK) == 0
+    assert largest_placeable(0b1) == 3     # slice 0 taken: a 4g (start 0 only) is gone, a 3g at 4 fits
+
+
+def _pick_mig_reference(node: NodeState, profile_name: str):
+    """pick_mig as first written: every GPU, every start, no shortcuts."""
+    profile = PROFILES[profile_name]
+    best = None
+    for g in node.gpus:
+        for start in profile.starts:
+            if g.fits_mig(profile, start):
+                left = _largest_placeable(g.mig_mask | profile.mask(start))
+                key = (g.mig_mask == 0, -left, g.info.index, start)
+                if best is None or key < best[0]:
+                    best = (key, GpuSlot(g.info.index, profile.milli, profile_name, start))
+    return (best[1],) if best else None
+
+
+gpu_states = st.tuples(st.sampled_from([0, 0, 250, 1000]), st.booleans(), st.integers(0, FULL_MASK))
+
+
+@settings(max_examples=300, deadline=None)
+@given(gpus=st.lists(gpu_states, min_size=1, max_size=8), profile=st.sampled_from(sorted(PROFILES)),
+       model=st.sampled_from(["A100-80GB", "H100-80GB", "L40S-48GB"]))
+def test_pick_mig_matches_the_reference(gpus, profile, model):
+    info = make_node("n", gpus=len(gpus), model=model)
+    node = NodeState(info=info, gpus=[
+        GpuState(g, healthy=healthy, used_milli=used, mig_mask=0 if used else mask)
+        for g, (used, healthy, mask) in zip(info.gpus, gpus)])
+    assert pick_mig(node, make_spec(mig=profile).resources) == _pick_mig_reference(node, profile)
