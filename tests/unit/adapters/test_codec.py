@@ -238,7 +238,9 @@ def test_decode_matches_reference_decoder(event, data):
     if data.draw(st.booleans()) and blob:
         blob[data.draw(st.integers(0, len(blob) - 1))] ^= data.draw(st.integers(1, 255))
     fast, slow = _outcome(codec.decode, bytes(blob)), _outcome(codec.decode_slow, bytes(blob))
-    assert fast == slow
+    # compared by repr too: a flipped bit can make a float NaN, and NaN != NaN
+    assert fast == slow or (fast != "DecodeError" and slow != "DecodeError"
+                            and (repr(fast[0]), fast[1]) == (repr(slow[0]), slow[1]))
     if fast != "DecodeError":
         assert [type(getattr(fast[0], f.name)) for f in dataclasses.fields(fast[0])] == \
             [type(getattr(slow[0], f.name)) for f in dataclasses.fields(slow[0])]
