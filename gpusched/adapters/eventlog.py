@@ -166,7 +166,8 @@ class LogFollower:
         self.snapshot_offsets: dict[int, int] = {}
         self.use_snapshots = use_snapshots
         # gc.freeze() after restoring a snapshot (see state_from_snapshot) and after each
-        # replay batch: for services, whose state lives as long as the process
+        # replay batch while a partition rebuilds: for services, whose state lives as
+        # long as the process
         self.freeze_state = freeze_state
         # Partitions rebuilding their state (from 0 or a snapshot) that have not yet
         # reached the end of the log: the only time ``freeze_state`` freezes. Freezing

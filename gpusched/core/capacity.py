@@ -16,10 +16,8 @@ from __future__ import annotations
 from collections import defaultdict
 
 from gpusched.core.mig import parse_profile
-from gpusched.core.model import GpuSlot, JobSpec, NodeStatus, WorkerAssignment, WorkerResources
+from gpusched.core.model import GpuSlot, JobSpec, WorkerAssignment, WorkerResources
 from gpusched.core.state import ClusterState, GpuState, JobState, NodeState
-
-_READY = NodeStatus.READY   # bound once: EnumType.__getattr__ costs ~0.13 us a lookup on 3.11
 
 
 def check_placement(state: ClusterState, job: JobState, workers: tuple[WorkerAssignment, ...]) -> str:
@@ -44,7 +42,7 @@ def _numbered(workers: tuple[WorkerAssignment, ...], count: int) -> bool:
 def _unusable(node: NodeState | None, name: str, pool: str) -> str:
     if node is None:
         return f"unknown node {name}"
-    if node.status is not _READY:
+    if not node.schedulable:   # status READY
         return f"node {name} is {node.status.value}"
     if node.info.pool != pool:
         return f"node {name} is not in pool {pool}"
@@ -66,15 +64,7 @@ def _check_one(state: ClusterState, spec: JobSpec, w: WorkerAssignment) -> str:
     info = node.info
     if res.cpu_milli > info.cpu_milli - node.used_cpu or res.memory_mib > info.memory_mib - node.used_mem:
         return f"node {w.node} lacks CPU or memory"
-    for slot in w.gpus:
-        gpu = gpus[slot.index]
-        if slot.mig_profile:
-            mask = parse_profile(slot.mig_profile).mask(slot.mig_start)
-            if gpu.used_milli or gpu.mig_mask & mask or not gpu.healthy or not gpu.info.mig_capable:
-                return f"GPU {w.node}/{slot.index} lacks the MIG slices"
-        elif gpu.mig_mask or gpu.used_milli + slot.milli > 1000 or not gpu.healthy:
-            return f"GPU {w.node}/{slot.index} lacks {slot.milli} milli"
-    return ""
+    return _slots_lack(w, gpus)
 
 
 def _check_on_distinct_nodes(state: ClusterState, spec: JobSpec, workers: tuple[WorkerAssignment, ...]) -> str:
@@ -94,16 +84,24 @@ def _check_on_distinct_nodes(state: ClusterState, spec: JobSpec, workers: tuple[
     for w, node in zip(workers, nodes):
         if res.cpu_milli > node.free_cpu or res.memory_mib > node.free_mem:
             return f"node {w.node} lacks CPU or memory"
-    # _check_slots passed, so every slot is of the job's kind: MIG slices or GPU milli.
     for w, node in zip(workers, nodes):
-        for slot in w.gpus:
-            gpu = node.gpus[slot.index]
-            if slot.mig_profile:
-                mask = parse_profile(slot.mig_profile).mask(slot.mig_start)
-                if gpu.used_milli or gpu.mig_mask & mask or not gpu.healthy or not gpu.info.mig_capable:
-                    return f"GPU {w.node}/{slot.index} lacks the MIG slices"
-            elif gpu.mig_mask or gpu.used_milli + slot.milli > 1000 or not gpu.healthy:
-                return f"GPU {w.node}/{slot.index} lacks {slot.milli} milli"
+        problem = _slots_lack(w, node.gpus)
+        if problem:
+            return problem
+    return ""
+
+
+def _slots_lack(w: WorkerAssignment, gpus: list[GpuState]) -> str:
+    """Which of the worker's slots its GPUs no longer have room for, or ''. Only after
+    _check_slots passed, so every slot is of the job's kind: MIG slices or GPU milli."""
+    for slot in w.gpus:
+        gpu = gpus[slot.index]
+        if slot.mig_profile:
+            mask = parse_profile(slot.mig_profile).mask(slot.mig_start)
+            if gpu.used_milli or gpu.mig_mask & mask or not gpu.healthy or not gpu.info.mig_capable:
+                return f"GPU {w.node}/{slot.index} lacks the MIG slices"
+        elif gpu.mig_mask or gpu.used_milli + slot.milli > 1000 or not gpu.healthy:
+            return f"GPU {w.node}/{slot.index} lacks {slot.milli} milli"
     return ""
 
 
