@@ -34,6 +34,10 @@ class GpuState:
     def fits_share(self, milli: int) -> bool:
         return self.healthy and self.mig_mask == 0 and self.used_milli + milli <= 1000
 
+    def takes_mig(self) -> bool:
+        """Whether some MIG slice may still go here: what ``fits_mig`` needs at any start."""
+        return self.healthy and self.info.mig_capable and self.used_milli == 0 and self.mig_mask != FULL_MASK
+
     def fits_mig(self, profile: MigProfile, start: int) -> bool:
         return (
             self.healthy and self.info.mig_capable and self.used_milli == 0

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Mapping, Protocol
 
-from gpusched.core.mig import FULL_MASK, largest_placeable, parse_profile
+from gpusched.core.mig import largest_placeable, parse_profile
 from gpusched.core.model import GpuSlot, WorkerResources
 from gpusched.core.state import NodeState, Usage
 
@@ -49,8 +49,8 @@ def pick_mig(node: NodeState, res: WorkerResources) -> tuple[GpuSlot, ...] | Non
     profile = parse_profile(res.mig_profile)
     best = None
     for g in node.gpus:
-        if g.used_milli or not g.healthy or not g.info.mig_capable or g.mig_mask == FULL_MASK:
-            continue   # what fits_mig would refuse at every start, checked once per GPU
+        if not g.takes_mig():
+            continue   # refused at every start: skip the per-start checks
         for start in profile.starts:
             if g.fits_mig(profile, start):
                 left = largest_placeable(g.mig_mask | profile.mask(start))
