@@ -148,8 +148,9 @@ async def main(args: argparse.Namespace) -> None:
             per_job = "  ".join(f"{name} {1000 * c / args.burst:.2f}" for name, c in used.items())
             print(f"  round {r + 1}: {rate:,.0f} submissions/s (all ended after {ended:.1f}s); "
                   f"CPU ms/job: {per_job}; total {1000 * sum(used.values()) / args.burst:.2f}")
-        print(f"throughput: median {statistics.median(rates):,.0f} submissions/s "
-              f"(min {min(rates):,.0f}, max {max(rates):,.0f})")
+        if rates:   # --rounds 0: the latency test alone
+            print(f"throughput: median {statistics.median(rates):,.0f} submissions/s "
+                  f"(min {min(rates):,.0f}, max {max(rates):,.0f})")
         to_placed, to_running = await latency(client, args.rate, args.seconds)
         n = int(args.rate * args.seconds)
         print(f"latency at {args.rate:.0f} jobs/s for {args.seconds:.0f}s ({n} jobs, {len(to_running)} ran):")

@@ -69,11 +69,16 @@ class Position:
 # hold each fetch for up to BUSY_FETCH_WAIT_MS (or until BUSY_FETCH_MIN_BYTES arrived),
 # so one fetch carries many records. An idle follower costs nothing, a quiet log is
 # followed with no added latency, and a busy one adds at most BUSY_FETCH_WAIT_MS a hop.
+# Why batching starts as low as 400 records/s: at 200 jobs/s a pool's partition carries
+# ~900 records/s, and fetched one by one they cost each follower 25-33 % of a core; on
+# the 2-core bench host the five processes then saturated it, and submit->placed p99
+# went to 0.1-2 s (bench/submit_bench.py --rounds 0). Batched (about five records a
+# fetch) the same load gives p99 35-60 ms, p50 ~20 ms.
 LINGER_MS = 1
 IDLE_FETCH_WAIT_MS = 200
-BUSY_FETCH_WAIT_MS = 10
+BUSY_FETCH_WAIT_MS = 5
 BUSY_FETCH_MIN_BYTES = 1 << 20
-BUSY_RECORDS_PER_S = 2500
+BUSY_RECORDS_PER_S = 400
 RATE_WINDOW_S = 0.1
 
 
