@@ -59,37 +59,74 @@ class Position:
     offset: int
 
 
-# Batching. Every Kafka request costs ~0.2-0.7 ms of CPU in aiokafka and the broker
-# whatever it carries, so at a thousand jobs a second (four or five events each, from
-# several producers, read by several followers) requests of one or two records would
-# cost more than everything else the services do. A producer waits up to LINGER_MS for
-# more records before it sends. A follower fetches with a plain long poll, which returns
-# on the first new record (IDLE_FETCH_WAIT_MS when nothing comes); while its partitions
-# run faster than BUSY_RECORDS_PER_S (measured over RATE_WINDOW_S) it asks the broker to
-# hold each fetch for up to BUSY_FETCH_WAIT_MS (or until BUSY_FETCH_MIN_BYTES arrived),
-# so one fetch carries many records. An idle follower costs nothing, a quiet log is
-# followed with no added latency, and a busy one adds at most BUSY_FETCH_WAIT_MS a hop.
-# Why batching starts as low as 400 records/s: at 200 jobs/s a pool's partition carries
-# ~900 records/s, and fetched one by one they cost each follower 25-33 % of a core; on
-# the 2-core bench host the five processes then saturated it, and submit->placed p99
-# went to 0.1-2 s (bench/submit_bench.py --rounds 0). Batched (about five records a
-# fetch) the same load gives p99 35-60 ms, p50 ~20 ms.
+# Batching. Every Kafka request costs ~0.2-0.7 ms of CPU in aiokafka, the kernel's
+# loopback path and the broker whatever it carries, so at a thousand jobs a second (four
+# or five events each, from several producers, read by several followers) requests of
+# one or two records would cost more than everything else the services do. A producer
+# waits up to LINGER_MS for more records before it sends. A follower picks its fetch
+# mode from its partitions' record rate (measured over RATE_WINDOW_S): a quiet log gets
+# a plain long poll that returns on the first new record; a busier one asks the broker to
+# hold each fetch for up to ``max_wait_ms`` (or until ``min_bytes`` arrived), so one
+# fetch carries many records, at the price of at most that wait per hop.
+# The steps, measured with bench/submit_bench.py on the 2-core bench host:
+# - from 400 records/s: at 200 jobs/s a pool's partition carries ~900 records/s; fetched
+#   one by one they cost each follower 25-33 % of a core, the five processes saturated
+#   the host and submit->placed p99 went to 0.1-2 s. Held 5 ms (about five records a
+#   fetch): p99 35-60 ms, p50 ~20 ms (10 ms: p99 60-83 ms, p50 ~32 ms).
+# - from 3,000 records/s (a burst of ~650+ jobs/s): held 20 ms, a node-agent's CPU per
+#   job fell from 0.32-0.46 to 0.23-0.27 ms against 5 ms; latency matters less than
+#   throughput at that rate.
+@dataclass(frozen=True, slots=True)
+class FetchMode:
+    from_records_per_s: float
+    min_bytes: int
+    max_wait_ms: int
+    # windows in a row the rate must call for this mode (or busier) before it is taken:
+    # a stalled follower fetches its backlog in one go, which reads as a burst, and the
+    # longer wait would then feed the stall that caused it
+    sustained_windows: int = 1
+
+
+FETCH_MODES = (
+    FetchMode(0, 1, 200),              # long poll
+    FetchMode(400, 1 << 20, 5),
+    FetchMode(3_000, 1 << 20, 20, sustained_windows=3),
+)
 LINGER_MS = 1
-IDLE_FETCH_WAIT_MS = 200
-BUSY_FETCH_WAIT_MS = 5
-BUSY_FETCH_MIN_BYTES = 1 << 20
-BUSY_RECORDS_PER_S = 400
+IDLE_FETCH_WAIT_MS = FETCH_MODES[0].max_wait_ms
 RATE_WINDOW_S = 0.1
 
 
-def set_fetch_batching(consumer: AIOKafkaConsumer, busy: bool) -> None:
-    """Switch the consumer's fetches between batching (busy) and long polls (idle).
-    aiokafka (0.14, pinned) builds every FetchRequest from these two fetcher attributes
+def fetch_mode_for(records_per_s: float) -> FetchMode:
+    """The busiest mode whose threshold the rate reaches."""
+    mode = FETCH_MODES[0]
+    for candidate in FETCH_MODES[1:]:
+        if records_per_s >= candidate.from_records_per_s:
+            mode = candidate
+    return mode
+
+
+def next_fetch_mode(current: FetchMode, records_per_s: float, streak: int) -> tuple[FetchMode, int]:
+    """The mode after a window at this rate, and the new count of windows in a row that
+    asked for a busier mode than the current one. Quieter: at once; busier: only as
+    busy as the streak allows."""
+    wanted = fetch_mode_for(records_per_s)
+    if wanted.from_records_per_s <= current.from_records_per_s:
+        return wanted, 0
+    streak += 1
+    allowed = [m for m in FETCH_MODES
+               if m.from_records_per_s <= records_per_s and m.sustained_windows <= streak]
+    mode = max(allowed + [current], key=lambda m: m.from_records_per_s)
+    return mode, (0 if mode == wanted else streak)
+
+
+def set_fetch_mode(consumer: AIOKafkaConsumer, mode: FetchMode) -> None:
+    """aiokafka (0.14, pinned) builds every FetchRequest from these two fetcher attributes
     and offers no public setter; tests/unit/adapters/test_eventlog_batching.py checks
     that it still does."""
     fetcher = consumer._fetcher
-    fetcher._fetch_min_bytes = BUSY_FETCH_MIN_BYTES if busy else 1
-    fetcher._fetch_max_wait_ms = BUSY_FETCH_WAIT_MS if busy else IDLE_FETCH_WAIT_MS
+    fetcher._fetch_min_bytes = mode.min_bytes
+    fetcher._fetch_max_wait_ms = mode.max_wait_ms
 
 
 class EventPublisher:
@@ -163,8 +200,9 @@ class LogFollower:
                  on_revoked: OnPartitions | None = None, use_snapshots: bool = False,
                  snapshots: SnapshotStore | None = None, freeze_state: bool = False) -> None:
         self.topics = topics
-        self.busy = False                    # fetching in batching mode
-        self._window = (0.0, 0)              # (start, records since): the rate that sets ``busy``
+        self.fetch_mode = FETCH_MODES[0]
+        self._busier_streak = 0              # see next_fetch_mode
+        self._window = (0.0, 0)              # (start, records since): the rate that sets ``fetch_mode``
         self.name = name
         self.states: dict[int, ClusterState] = {}
         # partition -> offset covered by the snapshot its state was loaded from (-1: none)
@@ -371,19 +409,19 @@ class LogFollower:
             self._measure_rate(size)
 
     def _measure_rate(self, records: int) -> None:
-        """Count records per RATE_WINDOW_S; switch fetch batching when the rate crosses
-        BUSY_RECORDS_PER_S."""
+        """Count records per RATE_WINDOW_S; at the end of each window, switch the fetch
+        mode if the rate calls for another one."""
         now = time.monotonic()
         start, count = self._window
         count += records
         if now - start < RATE_WINDOW_S:
             self._window = (start, count)
             return
-        busy = count >= BUSY_RECORDS_PER_S * (now - start)
+        mode, self._busier_streak = next_fetch_mode(self.fetch_mode, count / (now - start), self._busier_streak)
         self._window = (now, 0)
-        if busy != self.busy:
-            self.busy = busy
-            set_fetch_batching(self._consumer, busy)
+        if mode != self.fetch_mode:
+            self.fetch_mode = mode
+            set_fetch_mode(self._consumer, mode)
 
     async def _fold_all(self, state: ClusterState, records) -> bool:
         """Fold records in order into ``state``; whether any was new. The replay hot path:

@@ -6,11 +6,15 @@ import inspect
 
 from aiokafka.consumer.fetcher import Fetcher
 
+import pytest
+
 from gpusched.adapters import eventlog
 from gpusched.adapters.eventlog import (
-    BUSY_FETCH_MIN_BYTES, BUSY_FETCH_WAIT_MS, BUSY_RECORDS_PER_S, IDLE_FETCH_WAIT_MS, RATE_WINDOW_S,
-    LogFollower, set_fetch_batching,
+    FETCH_MODES, IDLE_FETCH_WAIT_MS, RATE_WINDOW_S, FetchMode, LogFollower, fetch_mode_for, next_fetch_mode,
+    set_fetch_mode,
 )
+
+LONG_POLL, BUSY, BURST = FETCH_MODES
 
 
 class _Fetcher:
@@ -31,13 +35,61 @@ def test_aiokafka_builds_fetch_requests_from_the_attributes_we_set():
     assert "self._fetch_max_wait_ms = fetch_max_wait_ms" in init
 
 
-def test_set_fetch_batching_switches_both_ways():
+def test_modes_hold_fetches_longer_as_the_rate_grows():
+    assert LONG_POLL == FetchMode(0, 1, IDLE_FETCH_WAIT_MS)   # returns on the first record
+    thresholds = [m.from_records_per_s for m in FETCH_MODES]
+    waits = [m.max_wait_ms for m in FETCH_MODES[1:]]
+    assert thresholds == sorted(thresholds) and waits == sorted(waits)
+    assert all(m.min_bytes > 1 for m in FETCH_MODES[1:])
+
+
+@pytest.mark.parametrize("rate, expected", [
+    (0, LONG_POLL),
+    (BUSY.from_records_per_s - 1, LONG_POLL),
+    (BUSY.from_records_per_s, BUSY),
+    (900, BUSY),                                  # ~200 jobs/s on one pool
+    (BURST.from_records_per_s - 1, BUSY),
+    (BURST.from_records_per_s, BURST),
+    (50_000, BURST),
+])
+def test_fetch_mode_for_rate(rate, expected):
+    assert fetch_mode_for(rate) == expected
+
+
+@pytest.mark.parametrize("current, rate, streak, expected", [
+    # quieter: at once, streak cleared
+    (BURST, 10, 0, (LONG_POLL, 0)),
+    (BURST, 900, 2, (BUSY, 0)),
+    (BUSY, 10, 1, (LONG_POLL, 0)),
+    (BUSY, 900, 0, (BUSY, 0)),
+    # busier, one window is enough for BUSY
+    (LONG_POLL, 900, 0, (BUSY, 0)),
+    # a burst-rate window: BUSY first, BURST only after BURST.sustained_windows in a row
+    (LONG_POLL, 5_000, 0, (BUSY, 1)),
+    (BUSY, 5_000, 1, (BUSY, 2)),
+    (BUSY, 5_000, 2, (BURST, 0)),
+    (BURST, 5_000, 0, (BURST, 0)),
+])
+def test_next_fetch_mode(current, rate, streak, expected):
+    assert BURST.sustained_windows == 3
+    assert next_fetch_mode(current, rate, streak) == expected
+
+
+def test_one_backlog_window_does_not_reach_the_burst_mode(monkeypatch):
+    clock = [100.0]
+    monkeypatch.setattr(eventlog.time, "monotonic", lambda: clock[0])
+    follower = _follower(clock)
+    for rate in (900, 900, 6_000, 900, 900, 6_000, 900):   # a stall's backlog now and then
+        _run_window(follower, clock, rate)
+        assert follower.fetch_mode == BUSY, rate
+
+
+def test_set_fetch_mode_sets_both_attributes():
     consumer = _Consumer()
-    set_fetch_batching(consumer, True)
-    assert (consumer._fetcher._fetch_min_bytes, consumer._fetcher._fetch_max_wait_ms) == \
-        (BUSY_FETCH_MIN_BYTES, BUSY_FETCH_WAIT_MS)
-    set_fetch_batching(consumer, False)
-    assert (consumer._fetcher._fetch_min_bytes, consumer._fetcher._fetch_max_wait_ms) == (1, IDLE_FETCH_WAIT_MS)
+    for mode in (BURST, LONG_POLL, BUSY):
+        set_fetch_mode(consumer, mode)
+        assert (consumer._fetcher._fetch_min_bytes, consumer._fetcher._fetch_max_wait_ms) == \
+            (mode.min_bytes, mode.max_wait_ms)
 
 
 def _follower(clock: list[float]) -> LogFollower:
@@ -47,23 +99,26 @@ def _follower(clock: list[float]) -> LogFollower:
     return follower
 
 
-def test_rate_above_the_threshold_turns_batching_on_and_a_quiet_window_turns_it_off(monkeypatch):
-    clock = [100.0]
-    monkeypatch.setattr(eventlog.time, "monotonic", lambda: clock[0])
-    follower = _follower(clock)
-    # a window's worth of records at twice the threshold rate, in small batches
-    per_batch = int(2 * BUSY_RECORDS_PER_S * RATE_WINDOW_S / 10)
+def _run_window(follower: LogFollower, clock: list[float], records_per_s: float) -> None:
+    """A window and a bit of fetches at this rate, in ten small batches."""
+    per_batch = int(records_per_s * RATE_WINDOW_S / 10)
     for _ in range(11):
         clock[0] += RATE_WINDOW_S / 10
         follower._measure_rate(per_batch)
-    assert follower.busy
-    assert follower._consumer._fetcher._fetch_max_wait_ms == BUSY_FETCH_WAIT_MS
-    # then a slow trickle: below the threshold over the next window
-    for _ in range(11):
-        clock[0] += RATE_WINDOW_S / 10
-        follower._measure_rate(1)
-    assert not follower.busy
-    assert follower._consumer._fetcher._fetch_max_wait_ms == IDLE_FETCH_WAIT_MS
+
+
+def test_the_mode_follows_the_rate_up_and_back_down(monkeypatch):
+    clock = [100.0]
+    monkeypatch.setattr(eventlog.time, "monotonic", lambda: clock[0])
+    follower = _follower(clock)
+    burst = [(2 * BURST.from_records_per_s, BUSY)] * (BURST.sustained_windows - 1) + \
+        [(2 * BURST.from_records_per_s, BURST)]
+    for rate, expected in [(2 * BUSY.from_records_per_s, BUSY), *burst,
+                           (2 * BUSY.from_records_per_s, BUSY), (10, LONG_POLL)]:
+        _run_window(follower, clock, rate)
+        assert follower.fetch_mode == expected, rate
+        assert follower._consumer._fetcher._fetch_max_wait_ms == expected.max_wait_ms
+        assert follower._consumer._fetcher._fetch_min_bytes == expected.min_bytes
 
 
 def test_a_slow_log_never_batches(monkeypatch):
@@ -72,6 +127,6 @@ def test_a_slow_log_never_batches(monkeypatch):
     follower = _follower(clock)
     for _ in range(100):
         clock[0] += 0.01
-        follower._measure_rate(int(BUSY_RECORDS_PER_S * 0.01 / 2))
-    assert not follower.busy
+        follower._measure_rate(int(BUSY.from_records_per_s * 0.01 / 2))
+    assert follower.fetch_mode == LONG_POLL
     assert follower._consumer._fetcher._fetch_min_bytes == 1
