@@ -7,6 +7,7 @@ import signal
 import uuid
 
 from gpusched.adapters.eventlog import DeadLetters, EventPublisher
+from gpusched.adapters.gc_pacing import pace_gc
 from gpusched.adapters.kafka_admin import ensure_topics, wait_for_broker
 from gpusched.config import KafkaSettings
 
@@ -16,6 +17,7 @@ def instance_id(service: str) -> str:
 
 
 async def connect(settings: KafkaSettings, instance: str) -> tuple[EventPublisher, DeadLetters]:
+    pace_gc()   # a service lives long and its state grows: see gc_pacing
     await wait_for_broker(settings.bootstrap, 120)
     await ensure_topics(settings.bootstrap, settings.topics, settings.partitions)
     publisher = EventPublisher(settings.bootstrap, settings.topics, settings.partitions)
