@@ -49,6 +49,7 @@ from gpusched.core.digest import digest  # noqa: E402
 from gpusched.core.mig import PROFILES  # noqa: E402
 from gpusched.core.model import GpuInfo, GpuSlot, JobKind, JobSpec, NodeInfo, WorkerAssignment, WorkerResources  # noqa: E402
 from gpusched.core.reducer import apply  # noqa: E402
+from gpusched.adapters.forked_snapshot import CAN_FORK, snapshot_bytes_forked  # noqa: E402
 from gpusched.core.snapshot import capture, encode_captured, state_from_snapshot  # noqa: E402
 from gpusched.core.state import ClusterState  # noqa: E402
 
@@ -443,10 +444,17 @@ async def main(args: argparse.Namespace) -> None:
             assert digest(restored) == expected
             del restored
             gc.collect()
+            t0 = time.perf_counter()
+            forked, t_fork = await snapshot_bytes_forked(st) if CAN_FORK else (blob, float("nan"))
+            t_child = time.perf_counter() - t0 - t_fork
+            assert forked == blob
+            del forked
             print(f"snapshot of the end state ({len(st.jobs):,} jobs): {len(blob) / 2**20:.1f} MiB; "
                   f"copy on the loop (capture) {t_cap * 1000:.0f} ms wall / {c_cap * 1000:.0f} ms CPU, "
                   f"encode (off the loop) {t_encode * 1000:.0f} / {c_encode * 1000:.0f} ms, "
-                  f"restore {t_restore * 1000:.0f} / {c_restore * 1000:.0f} ms")
+                  f"restore {t_restore * 1000:.0f} / {c_restore * 1000:.0f} ms; "
+                  f"the placer's default, a forked child: loop blocked {t_fork * 1000:.0f} ms (the fork), "
+                  f"child {t_child * 1000:.0f} ms")
             del blob, sim
             gc.collect()
             Path(args.digest_file).write_text(expected) if args.digest_file else None

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import MessageSizeTooLargeError
 
+from gpusched.adapters.forked_snapshot import CAN_FORK, snapshot_bytes_forked
 from gpusched.adapters.kafka_admin import TopicNames
 from gpusched.core.snapshot import capture, encode_captured
 from gpusched.core.state import ClusterState
@@ -190,13 +191,16 @@ class SnapshotWriter:
 
     A partition is snapshotted only when it has caught up with the log as last fetched
     (not mid-replay: a partition catching up would otherwise pay for one snapshot per N
-    events of its own replay) and has moved since the last snapshot. The copy
-    (``capture``) runs on the event loop between two folds, so it sees one log
-    prefix exactly; encoding runs in a worker thread on the copy."""
+    events of its own replay) and has moved since the last snapshot. The state is taken
+    between two folds, so it is one log prefix exactly: by a forked child that encodes
+    its copy-on-write image (``fork``, the default where the OS has it; see
+    forked_snapshot), or by a copy on the event loop (``capture``) encoded in a worker
+    thread."""
 
     def __init__(self, follower, store: SnapshotStore, every_events: int = 50_000,
-                 every_s: float = 60.0, check_s: float = 1.0) -> None:
+                 every_s: float = 60.0, check_s: float = 1.0, fork: bool = CAN_FORK) -> None:
         self.follower = follower
+        self.fork = fork and CAN_FORK
         self.store = store
         self.every_events = every_events
         self.every_s = every_s
@@ -251,24 +255,27 @@ class SnapshotWriter:
         return await self.snapshot(partition, state)
 
     async def snapshot(self, partition: int, state: ClusterState) -> dict:
-        t0 = time.perf_counter()
-        offset = state.offset
-        captured = capture(state)          # synchronous: no fold can interleave
-        copy_s = time.perf_counter() - t0
+        offset, jobs = state.offset, len(state.jobs)
         t1 = time.perf_counter()
-        value = await asyncio.get_running_loop().run_in_executor(None, encode_captured, captured)
-        encode_s = time.perf_counter() - t1
-        del captured
+        if self.fork:
+            value, copy_s = await snapshot_bytes_forked(state)
+        else:
+            captured = capture(state)          # synchronous: no fold can interleave
+            copy_s = time.perf_counter() - t1
+            value = await asyncio.get_running_loop().run_in_executor(None, encode_captured, captured)
+            del captured
+        encode_s = time.perf_counter() - t1 - copy_s
         t2 = time.perf_counter()
         written = await self.store.write(partition, value, offset)
-        stats = {"partition": partition, "offset": offset, "bytes": len(value), "jobs": len(state.jobs),
+        stats = {"partition": partition, "offset": offset, "bytes": len(value), "jobs": jobs,
                  "copy_s": copy_s, "encode_s": encode_s, "write_s": time.perf_counter() - t2,
                  "at": written.offset}
         self._last[partition] = (offset, time.monotonic())
         self.written = (self.written + [stats])[-20:]
-        log.info("snapshot of partition %d at offset %d: %d bytes, %d jobs; loop blocked %.0f ms copying, "
-                 "%.0f ms serialising in a thread, %.0f ms writing", partition, offset, len(value), len(state.jobs),
-                 copy_s * 1000, encode_s * 1000, stats["write_s"] * 1000)
+        log.info("snapshot of partition %d at offset %d: %d bytes, %d jobs; loop blocked %.0f ms %s, "
+                 "%.0f ms serialising in %s, %.0f ms writing", partition, offset, len(value), jobs,
+                 copy_s * 1000, "forking" if self.fork else "copying", encode_s * 1000,
+                 "a child process" if self.fork else "a thread", stats["write_s"] * 1000)
         return stats
 
     async def flush(self, timeout: float = 15.0) -> None:

@@ -42,7 +42,7 @@ async def run(args: argparse.Namespace) -> None:
         use_snapshots=not args.no_snapshots, snapshots=snapshots, freeze_state=True,
     )
     writer = holder["snapshots"] = SnapshotWriter(follower, snapshots, args.snapshot_every_events,
-                                                  args.snapshot_every_s)
+                                                  args.snapshot_every_s, fork=not args.snapshot_in_thread)
     loop = holder["loop"] = PartitionProposer(follower, publisher, PlacementDecider(scheduler, me), me)
     server, port, health = await start_server(args.listen, [], [])
     await follower.start()
@@ -74,6 +74,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="snapshot an owned pool after this many new events (0: never by count)")
     parser.add_argument("--snapshot-every-s", type=float, default=60.0,
                         help="snapshot an owned pool that moved at least this often, seconds (0: never by time)")
+    parser.add_argument("--snapshot-in-thread", action="store_true",
+                        help="copy the state on the event loop and encode it in a thread, instead of "
+                             "encoding it in a forked child (the default where fork exists)")
     parser.add_argument("--no-snapshots", action="store_true",
                         help="rebuild newly owned pools from offset 0 instead of their latest snapshot")
     asyncio.run(run(parser.parse_args(argv)))
