@@ -1,0 +1,139 @@
+"""The node-agent's NVML inventory and health watch, run once on a machine with real GPUs,
+beside the simulated backend they must agree with. Prints a report (and writes it as JSON
+to $OUT/gpu_check.json when $OUT is set).
+
+    PYTHONPATH=. python3 deploy/gpu_check.py [--watch-s 5]
+
+Needs only the NVIDIA driver and nvidia-ml-py (``pynvml``); no Kafka, no gRPC. What it
+runs is the agent's own code: ``nvml_gpus()`` (what a node registers with) and
+``NvmlWatch`` (XID events and ECC counters), as ``gpusched-node-agent`` builds them.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import os
+import platform
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import pynvml  # noqa: E402
+
+from gpusched.adapters.gpu_health import FATAL_XIDS, NvmlWatch, SimulatedNvml  # noqa: E402
+from gpusched.adapters.gpu_inventory import nvml_gpus, simulated_gpus  # noqa: E402
+from gpusched.core.catalog import CATALOG  # noqa: E402
+
+
+def _call(fn, *args):
+    """NVML's answer, or the name of the error it gave (NOT_SUPPORTED in VMs, say)."""
+    try:
+        value = fn(*args)
+    except pynvml.NVMLError as exc:
+        return f"error: {exc}"
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def raw_facts() -> dict:
+    pynvml.nvmlInit()
+    try:
+        facts = {"driver": _call(pynvml.nvmlSystemGetDriverVersion),
+                 "nvml": _call(pynvml.nvmlSystemGetNVMLVersion),
+                 "cuda_driver": _call(pynvml.nvmlSystemGetCudaDriverVersion), "gpus": []}
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            events = _call(pynvml.nvmlDeviceGetSupportedEventTypes, h)
+            facts["gpus"].append({
+                "index": i, "name": _call(pynvml.nvmlDeviceGetName, h), "uuid": _call(pynvml.nvmlDeviceGetUUID, h),
+                "memory_mib": pynvml.nvmlDeviceGetMemoryInfo(h).total // 2**20,
+                "mig_mode_current_pending": _call(pynvml.nvmlDeviceGetMigMode, h),
+                "ecc_mode_current_pending": _call(pynvml.nvmlDeviceGetEccMode, h),
+                "ecc_uncorrected_volatile": _call(pynvml.nvmlDeviceGetTotalEccErrors, h,
+                                                  pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+                                                  pynvml.NVML_VOLATILE_ECC),
+                "xid_events_supported": (bool(events & pynvml.nvmlEventTypeXidCriticalError)
+                                         if isinstance(events, int) else events),
+                "pci_bus_id": _call(lambda d: pynvml.nvmlDeviceGetPciInfo(d).busId, h),
+                "temperature_c": _call(pynvml.nvmlDeviceGetTemperature, h, pynvml.NVML_TEMPERATURE_GPU),
+            })
+        return facts
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def compare_with_simulated(real) -> list[str]:
+    """What a simulated node of the same shape would register differently (empty: none)."""
+    if not real:
+        return ["NVML reports no GPU"]
+    models = {g.model for g in real}
+    if len(models) != 1:
+        return [f"mixed models {sorted(models)}: a simulated node has one"]
+    model = real[0].model
+    if model not in CATALOG:
+        return [f"NVML model {model!r} is not in the catalog: a simulated node cannot be one"]
+    diffs = []
+    for r, s in zip(real, simulated_gpus(f"{len(real)}x{model}", "sim")):
+        for field in ("index", "model", "memory_mib", "mig_capable"):
+            if getattr(r, field) != getattr(s, field):
+                diffs.append(f"GPU {r.index} {field}: NVML {getattr(r, field)!r}, simulated {getattr(s, field)!r}")
+    return diffs
+
+
+async def watch(gpu_count: int, seconds: float) -> dict:
+    """NvmlWatch as the agent runs it, for a while; then it must stop when told."""
+    backend = NvmlWatch(gpu_count, ecc_poll_s=1.0)
+    await backend.start()
+    faults = []
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            faults.append(await asyncio.wait_for(backend.faults.get(), left))
+        except asyncio.TimeoutError:
+            break
+    alive_before = any(t.name == "nvml-watch" for t in threading.enumerate())
+    backend.stop()
+    t0 = time.monotonic()
+    while any(t.name == "nvml-watch" for t in threading.enumerate()) and time.monotonic() - t0 < 5:
+        await asyncio.sleep(0.05)
+    stopped = not any(t.name == "nvml-watch" for t in threading.enumerate())
+    return {"seconds": seconds, "faults": [dataclasses.asdict(f) for f in faults],
+            "thread_ran": alive_before, "stopped_within_s": round(time.monotonic() - t0, 2) if stopped else None}
+
+
+async def simulated_fault_shape() -> dict:
+    """What the simulated backend delivers for an injected XID 79, the record the agent
+    turns into GpuHealthChanged (the real watch emits GpuFault(index, 'XID 79', 79))."""
+    sim = SimulatedNvml()
+    sim.inject(0, 79, ecc=False)
+    fault = await sim.faults.get()
+    return {**dataclasses.asdict(fault), "fatal": fault.xid in FATAL_XIDS}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--watch-s", type=float, default=5.0)
+    args = parser.parse_args()
+    report = {"host": platform.node(), "python": sys.version.split()[0], "kernel": platform.release(),
+              "pynvml": getattr(pynvml, "__version__", "?"), "nvml": raw_facts()}
+    inventory = nvml_gpus()
+    report["inventory"] = [dataclasses.asdict(g) for g in inventory]
+    report["simulated_differs"] = compare_with_simulated(inventory)
+    report["watch"] = asyncio.run(watch(len(inventory), args.watch_s))
+    report["simulated_fault"] = asyncio.run(simulated_fault_shape())
+    text = json.dumps(report, indent=2, default=str)
+    print(text)
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"], "gpu_check.json").write_text(text)
+    ok = inventory and not report["simulated_differs"] and report["watch"]["thread_ran"] \
+        and report["watch"]["stopped_within_s"] is not None
+    print("gpu_check:", "OK" if ok else "MISMATCH OR FAILURE")
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
