@@ -2,17 +2,21 @@
 beside the simulated backend they must agree with. Prints a report (and writes it as JSON
 to $OUT/gpu_check.json when $OUT is set).
 
-    PYTHONPATH=. python3 deploy/gpu_check.py [--watch-s 5]
+    PYTHONPATH=. python3 deploy/gpu_check.py [--watch-s 5] [--workload]
 
 Needs only the NVIDIA driver and nvidia-ml-py (``pynvml``); no Kafka, no gRPC. What it
 runs is the agent's own code: ``nvml_gpus()`` (what a node registers with) and
 ``NvmlWatch`` (XID events and ECC counters), as ``gpusched-node-agent`` builds them.
+``--workload`` also runs a real CUDA workload (PyTorch) through the agent's
+``ProcessRun`` on GPU 0: it must see only that GPU, checkpoint, stop gracefully on the
+preemption signal within the grace period, and resume from its checkpoint.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import dataclasses
+import importlib.util
 import json
 import os
 import platform
@@ -28,6 +32,93 @@ import pynvml  # noqa: E402
 from gpusched.adapters.gpu_health import FATAL_XIDS, NvmlWatch, SimulatedNvml  # noqa: E402
 from gpusched.adapters.gpu_inventory import nvml_gpus, simulated_gpus  # noqa: E402
 from gpusched.core.catalog import CATALOG  # noqa: E402
+from gpusched.core.model import GpuSlot  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+
+# A training-like workload: matrix products on the GPU it is given, a checkpoint every
+# half second (the agent's file protocol), a last one on SIGTERM, resume from
+# GPUSCHED_RESUME_FROM.
+WORKLOAD = r"""
+import json, os, signal, sys, time
+import torch
+stop = False
+def on_term(*_):
+    global stop
+    stop = True
+signal.signal(signal.SIGTERM, on_term)
+resume = os.environ.get("GPUSCHED_RESUME_FROM", "")
+done = float(resume.rsplit("@", 1)[1]) if "@" in resume else 0.0
+total = float(sys.argv[1])
+props = torch.cuda.get_device_properties(0)
+with open("gpu.json", "w") as f:   # cwd: the attempt's work folder
+    json.dump({"visible": torch.cuda.device_count(), "name": props.name,
+               "uuid": "GPU-" + str(props.uuid), "resumed_from": done}, f)
+a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+t0, last = time.monotonic(), 0.0
+def checkpoint(progress):
+    with open(os.environ["GPUSCHED_CHECKPOINT_FILE"], "w") as f:
+        f.write(f"ckpt://{os.getpid()}@{progress:.3f} {progress:.3f}")
+while not stop:
+    progress = done + time.monotonic() - t0
+    if progress >= total:
+        checkpoint(total)
+        sys.exit(0)
+    for _ in range(20):
+        a = (a @ a).clamp_(-1, 1)
+    torch.cuda.synchronize()
+    if progress - last >= 0.5:
+        checkpoint(progress)
+        last = progress
+checkpoint(done + time.monotonic() - t0)
+sys.exit(143)
+"""
+
+
+def _runner_module():
+    """services/node-agent/runner.py, without installing the package."""
+    spec = importlib.util.spec_from_file_location("agent_runner", REPO / "services/node-agent/runner.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+async def workload(uuid: str, total_s: float = 6.0, grace_s: float = 10.0) -> dict:
+    """Preempt a real workload mid-run, then resume it from its checkpoint."""
+    import tempfile
+    runner = _runner_module()
+    work = Path(tempfile.mkdtemp(prefix="gpusched-gpucheck-"))
+    (work / "train.py").write_text(WORKLOAD)
+    command = (sys.executable, str(work / "train.py"), str(total_s))
+    seen: list[tuple[str, float]] = []
+
+    async def on_checkpoint(location: str, progress: float) -> None:
+        seen.append((location, progress))
+
+    first = runner.ProcessRun(command, (GpuSlot(0),), [uuid], {}, work / "attempt-0", on_checkpoint)
+    await first.start()
+    waiting = asyncio.create_task(first.wait())
+    # preempt once it runs on the GPU and has checkpointed (importing torch takes seconds)
+    deadline = time.monotonic() + 120
+    while not (len(seen) >= 2 and (work / "attempt-0" / "gpu.json").exists()):
+        if waiting.done() or time.monotonic() > deadline:
+            raise RuntimeError(f"workload did not start: exit {waiting.result() if waiting.done() else '?'}")
+        await asyncio.sleep(0.1)
+    t0 = time.monotonic()
+    await first.stop(grace_s)
+    code = await waiting
+    stopped_s = time.monotonic() - t0
+    checkpoint = seen[-1] if seen else ("", 0.0)
+    second = runner.ProcessRun(command, (GpuSlot(0),), [uuid], {"GPUSCHED_RESUME_FROM": checkpoint[0]},
+                               work / "attempt-1", on_checkpoint)
+    await second.start()
+    code2 = await second.wait()
+    seen_by = [json.loads((work / f"attempt-{i}" / "gpu.json").read_text()) for i in (0, 1)]
+    return {"cuda_visible_devices": first.env["CUDA_VISIBLE_DEVICES"], "workload_saw": seen_by,
+            "attempt0_exit": code, "expected_exit": runner.EXIT_TERMINATED,
+            "stopped_within_s": round(stopped_s, 2), "checkpoints": len(seen),
+            "attempt0_last_checkpoint": checkpoint, "attempt1_exit": code2,
+            "final_progress": seen[-1][1] if seen else None}
 
 
 def _call(fn, *args):
@@ -117,6 +208,7 @@ async def simulated_fault_shape() -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--watch-s", type=float, default=5.0)
+    parser.add_argument("--workload", action="store_true", help="also run a CUDA workload (needs PyTorch)")
     args = parser.parse_args()
     report = {"host": platform.node(), "python": sys.version.split()[0], "kernel": platform.release(),
               "pynvml": getattr(pynvml, "__version__", "?"), "nvml": raw_facts()}
@@ -125,12 +217,20 @@ def main() -> None:
     report["simulated_differs"] = compare_with_simulated(inventory)
     report["watch"] = asyncio.run(watch(len(inventory), args.watch_s))
     report["simulated_fault"] = asyncio.run(simulated_fault_shape())
+    if args.workload:
+        report["workload"] = asyncio.run(workload(inventory[0].uuid))
     text = json.dumps(report, indent=2, default=str)
     print(text)
     if os.environ.get("OUT"):
         Path(os.environ["OUT"], "gpu_check.json").write_text(text)
     ok = inventory and not report["simulated_differs"] and report["watch"]["thread_ran"] \
         and report["watch"]["stopped_within_s"] is not None
+    if args.workload:
+        w = report["workload"]
+        ok = ok and w["attempt0_exit"] == w["expected_exit"] and w["attempt1_exit"] == 0 \
+            and w["checkpoints"] >= 2 and w["final_progress"] is not None and w["final_progress"] >= 6.0 \
+            and all(g["visible"] == 1 and g["uuid"] == inventory[0].uuid for g in w["workload_saw"]) \
+            and w["workload_saw"][1]["resumed_from"] > 0
     print("gpu_check:", "OK" if ok else "MISMATCH OR FAILURE")
     sys.exit(0 if ok else 1)
 
