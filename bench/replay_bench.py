@@ -41,6 +41,7 @@ from aiokafka.admin import AIOKafkaAdminClient  # noqa: E402
 
 from gpusched.adapters import codec  # noqa: E402
 from gpusched.adapters.eventlog import DeadLetters, EventPublisher, LogFollower, partition_for  # noqa: E402
+from gpusched.adapters.forked_snapshot import CAN_FORK, snapshot_bytes_forked  # noqa: E402
 from gpusched.adapters.kafka_admin import TopicNames, ensure_topics, wait_for_broker  # noqa: E402
 from gpusched.adapters.snapshots import SnapshotStore  # noqa: E402
 from gpusched.core import events as ev  # noqa: E402
@@ -49,7 +50,6 @@ from gpusched.core.digest import digest  # noqa: E402
 from gpusched.core.mig import PROFILES  # noqa: E402
 from gpusched.core.model import GpuInfo, GpuSlot, JobKind, JobSpec, NodeInfo, WorkerAssignment, WorkerResources  # noqa: E402
 from gpusched.core.reducer import apply  # noqa: E402
-from gpusched.adapters.forked_snapshot import CAN_FORK, snapshot_bytes_forked  # noqa: E402
 from gpusched.core.snapshot import capture, encode_captured, state_from_snapshot  # noqa: E402
 from gpusched.core.state import ClusterState  # noqa: E402
 

@@ -114,7 +114,7 @@ async def workload(uuid: str, total_s: float = 6.0, grace_s: float = 10.0) -> di
     await second.start()
     code2 = await second.wait()
     seen_by = [json.loads((work / f"attempt-{i}" / "gpu.json").read_text()) for i in (0, 1)]
-    return {"cuda_visible_devices": first.env["CUDA_VISIBLE_DEVICES"], "workload_saw": seen_by,
+    return {"total_s": total_s, "cuda_visible_devices": first.env["CUDA_VISIBLE_DEVICES"], "workload_saw": seen_by,
             "attempt0_exit": code, "expected_exit": runner.EXIT_TERMINATED,
             "stopped_within_s": round(stopped_s, 2), "checkpoints": len(seen),
             "attempt0_last_checkpoint": checkpoint, "attempt1_exit": code2,
@@ -228,7 +228,7 @@ def main() -> None:
     if args.workload:
         w = report["workload"]
         ok = ok and w["attempt0_exit"] == w["expected_exit"] and w["attempt1_exit"] == 0 \
-            and w["checkpoints"] >= 2 and w["final_progress"] is not None and w["final_progress"] >= 6.0 \
+            and w["checkpoints"] >= 2 and w["final_progress"] is not None and w["final_progress"] >= w["total_s"] \
             and all(g["visible"] == 1 and g["uuid"] == inventory[0].uuid for g in w["workload_saw"]) \
             and w["workload_saw"][1]["resumed_from"] > 0
     print("gpu_check:", "OK" if ok else "MISMATCH OR FAILURE")

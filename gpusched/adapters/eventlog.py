@@ -97,11 +97,12 @@ IDLE_FETCH_WAIT_MS = FETCH_MODES[0].max_wait_ms
 RATE_WINDOW_S = 0.1
 
 
-def fetch_mode_for(records_per_s: float) -> FetchMode:
-    """The busiest mode whose threshold the rate reaches."""
+def fetch_mode_for(records_per_s: float, streak: float = float("inf")) -> FetchMode:
+    """The busiest mode whose threshold the rate reaches, among those a streak of that
+    many busy windows has earned (by default: all)."""
     mode = FETCH_MODES[0]
     for candidate in FETCH_MODES[1:]:
-        if records_per_s >= candidate.from_records_per_s:
+        if records_per_s >= candidate.from_records_per_s and candidate.sustained_windows <= streak:
             mode = candidate
     return mode
 
@@ -114,9 +115,7 @@ def next_fetch_mode(current: FetchMode, records_per_s: float, streak: int) -> tu
     if wanted.from_records_per_s <= current.from_records_per_s:
         return wanted, 0
     streak += 1
-    allowed = [m for m in FETCH_MODES
-               if m.from_records_per_s <= records_per_s and m.sustained_windows <= streak]
-    mode = max(allowed + [current], key=lambda m: m.from_records_per_s)
+    mode = max(current, fetch_mode_for(records_per_s, streak), key=lambda m: m.from_records_per_s)
     return mode, (0 if mode == wanted else streak)
 
 

@@ -198,9 +198,9 @@ class SnapshotWriter:
     thread."""
 
     def __init__(self, follower, store: SnapshotStore, every_events: int = 50_000,
-                 every_s: float = 60.0, check_s: float = 1.0, fork: bool = CAN_FORK) -> None:
+                 every_s: float = 60.0, check_s: float = 1.0, fork: bool = True) -> None:
         self.follower = follower
-        self.fork = fork and CAN_FORK
+        self.fork = fork and CAN_FORK           # no os.fork (not POSIX): the thread path
         self.store = store
         self.every_events = every_events
         self.every_s = every_s
