@@ -44,6 +44,7 @@ from gpusched.adapters.eventlog import DeadLetters, EventPublisher, LogFollower,
 from gpusched.adapters.forked_snapshot import CAN_FORK, snapshot_bytes_forked  # noqa: E402
 from gpusched.adapters.kafka_admin import TopicNames, ensure_topics, wait_for_broker  # noqa: E402
 from gpusched.adapters.snapshots import SnapshotStore  # noqa: E402
+from gpusched.config import DEFAULT_JOB_RETENTION_S  # noqa: E402
 from gpusched.core import events as ev  # noqa: E402
 from gpusched.core.catalog import CATALOG  # noqa: E402
 from gpusched.core.digest import digest  # noqa: E402
@@ -67,9 +68,9 @@ class _Full(Exception):
 class PoolSim:
     """Drives one pool: every event it emits is applied to ``self.state`` at once."""
 
-    def __init__(self, seed: int, nodes: int) -> None:
+    def __init__(self, seed: int, nodes: int, retention_s: float = 0.0) -> None:
         self.rng = random.Random(seed)
-        self.state = ClusterState()
+        self.state = ClusterState(retention_s=retention_s)
         self.now = 1_700_000_000.0
         self.jobs = 0
         self.events: list[ev.Event] = []
@@ -311,11 +312,12 @@ async def delete_topics(bootstrap: str, topics: TopicNames) -> None:
         await admin.close()
 
 
-async def full_replay(bootstrap: str, topics: TopicNames, partition: int) -> tuple[float, ClusterState]:
+async def full_replay(bootstrap: str, topics: TopicNames, partition: int,
+                      retention_s: float) -> tuple[float, ClusterState]:
     publisher = EventPublisher(bootstrap, topics, PARTITIONS)
     await publisher.start()
     follower = LogFollower(bootstrap, topics, "bench-replay", DeadLetters(publisher, "bench"), partitions=[partition],
-                           freeze_state=True)   # as the services run it
+                           freeze_state=True, retention_s=retention_s)   # as the services run it
     try:
         t0 = time.perf_counter()
         await follower.start()
@@ -334,7 +336,8 @@ def loadavg() -> str:
 
 
 # --- (b) a new replica, in a fresh process ---------------------------------------------
-async def resume_child(bootstrap: str, prefix: str, partition: int, use_snapshots: bool, t_spawn: float) -> None:
+async def resume_child(bootstrap: str, prefix: str, partition: int, use_snapshots: bool, t_spawn: float,
+                       retention_s: float) -> None:
     """What ``gpusched-placer`` does to get a pool: join the group, get the partition,
     (load its snapshot,) replay the tail. Prints timings as JSON."""
     t_imported = time.time()
@@ -347,7 +350,8 @@ async def resume_child(bootstrap: str, prefix: str, partition: int, use_snapshot
                            group_id=f"{prefix}placer-{secrets.token_hex(3)}",
                            on_event=lambda *a: folds.append(time.time()),
                            on_assigned=lambda parts: assigned_at.append(time.time()),
-                           use_snapshots=use_snapshots, freeze_state=True)   # as services/placer/main.py
+                           use_snapshots=use_snapshots, freeze_state=True,   # as services/placer/main.py
+                           retention_s=retention_s)
     begun: list[float] = []
     begin = follower._begin
 
@@ -381,11 +385,11 @@ async def resume_child(bootstrap: str, prefix: str, partition: int, use_snapshot
     await publisher.stop()
 
 
-def resume(bootstrap: str, prefix: str, partition: int, use_snapshots: bool) -> dict:
+def resume(bootstrap: str, prefix: str, partition: int, use_snapshots: bool, retention_s: float) -> dict:
     t_spawn = time.time()
     out = subprocess.run(
         [sys.executable, __file__, "--bootstrap", bootstrap, "--child-resume", prefix, "--partition", str(partition),
-         "--t-spawn", repr(t_spawn)] + (["--snapshots"] if use_snapshots else []),
+         "--t-spawn", repr(t_spawn), "--retention", repr(retention_s)] + (["--snapshots"] if use_snapshots else []),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, timeout=1800,
     )
     if out.returncode:
@@ -397,11 +401,13 @@ def resume(bootstrap: str, prefix: str, partition: int, use_snapshots: bool) -> 
 async def main(args: argparse.Namespace) -> None:
     bootstrap = args.bootstrap
     if args.child_resume:
-        await resume_child(bootstrap, args.child_resume, args.partition, args.snapshots, args.t_spawn)
+        await resume_child(bootstrap, args.child_resume, args.partition, args.snapshots, args.t_spawn, args.retention)
         return
     await wait_for_broker(bootstrap, 60)
     cmd = " ".join([".venv/bin/python", "bench/replay_bench.py"] + sys.argv[1:])
     print(f"command: {cmd}\nbroker: {bootstrap}  cpus: {os.cpu_count()}  load at start: {loadavg()}")
+    print(f"finished-job retention: {args.retention:g}s of log time" + (" (off: every job stays)" if not args.retention
+          else f" (the services' default is {DEFAULT_JOB_RETENTION_S:g}s)"))
 
     prefix = args.reuse or f"bench-replay-{secrets.token_hex(3)}."
     topics = TopicNames(prefix)
@@ -410,7 +416,7 @@ async def main(args: argparse.Namespace) -> None:
         if not args.reuse:
             await ensure_topics(bootstrap, topics, PARTITIONS)
             t0 = time.perf_counter()
-            sim = PoolSim(args.seed, args.nodes)
+            sim = PoolSim(args.seed, args.nodes, args.retention)
             snap = sim.run(args.events, snapshot_at=int(args.events * args.snapshot_at))
             snap_offset = state_from_snapshot(snap).offset if snap else -1
             t_gen = time.perf_counter() - t0
@@ -418,7 +424,7 @@ async def main(args: argparse.Namespace) -> None:
             live = sum(1 for j in st.jobs.values() if j.phase.holds_gpus)
             print(f"generated {len(sim.events):,} events in {t_gen:.1f}s ({sim.accepted:,} accepted); "
                   f"end state: {len(st.nodes):,} nodes, {len(st.jobs):,} jobs ({live:,} holding GPUs, "
-                  f"{len(st.pending):,} pending)")
+                  f"{len(st.pending):,} pending; {st.pruned:,} finished jobs pruned)")
             print("mix: " + ", ".join(f"{k} {v:,}" for k, v in mix(sim.events).items()))
             t0 = time.perf_counter()
             values = [codec.encode(e, POOL) for e in sim.events]
@@ -466,7 +472,7 @@ async def main(args: argparse.Namespace) -> None:
         print(f"load before replay: {loadavg()}")
         runs = []
         for _ in range(args.replays if not args.resume_only else 0):
-            secs, state = await full_replay(bootstrap, topics, partition)
+            secs, state = await full_replay(bootstrap, topics, partition, args.retention)
             n = state.offset + 1
             runs.append(n / secs)
             ok = expected is None or digest(state) == expected
@@ -476,7 +482,7 @@ async def main(args: argparse.Namespace) -> None:
             gc.collect()
 
         # (b) resume, without a snapshot then with one near the end
-        before = resume(bootstrap, prefix, partition, use_snapshots=False)
+        before = resume(bootstrap, prefix, partition, use_snapshots=False, retention_s=args.retention)
         print(f"(b) new replica, no snapshot: ready in {before['total']:.2f}s from process spawn "
               f"(imports {before['spawn_to_imported']:.2f}s, group join {before['start_to_assigned']:.2f}s, "
               f"replay {before['assigned_to_ready']:.2f}s; process CPU {before['cpu']:.2f}s; load {loadavg()})")
@@ -489,7 +495,7 @@ async def main(args: argparse.Namespace) -> None:
                 await store.stop()
             print(f"wrote a snapshot at offset {snap_offset:,} "
                   f"({len(snap) / 2**20:.1f} MiB) to {topics.snapshots}[{meta.partition}]@{meta.offset}")
-        after = resume(bootstrap, prefix, partition, use_snapshots=True)
+        after = resume(bootstrap, prefix, partition, use_snapshots=True, retention_s=args.retention)
         same = after["digest"] == before["digest"]
         print(f"(b) new replica, snapshot at {after['snapshot_offset']:,}: ready in {after['total']:.2f}s from process "
               f"spawn (imports {after['spawn_to_imported']:.2f}s, group join {after['start_to_assigned']:.2f}s, "
@@ -510,6 +516,8 @@ def cli() -> None:
     p.add_argument("--events", type=int, default=1_000_000)
     p.add_argument("--nodes", type=int, default=2000)
     p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--retention", type=float, default=DEFAULT_JOB_RETENTION_S,
+                   help="finished-job retention in seconds of log time (the log spans ~20,000 s); 0 keeps every job")
     p.add_argument("--snapshot-at", type=float, default=0.99, help="fraction of the log the snapshot covers")
     p.add_argument("--replays", type=int, default=2, help="full replays to time")
     p.add_argument("--keep", action="store_true", help="keep the topics")

@@ -51,11 +51,13 @@ class Service:
 
 
 class LocalCluster:
-    def __init__(self, bootstrap: str, topics: TopicNames, log_dir: Path, partitions: int = 4) -> None:
+    def __init__(self, bootstrap: str, topics: TopicNames, log_dir: Path, partitions: int = 4,
+                 job_retention_s: float | None = None) -> None:
         self.bootstrap = bootstrap
         self.topics = topics
         self.log_dir = log_dir
         self.partitions = partitions
+        self.job_retention_s = job_retention_s   # None: the services' default
         self.services: list[Service] = []
         log_dir.mkdir(parents=True, exist_ok=True)
 
@@ -63,7 +65,8 @@ class LocalCluster:
         return {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": self.bootstrap,
                 "GPUSCHED_TOPIC_PREFIX": self.topics.prefix,
                 "GPUSCHED_PARTITIONS": str(self.partitions), "GPUSCHED_LOG_LEVEL": "WARNING",
-                "PYTHONUNBUFFERED": "1"}
+                "PYTHONUNBUFFERED": "1",
+                **({} if self.job_retention_s is None else {"GPUSCHED_JOB_RETENTION_S": repr(self.job_retention_s)})}
 
     async def start(self, name: str, command: str, *args: str, timeout: float = 90.0) -> Service:
         log_path = self.log_dir / f"{name}.log"

@@ -25,7 +25,7 @@ def canonical(state: ClusterState) -> dict:
     nominations = {j: [list(n), t] for j, (n, t) in sorted(state.nominations.items())}
     return {"nodes": nodes, "jobs": jobs, "usage": usage, "pending": list(state.pending),
             "nominations": nominations,
-            "applied": state.applied, "rejected": state.rejected, "dedupe": state.dedupe.ids()[-64:]}
+            "pruned": state.pruned, "applied": state.applied, "rejected": state.rejected, "dedupe": state.dedupe.ids()[-64:]}
 
 
 def digest(state: ClusterState) -> str:

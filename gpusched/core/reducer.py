@@ -15,6 +15,7 @@ from typing import NamedTuple
 from gpusched.core import events as ev
 from gpusched.core.capacity import check_placement, commit, release
 from gpusched.core.model import EXIT_LOST, JobPhase, NodeStatus
+from gpusched.core.retention import note_ended, prune_finished
 from gpusched.core.state import ClusterState, GpuState, JobState, NodeState
 
 # A node with this many GPU faults is cordoned until an operator clears it.
@@ -55,6 +56,11 @@ def apply(state: ClusterState, event: ev.Event) -> Outcome:
     if not state.dedupe.admit(event.event_id):
         return DUPLICATE
     state.applied += 1
+    time = event.time
+    if time > state.clock:
+        state.clock = time
+        if 0.0 < state.prune_at <= time:   # before the handler: see gpusched.core.retention
+            prune_finished(state)
     handler = _HANDLERS.get(type(event)) or _inherited_handler(type(event))
     outcome = handler(event, state)
     if outcome.accepted:
@@ -319,6 +325,7 @@ def _end(state: ClusterState, job: JobState, phase: JobPhase, reason: str, time:
     job.phase = phase
     job.reason = reason
     job.ended_at = time
+    note_ended(state, job)
 
 
 def _stop(state: ClusterState, job: JobState, time: float) -> None:

@@ -191,6 +191,15 @@ class ClusterState:
     next_seq: int = 0
     offset: int = -1      # last log offset folded in (set by the log adapter)
     version: int = 0      # bumps on every change; lets schedulers skip idle cycles
+    # Retention of finished jobs (``gpusched.core.retention``): a terminal job is dropped
+    # once the log's clock is ``retention_s`` past its end; 0 keeps every job forever.
+    # Replicas of a pool must use the same value to agree on the state.
+    retention_s: float = 0.0
+    clock: float = 0.0    # the latest event time applied: the log's own clock
+    ended: list[str] = field(default_factory=list)   # terminal jobs in the order they ended
+    ended_head: int = 0   # ended[:ended_head] are pruned already
+    prune_at: float = 0.0  # clock at which the oldest of them may go; 0 when none waits
+    pruned: int = 0       # jobs dropped so far
 
     def team_usage(self, team: str) -> Usage:
         usage = self.usage.get(team)

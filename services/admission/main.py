@@ -36,7 +36,7 @@ async def run(args: argparse.Namespace) -> None:
 
     # Admission answers for every pool, so it follows every partition (no group).
     follower = LogFollower(settings.bootstrap, settings.topics, me, dead_letters, on_event=on_event,
-                           freeze_state=True)
+                           freeze_state=True, retention_s=settings.job_retention_s)
     await follower.start()
     model = ReadModel(follower, settings.partitions)
     admission = holder["admission"] = AdmissionServicer(model, publisher, me, watchers)

@@ -115,7 +115,9 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
             await _abort_invalid(context, [FieldError("job_id", "must not be empty")])
         job = self.model.job(request.job_id)
         if job is None:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"job_id: no job {request.job_id!r}")
+            retention = self.model.follower.retention_s
+            kept = f" (finished jobs are kept {retention:g}s after they end)" if retention else ""
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"job_id: no job {request.job_id!r}{kept}")
         return job_message(job)
 
     async def ListJobs(self, request, context):

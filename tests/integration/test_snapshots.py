@@ -202,6 +202,39 @@ async def test_a_bad_snapshot_means_a_full_replay(kafka_bootstrap, topics, caplo
         await publisher.stop()
 
 
+async def test_a_snapshot_folded_with_another_job_retention_means_a_full_replay(kafka_bootstrap, topics, caplog):
+    """Retention decides which job ids exist, so a replica never resumes from a state
+    folded with another one (after a config change, say): it replays from 0."""
+    log = PoolLog(seed=4)
+    publisher = await _publisher(kafka_bootstrap, topics)
+    store = SnapshotStore(kafka_bootstrap, topics)
+    try:
+        await publisher.publish_all(log.nodes() + log.jobs(80))
+        reference = await _follower(kafka_bootstrap, topics, publisher)   # retention 0: keeps every job
+        try:
+            await reference.caught_up(60)
+            for p, state in reference.states.items():
+                if state.offset >= 0:
+                    await store.write(p, snapshot_bytes(state), state.offset)
+            expected = {p: digest(s) for p, s in reference.states.items() if s.offset >= 0}
+        finally:
+            await reference.stop()
+        follower = await _follower(kafka_bootstrap, topics, publisher, use_snapshots=True, snapshots=store,
+                                   retention_s=3600.0)
+        try:
+            await follower.caught_up(60)
+            assert {follower.snapshot_offsets[p] for p in expected} == {-1}
+            assert all(follower.states[p].retention_s == 3600.0 for p in expected)
+            # the log spans seconds, so nothing is old enough to prune: the same states
+            assert {p: digest(s) for p, s in follower.states.items() if s.offset >= 0} == expected
+        finally:
+            await follower.stop()
+        assert "finished-job retention of 0s, this replica uses 3600s" in caplog.text
+    finally:
+        await store.stop()
+        await publisher.stop()
+
+
 async def test_a_member_that_gains_a_pool_starts_from_its_snapshot(kafka_bootstrap, topics):
     log = PoolLog(seed=3)
     publisher = await _publisher(kafka_bootstrap, topics)

@@ -57,8 +57,8 @@ def workers(*placements: tuple[str, tuple[GpuSlot, ...]]) -> tuple[WorkerAssignm
 class Log:
     """Applies events to one ClusterState with fresh ids and an advancing clock."""
 
-    def __init__(self, *nodes: NodeInfo) -> None:
-        self.state = ClusterState()
+    def __init__(self, *nodes: NodeInfo, retention_s: float = 0.0) -> None:
+        self.state = ClusterState(retention_s=retention_s)
         self.n = 0
         self.now = 0.0
         self.events: list[ev.Event] = []

@@ -102,8 +102,8 @@ def job_spec(r: Rnd) -> JobSpec:
 
 # --- the simulation harness ---------------------------------------------------------
 class History:
-    def __init__(self, nodes: list[NodeInfo]) -> None:
-        self.state = ClusterState()
+    def __init__(self, nodes: list[NodeInfo], retention_s: float = 0.0) -> None:
+        self.state = ClusterState(retention_s=retention_s)
         self.events: list[ev.Event] = []
         self.seen_ids: set[str] = set()
         self.now = 1000.0
@@ -130,6 +130,8 @@ class History:
             assert digest(self.state) == before
         elif isinstance(event, ev.NodeRegistered) and out.accepted:
             self.registered[event.node.name] = event.node
+        elif isinstance(event, ev.JobSubmitted) and out.accepted:
+            self.terminal.pop(event.job_id, None)   # the id of a pruned job, reused
         return out
 
     def job_ids(self) -> list[str]:
@@ -142,8 +144,8 @@ class History:
 # --- actions ------------------------------------------------------------------------
 def act_submit(h: History, r: Rnd) -> None:
     reuse = h.jobs and r.int(0, 9) == 0
-    if reuse:
-        job_id = r.pick(h.job_ids())
+    if reuse:   # an id in the state (rejected) or, with retention, one already pruned
+        job_id = r.pick(h.job_ids() + sorted(j for j in h.terminal if j not in h.state.jobs))
     else:
         h.jobs += 1
         job_id = f"job{h.jobs}"
@@ -324,6 +326,9 @@ ACTIONS = (
 )
 
 
+# more time passing and more jobs ending, so that retention has jobs to prune
+RETENTION_ACTIONS = ACTIONS + [act_tick] * 4 + [act_finish] * 3 + [act_start_all] * 2
+
 # --- invariants, recomputed independently -------------------------------------------
 def _terminal_record(job) -> tuple:
     return (job.phase, job.reason, job.attempt, job.ended_at, job.restarts, job.preemptions,
@@ -339,6 +344,17 @@ def check_invariants(state: ClusterState, terminal: dict[str, tuple]) -> None:
     usage: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
 
     assert list(state.pending) == [j for j in state.pending if j in state.jobs]
+    assert set(state.idempotency.values()) <= state.jobs.keys()
+    # retention: only terminal jobs go, and exactly those the log's clock has left behind
+    # (event times only grow here, so the order they ended is the order of their ends)
+    horizon = state.clock - state.retention_s
+    for jid, record in terminal.items():
+        if jid not in state.jobs:
+            assert state.retention_s > 0 and record[3] <= horizon, f"{jid} pruned early"
+    if state.retention_s > 0:
+        assert all(j.ended_at > horizon for j in state.jobs.values() if j.phase.terminal)
+    else:
+        assert state.pruned == 0 and not state.ended
     # nominations (capacity held for a preemption's beneficiary) exist only for pending
     # jobs, and name real nodes
     for jid, (nodes, _) in state.nominations.items():
@@ -408,8 +424,8 @@ def check_invariants(state: ClusterState, terminal: dict[str, tuple]) -> None:
     assert actual == {t: v for t, v in usage.items() if any(v)}
 
 
-def replay(events: list[ev.Event], state: ClusterState | None = None) -> ClusterState:
-    state = state or ClusterState()
+def replay(events: list[ev.Event], state: ClusterState | None = None, retention_s: float = 0.0) -> ClusterState:
+    state = state or ClusterState(retention_s=retention_s)
     for e in events:
         apply(state, e)
     return state
@@ -442,6 +458,25 @@ def test_random_histories_keep_invariants_and_replay_to_same_digest(data):
     # ... and through the wire format
     wire = [codec.decode(codec.encode(e, "default"))[0] for e in h.events]
     assert digest(replay(wire)) == final
+
+
+@settings(SETTINGS, max_examples=80)
+@given(data=st.data())
+def test_histories_with_retention_prune_only_old_terminal_jobs_and_replay_the_same(data):
+    """The same random histories with finished jobs pruned: the invariants hold (pruned
+    jobs were terminal and past the retention, ``check_invariants``), and every replay
+    with the same retention reaches the same digest."""
+    r = Rnd(data)
+    retention = r.pick([1.0, 30.0, 500.0])
+    h = History(cluster(r), retention_s=retention)
+    for _ in range(r.int(5, 80)):
+        r.pick(RETENTION_ACTIONS)(h, r)
+        check_invariants(h.state, h.terminal)
+    final = digest(h.state)
+    assert digest(replay(h.events, retention_s=retention)) == final
+    k = r.int(0, len(h.events))
+    snapshot = copy.deepcopy(replay(h.events[:k], retention_s=retention))
+    assert digest(replay(h.events[k:], snapshot)) == final
 
 
 @settings(SETTINGS, max_examples=60)
