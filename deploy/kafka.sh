@@ -16,6 +16,7 @@
 #   GPUSCHED_KAFKA_PORT          PLAINTEXT port (default 19092); controller uses port+1
 #   GPUSCHED_RUN_DIR             run dir (default <repo>/.run); data+logs in <run>/kafka
 #   GPUSCHED_KAFKA_HEAP          JVM heap (default 768m)
+#   GPUSCHED_KAFKA_JVM_OPTS      more JVM options for the broker (e.g. -XX:TieredStopAtLevel=4)
 #   GPUSCHED_KAFKA_START_TIMEOUT seconds to wait for the broker (default 90)
 #   KAFKA_BOOTSTRAP_SERVERS      use this existing cluster: start/status only check
 #                                that it answers, stop does nothing
@@ -232,7 +233,16 @@ logger.request.level = WARN
 EOF
 }
 
-JAVA_OPTS=(-Xms128m "-Xmx$HEAP" -XX:+UseG1GC -XX:MaxGCPauseMillis=20
+# -XX:TieredStopAtLevel=1: the client compiler (C1) only. On a 2-core machine that
+# also runs the services, C2's compilations compete with everything else for minutes
+# after each start. bench/submit_bench.py, C2 and C1 runs interleaved, first round
+# after a broker start: broker 2.25-2.60 ms of CPU per job and 313-359 submissions/s
+# with C2, 0.70-0.72 ms and 628-664/s with C1; by the third round C2 is warm and the
+# two are alike (0.81-0.89 against 0.66-0.84 ms; 531-554 against 520-620/s).
+# GPUSCHED_KAFKA_JVM_OPTS: more JVM options (split on spaces), after these ones.
+read -r -a EXTRA_JVM_OPTS <<<"${GPUSCHED_KAFKA_JVM_OPTS:-}"
+JAVA_OPTS=(-Xms128m "-Xmx$HEAP" -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -XX:TieredStopAtLevel=1
+  "${EXTRA_JVM_OPTS[@]}"
   -Djava.awt.headless=true
   "-Dlog4j2.configurationFile=$LOG4J" "-Dkafka.logs.dir=$LOG_DIR"
   -cp "$LIBS/*")
