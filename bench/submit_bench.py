@@ -6,7 +6,9 @@
    jobs meanwhile (it is part of what the machine does per job). Between rounds the
    benchmark waits until every job of the round has ended, so each round starts on an
    idle cluster. Per round: submissions/s and the CPU each process used per job
-   (admission, placer, node-agents, the broker and this client, from /proc).
+   (admission, placer, node-agents, the broker and this client, from /proc). With
+   ``--batch N`` the same jobs go in SubmitJobs calls of N (as a platform flushing its
+   queue, or a sweep, would), C/N calls in flight.
 2. Latency: on the drained cluster, open-loop arrivals at a fixed rate; submit->placed
    and submit->running are measured by the client from its SubmitJob call to the
    WatchJobs update showing the job placed / running.
@@ -43,16 +45,23 @@ def pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
 
 
-async def throughput(client: Client, count: int, concurrency: int, offset: int = 0) -> tuple[float, set[str]]:
-    """Submissions/s of ``count`` submissions with ``concurrency`` in flight, and their job ids."""
-    sem = asyncio.Semaphore(concurrency)
+async def throughput(client: Client, count: int, concurrency: int, offset: int = 0,
+                     batch: int = 0) -> tuple[float, set[str]]:
+    """Submissions/s of ``count`` submissions with ``concurrency`` jobs in flight, and their
+    job ids: one SubmitJob call per job, or (``batch``) SubmitJobs calls of that many."""
+    size = batch or 1
+    sem = asyncio.Semaphore(max(2, concurrency // size))
     ids: set[str] = set()
 
-    async def one(i: int) -> None:
+    async def call(first: int) -> None:
         async with sem:
-            ids.add((await client.submit(small_job(offset + i))).job.job_id)
+            specs = [small_job(offset + i) for i in range(first, min(count, first + size))]
+            if batch:
+                ids.update(r.job.job_id for r in await client.submit_many([(s, "") for s in specs]))
+            else:
+                ids.add((await client.submit(specs[0])).job.job_id)
     t0 = time.perf_counter()
-    await asyncio.gather(*(one(i) for i in range(count)))
+    await asyncio.gather(*(call(i) for i in range(0, count, size)))
     return count / (time.perf_counter() - t0), ids
 
 
@@ -136,13 +145,14 @@ async def main(args: argparse.Namespace) -> None:
         if (pid := broker_pid()) is not None:
             procs["broker"] = pid
         procs["client"] = os.getpid()
-        print(f"throughput: {args.rounds} rounds of {args.burst} submissions, {args.concurrency} in flight, "
+        calls = f"SubmitJobs calls of {args.batch}" if args.batch else "one SubmitJob call each"
+        print(f"throughput: {args.rounds} rounds of {args.burst} submissions ({calls}), {args.concurrency} in flight, "
               f"{args.nodes} simulated 8-GPU nodes (CPU per job over each round: submit until the last job ended)")
         rates = []
         for r in range(args.rounds):
             before = {name: cpu_seconds(pid) for name, pid in procs.items()}
             t0 = time.perf_counter()
-            rate, _ = await throughput(client, args.burst, args.concurrency, offset=r * args.burst)
+            rate, _ = await throughput(client, args.burst, args.concurrency, offset=r * args.burst, batch=args.batch)
             await drained(client)   # the round's jobs all ran: the next round starts idle
             ended = time.perf_counter() - t0
             used = {name: cpu_seconds(pid) - before[name] for name, pid in procs.items()}
@@ -180,7 +190,9 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--burst", type=int, default=5000)
-    parser.add_argument("--concurrency", type=int, default=256)
+    parser.add_argument("--concurrency", type=int, default=256, help="jobs in flight")
+    parser.add_argument("--batch", type=int, default=0,
+                        help="submit in SubmitJobs calls of this many jobs (0: one SubmitJob call per job)")
     parser.add_argument("--rate", type=float, default=200)
     parser.add_argument("--seconds", type=float, default=20)
     parser.add_argument("--nodes", type=int, default=2)

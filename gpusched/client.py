@@ -37,6 +37,12 @@ class Client:
     async def submit(self, job_spec: types_pb2.JobSpec, key: str = "") -> admission_pb2.SubmitJobResponse:
         return await self.jobs.SubmitJob(admission_pb2.SubmitJobRequest(spec=job_spec, idempotency_key=key))
 
+    async def submit_many(self, items: list[tuple[types_pb2.JobSpec, str]]) -> list[admission_pb2.SubmitJobResponse]:
+        """(spec, idempotency key) pairs in one SubmitJobs call; results in the same order."""
+        request = admission_pb2.SubmitJobsRequest(
+            jobs=[admission_pb2.SubmitJobRequest(spec=s, idempotency_key=k) for s, k in items])
+        return list((await self.jobs.SubmitJobs(request)).results)
+
     async def get(self, job_id: str) -> types_pb2.Job:
         return await self.jobs.GetJob(admission_pb2.GetJobRequest(job_id=job_id))
 

@@ -6,6 +6,7 @@ import asyncio
 import base64
 import time
 import uuid
+from typing import NamedTuple
 
 import grpc
 from opentelemetry import trace
@@ -65,6 +66,18 @@ class ReadModel:
             yield from state.jobs.values()
 
 
+MAX_BATCH = 1000   # jobs per SubmitJobs call
+
+
+class _Submission(NamedTuple):
+    """One valid submission: the event to append, or None when its idempotency key
+    already names a job."""
+
+    job_id: str
+    event: ev.JobSubmitted | None
+    pool: str
+
+
 async def _abort_invalid(context, errors: list[FieldError]) -> None:
     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "; ".join(map(str, errors)))
 
@@ -79,32 +92,70 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
 
     async def SubmitJob(self, request, context):
         with tracer.start_as_current_span("SubmitJob") as span:
-            spec = spec_from_request(request.spec)
-            if isinstance(spec, FieldError):
-                await _abort_invalid(context, [spec])
-            errors = validate_spec(spec, self.model.pool_nodes(spec.pool))
+            item = self._prepare(request)
+            if isinstance(item, list):
+                await _abort_invalid(context, item)
+            span.set_attribute("gpusched.job_id", item.job_id)
+            [response] = await self._submit([item], context)
+            return response
+
+    async def SubmitJobs(self, request, context):
+        with tracer.start_as_current_span("SubmitJobs") as span:
+            if not request.jobs:
+                await _abort_invalid(context, [FieldError("jobs", "must not be empty")])
+            if len(request.jobs) > MAX_BATCH:
+                await _abort_invalid(context, [FieldError("jobs", f"at most {MAX_BATCH} per request")])
+            span.set_attribute("gpusched.jobs", len(request.jobs))
+            items, errors = [], []
+            for i, job_request in enumerate(request.jobs):
+                item = self._prepare(job_request)
+                if isinstance(item, list):   # name the item: jobs[3].spec.team
+                    errors += [FieldError(f"jobs[{i}].{e.field}", e.message) for e in item]
+                else:
+                    items.append(item)
             if errors:
                 await _abort_invalid(context, errors)
-            key = request.idempotency_key
-            if len(key) > 256:
-                await _abort_invalid(context, [FieldError("idempotency_key", "at most 256 characters")])
-            job_id = job_id_for(spec.team, key)
-            span.set_attribute("gpusched.job_id", job_id)
-            existing = self.model.job(job_id) if key else None
-            if existing is not None:
-                return admission_pb2.SubmitJobResponse(job=job_message(existing), created=False)
-            event = ev.JobSubmitted(event_id=uuid.uuid4().hex, time=time.time(), producer=self.producer,
-                                    job_id=job_id, spec=spec, idempotency_key=key)
-            self.submitted_here[event.event_id] = None
-            try:
-                pos = await self.publisher.publish(event, spec.pool)
-                await self.model.follower.wait_applied(pos)
-            finally:
-                accepted = self.submitted_here.pop(event.event_id, None)
-            job = self.model.job(job_id)
+            return admission_pb2.SubmitJobsResponse(results=await self._submit(items, context))
+
+    def _prepare(self, request) -> _Submission | list[FieldError]:
+        """A valid request as what to write (or the job its key names); else its errors."""
+        spec = spec_from_request(request.spec)
+        if isinstance(spec, FieldError):
+            return [spec]
+        errors = validate_spec(spec, self.model.pool_nodes(spec.pool))
+        key = request.idempotency_key
+        if len(key) > 256:
+            errors.append(FieldError("idempotency_key", "at most 256 characters"))
+        if errors:
+            return errors
+        job_id = job_id_for(spec.team, key)
+        existing = self.model.job(job_id) if key else None
+        if existing is not None:
+            return _Submission(job_id, None, spec.pool)
+        event = ev.JobSubmitted(event_id=uuid.uuid4().hex, time=time.time(), producer=self.producer,
+                                job_id=job_id, spec=spec, idempotency_key=key)
+        return _Submission(job_id, event, spec.pool)
+
+    async def _submit(self, items: list[_Submission], context) -> list[admission_pb2.SubmitJobResponse]:
+        """Append the new jobs' events together (one producer batch), wait until this
+        replica has folded them, and answer for each item in order."""
+        new = [item for item in items if item.event is not None]
+        for item in new:
+            self.submitted_here[item.event.event_id] = None
+        try:
+            positions = await self.publisher.publish_all([(item.event, item.pool) for item in new])
+            last = {pos.partition: pos for pos in sorted(positions, key=lambda pos: pos.offset)}
+            await asyncio.gather(*(self.model.follower.wait_applied(pos) for pos in last.values()))
+        finally:
+            accepted = {item.event.event_id: self.submitted_here.pop(item.event.event_id, None) for item in new}
+        responses = []
+        for item in items:
+            job = self.model.job(item.job_id)
             if job is None:
-                await context.abort(grpc.StatusCode.INTERNAL, f"job {job_id} not in the log after submit")
-            return admission_pb2.SubmitJobResponse(job=job_message(job), created=bool(accepted))
+                await context.abort(grpc.StatusCode.INTERNAL, f"job {item.job_id} not in the log after submit")
+            created = item.event is not None and bool(accepted[item.event.event_id])
+            responses.append(admission_pb2.SubmitJobResponse(job=job_message(job), created=created))
+        return responses
 
     def note_outcome(self, event: ev.Event, accepted: bool) -> None:
         if event.event_id in self.submitted_here:

@@ -102,6 +102,46 @@ async def test_other_bad_requests_name_their_field(api):
         assert err.value.code() == code and err.value.details().startswith(field), err.value.details()
 
 
+async def test_submit_jobs_in_one_call_keeps_order_and_idempotency(api, kafka_bootstrap, topics):
+    _, client = api
+    held = await client.submit(spec("held", "nlp", gpus=1, duration=0.1), key="k-held")
+    items = [(spec(f"batch-{i}", "nlp", gpu_milli=250, duration=0.1), "") for i in range(40)]
+    items[5] = (spec("twice", "nlp", gpus=1, duration=0.1), "k-twice")
+    items[6] = (spec("twice", "nlp", gpus=1, duration=0.1), "k-twice")     # the same key again, same call
+    items[7] = (spec("held", "nlp", gpus=1, duration=0.1), "k-held")       # a key already used
+    results = await client.submit_many(items)
+    assert [r.job.spec.name for r in results] == [s.name for s, _ in items]
+    assert results[5].job.job_id == results[6].job.job_id and [results[5].created, results[6].created] == [True, False]
+    assert results[7].job.job_id == held.job.job_id and not results[7].created
+    assert all(r.created for i, r in enumerate(results) if i not in (6, 7))
+    distinct = {r.job.job_id for r in results}
+    assert len(distinct) == 39
+    done = await client.wait_terminal(distinct, timeout=120)
+    assert len(done) == 39 and {j.phase for j in done} == {SUCCEEDED}
+    # one JobSubmitted per job in the log: the repeated key wrote a second event, which
+    # the reducer rejected (a duplicate job id), or none at all
+    events = [e for records in (await read_log(kafka_bootstrap, topics)).values() for _, v in records
+              if (e := events_pb2.EventEnvelope.FromString(v)).type == "JobSubmitted"]
+    ids = [e.job_submitted.job_id for e in events]
+    assert set(ids) == distinct | {held.job.job_id} and ids.count(held.job.job_id) == 1
+
+
+async def test_submit_jobs_with_an_invalid_item_writes_nothing_and_names_the_item(api):
+    _, client = api
+    good = spec("fine", "nlp", gpus=1, duration=0.1)
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await client.submit_many([(good, ""), (_bad(team=""), ""), (good, ""), (_bad(resources__gpus=9), "")])
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    details = err.value.details()
+    assert details.startswith("jobs[1].spec.team:") and "; jobs[3].spec.resources.gpus:" in details, details
+    assert await client.list_all() == []
+    for items, message in [([], "jobs: must not be empty"), ([(good, "")] * 1001, "jobs: at most 1000 per request")]:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await client.submit_many(items)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and err.value.details() == message
+    assert await client.list_all() == []
+
+
 async def test_garbage_and_unknown_events_go_to_dead_letters_and_consumers_keep_running(api, kafka_bootstrap, topics):
     cluster, client = api
     partition = partition_for("default", 4)
