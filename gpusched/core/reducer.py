@@ -104,6 +104,7 @@ def _node_registered(e: ev.NodeRegistered, state: ClusterState) -> Outcome:
     old = state.nodes.get(info.name)
     if old is None:
         state.nodes[info.name] = NodeState(info=info, gpus=[GpuState(g) for g in info.gpus])
+        state.capacity_epoch += 1
         return ACCEPTED
     if len(old.gpus) != len(info.gpus):
         return _reject(f"node {info.name} re-registered with a different GPU count")
@@ -118,6 +119,7 @@ def _node_registered(e: ev.NodeRegistered, state: ClusterState) -> Outcome:
         gpu.info = fresh
     if old.status is _LOST:
         old.status = _CORDONED if old.cordoned else _READY
+    state.capacity_epoch += 1   # back from lost, or a fresh inventory (labels, MIG mode)
     return ACCEPTED
 
 
@@ -150,6 +152,7 @@ def _node_uncordoned(e: ev.NodeUncordoned, state: ClusterState) -> Outcome:
     node.cordoned = False
     if node.status is _CORDONED:
         node.status = _READY
+    state.capacity_epoch += 1
     node.faults = 0
     for gpu in node.gpus:   # the operator vouches for the repaired hardware
         gpu.healthy = True
@@ -166,6 +169,7 @@ def _gpu_health_changed(e: ev.GpuHealthChanged, state: ClusterState) -> Outcome:
         return _reject("health unchanged")
     gpu.healthy = e.healthy
     if e.healthy:
+        state.capacity_epoch += 1
         return ACCEPTED
     node.faults += 1
     if node.faults >= FAULTS_TO_QUARANTINE and not node.cordoned:
@@ -331,6 +335,7 @@ def _end(state: ClusterState, job: JobState, phase: JobPhase, reason: str, time:
 def _stop(state: ClusterState, job: JobState, time: float) -> None:
     if job.phase in _HOLDS_GPUS:
         release(state, job, job.workers)
+        state.capacity_epoch += 1
         if job.started_at:
             job.run_s += max(0.0, time - job.started_at)
 

@@ -191,6 +191,10 @@ class ClusterState:
     next_seq: int = 0
     offset: int = -1      # last log offset folded in (set by the log adapter)
     version: int = 0      # bumps on every change; lets schedulers skip idle cycles
+    # Bumps whenever capacity may have grown (GPUs released, a node registered or
+    # uncordoned, a GPU healthy again). Between two bumps capacity only shrinks, so a job
+    # that did not fit still does not: schedulers park it (policies.parking).
+    capacity_epoch: int = 0
     # Retention of finished jobs (``gpusched.core.retention``): a terminal job is dropped
     # once the log's clock is ``retention_s`` past its end; 0 keeps every job forever.
     # Replicas of a pool must use the same value to agree on the state.

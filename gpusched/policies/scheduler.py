@@ -21,6 +21,7 @@ from gpusched.policies.backfill import (
 from gpusched.policies.booking import Booking, tentative
 from gpusched.policies.fairshare import DEFAULT_AGING_S, QueueContext
 from gpusched.policies.nomination import hold_nominated_nodes, live_nominations, nominees_first
+from gpusched.policies.parking import ParkedJobs, parking_applies
 from gpusched.policies.placement import PLACEMENTS, place_gang
 from gpusched.policies.queue import QUEUE_ORDERS
 from gpusched.policies.quota import QueueTree, within_limits
@@ -62,9 +63,16 @@ class Scheduler:
         self.ledger = UsageLedger(config.half_life_s)
         self.reservation: Reservation | None = None   # the last cycle's, for reports
 
-    def cycle(self, state: ClusterState, now: float) -> list[Decision]:
+    def cycle(self, state: ClusterState, now: float, parked: ParkedJobs | None = None) -> list[Decision]:
+        """The decisions of one cycle. With ``parked`` (kept by the caller for this state
+        between cycles) jobs known not to fit are not offered again (policies.parking)."""
         self.ledger.advance(state, now)
-        ready = [state.jobs[j] for j in state.pending if state.jobs[j].not_before <= now]
+        parking = parked is not None and parking_applies(state, self.config.backfill)
+        if parked is not None and not parking:
+            parked.clear()
+        skip = parked.current(state) if parking else ()
+        jobs = state.jobs
+        ready = [jobs[j] for j in state.pending if j not in skip and jobs[j].not_before <= now]
         context = QueueContext(self.config.quotas, self.ledger.decayed(), self.config.aging_s)
         nominated = live_nominations(state, now)
         order = nominees_first(self._order(state, ready, now, context), nominated)
@@ -86,6 +94,8 @@ class Scheduler:
                         run.offer(job)
             finally:
                 run.lift_hold()   # before the booking is undone: the hold sits on top of it
+        if parking:
+            parked.park(state, run.unplaced, {d.job_id: d.attempt for d in run.decisions.values()})
         self.reservation = run.reservation
         return list(run.decisions.values())
 
@@ -99,6 +109,7 @@ class _CycleRun:
         self.placement = scheduler._placement
         self.state, self.now, self.booking = state, now, booking
         self.decisions: dict[str, Decision] = {}
+        self.unplaced: list[str] = []   # offered, and over quota or not fitting
         # Shapes that failed this cycle fail again: a cycle only ever takes capacity.
         self.failed: set[tuple] = set()
         self.unreservable: set[tuple] = set()
@@ -108,6 +119,7 @@ class _CycleRun:
     def offer(self, job: JobState) -> None:
         reserved = self.reservation.job if self.reservation else None
         if not within_limits(self.state, self.config.quotas, job, reserved):
+            self.unplaced.append(job.job_id)
             return
         shape = (job.spec.pool, job.spec.workers, job.spec.resources)
         if self.hold is None:
@@ -124,7 +136,9 @@ class _CycleRun:
                 self.hold.apply()
         else:
             workers = self.place(job, shape, held=True)
-        if workers is not None:
+        if workers is None:
+            self.unplaced.append(job.job_id)
+        else:
             self.decisions[job.job_id] = Decision(job.job_id, job.attempt, workers, self.config.placement,
                                                   backfilled=self.hold is not None)
 

@@ -33,18 +33,24 @@ async def run(args: argparse.Namespace) -> None:
 
     def revoked(parts: set[int]):
         holder["snapshots"].forget(parts)
+        holder["decider"].forget(parts)
         return holder["loop"].on_revoked(parts)
+
+    def assigned(parts: set[int]):
+        holder["decider"].forget(parts)
+        return holder["loop"].on_assigned(parts)
 
     follower = LogFollower(
         settings.bootstrap, settings.topics, me, dead_letters, group_id=f"{settings.topic_prefix}placer",
-        on_assigned=lambda parts: holder["loop"].on_assigned(parts),
+        on_assigned=assigned,
         on_revoked=revoked,
         use_snapshots=not args.no_snapshots, snapshots=snapshots, freeze_state=True,
         retention_s=settings.job_retention_s,
     )
     writer = holder["snapshots"] = SnapshotWriter(follower, snapshots, args.snapshot_every_events,
                                                   args.snapshot_every_s, fork=not args.snapshot_in_thread)
-    loop = holder["loop"] = PartitionProposer(follower, publisher, PlacementDecider(scheduler, me), me)
+    decider = holder["decider"] = PlacementDecider(scheduler, me)
+    loop = holder["loop"] = PartitionProposer(follower, publisher, decider, me)
     server, port, health = await start_server(args.listen, [], [])
     await follower.start()
     await set_serving(health, [])

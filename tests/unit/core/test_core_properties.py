@@ -23,6 +23,7 @@ from gpusched.core.model import (
 from gpusched.core.priority import PRIORITY_CLASSES
 from gpusched.core.reducer import apply
 from gpusched.core.state import ClusterState
+from gpusched.policies.parking import ParkedJobs
 from gpusched.policies.placement import PLACEMENTS
 from gpusched.policies.queue import QUEUE_ORDERS
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig
@@ -477,6 +478,33 @@ def test_histories_with_retention_prune_only_old_terminal_jobs_and_replay_the_sa
     k = r.int(0, len(h.events))
     snapshot = copy.deepcopy(replay(h.events[:k], retention_s=retention))
     assert digest(replay(h.events[k:], snapshot)) == final
+
+
+@settings(SETTINGS, max_examples=100)
+@given(data=st.data())
+def test_parked_cycles_decide_what_full_cycles_decide(data):
+    """A scheduler that parks jobs known not to fit (policies.parking) and one that
+    offers every job, same config and same history of cycles: the same decisions at
+    every cycle, whatever happened to the state in between."""
+    r = Rnd(data)
+    h = History(cluster(r))
+    config = SchedulerConfig(queue=r.pick(sorted(QUEUE_ORDERS)), placement=r.pick(sorted(PLACEMENTS)),
+                             backfill=r.chance(4))
+    full, parking, parked = Scheduler(config), Scheduler(config), ParkedJobs()
+    skipped = 0
+    for _ in range(r.int(5, 60)):
+        r.pick(ACTIONS + [act_submit] * 4)(h, r)
+        known = len(parked.current(h.state) & h.state.pending.keys())
+        expected = full.cycle(h.state, h.now)
+        got = parking.cycle(h.state, h.now, parked)
+        assert [(d.job_id, d.attempt, d.workers) for d in got] == [(d.job_id, d.attempt, d.workers) for d in expected]
+        skipped += known
+        for d in expected if r.chance(2) else ():   # proposals lost or rejected: not applied
+            h.ids += 1
+            h.apply(ev.JobPlaced(event_id=f"e{h.ids}", time=h.now, job_id=d.job_id, attempt=d.attempt,
+                                 workers=d.workers, policy=d.policy))
+        check_invariants(h.state, h.terminal)
+    data.draw(st.just(skipped), label="parked jobs skipped")
 
 
 @settings(SETTINGS, max_examples=60)

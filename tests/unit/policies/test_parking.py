@@ -1,0 +1,118 @@
+"""Parking jobs known not to fit (``gpusched.policies.parking``): when the parked set
+holds, when it is dropped, and that a cycle then offers only the newcomers."""
+from __future__ import annotations
+
+import pytest
+
+from gpusched.core import events as ev
+from gpusched.policies.parking import ParkedJobs
+from gpusched.policies.scheduler import Scheduler, SchedulerConfig
+from tests.unit.core.builders import Log, make_node, whole
+
+
+def full_cluster(jobs: int = 50) -> Log:
+    """Two 2-GPU nodes, both full, and ``jobs`` one-GPU jobs waiting."""
+    log = Log(make_node("n1", 2), make_node("n2", 2))
+    for i, node in enumerate(["n1", "n1", "n2", "n2"]):
+        log.submit(f"run{i}", gpus=1)
+        log.run(f"run{i}", (node, whole(i % 2)))
+    for i in range(jobs):
+        log.submit(f"wait{i}", gpus=1)
+    return log
+
+
+def cycle(log: Log, scheduler: Scheduler, parked: ParkedJobs) -> list[str]:
+    return [d.job_id for d in scheduler.cycle(log.state, log.now, parked)]
+
+
+def offered(scheduler: Scheduler, log: Log, parked: ParkedJobs, monkeypatch) -> list[str]:
+    """Job ids the next cycle offers, in order (by wrapping the cycle's ``offer``)."""
+    from gpusched.policies.scheduler import _CycleRun
+    seen: list[str] = []
+    real = _CycleRun.offer
+
+    def spy(run, job):
+        seen.append(job.job_id)
+        return real(run, job)
+    with monkeypatch.context() as patch:
+        patch.setattr(_CycleRun, "offer", spy)
+        cycle(log, scheduler, parked)
+    return seen
+
+
+def test_a_full_cluster_parks_its_backlog_and_later_cycles_offer_only_newcomers(monkeypatch):
+    log, scheduler, parked = full_cluster(), Scheduler(), ParkedJobs()
+    assert cycle(log, scheduler, parked) == []
+    assert parked.jobs == {f"wait{i}" for i in range(50)}
+    log.submit("late", gpus=1)
+    assert offered(scheduler, log, parked, monkeypatch) == ["late"]
+    assert "late" in parked.jobs
+
+
+@pytest.mark.parametrize("frees", [
+    lambda log: log.finish("run0", 0, 0),                                     # a job ends
+    lambda log: log(ev.NodeRegistered, node=make_node("n3", 1)),              # a node joins
+    lambda log: log(ev.JobCancelled, job_id="run1", reason="user"),           # a running job is cancelled
+])
+def test_capacity_growing_moves_the_epoch_and_everything_is_offered_again(frees, monkeypatch):
+    log, scheduler, parked = full_cluster(5), Scheduler(), ParkedJobs()
+    cycle(log, scheduler, parked)
+    epoch = log.state.capacity_epoch
+    frees(log)
+    assert log.state.capacity_epoch > epoch
+    assert offered(scheduler, log, parked, monkeypatch)[:1] == ["wait0"]
+
+
+def test_taking_capacity_keeps_the_epoch():
+    log = full_cluster(0)
+    epoch = log.state.capacity_epoch
+    log.submit("more", gpus=1)
+    assert log(ev.NodeCordoned, node="n1").accepted
+    assert log.state.capacity_epoch == epoch
+
+
+def test_a_decision_not_applied_drops_the_parked_set():
+    """wait1 failed only because wait0 was decided first; wait0's proposal never made it
+    to the log, so wait1 may fit now."""
+    log = Log(make_node("n1", 1))
+    log.submit("wait0", gpus=1)
+    log.submit("wait1", gpus=1)
+    scheduler, parked = Scheduler(), ParkedJobs()
+    assert cycle(log, scheduler, parked) == ["wait0"]
+    assert parked.jobs == {"wait1"} and parked.decided == {"wait0": 0}
+    assert log(ev.JobCancelled, job_id="wait0", reason="user").accepted   # pending: frees nothing
+    assert cycle(log, scheduler, parked) == ["wait1"]
+
+
+def test_an_applied_decision_keeps_the_parked_set(monkeypatch):
+    log = Log(make_node("n1", 1))
+    log.submit("wait0", gpus=1)
+    log.submit("wait1", gpus=1)
+    scheduler, parked = Scheduler(), ParkedJobs()
+    [decision] = scheduler.cycle(log.state, log.now, parked)
+    assert log(ev.JobPlaced, job_id="wait0", attempt=0, workers=decision.workers).accepted
+    assert offered(scheduler, log, parked, monkeypatch) == []
+    assert parked.jobs == {"wait1"} and parked.decided == {}
+
+
+@pytest.mark.parametrize("config, nominate", [
+    (SchedulerConfig(backfill=True), False),     # a reservation decides what others may use
+    (SchedulerConfig(), True),                  # nominations hold nodes, with no epoch
+])
+def test_no_parking_with_backfill_or_nominations(config, nominate, monkeypatch):
+    log, scheduler, parked = full_cluster(3), Scheduler(config), ParkedJobs()
+    if nominate:
+        assert log(ev.JobPreempted, job_id="run0", attempt=0, for_job="wait0", reason="test").accepted
+    cycle(log, scheduler, parked)
+    assert parked.jobs == set()
+    assert set(offered(scheduler, log, parked, monkeypatch)) >= {"wait1", "wait2"}
+
+
+def test_ids_that_left_the_queue_are_dropped_from_a_large_parked_set():
+    log, scheduler, parked = full_cluster(100), Scheduler(), ParkedJobs()
+    cycle(log, scheduler, parked)
+    for i in range(100):
+        assert log(ev.JobCancelled, job_id=f"wait{i}", reason="user").accepted
+    log.submit("last", gpus=1)
+    cycle(log, scheduler, parked)
+    assert parked.jobs == {"last"}
