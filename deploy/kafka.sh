@@ -238,7 +238,10 @@ EOF
 # after each start. bench/submit_bench.py, C2 and C1 runs interleaved, first round
 # after a broker start: broker 2.25-2.60 ms of CPU per job and 313-359 submissions/s
 # with C2, 0.70-0.72 ms and 628-664/s with C1; by the third round C2 is warm and the
-# two are alike (0.81-0.89 against 0.66-0.84 ms; 531-554 against 520-620/s).
+# two are alike (0.81-0.89 against 0.66-0.84 ms; 531-554 against 520-620/s). The price:
+# C1's code is slower per request, so once C2 is warm it gives lower latency
+# (submit->placed at 200 jobs/s: p50 18-26 ms with C2, 28-33 ms with C1). Tests and
+# demos run on a freshly started broker, so C1 is the default here.
 # GPUSCHED_KAFKA_JVM_OPTS: more JVM options (split on spaces), after these ones.
 read -r -a EXTRA_JVM_OPTS <<<"${GPUSCHED_KAFKA_JVM_OPTS:-}"
 JAVA_OPTS=(-Xms128m "-Xmx$HEAP" -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -XX:TieredStopAtLevel=1

@@ -143,9 +143,12 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
         for item in new:
             self.submitted_here[item.event.event_id] = None
         try:
-            positions = await self.publisher.publish_all([(item.event, item.pool) for item in new])
-            last = {pos.partition: pos for pos in sorted(positions, key=lambda pos: pos.offset)}
-            await asyncio.gather(*(self.model.follower.wait_applied(pos) for pos in last.values()))
+            if len(new) == 1:   # SubmitJob: no gather, no extra tasks
+                await self.model.follower.wait_applied(await self.publisher.publish(new[0].event, new[0].pool))
+            elif new:
+                positions = await self.publisher.publish_all([(item.event, item.pool) for item in new])
+                last = {pos.partition: pos for pos in sorted(positions, key=lambda pos: pos.offset)}
+                await asyncio.gather(*(self.model.follower.wait_applied(pos) for pos in last.values()))
         finally:
             accepted = {item.event.event_id: self.submitted_here.pop(item.event.event_id, None) for item in new}
         responses = []
