@@ -1,0 +1,84 @@
+"""Benchmark: where a replayed event's time goes, stage by stage, on a kept pool log.
+
+Reads the pool's partition of a log kept by ``bench/replay_bench.py --keep`` with aiokafka
+(CPU time of the read alone), then, on the records in memory, times each stage by itself
+with the cyclic GC off: envelope parse, decode to domain events (parse included), and the
+reducer folding the decoded events into a fresh state. Per event, in µs.
+
+    .venv/bin/python bench/replay_stages.py --reuse bench-replay-<hex>. [--retention 3600]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import os
+import sys
+import time
+from collections import deque
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from aiokafka import AIOKafkaConsumer, TopicPartition  # noqa: E402
+
+from gpusched.adapters import codec  # noqa: E402
+from gpusched.adapters.eventlog import partition_for  # noqa: E402
+from gpusched.adapters.kafka_admin import TopicNames  # noqa: E402
+from gpusched.config import DEFAULT_JOB_RETENTION_S  # noqa: E402
+from gpusched.core.reducer import apply  # noqa: E402
+from gpusched.core.state import ClusterState  # noqa: E402
+from gpusched.v1 import events_pb2  # noqa: E402
+
+POOL, PARTITIONS = "default", 4   # as replay_bench writes it
+
+
+async def read_values(bootstrap: str, topic: str, partition: int) -> tuple[list[bytes], float]:
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
+                                max_partition_fetch_bytes=8 << 20, fetch_max_bytes=64 << 20)
+    await consumer.start()
+    try:
+        tp = TopicPartition(topic, partition)
+        consumer.assign([tp])
+        await consumer.seek_to_beginning(tp)
+        end = (await consumer.end_offsets([tp]))[tp]
+        values: list[bytes] = []
+        c0 = time.process_time()
+        while len(values) < end:
+            for records in (await consumer.getmany(timeout_ms=1000, max_records=20_000)).values():
+                values.extend(r.value for r in records)
+        return values, time.process_time() - c0
+    finally:
+        await consumer.stop()
+
+
+def timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--bootstrap", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:19092"))
+    p.add_argument("--reuse", required=True, help="topic prefix of a log kept by replay_bench.py --keep")
+    p.add_argument("--retention", type=float, default=DEFAULT_JOB_RETENTION_S)
+    args = p.parse_args()
+    values, read_cpu = asyncio.run(read_values(args.bootstrap, TopicNames(args.reuse).events,
+                                               partition_for(POOL, PARTITIONS)))
+    n = len(values)
+    gc.disable()
+    parse = timed(lambda: deque(map(events_pb2.EventEnvelope.FromString, values), maxlen=0))   # keeps none
+    events: list = []
+    decode = timed(lambda: events.extend(codec.decode(v)[0] for v in values))
+    state = ClusterState(retention_s=args.retention)
+    fold = timed(lambda: [apply(state, e) for e in events])
+    us = 1e6 / n
+    print(f"{n:,} events of {args.reuse}cluster-events; per event: aiokafka read {read_cpu * us:.2f} µs CPU, "
+          f"envelope parse {parse * us:.2f} µs, decode (parse included) {decode * us:.2f} µs, "
+          f"reducer {fold * us:.2f} µs (retention {args.retention:g} s; {len(state.jobs):,} jobs at the end); "
+          f"decode + reducer alone: {n / (decode + fold):,.0f} events/s")
+
+
+if __name__ == "__main__":
+    main()
