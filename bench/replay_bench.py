@@ -37,12 +37,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from aiokafka import AIOKafkaProducer  # noqa: E402
-from aiokafka.admin import AIOKafkaAdminClient  # noqa: E402
 
 from gpusched.adapters import codec  # noqa: E402
 from gpusched.adapters.eventlog import DeadLetters, EventPublisher, LogFollower, partition_for  # noqa: E402
 from gpusched.adapters.forked_snapshot import CAN_FORK, snapshot_bytes_forked  # noqa: E402
-from gpusched.adapters.kafka_admin import TopicNames, ensure_topics, wait_for_broker  # noqa: E402
+from gpusched.adapters.kafka_admin import TopicNames, delete_topics, ensure_topics, wait_for_broker  # noqa: E402
 from gpusched.adapters.snapshots import SnapshotStore  # noqa: E402
 from gpusched.config import DEFAULT_JOB_RETENTION_S  # noqa: E402
 from gpusched.core import events as ev  # noqa: E402
@@ -301,17 +300,6 @@ async def produce(bootstrap: str, topics: TopicNames, values: list[bytes], parti
     return time.perf_counter() - t0
 
 
-async def delete_topics(bootstrap: str, topics: TopicNames) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=30000)
-    try:
-        await admin.start()
-        await admin.delete_topics(list(topics.all()))
-    except Exception as exc:
-        print(f"could not delete topics: {exc!r}")
-    finally:
-        await admin.close()
-
-
 async def full_replay(bootstrap: str, topics: TopicNames, partition: int,
                       retention_s: float) -> tuple[float, ClusterState]:
     publisher = EventPublisher(bootstrap, topics, PARTITIONS)
@@ -505,7 +493,8 @@ async def main(args: argparse.Namespace) -> None:
               f"{after['cpu']:.2f}s; digest {'same' if same else 'DIFFERENT'} as full replay; load {loadavg()})")
     finally:
         if not args.keep and not args.reuse:
-            await delete_topics(bootstrap, topics)
+            if problem := await delete_topics(bootstrap, topics):
+                print(f"could not delete topics: {problem}")
         elif not args.reuse:
             print(f"kept topics with prefix {prefix!r} (--reuse {prefix} to measure again)")
 

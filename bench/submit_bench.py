@@ -25,9 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from aiokafka.admin import AIOKafkaAdminClient
-
-from gpusched.adapters.kafka_admin import TopicNames
+from gpusched.adapters.kafka_admin import TopicNames, delete_topics
 from gpusched.client import Client, spec
 from gpusched.demo import ensure_broker
 from gpusched.local_cluster import LocalCluster
@@ -171,19 +169,8 @@ async def main(args: argparse.Namespace) -> None:
         await client.close()
     finally:
         await cluster.stop_all()
-        await delete_topics(bootstrap, topics)
-
-
-async def delete_topics(bootstrap: str, topics: TopicNames) -> None:
-    """Best effort: runs must not pile up partitions on a long-lived dev broker."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10000)
-    try:
-        await admin.start()
-        await admin.delete_topics(list(topics.all()))
-    except Exception as exc:
-        print(f"could not delete topics {topics.prefix}*: {exc!r}")
-    finally:
-        await admin.close()
+        if problem := await delete_topics(bootstrap, topics):   # runs must not pile up on a dev broker
+            print(f"could not delete topics {topics.prefix}*: {problem}")
 
 
 if __name__ == "__main__":

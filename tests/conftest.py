@@ -29,9 +29,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from aiokafka.admin import AIOKafkaAdminClient
 
-from gpusched.adapters.kafka_admin import TopicNames, ensure_topics
+from gpusched.adapters.kafka_admin import TopicNames, delete_topics, ensure_topics
 
 REPO = Path(__file__).resolve().parents[1]
 KAFKA_SH = REPO / "deploy" / "kafka.sh"
@@ -168,12 +167,4 @@ async def topics(request: pytest.FixtureRequest, kafka_bootstrap: str) -> TopicN
     names = TopicNames(f"t-{name}-{secrets.token_hex(3)}.")
     await ensure_topics(kafka_bootstrap, names)
     yield names
-    # Best effort: keep the test broker from piling up partitions.
-    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap, request_timeout_ms=10000)
-    try:
-        await asyncio.wait_for(admin.start(), 10)
-        await admin.delete_topics(list(names.all()))
-    except Exception:
-        pass
-    finally:
-        await admin.close()
+    await delete_topics(kafka_bootstrap, names, timeout_s=10)   # best effort: no piling up partitions

@@ -91,6 +91,20 @@ async def wait_for_broker(bootstrap: str, timeout_s: float = 60.0) -> None:
     raise TimeoutError(f"Kafka at {bootstrap} did not answer within {timeout_s}s") from last_exc
 
 
+async def delete_topics(bootstrap: str, names: TopicNames, timeout_s: float = 30.0) -> str:
+    """Delete a prefix's topics (benchmarks and tests, so a long-lived broker does not pile
+    up partitions); best effort: '' when done, else why not."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000))
+    try:
+        await asyncio.wait_for(admin.start(), timeout_s)
+        await admin.delete_topics(list(names.all()))
+        return ""
+    except Exception as exc:
+        return repr(exc)
+    finally:
+        await admin.close()
+
+
 async def ensure_topics(
     bootstrap: str,
     names: TopicNames,
