@@ -130,3 +130,41 @@ def test_a_slow_log_never_batches(monkeypatch):
         follower._measure_rate(int(BUSY.from_records_per_s * 0.01 / 2))
     assert follower.fetch_mode == LONG_POLL
     assert follower._consumer._fetcher._fetch_min_bytes == 1
+
+
+# --- the producer's linger --------------------------------------------------------
+def test_aiokafka_gives_new_batches_the_accumulators_linger():
+    from aiokafka.producer.message_accumulator import MessageAccumulator
+    from aiokafka.producer.producer import AIOKafkaProducer
+    assert "self._linger_time = linger_ms / 1000" in inspect.getsource(MessageAccumulator.__init__)
+    assert "MessageBatch(tp, builder, self._batch_ttl, self._linger_time)" in inspect.getsource(MessageAccumulator)
+    assert "self._message_accumulator = MessageAccumulator(" in inspect.getsource(AIOKafkaProducer.__init__)
+
+
+@pytest.mark.parametrize("rate, linger", [
+    (0, 1), (200, 1), (599, 1),     # a quiet producer, and any service at 200 jobs/s
+    (600, 5), (5_000, 5),           # a burst
+])
+def test_linger_for_rate(rate, linger):
+    assert eventlog.linger_for(rate) == linger
+
+
+async def test_the_linger_follows_the_send_rate_up_and_back_down(monkeypatch):   # a producer needs a loop
+    clock = [100.0]
+    monkeypatch.setattr(eventlog.time, "monotonic", lambda: clock[0])
+    publisher = eventlog.EventPublisher("127.0.0.1:1", eventlog.TopicNames("t."), 4)
+    assert publisher.linger_ms == 1 and publisher._producer._message_accumulator._linger_time == 0.001
+
+    def window(events_per_s: float) -> None:
+        for _ in range(int(events_per_s * RATE_WINDOW_S)):
+            clock[0] += 1 / events_per_s
+            publisher._count_send()
+
+    for rate, expected in [(2_000, 5), (2_000, 5), (100, 1), (1_000, 5)]:
+        window(rate)
+        window(rate)   # the second window's first send closes the first
+        assert publisher.linger_ms == expected, rate
+        assert publisher._producer._message_accumulator._linger_time == expected / 1000
+    clock[0] += 30       # a quiet spell: the next send already goes with the quiet linger
+    publisher._count_send()
+    assert publisher.linger_ms == 1
