@@ -11,11 +11,19 @@ at the same epoch offer only the jobs that joined the queue since, in their queu
 Parked jobs would have booked nothing, so the decisions are the ones a full cycle makes.
 
 A job may have failed only because jobs decided before it in the same cycle booked
-the capacity. That holds later only if those decisions were applied: a proposal the
-reducer rejected, or one that never reached the log, leaves that capacity free without
-moving the epoch. So the parked set also remembers the decisions of the cycle that
-last added to it, and is dropped unless each of them is placed by the next cycle (the
-placer's next cycle waits for its proposals to come back through the log).
+the capacity. That holds later only if those decisions were applied as decided: a
+proposal the reducer rejected, one that never reached the log, or another proposal for
+the same job that won (a second replica during a rebalance, placing it elsewhere)
+leaves that capacity free without moving the epoch. So the parked set also remembers
+the decisions of the cycle that last added to it, and is dropped unless each of those
+jobs holds exactly the GPUs decided by the next cycle (the placer's next cycle waits for
+its proposals to come back through the log).
+
+As Kubernetes moves unschedulable pods back to the active queue after a while even
+without an event, a parked set is also dropped ``MAX_PARKED_S`` after it was started: if
+a placement policy ever failed a job that fits (a search that is not exhaustive, say),
+the job waits that long at most, not until capacity next grows. A full cycle every 10 s
+costs a busy pool next to nothing.
 
 Only where a failure depends on capacity alone: not with backfill (a reservation
 decides what later jobs may use) nor while nominations hold nodes for preemption
@@ -27,7 +35,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from gpusched.core.model import WorkerAssignment
 from gpusched.core.state import ClusterState
+
+
+MAX_PARKED_S = 10.0
+Decided = tuple[int, tuple[WorkerAssignment, ...]]   # (attempt, workers)
 
 
 @dataclass(slots=True)
@@ -37,28 +50,30 @@ class ParkedJobs:
 
     epoch: int = -1
     jobs: set[str] = field(default_factory=set)
-    decided: dict[str, int] = field(default_factory=dict)   # job id -> attempt, see above
+    decided: dict[str, Decided] = field(default_factory=dict)   # job id -> what was decided, see above
+    since: float = 0.0   # when this set was started (the cycles' clock)
 
-    def current(self, state: ClusterState) -> set[str]:
-        """The jobs still known not to fit: none once the epoch has moved or a decision
-        they may have yielded to was not applied."""
-        if self.epoch != state.capacity_epoch or not self._decisions_applied(state):
+    def current(self, state: ClusterState, now: float) -> set[str]:
+        """The jobs still known not to fit: none once the epoch has moved, a decision
+        they may have yielded to was not applied, or the set is MAX_PARKED_S old."""
+        if (self.epoch != state.capacity_epoch or not self._decisions_applied(state)
+                or not self.since <= now < self.since + MAX_PARKED_S):
             self.clear()
-            self.epoch = state.capacity_epoch
+            self.epoch, self.since = state.capacity_epoch, now
         return self.jobs
 
     def _decisions_applied(self, state: ClusterState) -> bool:
         jobs = state.jobs
-        for job_id, attempt in self.decided.items():
+        for job_id, (attempt, workers) in self.decided.items():
             job = jobs.get(job_id)
-            if job is None or job.attempt != attempt or not job.phase.holds_gpus:
+            if job is None or job.attempt != attempt or not job.phase.holds_gpus or job.workers != workers:
                 return False
         return True
 
-    def park(self, state: ClusterState, job_ids: Iterable[str], decided: dict[str, int]) -> None:
+    def park(self, state: ClusterState, now: float, job_ids: Iterable[str], decided: dict[str, Decided]) -> None:
         """After a cycle at the current epoch: add the jobs it could not place; remember
         what it decided."""
-        self.current(state).update(job_ids)
+        self.current(state, now).update(job_ids)
         self.decided = decided
         if len(self.jobs) > 2 * len(state.pending) + 64:   # ids that left the queue meanwhile
             self.jobs.intersection_update(state.pending)

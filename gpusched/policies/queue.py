@@ -14,22 +14,29 @@ from gpusched.policies.fairshare import QueueContext, fair_share
 
 QueueOrder = Callable[[ClusterState, Iterable[JobState], float, QueueContext | None], list[JobState]]
 QUEUE_ORDERS: dict[str, QueueOrder] = {}
+# Orders that sort by a key of each job alone: how two jobs compare does not depend on
+# the other jobs in the queue, so a cycle may leave jobs out before sorting (parking).
+# Fair share does depend on them (each job ranks by its team's share with the jobs ahead
+# of it counted), so parked jobs are sorted with the rest and skipped after.
+KEYED_ORDERS: set[str] = set()
 
 
-def register_queue(name: str):
+def register_queue(name: str, keyed: bool = False):
     def wrap(fn: QueueOrder) -> QueueOrder:
         QUEUE_ORDERS[name] = fn
+        if keyed:
+            KEYED_ORDERS.add(name)
         return fn
     return wrap
 
 
-@register_queue("fifo")
+@register_queue("fifo", keyed=True)
 def fifo(state: ClusterState, jobs: Iterable[JobState], now: float,
          context: QueueContext | None = None) -> list[JobState]:
     return sorted(jobs, key=lambda j: j.seq)
 
 
-@register_queue("priority")
+@register_queue("priority", keyed=True)
 def priority_then_fifo(state: ClusterState, jobs: Iterable[JobState], now: float,
                        context: QueueContext | None = None) -> list[JobState]:
     return sorted(jobs, key=lambda j: (-priority_value(j.spec.priority_class), j.seq))

@@ -23,7 +23,7 @@ from gpusched.policies.fairshare import DEFAULT_AGING_S, QueueContext
 from gpusched.policies.nomination import hold_nominated_nodes, live_nominations, nominees_first
 from gpusched.policies.parking import ParkedJobs, parking_applies
 from gpusched.policies.placement import PLACEMENTS, place_gang
-from gpusched.policies.queue import QUEUE_ORDERS
+from gpusched.policies.queue import KEYED_ORDERS, QUEUE_ORDERS
 from gpusched.policies.quota import QueueTree, within_limits
 from gpusched.policies.usage import UsageLedger
 
@@ -70,9 +70,10 @@ class Scheduler:
         parking = parked is not None and parking_applies(state, self.config.backfill)
         if parked is not None and not parking:
             parked.clear()
-        skip = parked.current(state) if parking else ()
+        skip = parked.current(state, now) if parking else ()
+        unsorted = skip if self.config.queue in KEYED_ORDERS else ()   # see KEYED_ORDERS
         jobs = state.jobs
-        ready = [jobs[j] for j in state.pending if j not in skip and jobs[j].not_before <= now]
+        ready = [jobs[j] for j in state.pending if j not in unsorted and jobs[j].not_before <= now]
         context = QueueContext(self.config.quotas, self.ledger.decayed(), self.config.aging_s)
         nominated = live_nominations(state, now)
         order = nominees_first(self._order(state, ready, now, context), nominated)
@@ -82,6 +83,8 @@ class Scheduler:
                 for job in order:
                     if len(run.decisions) >= self.config.max_decisions:
                         break
+                    if job.job_id in skip:   # parked
+                        continue
                     if job.job_id in nominated:
                         run.offer(job)
                         continue
@@ -95,7 +98,7 @@ class Scheduler:
             finally:
                 run.lift_hold()   # before the booking is undone: the hold sits on top of it
         if parking:
-            parked.park(state, run.unplaced, {d.job_id: d.attempt for d in run.decisions.values()})
+            parked.park(state, now, run.unplaced, {d.job_id: (d.attempt, d.workers) for d in run.decisions.values()})
         self.reservation = run.reservation
         return list(run.decisions.values())
 

@@ -494,7 +494,7 @@ def test_parked_cycles_decide_what_full_cycles_decide(data):
     skipped = 0
     for _ in range(r.int(5, 60)):
         r.pick(ACTIONS + [act_submit] * 4)(h, r)
-        known = len(parked.current(h.state) & h.state.pending.keys())
+        known = len(parked.current(h.state, h.now) & h.state.pending.keys())
         expected = full.cycle(h.state, h.now)
         got = parking.cycle(h.state, h.now, parked)
         assert [(d.job_id, d.attempt, d.workers) for d in got] == [(d.job_id, d.attempt, d.workers) for d in expected]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gpusched.core import events as ev
-from gpusched.policies.parking import ParkedJobs
+from gpusched.policies.parking import MAX_PARKED_S, ParkedJobs
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig
 from tests.unit.core.builders import Log, make_node, whole
 
@@ -79,9 +79,26 @@ def test_a_decision_not_applied_drops_the_parked_set():
     log.submit("wait1", gpus=1)
     scheduler, parked = Scheduler(), ParkedJobs()
     assert cycle(log, scheduler, parked) == ["wait0"]
-    assert parked.jobs == {"wait1"} and parked.decided == {"wait0": 0}
+    assert parked.jobs == {"wait1"} and list(parked.decided) == ["wait0"]
     assert log(ev.JobCancelled, job_id="wait0", reason="user").accepted   # pending: frees nothing
     assert cycle(log, scheduler, parked) == ["wait1"]
+
+
+def test_a_job_placed_elsewhere_than_decided_drops_the_parked_set():
+    """Another proposal for wait0 won (a second replica, say) and put it on n2: the GPU
+    wait1 yielded to on n1 is free."""
+    log = Log(make_node("n1", 1), make_node("n2", 1))
+    log.submit("hog", gpus=1)
+    log.run("hog", ("n2", whole(0)))
+    log.submit("wait0", gpus=1)
+    log.submit("wait1", gpus=1)
+    scheduler, parked = Scheduler(), ParkedJobs()
+    [decision] = scheduler.cycle(log.state, log.now, parked)
+    assert decision.workers[0].node == "n1" and parked.jobs == {"wait1"}
+    log.finish("hog", 0, 0)
+    assert log.place("wait0", ("n2", whole(0))).accepted   # frees n2, takes it again: the epoch moved once
+    parked.epoch = log.state.capacity_epoch                  # as if no release had happened
+    assert [d.job_id for d in scheduler.cycle(log.state, log.now, parked)] == ["wait1"]
 
 
 def test_an_applied_decision_keeps_the_parked_set(monkeypatch):
@@ -116,3 +133,14 @@ def test_ids_that_left_the_queue_are_dropped_from_a_large_parked_set():
     log.submit("last", gpus=1)
     cycle(log, scheduler, parked)
     assert parked.jobs == {"last"}
+
+
+def test_a_parked_set_is_dropped_after_max_parked_s(monkeypatch):
+    """Like Kubernetes' flush of unschedulable pods: everything is offered again after a
+    while, even if capacity never grew (a policy's false "does not fit" heals)."""
+    log, scheduler, parked = full_cluster(3), Scheduler(), ParkedJobs()
+    cycle(log, scheduler, parked)
+    log.now += MAX_PARKED_S / 2
+    assert offered(scheduler, log, parked, monkeypatch) == []
+    log.now += MAX_PARKED_S / 2
+    assert offered(scheduler, log, parked, monkeypatch) == ["wait0", "wait1", "wait2"]
