@@ -32,10 +32,12 @@ def add_kafka_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bootstrap", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:19092"),
                         help="Kafka bootstrap servers (env KAFKA_BOOTSTRAP_SERVERS)")
     parser.add_argument("--topic-prefix", default=os.environ.get("GPUSCHED_TOPIC_PREFIX", "gpusched."))
-    parser.add_argument("--partitions", type=int, default=int(os.environ.get("GPUSCHED_PARTITIONS", "4")),
+    # String defaults from the environment go through ``type`` like a flag would, so a bad
+    # value is argparse's clear error ("invalid float value"), not a traceback.
+    parser.add_argument("--partitions", type=int, default=os.environ.get("GPUSCHED_PARTITIONS", "4"),
                         help="partitions of the cluster-events topic (pools hash onto them)")
     parser.add_argument("--job-retention", type=float,
-                        default=float(os.environ.get("GPUSCHED_JOB_RETENTION_S", DEFAULT_JOB_RETENTION_S)),
+                        default=os.environ.get("GPUSCHED_JOB_RETENTION_S", str(DEFAULT_JOB_RETENTION_S)),
                         help="seconds (log time) a finished job stays in the state before it is pruned; 0 keeps "
                              "every job. The same for every service of the cluster (env GPUSCHED_JOB_RETENTION_S)")
     parser.add_argument("--log-level", default=os.environ.get("GPUSCHED_LOG_LEVEL", "INFO"))

@@ -70,10 +70,11 @@ class ParkedJobs:
                 return False
         return True
 
-    def park(self, state: ClusterState, now: float, job_ids: Iterable[str], decided: dict[str, Decided]) -> None:
-        """After a cycle at the current epoch: add the jobs it could not place; remember
-        what it decided."""
-        self.current(state, now).update(job_ids)
+    def park(self, state: ClusterState, job_ids: Iterable[str], decided: dict[str, Decided]) -> None:
+        """After a cycle that started from ``current`` (the state is as it found it: the
+        cycle's bookings are undone): add the jobs it could not place; remember what it
+        decided."""
+        self.jobs.update(job_ids)
         self.decided = decided
         if len(self.jobs) > 2 * len(state.pending) + 64:   # ids that left the queue meanwhile
             self.jobs.intersection_update(state.pending)

@@ -98,7 +98,7 @@ class Scheduler:
             finally:
                 run.lift_hold()   # before the booking is undone: the hold sits on top of it
         if parking:
-            parked.park(state, now, run.unplaced, {d.job_id: (d.attempt, d.workers) for d in run.decisions.values()})
+            parked.park(state, run.unplaced, {d.job_id: (d.attempt, d.workers) for d in run.decisions.values()})
         self.reservation = run.reservation
         return list(run.decisions.values())
 
