@@ -23,10 +23,14 @@ import os
 import statistics
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
+from gpusched.adapters.eventlog import EventPublisher
 from gpusched.adapters.kafka_admin import TopicNames, delete_topics
 from gpusched.client import Client, spec
+from gpusched.core import events as ev
+from gpusched.core.model import GpuInfo, NodeInfo
 from gpusched.demo import ensure_broker
 from gpusched.local_cluster import LocalCluster
 from gpusched.v1 import admission_pb2, types_pb2
@@ -128,6 +132,27 @@ async def latency(client: Client, rate: float, seconds: float) -> tuple[list[flo
     return to_placed, to_running
 
 
+async def register_cordoned(bootstrap: str, topics: TopicNames, partitions: int, count: int) -> None:
+    """``count`` more 8-GPU nodes in the pool, registered and cordoned at once, with no
+    agent: the pool every submission is validated against grows, its capacity does not."""
+    publisher = EventPublisher(bootstrap, topics, partitions)
+    await publisher.start()
+    try:
+        events = []
+        for i in range(count):
+            name = f"idle-{i:05d}"
+            gpus = tuple(GpuInfo(g, f"{name}-g{g}", "H100-80GB", 81_559, True) for g in range(8))
+            info = NodeInfo(name=name, pool="default", cpu_milli=128_000, memory_mib=1_048_576, gpus=gpus,
+                            simulated=True)
+            events += [(ev.NodeRegistered(event_id=uuid.uuid4().hex, time=time.time(), producer="bench", node=info),
+                        "default"),
+                       (ev.NodeCordoned(event_id=uuid.uuid4().hex, time=time.time(), producer="bench", node=name,
+                                        reason="bench: validation only"), "default")]
+        await publisher.publish_all(events)
+    finally:
+        await publisher.stop()
+
+
 async def main(args: argparse.Namespace) -> None:
     bootstrap = ensure_broker()
     topics = TopicNames(f"bench-{int(time.time())}.")
@@ -136,6 +161,8 @@ async def main(args: argparse.Namespace) -> None:
         admission = await cluster.admission()
         await cluster.placer()
         await asyncio.gather(*(cluster.agent(f"node-{i}") for i in range(args.nodes)))
+        if args.cordoned_nodes:
+            await register_cordoned(bootstrap, topics, cluster.partitions, args.cordoned_nodes)
         client = Client(f"127.0.0.1:{admission.port}")
         await throughput(client, 300, 64, offset=10**8)   # warm up connections and code paths
         await drained(client)
@@ -183,4 +210,6 @@ if __name__ == "__main__":
     parser.add_argument("--rate", type=float, default=200)
     parser.add_argument("--seconds", type=float, default=20)
     parser.add_argument("--nodes", type=int, default=2)
+    parser.add_argument("--cordoned-nodes", type=int, default=0,
+                        help="also register this many cordoned nodes with no agent (a large pool to validate against)")
     asyncio.run(main(parser.parse_args()))

@@ -1,8 +1,8 @@
 """Validation of a job spec at admission: every problem names the field it is about.
 
-Pure: checks the spec alone and against the nodes of its pool, so a request that can
-never run ("16 GPUs per worker" in a pool of 8-GPU nodes) fails at submit time with a
-clear message instead of pending forever.
+Pure: checks the spec alone and against its pool (``PoolShape``, the pool's nodes per
+GPU model), so a request that can never run ("16 GPUs per worker" in a pool of 8-GPU
+nodes) fails at submit time with a clear message instead of pending forever.
 """
 from __future__ import annotations
 
@@ -29,10 +29,46 @@ class FieldError:
         return f"{self.field}: {self.message}"
 
 
-def validate_spec(spec: JobSpec, pool_nodes: list[NodeState]) -> list[FieldError]:
+@dataclass(frozen=True, slots=True)
+class ModelGroup:
+    """The nodes of one GPU model in a pool, as far as validation needs them."""
+
+    model: str
+    mig_capable: bool
+    most_gpus: int
+    total_gpus: int
+    most_cpu_milli: int
+    most_memory_mib: int
+
+
+@dataclass(frozen=True, slots=True)
+class PoolShape:
+    """A pool summarised per GPU model: what ``validate_spec`` checks a spec against.
+
+    Validation asks only which models a pool has and the largest and total sizes among
+    their nodes, so a pool of thousands of nodes reduces to a group per model, built
+    once per change of the inventory (the admission service keeps it until a node
+    registers) instead of a scan of every node for every submission."""
+
+    groups: tuple[ModelGroup, ...] = ()
+
+    @classmethod
+    def of(cls, nodes: list[NodeState]) -> PoolShape:
+        by_model: dict[str, list[NodeState]] = {}
+        for node in nodes:
+            by_model.setdefault(node.model, []).append(node)
+        return cls(tuple(
+            ModelGroup(model, is_mig_capable(model), max(len(n.gpus) for n in group),
+                       sum(len(n.gpus) for n in group), max(n.info.cpu_milli for n in group),
+                       max(n.info.memory_mib for n in group))
+            for model, group in sorted(by_model.items())
+        ))
+
+
+def validate_spec(spec: JobSpec, pool: PoolShape) -> list[FieldError]:
     errors = _check_identity(spec) + _check_resources(spec) + _check_numbers(spec)
-    if not errors and pool_nodes:
-        errors += _check_fits_pool(spec, pool_nodes)
+    if not errors and pool.groups:
+        errors += _check_fits_pool(spec, pool.groups)
     return errors
 
 
@@ -94,23 +130,23 @@ def _check_numbers(spec: JobSpec) -> list[FieldError]:
             for f, v in checks if v < 0 or not math.isfinite(v)]
 
 
-def _check_fits_pool(spec: JobSpec, nodes: list[NodeState]) -> list[FieldError]:
+def _check_fits_pool(spec: JobSpec, groups: tuple[ModelGroup, ...]) -> list[FieldError]:
     r = spec.resources
-    usable = [n for n in nodes if r.allows(n.model) and (not r.mig_profile or is_mig_capable(n.model))]
+    usable = [g for g in groups if r.allows(g.model) and (not r.mig_profile or g.mig_capable)]
     if not usable:
         what = f"models {list(r.gpu_models)}" if r.gpu_models else "MIG-capable GPUs"
         return [FieldError("spec.resources.gpu_models", f"pool {spec.pool} has no nodes with {what}")]
     errors = []
-    most_gpus = max(len(n.gpus) for n in usable)
+    most_gpus = max(g.most_gpus for g in usable)
     if r.gpus > most_gpus:
         errors.append(FieldError("spec.resources.gpus",
                                  f"{r.gpus} per worker exceeds the largest node in pool {spec.pool} ({most_gpus} GPUs)"))
-    total_gpus = sum(len(n.gpus) for n in usable)
+    total_gpus = sum(g.total_gpus for g in usable)
     if r.gpus and r.gpus * spec.workers > total_gpus:
         errors.append(FieldError("spec.workers",
                                  f"gang needs {r.gpus * spec.workers} GPUs, pool {spec.pool} has {total_gpus}"))
-    if r.cpu_milli > max(n.info.cpu_milli for n in usable):
+    if r.cpu_milli > max(g.most_cpu_milli for g in usable):
         errors.append(FieldError("spec.resources.cpu_milli", "exceeds every node of the pool"))
-    if r.memory_mib > max(n.info.memory_mib for n in usable):
+    if r.memory_mib > max(g.most_memory_mib for g in usable):
         errors.append(FieldError("spec.resources.memory_mib", "exceeds every node of the pool"))
     return errors

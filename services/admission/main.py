@@ -10,6 +10,7 @@ from gpusched.adapters.grpc_server import set_serving, start_server
 from gpusched.adapters.service import connect, instance_id, stop_event
 from gpusched.adapters.tracing import setup_tracing
 from gpusched.config import add_kafka_args, kafka_settings
+from gpusched.core import events as ev
 from gpusched.v1 import admission_pb2_grpc, cluster_pb2_grpc
 from gpusched_admission.servicer import AdmissionServicer, ClusterServicer, ReadModel
 from gpusched_admission.watch import Watchers
@@ -30,6 +31,8 @@ async def run(args: argparse.Namespace) -> None:
         admission = holder.get("admission")
         if admission is not None:
             admission.note_outcome(event, outcome.accepted)
+            if outcome.accepted and type(event) is ev.NodeRegistered:
+                admission.model.inventory_changes += 1
         if outcome.accepted:
             for job_id in outcome.jobs:
                 watchers.publish(state.jobs[job_id], type(event).__name__, offset)

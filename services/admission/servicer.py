@@ -17,7 +17,7 @@ from gpusched.core import events as ev
 from gpusched.core.model import JobPhase
 from gpusched.core.queries import pool_summary
 from gpusched.core.state import ClusterState, JobState, NodeState
-from gpusched.core.validation import FieldError, validate_spec
+from gpusched.core.validation import FieldError, PoolShape, validate_spec
 from gpusched.v1 import admission_pb2, admission_pb2_grpc, cluster_pb2, cluster_pb2_grpc, types_pb2
 from gpusched_admission.convert import spec_from_request
 from gpusched_admission.watch import Watchers
@@ -40,6 +40,10 @@ class ReadModel:
     def __init__(self, follower: LogFollower, partitions: int) -> None:
         self.follower = follower
         self.partitions = partitions
+        # Bumped by the service for every node registration folded (a node's inventory
+        # changes only then): the pool shapes kept below are valid until it moves.
+        self.inventory_changes = 0
+        self._shapes: dict[str, tuple[ClusterState, int, PoolShape]] = {}
 
     def state_for_pool(self, pool: str) -> ClusterState | None:
         return self.follower.states.get(partition_for(pool, self.partitions))
@@ -60,6 +64,18 @@ class ReadModel:
     def pool_nodes(self, pool: str) -> list[NodeState]:
         state = self.state_for_pool(pool)
         return state.pool_nodes(pool) if state else []
+
+    def pool_shape(self, pool: str) -> PoolShape:
+        """What submissions to ``pool`` are validated against; rebuilt (a scan of the
+        pool's nodes) only after a node registered or the partition's state was replaced."""
+        state = self.state_for_pool(pool)
+        kept = self._shapes.get(pool)
+        if kept is not None and kept[0] is state and kept[1] == self.inventory_changes:
+            return kept[2]
+        shape = PoolShape.of(state.pool_nodes(pool)) if state is not None else PoolShape()
+        if state is not None:
+            self._shapes[pool] = (state, self.inventory_changes, shape)
+        return shape
 
     def jobs(self):
         for state in self.follower.states.values():
@@ -122,7 +138,7 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
         spec = spec_from_request(request.spec)
         if isinstance(spec, FieldError):
             return [spec]
-        errors = validate_spec(spec, self.model.pool_nodes(spec.pool))
+        errors = validate_spec(spec, self.model.pool_shape(spec.pool))
         key = request.idempotency_key
         if len(key) > 256:
             errors.append(FieldError("idempotency_key", "at most 256 characters"))

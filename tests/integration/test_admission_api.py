@@ -10,7 +10,7 @@ from aiokafka import AIOKafkaProducer
 
 from gpusched.adapters.eventlog import partition_for
 from gpusched.client import Client, spec
-from gpusched.v1 import admission_pb2, events_pb2, types_pb2
+from gpusched.v1 import admission_pb2, cluster_pb2, events_pb2, types_pb2
 from gpusched.local_cluster import LocalCluster
 from tests.integration.logcheck import read_log
 from tests.integration.test_end_to_end import SUCCEEDED
@@ -86,6 +86,26 @@ async def test_invalid_requests_get_invalid_argument_naming_the_field(api, bad_s
         await client.submit(bad_spec)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert err.value.details().startswith(field + ":") or f"; {field}:" in err.value.details(), err.value.details()
+
+
+async def test_a_node_registering_later_widens_what_admission_accepts(api):
+    """Admission validates against a summary of the pool that it keeps between
+    submissions: a node joining must renew it."""
+    cluster, client = api
+    big = spec("big", "team-a", gpus=16, duration=0.1)
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await client.submit(big)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert err.value.details().startswith("spec.resources.gpus: 16 per worker exceeds the largest node")
+    await cluster.agent("node-16", "16xA100-80GB")
+    while True:   # until admission's read model has folded the registration
+        try:
+            await client.cluster.GetNode(cluster_pb2.GetNodeRequest(name="node-16"))
+            break
+        except grpc.aio.AioRpcError as exc:
+            assert exc.code() == grpc.StatusCode.NOT_FOUND, exc
+            await asyncio.sleep(0.05)
+    assert (await client.submit(big)).created
 
 
 async def test_other_bad_requests_name_their_field(api):

@@ -5,9 +5,11 @@ import dataclasses
 import math
 
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from gpusched.core.model import JobSpec, WorkerResources
-from gpusched.core.validation import MAX_WORKERS, FieldError, validate_spec
+from gpusched.core.validation import MAX_WORKERS, FieldError, PoolShape, validate_spec
 
 from .builders import Log, make_node
 
@@ -19,7 +21,7 @@ def pool(name: str = "default"):
         make_node("l40s", 4, "L40S-48GB", cpu=32_000, mem=256_000),
         make_node("o1", 2, "L40S-48GB", pool="other"),
     )
-    return log.state.pool_nodes(name)
+    return PoolShape.of(log.state.pool_nodes(name))
 
 
 def spec(*, gpus: int | None = None, milli: int = 0, mig: str = "", cpu: int = 1000, mem: int = 1000,
@@ -89,7 +91,7 @@ def test_invalid_spec_names_the_field(kw, field, with_pool):
     assert any(str(e).startswith(f"{f}: ") for e in errors for f in expected)
     if with_pool:
         # the problem is one of the pool: without nodes to check against, the spec passes
-        assert validate_spec(s, []) == []
+        assert validate_spec(s, PoolShape()) == []
 
 
 VALID = [
@@ -117,12 +119,12 @@ VALID = [
 def test_valid_spec_has_no_errors(kw):
     s = spec(**kw)
     assert validate_spec(s, pool(s.pool)) == []
-    assert validate_spec(s, []) == []
+    assert validate_spec(s, PoolShape()) == []
 
 
 def test_huge_request_passes_when_pool_is_empty():
     # With no nodes registered yet, only the spec itself is checked.
-    assert validate_spec(spec(gpus=100, workers=100), []) == []
+    assert validate_spec(spec(gpus=100, workers=100), PoolShape()) == []
     assert validate_spec(spec(gpus=100, workers=100), pool()) != []
 
 
@@ -130,3 +132,54 @@ def test_several_problems_are_all_reported():
     s = dataclasses.replace(spec(team="", workers=0, cpu=-1), priority_class="nope")
     fields = {e.field for e in validate_spec(s, pool())}
     assert fields == {"spec.team", "spec.workers", "spec.resources.cpu_milli", "spec.priority_class"}
+
+
+def test_a_pool_shape_is_one_group_per_model_with_the_largest_and_total_sizes():
+    shape = pool()
+    assert [(g.model, g.mig_capable, g.most_gpus, g.total_gpus, g.most_cpu_milli, g.most_memory_mib)
+            for g in shape.groups] == [("H100-80GB", True, 8, 8, 64_000, 512_000),
+                                        ("L40S-48GB", False, 4, 4, 32_000, 256_000)]
+    log = Log(make_node("a", 2, "L40S-48GB", cpu=8_000), make_node("b", 6, "L40S-48GB", cpu=4_000))
+    [group] = PoolShape.of(log.state.pool_nodes("default")).groups
+    assert (group.most_gpus, group.total_gpus, group.most_cpu_milli) == (6, 8, 8_000)
+
+
+def reference_pool_errors(s: JobSpec, nodes) -> set[str]:
+    """The fields a scan of every node finds at fault (what validation did before pools
+    were summarised per model): the oracle for PoolShape."""
+    from gpusched.core.catalog import is_mig_capable
+    r = s.resources
+    usable = [n for n in nodes if r.allows(n.model) and (not r.mig_profile or is_mig_capable(n.model))]
+    if not usable:
+        return {"spec.resources.gpu_models"}
+    fields = set()
+    if r.gpus > max(len(n.gpus) for n in usable):
+        fields.add("spec.resources.gpus")
+    if r.gpus and r.gpus * s.workers > sum(len(n.gpus) for n in usable):
+        fields.add("spec.workers")
+    if r.cpu_milli > max(n.info.cpu_milli for n in usable):
+        fields.add("spec.resources.cpu_milli")
+    if r.memory_mib > max(n.info.memory_mib for n in usable):
+        fields.add("spec.resources.memory_mib")
+    return fields
+
+
+MODELS = ("H100-80GB", "A100-40GB", "L40S-48GB", "T4-16GB")
+
+
+@settings(max_examples=300, deadline=None)
+@given(nodes=st.lists(st.tuples(st.sampled_from(MODELS), st.integers(0, 8), st.integers(1, 8), st.integers(1, 8)),
+                      min_size=1, max_size=12),
+       form=st.sampled_from(["gpus", "milli", "mig"]), gpus=st.integers(1, 16), workers=st.integers(1, 20),
+       cpu=st.integers(0, 9), mem=st.integers(0, 9),
+       models=st.lists(st.sampled_from(MODELS), max_size=2, unique=True))
+def test_validation_against_a_pool_shape_finds_what_a_scan_of_every_node_finds(nodes, form, gpus, workers,
+                                                                               cpu, mem, models):
+    log = Log(*(make_node(f"n{i}", g, model, cpu=c * 1000, mem=m * 1000)
+                for i, (model, g, c, m) in enumerate(nodes)))
+    s = spec(gpus=gpus if form == "gpus" else 0, milli=300 if form == "milli" else 0,
+             mig="2g" if form == "mig" else "", cpu=cpu * 1000, mem=mem * 1000, models=tuple(models),
+             workers=workers)
+    assume(validate_spec(s, PoolShape()) == [])   # the pool is checked only for specs valid alone
+    nodes_ = log.state.pool_nodes("default")
+    assert {e.field for e in validate_spec(s, PoolShape.of(nodes_))} == reference_pool_errors(s, nodes_)
