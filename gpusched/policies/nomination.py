@@ -25,6 +25,8 @@ def live_nominations(state: ClusterState, now: float, ttl_s: float = NOMINATION_
 
 
 def nominees_first(order: list[JobState], nominated: dict[str, tuple[str, ...]]) -> list[JobState]:
+    if not nominated:   # the common case: no copy of the whole queue
+        return order
     return [j for j in order if j.job_id in nominated] + [j for j in order if j.job_id not in nominated]
 
 

@@ -6,40 +6,52 @@ aging; see ``fairshare.QueueContext``) and is ignored by the orders that need no
 """
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 from gpusched.core.priority import priority_value
 from gpusched.core.state import ClusterState, JobState
 from gpusched.policies.fairshare import QueueContext, fair_share
 
 QueueOrder = Callable[[ClusterState, Iterable[JobState], float, QueueContext | None], list[JobState]]
+QueueKey = Callable[[JobState], Any]
 QUEUE_ORDERS: dict[str, QueueOrder] = {}
-# Orders that sort by a key of each job alone: how two jobs compare does not depend on
-# the other jobs in the queue, so a cycle may leave jobs out before sorting (parking).
-# Fair share does depend on them (each job ranks by its team's share with the jobs ahead
-# of it counted), so parked jobs are sorted with the rest and skipped after.
-KEYED_ORDERS: set[str] = set()
+# Orders that sort by a key of each job alone, and that key: how two jobs compare does
+# not depend on the other jobs in the queue, so a cycle may leave jobs out before sorting
+# (parking), and a job's key, which never changes while it waits, may be kept from one
+# cycle to the next (``policies.queue_keys``). Fair share does depend on the other jobs
+# (each job ranks by its team's share with the jobs ahead of it counted), so parked jobs
+# are sorted with the rest and skipped after.
+QUEUE_KEYS: dict[str, QueueKey] = {}
+KEYED_ORDERS = QUEUE_KEYS.keys()
 
 
-def register_queue(name: str, keyed: bool = False):
+def register_queue(name: str, key: QueueKey | None = None):
     def wrap(fn: QueueOrder) -> QueueOrder:
         QUEUE_ORDERS[name] = fn
-        if keyed:
-            KEYED_ORDERS.add(name)
+        if key is not None:
+            QUEUE_KEYS[name] = key
         return fn
     return wrap
 
 
-@register_queue("fifo", keyed=True)
+def fifo_key(job: JobState) -> int:
+    return job.seq
+
+
+def priority_key(job: JobState) -> tuple[int, int]:
+    return (-priority_value(job.spec.priority_class), job.seq)
+
+
+@register_queue("fifo", key=fifo_key)
 def fifo(state: ClusterState, jobs: Iterable[JobState], now: float,
          context: QueueContext | None = None) -> list[JobState]:
-    return sorted(jobs, key=lambda j: j.seq)
+    return sorted(jobs, key=fifo_key)
 
 
-@register_queue("priority", keyed=True)
+@register_queue("priority", key=priority_key)
 def priority_then_fifo(state: ClusterState, jobs: Iterable[JobState], now: float,
                        context: QueueContext | None = None) -> list[JobState]:
-    return sorted(jobs, key=lambda j: (-priority_value(j.spec.priority_class), j.seq))
+    return sorted(jobs, key=priority_key)
 
 
 register_queue("fair-share")(fair_share)

@@ -23,7 +23,8 @@ from gpusched.policies.fairshare import DEFAULT_AGING_S, QueueContext
 from gpusched.policies.nomination import hold_nominated_nodes, live_nominations, nominees_first
 from gpusched.policies.parking import ParkedJobs, parking_applies
 from gpusched.policies.placement import PLACEMENTS, place_gang
-from gpusched.policies.queue import KEYED_ORDERS, QUEUE_ORDERS
+from gpusched.policies.queue import KEYED_ORDERS, QUEUE_KEYS, QUEUE_ORDERS
+from gpusched.policies.queue_keys import QueueKeys
 from gpusched.policies.quota import QueueTree, within_limits
 from gpusched.policies.usage import UsageLedger
 
@@ -63,9 +64,12 @@ class Scheduler:
         self.ledger = UsageLedger(config.half_life_s)
         self.reservation: Reservation | None = None   # the last cycle's, for reports
 
-    def cycle(self, state: ClusterState, now: float, parked: ParkedJobs | None = None) -> list[Decision]:
+    def cycle(self, state: ClusterState, now: float, parked: ParkedJobs | None = None,
+              keys: QueueKeys | None = None) -> list[Decision]:
         """The decisions of one cycle. With ``parked`` (kept by the caller for this state
-        between cycles) jobs known not to fit are not offered again (policies.parking)."""
+        between cycles) jobs known not to fit are not offered again (policies.parking);
+        with ``keys`` (kept likewise) the waiting jobs' queue keys and shapes are computed
+        once, not every cycle (policies.queue_keys). Neither changes a decision."""
         self.ledger.advance(state, now)
         parking = parked is not None and parking_applies(state, self.config.backfill)
         if parked is not None and not parking:
@@ -76,7 +80,13 @@ class Scheduler:
         ready = [jobs[j] for j in state.pending if j not in unsorted and jobs[j].not_before <= now]
         context = QueueContext(self.config.quotas, self.ledger.decayed(), self.config.aging_s)
         nominated = live_nominations(state, now)
-        order = nominees_first(self._order(state, ready, now, context), nominated)
+        order = nominees_first(self._ordered(state, ready, now, context, keys), nominated)
+        shape_of = keys.shape if keys is not None else job_shape
+        # Where offering a job can only place it or fail its shape (no backfill reservation
+        # to make, no nominee's nodes to hold), a job whose shape failed earlier in this
+        # cycle is not offered: it would fail too. Offering costs more than the rest of
+        # the cycle's work for a waiting job, and in a full pool nearly all of them fail.
+        skim = keys is not None and not self.config.backfill and not nominated
         with tentative(state) as booking:
             run = _CycleRun(self, state, now, booking)
             try:
@@ -85,22 +95,42 @@ class Scheduler:
                         break
                     if job.job_id in skip:   # parked
                         continue
+                    shape = shape_of(job)
+                    if skim and (shape, False) in run.failed:
+                        run.unplaced.append(job.job_id)
+                        continue
                     if job.job_id in nominated:
-                        run.offer(job)
+                        run.offer(job, shape)
                         continue
                     waiting = {n for j, nodes in nominated.items() if j not in run.decisions for n in nodes} \
                         if nominated else None
                     if not waiting:   # no node to keep for a nominee: nothing to hold (the common case)
-                        run.offer(job)
+                        run.offer(job, shape)
                         continue
                     with hold_nominated_nodes(state, waiting):
-                        run.offer(job)
+                        run.offer(job, shape)
             finally:
                 run.lift_hold()   # before the booking is undone: the hold sits on top of it
         if parking:
             parked.park(state, run.unplaced, {d.job_id: (d.attempt, d.workers) for d in run.decisions.values()})
         self.reservation = run.reservation
         return list(run.decisions.values())
+
+    def _ordered(self, state: ClusterState, ready: list[JobState], now: float, context: QueueContext,
+                 keys: QueueKeys | None) -> list[JobState]:
+        key = QUEUE_KEYS.get(self.config.queue)
+        if keys is None:
+            return self._order(state, ready, now, context)
+        keys.bind(key, state)
+        if key is None:   # an order that looks at the whole queue (fair share)
+            return self._order(state, ready, now, context)
+        return sorted(ready, key=keys.key)   # what the order does, with the keys kept
+
+
+def job_shape(job: JobState) -> tuple:
+    """What decides whether a job fits: jobs of one shape fit or fail alike."""
+    spec = job.spec
+    return (spec.pool, spec.workers, spec.resources)
 
 
 class _CycleRun:
@@ -119,12 +149,15 @@ class _CycleRun:
         self.reservation: Reservation | None = None
         self.hold: ReservationHold | None = None
 
-    def offer(self, job: JobState) -> None:
+    def offer(self, job: JobState, shape=None) -> None:
+        """Place ``job`` if it fits (and its quota allows); ``shape``: its ``job_shape``
+        or the number ``QueueKeys`` gave that shape."""
         reserved = self.reservation.job if self.reservation else None
         if not within_limits(self.state, self.config.quotas, job, reserved):
             self.unplaced.append(job.job_id)
             return
-        shape = (job.spec.pool, job.spec.workers, job.spec.resources)
+        if shape is None:
+            shape = job_shape(job)
         if self.hold is None:
             workers = self.place(job, shape, held=False)
             if (workers is None and self.config.backfill and shape not in self.unreservable

@@ -23,6 +23,7 @@ from gpusched.core.model import JobPhase
 from gpusched.core.reducer import apply
 from gpusched.core.state import ClusterState
 from gpusched.policies.parking import ParkedJobs
+from gpusched.policies.queue_keys import QueueKeys
 from gpusched.policies.scheduler import Decision, Scheduler, SchedulerConfig
 from gpusched.sim.metrics import FragmentationProbe, JobRecord, Sample, SimResult
 from gpusched.sim.workload import Workload
@@ -35,6 +36,7 @@ class DynamicSimulator:
         self.scheduler = Scheduler(config)
         # every decision is applied at once, so parking changes no decision (policies.parking)
         self._parked = ParkedJobs()
+        self._keys = QueueKeys()
         self.label = label or f"{config.queue}+{config.placement}" + ("+backfill" if config.backfill else "")
         self.cycle_interval_s = cycle_interval_s
         span = workload.arrivals[-1].time - workload.arrivals[0].time if workload.arrivals else 0.0
@@ -98,7 +100,7 @@ class DynamicSimulator:
 
     def _cycle(self, now: float, result: SimResult) -> None:
         result.cycles += 1
-        for d in self.scheduler.cycle(self.state, now, self._parked):
+        for d in self.scheduler.cycle(self.state, now, self._parked, self._keys):
             self._start(d, now)
             job = self.state.jobs[d.job_id]
             self._waiting[self._team_index[job.team]] -= 1

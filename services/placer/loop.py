@@ -8,6 +8,7 @@ from opentelemetry import trace
 from gpusched.core import events as ev
 from gpusched.core.state import ClusterState
 from gpusched.policies.parking import ParkedJobs
+from gpusched.policies.queue_keys import QueueKeys
 from gpusched.policies.scheduler import Scheduler
 
 tracer = trace.get_tracer("gpusched.placer")
@@ -19,11 +20,13 @@ class PlacementDecider:
         self.me = me
         self._last_version: dict[int, int] = {}
         self._parked: dict[int, ParkedJobs] = {}   # partition -> jobs known not to fit
+        self._keys: dict[int, QueueKeys] = {}      # partition -> its waiting jobs' keys and shapes
 
     def forget(self, partitions: set[int]) -> None:
         """Partitions gained or lost: their next state is another object."""
         for p in partitions:
             self._parked.pop(p, None)
+            self._keys.pop(p, None)
             self._last_version.pop(p, None)
 
     def __call__(self, partition: int, state: ClusterState, now: float) -> list[tuple[ev.Event, str]]:
@@ -35,7 +38,8 @@ class PlacementDecider:
             return []
         self._last_version[partition] = state.version
         with tracer.start_as_current_span("schedule-cycle") as span:
-            decisions = self.scheduler.cycle(state, now, self._parked.setdefault(partition, ParkedJobs()))
+            decisions = self.scheduler.cycle(state, now, self._parked.setdefault(partition, ParkedJobs()),
+                                             self._keys.setdefault(partition, QueueKeys()))
             span.set_attribute("gpusched.partition", partition)
             span.set_attribute("gpusched.decisions", len(decisions))
         return [

@@ -26,6 +26,7 @@ from gpusched.core.state import ClusterState
 from gpusched.policies.parking import ParkedJobs
 from gpusched.policies.placement import PLACEMENTS
 from gpusched.policies.queue import QUEUE_ORDERS
+from gpusched.policies.queue_keys import QueueKeys
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig
 
 from .builders import capacity_snapshot, make_node
@@ -483,20 +484,21 @@ def test_histories_with_retention_prune_only_old_terminal_jobs_and_replay_the_sa
 @settings(SETTINGS, max_examples=100)
 @given(data=st.data())
 def test_parked_cycles_decide_what_full_cycles_decide(data):
-    """A scheduler that parks jobs known not to fit (policies.parking) and one that
-    offers every job, same config and same history of cycles: the same decisions at
-    every cycle, whatever happened to the state in between."""
+    """A scheduler that parks jobs known not to fit (policies.parking), keeps their keys
+    and shapes and skips the jobs of shapes that failed (policies.queue_keys), and one
+    that offers every job, same config and same history of cycles: the same decisions
+    at every cycle, whatever happened to the state in between."""
     r = Rnd(data)
     h = History(cluster(r))
     config = SchedulerConfig(queue=r.pick(sorted(QUEUE_ORDERS)), placement=r.pick(sorted(PLACEMENTS)),
                              backfill=r.chance(4))
-    full, parking, parked = Scheduler(config), Scheduler(config), ParkedJobs()
+    full, parking, parked, keys = Scheduler(config), Scheduler(config), ParkedJobs(), QueueKeys()
     skipped = 0
     for _ in range(r.int(5, 60)):
         r.pick(ACTIONS + [act_submit] * 4)(h, r)
         known = len(parked.current(h.state, h.now) & h.state.pending.keys())
         expected = full.cycle(h.state, h.now)
-        got = parking.cycle(h.state, h.now, parked)
+        got = parking.cycle(h.state, h.now, parked, keys)
         assert [(d.job_id, d.attempt, d.workers) for d in got] == [(d.job_id, d.attempt, d.workers) for d in expected]
         skipped += known
         for d in expected if r.chance(2) else ():   # proposals lost or rejected: not applied

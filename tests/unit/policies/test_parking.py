@@ -31,9 +31,9 @@ def offered(scheduler: Scheduler, log: Log, parked: ParkedJobs, monkeypatch) -> 
     seen: list[str] = []
     real = _CycleRun.offer
 
-    def spy(run, job):
+    def spy(run, job, *shape):
         seen.append(job.job_id)
-        return real(run, job)
+        return real(run, job, *shape)
     with monkeypatch.context() as patch:
         patch.setattr(_CycleRun, "offer", spy)
         cycle(log, scheduler, parked)

@@ -1,0 +1,93 @@
+"""Benchmark: a scheduling cycle on a busy pool, where capacity frees between cycles.
+
+What the placer does during a burst: the pool is full, thousands of jobs wait, and
+between two cycles a few running jobs end. Each ending bumps ``state.capacity_epoch``,
+so parking (``policies.parking``) cannot skip the waiting jobs: every cycle offers the
+whole queue again. Per iteration: ``--ends`` running jobs are cancelled (releasing their
+GPUs, as a job's end does), one ``Scheduler.cycle`` runs as the placer calls it (with its
+parked set and queue cache), and its decisions are applied as ``JobPlaced`` events.
+Prints the mean CPU time of a cycle and the decisions it made.
+
+    .venv/bin/python bench/cycle_bench.py [--nodes 2] [--pending 3000] [--cycles 300] [--queue priority]
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import time
+
+from gpusched.core import events as ev
+from gpusched.core.model import GpuInfo, JobPhase, JobSpec, NodeInfo, WorkerResources
+from gpusched.core.reducer import apply
+from gpusched.core.state import ClusterState
+from gpusched.policies.parking import ParkedJobs
+from gpusched.policies.queue_keys import QueueKeys
+from gpusched.policies.scheduler import Scheduler, SchedulerConfig
+
+PRIORITIES = ("training", "training", "training", "best-effort", "training-high")
+
+
+class Pool:
+    """A pool state driven through the reducer, as the placer's follower folds it."""
+
+    def __init__(self, nodes: int) -> None:
+        self.state = ClusterState()
+        self.n = 0
+        for i in range(nodes):
+            gpus = tuple(GpuInfo(g, f"n{i}-g{g}", "H100-80GB", 81_920) for g in range(8))
+            info = NodeInfo(name=f"node-{i:04d}", pool="default", cpu_milli=1_000_000, memory_mib=4_000_000,
+                            gpus=gpus, simulated=True)
+            self.apply(ev.NodeRegistered, node=info)
+
+    def apply(self, cls, **kw) -> None:
+        self.n += 1
+        apply(self.state, cls(event_id=f"e{self.n}", time=float(self.n), **kw))
+
+    def submit(self, count: int) -> None:
+        for _ in range(count):   # the submit bench's job: a 100-milli share
+            i = self.n
+            spec = JobSpec(name=f"job-{i}", team=f"team-{i % 4}", priority_class=PRIORITIES[i % len(PRIORITIES)],
+                           resources=WorkerResources(gpu_milli=100, cpu_milli=100, memory_mib=256))
+            self.apply(ev.JobSubmitted, job_id=f"job-{i}", spec=spec)
+
+    def place(self, decisions) -> None:
+        for d in decisions:
+            self.apply(ev.JobPlaced, job_id=d.job_id, attempt=d.attempt, workers=d.workers)
+
+    def end_some(self, count: int) -> None:
+        running = [j.job_id for j in self.state.jobs.values() if j.phase is JobPhase.PLACED][:count]
+        for job_id in running:
+            self.apply(ev.JobCancelled, job_id=job_id, reason="ended")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--nodes", type=int, default=2)
+    p.add_argument("--pending", type=int, default=3000, help="jobs waiting while the pool is full")
+    p.add_argument("--cycles", type=int, default=300)
+    p.add_argument("--ends", type=int, default=2, help="running jobs that end before each cycle")
+    p.add_argument("--queue", default="priority")
+    p.add_argument("--no-keys", action="store_true", help="without the QueueKeys memo (as before it)")
+    args = p.parse_args()
+    pool = Pool(args.nodes)
+    scheduler = Scheduler(SchedulerConfig(queue=args.queue))
+    parked, keys = ParkedJobs(), (None if args.no_keys else QueueKeys())
+    pool.submit(args.nodes * 80 + args.pending)   # 80 shares fill a node
+    pool.place(scheduler.cycle(pool.state, float(pool.n), parked, keys))
+    gc.collect()
+    cpu, decided = 0.0, 0
+    for _ in range(args.cycles):
+        pool.end_some(args.ends)
+        pool.submit(args.ends)   # the queue keeps its length
+        c0 = time.process_time()
+        decisions = scheduler.cycle(pool.state, float(pool.n), parked, keys)
+        cpu += time.process_time() - c0
+        decided += len(decisions)
+        pool.place(decisions)
+    print(f"{args.queue} queue, {args.nodes} full 8-GPU nodes, {len(pool.state.pending):,} pending, "
+          f"{args.ends} jobs ending before each cycle: {cpu / args.cycles * 1e3:.2f} ms CPU per cycle "
+          f"({decided / args.cycles:.1f} decisions per cycle, {args.cycles} cycles)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,65 @@
+"""What a cycle computes per waiting job that does not change while it waits, kept from
+one cycle to the next: its queue key and its shape.
+
+During a burst the pool is full and thousands of jobs wait, but every few milliseconds
+a job ends, capacity grows, parking (``policies.parking``) starts over, and the next
+cycle offers the whole queue again. Most of that cycle was recomputing, for each waiting
+job, its sort key and its shape — (pool, workers, per-worker resources), what decides
+whether it fits — and hashing a resources dataclass to learn that the shape already
+failed. Both depend on the job alone: the key on its priority class and submission
+order (``policies.queue.QUEUE_KEYS``), the shape on its spec. So they are computed once,
+when a job is first seen, and the shape becomes a small int that is cheap to look up.
+
+A job id can come back as another job: retention (``core.retention``) drops a finished
+job and frees its idempotency key, and the same key yields the same id. The new job has
+a new ``seq`` (the reducer numbers every submission), so an entry counts only for the
+``seq`` it was made for. The caller keeps one per pool state, as its ``ParkedJobs``
+(the placer: one per owned partition).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from gpusched.core.state import ClusterState, JobState
+from gpusched.policies.queue import QueueKey
+
+# Bounds, whatever the log holds: entries of jobs that left the queue are dropped once
+# they outnumber the queue; shapes are forgotten (and renumbered) past this many.
+MAX_SHAPES = 65_536
+
+
+class QueueKeys:
+    __slots__ = ("_key", "_entries", "_shapes")
+
+    def __init__(self) -> None:
+        self._key: QueueKey | None = None
+        self._entries: dict[str, tuple[int, Any, int]] = {}   # job id -> (seq, key, shape)
+        self._shapes: dict[tuple, int] = {}
+
+    def bind(self, key: QueueKey | None, state: ClusterState) -> None:
+        """Start a cycle ordered by ``key`` (None: an order with no per-job key)."""
+        if key is not self._key or len(self._shapes) > MAX_SHAPES:
+            self._entries.clear()
+            self._shapes.clear()
+            self._key = key
+        elif len(self._entries) > 2 * len(state.pending) + 64:
+            pending = state.pending
+            self._entries = {j: e for j, e in self._entries.items() if j in pending}
+
+    def _entry(self, job: JobState) -> tuple[int, Any, int]:
+        entry = self._entries.get(job.job_id)
+        if entry is None or entry[0] != job.seq:
+            spec = job.spec
+            shape = (spec.pool, spec.workers, spec.resources)
+            number = self._shapes.get(shape)
+            if number is None:
+                number = self._shapes[shape] = len(self._shapes)
+            key = self._key(job) if self._key is not None else None
+            entry = self._entries[job.job_id] = (job.seq, key, number)
+        return entry
+
+    def key(self, job: JobState) -> Any:
+        return self._entry(job)[1]
+
+    def shape(self, job: JobState) -> int:
+        return self._entry(job)[2]

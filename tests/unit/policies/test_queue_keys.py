@@ -1,0 +1,95 @@
+"""Queue keys and shapes kept between cycles (``gpusched.policies.queue_keys``): the
+cycle orders and decides as without them, offers only the first job of a shape that
+failed, and never serves a key made for another job of the same id."""
+from __future__ import annotations
+
+from gpusched.core import events as ev
+from gpusched.policies.queue import priority_key
+from gpusched.policies.queue_keys import QueueKeys
+from gpusched.policies.scheduler import Scheduler, SchedulerConfig, _CycleRun
+from tests.unit.core.builders import Log, make_node, make_spec, whole
+
+
+def offered_and_decided(log: Log, scheduler: Scheduler, keys: QueueKeys | None, monkeypatch):
+    seen: list[str] = []
+    real = _CycleRun.offer
+
+    def spy(run, job, *shape):
+        seen.append(job.job_id)
+        return real(run, job, *shape)
+    with monkeypatch.context() as patch:
+        patch.setattr(_CycleRun, "offer", spy)
+        decided = [(d.job_id, d.workers) for d in scheduler.cycle(log.state, log.now, None, keys)]
+    return seen, decided
+
+
+def busy_pool() -> Log:
+    """One 2-GPU node with one GPU taken; waiting: 2-GPU jobs (never fit now), then one
+    1-GPU job, then more 2-GPU jobs, at mixed priorities."""
+    log = Log(make_node("n1", 2))
+    log.submit("run", gpus=1)
+    log.run("run", ("n1", whole(0)))
+    for i in range(5):
+        log.submit(f"big{i}", make_spec(gpus=2, priority_class="training-high" if i == 3 else "training"))
+    log.submit("small", gpus=1)
+    for i in range(5, 8):
+        log.submit(f"big{i}", gpus=2)
+    return log
+
+
+def test_a_failed_shape_is_offered_once_and_the_decisions_are_unchanged(monkeypatch):
+    log = busy_pool()
+    scheduler = Scheduler(SchedulerConfig(queue="priority"))
+    all_offered, expected = offered_and_decided(log, scheduler, None, monkeypatch)
+    assert all_offered[0] == "big3" and len(all_offered) == 9   # every waiting job, priority first
+    skimmed, got = offered_and_decided(log, scheduler, QueueKeys(), monkeypatch)
+    assert got == expected == [("small", got[0][1])]
+    assert skimmed == ["big3", "small"]   # the first 2-GPU job failed: the others are not offered
+
+
+def test_with_backfill_every_job_is_still_offered(monkeypatch):
+    """A job of a failed shape may still make the reservation: no skimming."""
+    log = busy_pool()
+    scheduler = Scheduler(SchedulerConfig(queue="priority", backfill=True))
+    offered, _ = offered_and_decided(log, scheduler, QueueKeys(), monkeypatch)
+    assert len(offered) == 9
+
+
+def test_a_job_id_back_as_another_job_gets_its_own_key():
+    """Retention dropped the job and freed its key: the same id, a new submission."""
+    log = Log(make_node("n1", 1), retention_s=10.0)
+    log.submit("j", make_spec(priority_class="best-effort"), key="k")
+    keys = QueueKeys()
+    keys.bind(priority_key, log.state)
+    first = keys.key(log.job("j"))
+    assert log(ev.JobCancelled, job_id="j", reason="user").accepted
+    log.now += 20.0
+    log.submit("other", gpus=1)                      # moves the clock: "j" is pruned
+    assert "j" not in log.state.jobs
+    log.submit("j", make_spec(priority_class="production-inference"), key="k")
+    second = keys.key(log.job("j"))
+    assert second == priority_key(log.job("j")) != first
+
+
+def test_entries_of_jobs_that_left_the_queue_are_dropped():
+    log = Log(make_node("n1", 1))
+    keys = QueueKeys()
+    for i in range(200):
+        log.submit(f"j{i}", gpus=1)
+    keys.bind(priority_key, log.state)
+    for i in range(200):
+        keys.shape(log.job(f"j{i}"))
+    for i in range(199):
+        assert log(ev.JobCancelled, job_id=f"j{i}", reason="user").accepted
+    keys.bind(priority_key, log.state)
+    assert set(keys._entries) == {"j199"}
+
+
+def test_another_key_function_starts_afresh():
+    log = Log(make_node("n1", 1))
+    log.submit("j", make_spec(priority_class="training-high"))
+    keys = QueueKeys()
+    keys.bind(priority_key, log.state)
+    assert keys.key(log.job("j")) == priority_key(log.job("j"))
+    keys.bind(lambda job: job.seq, log.state)
+    assert keys.key(log.job("j")) == log.job("j").seq
