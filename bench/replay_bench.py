@@ -69,7 +69,8 @@ class PoolSim:
 
     def __init__(self, seed: int, nodes: int, retention_s: float = 0.0) -> None:
         self.rng = random.Random(seed)
-        self.state = ClusterState(retention_s=retention_s)
+        self.state = ClusterState()
+        self.retention_s = retention_s   # recorded as the log's first event, as admission does
         self.now = 1_700_000_000.0
         self.jobs = 0
         self.events: list[ev.Event] = []
@@ -252,6 +253,8 @@ class PoolSim:
 
     def _run(self, backlog: int, snapshot_at: int | None) -> None:
         self.snap = None
+        if self.retention_s:
+            self.emit(ev.JobRetentionSet, self.admission, job_retention_s=self.retention_s)
         self.register_all()
         while True:
             if len(self.state.pending) < backlog:
@@ -300,12 +303,11 @@ async def produce(bootstrap: str, topics: TopicNames, values: list[bytes], parti
     return time.perf_counter() - t0
 
 
-async def full_replay(bootstrap: str, topics: TopicNames, partition: int,
-                      retention_s: float) -> tuple[float, ClusterState]:
+async def full_replay(bootstrap: str, topics: TopicNames, partition: int) -> tuple[float, ClusterState]:
     publisher = EventPublisher(bootstrap, topics, PARTITIONS)
     await publisher.start()
     follower = LogFollower(bootstrap, topics, "bench-replay", DeadLetters(publisher, "bench"), partitions=[partition],
-                           freeze_state=True, retention_s=retention_s)   # as the services run it
+                           freeze_state=True)   # as the services run it
     try:
         t0 = time.perf_counter()
         await follower.start()
@@ -324,8 +326,7 @@ def loadavg() -> str:
 
 
 # --- (b) a new replica, in a fresh process ---------------------------------------------
-async def resume_child(bootstrap: str, prefix: str, partition: int, use_snapshots: bool, t_spawn: float,
-                       retention_s: float) -> None:
+async def resume_child(bootstrap: str, prefix: str, partition: int, use_snapshots: bool, t_spawn: float) -> None:
     """What ``gpusched-placer`` does to get a pool: join the group, get the partition,
     (load its snapshot,) replay the tail. Prints timings as JSON."""
     t_imported = time.time()
@@ -338,8 +339,7 @@ async def resume_child(bootstrap: str, prefix: str, partition: int, use_snapshot
                            group_id=f"{prefix}placer-{secrets.token_hex(3)}",
                            on_event=lambda *a: folds.append(time.time()),
                            on_assigned=lambda parts: assigned_at.append(time.time()),
-                           use_snapshots=use_snapshots, freeze_state=True,   # as services/placer/main.py
-                           retention_s=retention_s)
+                           use_snapshots=use_snapshots, freeze_state=True)   # as services/placer/main.py
     begun: list[float] = []
     begin = follower._begin
 
@@ -373,11 +373,11 @@ async def resume_child(bootstrap: str, prefix: str, partition: int, use_snapshot
     await publisher.stop()
 
 
-def resume(bootstrap: str, prefix: str, partition: int, use_snapshots: bool, retention_s: float) -> dict:
+def resume(bootstrap: str, prefix: str, partition: int, use_snapshots: bool) -> dict:
     t_spawn = time.time()
     out = subprocess.run(
         [sys.executable, __file__, "--bootstrap", bootstrap, "--child-resume", prefix, "--partition", str(partition),
-         "--t-spawn", repr(t_spawn), "--retention", repr(retention_s)] + (["--snapshots"] if use_snapshots else []),
+         "--t-spawn", repr(t_spawn)] + (["--snapshots"] if use_snapshots else []),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, timeout=1800,
     )
     if out.returncode:
@@ -389,13 +389,14 @@ def resume(bootstrap: str, prefix: str, partition: int, use_snapshots: bool, ret
 async def main(args: argparse.Namespace) -> None:
     bootstrap = args.bootstrap
     if args.child_resume:
-        await resume_child(bootstrap, args.child_resume, args.partition, args.snapshots, args.t_spawn, args.retention)
+        await resume_child(bootstrap, args.child_resume, args.partition, args.snapshots, args.t_spawn)
         return
     await wait_for_broker(bootstrap, 60)
     cmd = " ".join([".venv/bin/python", "bench/replay_bench.py"] + sys.argv[1:])
     print(f"command: {cmd}\nbroker: {bootstrap}  cpus: {os.cpu_count()}  load at start: {loadavg()}")
-    print(f"finished-job retention: {args.retention:g}s of log time" + (" (off: every job stays)" if not args.retention
-          else f" (the services' default is {DEFAULT_JOB_RETENTION_S:g}s)"))
+    if not args.reuse:   # a kept log carries its own
+        print(f"finished-job retention: {args.retention:g}s of log time" + (" (off: every job stays)" if not args.retention
+              else f" (the services' default is {DEFAULT_JOB_RETENTION_S:g}s)"))
 
     prefix = args.reuse or f"bench-replay-{secrets.token_hex(3)}."
     topics = TopicNames(prefix)
@@ -460,7 +461,7 @@ async def main(args: argparse.Namespace) -> None:
         print(f"load before replay: {loadavg()}")
         runs = []
         for _ in range(args.replays if not args.resume_only else 0):
-            secs, state = await full_replay(bootstrap, topics, partition, args.retention)
+            secs, state = await full_replay(bootstrap, topics, partition)
             n = state.offset + 1
             runs.append(n / secs)
             ok = expected is None or digest(state) == expected
@@ -470,7 +471,7 @@ async def main(args: argparse.Namespace) -> None:
             gc.collect()
 
         # (b) resume, without a snapshot then with one near the end
-        before = resume(bootstrap, prefix, partition, use_snapshots=False, retention_s=args.retention)
+        before = resume(bootstrap, prefix, partition, use_snapshots=False)
         print(f"(b) new replica, no snapshot: ready in {before['total']:.2f}s from process spawn "
               f"(imports {before['spawn_to_imported']:.2f}s, group join {before['start_to_assigned']:.2f}s, "
               f"replay {before['assigned_to_ready']:.2f}s; process CPU {before['cpu']:.2f}s; load {loadavg()})")
@@ -483,7 +484,7 @@ async def main(args: argparse.Namespace) -> None:
                 await store.stop()
             print(f"wrote a snapshot at offset {snap_offset:,} "
                   f"({len(snap) / 2**20:.1f} MiB) to {topics.snapshots}[{meta.partition}]@{meta.offset}")
-        after = resume(bootstrap, prefix, partition, use_snapshots=True, retention_s=args.retention)
+        after = resume(bootstrap, prefix, partition, use_snapshots=True)
         same = after["digest"] == before["digest"]
         print(f"(b) new replica, snapshot at {after['snapshot_offset']:,}: ready in {after['total']:.2f}s from process "
               f"spawn (imports {after['spawn_to_imported']:.2f}s, group join {after['start_to_assigned']:.2f}s, "
@@ -506,7 +507,8 @@ def cli() -> None:
     p.add_argument("--nodes", type=int, default=2000)
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--retention", type=float, default=DEFAULT_JOB_RETENTION_S,
-                   help="finished-job retention in seconds of log time (the log spans ~20,000 s); 0 keeps every job")
+                   help="finished-job retention in seconds of log time (the log spans ~20,000 s), recorded as the "
+                        "log's first event; 0 keeps every job. With --reuse: the kept log's own")
     p.add_argument("--snapshot-at", type=float, default=0.99, help="fraction of the log the snapshot covers")
     p.add_argument("--replays", type=int, default=2, help="full replays to time")
     p.add_argument("--keep", action="store_true", help="keep the topics")

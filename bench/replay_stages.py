@@ -5,7 +5,9 @@ Reads the pool's partition of a log kept by ``bench/replay_bench.py --keep`` wit
 with the cyclic GC off: envelope parse, decode to domain events (parse included), and the
 reducer folding the decoded events into a fresh state. Per event, in µs.
 
-    .venv/bin/python bench/replay_stages.py --reuse bench-replay-<hex>. [--retention 3600]
+    .venv/bin/python bench/replay_stages.py --reuse bench-replay-<hex>.
+
+The log's own finished-job retention (its JobRetentionSet) applies, as in the services.
 """
 from __future__ import annotations
 
@@ -25,7 +27,6 @@ from aiokafka import AIOKafkaConsumer, TopicPartition  # noqa: E402
 from gpusched.adapters import codec  # noqa: E402
 from gpusched.adapters.eventlog import partition_for  # noqa: E402
 from gpusched.adapters.kafka_admin import TopicNames  # noqa: E402
-from gpusched.config import DEFAULT_JOB_RETENTION_S  # noqa: E402
 from gpusched.core.reducer import apply  # noqa: E402
 from gpusched.core.state import ClusterState  # noqa: E402
 from gpusched.v1 import events_pb2  # noqa: E402
@@ -62,7 +63,6 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--bootstrap", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:19092"))
     p.add_argument("--reuse", required=True, help="topic prefix of a log kept by replay_bench.py --keep")
-    p.add_argument("--retention", type=float, default=DEFAULT_JOB_RETENTION_S)
     args = p.parse_args()
     values, read_cpu = asyncio.run(read_values(args.bootstrap, TopicNames(args.reuse).events,
                                                partition_for(POOL, PARTITIONS)))
@@ -71,12 +71,12 @@ def main() -> None:
     parse = timed(lambda: deque(map(events_pb2.EventEnvelope.FromString, values), maxlen=0))   # keeps none
     events: list = []
     decode = timed(lambda: events.extend(codec.decode(v)[0] for v in values))
-    state = ClusterState(retention_s=args.retention)
+    state = ClusterState()
     fold = timed(lambda: [apply(state, e) for e in events])
     us = 1e6 / n
     print(f"{n:,} events of {args.reuse}cluster-events; per event: aiokafka read {read_cpu * us:.2f} µs CPU, "
           f"envelope parse {parse * us:.2f} µs, decode (parse included) {decode * us:.2f} µs, "
-          f"reducer {fold * us:.2f} µs (retention {args.retention:g} s; {len(state.jobs):,} jobs at the end); "
+          f"reducer {fold * us:.2f} µs (retention {state.retention_s:g} s; {len(state.jobs):,} jobs at the end); "
           f"decode + reducer alone: {n / (decode + fold):,.0f} events/s")
 
 

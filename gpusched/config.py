@@ -11,17 +11,17 @@ from gpusched.adapters.kafka_admin import TopicNames
 
 
 # A finished job stays queryable this long after it ended (log time), then it leaves the
-# state (gpusched.core.retention); its history stays in the log.
+# state (gpusched.core.retention); its history stays in the log. Admission records its
+# ``--job-retention`` (this by default) in each partition's log as a JobRetentionSet.
 DEFAULT_JOB_RETENTION_S = 3600.0
 
 
 class KafkaSettings(BaseModel):
-    """Where the log is and how every service folds it: all services of a cluster share these."""
+    """Where the log is: all services of a cluster share these."""
 
     bootstrap: str = Field(min_length=3)
     topic_prefix: str = "gpusched."
     partitions: int = Field(default=4, ge=1, le=1024)
-    job_retention_s: float = Field(default=DEFAULT_JOB_RETENTION_S, ge=0)
 
     @property
     def topics(self) -> TopicNames:
@@ -36,10 +36,6 @@ def add_kafka_args(parser: argparse.ArgumentParser) -> None:
     # value is argparse's clear error ("invalid float value"), not a traceback.
     parser.add_argument("--partitions", type=int, default=os.environ.get("GPUSCHED_PARTITIONS", "4"),
                         help="partitions of the cluster-events topic (pools hash onto them)")
-    parser.add_argument("--job-retention", type=float,
-                        default=os.environ.get("GPUSCHED_JOB_RETENTION_S", str(DEFAULT_JOB_RETENTION_S)),
-                        help="seconds (log time) a finished job stays in the state before it is pruned; 0 keeps "
-                             "every job. The same for every service of the cluster (env GPUSCHED_JOB_RETENTION_S)")
     parser.add_argument("--log-level", default=os.environ.get("GPUSCHED_LOG_LEVEL", "INFO"))
 
 
@@ -47,10 +43,17 @@ def kafka_settings(args: argparse.Namespace) -> KafkaSettings:
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        return KafkaSettings(bootstrap=args.bootstrap, topic_prefix=args.topic_prefix, partitions=args.partitions,
-                             job_retention_s=args.job_retention)
+        return KafkaSettings(bootstrap=args.bootstrap, topic_prefix=args.topic_prefix, partitions=args.partitions)
     except ValueError as exc:
         raise SystemExit(f"invalid settings: {exc}")
+
+
+def retention_seconds(text: str) -> float:
+    """argparse ``type`` of ``--job-retention``: seconds, finite and >= 0."""
+    value = float(text)
+    if not 0.0 <= value < float("inf"):
+        raise ValueError(text)
+    return value
 
 
 def load_quotas(path: str):

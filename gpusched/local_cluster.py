@@ -57,7 +57,7 @@ class LocalCluster:
         self.topics = topics
         self.log_dir = log_dir
         self.partitions = partitions
-        self.job_retention_s = job_retention_s   # None: the services' default
+        self.job_retention_s = job_retention_s   # None: admission records its default
         self.services: list[Service] = []
         log_dir.mkdir(parents=True, exist_ok=True)
 

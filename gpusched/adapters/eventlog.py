@@ -194,6 +194,14 @@ class EventPublisher:
         meta = await (await self.send(event, pool))
         return Position(meta.partition, meta.offset)
 
+    async def publish_to(self, event: ev.Event, partition: int) -> Position:
+        """An event about a partition's log itself (its ``JobRetentionSet``), not a pool."""
+        self._count_send()
+        future = await self._producer.send(self.topics.events, codec.encode(event, "", current_context()),
+                                           partition=partition)
+        meta = await future
+        return Position(meta.partition, meta.offset)
+
     async def publish_all(self, items: list[tuple[ev.Event, str]]) -> list[Position]:
         futures = [await self.send(e, pool) for e, pool in items]
         return [Position(m.partition, m.offset) for m in await asyncio.gather(*futures)]
@@ -236,12 +244,8 @@ class LogFollower:
                  on_event: OnEvent | None = None, partitions: list[int] | None = None,
                  group_id: str | None = None, on_assigned: OnPartitions | None = None,
                  on_revoked: OnPartitions | None = None, use_snapshots: bool = False,
-                 snapshots: SnapshotStore | None = None, freeze_state: bool = False,
-                 retention_s: float = 0.0) -> None:
+                 snapshots: SnapshotStore | None = None, freeze_state: bool = False) -> None:
         self.topics = topics
-        # finished-job retention of the states (gpusched.core.retention): every replica of
-        # a pool must fold with the same value, as it decides which job ids exist
-        self.retention_s = retention_s
         self.fetch_mode = FETCH_MODES[0]
         self._busier_streak = 0              # see next_fetch_mode
         self._window = (0.0, 0)              # (start, records since): the rate that sets ``fetch_mode``
@@ -352,11 +356,6 @@ class LogFollower:
             log.warning("%s: ignoring the snapshot of partition %d at snapshots offset %d: %s; replaying from 0",
                         self.name, partition, record.offset, exc)
             return None
-        if state.retention_s != self.retention_s:
-            log.warning("%s: ignoring the snapshot of partition %d: it was folded with a finished-job retention "
-                        "of %gs, this replica uses %gs; replaying from 0", self.name, partition,
-                        state.retention_s, self.retention_s)
-            return None
         end = (await self._consumer.end_offsets([tp]))[tp]
         if state.offset >= end:
             log.warning("%s: ignoring the snapshot of partition %d: it covers offset %d but the log ends at %d "
@@ -387,7 +386,7 @@ class LogFollower:
             await self._snapshots.stop()
 
     def _reset(self, partition: int) -> None:
-        self.states[partition] = ClusterState(retention_s=self.retention_s)
+        self.states[partition] = ClusterState()   # retention: off until the log sets it
         self.snapshot_offsets[partition] = -1
         self._catching_up.add(partition)
 

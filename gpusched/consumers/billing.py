@@ -57,7 +57,7 @@ async def _report(args) -> None:
     publisher = EventPublisher(settings.bootstrap, settings.topics, settings.partitions)
     await publisher.start()
     follower = LogFollower(settings.bootstrap, settings.topics, "billing", DeadLetters(publisher, "billing"),
-                           on_event=on_event, freeze_state=True, retention_s=settings.job_retention_s)
+                           on_event=on_event, freeze_state=True)
     await follower.start()
     try:
         while True:

@@ -124,11 +124,20 @@ class AttemptFailed(Event):
     charge: bool = True
 
 
+# --- the log's own settings -----------------------------------------------------------
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobRetentionSet(Event):
+    """Finished jobs of this log are kept this long (seconds of log time; 0: for ever).
+    In the log, not a flag of each service, so every replica folds with the same value."""
+
+    job_retention_s: float
+
+
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.__name__: cls
     for cls in (
         NodeRegistered, NodeLost, NodeCordoned, NodeUncordoned, GpuHealthChanged,
         JobSubmitted, JobCancelled, JobPlaced, WorkerStarted, WorkerFinished,
-        CheckpointSaved, JobPreempted, AttemptFailed,
+        CheckpointSaved, JobPreempted, AttemptFailed, JobRetentionSet,
     )
 }

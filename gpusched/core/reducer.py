@@ -15,7 +15,7 @@ from typing import NamedTuple
 from gpusched.core import events as ev
 from gpusched.core.capacity import check_placement, commit, release
 from gpusched.core.model import EXIT_LOST, JobPhase, NodeStatus
-from gpusched.core.retention import note_ended, prune_finished
+from gpusched.core.retention import note_ended, prune_finished, set_retention
 from gpusched.core.state import ClusterState, GpuState, JobState, NodeState
 
 # A node with this many GPU faults is cordoned until an operator clears it.
@@ -319,6 +319,16 @@ def _attempt_failed(e: ev.AttemptFailed, state: ClusterState) -> Outcome:
     else:
         _requeue(state, job, e.reason or "attempt lost", e.time)
     return _changed(job.job_id)
+
+
+# --- the log's own settings -----------------------------------------------------------
+@_handles(ev.JobRetentionSet)
+def _job_retention_set(e: ev.JobRetentionSet, state: ClusterState) -> Outcome:
+    seconds = e.job_retention_s
+    if not (0.0 <= seconds < float("inf")):   # NaN fails both
+        return _reject(f"job retention must be a finite number of seconds >= 0, got {seconds}")
+    set_retention(state, seconds)
+    return ACCEPTED
 
 
 # --- transitions shared by several events --------------------------------------------

@@ -12,6 +12,10 @@ order they ended. The reducer calls ``prune_finished`` when the clock passes
 ``state.prune_at`` — *before* applying the event that moved it, so a job that ended in
 an event is still in the state for whoever handles that event's outcome.
 
+The value is the log's own: a ``JobRetentionSet`` event (admission records its
+``--job-retention`` when the log holds another value), so every replica of a pool folds
+with the same one and a snapshot carries it. A state starts with retention off.
+
 Dropping a job also frees its idempotency key: a submission reusing the key after the
 retention creates a new job (as re-creating a deleted Kubernetes Job of the same name).
 """
@@ -21,6 +25,31 @@ from gpusched.core.state import ClusterState, JobState
 
 # Pruned entries are cut off the front of ``state.ended`` in bulk, not one at a time.
 _COMPACT_MIN = 4096
+
+
+def set_retention(state: ClusterState, retention_s: float) -> None:
+    """Apply a ``JobRetentionSet``: from now on, terminal jobs go ``retention_s`` after
+    they ended. Jobs that ended while retention was off were not queued: they join the
+    queue now, in the order they ended (then of submission), as if it had been on."""
+    was = state.retention_s
+    state.retention_s = retention_s
+    if retention_s <= 0:
+        state.ended.clear()
+        state.ended_head = 0
+        state.prune_at = 0.0
+        return
+    if was <= 0:
+        ended = sorted((j for j in state.jobs.values() if j.phase.terminal), key=lambda j: (j.ended_at, j.seq))
+        state.ended[:] = [j.job_id for j in ended]
+        state.ended_head = 0
+    waiting = _first_waiting(state)
+    state.prune_at = waiting.ended_at + retention_s if waiting is not None else 0.0
+    # The next event that moves the clock prunes what the new value leaves behind.
+
+
+def _first_waiting(state: ClusterState) -> JobState | None:
+    ended, head = state.ended, state.ended_head
+    return state.jobs.get(ended[head]) if head < len(ended) else None
 
 
 def note_ended(state: ClusterState, job: JobState) -> None:
@@ -50,7 +79,7 @@ def prune_finished(state: ClusterState) -> int:
         del ended[:head]
         head = 0
     state.ended_head = head
-    waiting = jobs.get(ended[head]) if head < len(ended) else None
+    waiting = _first_waiting(state)
     state.prune_at = waiting.ended_at + state.retention_s if waiting is not None else 0.0
     state.pruned += dropped
     return dropped

@@ -4,12 +4,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
+import time
+import uuid
 
-from gpusched.adapters.eventlog import LogFollower
+from gpusched.adapters.eventlog import EventPublisher, LogFollower
 from gpusched.adapters.grpc_server import set_serving, start_server
 from gpusched.adapters.service import connect, instance_id, stop_event
 from gpusched.adapters.tracing import setup_tracing
-from gpusched.config import add_kafka_args, kafka_settings
+from gpusched.config import DEFAULT_JOB_RETENTION_S, add_kafka_args, kafka_settings, retention_seconds
 from gpusched.core import events as ev
 from gpusched.v1 import admission_pb2_grpc, cluster_pb2_grpc
 from gpusched_admission.servicer import AdmissionServicer, ClusterServicer, ReadModel
@@ -39,7 +42,7 @@ async def run(args: argparse.Namespace) -> None:
 
     # Admission answers for every pool, so it follows every partition (no group).
     follower = LogFollower(settings.bootstrap, settings.topics, me, dead_letters, on_event=on_event,
-                           freeze_state=True, retention_s=settings.job_retention_s)
+                           freeze_state=True)
     await follower.start()
     model = ReadModel(follower, settings.partitions)
     admission = holder["admission"] = AdmissionServicer(model, publisher, me, watchers)
@@ -49,6 +52,7 @@ async def run(args: argparse.Namespace) -> None:
         lambda s: cluster_pb2_grpc.add_ClusterServiceServicer_to_server(cluster, s),
     ], SERVICES)
     await follower.caught_up()
+    await record_retention(follower, publisher, me, args.job_retention)
     await set_serving(health, SERVICES)
     log.info("admission %s serving on port %d", me, port)
     print(f"admission ready port={port}", flush=True)
@@ -59,9 +63,28 @@ async def run(args: argparse.Namespace) -> None:
     await publisher.stop()
 
 
+async def record_retention(follower: LogFollower, publisher: EventPublisher, me: str, seconds: float) -> None:
+    """Admission owns the job API, so its ``--job-retention`` is the cluster's: where a
+    partition's log holds another value (or none: off), record this one there, and wait
+    until it is folded. Every replica of every service then folds with the log's value."""
+    for partition, state in sorted(follower.states.items()):
+        if state.retention_s != seconds:
+            log.info("recording a finished-job retention of %gs in partition %d (the log had %gs)",
+                     seconds, partition, state.retention_s)
+            event = ev.JobRetentionSet(event_id=uuid.uuid4().hex, time=time.time(), producer=me,
+                                       job_retention_s=seconds)
+            await follower.wait_applied(await publisher.publish_to(event, partition))
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="gpusched-admission", description=__doc__)
     add_kafka_args(parser)
+    # String defaults from the environment go through ``type``, as in add_kafka_args.
+    parser.add_argument("--job-retention", type=retention_seconds,
+                        default=os.environ.get("GPUSCHED_JOB_RETENTION_S", str(DEFAULT_JOB_RETENTION_S)),
+                        help="seconds (log time) a finished job stays in the state before it is pruned; 0 keeps "
+                             "every job. Recorded in the log, which every service folds "
+                             "(env GPUSCHED_JOB_RETENTION_S)")
     parser.add_argument("--listen", default="127.0.0.1:50051")
     asyncio.run(run(parser.parse_args(argv)))
 

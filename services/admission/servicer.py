@@ -185,7 +185,8 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
             await _abort_invalid(context, [FieldError("job_id", "must not be empty")])
         job = self.model.job(request.job_id)
         if job is None:
-            retention = self.model.follower.retention_s
+            kept = {state.retention_s for state in self.model.follower.states.values()}
+            retention = max(kept, default=0.0)
             kept = f" (finished jobs are kept {retention:g}s after they end)" if retention else ""
             await context.abort(grpc.StatusCode.NOT_FOUND, f"job_id: no job {request.job_id!r}{kept}")
         return job_message(job)

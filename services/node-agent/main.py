@@ -45,8 +45,7 @@ async def run(args: argparse.Namespace) -> None:
     agent = NodeAgent(info, publisher, me, grace_s=args.grace)
     backend = SimulatedNvml() if info.simulated else NvmlWatch(len(info.gpus))
     follower = LogFollower(settings.bootstrap, settings.topics, me, dead_letters, on_event=agent.on_event,
-                           partitions=[partition_for(info.pool, settings.partitions)], freeze_state=True,
-                           retention_s=settings.job_retention_s)
+                           partitions=[partition_for(info.pool, settings.partitions)], freeze_state=True)
     servicer = NodeAgentServicer(agent, backend)
     server, port, health = await start_server(args.listen, [
         lambda s: node_agent_pb2_grpc.add_NodeAgentServiceServicer_to_server(servicer, s)], SERVICES)

@@ -45,7 +45,6 @@ async def run(args: argparse.Namespace) -> None:
         on_assigned=assigned,
         on_revoked=revoked,
         use_snapshots=not args.no_snapshots, snapshots=snapshots, freeze_state=True,
-        retention_s=settings.job_retention_s,
     )
     writer = holder["snapshots"] = SnapshotWriter(follower, snapshots, args.snapshot_every_events,
                                                   args.snapshot_every_s, fork=not args.snapshot_in_thread)

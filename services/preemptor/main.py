@@ -36,7 +36,6 @@ async def run(args: argparse.Namespace) -> None:
         settings.bootstrap, settings.topics, me, dead_letters, group_id=f"{settings.topic_prefix}preemptor",
         on_assigned=lambda parts: holder["loop"].on_assigned(parts),
         on_revoked=lambda parts: holder["loop"].on_revoked(parts), freeze_state=True,
-        retention_s=settings.job_retention_s,
     )
     loop = holder["loop"] = PartitionProposer(follower, publisher, decider, me)
     server, port, health = await start_server(args.listen, [], [])

@@ -10,6 +10,7 @@ import grpc
 
 from gpusched.adapters import codec
 from gpusched.client import Client, spec
+from gpusched.core import events as ev
 from gpusched.local_cluster import LocalCluster
 from gpusched.v1 import types_pb2
 from tests.integration.logcheck import read_log
@@ -70,3 +71,9 @@ async def test_finished_jobs_leave_the_state_after_the_retention_and_free_their_
               for _, v in records]
     mine = [type(e).__name__ for e in events if getattr(e, "job_id", "") == job_id]
     assert mine.count("JobSubmitted") == 2 and mine.count("WorkerFinished") == 2
+    # The retention every service folded with is the log's: admission recorded its own
+    # in each partition, once, before it served.
+    recorded = {p: [e.job_retention_s for e in (codec.decode(v)[0] for _, v in records)
+                    if isinstance(e, ev.JobRetentionSet)]
+                for p, records in (await read_log(kafka_bootstrap, topics)).items()}
+    assert recorded and all(values == [RETENTION_S] for values in recorded.values()), recorded

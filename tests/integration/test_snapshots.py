@@ -202,34 +202,34 @@ async def test_a_bad_snapshot_means_a_full_replay(kafka_bootstrap, topics, caplo
         await publisher.stop()
 
 
-async def test_a_snapshot_folded_with_another_job_retention_means_a_full_replay(kafka_bootstrap, topics, caplog):
-    """Retention decides which job ids exist, so a replica never resumes from a state
-    folded with another one (after a config change, say): it replays from 0."""
+async def test_the_job_retention_comes_from_the_log_also_through_a_snapshot(kafka_bootstrap, topics):
+    """No replica takes its retention from a flag: the log's JobRetentionSet sets it, a
+    snapshot carries it, and a replica resuming from that snapshot folds with it."""
     log = PoolLog(seed=4)
     publisher = await _publisher(kafka_bootstrap, topics)
     store = SnapshotStore(kafka_bootstrap, topics)
     try:
+        for p in range(PARTITIONS):
+            await publisher.publish_to(ev.JobRetentionSet(event_id=uuid.uuid4().hex, time=1.0,
+                                                          job_retention_s=3600.0), p)
         await publisher.publish_all(log.nodes() + log.jobs(80))
-        reference = await _follower(kafka_bootstrap, topics, publisher)   # retention 0: keeps every job
+        reference = await _follower(kafka_bootstrap, topics, publisher)
         try:
             await reference.caught_up(60)
+            assert {s.retention_s for s in reference.states.values()} == {3600.0}
             for p, state in reference.states.items():
-                if state.offset >= 0:
-                    await store.write(p, snapshot_bytes(state), state.offset)
-            expected = {p: digest(s) for p, s in reference.states.items() if s.offset >= 0}
+                await store.write(p, snapshot_bytes(state), state.offset)
+            expected = {p: digest(s) for p, s in reference.states.items()}
         finally:
             await reference.stop()
-        follower = await _follower(kafka_bootstrap, topics, publisher, use_snapshots=True, snapshots=store,
-                                   retention_s=3600.0)
+        follower = await _follower(kafka_bootstrap, topics, publisher, use_snapshots=True, snapshots=store)
         try:
             await follower.caught_up(60)
-            assert {follower.snapshot_offsets[p] for p in expected} == {-1}
-            assert all(follower.states[p].retention_s == 3600.0 for p in expected)
-            # the log spans seconds, so nothing is old enough to prune: the same states
-            assert {p: digest(s) for p, s in follower.states.items() if s.offset >= 0} == expected
+            assert all(follower.snapshot_offsets[p] >= 0 for p in expected)   # resumed, not replayed
+            assert {s.retention_s for s in follower.states.values()} == {3600.0}
+            assert {p: digest(s) for p, s in follower.states.items()} == expected
         finally:
             await follower.stop()
-        assert "finished-job retention of 0s, this replica uses 3600s" in caplog.text
     finally:
         await store.stop()
         await publisher.stop()

@@ -71,6 +71,7 @@ EVENTS = {
     ev.CheckpointSaved: _event(ev.CheckpointSaved, job_id=text, attempt=i32, checkpoint=text, progress_s=f64),
     ev.JobPreempted: _event(ev.JobPreempted, job_id=text, attempt=i32, for_job=text, reason=text),
     ev.AttemptFailed: _event(ev.AttemptFailed, job_id=text, attempt=i32, reason=text, charge=st.booleans()),
+    ev.JobRetentionSet: _event(ev.JobRetentionSet, job_retention_s=f64),
 }
 any_event = st.one_of(*EVENTS.values())
 

@@ -145,9 +145,10 @@ class History:
 
 # --- actions ------------------------------------------------------------------------
 def act_submit(h: History, r: Rnd) -> None:
-    reuse = h.jobs and r.int(0, 9) == 0
-    if reuse:   # an id in the state (rejected) or, with retention, one already pruned
-        job_id = r.pick(h.job_ids() + sorted(j for j in h.terminal if j not in h.state.jobs))
+    # reuse an id in the state (rejected) or, with retention, one already pruned
+    reuse = h.jobs and r.int(0, 9) == 0 and h.job_ids() + sorted(j for j in h.terminal if j not in h.state.jobs)
+    if reuse:
+        job_id = r.pick(reuse)
     else:
         h.jobs += 1
         job_id = f"job{h.jobs}"
@@ -331,6 +332,11 @@ ACTIONS = (
 # more time passing and more jobs ending, so that retention has jobs to prune
 RETENTION_ACTIONS = ACTIONS + [act_tick] * 4 + [act_finish] * 3 + [act_start_all] * 2
 
+
+def act_set_retention(h: History, r: Rnd) -> None:
+    """The log's retention changes (admission restarted with another --job-retention)."""
+    h.emit(ev.JobRetentionSet, job_retention_s=r.pick([0.0, 1.0, 30.0, 500.0]))
+
 # --- invariants, recomputed independently -------------------------------------------
 def _terminal_record(job) -> tuple:
     return (job.phase, job.reason, job.attempt, job.ended_at, job.restarts, job.preemptions,
@@ -479,6 +485,30 @@ def test_histories_with_retention_prune_only_old_terminal_jobs_and_replay_the_sa
     k = r.int(0, len(h.events))
     snapshot = copy.deepcopy(replay(h.events[:k], retention_s=retention))
     assert digest(replay(h.events[k:], snapshot)) == final
+
+
+@settings(SETTINGS, max_examples=80)
+@given(data=st.data())
+def test_retention_changed_in_the_log_mid_history_replays_the_same_and_holds_from_then_on(data):
+    """Random histories with JobRetentionSet at random points: replays from scratch and
+    from a snapshot plus the tail agree, and once the clock moves past the last value
+    set, no terminal job older than it is left."""
+    r = Rnd(data)
+    h = History(cluster(r))
+    for _ in range(r.int(5, 80)):
+        r.pick(RETENTION_ACTIONS + [act_set_retention] * 3)(h, r)
+    final = digest(h.state)
+    assert digest(replay(h.events)) == final
+    k = r.int(0, len(h.events))
+    assert digest(replay(h.events[k:], copy.deepcopy(replay(h.events[:k])))) == final
+    h.now += 1.0
+    h.emit(ev.NodeCordoned, node="no-such-node")   # rejected, but it moves the clock
+    kept = h.state.retention_s
+    if kept > 0:
+        horizon = h.state.clock - kept
+        assert all(j.ended_at > horizon for j in h.state.jobs.values() if j.phase.terminal)
+    else:
+        assert not h.state.ended and h.state.prune_at == 0.0
 
 
 @settings(SETTINGS, max_examples=100)

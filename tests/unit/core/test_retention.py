@@ -165,3 +165,41 @@ def test_snapshot_carries_the_retention_queue_and_replicas_agree():
 
 def test_state_default_is_no_retention():
     assert ClusterState().retention_s == 0.0
+
+
+# --- the retention recorded in the log (JobRetentionSet) ----------------------------------
+def test_setting_a_retention_on_a_log_that_had_none_queues_the_jobs_that_ended_in_their_end_order():
+    log = Log(make_node("n1", 2))                       # retention off: nothing queued
+    ends = [succeeded(log, f"j{i}") for i in range(3)]
+    assert not log.state.ended
+    assert log(ev.JobRetentionSet, job_retention_s=RETENTION).accepted
+    assert log.state.retention_s == RETENTION and log.state.ended == ["j0", "j1", "j2"]
+    assert log.state.prune_at == ends[0] + RETENTION
+    tick(log, ends[1] + RETENTION)                      # j0 and j1 are old enough
+    assert sorted(log.state.jobs) == ["j2"]
+
+
+def test_a_shorter_retention_prunes_at_the_next_event_that_moves_the_clock():
+    log = Log(make_node("n1", 2), retention_s=RETENTION)
+    ended = succeeded(log, "j1")
+    assert log(ev.JobRetentionSet, job_retention_s=1.0).accepted
+    tick(log, ended + 2.0)
+    assert "j1" not in log.state.jobs and log.state.pruned == 1
+
+
+def test_retention_set_to_zero_keeps_every_job_from_then_on():
+    log = Log(make_node("n1", 2), retention_s=RETENTION)
+    ended = succeeded(log, "j1")
+    assert log(ev.JobRetentionSet, job_retention_s=0.0).accepted
+    tick(log, ended + 10 * RETENTION)
+    assert "j1" in log.state.jobs and not log.state.ended and log.state.prune_at == 0.0
+
+
+@pytest.mark.parametrize("seconds", [-1.0, float("nan"), float("inf")])
+def test_a_retention_that_is_not_a_finite_number_of_seconds_is_rejected(seconds):
+    log = Log(make_node("n1", 2), retention_s=RETENTION)
+    succeeded(log, "j1")
+    before = (log.state.retention_s, list(log.state.ended), log.state.prune_at)
+    out = log(ev.JobRetentionSet, job_retention_s=seconds)
+    assert not out.accepted and "finite number of seconds" in out.reason
+    assert (log.state.retention_s, log.state.ended, log.state.prune_at) == before
