@@ -42,7 +42,10 @@ def add_kafka_args(parser: argparse.ArgumentParser) -> None:
 def kafka_settings(args: argparse.Namespace) -> KafkaSettings:
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from gpusched.adapters.eventlog import parallel_replay_min_from_env
+
     try:
+        parallel_replay_min_from_env()   # read by every LogFollower: fail here, with its name
         return KafkaSettings(bootstrap=args.bootstrap, topic_prefix=args.topic_prefix, partitions=args.partitions)
     except ValueError as exc:
         raise SystemExit(f"invalid settings: {exc}")

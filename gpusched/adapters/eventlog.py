@@ -19,6 +19,10 @@
   (services) what a replay batch leaves alive — the state it built — is moved to the GC's
   permanent generation after the batch while a partition rebuilds its state (not once it
   has caught up), so later collections never rescan it.
+- Parallel catch-up: a partition assigned with at least ``parallel_replay_min`` records to
+  fold is rebuilt through a reader process (``gpusched.adapters.catchup``) that fetches and
+  decodes while this process folds; the consumer takes the partition over from the offset
+  reached. Same events, same order, same dead letters as folding them here.
 """
 from __future__ import annotations
 
@@ -26,14 +30,16 @@ import asyncio
 import gc
 import heapq
 import logging
+import os
 import time
+from contextlib import aclosing
 from dataclasses import dataclass
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, NamedTuple
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.partitioner import murmur2
 
-from gpusched.adapters import codec
+from gpusched.adapters import catchup, codec, flat
 from gpusched.adapters.kafka_admin import TopicNames
 from gpusched.adapters.snapshots import SnapshotStore
 from gpusched.adapters.tracing import current_context
@@ -45,6 +51,24 @@ from gpusched.v1 import events_pb2
 
 log = logging.getLogger(__name__)
 GC_PAUSE_MIN = 1000   # batches at least this big (a replay) are fetched and folded with the cyclic GC paused
+# A partition assigned with this many records to fold is rebuilt by a reader process and
+# this one in parallel (see gpusched.adapters.catchup); below it, starting the reader
+# (~0.3 s) costs more than it saves. GPUSCHED_PARALLEL_REPLAY_MIN overrides it; 0 turns
+# parallel catch-up off.
+PARALLEL_REPLAY_MIN = 100_000
+
+
+def parallel_replay_min_from_env() -> int:
+    text = os.environ.get("GPUSCHED_PARALLEL_REPLAY_MIN", "")
+    if not text:
+        return PARALLEL_REPLAY_MIN
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ValueError(f"GPUSCHED_PARALLEL_REPLAY_MIN: {text!r} is not a record count >= 0")
+    return value
 
 
 def partition_for(pool: str, partitions: int) -> int:
@@ -231,6 +255,16 @@ class DeadLetters:
             log.exception("could not write dead letter for %s:%s", record.partition, record.offset)
 
 
+class DeadRecord(NamedTuple):
+    """What ``DeadLetters.put`` reads of a record, for records folded from a catch-up frame."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+
+
 # (partition, offset, event, outcome, state)
 OnEvent = Callable[[int, int, ev.Event, Outcome, ClusterState], None]
 OnPartitions = Callable[[set[int]], Awaitable[None] | None]
@@ -244,7 +278,8 @@ class LogFollower:
                  on_event: OnEvent | None = None, partitions: list[int] | None = None,
                  group_id: str | None = None, on_assigned: OnPartitions | None = None,
                  on_revoked: OnPartitions | None = None, use_snapshots: bool = False,
-                 snapshots: SnapshotStore | None = None, freeze_state: bool = False) -> None:
+                 snapshots: SnapshotStore | None = None, freeze_state: bool = False,
+                 parallel_replay_min: int | None = None) -> None:
         self.topics = topics
         self.fetch_mode = FETCH_MODES[0]
         self._busier_streak = 0              # see next_fetch_mode
@@ -264,6 +299,14 @@ class LogFollower:
         # over a second (the frozen objects of gRPC and asyncio in cycles are never
         # collected), so a live service leaves the GC alone.
         self._catching_up: set[int] = set()
+        # Partitions being rebuilt by a reader process (paused in the consumer meanwhile)
+        self.parallel_replay_min = (parallel_replay_min_from_env() if parallel_replay_min is None
+                                    else parallel_replay_min)
+        self._catchups: dict[int, asyncio.Task] = {}
+        # One process folds every frame, so readers beyond what keeps it busy only compete
+        # for the cores: other partitions far behind wait their turn, paused.
+        self._readers = asyncio.Semaphore(max(1, (os.cpu_count() or 2) // 2))
+        self.catchup_runs: dict[int, dict] = {}   # partition -> what its last parallel catch-up did
         self.snapshot_loads: dict[int, dict] = {}   # partition -> what its last snapshot load took
         self._snapshots = snapshots
         self._own_snapshots = False
@@ -313,11 +356,98 @@ class LogFollower:
         are paused meanwhile: the fetcher would otherwise fetch (and this loop unpack)
         records from the old position while a snapshot decodes, competing for the CPU."""
         self._consumer.pause(*tps)
+        parallel: list[tuple[TopicPartition, int]] = []
         try:
             await self._load_states(tps)
+            parallel = await self._far_behind(tps)
         finally:
-            self._consumer.resume(*tps)
+            held = {tp for tp, _ in parallel}
+            self._consumer.resume(*[tp for tp in tps if tp not in held])
+        for tp, end in parallel:
+            self._catchups[tp.partition] = asyncio.create_task(
+                self._catch_up(tp, self.states[tp.partition], end), name=f"catch-up-{self.name}-{tp.partition}")
         self.changed.set()   # a state loaded whole may need no tail: let schedulers look now
+
+    async def _far_behind(self, tps: list[TopicPartition]) -> list[tuple[TopicPartition, int]]:
+        """The partitions with at least ``parallel_replay_min`` records to fold, with the
+        end offset of the log now."""
+        if not self.parallel_replay_min or not tps:
+            return []
+        ends = await self._consumer.end_offsets(tps)
+        return [(tp, ends[tp]) for tp in tps
+                if ends[tp] - (self.states[tp.partition].offset + 1) >= self.parallel_replay_min]
+
+    async def _catch_up(self, tp: TopicPartition, state: ClusterState, end: int) -> None:
+        """Fold the partition's records up to ``end`` as a reader process decodes them,
+        then hand the partition to the consumer from the offset reached. A failed reader
+        only ends this early: the consumer folds the rest, as without a reader."""
+        partition, start, t0 = tp.partition, state.offset + 1, time.perf_counter()
+        run = self.catchup_runs[partition] = {"start": start, "end": end, "folded": 0, "error": ""}
+        try:
+            async with self._readers, aclosing(catchup.frames(self._bootstrap, tp.topic, partition, start, end)) as stream:
+                async for offsets, items in stream:
+                    if self.states.get(partition) is not state:
+                        return   # revoked meanwhile (closing the stream stops the reader)
+                    dead = self._fold_flat(partition, state, offsets, items)
+                    run["folded"] += len(items)
+                    for record, reason in dead:
+                        await self._dead_letters.put(record, reason)
+                    self._wake(partition, state.offset)
+                    self.changed.set()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            run["error"] = repr(exc)
+            log.warning("%s: parallel catch-up of partition %d stopped at offset %d (%r); the consumer goes on "
+                        "from there", self.name, partition, state.offset, exc)
+        finally:
+            run["seconds"] = time.perf_counter() - t0
+            if self._catchups.get(partition) is asyncio.current_task():
+                del self._catchups[partition]
+            if self.states.get(partition) is state:   # still ours: the consumer takes over
+                self._consumer.seek(tp, state.offset + 1)
+                self._consumer.resume(tp)
+        log.info("%s: partition %d caught up to offset %d in parallel (%d records in %.1f s)",
+                 self.name, partition, state.offset, run["folded"], run["seconds"])
+
+    def _fold_flat(self, partition: int, state: ClusterState, offsets: list[int], items: list[tuple]) -> list:
+        """``_fold_records`` for a catch-up frame: the same fold, on events rebuilt from
+        their flat form, with the cyclic GC paused; the records to dead-letter."""
+        build, fold, on_event = flat.BUILD_BY_CODE, apply, self._on_event
+        topic, last, dead = self.topics.events, state.offset, []
+        paused = gc.isenabled()
+        if paused:
+            gc.disable()
+        try:
+            for offset, item in zip(offsets, items):
+                if offset <= last:
+                    continue
+                code = item[0]
+                if code < 0:   # did not decode: (-1, reason, key, value)
+                    state.offset = last = offset
+                    dead.append((DeadRecord(topic, partition, offset, item[2], item[3]), item[1]))
+                    continue
+                event = build[code](item)
+                try:
+                    outcome = fold(state, event)
+                except Exception as exc:  # a reducer bug must not stop the service
+                    log.exception("reducer failed on %s:%s", partition, offset)
+                    state.offset = last = offset
+                    dead.append((DeadRecord(topic, partition, offset, None, codec.encode(event, "")),
+                                 f"reducer error: {exc!r}"))
+                    continue
+                state.offset = last = offset
+                if on_event is not None:
+                    try:
+                        on_event(partition, offset, event, outcome, state)
+                    except Exception:
+                        log.exception("%s: handler failed on %s:%s", self.name, partition, offset)
+            if self.freeze_state:
+                gc.freeze()   # what the frame built joins the state for good (see _run)
+        finally:
+            if paused:
+                gc.enable()
+        return dead
 
     async def _load_states(self, tps: list[TopicPartition]) -> None:
         from_start = []
@@ -373,7 +503,16 @@ class LogFollower:
         await self._consumer._client.force_metadata_update()
         return self._consumer._client.cluster.partitions_for_topic(self.topics.events) or set()
 
+    def cancel_catchups(self, partitions: set[int]) -> None:
+        for p in partitions:
+            task = self._catchups.pop(p, None)
+            if task is not None:
+                task.cancel()
+
     async def stop(self) -> None:
+        tasks = list(self._catchups.values())
+        self.cancel_catchups(set(self._catchups))
+        await asyncio.gather(*tasks, return_exceptions=True)
         if self._task:
             self._task.cancel()
             try:
@@ -393,7 +532,7 @@ class LogFollower:
     def lag(self, partition: int) -> int | None:
         """Records in the log (as of the last fetch) not yet folded; None when unknown."""
         state = self.states.get(partition)
-        if state is None or self._consumer is None:
+        if state is None or self._consumer is None or partition in self._catchups:
             return None
         high = self._consumer.highwater(TopicPartition(self.topics.events, partition))
         return None if high is None else max(0, high - (state.offset + 1))
@@ -550,6 +689,7 @@ class _Rebalance(ConsumerRebalanceListener):
 
     async def on_partitions_revoked(self, revoked) -> None:
         parts = {tp.partition for tp in revoked}
+        self.f.cancel_catchups(parts)
         for p in parts:
             self.f.states.pop(p, None)
             self.f.snapshot_offsets.pop(p, None)

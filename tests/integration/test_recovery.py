@@ -66,7 +66,7 @@ async def test_replicas_replaying_the_same_log_agree_and_duplicates_change_nothi
             await f.stop(); await p.stop()
 
 
-async def test_kill9_placer_mid_run_new_placer_finishes_the_work(kafka_bootstrap, topics, tmp_path):
+async def test_kill9_placer_mid_run_new_placer_finishes_the_work(kafka_bootstrap, topics, tmp_path, monkeypatch):
     cluster = LocalCluster(kafka_bootstrap, topics, tmp_path)
     try:
         admission = await cluster.admission()
@@ -86,13 +86,17 @@ async def test_kill9_placer_mid_run_new_placer_finishes_the_work(kafka_bootstrap
                     break
         stream.cancel()
         await placer.kill9()
-        await cluster.placer("placer-2")
+        # The new placer rebuilds every pool through a catch-up reader process, as it
+        # would a pool of 100,000 records and more (the log here is a few thousand).
+        monkeypatch.setenv("GPUSCHED_PARALLEL_REPLAY_MIN", "1")
+        placer2 = await cluster.placer("placer-2", "--log-level", "INFO")
 
         jobs = await client.wait_terminal(ids)
         assert sorted(j.phase for j in jobs) == [SUCCEEDED] * len(ids)
         await client.close()
     finally:
         await cluster.stop_all()
+    assert "in parallel" in placer2.log_path.read_text()
     report = check_log(await read_log(kafka_bootstrap, topics))
     assert report.violations == []
     producers = {j.job_id for j in report.jobs()}

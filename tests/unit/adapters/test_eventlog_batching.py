@@ -168,3 +168,25 @@ async def test_the_linger_follows_the_send_rate_up_and_back_down(monkeypatch):  
     clock[0] += 30       # a quiet spell: the next send already goes with the quiet linger
     publisher._count_send()
     assert publisher.linger_ms == 1
+
+
+# --- parallel catch-up: when a partition is rebuilt through a reader process -----------
+@pytest.mark.parametrize("env, expected", [
+    (None, eventlog.PARALLEL_REPLAY_MIN),
+    ("", eventlog.PARALLEL_REPLAY_MIN),
+    ("0", 0),             # off
+    ("250000", 250_000),
+])
+def test_parallel_replay_min_comes_from_the_environment(monkeypatch, env, expected):
+    if env is None:
+        monkeypatch.delenv("GPUSCHED_PARALLEL_REPLAY_MIN", raising=False)
+    else:
+        monkeypatch.setenv("GPUSCHED_PARALLEL_REPLAY_MIN", env)
+    assert eventlog.parallel_replay_min_from_env() == expected
+
+
+@pytest.mark.parametrize("env", ["-1", "many", "1e5"])
+def test_a_bad_parallel_replay_min_names_the_variable(monkeypatch, env):
+    monkeypatch.setenv("GPUSCHED_PARALLEL_REPLAY_MIN", env)
+    with pytest.raises(ValueError, match="GPUSCHED_PARALLEL_REPLAY_MIN"):
+        eventlog.parallel_replay_min_from_env()
