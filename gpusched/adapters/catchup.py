@@ -78,8 +78,8 @@ async def read_range(bootstrap: str, topic: str, partition: int, start: int, end
     the binary stream ``out``; the number of records read."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
-    from gpusched.adapters.codec import DecodeError, decode
-    from gpusched.adapters.flat import flatten, forget_strings
+    from gpusched.adapters.codec import DecodeError, decode_flat
+    from gpusched.adapters.flat import forget_strings
 
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
                                 max_partition_fetch_bytes=16 << 20, fetch_max_bytes=64 << 20,
@@ -101,7 +101,7 @@ async def read_range(bootstrap: str, topic: str, partition: int, start: int, end
                 if record.offset >= end:
                     break
                 try:
-                    item = flatten(decode(record.value)[0])
+                    item = decode_flat(record.value)
                 except DecodeError as exc:
                     item = (-1, str(exc), record.key, record.value)
                 offsets.append(record.offset)

@@ -16,6 +16,7 @@ import typing
 from functools import cache
 from typing import Any, Callable
 
+from gpusched.adapters import flat
 from gpusched.core import events as ev
 from gpusched.core import model
 from gpusched.v1 import events_pb2, types_pb2
@@ -150,19 +151,29 @@ def decode(data: bytes) -> tuple[ev.Event, events_pb2.EventEnvelope]:
     hot path the payload is checked with one ``HasField`` (WhichOneof, slower, only
     names a mismatch)."""
     env = _parse_envelope(data)
+    return _built(env, _EVENT_BUILDERS, _event_builder), env
+
+
+def decode_flat(data: bytes) -> tuple:
+    """``flat.flatten(decode(data)[0])``, read straight from the protobuf without building
+    the dataclasses (what a catch-up reader sends); the same DecodeErrors as ``decode``."""
+    return _built(_parse_envelope(data), _FLAT_BUILDERS, _flat_event_builder)
+
+
+def _built(env, builders: dict, make: Callable) -> Any:
     type_name = env.type
-    found = _EVENT_BUILDERS.get(type_name)
+    found = builders.get(type_name)
     if found is None:
         if type_name not in ev.EVENT_TYPES:
             raise DecodeError(f"unknown event type {type_name!r}")
-        found = _EVENT_BUILDERS[type_name] = _event_builder(ev.EVENT_TYPES[type_name])
+        found = builders[type_name] = make(ev.EVENT_TYPES[type_name])
     build, oneof = found
     if not env.event_id:
         raise DecodeError("missing event_id")
     if not env.HasField(oneof):
         raise DecodeError(f"type {type_name!r} does not match payload {env.WhichOneof('payload')!r}")
     try:
-        return build(env, getattr(env, oneof)), env
+        return build(env, getattr(env, oneof))
     except (DecodeError, ValueError, KeyError) as exc:
         raise DecodeError(f"bad {type_name}: {exc}") from None
 
@@ -207,22 +218,24 @@ _PROTO_PY = {  # FieldDescriptor.cpp_type -> the Python type upb returns for it
 }
 
 
-def _field_expr(cls: type, name: str, hint: Any, fdesc, ns: dict) -> str:
-    """Python source for field ``name`` of ``cls`` read from proto message ``m``."""
+def _field_expr(cls: type, name: str, hint: Any, fdesc, ns: dict, flat_form: bool = False) -> str:
+    """Python source for field ``name`` of ``cls`` read from proto message ``m``: the
+    domain value, or with ``flat_form`` its flat form (``gpusched.adapters.flat``)."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     src = f"m.{name}"
+    nested = _flat_message_builder if flat_form else _message_builder
     if origin is tuple and args and typing.get_origin(args[0]) is tuple:   # labels (a proto map)
         return f"tuple(sorted({src}.items()))"
     if origin is tuple:
         item = args[0]
         if dataclasses.is_dataclass(item):
             key = f"_b_{item.__name__}"
-            ns[key] = _message_builder(item)
+            ns[key] = nested(item)
             return f"tuple(map({key}, {src}))"
         return f"tuple({src})"
     if dataclasses.is_dataclass(hint):
         key = f"_b_{hint.__name__}"
-        ns[key] = _message_builder(hint)
+        ns[key] = nested(hint)
         return f"{key}({src})"
     if isinstance(hint, type) and issubclass(hint, enum.Enum):
         # valid numbers from a table; anything else through the plan's getter, which raises
@@ -232,19 +245,25 @@ def _field_expr(cls: type, name: str, hint: Any, fdesc, ns: dict) -> str:
         ns[f"_t_{cls.__name__}_{name}"] = table = {}
         for value in enum_type.values:
             try:
-                table[value.number] = get(value.number)
+                member = get(value.number)
             except DecodeError:
-                pass
-        # a member is a non-empty str, so truthy; the field is read once
+                continue
+            table[value.number] = member._value_ if flat_form else member
+        # a member (or its value) is a non-empty str, so truthy; the field is read once
         return f"(_t_{cls.__name__}_{name}.get(_v := {src}) or {key}(_v))"
     conv = hint_scalar(hint)
     if conv in (int, float, bool) and _PROTO_PY.get(fdesc.cpp_type) is conv:
-        return src
-    if conv is str and fdesc.type == fdesc.TYPE_STRING:
-        return src
-    key = f"_c_{cls.__name__}_{name}"
-    ns[key] = conv
-    return f"{key}({src})"
+        expr = src
+    elif conv is str and fdesc.type == fdesc.TYPE_STRING:
+        expr = src
+    else:
+        key = f"_c_{cls.__name__}_{name}"
+        ns[key] = conv
+        expr = f"{key}({src})"
+    if flat_form and flat.shares_string(name, hint):
+        ns["_share"] = flat.share_string
+        expr = f"_share(_v := {expr}, _v)"
+    return expr
 
 
 def _compile(cls: type, header: str, head_args: list[str], msg_desc, optional: set[str],
@@ -318,6 +337,55 @@ def _message_builder(cls: type) -> Callable[[Any], Any]:
                     if f.containing_oneof is not None and f.containing_oneof.name.startswith("_")}
         build = _MSG_BUILDERS[cls] = _compile(cls, "m", [], desc, optional)
     return build
+
+
+# --- flat builders: the catch-up reader's hot path ----------------------------------------
+# The same reads, compiled into one tuple display per class: the flat form an event takes
+# to the folding process, without the dataclasses a reader would build only to take apart.
+_FLAT_BUILDERS: dict[str, tuple[Callable[[Any, Any], tuple], str]] = {}   # type -> (builder, oneof)
+_FLAT_MSG_BUILDERS: dict[type, Callable[[Any], tuple]] = {}
+_FLAT_ENVELOPE = {"event_id": "env.event_id", "time": "env.time", "producer": "_share(_v := env.producer, _v)"}
+
+
+def _compile_flat(cls: type, header: str, msg_desc, optional: set[str]) -> Callable:
+    hints = typing.get_type_hints(cls, vars(model) | vars(ev))
+    ns: dict[str, Any] = {"_share": flat.share_string}
+    event = issubclass(cls, ev.Event)
+    parts = [str(flat.EVENT_CLASSES.index(cls))] if event else []
+    for f in dataclasses.fields(cls):
+        if event and f.name in _ENVELOPE_FIELDS:
+            parts.append(_FLAT_ENVELOPE[f.name])
+            continue
+        expr = _field_expr(cls, f.name, hints[f.name], msg_desc.fields_by_name[f.name], ns, flat_form=True)
+        if f.name in optional:   # unset on the wire: the flat form of the dataclass default
+            if f.default is not dataclasses.MISSING:
+                default = f.default
+            elif f.default_factory is not dataclasses.MISSING:
+                default = f.default_factory()
+            else:
+                raise TypeError(f"{cls.__name__}.{f.name}: optional on the wire but required here")
+            ns[f"_d_{f.name}"] = flat.flatten_value(default)
+            expr = f"({expr} if m.HasField({f.name!r}) else _d_{f.name})"
+        parts.append(expr)
+    source = f"def build({header}):\n    return ({', '.join(parts)},)\n"
+    exec(compile(source, f"<codec flat builder {cls.__name__}>", "exec"), ns)
+    return ns["build"]
+
+
+def _flat_message_builder(cls: type) -> Callable[[Any], tuple]:
+    build = _FLAT_MSG_BUILDERS.get(cls)
+    if build is None:
+        desc = getattr(types_pb2, cls.__name__).DESCRIPTOR
+        optional = {f.name for f in desc.fields
+                    if f.containing_oneof is not None and f.containing_oneof.name.startswith("_")}
+        build = _FLAT_MSG_BUILDERS[cls] = _compile_flat(cls, "m", desc, optional)
+    return build
+
+
+def _flat_event_builder(cls: type) -> tuple[Callable[[Any, Any], tuple], str]:
+    oneof = _oneof_name(cls.__name__)
+    desc = events_pb2.EventEnvelope.DESCRIPTOR.fields_by_name[oneof].message_type
+    return _compile_flat(cls, "env, m", desc, set()), oneof
 
 
 def _event_builder(cls: type) -> tuple[Callable[[Any, Any], ev.Event], str]:

@@ -56,7 +56,7 @@ def _field_kinds(cls: type) -> list[tuple[str, _Kind, Any]]:
             kinds.append((f.name, _Kind.VALUES, args[0]))
         elif isinstance(hint, type) and issubclass(hint, enum.Enum):
             kinds.append((f.name, _Kind.ENUM, hint))
-        elif hint is str and f.name != "event_id":   # ids are unique: nothing to share
+        elif shares_string(f.name, hint):
             kinds.append((f.name, _Kind.STR, None))
         else:
             kinds.append((f.name, _Kind.PLAIN, None))
@@ -70,6 +70,12 @@ def _compile(name: str, source: str, ns: dict) -> Callable:
 
 _FLATTENERS: dict[type, Callable[[Any], tuple]] = {}
 _STRINGS: dict[str, str] = {}
+share_string = _STRINGS.setdefault   # share_string(s, s): the memo's object equal to s
+
+
+def shares_string(name: str, hint: Any) -> bool:
+    """Whether a field goes through the string memo: every str but event ids (unique)."""
+    return hint is str and name != "event_id"
 
 
 def forget_strings() -> None:
@@ -82,7 +88,7 @@ def _flattener(cls: type) -> Callable[[Any], tuple]:
     fn = _FLATTENERS.get(cls)
     if fn is not None:
         return fn
-    ns: dict[str, Any] = {"_share": _STRINGS.setdefault}
+    ns: dict[str, Any] = {"_share": share_string}
     parts = [] if cls not in _CODES else [str(_CODES[cls])]
     for name, kind, sub in _field_kinds(cls):
         if kind is _Kind.VALUE:
@@ -161,6 +167,18 @@ BUILD_BY_CODE = tuple(_builder(cls) for cls in EVENT_CLASSES)
 
 def flatten(event: ev.Event) -> tuple:
     return _FLATTEN_BY_CLASS[type(event)](event)
+
+
+def flatten_value(value: Any) -> Any:
+    """The flat form of any field value: a value object, a tuple of them, an enum member,
+    or a plain value."""
+    if dataclasses.is_dataclass(value):
+        return _flattener(type(value))(value)
+    if isinstance(value, enum.Enum):
+        return value._value_
+    if type(value) is tuple and value and dataclasses.is_dataclass(value[0]):
+        return tuple(map(flatten_value, value))
+    return value
 
 
 def unflatten(flat: tuple) -> ev.Event:

@@ -7,13 +7,15 @@ import dataclasses
 import pickle
 
 import pytest
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpusched.adapters import flat
+from gpusched.adapters import codec, flat
 from gpusched.core import events as ev
 from gpusched.core.model import GpuSlot, JobSpec, WorkerAssignment, WorkerResources
-from tests.unit.adapters.test_codec import EVENTS, FAST
+from gpusched.v1 import events_pb2, types_pb2
+from tests.unit.adapters.test_codec import BAD as CODEC_BAD
+from tests.unit.adapters.test_codec import EVENTS, FAST, any_event
 
 
 def test_every_event_type_has_a_code():
@@ -98,3 +100,49 @@ def test_strings_are_shared_until_forgotten():
 def test_only_plain_slotted_dataclasses_can_be_rebuilt_slot_by_slot(cls, problem):
     with pytest.raises(TypeError, match=problem):
         flat._check_plain_slots(cls)
+
+
+# --- decode_flat: the catch-up reader reads the flat form straight from the protobuf ----
+def _flat_outcome(fn, blob: bytes):
+    try:
+        return fn(blob)
+    except codec.DecodeError:
+        return "DecodeError"
+
+
+@pytest.mark.parametrize("cls", list(EVENTS), ids=lambda c: c.__name__)
+@FAST
+@given(data=st.data())
+def test_decode_flat_is_the_flat_form_of_decode(cls, data):
+    event = data.draw(EVENTS[cls])
+    blob = codec.encode(event, "p")
+    assert codec.decode_flat(blob) == flat.flatten(codec.decode(blob)[0]) == flat.flatten(event)
+
+
+@pytest.mark.parametrize("blob", [b for _, b in CODEC_BAD], ids=[n for n, _ in CODEC_BAD])
+def test_decode_flat_rejects_what_decode_rejects(blob):
+    with pytest.raises(codec.DecodeError):
+        codec.decode_flat(blob)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(event=any_event, data=st.data())
+def test_decode_flat_agrees_with_decode_on_damaged_records(event, data):
+    blob = bytearray(codec.encode(event, "p"))
+    for _ in range(data.draw(st.integers(0, 3))):
+        if blob:
+            blob[data.draw(st.integers(0, len(blob) - 1))] ^= data.draw(st.integers(1, 255))
+    fast = _flat_outcome(codec.decode_flat, bytes(blob))
+    slow = _flat_outcome(lambda b: flat.flatten(codec.decode(b)[0]), bytes(blob))
+    # by repr too: a flipped bit can make a float NaN, and NaN != NaN
+    assert fast == slow or repr(fast) == repr(slow)
+
+
+def test_unset_optional_fields_come_back_as_the_flat_defaults():
+    env = events_pb2.EventEnvelope(event_id="e1", type="JobSubmitted")
+    env.job_submitted.job_id = "j"
+    env.job_submitted.spec.name = "j"
+    env.job_submitted.spec.kind = types_pb2.JOB_KIND_TRAINING
+    blob = env.SerializeToString()
+    assert codec.decode_flat(blob) == flat.flatten(codec.decode(blob)[0])
+    assert codec.decode(blob)[0].spec.max_restarts == 3   # the dataclass default, not proto's 0
