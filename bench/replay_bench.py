@@ -7,7 +7,10 @@
    failures with retries, cancellations, GPU faults and node loss/re-registration, so the
    state keeps thousands of nodes and jobs live. Every event is folded through the
    reducer while generating, so the log is one the services could have written.
-2. (a) Full replay into a fresh ``LogFollower``: events/s.
+2. (a) Full replay into a fresh ``LogFollower`` as the services run it (a partition
+   100,000 records or more behind is rebuilt with a catch-up reader process, see
+   ``gpusched.adapters.catchup``): events/s, and the CPU of each process. ``--serial-too``
+   also times each replay in one process (parallel catch-up off).
 3. (b) Resume: a new placer-like replica (fresh process, consumer-group member, as
    ``gpusched-placer`` builds its follower) from process start to "state caught up, ready
    to schedule" — with a snapshot written near the end of the log, and without one.
@@ -27,6 +30,7 @@ import gc
 import json
 import os
 import random
+import resource
 import secrets
 import subprocess
 import sys
@@ -303,16 +307,25 @@ async def produce(bootstrap: str, topics: TopicNames, values: list[bytes], parti
     return time.perf_counter() - t0
 
 
-async def full_replay(bootstrap: str, topics: TopicNames, partition: int) -> tuple[float, ClusterState]:
+async def full_replay(bootstrap: str, topics: TopicNames, partition: int,
+                      parallel: bool) -> tuple[float, float, float, ClusterState]:
+    """Wall seconds, this process's CPU and its catch-up readers' CPU to fold the whole
+    partition, and the state: with parallel catch-up as the services run it, or in this
+    process alone (``parallel_replay_min=0``)."""
     publisher = EventPublisher(bootstrap, topics, PARTITIONS)
     await publisher.start()
     follower = LogFollower(bootstrap, topics, "bench-replay", DeadLetters(publisher, "bench"), partitions=[partition],
-                           freeze_state=True)   # as the services run it
+                           freeze_state=True, parallel_replay_min=None if parallel else 0)   # as the services run it
     try:
-        t0 = time.perf_counter()
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)
+        t0, c0 = time.perf_counter(), time.process_time()
         await follower.start()
         await follower.caught_up(timeout=1800)
-        return time.perf_counter() - t0, follower.states[partition]
+        secs, cpu = time.perf_counter() - t0, time.process_time() - c0
+        await follower.stop()   # the reader has been waited for: its CPU is counted below
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        reader = (after.ru_utime + after.ru_stime) - (children.ru_utime + children.ru_stime)
+        return secs, cpu, reader, follower.states[partition]
     finally:
         await follower.stop()
         await publisher.stop()
@@ -371,6 +384,8 @@ async def resume_child(bootstrap: str, prefix: str, partition: int, use_snapshot
     }), flush=True)
     await follower.stop()
     await publisher.stop()
+    reader = resource.getrusage(resource.RUSAGE_CHILDREN)   # the catch-up reader, waited for by stop()
+    print(json.dumps({"reader_cpu": reader.ru_utime + reader.ru_stime}), flush=True)
 
 
 def resume(bootstrap: str, prefix: str, partition: int, use_snapshots: bool) -> dict:
@@ -382,7 +397,11 @@ def resume(bootstrap: str, prefix: str, partition: int, use_snapshots: bool) -> 
     )
     if out.returncode:
         raise RuntimeError(f"resume child failed:\n{out.stderr[-4000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    merged: dict = {}
+    for line in out.stdout.strip().splitlines():
+        if line.startswith("{"):
+            merged.update(json.loads(line))
+    return merged
 
 
 # --- main -------------------------------------------------------------------------------
@@ -461,20 +480,25 @@ async def main(args: argparse.Namespace) -> None:
         print(f"load before replay: {loadavg()}")
         runs = []
         for _ in range(args.replays if not args.resume_only else 0):
-            secs, state = await full_replay(bootstrap, topics, partition)
-            n = state.offset + 1
-            runs.append(n / secs)
-            ok = expected is None or digest(state) == expected
-            print(f"(a) full replay: {n:,} events in {secs:.2f}s = {n / secs:,.0f} events/s "
-                  f"(digest {'matches the generator' if ok else 'MISMATCH'}; load {loadavg()})")
-            del state
+            for parallel in (True, False) if args.serial_too else (True,):
+                secs, cpu, reader, state = await full_replay(bootstrap, topics, partition, parallel)
+                n = state.offset + 1
+                if parallel:
+                    runs.append(n / secs)
+                ok = expected is None or digest(state) == expected
+                how = (f"parallel catch-up (this process {cpu:.2f}s CPU, its reader {reader:.2f}s)" if parallel
+                       else f"one process ({cpu:.2f}s CPU)")
+                print(f"(a) full replay, {how}: {n:,} events in {secs:.2f}s = {n / secs:,.0f} events/s "
+                      f"(digest {'matches the generator' if ok else 'MISMATCH'}; load {loadavg()})")
+                del state
             gc.collect()
 
         # (b) resume, without a snapshot then with one near the end
         before = resume(bootstrap, prefix, partition, use_snapshots=False)
         print(f"(b) new replica, no snapshot: ready in {before['total']:.2f}s from process spawn "
               f"(imports {before['spawn_to_imported']:.2f}s, group join {before['start_to_assigned']:.2f}s, "
-              f"replay {before['assigned_to_ready']:.2f}s; process CPU {before['cpu']:.2f}s; load {loadavg()})")
+              f"replay {before['assigned_to_ready']:.2f}s; process CPU {before['cpu']:.2f}s, its catch-up reader's "
+              f"{before['reader_cpu']:.2f}s; load {loadavg()})")
         if snap is not None:
             store = SnapshotStore(bootstrap, topics)
             await store.start()
@@ -511,6 +535,8 @@ def cli() -> None:
                         "log's first event; 0 keeps every job. With --reuse: the kept log's own")
     p.add_argument("--snapshot-at", type=float, default=0.99, help="fraction of the log the snapshot covers")
     p.add_argument("--replays", type=int, default=2, help="full replays to time")
+    p.add_argument("--serial-too", action="store_true",
+                   help="time each full replay also in one process (parallel catch-up off)")
     p.add_argument("--keep", action="store_true", help="keep the topics")
     p.add_argument("--resume-only", action="store_true", help="with --reuse: only measure (b)")
     p.add_argument("--reuse", default="", help="measure on topics kept by an earlier run (prefix)")
