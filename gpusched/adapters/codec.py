@@ -94,10 +94,13 @@ def _present_optional(msg) -> set[str]:
     desc = msg.DESCRIPTOR
     names = _OPTIONAL_CACHE.get(desc)
     if names is None:
-        names = _OPTIONAL_CACHE[desc] = {
-            f.name for f in desc.fields if f.containing_oneof is not None and f.containing_oneof.name.startswith("_")
-        }
+        names = _OPTIONAL_CACHE[desc] = _optional_fields(desc)
     return names
+
+
+def _optional_fields(desc) -> set[str]:
+    """A proto3 ``optional`` field is the one member of a synthetic oneof named ``_<field>``."""
+    return {f.name for f in desc.fields if f.containing_oneof is not None and f.containing_oneof.name.startswith("_")}
 
 
 def _build(cls: type, msg) -> Any:
@@ -333,9 +336,7 @@ def _message_builder(cls: type) -> Callable[[Any], Any]:
     build = _MSG_BUILDERS.get(cls)
     if build is None:
         desc = getattr(types_pb2, cls.__name__).DESCRIPTOR
-        optional = {f.name for f in desc.fields
-                    if f.containing_oneof is not None and f.containing_oneof.name.startswith("_")}
-        build = _MSG_BUILDERS[cls] = _compile(cls, "m", [], desc, optional)
+        build = _MSG_BUILDERS[cls] = _compile(cls, "m", [], desc, _optional_fields(desc))
     return build
 
 
@@ -376,9 +377,7 @@ def _flat_message_builder(cls: type) -> Callable[[Any], tuple]:
     build = _FLAT_MSG_BUILDERS.get(cls)
     if build is None:
         desc = getattr(types_pb2, cls.__name__).DESCRIPTOR
-        optional = {f.name for f in desc.fields
-                    if f.containing_oneof is not None and f.containing_oneof.name.startswith("_")}
-        build = _FLAT_MSG_BUILDERS[cls] = _compile_flat(cls, "m", desc, optional)
+        build = _FLAT_MSG_BUILDERS[cls] = _compile_flat(cls, "m", desc, _optional_fields(desc))
     return build
 
 
