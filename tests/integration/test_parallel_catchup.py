@@ -1,12 +1,14 @@
 """Parallel catch-up (``gpusched.adapters.catchup``): a follower that rebuilds a partition
 through a reader process folds exactly what folding the records itself would: the same
 state, the same events in the same order to its callback, the same dead letters; then its
-consumer carries on from the offset reached, also when the reader dies half-way; and a
-follower that stops mid-way leaves no reader behind."""
+consumer carries on from the offset reached, also when the reader dies half-way; a
+follower that stops mid-way leaves no reader behind, and neither does a consumer-group
+rebalance mid-way, after which the pool's new owner agrees with a plain follower."""
 from __future__ import annotations
 
 import asyncio
 import os
+import time
 import uuid
 from pathlib import Path
 
@@ -191,3 +193,52 @@ async def test_a_follower_stopped_mid_catch_up_leaves_no_reader(kafka_bootstrap,
         await follower.stop()
     assert not readers() & running
     assert follower.states[PARTITION].offset < follower.catchup_runs[PARTITION]["end"] - 1
+
+
+async def test_a_rebalance_mid_catch_up_stops_the_reader_and_the_new_owner_agrees(kafka_bootstrap, topics, publisher):
+    records = await write_log(kafka_bootstrap, topics, publisher, jobs=12_000)
+    plain = await Follower(kafka_bootstrap, topics, publisher, parallel_replay_min=0).replay()
+    await plain.follower.stop()
+    group = f"{topics.prefix}catchup-group"
+    first_fold, assigned = asyncio.Event(), asyncio.Event()
+    slow = [True]   # the first member folds slowly until its partitions are taken, so the
+                    # rebalance lands while its catch-up runs (a frame still folds in ~1 s)
+
+    def on_event(*_):
+        first_fold.set()
+        if slow[0]:
+            time.sleep(0.0002)
+
+    def revoked(parts):
+        slow[0] = False
+
+    owners: list[LogFollower] = []
+
+    def member(name: str, on_event=None, on_revoked=None) -> LogFollower:
+        def on_assigned(parts):
+            if PARTITION in parts:
+                owners.append(follower)
+                assigned.set()
+        follower = LogFollower(kafka_bootstrap, topics, name, DeadLetters(publisher, name), group_id=group,
+                               on_event=on_event, on_assigned=on_assigned, on_revoked=on_revoked,
+                               parallel_replay_min=1)
+        return follower
+
+    a = member("member-a", on_event=on_event, on_revoked=revoked)
+    b = member("member-b")
+    await a.start()
+    try:
+        await asyncio.wait_for(first_fold.wait(), 60)
+        first_reader = readers()
+        assert len(first_reader) == 1 and PARTITION in a._catchups
+        assigned.clear()
+        await b.start()                                   # the group rebalances: a loses its partitions
+        await asyncio.wait_for(assigned.wait(), 60)       # the pool has an owner again
+        owner = owners[-1]
+        assert not readers() & first_reader               # the revoked catch-up's reader is gone
+        await owner.caught_up()
+        assert owner.states[PARTITION].offset == records - 1
+        assert digest(owner.states[PARTITION]) == digest(plain.state)
+    finally:
+        await asyncio.gather(a.stop(), b.stop())
+    assert not readers()
