@@ -4,10 +4,10 @@ Replaying a pool log costs ~13 us per event in one process: reading the records
 (aiokafka, ~1.7 us), decoding the protobuf into domain events (~4 us), the reducer
 (~6 us), the loop. Only the reducer must run where the state lives. So when a follower
 gets a partition whose lag is large (``LogFollower(parallel_replay_min=...)``), it starts
-this module as a reader process over the records it lacks: the reader fetches and decodes
-them, flattens each event to plain tuples (``gpusched.adapters.flat``) and writes them to
-its stdout in frames; the follower loads each frame (pickle of tuples: ~1 us an event),
-rebuilds the events and folds them, while the reader is already decoding the next frame.
+this module as a reader process over the records it lacks: the reader fetches them, decodes
+each protobuf straight into the event's flat form (``codec.decode_flat``: plain tuples, see
+``gpusched.adapters.flat``) and writes them to its stdout in frames; the follower loads each
+frame (a pickle of tuples: 0.4 us an event), rebuilds the events and folds them, while the reader is already decoding the next frame.
 It is a pipeline of two stages on two cores, as databases recover with parallel redo.
 
 Frames: a 4-byte little-endian length, then ``pickle.dumps((offsets, items))``, where
@@ -87,9 +87,9 @@ def _load(data: bytes) -> Frame:
 
 
 # --- the reader process ---------------------------------------------------------------
-async def read_range(bootstrap: str, topic: str, partition: int, start: int, end: int, out) -> int:
+async def read_range(bootstrap: str, topic: str, partition: int, start: int, end: int, out) -> None:
     """Decode ``topic[partition]`` from ``start`` to ``end`` (exclusive) into frames on
-    the binary stream ``out``; the number of records read."""
+    the binary stream ``out``."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
     from gpusched.adapters.codec import DecodeError, decode_flat
@@ -99,7 +99,6 @@ async def read_range(bootstrap: str, topic: str, partition: int, start: int, end
                                 max_partition_fetch_bytes=16 << 20, fetch_max_bytes=64 << 20,
                                 isolation_level="read_uncommitted", client_id=f"catchup-{partition}")
     await consumer.start()
-    read = 0
     try:
         tp = TopicPartition(topic, partition)
         consumer.assign([tp])
@@ -128,13 +127,11 @@ async def read_range(bootstrap: str, topic: str, partition: int, start: int, end
                         forget_strings()
             finally:
                 gc.enable()
-            read += len(batch)
             position = max(position, batch[-1].offset + 1)
         if items:
             _write_frame(out, offsets, items)
         out.write(_LENGTH.pack(0))
         out.flush()
-        return read
     finally:
         await consumer.stop()
 

@@ -279,14 +279,8 @@ def _compile(cls: type, header: str, head_args: list[str], msg_desc, optional: s
             continue
         expr = _field_expr(cls, f.name, hints[f.name], msg_desc.fields_by_name[f.name], ns)
         if f.name in optional:   # unset on the wire: the dataclass default, as _build does
-            if f.default is not dataclasses.MISSING:
-                ns[f"_d_{f.name}"] = f.default
-                expr = f"({expr} if m.HasField({f.name!r}) else _d_{f.name})"
-            elif f.default_factory is not dataclasses.MISSING:
-                ns[f"_d_{f.name}"] = f.default_factory
-                expr = f"({expr} if m.HasField({f.name!r}) else _d_{f.name}())"
-            else:
-                raise TypeError(f"{cls.__name__}.{f.name}: optional on the wire but required here")
+            ns[f"_d_{f.name}"], factory = _unset_default(cls, f)
+            expr = f"({expr} if m.HasField({f.name!r}) else _d_{f.name}{'()' if factory else ''})"
         args.append(f"{f.name}={expr}")
     if intern and cls in _INTERNED:
         # A small value that repeats across events (GPU slots, worker shapes): one shared
@@ -318,6 +312,16 @@ def _compile(cls: type, header: str, head_args: list[str], msg_desc, optional: s
         source = f"def build({header}):\n    return _cls({', '.join(args)})\n"
     exec(compile(source, f"<codec builder {cls.__name__}>", "exec"), ns)
     return ns["build"]
+
+
+def _unset_default(cls: type, f: dataclasses.Field) -> tuple[Any, bool]:
+    """What a field declared ``optional`` in proto takes when unset on the wire: the
+    dataclass default, or its factory (and True)."""
+    if f.default is not dataclasses.MISSING:
+        return f.default, False
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory, True
+    raise TypeError(f"{cls.__name__}.{f.name}: optional on the wire but required here")
 
 
 def _plain_slots_dataclass(cls: type) -> bool:
@@ -359,13 +363,8 @@ def _compile_flat(cls: type, header: str, msg_desc, optional: set[str]) -> Calla
             continue
         expr = _field_expr(cls, f.name, hints[f.name], msg_desc.fields_by_name[f.name], ns, flat_form=True)
         if f.name in optional:   # unset on the wire: the flat form of the dataclass default
-            if f.default is not dataclasses.MISSING:
-                default = f.default
-            elif f.default_factory is not dataclasses.MISSING:
-                default = f.default_factory()
-            else:
-                raise TypeError(f"{cls.__name__}.{f.name}: optional on the wire but required here")
-            ns[f"_d_{f.name}"] = flat.flatten_value(default)
+            default, factory = _unset_default(cls, f)
+            ns[f"_d_{f.name}"] = flat.flatten_value(default() if factory else default)
             expr = f"({expr} if m.HasField({f.name!r}) else _d_{f.name})"
         parts.append(expr)
     source = f"def build({header}):\n    return ({', '.join(parts)},)\n"

@@ -3,8 +3,8 @@
 A parallel replay (``gpusched.adapters.catchup``) decodes records in a reader process and
 hands the events to the process that folds them. Pickling the dataclasses would cost about
 as much to load as decoding the protobuf again (4.3 us against 5.0 us per event,
-measured), so events cross as tuples of str/int/float/bool that ``marshal`` dumps and loads
-in bulk, and are rebuilt here by straight-line functions compiled once per class, as
+measured), so events cross as tuples of str/int/float/bool, pickled a frame at a time
+(``marshal`` loads them 2-3x slower: it builds every string anew), and are rebuilt here by straight-line functions compiled once per class, as
 ``codec`` compiles its protobuf builders.
 
 An event flattens to ``(type code, field, field, ...)`` with its dataclass fields in
@@ -81,6 +81,8 @@ def shares_string(name: str, hint: Any) -> bool:
 def forget_strings() -> None:
     """Start a new string memo (after each frame: it only has to span one pickle)."""
     _STRINGS.clear()
+
+
 _BUILDERS: dict[type, Callable[[tuple], Any]] = {}
 
 
@@ -184,7 +186,3 @@ def flatten_value(value: Any) -> Any:
 def unflatten(flat: tuple) -> ev.Event:
     return BUILD_BY_CODE[flat[0]](flat)
 
-
-def unflatten_all(flats) -> list[ev.Event]:
-    build = BUILD_BY_CODE
-    return [build[t[0]](t) for t in flats]
