@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from gpusched.core.mig import parse_profile
+from gpusched.core.mig import parse_profile, slice_mask
 from gpusched.core.model import GpuSlot, JobSpec, WorkerAssignment, WorkerResources
 from gpusched.core.state import ClusterState, GpuState, JobState, NodeState
 
@@ -39,9 +39,7 @@ def _numbered(workers: tuple[WorkerAssignment, ...], count: int) -> bool:
     return sorted(w.worker for w in workers) == list(range(count))
 
 
-def _unusable(node: NodeState | None, name: str, pool: str) -> str:
-    if node is None:
-        return f"unknown node {name}"
+def _unusable(node: NodeState, name: str, pool: str) -> str:
     if not node.schedulable:   # status READY
         return f"node {name} is {node.status.value}"
     if node.info.pool != pool:
@@ -54,6 +52,8 @@ def _check_one(state: ClusterState, spec: JobSpec, w: WorkerAssignment) -> str:
     the same order, without the per-worker lists."""
     res = spec.resources
     node = state.nodes.get(w.node)
+    if node is None:
+        return f"unknown node {w.node}"
     problem = _unusable(node, w.node, spec.pool)
     if problem:
         return problem
@@ -74,6 +74,8 @@ def _check_on_distinct_nodes(state: ClusterState, spec: JobSpec, workers: tuple[
     nodes: list[NodeState] = []
     for w in workers:
         node = state.nodes.get(w.node)
+        if node is None:
+            return f"unknown node {w.node}"
         problem = _unusable(node, w.node, spec.pool)
         if problem:
             return problem
@@ -97,7 +99,7 @@ def _slots_lack(w: WorkerAssignment, gpus: list[GpuState]) -> str:
     for slot in w.gpus:
         gpu = gpus[slot.index]
         if slot.mig_profile:
-            mask = parse_profile(slot.mig_profile).mask(slot.mig_start)
+            mask = slice_mask(slot.mig_profile, slot.mig_start)
             if gpu.used_milli or gpu.mig_mask & mask or not gpu.healthy or not gpu.info.mig_capable:
                 return f"GPU {w.node}/{slot.index} lacks the MIG slices"
         elif gpu.mig_mask or gpu.used_milli + slot.milli > 1000 or not gpu.healthy:
@@ -113,6 +115,8 @@ def _check_sharing_nodes(state: ClusterState, spec: JobSpec, workers: tuple[Work
     gpu_mig: dict[tuple[str, int], int] = defaultdict(int)
     for w in workers:
         node = state.nodes.get(w.node)
+        if node is None:
+            return f"unknown node {w.node}"
         problem = _unusable(node, w.node, spec.pool)
         if problem:
             return problem
@@ -124,7 +128,7 @@ def _check_sharing_nodes(state: ClusterState, spec: JobSpec, workers: tuple[Work
         for slot in w.gpus:
             key = (w.node, slot.index)
             if slot.mig_profile:
-                mask = parse_profile(slot.mig_profile).mask(slot.mig_start)
+                mask = slice_mask(slot.mig_profile, slot.mig_start)
                 if gpu_mig[key] & mask:
                     return f"MIG slices on {key} given twice"
                 gpu_mig[key] |= mask
@@ -180,7 +184,7 @@ def book_resources(node: NodeState, res: WorkerResources, slots: tuple[GpuSlot, 
     for slot in slots:
         gpu = gpus[slot.index]
         if slot.mig_profile:
-            mask = parse_profile(slot.mig_profile).mask(slot.mig_start)
+            mask = slice_mask(slot.mig_profile, slot.mig_start)
             gpu.mig_mask = gpu.mig_mask | mask if sign > 0 else gpu.mig_mask & ~mask
         else:
             gpu.used_milli += sign * slot.milli
@@ -203,7 +207,7 @@ def _book(state: ClusterState, job: JobState, workers: tuple[WorkerAssignment, .
         if mig:
             for slot in w.gpus:
                 gpu = gpus[slot.index]
-                mask = parse_profile(slot.mig_profile).mask(slot.mig_start)
+                mask = slice_mask(slot.mig_profile, slot.mig_start)
                 gpu.mig_mask = gpu.mig_mask | mask if sign > 0 else gpu.mig_mask & ~mask
         else:   # checked on placement: every slot of a non-MIG job is whole or a share
             for slot in w.gpus:

@@ -46,6 +46,15 @@ def parse_profile(text: str) -> MigProfile | None:
     return PROFILES.get(text) or PROFILES.get(text.split(".", 1)[0].strip().lower())
 
 
+def slice_mask(text: str, start: int) -> int:
+    """The memory slices of a slot already checked against its profile (the reducer's
+    booking paths): ``parse_profile(text).mask(start)``, where an unknown profile is a bug."""
+    profile = parse_profile(text)
+    if profile is None:
+        raise ValueError(f"unknown MIG profile {text!r}")
+    return profile.mask(start)
+
+
 def fits_at(used_mask: int, profile: MigProfile, start: int) -> bool:
     return start in profile.starts and not used_mask & profile.mask(start)
 

@@ -10,7 +10,7 @@ duplicated messages and racing replicas harmless.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from gpusched.core import events as ev
 from gpusched.core.capacity import check_placement, commit, release
@@ -72,7 +72,8 @@ def apply(state: ClusterState, event: ev.Event) -> Outcome:
 
 # One handler per event type, looked up by the event's exact type: a plain dict is
 # several times cheaper per event than functools.singledispatch.
-Handler = Callable[[ev.Event, ClusterState], "Outcome"]
+# Each handler takes its own event type: Any, since Callable is contravariant in it.
+Handler = Callable[[Any, ClusterState], "Outcome"]
 _HANDLERS: dict[type, Handler] = {}
 
 
