@@ -51,7 +51,7 @@ from gpusched.core import events as ev
 from gpusched.core.capacity import book_resources, commit, release
 from gpusched.core.model import GpuSlot, JobPhase, WorkerAssignment, WorkerResources
 from gpusched.core.priority import priority_value
-from gpusched.core.state import ClusterState, JobState, NodeState, Usage
+from gpusched.core.state import ClusterState, JobState, NodeState
 from gpusched.policies.booking import tentative
 from gpusched.policies.placement import PLACEMENTS, NodeScore, fits_node, pick_gpus, place_gang
 from gpusched.policies.quota import QueueTree, within_limits
@@ -210,23 +210,6 @@ class _Scratch:
                     del self.state.usage[team]
 
 
-class _View:
-    """What ``place_gang`` needs of a state: the nodes (shared, so tentative releases show)
-    and a private usage table (so its own tentative bookings never touch the state's)."""
-
-    __slots__ = ("nodes", "usage")
-
-    def __init__(self, nodes: dict[str, NodeState]) -> None:
-        self.nodes = nodes
-        self.usage: dict[str, Usage] = {}
-
-    def team_usage(self, team: str) -> Usage:
-        usage = self.usage.get(team)
-        if usage is None:
-            usage = self.usage[team] = Usage()
-        return usage
-
-
 def worker_slots(node: NodeState, res: WorkerResources, cap: int) -> int:
     """How many more workers of ``res`` (at most ``cap``) ``node`` takes right now, by the
     placer's own rules (``fits_node`` and ``pick_gpus``)."""
@@ -379,9 +362,11 @@ class _Context:
     # --- placement --------------------------------------------------------------------------
     def place(self, job: JobState) -> tuple[WorkerAssignment, ...] | None:
         """Where the placer would put ``job`` on the state as it is now (booked or not)."""
-        view = _View(self.state.nodes)
-        with tentative(view) as booking:  # type: ignore[arg-type]
-            return place_gang(view, job, self.score, booking)  # type: ignore[arg-type]
+        # The nodes shared (so tentative releases show), the usage table private (so its
+        # own tentative bookings never touch the state's): all place_gang reads.
+        view = ClusterState(nodes=self.state.nodes)
+        with tentative(view) as booking:
+            return place_gang(view, job, self.score, booking)
 
     def shape(self, job: JobState) -> tuple:
         spec = job.spec
