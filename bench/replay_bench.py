@@ -42,6 +42,7 @@ sys.path.insert(0, str(REPO))
 
 from aiokafka import AIOKafkaProducer  # noqa: E402
 
+from gpusched import native  # noqa: E402
 from gpusched.adapters import codec  # noqa: E402
 from gpusched.adapters.eventlog import DeadLetters, EventPublisher, LogFollower, partition_for  # noqa: E402
 from gpusched.adapters.forked_snapshot import CAN_FORK, snapshot_bytes_forked  # noqa: E402
@@ -412,7 +413,8 @@ async def main(args: argparse.Namespace) -> None:
         return
     await wait_for_broker(bootstrap, 60)
     cmd = " ".join([".venv/bin/python", "bench/replay_bench.py"] + sys.argv[1:])
-    print(f"command: {cmd}\nbroker: {bootstrap}  cpus: {os.cpu_count()}  load at start: {loadavg()}")
+    print(f"command: {cmd}\nbroker: {bootstrap}  cpus: {os.cpu_count()}  load at start: {loadavg()}  "
+          f"reducer: {native.status}")
     if not args.reuse:   # a kept log carries its own
         print(f"finished-job retention: {args.retention:g}s of log time" + (" (off: every job stays)" if not args.retention
               else f" (the services' default is {DEFAULT_JOB_RETENTION_S:g}s)"))

@@ -26,6 +26,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition  # noqa: E402
 
 import pickle  # noqa: E402
 
+from gpusched import native  # noqa: E402
 from gpusched.adapters import codec, flat  # noqa: E402
 from gpusched.adapters.catchup import FRAME_EVENTS  # noqa: E402
 from gpusched.adapters.eventlog import partition_for  # noqa: E402
@@ -77,6 +78,7 @@ def main() -> None:
     state = ClusterState()
     fold = timed(lambda: [apply(state, e) for e in events])
     us = 1e6 / n
+    print(f"reducer: {native.status}")
     print(f"{n:,} events of {args.reuse}cluster-events; per event: aiokafka read {read_cpu * us:.2f} µs CPU, "
           f"envelope parse {parse * us:.2f} µs, decode (parse included) {decode * us:.2f} µs, "
           f"reducer {fold * us:.2f} µs (retention {state.retention_s:g} s; {len(state.jobs):,} jobs at the end); "

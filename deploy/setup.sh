@@ -3,7 +3,9 @@
 #   1. .venv (Python 3.11) with the project installed editable, dev extras included
 #   2. protobuf/gRPC Python code generated from proto/gpusched/v1/*.proto into
 #      gpusched/v1/ (generated files are gitignored)
-#   3. the Kafka broker jars in the cache (deploy/kafka.sh fetch)
+#   3. the reducer's modules compiled with mypyc into gpusched/_native/ (seconds;
+#      skipped when built for the same sources; plain Python where it cannot build)
+#   4. the Kafka broker jars in the cache (deploy/kafka.sh fetch)
 # Needs: python3.11 (or python3 >= 3.11), Java 17+, Maven (for the Kafka jars).
 set -euo pipefail
 
@@ -62,6 +64,10 @@ elif [[ ! -f "$PROTO_STAMP" || "$(cat "$PROTO_STAMP")" != "$REPO" ]] \
   echo "$REPO" >"$PROTO_STAMP"
 fi
 
-# --- 3. Kafka jars ---
+# --- 3. the reducer compiled with mypyc (gpusched.native); plain Python without it ---
+.venv/bin/python deploy/build_native.py \
+  || log "warning: the reducer runs as plain Python (needs a C compiler and Python headers)"
+
+# --- 4. Kafka jars ---
 bash deploy/kafka.sh fetch
 log "ready"

@@ -55,6 +55,7 @@ from typing import Any, Callable, Iterator
 
 from gpusched.core.model import JobPhase
 from gpusched.core.state import ClusterState, DedupeWindow
+from gpusched.native import field_hints
 
 MAGIC = b"GSNP"
 FORMAT_VERSION = 1
@@ -396,7 +397,7 @@ def _dataclass_column(cls: type) -> Column:
     if any(not f.init or f.kw_only for f in fields):
         raise TypeError(f"{cls.__name__}: snapshots build dataclasses from positional fields only")
     names = tuple(f.name for f in fields)
-    hints = typing.get_type_hints(cls)
+    hints = field_hints(cls)   # typing.get_type_hints, also for a class compiled by mypyc
     _CLASSES.setdefault(cls, names)
     parts = [_column(hints[f.name], f"{cls.__name__}.{f.name}") for f in fields]
     immutable = cls.__dataclass_params__.frozen and all(p.immutable for p in parts)

@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from mypy_extensions import mypyc_attr
+
 from gpusched.core.mig import FULL_MASK, MigProfile
 from gpusched.core.model import (
     GpuInfo, JobPhase, JobSpec, NodeInfo, NodeStatus, WorkerAssignment,
@@ -84,6 +86,11 @@ class NodeState:
         return sum(1 for g in self.gpus if g.fits_whole())
 
 
+# A plain Python class even when this module is compiled (gpusched.native): the
+# interpreted policies read jobs' fields in tight loops, and reading a compiled class's
+# field from interpreted code costs ~14 ns instead of ~4 (the placer's cycle got 10 %
+# slower with it compiled).
+@mypyc_attr(native_class=False)
 @dataclass(slots=True)
 class JobState:
     job_id: str

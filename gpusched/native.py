@@ -1,0 +1,80 @@
+"""The reducer's modules compiled with mypyc, used when built for exactly these sources.
+
+``deploy/build_native.py`` (run by ``deploy/setup.sh``) compiles ``COMPILED`` into
+``gpusched/_native/``, beside a stamp of the sources it compiled. ``gpusched.core`` then
+imports those modules from there instead of the ``.py`` files: the same code, ~10-15 %
+faster to replay a log (README, "Replay"). The build lives outside the source folders so
+that a stale build can never shadow edited sources: when the stamp does not match the
+sources (or the interpreter), or ``GPUSCHED_NATIVE=0``, the plain modules are used, which
+are always complete and always correct.
+"""
+from __future__ import annotations
+
+import ast
+import hashlib
+import os
+import sys
+import typing
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+PACKAGE = Path(__file__).resolve().parent
+BUILD_DIR = PACKAGE / "_native"
+STAMP = BUILD_DIR / "SOURCES"
+# The reducer and the state it folds into. JobState stays a plain Python class (see
+# state.py): the interpreted policies read it in tight loops.
+COMPILED = ("core/mig.py", "core/state.py", "core/capacity.py", "core/retention.py", "core/reducer.py")
+
+status = "pure Python: gpusched.core not imported yet"
+
+
+def source_stamp() -> str:
+    """What a build is valid for: the interpreter and the compiled sources, byte for byte."""
+    digest = hashlib.sha256(sys.implementation.cache_tag.encode())
+    for name in COMPILED:
+        digest.update(name.encode() + b"\0" + (PACKAGE / name).read_bytes())
+    return digest.hexdigest()
+
+
+def core_path(path: list[str]) -> list[str]:
+    """``gpusched.core.__path__``, with the compiled modules' folder first when they were
+    built for these sources; sets ``status`` either way."""
+    global status
+    if os.environ.get("GPUSCHED_NATIVE", "1") == "0":
+        status = "pure Python: GPUSCHED_NATIVE=0"
+        return path
+    try:
+        built = STAMP.read_text().strip()
+    except OSError:
+        status = "pure Python: not built (deploy/setup.sh builds it)"
+        return path
+    if built != source_stamp():
+        status = "pure Python: the build is for other sources (deploy/setup.sh rebuilds it)"
+        return path
+    if str(BUILD_DIR) not in sys.path:
+        sys.path.append(str(BUILD_DIR))   # mypyc's shared library is a top-level module
+    status = "compiled (mypyc)"
+    return [str(BUILD_DIR / "gpusched" / "core"), *path]
+
+
+def is_compiled(cls: type) -> bool:
+    module = sys.modules.get(cls.__module__)
+    return str(getattr(module, "__file__", "")).endswith((".so", ".pyd"))
+
+
+@cache
+def field_hints(cls: type) -> dict[str, Any]:
+    """``typing.get_type_hints(cls)``, also for a dataclass compiled by mypyc, which keeps
+    only erased field types (``dict`` for ``dict[str, NodeState]``): those are read from
+    the class's source and evaluated in its compiled module, so they name its classes."""
+    if not is_compiled(cls):
+        return typing.get_type_hints(cls)
+    module = sys.modules[cls.__module__]
+    source = PACKAGE.joinpath(*cls.__module__.split(".")[1:]).with_suffix(".py")
+    for node in ast.parse(source.read_text()).body:
+        if isinstance(node, ast.ClassDef) and node.name == cls.__name__:
+            return {item.target.id: eval(ast.unparse(item.annotation), vars(module))  # noqa: S307 - our own source
+                    for item in node.body
+                    if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name)}
+    raise TypeError(f"no class {cls.__name__} in {source}")
