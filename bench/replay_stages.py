@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import gc
 import os
+import pickle
 import sys
 import time
 from collections import deque
@@ -23,8 +24,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from aiokafka import AIOKafkaConsumer, TopicPartition  # noqa: E402
-
-import pickle  # noqa: E402
 
 from gpusched import native  # noqa: E402
 from gpusched.adapters import codec, flat  # noqa: E402

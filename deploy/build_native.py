@@ -41,13 +41,12 @@ def build() -> None:
 
 def main(argv: list[str]) -> int:
     os.chdir(REPO)   # mypyc names the modules after their paths from here
-    fresh = native.STAMP.exists() and native.STAMP.read_text().strip() == native.source_stamp()
-    if fresh and "--force" not in argv:
+    if native.built_stamp() == native.source_stamp() and "--force" not in argv:
         print("build_native: up to date")
         return 0
     try:
         build()
-    except (ImportError, SystemExit, Exception) as exc:   # setuptools reports a failed compile as SystemExit
+    except (Exception, SystemExit) as exc:   # setuptools reports a failed compile as SystemExit
         print(f"build_native: not built ({exc!r}); gpusched runs its plain Python modules", file=sys.stderr)
         return 1
     print(f"build_native: compiled {', '.join(native.COMPILED)} into {native.BUILD_DIR.relative_to(REPO)}")

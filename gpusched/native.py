@@ -39,6 +39,14 @@ def source_stamp() -> str:
     return digest.hexdigest()
 
 
+def built_stamp() -> str | None:
+    """The stamp of the build in ``BUILD_DIR``, or None when there is none."""
+    try:
+        return STAMP.read_text().strip()
+    except OSError:
+        return None
+
+
 def core_path(path: list[str]) -> list[str]:
     """``gpusched.core.__path__``, with the compiled modules' folder first when they were
     built for these sources; sets ``status`` either way."""
@@ -46,9 +54,8 @@ def core_path(path: list[str]) -> list[str]:
     if os.environ.get("GPUSCHED_NATIVE", "1") == "0":
         status = "pure Python: GPUSCHED_NATIVE=0"
         return path
-    try:
-        built = STAMP.read_text().strip()
-    except OSError:
+    built = built_stamp()
+    if built is None:
         status = "pure Python: not built (deploy/setup.sh builds it)"
         return path
     if built != source_stamp():
