@@ -13,7 +13,7 @@ def job_message(job: JobState) -> types_pb2.Job:
         reason=job.reason, attempt=job.attempt, submitted_at=job.submitted_at,
         placed_at=job.placed_at, started_at=job.started_at, ended_at=job.ended_at,
         restarts=job.restarts, preemptions=job.preemptions, checkpoint=job.checkpoint,
-        idempotency_key=job.idempotency_key,
+        idempotency_key=job.idempotency_key, time_limit_s=job.time_limit_s, rendezvous=job.rendezvous,
     )
     msg.spec.CopyFrom(to_proto(job.spec, types_pb2.JobSpec))
     for w in job.workers:

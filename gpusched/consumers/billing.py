@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from gpusched.core.model import JobPhase
 from gpusched.core.state import JobState
 
-CHARGED = (JobPhase.RUNNING, JobPhase.PREEMPTING)
+CHARGED = (JobPhase.RUNNING, JobPhase.PREEMPTING, JobPhase.STOPPING)   # held until the processes are gone
 
 
 @dataclass

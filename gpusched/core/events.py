@@ -34,6 +34,15 @@ class NodeLost(Event):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class NodeFenced(Event):
+    """A lost node's workers are certainly dead: its agent's lease ran out and the kill
+    deadline passed (``NodeState.fence_at``). Their resources are released and their
+    jobs may run elsewhere. Written by the supervisor, never before ``fence_at``."""
+
+    node: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class NodeCordoned(Event):
     node: str
     reason: str = ""
@@ -93,6 +102,19 @@ class WorkerFinished(Event):
     node: str
     exit_code: int
     reason: str = ""
+    signal: int = 0          # the signal that ended the process (SIGKILL after the kill deadline)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RendezvousSet(Event):
+    """Where the workers of a gang's attempt meet: a free port on worker 0's node,
+    chosen by that node's agent. The other workers start once it is in the log."""
+
+    job_id: str
+    attempt: int
+    node: str
+    address: str
+    port: int
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -124,7 +146,28 @@ class AttemptFailed(Event):
     charge: bool = True
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AttemptTimedOut(Event):
+    """The supervisor's verdict on an attempt that reached its time limit: it is
+    stopped and the job ends as TIMEOUT (not retried, not charged as a fault)."""
+
+    job_id: str
+    attempt: int
+    reason: str = ""
+
+
 # --- the log's own settings -----------------------------------------------------------
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PoolTimeLimitsSet(Event):
+    """A pool's time limits, as Slurm's partition ``DefaultTime``/``MaxTime``: jobs
+    submitted without ``max_runtime_s`` get ``default_s``; none may ask more than
+    ``max_s``. 0 means none. Applies to jobs submitted after it."""
+
+    pool: str
+    default_s: float = 0.0
+    max_s: float = 0.0
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class JobRetentionSet(Event):
     """Finished jobs of this log are kept this long (seconds of log time; 0: for ever).
@@ -139,5 +182,6 @@ EVENT_TYPES: dict[str, type[Event]] = {
         NodeRegistered, NodeLost, NodeCordoned, NodeUncordoned, GpuHealthChanged,
         JobSubmitted, JobCancelled, JobPlaced, WorkerStarted, WorkerFinished,
         CheckpointSaved, JobPreempted, AttemptFailed, JobRetentionSet,
+        NodeFenced, RendezvousSet, AttemptTimedOut, PoolTimeLimitsSet,
     )
 }

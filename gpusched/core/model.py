@@ -25,9 +25,14 @@ class JobPhase(str, Enum):
     PLACED = "placed"
     RUNNING = "running"
     PREEMPTING = "preempting"   # victims told to checkpoint, GPUs not yet free
+    # The attempt is ending (cancel, failure, hang, time limit, node or GPU loss): its
+    # workers are being stopped and keep their GPUs, CPU and memory until each one's real
+    # end is reported (or its node is fenced). Then the job goes where ``stop_then`` says.
+    STOPPING = "stopping"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELLED = "cancelled"
+    TIMEOUT = "timeout"         # stopped at its time limit; not retried
 
     # Plain attributes of each member, set below. Properties here cost ~0.5 us a call on
     # Python 3.11: every ``JobPhase.X`` inside them goes through EnumType.__getattr__.
@@ -36,8 +41,8 @@ class JobPhase(str, Enum):
 
 
 for _phase in JobPhase:
-    _phase.terminal = _phase.value in ("succeeded", "failed", "cancelled")
-    _phase.holds_gpus = _phase.value in ("placed", "running", "preempting")
+    _phase.terminal = _phase.value in ("succeeded", "failed", "cancelled", "timeout")
+    _phase.holds_gpus = _phase.value in ("placed", "running", "preempting", "stopping")
 
 
 class NodeStatus(str, Enum):
@@ -140,6 +145,13 @@ class NodeInfo:
     labels: tuple[tuple[str, str], ...] = ()   # e.g. (("rack", "r1"), ("spine", "s0"))
     simulated: bool = False
     agent_id: str = ""                            # incarnation of the agent process
+    # Where peers reach this node's workers (a gang's MASTER_ADDR), and the fencing
+    # contract of its agent: a worker outlives the agent's last renewed lease by at
+    # most ``lease_s + kill_wait_s`` (docs/workloads.md). 0: nothing runs under a lease
+    # (simulated runs), so a lost node's work is gone when it is declared lost.
+    address: str = ""
+    lease_s: float = 0.0
+    kill_wait_s: float = 0.0
 
     def label(self, key: str, default: str = "") -> str:
         for k, v in self.labels:

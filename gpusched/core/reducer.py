@@ -28,6 +28,8 @@ _HOLDS_GPUS = tuple(phase for phase in JobPhase if phase.holds_gpus)
 # EnumType.__getattr__ (~0.13 us), and the handlers test phases several times an event.
 _PENDING, _PLACED, _RUNNING, _PREEMPTING = JobPhase.PENDING, JobPhase.PLACED, JobPhase.RUNNING, JobPhase.PREEMPTING
 _SUCCEEDED, _FAILED, _CANCELLED = JobPhase.SUCCEEDED, JobPhase.FAILED, JobPhase.CANCELLED
+_STOPPING, _TIMEOUT = JobPhase.STOPPING, JobPhase.TIMEOUT
+_NO_LIMITS = (0.0, 0.0)
 _READY, _LOST, _CORDONED = NodeStatus.READY, NodeStatus.LOST, NodeStatus.CORDONED
 
 
@@ -119,19 +121,53 @@ def _node_registered(e: ev.NodeRegistered, state: ClusterState) -> Outcome:
     for gpu, fresh in zip(old.gpus, info.gpus):
         gpu.info = fresh
     if old.status is _LOST:
+        # The agent came back: it killed what it still ran and reports those ends
+        # before it registers (services/node-agent), so the node is usable again.
         old.status = _CORDONED if old.cordoned else _READY
+        old.fence_at = 0.0
     state.capacity_epoch += 1   # back from lost, or a fresh inventory (labels, MIG mode)
     return ACCEPTED
 
 
 @_handles(ev.NodeLost)
 def _node_lost(e: ev.NodeLost, state: ClusterState) -> Outcome:
+    """Its jobs' attempts end, but nothing of theirs is released yet: the node's workers
+    may still run (a partitioned or frozen agent) until its lease ran out and the kill
+    deadline passed (``fence_at``). A node whose agent runs nothing under a lease is
+    fenced at once."""
     node = state.nodes.get(e.node)
     if node is None or node.status is _LOST:
         return _reject(f"node {e.node} unknown or already lost")
     node.status = _LOST
-    moved = [_requeue(state, state.jobs[j], f"node {e.node} lost", e.time) for j in sorted(node.jobs)]
-    return Outcome(True, jobs=tuple(moved))
+    node.fence_at = e.time + node.info.lease_s + node.info.kill_wait_s
+    reason = f"node {e.node} lost"
+    moved = [_begin_stop(state, state.jobs[j], "requeue", reason, e.time) for j in sorted(node.jobs)]
+    if node.info.lease_s <= 0:
+        moved += _fence(state, node, e.time)
+    return Outcome(True, jobs=tuple(sorted(set(moved))))
+
+
+@_handles(ev.NodeFenced)
+def _node_fenced(e: ev.NodeFenced, state: ClusterState) -> Outcome:
+    node = state.nodes.get(e.node)
+    if node is None or node.status is not _LOST or not node.jobs:
+        return _reject(f"node {e.node} unknown, not lost, or holding no work to fence")
+    if e.time < node.fence_at:
+        return _reject(f"node {e.node} cannot be fenced before {node.fence_at:.3f} (lease + kill deadline)")
+    return Outcome(True, jobs=tuple(_fence(state, node, e.time)))
+
+
+def _fence(state: ClusterState, node: NodeState, time: float) -> list[str]:
+    """Every worker still held on a lost node is gone: count it as ended (lost)."""
+    ended = []
+    for job_id in sorted(node.jobs):
+        job = state.jobs[job_id]
+        for w in job.workers:
+            if w.node == node.info.name and w.worker not in job.finished:
+                job.finished[w.worker] = EXIT_LOST
+        _settle_stop(state, job, time)
+        ended.append(job_id)
+    return ended
 
 
 @_handles(ev.NodeCordoned)
@@ -178,7 +214,8 @@ def _gpu_health_changed(e: ev.GpuHealthChanged, state: ClusterState) -> Outcome:
         if node.status is _READY:
             node.status = _CORDONED
     hit = [j for j in sorted(node.jobs) if _uses_gpu(state.jobs[j], e.node, e.gpu_index)]
-    moved = [_requeue(state, state.jobs[j], f"GPU {e.node}/{e.gpu_index} unhealthy", e.time) for j in hit]
+    moved = [_begin_stop(state, state.jobs[j], "requeue", f"GPU {e.node}/{e.gpu_index} unhealthy", e.time)
+             for j in hit]
     return Outcome(True, jobs=tuple(moved))
 
 
@@ -194,7 +231,13 @@ def _job_submitted(e: ev.JobSubmitted, state: ClusterState) -> Outcome:
     key = f"{e.spec.team}/{e.idempotency_key}" if e.idempotency_key else ""
     if key and key in state.idempotency:
         return _reject(f"idempotency key already used by {state.idempotency[key]}", e.job_id)
-    job = JobState(e.job_id, e.spec, state.next_seq, e.time, e.idempotency_key, pending_since=e.time)
+    default_s, max_s = state.pool_limits.get(e.spec.pool, _NO_LIMITS)
+    limit = e.spec.max_runtime_s or default_s
+    if max_s and limit > max_s:
+        return _reject(f"spec.max_runtime_s {limit:g}s is above pool {e.spec.pool}'s time limit of {max_s:g}s",
+                       e.job_id)
+    job = JobState(e.job_id, e.spec, state.next_seq, e.time, e.idempotency_key, pending_since=e.time,
+                   time_limit_s=limit)
     state.next_seq += 1
     state.jobs[e.job_id] = job
     state.pending[e.job_id] = None
@@ -206,9 +249,9 @@ def _job_submitted(e: ev.JobSubmitted, state: ClusterState) -> Outcome:
 @_handles(ev.JobCancelled)
 def _job_cancelled(e: ev.JobCancelled, state: ClusterState) -> Outcome:
     job = state.jobs.get(e.job_id)
-    if job is None or job.phase.terminal:
+    if job is None or job.phase.terminal or job.stop_then == "cancelled":
         return _reject(f"job {e.job_id} unknown or already ended", e.job_id)
-    _end(state, job, _CANCELLED, e.reason or "cancelled", e.time)
+    _begin_stop(state, job, "cancelled", e.reason or "cancelled", e.time)
     return _changed(job.job_id)
 
 
@@ -228,6 +271,7 @@ def _job_placed(e: ev.JobPlaced, state: ClusterState) -> Outcome:
     job.phase = _PLACED
     job.placed_at = e.time
     job.reason = ""
+    job.rendezvous = ""
     job.started.clear()
     job.finished.clear()
     del state.pending[job.job_id]
@@ -267,18 +311,27 @@ def _worker_finished(e: ev.WorkerFinished, state: ClusterState) -> Outcome:
     if job is None or e.worker in job.finished or not _assigned(job, e.worker, e.node):
         return _reject(f"no live attempt {e.attempt} worker {e.worker} on {e.node}", e.job_id)
     job.finished[e.worker] = e.exit_code
-    if job.phase is _PREEMPTING:
-        if len(job.finished) == len(job.workers):
-            job.preemptions += 1
-            _requeue(state, job, f"preempted for {job.nominated_by}", e.time, charge=False)
-        return _changed(job.job_id)
-    if e.exit_code == EXIT_LOST:
-        _requeue(state, job, e.reason or f"worker {e.worker} lost on {e.node}", e.time)
+    if job.phase is _PREEMPTING or job.phase is _STOPPING:
+        _settle_stop(state, job, e.time)
+    elif e.exit_code == EXIT_LOST:
+        _begin_stop(state, job, "requeue", e.reason or f"worker {e.worker} lost on {e.node}", e.time)
     elif e.exit_code != 0:
-        # One failed member fails the attempt: a gang restarts as a whole.
-        _retry_or_fail(state, job, e.reason or f"worker {e.worker} exited {e.exit_code}", e.time)
+        # One failed member fails the attempt: a gang restarts as a whole, once all of
+        # its other members are stopped.
+        _begin_stop(state, job, _retry_or_fail(job), e.reason or f"worker {e.worker} exited {e.exit_code}", e.time)
     elif len(job.finished) == len(job.workers):
         _end(state, job, _SUCCEEDED, "", e.time)
+    return _changed(job.job_id)
+
+
+@_handles(ev.RendezvousSet)
+def _rendezvous_set(e: ev.RendezvousSet, state: ClusterState) -> Outcome:
+    job = _current(state, e.job_id, e.attempt)
+    if job is None or job.rendezvous or job.phase is _STOPPING or job.phase is _PREEMPTING:
+        return _reject(f"no attempt {e.attempt} of {e.job_id} waiting for a rendezvous", e.job_id)
+    if not _assigned(job, 0, e.node) or not e.address or not 0 < e.port < 65536:
+        return _reject(f"a rendezvous is set by worker 0's node with an address and a port 1..65535", e.job_id)
+    job.rendezvous = f"{e.address}:{e.port}"
     return _changed(job.job_id)
 
 
@@ -296,7 +349,7 @@ def _checkpoint_saved(e: ev.CheckpointSaved, state: ClusterState) -> Outcome:
 @_handles(ev.JobPreempted)
 def _job_preempted(e: ev.JobPreempted, state: ClusterState) -> Outcome:
     job = _current(state, e.job_id, e.attempt)
-    if job is None or job.phase is _PREEMPTING:
+    if job is None or job.phase is _PREEMPTING or job.phase is _STOPPING:
         return _reject(f"job {e.job_id} attempt {e.attempt} is not running", e.job_id)
     if not job.spec.preemptible:
         return _reject(f"job {e.job_id} is not preemptible", e.job_id)
@@ -313,12 +366,21 @@ def _job_preempted(e: ev.JobPreempted, state: ClusterState) -> Outcome:
 @_handles(ev.AttemptFailed)
 def _attempt_failed(e: ev.AttemptFailed, state: ClusterState) -> Outcome:
     job = _current(state, e.job_id, e.attempt)
-    if job is None:
+    if job is None or job.phase is _STOPPING:
         return _reject(f"job {e.job_id} attempt {e.attempt} is not live", e.job_id)
     if e.charge:
-        _retry_or_fail(state, job, e.reason or "attempt failed", e.time)
+        _begin_stop(state, job, _retry_or_fail(job), e.reason or "attempt failed", e.time)
     else:
-        _requeue(state, job, e.reason or "attempt lost", e.time)
+        _begin_stop(state, job, "requeue", e.reason or "attempt lost", e.time)
+    return _changed(job.job_id)
+
+
+@_handles(ev.AttemptTimedOut)
+def _attempt_timed_out(e: ev.AttemptTimedOut, state: ClusterState) -> Outcome:
+    job = _current(state, e.job_id, e.attempt)
+    if job is None or job.stop_then == "timeout" or job.stop_then == "cancelled":
+        return _reject(f"job {e.job_id} attempt {e.attempt} is not live", e.job_id)
+    _begin_stop(state, job, "timeout", e.reason or f"time limit of {job.time_limit_s:g}s reached", e.time)
     return _changed(job.job_id)
 
 
@@ -332,6 +394,19 @@ def _job_retention_set(e: ev.JobRetentionSet, state: ClusterState) -> Outcome:
     return ACCEPTED
 
 
+@_handles(ev.PoolTimeLimitsSet)
+def _pool_time_limits_set(e: ev.PoolTimeLimitsSet, state: ClusterState) -> Outcome:
+    default_s, max_s = e.default_s, e.max_s
+    if not e.pool:
+        return _reject("pool must be named")
+    if not (0.0 <= default_s < float("inf")) or not (0.0 <= max_s < float("inf")):
+        return _reject("time limits must be finite numbers of seconds >= 0")
+    if max_s and default_s > max_s:
+        return _reject(f"default time limit {default_s:g}s is above the maximum {max_s:g}s")
+    state.pool_limits[e.pool] = (default_s, max_s)
+    return ACCEPTED
+
+
 # --- transitions shared by several events --------------------------------------------
 def _end(state: ClusterState, job: JobState, phase: JobPhase, reason: str, time: float) -> None:
     _stop(state, job, time)
@@ -340,6 +415,7 @@ def _end(state: ClusterState, job: JobState, phase: JobPhase, reason: str, time:
     job.phase = phase
     job.reason = reason
     job.ended_at = time
+    job.stop_then = ""
     note_ended(state, job)
 
 
@@ -363,6 +439,8 @@ def _requeue(state: ClusterState, job: JobState, reason: str, time: float, charg
     job.started.clear()
     job.finished.clear()
     job.nominated_by = ""
+    job.stop_then = ""
+    job.rendezvous = ""
     if charge:
         job.restarts += 1
         backoff = min(RETRY_BACKOFF_MAX_S, RETRY_BACKOFF_BASE_S * 2 ** (job.restarts - 1))
@@ -371,8 +449,48 @@ def _requeue(state: ClusterState, job: JobState, reason: str, time: float, charg
     return job.job_id
 
 
-def _retry_or_fail(state: ClusterState, job: JobState, reason: str, time: float) -> None:
-    if job.restarts < job.spec.max_restarts:
+def _retry_or_fail(job: JobState) -> str:
+    """Where a failed attempt leads: another try, or the end when the budget is spent."""
+    return "retry" if job.restarts < job.spec.max_restarts else "failed"
+
+
+_TERMINAL_AFTER_STOP = {"cancelled": _CANCELLED, "failed": _FAILED, "timeout": _TIMEOUT}
+_OVERRIDES_STOP = ("cancelled", "timeout")   # what the user or the clock says beats a requeue
+
+
+def _begin_stop(state: ClusterState, job: JobState, then: str, reason: str, time: float) -> str:
+    """End the attempt: a pending job moves on at once; one that holds resources keeps
+    them, STOPPING, until every worker's end is reported (``_settle_stop``). A job
+    already stopping keeps stopping; a later cancel or time limit wins over a requeue."""
+    if job.phase is _PENDING:
+        if then in _TERMINAL_AFTER_STOP:
+            _end(state, job, _TERMINAL_AFTER_STOP[then], reason, time)
+        return job.job_id
+    if job.phase is _STOPPING:
+        if then in _OVERRIDES_STOP and job.stop_then not in _TERMINAL_AFTER_STOP:
+            job.stop_then, job.reason = then, reason
+        return job.job_id
+    job.phase = _STOPPING
+    job.stop_then = then
+    job.reason = reason
+    _settle_stop(state, job, time)
+    return job.job_id
+
+
+def _settle_stop(state: ClusterState, job: JobState, time: float) -> None:
+    """Once every worker of a stopping (or preempted) attempt is gone, release its
+    resources and move the job on."""
+    if len(job.finished) < len(job.workers):
+        return
+    then, reason = job.stop_then, job.reason
+    if job.phase is _PREEMPTING or then == "preempted":
+        job.preemptions += 1
+        _requeue(state, job, reason if then else f"preempted for {job.nominated_by}", time)
+    elif then == "failed":
+        _end(state, job, _FAILED, f"restart budget spent: {reason}", time)
+    elif then in _TERMINAL_AFTER_STOP:
+        _end(state, job, _TERMINAL_AFTER_STOP[then], reason, time)
+    elif then == "retry":
         _requeue(state, job, f"retrying after failure: {reason}", time, charge=True)
     else:
-        _end(state, job, _FAILED, f"restart budget spent: {reason}", time)
+        _requeue(state, job, reason, time)

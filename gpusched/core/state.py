@@ -61,6 +61,9 @@ class NodeState:
     jobs: set[str] = field(default_factory=set)
     faults: int = 0       # GPU faults seen; repeated faults cordon the node
     cordoned: bool = False  # survives loss and re-registration until an operator clears it
+    # Set when the node is declared lost: from this log time on, its agent's lease has
+    # run out and the kill deadline passed, so nothing it ran can still be alive.
+    fence_at: float = 0.0
 
     @property
     def name(self) -> str:
@@ -116,6 +119,11 @@ class JobState:
     checkpoint_at: float = 0.0     # when the latest checkpoint was saved
     run_s: float = 0.0             # runtime accumulated over earlier attempts
     nominated_by: str = ""         # job this one is being preempted for
+    # While STOPPING: what the job becomes once every worker is gone ("requeue",
+    # "retry", or a terminal phase's value).
+    stop_then: str = ""
+    time_limit_s: float = 0.0      # max_runtime_s, or the pool's default; 0: none
+    rendezvous: str = ""           # "address:port" of this attempt's rendezvous (gangs)
 
     @property
     def team(self) -> str:
@@ -192,6 +200,8 @@ class ClusterState:
     # Preemptions in flight: the job they free capacity for -> (victims' nodes, when).
     # Schedulers keep those nodes for that job until it is placed or the hold expires.
     nominations: dict[str, tuple[tuple[str, ...], float]] = field(default_factory=dict)
+    # pool -> (default, max) time limit in seconds (PoolTimeLimitsSet); 0: none
+    pool_limits: dict[str, tuple[float, float]] = field(default_factory=dict)
     dedupe: DedupeWindow = field(default_factory=DedupeWindow)
     applied: int = 0      # events applied (duplicates excluded)
     rejected: int = 0     # proposals found invalid when applied

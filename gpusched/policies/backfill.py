@@ -3,8 +3,8 @@
 When the first job of the queue cannot be placed (typically a big gang on a busy
 cluster), smaller jobs behind it would otherwise take every GPU that frees up and the
 gang could wait forever. ``reserve_for_head_of_line`` finds when and where it could run:
-running jobs are expected to end at ``start + max_runtime_s`` (never, when the runtime is
-unknown), so for every node we replay its jobs' ends in order until the node can host
+running jobs are expected to end at ``start + time_limit_s`` (``max_runtime_s``, or the
+pool's default time limit; never, when there is none), so for every node we replay its jobs' ends in order until the node can host
 one more worker of the head, and take the earliest slots across nodes. The latest of
 those times is the *shadow time*. Other jobs may then run (be backfilled) only if they
 cannot delay it: they end before the shadow time, or they fit without touching the
@@ -29,8 +29,8 @@ def expected_end(job: JobState, now: float) -> float:
     """When ``job`` should have released its GPUs; ``inf`` when its runtime is unknown.
     A job booked in this cycle (still pending) starts ``now``; one being preempted is
     about to release; one past its estimate ends any moment."""
-    estimate = job.spec.max_runtime_s
-    if job.phase is JobPhase.PREEMPTING:
+    estimate = job.time_limit_s
+    if job.phase is JobPhase.PREEMPTING or job.phase is JobPhase.STOPPING:
         return now
     if estimate <= 0:
         return math.inf
@@ -44,7 +44,7 @@ def expected_end(job: JobState, now: float) -> float:
 
 
 def ends_before(job: JobState, now: float, deadline: float) -> bool:
-    estimate = job.spec.max_runtime_s
+    estimate = job.time_limit_s
     return estimate > 0 and now + estimate <= deadline
 
 

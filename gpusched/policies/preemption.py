@@ -302,7 +302,10 @@ class _Context:
             for node in self.state.nodes.values():
                 for jid in node.jobs:
                     job = self.state.jobs[jid]
-                    if job.phase.holds_gpus and job.phase is not JobPhase.PREEMPTING:
+                    # Jobs already on their way out (preempted, stopping) are neither
+                    # victims nor usage to reclaim: their GPUs are about to be free.
+                    if job.phase.holds_gpus and job.phase is not JobPhase.PREEMPTING \
+                            and job.phase is not JobPhase.STOPPING:
                         teams.setdefault(job.team, {})[jid] = job
             self._team_jobs = {t: list(js.values()) for t, js in teams.items()}
         return self._team_jobs

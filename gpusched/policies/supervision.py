@@ -32,6 +32,30 @@ def lost_nodes(state: ClusterState, last_seen: Mapping[str, float], since: float
     return lost
 
 
+def nodes_to_fence(state: ClusterState, now: float) -> list[str]:
+    """Lost nodes still holding work whose fence time has come: their agents' leases ran
+    out and the kill deadline passed, so their workers are certainly gone."""
+    return [name for name, node in sorted(state.nodes.items())
+            if node.status is NodeStatus.LOST and node.jobs and now >= node.fence_at]
+
+
+def timed_out_attempts(state: ClusterState, now: float) -> list[tuple[str, int, str]]:
+    """(job, attempt, reason) for attempts past their time limit (Slurm's TIMEOUT). The
+    limit counts from the attempt's start (from its placement while it never started)."""
+    out = []
+    for job in state.jobs.values():
+        limit = job.time_limit_s
+        if limit <= 0 or job.phase not in _LIMITED:
+            continue
+        began = job.started_at or job.placed_at
+        if now >= began + limit:
+            out.append((job.job_id, job.attempt, f"time limit of {limit:g}s reached"))
+    return out
+
+
+_LIMITED = (JobPhase.PLACED, JobPhase.RUNNING, JobPhase.PREEMPTING)
+
+
 def hung_attempts(state: ClusterState, now: float, config: SupervisionConfig) -> list[tuple[str, int, str]]:
     """(job, attempt, reason) for running attempts that stopped reporting progress."""
     hung = []

@@ -8,7 +8,9 @@ from gpusched.core import events as ev
 from gpusched.core.state import ClusterState
 from gpusched.policies.defrag import defrag_decisions
 from gpusched.policies.preemption import PreemptionConfig, preemption_decisions, preemption_events
-from gpusched.policies.supervision import SupervisionConfig, hung_attempts, lost_nodes
+from gpusched.policies.supervision import (
+    SupervisionConfig, hung_attempts, lost_nodes, nodes_to_fence, timed_out_attempts,
+)
 
 
 class PreemptorDecider:
@@ -28,8 +30,13 @@ class PreemptorDecider:
         last_seen, since, hearing = self.heard(now)
         for node, reason in (lost_nodes(state, last_seen, since, now, self.supervision) if hearing else []):
             out.append((self._event(ev.NodeLost, now, node=node, reason=reason), state.nodes[node].info.pool))
+        for node in nodes_to_fence(state, now):
+            out.append((self._event(ev.NodeFenced, now, node=node), state.nodes[node].info.pool))
         if out:
-            return out   # let the requeues land before judging anything else
+            return out   # let the stops land before judging anything else
+        for job_id, attempt, reason in timed_out_attempts(state, now):
+            out.append((self._event(ev.AttemptTimedOut, now, job_id=job_id, attempt=attempt, reason=reason),
+                        state.jobs[job_id].spec.pool))
         for job_id, attempt, reason in hung_attempts(state, now, self.supervision):
             out.append((self._event(ev.AttemptFailed, now, job_id=job_id, attempt=attempt, reason=reason),
                         state.jobs[job_id].spec.pool))

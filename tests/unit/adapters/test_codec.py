@@ -31,7 +31,7 @@ node_infos = st.builds(
     gpus=st.lists(gpu_infos, max_size=3).map(tuple),
     # a proto map has no order and one value per key: the canonical form is sorted pairs
     labels=st.dictionaries(text, text, max_size=3).map(lambda d: tuple(sorted(d.items()))),
-    simulated=st.booleans(), agent_id=text,
+    simulated=st.booleans(), agent_id=text, address=text, lease_s=f64, kill_wait_s=f64,
 )
 resources = st.builds(
     WorkerResources, gpus=i32, gpu_milli=i32, mig_profile=text, cpu_milli=i64, memory_mib=i64,
@@ -67,11 +67,15 @@ EVENTS = {
                          workers=st.lists(assignments, max_size=3).map(tuple), policy=text),
     ev.WorkerStarted: _event(ev.WorkerStarted, job_id=text, attempt=i32, worker=i32, node=text),
     ev.WorkerFinished: _event(ev.WorkerFinished, job_id=text, attempt=i32, worker=i32, node=text,
-                              exit_code=i32, reason=text),
+                              exit_code=i32, reason=text, signal=i32),
     ev.CheckpointSaved: _event(ev.CheckpointSaved, job_id=text, attempt=i32, checkpoint=text, progress_s=f64),
     ev.JobPreempted: _event(ev.JobPreempted, job_id=text, attempt=i32, for_job=text, reason=text),
     ev.AttemptFailed: _event(ev.AttemptFailed, job_id=text, attempt=i32, reason=text, charge=st.booleans()),
     ev.JobRetentionSet: _event(ev.JobRetentionSet, job_retention_s=f64),
+    ev.NodeFenced: _event(ev.NodeFenced, node=text),
+    ev.RendezvousSet: _event(ev.RendezvousSet, job_id=text, attempt=i32, node=text, address=text, port=i32),
+    ev.AttemptTimedOut: _event(ev.AttemptTimedOut, job_id=text, attempt=i32, reason=text),
+    ev.PoolTimeLimitsSet: _event(ev.PoolTimeLimitsSet, pool=text, default_s=f64, max_s=f64),
 }
 any_event = st.one_of(*EVENTS.values())
 

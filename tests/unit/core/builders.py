@@ -11,13 +11,14 @@ from gpusched.core.state import ClusterState, JobState, NodeState
 
 
 def make_node(name: str, gpus: int = 4, model: str = "H100-80GB", pool: str = "default",
-              cpu: int = 16_000, mem: int = 64_000, agent: str = "a1") -> NodeInfo:
+              cpu: int = 16_000, mem: int = 64_000, agent: str = "a1", lease: float = 0.0,
+              kill_wait: float = 0.0) -> NodeInfo:
     cat = CATALOG[model]
     return NodeInfo(
         name=name, pool=pool, cpu_milli=cpu, memory_mib=mem,
         gpus=tuple(GpuInfo(i, f"GPU-{name}-{i}", model, cat.memory_mib, cat.mig_capable)
                    for i in range(gpus)),
-        agent_id=agent,
+        agent_id=agent, lease_s=lease, kill_wait_s=kill_wait,
     )
 
 
@@ -103,6 +104,17 @@ class Log:
         node = next((w.node for w in job.workers if w.worker == worker), "nowhere")
         return self(ev.WorkerFinished, job_id=job_id, attempt=job.attempt if attempt is None else attempt,
                     worker=worker, node=node, exit_code=code)
+
+    def stopped(self, job_id: str, code: int = 143, signal: int = 15) -> None:
+        """Every unfinished worker of the current attempt reports its end, as agents do
+        once they stopped it (docs/workloads.md: resources are held until then)."""
+        job = self.job(job_id)
+        attempt = job.attempt
+        for w in job.workers:
+            if w.worker not in job.finished:
+                out = self(ev.WorkerFinished, job_id=job_id, attempt=attempt, worker=w.worker, node=w.node,
+                           exit_code=code, signal=signal)
+                assert out.accepted, out.reason
 
     def run(self, job_id: str, *placements) -> None:
         """Submit-less: place and start every worker of an existing pending job."""

@@ -8,6 +8,7 @@ given), never read from the reducer's own counters, and then compared with them.
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections import defaultdict
 
 from hypothesis import HealthCheck, given, settings
@@ -70,6 +71,8 @@ def node_info(r: Rnd, name: str) -> NodeInfo:
         pool=r.pick(POOLS),
         cpu=r.pick([2_000, 8_000, 32_000, 128_000]),
         mem=r.pick([8_000, 64_000, 512_000]),
+        lease=r.pick([0.0, 0.0, 5.0]),       # some run work under a lease: fenced later
+        kill_wait=r.pick([0.0, 2.0]),
     )
 
 
@@ -298,14 +301,48 @@ def act_node(h: History, r: Rnd) -> None:
         h.emit(ev.NodeUncordoned, node=r.pick(cordoned) if cordoned else name)
     elif kind == "register" and name in h.registered:
         info = h.registered[name]   # the agent restarts with the same inventory
-        h.emit(ev.NodeRegistered, node=NodeInfo(info.name, info.pool, info.cpu_milli, info.memory_mib,
-                                                info.gpus, info.labels, info.simulated, f"a{h.ids}"))
+        h.emit(ev.NodeRegistered, node=dataclasses.replace(info, agent_id=f"a{h.ids}"))
     elif kind == "register-bad" and name in h.registered:
         info = h.registered[name]
         bad = make_node(name, gpus=len(info.gpus) + 1, model=info.gpus[0].model, pool=info.pool)
         assert not h.emit(ev.NodeRegistered, node=bad).accepted
     elif kind == "new":
         h.emit(ev.NodeRegistered, node=node_info(r, f"n{len(h.state.nodes)}"))
+
+
+def act_fence(h: History, r: Rnd) -> None:
+    """The supervisor fences a lost node: sometimes too early (rejected), or one that is
+    not lost or holds nothing."""
+    name = r.pick(sorted(h.state.nodes) + ["ghost"])
+    node = h.state.nodes.get(name)
+    at = max(h.now, node.fence_at + r.pick([-1.0, 0.0, 0.0, 5.0])) if node is not None else h.now
+    if node is not None and node.fence_at and at < node.fence_at:
+        at = node.fence_at - 1.0
+        assert not h.apply(ev.NodeFenced(event_id=f"f{h.ids}", time=at, node=name)).accepted
+        h.ids += 1
+        return
+    h.now = max(h.now, at)
+    h.emit(ev.NodeFenced, node=name)
+
+
+def act_time_out(h: History, r: Rnd) -> None:
+    picked = _pick_worker(h, r)
+    if picked:
+        job, _, _, attempt = picked
+        h.emit(ev.AttemptTimedOut, job_id=job.job_id, attempt=attempt, reason="time limit")
+
+
+def act_rendezvous(h: History, r: Rnd) -> None:
+    picked = _pick_worker(h, r)
+    if picked:
+        job, _, node, attempt = picked
+        h.emit(ev.RendezvousSet, job_id=job.job_id, attempt=attempt, node=node,
+               address=r.pick(["10.0.0.1", ""]), port=r.pick([29500, 0, 70000]))
+
+
+def act_pool_limits(h: History, r: Rnd) -> None:
+    h.emit(ev.PoolTimeLimitsSet, pool=r.pick(POOLS + ("",)), default_s=r.pick([0.0, 60.0, 3600.0]),
+           max_s=r.pick([0.0, 0.0, 600.0, 7200.0]))
 
 
 def act_gpu_health(h: History, r: Rnd) -> None:
@@ -325,7 +362,8 @@ def act_tick(h: History, r: Rnd) -> None:
 ACTIONS = (
     [act_submit] * 4 + [act_schedule] * 4 + [act_start_all] * 3 + [act_finish] * 4 + [act_node] * 2
     + [act_start, act_random_place, act_random_place, act_zombie, act_cancel, act_checkpoint,
-       act_preempt, act_attempt_failed, act_gpu_health, act_duplicate, act_duplicate, act_tick, act_tick]
+       act_preempt, act_attempt_failed, act_gpu_health, act_duplicate, act_duplicate, act_tick, act_tick,
+       act_fence, act_time_out, act_rendezvous, act_pool_limits]
 )
 
 
@@ -387,10 +425,18 @@ def check_invariants(state: ClusterState, terminal: dict[str, tuple]) -> None:
         assert job.started <= ids and set(job.finished) <= ids
         if job.phase is JobPhase.RUNNING:
             assert job.started == ids
+        # (5) an ending attempt holds everything until its last worker is gone; then it
+        # has moved on, so a stopping job always waits for at least one worker
+        stopping = job.phase is JobPhase.STOPPING
+        assert bool(job.stop_then) is stopping, (jid, job.phase, job.stop_then)
+        if stopping:
+            assert len(job.finished) < len(job.workers), f"{jid} stopped but still holds"
         alloc = 0
         for w in job.workers:
             node = state.nodes[w.node]
-            assert node.status is not NodeStatus.LOST, f"{jid} holds GPUs on lost {w.node}"
+            lost = node.status is NodeStatus.LOST
+            assert not lost or (stopping and w.worker not in job.finished and node.fence_at), \
+                f"{jid} holds GPUs on lost {w.node} not awaiting its fence"
             assert node.info.pool == spec.pool
             on_node[w.node].add(jid)
             cpu[w.node] += res.cpu_milli
@@ -398,7 +444,7 @@ def check_invariants(state: ClusterState, terminal: dict[str, tuple]) -> None:
             for s in w.gpus:
                 gpu = node.gpus[s.index]
                 key = (w.node, s.index)
-                assert gpu.healthy, f"{jid} holds unhealthy GPU {key}"
+                assert gpu.healthy or stopping, f"{jid} holds unhealthy GPU {key} and is not stopping"
                 assert res.allows(gpu.info.model)
                 if s.mig_profile:
                     profile = parse_profile(s.mig_profile)

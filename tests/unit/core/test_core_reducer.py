@@ -75,7 +75,9 @@ def test_node_reregistered_with_different_gpu_count_rejected(count):
     assert len(log.node("n1").gpus) == 2 and log.node("n1").info.agent_id == "a1"
 
 
-def test_node_lost_requeues_its_jobs_without_charge_and_releases_gpus():
+def test_node_lost_without_a_lease_stops_its_jobs_and_holds_the_survivors_until_they_end():
+    """Nothing runs under a lease on n1 (simulated runs): its worker is gone with it. The
+    gang's worker on n2 still runs, so the gang keeps n2's GPU until n2 reports it gone."""
     log = Log(make_node("n1", 2), make_node("n2", 2))
     log.submit("gang", workers=2)
     log.submit("other")
@@ -84,15 +86,43 @@ def test_node_lost_requeues_its_jobs_without_charge_and_releases_gpus():
     out = log(ev.NodeLost, node="n1")
     assert out.accepted and out.jobs == ("gang",)
     gang = log.job("gang")
+    assert gang.phase is JobPhase.STOPPING and gang.attempt == 0 and gang.finished == {0: EXIT_LOST}
+    assert [g.used_milli for g in log.node("n2").gpus] == [1000, 1000] and "gang" in log.node("n2").jobs
+    assert "gang" not in log.state.pending
+    assert log.finish("gang", 1, 143).accepted
     assert gang.phase is JobPhase.PENDING and gang.attempt == 1
     assert gang.restarts == 0 and gang.not_before == 0.0 and gang.workers == ()
     assert "gang" in log.state.pending
-    # the whole gang is released, also the worker on the surviving node
     assert [g.used_milli for g in log.node("n1").gpus] == [0, 0]
     assert [g.used_milli for g in log.node("n2").gpus] == [0, 1000]
     assert log.node("n1").used_cpu == 0 and "gang" not in log.node("n2").jobs
     assert log.job("other").phase is JobPhase.RUNNING
     assert log.state.usage["team-a"].gpu_milli == 1000 and log.state.usage["team-a"].jobs == 1
+
+
+def test_node_lost_under_a_lease_holds_its_work_until_fenced():
+    """n1's agent may be partitioned, not dead: its workers may run until its lease ran
+    out and the kill deadline passed. Only a NodeFenced at or after then frees them, and
+    only then can the job be placed again."""
+    log = Log(make_node("n1", 2, lease=5.0, kill_wait=3.0), make_node("n2", 2))
+    log.submit("gang", workers=2)
+    log.run("gang", ("n1", whole(0)), ("n2", whole(0)))
+    lost = log(ev.NodeLost, node="n1")
+    assert lost.accepted and log.node("n1").fence_at == log.now + 8.0
+    gang = log.job("gang")
+    assert log.finish("gang", 1, 143).accepted        # n2 stopped its worker
+    assert gang.phase is JobPhase.STOPPING and log.node("n1").gpus[0].used_milli == 1000
+    assert log.state.usage["team-a"].gpu_milli == 2000
+    early = log(ev.NodeFenced, node="n1", time=log.node("n1").fence_at - 0.5)
+    assert not early.accepted and "before" in early.reason
+    assert gang.phase is JobPhase.STOPPING
+    assert not log.place("gang", ("n2", whole(0)), ("n2", whole(1))).accepted   # still the old attempt
+    fenced = log(ev.NodeFenced, node="n1", time=log.node("n1").fence_at)
+    assert fenced.accepted and fenced.jobs == ("gang",)
+    assert gang.phase is JobPhase.PENDING and gang.attempt == 1 and gang.finished == {}
+    assert log.node("n1").gpus[0].used_milli == 0 and "gang" not in log.node("n1").jobs
+    assert log.state.usage["team-a"].gpu_milli == 0
+    assert not log(ev.NodeFenced, node="n1", time=log.now + 100).accepted   # nothing left to fence
 
 
 @pytest.mark.parametrize("event, node, ok", [
@@ -153,6 +183,8 @@ def test_unhealthy_gpu_requeues_only_the_job_using_it():
     out = log(ev.GpuHealthChanged, node="n1", gpu_index=1, healthy=False, xid=79)
     assert out.accepted and out.jobs == ("on1",)
     on1 = log.job("on1")
+    assert on1.phase is JobPhase.STOPPING and log.node("n1").gpus[1].mig_mask   # held until it is gone
+    log.stopped("on1")
     assert on1.phase is JobPhase.PENDING and on1.attempt == 1 and on1.restarts == 0
     gpu = log.node("n1").gpus[1]
     assert not gpu.healthy and gpu.mig_mask == 0
@@ -238,6 +270,14 @@ def test_cancel_ends_job_and_releases(stage):
     out = log(ev.JobCancelled, job_id="j1", reason="user")
     assert out.accepted
     job = log.job("j1")
+    if stage != "pending":
+        # Slurm's COMPLETING: the workers keep their GPUs until their agent reports them gone.
+        assert job.phase is JobPhase.STOPPING and job.stop_then == "cancelled"
+        assert [g.used_milli for g in log.node("n1").gpus] == [1000, 1000]
+        assert not log(ev.JobCancelled, job_id="j1", reason="again").accepted
+        log.finish("j1", 0, 143)
+        assert job.phase is JobPhase.STOPPING and log.node("n1").gpus[0].used_milli == 1000
+        log.finish("j1", 1, -9)
     assert job.phase is JobPhase.CANCELLED and job.reason == "user"
     assert "j1" not in log.state.pending
     assert [g.used_milli for g in log.node("n1").gpus] == [0, 0]
@@ -492,6 +532,9 @@ def test_nonzero_exit_retries_with_backoff_until_budget_then_fails():
         log.run("j", ("n1", whole(0)), ("n1", whole(1)))
         out = log.finish("j", 1, 7)        # one member fails: the whole gang restarts
         assert out.accepted
+        # ... once its other member is stopped: until then it holds its GPU
+        assert job.phase is JobPhase.STOPPING and log.node("n1").gpus[0].used_milli == 1000
+        assert log.finish("j", 0, -9).accepted
         failed_at = log.now
         assert job.phase is JobPhase.PENDING and job.attempt == restart
         assert job.restarts == restart
@@ -504,6 +547,8 @@ def test_nonzero_exit_retries_with_backoff_until_budget_then_fails():
     log.run("j", ("n1", whole(0)), ("n1", whole(1)))
     assert log.finish("j", 0, 1).accepted
     job = log.job("j")
+    assert job.phase is JobPhase.STOPPING and job.stop_then == "failed"
+    assert log.finish("j", 1, 143).accepted
     assert job.phase is JobPhase.FAILED and job.restarts == 3 and "budget" in job.reason
     assert "j" not in log.state.pending and all(g.used_milli == 0 for g in log.node("n1").gpus)
 
@@ -533,6 +578,8 @@ def test_exit_lost_requeues_without_charge(started):
         log.start_all("j")
     assert log.finish("j", 0, EXIT_LOST).accepted
     job = log.job("j")
+    assert job.phase is JobPhase.STOPPING and job.stop_then == "requeue"
+    log.stopped("j")
     assert job.phase is JobPhase.PENDING and job.attempt == 1
     assert job.restarts == 0 and job.not_before == 0.0
     assert all(g.used_milli == 0 for n in log.state.nodes.values() for g in n.gpus)
@@ -599,6 +646,7 @@ def test_preempting_job_lost_node_requeues_not_counted_as_preemption():
     assert log(ev.NodeLost, node="n1").accepted
     job = log.job("j")
     assert job.phase is JobPhase.PENDING and job.preemptions == 0 and job.restarts == 0
+    assert log.node("n1").gpus[0].used_milli == 0
 
 
 # --- idempotent replay ----------------------------------------------------------------
@@ -654,6 +702,8 @@ def test_attempt_failed(charge, max_restarts, phase, restarts):
     out = log(ev.AttemptFailed, job_id="j", attempt=0, reason="hung", charge=charge)
     assert out.accepted
     job = log.job("j")
+    assert job.phase is JobPhase.STOPPING and log.state.team_usage("team-a").gpu_milli == 2000
+    log.stopped("j")
     assert job.phase is phase and job.restarts == restarts
     assert all(g.used_milli == 0 for n in log.state.nodes.values() for g in n.gpus)
     assert log.state.team_usage("team-a").gpu_milli == 0

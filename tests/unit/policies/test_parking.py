@@ -52,7 +52,8 @@ def test_a_full_cluster_parks_its_backlog_and_later_cycles_offer_only_newcomers(
 @pytest.mark.parametrize("frees", [
     lambda log: log.finish("run0", 0, 0),                                     # a job ends
     lambda log: log(ev.NodeRegistered, node=make_node("n3", 1)),              # a node joins
-    lambda log: log(ev.JobCancelled, job_id="run1", reason="user"),           # a running job is cancelled
+    lambda log: (log(ev.JobCancelled, job_id="run1", reason="user"),          # a running job is cancelled
+                 log.stopped("run1")),                                        # and its worker is gone
 ])
 def test_capacity_growing_moves_the_epoch_and_everything_is_offered_again(frees, monkeypatch):
     log, scheduler, parked = full_cluster(5), Scheduler(), ParkedJobs()

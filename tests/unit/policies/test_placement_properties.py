@@ -87,6 +87,8 @@ def test_cycles_never_overallocate_and_gangs_are_whole(policy, nodes, rounds, fi
         for job in [j for j in log.state.jobs.values() if j.phase.holds_gpus]:
             if finish.random() < 0.4:
                 assert log(ev.JobCancelled, job_id=job.job_id).accepted
+                check_capacity(log.state)
+                log.stopped(job.job_id)
         check_capacity(log.state)
 
 
