@@ -65,15 +65,22 @@ def boot_id() -> str:
         return ""
 
 
-def proc_start(pid: int) -> int | None:
-    """When ``pid`` started (clock ticks since boot, Linux), to tell it from a later
-    process that reused its pid; None when it is gone or /proc is not there."""
+def proc_stat(pid: int) -> tuple[str, int] | None:
+    """``pid``'s state letter and when it started (clock ticks since boot, which tells
+    it from a later process with the same pid); None when it is gone or there is no
+    /proc (Linux only)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             text = f.read()
-        return int(text[text.rindex(")") + 2:].split()[19])
+        fields = text[text.rindex(")") + 2:].split()   # the name in (...) may hold spaces
+        return fields[0], int(fields[19])
     except (OSError, ValueError, IndexError):
         return None
+
+
+def proc_start(pid: int) -> int | None:
+    stat = proc_stat(pid)
+    return None if stat is None else stat[1]
 
 
 def write_json(path: str, data: dict) -> None:
