@@ -48,7 +48,8 @@ import time
 
 if __package__:
     from .lease import read_expiry
-else:   # run as a file: lease.py sits beside it, on sys.path[0]
+else:   # run as a file (the package need not be installed): lease.py sits beside it
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from lease import read_expiry
 
 EXIT_NOT_STARTED = 127
