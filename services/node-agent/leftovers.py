@@ -64,7 +64,7 @@ class _Leftover:
 
     def __init__(self, path: Path, status: dict) -> None:
         self.path, self.status = path, status
-        self.pid: int | None = status.get("pid")
+        self.pid: int | None = _pid(status.get("pid"))
         self.via_shim = _same_process(status.get("shim_pid"), status.get("shim_start"))
         self.last_signal = 0
         self.kill_at = 0.0
@@ -174,9 +174,14 @@ def _wait(workers: list[_Leftover], deadline: float) -> list[_Leftover]:
     return pending
 
 
+def _pid(value) -> int | None:
+    """A pid fit to signal: never 0, 1 or negative, which kill() reads as whole groups."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 1 else None
+
+
 def _same_process(pid, started) -> bool:
     """``pid`` is alive and is the process recorded (not a later one with its pid)."""
-    if not isinstance(pid, int) or pid <= 0:
+    if _pid(pid) is None:
         return False
     try:
         os.kill(pid, 0)

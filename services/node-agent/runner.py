@@ -115,6 +115,7 @@ class ProcessRun:
     def __init__(self, command: tuple[str, ...], gpus: tuple[GpuSlot, ...], uuids: list[str],
                  env: dict[str, str], workdir: Path, on_checkpoint: OnCheckpoint | None = None, *,
                  lease_path: Path | None = None, kill_wait: float = 10.0, poll: float = 0.1) -> None:
+        workdir = Path(workdir).absolute()    # the shim runs in it: relative paths would shift
         self.command = command
         self.checkpoint_file = workdir / "checkpoint"
         self.status_file = workdir / STATUS_FILE
@@ -129,9 +130,10 @@ class ProcessRun:
         self._proc: asyncio.subprocess.Process | None = None   # the shim
         self._seen = ""
         self._backstop = ""                     # why the agent had to kill, if it did
+        self._stop_asked = False
 
     def shim_args(self) -> list[str]:
-        lease = ["--lease", str(self.lease_path)] if self.lease_path is not None else []
+        lease = ["--lease", str(Path(self.lease_path).absolute())] if self.lease_path is not None else []
         return [sys.executable, str(SHIM), *lease, "--kill-wait", repr(float(self.kill_wait)),
                 "--poll", repr(float(self.poll)), "--status", str(self.status_file), "--", *self.command]
 
@@ -144,10 +146,13 @@ class ProcessRun:
         status = await self._started_status()
         if status is None:
             raise OSError(f"the worker shim ended with code {self._proc.returncode} before starting {self.command[0]}")
-        if status.get("pid") is None:
+        pid = status.get("pid")
+        if not isinstance(pid, int) or pid <= 1:
             await self._proc.wait()
             raise OSError(status.get("reason", "the worker shim did not start the workload"))
-        self.pid = int(status["pid"])
+        self.pid = pid
+        if self._stop_asked:   # stop() came while the shim was starting: pass it on now
+            self._proc.send_signal(signal.SIGTERM)
 
     async def _started_status(self) -> dict | None:
         deadline = time.monotonic() + self.START_TIMEOUT_S
@@ -203,6 +208,7 @@ class ProcessRun:
     async def stop(self, grace: float) -> None:
         """SIGTERM to the shim, which forwards it and SIGKILLs the workload after its
         kill-wait; the agent kills both itself only if the shim overstays that."""
+        self._stop_asked = True
         proc = self._proc
         if proc is None or proc.returncode is not None:
             return

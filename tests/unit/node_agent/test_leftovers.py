@@ -63,10 +63,20 @@ def test_live_workers_are_ended_and_reported_and_ended_ones_ignored(tmp_path):
     for name, pid in pids.items():
         assert not group_alive(pid), name
     assert events(tmp_path / "job-a-0-0", "end")[-1]["how"] == "term"
-    graceful.wait(10), stubborn.wait(10)
+    graceful.wait(10)
+    stubborn.wait(10)
 
     assert kill_leftovers(tmp_path, KILL_WAIT) == []         # every end is recorded now
     assert ended_status(tmp_path / "job-d-2-1")["signal"] == signal.SIGTERM
+
+
+def test_a_frozen_shim_is_killed_with_its_workload_after_the_deadline(tmp_path):
+    shim = _running(tmp_path / "job-f-0-0")
+    pid = read_status(tmp_path / "job-f-0-0" / "shim.json")["pid"]
+    shim.send_signal(signal.SIGSTOP)                        # it can no longer forward the stop
+    [w] = kill_leftovers(tmp_path, KILL_WAIT)
+    assert (w.end.exit_code, w.end.signal, w.gone) == (137, signal.SIGKILL, True)
+    assert shim.wait(10) == -signal.SIGKILL and not group_alive(pid)
 
 
 def test_a_pid_reused_by_another_process_is_not_signalled(tmp_path):

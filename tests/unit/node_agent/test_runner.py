@@ -51,6 +51,26 @@ async def test_start_checkpoint_stop_and_the_real_end(tmp_path):
     assert not group_alive(run.pid)
 
 
+async def test_a_stop_that_comes_while_starting_is_passed_on(tmp_path):
+    run = process_run(tmp_path)
+    starting = asyncio.create_task(run.start())
+    await asyncio.sleep(0)                       # start() is under way, the shim not yet up
+    await run.stop(grace=1)
+    await starting
+    end = await asyncio.wait_for(run.wait(), 10)
+    assert end.exit_code == 143 and end.reason.startswith("stopped on request")   # maybe before its handler
+
+
+async def test_a_relative_workdir_is_used_as_given(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    run = ProcessRun(tuple(recorder("--duration", "0.05", "--checkpoint-every", "0.01")), (GpuSlot(0),), ["GPU-a"],
+                     {}, "rel/job-0-0")
+    await run.start()
+    assert (await asyncio.wait_for(run.wait(), 10)).exit_code == 0
+    assert sorted(p.name for p in (tmp_path / "rel" / "job-0-0").iterdir()) == ["checkpoint", "record.jsonl",
+                                                                               "shim.json"]
+
+
 async def test_a_workload_ignoring_the_stop_is_killed_by_its_shim(tmp_path):
     run = process_run(tmp_path, "--ignore-term")
     await run.start()
