@@ -79,6 +79,7 @@ def _runner_module():
     """services/node-agent/runner.py, without installing the package."""
     spec = importlib.util.spec_from_file_location("agent_runner", REPO / "services/node-agent/runner.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module   # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 

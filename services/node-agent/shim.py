@@ -99,7 +99,7 @@ def _become_subreaper() -> None:
         import ctypes
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     except (OSError, AttributeError):
-        pass   # orphans then go to init, which reaps them too
+        pass   # orphans then go to init (which, in some containers, never reaps them)
 
 
 class Shim:
