@@ -79,6 +79,7 @@ def _runner_module():
     """services/node-agent/runner.py, without installing the package."""
     spec = importlib.util.spec_from_file_location("agent_runner", REPO / "services/node-agent/runner.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module   # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
@@ -106,13 +107,13 @@ async def workload(uuid: str, total_s: float = 6.0, grace_s: float = 10.0) -> di
         await asyncio.sleep(0.1)
     t0 = time.monotonic()
     await first.stop(grace_s)
-    code = await waiting
+    code = (await waiting).exit_code
     stopped_s = time.monotonic() - t0
     checkpoint = seen[-1] if seen else ("", 0.0)
     second = runner.ProcessRun(command, (GpuSlot(0),), [uuid], {"GPUSCHED_RESUME_FROM": checkpoint[0]},
                                work / "attempt-1", on_checkpoint)
     await second.start()
-    code2 = await second.wait()
+    code2 = (await second.wait()).exit_code
     seen_by = [json.loads((work / f"attempt-{i}" / "gpu.json").read_text()) for i in (0, 1)]
     return {"total_s": total_s, "cuda_visible_devices": first.env["CUDA_VISIBLE_DEVICES"], "workload_saw": seen_by,
             "attempt0_exit": code, "expected_exit": runner.EXIT_TERMINATED,

@@ -129,7 +129,8 @@ class NodeAgent:
             if job.checkpoint:
                 env["GPUSCHED_RESUME_FROM"] = job.checkpoint
             run = ProcessRun(spec.command, worker.gpus, [g.uuid for g in self.info.gpus], env,
-                             self.workdir / f"{job.job_id}-{job.attempt}-{worker.worker}", report)
+                             self.workdir / f"{job.job_id}-{job.attempt}-{worker.worker}", report,
+                             kill_wait=self.grace_s)
         self.runs[key] = run
         self.running[key] = asyncio.create_task(self._run(key, run))
 
@@ -152,10 +153,10 @@ class NodeAgent:
                 return
             await self.publish(self._event(ev.WorkerStarted, job_id=job_id, attempt=attempt,
                                            worker=worker, node=self.name))
-            code = await run.wait()
+            end = await run.wait()
             if self._still_assigned(key):
                 await self.publish(self._event(ev.WorkerFinished, job_id=job_id, attempt=attempt,
-                                               worker=worker, node=self.name, exit_code=code))
+                                               worker=worker, node=self.name, exit_code=end.exit_code))
         except asyncio.CancelledError:
             raise
         except Exception:

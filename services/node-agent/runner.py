@@ -1,14 +1,19 @@
-"""Running one worker: a real process with CUDA_VISIBLE_DEVICES, or a simulated run.
+"""Running one worker: a real process under its shim, or a simulated run.
 
 Both report checkpoints through ``on_checkpoint(location, progress_s)``, where
 ``progress_s`` is the job's total work done so far (seconds), so a resumed attempt
 starts where the checkpoint left off and the log shows how much work a stop lost.
+Both end with a ``WorkerExit``: the code, the signal and whether the lease fenced it.
 """
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
+import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Awaitable, Callable
 
@@ -16,6 +21,36 @@ from gpusched.core.model import GpuSlot
 
 OnCheckpoint = Callable[[str, float], Awaitable[None]]
 EXIT_TERMINATED = 128 + int(signal.SIGTERM)
+EXIT_KILLED = 128 + int(signal.SIGKILL)
+# started by file path (not -m): it then runs where the package is not installed
+SHIM = Path(__file__).resolve().with_name("shim.py")
+STATUS_FILE = "shim.json"
+
+
+@dataclass(frozen=True)
+class WorkerExit:
+    """How a worker ended. ``exit_code`` is 128 + ``signal`` when a signal ended it."""
+    exit_code: int
+    signal: int = 0
+    fenced: bool = False
+    reason: str = ""
+
+
+def read_status(path: Path) -> dict | None:
+    """A shim's status file, or None when it is missing or unreadable."""
+    try:
+        status = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    return status if isinstance(status, dict) else None
+
+
+def exit_from_status(status: dict) -> WorkerExit:
+    """The end a shim recorded (its status has ``ended_at``)."""
+    sig = int(status.get("signal") or 0)
+    code = status.get("exit_code")
+    return WorkerExit(exit_code=128 + sig if code is None else int(code), signal=sig,
+                      fenced=bool(status.get("fenced")), reason=str(status.get("reason", "")))
 
 
 class SimulatedRun:
@@ -34,14 +69,14 @@ class SimulatedRun:
     async def start(self) -> None:
         return None
 
-    async def wait(self) -> int:
+    async def wait(self) -> WorkerExit:
         loop = asyncio.get_running_loop()
         started, base = loop.time(), self.done
         while True:
             progress = base + loop.time() - started
             left = self.duration - progress
             if left <= 0:
-                return 0
+                return WorkerExit(0, reason="exited with code 0")
             step = min(left, self.interval) if self.interval > 0 else left
             try:
                 await asyncio.wait_for(self._stopped.wait(), step)
@@ -51,7 +86,7 @@ class SimulatedRun:
                     await self._checkpoint(progress)
                 continue
             await self._checkpoint(base + loop.time() - started)   # graceful stop: save first
-            return EXIT_TERMINATED
+            return WorkerExit(EXIT_TERMINATED, int(signal.SIGTERM), reason="stopped on request")
 
     async def _checkpoint(self, progress: float) -> None:
         if self.on_checkpoint is not None:
@@ -61,38 +96,99 @@ class SimulatedRun:
         self._stopped.set()
 
 
-class ProcessRun:
-    """A real workload process. Stop = SIGTERM, then SIGKILL after ``grace`` seconds.
 
+class ProcessRun:
+    """A real workload, run under its shim (``shim.py``) in a session of its own.
+
+    The shim starts the workload, forwards a stop (SIGTERM, then SIGKILL after
+    ``kill_wait``), fences it when the lease at ``lease_path`` runs out (no lease: never
+    fenced) and records its end in ``<workdir>/shim.json``, which outlives the agent.
     The workload learns where to resume from ``GPUSCHED_RESUME_FROM`` and reports a
     checkpoint by writing "<location> <progress_s>" to ``GPUSCHED_CHECKPOINT_FILE``."""
 
-    POLL_S = 0.5
+    POLL_S = 0.5            # checkpoint file
+    START_POLL_S = 0.01     # status file, while the shim starts the workload
+    START_TIMEOUT_S = 30.0
+    STOP_MARGIN_S = 3.0     # past the shim's own kill deadline before the agent steps in
+    GONE_TIMEOUT_S = 10.0
 
     def __init__(self, command: tuple[str, ...], gpus: tuple[GpuSlot, ...], uuids: list[str],
-                 env: dict[str, str], workdir: Path, on_checkpoint: OnCheckpoint | None = None) -> None:
+                 env: dict[str, str], workdir: Path, on_checkpoint: OnCheckpoint | None = None, *,
+                 lease_path: Path | None = None, kill_wait: float = 10.0, poll: float = 0.1) -> None:
+        workdir = Path(workdir).absolute()    # the shim runs in it: relative paths would shift
         self.command = command
         self.checkpoint_file = workdir / "checkpoint"
+        self.status_file = workdir / STATUS_FILE
         self.env = {**os.environ, **env, "GPUSCHED_CHECKPOINT_FILE": str(self.checkpoint_file),
                     "CUDA_VISIBLE_DEVICES": ",".join(uuids[s.index] for s in gpus)}
         self.workdir = workdir
         self.on_checkpoint = on_checkpoint
-        self._proc: asyncio.subprocess.Process | None = None
+        self.lease_path = lease_path
+        self.kill_wait = kill_wait
+        self.poll = poll
+        self.pid: int | None = None             # the workload's (its group's id too)
+        self._proc: asyncio.subprocess.Process | None = None   # the shim
         self._seen = ""
+        self._backstop = ""                     # why the agent had to kill, if it did
+        self._stop_asked = False
+
+    def shim_args(self) -> list[str]:
+        lease = ["--lease", str(Path(self.lease_path).absolute())] if self.lease_path is not None else []
+        return [sys.executable, str(SHIM), *lease, "--kill-wait", repr(float(self.kill_wait)),
+                "--poll", repr(float(self.poll)), "--status", str(self.status_file), "--", *self.command]
 
     async def start(self) -> None:
+        """Start the shim and return once it started the workload; OSError when it could not."""
         self.workdir.mkdir(parents=True, exist_ok=True)
+        self.status_file.unlink(missing_ok=True)
         self._proc = await asyncio.create_subprocess_exec(
-            *self.command, env=self.env, cwd=self.workdir, start_new_session=True)
+            *self.shim_args(), env=self.env, cwd=self.workdir, start_new_session=True)
+        status = await self._started_status()
+        if status is None:
+            raise OSError(f"the worker shim ended with code {self._proc.returncode} before starting {self.command[0]}")
+        pid = status.get("pid")
+        if not isinstance(pid, int) or pid <= 1:
+            await self._proc.wait()
+            raise OSError(status.get("reason", "the worker shim did not start the workload"))
+        self.pid = pid
+        if self._stop_asked:   # stop() came while the shim was starting: pass it on now
+            self._proc.send_signal(signal.SIGTERM)
 
-    async def wait(self) -> int:
+    async def _started_status(self) -> dict | None:
+        deadline = time.monotonic() + self.START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            status = read_status(self.status_file)
+            if status is not None:
+                return status
+            try:   # the status file is a cross-process fact: poll it while watching the shim
+                await asyncio.wait_for(asyncio.shield(self._proc.wait()), self.START_POLL_S)
+            except asyncio.TimeoutError:
+                continue
+            return read_status(self.status_file)
+        self._proc.kill()
+        raise OSError(f"the worker shim did not start {self.command[0]} within {self.START_TIMEOUT_S:g}s")
+
+    async def wait(self) -> WorkerExit:
         while True:
             try:
                 code = await asyncio.wait_for(asyncio.shield(self._proc.wait()), self.POLL_S)
                 await self._poll_checkpoint()
-                return code
+                return await self._end(code)
             except asyncio.TimeoutError:
                 await self._poll_checkpoint()
+
+    async def _end(self, shim_code: int) -> WorkerExit:
+        status = read_status(self.status_file)
+        if status is not None and "ended_at" in status:
+            return exit_from_status(status)
+        # The shim died without recording the end (killed): the workload has lost its
+        # fence, so it is killed here and reported only once it is really gone.
+        shim = f"killed by signal {-shim_code}" if shim_code < 0 else f"exited with code {shim_code}"
+        if self.pid is not None:
+            _signal_group(self.pid, signal.SIGKILL)
+            await wait_group_gone(self.pid, self.GONE_TIMEOUT_S)
+        why = self._backstop or f"worker shim {shim} without recording the end"
+        return WorkerExit(EXIT_KILLED, int(signal.SIGKILL), reason=f"{why}; the agent SIGKILLed the workload")
 
     async def _poll_checkpoint(self) -> None:
         try:
@@ -110,14 +206,66 @@ class ProcessRun:
         await self.on_checkpoint(location or text, done)
 
     async def stop(self, grace: float) -> None:
+        """SIGTERM to the shim, which forwards it and SIGKILLs the workload after its
+        kill-wait; the agent kills both itself only if the shim overstays that."""
+        self._stop_asked = True
         proc = self._proc
         if proc is None or proc.returncode is not None:
             return
-        _signal_group(proc.pid, signal.SIGTERM)
         try:
-            await asyncio.wait_for(asyncio.shield(proc.wait()), grace)
+            proc.send_signal(signal.SIGTERM)
+        except ProcessLookupError:
+            return
+        limit = max(grace, self.kill_wait) + self.STOP_MARGIN_S
+        try:
+            await asyncio.wait_for(asyncio.shield(proc.wait()), limit)
         except asyncio.TimeoutError:
+            self._backstop = f"worker shim still there {limit:g}s after SIGTERM"
+            if self.pid is not None:
+                _signal_group(self.pid, signal.SIGKILL)
             _signal_group(proc.pid, signal.SIGKILL)
+
+
+async def wait_group_gone(pgid: int, timeout: float, poll: float = 0.02) -> bool:
+    """True once no process of group ``pgid`` is left (not our children: polled)."""
+    deadline = time.monotonic() + timeout
+    while group_alive(pgid):
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(poll)   # another process's state: nothing to await but a poll
+    return True
+
+
+def group_alive(pgid: int) -> bool:
+    """Some process of group ``pgid`` is still running (zombies do not count)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return _live_member(pgid)
+
+
+def _live_member(pgid: int) -> bool:
+    """killpg also finds zombies: ended members nobody reaped yet, which where no init
+    reaps orphans (some containers) stay forever. /proc tells them apart (Linux)."""
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return True
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                text = f.read()
+            state, _ppid, group = text[text.rindex(")") + 2:].split()[:3]
+        except (OSError, ValueError):
+            continue
+        if int(group) == pgid and state not in "ZX":
+            return True
+    return False
 
 
 def _signal_group(pid: int, sig: int) -> None:

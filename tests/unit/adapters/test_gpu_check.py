@@ -37,3 +37,43 @@ def test_compare_with_simulated(real, expected):
 async def test_simulated_fault_is_the_record_the_real_watch_emits_bar_the_reason():
     fault = await gpu_check.simulated_fault_shape()
     assert fault == {"gpu_index": 0, "reason": "XID 79 (simulated NVML)", "xid": 79, "fatal": True}
+
+
+# The --workload check's protocol, played by a CPU stand-in for the CUDA workload.
+CPU_WORKLOAD = r"""
+import json, os, signal, sys, time
+stop = False
+def on_term(*_):
+    global stop
+    stop = True
+signal.signal(signal.SIGTERM, on_term)
+resume = os.environ.get("GPUSCHED_RESUME_FROM", "")
+done = float(resume.rsplit("@", 1)[1]) if "@" in resume else 0.0
+total = float(sys.argv[1])
+with open("gpu.json", "w") as f:
+    json.dump({"visible": 1, "uuid": os.environ["CUDA_VISIBLE_DEVICES"], "resumed_from": done}, f)
+def checkpoint(progress):
+    with open(os.environ["GPUSCHED_CHECKPOINT_FILE"], "w") as f:
+        f.write(f"ckpt://{os.getpid()}@{progress:.3f} {progress:.3f}")
+t0, last = time.monotonic(), 0.0
+while not stop:
+    progress = done + time.monotonic() - t0
+    if progress >= total:
+        checkpoint(total)
+        sys.exit(0)
+    time.sleep(0.01)
+    if progress - last >= 0.2:
+        checkpoint(progress)
+        last = progress
+checkpoint(done + time.monotonic() - t0)
+sys.exit(143)
+"""
+
+
+async def test_the_workload_check_runs_the_agents_process_run_loaded_by_path(monkeypatch):
+    """runner.py and its shim, loaded without the package as the device check does."""
+    monkeypatch.setattr(gpu_check, "WORKLOAD", CPU_WORKLOAD)
+    report = await gpu_check.workload("GPU-cpu-stand-in", total_s=1.5, grace_s=2.0)
+    assert report["attempt0_exit"] == report["expected_exit"] == 143 and report["attempt1_exit"] == 0
+    assert report["final_progress"] == 1.5 and report["workload_saw"][1]["resumed_from"] > 0
+    assert report["cuda_visible_devices"] == "GPU-cpu-stand-in"

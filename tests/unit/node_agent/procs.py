@@ -1,0 +1,78 @@
+"""Helpers for tests that run real worker processes: the shim, the recorder workload,
+and waiting on cross-process facts (files, pids) with a deadline."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from gpusched_node_agent.runner import SHIM, read_status
+
+REPO = Path(__file__).resolve().parents[3]
+RECORDER = REPO / "tests" / "workloads" / "recorder.py"
+GPU = "GPU-test-0"
+
+
+def recorder(*args: str) -> list[str]:
+    return [sys.executable, str(RECORDER), *args]
+
+
+def start_shim(workdir: Path, command: list[str], *, lease: Path | None = None, kill_wait: float = 0.3,
+               poll: float = 0.05, job: str = "job", attempt: int = 0) -> subprocess.Popen:
+    """A shim as the agent starts it: own session, env with the worker's ids."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "GPUSCHED_RECORD": str(workdir / "record.jsonl"), "CUDA_VISIBLE_DEVICES": GPU,
+           "GPUSCHED_JOB_ID": job, "GPUSCHED_ATTEMPT": str(attempt), "GPUSCHED_WORKER": "0"}
+    return subprocess.Popen(shim_command(workdir, command, lease, kill_wait, poll), cwd=workdir, env=env,
+                            start_new_session=True)
+
+
+def shim_command(workdir: Path, command: list[str], lease: Path | None, kill_wait: float, poll: float) -> list[str]:
+    return [sys.executable, str(SHIM), *(["--lease", str(lease)] if lease else []), "--kill-wait", str(kill_wait),
+            "--poll", str(poll), "--status", str(workdir / "shim.json"), "--", *command]
+
+
+def wait_for(predicate, what: str, timeout: float = 10.0, poll: float = 0.01):
+    """The predicate's first truthy value; AssertionError naming ``what`` at the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(poll)   # another process's progress: polled with a deadline
+
+
+def records(workdir: Path) -> list[dict]:
+    try:
+        lines = (workdir / "record.jsonl").read_text().splitlines()
+    except FileNotFoundError:
+        return []
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+def events(workdir: Path, kind: str) -> list[dict]:
+    return [r for r in records(workdir) if r["event"] == kind]
+
+
+def ticking(workdir: Path) -> bool:
+    return bool(events(workdir, "tick"))
+
+
+def ended_status(workdir: Path) -> dict | None:
+    status = read_status(workdir / "shim.json")
+    return status if status is not None and "ended_at" in status else None
+
+
+def pid_alive(pid: int) -> bool:
+    """Alive and not a zombie (orphans here may never be reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            text = f.read()
+    except OSError:
+        return False
+    return text[text.rindex(")") + 2:].split()[0] not in "ZX"

@@ -1,0 +1,146 @@
+"""ProcessRun end to end through the shim (real processes), and SimulatedRun's end."""
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+
+import pytest
+
+from gpusched.core.model import GpuSlot
+from gpusched_node_agent.lease import NodeLease
+from gpusched_node_agent.runner import EXIT_TERMINATED, ProcessRun, SimulatedRun, WorkerExit, group_alive
+from tests.unit.node_agent.procs import events, recorder, wait_for
+
+IDS = {"GPUSCHED_JOB_ID": "job", "GPUSCHED_ATTEMPT": "2", "GPUSCHED_WORKER": "0"}
+
+
+def process_run(tmp_path, *args: str, lease: NodeLease | None = None, kill_wait: float = 0.3, on_checkpoint=None):
+    run = ProcessRun(tuple(recorder(*args)), (GpuSlot(1),), ["GPU-a", "GPU-b"],
+                     {**IDS, "GPUSCHED_RECORD": str(tmp_path / "record.jsonl")}, tmp_path / "job-2-0",
+                     on_checkpoint, lease_path=lease.path if lease else None, kill_wait=kill_wait)
+    run.POLL_S = 0.05
+    return run
+
+
+async def until(predicate, what: str, timeout: float = 10.0):
+    await asyncio.to_thread(wait_for, predicate, what, timeout)
+
+
+async def test_start_checkpoint_stop_and_the_real_end(tmp_path):
+    seen: list[tuple[str, float]] = []
+    checkpointed = asyncio.Event()
+
+    async def on_checkpoint(location: str, progress: float) -> None:
+        seen.append((location, progress))
+        checkpointed.set()
+
+    lease = NodeLease(tmp_path / "lease")
+    lease.renew(1e12)
+    run = process_run(tmp_path, "--checkpoint-every", "0.1", lease=lease, on_checkpoint=on_checkpoint)
+    await run.start()
+    waiting = asyncio.create_task(run.wait())
+    await asyncio.wait_for(checkpointed.wait(), 10)
+    await run.stop(grace=5)
+    end = await asyncio.wait_for(waiting, 10)
+    assert end == WorkerExit(EXIT_TERMINATED, 0, False, "stopped on request; exited with code 143")
+    assert events(tmp_path, "start")[0]["gpus"] == "GPU-b" and events(tmp_path, "start")[0]["attempt"] == 2
+    assert events(tmp_path, "end")[-1]["how"] == "term"
+    assert seen[-1][0].startswith("record://job/2/0@") and seen[-1][1] > 0   # the checkpoint taken on SIGTERM
+    assert not group_alive(run.pid)
+
+
+async def test_a_stop_that_comes_while_starting_is_passed_on(tmp_path):
+    run = process_run(tmp_path)
+    starting = asyncio.create_task(run.start())
+    await asyncio.sleep(0)                       # start() is under way, the shim not yet up
+    await run.stop(grace=1)
+    await starting
+    end = await asyncio.wait_for(run.wait(), 10)
+    assert end.exit_code == 143 and end.reason.startswith("stopped on request")   # maybe before its handler
+
+
+async def test_a_relative_workdir_is_used_as_given(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    run = ProcessRun(tuple(recorder("--duration", "0.05", "--checkpoint-every", "0.01")), (GpuSlot(0),), ["GPU-a"],
+                     {}, "rel/job-0-0")
+    await run.start()
+    assert (await asyncio.wait_for(run.wait(), 10)).exit_code == 0
+    assert sorted(p.name for p in (tmp_path / "rel" / "job-0-0").iterdir()) == ["checkpoint", "record.jsonl",
+                                                                               "shim.json"]
+
+
+async def test_a_workload_ignoring_the_stop_is_killed_by_its_shim(tmp_path):
+    run = process_run(tmp_path, "--ignore-term")
+    await run.start()
+    await until(lambda: events(tmp_path, "tick"), "the first tick")
+    await run.stop(grace=0.1)
+    end = await asyncio.wait_for(run.wait(), 10)
+    assert (end.exit_code, end.signal, end.fenced) == (137, signal.SIGKILL, False)
+    assert "SIGKILL after kill-wait" in end.reason
+
+
+async def test_the_lease_running_out_fences_the_run(tmp_path):
+    lease = NodeLease(tmp_path / "lease")
+    lease.renew(1e12)
+    run = process_run(tmp_path, lease=lease)
+    await run.start()
+    await until(lambda: events(tmp_path, "tick"), "the first tick")
+    lease.revoke()
+    end = await asyncio.wait_for(run.wait(), 10)
+    assert (end.exit_code, end.signal, end.fenced) == (143, 0, True)
+
+
+async def test_a_normal_exit_is_reported_with_its_code(tmp_path):
+    run = process_run(tmp_path, "--duration", "0.1", "--exit", "3")
+    await run.start()
+    assert await asyncio.wait_for(run.wait(), 10) == WorkerExit(3, 0, False, "exited with code 3")
+
+
+async def test_a_command_that_cannot_start_raises_oserror(tmp_path):
+    run = ProcessRun(("/nonexistent/train",), (GpuSlot(0),), ["GPU-a"], {}, tmp_path / "w")
+    with pytest.raises(OSError, match="cannot start"):
+        await run.start()
+
+
+async def test_an_expired_lease_refuses_the_start(tmp_path):
+    lease = NodeLease(tmp_path / "lease")
+    lease.revoke()
+    run = process_run(tmp_path, lease=lease)
+    with pytest.raises(OSError, match="not started: lease expired"):
+        await run.start()
+    assert events(tmp_path, "start") == []
+
+
+async def test_a_shim_killed_from_outside_leaves_no_workload_behind(tmp_path):
+    run = process_run(tmp_path)
+    await run.start()
+    await until(lambda: events(tmp_path, "tick"), "the first tick")
+    os.kill(run._proc.pid, signal.SIGKILL)
+    end = await asyncio.wait_for(run.wait(), 20)
+    assert (end.exit_code, end.signal) == (137, signal.SIGKILL)
+    assert end.reason.startswith("worker shim killed by signal 9 without recording the end")
+    assert not group_alive(run.pid)
+
+
+async def test_simulated_runs_end_with_the_same_type():
+    assert await SimulatedRun(0.01).wait() == WorkerExit(0, reason="exited with code 0")
+    run = SimulatedRun(60.0)
+    waiting = asyncio.create_task(run.wait())
+    await asyncio.sleep(0)
+    await run.stop(1.0)
+    assert await waiting == WorkerExit(EXIT_TERMINATED, signal.SIGTERM, reason="stopped on request")
+
+
+def test_the_shim_runs_by_path_without_the_package(tmp_path):
+    """deploy/gpu_check.py loads runner.py without installing the package: the shim it
+    starts must run from its file alone (-S: no site-packages, so no package)."""
+    import subprocess
+    from gpusched_node_agent.runner import SHIM
+    assert subprocess.run([sys.executable, "-I", "-S", "-c", "import gpusched_node_agent"],
+                          capture_output=True, timeout=10).returncode != 0
+    done = subprocess.run([sys.executable, "-I", "-S", str(SHIM), "--kill-wait", "1",
+                           "--status", str(tmp_path / "s.json"), "--", "sh", "-c", "exit 4"],
+                          capture_output=True, text=True, timeout=10)
+    assert done.returncode == 4, done.stderr
