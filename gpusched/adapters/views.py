@@ -39,5 +39,6 @@ def summary_message(s: PoolSummary) -> cluster_pb2.PoolSummary:
         gpu_milli_allocated=s.gpu_milli_allocated, gpu_milli_free=s.gpu_milli_free,
         pending_jobs=s.pending_jobs, running_jobs=s.running_jobs,
         allocation_ratio=s.allocation_ratio, cpu_milli_capacity=s.cpu_milli_capacity,
-        cpu_milli_allocated=s.cpu_milli_allocated,
+        cpu_milli_allocated=s.cpu_milli_allocated, default_time_limit_s=s.default_time_limit_s,
+        max_time_limit_s=s.max_time_limit_s,
     )

@@ -18,6 +18,8 @@ class PoolSummary:
     running_jobs: int
     cpu_milli_capacity: int
     cpu_milli_allocated: int
+    default_time_limit_s: float = 0.0
+    max_time_limit_s: float = 0.0
 
     @property
     def gpu_milli_free(self) -> int:
@@ -45,4 +47,6 @@ def pool_summary(state: ClusterState, pool: str) -> PoolSummary:
         running_jobs=sum(1 for j in jobs if j.phase is JobPhase.RUNNING),
         cpu_milli_capacity=sum(n.info.cpu_milli for n in nodes),
         cpu_milli_allocated=sum(n.used_cpu for n in nodes),
+        default_time_limit_s=state.pool_limits.get(pool, (0.0, 0.0))[0],
+        max_time_limit_s=state.pool_limits.get(pool, (0.0, 0.0))[1],
     )

@@ -21,6 +21,8 @@ from gpusched.core.state import ClusterState, GpuState, JobState, NodeState
 # A node with this many GPU faults is cordoned until an operator clears it.
 FAULTS_TO_QUARANTINE = 2
 RETRY_BACKOFF_BASE_S = 1.0
+# Past lease + kill deadline, for a shim's lease poll and the kernel's SIGKILL delivery.
+FENCE_MARGIN_S = 1.0
 RETRY_BACKOFF_MAX_S = 300.0
 
 _HOLDS_GPUS = tuple(phase for phase in JobPhase if phase.holds_gpus)
@@ -139,7 +141,7 @@ def _node_lost(e: ev.NodeLost, state: ClusterState) -> Outcome:
     if node is None or node.status is _LOST:
         return _reject(f"node {e.node} unknown or already lost")
     node.status = _LOST
-    node.fence_at = e.time + node.info.lease_s + node.info.kill_wait_s
+    node.fence_at = e.time + node.info.lease_s + node.info.kill_wait_s + FENCE_MARGIN_S
     reason = f"node {e.node} lost"
     moved = [_begin_stop(state, state.jobs[j], "requeue", reason, e.time) for j in sorted(node.jobs)]
     if node.info.lease_s <= 0:

@@ -65,6 +65,28 @@ class PoolShape:
         ))
 
 
+def check_time_limit(spec: JobSpec, limits: tuple[float, float]) -> list[FieldError]:
+    """The pool's maximum time limit (``PoolTimeLimitsSet``) against what the job asks,
+    or against the pool's default when it asks nothing; the reducer applies the same rule."""
+    default_s, max_s = limits
+    asked = spec.max_runtime_s or default_s
+    if max_s and asked > max_s:
+        return [FieldError("spec.max_runtime_s", f"{asked:g}s is above pool {spec.pool}'s time limit of {max_s:g}s")]
+    return []
+
+
+def check_pool_limits(pool: str, default_s: float, max_s: float) -> list[FieldError]:
+    errors = []
+    if not pool:
+        errors.append(FieldError("pool", "must not be empty"))
+    for name, value in (("default_time_limit_s", default_s), ("max_time_limit_s", max_s)):
+        if not 0.0 <= value < math.inf:   # NaN fails too
+            errors.append(FieldError(name, "must be a finite number of seconds >= 0 (0: none)"))
+    if not errors and max_s and default_s > max_s:
+        errors.append(FieldError("default_time_limit_s", f"{default_s:g}s is above max_time_limit_s {max_s:g}s"))
+    return errors
+
+
 def validate_spec(spec: JobSpec, pool: PoolShape) -> list[FieldError]:
     errors = _check_identity(spec) + _check_resources(spec) + _check_numbers(spec)
     if not errors and pool.groups:

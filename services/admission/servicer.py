@@ -17,7 +17,7 @@ from gpusched.core import events as ev
 from gpusched.core.model import JobPhase
 from gpusched.core.queries import pool_summary
 from gpusched.core.state import ClusterState, JobState, NodeState
-from gpusched.core.validation import FieldError, PoolShape, validate_spec
+from gpusched.core.validation import FieldError, PoolShape, check_pool_limits, check_time_limit, validate_spec
 from gpusched.v1 import admission_pb2, admission_pb2_grpc, cluster_pb2, cluster_pb2_grpc, types_pb2
 from gpusched_admission.convert import spec_from_request
 from gpusched_admission.watch import Watchers
@@ -76,6 +76,10 @@ class ReadModel:
         if state is not None:
             self._shapes[pool] = (state, self.inventory_changes, shape)
         return shape
+
+    def pool_limits(self, pool: str) -> tuple[float, float]:
+        state = self.state_for_pool(pool)
+        return state.pool_limits.get(pool, (0.0, 0.0)) if state is not None else (0.0, 0.0)
 
     def jobs(self):
         for state in self.follower.states.values():
@@ -139,6 +143,7 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
         if isinstance(spec, FieldError):
             return [spec]
         errors = validate_spec(spec, self.model.pool_shape(spec.pool))
+        errors += check_time_limit(spec, self.model.pool_limits(spec.pool))
         key = request.idempotency_key
         if len(key) > 256:
             errors.append(FieldError("idempotency_key", "at most 256 characters"))
@@ -289,6 +294,17 @@ class ClusterServicer(cluster_pb2_grpc.ClusterServiceServicer):
         event = ev.NodeUncordoned(event_id=uuid.uuid4().hex, time=time.time(), producer=self.producer,
                                   node=node.name)
         return await self._apply(event, node, context)
+
+    async def SetPoolTimeLimits(self, request, context):
+        pool = request.pool
+        errors = check_pool_limits(pool, request.default_time_limit_s, request.max_time_limit_s)
+        if errors:
+            await _abort_invalid(context, errors)
+        event = ev.PoolTimeLimitsSet(event_id=uuid.uuid4().hex, time=time.time(), producer=self.producer, pool=pool,
+                                     default_s=request.default_time_limit_s, max_s=request.max_time_limit_s)
+        pos = await self.publisher.publish(event, pool)
+        await self.model.follower.wait_applied(pos)
+        return summary_message(pool_summary(self.model.state_for_pool(pool), pool))
 
     async def _apply(self, event, node: NodeState, context):
         pos = await self.publisher.publish(event, node.info.pool)

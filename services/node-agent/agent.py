@@ -1,16 +1,21 @@
 """The node-agent's behaviour: register, reconcile with the log, run and stop work.
 
 The agent runs the same reducer as every service over its pool's partition, so it acts
-only on placements the log accepted, and it stops work as soon as the log no longer
-assigns it here (cancelled, failed elsewhere in the gang, node lost). A preempted job is
-stopped gracefully: the workload checkpoints within the grace period, the agent reports
-the checkpoint, then the worker's end.
+only on placements the log accepted, and it stops work as soon as the log says the
+attempt ends (cancelled, preempted, failed elsewhere in the gang, timed out, node lost).
+An ending attempt keeps its resources in the log until the agent reports each worker's
+real end (docs/workloads.md, "The job lifecycle"): the agent stops the process (SIGTERM,
+then SIGKILL after the kill deadline) and reports only once it is gone.
+
+Real workloads run under a shim that kills them when the node's lease runs out, so a
+frozen or partitioned agent cannot leave work running past ``lease_s + kill_wait_s``;
+the agent renews the lease on every heartbeat the broker acknowledged.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
-import tempfile
+import socket
 import time
 import uuid
 from pathlib import Path
@@ -20,37 +25,41 @@ from gpusched.core import events as ev
 from gpusched.core.model import EXIT_LOST, JobPhase, NodeInfo, NodeStatus, WorkerAssignment
 from gpusched.core.state import ClusterState, JobState
 from gpusched.v1 import events_pb2
-from gpusched_node_agent.runner import ProcessRun, SimulatedRun
+from gpusched_node_agent.launch_env import worker_env
+from gpusched_node_agent.lease import NodeLease
+from gpusched_node_agent.leftovers import kill_leftovers, worker_dir_name
+from gpusched_node_agent.runner import ProcessRun, SimulatedRun, WorkerExit
 
 log = logging.getLogger("gpusched.node_agent")
 Key = tuple[str, int, int]   # (job id, attempt, worker)
+_RUNS = (JobPhase.PLACED, JobPhase.RUNNING)
+_ENDING = (JobPhase.PREEMPTING, JobPhase.STOPPING)
 
 
 class NodeAgent:
-    def __init__(self, info: NodeInfo, publisher: EventPublisher, me: str, grace_s: float = 10.0,
-                 workdir: Path | None = None) -> None:
+    def __init__(self, info: NodeInfo, publisher: EventPublisher, me: str, *, state_dir: Path,
+                 grace_s: float = 10.0, real_processes: bool = False) -> None:
         self.info = info
         self.publisher = publisher
         self.me = me
-        self.grace_s = grace_s
-        self._workdir = workdir
+        self.grace_s = grace_s                   # the kill deadline: SIGTERM, then SIGKILL
+        self.state_dir = Path(state_dir)
+        self.real_processes = real_processes     # commands run as processes (NVML, or --run-processes)
+        self.lease = NodeLease(self.state_dir / "lease") if info.lease_s > 0 else None
         self.follower: LogFollower | None = None
         self.live = False                        # replay finished, acting on new events
         self.running: dict[Key, asyncio.Task] = {}
         self.runs: dict[Key, object] = {}
         self.stopping: set[Key] = set()
+        self.launched: set[Key] = set()          # never run the same worker of an attempt twice
+        self.ended: set[Key] = set()             # ends reported for workers that never ran
+        self.rendezvous_offered: set[tuple[str, int]] = set()
         self.health: dict[int, str] = {}         # GPU index -> why it is unhealthy
+        self._returning: asyncio.Task | None = None
 
     @property
     def name(self) -> str:
         return self.info.name
-
-    @property
-    def workdir(self) -> Path:
-        """Where real workloads run; made on first use (simulated nodes never need it)."""
-        if self._workdir is None:
-            self._workdir = Path(tempfile.mkdtemp(prefix=f"gpusched-{self.info.name}-"))
-        return self._workdir
 
     def _event(self, cls, **fields):
         return cls(event_id=uuid.uuid4().hex, time=time.time(), producer=self.me, **fields)
@@ -73,24 +82,37 @@ class NodeAgent:
 
     # --- start-up -------------------------------------------------------------------
     async def join(self, follower: LogFollower) -> None:
-        """Replay, register, then reconcile: work the log gives us that we do not run
-        (we just restarted) is reported lost, so the scheduler places it again."""
+        """End what an earlier life of this agent left running, replay, register, then
+        report every worker the log still gives us as gone: we do not run it any more,
+        so the scheduler places it again (uncharged)."""
         self.follower = follower
+        leftovers = await asyncio.to_thread(kill_leftovers, self.state_dir, self.grace_s) \
+            if self.real_processes else []
+        ends = {(w.key.job_id, w.key.attempt, w.key.worker): w.end for w in leftovers if w.key is not None}
         await follower.caught_up()
+        await self.beat()                        # a valid lease before anything starts
         state = await self._register()
         self.live = True
         for job in list(state.jobs.values()):
             for w in self._my_workers(job):
-                if (job.job_id, job.attempt, w.worker) not in self.running:
-                    await self._report_lost(job, w, f"not running on {self.name} after agent restart")
+                key = (job.job_id, job.attempt, w.worker)
+                end = ends.get(key)
+                why = f"stopped when the agent on {self.name} restarted" if end else \
+                    f"not running on {self.name} after agent restart"
+                await self._report_gone(job, w, why, end.signal if end else 0)
 
     async def _register(self) -> ClusterState:
         pos = await self.publisher.publish(self._event(ev.NodeRegistered, node=self.info), self.info.pool)
         return await self.follower.wait_applied(pos)
 
-    async def _report_lost(self, job: JobState, w: WorkerAssignment, reason: str) -> None:
-        await self.publish(self._event(ev.WorkerFinished, job_id=job.job_id, attempt=job.attempt,
-                                       worker=w.worker, node=self.name, exit_code=EXIT_LOST, reason=reason))
+    async def _report_gone(self, job: JobState, w: WorkerAssignment, reason: str, signal: int = 0) -> None:
+        """A worker of ours that is not (or no longer) running, ended by infrastructure."""
+        key = (job.job_id, job.attempt, w.worker)
+        if key in self.ended:
+            return
+        self.ended.add(key)
+        await self.publish(self._event(ev.WorkerFinished, job_id=job.job_id, attempt=job.attempt, worker=w.worker,
+                                       node=self.name, exit_code=EXIT_LOST, signal=signal, reason=reason))
 
     def _my_workers(self, job: JobState) -> list[WorkerAssignment]:
         if not job.phase.holds_gpus:
@@ -101,38 +123,63 @@ class NodeAgent:
     def on_event(self, partition: int, offset: int, event, outcome, state: ClusterState) -> None:
         if not self.live or not outcome.accepted:
             return
-        if isinstance(event, ev.NodeLost) and event.node == self.name:
-            # We were declared lost (missed heartbeats) but are alive: our work has been
-            # requeued and is stopped below; come back as a fresh, empty node.
-            asyncio.create_task(self._register())
+        if isinstance(event, ev.NodeLost) and event.node == self.name and self._returning is None:
+            # Declared lost while alive (a partition, a pause): our work is being placed
+            # elsewhere. Stop all of it, report it gone, then come back as an empty node.
+            self._returning = asyncio.create_task(self._come_back())
+        starts = isinstance(event, (ev.JobPlaced, ev.RendezvousSet))
         for job_id in outcome.jobs:
-            job = state.jobs[job_id]
-            if isinstance(event, ev.JobPlaced):
-                for w in self._my_workers(job):
-                    self._start(job, w)
-            if job.phase is JobPhase.PREEMPTING:
-                self._stop_for_preemption(job)
-            self._stop_stale(job)
+            job = state.jobs.get(job_id)
+            if job is not None:
+                self._reconcile(job, state, starts)
 
-    def _start(self, job: JobState, worker: WorkerAssignment) -> None:
+    def _reconcile(self, job: JobState, state: ClusterState, starts: bool) -> None:
+        if job.phase in _RUNS and starts:
+            for w in self._my_workers(job):
+                self._start(job, w, state)
+        elif job.phase in _ENDING:
+            for w in self._my_workers(job):
+                key = (job.job_id, job.attempt, w.worker)
+                if key in self.runs:
+                    self._stop(key)
+                elif key not in self.launched:
+                    asyncio.create_task(self._report_gone(job, w, "stopped before it started"))
+        self._stop_stale(job)
+
+    def _start(self, job: JobState, worker: WorkerAssignment, state: ClusterState) -> None:
         key = (job.job_id, job.attempt, worker.worker)
-        if key in self.running:
+        if key in self.launched or key in self.ended or self._returning is not None:
             return
+        if job.spec.workers > 1 and not job.rendezvous:
+            # A gang's workers meet at a port on worker 0's node, published in the log
+            # first; every worker starts when that event is folded (its outcome names the job).
+            if worker.worker == 0 and (job.job_id, job.attempt) not in self.rendezvous_offered:
+                self.rendezvous_offered.add((job.job_id, job.attempt))
+                asyncio.create_task(self._offer_rendezvous(job))
+            return
+        rendezvous = job.rendezvous or f"{self._address()}:{free_port()}"
+        env = worker_env(job, worker.worker, state.nodes, rendezvous)
+        if job.checkpoint:
+            env["GPUSCHED_RESUME_FROM"] = job.checkpoint
         spec = job.spec
         report = self._checkpoint_reporter(key) if worker.worker == 0 else None
-        if self.info.simulated or not spec.command:
+        if not self.real_processes or not spec.command:
             run = SimulatedRun(spec.simulated_duration_s, job.checkpoint_progress_s, spec.checkpoint_interval_s,
                                report, location=f"sim://{job.job_id}")
         else:
-            env = {"GPUSCHED_JOB_ID": job.job_id, "GPUSCHED_ATTEMPT": str(job.attempt),
-                   "GPUSCHED_WORKER": str(worker.worker), "GPUSCHED_WORKERS": str(spec.workers)}
-            if job.checkpoint:
-                env["GPUSCHED_RESUME_FROM"] = job.checkpoint
             run = ProcessRun(spec.command, worker.gpus, [g.uuid for g in self.info.gpus], env,
-                             self.workdir / f"{job.job_id}-{job.attempt}-{worker.worker}", report,
-                             kill_wait=self.grace_s)
+                             self.state_dir / worker_dir_name(*key), report,
+                             lease_path=self.lease.path if self.lease else None, kill_wait=self.grace_s)
+        self.launched.add(key)
         self.runs[key] = run
         self.running[key] = asyncio.create_task(self._run(key, run))
+
+    async def _offer_rendezvous(self, job: JobState) -> None:
+        await self.publish(self._event(ev.RendezvousSet, job_id=job.job_id, attempt=job.attempt, node=self.name,
+                                       address=self._address(), port=free_port()))
+
+    def _address(self) -> str:
+        return self.info.address or "127.0.0.1"
 
     def _checkpoint_reporter(self, key: Key):
         job_id, attempt, _ = key
@@ -148,15 +195,11 @@ class NodeAgent:
             try:
                 await run.start()
             except OSError as exc:
-                await self.publish(self._event(ev.WorkerFinished, job_id=job_id, attempt=attempt, worker=worker,
-                                               node=self.name, exit_code=127, reason=f"cannot start: {exc}"))
+                await self._finished(key, WorkerExit(127, reason=f"cannot start: {exc}"))
                 return
             await self.publish(self._event(ev.WorkerStarted, job_id=job_id, attempt=attempt,
                                            worker=worker, node=self.name))
-            end = await run.wait()
-            if self._still_assigned(key):
-                await self.publish(self._event(ev.WorkerFinished, job_id=job_id, attempt=attempt,
-                                               worker=worker, node=self.name, exit_code=end.exit_code))
+            await self._finished(key, await run.wait())
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -165,6 +208,14 @@ class NodeAgent:
             self.running.pop(key, None)
             self.runs.pop(key, None)
             self.stopping.discard(key)
+
+    async def _finished(self, key: Key, end: WorkerExit) -> None:
+        """Report the worker's real end: only now may the log release its resources."""
+        if self._still_assigned(key):
+            job_id, attempt, worker = key
+            await self.publish(self._event(ev.WorkerFinished, job_id=job_id, attempt=attempt, worker=worker,
+                                           node=self.name, exit_code=end.exit_code, signal=end.signal,
+                                           reason=end.reason))
 
     def _job(self, job_id: str) -> JobState | None:
         for state in self.follower.states.values():
@@ -178,20 +229,29 @@ class NodeAgent:
         return (job is not None and job.attempt == key[1] and job.phase.holds_gpus
                 and key[2] not in job.finished)
 
-    def _stop_for_preemption(self, job: JobState) -> None:
-        for key in [k for k in self.running if k[0] == job.job_id and k[1] == job.attempt]:
-            self._stop(key, self.grace_s)
-
     def _stop_stale(self, job: JobState) -> None:
         for key in [k for k in self.running if k[0] == job.job_id]:
             if not self._still_assigned(key):
-                self._stop(key, self.grace_s)
+                self._stop(key)
 
-    def _stop(self, key: Key, grace: float) -> None:
+    def _stop(self, key: Key) -> None:
         run = self.runs.get(key)
         if run is not None and key not in self.stopping:
             self.stopping.add(key)
-            asyncio.create_task(run.stop(grace))
+            asyncio.create_task(run.stop(self.grace_s))
+
+    async def _come_back(self) -> None:
+        try:
+            for key in list(self.runs):
+                self._stop(key)
+            await asyncio.gather(*list(self.running.values()), return_exceptions=True)
+            for state in list(self.follower.states.values()):
+                for job in list(state.jobs.values()):
+                    for w in self._my_workers(job):
+                        await self._report_gone(job, w, f"{self.name} was declared lost")
+            await self._register()
+        finally:
+            self._returning = None
 
     # --- GPU health -----------------------------------------------------------------
     async def watch_health(self, backend) -> None:
@@ -206,15 +266,25 @@ class NodeAgent:
                                            healthy=False, reason=fault.reason, xid=fault.xid))
 
     # --- liveness -------------------------------------------------------------------
+    async def beat(self) -> bool:
+        """Send one heartbeat; once the broker has it, the lease runs ``lease_s`` from
+        when it was sent, which is no later than when the supervisor can have seen it."""
+        sent = time.time()
+        beat = events_pb2.Heartbeat(node=self.name, pool=self.info.pool, agent_id=self.info.agent_id,
+                                    time=sent, running=[f"{j}/{a}/{w}" for j, a, w in self.running])
+        try:
+            await self.publisher.send_raw(self.publisher.topics.heartbeats, beat.SerializeToString(),
+                                          key=self.name.encode())
+        except Exception:
+            log.warning("heartbeat not sent", exc_info=True)
+            return False
+        if self.lease is not None:
+            self.lease.renew(sent + self.info.lease_s)
+        return True
+
     async def heartbeats(self, interval: float, stop: asyncio.Event) -> None:
-        topic = self.publisher.topics.heartbeats
         while not stop.is_set():
-            beat = events_pb2.Heartbeat(node=self.name, pool=self.info.pool, agent_id=self.info.agent_id,
-                                        time=time.time(), running=[f"{j}/{a}/{w}" for j, a, w in self.running])
-            try:
-                await self.publisher.send_raw(topic, beat.SerializeToString(), key=self.name.encode())
-            except Exception:
-                log.warning("heartbeat not sent", exc_info=True)
+            await self.beat()
             try:
                 await asyncio.wait_for(stop.wait(), interval)
             except asyncio.TimeoutError:
@@ -226,3 +296,10 @@ class NodeAgent:
             if node is not None:
                 return node.status
         return None
+
+
+def free_port() -> int:
+    """A TCP port free on this host now (the kernel's choice), for a rendezvous."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]

@@ -4,7 +4,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import socket
+import tempfile
 import uuid
+from pathlib import Path
 
 from gpusched.adapters.eventlog import LogFollower, partition_for
 from gpusched.adapters.gpu_health import NvmlWatch, SimulatedNvml
@@ -30,7 +32,34 @@ def node_info(args: argparse.Namespace) -> NodeInfo:
         cpu_milli=args.cpu_milli or 16_000 * max(1, len(gpus)),
         memory_mib=args.memory_mib or 131_072 * max(1, len(gpus)),
         gpus=gpus, labels=labels, simulated=bool(args.simulate), agent_id=uuid.uuid4().hex[:12],
+        address=args.address or default_address(),
+        # Simulated runs hold no process: nothing to fence, a lost node's work is gone.
+        lease_s=args.lease if real_processes(args) else 0.0, kill_wait_s=args.grace,
     )
+
+
+def real_processes(args: argparse.Namespace) -> bool:
+    """Commands run as processes on NVML nodes, and on simulated ones with --run-processes."""
+    return not args.simulate or args.run_processes
+
+
+def default_address() -> str:
+    """This host's address as its name resolves, for peers of a gang; loopback when the
+    name does not resolve (a laptop)."""
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
+
+
+def positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}")
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
 
 
 async def run(args: argparse.Namespace) -> None:
@@ -42,7 +71,10 @@ async def run(args: argparse.Namespace) -> None:
         raise SystemExit(f"gpusched-node-agent: {exc}")
     me = f"node-agent-{info.name}-{info.agent_id}"
     publisher, dead_letters = await connect(settings, me)
-    agent = NodeAgent(info, publisher, me, grace_s=args.grace)
+    state_dir = Path(args.state_dir or Path(tempfile.gettempdir()) / f"gpusched-node-{info.name}")
+    state_dir.mkdir(parents=True, exist_ok=True)
+    agent = NodeAgent(info, publisher, me, state_dir=state_dir, grace_s=args.grace,
+                      real_processes=real_processes(args))
     backend = SimulatedNvml() if info.simulated else NvmlWatch(len(info.gpus))
     follower = LogFollower(settings.bootstrap, settings.topics, me, dead_letters, on_event=agent.on_event,
                            partitions=[partition_for(info.pool, settings.partitions)], freeze_state=True)
@@ -75,7 +107,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--memory-mib", type=int, default=0)
     parser.add_argument("--label", action="append", default=[], help="topology label, e.g. rack=r1")
     parser.add_argument("--heartbeat-interval", type=float, default=1.0)
-    parser.add_argument("--grace", type=float, default=10.0, help="seconds a stopped workload has to checkpoint")
+    parser.add_argument("--grace", type=positive_seconds, default=10.0,
+                        help="kill deadline: seconds a stopped workload has to checkpoint and exit before SIGKILL")
+    parser.add_argument("--lease", type=positive_seconds, default=10.0,
+                        help="fencing: workloads are killed when no heartbeat reached the broker for this long")
+    parser.add_argument("--run-processes", action="store_true",
+                        help="with --simulate: run jobs' commands as real processes (CUDA_VISIBLE_DEVICES "
+                             "names the simulated GPUs) instead of simulated runs")
+    parser.add_argument("--address", default="", help="address peers of a gang reach this node at "
+                                                      "(default: the host name's address)")
+    parser.add_argument("--state-dir", default="", help="where workers run and their shims record their end; "
+                                                        "must survive agent restarts (default: a folder in /tmp)")
     parser.add_argument("--listen", default="127.0.0.1:0", help="health endpoint")
     asyncio.run(run(parser.parse_args(argv)))
 

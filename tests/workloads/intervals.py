@@ -74,3 +74,56 @@ def overlaps(intervals: Iterable[Interval]) -> list[tuple[Interval, Interval]]:
                 if (a.job, a.attempt) != (b.job, b.attempt):
                     found.append((a, b))
     return found
+
+
+def over_capacity(intervals: Iterable[Interval], milli_of: dict[str, int]) -> list[str]:
+    """Moments when the processes alive on one GPU asked more than the whole GPU: each
+    interval counts its job's GPU milli (``milli_of[job]``: 1000 for a whole GPU, the
+    share, or a MIG slice's), so shares and slices may overlap, whole GPUs may not."""
+    by_gpu: dict[str, list[Interval]] = {}
+    for i in intervals:
+        by_gpu.setdefault(i.gpu, []).append(i)
+    found = []
+    for gpu, items in sorted(by_gpu.items()):
+        for i in items:
+            alive = [j for j in items if j.start <= i.start < j.last_seen]
+            load = sum(milli_of.get(j.job, 1000) for j in alive)
+            if load > 1000:
+                found.append(f"{gpu} at {i.start:.3f}: {load} milli alive "
+                             f"({', '.join(f'{j.job}/{j.attempt}' for j in alive)})")
+    return found
+
+
+def attempts_overlap(intervals: Iterable[Interval]) -> list[tuple[tuple, tuple]]:
+    """Two attempts of one job alive at once, on any GPUs: the split brain that fencing
+    prevents. Each attempt spans its workers' first start to their last sign of life."""
+    spans: dict[tuple, tuple[float, float]] = {}
+    for i in intervals:
+        start, end = spans.get((i.job, i.attempt), (i.start, i.last_seen))
+        spans[(i.job, i.attempt)] = (min(start, i.start), max(end, i.last_seen))
+    found = []
+    for (job, a), (s1, e1) in spans.items():
+        for (job2, b), (s2, e2) in spans.items():
+            if job == job2 and a is not None and b is not None and a < b and s2 < e1 and s1 < e2:
+                found.append(((job, a, s1, e1), (job2, b, s2, e2)))
+    return found
+
+
+def with_shim_ends(root: str | Path, intervals: Iterable[Interval]) -> list[Interval]:
+    """Each interval extended to the end its worker's shim recorded after reaping it
+    (``shim.json`` beside the record): a SIGKILLed workload's last tick understates its
+    life by up to one tick, the shim's record does not."""
+    ends: dict[tuple, float] = {}
+    for status_file in Path(root).rglob("shim.json"):
+        try:
+            status = json.loads(status_file.read_text())
+        except ValueError:
+            continue
+        record = status_file.with_name("record.jsonl")
+        if status.get("ended_at") and record.exists():
+            for run in _runs(record):
+                if run.get("pid") == status.get("pid"):
+                    ends[(run.get("job"), run.get("attempt"), run.get("worker"), float(run["t"]))] = \
+                        float(status["ended_at"])
+    return [i._replace(last_seen=max(i.last_seen, ends.get((i.job, i.attempt, i.worker, i.start), i.last_seen)))
+            for i in intervals]

@@ -110,11 +110,10 @@ class Log:
         once they stopped it (docs/workloads.md: resources are held until then)."""
         job = self.job(job_id)
         attempt = job.attempt
-        for w in job.workers:
-            if w.worker not in job.finished:
-                out = self(ev.WorkerFinished, job_id=job_id, attempt=attempt, worker=w.worker, node=w.node,
-                           exit_code=code, signal=signal)
-                assert out.accepted, out.reason
+        for w in [w for w in job.workers if w.worker not in job.finished]:
+            out = self(ev.WorkerFinished, job_id=job_id, attempt=attempt, worker=w.worker, node=w.node,
+                       exit_code=code, signal=signal)
+            assert out.accepted, out.reason
 
     def run(self, job_id: str, *placements) -> None:
         """Submit-less: place and start every worker of an existing pending job."""

@@ -7,7 +7,7 @@ from gpusched.core import events as ev
 from gpusched.core.mig import parse_profile
 from gpusched.core.model import EXIT_LOST, GpuSlot, JobPhase, NodeStatus, WorkerAssignment
 from gpusched.core.reducer import (
-    FAULTS_TO_QUARANTINE, RETRY_BACKOFF_BASE_S, RETRY_BACKOFF_MAX_S, apply,
+    FAULTS_TO_QUARANTINE, FENCE_MARGIN_S, RETRY_BACKOFF_BASE_S, RETRY_BACKOFF_MAX_S, apply,
 )
 
 from .builders import Log, capacity_snapshot, make_node, make_spec, mig, share, whole
@@ -108,7 +108,7 @@ def test_node_lost_under_a_lease_holds_its_work_until_fenced():
     log.submit("gang", workers=2)
     log.run("gang", ("n1", whole(0)), ("n2", whole(0)))
     lost = log(ev.NodeLost, node="n1")
-    assert lost.accepted and log.node("n1").fence_at == log.now + 8.0
+    assert lost.accepted and log.node("n1").fence_at == log.now + 8.0 + FENCE_MARGIN_S
     gang = log.job("gang")
     assert log.finish("gang", 1, 143).accepted        # n2 stopped its worker
     assert gang.phase is JobPhase.STOPPING and log.node("n1").gpus[0].used_milli == 1000
