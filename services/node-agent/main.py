@@ -17,6 +17,7 @@ from gpusched.core.model import NodeInfo
 from gpusched.v1 import node_agent_pb2_grpc
 from gpusched_node_agent.agent import NodeAgent
 from gpusched_node_agent.api import NodeAgentServicer
+from gpusched_node_agent.usage import add_usage_args, usage_tasks
 
 SERVICES = ["gpusched.v1.NodeAgentService"]
 
@@ -56,6 +57,7 @@ async def run(args: argparse.Namespace) -> None:
     stop = stop_event()
     tasks = [asyncio.create_task(agent.heartbeats(args.heartbeat_interval, stop)),
              asyncio.create_task(agent.watch_health(backend))]
+    tasks += usage_tasks(agent, args, stop)
     await stop.wait()
     backend.stop()
     for task in tasks:
@@ -77,6 +79,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--heartbeat-interval", type=float, default=1.0)
     parser.add_argument("--grace", type=float, default=10.0, help="seconds a stopped workload has to checkpoint")
     parser.add_argument("--listen", default="127.0.0.1:0", help="health endpoint")
+    add_usage_args(parser)
     asyncio.run(run(parser.parse_args(argv)))
 
 

@@ -65,7 +65,9 @@ class ProcessRun:
     """A real workload process. Stop = SIGTERM, then SIGKILL after ``grace`` seconds.
 
     The workload learns where to resume from ``GPUSCHED_RESUME_FROM`` and reports a
-    checkpoint by writing "<location> <progress_s>" to ``GPUSCHED_CHECKPOINT_FILE``."""
+    checkpoint by writing "<location> <progress_s>" to ``GPUSCHED_CHECKPOINT_FILE``. On
+    simulated GPUs it may state its own GPU load by writing a percentage to
+    ``GPUSCHED_USAGE_FILE`` (the usage sampler reads it; NVML nodes measure instead)."""
 
     POLL_S = 0.5
 
@@ -73,7 +75,9 @@ class ProcessRun:
                  env: dict[str, str], workdir: Path, on_checkpoint: OnCheckpoint | None = None) -> None:
         self.command = command
         self.checkpoint_file = workdir / "checkpoint"
+        self.usage_file = workdir / "usage"
         self.env = {**os.environ, **env, "GPUSCHED_CHECKPOINT_FILE": str(self.checkpoint_file),
+                    "GPUSCHED_USAGE_FILE": str(self.usage_file),
                     "CUDA_VISIBLE_DEVICES": ",".join(uuids[s.index] for s in gpus)}
         self.workdir = workdir
         self.on_checkpoint = on_checkpoint
