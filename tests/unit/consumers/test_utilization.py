@@ -287,3 +287,21 @@ def test_a_fully_busy_worker_uses_exactly_the_allocated_time_its_windows_cover(w
             union += b - max(a, reach)
             reach = b
     assert ledger.report(now=9999).jobs["a"].hours.used * 3600 == pytest.approx(union, abs=1e-6)
+
+
+def test_the_report_prints_per_team_and_pool_and_names_the_idle_jobs():
+    from gpusched.consumers.usage_report import format_report, report_json
+
+    ledger = UtilizationLedger(idle_after_s=60)
+    ledger.hold("nb-1", 0, "t-idle", "p1", 1, 1000, time=0)
+    ledger.hold("tr-1", 0, "t-busy", "p1", 1, 1000, time=0)
+    for u in every("nb-1", 0, 0, 600, 30, 0.0, simulated=True) + every("tr-1", 0, 0, 600, 30, 90.0, simulated=True):
+        ledger.add(u)
+    report = ledger.report(now=600)
+    text = format_report(report, ledger)
+    assert "GPU-seconds allocated vs used" in text
+    assert "team t-busy" in text and "90.0%" in text and "pool p1" in text
+    assert "nb-1" in text and "still idle" in text and "[simulated]" in text
+    printed = report_json(report)
+    assert printed["idle_jobs"] == ["nb-1"]
+    assert printed["teams"]["t-busy"]["utilization"] == pytest.approx(0.9)
