@@ -140,7 +140,7 @@ def format_report(report: UtilizationReport, ledger: UtilizationLedger) -> str:
     lines.append(f"jobs holding GPUs below {ledger.idle_percent:g}% SM for {ledger.idle_after_s:g}s or more: "
                  f"{len(idle) or 'none'}")
     for job in idle:
-        lines.append(f"  {job.job_id:<28} team {job.team}, pool {job.pool}: idle {job.idle_s:.1f}s"
+        lines.append(f"  {job.job_id} ({job.name or '?'}), team {job.team}, pool {job.pool}: idle {job.idle_s:.1f}s"
                      f"{' (still idle, still holding GPUs)' if job.idle_now else ''}"
                      f"{'  [simulated]' if job.hours.simulated else ''}")
     if report.unattributed:
@@ -163,7 +163,7 @@ def report_json(report: UtilizationReport) -> dict:
     return {"teams": {k: hours(v) for k, v in report.teams.items()},
             "pools": {k: hours(v) for k, v in report.pools.items()},
             "total": hours(report.total),
-            "jobs": {j.job_id: {"team": j.team, "pool": j.pool, **hours(j.hours), "idle_s": j.idle_s,
+            "jobs": {j.job_id: {"name": j.name, "team": j.team, "pool": j.pool, **hours(j.hours), "idle_s": j.idle_s,
                                 "idle": j.idle, "idle_now": j.idle_now} for j in report.jobs.values()},
             "idle_jobs": [j.job_id for j in report.idle_jobs], "unattributed": report.unattributed}
 

@@ -41,6 +41,7 @@ class _Hold:
     worker_milli: int
     start: float
     end: float | None = None
+    name: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +83,7 @@ class JobUsage:
     idle_s: float        # longest stretch below the idle threshold
     idle: bool           # idle_s reached idle_after_s
     idle_now: bool       # ... and the stretch is still running
+    name: str = ""       # the job's name (its spec's)
 
 
 @dataclass(frozen=True)
@@ -114,8 +116,8 @@ class UtilizationLedger:
 
     # --- allocation (the pool log) ---------------------------------------------------
     def hold(self, job_id: str, attempt: int, team: str, pool: str, workers: int, worker_milli: int,
-             time: float) -> None:
-        self._holds[(job_id, attempt)] = _Hold(team, pool, workers, worker_milli, time)
+             time: float, name: str = "") -> None:
+        self._holds[(job_id, attempt)] = _Hold(team, pool, workers, worker_milli, time, name=name)
         self._open[job_id] = attempt
 
     def release(self, job_id: str, attempt: int, time: float) -> None:
@@ -132,7 +134,7 @@ class UtilizationLedger:
             self.release(job.job_id, holding, time)
         if job.phase.holds_gpus and job.job_id not in self._open:
             self.hold(job.job_id, job.attempt, job.team, job.spec.pool, job.spec.workers,
-                      job.spec.resources.milli, time)
+                      job.spec.resources.milli, time, job.spec.name)
 
     # --- usage records ---------------------------------------------------------------
     def add(self, usage: WorkerUsage) -> bool:
@@ -163,7 +165,7 @@ class UtilizationLedger:
                 hours = before.hours + hours
                 idle_s, idle_now = max(idle_s, before.idle_s), idle_now or before.idle_now
             jobs[job_id] = JobUsage(job_id, hold.team, hold.pool, hours, idle_s,
-                                    idle_s >= self.idle_after_s, idle_now)
+                                    idle_s >= self.idle_after_s, idle_now, hold.name)
         teams: dict[str, GpuHours] = defaultdict(GpuHours)
         pools: dict[str, GpuHours] = defaultdict(GpuHours)
         total = GpuHours()

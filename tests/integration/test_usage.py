@@ -83,7 +83,7 @@ async def test_usage_folds_into_allocated_vs_used_and_flags_the_idle_job(kafka_b
     # the idle job: its GPU drew board power but ran nothing
     assert teams["team-idle"].used == 0
     idle = {j.job_id: j for j in report.idle_jobs}
-    assert [j.team for j in idle.values()] == ["team-idle"]
+    assert [(j.team, j.name) for j in idle.values()] == [("team-idle", "idle-b")]
     assert next(iter(idle.values())).idle_s >= IDLE_AFTER_S
     assert report.total.allocated == sum(h.allocated for h in teams.values())
 
