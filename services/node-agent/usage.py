@@ -126,7 +126,11 @@ async def report_usage(agent, sampler, interval_s: float, stop: asyncio.Event) -
     """Sample and publish at the end of every interval until ``stop`` is set."""
     if not (math.isfinite(interval_s) and interval_s > 0):
         raise ValueError(f"interval_s: {interval_s!r} is not a positive number of seconds")
-    await asyncio.to_thread(sampler.start)
+    try:
+        await asyncio.to_thread(sampler.start)
+    except Exception:   # e.g. NVML gone since the inventory: the agent runs on, unmeasured
+        log.exception("GPU usage sampling unavailable; no usage records from this node")
+        return
     last: dict[Key, float] = {}
     try:
         while True:

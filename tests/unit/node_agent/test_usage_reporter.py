@@ -126,3 +126,11 @@ def test_flags_parse():
     add_usage_args(parser)
     args = parser.parse_args(["--usage-interval", "0", "--simulated-usage", "nb-*=3"])
     assert args.usage_interval == 0 and args.simulated_usage == [UsageRule("nb-*", 3.0)]
+
+
+async def test_a_sampler_that_cannot_start_ends_the_reporter_not_the_agent(caplog):
+    class Broken(SimulatedSampler):
+        def start(self):
+            raise OSError("NVML: driver not loaded")
+    await asyncio.wait_for(report_usage(_agent(Publisher(want=1)), Broken(NODE.gpus), 0.01, asyncio.Event()), 10)
+    assert "usage sampling unavailable" in caplog.text
