@@ -20,7 +20,7 @@ from collections import Counter
 from pathlib import Path
 
 from gpusched.client import Client
-from gpusched.consumers.usage_report import collect, format_report
+from gpusched.consumers.usage_report import number_type, collect, format_report
 from gpusched.consumers.utilization import UtilizationLedger
 from gpusched.local_cluster import LocalCluster
 from gpusched.adapters.kafka_admin import TopicNames
@@ -124,11 +124,11 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--min-duration", type=float, default=0.5)
     parser.add_argument("--max-duration", type=float, default=3.0)
-    parser.add_argument("--usage-interval", type=float, default=0.25,
+    parser.add_argument("--usage-interval", type=number_type(0.0), default=0.25,
                         help="seconds between the agents' GPU usage samples (0: no usage report)")
     parser.add_argument("--idle-jobs", default="", metavar="PATTERN",
                         help="jobs named like PATTERN (e.g. 'infer-*') hold their GPUs idle, to show idle detection")
-    parser.add_argument("--idle-after", type=float, default=1.0,
+    parser.add_argument("--idle-after", type=number_type(0.0, low_open=True), default=1.0,
                         help="seconds below 5%% SM after which a job is reported idle")
 
 

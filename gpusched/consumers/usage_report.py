@@ -168,13 +168,15 @@ def report_json(report: UtilizationReport) -> dict:
             "idle_jobs": [j.job_id for j in report.idle_jobs], "unattributed": report.unattributed}
 
 
-def _number(low: float, high: float = math.inf, low_open: bool = False):
+def number_type(low: float, high: float = math.inf, low_open: bool = False):
+    """An argparse ``type``: a finite number from ``low`` (excluded with ``low_open``) to
+    ``high``; anything else is a usage error quoting the value."""
     def parse(text: str) -> float:
         try:
             value = float(text)
         except ValueError:
             value = math.nan
-        if not ((low < value if low_open else low <= value) and value <= high):
+        if not (math.isfinite(value) and (low < value if low_open else low <= value) and value <= high):
             bound = f"{'>' if low_open else '>='} {low:g}" + (f" and <= {high:g}" if high < math.inf else "")
             raise argparse.ArgumentTypeError(f"{text!r} is not a number {bound}")
         return value
@@ -188,13 +190,13 @@ def parser() -> argparse.ArgumentParser:
     add_kafka_args(p)
     # a report on stdout: the followers' progress lines only when asked for
     p.set_defaults(log_level=os.environ.get("GPUSCHED_LOG_LEVEL", "WARNING"))
-    p.add_argument("--seconds", type=_number(0.0), default=0.0,
+    p.add_argument("--seconds", type=number_type(0.0), default=0.0,
                    help="follow the topics this long before reporting (default: report what they hold now)")
-    p.add_argument("--idle-percent", type=_number(0.0, 100.0), default=DEFAULT_IDLE_PERCENT,
+    p.add_argument("--idle-percent", type=number_type(0.0, 100.0), default=DEFAULT_IDLE_PERCENT,
                    help="a GPU below this SM utilization is idle")
-    p.add_argument("--idle-after", type=_number(0.0, low_open=True), default=DEFAULT_IDLE_AFTER_S,
+    p.add_argument("--idle-after", type=number_type(0.0, low_open=True), default=DEFAULT_IDLE_AFTER_S,
                    help="seconds a job's GPUs must stay idle before it is flagged")
-    p.add_argument("--connect-timeout", type=_number(0.0, low_open=True), default=15.0,
+    p.add_argument("--connect-timeout", type=number_type(0.0, low_open=True), default=15.0,
                    help="seconds to wait for the broker")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     return p
