@@ -26,6 +26,8 @@ from gpusched.consumers.utilization import (
     DEFAULT_IDLE_AFTER_S, DEFAULT_IDLE_PERCENT, GpuHours, UtilizationLedger, UtilizationReport,
 )
 
+log = logging.getLogger(__name__)
+
 
 class UsageReader:
     """Reads every partition of the usage topic from the beginning into ``ledger``."""
@@ -59,8 +61,17 @@ class UsageReader:
         self._task = asyncio.create_task(self._run(), name="usage-reader")
 
     async def _run(self) -> None:
+        consumer = self._consumer
+        assert consumer is not None, "start() first"
         while True:
-            batches = await self._consumer.getmany(timeout_ms=200, max_records=10_000)
+            try:
+                batches = await consumer.getmany(timeout_ms=200, max_records=10_000)
+            except asyncio.CancelledError:
+                raise
+            except KafkaError:
+                log.warning("usage fetch failed; retrying", exc_info=True)
+                await asyncio.sleep(0.5)   # back-off before fetching again
+                continue
             for tp, records in batches.items():
                 for record in records:
                     await self._fold(record)
@@ -79,13 +90,18 @@ class UsageReader:
 
     async def caught_up(self, timeout: float = 60.0) -> None:
         """Wait until everything on the topic when called has been folded."""
-        ends = await self._consumer.end_offsets(self._tps)
+        consumer, task = self._consumer, self._task
+        assert consumer is not None and task is not None, "start() first"
+        ends = await consumer.end_offsets(self._tps)
         async with asyncio.timeout(timeout):
             while any(self._next.get(tp, 0) < end for tp, end in ends.items()):
-                if self._task.done():
-                    self._task.result()   # the reader died: its error, not a timeout
+                if task.done():
+                    task.result()   # the reader died: its error, not a timeout
+                    raise RuntimeError("the usage reader stopped")
                 self._progress.clear()
-                await self._progress.wait()
+                progress = asyncio.ensure_future(self._progress.wait())
+                await asyncio.wait([progress, task], return_when=asyncio.FIRST_COMPLETED)
+                progress.cancel()
 
     async def stop(self) -> None:
         if self._task is not None:
