@@ -143,7 +143,7 @@ async def collect(bootstrap: str, topics: TopicNames, ledger: UtilizationLedger,
 
 
 # --- the command -------------------------------------------------------------------------
-def format_report(report: UtilizationReport, ledger: UtilizationLedger) -> str:
+def format_report(report: UtilizationReport, ledger: UtilizationLedger, per_job: bool = False) -> str:
     # a short run (the demo, a test) holds far below a GPU-hour: seconds read better then
     unit, scale = ("GPU-hours", 1.0) if report.total.allocated >= 1 else ("GPU-seconds", 3600.0)
     lines = [f"{unit} allocated vs used (used = allocated x measured SM utilization):",
@@ -151,6 +151,9 @@ def format_report(report: UtilizationReport, ledger: UtilizationLedger) -> str:
     for title, groups in (("team", report.teams), ("pool", report.pools)):
         for name, hours in groups.items():
             lines.append(_row(f"{title} {name}", hours, scale))
+    if per_job:
+        for job in sorted(report.jobs.values(), key=lambda j: (j.team, j.job_id)):
+            lines.append(_row(f"job {job.name or job.job_id}", job.hours, scale))
     lines.append(_row("total", report.total, scale))
     idle = report.idle_jobs
     lines.append(f"jobs holding GPUs below {ledger.idle_percent:g}% SM for {ledger.idle_after_s:g}s or more: "
@@ -214,6 +217,7 @@ def parser() -> argparse.ArgumentParser:
                    help="seconds a job's GPUs must stay idle before it is flagged")
     p.add_argument("--connect-timeout", type=number_type(0.0, low_open=True), default=15.0,
                    help="seconds to wait for the broker")
+    p.add_argument("--jobs", action="store_true", help="a line per job too")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     return p
 
@@ -240,7 +244,7 @@ async def _run(args: argparse.Namespace) -> int:
     ledger = UtilizationLedger(args.idle_percent, args.idle_after)
     await collect(settings.bootstrap, settings.topics, ledger, args.seconds)
     report = ledger.report(now=time.time())
-    print(json.dumps(report_json(report), indent=2) if args.json else format_report(report, ledger))
+    print(json.dumps(report_json(report), indent=2) if args.json else format_report(report, ledger, args.jobs))
     return 0
 
 

@@ -302,6 +302,7 @@ def test_the_report_prints_per_team_and_pool_and_names_the_idle_jobs():
     assert "GPU-seconds allocated vs used" in text
     assert "team t-busy" in text and "90.0%" in text and "pool p1" in text
     assert "nb-1" in text and "still idle" in text and "[simulated]" in text
+    assert "job tr-1" not in text and "job tr-1" in format_report(report, ledger, per_job=True)
     printed = report_json(report)
     assert printed["idle_jobs"] == ["nb-1"]
     assert printed["teams"]["t-busy"]["utilization"] == pytest.approx(0.9)
