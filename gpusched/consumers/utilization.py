@@ -117,7 +117,14 @@ class UtilizationLedger:
     # --- allocation (the pool log) ---------------------------------------------------
     def hold(self, job_id: str, attempt: int, team: str, pool: str, workers: int, worker_milli: int,
              time: float, name: str = "") -> None:
-        self._holds[(job_id, attempt)] = _Hold(team, pool, workers, worker_milli, time, name=name)
+        before = self._holds.get((job_id, attempt))
+        if before is not None:
+            # The reducer bumps the attempt whenever a job lets its GPUs go, so an attempt
+            # holding again is not expected; should it happen, the hold is reopened (the
+            # gap counts as held) rather than replaced (which would lose its earlier time).
+            before.end = None
+        else:
+            self._holds[(job_id, attempt)] = _Hold(team, pool, workers, worker_milli, time, name=name)
         self._open[job_id] = attempt
 
     def release(self, job_id: str, attempt: int, time: float) -> None:

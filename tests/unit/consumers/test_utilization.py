@@ -306,3 +306,12 @@ def test_the_report_prints_per_team_and_pool_and_names_the_idle_jobs():
     printed = report_json(report)
     assert printed["idle_jobs"] == ["nb-1"]
     assert printed["teams"]["t-busy"]["utilization"] == pytest.approx(0.9)
+
+
+def test_an_attempt_holding_again_keeps_its_earlier_time():
+    ledger = UtilizationLedger()
+    ledger.hold("a", 0, "t1", "p1", 1, 1000, time=0)
+    ledger.release("a", 0, 1800)
+    ledger.hold("a", 0, "t1", "p1", 1, 1000, time=3000)
+    ledger.release("a", 0, 3600)
+    assert ledger.report(now=9999).jobs["a"].hours.allocated == pytest.approx(1.0)
