@@ -2,14 +2,17 @@
 beside the simulated backend they must agree with. Prints a report (and writes it as JSON
 to $OUT/gpu_check.json when $OUT is set).
 
-    PYTHONPATH=. python3 deploy/gpu_check.py [--watch-s 5] [--workload]
+    PYTHONPATH=. python3 deploy/gpu_check.py [--watch-s 5] [--usage-samples 3] [--workload]
 
 Needs only the NVIDIA driver and nvidia-ml-py (``pynvml``); no Kafka, no gRPC. What it
 runs is the agent's own code: ``nvml_gpus()`` (what a node registers with) and
-``NvmlWatch`` (XID events and ECC counters), as ``gpusched-node-agent`` builds them.
-``--workload`` also runs a real CUDA workload (PyTorch) through the agent's
+``NvmlWatch`` (XID events and ECC counters), as ``gpusched-node-agent`` builds them,
+and ``NvmlSampler`` (the usage records' SM utilization, memory and power): a few samples
+of every GPU as a whole-GPU worker, read only, plus what NVML answers for the MIG
+devices that exist (no per-instance SM utilization). ``--workload`` also runs a real CUDA workload (PyTorch) through the agent's
 ``ProcessRun`` on GPU 0: it must see only that GPU, checkpoint, stop gracefully on the
-preemption signal within the grace period, and resume from its checkpoint.
+preemption signal within the grace period, and resume from its checkpoint; the usage
+sampler reads GPU 0 meanwhile and must see it busy.
 """
 from __future__ import annotations
 
@@ -31,6 +34,7 @@ import pynvml  # noqa: E402
 
 from gpusched.adapters.gpu_health import FATAL_XIDS, NvmlWatch, SimulatedNvml  # noqa: E402
 from gpusched.adapters.gpu_inventory import nvml_gpus, simulated_gpus  # noqa: E402
+from gpusched.adapters.gpu_usage import NvmlSampler, RunningWorker  # noqa: E402
 from gpusched.core.catalog import CATALOG  # noqa: E402
 from gpusched.core.model import GpuSlot  # noqa: E402
 
@@ -122,6 +126,90 @@ async def workload(uuid: str, total_s: float = 6.0, grace_s: float = 10.0) -> di
             "final_progress": seen[-1][1] if seen else None}
 
 
+def _whole_gpu_workers(inventory) -> list:
+    return [RunningWorker(f"gpu-{g.index}", 0, 0, "gpu_check", "training", (GpuSlot(g.index),)) for g in inventory]
+
+
+def usage_samples(inventory, count: int, interval_s: float, nvml=pynvml) -> dict:
+    """The agent's NvmlSampler, read only: ``count`` rounds, each GPU as one whole-GPU
+    worker; and what NVML answers for each MIG device (utilization: expected NOT_SUPPORTED)."""
+    sampler = NvmlSampler(nvml, inventory)
+    workers = _whole_gpu_workers(inventory)
+    rounds = []
+    sampler.start()
+    try:
+        for i in range(count):
+            if i:
+                time.sleep(interval_s)   # the sampling period under test
+            readings = sampler.read(workers)
+            rounds.append({"time": time.time(),
+                           "gpus": [dataclasses.asdict(readings[w.key][0]) for w in workers if readings[w.key]]})
+        handles = [sampler._handles[g.index] for g in inventory]
+        mig_enabled = [g.index for g, h in zip(inventory, handles) if _ask(nvml, _mig_mode, nvml, h) == 1]
+        mig = [d for g, h in zip(inventory, handles) for d in _mig_devices(nvml, g.index, h)]
+    finally:
+        sampler.close()
+    return {"interval_s": interval_s, "rounds": rounds, "mig_enabled": mig_enabled, "mig_devices": mig}
+
+
+def _mig_mode(nvml, handle) -> int:
+    return nvml.nvmlDeviceGetMigMode(handle)[0]   # (current, pending)
+
+
+def _mig_devices(nvml, index: int, parent) -> list[dict]:
+    out = []
+    count = _ask(nvml, nvml.nvmlDeviceGetMaxMigDeviceCount, parent)
+    for i in range(count if isinstance(count, int) else 0):
+        device = _ask(nvml, nvml.nvmlDeviceGetMigDeviceHandleByIndex, parent, i)
+        if isinstance(device, str) and device.startswith("error:"):
+            continue   # no MIG device in this slot
+        out.append({"gpu": index, "mig_device": i, "uuid": _ask(nvml, nvml.nvmlDeviceGetUUID, device),
+                    "utilization": _ask(nvml, lambda d: nvml.nvmlDeviceGetUtilizationRates(d).gpu, device),
+                    "memory_used_mib": _ask(nvml, lambda d: nvml.nvmlDeviceGetMemoryInfo(d).used // 2**20, device)})
+    return out
+
+
+def _ask(nvml, fn, *args):
+    """``_call`` for any NVML module (tests pass a fake)."""
+    try:
+        value = fn(*args)
+    except nvml.NVMLError as exc:
+        return f"error: {exc}"
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def usage_ok(usage: dict, gpu_count: int) -> bool:
+    """Every round read every GPU's memory, and the SM utilization (0..100) of every GPU
+    not in MIG mode (NVML gives none for a GPU cut into instances)."""
+    def fine(g: dict) -> bool:
+        sm_ok = g["sm_percent"] == -1 if g["index"] in usage["mig_enabled"] else 0 <= g["sm_percent"] <= 100
+        return sm_ok and g["memory_used_mib"] >= 0
+    return len(usage["rounds"]) > 0 and all(
+        len(r["gpus"]) == gpu_count and all(fine(g) for g in r["gpus"]) for r in usage["rounds"])
+
+
+async def busy_while(inventory, running: asyncio.Task, interval_s: float = 0.5) -> list[float]:
+    """GPU 0's SM utilization as the usage sampler reads it, until ``running`` ends."""
+    sampler = NvmlSampler(pynvml, inventory[:1])
+    worker = _whole_gpu_workers(inventory[:1])
+    seen = []
+    sampler.start()
+    try:
+        while not running.done():
+            [sample] = (await asyncio.to_thread(sampler.read, worker))[worker[0].key]
+            seen.append(sample.sm_percent)
+            await asyncio.wait([running], timeout=interval_s)
+    finally:
+        sampler.close()
+    return seen
+
+
+async def workload_with_usage(inventory) -> dict:
+    running = asyncio.create_task(workload(inventory[0].uuid))
+    seen = await busy_while(inventory, running)
+    return {**running.result(), "sm_percent_seen": seen}
+
+
 def _call(fn, *args):
     """NVML's answer, or the name of the error it gave (NOT_SUPPORTED in VMs, say)."""
     try:
@@ -209,6 +297,8 @@ async def simulated_fault_shape() -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--watch-s", type=float, default=5.0)
+    parser.add_argument("--usage-samples", type=int, default=3, help="rounds of usage samples (NVML, read only)")
+    parser.add_argument("--usage-interval", type=float, default=1.0, help="seconds between usage rounds")
     parser.add_argument("--workload", action="store_true", help="also run a CUDA workload (needs PyTorch)")
     args = parser.parse_args()
     report = {"host": platform.node(), "python": sys.version.split()[0], "kernel": platform.release(),
@@ -218,20 +308,21 @@ def main() -> None:
     report["simulated_differs"] = compare_with_simulated(inventory)
     report["watch"] = asyncio.run(watch(len(inventory), args.watch_s))
     report["simulated_fault"] = asyncio.run(simulated_fault_shape())
+    report["usage"] = usage_samples(inventory, max(1, args.usage_samples), args.usage_interval)
     if args.workload:
-        report["workload"] = asyncio.run(workload(inventory[0].uuid))
+        report["workload"] = asyncio.run(workload_with_usage(inventory))
     text = json.dumps(report, indent=2, default=str)
     print(text)
     if os.environ.get("OUT"):
         Path(os.environ["OUT"], "gpu_check.json").write_text(text)
     ok = inventory and not report["simulated_differs"] and report["watch"]["thread_ran"] \
-        and report["watch"]["stopped_within_s"] is not None
+        and report["watch"]["stopped_within_s"] is not None and usage_ok(report["usage"], len(inventory))
     if args.workload:
         w = report["workload"]
         ok = ok and w["attempt0_exit"] == w["expected_exit"] and w["attempt1_exit"] == 0 \
             and w["checkpoints"] >= 2 and w["final_progress"] is not None and w["final_progress"] >= w["total_s"] \
             and all(g["visible"] == 1 and g["uuid"] == inventory[0].uuid for g in w["workload_saw"]) \
-            and w["workload_saw"][1]["resumed_from"] > 0
+            and w["workload_saw"][1]["resumed_from"] > 0 and max(w["sm_percent_seen"], default=0) > 5
     print("gpu_check:", "OK" if ok else "MISMATCH OR FAILURE")
     sys.exit(0 if ok else 1)
 

@@ -10,6 +10,7 @@ COMMANDS = {
     "preemptor": ("gpusched_preemptor.main", "preemption, quota reclaim, node-loss detection"),
     "node-agent": ("gpusched_node_agent.main", "runs the work of one node (NVML or simulated)"),
     "billing": ("gpusched.consumers.billing", "GPU-hours per team, folded from the log"),
+    "usage": ("gpusched.consumers.usage_report", "GPU-hours allocated vs used (measured), idle jobs"),
     "demo": ("gpusched.demo", "a local cluster, a mixed workload, and what happened"),
     "simulate": ("gpusched.sim.cli", "trace-driven simulator: `simulate static|dynamic ...`"),
 }

@@ -4,7 +4,9 @@ and what happened.
 Starts the broker with deploy/kafka.sh unless KAFKA_BOOTSTRAP_SERVERS names one, then
 admission, placer and simulated node-agents as separate processes, exactly as in
 production, on fresh topics. Submits training jobs, GPU shares, MIG slices and 2-node
-gangs, follows them to the end and prints jobs run, utilization and time.
+gangs, follows them to the end and prints jobs run, allocation and time, then GPU-hours
+allocated vs used as the agents measured them (simulated nodes: the usage model, marked
+[simulated]) and the jobs that held GPUs idle.
 """
 from __future__ import annotations
 
@@ -18,6 +20,8 @@ from collections import Counter
 from pathlib import Path
 
 from gpusched.client import Client
+from gpusched.consumers.usage_report import number_type, collect, format_report
+from gpusched.consumers.utilization import UtilizationLedger
 from gpusched.local_cluster import LocalCluster
 from gpusched.adapters.kafka_admin import TopicNames
 from gpusched.v1 import types_pb2
@@ -53,7 +57,10 @@ async def run_demo(args: argparse.Namespace) -> int:
     try:
         admission = await cluster.admission()
         await cluster.placer()
-        await asyncio.gather(*(cluster.agent(f"node-{i}", args.gpus, "--label", f"rack=r{i // 2}")
+        usage = ["--usage-interval", str(args.usage_interval)]
+        if args.idle_jobs:
+            usage += ["--simulated-usage", f"{args.idle_jobs}=0"]
+        await asyncio.gather(*(cluster.agent(f"node-{i}", args.gpus, "--label", f"rack=r{i // 2}", *usage)
                                for i in range(args.nodes)))
         client = Client(f"127.0.0.1:{admission.port}")
         print(f"cluster up: admission :{admission.port}, placer, {args.nodes} simulated nodes x {args.gpus}")
@@ -70,6 +77,7 @@ async def run_demo(args: argparse.Namespace) -> int:
         await sampler
         _report(jobs, t_submit, makespan, samples, args)
         await client.close()
+        await _usage_report(bootstrap, topics, args)
         ok = all(j.phase == types_pb2.JOB_PHASE_SUCCEEDED for j in jobs)
         return 0 if ok else 1
     finally:
@@ -86,10 +94,19 @@ def _report(jobs, t_submit, makespan, samples, args) -> None:
     print(f"\n{len(jobs)} jobs submitted in {t_submit:.2f}s ({len(jobs) / t_submit:.0f}/s); all ended after {makespan:.1f}s")
     print("by outcome: " + ", ".join(f"{k} {v}" for k, v in sorted(phases.items())))
     print("by shape:   " + ", ".join(f"{k} {v}" for k, v in sorted(shapes.items())))
-    print(f"GPU utilization (GPU-seconds used / available): {gpu_s / capacity:.1%}")
+    print(f"GPU allocation (GPU-seconds allocated / available): {gpu_s / capacity:.1%}")
     print(f"GPU allocation sampled every 0.25 s: mean {sum(samples) / max(1, len(samples)):.1%}, peak {max(samples, default=0):.1%}")
     if waits:
         print(f"queueing delay submit->running: p50 {waits[len(waits) // 2]:.2f}s, p99 {waits[int(len(waits) * 0.99)]:.2f}s")
+
+
+async def _usage_report(bootstrap: str, topics: TopicNames, args: argparse.Namespace) -> None:
+    """Allocated vs used from the log and the agents' usage records (``gpusched usage``)."""
+    if not args.usage_interval:
+        return
+    ledger = UtilizationLedger(idle_after_s=args.idle_after)
+    await collect(bootstrap, topics, ledger)
+    print("\n" + format_report(ledger.report(now=time.time()), ledger))
 
 
 def _milli(r) -> int:
@@ -107,6 +124,12 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--min-duration", type=float, default=0.5)
     parser.add_argument("--max-duration", type=float, default=3.0)
+    parser.add_argument("--usage-interval", type=number_type(0.0), default=0.25,
+                        help="seconds between the agents' GPU usage samples (0: no usage report)")
+    parser.add_argument("--idle-jobs", default="", metavar="PATTERN",
+                        help="jobs named like PATTERN (e.g. 'infer-*') hold their GPUs idle, to show idle detection")
+    parser.add_argument("--idle-after", type=number_type(0.0, low_open=True), default=1.0,
+                        help="seconds below 5%% SM after which a job is reported idle")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,6 +1,6 @@
 """Kafka topic layout and admin helpers (aiokafka).
 
-The scheduler uses four topics, all named from one prefix so that tests (and
+The scheduler uses five topics, all named from one prefix so that tests (and
 several deployments on one cluster) can keep theirs apart:
 
 * ``<prefix>cluster-events``  the event log (source of truth), keyed by pool;
@@ -9,6 +9,8 @@ several deployments on one cluster) can keep theirs apart:
 * ``<prefix>dead-letters``    events that could not be applied; 1 partition.
 * ``<prefix>snapshots``       state snapshots, compacted, one partition per
                               events partition.
+* ``<prefix>usage``           measured GPU usage per worker (``WorkerUsage``), keyed by
+                              node; 4 partitions, 30 days retention.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ class TopicNames:
     heartbeats: str = field(init=False)
     dead_letters: str = field(init=False)
     snapshots: str = field(init=False)
+    usage: str = field(init=False)
 
     def __post_init__(self) -> None:
         # frozen dataclass: derived fields are set through object.__setattr__
@@ -44,9 +47,10 @@ class TopicNames:
         object.__setattr__(self, "heartbeats", self.prefix + "heartbeats")
         object.__setattr__(self, "dead_letters", self.prefix + "dead-letters")
         object.__setattr__(self, "snapshots", self.prefix + "snapshots")
+        object.__setattr__(self, "usage", self.prefix + "usage")
 
-    def all(self) -> tuple[str, str, str, str]:
-        return (self.events, self.heartbeats, self.dead_letters, self.snapshots)
+    def all(self) -> tuple[str, ...]:
+        return (self.events, self.heartbeats, self.dead_letters, self.snapshots, self.usage)
 
 
 def topic_specs(
@@ -66,6 +70,9 @@ def topic_specs(
         # snapshot lives in the partition number of the events it summarises.
         NewTopic(names.snapshots, event_partitions, rf,
                  topic_configs={"cleanup.policy": "compact", "max.message.bytes": str(64 * 1024 * 1024)}),
+        # Measurements: kept long enough to fold a month of allocated vs used; a consumer
+        # that reports over longer spans keeps its own totals.
+        NewTopic(names.usage, 4, rf, topic_configs={"retention.ms": str(30 * 24 * 60 * 60 * 1000)}),
     ]
 
 

@@ -19,6 +19,7 @@ from gpusched.core.model import NodeInfo
 from gpusched.v1 import node_agent_pb2_grpc
 from gpusched_node_agent.agent import NodeAgent
 from gpusched_node_agent.api import NodeAgentServicer
+from gpusched_node_agent.usage import add_usage_args, usage_tasks
 
 SERVICES = ["gpusched.v1.NodeAgentService"]
 
@@ -88,6 +89,7 @@ async def run(args: argparse.Namespace) -> None:
     stop = stop_event()
     tasks = [asyncio.create_task(agent.heartbeats(args.heartbeat_interval, stop)),
              asyncio.create_task(agent.watch_health(backend))]
+    tasks += usage_tasks(agent, args, stop)
     await stop.wait()
     backend.stop()
     for task in tasks:
@@ -119,6 +121,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--state-dir", default="", help="where workers run and their shims record their end; "
                                                         "must survive agent restarts (default: a folder in /tmp)")
     parser.add_argument("--listen", default="127.0.0.1:0", help="health endpoint")
+    add_usage_args(parser)
     asyncio.run(run(parser.parse_args(argv)))
 
 

@@ -104,7 +104,9 @@ class ProcessRun:
     ``kill_wait``), fences it when the lease at ``lease_path`` runs out (no lease: never
     fenced) and records its end in ``<workdir>/shim.json``, which outlives the agent.
     The workload learns where to resume from ``GPUSCHED_RESUME_FROM`` and reports a
-    checkpoint by writing "<location> <progress_s>" to ``GPUSCHED_CHECKPOINT_FILE``."""
+    checkpoint by writing "<location> <progress_s>" to ``GPUSCHED_CHECKPOINT_FILE``. On
+    simulated GPUs it may state its own GPU load by writing a percentage to
+    ``GPUSCHED_USAGE_FILE`` (the usage sampler reads it; NVML nodes measure instead)."""
 
     POLL_S = 0.5            # checkpoint file
     START_POLL_S = 0.01     # status file, while the shim starts the workload
@@ -119,7 +121,9 @@ class ProcessRun:
         self.command = command
         self.checkpoint_file = workdir / "checkpoint"
         self.status_file = workdir / STATUS_FILE
+        self.usage_file = workdir / "usage"
         self.env = {**os.environ, **env, "GPUSCHED_CHECKPOINT_FILE": str(self.checkpoint_file),
+                    "GPUSCHED_USAGE_FILE": str(self.usage_file),
                     "CUDA_VISIBLE_DEVICES": ",".join(uuids[s.index] for s in gpus)}
         self.workdir = workdir
         self.on_checkpoint = on_checkpoint

@@ -84,7 +84,7 @@ async def test_topic_layout(kafka_bootstrap: str, topics: TopicNames):
         described = {t["topic"]: t for t in await admin.describe_topics(list(topics.all()))}
         partitions = {name: len(t["partitions"]) for name, t in described.items()}
         assert partitions == {topics.events: 4, topics.heartbeats: 4,
-                              topics.dead_letters: 1, topics.snapshots: 4}
+                              topics.dead_letters: 1, topics.snapshots: 4, topics.usage: 4}
 
         [resp] = await admin.describe_configs(
             [ConfigResource(ConfigResourceType.TOPIC, topics.snapshots),

@@ -77,3 +77,30 @@ async def test_the_workload_check_runs_the_agents_process_run_loaded_by_path(mon
     assert report["attempt0_exit"] == report["expected_exit"] == 143 and report["attempt1_exit"] == 0
     assert report["final_progress"] == 1.5 and report["workload_saw"][1]["resumed_from"] > 0
     assert report["cuda_visible_devices"] == "GPU-cpu-stand-in"
+
+
+def test_usage_samples_read_every_gpu_each_round_and_probe_mig_devices():
+    from tests.unit.adapters.test_gpu_usage import FakeNvml
+
+    class Nvml(FakeNvml):
+        def nvmlDeviceGetMigMode(self, h):
+            return (1, 1) if h[1] == 1 else (0, 0)
+
+    nvml = Nvml({0: {"sm": 12, "used_mib": 500, "power_mw": 90_000}, 1: {"used_mib": 20}},
+                {1: [{"start": 0, "uuid": "MIG-0", "used_mib": 10}]})
+    gpus = _real(2)
+    usage = gpu_check.usage_samples(gpus, 2, 0.0, nvml=nvml)
+    assert len(usage["rounds"]) == 2
+    assert [g["sm_percent"] for g in usage["rounds"][0]["gpus"]] == [12.0, -1.0]
+    assert usage["mig_enabled"] == [1]
+    assert usage["mig_devices"] == [{"gpu": 1, "mig_device": 0, "uuid": "MIG-0",
+                                     "utilization": "error: Not Supported", "memory_used_mib": 10}]
+    assert gpu_check.usage_ok(usage, 2)
+    assert nvml.initialised == 0   # shut down again
+
+
+def test_usage_is_not_ok_when_a_gpu_outside_mig_mode_gives_no_sm_reading():
+    gpus = [{"index": 0, "sm_percent": -1.0, "memory_used_mib": 5}]
+    assert not gpu_check.usage_ok({"rounds": [{"gpus": gpus}], "mig_enabled": []}, 1)
+    assert gpu_check.usage_ok({"rounds": [{"gpus": gpus}], "mig_enabled": [0]}, 1)
+    assert not gpu_check.usage_ok({"rounds": [], "mig_enabled": []}, 1)
