@@ -2,7 +2,7 @@
 beside the simulated backend they must agree with. Prints a report (and writes it as JSON
 to $OUT/gpu_check.json when $OUT is set).
 
-    PYTHONPATH=. python3 deploy/gpu_check.py [--watch-s 5] [--usage-samples 3] [--workload]
+    PYTHONPATH=. python3 deploy/gpu_check.py [--watch-s 5] [--usage-samples 3] [--workload] [--torchrun]
 
 Needs only the NVIDIA driver and nvidia-ml-py (``pynvml``); no Kafka, no gRPC. What it
 runs is the agent's own code: ``nvml_gpus()`` (what a node registers with) and
@@ -12,7 +12,9 @@ of every GPU as a whole-GPU worker, read only, plus what NVML answers for the MI
 devices that exist (no per-instance SM utilization). ``--workload`` also runs a real CUDA workload (PyTorch) through the agent's
 ``ProcessRun`` on GPU 0: it must see only that GPU, checkpoint, stop gracefully on the
 preemption signal within the grace period, and resume from its checkpoint; the usage
-sampler reads GPU 0 meanwhile and must see it busy.
+sampler reads GPU 0 meanwhile and must see it busy. ``--torchrun`` runs a two-process
+``torchrun`` job on GPU 0 with the environment the node-agent gives a worker
+(docs/workloads.md): both ranks must meet, all-reduce, and see exactly that GPU.
 """
 from __future__ import annotations
 
@@ -124,6 +126,70 @@ async def workload(uuid: str, total_s: float = 6.0, grace_s: float = 10.0) -> di
             "stopped_within_s": round(stopped_s, 2), "checkpoints": len(seen),
             "attempt0_last_checkpoint": checkpoint, "attempt1_exit": code2,
             "final_progress": seen[-1][1] if seen else None}
+
+
+# Each torchrun process: a gloo all-reduce of the ranks (NCCL refuses two ranks on one
+# GPU), and a CUDA tensor on the one GPU the agent made visible.
+TORCHRUN_WORKER = r"""
+import json, os
+import torch
+import torch.distributed as dist
+dist.init_process_group("gloo")
+total = torch.tensor([dist.get_rank()])
+dist.all_reduce(total)
+x = torch.ones(1024, device="cuda").sum().item()
+with open(f"rank-{dist.get_rank()}.json", "w") as f:
+    json.dump({"rank": dist.get_rank(), "world": dist.get_world_size(), "rank_sum": int(total.item()),
+               "local_rank": int(os.environ["LOCAL_RANK"]), "visible": torch.cuda.device_count(),
+               "cuda_sum": x, "rdzv": os.environ.get("GPUSCHED_RDZV_ID")}, f)
+dist.destroy_process_group()
+"""
+
+
+def _module(name: str, relative: str):
+    spec = importlib.util.spec_from_file_location(name, REPO / relative)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+async def torchrun_job(inventory, procs: int = 2) -> dict:
+    """One worker of one GPU that runs ``torchrun`` with the environment the node-agent
+    builds (``launch_env.worker_env``), through the agent's ``ProcessRun`` and shim, as
+    docs/workloads.md's example does on many nodes."""
+    import socket
+    import tempfile
+
+    from gpusched.core.model import JobSpec, NodeInfo, WorkerAssignment, WorkerResources
+    from gpusched.core.state import JobState, NodeState
+    runner, launch_env = _runner_module(), _module("agent_launch_env", "services/node-agent/launch_env.py")
+    work = Path(tempfile.mkdtemp(prefix="gpusched-torchrun-"))
+    (work / "worker.py").write_text(TORCHRUN_WORKER)
+    node = NodeState(NodeInfo("gpu-check", "default", 0, 0, tuple(inventory), address="127.0.0.1"), [])
+    job = JobState("torchrun-check", JobSpec(name="t", team="t", resources=WorkerResources(gpus=1)), 0, 0.0)
+    job.workers = (WorkerAssignment(0, node.name, (GpuSlot(0),)),)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = launch_env.worker_env(job, 0, {node.name: node}, f"127.0.0.1:{port}")
+    command = ("sh", "-c", f"exec {sys.executable} -m torch.distributed.run --nnodes=$GPUSCHED_NNODES "
+                           f"--node-rank=$NODE_RANK --nproc-per-node={procs} --rdzv-backend=c10d "
+                           f"--rdzv-endpoint=$GPUSCHED_RDZV_ENDPOINT --rdzv-id=$GPUSCHED_RDZV_ID {work / 'worker.py'}")
+    run = runner.ProcessRun(command, (GpuSlot(0),), [g.uuid for g in inventory], env, work / "attempt-0")
+    await run.start()
+    end = await asyncio.wait_for(run.wait(), 300)
+    ranks = [json.loads(p.read_text()) for p in sorted((work / "attempt-0").glob("rank-*.json"))]
+    return {"exit_code": end.exit_code, "env": {k: env[k] for k in ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK",
+                                                                   "GPUSCHED_NNODES", "GPUSCHED_RDZV_ID")},
+            "ranks": ranks, "procs": procs}
+
+
+def torchrun_ok(t: dict) -> bool:
+    procs = t["procs"]
+    return t["exit_code"] == 0 and len(t["ranks"]) == procs and all(
+        r["world"] == procs and r["rank_sum"] == procs * (procs - 1) // 2 and r["visible"] == 1
+        and r["cuda_sum"] == 1024.0 for r in t["ranks"])
 
 
 def _whole_gpu_workers(inventory) -> list:
@@ -300,6 +366,8 @@ def main() -> None:
     parser.add_argument("--usage-samples", type=int, default=3, help="rounds of usage samples (NVML, read only)")
     parser.add_argument("--usage-interval", type=float, default=1.0, help="seconds between usage rounds")
     parser.add_argument("--workload", action="store_true", help="also run a CUDA workload (needs PyTorch)")
+    parser.add_argument("--torchrun", action="store_true",
+                        help="also run a 2-process torchrun job on GPU 0 with the agent's environment (needs PyTorch)")
     args = parser.parse_args()
     report = {"host": platform.node(), "python": sys.version.split()[0], "kernel": platform.release(),
               "pynvml": getattr(pynvml, "__version__", "?"), "nvml": raw_facts()}
@@ -311,6 +379,8 @@ def main() -> None:
     report["usage"] = usage_samples(inventory, max(1, args.usage_samples), args.usage_interval)
     if args.workload:
         report["workload"] = asyncio.run(workload_with_usage(inventory))
+    if args.torchrun:
+        report["torchrun"] = asyncio.run(torchrun_job(inventory))
     text = json.dumps(report, indent=2, default=str)
     print(text)
     if os.environ.get("OUT"):
@@ -323,6 +393,8 @@ def main() -> None:
             and w["checkpoints"] >= 2 and w["final_progress"] is not None and w["final_progress"] >= w["total_s"] \
             and all(g["visible"] == 1 and g["uuid"] == inventory[0].uuid for g in w["workload_saw"]) \
             and w["workload_saw"][1]["resumed_from"] > 0 and max(w["sm_percent_seen"], default=0) > 5
+    if args.torchrun:
+        ok = ok and torchrun_ok(report["torchrun"])
     print("gpu_check:", "OK" if ok else "MISMATCH OR FAILURE")
     sys.exit(0 if ok else 1)
 

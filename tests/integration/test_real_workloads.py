@@ -31,9 +31,9 @@ CANCELLED, TIMEOUT = types_pb2.JOB_PHASE_CANCELLED, types_pb2.JOB_PHASE_TIMEOUT
 LEASE_S, KILL_WAIT_S, BEAT_S = 2.0, 1.5, 0.3
 
 
-async def real_agent(cluster: LocalCluster, node: str, tmp_path: Path, gpus: int = 1):
+async def real_agent(cluster: LocalCluster, node: str, tmp_path: Path, gpus: int = 1, lease: float = LEASE_S):
     return await cluster.agent(node, f"{gpus}xH100-80GB", "--run-processes", "--state-dir", str(tmp_path / node),
-                               "--lease", str(LEASE_S), "--grace", str(KILL_WAIT_S),
+                               "--lease", str(lease), "--grace", str(KILL_WAIT_S),
                                "--heartbeat-interval", str(BEAT_S), "--address", "127.0.0.1")
 
 
@@ -137,10 +137,14 @@ async def _fenced_node_case(kafka_bootstrap, topics, tmp_path, how: str):
         admission = await cluster.admission()
         await cluster.placer()
         await cluster.preemptor("preemptor", "--heartbeat-timeout", "2")
-        doomed = await real_agent(cluster, "node-0", tmp_path)
+        # The lease outlasts the heartbeat timeout and the workload ignores SIGTERM: a
+        # job placed again as soon as the node is declared lost, or before the kill
+        # deadline, would run beside its old attempt.
+        doomed = await real_agent(cluster, "node-0", tmp_path, lease=4.0)
         client = Client(f"127.0.0.1:{admission.port}")
         job = (await client.submit(spec("train", "llm", gpus=1, checkpoint_interval=0.5,
-                                        command=(*RECORDER, "--duration", "6", "--checkpoint-every", "0.5")))).job
+                                        command=(*RECORDER, "--duration", "6", "--checkpoint-every", "0.5",
+                                                 "--ignore-term")))).job
         await until(client, lambda j: j.job_id == job.job_id and j.phase == RUNNING and j.checkpoint, 60)
         await real_agent(cluster, "node-1", tmp_path)
         if how == "sigstop":
