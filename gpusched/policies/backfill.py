@@ -131,7 +131,8 @@ def _could_ever_host(node: NodeState, job: JobState) -> bool:
 
 
 def _copy(node: NodeState) -> NodeState:
-    gpus = [GpuState(g.info, g.healthy, g.used_milli, g.mig_mask) for g in node.gpus]
+    gpus = [GpuState(g.info, g.healthy, g.used_milli, g.mig_mask, g.used_memory_mib, g.whole_ok, g.mig_slots)
+            for g in node.gpus]
     return NodeState(node.info, gpus, node.status, node.used_cpu, node.used_mem, set(node.jobs))
 
 
