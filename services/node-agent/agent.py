@@ -20,6 +20,7 @@ from gpusched.core import events as ev
 from gpusched.core.model import EXIT_LOST, JobPhase, NodeInfo, NodeStatus, WorkerAssignment
 from gpusched.core.state import ClusterState, JobState
 from gpusched.v1 import events_pb2
+from gpusched_node_agent.devices import WorkerDevices
 from gpusched_node_agent.runner import ProcessRun, SimulatedRun
 
 log = logging.getLogger("gpusched.node_agent")
@@ -27,6 +28,8 @@ Key = tuple[str, int, int]   # (job id, attempt, worker)
 
 
 class NodeAgent:
+    mig = None   # devices.MigManager on a node with dynamic MIG (set by main)
+
     def __init__(self, info: NodeInfo, publisher: EventPublisher, me: str, grace_s: float = 10.0,
                  workdir: Path | None = None) -> None:
         self.info = info
@@ -128,8 +131,9 @@ class NodeAgent:
                    "GPUSCHED_WORKER": str(worker.worker), "GPUSCHED_WORKERS": str(spec.workers)}
             if job.checkpoint:
                 env["GPUSCHED_RESUME_FROM"] = job.checkpoint
-            run = ProcessRun(spec.command, worker.gpus, [g.uuid for g in self.info.gpus], env,
-                             self.workdir / f"{job.job_id}-{job.attempt}-{worker.worker}", report)
+            devices = WorkerDevices(self.info, worker.gpus, spec.resources, self.info.mps, self.mig)
+            run = ProcessRun(spec.command, env, self.workdir / f"{job.job_id}-{job.attempt}-{worker.worker}",
+                             report, devices)
         self.runs[key] = run
         self.running[key] = asyncio.create_task(self._run(key, run))
 

@@ -1,4 +1,5 @@
-"""Running one worker: a real process with CUDA_VISIBLE_DEVICES, or a simulated run.
+"""Running one worker: a real process with its devices (``devices.WorkerDevices``), or a
+simulated run.
 
 Both report checkpoints through ``on_checkpoint(location, progress_s)``, where
 ``progress_s`` is the job's total work done so far (seconds), so a resumed attempt
@@ -11,8 +12,6 @@ import os
 import signal
 from pathlib import Path
 from typing import Awaitable, Callable
-
-from gpusched.core.model import GpuSlot
 
 OnCheckpoint = Callable[[str, float], Awaitable[None]]
 EXIT_TERMINATED = 128 + int(signal.SIGTERM)
@@ -65,34 +64,48 @@ class ProcessRun:
     """A real workload process. Stop = SIGTERM, then SIGKILL after ``grace`` seconds.
 
     The workload learns where to resume from ``GPUSCHED_RESUME_FROM`` and reports a
-    checkpoint by writing "<location> <progress_s>" to ``GPUSCHED_CHECKPOINT_FILE``."""
+    checkpoint by writing "<location> <progress_s>" to ``GPUSCHED_CHECKPOINT_FILE``.
+    ``devices`` (``acquire() -> env``, ``release()``) gives it its GPUs: acquired before
+    the process starts (an OSError there means it cannot start), released once it ended,
+    before ``wait`` returns."""
 
     POLL_S = 0.5
 
-    def __init__(self, command: tuple[str, ...], gpus: tuple[GpuSlot, ...], uuids: list[str],
-                 env: dict[str, str], workdir: Path, on_checkpoint: OnCheckpoint | None = None) -> None:
+    def __init__(self, command: tuple[str, ...], env: dict[str, str], workdir: Path,
+                 on_checkpoint: OnCheckpoint | None = None, devices=None) -> None:
         self.command = command
         self.checkpoint_file = workdir / "checkpoint"
-        self.env = {**os.environ, **env, "GPUSCHED_CHECKPOINT_FILE": str(self.checkpoint_file),
-                    "CUDA_VISIBLE_DEVICES": ",".join(uuids[s.index] for s in gpus)}
+        self.env = {**os.environ, **env, "GPUSCHED_CHECKPOINT_FILE": str(self.checkpoint_file)}
         self.workdir = workdir
         self.on_checkpoint = on_checkpoint
+        self.devices = devices
         self._proc: asyncio.subprocess.Process | None = None
         self._seen = ""
 
     async def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self._proc = await asyncio.create_subprocess_exec(
-            *self.command, env=self.env, cwd=self.workdir, start_new_session=True)
+        if self.devices is not None:
+            self.env.update(self.devices.acquire())
+        try:
+            self._proc = await asyncio.create_subprocess_exec(
+                *self.command, env=self.env, cwd=self.workdir, start_new_session=True)
+        except OSError:
+            self._release()
+            raise
 
     async def wait(self) -> int:
         while True:
             try:
                 code = await asyncio.wait_for(asyncio.shield(self._proc.wait()), self.POLL_S)
                 await self._poll_checkpoint()
+                self._release()
                 return code
             except asyncio.TimeoutError:
                 await self._poll_checkpoint()
+
+    def _release(self) -> None:
+        if self.devices is not None:
+            self.devices.release()
 
     async def _poll_checkpoint(self) -> None:
         try:
