@@ -287,6 +287,7 @@ class FakeNvml:
                                name=f"MIG {p.name}".encode())
 
     def nvmlDeviceGetGpuInstanceById(self, handle: Gpu, gi_id: int) -> GpuInstance:
+        self._check("nvmlDeviceGetGpuInstanceById")
         self._enabled(handle)
         for gi in handle.gis:
             if gi.id == gi_id:

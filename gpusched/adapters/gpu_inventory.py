@@ -104,7 +104,11 @@ def mig_instances(nvml, handle, profiles: tuple[MigProfileInfo, ...]) -> tuple[M
         except nvml.NVMLError:   # NOT_FOUND: no MIG device at this index
             continue
         gi_id = int(nvml.nvmlDeviceGetGpuInstanceId(mig))
-        gi = nvml.nvmlGpuInstanceGetInfo(nvml.nvmlDeviceGetGpuInstanceById(handle, gi_id))
+        try:
+            gi = nvml.nvmlGpuInstanceGetInfo(nvml.nvmlDeviceGetGpuInstanceById(handle, gi_id))
+        except nvml.NVMLError as exc:   # NO_PERMISSION: GPU instance queries need root
+            raise InventoryError(f"cannot read MIG GPU instance {gi_id}: {exc} (the agent needs root "
+                                 "to read MIG placements)") from exc
         profile = by_id.get(int(gi.profileId))
         memory = int(nvml.nvmlDeviceGetMemoryInfo(mig).total // (1024 * 1024))
         out.append(MigInstance(

@@ -49,6 +49,11 @@ def test_nvml_errors():
     assert gpu.mig_mode is MigMode.ENABLED and gpu.mig_instances == ()
 
 
+def test_unreadable_instances_are_a_clear_inventory_error():
+    with pytest.raises(InventoryError, match="needs root to read MIG placements"):
+        nvml_gpus(FakeNvml(mig_node({"nvmlDeviceGetGpuInstanceById": "NVML_ERROR_NO_PERMISSION"})))
+
+
 def test_profile_names():
     assert profile_name("MIG 1g.10gb", 1, 9_856) == "1g.10gb"
     assert profile_name("", 3, 40_192) == "3g.39gb"
