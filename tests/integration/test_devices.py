@@ -86,16 +86,14 @@ async def test_mig_and_share_jobs_get_their_devices(kafka_bootstrap, topics, tmp
                             tmp_path / "mig1.json")
         assert env["CUDA_VISIBLE_DEVICES"] == "MIG-1g-b"
 
-        share = spec("share", "t", gpu_milli=250, command=record_env(tmp_path / "share.json"))
-        share.resources.gpu_memory_mib = 20_000
+        share = spec("share", "t", gpu_milli=250, gpu_memory_mib=20_000, command=record_env(tmp_path / "share.json"))
         env = await run_job(client, share, tmp_path / "share.json")
         assert env["CUDA_VISIBLE_DEVICES"] == "GPU-1"   # GPU 0 has MIG on: no shares there
         assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
         assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=20000M"
 
         # a share asking more GPU memory than the pool's GPUs have: refused at submit
-        big = spec("big", "t", gpu_milli=250)
-        big.resources.gpu_memory_mib = 200_000
+        big = spec("big", "t", gpu_milli=250, gpu_memory_mib=200_000)
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             await client.submit(big)
         assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
