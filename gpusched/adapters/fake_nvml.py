@@ -17,6 +17,10 @@ Spec (``FakeNvml.from_file``)::
                 "nvmlGpuInstanceDestroy": {"error": "NVML_ERROR_IN_USE", "times": 1}},
      "journal": "/path/log"}               # optional: one line per create/destroy
 
+Errors are injected by function name (every call, or the first ``times`` calls); profile
+info is keyed by its struct version (``nvmlDeviceGetGpuInstanceProfileInfo_v2``), so a
+driver without version 2 can be played.
+
 Enumerating instances goes through MIG device handles (``nvmlDeviceGetMigDeviceHandleByIndex``)
 and ``nvmlDeviceGetGpuInstanceById``, as gpusched's code does, so the ctypes-array calls
 (``nvmlDeviceGetGpuInstances``) are not part of the fake.
@@ -276,15 +280,17 @@ class FakeNvml:
 
     # --- GPU instances -----------------------------------------------------------------
     def nvmlDeviceGetGpuInstanceProfileInfo(self, handle: Gpu, profile: int, version: int = 2):
-        self._check("nvmlDeviceGetGpuInstanceProfileInfo")
+        self._check(f"nvmlDeviceGetGpuInstanceProfileInfo_v{version}")
         self._enabled(handle)
         p = next((p for p in handle.profiles if p.index == profile), None)
         if p is None:
             _fail(pynvml.NVML_ERROR_NOT_SUPPORTED if 0 <= profile < pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT
                   else pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        return SimpleNamespace(id=p.id, isP2pSupported=0, sliceCount=p.compute, instanceCount=len(p.starts),
-                               multiprocessorCount=p.compute * 16, memorySizeMB=p.memory_mib,
-                               name=f"MIG {p.name}".encode())
+        info = SimpleNamespace(id=p.id, isP2pSupported=0, sliceCount=p.compute, instanceCount=len(p.starts),
+                               multiprocessorCount=p.compute * 16, memorySizeMB=p.memory_mib)
+        if version == 2:   # version 1 of the struct has no name
+            info.name = f"MIG {p.name}".encode()
+        return info
 
     def nvmlDeviceGetGpuInstanceById(self, handle: Gpu, gi_id: int) -> GpuInstance:
         self._check("nvmlDeviceGetGpuInstanceById")

@@ -78,12 +78,23 @@ def mig_profiles(nvml, handle) -> tuple[MigProfileInfo, ...]:
     out = []
     for index in range(nvml.NVML_GPU_INSTANCE_PROFILE_COUNT):
         try:
-            p = nvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, index)
+            p = _profile_info(nvml, handle, index)
         except nvml.NVMLError:   # NOT_SUPPORTED / INVALID_ARGUMENT: not on this GPU
             continue
         name = profile_name(_text(getattr(p, "name", b"")), int(p.sliceCount), int(p.memorySizeMB))
         out.append(MigProfileInfo(name, int(p.id), int(p.sliceCount), int(p.memorySizeMB), int(p.instanceCount)))
     return tuple(out)
+
+
+def _profile_info(nvml, handle, index: int):
+    """NVML's profile info: version 2 (with the profile's name), or version 1 on drivers
+    without it (the name is then made from compute slices and memory)."""
+    try:
+        return nvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, index)
+    except nvml.NVMLError as exc:
+        if getattr(exc, "value", None) != nvml.NVML_ERROR_FUNCTION_NOT_FOUND:
+            raise
+        return nvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, index, 1)
 
 
 def profile_name(nvml_name: str, compute: int, memory_mib: int) -> str:

@@ -54,6 +54,14 @@ def test_unreadable_instances_are_a_clear_inventory_error():
         nvml_gpus(FakeNvml(mig_node({"nvmlDeviceGetGpuInstanceById": "NVML_ERROR_NO_PERMISSION"})))
 
 
+def test_drivers_without_profile_info_v2_get_names_made_from_memory():
+    spec = mig_node({"nvmlDeviceGetGpuInstanceProfileInfo_v2": "NVML_ERROR_FUNCTION_NOT_FOUND"})
+    gpu, _ = nvml_gpus(FakeNvml(spec))
+    names = [p.name for p in gpu.mig_profiles]
+    assert names == ["1g.18gb", "2g.35gb", "3g.70gb", "4g.70gb", "7g.140gb", "1g.35gb"]
+    assert [m.profile for m in gpu.mig_instances] == ["3g.70gb", "1g.18gb"]
+
+
 def test_profile_names():
     assert profile_name("MIG 1g.10gb", 1, 9_856) == "1g.10gb"
     assert profile_name("", 3, 40_192) == "3g.39gb"
