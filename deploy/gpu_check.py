@@ -2,6 +2,11 @@
 beside the simulated backend they must agree with. Prints a report (and writes it as JSON
 to $OUT/gpu_check.json when $OUT is set).
 
+Read only: it never changes a GPU's MIG mode, never creates or destroys MIG instances and
+never resets a GPU. Per GPU it reports the MIG mode NVML gives (current and pending), the
+existing GPU instances with their profiles, memory and MIG UUIDs, and NVML's profile table
+(only readable with MIG enabled), and checks the inventory registers the current mode.
+
     PYTHONPATH=. python3 deploy/gpu_check.py [--watch-s 5] [--usage-samples 3] [--workload] [--torchrun]
 
 Needs only the NVIDIA driver and nvidia-ml-py (``pynvml``); no Kafka, no gRPC. What it
@@ -35,10 +40,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import pynvml  # noqa: E402
 
 from gpusched.adapters.gpu_health import FATAL_XIDS, NvmlWatch, SimulatedNvml  # noqa: E402
-from gpusched.adapters.gpu_inventory import nvml_gpus, simulated_gpus  # noqa: E402
+from gpusched.adapters.gpu_inventory import (  # noqa: E402
+    InventoryError, mig_instances, mig_mode, mig_profiles, nvml_gpus, simulated_gpus,
+)
 from gpusched.adapters.gpu_usage import NvmlSampler, RunningWorker  # noqa: E402
 from gpusched.core.catalog import CATALOG  # noqa: E402
-from gpusched.core.model import GpuSlot  # noqa: E402
+from gpusched.core.model import GpuSlot, MigMode, NodeInfo, WorkerResources  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -81,19 +88,24 @@ sys.exit(143)
 """
 
 
-def _runner_module():
-    """services/node-agent/runner.py, without installing the package."""
-    spec = importlib.util.spec_from_file_location("agent_runner", REPO / "services/node-agent/runner.py")
+def _agent_module(name: str):
+    """services/node-agent/<name>.py, without installing the package."""
+    spec = importlib.util.spec_from_file_location(f"agent_{name}", REPO / f"services/node-agent/{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module   # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
 
-async def workload(uuid: str, total_s: float = 6.0, grace_s: float = 10.0) -> dict:
-    """Preempt a real workload mid-run, then resume it from its checkpoint."""
+async def workload(inventory, total_s: float = 6.0, grace_s: float = 10.0) -> dict:
+    """Preempt a real workload mid-run on GPU 0 (given as the agent gives it: through
+    ``devices.WorkerDevices``), then resume it from its checkpoint."""
     import tempfile
-    runner = _runner_module()
+    runner, devices = _agent_module("runner"), _agent_module("devices")
+    info = NodeInfo("gpu-check", "default", 0, 0, tuple(inventory))
+
+    def gpu0():
+        return devices.WorkerDevices(info, (GpuSlot(0),), WorkerResources(gpus=1), False)
     work = Path(tempfile.mkdtemp(prefix="gpusched-gpucheck-"))
     (work / "train.py").write_text(WORKLOAD)
     command = (sys.executable, str(work / "train.py"), str(total_s))
@@ -102,7 +114,7 @@ async def workload(uuid: str, total_s: float = 6.0, grace_s: float = 10.0) -> di
     async def on_checkpoint(location: str, progress: float) -> None:
         seen.append((location, progress))
 
-    first = runner.ProcessRun(command, (GpuSlot(0),), [uuid], {}, work / "attempt-0", on_checkpoint)
+    first = runner.ProcessRun(command, {}, work / "attempt-0", on_checkpoint, devices=gpu0())
     await first.start()
     waiting = asyncio.create_task(first.wait())
     # preempt once it runs on the GPU and has checkpointed (importing torch takes seconds)
@@ -116,8 +128,8 @@ async def workload(uuid: str, total_s: float = 6.0, grace_s: float = 10.0) -> di
     code = (await waiting).exit_code
     stopped_s = time.monotonic() - t0
     checkpoint = seen[-1] if seen else ("", 0.0)
-    second = runner.ProcessRun(command, (GpuSlot(0),), [uuid], {"GPUSCHED_RESUME_FROM": checkpoint[0]},
-                               work / "attempt-1", on_checkpoint)
+    second = runner.ProcessRun(command, {"GPUSCHED_RESUME_FROM": checkpoint[0]}, work / "attempt-1",
+                               on_checkpoint, devices=gpu0())
     await second.start()
     code2 = (await second.wait()).exit_code
     seen_by = [json.loads((work / f"attempt-{i}" / "gpu.json").read_text()) for i in (0, 1)]
@@ -146,14 +158,6 @@ dist.destroy_process_group()
 """
 
 
-def _module(name: str, relative: str):
-    spec = importlib.util.spec_from_file_location(name, REPO / relative)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 async def torchrun_job(inventory, procs: int = 2) -> dict:
     """One worker of one GPU that runs ``torchrun`` with the environment the node-agent
     builds (``launch_env.worker_env``), through the agent's ``ProcessRun`` and shim, as
@@ -161,9 +165,9 @@ async def torchrun_job(inventory, procs: int = 2) -> dict:
     import socket
     import tempfile
 
-    from gpusched.core.model import JobSpec, NodeInfo, WorkerAssignment, WorkerResources
+    from gpusched.core.model import JobSpec, WorkerAssignment
     from gpusched.core.state import JobState, NodeState
-    runner, launch_env = _runner_module(), _module("agent_launch_env", "services/node-agent/launch_env.py")
+    runner, devices, launch_env = _agent_module("runner"), _agent_module("devices"), _agent_module("launch_env")
     work = Path(tempfile.mkdtemp(prefix="gpusched-torchrun-"))
     (work / "worker.py").write_text(TORCHRUN_WORKER)
     node = NodeState(NodeInfo("gpu-check", "default", 0, 0, tuple(inventory), address="127.0.0.1"), [])
@@ -176,7 +180,8 @@ async def torchrun_job(inventory, procs: int = 2) -> dict:
     command = ("sh", "-c", f"exec {sys.executable} -m torch.distributed.run --nnodes=$GPUSCHED_NNODES "
                            f"--node-rank=$NODE_RANK --nproc-per-node={procs} --rdzv-backend=c10d "
                            f"--rdzv-endpoint=$GPUSCHED_RDZV_ENDPOINT --rdzv-id=$GPUSCHED_RDZV_ID {work / 'worker.py'}")
-    run = runner.ProcessRun(command, (GpuSlot(0),), [g.uuid for g in inventory], env, work / "attempt-0")
+    gpu0 = devices.WorkerDevices(node.info, (GpuSlot(0),), WorkerResources(gpus=1), False)
+    run = runner.ProcessRun(command, env, work / "attempt-0", devices=gpu0)
     await run.start()
     end = await asyncio.wait_for(run.wait(), 300)
     ranks = [json.loads(p.read_text()) for p in sorted((work / "attempt-0").glob("rank-*.json"))]
@@ -271,7 +276,7 @@ async def busy_while(inventory, running: asyncio.Task, interval_s: float = 0.5) 
 
 
 async def workload_with_usage(inventory) -> dict:
-    running = asyncio.create_task(workload(inventory[0].uuid))
+    running = asyncio.create_task(workload(inventory))
     seen = await busy_while(inventory, running)
     return {**running.result(), "sm_percent_seen": seen}
 
@@ -310,6 +315,44 @@ def raw_facts() -> dict:
         return facts
     finally:
         pynvml.nvmlShutdown()
+
+
+def mig_report(nvml=pynvml) -> list[dict]:
+    """Per GPU: MIG mode (current/pending), existing instances, NVML's profile table. Calls
+    only NVML's Get functions (the inventory's own readers), so it changes nothing."""
+    nvml.nvmlInit()
+    try:
+        out = []
+        for i in range(nvml.nvmlDeviceGetCount()):
+            h = nvml.nvmlDeviceGetHandleByIndex(i)
+            gpu: dict = {"index": i, "mig_mode_current_pending": _call(nvml.nvmlDeviceGetMigMode, h)}
+            mode = mig_mode(nvml, h)
+            gpu["mig"] = "not supported" if mode is None else mode.value
+            if mode is MigMode.ENABLED:
+                profiles = mig_profiles(nvml, h)
+                gpu["profiles"] = [dataclasses.asdict(p) for p in profiles]
+                try:
+                    gpu["instances"] = [dataclasses.asdict(m) for m in mig_instances(nvml, h, profiles)]
+                except InventoryError as exc:
+                    gpu["instances"] = f"error: {exc}"
+            out.append(gpu)
+        return out
+    finally:
+        nvml.nvmlShutdown()
+
+
+def mig_agrees(report: list[dict], inventory) -> list[str]:
+    """Where the registered inventory's MIG mode or instances differ from what NVML says."""
+    diffs = []
+    for gpu, info in zip(report, inventory):
+        want = "disabled" if gpu["mig"] == "not supported" else gpu["mig"]
+        if info.mig_mode.value != want:
+            diffs.append(f"GPU {info.index} registers MIG {info.mig_mode.value}, NVML says {gpu['mig']}")
+        instances = gpu.get("instances", [])
+        uuids = [m["uuid"] for m in instances] if isinstance(instances, list) else instances
+        if [m.uuid for m in info.mig_instances] != uuids:
+            diffs.append(f"GPU {info.index} registers instances {[m.uuid for m in info.mig_instances]}, NVML {uuids}")
+    return diffs
 
 
 def compare_with_simulated(real) -> list[str]:
@@ -374,20 +417,28 @@ def main() -> None:
     inventory = nvml_gpus()
     report["inventory"] = [dataclasses.asdict(g) for g in inventory]
     report["simulated_differs"] = compare_with_simulated(inventory)
+    report["mig"] = mig_report()
+    report["mig_differs"] = mig_agrees(report["mig"], inventory)
     report["watch"] = asyncio.run(watch(len(inventory), args.watch_s))
     report["simulated_fault"] = asyncio.run(simulated_fault_shape())
     report["usage"] = usage_samples(inventory, max(1, args.usage_samples), args.usage_interval)
-    if args.workload:
+    mig_on_gpu0 = bool(inventory) and inventory[0].mig_mode is MigMode.ENABLED
+    if args.workload and mig_on_gpu0:
+        report["workload"] = "skipped: GPU 0 has MIG enabled (CUDA cannot use it whole)"
+    elif args.workload:
         report["workload"] = asyncio.run(workload_with_usage(inventory))
-    if args.torchrun:
+    if args.torchrun and mig_on_gpu0:
+        report["torchrun"] = "skipped: GPU 0 has MIG enabled (CUDA cannot use it whole)"
+    elif args.torchrun:
         report["torchrun"] = asyncio.run(torchrun_job(inventory))
     text = json.dumps(report, indent=2, default=str)
     print(text)
     if os.environ.get("OUT"):
         Path(os.environ["OUT"], "gpu_check.json").write_text(text)
-    ok = inventory and not report["simulated_differs"] and report["watch"]["thread_ran"] \
-        and report["watch"]["stopped_within_s"] is not None and usage_ok(report["usage"], len(inventory))
-    if args.workload:
+    ok = inventory and not report["simulated_differs"] and not report["mig_differs"] \
+        and report["watch"]["thread_ran"] and report["watch"]["stopped_within_s"] is not None \
+        and usage_ok(report["usage"], len(inventory))
+    if args.workload and not mig_on_gpu0:
         w = report["workload"]
         ok = ok and w["attempt0_exit"] == w["expected_exit"] and w["attempt1_exit"] == 0 \
             and w["checkpoints"] >= 2 and w["final_progress"] is not None and w["final_progress"] >= w["total_s"] \

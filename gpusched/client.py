@@ -16,11 +16,13 @@ def spec(name: str, team: str, *, gpus: int = 0, gpu_milli: int = 0, mig: str = 
          duration: float = 0.0, priority: str = "training", pool: str = "default",
          cpu_milli: int = 1000, memory_mib: int = 4096, models: tuple[str, ...] = (),
          command: tuple[str, ...] = (), preemptible: bool = True, checkpoint_interval: float = 0.0,
-         max_runtime: float = 0.0, kind: int = types_pb2.JOB_KIND_TRAINING) -> types_pb2.JobSpec:
+         max_runtime: float = 0.0, kind: int = types_pb2.JOB_KIND_TRAINING,
+         gpu_memory_mib: int = 0) -> types_pb2.JobSpec:
     return types_pb2.JobSpec(
         name=name, team=team, pool=pool, priority_class=priority, kind=kind, workers=workers,
         resources=types_pb2.WorkerResources(gpus=gpus, gpu_milli=gpu_milli, mig_profile=mig,
-                                            cpu_milli=cpu_milli, memory_mib=memory_mib, gpu_models=models),
+                                            cpu_milli=cpu_milli, memory_mib=memory_mib, gpu_models=models,
+                                            gpu_memory_mib=gpu_memory_mib),
         simulated_duration_s=duration, command=command, preemptible=preemptible,
         checkpoint_interval_s=checkpoint_interval, max_runtime_s=max_runtime,
     )

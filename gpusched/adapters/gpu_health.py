@@ -50,7 +50,8 @@ class NvmlWatch:
 
     name = "nvml"
 
-    def __init__(self, gpu_count: int, ecc_poll_s: float = 10.0) -> None:
+    def __init__(self, gpu_count: int, ecc_poll_s: float = 10.0, nvml=None) -> None:
+        self._nvml = nvml   # the NVML module (pynvml unless a test gives a FakeNvml)
         self.faults: asyncio.Queue[GpuFault] = asyncio.Queue()
         self._gpu_count = gpu_count
         self._ecc_poll_s = ecc_poll_s
@@ -68,7 +69,9 @@ class NvmlWatch:
         self._loop.call_soon_threadsafe(self.faults.put_nowait, fault)
 
     def _watch(self) -> None:
-        import pynvml
+        pynvml = self._nvml
+        if pynvml is None:
+            import pynvml
 
         pynvml.nvmlInit()
         try:

@@ -29,7 +29,8 @@ def node_message(node: NodeState) -> types_pb2.Node:
     msg.info.CopyFrom(to_proto(node.info, types_pb2.NodeInfo))
     for g in node.gpus:
         msg.gpus.append(types_pb2.Gpu(info=to_proto(g.info, types_pb2.GpuInfo), healthy=g.healthy,
-                                      used_milli=g.used_milli, mig_slices_used=g.mig_mask))
+                                      used_milli=g.used_milli, mig_slices_used=g.mig_mask,
+                                      used_memory_mib=g.used_memory_mib))
     return msg
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from gpusched.core.mig import parse_profile, slice_mask
+from gpusched.core.mig import parse_profile, slice_mask, slot_bit
 from gpusched.core.model import GpuSlot, JobSpec, WorkerAssignment, WorkerResources
 from gpusched.core.state import ClusterState, GpuState, JobState, NodeState
 
@@ -64,7 +64,28 @@ def _check_one(state: ClusterState, spec: JobSpec, w: WorkerAssignment) -> str:
     info = node.info
     if res.cpu_milli > info.cpu_milli - node.used_cpu or res.memory_mib > info.memory_mib - node.used_mem:
         return f"node {w.node} lacks CPU or memory"
-    return _slots_lack(w, gpus)
+    return _slots_lack(w, gpus, _share_memory(res))
+
+
+def _share_memory(res: WorkerResources) -> int:
+    """GPU memory each slot of ``res`` books: a share's request, nothing for other forms."""
+    return res.gpu_memory_mib if res.gpu_milli > 0 and res.gpus == 0 else 0   # res.is_share
+
+
+def _mig_refused(gpu: GpuState, text: str, start: int) -> bool:
+    """A MIG slot the GPU cannot take now: GpuState.fits_mig, after _check_slots."""
+    profile = parse_profile(text)
+    if profile is None:
+        raise ValueError(f"unknown MIG profile {text!r}")
+    return (bool(gpu.used_milli or gpu.mig_mask & profile.mask(start)) or not gpu.healthy
+            or not gpu.info.mig_capable or not gpu.mig_slots & slot_bit(profile, start))
+
+
+def _milli_refused(gpu: GpuState, milli: int, memory: int) -> bool:
+    """Whole-GPU or share milli (and a share's GPU memory) the GPU cannot take now:
+    GpuState.fits_whole / fits_share."""
+    return (bool(gpu.mig_mask) or gpu.used_milli + milli > 1000 or not gpu.healthy or not gpu.whole_ok
+            or (memory > 0 and gpu.used_memory_mib + memory > gpu.info.memory_mib))
 
 
 def _check_on_distinct_nodes(state: ClusterState, spec: JobSpec, workers: tuple[WorkerAssignment, ...]) -> str:
@@ -86,23 +107,23 @@ def _check_on_distinct_nodes(state: ClusterState, spec: JobSpec, workers: tuple[
     for w, node in zip(workers, nodes):
         if res.cpu_milli > node.free_cpu or res.memory_mib > node.free_mem:
             return f"node {w.node} lacks CPU or memory"
+    memory = _share_memory(res)
     for w, node in zip(workers, nodes):
-        problem = _slots_lack(w, node.gpus)
+        problem = _slots_lack(w, node.gpus, memory)
         if problem:
             return problem
     return ""
 
 
-def _slots_lack(w: WorkerAssignment, gpus: list[GpuState]) -> str:
+def _slots_lack(w: WorkerAssignment, gpus: list[GpuState], memory: int) -> str:
     """Which of the worker's slots its GPUs no longer have room for, or ''. Only after
     _check_slots passed, so every slot is of the job's kind: MIG slices or GPU milli."""
     for slot in w.gpus:
         gpu = gpus[slot.index]
         if slot.mig_profile:
-            mask = slice_mask(slot.mig_profile, slot.mig_start)
-            if gpu.used_milli or gpu.mig_mask & mask or not gpu.healthy or not gpu.info.mig_capable:
+            if _mig_refused(gpu, slot.mig_profile, slot.mig_start):
                 return f"GPU {w.node}/{slot.index} lacks the MIG slices"
-        elif gpu.mig_mask or gpu.used_milli + slot.milli > 1000 or not gpu.healthy:
+        elif _milli_refused(gpu, slot.milli, memory):
             return f"GPU {w.node}/{slot.index} lacks {slot.milli} milli"
     return ""
 
@@ -112,7 +133,10 @@ def _check_sharing_nodes(state: ClusterState, spec: JobSpec, workers: tuple[Work
     cpu: dict[str, int] = defaultdict(int)
     mem: dict[str, int] = defaultdict(int)
     gpu_milli: dict[tuple[str, int], int] = defaultdict(int)
+    gpu_mem: dict[tuple[str, int], int] = defaultdict(int)
     gpu_mig: dict[tuple[str, int], int] = defaultdict(int)
+    starts: dict[tuple[str, int], list[tuple[str, int]]] = defaultdict(list)
+    memory = _share_memory(spec.resources)
     for w in workers:
         node = state.nodes.get(w.node)
         if node is None:
@@ -132,19 +156,21 @@ def _check_sharing_nodes(state: ClusterState, spec: JobSpec, workers: tuple[Work
                 if gpu_mig[key] & mask:
                     return f"MIG slices on {key} given twice"
                 gpu_mig[key] |= mask
+                starts[key].append((slot.mig_profile, slot.mig_start))
             else:
                 gpu_milli[key] += slot.milli
+                gpu_mem[key] += memory
     for name, need in cpu.items():
         node = state.nodes[name]
         if need > node.free_cpu or mem[name] > node.free_mem:
             return f"node {name} lacks CPU or memory"
     for (name, index), milli in gpu_milli.items():
         gpu = state.nodes[name].gpus[index]
-        if gpu.mig_mask or gpu.used_milli + milli > 1000 or not gpu.healthy:
+        if _milli_refused(gpu, milli, gpu_mem[(name, index)]):
             return f"GPU {name}/{index} lacks {milli} milli"
     for (name, index), mask in gpu_mig.items():
         gpu = state.nodes[name].gpus[index]
-        if gpu.used_milli or gpu.mig_mask & mask or not gpu.healthy or not gpu.info.mig_capable:
+        if gpu.mig_mask & mask or any(_mig_refused(gpu, p, s) for p, s in starts[(name, index)]):
             return f"GPU {name}/{index} lacks the MIG slices"
     return ""
 
@@ -180,6 +206,7 @@ def book_resources(node: NodeState, res: WorkerResources, slots: tuple[GpuSlot, 
     """Add (sign +1) or remove (-1) one worker's CPU, memory and GPU slots on ``node``."""
     node.used_cpu += sign * res.cpu_milli
     node.used_mem += sign * res.memory_mib
+    memory = sign * _share_memory(res)
     gpus = node.gpus
     for slot in slots:
         gpu = gpus[slot.index]
@@ -188,6 +215,7 @@ def book_resources(node: NodeState, res: WorkerResources, slots: tuple[GpuSlot, 
             gpu.mig_mask = gpu.mig_mask | mask if sign > 0 else gpu.mig_mask & ~mask
         else:
             gpu.used_milli += sign * slot.milli
+            gpu.used_memory_mib += memory
 
 
 def _book(state: ClusterState, job: JobState, workers: tuple[WorkerAssignment, ...], sign: int) -> None:
@@ -197,6 +225,7 @@ def _book(state: ClusterState, job: JobState, workers: tuple[WorkerAssignment, .
     res = spec.resources
     cpu, mem = sign * res.cpu_milli, sign * res.memory_mib
     mig = res.mig_profile
+    memory = sign * _share_memory(res)
     job_id = job.job_id
     nodes = state.nodes
     for w in workers:
@@ -209,6 +238,11 @@ def _book(state: ClusterState, job: JobState, workers: tuple[WorkerAssignment, .
                 gpu = gpus[slot.index]
                 mask = slice_mask(slot.mig_profile, slot.mig_start)
                 gpu.mig_mask = gpu.mig_mask | mask if sign > 0 else gpu.mig_mask & ~mask
+        elif memory:   # a share with a GPU-memory request
+            for slot in w.gpus:
+                gpu = gpus[slot.index]
+                gpu.used_milli += sign * slot.milli
+                gpu.used_memory_mib += memory
         else:   # checked on placement: every slot of a non-MIG job is whole or a share
             for slot in w.gpus:
                 gpus[slot.index].used_milli += sign * slot.milli

@@ -4,13 +4,18 @@ from __future__ import annotations
 import hashlib
 import json
 
-from gpusched.core.state import ClusterState
+from gpusched.core.state import ClusterState, GpuState
+
+
+def _gpu(g: GpuState) -> list:
+    # GPU memory only when booked: digests of states without it stay what they were
+    return [g.healthy, g.used_milli, g.mig_mask] + ([g.used_memory_mib] if g.used_memory_mib else [])
 
 
 def canonical(state: ClusterState) -> dict:
     nodes = {
         name: [n.status.value, n.cordoned, n.used_cpu, n.used_mem, n.faults, sorted(n.jobs),
-               [[g.healthy, g.used_milli, g.mig_mask] for g in n.gpus]]
+               [_gpu(g) for g in n.gpus]]
         for name, n in sorted(state.nodes.items())
     }
     jobs = {

@@ -81,3 +81,35 @@ def largest_placeable(used_mask: int) -> int:
     if 0 <= used_mask <= FULL_MASK:
         return _LARGEST[used_mask]
     return _largest_placeable(used_mask)
+
+
+# --- which slots a GPU takes, by its MIG mode -----------------------------------------
+# A GPU's allowed MIG slots are one int, bit ``compute * 8 + start`` per (profile, start),
+# computed once when its node registers, so the fit checks test a bit instead of walking
+# the GPU's instances. ANY_SLOT (all bits) is a GPU that cuts slices on demand.
+ANY_SLOT = -1
+NO_SLOT = 0
+
+
+def slot_bit(profile: MigProfile, start: int) -> int:
+    return 1 << (profile.compute * 8 + start)
+
+
+def allowed_slots(instances: list[tuple[str, int, int]], dynamic: bool) -> int:
+    """The slots a MIG-enabled GPU takes, given its existing instances as (profile, start,
+    memory slices): exactly those instances; with dynamic MIG also any slot that overlaps
+    none of them (the agent creates it)."""
+    allowed = NO_SLOT
+    reserved = 0
+    for name, start, slices in instances:
+        profile = parse_profile(name)
+        if profile is None or start not in profile.starts:
+            continue   # a profile we do not model (e.g. +me, gfx): never offered
+        allowed |= slot_bit(profile, start)
+        reserved |= ((1 << (slices or profile.width)) - 1) << start
+    if dynamic:
+        for profile in PROFILES.values():
+            for start in profile.starts:
+                if not reserved & profile.mask(start):
+                    allowed |= slot_bit(profile, start)
+    return allowed

@@ -45,6 +45,19 @@ for _phase in JobPhase:
     _phase.holds_gpus = _phase.value in ("placed", "running", "preempting", "stopping")
 
 
+class MigMode(str, Enum):
+    """What a GPU offers, as its node registered it.
+
+    MIXED: whole GPUs, shares, or MIG slices created on demand (simulated GPUs; the
+    default, so older events keep their meaning). DISABLED: MIG off (NVML mode 0), whole
+    GPUs and shares only. ENABLED: MIG on (NVML mode 1), MIG slices only: CUDA cannot use
+    a MIG-enabled GPU whole."""
+
+    MIXED = "mixed"
+    DISABLED = "disabled"
+    ENABLED = "enabled"
+
+
 class NodeStatus(str, Enum):
     READY = "ready"
     LOST = "lost"
@@ -63,6 +76,7 @@ class WorkerResources:
     cpu_milli: int = 0
     memory_mib: int = 0
     gpu_models: tuple[str, ...] = ()
+    gpu_memory_mib: int = 0    # GPU memory a share may use (0: not limited); shares only
 
     @property
     def is_share(self) -> bool:
@@ -127,12 +141,40 @@ class WorkerAssignment:
 
 
 @dataclass(frozen=True, slots=True)
+class MigInstance:
+    """A MIG GPU instance (with its one compute instance) as NVML reports it."""
+
+    profile: str          # NVML's profile name, e.g. "1g.10gb", "3g.71gb"
+    start: int            # first memory slice (NVML placement start)
+    uuid: str             # "MIG-...": what CUDA_VISIBLE_DEVICES names
+    memory_mib: int = 0
+    slices: int = 0       # memory slices covered (NVML placement size)
+    profile_id: int = 0   # NVML GPU instance profile id
+    gi_id: int = 0        # NVML GPU instance id
+    ci_id: int = 0        # NVML compute instance id
+
+
+@dataclass(frozen=True, slots=True)
+class MigProfileInfo:
+    """One GPU instance profile a GPU supports, from NVML's profile info."""
+
+    name: str             # "1g.10gb"
+    profile_id: int
+    compute: int          # compute slices (NVML sliceCount)
+    memory_mib: int       # NVML memorySizeMB
+    instances: int = 0    # how many fit on an empty GPU (NVML instanceCount)
+
+
+@dataclass(frozen=True, slots=True)
 class GpuInfo:
     index: int
     uuid: str
     model: str
     memory_mib: int
     mig_capable: bool = False
+    mig_mode: MigMode = MigMode.MIXED
+    mig_instances: tuple[MigInstance, ...] = ()   # existing instances (MIG enabled)
+    mig_profiles: tuple[MigProfileInfo, ...] = ()  # the profiles NVML offers (MIG enabled)
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +194,8 @@ class NodeInfo:
     address: str = ""
     lease_s: float = 0.0
     kill_wait_s: float = 0.0
+    dynamic_mig: bool = False   # the agent creates and destroys MIG instances to fit slots
+    mps: bool = False           # the CUDA MPS daemon runs: shares get MPS limits
 
     def label(self, key: str, default: str = "") -> str:
         for k, v in self.labels:

@@ -16,7 +16,7 @@ from gpusched.core import events as ev
 from gpusched.core.capacity import check_placement, commit, release
 from gpusched.core.model import EXIT_LOST, JobPhase, NodeStatus
 from gpusched.core.retention import note_ended, prune_finished, set_retention
-from gpusched.core.state import ClusterState, GpuState, JobState, NodeState
+from gpusched.core.state import ClusterState, JobState, NodeState, gpu_state, set_gpu_info
 
 # A node with this many GPU faults is cordoned until an operator clears it.
 FAULTS_TO_QUARANTINE = 2
@@ -108,7 +108,7 @@ def _node_registered(e: ev.NodeRegistered, state: ClusterState) -> Outcome:
     info = e.node
     old = state.nodes.get(info.name)
     if old is None:
-        state.nodes[info.name] = NodeState(info=info, gpus=[GpuState(g) for g in info.gpus])
+        state.nodes[info.name] = NodeState(info=info, gpus=[gpu_state(g, info.dynamic_mig) for g in info.gpus])
         state.capacity_epoch += 1
         return ACCEPTED
     if len(old.gpus) != len(info.gpus):
@@ -121,7 +121,7 @@ def _node_registered(e: ev.NodeRegistered, state: ClusterState) -> Outcome:
     # the fresh inventory, and bring a lost node back. A cordon survives restarts.
     old.info = info
     for gpu, fresh in zip(old.gpus, info.gpus):
-        gpu.info = fresh
+        set_gpu_info(gpu, fresh, info.dynamic_mig)
     if old.status is _LOST:
         # The agent came back: it killed what it still ran and reports those ends
         # before it registers (services/node-agent), so the node is usable again.

@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 
 from mypy_extensions import mypyc_attr
 
-from gpusched.core.mig import FULL_MASK, MigProfile
+from gpusched.core.mig import ANY_SLOT, FULL_MASK, NO_SLOT, MigProfile, allowed_slots
 from gpusched.core.model import (
-    GpuInfo, JobPhase, JobSpec, NodeInfo, NodeStatus, WorkerAssignment,
+    GpuInfo, JobPhase, JobSpec, MigMode, NodeInfo, NodeStatus, WorkerAssignment,
 )
 
 _READY = NodeStatus.READY   # bound once: EnumType.__getattr__ costs ~0.13 us a lookup on 3.11
@@ -21,34 +21,67 @@ _READY = NodeStatus.READY   # bound once: EnumType.__getattr__ costs ~0.13 us a 
 
 @dataclass(slots=True)
 class GpuState:
+    """One GPU's allocations. The fit rules here are the ones ``core.capacity`` verifies.
+
+    ``whole_ok`` and ``mig_slots`` come from the GPU's MIG mode, computed once when its node
+    registers (``gpu_state``), so the checks test a flag instead of the mode: whole GPUs
+    and shares need MIG off (or MIXED, a simulated GPU), a MIG slice needs its bit in
+    ``mig_slots`` (``mig.slot_bit``; ANY_SLOT on a GPU that cuts slices on demand)."""
+
     info: GpuInfo
     healthy: bool = True
     used_milli: int = 0   # whole-GPU and shared allocations
     mig_mask: int = 0     # memory slices held by MIG instances
+    used_memory_mib: int = 0   # GPU memory requested by the shares on it
+    whole_ok: bool = True      # takes whole GPUs and shares (MIG mode not ENABLED)
+    mig_slots: int = ANY_SLOT  # MIG slots it takes (with info.mig_capable)
 
     @property
     def free_milli(self) -> int:
-        return 0 if self.mig_mask else 1000 - self.used_milli
+        return 0 if self.mig_mask or not self.whole_ok else 1000 - self.used_milli
 
     def fits_whole(self) -> bool:
-        return self.healthy and self.used_milli == 0 and self.mig_mask == 0
+        return self.healthy and self.used_milli == 0 and self.mig_mask == 0 and self.whole_ok
 
-    def fits_share(self, milli: int) -> bool:
-        return self.healthy and self.mig_mask == 0 and self.used_milli + milli <= 1000
+    def fits_share(self, milli: int, memory_mib: int = 0) -> bool:
+        return (self.healthy and self.mig_mask == 0 and self.used_milli + milli <= 1000 and self.whole_ok
+                and (memory_mib == 0 or self.used_memory_mib + memory_mib <= self.info.memory_mib))
 
     def takes_mig(self) -> bool:
         """Whether some MIG slice may still go here: what ``fits_mig`` needs at any start."""
-        return self.healthy and self.info.mig_capable and self.used_milli == 0 and self.mig_mask != FULL_MASK
+        return (self.healthy and self.info.mig_capable and self.used_milli == 0 and self.mig_mask != FULL_MASK
+                and self.mig_slots != NO_SLOT)
 
     def fits_mig(self, profile: MigProfile, start: int) -> bool:
         return (
             self.healthy and self.info.mig_capable and self.used_milli == 0
             and start in profile.starts and not self.mig_mask & profile.mask(start)
+            and self.mig_slots >> (profile.compute * 8 + start) & 1 == 1   # mig.slot_bit
         )
 
     @property
     def mig_full(self) -> bool:
         return self.mig_mask == FULL_MASK
+
+
+def gpu_state(info: GpuInfo, dynamic_mig: bool = False) -> GpuState:
+    """A registered GPU's state, with the fit flags of its MIG mode."""
+    gpu = GpuState(info)
+    set_gpu_info(gpu, info, dynamic_mig)
+    return gpu
+
+
+def set_gpu_info(gpu: GpuState, info: GpuInfo, dynamic_mig: bool) -> None:
+    """Take a (re-)registered inventory: the GPU's info and the flags its MIG mode sets."""
+    gpu.info = info
+    mode = info.mig_mode
+    gpu.whole_ok = mode != MigMode.ENABLED
+    if mode == MigMode.MIXED:
+        gpu.mig_slots = ANY_SLOT
+    elif mode == MigMode.DISABLED:
+        gpu.mig_slots = NO_SLOT
+    else:
+        gpu.mig_slots = allowed_slots([(m.profile, m.start, m.slices) for m in info.mig_instances], dynamic_mig)
 
 
 @dataclass(slots=True)

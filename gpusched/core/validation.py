@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 
 from gpusched.core.catalog import CATALOG, is_mig_capable
-from gpusched.core.mig import parse_profile
+from gpusched.core.mig import NO_SLOT, parse_profile
 from gpusched.core.model import JobSpec
 from gpusched.core.priority import PRIORITY_CLASSES
 from gpusched.core.state import NodeState
@@ -39,6 +39,8 @@ class ModelGroup:
     total_gpus: int
     most_cpu_milli: int
     most_memory_mib: int
+    most_gpu_memory_mib: int = 0   # the largest GPU's memory (0: unknown, use the catalog)
+    takes_whole: bool = True       # some GPU takes whole GPUs and shares (MIG not enabled)
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,12 +59,17 @@ class PoolShape:
         by_model: dict[str, list[NodeState]] = {}
         for node in nodes:
             by_model.setdefault(node.model, []).append(node)
-        return cls(tuple(
-            ModelGroup(model, is_mig_capable(model), max(len(n.gpus) for n in group),
-                       sum(len(n.gpus) for n in group), max(n.info.cpu_milli for n in group),
-                       max(n.info.memory_mib for n in group))
-            for model, group in sorted(by_model.items())
-        ))
+        return cls(tuple(_group(model, group) for model, group in sorted(by_model.items())))
+
+
+def _group(model: str, nodes: list[NodeState]) -> ModelGroup:
+    gpus = [g for n in nodes for g in n.gpus]
+    # MIG as the nodes registered it: a MIG-capable GPU with MIG off takes no slice.
+    takes_mig = any(g.info.mig_capable and g.mig_slots != NO_SLOT for g in gpus)
+    return ModelGroup(model, takes_mig, max(len(n.gpus) for n in nodes), len(gpus),
+                      max(n.info.cpu_milli for n in nodes), max(n.info.memory_mib for n in nodes),
+                      max((g.info.memory_mib for g in gpus), default=0),
+                      any(g.whole_ok for g in gpus) or not gpus)
 
 
 def check_time_limit(spec: JobSpec, limits: tuple[float, float]) -> list[FieldError]:
@@ -137,7 +144,24 @@ def _check_resources(spec: JobSpec) -> list[FieldError]:
             errors.append(FieldError(f"spec.resources.gpu_models[{i}]", f"unknown GPU model {model!r}"))
     if r.mig_profile and r.gpu_models and not any(is_mig_capable(m) for m in r.gpu_models):
         errors.append(FieldError("spec.resources.gpu_models", "no listed model supports MIG"))
-    return errors
+    return errors + _check_gpu_memory(spec)
+
+
+def _check_gpu_memory(spec: JobSpec) -> list[FieldError]:
+    """A share's GPU-memory request: positive, and no more than a GPU it may use has."""
+    r = spec.resources
+    if r.gpu_memory_mib == 0:
+        return []
+    field = "spec.resources.gpu_memory_mib"
+    if r.gpu_memory_mib < 0:
+        return [FieldError(field, f"must be positive, got {r.gpu_memory_mib}")]
+    if not r.is_share:
+        return [FieldError(field, "only a GPU share (gpu_milli) takes a GPU-memory request")]
+    models = [CATALOG[m] for m in r.gpu_models if m in CATALOG] or list(CATALOG.values())
+    most = max(m.memory_mib for m in models)
+    if r.gpu_memory_mib > most:
+        return [FieldError(field, f"{r.gpu_memory_mib} MiB exceeds every allowed GPU (at most {most} MiB)")]
+    return []
 
 
 def _check_numbers(spec: JobSpec) -> list[FieldError]:
@@ -156,9 +180,17 @@ def _check_fits_pool(spec: JobSpec, groups: tuple[ModelGroup, ...]) -> list[Fiel
     r = spec.resources
     usable = [g for g in groups if r.allows(g.model) and (not r.mig_profile or g.mig_capable)]
     if not usable:
-        what = f"models {list(r.gpu_models)}" if r.gpu_models else "MIG-capable GPUs"
+        what = f"models {list(r.gpu_models)}" if r.gpu_models else "MIG enabled (or MIG-capable simulated GPUs)"
         return [FieldError("spec.resources.gpu_models", f"pool {spec.pool} has no nodes with {what}")]
+    if (r.gpus or r.is_share) and not any(g.takes_whole for g in usable):
+        field = "spec.resources.gpus" if r.gpus else "spec.resources.gpu_milli"
+        return [FieldError(field, f"every GPU of pool {spec.pool} has MIG enabled: request a mig_profile")]
     errors = []
+    most_gpu_memory = max(g.most_gpu_memory_mib for g in usable)
+    if r.is_share and most_gpu_memory and r.gpu_memory_mib > most_gpu_memory:
+        errors.append(FieldError("spec.resources.gpu_memory_mib",
+                                 f"{r.gpu_memory_mib} MiB exceeds the largest GPU in pool {spec.pool} "
+                                 f"({most_gpu_memory} MiB)"))
     most_gpus = max(g.most_gpus for g in usable)
     if r.gpus > most_gpus:
         errors.append(FieldError("spec.resources.gpus",

@@ -131,7 +131,8 @@ def _could_ever_host(node: NodeState, job: JobState) -> bool:
 
 
 def _copy(node: NodeState) -> NodeState:
-    gpus = [GpuState(g.info, g.healthy, g.used_milli, g.mig_mask) for g in node.gpus]
+    gpus = [GpuState(g.info, g.healthy, g.used_milli, g.mig_mask, g.used_memory_mib, g.whole_ok, g.mig_slots)
+            for g in node.gpus]
     return NodeState(node.info, gpus, node.status, node.used_cpu, node.used_mem, set(node.jobs))
 
 
@@ -163,6 +164,7 @@ class ReservationHold:
         self._cpu: dict[str, int] = {}
         self._mem: dict[str, int] = {}
         self._milli: dict[tuple[str, int], int] = {}
+        self._gpu_mem: dict[tuple[str, int], int] = {}   # GPU memory a reserved share asks
         self._mig: dict[tuple[str, int], int] = {}
         for w in reservation.workers:
             self._cpu[w.node] = self._cpu.get(w.node, 0) + res.cpu_milli
@@ -173,6 +175,8 @@ class ReservationHold:
                     self._mig[key] = self._mig.get(key, 0) | parse_profile(slot.mig_profile).mask(slot.mig_start)
                 else:
                     self._milli[key] = self._milli.get(key, 0) + slot.milli
+                    if res.is_share and res.gpu_memory_mib:
+                        self._gpu_mem[key] = self._gpu_mem.get(key, 0) + res.gpu_memory_mib
         self._undo: list[tuple[str, object, int]] = []
 
     def apply(self) -> None:
@@ -188,6 +192,8 @@ class ReservationHold:
                 self._take_slices(gpu, FULL_MASK)
             else:
                 self._take(gpu, "used_milli", max(0, min(milli, 1000 - gpu.used_milli)))
+                need = self._gpu_mem.get((name, index), 0)
+                self._take(gpu, "used_memory_mib", max(0, min(need, gpu.info.memory_mib - gpu.used_memory_mib)))
         for (name, index), mask in self._mig.items():
             gpu = nodes[name].gpus[index]
             if gpu.used_milli:

@@ -198,7 +198,7 @@ def take(node: NodeState, pool: str, res: WorkerResources, index: int) -> tuple[
         return None
     if index < 0:
         return pick_gpus(node, res)
-    if not res.allows(node.model) or not node.gpus[index].fits_share(res.gpu_milli):
+    if not res.allows(node.model) or not node.gpus[index].fits_share(res.gpu_milli, res.gpu_memory_mib):
         return None
     return (GpuSlot(index, res.gpu_milli),)
 

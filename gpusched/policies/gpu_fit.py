@@ -32,7 +32,7 @@ def pick_gpus(node: NodeState, res: WorkerResources) -> tuple[GpuSlot, ...] | No
     if res.is_mig:
         return pick_mig(node, res)
     if res.is_share:
-        fits = [g for g in node.gpus if g.fits_share(res.gpu_milli)]
+        fits = [g for g in node.gpus if g.fits_share(res.gpu_milli, res.gpu_memory_mib)]
         if not fits:
             return None
         g = min(fits, key=lambda g: (g.free_milli, g.info.index))

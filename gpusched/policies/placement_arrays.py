@@ -4,7 +4,7 @@ Rows follow registration order (the order of ``state.nodes``), so ``argmin``/sta
 break ties the way every policy does. Built once per cycle on the cycle's ``Booking``
 (health and status are read then; they cannot change inside a cycle) and refreshed row by
 row for the nodes the booking books or releases. A node that is not ready, and a GPU
-that is unhealthy or cut into MIG, offer nothing here; MIG requests are placed by the
+that is unhealthy, cut into MIG or MIG-enabled, offer nothing here; MIG requests are placed by the
 shared MIG scan (``placement_policies.choose_mig``), not from these arrays.
 """
 from __future__ import annotations
@@ -47,7 +47,7 @@ class NodeArrays:
         self.mem[i] = node.free_mem
         self.idle[i] = not node.jobs
         for j, g in enumerate(node.gpus):
-            self.gpu[i, j] = 1000 - g.used_milli if g.healthy and not g.mig_mask else 0
+            self.gpu[i, j] = 1000 - g.used_milli if g.healthy and not g.mig_mask and g.whole_ok else 0
 
     def allowed(self, res: WorkerResources) -> np.ndarray:
         """Rows whose GPU model ``res`` accepts (every row for a model-free request)."""

@@ -29,10 +29,10 @@ Bucket = tuple[str, int]         # (GPU model, free whole GPUs or largest share 
 
 def gpu_free(node: NodeState) -> tuple[int, int, int]:
     """(free whole GPUs, largest free share of one GPU, free GPU milli) of healthy GPUs
-    not cut into MIG."""
+    not cut into MIG (nor MIG-enabled)."""
     whole = largest = total = 0
     for g in node.gpus:
-        if g.healthy and not g.mig_mask:
+        if g.healthy and not g.mig_mask and g.whole_ok:
             free = 1000 - g.used_milli
             total += free
             if free == 1000:

@@ -34,7 +34,7 @@ GPU_WEIGHT = MAX_CPU_MILLI // MAX_GPU_MILLI     # CPU milli one GPU milli weighs
 
 
 def free_gpu_milli(node: NodeState) -> int:
-    return sum(1000 - g.used_milli for g in node.gpus if g.healthy and not g.mig_mask)
+    return sum(1000 - g.used_milli for g in node.gpus if g.healthy and not g.mig_mask and g.whole_ok)
 
 
 def best_fit_key(node: NodeState) -> int:

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from gpusched.core.mig import parse_profile
+from gpusched.core.mig import parse_profile, slot_bit
 from gpusched.core.model import WorkerAssignment, WorkerResources
-from gpusched.core.state import JobState, NodeState
+from gpusched.core.state import GpuState, JobState, NodeState
 from gpusched.policies.booking import Booking
 from gpusched.policies.gpu_fit import StateLike, fit
 
@@ -119,15 +119,24 @@ def node_capacity(node: NodeState, res: WorkerResources, cap: int) -> int:
         profile = parse_profile(res.mig_profile)
         slices = 0
         for g in node.gpus:
-            if g.healthy and g.info.mig_capable and not g.used_milli:
+            if g.takes_mig():
                 mask = g.mig_mask
                 for start in profile.starts:   # left to right: the most slices of one width
-                    if not mask & profile.mask(start):
+                    if not mask & profile.mask(start) and g.mig_slots & slot_bit(profile, start):
                         mask |= profile.mask(start)
                         slices += 1
         n = min(n, slices)
     elif res.is_share:
-        n = min(n, sum(g.free_milli // res.gpu_milli for g in node.gpus if g.healthy and not g.mig_mask))
+        n = min(n, sum(_shares_left(g, res) for g in node.gpus if g.healthy and not g.mig_mask))
     elif res.gpus:
         n = min(n, node.free_whole_gpus() // res.gpus)
     return max(0, n)
+
+
+def _shares_left(gpu: GpuState, res: WorkerResources) -> int:
+    """How many more shares of ``res`` one GPU takes: by milli, and by GPU memory when the
+    share asks for some."""
+    n = gpu.free_milli // res.gpu_milli
+    if res.gpu_memory_mib:
+        n = min(n, max(0, gpu.info.memory_mib - gpu.used_memory_mib) // res.gpu_memory_mib)
+    return n

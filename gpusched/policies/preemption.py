@@ -242,10 +242,10 @@ def could_host(node: NodeState, res: WorkerResources) -> bool:
         return False
     healthy = [g for g in node.gpus if g.healthy]
     if res.is_mig:
-        return any(g.info.mig_capable for g in healthy)
+        return any(g.info.mig_capable and g.mig_slots for g in healthy)
     if res.is_share:
-        return bool(healthy)
-    return len(healthy) >= res.gpus
+        return any(g.whole_ok and res.gpu_memory_mib <= g.info.memory_mib for g in healthy)
+    return sum(1 for g in healthy if g.whole_ok) >= res.gpus
 
 
 def _since(job: JobState) -> float:

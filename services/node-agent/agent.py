@@ -25,6 +25,7 @@ from gpusched.core import events as ev
 from gpusched.core.model import EXIT_LOST, JobPhase, NodeInfo, NodeStatus, WorkerAssignment
 from gpusched.core.state import ClusterState, JobState
 from gpusched.v1 import events_pb2
+from gpusched_node_agent.devices import WorkerDevices
 from gpusched_node_agent.launch_env import worker_env
 from gpusched_node_agent.lease import NodeLease
 from gpusched_node_agent.leftovers import kill_leftovers, worker_dir_name
@@ -37,6 +38,8 @@ _ENDING = (JobPhase.PREEMPTING, JobPhase.STOPPING)
 
 
 class NodeAgent:
+    mig = None   # devices.MigManager on a node with dynamic MIG (set by main)
+
     def __init__(self, info: NodeInfo, publisher: EventPublisher, me: str, *, state_dir: Path,
                  grace_s: float = 10.0, real_processes: bool = False) -> None:
         self.info = info
@@ -167,8 +170,8 @@ class NodeAgent:
             run = SimulatedRun(spec.simulated_duration_s, job.checkpoint_progress_s, spec.checkpoint_interval_s,
                                report, location=f"sim://{job.job_id}")
         else:
-            run = ProcessRun(spec.command, worker.gpus, [g.uuid for g in self.info.gpus], env,
-                             self.state_dir / worker_dir_name(*key), report,
+            devices = WorkerDevices(self.info, worker.gpus, spec.resources, self.info.mps, self.mig)
+            run = ProcessRun(spec.command, env, self.state_dir / worker_dir_name(*key), report, devices=devices,
                              lease_path=self.lease.path if self.lease else None, kill_wait=self.grace_s)
         self.launched.add(key)
         self.runs[key] = run

@@ -19,14 +19,15 @@ from gpusched.core.model import NodeInfo
 from gpusched.v1 import node_agent_pb2_grpc
 from gpusched_node_agent.agent import NodeAgent
 from gpusched_node_agent.api import NodeAgentServicer
+from gpusched_node_agent.devices import MigManager, load_nvml, mps_running
 from gpusched_node_agent.usage import add_usage_args, usage_tasks
 
 SERVICES = ["gpusched.v1.NodeAgentService"]
 
 
-def node_info(args: argparse.Namespace) -> NodeInfo:
+def node_info(args: argparse.Namespace, nvml=None) -> NodeInfo:
     name = args.name or socket.gethostname()
-    gpus = simulated_gpus(args.simulate, name) if args.simulate else nvml_gpus()
+    gpus = simulated_gpus(args.simulate, name) if args.simulate else nvml_gpus(nvml)
     labels = tuple(sorted(tuple(label.split("=", 1)) for label in args.label))
     return NodeInfo(
         name=name, pool=args.pool,
@@ -36,6 +37,8 @@ def node_info(args: argparse.Namespace) -> NodeInfo:
         address=args.address or default_address(),
         # Simulated runs hold no process: nothing to fence, a lost node's work is gone.
         lease_s=args.lease if real_processes(args) else 0.0, kill_wait_s=args.grace,
+        dynamic_mig=args.dynamic_mig and not args.simulate,
+        mps=not args.simulate and (args.mps == "on" or (args.mps == "auto" and mps_running())),
     )
 
 
@@ -67,8 +70,9 @@ async def run(args: argparse.Namespace) -> None:
     settings = kafka_settings(args)
     setup_tracing("gpusched-node-agent")
     try:
-        info = node_info(args)
-    except InventoryError as exc:
+        nvml = load_nvml(args.fake_nvml)
+        info = node_info(args, nvml)
+    except (InventoryError, ValueError) as exc:
         raise SystemExit(f"gpusched-node-agent: {exc}")
     me = f"node-agent-{info.name}-{info.agent_id}"
     publisher, dead_letters = await connect(settings, me)
@@ -76,7 +80,8 @@ async def run(args: argparse.Namespace) -> None:
     state_dir.mkdir(parents=True, exist_ok=True)
     agent = NodeAgent(info, publisher, me, state_dir=state_dir, grace_s=args.grace,
                       real_processes=real_processes(args))
-    backend = SimulatedNvml() if info.simulated else NvmlWatch(len(info.gpus))
+    agent.mig = MigManager(info, nvml) if info.dynamic_mig else None
+    backend = SimulatedNvml() if info.simulated else NvmlWatch(len(info.gpus), nvml=nvml)
     follower = LogFollower(settings.bootstrap, settings.topics, me, dead_letters, on_event=agent.on_event,
                            partitions=[partition_for(info.pool, settings.partitions)], freeze_state=True)
     servicer = NodeAgentServicer(agent, backend)
@@ -122,6 +127,12 @@ def main(argv: list[str] | None = None) -> None:
                                                         "must survive agent restarts (default: a folder in /tmp)")
     parser.add_argument("--listen", default="127.0.0.1:0", help="health endpoint")
     add_usage_args(parser)
+    parser.add_argument("--dynamic-mig", action="store_true",
+                        help="create and destroy MIG instances to fit placed slices (default: existing instances only)")
+    parser.add_argument("--mps", choices=("auto", "on", "off"), default="auto",
+                        help="whether the CUDA MPS daemon runs here (auto: look for its control pipe)")
+    parser.add_argument("--fake-nvml", default="", metavar="SPEC.json",
+                        help="test harness: GPUs come from a fake NVML described by SPEC.json, not the driver")
     asyncio.run(run(parser.parse_args(argv)))
 
 

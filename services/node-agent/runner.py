@@ -1,4 +1,5 @@
-"""Running one worker: a real process under its shim, or a simulated run.
+"""Running one worker: a real process under its shim, with its devices
+(``devices.WorkerDevices``), or a simulated run.
 
 Both report checkpoints through ``on_checkpoint(location, progress_s)``, where
 ``progress_s`` is the job's total work done so far (seconds), so a resumed attempt
@@ -17,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Awaitable, Callable
 
-from gpusched.core.model import GpuSlot
 
 OnCheckpoint = Callable[[str, float], Awaitable[None]]
 EXIT_TERMINATED = 128 + int(signal.SIGTERM)
@@ -106,7 +106,11 @@ class ProcessRun:
     The workload learns where to resume from ``GPUSCHED_RESUME_FROM`` and reports a
     checkpoint by writing "<location> <progress_s>" to ``GPUSCHED_CHECKPOINT_FILE``. On
     simulated GPUs it may state its own GPU load by writing a percentage to
-    ``GPUSCHED_USAGE_FILE`` (the usage sampler reads it; NVML nodes measure instead)."""
+    ``GPUSCHED_USAGE_FILE`` (the usage sampler reads it; NVML nodes measure instead).
+    ``devices`` (``acquire() -> env``, ``release()``) gives it its GPUs
+    (``CUDA_VISIBLE_DEVICES``, MIG instances, MPS limits): acquired before the shim
+    starts (an OSError there means it cannot start), released once the workload is gone,
+    before ``wait`` returns."""
 
     POLL_S = 0.5            # checkpoint file
     START_POLL_S = 0.01     # status file, while the shim starts the workload
@@ -114,8 +118,8 @@ class ProcessRun:
     STOP_MARGIN_S = 3.0     # past the shim's own kill deadline before the agent steps in
     GONE_TIMEOUT_S = 10.0
 
-    def __init__(self, command: tuple[str, ...], gpus: tuple[GpuSlot, ...], uuids: list[str],
-                 env: dict[str, str], workdir: Path, on_checkpoint: OnCheckpoint | None = None, *,
+    def __init__(self, command: tuple[str, ...], env: dict[str, str], workdir: Path,
+                 on_checkpoint: OnCheckpoint | None = None, *, devices=None,
                  lease_path: Path | None = None, kill_wait: float = 10.0, poll: float = 0.1) -> None:
         workdir = Path(workdir).absolute()    # the shim runs in it: relative paths would shift
         self.command = command
@@ -123,8 +127,8 @@ class ProcessRun:
         self.status_file = workdir / STATUS_FILE
         self.usage_file = workdir / "usage"
         self.env = {**os.environ, **env, "GPUSCHED_CHECKPOINT_FILE": str(self.checkpoint_file),
-                    "GPUSCHED_USAGE_FILE": str(self.usage_file),
-                    "CUDA_VISIBLE_DEVICES": ",".join(uuids[s.index] for s in gpus)}
+                    "GPUSCHED_USAGE_FILE": str(self.usage_file)}
+        self.devices = devices
         self.workdir = workdir
         self.on_checkpoint = on_checkpoint
         self.lease_path = lease_path
@@ -145,6 +149,15 @@ class ProcessRun:
         """Start the shim and return once it started the workload; OSError when it could not."""
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.status_file.unlink(missing_ok=True)
+        if self.devices is not None:
+            self.env.update(self.devices.acquire())
+        try:
+            await self._start_shim()
+        except BaseException:
+            self._release()
+            raise
+
+    async def _start_shim(self) -> None:
         self._proc = await asyncio.create_subprocess_exec(
             *self.shim_args(), env=self.env, cwd=self.workdir, start_new_session=True)
         status = await self._started_status()
@@ -177,9 +190,15 @@ class ProcessRun:
             try:
                 code = await asyncio.wait_for(asyncio.shield(self._proc.wait()), self.POLL_S)
                 await self._poll_checkpoint()
-                return await self._end(code)
+                end = await self._end(code)
+                self._release()   # only once the workload is gone
+                return end
             except asyncio.TimeoutError:
                 await self._poll_checkpoint()
+
+    def _release(self) -> None:
+        if self.devices is not None:
+            self.devices.release()
 
     async def _end(self, shim_code: int) -> WorkerExit:
         status = read_status(self.status_file)

@@ -73,7 +73,8 @@ sys.exit(143)
 async def test_the_workload_check_runs_the_agents_process_run_loaded_by_path(monkeypatch):
     """runner.py and its shim, loaded without the package as the device check does."""
     monkeypatch.setattr(gpu_check, "WORKLOAD", CPU_WORKLOAD)
-    report = await gpu_check.workload("GPU-cpu-stand-in", total_s=1.5, grace_s=2.0)
+    report = await gpu_check.workload(tuple(dataclasses.replace(g, uuid="GPU-cpu-stand-in") for g in _real(1)),
+                                      total_s=1.5, grace_s=2.0)
     assert report["attempt0_exit"] == report["expected_exit"] == 143 and report["attempt1_exit"] == 0
     assert report["final_progress"] == 1.5 and report["workload_saw"][1]["resumed_from"] > 0
     assert report["cuda_visible_devices"] == "GPU-cpu-stand-in"
@@ -104,3 +105,39 @@ def test_usage_is_not_ok_when_a_gpu_outside_mig_mode_gives_no_sm_reading():
     assert not gpu_check.usage_ok({"rounds": [{"gpus": gpus}], "mig_enabled": []}, 1)
     assert gpu_check.usage_ok({"rounds": [{"gpus": gpus}], "mig_enabled": [0]}, 1)
     assert not gpu_check.usage_ok({"rounds": [], "mig_enabled": []}, 1)
+
+
+class Recording:
+    """An NVML module that records which functions were called."""
+
+    def __init__(self, nvml) -> None:
+        self._nvml, self.calls = nvml, []
+
+    def __getattr__(self, name):
+        value = getattr(self._nvml, name)
+        if callable(value) and name.startswith("nvml"):
+            self.calls.append(name)
+        return value
+
+
+def test_mig_report_is_truthful_and_read_only():
+    from gpusched.adapters.fake_nvml import FakeNvml
+    from gpusched.adapters.gpu_inventory import nvml_gpus
+    from tests.unit.adapters.mig_specs import h200, mig_node
+
+    spec = mig_node()
+    spec["gpus"].append(h200("GPU-2", mig="disabled", pending="enabled"))
+    spec["gpus"].append({"name": "NVIDIA L40S", "memory_mib": 46_068, "mig": "unsupported"})
+    nvml = Recording(FakeNvml(spec))
+    report = gpu_check.mig_report(nvml)
+    assert [g["mig"] for g in report] == ["enabled", "disabled", "disabled", "not supported"]
+    assert report[2]["mig_mode_current_pending"] == [0, 1]     # pending shown, not applied
+    assert [(m["profile"], m["start"], m["uuid"]) for m in report[0]["instances"]] == [
+        ("3g.71gb", 0, "MIG-3g-a"), ("1g.18gb", 4, "MIG-1g-b")]
+    assert {p["name"]: p["memory_mib"] for p in report[0]["profiles"]}["7g.141gb"] == 143_771 // 8 * 8
+    assert "profiles" not in report[1]
+    changing = [c for c in nvml.calls if any(w in c for w in ("Create", "Destroy", "Set", "Reset", "Clear"))]
+    assert changing == [], changing
+    assert gpu_check.mig_agrees(report, nvml_gpus(FakeNvml(spec))) == []
+    wrong = [dataclasses.replace(g, mig_instances=()) for g in nvml_gpus(FakeNvml(spec))]
+    assert gpu_check.mig_agrees(report, wrong) == ["GPU 0 registers instances [], NVML ['MIG-3g-a', 'MIG-1g-b']"]

@@ -435,7 +435,9 @@ def check_invariants(state: ClusterState, terminal: dict[str, tuple]) -> None:
         for w in job.workers:
             node = state.nodes[w.node]
             lost = node.status is NodeStatus.LOST
-            assert not lost or (stopping and w.worker not in job.finished and node.fence_at), \
+            # held on a lost node only by a stopping attempt: until its fence for a worker
+            # that may still run there, until the attempt's last worker is gone for the rest
+            assert not lost or (stopping and (w.worker in job.finished or node.fence_at)), \
                 f"{jid} holds GPUs on lost {w.node} not awaiting its fence"
             assert node.info.pool == spec.pool
             on_node[w.node].add(jid)

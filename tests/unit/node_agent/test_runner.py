@@ -8,18 +8,24 @@ import sys
 
 import pytest
 
-from gpusched.core.model import GpuSlot
+from gpusched.core.model import GpuInfo, GpuSlot, NodeInfo, WorkerResources
+from gpusched_node_agent.devices import WorkerDevices
 from gpusched_node_agent.lease import NodeLease
 from gpusched_node_agent.runner import EXIT_TERMINATED, ProcessRun, SimulatedRun, WorkerExit, group_alive
 from tests.unit.node_agent.procs import events, recorder, wait_for
 
 IDS = {"GPUSCHED_JOB_ID": "job", "GPUSCHED_ATTEMPT": "2", "GPUSCHED_WORKER": "0"}
+NODE = NodeInfo("n1", "default", 8_000, 8_000, tuple(GpuInfo(i, f"GPU-{c}", "H100-80GB", 81_559) for i, c in enumerate("ab")))
+
+
+def gpu(index: int) -> WorkerDevices:
+    return WorkerDevices(NODE, (GpuSlot(index),), WorkerResources(gpus=1), False)
 
 
 def process_run(tmp_path, *args: str, lease: NodeLease | None = None, kill_wait: float = 0.3, on_checkpoint=None):
-    run = ProcessRun(tuple(recorder(*args)), (GpuSlot(1),), ["GPU-a", "GPU-b"],
-                     {**IDS, "GPUSCHED_RECORD": str(tmp_path / "record.jsonl")}, tmp_path / "job-2-0",
-                     on_checkpoint, lease_path=lease.path if lease else None, kill_wait=kill_wait)
+    run = ProcessRun(tuple(recorder(*args)), {**IDS, "GPUSCHED_RECORD": str(tmp_path / "record.jsonl")},
+                     tmp_path / "job-2-0", on_checkpoint, devices=gpu(1),
+                     lease_path=lease.path if lease else None, kill_wait=kill_wait)
     run.POLL_S = 0.05
     return run
 
@@ -63,8 +69,8 @@ async def test_a_stop_that_comes_while_starting_is_passed_on(tmp_path):
 
 async def test_a_relative_workdir_is_used_as_given(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    run = ProcessRun(tuple(recorder("--duration", "0.05", "--checkpoint-every", "0.01")), (GpuSlot(0),), ["GPU-a"],
-                     {}, "rel/job-0-0")
+    run = ProcessRun(tuple(recorder("--duration", "0.05", "--checkpoint-every", "0.01")), {}, "rel/job-0-0",
+                     devices=gpu(0))
     await run.start()
     assert (await asyncio.wait_for(run.wait(), 10)).exit_code == 0
     assert sorted(p.name for p in (tmp_path / "rel" / "job-0-0").iterdir()) == ["checkpoint", "record.jsonl",
@@ -99,7 +105,7 @@ async def test_a_normal_exit_is_reported_with_its_code(tmp_path):
 
 
 async def test_a_command_that_cannot_start_raises_oserror(tmp_path):
-    run = ProcessRun(("/nonexistent/train",), (GpuSlot(0),), ["GPU-a"], {}, tmp_path / "w")
+    run = ProcessRun(("/nonexistent/train",), {}, tmp_path / "w", devices=gpu(0))
     with pytest.raises(OSError, match="cannot start"):
         await run.start()
 

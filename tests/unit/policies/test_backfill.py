@@ -173,3 +173,17 @@ def test_reserved_gang_starts_by_its_shadow_time_and_starves_without(backfill, s
         assert gang.started_at < starts_before
     else:
         assert gang.started_at >= 1950.0     # only once the stream of small jobs stopped
+
+
+def test_the_hold_keeps_the_gpu_memory_a_reserved_share_needs():
+    # One GPU, a share holding 60 GB until 2000. The head needs 30 GB more than is free,
+    # so it waits; a later share asking 15 GB, free now, would leave the head short at
+    # 2000 if it outlived it: it must not run. (Milli alone would let it.)
+    def mem(s: JobSpec, mib: int) -> JobSpec:
+        return dataclasses.replace(s, resources=dataclasses.replace(s.resources, gpu_memory_mib=mib))
+    c = Cluster(nodes=1, gpus=1)
+    assert c.log(ev.JobSubmitted, job_id="r", spec=mem(spec("r", 2000, milli=300), 60_000), time=0.0).accepted
+    assert c.log(ev.JobPlaced, job_id="r", attempt=0, time=0.0, workers=(WorkerAssignment(0, "n1", share(0, 300)),)).accepted
+    assert c.log(ev.JobSubmitted, job_id="head", spec=mem(spec("head", 10_000, milli=300), 70_000), time=1.0).accepted
+    assert c.log(ev.JobSubmitted, job_id="long", spec=mem(spec("long", 5_000, milli=100), 15_000), time=1.0).accepted
+    assert [d.job_id for d in c.cycle()] == []

@@ -1,7 +1,9 @@
 """Properties of every placement policy, on random small clusters and job sequences:
 
 * whatever a scheduling cycle proposes, applied through the reducer, is accepted and
-  never allocates more CPU, memory, GPU milli or MIG slices than there are;
+  never allocates more CPU, memory, GPU milli, GPU memory or MIG slices than there are,
+  nor a form the GPU's MIG mode refuses (whole GPUs or shares on a MIG-enabled GPU,
+  slices on one with MIG off, slices off its instances without dynamic MIG);
 * gangs get all their workers or none;
 * a cycle leaves the state as it found it (digest);
 * the indexed best-fit answers exactly what a scan of every node answers;
@@ -18,7 +20,9 @@ from hypothesis import strategies as st
 from gpusched.core import events as ev
 from gpusched.core.digest import digest
 from gpusched.core.mig import FULL_MASK, PROFILES
-from gpusched.core.model import JobSpec, WorkerResources
+from dataclasses import replace
+
+from gpusched.core.model import JobSpec, MigInstance, MigMode, WorkerResources
 from gpusched.core.state import ClusterState
 from gpusched.policies.booking import tentative
 from gpusched.policies.gpu_fit import fit
@@ -32,14 +36,21 @@ from tests.unit.policies.placement_cases import node
 
 MODELS = ("H100-80GB", "A10-24GB", "T4-16GB")
 
+# MIG modes a node's GPUs register with: MIXED (simulated), MIG off, MIG on with
+# existing instances (static), MIG on with dynamic MIG.
+MIG_SETUPS = ("mixed", "mixed", "disabled", "static", "dynamic")
+INSTANCES = (MigInstance("3g.40gb", 0, "MIG-a", slices=4), MigInstance("2g.20gb", 4, "MIG-b", slices=2),
+             MigInstance("1g.10gb", 6, "MIG-c", slices=1))
 nodes_st = st.lists(
     st.tuples(st.integers(0, 8), st.sampled_from(MODELS), st.sampled_from([8000, 32_000, 64_000]),
-              st.sampled_from([16_000, 128_000]), st.sampled_from(["r1", "r2"])),
+              st.sampled_from([16_000, 128_000]), st.sampled_from(["r1", "r2"]), st.sampled_from(MIG_SETUPS)),
     min_size=1, max_size=5)
 
 resources_st = st.one_of(
     st.builds(lambda m, c: WorkerResources(gpu_milli=m, cpu_milli=c, memory_mib=c),
               st.integers(1, 999), st.sampled_from([0, 2000, 8000])),
+    st.builds(lambda m, g: WorkerResources(gpu_milli=m, gpu_memory_mib=g, cpu_milli=1000),
+              st.integers(1, 400), st.sampled_from([4000, 12_000, 30_000])),
     st.builds(lambda g, c, models: WorkerResources(gpus=g, cpu_milli=c, memory_mib=2 * c, gpu_models=models),
               st.integers(1, 4), st.sampled_from([0, 4000, 16_000]), st.sampled_from([(), ("A10-24GB",)])),
     st.builds(lambda p: WorkerResources(mig_profile=p, cpu_milli=1000), st.sampled_from(sorted(PROFILES))),
@@ -49,8 +60,19 @@ jobs_st = st.lists(st.tuples(resources_st, st.integers(1, 3)), min_size=1, max_s
 
 
 def cluster(spec) -> Log:
-    return Log(*(node(f"n{i}", gpus=g, model=m, cpu=cpu, mem=mem, labels=(("rack", r),))
-                 for i, (g, m, cpu, mem, r) in enumerate(spec)))
+    return Log(*(with_mig(node(f"n{i}", gpus=g, model=m, cpu=cpu, mem=mem, labels=(("rack", r),)), setup)
+                 for i, (g, m, cpu, mem, r, setup) in enumerate(spec)))
+
+
+def with_mig(info, setup: str):
+    if setup == "mixed":
+        return info
+    if setup == "disabled":
+        return replace(info, gpus=tuple(replace(g, mig_mode=MigMode.DISABLED) for g in info.gpus))
+    # MIG on where the GPU can: instances on every other GPU, none on the rest
+    gpus = tuple(replace(g, mig_mode=MigMode.ENABLED, mig_instances=INSTANCES if g.index % 2 == 0 else ())
+                 if g.mig_capable else replace(g, mig_mode=MigMode.DISABLED) for g in info.gpus)
+    return replace(info, gpus=gpus, dynamic_mig=setup == "dynamic")
 
 
 def check_capacity(state: ClusterState) -> None:
@@ -58,8 +80,17 @@ def check_capacity(state: ClusterState) -> None:
         assert 0 <= n.used_cpu <= n.info.cpu_milli and 0 <= n.used_mem <= n.info.memory_mib
         for g in n.gpus:
             assert 0 <= g.used_milli <= 1000 and 0 <= g.mig_mask <= FULL_MASK
+            assert 0 <= g.used_memory_mib <= g.info.memory_mib
             assert not (g.used_milli and g.mig_mask), "a GPU both shared and cut into MIG"
             assert not g.mig_mask or g.info.mig_capable
+            assert not g.mig_mask or g.info.mig_mode is not MigMode.DISABLED, "a slice with MIG off"
+            assert not g.used_milli or g.info.mig_mode is not MigMode.ENABLED, "a whole GPU or share with MIG on"
+        for job_id in n.jobs:
+            for w in state.jobs[job_id].workers:
+                for s in w.gpus if w.node == n.name else ():
+                    info = n.gpus[s.index].info
+                    if s.mig_profile and info.mig_mode is MigMode.ENABLED and not n.info.dynamic_mig:
+                        assert (s.mig_start, s.mig_profile[0]) in {(m.start, m.profile[0]) for m in info.mig_instances}
 
 
 @pytest.mark.parametrize("policy", sorted(PLACEMENTS))
