@@ -54,6 +54,7 @@ class NodeAgent:
         self.running: dict[Key, asyncio.Task] = {}
         self.runs: dict[Key, object] = {}
         self.stopping: set[Key] = set()
+        # What this agent did for each job not yet ended, forgotten when it ends:
         self.launched: set[Key] = set()          # never run the same worker of an attempt twice
         self.ended: set[Key] = set()             # ends reported for workers that never ran
         self.rendezvous_offered: set[tuple[str, int]] = set()
@@ -148,6 +149,15 @@ class NodeAgent:
                 elif key not in self.launched:
                     asyncio.create_task(self._report_gone(job, w, "stopped before it started"))
         self._stop_stale(job)
+        if job.phase.terminal:
+            self._forget(job.job_id)
+
+    def _forget(self, job_id: str) -> None:
+        """An ended job needs no memory here: the sets stay as small as the work in
+        flight on this node, and a scan of them per ended job is as cheap."""
+        self.launched = {k for k in self.launched if k[0] != job_id}
+        self.ended = {k for k in self.ended if k[0] != job_id}
+        self.rendezvous_offered = {k for k in self.rendezvous_offered if k[0] != job_id}
 
     def _start(self, job: JobState, worker: WorkerAssignment, state: ClusterState) -> None:
         key = (job.job_id, job.attempt, worker.worker)

@@ -188,3 +188,34 @@ async def test_garbage_and_unknown_events_go_to_dead_letters_and_consumers_keep_
     assert any("does not match payload" in r for _, r in reasons)
     assert any("not an EventEnvelope" in r or "empty record" in r for _, r in reasons)
     assert len({o for o, _ in reasons}) == 4
+
+
+@pytest.mark.parametrize("default_s, max_s, field", [
+    (-1.0, 0.0, "default_time_limit_s"),
+    (0.0, float("nan"), "max_time_limit_s"),
+    (7200.0, 3600.0, "default_time_limit_s"),
+])
+async def test_bad_pool_time_limits_are_invalid_argument_naming_the_field(api, default_s, max_s, field):
+    _, client = api
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await client.cluster.SetPoolTimeLimits(cluster_pb2.SetPoolTimeLimitsRequest(
+            pool="default", default_time_limit_s=default_s, max_time_limit_s=max_s))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and err.value.details().startswith(field)
+    assert (await client.summary()).max_time_limit_s == 0.0
+
+
+async def test_pool_time_limits_give_jobs_a_default_and_refuse_more_than_the_maximum(api):
+    """Slurm's partition DefaultTime/MaxTime, set in the log through the operator API."""
+    _, client = api
+    summary = await client.cluster.SetPoolTimeLimits(cluster_pb2.SetPoolTimeLimitsRequest(
+        pool="default", default_time_limit_s=600, max_time_limit_s=3600))
+    assert (summary.default_time_limit_s, summary.max_time_limit_s) == (600, 3600)
+    plain = (await client.submit(spec("plain", "nlp", gpus=1, duration=0.1))).job
+    assert plain.time_limit_s == 600
+    asks = (await client.submit(spec("asks", "nlp", gpus=1, duration=0.1, max_runtime=1800))).job
+    assert asks.time_limit_s == 1800
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await client.submit(spec("greedy", "nlp", gpus=1, duration=0.1, max_runtime=7200))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert err.value.details().startswith("spec.max_runtime_s") and "3600" in err.value.details()
+    assert [j.spec.name for j in await client.list_all(team="nlp")] == ["plain", "asks"]
