@@ -8,6 +8,7 @@ import json
 import os
 import time
 
+import pytest
 from aiokafka import AIOKafkaProducer
 
 from gpusched.client import Client, spec
@@ -85,7 +86,7 @@ async def test_usage_folds_into_allocated_vs_used_and_flags_the_idle_job(kafka_b
     idle = {j.job_id: j for j in report.idle_jobs}
     assert [(j.team, j.name) for j in idle.values()] == [("team-idle", "idle-b")]
     assert next(iter(idle.values())).idle_s >= IDLE_AFTER_S
-    assert report.total.allocated == sum(h.allocated for h in teams.values())
+    assert report.total.allocated == pytest.approx(sum(h.allocated for h in teams.values()))
 
     # the command prints the same, as JSON
     proc = await asyncio.create_subprocess_exec(

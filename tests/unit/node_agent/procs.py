@@ -35,7 +35,7 @@ def shim_command(workdir: Path, command: list[str], lease: Path | None, kill_wai
             "--poll", str(poll), "--status", str(workdir / "shim.json"), "--", *command]
 
 
-def wait_for(predicate, what: str, timeout: float = 10.0, poll: float = 0.01):
+def wait_for(predicate, what: str, timeout: float = 30.0, poll: float = 0.01):
     """The predicate's first truthy value; AssertionError naming ``what`` at the deadline."""
     deadline = time.monotonic() + timeout
     while True:
