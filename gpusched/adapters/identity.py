@@ -72,8 +72,11 @@ class JwtVerifier:
         try:
             header = jwt.get_unverified_header(token)
             key = self._key_for(header.get("kid"))
-            options = {"require": ["exp"]}
-            claims = jwt.decode(token, key.key, algorithms=JWT_ALGORITHMS, options=options,
+            # Only the key's own algorithm: a token claiming another for this key (RS256
+            # against an EC key, HS256 with the public key as secret) is refused here.
+            if header.get("alg") != key.algorithm_name or key.algorithm_name not in JWT_ALGORITHMS:
+                raise AuthError(f"invalid token: algorithm {header.get('alg')!r} is not this key's")
+            claims = jwt.decode(token, key.key, algorithms=[key.algorithm_name], options={"require": ["exp"]},
                                 issuer=self.settings.issuer or None, audience=self.settings.audience or None)
         except jwt.PyJWTError as exc:
             raise AuthError(f"invalid token: {exc}") from exc

@@ -92,7 +92,10 @@ class Access:
         return cls(principal, unrestricted=True)
 
     def _cluster_permissions(self) -> frozenset[str]:
-        return frozenset().union(*(ROLES[r] for r in self.cluster_roles))
+        """Granted for every team: the cluster roles' permissions, and the team roles'
+        permissions that are not about a team's jobs (reading the cluster)."""
+        team_wide = frozenset().union(*(ROLES[r] for roles in self.team_roles.values() for r in roles))
+        return frozenset().union(*(ROLES[r] for r in self.cluster_roles)) | (team_wide - TEAM_SCOPED)
 
     def allows(self, permission: str, team: str | None = None) -> bool:
         """``team=None``: for some team (or cluster-wide); else for that team."""
