@@ -101,8 +101,6 @@ class Access:
         """``team=None``: for some team (or cluster-wide); else for that team."""
         if self.unrestricted or permission == PUBLIC or permission in self._cluster_permissions():
             return True
-        if permission not in TEAM_SCOPED:
-            return False
         teams = self.team_roles if team is None else {team: self.team_roles.get(team, frozenset())}
         return any(permission in ROLES[r] for roles in teams.values() for r in roles)
 

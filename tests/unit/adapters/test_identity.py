@@ -67,6 +67,14 @@ def test_invalid_tokens_are_refused(keys):
             pytest.fail(what)
 
 
+def test_a_jwks_with_a_symmetric_key_is_refused(tmp_path):
+    path = tmp_path / "jwks.json"
+    path.write_text(json.dumps({"keys": [{"kty": "oct", "k": "c2VjcmV0c2VjcmV0c2VjcmV0c2VjcmV0", "kid": "h",
+                                          "alg": "HS256"}]}))
+    with pytest.raises(ValueError, match="HS256"):
+        JwtVerifier(JwtSettings(str(path)))
+
+
 def test_static_tokens(tmp_path):
     path = tmp_path / "tokens.csv"
     path.write_text("# comment\n\ns3cret,alice\n other , bob \n")

@@ -79,6 +79,9 @@ def test_reads_are_filtered_to_the_principals_teams():
     assert POLICY.access("ops").teams_for(perm.CANCEL) is None
     assert POLICY.access("viewer").teams_for(perm.SUBMIT) == frozenset()
     assert POLICY.access("stranger").teams_for(perm.READ_JOBS) == frozenset()
+    # reading the cluster (nodes, pools) is not per team: any role grants all of it
+    assert POLICY.access("alice").teams_for(perm.READ_CLUSTER) is None
+    assert POLICY.access("alice").allows(perm.READ_CLUSTER, "b")
 
 
 def test_default_team_only_when_exactly_one():
