@@ -3,7 +3,8 @@ per-method permission table every gRPC server checks (``gpusched.adapters.auth``
 
 Roles are Kubernetes-RBAC-like bindings, per team or cluster-wide:
 
-- ``member`` of a team: submit, cancel and see that team's jobs; read the cluster.
+- ``member`` of a team: submit and see that team's jobs, cancel the ones it submitted;
+  read the cluster.
 - ``team-admin`` of a team: the same for any job of the team, plus the team's settings.
 - ``operator`` (cluster-wide): nodes, pools, quotas/policy, retention, any job.
 - ``read-only`` (cluster-wide; billing, dashboards): list/get/watch everything, write nothing.
@@ -22,7 +23,8 @@ from pathlib import Path
 
 # Permissions.
 SUBMIT = "jobs.submit"
-CANCEL = "jobs.cancel"
+CANCEL = "jobs.cancel"                 # the jobs it submitted itself
+CANCEL_ANY = "jobs.cancel-any"         # any job of the team
 READ_JOBS = "jobs.read"
 READ_CLUSTER = "cluster.read"
 WRITE_NODES = "nodes.write"
@@ -31,12 +33,12 @@ WRITE_POLICY = "policy.write"          # quotas, team policy, retention (cluster
 TEAM_SETTINGS = "team.settings"        # a team's own settings
 PUBLIC = "public"                      # health checks: no identity needed
 
-TEAM_SCOPED = frozenset({SUBMIT, CANCEL, READ_JOBS, TEAM_SETTINGS})
+TEAM_SCOPED = frozenset({SUBMIT, CANCEL, CANCEL_ANY, READ_JOBS, TEAM_SETTINGS})
 
 ROLES: dict[str, frozenset[str]] = {
     "member": frozenset({SUBMIT, CANCEL, READ_JOBS, READ_CLUSTER}),
-    "team-admin": frozenset({SUBMIT, CANCEL, READ_JOBS, READ_CLUSTER, TEAM_SETTINGS}),
-    "operator": frozenset({SUBMIT, CANCEL, READ_JOBS, READ_CLUSTER, WRITE_NODES, WRITE_POOLS, WRITE_POLICY,
+    "team-admin": frozenset({SUBMIT, CANCEL, CANCEL_ANY, READ_JOBS, READ_CLUSTER, TEAM_SETTINGS}),
+    "operator": frozenset({SUBMIT, CANCEL, CANCEL_ANY, READ_JOBS, READ_CLUSTER, WRITE_NODES, WRITE_POOLS, WRITE_POLICY,
                            TEAM_SETTINGS}),
     "read-only": frozenset({READ_JOBS, READ_CLUSTER}),
 }

@@ -16,7 +16,7 @@ from gpusched.config import (DEFAULT_JOB_RETENTION_S, add_kafka_args, add_securi
                              retention_seconds, server_security)
 from gpusched.core import events as ev
 from gpusched.v1 import admission_pb2_grpc, cluster_pb2_grpc
-from gpusched_admission.servicer import AdmissionServicer, ClusterServicer, ReadModel
+from gpusched_admission.servicer import AdmissionServicer, ClusterServicer, ReadModel, Submitters
 from gpusched_admission.watch import Watchers
 
 log = logging.getLogger("gpusched.admission")
@@ -31,8 +31,10 @@ async def run(args: argparse.Namespace) -> None:
     publisher, dead_letters = await connect(settings, me)
     watchers = Watchers()
     holder: dict = {}
+    submitters = Submitters()   # fed from the first event replayed, before the API exists
 
     def on_event(partition, offset, event, outcome, state):
+        submitters.on_event(event, outcome, state)
         admission = holder.get("admission")
         if admission is not None:
             admission.note_outcome(event, outcome.accepted)
@@ -46,7 +48,7 @@ async def run(args: argparse.Namespace) -> None:
     follower = LogFollower(settings.bootstrap, settings.topics, me, dead_letters, on_event=on_event,
                            freeze_state=True)
     await follower.start()
-    model = ReadModel(follower, settings.partitions)
+    model = ReadModel(follower, settings.partitions, submitters)
     admission = holder["admission"] = AdmissionServicer(model, publisher, me, watchers)
     cluster = ClusterServicer(model, publisher, me)
     server, port, health = await start_server(args.listen, [

@@ -36,12 +36,33 @@ def job_id_for(team: str, key: str) -> str:
     return "job-" + uuid.uuid4().hex[:20]
 
 
+class Submitters:
+    """Who submitted each live job (``JobSubmitted.principal``): a member may cancel only
+    its own jobs. Kept here, from the events admission folds, not in the folded state:
+    only this API needs it. A job leaves when it ends (it cannot be cancelled then), so
+    this holds only live jobs."""
+
+    def __init__(self) -> None:
+        self.by_job: dict[str, str] = {}
+
+    def on_event(self, event: ev.Event, outcome, state: ClusterState) -> None:
+        if not outcome.accepted:
+            return
+        if type(event) is ev.JobSubmitted:
+            self.by_job[event.job_id] = event.principal
+        for job_id in outcome.jobs:
+            job = state.jobs.get(job_id)
+            if job is None or job.phase.terminal:
+                self.by_job.pop(job_id, None)
+
+
 class ReadModel:
     """Queries over the follower's per-partition states."""
 
-    def __init__(self, follower: LogFollower, partitions: int) -> None:
+    def __init__(self, follower: LogFollower, partitions: int, submitters: Submitters | None = None) -> None:
         self.follower = follower
         self.partitions = partitions
+        self.submitters = submitters or Submitters()
         # Bumped by the service for every node registration folded (a node's inventory
         # changes only then): the pool shapes kept below are valid until it moves.
         self.inventory_changes = 0
@@ -245,7 +266,7 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
         job = self.model.job(request.job_id) if request.job_id else None
         if job is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"job_id: no job {request.job_id!r}")
-        await _check_team(context, _API + "CancelJob", perm.CANCEL, job.team, f"cancel job {job.job_id!r}")
+        await self._check_cancel(context, job)
         if job.phase.terminal:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"job_id: job already {job.phase.value}")
         event = ev.JobCancelled(event_id=uuid.uuid4().hex, time=time.time(), producer=self.producer,
@@ -254,6 +275,20 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
         pos = await self.publisher.publish(event, job.spec.pool)
         await self.model.follower.wait_applied(pos)
         return job_message(self.model.job(job.job_id))
+
+    async def _check_cancel(self, context, job: JobState) -> None:
+        """Any job of a team it may cancel any job of (team-admin, operator); else only
+        the jobs it submitted itself (member)."""
+        access = current_access()
+        if access.allows(perm.CANCEL_ANY, job.team):
+            return
+        submitter = self.model.submitters.by_job.get(job.job_id)
+        if access.allows(perm.CANCEL, job.team) and access.principal and submitter == access.principal:
+            return
+        own = " (a member cancels only the jobs it submitted)" if access.allows(perm.CANCEL, job.team) else ""
+        await deny(context, grpc.StatusCode.PERMISSION_DENIED, _API + "CancelJob",
+                   f"principal {access.principal!r} ({access.describe()}) may not cancel job {job.job_id!r} "
+                   f"of team {job.team!r}{own}")
 
     async def WatchJobs(self, request, context):
         # Subscribe first, then send the current state of every matching job, then the

@@ -24,6 +24,8 @@ BINDINGS = [
     {"principal": "ops", "role": "operator"},
     {"principal": "viewer", "role": "read-only"},
     {"principal": "carol", "role": "member", "team": "team-a"},
+    {"principal": "bob2", "role": "member", "team": "team-b"},
+    {"principal": "lead-b", "role": "team-admin", "team": "team-b"},
 ]
 DENIED, UNAUTHENTICATED = grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED
 
@@ -54,12 +56,20 @@ async def _events(kafka_bootstrap, topics) -> list:
     return [codec.decode(v)[0] for records in (await read_log(kafka_bootstrap, topics)).values() for _, v in records]
 
 
+# What the API writes; placer and agents append placements and reports meanwhile.
+API_EVENTS = ("JobSubmitted", "JobCancelled", "NodeCordoned", "NodeUncordoned", "PoolTimeLimitsSet")
+
+
+async def _api_events(kafka_bootstrap, topics) -> list:
+    return [e for e in await _events(kafka_bootstrap, topics) if type(e).__name__ in API_EVENTS]
+
+
 async def test_a_member_cannot_act_for_another_team_and_nothing_is_written(secured, kafka_bootstrap, topics):
     cluster, pki, target, c = secured
     theirs = (await c["bob"].submit(spec("b-job", "team-b", gpus=1, duration=60))).job
     mine = (await c["alice"].submit(spec("a-job", "", gpus=1, duration=60))).job
     assert mine.spec.team == "team-a"                     # the team is the principal's
-    before = await _events(kafka_bootstrap, topics)
+    before = await _api_events(kafka_bootstrap, topics)
 
     code, message = await _status(c["alice"].submit(spec("as-b", "team-b", gpus=1)))
     assert code == DENIED and "alice" in message and "team-b" in message and "spec.team" in message
@@ -79,7 +89,7 @@ async def test_a_member_cannot_act_for_another_team_and_nothing_is_written(secur
     code, _ = await _status(c["alice"].cluster.SetPoolTimeLimits(limits))
     assert code == DENIED
 
-    assert await _events(kafka_bootstrap, topics) == before   # no denied call wrote anything
+    assert await _api_events(kafka_bootstrap, topics) == before   # no denied call wrote anything
     await _watch_sees_only_own_team(c)
 
 
@@ -113,9 +123,17 @@ async def test_an_operator_can_and_is_recorded(secured, kafka_bootstrap, topics)
     who = {(type(e).__name__, getattr(e, "principal", None)) for e in await _events(kafka_bootstrap, topics)}
     assert {("JobSubmitted", "bob"), ("JobSubmitted", "ops"), ("JobCancelled", "ops"), ("NodeCordoned", "ops"),
             ("NodeUncordoned", "ops"), ("PoolTimeLimitsSet", "ops")} <= who
-    # a member of the job's own team may cancel it
-    again = (await c["bob"].submit(spec("b-again", "team-b", gpus=1, duration=60))).job
-    await c["bob"].jobs.CancelJob(admission_pb2.CancelJobRequest(job_id=again.job_id))
+
+
+async def test_a_member_cancels_its_own_jobs_a_team_admin_any_of_the_team(secured):
+    _, _, _, c = secured
+    own = (await c["bob"].submit(spec("b-own", "team-b", gpus=1, duration=60))).job
+    await c["bob"].jobs.CancelJob(admission_pb2.CancelJobRequest(job_id=own.job_id))
+    other = (await c["bob"].submit(spec("b-other", "team-b", gpus=1, duration=60))).job
+    code, message = await _status(c["bob2"].jobs.CancelJob(admission_pb2.CancelJobRequest(job_id=other.job_id)))
+    assert code == DENIED and "bob2" in message and "submitted" in message
+    assert {j.job_id for j in await c["bob2"].list_all()} >= {own.job_id, other.job_id}   # sees them
+    await c["lead-b"].jobs.CancelJob(admission_pb2.CancelJobRequest(job_id=other.job_id))
 
 
 async def test_read_only_sees_everything_and_writes_nothing(secured):

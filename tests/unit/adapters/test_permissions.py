@@ -91,6 +91,14 @@ def test_default_team_only_when_exactly_one():
     assert POLICY.access("viewer").default_team() is None
 
 
+def test_a_member_cancels_its_own_jobs_a_team_admin_any_of_the_team():
+    assert not POLICY.access("alice").allows(perm.CANCEL_ANY, "a")
+    assert POLICY.access("lead").allows(perm.CANCEL_ANY, "a")
+    assert not POLICY.access("lead").allows(perm.CANCEL_ANY, "b")
+    assert POLICY.access("ops").allows(perm.CANCEL_ANY, "any-team")
+    assert not POLICY.access("viewer").allows(perm.CANCEL_ANY, "a")
+
+
 def test_team_settings_are_the_team_admins_not_the_members():
     assert POLICY.access("lead").allows(perm.TEAM_SETTINGS, "a")
     assert not POLICY.access("lead").allows(perm.TEAM_SETTINGS, "b")
