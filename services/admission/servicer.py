@@ -162,7 +162,8 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
             for i, job_request in enumerate(request.jobs):
                 item = self._prepare(job_request)
                 if isinstance(item, _Denied):   # one item denied: nothing is written
-                    await deny(context, grpc.StatusCode.PERMISSION_DENIED, _API + "SubmitJobs", f"jobs[{i}]: {item.message}")
+                    await deny(context, grpc.StatusCode.PERMISSION_DENIED, _API + "SubmitJobs",
+                               f"jobs[{i}]: {item.message}")
                 if isinstance(item, list):   # name the item: jobs[3].spec.team
                     errors += [FieldError(f"jobs[{i}].{e.field}", e.message) for e in item]
                 else:
