@@ -85,3 +85,20 @@ async def test_a_method_missing_from_the_table_is_denied(server):
     call = stubs["ops"][0].unary_unary("/test.Unlisted/Call")(b"")
     code, message = await _code(call)
     assert code == grpc.StatusCode.PERMISSION_DENIED and "permission-table entry" in message
+
+
+async def test_server_reflection_needs_an_identity(server):
+    """The streaming wrapper: grpcurl's reflection works with a token, not without."""
+    from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+    request = reflection_pb2.ServerReflectionRequest(list_services="")
+    ops = reflection_pb2_grpc.ServerReflectionStub(server[0]["ops"][0])
+    async for response in ops.ServerReflectionInfo(iter([request])):
+        names = {s.name for s in response.list_services_response.service}
+        assert "gpusched.v1.NodeAgentService" in names
+        break
+    anonymous = reflection_pb2_grpc.ServerReflectionStub(server[0][None][0])
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        async for _ in anonymous.ServerReflectionInfo(iter([request])):
+            pass
+    assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
