@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
 
@@ -28,9 +30,37 @@ def spec(name: str, team: str, *, gpus: int = 0, gpu_milli: int = 0, mig: str = 
     )
 
 
+@dataclass(frozen=True)
+class ClientTls:
+    """PEM bytes: the CA that signed the server's certificate, and, for mutual TLS, this
+    client's certificate and key (its subject is the principal)."""
+
+    ca: bytes
+    cert: bytes | None = None
+    key: bytes | None = None
+
+    @classmethod
+    def from_files(cls, ca: str | Path, cert: str | Path | None = None, key: str | Path | None = None) -> "ClientTls":
+        return cls(Path(ca).read_bytes(), Path(cert).read_bytes() if cert else None,
+                   Path(key).read_bytes() if key else None)
+
+
+def channel(target: str, tls: ClientTls | None = None, token: str = "") -> grpc.aio.Channel:
+    """Plaintext without ``tls`` (the ``--insecure`` dev mode); else TLS, with the bearer
+    token sent on every call where given."""
+    if tls is None:
+        if token:
+            raise ValueError("a bearer token needs TLS: give tls as well")
+        return grpc.aio.insecure_channel(target)
+    credentials = grpc.ssl_channel_credentials(tls.ca, tls.key, tls.cert)
+    if token:
+        credentials = grpc.composite_channel_credentials(credentials, grpc.access_token_call_credentials(token))
+    return grpc.aio.secure_channel(target, credentials)
+
+
 class Client:
-    def __init__(self, target: str) -> None:
-        self.channel = grpc.aio.insecure_channel(target)
+    def __init__(self, target: str, tls: ClientTls | None = None, token: str = "") -> None:
+        self.channel = channel(target, tls, token)
         self.jobs = admission_pb2_grpc.AdmissionServiceStub(self.channel)
         self.cluster = cluster_pb2_grpc.ClusterServiceStub(self.channel)
 

@@ -72,3 +72,43 @@ def load_quotas(path: str):
         return QueueTree.from_json(Path(path).read_text())
     except (OSError, ValueError, TypeError) as exc:
         raise SystemExit(f"--quotas {path}: {exc}")
+
+
+def add_security_args(parser: argparse.ArgumentParser) -> None:
+    """The gRPC server's TLS, identity and policy flags, the same for every service
+    (docs/security.md). Each also reads an environment variable, as the Kafka flags do."""
+    env = os.environ.get
+    group = parser.add_argument_group("API security (docs/security.md)")
+    group.add_argument("--insecure", action="store_true", default=env("GPUSCHED_INSECURE", "") == "1",
+                       help="development only: plaintext gRPC, no authentication, every call allowed; "
+                            "refused on a non-loopback --listen (env GPUSCHED_INSECURE=1)")
+    group.add_argument("--tls-cert", default=env("GPUSCHED_TLS_CERT", ""), help="server certificate (PEM)")
+    group.add_argument("--tls-key", default=env("GPUSCHED_TLS_KEY", ""), help="server private key (PEM)")
+    group.add_argument("--tls-client-ca", default=env("GPUSCHED_TLS_CLIENT_CA", ""),
+                       help="CA bundle (PEM): clients must present a certificate it signed (mutual TLS); the "
+                            "certificate's SAN (else its CN) is the principal")
+    group.add_argument("--token-file", default=env("GPUSCHED_TOKEN_FILE", ""),
+                       help="static bearer tokens, one 'token,principal' per line")
+    group.add_argument("--jwks-file", default=env("GPUSCHED_JWKS_FILE", ""),
+                       help="JWKS (JSON) whose keys sign bearer JWTs (RS256/ES256)")
+    group.add_argument("--jwt-issuer", default=env("GPUSCHED_JWT_ISSUER", ""), help="required 'iss' of JWTs")
+    group.add_argument("--jwt-audience", default=env("GPUSCHED_JWT_AUDIENCE", ""), help="required 'aud' of JWTs")
+    group.add_argument("--jwt-principal-claim", default=env("GPUSCHED_JWT_PRINCIPAL_CLAIM", "sub"),
+                       help="the JWT claim that names the principal")
+    group.add_argument("--policy-file", default=env("GPUSCHED_POLICY_FILE", ""),
+                       help="JSON bindings of principals to roles (member, team-admin, operator, read-only)")
+
+
+def server_security(args: argparse.Namespace):
+    """The flags as a ``ServerSecurity`` for ``start_server``; a setting that cannot work
+    (or ``--insecure`` off loopback) stops the service with a message naming the flag."""
+    from gpusched.adapters import server_security as sec
+
+    settings = sec.SecuritySettings(
+        insecure=args.insecure, tls_cert=args.tls_cert, tls_key=args.tls_key, tls_client_ca=args.tls_client_ca,
+        token_file=args.token_file, jwks_file=args.jwks_file, jwt_issuer=args.jwt_issuer,
+        jwt_audience=args.jwt_audience, jwt_principal_claim=args.jwt_principal_claim, policy_file=args.policy_file)
+    try:
+        return sec.server_security(settings, args.listen)
+    except sec.SecurityConfigError as exc:
+        raise SystemExit(f"invalid settings: {exc}")

@@ -19,7 +19,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from gpusched.client import Client
+from gpusched.adapters import dev_pki
+from gpusched.client import Client, ClientTls
 from gpusched.consumers.usage_report import number_type, collect, format_report
 from gpusched.consumers.utilization import UtilizationLedger
 from gpusched.local_cluster import LocalCluster
@@ -52,7 +53,9 @@ async def run_demo(args: argparse.Namespace) -> int:
     bootstrap = ensure_broker()
     topics = TopicNames(f"demo-{int(time.time())}.")
     logs = Path(tempfile.mkdtemp(prefix="gpusched-demo-"))
-    cluster = LocalCluster(bootstrap, topics, logs, partitions=4)
+    # --secure: TLS and a bearer token, as a production cluster; throwaway credentials.
+    pki = dev_pki.write(logs / "pki", [{"principal": "demo", "role": "operator"}]) if args.secure else None
+    cluster = LocalCluster(bootstrap, topics, logs, partitions=4, pki=pki)
     print(f"broker {bootstrap}; topics {topics.prefix}*; service logs in {logs}")
     try:
         admission = await cluster.admission()
@@ -62,7 +65,10 @@ async def run_demo(args: argparse.Namespace) -> int:
             usage += ["--simulated-usage", f"{args.idle_jobs}=0"]
         await asyncio.gather(*(cluster.agent(f"node-{i}", args.gpus, "--label", f"rack=r{i // 2}", *usage)
                                for i in range(args.nodes)))
-        client = Client(f"127.0.0.1:{admission.port}")
+        client = (Client(f"127.0.0.1:{admission.port}", ClientTls.from_files(pki.ca), pki.tokens["demo"]) if pki
+                  else Client(f"127.0.0.1:{admission.port}"))
+        if pki:
+            print(f"APIs over TLS; throwaway credentials in {pki.directory}")
         print(f"cluster up: admission :{admission.port}, placer, {args.nodes} simulated nodes x {args.gpus}")
         specs = mixed_jobs(args.jobs, seed=args.seed, duration=(args.min_duration, args.max_duration))
         samples: list[float] = []
@@ -119,6 +125,9 @@ def _milli(r) -> int:
 
 def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nodes", type=int, default=4)
+    parser.add_argument("--secure", action="store_true",
+                        help="serve the APIs over TLS with tokens and a policy (a throwaway dev CA); "
+                             "default: the --insecure dev mode on loopback (docs/security.md)")
     parser.add_argument("--gpus", default="8xH100-80GB", help="simulated GPUs per node")
     parser.add_argument("--jobs", type=int, default=200)
     parser.add_argument("--seed", type=int, default=1)

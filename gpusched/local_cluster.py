@@ -3,6 +3,11 @@
 Each service runs as its own process (the console commands), so a test can kill -9 it
 exactly as an operator's worst day would. Readiness is the service's own "ready" line
 (printed after it has replayed the log and, for admission, serves gRPC).
+
+The services' gRPC servers run in the ``--insecure`` dev mode (plaintext, no identity,
+loopback only) unless a ``DevPki`` is given: then they serve TLS, identify callers by
+its tokens, JWTs and (``mtls``) client certificates, and check its policy file
+(docs/security.md).
 """
 from __future__ import annotations
 
@@ -13,8 +18,12 @@ import signal
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gpusched.adapters.kafka_admin import TopicNames
+
+if TYPE_CHECKING:
+    from gpusched.adapters.dev_pki import DevPki
 
 BIN = Path(sys.executable).parent
 
@@ -52,13 +61,15 @@ class Service:
 
 class LocalCluster:
     def __init__(self, bootstrap: str, topics: TopicNames, log_dir: Path, partitions: int = 4,
-                 job_retention_s: float | None = None) -> None:
+                 job_retention_s: float | None = None, pki: "DevPki | None" = None, mtls: bool = False) -> None:
         self.bootstrap = bootstrap
         self.topics = topics
         self.log_dir = log_dir
         self.partitions = partitions
         self.job_retention_s = job_retention_s   # None: admission records its default
         self.services: list[Service] = []
+        self.pki = pki
+        self.mtls = mtls
         log_dir.mkdir(parents=True, exist_ok=True)
 
     def _env(self) -> dict[str, str]:
@@ -66,7 +77,19 @@ class LocalCluster:
                 "GPUSCHED_TOPIC_PREFIX": self.topics.prefix,
                 "GPUSCHED_PARTITIONS": str(self.partitions), "GPUSCHED_LOG_LEVEL": "WARNING",
                 "PYTHONUNBUFFERED": "1",
-                **({} if self.job_retention_s is None else {"GPUSCHED_JOB_RETENTION_S": repr(self.job_retention_s)})}
+                **({} if self.job_retention_s is None else {"GPUSCHED_JOB_RETENTION_S": repr(self.job_retention_s)}),
+                **self._security_env()}
+
+    def _security_env(self) -> dict[str, str]:
+        """The servers' security flags (``gpusched.config.add_security_args``) as their
+        environment variables; a parent's settings are overridden either way."""
+        pki = self.pki
+        if pki is None:
+            return {"GPUSCHED_INSECURE": "1"}
+        return {"GPUSCHED_INSECURE": "0", "GPUSCHED_TLS_CERT": str(pki.server_cert),
+                "GPUSCHED_TLS_KEY": str(pki.server_key), "GPUSCHED_TOKEN_FILE": str(pki.token_file),
+                "GPUSCHED_JWKS_FILE": str(pki.jwks), "GPUSCHED_POLICY_FILE": str(pki.policy),
+                "GPUSCHED_TLS_CLIENT_CA": str(pki.ca) if self.mtls else ""}
 
     async def start(self, name: str, command: str, *args: str, timeout: float = 90.0) -> Service:
         log_path = self.log_dir / f"{name}.log"

@@ -46,11 +46,13 @@ class NodeFenced(Event):
 class NodeCordoned(Event):
     node: str
     reason: str = ""
+    principal: str = ""    # who asked through the API (audit); "" in the dev mode
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class NodeUncordoned(Event):
     node: str
+    principal: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -68,12 +70,14 @@ class JobSubmitted(Event):
     job_id: str
     spec: JobSpec
     idempotency_key: str = ""
+    principal: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class JobCancelled(Event):
     job_id: str
     reason: str = ""
+    principal: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -166,6 +170,7 @@ class PoolTimeLimitsSet(Event):
     pool: str
     default_s: float = 0.0
     max_s: float = 0.0
+    principal: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -7,8 +7,10 @@ from gpusched.core.validation import FieldError
 from gpusched.v1 import types_pb2
 
 
-def spec_from_request(msg: types_pb2.JobSpec) -> JobSpec | FieldError:
+def spec_from_request(msg: types_pb2.JobSpec, team: str = "") -> JobSpec | FieldError:
+    """``team``: the job's team where the caller left ``spec.team`` empty."""
     msg = types_pb2.JobSpec.FromString(msg.SerializeToString())   # never mutate the caller's
+    msg.team = msg.team or team
     if msg.kind == types_pb2.JOB_KIND_UNSPECIFIED:
         msg.kind = types_pb2.JOB_KIND_TRAINING
     msg.pool = msg.pool or "default"

@@ -12,10 +12,11 @@ from gpusched.adapters.eventlog import EventPublisher, LogFollower
 from gpusched.adapters.grpc_server import set_serving, start_server
 from gpusched.adapters.service import connect, instance_id, stop_event
 from gpusched.adapters.tracing import setup_tracing
-from gpusched.config import DEFAULT_JOB_RETENTION_S, add_kafka_args, kafka_settings, retention_seconds
+from gpusched.config import (DEFAULT_JOB_RETENTION_S, add_kafka_args, add_security_args, kafka_settings,
+                             retention_seconds, server_security)
 from gpusched.core import events as ev
 from gpusched.v1 import admission_pb2_grpc, cluster_pb2_grpc
-from gpusched_admission.servicer import AdmissionServicer, ClusterServicer, ReadModel
+from gpusched_admission.servicer import AdmissionServicer, ClusterServicer, ReadModel, Submitters
 from gpusched_admission.watch import Watchers
 
 log = logging.getLogger("gpusched.admission")
@@ -24,13 +25,16 @@ SERVICES = ["gpusched.v1.AdmissionService", "gpusched.v1.ClusterService"]
 
 async def run(args: argparse.Namespace) -> None:
     settings = kafka_settings(args)
+    security = server_security(args)   # before connecting: a bad setting stops at once
     setup_tracing("gpusched-admission")
     me = instance_id("admission")
     publisher, dead_letters = await connect(settings, me)
     watchers = Watchers()
     holder: dict = {}
+    submitters = Submitters()   # fed from the first event replayed, before the API exists
 
     def on_event(partition, offset, event, outcome, state):
+        submitters.on_event(event, outcome, state)
         admission = holder.get("admission")
         if admission is not None:
             admission.note_outcome(event, outcome.accepted)
@@ -44,13 +48,13 @@ async def run(args: argparse.Namespace) -> None:
     follower = LogFollower(settings.bootstrap, settings.topics, me, dead_letters, on_event=on_event,
                            freeze_state=True)
     await follower.start()
-    model = ReadModel(follower, settings.partitions)
+    model = ReadModel(follower, settings.partitions, submitters)
     admission = holder["admission"] = AdmissionServicer(model, publisher, me, watchers)
     cluster = ClusterServicer(model, publisher, me)
     server, port, health = await start_server(args.listen, [
         lambda s: admission_pb2_grpc.add_AdmissionServiceServicer_to_server(admission, s),
         lambda s: cluster_pb2_grpc.add_ClusterServiceServicer_to_server(cluster, s),
-    ], SERVICES)
+    ], SERVICES, security)
     await follower.caught_up()
     await record_retention(follower, publisher, me, args.job_retention)
     await set_serving(health, SERVICES)
@@ -79,6 +83,7 @@ async def record_retention(follower: LogFollower, publisher: EventPublisher, me:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="gpusched-admission", description=__doc__)
     add_kafka_args(parser)
+    add_security_args(parser)
     # String defaults from the environment go through ``type``, as in add_kafka_args.
     parser.add_argument("--job-retention", type=retention_seconds,
                         default=os.environ.get("GPUSCHED_JOB_RETENTION_S", str(DEFAULT_JOB_RETENTION_S)),

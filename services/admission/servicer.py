@@ -11,6 +11,8 @@ from typing import NamedTuple
 import grpc
 from opentelemetry import trace
 
+from gpusched.adapters import permissions as perm
+from gpusched.adapters.auth import current_access, deny
 from gpusched.adapters.eventlog import EventPublisher, LogFollower, partition_for
 from gpusched.adapters.views import job_message, node_message, summary_message
 from gpusched.core import events as ev
@@ -34,12 +36,33 @@ def job_id_for(team: str, key: str) -> str:
     return "job-" + uuid.uuid4().hex[:20]
 
 
+class Submitters:
+    """Who submitted each live job (``JobSubmitted.principal``): a member may cancel only
+    its own jobs. Kept here, from the events admission folds, not in the folded state:
+    only this API needs it. A job leaves when it ends (it cannot be cancelled then), so
+    this holds only live jobs."""
+
+    def __init__(self) -> None:
+        self.by_job: dict[str, str] = {}
+
+    def on_event(self, event: ev.Event, outcome, state: ClusterState) -> None:
+        if not outcome.accepted:
+            return
+        if type(event) is ev.JobSubmitted:
+            self.by_job[event.job_id] = event.principal
+        for job_id in outcome.jobs:
+            job = state.jobs.get(job_id)
+            if job is None or job.phase.terminal:
+                self.by_job.pop(job_id, None)
+
+
 class ReadModel:
     """Queries over the follower's per-partition states."""
 
-    def __init__(self, follower: LogFollower, partitions: int) -> None:
+    def __init__(self, follower: LogFollower, partitions: int, submitters: Submitters | None = None) -> None:
         self.follower = follower
         self.partitions = partitions
+        self.submitters = submitters or Submitters()
         # Bumped by the service for every node registration folded (a node's inventory
         # changes only then): the pool shapes kept below are valid until it moves.
         self.inventory_changes = 0
@@ -87,6 +110,13 @@ class ReadModel:
 
 
 MAX_BATCH = 1000   # jobs per SubmitJobs call
+_API = "/gpusched.v1.AdmissionService/"   # method names, as denials are counted
+
+
+class _Denied(NamedTuple):
+    """A submission for a team the caller may not act for."""
+
+    message: str
 
 
 class _Submission(NamedTuple):
@@ -113,6 +143,8 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
     async def SubmitJob(self, request, context):
         with tracer.start_as_current_span("SubmitJob") as span:
             item = self._prepare(request)
+            if isinstance(item, _Denied):
+                await deny(context, grpc.StatusCode.PERMISSION_DENIED, _API + "SubmitJob", item.message)
             if isinstance(item, list):
                 await _abort_invalid(context, item)
             span.set_attribute("gpusched.job_id", item.job_id)
@@ -129,6 +161,9 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
             items, errors = [], []
             for i, job_request in enumerate(request.jobs):
                 item = self._prepare(job_request)
+                if isinstance(item, _Denied):   # one item denied: nothing is written
+                    await deny(context, grpc.StatusCode.PERMISSION_DENIED, _API + "SubmitJobs",
+                               f"jobs[{i}]: {item.message}")
                 if isinstance(item, list):   # name the item: jobs[3].spec.team
                     errors += [FieldError(f"jobs[{i}].{e.field}", e.message) for e in item]
                 else:
@@ -137,11 +172,18 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
                 await _abort_invalid(context, errors)
             return admission_pb2.SubmitJobsResponse(results=await self._submit(items, context))
 
-    def _prepare(self, request) -> _Submission | list[FieldError]:
-        """A valid request as what to write (or the job its key names); else its errors."""
-        spec = spec_from_request(request.spec)
+    def _prepare(self, request) -> _Submission | _Denied | list[FieldError]:
+        """A valid request as what to write (or the job its key names); else its errors,
+        or its denial. The job's team is the caller's: ``spec.team`` left empty takes the
+        caller's only team; a team it may not submit for is denied."""
+        access = current_access()
+        team = request.spec.team or access.default_team() or ""
+        spec = spec_from_request(request.spec, team)
         if isinstance(spec, FieldError):
             return [spec]
+        if spec.team and not access.allows(perm.SUBMIT, spec.team):
+            return _Denied(f"principal {access.principal!r} ({access.describe()}) may not submit jobs for team "
+                           f"{spec.team!r} (spec.team)")
         errors = validate_spec(spec, self.model.pool_shape(spec.pool))
         errors += check_time_limit(spec, self.model.pool_limits(spec.pool))
         key = request.idempotency_key
@@ -154,7 +196,7 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
         if existing is not None:
             return _Submission(job_id, None, spec.pool)
         event = ev.JobSubmitted(event_id=uuid.uuid4().hex, time=time.time(), producer=self.producer,
-                                job_id=job_id, spec=spec, idempotency_key=key)
+                                job_id=job_id, spec=spec, idempotency_key=key, principal=access.principal)
         return _Submission(job_id, event, spec.pool)
 
     async def _submit(self, items: list[_Submission], context) -> list[admission_pb2.SubmitJobResponse]:
@@ -194,6 +236,7 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
             retention = max(kept, default=0.0)
             kept = f" (finished jobs are kept {retention:g}s after they end)" if retention else ""
             await context.abort(grpc.StatusCode.NOT_FOUND, f"job_id: no job {request.job_id!r}{kept}")
+        await _check_team(context, _API + "GetJob", perm.READ_JOBS, job.team, f"see job {job.job_id!r}")
         return job_message(job)
 
     async def ListJobs(self, request, context):
@@ -206,9 +249,11 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
             await _abort_invalid(context, [FieldError("page_token", "not a token from a previous page")])
         phases = {JobPhase[types_pb2.JobPhase.Name(p)[len("JOB_PHASE_"):]] for p in request.phases
                   if p != types_pb2.JOB_PHASE_UNSPECIFIED}
+        teams = await _readable_teams(context, _API + "ListJobs", request.team)
         matching = sorted(
             (j for j in self.model.jobs()
              if (not request.team or j.team == request.team)
+             and (teams is None or j.team in teams)
              and (not request.pool or j.spec.pool == request.pool)
              and (not phases or j.phase in phases)
              and (after is None or (j.submitted_at, j.job_id) > after)),
@@ -222,18 +267,35 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
         job = self.model.job(request.job_id) if request.job_id else None
         if job is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"job_id: no job {request.job_id!r}")
+        await self._check_cancel(context, job)
         if job.phase.terminal:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"job_id: job already {job.phase.value}")
         event = ev.JobCancelled(event_id=uuid.uuid4().hex, time=time.time(), producer=self.producer,
-                                job_id=job.job_id, reason=request.reason or "cancelled by user")
+                                job_id=job.job_id, reason=request.reason or "cancelled by user",
+                                principal=current_access().principal)
         pos = await self.publisher.publish(event, job.spec.pool)
         await self.model.follower.wait_applied(pos)
         return job_message(self.model.job(job.job_id))
 
+    async def _check_cancel(self, context, job: JobState) -> None:
+        """Any job of a team it may cancel any job of (team-admin, operator); else only
+        the jobs it submitted itself (member)."""
+        access = current_access()
+        if access.allows(perm.CANCEL_ANY, job.team):
+            return
+        submitter = self.model.submitters.by_job.get(job.job_id)
+        if access.allows(perm.CANCEL, job.team) and access.principal and submitter == access.principal:
+            return
+        own = " (a member cancels only the jobs it submitted)" if access.allows(perm.CANCEL, job.team) else ""
+        await deny(context, grpc.StatusCode.PERMISSION_DENIED, _API + "CancelJob",
+                   f"principal {access.principal!r} ({access.describe()}) may not cancel job {job.job_id!r} "
+                   f"of team {job.team!r}{own}")
+
     async def WatchJobs(self, request, context):
         # Subscribe first, then send the current state of every matching job, then the
         # changes (Kubernetes' list-then-watch): a client never misses a transition.
-        queue = self.watchers.subscribe(request.team, request.job_id, request.pool)
+        teams = await _readable_teams(context, _API + "WatchJobs", request.team)
+        queue = self.watchers.subscribe(request.team, request.job_id, request.pool, teams)
         try:
             for job in list(self.model.jobs()):
                 if self.watchers.matches(queue, job):
@@ -245,6 +307,23 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
                 yield update
         finally:
             self.watchers.unsubscribe(queue)
+
+
+async def _check_team(context, method: str, permission: str, team: str, what: str) -> None:
+    access = current_access()
+    if not access.allows(permission, team):
+        await deny(context, grpc.StatusCode.PERMISSION_DENIED, method,
+                   f"principal {access.principal!r} ({access.describe()}) may not {what} of team {team!r}")
+
+
+async def _readable_teams(context, method: str, team: str) -> frozenset[str] | None:
+    """The teams whose jobs the caller may see (None: all); asking for another is denied."""
+    access = current_access()
+    teams = access.teams_for(perm.READ_JOBS)
+    if team and teams is not None and team not in teams:
+        await deny(context, grpc.StatusCode.PERMISSION_DENIED, method,
+                   f"principal {access.principal!r} ({access.describe()}) may not see jobs of team {team!r} (team)")
+    return teams
 
 
 def _encode_token(job: JobState) -> str:
@@ -286,13 +365,14 @@ class ClusterServicer(cluster_pb2_grpc.ClusterServiceServicer):
     async def CordonNode(self, request, context):
         node = await self._node_or_abort(request.name, context)
         event = ev.NodeCordoned(event_id=uuid.uuid4().hex, time=time.time(), producer=self.producer,
-                                node=node.name, reason=request.reason or "cordoned by operator")
+                                node=node.name, reason=request.reason or "cordoned by operator",
+                                principal=current_access().principal)
         return await self._apply(event, node, context)
 
     async def UncordonNode(self, request, context):
         node = await self._node_or_abort(request.name, context)
         event = ev.NodeUncordoned(event_id=uuid.uuid4().hex, time=time.time(), producer=self.producer,
-                                  node=node.name)
+                                  node=node.name, principal=current_access().principal)
         return await self._apply(event, node, context)
 
     async def SetPoolTimeLimits(self, request, context):
@@ -301,7 +381,8 @@ class ClusterServicer(cluster_pb2_grpc.ClusterServiceServicer):
         if errors:
             await _abort_invalid(context, errors)
         event = ev.PoolTimeLimitsSet(event_id=uuid.uuid4().hex, time=time.time(), producer=self.producer, pool=pool,
-                                     default_s=request.default_time_limit_s, max_s=request.max_time_limit_s)
+                                     default_s=request.default_time_limit_s, max_s=request.max_time_limit_s,
+                                     principal=current_access().principal)
         pos = await self.publisher.publish(event, pool)
         await self.model.follower.wait_applied(pos)
         return summary_message(pool_summary(self.model.state_for_pool(pool), pool))

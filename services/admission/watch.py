@@ -12,20 +12,21 @@ QUEUE_BOUND = 10_000
 
 class Watchers:
     def __init__(self) -> None:
-        self._queues: dict[asyncio.Queue, tuple[str, str, str]] = {}
+        self._queues: dict[asyncio.Queue, tuple[str, str, str, frozenset[str] | None]] = {}
 
-    def subscribe(self, team: str, job_id: str, pool: str) -> asyncio.Queue:
+    def subscribe(self, team: str, job_id: str, pool: str, teams: frozenset[str] | None = None) -> asyncio.Queue:
+        """``teams``: the only teams whose jobs this watcher may see (None: every team)."""
         queue: asyncio.Queue = asyncio.Queue(QUEUE_BOUND)
-        self._queues[queue] = (team, job_id, pool)
+        self._queues[queue] = (team, job_id, pool, teams)
         return queue
 
     def unsubscribe(self, queue: asyncio.Queue) -> None:
         self._queues.pop(queue, None)
 
     def matches(self, queue: asyncio.Queue, job: JobState) -> bool:
-        team, job_id, pool = self._queues.get(queue, ("", "", ""))
+        team, job_id, pool, teams = self._queues.get(queue, ("", "", "", frozenset()))
         return (not team or team == job.team) and (not job_id or job_id == job.job_id) \
-            and (not pool or pool == job.spec.pool)
+            and (not pool or pool == job.spec.pool) and (teams is None or job.team in teams)
 
     def publish(self, job: JobState, event_type: str, offset: int) -> None:
         if not self._queues:

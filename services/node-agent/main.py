@@ -14,7 +14,7 @@ from gpusched.adapters.gpu_inventory import InventoryError, nvml_gpus, simulated
 from gpusched.adapters.grpc_server import set_serving, start_server
 from gpusched.adapters.service import connect, stop_event
 from gpusched.adapters.tracing import setup_tracing
-from gpusched.config import add_kafka_args, kafka_settings
+from gpusched.config import add_kafka_args, add_security_args, kafka_settings, server_security
 from gpusched.core.model import NodeInfo
 from gpusched.v1 import node_agent_pb2_grpc
 from gpusched_node_agent.agent import NodeAgent
@@ -68,6 +68,7 @@ def positive_seconds(text: str) -> float:
 
 async def run(args: argparse.Namespace) -> None:
     settings = kafka_settings(args)
+    security = server_security(args)   # before connecting: a bad setting stops at once
     setup_tracing("gpusched-node-agent")
     try:
         nvml = load_nvml(args.fake_nvml)
@@ -86,7 +87,7 @@ async def run(args: argparse.Namespace) -> None:
                            partitions=[partition_for(info.pool, settings.partitions)], freeze_state=True)
     servicer = NodeAgentServicer(agent, backend)
     server, port, health = await start_server(args.listen, [
-        lambda s: node_agent_pb2_grpc.add_NodeAgentServiceServicer_to_server(servicer, s)], SERVICES)
+        lambda s: node_agent_pb2_grpc.add_NodeAgentServiceServicer_to_server(servicer, s)], SERVICES, security)
     await follower.start()
     await agent.join(follower)
     await set_serving(health, SERVICES)
@@ -107,6 +108,7 @@ async def run(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="gpusched-node-agent", description=__doc__)
     add_kafka_args(parser)
+    add_security_args(parser)
     parser.add_argument("--name", default="", help="node name (default: host name)")
     parser.add_argument("--pool", default="default")
     parser.add_argument("--simulate", default="", help="simulated GPUs, e.g. 8xH100-80GB (default: NVML)")

@@ -9,7 +9,7 @@ from gpusched.adapters.eventlog import LogFollower
 from gpusched.adapters.grpc_server import set_serving, start_server
 from gpusched.adapters.service import connect, instance_id, stop_event
 from gpusched.adapters.tracing import setup_tracing
-from gpusched.config import add_kafka_args, kafka_settings
+from gpusched.config import add_kafka_args, add_security_args, kafka_settings, server_security
 from gpusched.config import load_quotas
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig
 from gpusched.adapters.proposer import PartitionProposer
@@ -21,6 +21,7 @@ log = logging.getLogger("gpusched.placer")
 
 async def run(args: argparse.Namespace) -> None:
     settings = kafka_settings(args)
+    security = server_security(args)   # before connecting: a bad setting stops at once
     setup_tracing("gpusched-placer")
     me = instance_id("placer")
     scheduler = Scheduler(SchedulerConfig(queue=args.queue, placement=args.placement, backfill=args.backfill,
@@ -50,7 +51,7 @@ async def run(args: argparse.Namespace) -> None:
                                                   args.snapshot_every_s, fork=not args.snapshot_in_thread)
     decider = holder["decider"] = PlacementDecider(scheduler, me)
     loop = holder["loop"] = PartitionProposer(follower, publisher, decider, me)
-    server, port, health = await start_server(args.listen, [], [])
+    server, port, health = await start_server(args.listen, [], [], security)
     await follower.start()
     await set_serving(health, [])
     print(f"placer ready port={port} id={me}", flush=True)
@@ -71,6 +72,7 @@ async def run(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="gpusched-placer", description=__doc__)
     add_kafka_args(parser)
+    add_security_args(parser)
     parser.add_argument("--listen", default="127.0.0.1:0", help="health endpoint")
     parser.add_argument("--queue", default="priority", help="queue-sort policy name")
     parser.add_argument("--placement", default="best-fit", help="placement policy name")

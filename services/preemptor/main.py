@@ -10,7 +10,7 @@ from gpusched.adapters.heartbeats import HeartbeatMonitor
 from gpusched.adapters.proposer import PartitionProposer
 from gpusched.adapters.service import connect, instance_id, stop_event
 from gpusched.adapters.tracing import setup_tracing
-from gpusched.config import add_kafka_args, kafka_settings
+from gpusched.config import add_kafka_args, add_security_args, kafka_settings, server_security
 from gpusched.policies.preemption import PreemptionConfig
 from gpusched.config import load_quotas
 from gpusched.policies.supervision import SupervisionConfig
@@ -19,6 +19,7 @@ from gpusched_preemptor.decide import PreemptorDecider
 
 async def run(args: argparse.Namespace) -> None:
     settings = kafka_settings(args)
+    security = server_security(args)   # before connecting: a bad setting stops at once
     setup_tracing("gpusched-preemptor")
     me = instance_id("preemptor")
     publisher, dead_letters = await connect(settings, me)
@@ -38,7 +39,7 @@ async def run(args: argparse.Namespace) -> None:
         on_revoked=lambda parts: holder["loop"].on_revoked(parts), freeze_state=True,
     )
     loop = holder["loop"] = PartitionProposer(follower, publisher, decider, me)
-    server, port, health = await start_server(args.listen, [], [])
+    server, port, health = await start_server(args.listen, [], [], security)
     await follower.start()
     await set_serving(health, [])
     print(f"preemptor ready port={port} id={me}", flush=True)
@@ -55,6 +56,7 @@ async def run(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="gpusched-preemptor", description=__doc__)
     add_kafka_args(parser)
+    add_security_args(parser)
     parser.add_argument("--listen", default="127.0.0.1:0", help="health endpoint")
     parser.add_argument("--heartbeat-timeout", type=float, default=10.0, help="seconds of silence before NodeLost")
     parser.add_argument("--min-runtime", type=float, default=30.0, help="jobs younger than this are not preempted")

@@ -57,12 +57,12 @@ def _event(cls, **fields):
 EVENTS = {
     ev.NodeRegistered: _event(ev.NodeRegistered, node=node_infos),
     ev.NodeLost: _event(ev.NodeLost, node=text, reason=text),
-    ev.NodeCordoned: _event(ev.NodeCordoned, node=text, reason=text),
-    ev.NodeUncordoned: _event(ev.NodeUncordoned, node=text),
+    ev.NodeCordoned: _event(ev.NodeCordoned, node=text, reason=text, principal=text),
+    ev.NodeUncordoned: _event(ev.NodeUncordoned, node=text, principal=text),
     ev.GpuHealthChanged: _event(ev.GpuHealthChanged, node=text, gpu_index=i32, healthy=st.booleans(),
                                 reason=text, xid=i32),
-    ev.JobSubmitted: _event(ev.JobSubmitted, job_id=text, spec=job_specs, idempotency_key=text),
-    ev.JobCancelled: _event(ev.JobCancelled, job_id=text, reason=text),
+    ev.JobSubmitted: _event(ev.JobSubmitted, job_id=text, spec=job_specs, idempotency_key=text, principal=text),
+    ev.JobCancelled: _event(ev.JobCancelled, job_id=text, reason=text, principal=text),
     ev.JobPlaced: _event(ev.JobPlaced, job_id=text, attempt=i32,
                          workers=st.lists(assignments, max_size=3).map(tuple), policy=text),
     ev.WorkerStarted: _event(ev.WorkerStarted, job_id=text, attempt=i32, worker=i32, node=text),
@@ -75,7 +75,7 @@ EVENTS = {
     ev.NodeFenced: _event(ev.NodeFenced, node=text),
     ev.RendezvousSet: _event(ev.RendezvousSet, job_id=text, attempt=i32, node=text, address=text, port=i32),
     ev.AttemptTimedOut: _event(ev.AttemptTimedOut, job_id=text, attempt=i32, reason=text),
-    ev.PoolTimeLimitsSet: _event(ev.PoolTimeLimitsSet, pool=text, default_s=f64, max_s=f64),
+    ev.PoolTimeLimitsSet: _event(ev.PoolTimeLimitsSet, pool=text, default_s=f64, max_s=f64, principal=text),
 }
 any_event = st.one_of(*EVENTS.values())
 
