@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 from gpusched.core import events as ev
 from gpusched.core.capacity import check_placement, commit, release
 from gpusched.core.model import EXIT_LOST, JobPhase, NodeStatus
+from gpusched.core.policy import check_quota, check_team_policy
 from gpusched.core.retention import note_ended, prune_finished, set_retention
 from gpusched.core.state import ClusterState, JobState, NodeState, gpu_state, set_gpu_info
 
@@ -406,6 +407,30 @@ def _pool_time_limits_set(e: ev.PoolTimeLimitsSet, state: ClusterState) -> Outco
     if max_s and default_s > max_s:
         return _reject(f"default time limit {default_s:g}s is above the maximum {max_s:g}s")
     state.pool_limits[e.pool] = (default_s, max_s)
+    return ACCEPTED
+
+
+@_handles(ev.QuotaSet)
+def _quota_set(e: ev.QuotaSet, state: ClusterState) -> Outcome:
+    q = e.quota
+    problem = check_quota(q)
+    if problem:
+        return _reject(f"quota: {problem}")
+    if q.team:
+        state.team_quotas[q.team] = q   # a team is in one org: this moves it if it was elsewhere
+    else:
+        state.org_quotas[q.org] = q
+    state.policy_version += 1
+    return ACCEPTED
+
+
+@_handles(ev.TeamPolicySet)
+def _team_policy_set(e: ev.TeamPolicySet, state: ClusterState) -> Outcome:
+    problem = check_team_policy(e.policy)
+    if problem:
+        return _reject(f"team policy: {problem}")
+    state.team_policies[e.policy.team] = e.policy
+    state.policy_version += 1
     return ACCEPTED
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from mypy_extensions import mypyc_attr
 
 from gpusched.core.mig import ANY_SLOT, FULL_MASK, NO_SLOT, MigProfile, allowed_slots
+from gpusched.core.policy import Quota, TeamPolicy
 from gpusched.core.model import (
     GpuInfo, JobPhase, JobSpec, MigMode, NodeInfo, NodeStatus, WorkerAssignment,
 )
@@ -235,6 +236,11 @@ class ClusterState:
     nominations: dict[str, tuple[tuple[str, ...], float]] = field(default_factory=dict)
     # pool -> (default, max) time limit in seconds (PoolTimeLimitsSet); 0: none
     pool_limits: dict[str, tuple[float, float]] = field(default_factory=dict)
+    # Cluster policy (gpusched.core.policy): org -> quota, team -> quota, team -> policy.
+    org_quotas: dict[str, Quota] = field(default_factory=dict)
+    team_quotas: dict[str, Quota] = field(default_factory=dict)
+    team_policies: dict[str, TeamPolicy] = field(default_factory=dict)
+    policy_version: int = 0   # bumps on every policy change: schedulers rebuild their quota tree
     dedupe: DedupeWindow = field(default_factory=DedupeWindow)
     applied: int = 0      # events applied (duplicates excluded)
     rejected: int = 0     # proposals found invalid when applied
