@@ -32,6 +32,7 @@ def canonical(state: ClusterState) -> dict:
     doc = {"nodes": nodes, "jobs": jobs, "usage": usage, "pending": list(state.pending),
             "nominations": nominations,
             "pruned": state.pruned, "applied": state.applied, "rejected": state.rejected, "dedupe": state.dedupe.ids()[-64:]}
+    doc["ledger"] = {t: [e.at, e.gpu_milli, e.cpu_milli, e.memory_mib] for t, e in sorted(state.ledger.items())}
     if state.policy_version:   # only once some policy is set, so other digests are unchanged
         doc["policy"] = _policy(state)
     return doc

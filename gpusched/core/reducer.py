@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from gpusched.core import events as ev
-from gpusched.core.capacity import check_placement, commit, release
+from gpusched.core.capacity import check_placement, commit, release, settle_ledger
 from gpusched.core.model import EXIT_LOST, JobPhase, NodeStatus
 from gpusched.core.policy import check_quota, check_team_policy
 from gpusched.core.retention import note_ended, prune_finished, set_retention
@@ -269,6 +269,7 @@ def _job_placed(e: ev.JobPlaced, state: ClusterState) -> Outcome:
     if problem:
         job.reason = f"placement rejected: {problem}"
         return _reject(problem, e.job_id)
+    settle_ledger(state, job.team, state.usage.get(job.team) or state.team_usage(job.team))
     commit(state, job, e.workers)
     job.workers = e.workers
     job.phase = _PLACED
@@ -448,6 +449,7 @@ def _end(state: ClusterState, job: JobState, phase: JobPhase, reason: str, time:
 
 def _stop(state: ClusterState, job: JobState, time: float) -> None:
     if job.phase in _HOLDS_GPUS:
+        settle_ledger(state, job.team, state.team_usage(job.team))
         release(state, job, job.workers)
         state.capacity_epoch += 1
         if job.started_at:

@@ -30,6 +30,8 @@ class TeamQuota:
     guaranteed_gpus: float = 0.0
     limit_gpus: float | None = None     # None: no limit below the cluster's size
     weight: float = 1.0
+    borrowing: bool = True              # False: never above its guarantee
+    lending_limit_gpus: float | None = None   # of its unused guarantee, what others may borrow
 
     def __post_init__(self) -> None:
         _check(self.guaranteed_gpus, self.limit_gpus, self.weight)
@@ -40,7 +42,8 @@ class TeamQuota:
 
     @property
     def limit_milli(self) -> float:
-        return _milli(self.limit_gpus)
+        limit = _milli(self.limit_gpus)
+        return limit if self.borrowing else min(limit, self.guaranteed_milli)
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,7 +133,8 @@ class QueueTree:
 
     def to_dict(self) -> dict[str, Any]:
         def quota(q: TeamQuota) -> dict[str, Any]:
-            return {"guaranteed_gpus": q.guaranteed_gpus, "limit_gpus": q.limit_gpus, "weight": q.weight}
+            return {"guaranteed_gpus": q.guaranteed_gpus, "limit_gpus": q.limit_gpus, "weight": q.weight,
+                    "borrowing": q.borrowing, "lending_limit_gpus": q.lending_limit_gpus}
         return {
             "orgs": {
                 org: {"guaranteed_gpus": o.guaranteed_gpus, "limit_gpus": o.limit_gpus,
