@@ -20,6 +20,7 @@ from gpusched.core.state import ClusterState, JobState, NodeState
 from gpusched.core.validation import FieldError, PoolShape, check_pool_limits, check_time_limit, validate_spec
 from gpusched.v1 import admission_pb2, admission_pb2_grpc, cluster_pb2, cluster_pb2_grpc, types_pb2
 from gpusched_admission.convert import spec_from_request
+from gpusched_admission.policy_api import PolicyRpcs, denied_field
 from gpusched_admission.watch import Watchers
 
 _KEY_NAMESPACE = uuid.UUID("6f1c2a8e-0d4b-4d59-9a51-7e2f0c3b9d10")
@@ -115,6 +116,8 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
             item = self._prepare(request)
             if isinstance(item, list):
                 await _abort_invalid(context, item)
+            if isinstance(item, PermissionError):
+                await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(item))
             span.set_attribute("gpusched.job_id", item.job_id)
             [response] = await self._submit([item], context)
             return response
@@ -131,14 +134,17 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
                 item = self._prepare(job_request)
                 if isinstance(item, list):   # name the item: jobs[3].spec.team
                     errors += [FieldError(f"jobs[{i}].{e.field}", e.message) for e in item]
+                elif isinstance(item, PermissionError):
+                    await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"jobs[{i}].{item}")
                 else:
                     items.append(item)
             if errors:
                 await _abort_invalid(context, errors)
             return admission_pb2.SubmitJobsResponse(results=await self._submit(items, context))
 
-    def _prepare(self, request) -> _Submission | list[FieldError]:
-        """A valid request as what to write (or the job its key names); else its errors."""
+    def _prepare(self, request) -> _Submission | list[FieldError] | PermissionError:
+        """A valid request as what to write (or the job its key names); else its errors,
+        or the field its team's policy does not allow (docs/policy.md)."""
         spec = spec_from_request(request.spec)
         if isinstance(spec, FieldError):
             return [spec]
@@ -149,6 +155,10 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
             errors.append(FieldError("idempotency_key", "at most 256 characters"))
         if errors:
             return errors
+        denied = denied_field(self.model.state_for_pool(spec.pool), spec)
+        if denied:
+            value = spec.priority_class if denied == "spec.priority_class" else spec.pool
+            return PermissionError(f"{denied}: team {spec.team!r} may not use {value!r}")
         job_id = job_id_for(spec.team, key)
         existing = self.model.job(job_id) if key else None
         if existing is not None:
@@ -261,7 +271,7 @@ def _decode_token(token: str) -> tuple[float, str] | None:
         raise ValueError(token) from exc
 
 
-class ClusterServicer(cluster_pb2_grpc.ClusterServiceServicer):
+class ClusterServicer(PolicyRpcs, cluster_pb2_grpc.ClusterServiceServicer):
     def __init__(self, model: ReadModel, publisher: EventPublisher, producer: str) -> None:
         self.model = model
         self.publisher = publisher
