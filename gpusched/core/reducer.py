@@ -422,6 +422,7 @@ def _quota_set(e: ev.QuotaSet, state: ClusterState) -> Outcome:
     else:
         state.org_quotas[q.org] = q
     state.policy_version += 1
+    state.capacity_epoch += 1   # a raised limit lets parked jobs fit: offer them again
     return ACCEPTED
 
 

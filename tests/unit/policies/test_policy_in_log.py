@@ -12,6 +12,8 @@ from gpusched.core.policy import NO_LIMIT, Quota, TeamPolicy
 from gpusched.core.reducer import apply
 from gpusched.core.snapshot import snapshot_bytes, state_from_snapshot
 from gpusched.core.state import ClusterState
+from gpusched.policies.parking import ParkedJobs
+from gpusched.policies.queue_keys import QueueKeys
 from gpusched.policies.fairshare import QueueContext, fair_share
 from gpusched.policies.policy_tree import bootstrap_events, policy_tree, tree_of
 from gpusched.policies.preemption import PreemptionConfig
@@ -73,16 +75,18 @@ def _pool() -> Log:
     return log
 
 
-def test_a_quota_change_in_the_log_changes_the_next_cycle():
+@pytest.mark.parametrize("queue", ["fair-share", "priority"])
+def test_a_quota_change_in_the_log_changes_the_next_cycle(queue):
     log = _pool()
     log(ev.QuotaSet, quota=Quota("", "*", 0, 2000))            # every team: at most 2 GPUs
     assert log.submit("a1", team="a", gpus=2).accepted
     log.run("a1", ("n1", whole(0, 1)))
     assert log.submit("a2", team="a", gpus=2).accepted
-    scheduler = Scheduler(SchedulerConfig(queue="fair-share"))
-    assert scheduler.cycle(log.state, log.now) == []          # over its limit
+    scheduler = Scheduler(SchedulerConfig(queue=queue))
+    parked, keys = ParkedJobs(), QueueKeys()                  # kept between cycles, as the placer does
+    assert scheduler.cycle(log.state, log.now, parked, keys) == []          # over its limit: parked
     log(ev.QuotaSet, quota=Quota("", "a", 0, 4000))            # team a: 4 GPUs
-    assert [d.job_id for d in scheduler.cycle(log.state, log.now)] == ["a2"]
+    assert [d.job_id for d in scheduler.cycle(log.state, log.now, parked, keys)] == ["a2"]
 
 
 def test_the_preemptor_reads_guarantees_from_the_log():
