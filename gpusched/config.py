@@ -58,17 +58,3 @@ def retention_seconds(text: str) -> float:
         raise ValueError(text)
     return value
 
-
-def load_quotas(path: str):
-    """The org/team quota tree from a JSON file (``QueueTree.from_dict`` format); an
-    empty path means no guarantees (every team borrows)."""
-    from pathlib import Path
-
-    from gpusched.policies.quota import QueueTree
-
-    if not path:
-        return QueueTree()
-    try:
-        return QueueTree.from_json(Path(path).read_text())
-    except (OSError, ValueError, TypeError) as exc:
-        raise SystemExit(f"--quotas {path}: {exc}")

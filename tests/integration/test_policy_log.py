@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import uuid
 
 import grpc
@@ -110,6 +111,14 @@ async def test_a_quota_set_through_the_api_takes_effect_in_placer_and_preemptor_
             await publisher.stop()
 
 
+async def _cli(*args: str) -> str:
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "gpusched.cli", "policy", *args,
+                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await proc.communicate()
+    assert proc.returncode == 0, err.decode()
+    return out.decode()
+
+
 async def test_allow_lists_refuse_a_class_or_pool_naming_the_field(kafka_bootstrap, topics, tmp_path):
     cluster = LocalCluster(kafka_bootstrap, topics, tmp_path)
     try:
@@ -147,6 +156,16 @@ async def test_allow_lists_refuse_a_class_or_pool_naming_the_field(kafka_bootstr
         assert bad_class.value.details().startswith("priority_classes")
         policy = await client.cluster.GetPolicy(cluster_pb2.GetPolicyRequest())
         assert not [q for q in policy.quotas if q.team == "t" or q.org == "o"]
+        # The CLI sets and reads the same, and answers an error by its status.
+        target = f"127.0.0.1:{admission.port}"
+        out = await _cli("--target", target, "set-quota", "--org", "ml", "--team", "llm", "--guaranteed", "2",
+                         "--limit", "4", "--no-borrowing")
+        assert {"org": "ml", "team": "llm", "guaranteed_gpus": 2.0, "limit_gpus": 4.0, "lending_limit_gpus": -1.0,
+                "weight": 1.0} in json.loads(out)["quotas"]
+        assert "llm" in [p["team"] for p in json.loads(await _cli("--target", target, "set-team", "llm",
+                                                                  "--pool", "default"))["team_policies"]]
+        with pytest.raises(AssertionError, match="INVALID_ARGUMENT: weight"):
+            await _cli("--target", target, "set-team", "llm", "--weight", "0")
         await client.close()
     finally:
         await cluster.stop_all()
