@@ -204,3 +204,37 @@ def test_a_replica_from_a_snapshot_orders_the_queue_alike(jobs, cut):
 def test_demand_zero_for_unknown():
     assert folded_decay(ClusterState(), 10.0) == {}
     assert Demand() == Demand(0.0, 0.0, 0.0)
+
+
+# --- borrowing and lending ---------------------------------------------------------------
+def _two_teams(lender_quota: Quota, gpus: int = 8) -> Log:
+    log = Log(make_node("n1", gpus=gpus))
+    assert log(ev.QuotaSet, quota=lender_quota).accepted
+    return log
+
+
+def test_a_team_that_does_not_borrow_stays_within_its_guarantee():
+    log = _two_teams(Quota("", "a", 2000, NO_LIMIT, False))   # no limit given, but no borrowing
+    log.submit("a1", team="a", gpus=2)
+    log.submit("a2", team="a", gpus=2)
+    assert [d.job_id for d in Scheduler(SchedulerConfig(queue="fair-share")).cycle(log.state, log.now)] == ["a1"]
+
+
+@pytest.mark.parametrize("lending, placed", [
+    (NO_LIMIT, ["b1", "b2", "b3", "b4"]),   # a lends all of its unused 4 GPUs: b takes the node
+    (2000, ["b1", "b2", "b3"]),             # a lends 2 of its 4: 2 GPUs stay free for a
+    (0, ["b1", "b2"]),                      # a lends nothing: b keeps to the 4 a did not guarantee
+])
+def test_a_lending_limit_keeps_part_of_an_unused_guarantee_free(lending, placed):
+    log = _two_teams(Quota("", "a", 4000, NO_LIMIT, True, lending))
+    for i in (1, 2, 3, 4):
+        log.submit(f"b{i}", team="b", gpus=2)
+    decisions = Scheduler(SchedulerConfig(queue="fifo")).cycle(log.state, log.now)
+    assert [d.job_id for d in decisions] == placed
+    for d in decisions:
+        assert log(ev.JobPlaced, job_id=d.job_id, attempt=d.attempt, workers=d.workers).accepted
+    if lending == NO_LIMIT:
+        return   # the node is full
+    # The lender itself is not held back by its own lending limit.
+    log.submit("a1", team="a", gpus=2)
+    assert "a1" in [d.job_id for d in Scheduler(SchedulerConfig(queue="fifo")).cycle(log.state, log.now)]
