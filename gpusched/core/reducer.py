@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 from gpusched.core import events as ev
 from gpusched.core.capacity import check_placement, commit, release, settle_ledger
 from gpusched.core.model import EXIT_LOST, JobPhase, NodeStatus
-from gpusched.core.policy import check_quota, check_team_policy
+from gpusched.core.policy import DEFAULT_TEAM, allowed, check_quota, check_team_policy
 from gpusched.core.retention import note_ended, prune_finished, set_retention
 from gpusched.core.state import ClusterState, JobState, NodeState, gpu_state, set_gpu_info
 
@@ -234,6 +234,9 @@ def _job_submitted(e: ev.JobSubmitted, state: ClusterState) -> Outcome:
     key = f"{e.spec.team}/{e.idempotency_key}" if e.idempotency_key else ""
     if key and key in state.idempotency:
         return _reject(f"idempotency key already used by {state.idempotency[key]}", e.job_id)
+    denied = _denied_by_policy(state, e.spec)
+    if denied:
+        return _reject(denied, e.job_id)
     default_s, max_s = state.pool_limits.get(e.spec.pool, _NO_LIMITS)
     limit = e.spec.max_runtime_s or default_s
     if max_s and limit > max_s:
@@ -247,6 +250,16 @@ def _job_submitted(e: ev.JobSubmitted, state: ClusterState) -> Outcome:
     if key:
         state.idempotency[key] = e.job_id
     return _changed(e.job_id)
+
+
+def _denied_by_policy(state: ClusterState, spec) -> str:
+    """Admission checks a team's allow-lists at submit; the fold checks them again at the
+    record's position, so a record written around admission cannot use them either."""
+    policies = state.team_policies
+    if not policies:
+        return ""
+    field = allowed(policies.get(spec.team) or policies.get(DEFAULT_TEAM), spec.priority_class, spec.pool)
+    return f"{field}: team {spec.team} may not use it (team policy)" if field else ""
 
 
 @_handles(ev.JobCancelled)

@@ -139,3 +139,27 @@ def test_replays_agree_by_digest_also_from_a_snapshot(items, cut):
     assert digest(first) == digest(second)
     assert (first.team_quotas, first.org_quotas, first.team_policies) == \
         (second.team_quotas, second.org_quotas, second.team_policies)
+
+
+@pytest.mark.parametrize("team, priority_class, pool, field", [
+    ("interns", "production-inference", "default", "spec.priority_class"),
+    ("interns", "best-effort", "other", "spec.pool"),
+    ("anyone", "training", "other", "spec.pool"),         # the default team's policy
+    ("interns", "best-effort", "default", ""),
+    ("anyone", "training", "default", ""),
+])
+def test_the_fold_enforces_allow_lists_on_submitted_jobs(team, priority_class, pool, field):
+    from tests.unit.core.builders import make_spec
+    log = Log(make_node("n1"))
+    assert log(ev.TeamPolicySet, policy=TeamPolicy("interns", 1.0, ("best-effort",), ("default",))).accepted
+    assert log(ev.TeamPolicySet, policy=TeamPolicy("*", 1.0, (), ("default",))).accepted
+    out = log.submit("j", make_spec(team, priority_class=priority_class, pool=pool))
+    assert out.accepted == (not field)
+    if field:
+        assert out.reason.startswith(field) and "j" not in log.state.jobs
+
+
+def test_without_team_policies_every_class_and_pool_is_allowed():
+    from tests.unit.core.builders import make_spec
+    log = Log(make_node("n1"))
+    assert log.submit("j", make_spec("anyone", priority_class="production-inference", pool="other")).accepted
