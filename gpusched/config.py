@@ -59,21 +59,6 @@ def retention_seconds(text: str) -> float:
     return value
 
 
-def load_quotas(path: str):
-    """The org/team quota tree from a JSON file (``QueueTree.from_dict`` format); an
-    empty path means no guarantees (every team borrows)."""
-    from pathlib import Path
-
-    from gpusched.policies.quota import QueueTree
-
-    if not path:
-        return QueueTree()
-    try:
-        return QueueTree.from_json(Path(path).read_text())
-    except (OSError, ValueError, TypeError) as exc:
-        raise SystemExit(f"--quotas {path}: {exc}")
-
-
 def add_security_args(parser: argparse.ArgumentParser) -> None:
     """The gRPC server's TLS, identity and policy flags, the same for every service
     (docs/security.md). Each also reads an environment variable, as the Kafka flags do."""

@@ -17,7 +17,7 @@ from collections import defaultdict
 
 from gpusched.core.mig import parse_profile, slice_mask, slot_bit
 from gpusched.core.model import GpuSlot, JobSpec, WorkerAssignment, WorkerResources
-from gpusched.core.state import ClusterState, GpuState, JobState, NodeState
+from gpusched.core.state import ClusterState, GpuState, JobState, NodeState, TeamLedger, Usage
 
 
 def check_placement(state: ClusterState, job: JobState, workers: tuple[WorkerAssignment, ...]) -> str:
@@ -256,6 +256,28 @@ def _book(state: ClusterState, job: JobState, workers: tuple[WorkerAssignment, .
     usage.cpu_milli += count * res.cpu_milli
     usage.memory_mib += count * res.memory_mib
     usage.jobs += sign
+
+
+def settle_ledger(state: ClusterState, team: str, usage: Usage) -> None:
+    """Decay ``team``'s ledger entry to the log's clock with what it held since (``usage``,
+    before the change the caller is about to make): exact, as the usage was constant.
+    Called by the reducer only, never by ``commit``/``release``: schedulers book
+    tentatively with those, and the ledger must not depend on whether they did."""
+    entry = state.ledger.get(team)
+    now = state.clock
+    if entry is None:
+        state.ledger[team] = TeamLedger(now, float(usage.gpu_milli), float(usage.cpu_milli), float(usage.memory_mib))
+        return
+    elapsed = now - entry.at
+    if elapsed <= 0.0:
+        return
+    half_life = state.ledger_half_life_s
+    keep = 0.5 ** (elapsed / half_life) if half_life > 0.0 else 0.0
+    g, c, m = usage.gpu_milli, usage.cpu_milli, usage.memory_mib
+    entry.gpu_milli = g + (entry.gpu_milli - g) * keep
+    entry.cpu_milli = c + (entry.cpu_milli - c) * keep
+    entry.memory_mib = m + (entry.memory_mib - m) * keep
+    entry.at = now
 
 
 def commit(state: ClusterState, job: JobState, workers: tuple[WorkerAssignment, ...]) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import hashlib
 import json
 
+from gpusched.core.policy import Quota
 from gpusched.core.state import ClusterState, GpuState
 
 
@@ -28,9 +29,22 @@ def canonical(state: ClusterState) -> dict:
     usage = {t: [u.gpu_milli, u.cpu_milli, u.memory_mib, u.jobs] for t, u in sorted(state.usage.items())
              if u.gpu_milli or u.cpu_milli or u.memory_mib or u.jobs}
     nominations = {j: [list(n), t] for j, (n, t) in sorted(state.nominations.items())}
-    return {"nodes": nodes, "jobs": jobs, "usage": usage, "pending": list(state.pending),
+    doc = {"nodes": nodes, "jobs": jobs, "usage": usage, "pending": list(state.pending),
             "nominations": nominations,
             "pruned": state.pruned, "applied": state.applied, "rejected": state.rejected, "dedupe": state.dedupe.ids()[-64:]}
+    doc["ledger"] = {t: [e.at, e.gpu_milli, e.cpu_milli, e.memory_mib] for t, e in sorted(state.ledger.items())}
+    if state.policy_version:   # only once some policy is set, so other digests are unchanged
+        doc["policy"] = _policy(state)
+    return doc
+
+
+def _policy(state: ClusterState) -> dict:
+    def quota(q: Quota) -> list:
+        return [q.org, q.team, q.guaranteed_milli, q.limit_milli, q.borrowing, q.lending_limit_milli, q.weight]
+    return {"orgs": {o: quota(q) for o, q in sorted(state.org_quotas.items())},
+            "teams": {t: quota(q) for t, q in sorted(state.team_quotas.items())},
+            "policies": {t: [p.weight, list(p.priority_classes), list(p.pools)]
+                         for t, p in sorted(state.team_policies.items())}}
 
 
 def digest(state: ClusterState) -> str:

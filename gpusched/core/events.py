@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpusched.core.model import JobSpec, NodeInfo, WorkerAssignment
+from gpusched.core.policy import Quota, TeamPolicy
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -181,6 +182,23 @@ class JobRetentionSet(Event):
     job_retention_s: float
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class QuotaSet(Event):
+    """An org's or a team's quota (``gpusched.core.policy``); replaces the previous one.
+    Written to every partition: each log holds the whole cluster policy."""
+
+    quota: Quota
+    principal: str = ""      # who set it (audit)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TeamPolicySet(Event):
+    """A team's fair-share weight and allow-lists; replaces the previous one."""
+
+    policy: TeamPolicy
+    principal: str = ""      # who set it (audit)
+
+
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.__name__: cls
     for cls in (
@@ -188,5 +206,6 @@ EVENT_TYPES: dict[str, type[Event]] = {
         JobSubmitted, JobCancelled, JobPlaced, WorkerStarted, WorkerFinished,
         CheckpointSaved, JobPreempted, AttemptFailed, JobRetentionSet,
         NodeFenced, RendezvousSet, AttemptTimedOut, PoolTimeLimitsSet,
+        QuotaSet, TeamPolicySet,
     )
 }

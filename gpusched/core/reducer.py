@@ -13,8 +13,9 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from gpusched.core import events as ev
-from gpusched.core.capacity import check_placement, commit, release
+from gpusched.core.capacity import check_placement, commit, release, settle_ledger
 from gpusched.core.model import EXIT_LOST, JobPhase, NodeStatus
+from gpusched.core.policy import DEFAULT_TEAM, allowed, check_quota, check_team_policy
 from gpusched.core.retention import note_ended, prune_finished, set_retention
 from gpusched.core.state import ClusterState, JobState, NodeState, gpu_state, set_gpu_info
 
@@ -233,6 +234,9 @@ def _job_submitted(e: ev.JobSubmitted, state: ClusterState) -> Outcome:
     key = f"{e.spec.team}/{e.idempotency_key}" if e.idempotency_key else ""
     if key and key in state.idempotency:
         return _reject(f"idempotency key already used by {state.idempotency[key]}", e.job_id)
+    denied = _denied_by_policy(state, e.spec)
+    if denied:
+        return _reject(denied, e.job_id)
     default_s, max_s = state.pool_limits.get(e.spec.pool, _NO_LIMITS)
     limit = e.spec.max_runtime_s or default_s
     if max_s and limit > max_s:
@@ -246,6 +250,16 @@ def _job_submitted(e: ev.JobSubmitted, state: ClusterState) -> Outcome:
     if key:
         state.idempotency[key] = e.job_id
     return _changed(e.job_id)
+
+
+def _denied_by_policy(state: ClusterState, spec) -> str:
+    """Admission checks a team's allow-lists at submit; the fold checks them again at the
+    record's position, so a record written around admission cannot use them either."""
+    policies = state.team_policies
+    if not policies:
+        return ""
+    field = allowed(policies.get(spec.team) or policies.get(DEFAULT_TEAM), spec.priority_class, spec.pool)
+    return f"{field}: team {spec.team} may not use it (team policy)" if field else ""
 
 
 @_handles(ev.JobCancelled)
@@ -268,6 +282,7 @@ def _job_placed(e: ev.JobPlaced, state: ClusterState) -> Outcome:
     if problem:
         job.reason = f"placement rejected: {problem}"
         return _reject(problem, e.job_id)
+    settle_ledger(state, job.team, state.usage.get(job.team) or state.team_usage(job.team))
     commit(state, job, e.workers)
     job.workers = e.workers
     job.phase = _PLACED
@@ -409,6 +424,31 @@ def _pool_time_limits_set(e: ev.PoolTimeLimitsSet, state: ClusterState) -> Outco
     return ACCEPTED
 
 
+@_handles(ev.QuotaSet)
+def _quota_set(e: ev.QuotaSet, state: ClusterState) -> Outcome:
+    q = e.quota
+    problem = check_quota(q)
+    if problem:
+        return _reject(f"quota: {problem}")
+    if q.team:
+        state.team_quotas[q.team] = q   # a team is in one org: this moves it if it was elsewhere
+    else:
+        state.org_quotas[q.org] = q
+    state.policy_version += 1
+    state.capacity_epoch += 1   # a raised limit lets parked jobs fit: offer them again
+    return ACCEPTED
+
+
+@_handles(ev.TeamPolicySet)
+def _team_policy_set(e: ev.TeamPolicySet, state: ClusterState) -> Outcome:
+    problem = check_team_policy(e.policy)
+    if problem:
+        return _reject(f"team policy: {problem}")
+    state.team_policies[e.policy.team] = e.policy
+    state.policy_version += 1
+    return ACCEPTED
+
+
 # --- transitions shared by several events --------------------------------------------
 def _end(state: ClusterState, job: JobState, phase: JobPhase, reason: str, time: float) -> None:
     _stop(state, job, time)
@@ -423,6 +463,7 @@ def _end(state: ClusterState, job: JobState, phase: JobPhase, reason: str, time:
 
 def _stop(state: ClusterState, job: JobState, time: float) -> None:
     if job.phase in _HOLDS_GPUS:
+        settle_ledger(state, job.team, state.team_usage(job.team))
         release(state, job, job.workers)
         state.capacity_epoch += 1
         if job.started_at:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from mypy_extensions import mypyc_attr
 
 from gpusched.core.mig import ANY_SLOT, FULL_MASK, NO_SLOT, MigProfile, allowed_slots
+from gpusched.core.policy import Quota, TeamPolicy
 from gpusched.core.model import (
     GpuInfo, JobPhase, JobSpec, MigMode, NodeInfo, NodeStatus, WorkerAssignment,
 )
@@ -183,6 +184,21 @@ class Usage:
     jobs: int = 0
 
 
+@dataclass(slots=True)
+class TeamLedger:
+    """A team's decayed usage (fair share's memory) as of log time ``at``: since then the
+    team held what ``ClusterState.usage`` says, because the reducer settles the ledger
+    (``capacity.settle_ledger``) right before every change of a team's usage."""
+
+    at: float = 0.0
+    gpu_milli: float = 0.0
+    cpu_milli: float = 0.0
+    memory_mib: float = 0.0
+
+
+DEFAULT_HALF_LIFE_S = 3600.0   # fair share: the half-life of the usage teams are charged for
+
+
 class DedupeWindow:
     """The ids of the last ``size`` applied events, to drop duplicates on replay.
 
@@ -235,6 +251,15 @@ class ClusterState:
     nominations: dict[str, tuple[tuple[str, ...], float]] = field(default_factory=dict)
     # pool -> (default, max) time limit in seconds (PoolTimeLimitsSet); 0: none
     pool_limits: dict[str, tuple[float, float]] = field(default_factory=dict)
+    # Cluster policy (gpusched.core.policy): org -> quota, team -> quota, team -> policy.
+    org_quotas: dict[str, Quota] = field(default_factory=dict)
+    team_quotas: dict[str, Quota] = field(default_factory=dict)
+    team_policies: dict[str, TeamPolicy] = field(default_factory=dict)
+    policy_version: int = 0   # bumps on every policy change: schedulers rebuild their quota tree
+    # Fair share's usage ledger, folded from event times (no clock), so every replica and
+    # a placer that takes over order the queue alike (gpusched.policies.usage.folded_decay).
+    ledger: dict[str, TeamLedger] = field(default_factory=dict)
+    ledger_half_life_s: float = DEFAULT_HALF_LIFE_S
     dedupe: DedupeWindow = field(default_factory=DedupeWindow)
     applied: int = 0      # events applied (duplicates excluded)
     rejected: int = 0     # proposals found invalid when applied

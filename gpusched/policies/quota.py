@@ -3,6 +3,8 @@
 A team's *guarantee* is GPU capacity it gets ahead of any borrower; capacity another team
 leaves idle may be *borrowed* up to the borrower's *limit*, which placement never exceeds.
 The *weight* scales a team's fair share among borrowers (weighted DRF, ``fairshare``).
+A team that does not *borrow* never goes above its guarantee; a team's *lending limit*
+bounds how much of its unused guarantee others may borrow (the rest stays free for it).
 
 Accounting is by team name (``ClusterState.usage`` is keyed by team), so team names are
 unique across orgs; a team belongs to the org that lists it. Teams the tree does not list
@@ -30,6 +32,8 @@ class TeamQuota:
     guaranteed_gpus: float = 0.0
     limit_gpus: float | None = None     # None: no limit below the cluster's size
     weight: float = 1.0
+    borrowing: bool = True              # False: never above its guarantee
+    lending_limit_gpus: float | None = None   # of its unused guarantee, what others may borrow
 
     def __post_init__(self) -> None:
         _check(self.guaranteed_gpus, self.limit_gpus, self.weight)
@@ -40,7 +44,8 @@ class TeamQuota:
 
     @property
     def limit_milli(self) -> float:
-        return _milli(self.limit_gpus)
+        limit = _milli(self.limit_gpus)
+        return limit if self.borrowing else min(limit, self.guaranteed_milli)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +84,7 @@ class QueueTree:
     default_team: TeamQuota = TeamQuota()
     _org_of: Mapping[str, str] = field(init=False, repr=False, compare=False)
     _has_limits: bool = field(init=False, repr=False, compare=False)
+    _lenders: tuple[tuple[str, float, float], ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "orgs", dict(self.orgs))
@@ -91,7 +97,13 @@ class QueueTree:
         object.__setattr__(self, "_org_of", org_of)
         limits = [self.default_team.limit_gpus] + [o.limit_gpus for o in self.orgs.values()] + [
             t.limit_gpus for o in self.orgs.values() for t in o.teams.values()]
-        object.__setattr__(self, "_has_limits", any(limit is not None for limit in limits))
+        no_borrowing = not self.default_team.borrowing or any(
+            not t.borrowing for o in self.orgs.values() for t in o.teams.values())
+        object.__setattr__(self, "_has_limits", no_borrowing or any(limit is not None for limit in limits))
+        # Listed teams that lend only part of their unused guarantee: (team, guarantee, lending limit).
+        object.__setattr__(self, "_lenders", tuple(
+            (t, q.guaranteed_milli, _milli(q.lending_limit_gpus))
+            for o in self.orgs.values() for t, q in o.teams.items() if q.lending_limit_gpus is not None))
 
     def org_of(self, team: str) -> str:
         return self._org_of.get(team, "")
@@ -111,7 +123,11 @@ class QueueTree:
 
     @property
     def has_limits(self) -> bool:
-        return self._has_limits
+        return self._has_limits or bool(self._lenders)
+
+    @property
+    def lenders(self) -> tuple[tuple[str, float, float], ...]:
+        return self._lenders
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> QueueTree:
@@ -130,7 +146,8 @@ class QueueTree:
 
     def to_dict(self) -> dict[str, Any]:
         def quota(q: TeamQuota) -> dict[str, Any]:
-            return {"guaranteed_gpus": q.guaranteed_gpus, "limit_gpus": q.limit_gpus, "weight": q.weight}
+            return {"guaranteed_gpus": q.guaranteed_gpus, "limit_gpus": q.limit_gpus, "weight": q.weight,
+                    "borrowing": q.borrowing, "lending_limit_gpus": q.lending_limit_gpus}
         return {
             "orgs": {
                 org: {"guaranteed_gpus": o.guaranteed_gpus, "limit_gpus": o.limit_gpus,
@@ -196,6 +213,29 @@ def within_limits(state: ClusterState, tree: QueueTree, job: JobState,
             team_used += reserved.milli
         if org and tree.org_of(reserved.team) == org:
             org_used += reserved.milli
-    if team_used + job.milli > tree.team_quota(team).limit_milli:
+    quota = tree.team_quota(team)
+    if team_used + job.milli > quota.limit_milli:
         return False
-    return not org or org_used + job.milli <= tree.org_quota(org).limit_milli
+    if org and org_used + job.milli > tree.org_quota(org).limit_milli:
+        return False
+    if tree.lenders and team_used + job.milli > quota.guaranteed_milli:
+        return _lending_allows(state, tree, job, reserved)
+    return True
+
+
+def _lending_allows(state: ClusterState, tree: QueueTree, job: JobState, reserved: JobState | None) -> bool:
+    """A borrowing placement must leave free what lenders keep back: of each listed team's
+    unused guarantee, the part above its lending limit (Kueue's lendingLimit)."""
+    usage = state.usage
+    kept_back = 0.0
+    for team, guaranteed, lending in tree.lenders:
+        if team != job.team:
+            used = usage[team].gpu_milli if team in usage else 0
+            kept_back += max(0.0, max(0.0, guaranteed - used) - lending)
+    if not kept_back:
+        return True
+    capacity = sum(1000 * sum(1 for g in n.gpus if g.healthy) for n in state.nodes.values() if n.schedulable)
+    used_all = sum(u.gpu_milli for u in usage.values())
+    if reserved is not None and reserved.job_id != job.job_id:
+        used_all += reserved.milli
+    return capacity - used_all - job.milli >= kept_back

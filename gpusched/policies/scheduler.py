@@ -6,8 +6,9 @@ events; the reducer validates them when they come back from the log.
 
 With ``backfill`` on, the first job that cannot be placed gets a reservation (EASY
 backfill, ``backfill``) and the jobs after it are placed only where they cannot delay
-it. Quota limits (``quotas``) hold for every queue order: a job whose team or org would
-go over its limit is skipped.
+it. Quota limits hold for every queue order: a job whose team or org would go over its
+limit is skipped. The quotas are the log's (``policy_tree``) once it holds a policy,
+else ``SchedulerConfig.quotas``.
 """
 from __future__ import annotations
 
@@ -22,11 +23,12 @@ from gpusched.policies.booking import Booking, tentative
 from gpusched.policies.fairshare import DEFAULT_AGING_S, QueueContext
 from gpusched.policies.nomination import hold_nominated_nodes, live_nominations, nominees_first
 from gpusched.policies.parking import ParkedJobs, parking_applies
+from gpusched.policies.policy_tree import policy_tree
 from gpusched.policies.placement import PLACEMENTS, place_gang
 from gpusched.policies.queue import KEYED_ORDERS, QUEUE_KEYS, QUEUE_ORDERS
 from gpusched.policies.queue_keys import QueueKeys
 from gpusched.policies.quota import QueueTree, within_limits
-from gpusched.policies.usage import UsageLedger
+from gpusched.policies.usage import folded_decay
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +41,9 @@ class SchedulerConfig:
     # most blocked jobs start soon anyway, and a reservation idles what it holds.
     reserve_after_s: float = 0.0
     quotas: QueueTree = field(default_factory=QueueTree)
-    half_life_s: float = 3600.0     # decay of the usage fair share charges teams for
+    # Decay of the usage fair share charges teams for: a setting of the log
+    # (``ClusterState.ledger_half_life_s``); kept here for the simulator, which builds its state.
+    half_life_s: float = 3600.0
     aging_s: float = DEFAULT_AGING_S     # fair share: a job waiting this long goes first (<= 0: never)
 
 
@@ -61,7 +65,6 @@ class Scheduler:
         self.config = config
         self._order = QUEUE_ORDERS[config.queue]
         self._placement = PLACEMENTS[config.placement]
-        self.ledger = UsageLedger(config.half_life_s)
         self.reservation: Reservation | None = None   # the last cycle's, for reports
 
     def cycle(self, state: ClusterState, now: float, parked: ParkedJobs | None = None,
@@ -70,7 +73,6 @@ class Scheduler:
         between cycles) jobs known not to fit are not offered again (policies.parking);
         with ``keys`` (kept likewise) the waiting jobs' queue keys and shapes are computed
         once, not every cycle (policies.queue_keys). Neither changes a decision."""
-        self.ledger.advance(state, now)
         parking = parked is not None and parking_applies(state, self.config.backfill)
         if parked is not None and not parking:
             parked.clear()
@@ -78,7 +80,9 @@ class Scheduler:
         unsorted = skip if self.config.queue in KEYED_ORDERS else ()   # see KEYED_ORDERS
         jobs = state.jobs
         ready = [jobs[j] for j in state.pending if j not in unsorted and jobs[j].not_before <= now]
-        context = QueueContext(self.config.quotas, self.ledger.decayed(), self.config.aging_s)
+        quotas = policy_tree(state, self.config.quotas)   # the log's, at this state's position
+        # Fair share's memory is the log's (``folded_decay``): a placer that takes over orders alike.
+        context = QueueContext(quotas, folded_decay(state, now), self.config.aging_s)
         nominated = live_nominations(state, now)
         order = nominees_first(self._ordered(state, ready, now, context, keys), nominated)
         shape_of = keys.shape if keys is not None else job_shape
@@ -88,7 +92,7 @@ class Scheduler:
         # the cycle's work for a waiting job, and in a full pool nearly all of them fail.
         skim = keys is not None and not self.config.backfill and not nominated
         with tentative(state) as booking:
-            run = _CycleRun(self, state, now, booking)
+            run = _CycleRun(self, state, now, booking, quotas)
             try:
                 for job in order:
                     if len(run.decisions) >= self.config.max_decisions:
@@ -137,8 +141,10 @@ class _CycleRun:
     """The bookkeeping of one cycle: decisions so far, shapes known not to fit, and the
     reservation with its hold once the head of line is blocked."""
 
-    def __init__(self, scheduler: Scheduler, state: ClusterState, now: float, booking: Booking) -> None:
+    def __init__(self, scheduler: Scheduler, state: ClusterState, now: float, booking: Booking,
+                 quotas: QueueTree) -> None:
         self.config = scheduler.config
+        self.quotas = quotas
         self.placement = scheduler._placement
         self.state, self.now, self.booking = state, now, booking
         self.decisions: dict[str, Decision] = {}
@@ -153,7 +159,7 @@ class _CycleRun:
         """Place ``job`` if it fits (and its quota allows); ``shape``: its ``job_shape``
         or the number ``QueueKeys`` gave that shape."""
         reserved = self.reservation.job if self.reservation else None
-        if not within_limits(self.state, self.config.quotas, job, reserved):
+        if not within_limits(self.state, self.quotas, job, reserved):
             self.unplaced.append(job.job_id)
             return
         if shape is None:

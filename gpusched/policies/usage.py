@@ -7,9 +7,12 @@ a team that held ``u`` for a long time and then nothing is charged ``u/2`` one h
 later. Time enters only through the ``now`` the scheduler passes in; the reducer never
 sees the ledger, so decay costs nothing on the log's hot path.
 
-The ledger is scheduler memory, not log state: a new scheduler replica starts it from the
-usage it finds. Orders may differ between replicas for a while; placements cannot, since
-the reducer validates each one.
+The ledger is log state: the reducer keeps each team's decayed usage as of the last change
+of its usage (``ClusterState.ledger``, settled by ``capacity.settle_ledger`` with event
+times only), and ``folded_decay`` decays it to the scheduler's ``now``. Every replica, and
+a placer that takes over a partition (from offset 0 or a snapshot), orders the queue as
+the one before it did. ``UsageLedger`` is the same decay kept by a caller over the states
+it is shown, for tools that have no log.
 """
 from __future__ import annotations
 
@@ -48,6 +51,24 @@ class Demand:
 ZERO = Demand()
 # Below this (in every resource) a team's decayed usage is forgotten, to keep the ledger small.
 _NEGLIGIBLE = 1e-3
+
+
+def folded_decay(state: ClusterState, now: float) -> dict[str, Demand]:
+    """Each team's decayed usage at ``now`` from the folded ledger: its entry decayed
+    from the entry's log time toward what the team holds (held since, unchanged)."""
+    half_life = state.ledger_half_life_s
+    usage = state.usage
+    out: dict[str, Demand] = {}
+    for team, entry in state.ledger.items():
+        u = usage.get(team)
+        g, c, m = (u.gpu_milli, u.cpu_milli, u.memory_mib) if u is not None else (0, 0, 0)
+        elapsed = now - entry.at
+        keep = 1.0 if elapsed <= 0.0 else (0.5 ** (elapsed / half_life) if half_life > 0.0 else 0.0)
+        d = Demand(g + (entry.gpu_milli - g) * keep, c + (entry.cpu_milli - c) * keep,
+                   m + (entry.memory_mib - m) * keep)
+        if max(d.gpu_milli, d.cpu_milli, d.memory_mib) > _NEGLIGIBLE:
+            out[team] = d
+    return out
 
 
 class UsageLedger:

@@ -41,7 +41,7 @@ class DynamicSimulator:
         self.cycle_interval_s = cycle_interval_s
         span = workload.arrivals[-1].time - workload.arrivals[0].time if workload.arrivals else 0.0
         self.fragmentation_every_s = fragmentation_every_s if fragmentation_every_s is not None else span / 400
-        self.state = ClusterState()
+        self.state = ClusterState(ledger_half_life_s=config.half_life_s)   # a setting of the log
         self.teams = tuple(sorted({a.spec.team for a in workload.arrivals} | set(workload.quotas.teams())))
         self._team_index = {t: i for i, t in enumerate(self.teams)}
         self._waiting = [0] * len(self.teams)       # jobs waiting, per team

@@ -17,6 +17,7 @@ from gpusched.config import (DEFAULT_JOB_RETENTION_S, add_kafka_args, add_securi
 from gpusched.core import events as ev
 from gpusched.v1 import admission_pb2_grpc, cluster_pb2_grpc
 from gpusched_admission.servicer import AdmissionServicer, ClusterServicer, ReadModel, Submitters
+from gpusched_admission.policy_api import bootstrap_policy
 from gpusched_admission.watch import Watchers
 
 log = logging.getLogger("gpusched.admission")
@@ -57,6 +58,7 @@ async def run(args: argparse.Namespace) -> None:
     ], SERVICES, security)
     await follower.caught_up()
     await record_retention(follower, publisher, me, args.job_retention)
+    await bootstrap_policy(follower, publisher, me, settings.partitions, args.quotas)
     await set_serving(health, SERVICES)
     log.info("admission %s serving on port %d", me, port)
     print(f"admission ready port={port}", flush=True)
@@ -91,6 +93,9 @@ def main(argv: list[str] | None = None) -> None:
                              "every job. Recorded in the log, which every service folds "
                              "(env GPUSCHED_JOB_RETENTION_S)")
     parser.add_argument("--listen", default="127.0.0.1:50051")
+    parser.add_argument("--quotas", default="",
+                        help="JSON file of org/team guarantees, limits and weights: written into each partition's "
+                             "log whose log holds no policy yet (a bootstrap; docs/policy.md)")
     asyncio.run(run(parser.parse_args(argv)))
 
 

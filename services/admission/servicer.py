@@ -22,6 +22,7 @@ from gpusched.core.state import ClusterState, JobState, NodeState
 from gpusched.core.validation import FieldError, PoolShape, check_pool_limits, check_time_limit, validate_spec
 from gpusched.v1 import admission_pb2, admission_pb2_grpc, cluster_pb2, cluster_pb2_grpc, types_pb2
 from gpusched_admission.convert import spec_from_request
+from gpusched_admission.policy_api import PolicyRpcs, denied_field
 from gpusched_admission.watch import Watchers
 
 _KEY_NAMESPACE = uuid.UUID("6f1c2a8e-0d4b-4d59-9a51-7e2f0c3b9d10")
@@ -114,7 +115,8 @@ _API = "/gpusched.v1.AdmissionService/"   # method names, as denials are counted
 
 
 class _Denied(NamedTuple):
-    """A submission for a team the caller may not act for."""
+    """A submission for a team the caller may not act for, or with a priority class or
+    pool its team may not use."""
 
     message: str
 
@@ -175,7 +177,8 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
     def _prepare(self, request) -> _Submission | _Denied | list[FieldError]:
         """A valid request as what to write (or the job its key names); else its errors,
         or its denial. The job's team is the caller's: ``spec.team`` left empty takes the
-        caller's only team; a team it may not submit for is denied."""
+        caller's only team; a team it may not submit for is denied, and so is a priority
+        class or pool the team's policy does not allow (docs/policy.md)."""
         access = current_access()
         team = request.spec.team or access.default_team() or ""
         spec = spec_from_request(request.spec, team)
@@ -191,6 +194,10 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
             errors.append(FieldError("idempotency_key", "at most 256 characters"))
         if errors:
             return errors
+        denied = denied_field(self.model.state_for_pool(spec.pool), spec)
+        if denied:
+            value = spec.priority_class if denied == "spec.priority_class" else spec.pool
+            return _Denied(f"{denied}: team {spec.team!r} may not use {value!r} (docs/policy.md)")
         job_id = job_id_for(spec.team, key)
         existing = self.model.job(job_id) if key else None
         if existing is not None:
@@ -340,7 +347,7 @@ def _decode_token(token: str) -> tuple[float, str] | None:
         raise ValueError(token) from exc
 
 
-class ClusterServicer(cluster_pb2_grpc.ClusterServiceServicer):
+class ClusterServicer(PolicyRpcs, cluster_pb2_grpc.ClusterServiceServicer):
     def __init__(self, model: ReadModel, publisher: EventPublisher, producer: str) -> None:
         self.model = model
         self.publisher = publisher

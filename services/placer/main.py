@@ -10,7 +10,6 @@ from gpusched.adapters.grpc_server import set_serving, start_server
 from gpusched.adapters.service import connect, instance_id, stop_event
 from gpusched.adapters.tracing import setup_tracing
 from gpusched.config import add_kafka_args, add_security_args, kafka_settings, server_security
-from gpusched.config import load_quotas
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig
 from gpusched.adapters.proposer import PartitionProposer
 from gpusched.adapters.snapshots import SnapshotStore, SnapshotWriter
@@ -24,8 +23,8 @@ async def run(args: argparse.Namespace) -> None:
     security = server_security(args)   # before connecting: a bad setting stops at once
     setup_tracing("gpusched-placer")
     me = instance_id("placer")
-    scheduler = Scheduler(SchedulerConfig(queue=args.queue, placement=args.placement, backfill=args.backfill,
-                                          quotas=load_quotas(args.quotas)))
+    scheduler = Scheduler(SchedulerConfig(queue=args.queue, placement=args.placement, backfill=args.backfill))
+    # Quotas and weights come from the log (QuotaSet/TeamPolicySet, docs/policy.md).
     publisher, dead_letters = await connect(settings, me)
     holder: dict = {}
     # Snapshots: a newly owned pool starts from its latest snapshot and replays the tail;
@@ -77,7 +76,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--queue", default="priority", help="queue-sort policy name")
     parser.add_argument("--placement", default="best-fit", help="placement policy name")
     parser.add_argument("--backfill", action="store_true", help="reserve for the blocked head-of-line gang (EASY)")
-    parser.add_argument("--quotas", default="", help="JSON file of org/team guarantees and limits")
     parser.add_argument("--snapshot-every-events", type=int, default=50_000,
                         help="snapshot an owned pool after this many new events (0: never by count)")
     parser.add_argument("--snapshot-every-s", type=float, default=60.0,

@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import uuid
+from dataclasses import replace
 from typing import Callable, Mapping
 
 from gpusched.core import events as ev
 from gpusched.core.state import ClusterState
 from gpusched.policies.defrag import defrag_decisions
+from gpusched.policies.policy_tree import policy_tree
 from gpusched.policies.preemption import PreemptionConfig, preemption_decisions, preemption_events
 from gpusched.policies.supervision import (
     SupervisionConfig, hung_attempts, lost_nodes, nodes_to_fence, timed_out_attempts,
@@ -21,6 +23,13 @@ class PreemptorDecider:
         self.supervision = supervision
         self.heard = heard          # now -> (last beat per node, listening since, hearing at all)
         self.defrag = defrag
+
+    def _config(self, state: ClusterState) -> PreemptionConfig:
+        """The preemption settings with the quotas of the log at this state's position."""
+        tree = policy_tree(state, self.preemption.quotas)
+        if tree is not self.preemption.quotas:
+            return replace(self.preemption, quotas=tree)
+        return self.preemption
 
     def _event(self, cls, now: float, **fields) -> ev.Event:
         return cls(event_id=uuid.uuid4().hex, time=now, producer=self.me, **fields)
@@ -40,9 +49,10 @@ class PreemptorDecider:
         for job_id, attempt, reason in hung_attempts(state, now, self.supervision):
             out.append((self._event(ev.AttemptFailed, now, job_id=job_id, attempt=attempt, reason=reason),
                         state.jobs[job_id].spec.pool))
-        plans = preemption_decisions(state, now, self.preemption)
+        config = self._config(state)
+        plans = preemption_decisions(state, now, config)
         if self.defrag and not plans:
-            plans = defrag_decisions(state, now, self.preemption)
+            plans = defrag_decisions(state, now, config)
         for plan in plans:
             pool = state.jobs[plan.for_job].spec.pool
             out += [(e, pool) for e in preemption_events(state, plan, now, self.me)]

@@ -12,7 +12,6 @@ from gpusched.adapters.service import connect, instance_id, stop_event
 from gpusched.adapters.tracing import setup_tracing
 from gpusched.config import add_kafka_args, add_security_args, kafka_settings, server_security
 from gpusched.policies.preemption import PreemptionConfig
-from gpusched.config import load_quotas
 from gpusched.policies.supervision import SupervisionConfig
 from gpusched_preemptor.decide import PreemptorDecider
 
@@ -28,7 +27,7 @@ async def run(args: argparse.Namespace) -> None:
         lambda value, key: publisher.send_raw(settings.topics.heartbeats, value, key=key))
     await monitor.start()
     decider = PreemptorDecider(
-        me, PreemptionConfig(min_runtime_s=args.min_runtime, quotas=load_quotas(args.quotas)),
+        me, PreemptionConfig(min_runtime_s=args.min_runtime),   # quotas: the log's
         SupervisionConfig(heartbeat_timeout_s=args.heartbeat_timeout, hang_intervals=args.hang_intervals,
                           hang_grace_s=args.hang_grace),
         lambda now: (monitor.last_seen, monitor.since, monitor.hearing(now)), defrag=not args.no_defrag)
@@ -62,7 +61,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--min-runtime", type=float, default=30.0, help="jobs younger than this are not preempted")
     parser.add_argument("--hang-intervals", type=float, default=3.0)
     parser.add_argument("--hang-grace", type=float, default=30.0)
-    parser.add_argument("--quotas", default="", help="JSON file of org/team guarantees and limits")
     parser.add_argument("--no-defrag", action="store_true", help="do not migrate jobs to defragment")
     asyncio.run(run(parser.parse_args(argv)))
 

@@ -13,6 +13,7 @@ from gpusched.core import events as ev
 from gpusched.core.model import (
     GpuInfo, GpuSlot, JobKind, JobSpec, NodeInfo, WorkerAssignment, WorkerResources,
 )
+from gpusched.core.policy import Quota, TeamPolicy
 from gpusched.v1 import events_pb2, types_pb2
 
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -45,6 +46,10 @@ job_specs = st.builds(
 slots = st.builds(GpuSlot, index=i32, milli=i32, mig_profile=text, mig_start=i32)
 assignments = st.builds(WorkerAssignment, worker=i32, node=text, gpus=st.lists(slots, max_size=3).map(tuple))
 
+quotas = st.builds(Quota, org=text, team=text, guaranteed_milli=i64, limit_milli=i64, borrowing=st.booleans(),
+                   lending_limit_milli=i64, weight=f64)
+team_policies = st.builds(TeamPolicy, team=text, weight=f64, priority_classes=words, pools=words)
+
 
 GENERATED: dict[type, set[str]] = {}   # fields each strategy below fills in
 
@@ -76,6 +81,8 @@ EVENTS = {
     ev.RendezvousSet: _event(ev.RendezvousSet, job_id=text, attempt=i32, node=text, address=text, port=i32),
     ev.AttemptTimedOut: _event(ev.AttemptTimedOut, job_id=text, attempt=i32, reason=text),
     ev.PoolTimeLimitsSet: _event(ev.PoolTimeLimitsSet, pool=text, default_s=f64, max_s=f64, principal=text),
+    ev.QuotaSet: _event(ev.QuotaSet, quota=quotas, principal=text),
+    ev.TeamPolicySet: _event(ev.TeamPolicySet, policy=team_policies, principal=text),
 }
 any_event = st.one_of(*EVENTS.values())
 
