@@ -47,6 +47,7 @@ from gpusched.adapters import codec  # noqa: E402
 from gpusched.adapters.eventlog import DeadLetters, EventPublisher, LogFollower, partition_for  # noqa: E402
 from gpusched.adapters.forked_snapshot import CAN_FORK, snapshot_bytes_forked  # noqa: E402
 from gpusched.adapters.kafka_admin import TopicNames, delete_topics, ensure_topics, wait_for_broker  # noqa: E402
+from gpusched.adapters.kafka_security import client_args
 from gpusched.adapters.snapshots import SnapshotStore  # noqa: E402
 from gpusched.config import DEFAULT_JOB_RETENTION_S  # noqa: E402
 from gpusched.core import events as ev  # noqa: E402
@@ -285,7 +286,7 @@ def mix(events: list[ev.Event]) -> dict[str, int]:
 # --- Kafka plumbing ---------------------------------------------------------------------
 async def produce(bootstrap: str, topics: TopicNames, values: list[bytes], partition: int) -> float:
     """All values into one partition, batched (not awaited one by one); returns seconds."""
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks=1, linger_ms=20,
+    producer = AIOKafkaProducer(**client_args(bootstrap), acks=1, linger_ms=20,
                                 max_batch_size=1024 * 1024, max_request_size=8 * 1024 * 1024)
     await producer.start()
     t0 = time.perf_counter()

@@ -30,6 +30,7 @@ from gpusched.adapters import codec, flat  # noqa: E402
 from gpusched.adapters.catchup import FRAME_EVENTS  # noqa: E402
 from gpusched.adapters.eventlog import partition_for  # noqa: E402
 from gpusched.adapters.kafka_admin import TopicNames  # noqa: E402
+from gpusched.adapters.kafka_security import client_args
 from gpusched.core.reducer import apply  # noqa: E402
 from gpusched.core.state import ClusterState  # noqa: E402
 from gpusched.v1 import events_pb2  # noqa: E402
@@ -38,7 +39,7 @@ POOL, PARTITIONS = "default", 4   # as replay_bench writes it
 
 
 async def read_values(bootstrap: str, topic: str, partition: int) -> tuple[list[bytes], float]:
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
+    consumer = AIOKafkaConsumer(**client_args(bootstrap), enable_auto_commit=False,
                                 max_partition_fetch_bytes=8 << 20, fetch_max_bytes=64 << 20)
     await consumer.start()
     try:

@@ -3,6 +3,11 @@
 Each service runs as its own process (the console commands), so a test can kill -9 it
 exactly as an operator's worst day would. Readiness is the service's own "ready" line
 (printed after it has replayed the log and, for admission, serves gRPC).
+
+On a secured cluster each service logs in to Kafka as its own principal
+(``gpusched.adapters.kafka_acls.GRANTS``): its password comes from ``credentials``
+(by default the ``credentials`` file next to the connection's CA, as deploy/kafka.sh
+writes them).
 """
 from __future__ import annotations
 
@@ -15,8 +20,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpusched.adapters.kafka_admin import TopicNames
+from gpusched.adapters.kafka_security import Where, connection, load_credentials
 
 BIN = Path(sys.executable).parent
+# The Kafka principal each service command logs in as.
+PRINCIPALS = {"gpusched-admission": "admission", "gpusched-placer": "placer",
+              "gpusched-preemptor": "preemptor", "gpusched-node-agent": "node-agent",
+              "gpusched": "audit"}
 
 
 @dataclass
@@ -51,9 +61,12 @@ class Service:
 
 
 class LocalCluster:
-    def __init__(self, bootstrap: str, topics: TopicNames, log_dir: Path, partitions: int = 4,
-                 job_retention_s: float | None = None) -> None:
-        self.bootstrap = bootstrap
+    def __init__(self, bootstrap: Where, topics: TopicNames, log_dir: Path, partitions: int = 4,
+                 job_retention_s: float | None = None, credentials: dict[str, str] | None = None) -> None:
+        self.connection = connection(bootstrap)
+        self.bootstrap = self.connection.bootstrap
+        # principal -> password; a test may change one to see a service refused
+        self.credentials = dict(credentials if credentials is not None else _default_credentials(self.connection))
         self.topics = topics
         self.log_dir = log_dir
         self.partitions = partitions
@@ -61,8 +74,15 @@ class LocalCluster:
         self.services: list[Service] = []
         log_dir.mkdir(parents=True, exist_ok=True)
 
-    def _env(self) -> dict[str, str]:
-        return {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": self.bootstrap,
+    def kafka_env(self, principal: str) -> dict[str, str]:
+        """The environment that makes a service log in to Kafka as ``principal``."""
+        conn = self.connection
+        if conn.secured:
+            conn = conn.as_user(principal, self.credentials.get(principal, ""))
+        return conn.env()
+
+    def _env(self, principal: str = "audit") -> dict[str, str]:
+        return {**os.environ, **self.kafka_env(principal),
                 "GPUSCHED_TOPIC_PREFIX": self.topics.prefix,
                 "GPUSCHED_PARTITIONS": str(self.partitions), "GPUSCHED_LOG_LEVEL": "WARNING",
                 "PYTHONUNBUFFERED": "1",
@@ -72,7 +92,8 @@ class LocalCluster:
         log_path = self.log_dir / f"{name}.log"
         log = open(log_path, "ab")
         proc = await asyncio.create_subprocess_exec(
-            str(BIN / command), *args, env=self._env(), stdout=asyncio.subprocess.PIPE, stderr=log)
+            str(BIN / command), *args, env=self._env(PRINCIPALS.get(command, "audit")),
+            stdout=asyncio.subprocess.PIPE, stderr=log)
         service = Service(name, proc, log_path=log_path)
         self.services.append(service)
         try:
@@ -106,3 +127,10 @@ class LocalCluster:
 
     async def stop_all(self) -> None:
         await asyncio.gather(*(s.terminate() for s in self.services), return_exceptions=True)
+
+
+def _default_credentials(conn) -> dict[str, str]:
+    if not conn.secured:
+        return {}
+    path = Path(conn.ca_file).parent / "credentials"
+    return load_credentials(path) if path.exists() else {}

@@ -1,13 +1,18 @@
 """Shared pytest fixtures: a real Kafka broker for the tests that need one.
 
-* ``kafka_bootstrap`` (session): the bootstrap address. Uses
-  ``KAFKA_BOOTSTRAP_SERVERS`` when set; otherwise starts a private broker with
-  ``deploy/kafka.sh`` on a free loopback port pair (or ``GPUSCHED_TEST_KAFKA_PORT``)
-  with its data in ``.run/test-kafka-<port>``, and stops it at session end. The
-  run dir is deleted afterwards unless a test failed (its logs are kept then).
-  Separate ports and dirs per session let several test runs share a machine.
-* ``topics`` (function): a fresh, unique set of topics (``TopicNames``) per test,
-  deleted again afterwards.
+* ``kafka_bootstrap`` (session): the cluster, as a ``KafkaConnection`` logged in as the
+  admin (``str()`` of it is the bootstrap address). Uses ``KAFKA_BOOTSTRAP_SERVERS``
+  (and ``GPUSCHED_KAFKA_*``, see gpusched.adapters.kafka_security) when set; otherwise
+  starts a private broker with ``deploy/kafka.sh`` on a free loopback port pair (or
+  ``GPUSCHED_TEST_KAFKA_PORT``) with its data in ``.run/test-kafka-<port>``, and stops
+  it at session end. The run dir is deleted afterwards unless a test failed (its logs
+  are kept then). Separate ports and dirs per session let several test runs share a
+  machine. The broker is secured (SASL_SSL, SCRAM-SHA-512, ACLs) as production would
+  run it; ``GPUSCHED_TEST_KAFKA_SECURITY=plaintext`` starts a plaintext one instead.
+* ``kafka_credentials`` (session): SCRAM user -> password of the secured broker (empty
+  for a plaintext one); ``LocalCluster`` gives each service its own.
+* ``topics`` (function): a fresh, unique set of topics (``TopicNames``) per test, with
+  the services' ACLs on a secured broker, deleted again afterwards.
 * ``kafka_control`` (function): stop/kill/start the broker (only the broker this
   file started; skips with KAFKA_BOOTSTRAP_SERVERS). A test that leaves the
   broker down gets it restarted at teardown.
@@ -30,12 +35,15 @@ from pathlib import Path
 
 import pytest
 
+from gpusched.adapters.kafka_acls import grant_service_acls
 from gpusched.adapters.kafka_admin import TopicNames, delete_topics, ensure_topics
+from gpusched.adapters.kafka_security import KafkaConnection, load_credentials
 
 REPO = Path(__file__).resolve().parents[1]
 KAFKA_SH = REPO / "deploy" / "kafka.sh"
 
-_BROKER_FIXTURES = {"kafka_bootstrap", "topics", "kafka_control"}
+_BROKER_FIXTURES = {"kafka_bootstrap", "topics", "kafka_control", "kafka_credentials"}
+SECURITY = os.environ.get("GPUSCHED_TEST_KAFKA_SECURITY", "sasl_ssl")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -64,19 +72,40 @@ class KafkaControl:
     ``*_async`` ones inside async tests so clients on the loop keep running."""
 
     def __init__(self, bootstrap: str, managed: bool, port: int = 0,
-                 run_dir: Path | None = None) -> None:
-        self.bootstrap = bootstrap
+                 run_dir: Path | None = None, brokers: int = 1, security: str = SECURITY) -> None:
         self.managed = managed  # False: external cluster, not ours to stop
         self.run_dir = run_dir
         self.running = True
+        self.security = security if managed else "external"
+        self.credentials: dict[str, str] = {}
+        self.connection = KafkaConnection.from_env(bootstrap=bootstrap)
         env = dict(os.environ)
         if managed:
             env.pop("KAFKA_BOOTSTRAP_SERVERS", None)
-            env.update(GPUSCHED_KAFKA_PORT=str(port), GPUSCHED_RUN_DIR=str(run_dir))
+            env.update(GPUSCHED_KAFKA_PORT=str(port), GPUSCHED_RUN_DIR=str(run_dir),
+                       GPUSCHED_KAFKA_SECURITY=security, GPUSCHED_KAFKA_BROKERS=str(brokers))
         self._env = env
 
-    def _args(self, action: str) -> list[str]:
-        return ["bash", str(KAFKA_SH), action]
+    @property
+    def bootstrap(self) -> KafkaConnection:
+        return self.connection
+
+    def _secured(self) -> None:
+        """After the first start: the admin login and the services' passwords that
+        deploy/kafka.sh made in the run dir."""
+        if not self.managed or self.security != "sasl_ssl" or self.credentials:
+            return
+        secrets = self.run_dir / "kafka" / "secrets"
+        self.credentials = load_credentials(secrets / "credentials")
+        self.connection = KafkaConnection(self.connection.bootstrap, "SASL_SSL", "admin",
+                                          self.credentials["admin"], str(secrets / "ca.pem"))
+
+    def login(self, user: str, password: str | None = None) -> KafkaConnection:
+        """This cluster as ``user`` (its own password unless one is given)."""
+        return self.connection.as_user(user, self.credentials[user] if password is None else password)
+
+    def _args(self, action: str, *more: str) -> list[str]:
+        return ["bash", str(KAFKA_SH), action, *more]
 
     def _check(self, action: str, rc: int, out: str) -> None:
         if rc != 0:
@@ -87,19 +116,22 @@ class KafkaControl:
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         self._check(action, p.returncode, p.stdout)
         self.running = action == "start"
+        self._secured()
 
-    async def run_async(self, action: str) -> None:
+    async def run_async(self, action: str, *more: str) -> None:
         p = await asyncio.create_subprocess_exec(
-            *self._args(action), env=self._env, cwd=REPO,
+            *self._args(action, *more), env=self._env, cwd=REPO,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
         out, _ = await p.communicate()
         self._check(action, p.returncode or 0, out.decode(errors="replace"))
-        self.running = action == "start"
+        if not more:   # a single node killed: the cluster still runs
+            self.running = action == "start"
 
     # stop = controlled shutdown (SIGTERM), kill = crash (SIGKILL); start waits
     # until the broker answers. Data survives all of them.
     def stop(self) -> None: self.run("stop")
     def kill(self) -> None: self.run("kill")
+    async def kill_node_async(self, node: int) -> None: await self.run_async("kill", str(node))
     def start(self) -> None: self.run("start")
     async def stop_async(self) -> None: await self.run_async("stop")
     async def kill_async(self) -> None: await self.run_async("kill")
@@ -148,8 +180,13 @@ def _testcontainers_broker():
 
 
 @pytest.fixture(scope="session")
-def kafka_bootstrap(_kafka_session: KafkaControl) -> str:
+def kafka_bootstrap(_kafka_session: KafkaControl) -> KafkaConnection:
     return _kafka_session.bootstrap
+
+
+@pytest.fixture(scope="session")
+def kafka_credentials(_kafka_session: KafkaControl) -> dict[str, str]:
+    return _kafka_session.credentials
 
 
 @pytest.fixture
@@ -166,5 +203,7 @@ async def topics(request: pytest.FixtureRequest, kafka_bootstrap: str) -> TopicN
     name = re.sub(r"[^A-Za-z0-9]+", "-", request.node.name).strip("-")[:60]
     names = TopicNames(f"t-{name}-{secrets.token_hex(3)}.")
     await ensure_topics(kafka_bootstrap, names)
+    if kafka_bootstrap.secured:
+        await grant_service_acls(kafka_bootstrap, names)
     yield names
     await delete_topics(kafka_bootstrap, names, timeout_s=10)   # best effort: no piling up partitions
