@@ -116,7 +116,8 @@ class KafkaControl:
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         self._check(action, p.returncode, p.stdout)
         self.running = action == "start"
-        self._secured()
+        if self.running:
+            self._secured()
 
     async def run_async(self, action: str, *more: str) -> None:
         p = await asyncio.create_subprocess_exec(

@@ -8,10 +8,13 @@ sharing a cluster under different prefixes cannot touch each other's topics.
 """
 from __future__ import annotations
 
+import asyncio
+import time
+from collections import Counter
 from dataclasses import dataclass
 
 from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.protocol.admin import CreateAclsRequest_v1
+from aiokafka.protocol.admin import CreateAclsRequest_v1, DescribeAclsRequest_v1
 from aiokafka.protocol.api import Request
 
 from gpusched.adapters.kafka_admin import TopicNames
@@ -21,6 +24,7 @@ from gpusched.adapters.kafka_security import Where, client_args
 _TOPIC, _GROUP, _CLUSTER = 2, 3, 4
 _LITERAL = 3
 _ALLOW = 3
+_ANY = 1
 READ, WRITE, DESCRIBE, DESCRIBE_CONFIGS, IDEMPOTENT_WRITE = 3, 4, 8, 10, 12
 
 
@@ -89,11 +93,21 @@ class _CreateAcls(Request[CreateAclsRequest_v1]):
         return request_struct_class(self._creations)
 
 
+class _DescribeAcls(Request[DescribeAclsRequest_v1]):
+    API_KEY = 29
+
+    def __init__(self, resource_type: int, name: str) -> None:
+        self._filter = (resource_type, name, _LITERAL, None, None, _ANY, _ANY)
+
+    def build(self, request_struct_class: type[DescribeAclsRequest_v1]) -> DescribeAclsRequest_v1:
+        return request_struct_class(*self._filter)
+
+
 class AclError(RuntimeError):
     """The broker refused to create an ACL (the caller is not the admin?)."""
 
 
-async def grant_service_acls(admin_connection: Where, names: TopicNames) -> int:
+async def grant_service_acls(admin_connection: Where, names: TopicNames, timeout_s: float = 30.0) -> int:
     """Create the ACLs of ``GRANTS`` for the topics of ``names`` (idempotent: an existing
     ACL is created again without error). Needs the admin principal. Returns how many."""
     entries = acl_entries(names)
@@ -101,9 +115,27 @@ async def grant_service_acls(admin_connection: Where, names: TopicNames) -> int:
     try:
         await admin.start()
         response = await admin._send_request(_CreateAcls(entries))
+        errors = [(code, msg) for code, msg in response.creation_responses if code]
+        if errors:
+            raise AclError(f"creating {len(entries)} ACLs for {names.prefix}*: {errors[0]}")
+        await _until_every_broker_has(admin, entries, timeout_s)
     finally:
         await admin.close()
-    errors = [(code, msg) for code, msg in response.creation_responses if code]
-    if errors:
-        raise AclError(f"creating {len(entries)} ACLs for {names.prefix}*: {errors[0]}")
     return len(entries)
+
+
+async def _until_every_broker_has(admin: AIOKafkaAdminClient, entries: list[tuple], timeout_s: float) -> None:
+    """ACLs reach each broker's authorizer through the metadata log, a little after the
+    controller accepted them: wait until every broker lists them all, so that a service
+    started next is not refused by a broker that lags."""
+    want = Counter((e[0], e[1]) for e in entries)
+    deadline = time.monotonic() + timeout_s
+    for broker in admin._client.cluster.brokers():
+        for (rtype, name), count in want.items():
+            while True:
+                reply = await admin._send_request(_DescribeAcls(rtype, name), broker.nodeId)
+                if sum(len(r[3]) for r in reply.resources) >= count:
+                    break
+                if time.monotonic() > deadline:
+                    raise AclError(f"broker {broker.nodeId} does not show the ACLs of {name} after {timeout_s}s")
+                await asyncio.sleep(0.05)
