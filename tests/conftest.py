@@ -52,19 +52,22 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.broker)
 
 
-def _free_port_pair() -> int:
-    """A port p with p and p+1 (controller) free on 127.0.0.1, below the
-    kernel's ephemeral range so client sockets do not take it meanwhile."""
+def _free_port_pair(count: int = 2) -> int:
+    """A port p with p .. p+count-1 free on 127.0.0.1 (a node's listener and controller
+    each), below the kernel's ephemeral range so client sockets do not take them meanwhile."""
     for _ in range(200):
         port = random.randrange(20000, 32000, 2)
+        socks = [socket.socket() for _ in range(count)]
         try:
-            with socket.socket() as a, socket.socket() as b:
-                a.bind(("127.0.0.1", port))
-                b.bind(("127.0.0.1", port + 1))
+            for i, sock in enumerate(socks):
+                sock.bind(("127.0.0.1", port + i))
             return port
         except OSError:
             continue
-    raise RuntimeError("no free port pair for the test broker")
+        finally:
+            for sock in socks:
+                sock.close()
+    raise RuntimeError("no free ports for the test broker")
 
 
 class KafkaControl:
@@ -78,7 +81,9 @@ class KafkaControl:
         self.running = True
         self.security = security if managed else "external"
         self.credentials: dict[str, str] = {}
-        self.connection = KafkaConnection.from_env(bootstrap=bootstrap)
+        # Ours: plaintext until the first start shows the admin login (``_secured``); an
+        # external cluster: the login the environment gives (GPUSCHED_KAFKA_*).
+        self.connection = KafkaConnection(bootstrap) if managed else KafkaConnection.from_env(bootstrap=bootstrap)
         env = dict(os.environ)
         if managed:
             env.pop("KAFKA_BOOTSTRAP_SERVERS", None)
@@ -178,6 +183,25 @@ def _testcontainers_broker():
 
     with KafkaContainer(os.environ.get("GPUSCHED_KAFKA_IMAGE", "apache/kafka:4.1.0")).with_kraft() as kafka:
         yield KafkaControl(kafka.get_bootstrap_server(), managed=False)
+
+
+def start_private_cluster(brokers: int, request: pytest.FixtureRequest):
+    """A private secured cluster of ``brokers`` nodes for one module (the durability
+    tests need three), stopped and removed afterwards as the session broker is."""
+    port = _free_port_pair(2 * brokers)
+    run_dir = REPO / ".run" / f"test-kafka{brokers}-{port}"
+    bootstrap = ",".join(f"127.0.0.1:{port + 2 * i}" for i in range(brokers))
+    control = KafkaControl(bootstrap, managed=True, port=port, run_dir=run_dir, brokers=brokers,
+                           security="sasl_ssl")
+    control.run("clean")
+    control.start()
+    try:
+        yield control
+    finally:
+        failed = request.session.testsfailed
+        control.stop()
+        if request.session.testsfailed == failed == 0:
+            shutil.rmtree(run_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

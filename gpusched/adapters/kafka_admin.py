@@ -205,17 +205,25 @@ async def check_replication(admin: AIOKafkaAdminClient, described: dict, topics:
     """Warn about each existing topic with fewer than ``rf`` copies or a
     ``min.insync.replicas`` below ``isr``, and raise the latter where allowed."""
     problems: list[str] = []
+    copies: dict[str, int] = {}
     for name in topics:
-        copies = min((len(p["replicas"]) for p in described[name]["partitions"]), default=0)
-        if copies < rf:
-            problems.append(f"topic {name}: replication factor {copies} < {rf} (needs a partition "
+        copies[name] = min((len(p["replicas"]) for p in described[name]["partitions"]), default=0)
+        if copies[name] < rf:
+            problems.append(f"topic {name}: replication factor {copies[name]} < {rf} (needs a partition "
                             "reassignment: kafka-reassign-partitions)")
     low = await _low_min_insync(admin, topics, isr)
+    safe: list[str] = []
     for name, value in low.items():
-        problems.append(f"topic {name}: min.insync.replicas {value} < {isr}")
-    if low:
-        altered = await _raise_min_insync(admin, list(low), isr)
-        problems += [f"topic {name}: min.insync.replicas raised to {isr}" for name in altered]
+        # Raising it never loses data, but above the copies there are it would stop every
+        # acks=all write: only raise while one copy may still fail (replicas - 1).
+        if min(isr, copies[name] - 1) > value:
+            safe.append(name)
+            problems.append(f"topic {name}: min.insync.replicas {value} < {isr}")
+        else:
+            problems.append(f"topic {name}: min.insync.replicas {value} < {isr} (kept: the topic has "
+                            f"{copies[name]} cop{'y' if copies[name] == 1 else 'ies'})")
+    for name in await _raise_min_insync(admin, safe, isr):
+        problems.append(f"topic {name}: min.insync.replicas raised to {isr}")
     for line in problems:
         log.warning("%s", line)
     return problems
@@ -240,7 +248,9 @@ async def _low_min_insync(admin: AIOKafkaAdminClient, topics: list[str], isr: in
 
 
 async def _raise_min_insync(admin: AIOKafkaAdminClient, topics: list[str], isr: int) -> list[str]:
-    """Alter ``min.insync.replicas``: safe online (it only makes acks=all stricter)."""
+    """Alter ``min.insync.replicas`` online (it only makes acks=all stricter)."""
+    if not topics:
+        return []
     try:
         responses = await admin.alter_configs(
             [ConfigResource(ConfigResourceType.TOPIC, t, {"min.insync.replicas": str(isr)}) for t in topics])
