@@ -241,8 +241,8 @@ class DeadLetters:
 
     def __init__(self, publisher: EventPublisher | None, consumer: str) -> None:
         # None: a read-only consumer (billing, reports), whose principal may not write;
-        # it logs the record instead. The services that write fold the same log, so the
-        # record is dead-lettered by them.
+        # it logs the record instead. A pool-log record is dead-lettered by the services
+        # that write, which fold the same log.
         self._publisher = publisher
         self._consumer = consumer
 

@@ -19,7 +19,7 @@ import time
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 
-from gpusched.adapters.eventlog import DeadLetters, LogFollower
+from gpusched.adapters.eventlog import DeadLetters, EventPublisher, LogFollower
 from gpusched.adapters.kafka_admin import TopicNames, wait_for_broker
 from gpusched.adapters.kafka_security import Where, client_args
 from gpusched.adapters.usage_records import UsageRecordError, decode_usage
@@ -113,12 +113,17 @@ class UsageReader:
 
 
 async def collect(bootstrap: Where, topics: TopicNames, ledger: UtilizationLedger, seconds: float = 0.0,
-                  name: str = "usage-report") -> UsageReader:
+                  name: str = "usage-report", write_dead_letters: bool = False) -> UsageReader:
     """Fold the pool log and the usage topic into ``ledger``: for ``seconds``, then up to
-    the end of both as it is then. Returns the reader (its counts)."""
-    # A report reads only (the audit/billing principals may not write): records it
-    # cannot apply are logged, not dead-lettered.
-    dead_letters = DeadLetters(None, name)
+    the end of both as it is then. Returns the reader (its counts).
+
+    A report runs as a read-only principal (audit, billing) by default: records it cannot
+    apply are logged and counted (``UsageReader.dead``), not dead-lettered;
+    ``write_dead_letters`` (a principal that may write them) sends them to the topic."""
+    publisher = EventPublisher(bootstrap, topics, 1) if write_dead_letters else None
+    if publisher is not None:
+        await publisher.start()
+    dead_letters = DeadLetters(publisher, name)
 
     def on_event(partition, offset, event, outcome, state) -> None:
         if outcome.accepted:
@@ -140,6 +145,8 @@ async def collect(bootstrap: Where, topics: TopicNames, ledger: UtilizationLedge
     finally:
         await reader.stop()
         await follower.stop()
+        if publisher is not None:
+            await publisher.stop()
 
 
 # --- the command -------------------------------------------------------------------------

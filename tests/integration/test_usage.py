@@ -59,7 +59,7 @@ async def test_usage_folds_into_allocated_vs_used_and_flags_the_idle_job(kafka_b
     await _put_malformed(kafka_bootstrap, topics.usage)
 
     ledger = UtilizationLedger(idle_percent=5.0, idle_after_s=IDLE_AFTER_S)
-    reader = await collect(kafka_bootstrap, topics, ledger)
+    reader = await collect(kafka_bootstrap, topics, ledger, write_dead_letters=True)   # as the admin
     report = ledger.report(now=time.time())
     print(format_report(report, ledger))   # shown when the test fails
 
