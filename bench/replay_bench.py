@@ -47,7 +47,7 @@ from gpusched.adapters import codec  # noqa: E402
 from gpusched.adapters.eventlog import DeadLetters, EventPublisher, LogFollower, partition_for  # noqa: E402
 from gpusched.adapters.forked_snapshot import CAN_FORK, snapshot_bytes_forked  # noqa: E402
 from gpusched.adapters.kafka_admin import TopicNames, delete_topics, ensure_topics, wait_for_broker  # noqa: E402
-from gpusched.adapters.kafka_security import client_args
+from gpusched.adapters.kafka_security import KafkaConnection, client_args
 from gpusched.adapters.snapshots import SnapshotStore  # noqa: E402
 from gpusched.config import DEFAULT_JOB_RETENTION_S  # noqa: E402
 from gpusched.core import events as ev  # noqa: E402
@@ -393,7 +393,7 @@ async def resume_child(bootstrap: str, prefix: str, partition: int, use_snapshot
 def resume(bootstrap: str, prefix: str, partition: int, use_snapshots: bool) -> dict:
     t_spawn = time.time()
     out = subprocess.run(
-        [sys.executable, __file__, "--bootstrap", bootstrap, "--child-resume", prefix, "--partition", str(partition),
+        [sys.executable, __file__, "--bootstrap", str(bootstrap), "--child-resume", prefix, "--partition", str(partition),
          "--t-spawn", repr(t_spawn)] + (["--snapshots"] if use_snapshots else []),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, timeout=1800,
     )
@@ -408,7 +408,7 @@ def resume(bootstrap: str, prefix: str, partition: int, use_snapshots: bool) -> 
 
 # --- main -------------------------------------------------------------------------------
 async def main(args: argparse.Namespace) -> None:
-    bootstrap = args.bootstrap
+    bootstrap = KafkaConnection.from_env(bootstrap=args.bootstrap)   # GPUSCHED_KAFKA_*: a secured broker
     if args.child_resume:
         await resume_child(bootstrap, args.child_resume, args.partition, args.snapshots, args.t_spawn)
         return

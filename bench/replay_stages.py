@@ -30,7 +30,7 @@ from gpusched.adapters import codec, flat  # noqa: E402
 from gpusched.adapters.catchup import FRAME_EVENTS  # noqa: E402
 from gpusched.adapters.eventlog import partition_for  # noqa: E402
 from gpusched.adapters.kafka_admin import TopicNames  # noqa: E402
-from gpusched.adapters.kafka_security import client_args
+from gpusched.adapters.kafka_security import KafkaConnection, client_args
 from gpusched.core.reducer import apply  # noqa: E402
 from gpusched.core.state import ClusterState  # noqa: E402
 from gpusched.v1 import events_pb2  # noqa: E402
@@ -68,7 +68,7 @@ def main() -> None:
     p.add_argument("--bootstrap", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:19092"))
     p.add_argument("--reuse", required=True, help="topic prefix of a log kept by replay_bench.py --keep")
     args = p.parse_args()
-    values, read_cpu = asyncio.run(read_values(args.bootstrap, TopicNames(args.reuse).events,
+    values, read_cpu = asyncio.run(read_values(KafkaConnection.from_env(bootstrap=args.bootstrap), TopicNames(args.reuse).events,
                                                partition_for(POOL, PARTITIONS)))
     n = len(values)
     gc.disable()
