@@ -47,7 +47,7 @@ from gpusched.adapters import codec  # noqa: E402
 from gpusched.adapters.eventlog import DeadLetters, EventPublisher, LogFollower, partition_for  # noqa: E402
 from gpusched.adapters.forked_snapshot import CAN_FORK, snapshot_bytes_forked  # noqa: E402
 from gpusched.adapters.kafka_admin import TopicNames, delete_topics, ensure_topics, wait_for_broker  # noqa: E402
-from gpusched.adapters.kafka_security import KafkaConnection, client_args
+from gpusched.adapters.kafka_security import KafkaConnection, client_args  # noqa: E402
 from gpusched.adapters.snapshots import SnapshotStore  # noqa: E402
 from gpusched.config import DEFAULT_JOB_RETENTION_S  # noqa: E402
 from gpusched.core import events as ev  # noqa: E402

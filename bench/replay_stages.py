@@ -30,7 +30,7 @@ from gpusched.adapters import codec, flat  # noqa: E402
 from gpusched.adapters.catchup import FRAME_EVENTS  # noqa: E402
 from gpusched.adapters.eventlog import partition_for  # noqa: E402
 from gpusched.adapters.kafka_admin import TopicNames  # noqa: E402
-from gpusched.adapters.kafka_security import KafkaConnection, client_args
+from gpusched.adapters.kafka_security import KafkaConnection, client_args  # noqa: E402
 from gpusched.core.reducer import apply  # noqa: E402
 from gpusched.core.state import ClusterState  # noqa: E402
 from gpusched.v1 import events_pb2  # noqa: E402
