@@ -11,6 +11,7 @@ COMMANDS = {
     "node-agent": ("gpusched_node_agent.main", "runs the work of one node (NVML or simulated)"),
     "billing": ("gpusched.consumers.billing", "GPU-hours per team, folded from the log"),
     "usage": ("gpusched.consumers.usage_report", "GPU-hours allocated vs used (measured), idle jobs"),
+    "kafka-setup": ("gpusched.kafka_setup", "create a deployment's topics and ACLs (as the Kafka admin)"),
     "demo": ("gpusched.demo", "a local cluster, a mixed workload, and what happened"),
     "simulate": ("gpusched.sim.cli", "trace-driven simulator: `simulate static|dynamic ...`"),
 }

@@ -34,6 +34,7 @@ DEFAULT_PREFIX = "gpusched."
 # freshly started single-node cluster CreateTopics can answer
 # INVALID_REPLICATION_FACTOR until the broker has registered with the controller.
 _TRANSIENT_CODES = {7, 38, 41}  # REQUEST_TIMED_OUT, INVALID_REPLICATION_FACTOR, NOT_CONTROLLER
+_NOT_ALLOWED = {29, 31}         # TOPIC_AUTHORIZATION_FAILED, CLUSTER_AUTHORIZATION_FAILED
 
 
 @dataclass(frozen=True)
@@ -172,6 +173,9 @@ async def ensure_topics(
                 err = for_code(code) if code else None
                 if code == 0 or err is TopicAlreadyExistsError:
                     missing.discard(name)
+                elif code in _NOT_ALLOWED:
+                    raise PermissionError(f"topic {name} does not exist and this Kafka principal may not "
+                                          "create it: run `gpusched kafka-setup` as the admin first")
                 elif code not in _TRANSIENT_CODES or time.monotonic() > deadline:
                     raise err(f"creating topic {name!r}: {rest[0] if rest else ''}")
             if missing:

@@ -23,9 +23,12 @@ async def connect(settings: KafkaSettings, instance: str) -> tuple[EventPublishe
         await wait_for_broker(settings.connection, 120)
     except KafkaLoginRefused as exc:   # wrong credentials: a one-line reason, no traceback
         raise SystemExit(f"{instance}: {exc}") from None
-    await ensure_topics(settings.connection, settings.topics, settings.partitions,
-                        replication_factor=settings.replication_factor,
-                        min_insync_replicas=settings.min_insync_replicas)
+    try:
+        await ensure_topics(settings.connection, settings.topics, settings.partitions,
+                            replication_factor=settings.replication_factor,
+                            min_insync_replicas=settings.min_insync_replicas)
+    except PermissionError as exc:   # topics missing on a secured cluster
+        raise SystemExit(f"{instance}: {exc}") from None
     publisher = EventPublisher(settings.connection, settings.topics, settings.partitions)
     await publisher.start()
     return publisher, DeadLetters(publisher, instance)

@@ -5,6 +5,9 @@ or GPUSCHED_TEST_KAFKA_SECURITY=plaintext) there is nothing to check, so it skip
 """
 from __future__ import annotations
 
+import asyncio
+import os
+import secrets
 import subprocess
 
 import pytest
@@ -13,7 +16,7 @@ from aiokafka.errors import ClusterAuthorizationFailedError, TopicAuthorizationF
 
 from gpusched.adapters.kafka_admin import TopicNames, delete_topics, ensure_topics
 from gpusched.adapters.kafka_security import KafkaConnection, KafkaLoginRefused, check_login, client_args
-from gpusched.local_cluster import LocalCluster
+from gpusched.local_cluster import BIN, LocalCluster
 
 
 @pytest.fixture
@@ -129,3 +132,30 @@ async def test_acls_name_the_prefix_so_one_deployment_cannot_write_anothers(secu
             await _write(secured("placer"), other.snapshots)
     finally:
         await delete_topics(secured("admin"), other, timeout_s=10)
+
+
+async def _kafka_setup(conn: KafkaConnection, prefix: str) -> tuple[int, str]:
+    proc = await asyncio.create_subprocess_exec(
+        str(BIN / "gpusched"), "kafka-setup", "--topic-prefix", prefix, "--log-level", "ERROR",
+        env={**os.environ, **conn.env()}, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    out, _ = await asyncio.wait_for(proc.communicate(), 120)
+    return proc.returncode, out.decode()
+
+
+async def test_kafka_setup_as_the_admin_is_what_services_need(secured, kafka_bootstrap, tmp_path):
+    names = TopicNames(f"t-setup-{secrets.token_hex(3)}.")
+    # A service's principal may not create topics: a clear line, at once.
+    rc, out = await _kafka_setup(secured("placer"), names.prefix)
+    assert rc == 1 and "may not create it: run `gpusched kafka-setup` as the admin first" in out, out
+    assert "Traceback" not in out
+    try:
+        rc, out = await _kafka_setup(secured("admin"), names.prefix)
+        assert rc == 0 and f"topics {names.prefix}* ready" in out, out
+        cluster = LocalCluster(kafka_bootstrap, names, tmp_path)
+        try:
+            await cluster.admission()   # logs in as "admission": the ACLs made by the command suffice
+            await cluster.placer()
+        finally:
+            await cluster.stop_all()
+    finally:
+        await delete_topics(secured("admin"), names, timeout_s=10)
