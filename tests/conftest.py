@@ -163,10 +163,7 @@ def _kafka_session(request: pytest.FixtureRequest) -> KafkaControl:
     run_dir = REPO / ".run" / f"test-kafka-{port}"
     control = KafkaControl(f"127.0.0.1:{port}", managed=True, port=port, run_dir=run_dir)
     control.run("clean")  # fresh cluster (also stops a leftover broker on that dir)
-    # deploy/test.sh passes a file to note the run dir in, so that it can stop the
-    # broker should pytest die before this fixture's teardown.
-    if note := os.environ.get("GPUSCHED_TEST_BROKER_NOTE"):
-        Path(note).write_text(f"{port} {run_dir}\n")
+    _note(port, run_dir, 1)
     control.start()
     try:
         yield control
@@ -185,6 +182,14 @@ def _testcontainers_broker():
         yield KafkaControl(kafka.get_bootstrap_server(), managed=False)
 
 
+def _note(port: int, run_dir: Path, brokers: int) -> None:
+    """deploy/test.sh passes a file to note each cluster in, so that it can stop them
+    should pytest die before the fixtures' teardown."""
+    if note := os.environ.get("GPUSCHED_TEST_BROKER_NOTE"):
+        with open(note, "a") as f:
+            f.write(f"{port} {run_dir} {brokers}\n")
+
+
 def start_private_cluster(brokers: int, request: pytest.FixtureRequest):
     """A private secured cluster of ``brokers`` nodes for one module (the durability
     tests need three), stopped and removed afterwards as the session broker is."""
@@ -194,6 +199,7 @@ def start_private_cluster(brokers: int, request: pytest.FixtureRequest):
     control = KafkaControl(bootstrap, managed=True, port=port, run_dir=run_dir, brokers=brokers,
                            security="sasl_ssl")
     control.run("clean")
+    _note(port, run_dir, brokers)
     control.start()
     try:
         yield control
