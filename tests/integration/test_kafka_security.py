@@ -159,3 +159,20 @@ async def test_kafka_setup_as_the_admin_is_what_services_need(secured, kafka_boo
             await cluster.stop_all()
     finally:
         await delete_topics(secured("admin"), names, timeout_s=10)
+
+
+async def test_billing_runs_as_its_read_only_principal(secured, kafka_bootstrap, topics, tmp_path):
+    """The billing command folds the log with no producer at all: its principal may not
+    write, not even dead letters."""
+    cluster = LocalCluster(kafka_bootstrap, topics, tmp_path)
+    try:
+        await cluster.admission()   # records admission's settings in the log
+    finally:
+        await cluster.stop_all()
+    proc = await asyncio.create_subprocess_exec(
+        str(BIN / "gpusched"), "billing", "--topic-prefix", topics.prefix, "--log-level", "WARNING",
+        env={**os.environ, **secured("billing").env()}, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT)
+    out, _ = await asyncio.wait_for(proc.communicate(), 120)
+    assert proc.returncode == 0 and "GPU-hours per team at" in out.decode(), out.decode()[-2000:]
+    assert "Authorization" not in out.decode()
