@@ -415,7 +415,13 @@ cmd_start() {
   fi
   [[ -f "$LIBS/.complete" ]] || cmd_fetch
   check_java
-  [[ "$SECURITY" == sasl_ssl ]] && make_secrets
+  # SCRAM users are written at format time: a run dir formatted in the other mode
+  # would start a broker nobody can log in to.
+  if [[ -s "$RUN_DIR/security" && "$(cat "$RUN_DIR/security")" != "$SECURITY" ]]; then
+    die "$RUN_DIR was formatted with GPUSCHED_KAFKA_SECURITY=$(cat "$RUN_DIR/security"); use that or \`clean\` first"
+  fi
+  mkdir -p "$RUN_DIR"; echo "$SECURITY" >"$RUN_DIR/security"
+  if [[ "$SECURITY" == sasl_ssl ]]; then make_secrets; fi
   ready_env
   local t0=$SECONDS i pids=()
   for ((i = 1; i <= NODES; i++)); do node "$i"; pids+=("$(start_node)"); done
