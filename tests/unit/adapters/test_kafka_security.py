@@ -124,3 +124,15 @@ def test_acls_name_only_this_prefixs_topics_and_groups(user):
         if entry[3] == f"User:{user}" and entry[5] != IDEMPOTENT_WRITE:
             assert entry[1].startswith(names.prefix) and entry[2] == 3   # LITERAL, never a wildcard
             assert entry[5] in (READ, WRITE, DESCRIBE, DESCRIBE_CONFIGS)
+
+
+def test_local_cluster_gives_each_service_its_own_login(tmp_path):
+    from gpusched.local_cluster import PRINCIPALS, LocalCluster
+
+    (tmp_path / "credentials").write_text("admin a\nplacer p\nnode-agent n\n")
+    admin = KafkaConnection("h:1", "SASL_SSL", "admin", "a", str(tmp_path / "ca.pem"))
+    cluster = LocalCluster(admin, TopicNames("p."), tmp_path / "logs")
+    env = cluster.kafka_env(PRINCIPALS["gpusched-node-agent"])
+    assert (env["GPUSCHED_KAFKA_USER"], env["GPUSCHED_KAFKA_PASSWORD"]) == ("node-agent", "n")
+    assert cluster.kafka_env("placer")["GPUSCHED_KAFKA_PASSWORD"] == "p"
+    assert "GPUSCHED_KAFKA_USER" not in LocalCluster("h:1", TopicNames("p."), tmp_path / "l2").kafka_env("placer")
