@@ -105,10 +105,6 @@ class KafkaControl:
         self.connection = KafkaConnection(self.connection.bootstrap, "SASL_SSL", "admin",
                                           self.credentials["admin"], str(secrets / "ca.pem"))
 
-    def login(self, user: str, password: str | None = None) -> KafkaConnection:
-        """This cluster as ``user`` (its own password unless one is given)."""
-        return self.connection.as_user(user, self.credentials[user] if password is None else password)
-
     def _args(self, action: str, *more: str) -> list[str]:
         return ["bash", str(KAFKA_SH), action, *more]
 
@@ -230,7 +226,7 @@ def kafka_control(_kafka_session: KafkaControl) -> KafkaControl:
 
 
 @pytest.fixture
-async def topics(request: pytest.FixtureRequest, kafka_bootstrap: str) -> TopicNames:
+async def topics(request: pytest.FixtureRequest, kafka_bootstrap: KafkaConnection) -> TopicNames:
     name = re.sub(r"[^A-Za-z0-9]+", "-", request.node.name).strip("-")[:60]
     names = TopicNames(f"t-{name}-{secrets.token_hex(3)}.")
     await ensure_topics(kafka_bootstrap, names)
