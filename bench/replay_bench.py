@@ -47,6 +47,7 @@ from gpusched.adapters import codec  # noqa: E402
 from gpusched.adapters.eventlog import DeadLetters, EventPublisher, LogFollower, partition_for  # noqa: E402
 from gpusched.adapters.forked_snapshot import CAN_FORK, snapshot_bytes_forked  # noqa: E402
 from gpusched.adapters.kafka_admin import TopicNames, delete_topics, ensure_topics, wait_for_broker  # noqa: E402
+from gpusched.adapters.kafka_security import KafkaConnection, client_args  # noqa: E402
 from gpusched.adapters.snapshots import SnapshotStore  # noqa: E402
 from gpusched.config import DEFAULT_JOB_RETENTION_S  # noqa: E402
 from gpusched.core import events as ev  # noqa: E402
@@ -285,7 +286,7 @@ def mix(events: list[ev.Event]) -> dict[str, int]:
 # --- Kafka plumbing ---------------------------------------------------------------------
 async def produce(bootstrap: str, topics: TopicNames, values: list[bytes], partition: int) -> float:
     """All values into one partition, batched (not awaited one by one); returns seconds."""
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks=1, linger_ms=20,
+    producer = AIOKafkaProducer(**client_args(bootstrap), acks=1, linger_ms=20,
                                 max_batch_size=1024 * 1024, max_request_size=8 * 1024 * 1024)
     await producer.start()
     t0 = time.perf_counter()
@@ -392,7 +393,7 @@ async def resume_child(bootstrap: str, prefix: str, partition: int, use_snapshot
 def resume(bootstrap: str, prefix: str, partition: int, use_snapshots: bool) -> dict:
     t_spawn = time.time()
     out = subprocess.run(
-        [sys.executable, __file__, "--bootstrap", bootstrap, "--child-resume", prefix, "--partition", str(partition),
+        [sys.executable, __file__, "--bootstrap", str(bootstrap), "--child-resume", prefix, "--partition", str(partition),
          "--t-spawn", repr(t_spawn)] + (["--snapshots"] if use_snapshots else []),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, timeout=1800,
     )
@@ -407,7 +408,7 @@ def resume(bootstrap: str, prefix: str, partition: int, use_snapshots: bool) -> 
 
 # --- main -------------------------------------------------------------------------------
 async def main(args: argparse.Namespace) -> None:
-    bootstrap = args.bootstrap
+    bootstrap = KafkaConnection.from_env(bootstrap=args.bootstrap)   # GPUSCHED_KAFKA_*: a secured broker
     if args.child_resume:
         await resume_child(bootstrap, args.child_resume, args.partition, args.snapshots, args.t_spawn)
         return

@@ -30,6 +30,7 @@ from gpusched.adapters import codec, flat  # noqa: E402
 from gpusched.adapters.catchup import FRAME_EVENTS  # noqa: E402
 from gpusched.adapters.eventlog import partition_for  # noqa: E402
 from gpusched.adapters.kafka_admin import TopicNames  # noqa: E402
+from gpusched.adapters.kafka_security import KafkaConnection, client_args  # noqa: E402
 from gpusched.core.reducer import apply  # noqa: E402
 from gpusched.core.state import ClusterState  # noqa: E402
 from gpusched.v1 import events_pb2  # noqa: E402
@@ -38,7 +39,7 @@ POOL, PARTITIONS = "default", 4   # as replay_bench writes it
 
 
 async def read_values(bootstrap: str, topic: str, partition: int) -> tuple[list[bytes], float]:
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
+    consumer = AIOKafkaConsumer(**client_args(bootstrap), enable_auto_commit=False,
                                 max_partition_fetch_bytes=8 << 20, fetch_max_bytes=64 << 20)
     await consumer.start()
     try:
@@ -67,7 +68,7 @@ def main() -> None:
     p.add_argument("--bootstrap", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:19092"))
     p.add_argument("--reuse", required=True, help="topic prefix of a log kept by replay_bench.py --keep")
     args = p.parse_args()
-    values, read_cpu = asyncio.run(read_values(args.bootstrap, TopicNames(args.reuse).events,
+    values, read_cpu = asyncio.run(read_values(KafkaConnection.from_env(bootstrap=args.bootstrap), TopicNames(args.reuse).events,
                                                partition_for(POOL, PARTITIONS)))
     n = len(values)
     gc.disable()

@@ -18,6 +18,18 @@
 #   GPUSCHED_KAFKA_HEAP          JVM heap (default 768m)
 #   GPUSCHED_KAFKA_JVM_OPTS      more JVM options for the broker (e.g. -XX:TieredStopAtLevel=4)
 #   GPUSCHED_KAFKA_START_TIMEOUT seconds to wait for the broker (default 90)
+#   GPUSCHED_KAFKA_SECURITY      plaintext (default) or sasl_ssl: clients speak SASL_SSL
+#                                with SCRAM-SHA-512, a throwaway CA and broker cert are
+#                                made in <run>/kafka/secrets at format time, with one
+#                                SCRAM user per service (PRINCIPALS below) and
+#                                their passwords in <run>/kafka/secrets/credentials;
+#                                the StandardAuthorizer denies what no ACL allows
+#                                (docs/kafka-security.md). The controller listener is
+#                                mutual TLS with the broker certificate.
+#   GPUSCHED_KAFKA_BROKERS       combined broker+controller nodes (default 1); node i
+#                                listens on port+2(i-1) (controller one above); node 1
+#                                keeps the single-node paths, node i>1 lives in
+#                                <run>/kafka/node-i. `kill [i]` / `stop [i]` take a node.
 #   KAFKA_BOOTSTRAP_SERVERS      use this existing cluster: start/status only check
 #                                that it answers, stop does nothing
 #
@@ -30,18 +42,33 @@ KAFKA_VERSION="${GPUSCHED_KAFKA_VERSION:-4.4.0}"
 CACHE="${GPUSCHED_CACHE:-$HOME/.cache/gpusched}"
 KAFKA_HOME="$CACHE/kafka-$KAFKA_VERSION"
 LIBS="$KAFKA_HOME/libs"
-PORT="${GPUSCHED_KAFKA_PORT:-19092}"
-CONTROLLER_PORT="$((PORT + 1))"
+BASE_PORT="${GPUSCHED_KAFKA_PORT:-19092}"
 RUN_ROOT="${GPUSCHED_RUN_DIR:-$REPO/.run}"
 RUN_DIR="$RUN_ROOT/kafka"
-DATA_DIR="$RUN_DIR/data"
-LOG_DIR="$RUN_DIR/logs"
-PROPS="$RUN_DIR/server.properties"
-LOG4J="$RUN_DIR/log4j2.properties"
-PID_FILE="$RUN_DIR/kafka.pid"
+SECRETS="$RUN_DIR/secrets"
+SECURITY="${GPUSCHED_KAFKA_SECURITY:-plaintext}"
+NODES="${GPUSCHED_KAFKA_BROKERS:-1}"
 HEAP="${GPUSCHED_KAFKA_HEAP:-768m}"
 START_TIMEOUT="${GPUSCHED_KAFKA_START_TIMEOUT:-90}"
-BOOTSTRAP="127.0.0.1:$PORT"
+[[ "$SECURITY" == plaintext || "$SECURITY" == sasl_ssl ]] \
+  || { echo "kafka.sh: GPUSCHED_KAFKA_SECURITY must be plaintext or sasl_ssl, not $SECURITY" >&2; exit 2; }
+[[ "$NODES" =~ ^[1-9]$ ]] || { echo "kafka.sh: GPUSCHED_KAFKA_BROKERS must be 1-9, not $NODES" >&2; exit 2; }
+
+# node NODE: set the per-node paths and ports (node 1 keeps the single-node layout).
+node() {
+  NODE="$1"
+  PORT="$((BASE_PORT + 2 * (NODE - 1)))"
+  CONTROLLER_PORT="$((PORT + 1))"
+  if [[ "$NODE" == 1 ]]; then NODE_DIR="$RUN_DIR"; else NODE_DIR="$RUN_DIR/node-$NODE"; fi
+  DATA_DIR="$NODE_DIR/data"
+  LOG_DIR="$NODE_DIR/logs"
+  PROPS="$NODE_DIR/server.properties"
+  LOG4J="$NODE_DIR/log4j2.properties"
+  PID_FILE="$NODE_DIR/kafka.pid"
+}
+node 1
+BOOTSTRAP=""
+for ((i = 1; i <= NODES; i++)); do BOOTSTRAP+="${BOOTSTRAP:+,}127.0.0.1:$((BASE_PORT + 2 * (i - 1)))"; done
 # maven-dependency-plugin pinned so resolution does not depend on Maven's defaults.
 DEP_PLUGIN="org.apache.maven.plugins:maven-dependency-plugin:3.8.1"
 
@@ -57,33 +84,44 @@ python_bin() {
   fi
 }
 
-# wait_ready BOOTSTRAP TIMEOUT [PID]: succeed once the cluster answers a metadata
-# request listing at least one (unfenced) broker; fail early if PID dies.
+# wait_ready BOOTSTRAP TIMEOUT ["PID ..."]: succeed once the cluster answers a metadata
+# request listing GPUSCHED_READY_BROKERS (default 1) unfenced brokers; fail early if a
+# PID dies. KAFKA_SH_CA/KAFKA_SH_PASSWORD: log in as the admin over SASL_SSL.
 wait_ready() {
   "$(python_bin)" - "$1" "$2" "${3:-}" <<'PY'
 import asyncio, os, socket, struct, sys, time
 
-bootstrap, timeout, pid = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+bootstrap, timeout, pids = sys.argv[1], float(sys.argv[2]), sys.argv[3].split()
 deadline = time.monotonic() + timeout
+want = int(os.environ.get("GPUSCHED_READY_BROKERS") or 1)
 
 def alive():
-    if not pid:
-        return True
-    try:  # a zombie (state Z) counts as dead
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+    for pid in pids:
+        try:  # a zombie (state Z) counts as dead
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    return False
+        except OSError:
+            return False
+    return True
+
+def security():
+    if not os.environ.get("KAFKA_SH_CA"):
+        return {}
+    from aiokafka.helpers import create_ssl_context
+    return dict(security_protocol="SASL_SSL", sasl_mechanism="SCRAM-SHA-512",
+                sasl_plain_username="admin", sasl_plain_password=os.environ["KAFKA_SH_PASSWORD"],
+                ssl_context=create_ssl_context(cafile=os.environ["KAFKA_SH_CA"]))
 
 async def probe_aiokafka():
     from aiokafka.admin import AIOKafkaAdminClient
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=5000)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=5000, **security())
     try:
         await admin.start()
         meta = await admin.describe_cluster()
-        # KRaft brokers leave fenced brokers out of metadata, so a non-empty list
-        # means a broker is registered and can host partitions.
-        return bool(meta.get("brokers"))
+        # KRaft brokers leave fenced brokers out of metadata, so a listed broker is
+        # registered and can host partitions.
+        return len(meta.get("brokers") or ()) >= want
     finally:
         await admin.close()
 
@@ -161,32 +199,74 @@ cmd_fetch() {
   log "cached $(ls "$LIBS" | wc -l) jars ($(du -sh "$LIBS" | cut -f1))"
 }
 
-write_config() {
-  mkdir -p "$DATA_DIR" "$LOG_DIR"
-  # Rewritten on every start (ports/paths may change); storage is not touched.
-  cat >"$PROPS" <<EOF
-# Generated by deploy/kafka.sh: single combined broker+controller (KRaft) for tests.
-process.roles=broker,controller
-node.id=1
-controller.quorum.voters=1@127.0.0.1:$CONTROLLER_PORT
+voters() {
+  local i v=""
+  for ((i = 1; i <= NODES; i++)); do v+="${v:+,}$i@127.0.0.1:$((BASE_PORT + 2 * (i - 1) + 1))"; done
+  echo "$v"
+}
+
+# Replication settings follow the node count: 3 nodes -> 3 copies, 2 must be in sync.
+replicas() { if ((NODES >= 3)); then echo 3; else echo "$NODES"; fi; }
+min_isr() { local r; r="$(replicas)"; if ((r >= 3)); then echo 2; else echo 1; fi; }
+
+listener_config() {
+  if [[ "$SECURITY" == plaintext ]]; then
+    cat <<EOF
 listeners=PLAINTEXT://127.0.0.1:$PORT,CONTROLLER://127.0.0.1:$CONTROLLER_PORT
 advertised.listeners=PLAINTEXT://127.0.0.1:$PORT
-controller.listener.names=CONTROLLER
 inter.broker.listener.name=PLAINTEXT
 listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
+EOF
+    return
+  fi
+  local admin_pw; admin_pw="$(password_of admin)"
+  # Clients: SASL_SSL with SCRAM-SHA-512; brokers talk to each other on it as the admin
+  # user. The controller listener is mutual TLS: SCRAM users live in the metadata log
+  # that controllers serve, so they cannot authenticate the controllers themselves.
+  cat <<EOF
+listeners=SASL_SSL://127.0.0.1:$PORT,CONTROLLER://127.0.0.1:$CONTROLLER_PORT
+advertised.listeners=SASL_SSL://127.0.0.1:$PORT
+inter.broker.listener.name=SASL_SSL
+listener.security.protocol.map=CONTROLLER:SSL,SASL_SSL:SASL_SSL
+sasl.enabled.mechanisms=SCRAM-SHA-512
+sasl.mechanism.inter.broker.protocol=SCRAM-SHA-512
+listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required username="admin" password="$admin_pw";
+listener.name.controller.ssl.client.auth=required
+ssl.keystore.type=PEM
+ssl.keystore.location=$SECRETS/broker.pem
+ssl.truststore.type=PEM
+ssl.truststore.location=$SECRETS/ca.pem
+ssl.endpoint.identification.algorithm=https
+authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer
+allow.everyone.if.no.acl.found=false
+super.users=User:admin;User:CN=gpusched-broker
+EOF
+}
+
+write_config() {
+  mkdir -p "$DATA_DIR" "$LOG_DIR"
+  local rf isr; rf="$(replicas)"; isr="$(min_isr)"
+  # Rewritten on every start (ports/paths may change); storage is not touched.
+  cat >"$PROPS" <<EOF
+# Generated by deploy/kafka.sh: combined broker+controller node $NODE of $NODES (KRaft).
+process.roles=broker,controller
+node.id=$NODE
+controller.quorum.voters=$(voters)
+controller.listener.names=CONTROLLER
+$(listener_config)
 log.dirs=$DATA_DIR
 
-# One node: every replication factor / ISR is 1.
+# Internal topics and defaults follow the node count (3 nodes: 3 copies, 2 in sync).
 num.partitions=1
-default.replication.factor=1
-min.insync.replicas=1
-offsets.topic.replication.factor=1
+default.replication.factor=$rf
+min.insync.replicas=$isr
+offsets.topic.replication.factor=$rf
 offsets.topic.num.partitions=8
-transaction.state.log.replication.factor=1
-transaction.state.log.min.isr=1
+transaction.state.log.replication.factor=$rf
+transaction.state.log.min.isr=$isr
 transaction.state.log.num.partitions=4
-share.coordinator.state.topic.replication.factor=1
-share.coordinator.state.topic.min.isr=1
+share.coordinator.state.topic.replication.factor=$rf
+share.coordinator.state.topic.min.isr=$isr
 
 # Tests create their topics explicitly; consumer groups join without delay.
 auto.create.topics.enable=false
@@ -244,25 +324,85 @@ EOF
 # demos run on a freshly started broker, so C1 is the default here.
 # GPUSCHED_KAFKA_JVM_OPTS: more JVM options (split on spaces), after these ones.
 read -r -a EXTRA_JVM_OPTS <<<"${GPUSCHED_KAFKA_JVM_OPTS:-}"
-JAVA_OPTS=(-Xms128m "-Xmx$HEAP" -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -XX:TieredStopAtLevel=1
-  "${EXTRA_JVM_OPTS[@]}"
-  -Djava.awt.headless=true
-  "-Dlog4j2.configurationFile=$LOG4J" "-Dkafka.logs.dir=$LOG_DIR"
-  -cp "$LIBS/*")
+java_cmd() {  # $1 = main class, rest = its args; logs go to the current node's dir
+  java -Xms128m "-Xmx$HEAP" -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -XX:TieredStopAtLevel=1 \
+    "${EXTRA_JVM_OPTS[@]}" -Djava.awt.headless=true \
+    "-Dlog4j2.configurationFile=$LOG4J" "-Dkafka.logs.dir=$LOG_DIR" -cp "$LIBS/*" "$@"
+}
 
-java_cmd() { java "${JAVA_OPTS[@]}" "$@"; }  # $1 = main class, rest = its args
+# One SCRAM user per service, the admin (super user: creates topics and ACLs) and
+# "nobody" (a valid login with no role: tests check it is refused everything).
+PRINCIPALS="admin admission placer preemptor node-agent billing audit nobody"
+
+password_of() { awk -v u="$1" '$1 == u {print $2}' "$SECRETS/credentials"; }
+
+make_secrets() {
+  # A throwaway CA and broker certificate (IP SAN 127.0.0.1), and random passwords;
+  # made once per run dir, kept with its data.
+  [[ -f "$SECRETS/credentials" ]] && return 0
+  command -v openssl >/dev/null || die "openssl not found (needed for GPUSCHED_KAFKA_SECURITY=sasl_ssl)"
+  mkdir -p "$SECRETS"; chmod 700 "$SECRETS"
+  local d="$SECRETS" u
+  (
+    umask 077
+    openssl req -x509 -newkey rsa:2048 -nodes -days 30 -subj "/CN=gpusched-test-ca" \
+      -keyout "$d/ca.key" -out "$d/ca.pem" 2>/dev/null
+    openssl req -newkey rsa:2048 -nodes -subj "/CN=gpusched-broker" \
+      -keyout "$d/broker.key" -out "$d/broker.csr" 2>/dev/null
+    printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\n' >"$d/san.ext"
+    openssl x509 -req -in "$d/broker.csr" -CA "$d/ca.pem" -CAkey "$d/ca.key" -CAcreateserial \
+      -days 30 -extfile "$d/san.ext" -out "$d/broker.crt" 2>/dev/null
+    # Kafka's PEM keystore: an unencrypted PKCS#8 key followed by the chain.
+    openssl pkcs8 -topk8 -nocrypt -in "$d/broker.key" >"$d/broker.pem"
+    cat "$d/broker.crt" "$d/ca.pem" >>"$d/broker.pem"
+    for u in $PRINCIPALS; do echo "$u $(openssl rand -hex 16)"; done >"$d/credentials.tmp"
+    mv "$d/credentials.tmp" "$d/credentials"
+  ) || die "could not make the CA, certificate or passwords in $SECRETS"
+  log "made a throwaway CA, broker certificate and SCRAM passwords in $SECRETS"
+}
+
+cluster_id() {
+  if [[ ! -s "$RUN_DIR/cluster-id" ]]; then
+    mkdir -p "$RUN_DIR" "$LOG_DIR"
+    java_cmd kafka.tools.StorageTool random-uuid 2>>"$LOG_DIR/storage-tool.log" | tail -n1 >"$RUN_DIR/cluster-id"
+  fi
+  [[ -s "$RUN_DIR/cluster-id" ]] || die "StorageTool random-uuid failed (see $LOG_DIR/storage-tool.log)"
+  cat "$RUN_DIR/cluster-id"
+}
 
 format_storage() {
   if [[ -f "$DATA_DIR/meta.properties" ]]; then
     return 0  # restart with existing data: never reformat
   fi
-  local cluster_id
-  cluster_id="$(java_cmd kafka.tools.StorageTool random-uuid 2>>"$LOG_DIR/storage-tool.log" | tail -n1)"
-  [[ -n "$cluster_id" ]] || die "StorageTool random-uuid failed (see $LOG_DIR/storage-tool.log)"
-  log "formatting $DATA_DIR (cluster id $cluster_id)"
-  java_cmd kafka.tools.StorageTool format --cluster-id "$cluster_id" --config "$PROPS" \
+  local id scram=() u
+  id="$(cluster_id)"
+  if [[ "$SECURITY" == sasl_ssl ]]; then
+    for u in $PRINCIPALS; do scram+=(--add-scram "SCRAM-SHA-512=[name=$u,password=$(password_of "$u")]"); done
+  fi
+  log "formatting $DATA_DIR (cluster id $id)"
+  java_cmd kafka.tools.StorageTool format --cluster-id "$id" --config "$PROPS" "${scram[@]}" \
     >>"$LOG_DIR/storage-tool.log" 2>&1 \
     || { tail -n 20 "$LOG_DIR/storage-tool.log" >&2; die "storage format failed"; }
+}
+
+ready_env() {  # the probe logs in as the admin on a secured cluster
+  [[ "$SECURITY" == sasl_ssl && -z "${KAFKA_BOOTSTRAP_SERVERS:-}" ]] || return 0
+  export KAFKA_SH_CA="$SECRETS/ca.pem" KAFKA_SH_PASSWORD="$(password_of admin)"
+}
+
+start_node() {  # start node $NODE unless it runs; echo its pid
+  local pid
+  if pid="$(pid_running)"; then echo "$pid"; return 0; fi
+  write_config
+  format_storage
+  log "starting node $NODE on 127.0.0.1:$PORT (controller $CONTROLLER_PORT, data $DATA_DIR, $SECURITY)"
+  nohup java -Xms128m "-Xmx$HEAP" -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -XX:TieredStopAtLevel=1 \
+    "${EXTRA_JVM_OPTS[@]}" -Djava.awt.headless=true \
+    "-Dlog4j2.configurationFile=$LOG4J" "-Dkafka.logs.dir=$LOG_DIR" -cp "$LIBS/*" \
+    kafka.Kafka "$PROPS" >>"$LOG_DIR/kafka.out" 2>&1 </dev/null &
+  pid=$!
+  echo "$pid" >"$PID_FILE"
+  echo "$pid"
 }
 
 cmd_start() {
@@ -273,49 +413,40 @@ cmd_start() {
     echo "$KAFKA_BOOTSTRAP_SERVERS"
     return 0
   fi
-  local pid
-  if pid="$(pid_running)"; then
-    wait_ready "$BOOTSTRAP" "$START_TIMEOUT" "$pid" \
-      || die "broker pid $pid is running but not answering on $BOOTSTRAP (see $LOG_DIR/server.log)"
-    log "already running (pid $pid)"
-    echo "$BOOTSTRAP"
-    return 0
-  fi
   [[ -f "$LIBS/.complete" ]] || cmd_fetch
   check_java
-  write_config
-  format_storage
-  local t0=$SECONDS
-  log "starting broker on $BOOTSTRAP (controller 127.0.0.1:$CONTROLLER_PORT, data $DATA_DIR)"
-  nohup java "${JAVA_OPTS[@]}" kafka.Kafka "$PROPS" >>"$LOG_DIR/kafka.out" 2>&1 </dev/null &
-  pid=$!
-  echo "$pid" >"$PID_FILE"
+  # SCRAM users are written at format time: a run dir formatted in the other mode
+  # would start a broker nobody can log in to.
+  if [[ -s "$RUN_DIR/security" && "$(cat "$RUN_DIR/security")" != "$SECURITY" ]]; then
+    die "$RUN_DIR was formatted with GPUSCHED_KAFKA_SECURITY=$(cat "$RUN_DIR/security"); use that or \`clean\` first"
+  fi
+  mkdir -p "$RUN_DIR"; echo "$SECURITY" >"$RUN_DIR/security"
+  if [[ "$SECURITY" == sasl_ssl ]]; then make_secrets; fi
+  ready_env
+  local t0=$SECONDS i pids=()
+  for ((i = 1; i <= NODES; i++)); do node "$i"; pids+=("$(start_node)"); done
+  node 1
+  # A quorum needs a majority, so the nodes start together and are awaited together:
+  # ready once every node is registered (a single node: once it answers).
   local rc=0
-  wait_ready "$BOOTSTRAP" "$START_TIMEOUT" "$pid" || rc=$?
+  GPUSCHED_READY_BROKERS="$NODES" wait_ready "$BOOTSTRAP" "$START_TIMEOUT" "${pids[*]}" || rc=$?
   if [[ $rc -ne 0 ]]; then
-    [[ $rc -eq 2 ]] && log "broker process exited during startup" \
-                    || log "broker did not answer within ${START_TIMEOUT}s"
-    tail -n 30 "$LOG_DIR/kafka.out" "$LOG_DIR/server.log" >&2 2>/dev/null || true
+    [[ $rc -eq 2 ]] && log "a node exited during startup" \
+                    || log "cluster did not answer within ${START_TIMEOUT}s"
+    for ((i = 1; i <= NODES; i++)); do
+      node "$i"; tail -n 30 "$LOG_DIR/kafka.out" "$LOG_DIR/server.log" >&2 2>/dev/null || true
+    done
     [[ $rc -eq 2 ]] || cmd_stop >/dev/null 2>&1 || true
-    rm -f "$PID_FILE"
     exit 1
   fi
-  log "broker up (pid $pid) after $((SECONDS - t0))s"
+  log "cluster up ($NODES node(s), pids ${pids[*]}) after $((SECONDS - t0))s"
   echo "$BOOTSTRAP"
 }
 
-cmd_stop() {
-  if [[ -n "${KAFKA_BOOTSTRAP_SERVERS:-}" ]]; then
-    log "KAFKA_BOOTSTRAP_SERVERS is set; not stopping an external cluster"
-    return 0
-  fi
+stop_node() {
   local pid
-  if ! pid="$(pid_running)"; then
-    rm -f "$PID_FILE"
-    log "not running"
-    return 0
-  fi
-  log "stopping broker (pid $pid)"
+  if ! pid="$(pid_running)"; then rm -f "$PID_FILE"; return 0; fi
+  log "stopping node $NODE (pid $pid)"
   kill -TERM "$pid" 2>/dev/null || true
   local i
   for ((i = 0; i < 300; i++)); do   # 30 s for a controlled shutdown
@@ -328,20 +459,38 @@ cmd_stop() {
     while alive "$pid"; do sleep 0.1; done
   fi
   rm -f "$PID_FILE"
+}
+
+kill_node() {
+  local pid
+  if pid="$(pid_running)"; then
+    log "killing node $NODE (pid $pid) with SIGKILL"
+    kill -KILL "$pid" 2>/dev/null || true
+    while alive "$pid"; do sleep 0.1; done
+  fi
+  rm -f "$PID_FILE"
+}
+
+# each_node ACTION [NODE]: ACTION on one node, or on all (the last node first, so that
+# a controlled shutdown of all does not wait on leadership moves to stopping nodes).
+each_node() {
+  local action="$1" i
+  if [[ -n "${2:-}" ]]; then node "$2"; "$action"; return; fi
+  for ((i = NODES; i >= 1; i--)); do node "$i"; "$action"; done
+}
+
+cmd_stop() {
+  if [[ -n "${KAFKA_BOOTSTRAP_SERVERS:-}" ]]; then
+    log "KAFKA_BOOTSTRAP_SERVERS is set; not stopping an external cluster"
+    return 0
+  fi
+  each_node stop_node "${1:-}"
   log "stopped"
 }
 
 cmd_kill() {
   [[ -z "${KAFKA_BOOTSTRAP_SERVERS:-}" ]] || die "KAFKA_BOOTSTRAP_SERVERS is set; not killing an external cluster"
-  local pid
-  if pid="$(pid_running)"; then
-    log "killing broker (pid $pid) with SIGKILL"
-    kill -KILL "$pid" 2>/dev/null || true
-    while alive "$pid"; do sleep 0.1; done
-  else
-    log "not running"
-  fi
-  rm -f "$PID_FILE"
+  each_node kill_node "${1:-}"
 }
 
 cmd_status() {
@@ -351,9 +500,11 @@ cmd_status() {
     fi
     echo "not running (external $KAFKA_BOOTSTRAP_SERVERS does not answer)"; return 3
   fi
-  local pid
-  if pid="$(pid_running)"; then
-    echo "running (pid $pid, bootstrap $BOOTSTRAP, data $DATA_DIR)"
+  local i pid up=()
+  for ((i = 1; i <= NODES; i++)); do node "$i"; pid="$(pid_running)" && up+=("$i:$pid"); done
+  node 1
+  if ((${#up[@]})); then
+    echo "running (node:pid ${up[*]}, bootstrap $BOOTSTRAP, $SECURITY, data $RUN_DIR)"
     return 0
   fi
   echo "not running"
@@ -369,10 +520,10 @@ cmd_clean() {
 case "${1:-}" in
   fetch) cmd_fetch ;;
   start) cmd_start ;;
-  stop) cmd_stop ;;
-  kill) cmd_kill ;;
+  stop) cmd_stop "${2:-}" ;;
+  kill) cmd_kill "${2:-}" ;;
   status) cmd_status ;;
   clean) cmd_clean ;;
-  logs) tail -n "${2:-100}" "$LOG_DIR/server.log" ;;
-  *) echo "usage: $0 fetch|start|stop|kill|status|clean|logs [N]" >&2; exit 2 ;;
+  logs) node "${3:-1}"; tail -n "${2:-100}" "$LOG_DIR/server.log" ;;
+  *) echo "usage: $0 fetch|start|stop [NODE]|kill [NODE]|status|clean|logs [N [NODE]]" >&2; exit 2 ;;
 esac

@@ -9,16 +9,18 @@ cd "$REPO"
 
 bash deploy/setup.sh
 
-# Safety net: tests/conftest.py notes its broker's port and run dir in this file;
-# if pytest dies without running its session teardown, stop that broker here.
+# Safety net: tests/conftest.py notes each broker cluster it starts in this file, one
+# "port run_dir [nodes]" line each; if pytest dies without running its teardown, stop
+# them here.
 NOTE="$(mktemp)"
 export GPUSCHED_TEST_BROKER_NOTE="$NOTE"
 stop_test_broker() {
-  local port run_dir
-  if read -r port run_dir <"$NOTE" 2>/dev/null && [[ -n "$run_dir" ]]; then
+  local port run_dir nodes
+  while read -r port run_dir nodes; do
+    [[ -n "$run_dir" ]] || continue
     env -u KAFKA_BOOTSTRAP_SERVERS GPUSCHED_KAFKA_PORT="$port" GPUSCHED_RUN_DIR="$run_dir" \
-      bash deploy/kafka.sh stop >/dev/null 2>&1 || true
-  fi
+      GPUSCHED_KAFKA_BROKERS="${nodes:-1}" bash deploy/kafka.sh stop >/dev/null 2>&1 || true
+  done <"$NOTE" 2>/dev/null || true
   rm -f "$NOTE"
 }
 trap stop_test_broker EXIT

@@ -12,6 +12,7 @@ COMMANDS = {
     "billing": ("gpusched.consumers.billing", "GPU-hours per team, folded from the log"),
     "usage": ("gpusched.consumers.usage_report", "GPU-hours allocated vs used (measured), idle jobs"),
     "policy": ("gpusched.policy_cli", "read and set quotas, weights and allow-lists (docs/policy.md)"),
+    "kafka-setup": ("gpusched.kafka_setup", "create a deployment's topics and ACLs (as the Kafka admin)"),
     "demo": ("gpusched.demo", "a local cluster, a mixed workload, and what happened"),
     "simulate": ("gpusched.sim.cli", "trace-driven simulator: `simulate static|dynamic ...`"),
 }

@@ -8,6 +8,8 @@ import os
 from pydantic import BaseModel, Field
 
 from gpusched.adapters.kafka_admin import TopicNames
+from gpusched.adapters.kafka_security import (ENV_CA, ENV_MECHANISM, ENV_PASSWORD, ENV_PASSWORD_FILE, ENV_PROTOCOL,
+                                              ENV_USER, KafkaConnection, read_password)
 
 
 # A finished job stays queryable this long after it ended (log time), then it leaves the
@@ -22,10 +24,28 @@ class KafkaSettings(BaseModel):
     bootstrap: str = Field(min_length=3)
     topic_prefix: str = "gpusched."
     partitions: int = Field(default=4, ge=1, le=1024)
+    # Security (gpusched.adapters.kafka_security): PLAINTEXT, or SASL_SSL with this
+    # service's own SCRAM principal and the CA of the brokers' certificates.
+    security_protocol: str = "PLAINTEXT"
+    sasl_mechanism: str = "SCRAM-SHA-512"
+    username: str = ""
+    password: str = Field(default="", repr=False)
+    ca_file: str = ""
+    # Topics this service creates: 0 follows the cluster (3+ brokers: 3 copies and 2 in
+    # sync; fewer: one each). Existing topics below these are reported at start.
+    replication_factor: int = Field(default=0, ge=0, le=16)
+    min_insync_replicas: int = Field(default=0, ge=0, le=16)
 
     @property
     def topics(self) -> TopicNames:
         return TopicNames(self.topic_prefix)
+
+    @property
+    def connection(self) -> KafkaConnection:
+        """What every Kafka client of the service is built from (``client_args``)."""
+        return KafkaConnection(bootstrap=self.bootstrap, security_protocol=self.security_protocol,
+                               sasl_mechanism=self.sasl_mechanism, username=self.username,
+                               password=self.password, ca_file=self.ca_file)
 
 
 def add_kafka_args(parser: argparse.ArgumentParser) -> None:
@@ -37,6 +57,20 @@ def add_kafka_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--partitions", type=int, default=os.environ.get("GPUSCHED_PARTITIONS", "4"),
                         help="partitions of the cluster-events topic (pools hash onto them)")
     parser.add_argument("--log-level", default=os.environ.get("GPUSCHED_LOG_LEVEL", "INFO"))
+    env = os.environ.get
+    parser.add_argument("--kafka-security-protocol", default=env(ENV_PROTOCOL, "PLAINTEXT").upper(),
+                        choices=("PLAINTEXT", "SASL_SSL"), help=f"env {ENV_PROTOCOL}")
+    parser.add_argument("--kafka-sasl-mechanism", default=env(ENV_MECHANISM, "SCRAM-SHA-512").upper(),
+                        choices=("SCRAM-SHA-512", "SCRAM-SHA-256"), help=f"env {ENV_MECHANISM}")
+    parser.add_argument("--kafka-user", default=env(ENV_USER, ""), help=f"SCRAM user (env {ENV_USER})")
+    # The password itself only from the environment or a file: a flag would show in ``ps``.
+    parser.add_argument("--kafka-password-file", default=env(ENV_PASSWORD_FILE, ""),
+                        help=f"file holding the SCRAM password (env {ENV_PASSWORD_FILE}; or env {ENV_PASSWORD})")
+    parser.add_argument("--kafka-ca", default=env(ENV_CA, ""), help=f"CA of the brokers' certificates (env {ENV_CA})")
+    parser.add_argument("--replication-factor", type=int, default=env("GPUSCHED_REPLICATION_FACTOR", "0"),
+                        help="copies of each topic created (0: 3 on a cluster of 3+ brokers, else 1)")
+    parser.add_argument("--min-insync-replicas", type=int, default=env("GPUSCHED_MIN_INSYNC_REPLICAS", "0"),
+                        help="min.insync.replicas of the topics (0: replication factor - 1, at least 1)")
 
 
 def kafka_settings(args: argparse.Namespace) -> KafkaSettings:
@@ -46,7 +80,14 @@ def kafka_settings(args: argparse.Namespace) -> KafkaSettings:
 
     try:
         parallel_replay_min_from_env()   # read by every LogFollower: fail here, with its name
-        return KafkaSettings(bootstrap=args.bootstrap, topic_prefix=args.topic_prefix, partitions=args.partitions)
+        settings = KafkaSettings(
+            bootstrap=args.bootstrap, topic_prefix=args.topic_prefix, partitions=args.partitions,
+            security_protocol=args.kafka_security_protocol, sasl_mechanism=args.kafka_sasl_mechanism,
+            username=args.kafka_user, ca_file=args.kafka_ca,
+            password=read_password(os.environ.get(ENV_PASSWORD, ""), args.kafka_password_file),
+            replication_factor=args.replication_factor, min_insync_replicas=args.min_insync_replicas)
+        settings.connection   # a SASL_SSL without its login fails here, naming what is missing
+        return settings
     except ValueError as exc:
         raise SystemExit(f"invalid settings: {exc}")
 

@@ -25,15 +25,16 @@ from gpusched.consumers.usage_report import number_type, collect, format_report
 from gpusched.consumers.utilization import UtilizationLedger
 from gpusched.local_cluster import LocalCluster
 from gpusched.adapters.kafka_admin import TopicNames
+from gpusched.adapters.kafka_security import KafkaConnection, Where
 from gpusched.v1 import types_pb2
 from gpusched.workloads import mixed_jobs
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def ensure_broker() -> str:
-    if os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
-        return os.environ["KAFKA_BOOTSTRAP_SERVERS"]
+def ensure_broker() -> Where:
+    if os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):   # its login too, from GPUSCHED_KAFKA_*
+        return KafkaConnection.from_env()
     out = subprocess.run(["bash", str(REPO / "deploy" / "kafka.sh"), "start"], check=True,
                          stdout=subprocess.PIPE, text=True).stdout.strip().splitlines()
     return out[-1]
@@ -106,7 +107,7 @@ def _report(jobs, t_submit, makespan, samples, args) -> None:
         print(f"queueing delay submit->running: p50 {waits[len(waits) // 2]:.2f}s, p99 {waits[int(len(waits) * 0.99)]:.2f}s")
 
 
-async def _usage_report(bootstrap: str, topics: TopicNames, args: argparse.Namespace) -> None:
+async def _usage_report(bootstrap: Where, topics: TopicNames, args: argparse.Namespace) -> None:
     """Allocated vs used from the log and the agents' usage records (``gpusched usage``)."""
     if not args.usage_interval:
         return

@@ -8,6 +8,11 @@ The services' gRPC servers run in the ``--insecure`` dev mode (plaintext, no ide
 loopback only) unless a ``DevPki`` is given: then they serve TLS, identify callers by
 its tokens, JWTs and (``mtls``) client certificates, and check its policy file
 (docs/security.md).
+
+On a secured cluster each service logs in to Kafka as its own principal
+(``gpusched.adapters.kafka_acls.GRANTS``): its password comes from ``credentials``
+(by default the ``credentials`` file next to the connection's CA, as deploy/kafka.sh
+writes them).
 """
 from __future__ import annotations
 
@@ -21,11 +26,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpusched.adapters.kafka_admin import TopicNames
+from gpusched.adapters.kafka_security import Where, connection, load_credentials
 
 if TYPE_CHECKING:
     from gpusched.adapters.dev_pki import DevPki
 
 BIN = Path(sys.executable).parent
+# The Kafka principal each service command logs in as.
+PRINCIPALS = {"gpusched-admission": "admission", "gpusched-placer": "placer",
+              "gpusched-preemptor": "preemptor", "gpusched-node-agent": "node-agent",
+              "gpusched": "audit"}
 
 
 @dataclass
@@ -60,9 +70,13 @@ class Service:
 
 
 class LocalCluster:
-    def __init__(self, bootstrap: str, topics: TopicNames, log_dir: Path, partitions: int = 4,
-                 job_retention_s: float | None = None, pki: "DevPki | None" = None, mtls: bool = False) -> None:
-        self.bootstrap = bootstrap
+    def __init__(self, bootstrap: Where, topics: TopicNames, log_dir: Path, partitions: int = 4,
+                 job_retention_s: float | None = None, credentials: dict[str, str] | None = None,
+                 pki: "DevPki | None" = None, mtls: bool = False) -> None:
+        self.connection = connection(bootstrap)
+        self.bootstrap = self.connection.bootstrap
+        # principal -> password; a test may change one to see a service refused
+        self.credentials = dict(credentials if credentials is not None else _default_credentials(self.connection))
         self.topics = topics
         self.log_dir = log_dir
         self.partitions = partitions
@@ -72,8 +86,15 @@ class LocalCluster:
         self.mtls = mtls
         log_dir.mkdir(parents=True, exist_ok=True)
 
-    def _env(self) -> dict[str, str]:
-        return {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": self.bootstrap,
+    def kafka_env(self, principal: str) -> dict[str, str]:
+        """The environment that makes a service log in to Kafka as ``principal``."""
+        conn = self.connection
+        if conn.secured:
+            conn = conn.as_user(principal, self.credentials.get(principal, ""))
+        return conn.env()
+
+    def _env(self, principal: str = "audit") -> dict[str, str]:
+        return {**os.environ, **self.kafka_env(principal),
                 "GPUSCHED_TOPIC_PREFIX": self.topics.prefix,
                 "GPUSCHED_PARTITIONS": str(self.partitions), "GPUSCHED_LOG_LEVEL": "WARNING",
                 "PYTHONUNBUFFERED": "1",
@@ -95,7 +116,8 @@ class LocalCluster:
         log_path = self.log_dir / f"{name}.log"
         log = open(log_path, "ab")
         proc = await asyncio.create_subprocess_exec(
-            str(BIN / command), *args, env=self._env(), stdout=asyncio.subprocess.PIPE, stderr=log)
+            str(BIN / command), *args, env=self._env(PRINCIPALS.get(command, "audit")),
+            stdout=asyncio.subprocess.PIPE, stderr=log)
         service = Service(name, proc, log_path=log_path)
         self.services.append(service)
         try:
@@ -129,3 +151,10 @@ class LocalCluster:
 
     async def stop_all(self) -> None:
         await asyncio.gather(*(s.terminate() for s in self.services), return_exceptions=True)
+
+
+def _default_credentials(conn) -> dict[str, str]:
+    if not conn.secured:
+        return {}
+    path = Path(conn.ca_file).parent / "credentials"
+    return load_credentials(path) if path.exists() else {}

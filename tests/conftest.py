@@ -1,13 +1,18 @@
 """Shared pytest fixtures: a real Kafka broker for the tests that need one.
 
-* ``kafka_bootstrap`` (session): the bootstrap address. Uses
-  ``KAFKA_BOOTSTRAP_SERVERS`` when set; otherwise starts a private broker with
-  ``deploy/kafka.sh`` on a free loopback port pair (or ``GPUSCHED_TEST_KAFKA_PORT``)
-  with its data in ``.run/test-kafka-<port>``, and stops it at session end. The
-  run dir is deleted afterwards unless a test failed (its logs are kept then).
-  Separate ports and dirs per session let several test runs share a machine.
-* ``topics`` (function): a fresh, unique set of topics (``TopicNames``) per test,
-  deleted again afterwards.
+* ``kafka_bootstrap`` (session): the cluster, as a ``KafkaConnection`` logged in as the
+  admin (``str()`` of it is the bootstrap address). Uses ``KAFKA_BOOTSTRAP_SERVERS``
+  (and ``GPUSCHED_KAFKA_*``, see gpusched.adapters.kafka_security) when set; otherwise
+  starts a private broker with ``deploy/kafka.sh`` on a free loopback port pair (or
+  ``GPUSCHED_TEST_KAFKA_PORT``) with its data in ``.run/test-kafka-<port>``, and stops
+  it at session end. The run dir is deleted afterwards unless a test failed (its logs
+  are kept then). Separate ports and dirs per session let several test runs share a
+  machine. The broker is secured (SASL_SSL, SCRAM-SHA-512, ACLs) as production would
+  run it; ``GPUSCHED_TEST_KAFKA_SECURITY=plaintext`` starts a plaintext one instead.
+* ``kafka_credentials`` (session): SCRAM user -> password of the secured broker (empty
+  for a plaintext one); ``LocalCluster`` gives each service its own.
+* ``topics`` (function): a fresh, unique set of topics (``TopicNames``) per test, with
+  the services' ACLs on a secured broker, deleted again afterwards.
 * ``kafka_control`` (function): stop/kill/start the broker (only the broker this
   file started; skips with KAFKA_BOOTSTRAP_SERVERS). A test that leaves the
   broker down gets it restarted at teardown.
@@ -30,12 +35,15 @@ from pathlib import Path
 
 import pytest
 
+from gpusched.adapters.kafka_acls import grant_service_acls
 from gpusched.adapters.kafka_admin import TopicNames, delete_topics, ensure_topics
+from gpusched.adapters.kafka_security import KafkaConnection, load_credentials
 
 REPO = Path(__file__).resolve().parents[1]
 KAFKA_SH = REPO / "deploy" / "kafka.sh"
 
-_BROKER_FIXTURES = {"kafka_bootstrap", "topics", "kafka_control"}
+_BROKER_FIXTURES = {"kafka_bootstrap", "topics", "kafka_control", "kafka_credentials"}
+SECURITY = os.environ.get("GPUSCHED_TEST_KAFKA_SECURITY", "sasl_ssl")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -44,19 +52,22 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.broker)
 
 
-def _free_port_pair() -> int:
-    """A port p with p and p+1 (controller) free on 127.0.0.1, below the
-    kernel's ephemeral range so client sockets do not take it meanwhile."""
+def _free_port_pair(count: int = 2) -> int:
+    """A port p with p .. p+count-1 free on 127.0.0.1 (a node's listener and controller
+    each), below the kernel's ephemeral range so client sockets do not take them meanwhile."""
     for _ in range(200):
         port = random.randrange(20000, 32000, 2)
+        socks = [socket.socket() for _ in range(count)]
         try:
-            with socket.socket() as a, socket.socket() as b:
-                a.bind(("127.0.0.1", port))
-                b.bind(("127.0.0.1", port + 1))
+            for i, sock in enumerate(socks):
+                sock.bind(("127.0.0.1", port + i))
             return port
         except OSError:
             continue
-    raise RuntimeError("no free port pair for the test broker")
+        finally:
+            for sock in socks:
+                sock.close()
+    raise RuntimeError("no free ports for the test broker")
 
 
 class KafkaControl:
@@ -64,19 +75,38 @@ class KafkaControl:
     ``*_async`` ones inside async tests so clients on the loop keep running."""
 
     def __init__(self, bootstrap: str, managed: bool, port: int = 0,
-                 run_dir: Path | None = None) -> None:
-        self.bootstrap = bootstrap
+                 run_dir: Path | None = None, brokers: int = 1, security: str = SECURITY) -> None:
         self.managed = managed  # False: external cluster, not ours to stop
         self.run_dir = run_dir
         self.running = True
+        self.security = security if managed else "external"
+        self.credentials: dict[str, str] = {}
+        # Ours: plaintext until the first start shows the admin login (``_secured``); an
+        # external cluster: the login the environment gives (GPUSCHED_KAFKA_*).
+        self.connection = KafkaConnection(bootstrap) if managed else KafkaConnection.from_env(bootstrap=bootstrap)
         env = dict(os.environ)
         if managed:
             env.pop("KAFKA_BOOTSTRAP_SERVERS", None)
-            env.update(GPUSCHED_KAFKA_PORT=str(port), GPUSCHED_RUN_DIR=str(run_dir))
+            env.update(GPUSCHED_KAFKA_PORT=str(port), GPUSCHED_RUN_DIR=str(run_dir),
+                       GPUSCHED_KAFKA_SECURITY=security, GPUSCHED_KAFKA_BROKERS=str(brokers))
         self._env = env
 
-    def _args(self, action: str) -> list[str]:
-        return ["bash", str(KAFKA_SH), action]
+    @property
+    def bootstrap(self) -> KafkaConnection:
+        return self.connection
+
+    def _secured(self) -> None:
+        """After the first start: the admin login and the services' passwords that
+        deploy/kafka.sh made in the run dir."""
+        if not self.managed or self.security != "sasl_ssl" or self.credentials:
+            return
+        secrets = self.run_dir / "kafka" / "secrets"
+        self.credentials = load_credentials(secrets / "credentials")
+        self.connection = KafkaConnection(self.connection.bootstrap, "SASL_SSL", "admin",
+                                          self.credentials["admin"], str(secrets / "ca.pem"))
+
+    def _args(self, action: str, *more: str) -> list[str]:
+        return ["bash", str(KAFKA_SH), action, *more]
 
     def _check(self, action: str, rc: int, out: str) -> None:
         if rc != 0:
@@ -87,19 +117,23 @@ class KafkaControl:
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         self._check(action, p.returncode, p.stdout)
         self.running = action == "start"
+        if self.running:
+            self._secured()
 
-    async def run_async(self, action: str) -> None:
+    async def run_async(self, action: str, *more: str) -> None:
         p = await asyncio.create_subprocess_exec(
-            *self._args(action), env=self._env, cwd=REPO,
+            *self._args(action, *more), env=self._env, cwd=REPO,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
         out, _ = await p.communicate()
         self._check(action, p.returncode or 0, out.decode(errors="replace"))
-        self.running = action == "start"
+        if not more:   # a single node killed: the cluster still runs
+            self.running = action == "start"
 
     # stop = controlled shutdown (SIGTERM), kill = crash (SIGKILL); start waits
     # until the broker answers. Data survives all of them.
     def stop(self) -> None: self.run("stop")
     def kill(self) -> None: self.run("kill")
+    async def kill_node_async(self, node: int) -> None: await self.run_async("kill", str(node))
     def start(self) -> None: self.run("start")
     async def stop_async(self) -> None: await self.run_async("stop")
     async def kill_async(self) -> None: await self.run_async("kill")
@@ -125,10 +159,7 @@ def _kafka_session(request: pytest.FixtureRequest) -> KafkaControl:
     run_dir = REPO / ".run" / f"test-kafka-{port}"
     control = KafkaControl(f"127.0.0.1:{port}", managed=True, port=port, run_dir=run_dir)
     control.run("clean")  # fresh cluster (also stops a leftover broker on that dir)
-    # deploy/test.sh passes a file to note the run dir in, so that it can stop the
-    # broker should pytest die before this fixture's teardown.
-    if note := os.environ.get("GPUSCHED_TEST_BROKER_NOTE"):
-        Path(note).write_text(f"{port} {run_dir}\n")
+    _note(port, run_dir, 1)
     control.start()
     try:
         yield control
@@ -147,9 +178,42 @@ def _testcontainers_broker():
         yield KafkaControl(kafka.get_bootstrap_server(), managed=False)
 
 
+def _note(port: int, run_dir: Path, brokers: int) -> None:
+    """deploy/test.sh passes a file to note each cluster in, so that it can stop them
+    should pytest die before the fixtures' teardown."""
+    if note := os.environ.get("GPUSCHED_TEST_BROKER_NOTE"):
+        with open(note, "a") as f:
+            f.write(f"{port} {run_dir} {brokers}\n")
+
+
+def start_private_cluster(brokers: int, request: pytest.FixtureRequest):
+    """A private secured cluster of ``brokers`` nodes for one module (the durability
+    tests need three), stopped and removed afterwards as the session broker is."""
+    port = _free_port_pair(2 * brokers)
+    run_dir = REPO / ".run" / f"test-kafka{brokers}-{port}"
+    bootstrap = ",".join(f"127.0.0.1:{port + 2 * i}" for i in range(brokers))
+    control = KafkaControl(bootstrap, managed=True, port=port, run_dir=run_dir, brokers=brokers,
+                           security="sasl_ssl")
+    control.run("clean")
+    _note(port, run_dir, brokers)
+    control.start()
+    try:
+        yield control
+    finally:
+        failed = request.session.testsfailed
+        control.stop()
+        if request.session.testsfailed == failed == 0:
+            shutil.rmtree(run_dir, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
-def kafka_bootstrap(_kafka_session: KafkaControl) -> str:
+def kafka_bootstrap(_kafka_session: KafkaControl) -> KafkaConnection:
     return _kafka_session.bootstrap
+
+
+@pytest.fixture(scope="session")
+def kafka_credentials(_kafka_session: KafkaControl) -> dict[str, str]:
+    return _kafka_session.credentials
 
 
 @pytest.fixture
@@ -162,9 +226,11 @@ def kafka_control(_kafka_session: KafkaControl) -> KafkaControl:
 
 
 @pytest.fixture
-async def topics(request: pytest.FixtureRequest, kafka_bootstrap: str) -> TopicNames:
+async def topics(request: pytest.FixtureRequest, kafka_bootstrap: KafkaConnection) -> TopicNames:
     name = re.sub(r"[^A-Za-z0-9]+", "-", request.node.name).strip("-")[:60]
     names = TopicNames(f"t-{name}-{secrets.token_hex(3)}.")
     await ensure_topics(kafka_bootstrap, names)
+    if kafka_bootstrap.secured:
+        await grant_service_acls(kafka_bootstrap, names)
     yield names
     await delete_topics(kafka_bootstrap, names, timeout_s=10)   # best effort: no piling up partitions

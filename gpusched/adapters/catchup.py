@@ -22,10 +22,13 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import os
 import pickle
 import struct
 import sys
 from typing import AsyncIterator
+
+from gpusched.adapters.kafka_security import KafkaConnection, Where, client_args, connection
 
 FRAME_EVENTS = 4096          # events per frame: a fold of ~30 ms between two looks at the loop
 _LENGTH = struct.Struct("<I")
@@ -42,13 +45,16 @@ Frame = tuple[list[int], list[tuple]]
 
 
 # --- the follower's side --------------------------------------------------------------
-async def frames(bootstrap: str, topic: str, partition: int, start: int, end: int) -> AsyncIterator[Frame]:
+async def frames(bootstrap: Where, topic: str, partition: int, start: int, end: int) -> AsyncIterator[Frame]:
     """Frames of the records of ``topic[partition]`` from offset ``start`` up to ``end``
     (exclusive), decoded by a reader process; the process is killed when the caller
     stops early."""
+    conn = connection(bootstrap)
+    # The login travels in the reader's environment, not its argv (``ps`` shows argv).
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "gpusched.adapters.catchup", bootstrap, topic, str(partition), str(start), str(end),
-        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE)
+        sys.executable, "-m", "gpusched.adapters.catchup", conn.bootstrap, topic, str(partition), str(start),
+        str(end), stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+        env={**os.environ, **conn.env()})
     ended = False
     try:
         while True:
@@ -87,7 +93,7 @@ def _load(data: bytes) -> Frame:
 
 
 # --- the reader process ---------------------------------------------------------------
-async def read_range(bootstrap: str, topic: str, partition: int, start: int, end: int, out) -> None:
+async def read_range(bootstrap: Where, topic: str, partition: int, start: int, end: int, out) -> None:
     """Decode ``topic[partition]`` from ``start`` to ``end`` (exclusive) into frames on
     the binary stream ``out``."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -95,7 +101,7 @@ async def read_range(bootstrap: str, topic: str, partition: int, start: int, end
     from gpusched.adapters.codec import DecodeError, decode_flat
     from gpusched.adapters.flat import forget_strings
 
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
+    consumer = AIOKafkaConsumer(**client_args(bootstrap), enable_auto_commit=False,
                                 max_partition_fetch_bytes=16 << 20, fetch_max_bytes=64 << 20,
                                 isolation_level="read_uncommitted", client_id=f"catchup-{partition}")
     await consumer.start()
@@ -155,7 +161,8 @@ def _main(argv: list[str]) -> int:
     except OSError:   # not a pipe, or a smaller system limit: frames still flow, in smaller steps
         pass
     gc.freeze()   # what the imports built: collections scan only what the reading makes
-    asyncio.run(read_range(bootstrap, topic, partition, start, end, out))
+    conn = KafkaConnection.from_env(bootstrap=bootstrap)   # set by ``frames``
+    asyncio.run(read_range(conn, topic, partition, start, end, out))
     return 0
 
 

@@ -41,6 +41,7 @@ from aiokafka.partitioner import murmur2
 
 from gpusched.adapters import catchup, codec, flat
 from gpusched.adapters.kafka_admin import TopicNames
+from gpusched.adapters.kafka_security import Where, client_args
 from gpusched.adapters.snapshots import SnapshotStore
 from gpusched.adapters.tracing import current_context
 from gpusched.core import events as ev
@@ -174,11 +175,11 @@ def set_fetch_mode(consumer: AIOKafkaConsumer, mode: FetchMode) -> None:
 
 
 class EventPublisher:
-    def __init__(self, bootstrap: str, topics: TopicNames, partitions: int) -> None:
+    def __init__(self, bootstrap: Where, topics: TopicNames, partitions: int) -> None:
         self.topics = topics
         self.partitions = partitions
         self._producer = AIOKafkaProducer(
-            bootstrap_servers=bootstrap, acks="all", enable_idempotence=True,
+            **client_args(bootstrap), acks="all", enable_idempotence=True,
             linger_ms=LINGER_MS, request_timeout_ms=30_000, retry_backoff_ms=100,
         )
         self.linger_ms = LINGER_MS
@@ -238,11 +239,18 @@ class EventPublisher:
 class DeadLetters:
     """Writes records no consumer could apply, with the reason, to the dead-letter topic."""
 
-    def __init__(self, publisher: EventPublisher, consumer: str) -> None:
+    def __init__(self, publisher: EventPublisher | None, consumer: str) -> None:
+        # None: a read-only consumer (billing, reports), whose principal may not write;
+        # it logs the record instead. A pool-log record is dead-lettered by the services
+        # that write, which fold the same log.
         self._publisher = publisher
         self._consumer = consumer
 
     async def put(self, record, reason: str) -> None:
+        if self._publisher is None:
+            log.warning("%s cannot apply %s[%s]@%s: %s", self._consumer, record.topic, record.partition,
+                        record.offset, reason)
+            return
         letter = events_pb2.DeadLetter(
             source_topic=record.topic, partition=record.partition, offset=record.offset,
             consumer=self._consumer, reason=reason, key=record.key or b"",
@@ -274,7 +282,7 @@ class LogFollower:
     # Records per getmany(): larger batches spread the per-call overhead during replay.
     MAX_RECORDS = 20_000
 
-    def __init__(self, bootstrap: str, topics: TopicNames, name: str, dead_letters: DeadLetters,
+    def __init__(self, bootstrap: Where, topics: TopicNames, name: str, dead_letters: DeadLetters,
                  on_event: OnEvent | None = None, partitions: list[int] | None = None,
                  group_id: str | None = None, on_assigned: OnPartitions | None = None,
                  on_revoked: OnPartitions | None = None, use_snapshots: bool = False,
@@ -328,7 +336,7 @@ class LogFollower:
             self._snapshots = SnapshotStore(self._bootstrap, self.topics, name=self.name)
             self._own_snapshots = True
         self._consumer = AIOKafkaConsumer(
-            bootstrap_servers=self._bootstrap, group_id=self._group_id,
+            **client_args(self._bootstrap), group_id=self._group_id,
             enable_auto_commit=False, auto_offset_reset="earliest",
             fetch_max_wait_ms=IDLE_FETCH_WAIT_MS, max_partition_fetch_bytes=16 * 1024 * 1024,
             fetch_max_bytes=64 * 1024 * 1024,

@@ -15,13 +15,14 @@ from typing import Awaitable, Callable
 
 from aiokafka import AIOKafkaConsumer
 
+from gpusched.adapters.kafka_security import Where, client_args
 from gpusched.v1 import events_pb2
 
 log = logging.getLogger(__name__)
 
 
 class HeartbeatMonitor:
-    def __init__(self, bootstrap: str, topic: str, send: Callable[[bytes, bytes], Awaitable[None]],
+    def __init__(self, bootstrap: Where, topic: str, send: Callable[[bytes, bytes], Awaitable[None]],
                  blind_after_s: float = 2.0, probe_every_s: float = 0.5) -> None:
         self.last_seen: dict[str, float] = {}
         self.since = time.time()
@@ -30,7 +31,7 @@ class HeartbeatMonitor:
         self.probe_every_s = probe_every_s
         self._probe_name = f"~monitor-{uuid.uuid4().hex[:8]}"
         self._send = send
-        self._consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=None,
+        self._consumer = AIOKafkaConsumer(topic, **client_args(bootstrap), group_id=None,
                                           auto_offset_reset="latest", enable_auto_commit=False)
         self._tasks: list[asyncio.Task] = []
 

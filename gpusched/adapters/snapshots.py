@@ -31,6 +31,7 @@ from aiokafka.errors import MessageSizeTooLargeError
 
 from gpusched.adapters.forked_snapshot import CAN_FORK, snapshot_bytes_forked
 from gpusched.adapters.kafka_admin import TopicNames
+from gpusched.adapters.kafka_security import Where, client_args
 from gpusched.core.snapshot import capture, encode_captured
 from gpusched.core.state import ClusterState
 
@@ -60,7 +61,7 @@ class Written:
 class SnapshotStore:
     """Reads and writes the latest snapshot per events partition."""
 
-    def __init__(self, bootstrap: str, topics: TopicNames, name: str = "snapshots",
+    def __init__(self, bootstrap: Where, topics: TopicNames, name: str = "snapshots",
                  max_bytes: int = MAX_SNAPSHOT_BYTES) -> None:
         self.topics = topics
         self.name = name
@@ -91,7 +92,7 @@ class SnapshotStore:
     async def _get_consumer(self) -> AIOKafkaConsumer:
         if self._consumer is None:
             consumer = AIOKafkaConsumer(
-                bootstrap_servers=self._bootstrap, group_id=None, enable_auto_commit=False,
+                **client_args(self._bootstrap), group_id=None, enable_auto_commit=False,
                 client_id=f"{self.name}-reader", fetch_max_bytes=self._max_bytes + 1024 * 1024,
                 max_partition_fetch_bytes=self._max_bytes + 1024 * 1024, fetch_max_wait_ms=50,
                 isolation_level="read_uncommitted",
@@ -123,7 +124,7 @@ class SnapshotStore:
         async with self._write_lock:
             if self._producer is None:
                 producer = AIOKafkaProducer(
-                    bootstrap_servers=self._bootstrap, acks="all", enable_idempotence=True,
+                    **client_args(self._bootstrap), acks="all", enable_idempotence=True,
                     max_request_size=self._max_bytes, request_timeout_ms=60_000, linger_ms=0,
                     client_id=f"{self.name}-writer",
                 )

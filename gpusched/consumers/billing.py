@@ -43,7 +43,7 @@ async def _report(args) -> None:
     import asyncio
     import time
 
-    from gpusched.adapters.eventlog import DeadLetters, EventPublisher, LogFollower
+    from gpusched.adapters.eventlog import DeadLetters, LogFollower
     from gpusched.config import kafka_settings
 
     settings = kafka_settings(args)
@@ -54,9 +54,8 @@ async def _report(args) -> None:
             for job_id in outcome.jobs:
                 ledger.observe(state.jobs[job_id], event.time)
 
-    publisher = EventPublisher(settings.bootstrap, settings.topics, settings.partitions)
-    await publisher.start()
-    follower = LogFollower(settings.bootstrap, settings.topics, "billing", DeadLetters(publisher, "billing"),
+    # Billing reads only (its Kafka principal may not write): no producer.
+    follower = LogFollower(settings.connection, settings.topics, "billing", DeadLetters(None, "billing"),
                            on_event=on_event, freeze_state=True)
     await follower.start()
     try:
@@ -70,7 +69,6 @@ async def _report(args) -> None:
             await asyncio.sleep(args.follow)   # report period
     finally:
         await follower.stop()
-        await publisher.stop()
 
 
 def main(argv: list[str] | None = None) -> int:

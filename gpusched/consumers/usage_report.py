@@ -21,6 +21,7 @@ from aiokafka.errors import KafkaError
 
 from gpusched.adapters.eventlog import DeadLetters, EventPublisher, LogFollower
 from gpusched.adapters.kafka_admin import TopicNames, wait_for_broker
+from gpusched.adapters.kafka_security import Where, client_args
 from gpusched.adapters.usage_records import UsageRecordError, decode_usage
 from gpusched.consumers.utilization import (
     DEFAULT_IDLE_AFTER_S, DEFAULT_IDLE_PERCENT, GpuHours, UtilizationLedger, UtilizationReport,
@@ -32,7 +33,7 @@ log = logging.getLogger(__name__)
 class UsageReader:
     """Reads every partition of the usage topic from the beginning into ``ledger``."""
 
-    def __init__(self, bootstrap: str, topics: TopicNames, ledger: UtilizationLedger,
+    def __init__(self, bootstrap: Where, topics: TopicNames, ledger: UtilizationLedger,
                  dead_letters: DeadLetters) -> None:
         self.topics = topics
         self.ledger = ledger
@@ -47,7 +48,7 @@ class UsageReader:
         self._task: asyncio.Task | None = None
 
     async def start(self) -> None:
-        self._consumer = AIOKafkaConsumer(bootstrap_servers=self._bootstrap, group_id=None,
+        self._consumer = AIOKafkaConsumer(**client_args(self._bootstrap), group_id=None,
                                           enable_auto_commit=False, auto_offset_reset="earliest")
         await self._consumer.start()
         # aiokafka (0.14) knows a topic's partitions once its client fetched metadata for it
@@ -111,12 +112,17 @@ class UsageReader:
             await self._consumer.stop()
 
 
-async def collect(bootstrap: str, topics: TopicNames, ledger: UtilizationLedger, seconds: float = 0.0,
-                  name: str = "usage-report") -> UsageReader:
+async def collect(bootstrap: Where, topics: TopicNames, ledger: UtilizationLedger, seconds: float = 0.0,
+                  name: str = "usage-report", write_dead_letters: bool = False) -> UsageReader:
     """Fold the pool log and the usage topic into ``ledger``: for ``seconds``, then up to
-    the end of both as it is then. Returns the reader (its counts)."""
-    publisher = EventPublisher(bootstrap, topics, 1)   # only for dead letters
-    await publisher.start()
+    the end of both as it is then. Returns the reader (its counts).
+
+    A report runs as a read-only principal (audit, billing) by default: records it cannot
+    apply are logged and counted (``UsageReader.dead``), not dead-lettered;
+    ``write_dead_letters`` (a principal that may write them) sends them to the topic."""
+    publisher = EventPublisher(bootstrap, topics, 1) if write_dead_letters else None
+    if publisher is not None:
+        await publisher.start()
     dead_letters = DeadLetters(publisher, name)
 
     def on_event(partition, offset, event, outcome, state) -> None:
@@ -139,7 +145,8 @@ async def collect(bootstrap: str, topics: TopicNames, ledger: UtilizationLedger,
     finally:
         await reader.stop()
         await follower.stop()
-        await publisher.stop()
+        if publisher is not None:
+            await publisher.stop()
 
 
 # --- the command -------------------------------------------------------------------------
@@ -230,26 +237,26 @@ async def _run(args: argparse.Namespace) -> int:
     level = client_log.level
     client_log.setLevel(logging.CRITICAL)   # one clear line below, not a connection error a try
     try:
-        await wait_for_broker(settings.bootstrap, args.connect_timeout)
+        await wait_for_broker(settings.connection, args.connect_timeout)
     except TimeoutError as exc:
         print(f"gpusched usage: {exc}", file=sys.stderr)
         return 1
     finally:
         client_log.setLevel(level)
-    missing = await _missing_topics(settings.bootstrap, settings.topics)
+    missing = await _missing_topics(settings.connection, settings.topics)
     if missing:
-        print(f"gpusched usage: no topic {', '.join(missing)} on {settings.bootstrap} "
+        print(f"gpusched usage: no topic {', '.join(missing)} on {settings.connection} "
               f"(wrong --topic-prefix, or no cluster has run there)", file=sys.stderr)
         return 1
     ledger = UtilizationLedger(args.idle_percent, args.idle_after)
-    await collect(settings.bootstrap, settings.topics, ledger, args.seconds)
+    await collect(settings.connection, settings.topics, ledger, args.seconds)
     report = ledger.report(now=time.time())
     print(json.dumps(report_json(report), indent=2) if args.json else format_report(report, ledger, args.jobs))
     return 0
 
 
-async def _missing_topics(bootstrap: str, topics: TopicNames) -> list[str]:
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap)
+async def _missing_topics(bootstrap: Where, topics: TopicNames) -> list[str]:
+    consumer = AIOKafkaConsumer(**client_args(bootstrap))
     await consumer.start()
     try:
         present = await consumer.topics()

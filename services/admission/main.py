@@ -46,7 +46,7 @@ async def run(args: argparse.Namespace) -> None:
                 watchers.publish(state.jobs[job_id], type(event).__name__, offset)
 
     # Admission answers for every pool, so it follows every partition (no group).
-    follower = LogFollower(settings.bootstrap, settings.topics, me, dead_letters, on_event=on_event,
+    follower = LogFollower(settings.connection, settings.topics, me, dead_letters, on_event=on_event,
                            freeze_state=True)
     await follower.start()
     model = ReadModel(follower, settings.partitions, submitters)

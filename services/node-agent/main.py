@@ -83,7 +83,7 @@ async def run(args: argparse.Namespace) -> None:
                       real_processes=real_processes(args))
     agent.mig = MigManager(info, nvml) if info.dynamic_mig else None
     backend = SimulatedNvml() if info.simulated else NvmlWatch(len(info.gpus), nvml=nvml)
-    follower = LogFollower(settings.bootstrap, settings.topics, me, dead_letters, on_event=agent.on_event,
+    follower = LogFollower(settings.connection, settings.topics, me, dead_letters, on_event=agent.on_event,
                            partitions=[partition_for(info.pool, settings.partitions)], freeze_state=True)
     servicer = NodeAgentServicer(agent, backend)
     server, port, health = await start_server(args.listen, [

@@ -29,7 +29,7 @@ async def run(args: argparse.Namespace) -> None:
     holder: dict = {}
     # Snapshots: a newly owned pool starts from its latest snapshot and replays the tail;
     # owned pools are snapshotted every N events / T seconds (and on a clean stop).
-    snapshots = SnapshotStore(settings.bootstrap, settings.topics, name=me)
+    snapshots = SnapshotStore(settings.connection, settings.topics, name=me)
 
     def revoked(parts: set[int]):
         holder["snapshots"].forget(parts)
@@ -41,7 +41,7 @@ async def run(args: argparse.Namespace) -> None:
         return holder["loop"].on_assigned(parts)
 
     follower = LogFollower(
-        settings.bootstrap, settings.topics, me, dead_letters, group_id=f"{settings.topic_prefix}placer",
+        settings.connection, settings.topics, me, dead_letters, group_id=f"{settings.topic_prefix}placer",
         on_assigned=assigned,
         on_revoked=revoked,
         use_snapshots=not args.no_snapshots, snapshots=snapshots, freeze_state=True,

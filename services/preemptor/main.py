@@ -23,7 +23,7 @@ async def run(args: argparse.Namespace) -> None:
     me = instance_id("preemptor")
     publisher, dead_letters = await connect(settings, me)
     monitor = HeartbeatMonitor(
-        settings.bootstrap, settings.topics.heartbeats,
+        settings.connection, settings.topics.heartbeats,
         lambda value, key: publisher.send_raw(settings.topics.heartbeats, value, key=key))
     await monitor.start()
     decider = PreemptorDecider(
@@ -33,7 +33,7 @@ async def run(args: argparse.Namespace) -> None:
         lambda now: (monitor.last_seen, monitor.since, monitor.hearing(now)), defrag=not args.no_defrag)
     holder: dict = {}
     follower = LogFollower(
-        settings.bootstrap, settings.topics, me, dead_letters, group_id=f"{settings.topic_prefix}preemptor",
+        settings.connection, settings.topics, me, dead_letters, group_id=f"{settings.topic_prefix}preemptor",
         on_assigned=lambda parts: holder["loop"].on_assigned(parts),
         on_revoked=lambda parts: holder["loop"].on_revoked(parts), freeze_state=True,
     )

@@ -13,6 +13,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from gpusched.adapters import codec
 from gpusched.adapters.kafka_admin import TopicNames
+from gpusched.adapters.kafka_security import client_args
 from gpusched.core import events as ev
 from gpusched.core.mig import parse_profile
 from gpusched.core.reducer import apply
@@ -22,7 +23,7 @@ from gpusched.core.state import ClusterState
 async def read_log(bootstrap: str, topics: TopicNames, topic: str | None = None) -> dict[int, list]:
     """Every record of every partition, as (offset, value) lists keyed by partition."""
     topic = topic or topics.events
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    consumer = AIOKafkaConsumer(**client_args(bootstrap), enable_auto_commit=False)
     await consumer.start()
     try:
         parts = consumer.partitions_for_topic(topic)

@@ -9,6 +9,7 @@ import pytest
 from aiokafka import AIOKafkaProducer
 
 from gpusched.adapters.eventlog import partition_for
+from gpusched.adapters.kafka_security import client_args
 from gpusched.client import Client, spec
 from gpusched.v1 import admission_pb2, cluster_pb2, events_pb2, types_pb2
 from gpusched.local_cluster import LocalCluster
@@ -165,7 +166,7 @@ async def test_submit_jobs_with_an_invalid_item_writes_nothing_and_names_the_ite
 async def test_garbage_and_unknown_events_go_to_dead_letters_and_consumers_keep_running(api, kafka_bootstrap, topics):
     cluster, client = api
     partition = partition_for("default", 4)
-    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
+    producer = AIOKafkaProducer(**client_args(kafka_bootstrap))
     await producer.start()
     bogus = events_pb2.EventEnvelope(event_id="x1", type="JobTeleported", pool="default").SerializeToString()
     mismatched = events_pb2.EventEnvelope(event_id="x2", type="JobCancelled", pool="default",

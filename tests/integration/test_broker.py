@@ -13,13 +13,14 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from gpusched.adapters.kafka_admin import TopicNames
+from gpusched.adapters.kafka_security import client_args
 
 pytestmark = pytest.mark.broker
 
 
 async def produce(bootstrap: str, topic: str, records: list[tuple[str, bytes]]) -> None:
     """Send (key, value) records with acks=all + idempotence; wait for every ack."""
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all",
+    producer = AIOKafkaProducer(**client_args(bootstrap), acks="all",
                                 enable_idempotence=True, request_timeout_ms=30000)
     await producer.start()
     try:
@@ -34,7 +35,7 @@ async def read_all(bootstrap: str, topic: str, expected: int, timeout_s: float =
     group) until ``expected`` records arrived; returns them in partition order."""
     # (consumer.partitions_for_topic() only knows topics already in the client's
     # metadata, so ask the admin client.)
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    admin = AIOKafkaAdminClient(**client_args(bootstrap))
     await admin.start()
     try:
         [described] = await admin.describe_topics([topic])
@@ -43,7 +44,7 @@ async def read_all(bootstrap: str, topic: str, expected: int, timeout_s: float =
     tps = [TopicPartition(topic, p["partition"]) for p in described["partitions"]]
     assert tps, f"topic {topic} has no partitions: {described}"
 
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None,
+    consumer = AIOKafkaConsumer(**client_args(bootstrap), group_id=None,
                                 enable_auto_commit=False, auto_offset_reset="earliest")
     await consumer.start()
     try:
@@ -78,7 +79,7 @@ async def test_produce_then_consume_in_key_order(kafka_bootstrap: str, topics: T
 
 
 async def test_topic_layout(kafka_bootstrap: str, topics: TopicNames):
-    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    admin = AIOKafkaAdminClient(**client_args(kafka_bootstrap))
     await admin.start()
     try:
         described = {t["topic"]: t for t in await admin.describe_topics(list(topics.all()))}

@@ -17,6 +17,7 @@ from aiokafka import AIOKafkaProducer
 
 from gpusched.adapters import catchup
 from gpusched.adapters.eventlog import DeadLetters, EventPublisher, LogFollower, partition_for
+from gpusched.adapters.kafka_security import client_args
 from gpusched.core import events as ev
 from gpusched.core.digest import digest
 from gpusched.core.model import GpuSlot, WorkerAssignment
@@ -63,7 +64,7 @@ async def write_log(bootstrap: str, topics, publisher: EventPublisher, jobs: int
     events = history(jobs)
     cut = len(events) // 3
     slices = [nodes + events[:cut], events[cut:2 * cut], events[2 * cut:]]
-    raw = AIOKafkaProducer(bootstrap_servers=bootstrap)
+    raw = AIOKafkaProducer(**client_args(bootstrap))
     await raw.start()
     try:
         for i, part in enumerate(slices):

@@ -11,6 +11,7 @@ import time
 import pytest
 from aiokafka import AIOKafkaProducer
 
+from gpusched.adapters.kafka_security import client_args, connection
 from gpusched.client import Client, spec
 from gpusched.consumers.usage_report import collect, format_report
 from gpusched.consumers.utilization import UtilizationLedger
@@ -44,7 +45,7 @@ async def _run_jobs(kafka_bootstrap, topics, tmp_path) -> None:
 
 
 async def _put_malformed(bootstrap, topic) -> None:
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
+    producer = AIOKafkaProducer(**client_args(bootstrap))
     await producer.start()
     try:
         record = usage_pb2.WorkerUsage(node="node-x", job_id="j", time=1.0, window_s=1.0)   # no record_id
@@ -53,12 +54,13 @@ async def _put_malformed(bootstrap, topic) -> None:
         await producer.stop()
 
 
-async def test_usage_folds_into_allocated_vs_used_and_flags_the_idle_job(kafka_bootstrap, topics, tmp_path):
+async def test_usage_folds_into_allocated_vs_used_and_flags_the_idle_job(kafka_bootstrap, kafka_credentials, topics,
+                                                                       tmp_path):
     await _run_jobs(kafka_bootstrap, topics, tmp_path)
     await _put_malformed(kafka_bootstrap, topics.usage)
 
     ledger = UtilizationLedger(idle_percent=5.0, idle_after_s=IDLE_AFTER_S)
-    reader = await collect(kafka_bootstrap, topics, ledger)
+    reader = await collect(kafka_bootstrap, topics, ledger, write_dead_letters=True)   # as the admin
     report = ledger.report(now=time.time())
     print(format_report(report, ledger))   # shown when the test fails
 
@@ -91,7 +93,7 @@ async def test_usage_folds_into_allocated_vs_used_and_flags_the_idle_job(kafka_b
     # the command prints the same, as JSON
     proc = await asyncio.create_subprocess_exec(
         str(BIN / "gpusched"), "usage", "--json", "--idle-after", str(IDLE_AFTER_S),
-        env={**os.environ, "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap, "GPUSCHED_TOPIC_PREFIX": topics.prefix},
+        env={**os.environ, **_audit(kafka_bootstrap, kafka_credentials).env(), "GPUSCHED_TOPIC_PREFIX": topics.prefix},
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     out, err = await asyncio.wait_for(proc.communicate(), 120)
     assert proc.returncode == 0, err.decode()
@@ -100,9 +102,14 @@ async def test_usage_folds_into_allocated_vs_used_and_flags_the_idle_job(kafka_b
     assert printed["teams"]["team-train"]["used"] == teams["team-train"].used
 
 
-async def _command(*args: str, bootstrap: str) -> tuple[int, str]:
+def _audit(kafka_bootstrap, credentials):
+    """The report reads as the read-only audit principal on a secured broker."""
+    return kafka_bootstrap.as_user("audit", credentials["audit"]) if kafka_bootstrap.secured else kafka_bootstrap
+
+
+async def _command(*args: str, bootstrap) -> tuple[int, str]:
     proc = await asyncio.create_subprocess_exec(
-        str(BIN / "gpusched"), "usage", *args, env={**os.environ, "KAFKA_BOOTSTRAP_SERVERS": bootstrap},
+        str(BIN / "gpusched"), "usage", *args, env={**os.environ, **connection(bootstrap).env()},
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     _, err = await asyncio.wait_for(proc.communicate(), 60)
     return proc.returncode, err.decode()

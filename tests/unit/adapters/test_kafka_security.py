@@ -1,0 +1,138 @@
+"""Connection settings, replication defaults and the ACL table (no broker)."""
+from __future__ import annotations
+
+import argparse
+import subprocess
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gpusched.adapters.kafka_acls import (DESCRIBE, DESCRIBE_CONFIGS, GRANTS, IDEMPOTENT_WRITE, READ, WRITE,
+                                          acl_entries)
+from gpusched.adapters.kafka_admin import TopicNames, replication_for, topic_specs
+from gpusched.adapters.kafka_security import KafkaConnection, client_args, connection, load_credentials
+from gpusched.config import add_kafka_args, kafka_settings
+
+
+def _secured(**kw) -> KafkaConnection:
+    return KafkaConnection("127.0.0.1:9093", "SASL_SSL", kw.pop("username", "placer"),
+                           kw.pop("password", "pw"), kw.pop("ca_file", "/nonexistent/ca.pem"), **kw)
+
+
+def test_a_bare_bootstrap_is_plaintext():
+    assert client_args("h:1") == {"bootstrap_servers": "h:1"}
+    assert connection("h:1").env() == {"KAFKA_BOOTSTRAP_SERVERS": "h:1", "GPUSCHED_KAFKA_SECURITY_PROTOCOL": "PLAINTEXT"}
+
+
+def test_sasl_ssl_needs_login_and_ca_and_names_what_is_missing():
+    with pytest.raises(ValueError, match="needs a user, a password and a CA"):
+        KafkaConnection("h:1", "SASL_SSL", "placer", "", "ca.pem")
+    with pytest.raises(ValueError, match="protocol must be one of"):
+        KafkaConnection("h:1", "SSL")
+
+
+def test_the_password_stays_out_of_repr_and_str():
+    conn = _secured(password="s3cret")
+    assert "s3cret" not in repr(conn) and str(conn) == "127.0.0.1:9093"
+
+
+def test_env_round_trips_so_a_child_process_logs_in_the_same():
+    conn = _secured(sasl_mechanism="SCRAM-SHA-256")
+    assert KafkaConnection.from_env(conn.env()) == conn
+    assert conn.as_user("billing", "x").username == "billing"
+
+
+def test_client_args_carry_the_scram_login(tmp_path):
+
+    ca = tmp_path / "ca.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=t",
+                    "-keyout", str(tmp_path / "k"), "-out", str(ca)], check=True, capture_output=True)
+    args = client_args(_secured(ca_file=str(ca)))
+    assert args["security_protocol"] == "SASL_SSL" and args["sasl_mechanism"] == "SCRAM-SHA-512"
+    assert (args["sasl_plain_username"], args["sasl_plain_password"]) == ("placer", "pw")
+    assert args["ssl_context"].verify_mode.name == "CERT_REQUIRED"
+
+
+def test_settings_from_flags_and_env(monkeypatch, tmp_path):
+    secret = tmp_path / "pw"
+    secret.write_text("from-file\n")
+    monkeypatch.setenv("GPUSCHED_KAFKA_SECURITY_PROTOCOL", "sasl_ssl")
+    monkeypatch.setenv("GPUSCHED_KAFKA_USER", "admission")
+    monkeypatch.delenv("GPUSCHED_KAFKA_PASSWORD", raising=False)
+    parser = argparse.ArgumentParser()
+    add_kafka_args(parser)
+    args = parser.parse_args(["--kafka-password-file", str(secret), "--kafka-ca", "/ca.pem", "--log-level", "ERROR"])
+    conn = kafka_settings(args).connection
+    assert (conn.security_protocol, conn.username, conn.password, conn.ca_file) == \
+        ("SASL_SSL", "admission", "from-file", "/ca.pem")
+    args = parser.parse_args(["--kafka-ca", "", "--log-level", "ERROR"])
+    with pytest.raises(SystemExit, match="needs a user, a password and a CA"):
+        kafka_settings(args)
+
+
+def test_load_credentials(tmp_path):
+    path = tmp_path / "credentials"
+    path.write_text("admin a1\nbilling b2\n\n")
+    assert load_credentials(path) == {"admin": "a1", "billing": "b2"}
+
+
+@pytest.mark.parametrize("brokers, expected", [(1, (1, 1)), (2, (1, 1)), (3, (3, 2)), (5, (3, 2))])
+def test_replication_follows_the_cluster(brokers, expected):
+    assert replication_for(brokers) == expected
+
+
+def test_replication_asked_for_is_checked_against_the_cluster():
+    assert replication_for(3, 2) == (2, 1)
+    with pytest.raises(ValueError, match="impossible on 1 broker"):
+        replication_for(1, 3)
+    with pytest.raises(ValueError, match="impossible"):
+        replication_for(3, 2, 3)
+
+
+def test_every_topic_gets_min_insync():
+    for spec in topic_specs(TopicNames("p."), 4, 3, 2):
+        assert spec.replication_factor == 3 and spec.topic_configs["min.insync.replicas"] == "2"
+
+
+names = TopicNames("x.")
+
+
+def _ops(user: str) -> set[tuple[str, int]]:
+    return {(e[1], e[5]) for e in acl_entries(names) if e[3] == f"User:{user}"}
+
+
+def test_billing_and_audit_read_only():
+    for user in ("billing", "audit"):
+        assert not {op for _, op in _ops(user)} & {WRITE, IDEMPOTENT_WRITE}
+    assert (names.events, READ) in _ops("billing")
+
+
+def test_nobody_and_unknown_principals_get_nothing():
+    assert "nobody" not in GRANTS and not _ops("nobody")
+
+
+def test_node_agents_cannot_write_snapshots_nor_read_usage():
+    agent = _ops("node-agent")
+    assert (names.snapshots, WRITE) not in agent and (names.usage, READ) not in agent
+    assert {(names.events, WRITE), (names.heartbeats, WRITE), (names.usage, WRITE)} <= agent
+
+
+@given(st.sampled_from(sorted(GRANTS)))
+def test_acls_name_only_this_prefixs_topics_and_groups(user):
+    for entry in acl_entries(names):
+        if entry[3] == f"User:{user}" and entry[5] != IDEMPOTENT_WRITE:
+            assert entry[1].startswith(names.prefix) and entry[2] == 3   # LITERAL, never a wildcard
+            assert entry[5] in (READ, WRITE, DESCRIBE, DESCRIBE_CONFIGS)
+
+
+def test_local_cluster_gives_each_service_its_own_login(tmp_path):
+    from gpusched.local_cluster import PRINCIPALS, LocalCluster
+
+    (tmp_path / "credentials").write_text("admin a\nplacer p\nnode-agent n\n")
+    admin = KafkaConnection("h:1", "SASL_SSL", "admin", "a", str(tmp_path / "ca.pem"))
+    cluster = LocalCluster(admin, TopicNames("p."), tmp_path / "logs")
+    env = cluster.kafka_env(PRINCIPALS["gpusched-node-agent"])
+    assert (env["GPUSCHED_KAFKA_USER"], env["GPUSCHED_KAFKA_PASSWORD"]) == ("node-agent", "n")
+    assert cluster.kafka_env("placer")["GPUSCHED_KAFKA_PASSWORD"] == "p"
+    assert "GPUSCHED_KAFKA_USER" not in LocalCluster("h:1", TopicNames("p."), tmp_path / "l2").kafka_env("placer")
