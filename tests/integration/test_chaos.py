@@ -155,14 +155,25 @@ def elsewhere_during_a_process(lived, log) -> list[str]:
     real node was still alive, or a process started while a simulated attempt ran."""
     events = [codec.decode(v)[0] for records in log.values() for _, v in records if v]
     started = [e for e in events if isinstance(e, ev.WorkerStarted) and e.node != REAL_NODE]
-    ended = {(e.job_id, e.attempt, e.worker): e.time for e in events if isinstance(e, ev.WorkerFinished)}
     found = []
     for i in lived:
         for e in started:
             if e.job_id != i.job or e.attempt == i.attempt:
                 continue
-            end = ended.get((e.job_id, e.attempt, e.worker), e.time)
+            end = simulated_end(events, e)
             if i.start < e.time < i.last_seen or e.time < i.start < end:
                 found.append(f"{i.job}: attempt {i.attempt} ran on {REAL_NODE} {i.start:.3f}-{i.last_seen:.3f}, "
-                             f"attempt {e.attempt} on {e.node} from {e.time:.3f}")
+                             f"attempt {e.attempt} on {e.node} {e.time:.3f}-{end:.3f}")
     return found
+
+
+def simulated_end(events, started: ev.WorkerStarted) -> float:
+    """When a simulated run ended: its agent's report, or its agent's end — a simulated
+    run lives in its agent's process, so it is gone once the node re-registers (a new
+    agent) or is declared lost, whatever a late report of the old attempt says."""
+    ends = [e.time for e in events if e.time >= started.time and (
+        (isinstance(e, ev.WorkerFinished) and (e.job_id, e.attempt, e.worker) ==
+         (started.job_id, started.attempt, started.worker))
+        or (isinstance(e, (ev.NodeRegistered,)) and e.node.name == started.node)
+        or (isinstance(e, ev.NodeLost) and e.node == started.node))]
+    return min(ends, default=started.time)
