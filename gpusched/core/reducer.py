@@ -17,6 +17,7 @@ from gpusched.core.capacity import check_placement, commit, release
 from gpusched.core.model import EXIT_LOST, JobPhase, NodeStatus
 from gpusched.core.retention import note_ended, prune_finished, set_retention
 from gpusched.core.state import ClusterState, JobState, NodeState, gpu_state, set_gpu_info
+from gpusched.core.validation import check_known_pool, check_pool_name, check_spec_alone
 
 # A node with this many GPU faults is cordoned until an operator clears it.
 FAULTS_TO_QUARANTINE = 2
@@ -110,6 +111,7 @@ def _node_registered(e: ev.NodeRegistered, state: ClusterState) -> Outcome:
     if old is None:
         state.nodes[info.name] = NodeState(info=info, gpus=[gpu_state(g, info.dynamic_mig) for g in info.gpus])
         state.capacity_epoch += 1
+        state.pools[info.pool] = None
         return ACCEPTED
     if len(old.gpus) != len(info.gpus):
         return _reject(f"node {info.name} re-registered with a different GPU count")
@@ -128,6 +130,7 @@ def _node_registered(e: ev.NodeRegistered, state: ClusterState) -> Outcome:
         old.status = _CORDONED if old.cordoned else _READY
         old.fence_at = 0.0
     state.capacity_epoch += 1   # back from lost, or a fresh inventory (labels, MIG mode)
+    state.pools[info.pool] = None
     return ACCEPTED
 
 
@@ -233,6 +236,13 @@ def _job_submitted(e: ev.JobSubmitted, state: ClusterState) -> Outcome:
     key = f"{e.spec.team}/{e.idempotency_key}" if e.idempotency_key else ""
     if key and key in state.idempotency:
         return _reject(f"idempotency key already used by {state.idempotency[key]}", e.job_id)
+    # What admission would refuse is refused here too, so a forged or buggy record
+    # cannot create an impossible job (negative GPUs, a pool that does not exist).
+    errors = check_spec_alone(e.spec)
+    if not errors and e.spec.pool not in state.pools and not _pool_has_nodes(state, e.spec.pool):
+        errors = check_known_pool(e.spec.pool, state.pools)
+    if errors:
+        return _reject("; ".join(map(str, errors)), e.job_id)
     default_s, max_s = state.pool_limits.get(e.spec.pool, _NO_LIMITS)
     limit = e.spec.max_runtime_s or default_s
     if max_s and limit > max_s:
@@ -246,6 +256,16 @@ def _job_submitted(e: ev.JobSubmitted, state: ClusterState) -> Outcome:
     if key:
         state.idempotency[key] = e.job_id
     return _changed(e.job_id)
+
+
+def _pool_has_nodes(state: ClusterState, pool: str) -> bool:
+    """A pool missing from ``state.pools`` while a node is in it: a state restored from
+    a snapshot taken before pools were recorded. Recorded now, so this scan runs once."""
+    for node in state.nodes.values():
+        if node.info.pool == pool:
+            state.pools[pool] = None
+            return True
+    return False
 
 
 @_handles(ev.JobCancelled)
@@ -406,6 +426,17 @@ def _pool_time_limits_set(e: ev.PoolTimeLimitsSet, state: ClusterState) -> Outco
     if max_s and default_s > max_s:
         return _reject(f"default time limit {default_s:g}s is above the maximum {max_s:g}s")
     state.pool_limits[e.pool] = (default_s, max_s)
+    return ACCEPTED
+
+
+@_handles(ev.PoolCreated)
+def _pool_created(e: ev.PoolCreated, state: ClusterState) -> Outcome:
+    errors = check_pool_name(e.pool)
+    if errors:
+        return _reject(str(errors[0]))
+    if e.pool in state.pools:
+        return _reject(f"pool {e.pool} exists")
+    state.pools[e.pool] = None
     return ACCEPTED
 
 

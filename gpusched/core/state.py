@@ -235,6 +235,9 @@ class ClusterState:
     nominations: dict[str, tuple[tuple[str, ...], float]] = field(default_factory=dict)
     # pool -> (default, max) time limit in seconds (PoolTimeLimitsSet); 0: none
     pool_limits: dict[str, tuple[float, float]] = field(default_factory=dict)
+    # Pools that exist (ordered set): a node registered in it or ``PoolCreated``. Jobs for
+    # any other pool are refused (gpusched.core.validation.check_known_pool).
+    pools: dict[str, None] = field(default_factory=dict)
     dedupe: DedupeWindow = field(default_factory=DedupeWindow)
     applied: int = 0      # events applied (duplicates excluded)
     rejected: int = 0     # proposals found invalid when applied

@@ -76,6 +76,7 @@ EVENTS = {
     ev.RendezvousSet: _event(ev.RendezvousSet, job_id=text, attempt=i32, node=text, address=text, port=i32),
     ev.AttemptTimedOut: _event(ev.AttemptTimedOut, job_id=text, attempt=i32, reason=text),
     ev.PoolTimeLimitsSet: _event(ev.PoolTimeLimitsSet, pool=text, default_s=f64, max_s=f64),
+    ev.PoolCreated: _event(ev.PoolCreated, pool=text),
 }
 any_event = st.one_of(*EVENTS.values())
 
