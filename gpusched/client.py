@@ -28,9 +28,15 @@ def spec(name: str, team: str, *, gpus: int = 0, gpu_milli: int = 0, mig: str = 
     )
 
 
+# The servers' limits (gpusched.adapters.grpc_server), mirrored: a client sends what a
+# server receives and takes the largest answer a server sends.
+CHANNEL_OPTIONS = [("grpc.max_send_message_length", 16 * 1024 * 1024),
+                   ("grpc.max_receive_message_length", 128 * 1024 * 1024)]
+
+
 class Client:
     def __init__(self, target: str) -> None:
-        self.channel = grpc.aio.insecure_channel(target)
+        self.channel = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
         self.jobs = admission_pb2_grpc.AdmissionServiceStub(self.channel)
         self.cluster = cluster_pb2_grpc.ClusterServiceStub(self.channel)
 

@@ -92,8 +92,8 @@ class LocalCluster:
             if b" ready" in line:
                 return line.decode().strip()
 
-    async def admission(self, name: str = "admission", port: int = 0) -> Service:
-        return await self.start(name, "gpusched-admission", "--listen", f"127.0.0.1:{port}")
+    async def admission(self, name: str = "admission", port: int = 0, *args: str) -> Service:
+        return await self.start(name, "gpusched-admission", "--listen", f"127.0.0.1:{port}", *args)
 
     async def placer(self, name: str = "placer", *args: str) -> Service:
         return await self.start(name, "gpusched-placer", *args)

@@ -6,6 +6,7 @@ import asyncio
 import base64
 import time
 import uuid
+from collections import Counter
 from typing import NamedTuple
 
 import grpc
@@ -14,12 +15,14 @@ from opentelemetry import trace
 from gpusched.adapters.eventlog import EventPublisher, LogFollower, partition_for
 from gpusched.adapters.views import job_message, node_message, summary_message
 from gpusched.core import events as ev
-from gpusched.core.model import JobPhase
 from gpusched.core.queries import pool_summary
 from gpusched.core.state import ClusterState, JobState, NodeState
-from gpusched.core.validation import FieldError, PoolShape, check_pool_limits, check_time_limit, validate_spec
-from gpusched.v1 import admission_pb2, admission_pb2_grpc, cluster_pb2, cluster_pb2_grpc, types_pb2
+from gpusched.core import validation as limits
+from gpusched.core.validation import FieldError, PoolShape, check_pool_limits, check_pool_name, check_time_limit, validate_spec
+from gpusched.v1 import admission_pb2, admission_pb2_grpc, cluster_pb2, cluster_pb2_grpc
+from gpusched_admission.checks import check_lengths, check_same_spec, phases_of, pool_errors
 from gpusched_admission.convert import spec_from_request
+from gpusched_admission.limits import SubmissionLimits
 from gpusched_admission.watch import Watchers
 
 _KEY_NAMESPACE = uuid.UUID("6f1c2a8e-0d4b-4d59-9a51-7e2f0c3b9d10")
@@ -85,6 +88,9 @@ class ReadModel:
         for state in self.follower.states.values():
             yield from state.jobs.values()
 
+    def known_pools(self) -> set[str]:
+        return {pool for state in self.follower.states.values() for pool in state.pools}
+
 
 MAX_BATCH = 1000   # jobs per SubmitJobs call
 
@@ -103,11 +109,13 @@ async def _abort_invalid(context, errors: list[FieldError]) -> None:
 
 
 class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
-    def __init__(self, model: ReadModel, publisher: EventPublisher, producer: str, watchers: Watchers) -> None:
+    def __init__(self, model: ReadModel, publisher: EventPublisher, producer: str, watchers: Watchers,
+                 limits: SubmissionLimits | None = None) -> None:
         self.model = model
         self.publisher = publisher
         self.producer = producer
         self.watchers = watchers
+        self.limits = limits or SubmissionLimits()
         self.submitted_here: dict[str, bool | None] = {}   # event id -> accepted?
 
     async def SubmitJob(self, request, context):
@@ -116,6 +124,7 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
             if isinstance(item, list):
                 await _abort_invalid(context, item)
             span.set_attribute("gpusched.job_id", item.job_id)
+            self._check_limits([item])
             [response] = await self._submit([item], context)
             return response
 
@@ -128,34 +137,43 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
             span.set_attribute("gpusched.jobs", len(request.jobs))
             items, errors = [], []
             for i, job_request in enumerate(request.jobs):
-                item = self._prepare(job_request)
+                item = self._prepare(job_request, f"jobs[{i}].")
                 if isinstance(item, list):   # name the item: jobs[3].spec.team
                     errors += [FieldError(f"jobs[{i}].{e.field}", e.message) for e in item]
                 else:
                     items.append(item)
             if errors:
                 await _abort_invalid(context, errors)
+            self._check_limits(items)
             return admission_pb2.SubmitJobsResponse(results=await self._submit(items, context))
 
-    def _prepare(self, request) -> _Submission | list[FieldError]:
-        """A valid request as what to write (or the job its key names); else its errors."""
+    def _prepare(self, request, where: str = "") -> _Submission | list[FieldError]:
+        """A valid request as what to write (or the job its key names); else its errors.
+        ``where``: the item's place in a batch, to name its fields ("jobs[3].")."""
         spec = spec_from_request(request.spec)
         if isinstance(spec, FieldError):
             return [spec]
         errors = validate_spec(spec, self.model.pool_shape(spec.pool))
+        errors += pool_errors(spec, self.model.known_pools()) if not errors else []
         errors += check_time_limit(spec, self.model.pool_limits(spec.pool))
         key = request.idempotency_key
-        if len(key) > 256:
-            errors.append(FieldError("idempotency_key", "at most 256 characters"))
+        errors += limits.check_length("idempotency_key", key, limits.MAX_KEY)
         if errors:
             return errors
         job_id = job_id_for(spec.team, key)
         existing = self.model.job(job_id) if key else None
         if existing is not None:
+            check_same_spec(existing, spec, f"{where}idempotency_key")
             return _Submission(job_id, None, spec.pool)
         event = ev.JobSubmitted(event_id=uuid.uuid4().hex, time=time.time(), producer=self.producer,
                                 job_id=job_id, spec=spec, idempotency_key=key)
         return _Submission(job_id, event, spec.pool)
+
+    def _check_limits(self, items: list[_Submission]) -> None:
+        """The teams' rate and pending limits, for the jobs these items would create."""
+        new = Counter(item.event.spec.team for item in items if item.event is not None)
+        if new:
+            self.limits.check(new, self.model.follower.states)
 
     async def _submit(self, items: list[_Submission], context) -> list[admission_pb2.SubmitJobResponse]:
         """Append the new jobs' events together (one producer batch), wait until this
@@ -178,6 +196,8 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
             if job is None:
                 await context.abort(grpc.StatusCode.INTERNAL, f"job {item.job_id} not in the log after submit")
             created = item.event is not None and bool(accepted[item.event.event_id])
+            if item.event is not None and not created:   # another replica took the key first
+                check_same_spec(job, item.event.spec)
             responses.append(admission_pb2.SubmitJobResponse(job=job_message(job), created=created))
         return responses
 
@@ -188,6 +208,7 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
     async def GetJob(self, request, context):
         if not request.job_id:
             await _abort_invalid(context, [FieldError("job_id", "must not be empty")])
+        check_lengths(("job_id", request.job_id, limits.MAX_ID))
         job = self.model.job(request.job_id)
         if job is None:
             kept = {state.retention_s for state in self.model.follower.states.values()}
@@ -200,12 +221,13 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
         size = request.page_size or 100
         if not 1 <= size <= 1000:
             await _abort_invalid(context, [FieldError("page_size", "must be 1..1000")])
+        check_lengths(("page_token", request.page_token, limits.MAX_PAGE_TOKEN),
+                      ("team", request.team, limits.MAX_NAME), ("pool", request.pool, limits.MAX_NAME))
         try:
             after = _decode_token(request.page_token)
         except ValueError:
             await _abort_invalid(context, [FieldError("page_token", "not a token from a previous page")])
-        phases = {JobPhase[types_pb2.JobPhase.Name(p)[len("JOB_PHASE_"):]] for p in request.phases
-                  if p != types_pb2.JOB_PHASE_UNSPECIFIED}
+        phases = phases_of(request.phases, limits.MAX_FILTERS)
         matching = sorted(
             (j for j in self.model.jobs()
              if (not request.team or j.team == request.team)
@@ -219,6 +241,7 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
         return admission_pb2.ListJobsResponse(jobs=[job_message(j) for j in page], next_page_token=token)
 
     async def CancelJob(self, request, context):
+        check_lengths(("job_id", request.job_id, limits.MAX_ID), ("reason", request.reason, limits.MAX_REASON))
         job = self.model.job(request.job_id) if request.job_id else None
         if job is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"job_id: no job {request.job_id!r}")
@@ -233,6 +256,8 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
     async def WatchJobs(self, request, context):
         # Subscribe first, then send the current state of every matching job, then the
         # changes (Kubernetes' list-then-watch): a client never misses a transition.
+        check_lengths(("team", request.team, limits.MAX_NAME), ("job_id", request.job_id, limits.MAX_ID),
+                      ("pool", request.pool, limits.MAX_NAME))
         queue = self.watchers.subscribe(request.team, request.job_id, request.pool)
         try:
             for job in list(self.model.jobs()):
@@ -284,6 +309,7 @@ class ClusterServicer(cluster_pb2_grpc.ClusterServiceServicer):
         return summary_message(pool_summary(state, pool))
 
     async def CordonNode(self, request, context):
+        check_lengths(("reason", request.reason, limits.MAX_REASON))
         node = await self._node_or_abort(request.name, context)
         event = ev.NodeCordoned(event_id=uuid.uuid4().hex, time=time.time(), producer=self.producer,
                                 node=node.name, reason=request.reason or "cordoned by operator")
@@ -295,9 +321,21 @@ class ClusterServicer(cluster_pb2_grpc.ClusterServiceServicer):
                                   node=node.name)
         return await self._apply(event, node, context)
 
+    async def CreatePool(self, request, context):
+        """Idempotent: a pool that exists is answered with its summary."""
+        pool = request.pool
+        errors = check_pool_name(pool)
+        if errors:
+            await _abort_invalid(context, errors)
+        if pool not in self.model.known_pools():
+            event = ev.PoolCreated(event_id=uuid.uuid4().hex, time=time.time(), producer=self.producer, pool=pool)
+            await self.model.follower.wait_applied(await self.publisher.publish(event, pool))
+        return summary_message(pool_summary(self.model.state_for_pool(pool), pool))
+
     async def SetPoolTimeLimits(self, request, context):
         pool = request.pool
         errors = check_pool_limits(pool, request.default_time_limit_s, request.max_time_limit_s)
+        errors += check_pool_name(pool) if pool else []
         if errors:
             await _abort_invalid(context, errors)
         event = ev.PoolTimeLimitsSet(event_id=uuid.uuid4().hex, time=time.time(), producer=self.producer, pool=pool,
@@ -314,6 +352,7 @@ class ClusterServicer(cluster_pb2_grpc.ClusterServiceServicer):
     async def _node_or_abort(self, name: str, context) -> NodeState:
         if not name:
             await _abort_invalid(context, [FieldError("name", "must not be empty")])
+        check_lengths(("name", name, limits.MAX_ID))
         node = self.model.node(name)
         if node is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"name: no node {name!r}")
