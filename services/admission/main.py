@@ -82,12 +82,12 @@ async def record_retention(follower: LogFollower, publisher: EventPublisher, me:
 def add_limit_args(parser: argparse.ArgumentParser) -> None:
     """Abuse limits per team (docs/api-errors.md); 0 turns one off."""
     env = os.environ.get
-    parser.add_argument("--submit-rate", type=float, default=float(env("GPUSCHED_SUBMIT_RATE", "50")),
+    parser.add_argument("--submit-rate", type=float, default=float(env("GPUSCHED_SUBMIT_RATE", "200")),
                         help="jobs a second each team may submit, per admission replica (token bucket; "
                              "env GPUSCHED_SUBMIT_RATE; 0: no limit)")
-    parser.add_argument("--submit-burst", type=float, default=float(env("GPUSCHED_SUBMIT_BURST", "1000")),
+    parser.add_argument("--submit-burst", type=float, default=float(env("GPUSCHED_SUBMIT_BURST", "5000")),
                         help="jobs a team may submit at once before the rate applies (env GPUSCHED_SUBMIT_BURST)")
-    parser.add_argument("--max-pending-per-team", type=int, default=int(env("GPUSCHED_MAX_PENDING_PER_TEAM", "10000")),
+    parser.add_argument("--max-pending-per-team", type=int, default=int(env("GPUSCHED_MAX_PENDING_PER_TEAM", "50000")),
                         help="pending jobs a team may have, as Slurm's MaxSubmitJobs (env "
                              "GPUSCHED_MAX_PENDING_PER_TEAM; 0: no limit)")
 
