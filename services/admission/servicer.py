@@ -120,6 +120,7 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
 
     async def SubmitJob(self, request, context):
         with tracer.start_as_current_span("SubmitJob") as span:
+            await self._fold_unknown_pools([request])
             item = self._prepare(request)
             if isinstance(item, list):
                 await _abort_invalid(context, item)
@@ -135,6 +136,7 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
             if len(request.jobs) > MAX_BATCH:
                 await _abort_invalid(context, [FieldError("jobs", f"at most {MAX_BATCH} per request")])
             span.set_attribute("gpusched.jobs", len(request.jobs))
+            await self._fold_unknown_pools(request.jobs)
             items, errors = [], []
             for i, job_request in enumerate(request.jobs):
                 item = self._prepare(job_request, f"jobs[{i}].")
@@ -168,6 +170,13 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
         event = ev.JobSubmitted(event_id=uuid.uuid4().hex, time=time.time(), producer=self.producer,
                                 job_id=job_id, spec=spec, idempotency_key=key)
         return _Submission(job_id, event, spec.pool)
+
+    async def _fold_unknown_pools(self, requests) -> None:
+        """A pool this replica does not know may have just been made (a node registered,
+        its agent told ready): fold the log up to its end before refusing the job."""
+        known = self.model.known_pools()
+        if any((r.spec.pool or "default") not in known for r in requests):
+            await self.model.follower.caught_up(timeout=10.0)
 
     def _check_limits(self, items: list[_Submission]) -> None:
         """The teams' rate and pending limits, for the jobs these items would create."""
