@@ -35,7 +35,7 @@ async def run(args: argparse.Namespace) -> None:
     def on_event(partition, offset, event, outcome, state):
         admission = holder.get("admission")
         if admission is not None:
-            admission.note_outcome(event, outcome.accepted)
+            admission.note_outcome(event, outcome.accepted, outcome.reason)
             if outcome.accepted and type(event) is ev.NodeRegistered:
                 admission.model.inventory_changes += 1
         if outcome.accepted:

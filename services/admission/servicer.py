@@ -117,6 +117,7 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
         self.watchers = watchers
         self.limits = limits or SubmissionLimits()
         self.submitted_here: dict[str, bool | None] = {}   # event id -> accepted?
+        self.refusals: dict[str, str] = {}   # event id -> the reducer's reason, for those it rejected
 
     async def SubmitJob(self, request, context):
         with tracer.start_as_current_span("SubmitJob") as span:
@@ -199,9 +200,14 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
                 await asyncio.gather(*(self.model.follower.wait_applied(pos) for pos in last.values()))
         finally:
             accepted = {item.event.event_id: self.submitted_here.pop(item.event.event_id, None) for item in new}
+            refused = {item.event.event_id: self.refusals.pop(item.event.event_id, "") for item in new}
         responses = []
         for item in items:
             job = self.model.job(item.job_id)
+            if job is None and item.event is not None and refused[item.event.event_id]:
+                # The log refused what this replica validated (a pool's limits changed between
+                # the check and the fold): its reason names the field.
+                await context.abort(grpc.StatusCode.FAILED_PRECONDITION, refused[item.event.event_id])
             if job is None:
                 await context.abort(grpc.StatusCode.INTERNAL, f"job {item.job_id} not in the log after submit")
             created = item.event is not None and bool(accepted[item.event.event_id])
@@ -210,9 +216,11 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
             responses.append(admission_pb2.SubmitJobResponse(job=job_message(job), created=created))
         return responses
 
-    def note_outcome(self, event: ev.Event, accepted: bool) -> None:
+    def note_outcome(self, event: ev.Event, accepted: bool, reason: str = "") -> None:
         if event.event_id in self.submitted_here:
             self.submitted_here[event.event_id] = accepted
+            if not accepted:
+                self.refusals[event.event_id] = reason
 
     async def GetJob(self, request, context):
         if not request.job_id:
