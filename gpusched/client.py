@@ -30,6 +30,12 @@ def spec(name: str, team: str, *, gpus: int = 0, gpu_milli: int = 0, mig: str = 
     )
 
 
+# The servers' limits (gpusched.adapters.grpc_server), mirrored: a client sends what a
+# server receives and takes the largest answer a server sends.
+CHANNEL_OPTIONS = [("grpc.max_send_message_length", 16 * 1024 * 1024),
+                   ("grpc.max_receive_message_length", 128 * 1024 * 1024)]
+
+
 @dataclass(frozen=True)
 class ClientTls:
     """PEM bytes: the CA that signed the server's certificate, and, for mutual TLS, this
@@ -51,11 +57,11 @@ def channel(target: str, tls: ClientTls | None = None, token: str = "") -> grpc.
     if tls is None:
         if token:
             raise ValueError("a bearer token needs TLS: give tls as well")
-        return grpc.aio.insecure_channel(target)
+        return grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
     credentials = grpc.ssl_channel_credentials(tls.ca, tls.key, tls.cert)
     if token:
         credentials = grpc.composite_channel_credentials(credentials, grpc.access_token_call_credentials(token))
-    return grpc.aio.secure_channel(target, credentials)
+    return grpc.aio.secure_channel(target, credentials, options=CHANNEL_OPTIONS)
 
 
 class Client:

@@ -24,7 +24,8 @@ BUILD_DIR = PACKAGE / "_native"
 STAMP = BUILD_DIR / "SOURCES"
 # The reducer and the state it folds into. JobState stays a plain Python class (see
 # state.py): the interpreted policies read it in tight loops.
-COMPILED = ("core/mig.py", "core/state.py", "core/capacity.py", "core/retention.py", "core/reducer.py")
+COMPILED = ("core/mig.py", "core/state.py", "core/capacity.py", "core/retention.py", "core/validation.py",
+            "core/reducer.py")
 
 status = "pure Python: gpusched.core not imported yet"
 

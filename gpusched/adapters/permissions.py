@@ -60,6 +60,7 @@ METHODS: dict[str, str] = {
     "/gpusched.v1.ClusterService/CordonNode": WRITE_NODES,
     "/gpusched.v1.ClusterService/UncordonNode": WRITE_NODES,
     "/gpusched.v1.ClusterService/SetPoolTimeLimits": WRITE_POOLS,
+    "/gpusched.v1.ClusterService/CreatePool": WRITE_POOLS,
     "/gpusched.v1.ClusterService/SetQuota": WRITE_POLICY,
     "/gpusched.v1.ClusterService/SetTeamPolicy": WRITE_POLICY,
     "/gpusched.v1.ClusterService/GetPolicy": READ_CLUSTER,

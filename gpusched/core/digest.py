@@ -29,9 +29,13 @@ def canonical(state: ClusterState) -> dict:
     usage = {t: [u.gpu_milli, u.cpu_milli, u.memory_mib, u.jobs] for t, u in sorted(state.usage.items())
              if u.gpu_milli or u.cpu_milli or u.memory_mib or u.jobs}
     nominations = {j: [list(n), t] for j, (n, t) in sorted(state.nominations.items())}
-    doc = {"nodes": nodes, "jobs": jobs, "usage": usage, "pending": list(state.pending),
-            "nominations": nominations,
-            "pruned": state.pruned, "applied": state.applied, "rejected": state.rejected, "dedupe": state.dedupe.ids()[-64:]}
+    extra = {}
+    in_use = {n.info.pool for n in state.nodes.values()}
+    if any(p not in in_use for p in state.pools):   # created by an operator: else digests stay as they were
+        extra["pools"] = sorted(state.pools)
+    doc = {**extra, "nodes": nodes, "jobs": jobs, "usage": usage, "pending": list(state.pending),
+           "nominations": nominations,
+           "pruned": state.pruned, "applied": state.applied, "rejected": state.rejected, "dedupe": state.dedupe.ids()[-64:]}
     doc["ledger"] = {t: [e.at, e.gpu_milli, e.cpu_milli, e.memory_mib] for t, e in sorted(state.ledger.items())}
     if state.policy_version:   # only once some policy is set, so other digests are unchanged
         doc["policy"] = _policy(state)

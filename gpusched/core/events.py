@@ -175,6 +175,15 @@ class PoolTimeLimitsSet(Event):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class PoolCreated(Event):
+    """An operator made ``pool`` exist before any node registered in it. A pool exists
+    once a node registered in it or this was written; jobs for other pools are refused."""
+
+    pool: str
+    principal: str = ""      # who created it (audit)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class JobRetentionSet(Event):
     """Finished jobs of this log are kept this long (seconds of log time; 0: for ever).
     In the log, not a flag of each service, so every replica folds with the same value."""
@@ -205,7 +214,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         NodeRegistered, NodeLost, NodeCordoned, NodeUncordoned, GpuHealthChanged,
         JobSubmitted, JobCancelled, JobPlaced, WorkerStarted, WorkerFinished,
         CheckpointSaved, JobPreempted, AttemptFailed, JobRetentionSet,
-        NodeFenced, RendezvousSet, AttemptTimedOut, PoolTimeLimitsSet,
+        NodeFenced, RendezvousSet, AttemptTimedOut, PoolTimeLimitsSet, PoolCreated,
         QuotaSet, TeamPolicySet,
     )
 }

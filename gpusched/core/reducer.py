@@ -18,6 +18,7 @@ from gpusched.core.model import EXIT_LOST, JobPhase, NodeStatus
 from gpusched.core.policy import DEFAULT_TEAM, allowed, check_quota, check_team_policy
 from gpusched.core.retention import note_ended, prune_finished, set_retention
 from gpusched.core.state import ClusterState, JobState, NodeState, gpu_state, set_gpu_info
+from gpusched.core.validation import check_known_pool, check_pool_name, check_spec_alone
 
 # A node with this many GPU faults is cordoned until an operator clears it.
 FAULTS_TO_QUARANTINE = 2
@@ -111,6 +112,7 @@ def _node_registered(e: ev.NodeRegistered, state: ClusterState) -> Outcome:
     if old is None:
         state.nodes[info.name] = NodeState(info=info, gpus=[gpu_state(g, info.dynamic_mig) for g in info.gpus])
         state.capacity_epoch += 1
+        state.pools[info.pool] = None
         return ACCEPTED
     if len(old.gpus) != len(info.gpus):
         return _reject(f"node {info.name} re-registered with a different GPU count")
@@ -129,6 +131,7 @@ def _node_registered(e: ev.NodeRegistered, state: ClusterState) -> Outcome:
         old.status = _CORDONED if old.cordoned else _READY
         old.fence_at = 0.0
     state.capacity_epoch += 1   # back from lost, or a fresh inventory (labels, MIG mode)
+    state.pools[info.pool] = None
     return ACCEPTED
 
 
@@ -234,6 +237,13 @@ def _job_submitted(e: ev.JobSubmitted, state: ClusterState) -> Outcome:
     key = f"{e.spec.team}/{e.idempotency_key}" if e.idempotency_key else ""
     if key and key in state.idempotency:
         return _reject(f"idempotency key already used by {state.idempotency[key]}", e.job_id)
+    # What admission would refuse is refused here too, so a forged or buggy record
+    # cannot create an impossible job (negative GPUs, a pool that does not exist).
+    errors = check_spec_alone(e.spec)
+    if not errors and e.spec.pool not in state.pools and not _pool_has_nodes(state, e.spec.pool):
+        errors = check_known_pool(e.spec.pool, state.pools)
+    if errors:
+        return _reject("; ".join(map(str, errors)), e.job_id)
     denied = _denied_by_policy(state, e.spec)
     if denied:
         return _reject(denied, e.job_id)
@@ -260,6 +270,16 @@ def _denied_by_policy(state: ClusterState, spec) -> str:
         return ""
     field = allowed(policies.get(spec.team) or policies.get(DEFAULT_TEAM), spec.priority_class, spec.pool)
     return f"{field}: team {spec.team} may not use it (team policy)" if field else ""
+
+
+def _pool_has_nodes(state: ClusterState, pool: str) -> bool:
+    """A pool missing from ``state.pools`` while a node is in it: a state restored from
+    a snapshot taken before pools were recorded. Recorded now, so this scan runs once."""
+    for node in state.nodes.values():
+        if node.info.pool == pool:
+            state.pools[pool] = None
+            return True
+    return False
 
 
 @_handles(ev.JobCancelled)
@@ -446,6 +466,17 @@ def _team_policy_set(e: ev.TeamPolicySet, state: ClusterState) -> Outcome:
         return _reject(f"team policy: {problem}")
     state.team_policies[e.policy.team] = e.policy
     state.policy_version += 1
+    return ACCEPTED
+
+
+@_handles(ev.PoolCreated)
+def _pool_created(e: ev.PoolCreated, state: ClusterState) -> Outcome:
+    errors = check_pool_name(e.pool)
+    if errors:
+        return _reject(str(errors[0]))
+    if e.pool in state.pools:
+        return _reject(f"pool {e.pool} exists")
+    state.pools[e.pool] = None
     return ACCEPTED
 
 

@@ -260,6 +260,9 @@ class ClusterState:
     # a placer that takes over order the queue alike (gpusched.policies.usage.folded_decay).
     ledger: dict[str, TeamLedger] = field(default_factory=dict)
     ledger_half_life_s: float = DEFAULT_HALF_LIFE_S
+    # Pools that exist (ordered set): a node registered in it or ``PoolCreated``. Jobs for
+    # any other pool are refused (gpusched.core.validation.check_known_pool).
+    pools: dict[str, None] = field(default_factory=dict)
     dedupe: DedupeWindow = field(default_factory=DedupeWindow)
     applied: int = 0      # events applied (duplicates excluded)
     rejected: int = 0     # proposals found invalid when applied

@@ -16,8 +16,24 @@ from gpusched.core.model import JobSpec
 from gpusched.core.priority import PRIORITY_CLASSES
 from gpusched.core.state import NodeState
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")   # used with fullmatch: "$" admits a final newline
 MAX_WORKERS = 4096
+
+# Size limits of what the API takes in: every string and list a client sends is bounded,
+# so no request can make an event larger than the log takes (Kafka's 1 MB record) or a
+# state that every replica must hold. Checked at admission and again by the reducer.
+MAX_NAME = 253                # names, teams, pools: a DNS subdomain's length
+MAX_ORG = 253
+MAX_COMMAND_ARGS = 256
+MAX_COMMAND_ARG = 4096        # characters of one argument
+MAX_COMMAND_TOTAL = 65536     # characters of all arguments together
+MAX_GPU_MODELS = 16
+MAX_PROFILE = 16              # a MIG profile name ("3g.40gb")
+MAX_REASON = 1024             # cancel and cordon reasons
+MAX_KEY = 256                 # idempotency keys
+MAX_ID = 256                  # job ids and node names in requests
+MAX_PAGE_TOKEN = 512
+MAX_FILTERS = 16              # phases in a ListJobs filter
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,23 +111,114 @@ def check_pool_limits(pool: str, default_s: float, max_s: float) -> list[FieldEr
 
 
 def validate_spec(spec: JobSpec, pool: PoolShape) -> list[FieldError]:
-    errors = _check_identity(spec) + _check_resources(spec) + _check_numbers(spec)
+    errors = check_spec_alone(spec)
+    if not errors:
+        errors += _check_asks_gpu(spec)
     if not errors and pool.groups:
         errors += _check_fits_pool(spec, pool.groups)
     return errors
 
 
+def check_spec_alone(spec: JobSpec) -> list[FieldError]:
+    """Every rule that needs the spec only: what the reducer applies to each
+    ``JobSubmitted`` it folds (cheap; no scan of the pool). Not the API's rule that a job
+    asks for a GPU (``_check_asks_gpu``): the core model has CPU-only workers, which
+    replayed traces (the simulator) submit."""
+    errors = _check_sizes(spec)
+    if errors:   # an oversized field is not looked at further (no regex over megabytes)
+        return errors
+    return _check_identity(spec) + _check_resources(spec) + _check_numbers(spec)
+
+
+def check_length(field: str, value: str, limit: int) -> list[FieldError]:
+    """A string of a request against its limit, the field named."""
+    if len(value) > limit:
+        return [FieldError(field, f"at most {limit} characters, got {len(value)}")]
+    return []
+
+
+def _check_sizes(spec: JobSpec) -> list[FieldError]:
+    r = spec.resources
+    command = spec.command
+    # The common case in one expression: the reducer runs this for every JobSubmitted.
+    if (len(spec.name) <= MAX_NAME and len(spec.team) <= MAX_NAME and len(spec.pool) <= MAX_NAME
+            and len(spec.org) <= MAX_ORG and len(spec.priority_class) <= MAX_NAME
+            and len(r.mig_profile) <= MAX_PROFILE and len(r.gpu_models) <= MAX_GPU_MODELS
+            and len(command) <= MAX_COMMAND_ARGS and (not command or max(map(len, command)) <= MAX_COMMAND_ARG)
+            and (len(command) * MAX_COMMAND_ARG <= MAX_COMMAND_TOTAL or sum(map(len, command)) <= MAX_COMMAND_TOTAL)
+            and (not r.gpu_models or max(map(len, r.gpu_models)) <= MAX_NAME)):
+        return []
+    return _size_errors(spec)
+
+
+def _size_errors(spec: JobSpec) -> list[FieldError]:
+    r = spec.resources
+    errors = (check_length("spec.name", spec.name, MAX_NAME) + check_length("spec.team", spec.team, MAX_NAME)
+              + check_length("spec.pool", spec.pool, MAX_NAME) + check_length("spec.org", spec.org, MAX_ORG)
+              + check_length("spec.priority_class", spec.priority_class, MAX_NAME)
+              + check_length("spec.resources.mig_profile", r.mig_profile, MAX_PROFILE))
+    if len(spec.command) > MAX_COMMAND_ARGS:
+        errors.append(FieldError("spec.command", f"at most {MAX_COMMAND_ARGS} arguments, got {len(spec.command)}"))
+    else:
+        for i, arg in enumerate(spec.command):
+            errors += check_length(f"spec.command[{i}]", arg, MAX_COMMAND_ARG)
+        total = sum(map(len, spec.command))
+        if total > MAX_COMMAND_TOTAL:
+            errors.append(FieldError("spec.command", f"at most {MAX_COMMAND_TOTAL} characters in all, got {total}"))
+    if len(r.gpu_models) > MAX_GPU_MODELS:
+        errors.append(FieldError("spec.resources.gpu_models", f"at most {MAX_GPU_MODELS} models, got {len(r.gpu_models)}"))
+    else:
+        for i, model in enumerate(r.gpu_models):
+            errors += check_length(f"spec.resources.gpu_models[{i}]", model, MAX_NAME)
+    return errors
+
+
+def check_pool_name(pool: str, field: str = "pool") -> list[FieldError]:
+    if len(pool) > MAX_NAME or not _NAME.fullmatch(pool):
+        return [FieldError(field, f"use letters, digits, '.', '_' or '-' (at most {MAX_NAME}), got {pool[:64]!r}")]
+    return []
+
+
+def check_known_pool(pool: str, known) -> list[FieldError]:
+    """A job's pool must exist in the log (a node registered in it, or ``PoolCreated``):
+    a job for a pool nobody has would wait forever with no reason."""
+    if pool in known:
+        return []
+    names = sorted(known)
+    listed = ", ".join(names[:20]) + (f" and {len(names) - 20} more" if len(names) > 20 else "")
+    return [FieldError("spec.pool", f"no pool {pool!r}; known pools: {listed or 'none'}")]
+
+
+_INF = math.inf
+_GOOD_NAMES: set[str] = set()   # teams and pools seen valid: they repeat in every job of a log
+
+
+def _good_name(name: str) -> bool:
+    """``_NAME.fullmatch``, remembered for valid names (a pure function's cache, bounded)."""
+    if name in _GOOD_NAMES:
+        return True
+    if _NAME.fullmatch(name) is None:
+        return False
+    if len(_GOOD_NAMES) >= 10_000:
+        _GOOD_NAMES.clear()
+    _GOOD_NAMES.add(name)
+    return True
+
+
 def _check_identity(spec: JobSpec) -> list[FieldError]:
+    if (_NAME.fullmatch(spec.name) is not None and _good_name(spec.team) and _good_name(spec.pool)
+            and spec.priority_class in PRIORITY_CLASSES and 1 <= spec.workers <= MAX_WORKERS):
+        return []   # the common case, for the reducer's sake; the errors below otherwise
     errors = []
     if not spec.name:
         errors.append(FieldError("spec.name", "must not be empty"))
-    elif not _NAME.match(spec.name):
+    elif not _NAME.fullmatch(spec.name):
         errors.append(FieldError("spec.name", "use letters, digits, '.', '_' or '-' (at most 253)"))
     if not spec.team:
         errors.append(FieldError("spec.team", "must not be empty"))
-    elif not _NAME.match(spec.team):
+    elif not _NAME.fullmatch(spec.team):
         errors.append(FieldError("spec.team", "use letters, digits, '.', '_' or '-'"))
-    if not _NAME.match(spec.pool):
+    if not _NAME.fullmatch(spec.pool):
         errors.append(FieldError("spec.pool", f"invalid pool name {spec.pool!r}"))
     if spec.priority_class not in PRIORITY_CLASSES:
         errors.append(FieldError("spec.priority_class",
@@ -131,8 +238,6 @@ def _check_resources(spec: JobSpec) -> list[FieldError]:
     forms = (r.gpus > 0) + (r.gpu_milli > 0) + bool(r.mig_profile)
     if forms > 1:
         errors.append(FieldError("spec.resources", "set only one of gpus, gpu_milli, mig_profile"))
-    elif forms == 0 and not errors:
-        errors.append(FieldError("spec.resources.gpus", "request at least one GPU, a GPU share (gpu_milli) or a MIG profile"))
     if r.mig_profile and parse_profile(r.mig_profile) is None:
         errors.append(FieldError("spec.resources.mig_profile", f"unknown MIG profile {r.mig_profile!r}; one of 1g, 2g, 3g, 4g, 7g"))
     if r.cpu_milli < 0:
@@ -145,6 +250,13 @@ def _check_resources(spec: JobSpec) -> list[FieldError]:
     if r.mig_profile and r.gpu_models and not any(is_mig_capable(m) for m in r.gpu_models):
         errors.append(FieldError("spec.resources.gpu_models", "no listed model supports MIG"))
     return errors + _check_gpu_memory(spec)
+
+
+def _check_asks_gpu(spec: JobSpec) -> list[FieldError]:
+    r = spec.resources
+    if r.gpus > 0 or r.gpu_milli > 0 or r.mig_profile:
+        return []
+    return [FieldError("spec.resources.gpus", "request at least one GPU, a GPU share (gpu_milli) or a MIG profile")]
 
 
 def _check_gpu_memory(spec: JobSpec) -> list[FieldError]:
@@ -165,6 +277,10 @@ def _check_gpu_memory(spec: JobSpec) -> list[FieldError]:
 
 
 def _check_numbers(spec: JobSpec) -> list[FieldError]:
+    # NaN fails every comparison, so this common-case test also refuses it.
+    if (0.0 <= spec.max_runtime_s < _INF and 0.0 <= spec.checkpoint_interval_s < _INF
+            and 0.0 <= spec.simulated_duration_s < _INF and spec.max_restarts >= 0):
+        return []
     checks = (
         ("spec.max_runtime_s", spec.max_runtime_s),
         ("spec.checkpoint_interval_s", spec.checkpoint_interval_s),

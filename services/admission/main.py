@@ -16,8 +16,9 @@ from gpusched.config import (DEFAULT_JOB_RETENTION_S, add_kafka_args, add_securi
                              retention_seconds, server_security)
 from gpusched.core import events as ev
 from gpusched.v1 import admission_pb2_grpc, cluster_pb2_grpc
-from gpusched_admission.servicer import AdmissionServicer, ClusterServicer, ReadModel, Submitters
+from gpusched_admission.limits import SubmissionLimits
 from gpusched_admission.policy_api import bootstrap_policy
+from gpusched_admission.servicer import AdmissionServicer, ClusterServicer, ReadModel, Submitters
 from gpusched_admission.watch import Watchers
 
 log = logging.getLogger("gpusched.admission")
@@ -33,15 +34,17 @@ async def run(args: argparse.Namespace) -> None:
     watchers = Watchers()
     holder: dict = {}
     submitters = Submitters()   # fed from the first event replayed, before the API exists
+    limits = SubmissionLimits(args.submit_rate, args.submit_burst, args.max_pending_per_team)
 
     def on_event(partition, offset, event, outcome, state):
         submitters.on_event(event, outcome, state)
         admission = holder.get("admission")
         if admission is not None:
-            admission.note_outcome(event, outcome.accepted)
+            admission.note_outcome(event, outcome.accepted, outcome.reason)
             if outcome.accepted and type(event) is ev.NodeRegistered:
                 admission.model.inventory_changes += 1
         if outcome.accepted:
+            limits.pending.note(partition, state, outcome.jobs)
             for job_id in outcome.jobs:
                 watchers.publish(state.jobs[job_id], type(event).__name__, offset)
 
@@ -50,7 +53,7 @@ async def run(args: argparse.Namespace) -> None:
                            freeze_state=True)
     await follower.start()
     model = ReadModel(follower, settings.partitions, submitters)
-    admission = holder["admission"] = AdmissionServicer(model, publisher, me, watchers)
+    admission = holder["admission"] = AdmissionServicer(model, publisher, me, watchers, limits)
     cluster = ClusterServicer(model, publisher, me)
     server, port, health = await start_server(args.listen, [
         lambda s: admission_pb2_grpc.add_AdmissionServiceServicer_to_server(admission, s),
@@ -82,6 +85,19 @@ async def record_retention(follower: LogFollower, publisher: EventPublisher, me:
             await follower.wait_applied(await publisher.publish_to(event, partition))
 
 
+def add_limit_args(parser: argparse.ArgumentParser) -> None:
+    """Abuse limits per team (docs/api-errors.md); 0 turns one off."""
+    env = os.environ.get
+    parser.add_argument("--submit-rate", type=float, default=float(env("GPUSCHED_SUBMIT_RATE", "200")),
+                        help="jobs a second each team may submit, per admission replica (token bucket; "
+                             "env GPUSCHED_SUBMIT_RATE; 0: no limit)")
+    parser.add_argument("--submit-burst", type=float, default=float(env("GPUSCHED_SUBMIT_BURST", "5000")),
+                        help="jobs a team may submit at once before the rate applies (env GPUSCHED_SUBMIT_BURST)")
+    parser.add_argument("--max-pending-per-team", type=int, default=int(env("GPUSCHED_MAX_PENDING_PER_TEAM", "50000")),
+                        help="pending jobs a team may have, as Slurm's MaxSubmitJobs (env "
+                             "GPUSCHED_MAX_PENDING_PER_TEAM; 0: no limit)")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="gpusched-admission", description=__doc__)
     add_kafka_args(parser)
@@ -96,6 +112,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quotas", default="",
                         help="JSON file of org/team guarantees, limits and weights: written into each partition's "
                              "log whose log holds no policy yet (a bootstrap; docs/policy.md)")
+    add_limit_args(parser)
     asyncio.run(run(parser.parse_args(argv)))
 
 

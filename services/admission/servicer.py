@@ -6,6 +6,7 @@ import asyncio
 import base64
 import time
 import uuid
+from collections import Counter
 from typing import NamedTuple
 
 import grpc
@@ -16,12 +17,14 @@ from gpusched.adapters.auth import current_access, deny
 from gpusched.adapters.eventlog import EventPublisher, LogFollower, partition_for
 from gpusched.adapters.views import job_message, node_message, summary_message
 from gpusched.core import events as ev
-from gpusched.core.model import JobPhase
 from gpusched.core.queries import pool_summary
 from gpusched.core.state import ClusterState, JobState, NodeState
-from gpusched.core.validation import FieldError, PoolShape, check_pool_limits, check_time_limit, validate_spec
-from gpusched.v1 import admission_pb2, admission_pb2_grpc, cluster_pb2, cluster_pb2_grpc, types_pb2
+from gpusched.core import validation as limits
+from gpusched.core.validation import FieldError, PoolShape, check_pool_limits, check_pool_name, check_time_limit, validate_spec
+from gpusched.v1 import admission_pb2, admission_pb2_grpc, cluster_pb2, cluster_pb2_grpc
+from gpusched_admission.checks import check_lengths, check_same_spec, phases_of, pool_errors
 from gpusched_admission.convert import spec_from_request
+from gpusched_admission.limits import SubmissionLimits
 from gpusched_admission.policy_api import PolicyRpcs, denied_field
 from gpusched_admission.watch import Watchers
 
@@ -109,6 +112,9 @@ class ReadModel:
         for state in self.follower.states.values():
             yield from state.jobs.values()
 
+    def known_pools(self) -> set[str]:
+        return {pool for state in self.follower.states.values() for pool in state.pools}
+
 
 MAX_BATCH = 1000   # jobs per SubmitJobs call
 _API = "/gpusched.v1.AdmissionService/"   # method names, as denials are counted
@@ -135,21 +141,26 @@ async def _abort_invalid(context, errors: list[FieldError]) -> None:
 
 
 class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
-    def __init__(self, model: ReadModel, publisher: EventPublisher, producer: str, watchers: Watchers) -> None:
+    def __init__(self, model: ReadModel, publisher: EventPublisher, producer: str, watchers: Watchers,
+                 limits: SubmissionLimits | None = None) -> None:
         self.model = model
         self.publisher = publisher
         self.producer = producer
         self.watchers = watchers
+        self.limits = limits or SubmissionLimits()
         self.submitted_here: dict[str, bool | None] = {}   # event id -> accepted?
+        self.refusals: dict[str, str] = {}   # event id -> the reducer's reason, for those it rejected
 
     async def SubmitJob(self, request, context):
         with tracer.start_as_current_span("SubmitJob") as span:
+            await self._fold_unknown_pools([request])
             item = self._prepare(request)
             if isinstance(item, _Denied):
                 await deny(context, grpc.StatusCode.PERMISSION_DENIED, _API + "SubmitJob", item.message)
             if isinstance(item, list):
                 await _abort_invalid(context, item)
             span.set_attribute("gpusched.job_id", item.job_id)
+            self._check_limits([item])
             [response] = await self._submit([item], context)
             return response
 
@@ -160,9 +171,10 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
             if len(request.jobs) > MAX_BATCH:
                 await _abort_invalid(context, [FieldError("jobs", f"at most {MAX_BATCH} per request")])
             span.set_attribute("gpusched.jobs", len(request.jobs))
+            await self._fold_unknown_pools(request.jobs)
             items, errors = [], []
             for i, job_request in enumerate(request.jobs):
-                item = self._prepare(job_request)
+                item = self._prepare(job_request, f"jobs[{i}].")
                 if isinstance(item, _Denied):   # one item denied: nothing is written
                     await deny(context, grpc.StatusCode.PERMISSION_DENIED, _API + "SubmitJobs",
                                f"jobs[{i}]: {item.message}")
@@ -172,13 +184,15 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
                     items.append(item)
             if errors:
                 await _abort_invalid(context, errors)
+            self._check_limits(items)
             return admission_pb2.SubmitJobsResponse(results=await self._submit(items, context))
 
-    def _prepare(self, request) -> _Submission | _Denied | list[FieldError]:
+    def _prepare(self, request, where: str = "") -> _Submission | _Denied | list[FieldError]:
         """A valid request as what to write (or the job its key names); else its errors,
         or its denial. The job's team is the caller's: ``spec.team`` left empty takes the
         caller's only team; a team it may not submit for is denied, and so is a priority
-        class or pool the team's policy does not allow (docs/policy.md)."""
+        class or pool the team's policy does not allow (docs/policy.md). ``where``: the
+        item's place in a batch, to name its fields ("jobs[3].")."""
         access = current_access()
         team = request.spec.team or access.default_team() or ""
         spec = spec_from_request(request.spec, team)
@@ -188,10 +202,10 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
             return _Denied(f"principal {access.principal!r} ({access.describe()}) may not submit jobs for team "
                            f"{spec.team!r} (spec.team)")
         errors = validate_spec(spec, self.model.pool_shape(spec.pool))
+        errors += pool_errors(spec, self.model.known_pools()) if not errors else []
         errors += check_time_limit(spec, self.model.pool_limits(spec.pool))
         key = request.idempotency_key
-        if len(key) > 256:
-            errors.append(FieldError("idempotency_key", "at most 256 characters"))
+        errors += limits.check_length("idempotency_key", key, limits.MAX_KEY)
         if errors:
             return errors
         denied = denied_field(self.model.state_for_pool(spec.pool), spec)
@@ -201,10 +215,24 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
         job_id = job_id_for(spec.team, key)
         existing = self.model.job(job_id) if key else None
         if existing is not None:
+            check_same_spec(existing, spec, f"{where}idempotency_key")
             return _Submission(job_id, None, spec.pool)
         event = ev.JobSubmitted(event_id=uuid.uuid4().hex, time=time.time(), producer=self.producer,
                                 job_id=job_id, spec=spec, idempotency_key=key, principal=access.principal)
         return _Submission(job_id, event, spec.pool)
+
+    async def _fold_unknown_pools(self, requests) -> None:
+        """A pool this replica does not know may have just been made (a node registered,
+        its agent told ready): fold the log up to its end before refusing the job."""
+        known = self.model.known_pools()
+        if any((r.spec.pool or "default") not in known for r in requests):
+            await self.model.follower.caught_up(timeout=10.0)
+
+    def _check_limits(self, items: list[_Submission]) -> None:
+        """The teams' rate and pending limits, for the jobs these items would create."""
+        new = Counter(item.event.spec.team for item in items if item.event is not None)
+        if new:
+            self.limits.check(new, self.model.follower.states)
 
     async def _submit(self, items: list[_Submission], context) -> list[admission_pb2.SubmitJobResponse]:
         """Append the new jobs' events together (one producer batch), wait until this
@@ -221,22 +249,32 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
                 await asyncio.gather(*(self.model.follower.wait_applied(pos) for pos in last.values()))
         finally:
             accepted = {item.event.event_id: self.submitted_here.pop(item.event.event_id, None) for item in new}
+            refused = {item.event.event_id: self.refusals.pop(item.event.event_id, "") for item in new}
         responses = []
         for item in items:
             job = self.model.job(item.job_id)
+            if job is None and item.event is not None and refused[item.event.event_id]:
+                # The log refused what this replica validated (a pool's limits changed between
+                # the check and the fold): its reason names the field.
+                await context.abort(grpc.StatusCode.FAILED_PRECONDITION, refused[item.event.event_id])
             if job is None:
                 await context.abort(grpc.StatusCode.INTERNAL, f"job {item.job_id} not in the log after submit")
             created = item.event is not None and bool(accepted[item.event.event_id])
+            if item.event is not None and not created:   # another replica took the key first
+                check_same_spec(job, item.event.spec)
             responses.append(admission_pb2.SubmitJobResponse(job=job_message(job), created=created))
         return responses
 
-    def note_outcome(self, event: ev.Event, accepted: bool) -> None:
+    def note_outcome(self, event: ev.Event, accepted: bool, reason: str = "") -> None:
         if event.event_id in self.submitted_here:
             self.submitted_here[event.event_id] = accepted
+            if not accepted:
+                self.refusals[event.event_id] = reason
 
     async def GetJob(self, request, context):
         if not request.job_id:
             await _abort_invalid(context, [FieldError("job_id", "must not be empty")])
+        check_lengths(("job_id", request.job_id, limits.MAX_ID))
         job = self.model.job(request.job_id)
         if job is None:
             kept = {state.retention_s for state in self.model.follower.states.values()}
@@ -250,12 +288,13 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
         size = request.page_size or 100
         if not 1 <= size <= 1000:
             await _abort_invalid(context, [FieldError("page_size", "must be 1..1000")])
+        check_lengths(("page_token", request.page_token, limits.MAX_PAGE_TOKEN),
+                      ("team", request.team, limits.MAX_NAME), ("pool", request.pool, limits.MAX_NAME))
         try:
             after = _decode_token(request.page_token)
         except ValueError:
             await _abort_invalid(context, [FieldError("page_token", "not a token from a previous page")])
-        phases = {JobPhase[types_pb2.JobPhase.Name(p)[len("JOB_PHASE_"):]] for p in request.phases
-                  if p != types_pb2.JOB_PHASE_UNSPECIFIED}
+        phases = phases_of(request.phases, limits.MAX_FILTERS)
         teams = await _readable_teams(context, _API + "ListJobs", request.team)
         matching = sorted(
             (j for j in self.model.jobs()
@@ -271,6 +310,7 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
         return admission_pb2.ListJobsResponse(jobs=[job_message(j) for j in page], next_page_token=token)
 
     async def CancelJob(self, request, context):
+        check_lengths(("job_id", request.job_id, limits.MAX_ID), ("reason", request.reason, limits.MAX_REASON))
         job = self.model.job(request.job_id) if request.job_id else None
         if job is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"job_id: no job {request.job_id!r}")
@@ -301,6 +341,8 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
     async def WatchJobs(self, request, context):
         # Subscribe first, then send the current state of every matching job, then the
         # changes (Kubernetes' list-then-watch): a client never misses a transition.
+        check_lengths(("team", request.team, limits.MAX_NAME), ("job_id", request.job_id, limits.MAX_ID),
+                      ("pool", request.pool, limits.MAX_NAME))
         teams = await _readable_teams(context, _API + "WatchJobs", request.team)
         queue = self.watchers.subscribe(request.team, request.job_id, request.pool, teams)
         try:
@@ -370,6 +412,7 @@ class ClusterServicer(PolicyRpcs, cluster_pb2_grpc.ClusterServiceServicer):
         return summary_message(pool_summary(state, pool))
 
     async def CordonNode(self, request, context):
+        check_lengths(("reason", request.reason, limits.MAX_REASON))
         node = await self._node_or_abort(request.name, context)
         event = ev.NodeCordoned(event_id=uuid.uuid4().hex, time=time.time(), producer=self.producer,
                                 node=node.name, reason=request.reason or "cordoned by operator",
@@ -382,9 +425,22 @@ class ClusterServicer(PolicyRpcs, cluster_pb2_grpc.ClusterServiceServicer):
                                   node=node.name, principal=current_access().principal)
         return await self._apply(event, node, context)
 
+    async def CreatePool(self, request, context):
+        """Idempotent: a pool that exists is answered with its summary."""
+        pool = request.pool
+        errors = check_pool_name(pool)
+        if errors:
+            await _abort_invalid(context, errors)
+        if pool not in self.model.known_pools():
+            event = ev.PoolCreated(event_id=uuid.uuid4().hex, time=time.time(), producer=self.producer, pool=pool,
+                                   principal=current_access().principal)
+            await self.model.follower.wait_applied(await self.publisher.publish(event, pool))
+        return summary_message(pool_summary(self.model.state_for_pool(pool), pool))
+
     async def SetPoolTimeLimits(self, request, context):
         pool = request.pool
         errors = check_pool_limits(pool, request.default_time_limit_s, request.max_time_limit_s)
+        errors += check_pool_name(pool) if pool else []
         if errors:
             await _abort_invalid(context, errors)
         event = ev.PoolTimeLimitsSet(event_id=uuid.uuid4().hex, time=time.time(), producer=self.producer, pool=pool,
@@ -402,6 +458,7 @@ class ClusterServicer(PolicyRpcs, cluster_pb2_grpc.ClusterServiceServicer):
     async def _node_or_abort(self, name: str, context) -> NodeState:
         if not name:
             await _abort_invalid(context, [FieldError("name", "must not be empty")])
+        check_lengths(("name", name, limits.MAX_ID))
         node = self.model.node(name)
         if node is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"name: no node {name!r}")

@@ -11,7 +11,7 @@ from gpusched.adapters.eventlog import DeadLetters, EventPublisher, LogFollower
 from gpusched.adapters.codec import decode
 from gpusched.client import Client
 from gpusched.core.digest import digest
-from gpusched.v1 import admission_pb2, types_pb2
+from gpusched.v1 import admission_pb2, cluster_pb2, types_pb2
 from gpusched.workloads import mixed_jobs
 from gpusched.local_cluster import LocalCluster
 from tests.integration.logcheck import check_log, read_log
@@ -108,6 +108,8 @@ async def test_kill9_admission_then_get_job_answers_from_the_rebuilt_read_model(
     try:
         admission = await cluster.admission("admission-1")
         client = Client(f"127.0.0.1:{admission.port}")
+        # No node registers here, so the pool must be created for jobs to be taken.
+        await client.cluster.CreatePool(cluster_pb2.CreatePoolRequest(pool="default"))
         created = [(await client.submit(s, key=f"k{i}")).job for i, s in enumerate(mixed_jobs(20, seed=5))]
         cancelled = await client.jobs.CancelJob(
             admission_pb2.CancelJobRequest(job_id=created[0].job_id))

@@ -83,6 +83,7 @@ EVENTS = {
     ev.PoolTimeLimitsSet: _event(ev.PoolTimeLimitsSet, pool=text, default_s=f64, max_s=f64, principal=text),
     ev.QuotaSet: _event(ev.QuotaSet, quota=quotas, principal=text),
     ev.TeamPolicySet: _event(ev.TeamPolicySet, policy=team_policies, principal=text),
+    ev.PoolCreated: _event(ev.PoolCreated, pool=text, principal=text),
 }
 any_event = st.one_of(*EVENTS.values())
 

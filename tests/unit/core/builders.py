@@ -60,6 +60,9 @@ class Log:
 
     def __init__(self, *nodes: NodeInfo, retention_s: float = 0.0) -> None:
         self.state = ClusterState(retention_s=retention_s)
+        # The default pool exists, as if an operator had created it: jobs for a pool that
+        # does not exist are refused (PoolCreated and NodeRegistered make pools exist).
+        self.state.pools["default"] = None
         self.n = 0
         self.now = 0.0
         self.events: list[ev.Event] = []

@@ -90,6 +90,7 @@ def test_pool_default_time_limit_applies_to_jobs_without_one_and_the_maximum_ref
     out = log.submit("greedy", greedy)
     assert not out.accepted and "spec.max_runtime_s" in out.reason and "greedy" not in log.state.jobs
     other = JobSpec(name="o", team="t", pool="other", resources=WorkerResources(gpus=1))
+    assert log(ev.PoolCreated, pool="other").accepted
     assert log.submit("other", other).accepted and log.job("other").time_limit_s == 0.0
 
 

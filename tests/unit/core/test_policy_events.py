@@ -162,4 +162,5 @@ def test_the_fold_enforces_allow_lists_on_submitted_jobs(team, priority_class, p
 def test_without_team_policies_every_class_and_pool_is_allowed():
     from tests.unit.core.builders import make_spec
     log = Log(make_node("n1"))
+    assert log(ev.PoolCreated, pool="other").accepted
     assert log.submit("j", make_spec("anyone", priority_class="production-inference", pool="other")).accepted
