@@ -9,6 +9,7 @@ from aiokafka import AIOKafkaProducer
 
 from gpusched.adapters import codec
 from gpusched.adapters.eventlog import partition_for
+from gpusched.adapters.kafka_security import client_args
 from gpusched.client import Client, spec
 from gpusched.core import events as ev
 from gpusched.core.model import JobSpec, WorkerResources
@@ -126,7 +127,9 @@ async def test_a_forged_job_submitted_on_the_topic_creates_no_job(api, kafka_boo
         ("forged-pool", JobSpec(name="f", team="someone", pool="default-x", resources=WorkerResources(gpus=1))),
         ("forged-huge", JobSpec(name="f", team="someone", org="o" * 100_000, resources=WorkerResources(gpus=1))),
     ]
-    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, max_request_size=2_000_000)
+    # Written with a login that may write the log (ACLs keep strangers out altogether):
+    # the fold itself must keep impossible jobs out.
+    producer = AIOKafkaProducer(**client_args(kafka_bootstrap), max_request_size=2_000_000)
     await producer.start()
     for job_id, job_spec in forged:
         event = ev.JobSubmitted(event_id=job_id, time=1.0, producer="forger", job_id=job_id, spec=job_spec)
