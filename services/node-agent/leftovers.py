@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 from gpusched.core.model import EXIT_LOST
-from gpusched_node_agent.runner import STATUS_FILE, WorkerExit, exit_from_status, group_alive, read_status
+from gpusched_node_agent.runner import (STATUS_FILE, WorkerExit, check_seconds, exit_from_status, group_alive,
+                                        read_status)
 from gpusched_node_agent.shim import boot_id, proc_stat, write_json
 
 log = logging.getLogger("gpusched.node_agent")
@@ -128,6 +129,7 @@ def kill_leftovers(state_dir: Path, kill_wait: float) -> list[LeftoverWorker]:
     """End every worker under ``state_dir`` whose shim status records no end; wait
     (polling, up to ``kill_wait`` + a margin, then SIGKILL and a margin more) until its
     processes are gone. Ended workers are ignored; each one ended here is returned."""
+    check_seconds("kill_wait", kill_wait)
     found = _not_ended(Path(state_dir))
     live = [w for w in found if w.alive()]
     for w in found:
