@@ -86,12 +86,13 @@ class _Leftover:
     def poll(self) -> bool:
         """True once this worker is over (its end then set)."""
         if self.via_shim:
-            status = read_status(self.path)
-            ended = status is not None and "ended_at" in status
-            if ended and not _same_process(status.get("shim_pid"), status.get("shim_start")):
-                self.end = exit_from_status(status)
-            elif not ended and not _same_process(self.status.get("shim_pid"), self.status.get("shim_start")):
-                self.via_shim = False    # the shim died without recording the end: go direct
+            status = read_status(self.path) or {}
+            shim_gone = not _same_process(self.status.get("shim_pid"), self.status.get("shim_start"))
+            if "ended_at" in status:
+                if shim_gone:            # its end recorded, and the shim itself is gone too
+                    self.end = exit_from_status(status)
+            elif shim_gone:              # the shim died without recording the end: go direct
+                self.via_shim = False
                 self._group(signal.SIGTERM)
             return self.end is not None
         if self.pid is not None and group_alive(self.pid):
