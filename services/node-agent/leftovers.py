@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 from gpusched.core.model import EXIT_LOST
-from gpusched_node_agent.runner import STATUS_FILE, WorkerExit, exit_from_status, group_alive, read_status
+from gpusched_node_agent.runner import (STATUS_FILE, WorkerExit, check_seconds, exit_from_status, group_alive,
+                                        read_status)
 from gpusched_node_agent.shim import boot_id, proc_stat, write_json
 
 log = logging.getLogger("gpusched.node_agent")
@@ -85,12 +86,13 @@ class _Leftover:
     def poll(self) -> bool:
         """True once this worker is over (its end then set)."""
         if self.via_shim:
-            status = read_status(self.path)
-            ended = status is not None and "ended_at" in status
-            if ended and not _same_process(status.get("shim_pid"), status.get("shim_start")):
-                self.end = exit_from_status(status)
-            elif not ended and not _same_process(self.status.get("shim_pid"), self.status.get("shim_start")):
-                self.via_shim = False    # the shim died without recording the end: go direct
+            status = read_status(self.path) or {}
+            shim_gone = not _same_process(self.status.get("shim_pid"), self.status.get("shim_start"))
+            if "ended_at" in status:
+                if shim_gone:            # its end recorded, and the shim itself is gone too
+                    self.end = exit_from_status(status)
+            elif shim_gone:              # the shim died without recording the end: go direct
+                self.via_shim = False
                 self._group(signal.SIGTERM)
             return self.end is not None
         if self.pid is not None and group_alive(self.pid):
@@ -128,6 +130,7 @@ def kill_leftovers(state_dir: Path, kill_wait: float) -> list[LeftoverWorker]:
     """End every worker under ``state_dir`` whose shim status records no end; wait
     (polling, up to ``kill_wait`` + a margin, then SIGKILL and a margin more) until its
     processes are gone. Ended workers are ignored; each one ended here is returned."""
+    check_seconds("kill_wait", kill_wait)
     found = _not_ended(Path(state_dir))
     live = [w for w in found if w.alive()]
     for w in found:

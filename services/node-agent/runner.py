@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import signal
 import sys
@@ -43,6 +44,13 @@ def read_status(path: Path) -> dict | None:
     except (OSError, ValueError):
         return None
     return status if isinstance(status, dict) else None
+
+
+def check_seconds(field: str, value: float, positive: bool = False) -> None:
+    """Refuse a duration that is not one, naming the field."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or value < 0 or (positive and value == 0):
+        raise ValueError(f"{field} must be a finite number of seconds {'> 0' if positive else '>= 0'}, got {value!r}")
 
 
 def exit_from_status(status: dict) -> WorkerExit:
@@ -121,6 +129,10 @@ class ProcessRun:
     def __init__(self, command: tuple[str, ...], env: dict[str, str], workdir: Path,
                  on_checkpoint: OnCheckpoint | None = None, *, devices=None,
                  lease_path: Path | None = None, kill_wait: float = 10.0, poll: float = 0.1) -> None:
+        if not command:
+            raise ValueError("command: nothing to run")
+        check_seconds("kill_wait", kill_wait)
+        check_seconds("poll", poll, positive=True)
         workdir = Path(workdir).absolute()    # the shim runs in it: relative paths would shift
         self.command = command
         self.checkpoint_file = workdir / "checkpoint"

@@ -206,6 +206,7 @@ class Shim:
 
     def _finish(self) -> int:
         code = self.leader
+        assert code is not None, "the loop ends only once the leader is reaped"
         exit_code, sig = (code, 0) if code >= 0 else (None, -code)
         end = f"exited with code {code}" if sig == 0 else f"killed by signal {sig}"
         if self.killed:

@@ -40,8 +40,8 @@ def _runs(path: Path) -> list[dict]:
         except (ValueError, KeyError, TypeError):
             continue                     # a line cut short: skip it
         if event == "start":
-            current[rec.get("pid")] = run = {**rec, "last_seen": t}
-            runs.append(run)
+            current[rec.get("pid")] = started = {**rec, "last_seen": t}
+            runs.append(started)
         elif (run := current.get(rec.get("pid"))) is not None:
             run["last_seen"] = max(run["last_seen"], t)
     return runs

@@ -96,6 +96,8 @@ def test_a_pid_reused_by_another_process_is_not_signalled(tmp_path):
 def test_an_empty_or_missing_state_dir_has_no_leftovers(tmp_path):
     assert kill_leftovers(tmp_path, KILL_WAIT) == []
     assert kill_leftovers(tmp_path / "absent", KILL_WAIT) == []
+    with pytest.raises(ValueError, match="kill_wait"):
+        kill_leftovers(tmp_path, -1.0)
 
 
 @pytest.mark.parametrize("name, expected", [

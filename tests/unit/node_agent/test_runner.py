@@ -150,3 +150,17 @@ def test_the_shim_runs_by_path_without_the_package(tmp_path):
                            "--status", str(tmp_path / "s.json"), "--", "sh", "-c", "exit 4"],
                           capture_output=True, text=True, timeout=10)
     assert done.returncode == 4, done.stderr
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"command": ()}, "command"),
+    ({"kill_wait": -1.0}, "kill_wait"),
+    ({"kill_wait": float("nan")}, "kill_wait"),
+    ({"poll": 0.0}, "poll"),
+    ({"kill_wait": "10"}, "kill_wait"),
+])
+def test_bad_parameters_are_refused_naming_the_field(tmp_path, change, field):
+    args = {"command": ("true",), "gpus": (GpuSlot(0),), "uuids": ["GPU-a"], "env": {}, "workdir": tmp_path,
+            **{k: v for k, v in change.items() if k == "command"}}
+    with pytest.raises(ValueError, match=field):
+        ProcessRun(**args, **{k: v for k, v in change.items() if k != "command"})
