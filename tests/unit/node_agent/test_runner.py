@@ -160,7 +160,7 @@ def test_the_shim_runs_by_path_without_the_package(tmp_path):
     ({"kill_wait": "10"}, "kill_wait"),
 ])
 def test_bad_parameters_are_refused_naming_the_field(tmp_path, change, field):
-    args = {"command": ("true",), "gpus": (GpuSlot(0),), "uuids": ["GPU-a"], "env": {}, "workdir": tmp_path,
+    args = {"command": ("true",), "env": {}, "workdir": tmp_path, "devices": gpu(0),
             **{k: v for k, v in change.items() if k == "command"}}
     with pytest.raises(ValueError, match=field):
         ProcessRun(**args, **{k: v for k, v in change.items() if k != "command"})
