@@ -96,27 +96,35 @@ class NodeAgent:
         await follower.caught_up()
         await self.beat()                        # a valid lease before anything starts
         state = await self._register()
+        # Which workers to report is decided now, before any later event is acted on:
+        # the states mutate while the reports are sent, and a job placed here meanwhile
+        # is started by this agent and reports its own end.
+        gone = self._my_keys([state])
         self.live = True
-        for job in list(state.jobs.values()):
-            for w in self._my_workers(job):
-                key = (job.job_id, job.attempt, w.worker)
-                end = ends.get(key)
-                why = f"stopped when the agent on {self.name} restarted" if end else \
-                    f"not running on {self.name} after agent restart"
-                await self._report_gone(job, w, why, end.signal if end else 0)
+        for key in gone:
+            end = ends.get(key)
+            why = f"stopped when the agent on {self.name} restarted" if end else \
+                f"not running on {self.name} after agent restart"
+            await self._report_gone(key, why, end.signal if end else 0)
 
     async def _register(self) -> ClusterState:
         pos = await self.publisher.publish(self._event(ev.NodeRegistered, node=self.info), self.info.pool)
         return await self.follower.wait_applied(pos)
 
-    async def _report_gone(self, job: JobState, w: WorkerAssignment, reason: str, signal: int = 0) -> None:
-        """A worker of ours that is not (or no longer) running, ended by infrastructure."""
-        key = (job.job_id, job.attempt, w.worker)
-        if key in self.ended:
+    async def _report_gone(self, key: Key, reason: str, signal: int = 0) -> None:
+        """A worker of ours that is not (or no longer) running, ended by infrastructure.
+        Never one this agent launched: its run reports its real end (``_finished``)."""
+        if key in self.ended or key in self.launched:
             return
         self.ended.add(key)
-        await self.publish(self._event(ev.WorkerFinished, job_id=job.job_id, attempt=job.attempt, worker=w.worker,
+        job_id, attempt, worker = key
+        await self.publish(self._event(ev.WorkerFinished, job_id=job_id, attempt=attempt, worker=worker,
                                        node=self.name, exit_code=EXIT_LOST, signal=signal, reason=reason))
+
+    def _my_keys(self, states) -> list[Key]:
+        """Every worker the log now gives this node, as (job, attempt, worker)."""
+        return [(job.job_id, job.attempt, w.worker) for state in states for job in state.jobs.values()
+                for w in self._my_workers(job)]
 
     def _my_workers(self, job: JobState) -> list[WorkerAssignment]:
         if not job.phase.holds_gpus:
@@ -147,7 +155,7 @@ class NodeAgent:
                 if key in self.runs:
                     self._stop(key)
                 elif key not in self.launched:
-                    asyncio.create_task(self._report_gone(job, w, "stopped before it started"))
+                    asyncio.create_task(self._report_gone(key, "stopped before it started"))
         self._stop_stale(job)
         if job.phase.terminal:
             self._forget(job.job_id)
@@ -258,10 +266,8 @@ class NodeAgent:
             for key in list(self.runs):
                 self._stop(key)
             await asyncio.gather(*list(self.running.values()), return_exceptions=True)
-            for state in list(self.follower.states.values()):
-                for job in list(state.jobs.values()):
-                    for w in self._my_workers(job):
-                        await self._report_gone(job, w, f"{self.name} was declared lost")
+            for key in self._my_keys(list(self.follower.states.values())):
+                await self._report_gone(key, f"{self.name} was declared lost")
             await self._register()
         finally:
             self._returning = None

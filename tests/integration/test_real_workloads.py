@@ -259,3 +259,41 @@ async def _records(root: Path, job_id: str, attempt: int, count: int, timeout: f
                 return found
             await asyncio.sleep(0.1)
     return await asyncio.wait_for(poll(), timeout)
+
+
+async def test_a_restarted_agent_reports_gone_only_what_it_does_not_run(kafka_bootstrap, topics, tmp_path):
+    """An agent killed with -9 comes back: it ends its leftovers and reports them gone,
+    which frees GPUs while urgent jobs wait for this node. Those start on the new agent
+    while it is still reporting; none of them may be reported gone too (which would run
+    a second attempt next to the first). No preemptor runs, so nothing else ends a job."""
+    cluster = LocalCluster(kafka_bootstrap, topics, tmp_path / "logs")
+    gpus = 8
+    try:
+        admission = await cluster.admission()
+        await cluster.placer()
+        agent = await real_agent(cluster, "node-0", tmp_path, gpus=gpus)
+        client = Client(f"127.0.0.1:{admission.port}")
+        fillers = [(await client.submit(spec(f"fill-{i}", "research", gpus=1, priority="best-effort",
+                                             command=(*RECORDER, "--duration", "2")))).job.job_id
+                   for i in range(gpus)]
+        for job_id in fillers:
+            await recorded_start(tmp_path, job_id)
+        urgent = [(await client.submit(spec(f"urgent-{i}", "prod", gpus=1, priority="training-high",
+                                            command=(*RECORDER, "--duration", "1")))).job.job_id
+                  for i in range(2 * gpus)]
+        await agent.kill9()
+        await real_agent(cluster, "node-0", tmp_path, gpus=gpus)
+        done = {j.job_id: j for j in await client.wait_terminal({*fillers, *urgent}, 120)}
+        await client.close()
+    finally:
+        await cluster.stop_all()
+    assert all(j.phase == SUCCEEDED for j in done.values())
+    assert all(done[job_id].attempt == 0 for job_id in urgent)     # each ran once, to its end
+    intervals = lived(tmp_path / "node-0")
+    assert overlaps(intervals) == [] and attempts_overlap(intervals) == []
+    log = await read_log(kafka_bootstrap, topics)
+    gone = [e for e in events_of(log) if isinstance(e, ev.WorkerFinished) and "restart" in e.reason]
+    assert {(e.job_id, e.attempt, e.worker) for e in gone} >= {(f, 0, 0) for f in fillers}
+    for e in gone:   # reported gone by the new agent: run by the old one only
+        assert e.job_id in fillers and e.attempt == 0, e
+    assert check_log(log).violations == []
