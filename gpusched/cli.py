@@ -1,9 +1,18 @@
-"""``gpusched <command>``: one entry point for the services, the demo and the simulator."""
+"""``gpusched <command>``: the user and operator commands (gpusched.ctl, docs/cli.md) and
+one entry point for the services, the demo and the simulator."""
 from __future__ import annotations
 
 import importlib
 import sys
 
+import click
+
+from gpusched.ctl.jobs import cancel, describe, get, submit, watch
+from gpusched.ctl.nodes import cordon, top, uncordon
+from gpusched.ctl.policy import policy
+from gpusched.ctl.root import Root, State, connection_options
+
+# Commands with parsers of their own: their arguments are handed on as given.
 COMMANDS = {
     "admission": ("gpusched_admission.main", "the job API (gRPC) in front of the pool logs"),
     "placer": ("gpusched_placer.main", "schedules the pools it owns"),
@@ -11,23 +20,40 @@ COMMANDS = {
     "node-agent": ("gpusched_node_agent.main", "runs the work of one node (NVML or simulated)"),
     "billing": ("gpusched.consumers.billing", "GPU-hours per team, folded from the log"),
     "usage": ("gpusched.consumers.usage_report", "GPU-hours allocated vs used (measured), idle jobs"),
-    "policy": ("gpusched.policy_cli", "read and set quotas, weights and allow-lists (docs/policy.md)"),
     "kafka-setup": ("gpusched.kafka_setup", "create a deployment's topics and ACLs (as the Kafka admin)"),
     "demo": ("gpusched.demo", "a local cluster, a mixed workload, and what happened"),
     "simulate": ("gpusched.sim.cli", "trace-driven simulator: `simulate static|dynamic ...`"),
 }
 
 
+def _handed_on(name: str, module: str, help_text: str) -> click.Command:
+    @click.command(name, help=f"{help_text} (`gpusched {name} --help`)", add_help_option=False,
+                   context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+    @click.argument("args", nargs=-1, type=click.UNPROCESSED)
+    def run(args: tuple[str, ...]) -> None:
+        result = importlib.import_module(module).main(list(args))
+        sys.exit(result if isinstance(result, int) else 0)
+    return run
+
+
+@click.group(cls=Root, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@connection_options
+@click.pass_context
+def cli(ctx: click.Context, config_path: str | None, context: str | None, **flags: str | None) -> None:
+    """gpusched: an event-sourced GPU cluster scheduler. The API's endpoint and credentials
+    come from the options, GPUSCHED_* variables, or the current context of
+    ~/.config/gpusched/config.yaml (docs/cli.md)."""
+    ctx.obj = State(flags, config_path, context)
+
+
+for command in (submit, get, describe, cancel, watch, top, cordon, uncordon, policy):
+    cli.add_command(command)
+for name, (module, help_text) in COMMANDS.items():
+    cli.add_command(_handed_on(name, module, help_text))
+
+
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
-        print("usage: gpusched <command> [args]\n\ncommands:")
-        for name, (_, help_text) in COMMANDS.items():
-            print(f"  {name:<11} {help_text}")
-        return 0 if argv and argv[0] in ("-h", "--help") else 2
-    module = importlib.import_module(COMMANDS[argv[0]][0])
-    result = module.main(argv[1:])
-    return result if isinstance(result, int) else 0
+    return cli.main(args=argv, prog_name="gpusched", standalone_mode=True) or 0
 
 
 if __name__ == "__main__":

@@ -1,9 +1,19 @@
-"""A small async client for the gpusched API, for training platforms, the demo and tests."""
+"""The Python client for the gpusched API: ``Client`` (asyncio) and ``SyncClient``
+(blocking, ``connect()``), for training platforms, the CLI, the demo and tests.
+
+Results are the API's own protobuf messages (``types_pb2.Job``, ``types_pb2.Node``, ...),
+so a field added to the API is there without a client release. Calls that are safe to
+repeat are retried on ``UNAVAILABLE`` (admission restarting, a connection lost mid-call);
+a submission is retried with the same idempotency key, so a retry that follows a
+submission the server did record answers that job instead of making a second one
+(docs/client.md)."""
 from __future__ import annotations
 
 import asyncio
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import AsyncIterator, Iterator, TypeVar
 
 import grpc
 
@@ -12,6 +22,8 @@ from gpusched.v1 import admission_pb2, admission_pb2_grpc, cluster_pb2, cluster_
 
 TERMINAL = frozenset({types_pb2.JOB_PHASE_SUCCEEDED, types_pb2.JOB_PHASE_FAILED, types_pb2.JOB_PHASE_CANCELLED,
                       types_pb2.JOB_PHASE_TIMEOUT})
+DEFAULT_ENDPOINT = "127.0.0.1:50051"
+T = TypeVar("T")
 
 
 def spec(name: str, team: str, *, gpus: int = 0, gpu_milli: int = 0, mig: str = "", workers: int = 1,
@@ -20,6 +32,8 @@ def spec(name: str, team: str, *, gpus: int = 0, gpu_milli: int = 0, mig: str = 
          command: tuple[str, ...] = (), preemptible: bool = True, checkpoint_interval: float = 0.0,
          max_runtime: float = 0.0, kind: int = types_pb2.JOB_KIND_TRAINING,
          gpu_memory_mib: int = 0) -> types_pb2.JobSpec:
+    """A JobSpec with the defaults of the CLI and job files (docs/client.md): one worker,
+    pool ``default``, class ``training``, preemptible."""
     return types_pb2.JobSpec(
         name=name, team=team, pool=pool, priority_class=priority, kind=kind, workers=workers,
         resources=types_pb2.WorkerResources(gpus=gpus, gpu_milli=gpu_milli, mig_profile=mig,
@@ -34,6 +48,9 @@ def spec(name: str, team: str, *, gpus: int = 0, gpu_milli: int = 0, mig: str = 
 # server receives and takes the largest answer a server sends.
 CHANNEL_OPTIONS = [("grpc.max_send_message_length", 16 * 1024 * 1024),
                    ("grpc.max_receive_message_length", 128 * 1024 * 1024)]
+# gRPC's own reconnect backoff grows to two minutes; a restarted admission should be
+# found again within a retry's budget.
+RECONNECT_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 200), ("grpc.max_reconnect_backoff_ms", 2000)]
 
 
 @dataclass(frozen=True)
@@ -51,68 +68,242 @@ class ClientTls:
                    Path(key).read_bytes() if key else None)
 
 
+@dataclass(frozen=True)
+class Retry:
+    """Retries on ``UNAVAILABLE``: exponential backoff from ``initial_s`` up to ``max_s``
+    between tries, for at most ``budget_s`` in all (0: no retries)."""
+
+    budget_s: float = 30.0
+    initial_s: float = 0.1
+    max_s: float = 2.0
+
+
+NO_RETRY = Retry(budget_s=0.0)
+
+
 def channel(target: str, tls: ClientTls | None = None, token: str = "") -> grpc.aio.Channel:
     """Plaintext without ``tls`` (the ``--insecure`` dev mode); else TLS, with the bearer
     token sent on every call where given."""
+    options = CHANNEL_OPTIONS + RECONNECT_OPTIONS
     if tls is None:
         if token:
             raise ValueError("a bearer token needs TLS: give tls as well")
-        return grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+        return grpc.aio.insecure_channel(target, options=options)
     credentials = grpc.ssl_channel_credentials(tls.ca, tls.key, tls.cert)
     if token:
         credentials = grpc.composite_channel_credentials(credentials, grpc.access_token_call_credentials(token))
-    return grpc.aio.secure_channel(target, credentials, options=CHANNEL_OPTIONS)
+    return grpc.aio.secure_channel(target, credentials, options=options)
 
 
 class Client:
-    def __init__(self, target: str, tls: ClientTls | None = None, token: str = "") -> None:
+    """The API over one channel. ``async with Client(...) as c:`` closes it at the end."""
+
+    def __init__(self, target: str = DEFAULT_ENDPOINT, tls: ClientTls | None = None, token: str = "",
+                 retry: Retry = Retry()) -> None:
         self.channel = channel(target, tls, token)
         self.jobs = admission_pb2_grpc.AdmissionServiceStub(self.channel)
         self.cluster = cluster_pb2_grpc.ClusterServiceStub(self.channel)
+        self.retry = retry
+
+    async def __aenter__(self) -> "Client":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
 
     async def close(self) -> None:
         await self.channel.close()
 
+    async def _call(self, rpc, request: object, retry: bool = True):
+        """One unary call; on ``UNAVAILABLE`` again after a backoff while the budget lasts."""
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + (self.retry.budget_s if retry else 0.0)
+        delay = self.retry.initial_s
+        while True:
+            try:
+                return await rpc(request)
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() != grpc.StatusCode.UNAVAILABLE or loop.time() + delay > give_up:
+                    raise
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, self.retry.max_s)
+
+    # --- jobs --------------------------------------------------------------------------
     async def submit(self, job_spec: types_pb2.JobSpec, key: str = "") -> admission_pb2.SubmitJobResponse:
-        return await self.jobs.SubmitJob(admission_pb2.SubmitJobRequest(spec=job_spec, idempotency_key=key))
+        """Submit one job. Without ``key`` the client makes one, so that its retries are
+        safe too; ``created`` is false where the key named a job that already existed."""
+        request = admission_pb2.SubmitJobRequest(spec=job_spec, idempotency_key=key or new_key())
+        return await self._call(self.jobs.SubmitJob, request)
 
     async def submit_many(self, items: list[tuple[types_pb2.JobSpec, str]]) -> list[admission_pb2.SubmitJobResponse]:
-        """(spec, idempotency key) pairs in one SubmitJobs call; results in the same order."""
+        """(spec, idempotency key) pairs in one SubmitJobs call; results in the same order.
+        An empty key gets one made for it (the batch is retried as a whole)."""
         request = admission_pb2.SubmitJobsRequest(
-            jobs=[admission_pb2.SubmitJobRequest(spec=s, idempotency_key=k) for s, k in items])
-        return list((await self.jobs.SubmitJobs(request)).results)
+            jobs=[admission_pb2.SubmitJobRequest(spec=s, idempotency_key=k or new_key()) for s, k in items])
+        return list((await self._call(self.jobs.SubmitJobs, request)).results)
 
     async def get(self, job_id: str) -> types_pb2.Job:
-        return await self.jobs.GetJob(admission_pb2.GetJobRequest(job_id=job_id))
+        return await self._call(self.jobs.GetJob, admission_pb2.GetJobRequest(job_id=job_id))
 
-    async def list_all(self, **filters) -> list[types_pb2.Job]:
-        jobs, token = [], ""
+    async def list_all(self, team: str = "", pool: str = "", phases: tuple[int, ...] = ()) -> list[types_pb2.Job]:
+        """Every job the caller may see, page by page; filters as ``ListJobs``'s."""
+        jobs: list[types_pb2.Job] = []
+        token = ""
         while True:
-            page = await self.jobs.ListJobs(admission_pb2.ListJobsRequest(page_size=1000, page_token=token, **filters))
+            request = admission_pb2.ListJobsRequest(team=team, pool=pool, phases=phases, page_size=1000,
+                                                    page_token=token)
+            page = await self._call(self.jobs.ListJobs, request)
             jobs.extend(page.jobs)
             token = page.next_page_token
             if not token:
                 return jobs
 
-    async def summary(self, pool: str = "default") -> cluster_pb2.PoolSummary:
-        return await self.cluster.GetPoolSummary(cluster_pb2.GetPoolSummaryRequest(pool=pool))
+    async def cancel(self, job_id: str, reason: str = "") -> types_pb2.Job:
+        """Not retried: a retry after a cancellation that went through would answer
+        FAILED_PRECONDITION (the job has ended)."""
+        return await self._call(self.jobs.CancelJob, admission_pb2.CancelJobRequest(job_id=job_id, reason=reason),
+                                retry=False)
 
-    async def nodes(self, pool: str = "") -> list[types_pb2.Node]:
-        return list((await self.cluster.ListNodes(cluster_pb2.ListNodesRequest(pool=pool))).nodes)
+    async def watch(self, team: str = "", job_id: str = "", pool: str = "") -> AsyncIterator[admission_pb2.JobUpdate]:
+        """WatchJobs: each matching job's current state first, then every change."""
+        stream = self.jobs.WatchJobs(admission_pb2.WatchJobsRequest(team=team, job_id=job_id, pool=pool))
+        try:
+            async for update in stream:
+                yield update
+        finally:
+            stream.cancel()
 
     async def wait_terminal(self, job_ids: set[str], timeout: float = 600.0) -> list[types_pb2.Job]:
-        """Follow WatchJobs (current state first, then changes) until every job has ended."""
+        """Follow WatchJobs until every job has ended; their final states."""
         done: dict[str, types_pb2.Job] = {}
-        stream = self.jobs.WatchJobs(admission_pb2.WatchJobsRequest())
 
         async def follow() -> None:
-            async for update in stream:
+            async for update in self.watch():
                 if update.job.job_id in job_ids and update.job.phase in TERMINAL:
                     done[update.job.job_id] = update.job
                     if len(done) == len(job_ids):
                         return
-        try:
-            await asyncio.wait_for(follow(), timeout)
-        finally:
-            stream.cancel()
+        await asyncio.wait_for(follow(), timeout)
         return list(done.values())
+
+    # --- nodes, pools, policy --------------------------------------------------------------
+    async def summary(self, pool: str = "default") -> cluster_pb2.PoolSummary:
+        return await self._call(self.cluster.GetPoolSummary, cluster_pb2.GetPoolSummaryRequest(pool=pool))
+
+    async def nodes(self, pool: str = "") -> list[types_pb2.Node]:
+        return list((await self._call(self.cluster.ListNodes, cluster_pb2.ListNodesRequest(pool=pool))).nodes)
+
+    async def node(self, name: str) -> types_pb2.Node:
+        return await self._call(self.cluster.GetNode, cluster_pb2.GetNodeRequest(name=name))
+
+    async def cordon(self, name: str, reason: str = "") -> types_pb2.Node:
+        return await self._call(self.cluster.CordonNode, cluster_pb2.CordonNodeRequest(name=name, reason=reason))
+
+    async def uncordon(self, name: str) -> types_pb2.Node:
+        return await self._call(self.cluster.UncordonNode, cluster_pb2.UncordonNodeRequest(name=name))
+
+    async def create_pool(self, pool: str) -> cluster_pb2.PoolSummary:
+        return await self._call(self.cluster.CreatePool, cluster_pb2.CreatePoolRequest(pool=pool))
+
+    async def policy(self) -> cluster_pb2.PolicyView:
+        return await self._call(self.cluster.GetPolicy, cluster_pb2.GetPolicyRequest())
+
+    async def set_quota(self, request: cluster_pb2.SetQuotaRequest) -> cluster_pb2.PolicyView:
+        return await self._call(self.cluster.SetQuota, request)
+
+    async def set_team_policy(self, request: cluster_pb2.SetTeamPolicyRequest) -> cluster_pb2.PolicyView:
+        return await self._call(self.cluster.SetTeamPolicy, request)
+
+
+def new_key() -> str:
+    return f"client-{uuid.uuid4()}"
+
+
+class SyncClient:
+    """The blocking form: the same calls as ``Client``, run on an event loop of its own
+    (so it must not be used from inside a running event loop). ``with connect(...) as c:``."""
+
+    def __init__(self, target: str = DEFAULT_ENDPOINT, tls: ClientTls | None = None, token: str = "",
+                 retry: Retry = Retry()) -> None:
+        self._loop = asyncio.new_event_loop()
+
+        async def make() -> Client:   # a grpc.aio channel belongs to the loop it is made on
+            return Client(target, tls, token, retry)
+        self.aio = self._loop.run_until_complete(make())
+
+    def __enter__(self) -> "SyncClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _run(self, coro) -> T:
+        return self._loop.run_until_complete(coro)
+
+    def close(self) -> None:
+        if not self._loop.is_closed():
+            self._run(self.aio.close())
+            self._loop.close()
+
+    def submit(self, job_spec: types_pb2.JobSpec, key: str = "") -> admission_pb2.SubmitJobResponse:
+        return self._run(self.aio.submit(job_spec, key))
+
+    def submit_many(self, items: list[tuple[types_pb2.JobSpec, str]]) -> list[admission_pb2.SubmitJobResponse]:
+        return self._run(self.aio.submit_many(items))
+
+    def get(self, job_id: str) -> types_pb2.Job:
+        return self._run(self.aio.get(job_id))
+
+    def list_all(self, team: str = "", pool: str = "", phases: tuple[int, ...] = ()) -> list[types_pb2.Job]:
+        return self._run(self.aio.list_all(team, pool, phases))
+
+    def cancel(self, job_id: str, reason: str = "") -> types_pb2.Job:
+        return self._run(self.aio.cancel(job_id, reason))
+
+    def watch(self, team: str = "", job_id: str = "", pool: str = "") -> Iterator[admission_pb2.JobUpdate]:
+        updates = self.aio.watch(team, job_id, pool)
+        try:
+            while True:
+                try:
+                    yield self._run(updates.__anext__())
+                except StopAsyncIteration:
+                    return
+        finally:
+            if not self._loop.is_closed():
+                self._run(updates.aclose())
+
+    def wait_terminal(self, job_ids: set[str], timeout: float = 600.0) -> list[types_pb2.Job]:
+        return self._run(self.aio.wait_terminal(job_ids, timeout))
+
+    def summary(self, pool: str = "default") -> cluster_pb2.PoolSummary:
+        return self._run(self.aio.summary(pool))
+
+    def nodes(self, pool: str = "") -> list[types_pb2.Node]:
+        return self._run(self.aio.nodes(pool))
+
+    def node(self, name: str) -> types_pb2.Node:
+        return self._run(self.aio.node(name))
+
+    def cordon(self, name: str, reason: str = "") -> types_pb2.Node:
+        return self._run(self.aio.cordon(name, reason))
+
+    def uncordon(self, name: str) -> types_pb2.Node:
+        return self._run(self.aio.uncordon(name))
+
+    def create_pool(self, pool: str) -> cluster_pb2.PoolSummary:
+        return self._run(self.aio.create_pool(pool))
+
+    def policy(self) -> cluster_pb2.PolicyView:
+        return self._run(self.aio.policy())
+
+    def set_quota(self, request: cluster_pb2.SetQuotaRequest) -> cluster_pb2.PolicyView:
+        return self._run(self.aio.set_quota(request))
+
+    def set_team_policy(self, request: cluster_pb2.SetTeamPolicyRequest) -> cluster_pb2.PolicyView:
+        return self._run(self.aio.set_team_policy(request))
+
+
+def connect(target: str = DEFAULT_ENDPOINT, tls: ClientTls | None = None, token: str = "",
+            retry: Retry = Retry()) -> SyncClient:
+    """A blocking client: ``with connect("127.0.0.1:50051") as c: c.submit(spec(...))``."""
+    return SyncClient(target, tls, token, retry)

@@ -13,7 +13,7 @@ from cryptography.hazmat.primitives import serialization
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gpusched.adapters import codec, dev_pki
-from gpusched.client import Client, ClientTls, spec
+from gpusched.client import NO_RETRY, Client, ClientTls, spec
 from gpusched.local_cluster import BIN, LocalCluster
 from gpusched.v1 import admission_pb2, cluster_pb2, types_pb2
 from tests.integration.logcheck import read_log
@@ -195,7 +195,7 @@ async def test_mutual_tls_identifies_the_principal(secured, kafka_bootstrap, top
         assert code == DENIED and "carol" in message
         await carol.close()
         # without a client certificate the TLS handshake fails: no call reaches a handler
-        no_cert = Client(target, ClientTls.from_files(pki.ca), pki.tokens["ops"])
+        no_cert = Client(target, ClientTls.from_files(pki.ca), pki.tokens["ops"], retry=NO_RETRY)
         code, _ = await _status(no_cert.list_all())
         assert code == grpc.StatusCode.UNAVAILABLE
         await no_cert.close()

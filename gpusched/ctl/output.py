@@ -1,0 +1,89 @@
+"""Printing: a table (``-o wide`` adds columns), or the API's objects as JSON or YAML."""
+from __future__ import annotations
+
+import json
+import time
+from typing import Callable, Sequence
+
+import click
+import yaml
+from google.protobuf.json_format import MessageToDict
+from google.protobuf.message import Message
+from rich.console import Console
+from rich.table import Table
+
+from gpusched.v1 import types_pb2
+
+FORMATS = ("table", "wide", "json", "yaml")
+output_option = click.option("-o", "--output", type=click.Choice(FORMATS), default="table", show_default=True,
+                             help="table, a wider table, or the API's objects as JSON or YAML")
+
+# (header, cell) pairs; the wide columns come after the plain ones
+Column = tuple[str, Callable[[object], str]]
+
+
+def as_dict(message: Message) -> dict:
+    return MessageToDict(message, preserving_proto_field_name=True)
+
+
+def dump(data: object, fmt: str) -> None:
+    if fmt == "json":
+        click.echo(json.dumps(data, indent=2))
+    else:
+        click.echo(yaml.safe_dump(data, sort_keys=False).rstrip())
+
+
+def table(items: Sequence[object], columns: Sequence[Column], wide: Sequence[Column] = (),
+          fmt: str = "table", objects: Callable[[object], object] = lambda m: as_dict(m)) -> None:
+    if fmt in ("json", "yaml"):
+        dump([objects(i) for i in items], fmt)
+        return
+    cols = list(columns) + (list(wide) if fmt == "wide" else [])
+    grid = Table(box=None, header_style="bold", pad_edge=False, show_edge=False)
+    for header, _ in cols:
+        grid.add_column(header, no_wrap=True, overflow="ignore")
+    for item in items:
+        grid.add_row(*(cell(item) for _, cell in cols))
+    # a pipe or a file gets the whole table, not one cut to a terminal's width
+    Console(width=400 if not click.get_text_stream("stdout").isatty() else None, soft_wrap=True).print(grid)
+
+
+def phase_name(phase: int) -> str:
+    return types_pb2.JobPhase.Name(phase).removeprefix("JOB_PHASE_").capitalize()
+
+
+def node_status(status: int) -> str:
+    return types_pb2.NodeStatus.Name(status).removeprefix("NODE_STATUS_").capitalize()
+
+
+def age(t: float, now: float | None = None) -> str:
+    """kubectl's AGE: 45s, 12m, 3h, 2d."""
+    if not t:
+        return "-"
+    s = max(0, int((now or time.time()) - t))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if s >= size:
+            return f"{s // size}{unit}"
+    return f"{s}s"
+
+
+def clock(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "-"
+
+
+def gpus_of(resources: types_pb2.WorkerResources) -> str:
+    """A worker's GPUs as a user wrote them: 2, 0.25 (a share), 3g (a MIG slice)."""
+    if resources.mig_profile:
+        return resources.mig_profile
+    if resources.gpu_milli:
+        return f"{resources.gpu_milli / 1000:g}"
+    return str(resources.gpus)
+
+
+def milli_of(resources: types_pb2.WorkerResources) -> int:
+    """A worker's GPU milli (a MIG slice counts its compute sevenths)."""
+    if resources.gpu_milli:
+        return resources.gpu_milli
+    if resources.mig_profile:
+        return int(resources.mig_profile[0]) * 1000 // 7
+    return resources.gpus * 1000

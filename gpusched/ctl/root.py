@@ -1,0 +1,58 @@
+"""The ``gpusched`` command group: connection options, one client per invocation, and
+API errors printed as one line (``NOT_FOUND: job-...``), never a traceback."""
+from __future__ import annotations
+
+import functools
+
+import grpc
+import click
+
+from gpusched.client import SyncClient
+from gpusched.ctl.config import resolve
+from gpusched.ctl.jobfile import JobFileError
+
+
+class State:
+    def __init__(self, flags: dict[str, str | None], config: str | None, context: str | None) -> None:
+        self.flags, self.config, self.context = flags, config, context
+        self._client: SyncClient | None = None
+
+    def client(self) -> SyncClient:
+        if self._client is None:
+            self._client = resolve(self.flags, self.config, self.context).connect()
+            click.get_current_context().call_on_close(self._client.close)
+        return self._client
+
+
+class Root(click.Group):
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except grpc.aio.AioRpcError as exc:
+            raise click.ClickException(f"{exc.code().name}: {exc.details()}") from None
+        except JobFileError as exc:
+            raise click.ClickException(str(exc)) from None
+
+
+def connection_options(f):
+    for option in reversed([
+        click.option("--endpoint", envvar="GPUSCHED_ENDPOINT", help="admission's host:port [127.0.0.1:50051]"),
+        click.option("--context", envvar="GPUSCHED_CONTEXT", help="a context of the config file"),
+        click.option("--config", "config_path", envvar="GPUSCHED_CONFIG",
+                     help="config file [~/.config/gpusched/config.yaml]"),
+        click.option("--ca", envvar="GPUSCHED_CA", help="CA of the server's certificate (PEM): TLS"),
+        click.option("--cert", envvar="GPUSCHED_CERT", help="client certificate (PEM): mutual TLS"),
+        click.option("--key", envvar="GPUSCHED_KEY", help="client private key (PEM)"),
+        click.option("--token", envvar="GPUSCHED_TOKEN", help="bearer token (needs TLS)"),
+        click.option("--token-file", envvar="GPUSCHED_CLIENT_TOKEN_FILE", help="a file holding the bearer token"),
+    ]):
+        f = option(f)
+    return f
+
+
+def pass_client(f):
+    """Hands the command a connected ``SyncClient`` as its first argument."""
+    @click.pass_context
+    def wrapper(ctx: click.Context, *args, **kwargs):
+        return ctx.invoke(f, ctx.find_object(State).client(), *args, **kwargs)
+    return functools.update_wrapper(wrapper, f)

@@ -1,0 +1,142 @@
+"""``gpusched`` user commands end to end: real CLI processes against a LocalCluster on
+the real broker (admission, placer and simulated node-agents as processes)."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import sys
+
+import pytest
+import yaml
+
+from gpusched.local_cluster import LocalCluster
+
+
+class Cli:
+    """Runs ``python -m gpusched.cli`` against one admission, with no config file."""
+
+    def __init__(self, port: int, home) -> None:
+        self.env = {**os.environ, "GPUSCHED_ENDPOINT": f"127.0.0.1:{port}",
+                    "GPUSCHED_CONFIG": str(home / "no-config.yaml")}
+
+    async def run(self, *args: str, ok: bool = True, timeout: float = 120.0) -> str:
+        code, out, err = await self.status(*args, timeout=timeout)
+        assert (code == 0) == ok, f"gpusched {' '.join(args)} -> {code}\n{out}\n{err}"
+        return out if ok else err
+
+    async def status(self, *args: str, timeout: float = 120.0) -> tuple[int, str, str]:
+        proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "gpusched.cli", *args, env=self.env,
+                                                    stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        out, err = await asyncio.wait_for(proc.communicate(), timeout)
+        return proc.returncode, out.decode(), err.decode()
+
+
+@pytest.fixture
+async def cluster(kafka_bootstrap, topics, tmp_path):
+    cluster = LocalCluster(kafka_bootstrap, topics, tmp_path / "logs")
+    admission = await cluster.admission()
+    await cluster.placer()
+    await cluster.agent("node-0", "4xH100-80GB")
+    yield cluster, Cli(admission.port, tmp_path)
+    await cluster.stop_all()
+
+
+def rows(table: str) -> list[dict[str, str]]:
+    """A printed table as dicts by header: columns start where the header's names do
+    (a name may hold single spaces; columns are two or more apart)."""
+    header, *lines = table.rstrip().splitlines()
+    starts = [m.start() for m in re.finditer(r"\S+(?: \S+)*", header)]
+    names = [header[a:b].strip() for a, b in zip(starts, starts[1:] + [None])]
+    return [{n: line[a:b].strip() for n, a, b in zip(names, starts, starts[1:] + [None])} for line in lines]
+
+
+async def test_submit_from_yaml_get_describe_cancel_and_watch(cluster, tmp_path):
+    _, cli = cluster
+    job_file = tmp_path / "jobs.yaml"
+    job_file.write_text(yaml.safe_dump_all([
+        {"name": "short", "team": "nlp", "simulated_duration_s": 0.5, "resources": {"gpus": 1}},
+        {"name": "long", "team": "nlp", "workers": 2, "simulated_duration_s": 600,
+         "priority_class": "best-effort", "resources": {"gpus": 1, "cpu_milli": 2000}},
+        {"name": "huge", "team": "cv", "resources": {"gpus": 4}},   # the node's 4 GPUs: waits for "long"
+    ]))
+    out = await cli.run("submit", "-f", str(job_file))
+    ids = [line.split()[0].removeprefix("job/") for line in out.splitlines()]
+    assert len(ids) == 3 and all(line.endswith("submitted") for line in out.splitlines())
+    short, long, huge = ids
+
+    # watch with a job id: its states until it ends, exit 0 for a success
+    watched = await cli.run("watch", short)
+    assert watched.splitlines()[-1].split()[3] == "Succeeded", watched
+
+    jobs = {j["job_id"]: j for j in json.loads(await cli.run("get", "jobs", "-o", "json"))}
+    assert set(jobs) == {short, long, huge}
+    assert jobs[long]["spec"]["workers"] == 2 and jobs[long]["spec"]["resources"]["cpu_milli"] == "2000"
+    table = {r["NAME"]: r for r in rows(await cli.run("get", "jobs", "--team", "nlp"))}
+    assert set(table) == {"short", "long"}
+    assert table["short"]["PHASE"] == "Succeeded" and table["long"]["GPUS"] == "2x1"
+    active = rows(await cli.run("get", "jobs", "--active", "-o", "wide"))
+    assert {r["NAME"] for r in active} == {"long", "huge"} and "REASON" in (await cli.run("get", "jobs", "-o", "wide"))
+    queues = {(r["POOL"], r["TEAM"]): r for r in rows(await cli.run("get", "queues"))}
+    assert queues[("default", "cv")]["PENDING"] == "1" and queues[("default", "nlp")]["RUNNING"] == "1"
+
+    described = await cli.run("describe", "job", huge)
+    assert f"Job:          {huge}" in described and "Phase:        Pending" in described
+    assert "Per worker:   GPUs 4" in described
+
+    out = await cli.run("cancel", huge, "--reason", "asked for too much")
+    assert out.strip() == f"job/{huge} cancelled"
+    described = yaml.safe_load(await cli.run("describe", "job", huge, "-o", "yaml"))
+    assert described["phase"] == "JOB_PHASE_CANCELLED" and "asked for too much" in described["reason"]
+    assert "Reason:       asked for too much" in await cli.run("describe", "job", huge)
+    # watching a job that did not succeed: its last state, exit status 1
+    code, out, _ = await cli.status("watch", huge)
+    assert code == 1 and "Cancelled" in out.splitlines()[-1]
+    err = await cli.run("cancel", huge, ok=False)
+    assert "FAILED_PRECONDITION" in err and "Traceback" not in err
+    err = await cli.run("describe", "job", "job-none", ok=False)
+    assert err.startswith("Error: NOT_FOUND") and "Traceback" not in err
+
+
+async def test_nodes_cordon_uncordon_and_top(cluster):
+    c, cli = cluster
+    await c.agent("node-1", "2xA100-80GB", "--label", "rack=r1")
+    nodes = {r["NAME"]: r for r in rows(await cli.run("get", "nodes"))}
+    assert nodes["node-0"]["GPUS"] == "0/4" and nodes["node-1"]["MODEL"] == "A100-80GB"
+    assert "rack=r1" in await cli.run("get", "nodes", "-o", "wide")
+
+    assert (await cli.run("cordon", "node-0", "--reason", "maintenance")).strip() == "node/node-0 cordoned"
+    assert {r["NAME"]: r["STATUS"] for r in rows(await cli.run("get", "nodes"))}["node-0"] == "Cordoned"
+    # H100s only on the cordoned node: the job waits until it is uncordoned
+    out = await cli.run("submit", "--name", "on-h100", "--team", "llm", "--gpus", "3", "--gpu-model", "H100-80GB",
+                        "--duration", "600")
+    job = out.split()[0].removeprefix("job/")
+    assert rows(await cli.run("get", "jobs"))[0]["PHASE"] == "Pending"
+    assert (await cli.run("uncordon", "node-0")).strip() == "node/node-0 ready"
+    watch = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "gpusched.cli", "watch", job, env=cli.env, stdout=asyncio.subprocess.PIPE)
+    while b"Running" not in (line := await asyncio.wait_for(watch.stdout.readline(), 60)):
+        assert line, "watch ended before the job ran"
+    watch.terminate()
+    await watch.wait()
+
+    top = {r["NODE"]: r for r in rows(await cli.run("top", "nodes"))}
+    assert top["node-0"]["GPUS"] == "3/4" and top["node-0"]["GPU%"] == "75%" and top["node-1"]["GPU%"] == "0%"
+    assert (await cli.run("describe", "node", "node-0")).count("allocated 1") == 3
+    teams = {r["TEAM"]: r for r in rows(await cli.run("top", "teams"))}
+    assert teams["llm"]["RUNNING"] == "1" and teams["llm"]["GPUS"] == "3"
+    teams = {t["team"]: t for t in json.loads(await cli.run("top", "teams", "-o", "json"))}
+    assert teams["llm"]["gpus_allocated"] == 3.0
+    err = await cli.run("cordon", "node-9", ok=False)
+    assert "NOT_FOUND" in err
+
+
+async def test_policy_commands_set_and_show_quotas(cluster):
+    _, cli = cluster
+    view = json.loads(await cli.run("policy", "set-quota", "--team", "llm", "--guaranteed", "2", "--limit", "3"))
+    assert {(q["team"], q["guaranteed_gpus"], q["limit_gpus"]) for q in view["quotas"]} >= {("llm", 2.0, 3.0)}
+    teams = {r["TEAM"]: r for r in rows(await cli.run("top", "teams"))}
+    assert teams["llm"]["GUARANTEED"] == "2" and teams["llm"]["LIMIT"] == "3"
+    err = await cli.run("policy", "set-team", "llm", "--weight", "0", ok=False)
+    assert err.startswith("Error: INVALID_ARGUMENT: weight"), err

@@ -1,0 +1,60 @@
+"""Job files: the API's JobSpec fields, each mistake named by its field."""
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from gpusched.cli import cli
+from gpusched.ctl.jobfile import JobFileError, load, parse
+from gpusched.v1 import types_pb2
+
+
+def test_a_job_file_fills_the_spec_and_the_defaults_of_the_python_client(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text("name: ft\nteam: nlp\nworkers: 2\nkind: inference\n"
+                    "resources: {gpus: 8, gpu_models: [H100-80GB]}\ncommand: [torchrun, train.py]\n"
+                    "checkpoint_interval_s: 600\n---\nname: other\nteam: nlp\npreemptible: false\n")
+    first, second = load(path)
+    assert (first.name, first.team, first.workers, first.kind) == ("ft", "nlp", 2, types_pb2.JOB_KIND_INFERENCE)
+    assert first.resources.gpus == 8 and list(first.resources.gpu_models) == ["H100-80GB"]
+    assert first.resources.cpu_milli == 1000 and first.resources.memory_mib == 4096   # defaults kept
+    assert list(first.command) == ["torchrun", "train.py"] and first.checkpoint_interval_s == 600.0
+    assert first.preemptible and first.pool == "default" and first.priority_class == "training"
+    assert not second.preemptible
+
+
+@pytest.mark.parametrize("doc, message", [
+    ({"name": "x", "gpus": 2}, "gpus: unknown field"),
+    ({"name": "x", "resources": {"gpu": 1}}, "resources.gpu: unknown field"),
+    ({"name": "x", "workers": "two"}, "workers: must be an integer, got 'two'"),
+    ({"name": "x", "workers": True}, "workers: must be an integer"),
+    ({"name": "x", "resources": {"gpus": 1.5}}, "resources.gpus: must be an integer"),
+    ({"name": "x", "command": "python train.py"}, "command: must be a list"),
+    ({"name": "x", "command": ["a", {"b": 1}]}, "command[1]: must be a string"),
+    ({"name": "x", "preemptible": "yes please"}, "preemptible: must be true or false"),
+    ({"name": "x", "kind": "batch"}, "kind: unknown value 'batch' (one of training, inference)"),
+    ({"name": "x", "resources": 4}, "resources: must be a mapping"),
+    ({"name": "x", "max_runtime_s": "1h"}, "max_runtime_s: must be a number"),
+    (["name", "x"], "a job is a mapping of JobSpec fields, got list"),
+])
+def test_a_bad_job_names_its_field(doc, message):
+    with pytest.raises(JobFileError) as err:
+        parse(doc)
+    assert str(err.value).startswith(message), err.value
+
+
+def test_gpusched_submit_reports_a_bad_file_by_field_and_document_before_connecting(tmp_path):
+    path = tmp_path / "jobs.yaml"
+    path.write_text("name: a\nteam: t\n---\nname: b\nresources:\n  gpus: many\n")
+    # nothing listens on the endpoint: the file is refused before any call
+    result = CliRunner().invoke(cli, ["--endpoint", "127.0.0.1:9", "submit", "-f", str(path)])
+    assert result.exit_code == 1
+    assert f"{path} (document 2): resources.gpus: must be an integer, got 'many'" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_a_file_that_is_not_yaml_is_refused_with_its_line(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text("name: [unclosed\n")
+    result = CliRunner().invoke(cli, ["submit", "-f", str(path)])
+    assert result.exit_code == 1 and f"{path}: not YAML" in result.output and "line" in result.output
