@@ -7,12 +7,18 @@ production, on fresh topics. Submits training jobs, GPU shares, MIG slices and 2
 gangs, follows them to the end and prints jobs run, allocation and time, then GPU-hours
 allocated vs used as the agents measured them (simulated nodes: the usage model, marked
 [simulated]) and the jobs that held GPUs idle.
+
+With --serve the cluster stays up after the report, for the gpusched commands
+(README: a five-minute tour), until Ctrl-C. At the end the demo deletes its topics
+(--keep-topics keeps them), stops its services, and says what it left: the broker, which
+it leaves running for the next run, and the services' log folder.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import os
+import signal
 import subprocess
 import tempfile
 import time
@@ -24,7 +30,7 @@ from gpusched.client import Client, ClientTls
 from gpusched.consumers.usage_report import number_type, collect, format_report
 from gpusched.consumers.utilization import UtilizationLedger
 from gpusched.local_cluster import LocalCluster
-from gpusched.adapters.kafka_admin import TopicNames
+from gpusched.adapters.kafka_admin import TopicNames, delete_topics
 from gpusched.adapters.kafka_security import KafkaConnection, Where
 from gpusched.v1 import types_pb2
 from gpusched.workloads import mixed_jobs
@@ -32,12 +38,17 @@ from gpusched.workloads import mixed_jobs
 REPO = Path(__file__).resolve().parents[1]
 
 
-def ensure_broker() -> Where:
+def ensure_broker() -> tuple[Where, str]:
+    """The broker, and a line saying whose it is and how to stop it."""
     if os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):   # its login too, from GPUSCHED_KAFKA_*
-        return KafkaConnection.from_env()
-    out = subprocess.run(["bash", str(REPO / "deploy" / "kafka.sh"), "start"], check=True,
-                         stdout=subprocess.PIPE, text=True).stdout.strip().splitlines()
-    return out[-1]
+        return KafkaConnection.from_env(), "the broker in KAFKA_BOOTSTRAP_SERVERS is yours: left as it was"
+    kafka_sh = ["bash", str(REPO / "deploy" / "kafka.sh")]
+    was_running = subprocess.run([*kafka_sh, "status"], stdout=subprocess.DEVNULL).returncode == 0
+    out = subprocess.run([*kafka_sh, "start"], check=True, stdout=subprocess.PIPE, text=True).stdout
+    bootstrap = out.strip().splitlines()[-1]
+    started = "was running already" if was_running else "was started by the demo"
+    return bootstrap, (f"the Kafka broker at {bootstrap} {started} and is left running for the next run; "
+                       f"stop it: bash deploy/kafka.sh stop (delete its data too: bash deploy/kafka.sh clean)")
 
 
 async def sample_utilization(client: Client, samples: list[float], stop: asyncio.Event) -> None:
@@ -51,7 +62,7 @@ async def sample_utilization(client: Client, samples: list[float], stop: asyncio
 
 
 async def run_demo(args: argparse.Namespace) -> int:
-    bootstrap = ensure_broker()
+    bootstrap, broker_note = ensure_broker()
     topics = TopicNames(f"demo-{int(time.time())}.")
     logs = Path(tempfile.mkdtemp(prefix="gpusched-demo-"))
     # --secure: TLS and a bearer token, as a production cluster; throwaway credentials.
@@ -59,36 +70,63 @@ async def run_demo(args: argparse.Namespace) -> int:
     cluster = LocalCluster(bootstrap, topics, logs, partitions=4, pki=pki)
     print(f"broker {bootstrap}; topics {topics.prefix}*; service logs in {logs}")
     try:
-        admission = await cluster.admission()
-        await cluster.placer()
-        usage = ["--usage-interval", str(args.usage_interval)]
-        if args.idle_jobs:
-            usage += ["--simulated-usage", f"{args.idle_jobs}=0"]
-        await asyncio.gather(*(cluster.agent(f"node-{i}", args.gpus, "--label", f"rack=r{i // 2}", *usage)
-                               for i in range(args.nodes)))
-        client = (Client(f"127.0.0.1:{admission.port}", ClientTls.from_files(pki.ca), pki.tokens["demo"]) if pki
-                  else Client(f"127.0.0.1:{admission.port}"))
-        if pki:
-            print(f"APIs over TLS; throwaway credentials in {pki.directory}")
-        print(f"cluster up: admission :{admission.port}, placer, {args.nodes} simulated nodes x {args.gpus}")
-        specs = mixed_jobs(args.jobs, seed=args.seed, duration=(args.min_duration, args.max_duration))
-        samples: list[float] = []
-        stop = asyncio.Event()
-        sampler = asyncio.create_task(sample_utilization(client, samples, stop))
-        t0 = time.perf_counter()
-        ids = {r.job.job_id for r in await asyncio.gather(*(client.submit(s) for s in specs))}
-        t_submit = time.perf_counter() - t0
-        jobs = await client.wait_terminal(ids)
-        makespan = time.perf_counter() - t0
-        stop.set()
-        await sampler
-        _report(jobs, t_submit, makespan, samples, args)
-        await client.close()
-        await _usage_report(bootstrap, topics, args)
-        ok = all(j.phase == types_pb2.JOB_PHASE_SUCCEEDED for j in jobs)
-        return 0 if ok else 1
+        return await _run(cluster, bootstrap, topics, pki, args)
     finally:
         await cluster.stop_all()
+        kept = f"topics {topics.prefix}* kept" if args.keep_topics else await _delete(bootstrap, topics)
+        print(f"\nstopped the demo's services; {kept}; service logs left in {logs} (delete when done)"
+              f"\n{broker_note}")
+
+
+async def _delete(bootstrap: Where, topics: TopicNames) -> str:
+    why_not = await delete_topics(bootstrap, topics, timeout_s=10)
+    return f"topics {topics.prefix}* deleted" if not why_not else f"topics {topics.prefix}* not deleted ({why_not})"
+
+
+async def _run(cluster: LocalCluster, bootstrap: Where, topics: TopicNames, pki, args: argparse.Namespace) -> int:
+    admission = await cluster.admission("admission", args.port)
+    await cluster.placer()
+    usage = ["--usage-interval", str(args.usage_interval)]
+    if args.idle_jobs:
+        usage += ["--simulated-usage", f"{args.idle_jobs}=0"]
+    await asyncio.gather(*(cluster.agent(f"node-{i}", args.gpus, "--label", f"rack=r{i // 2}", *usage)
+                           for i in range(args.nodes)))
+    client = (Client(f"127.0.0.1:{admission.port}", ClientTls.from_files(pki.ca), pki.tokens["demo"]) if pki
+              else Client(f"127.0.0.1:{admission.port}"))
+    if pki:
+        print(f"APIs over TLS; throwaway credentials in {pki.directory}")
+    print(f"cluster up: admission :{admission.port}, placer, {args.nodes} simulated nodes x {args.gpus}")
+    specs = mixed_jobs(args.jobs, seed=args.seed, duration=(args.min_duration, args.max_duration))
+    samples: list[float] = []
+    stop = asyncio.Event()
+    sampler = asyncio.create_task(sample_utilization(client, samples, stop))
+    t0 = time.perf_counter()
+    ids = {r.job.job_id for r in await asyncio.gather(*(client.submit(s) for s in specs))}
+    t_submit = time.perf_counter() - t0
+    jobs = await client.wait_terminal(ids)
+    makespan = time.perf_counter() - t0
+    stop.set()
+    await sampler
+    _report(jobs, t_submit, makespan, samples, args)
+    await client.close()
+    await _usage_report(bootstrap, topics, args)
+    ok = all(j.phase == types_pb2.JOB_PHASE_SUCCEEDED for j in jobs)
+    if args.serve:
+        await _serve(admission.port, pki)
+    return 0 if ok else 1
+
+
+async def _serve(port: int, pki) -> None:
+    """Keep the cluster up for the gpusched commands until Ctrl-C (or SIGTERM)."""
+    print(f"\nthe cluster stays up for the gpusched commands (Ctrl-C stops it); in another shell:\n"
+          f"  export GPUSCHED_ENDPOINT=127.0.0.1:{port}"
+          + (f" GPUSCHED_CA={pki.ca} GPUSCHED_TOKEN={pki.tokens['demo']}" if pki else "") +
+          "\n  .venv/bin/gpusched get nodes", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
 
 
 def _report(jobs, t_submit, makespan, samples, args) -> None:
@@ -126,6 +164,11 @@ def _milli(r) -> int:
 
 def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nodes", type=int, default=4)
+    parser.add_argument("--serve", action="store_true",
+                        help="after the report, keep the cluster up for the gpusched commands until Ctrl-C")
+    parser.add_argument("--port", type=int, default=0, help="admission's port (default: any free one)")
+    parser.add_argument("--keep-topics", action="store_true",
+                        help="keep the demo's topics (for gpusched usage/billing --topic-prefix afterwards)")
     parser.add_argument("--secure", action="store_true",
                         help="serve the APIs over TLS with tokens and a policy (a throwaway dev CA); "
                              "default: the --insecure dev mode on loopback (docs/security.md)")

@@ -45,7 +45,10 @@ def table(items: Sequence[object], columns: Sequence[Column], wide: Sequence[Col
     for item in items:
         grid.add_row(*(cell(item) for _, cell in cols))
     # a pipe or a file gets the whole table, not one cut to a terminal's width
-    Console(width=400 if not click.get_text_stream("stdout").isatty() else None, soft_wrap=True).print(grid)
+    console = Console(width=400 if not click.get_text_stream("stdout").isatty() else None, soft_wrap=True)
+    with console.capture() as captured:
+        console.print(grid)
+    click.echo("\n".join(line.rstrip() for line in captured.get().rstrip("\n").splitlines()))
 
 
 def phase_name(phase: int) -> str:
