@@ -9,7 +9,7 @@ import click
 
 from gpusched.client import TERMINAL, SyncClient
 from gpusched.ctl import jobfile
-from gpusched.ctl.output import (age, as_dict, clock, dump, gpus_of, milli_of, output_option, phase_name,
+from gpusched.ctl.output import (age, as_dict, clock, dump, gpu_count, gpus_of, milli_of, output_option, phase_name,
                                  table)
 from gpusched.ctl.root import pass_client
 from gpusched.v1 import types_pb2
@@ -153,8 +153,8 @@ def get_queues(client: SyncClient, pool: str, output: str) -> None:
         row[f"{state}_gpus"] += job.spec.workers * milli_of(job.spec.resources) / 1000
     items = [{"pool": p, "team": t, **v} for (p, t), v in sorted(rows.items())]
     table(items, [("POOL", lambda r: r["pool"]), ("TEAM", lambda r: r["team"]),
-                  ("PENDING", lambda r: str(r["pending"])), ("PENDING GPUS", lambda r: f"{r['pending_gpus']:g}"),
-                  ("RUNNING", lambda r: str(r["running"])), ("RUNNING GPUS", lambda r: f"{r['running_gpus']:g}")],
+                  ("PENDING", lambda r: str(r["pending"])), ("PENDING GPUS", lambda r: gpu_count(r['pending_gpus'])),
+                  ("RUNNING", lambda r: str(r["running"])), ("RUNNING GPUS", lambda r: gpu_count(r['running_gpus']))],
           fmt=output, objects=lambda r: r)
 
 

@@ -7,7 +7,7 @@ import click
 
 from gpusched.client import SyncClient
 from gpusched.ctl.jobs import HOLDING, describe, get
-from gpusched.ctl.output import age, as_dict, dump, milli_of, node_status, output_option, table
+from gpusched.ctl.output import as_dict, dump, gpu_count, milli_of, node_status, output_option, table
 from gpusched.ctl.root import pass_client
 from gpusched.v1 import types_pb2
 
@@ -146,8 +146,8 @@ def top_teams(client: SyncClient, pool: str, measured: bool, output: str) -> Non
             rows[team]["guaranteed_gpus"] = q.guaranteed_gpus
             rows[team]["limit_gpus"] = q.limit_gpus
     columns = [("TEAM", lambda r: r["team"]), ("RUNNING", lambda r: str(r["running"])),
-               ("GPUS", lambda r: f"{r['gpus_allocated']:g}"), ("PENDING", lambda r: str(r["pending"])),
-               ("GPUS WAITING", lambda r: f"{r['gpus_pending']:g}"),
+               ("GPUS", lambda r: gpu_count(r['gpus_allocated'])), ("PENDING", lambda r: str(r["pending"])),
+               ("GPUS WAITING", lambda r: gpu_count(r['gpus_pending'])),
                ("GUARANTEED", lambda r: f"{r['guaranteed_gpus']:g}" if "guaranteed_gpus" in r else "-"),
                ("LIMIT", lambda r: "-" if r.get("limit_gpus", -1) < 0 else f"{r['limit_gpus']:g}")]
     if measured:

@@ -83,6 +83,11 @@ def gpus_of(resources: types_pb2.WorkerResources) -> str:
     return str(resources.gpus)
 
 
+def gpu_count(gpus: float) -> str:
+    """GPUs to two decimals at most: 24, 0.25, 0.43 (a 3g MIG slice)."""
+    return f"{round(gpus, 2):g}"
+
+
 def milli_of(resources: types_pb2.WorkerResources) -> int:
     """A worker's GPU milli (a MIG slice counts its compute sevenths)."""
     if resources.gpu_milli:
