@@ -21,13 +21,14 @@ class Cli:
         self.env = {**os.environ, "GPUSCHED_ENDPOINT": f"127.0.0.1:{port}",
                     "GPUSCHED_CONFIG": str(home / "no-config.yaml")}
 
-    async def run(self, *args: str, ok: bool = True, timeout: float = 120.0) -> str:
-        code, out, err = await self.status(*args, timeout=timeout)
+    async def run(self, *args: str, ok: bool = True, timeout: float = 120.0, env: dict | None = None) -> str:
+        code, out, err = await self.status(*args, timeout=timeout, env=env)
         assert (code == 0) == ok, f"gpusched {' '.join(args)} -> {code}\n{out}\n{err}"
         return out if ok else err
 
-    async def status(self, *args: str, timeout: float = 120.0) -> tuple[int, str, str]:
-        proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "gpusched.cli", *args, env=self.env,
+    async def status(self, *args: str, timeout: float = 120.0, env: dict | None = None) -> tuple[int, str, str]:
+        proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "gpusched.cli", *args,
+                                                    env={**self.env, **(env or {})},
                                                     stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
         out, err = await asyncio.wait_for(proc.communicate(), timeout)
         return proc.returncode, out.decode(), err.decode()
@@ -38,7 +39,7 @@ async def cluster(kafka_bootstrap, topics, tmp_path):
     cluster = LocalCluster(kafka_bootstrap, topics, tmp_path / "logs")
     admission = await cluster.admission()
     await cluster.placer()
-    await cluster.agent("node-0", "4xH100-80GB")
+    await cluster.agent("node-0", "4xH100-80GB", "--usage-interval", "0.25")
     yield cluster, Cli(admission.port, tmp_path)
     await cluster.stop_all()
 
@@ -128,6 +129,12 @@ async def test_nodes_cordon_uncordon_and_top(cluster):
     assert teams["llm"]["RUNNING"] == "1" and teams["llm"]["GPUS"] == "3"
     teams = {t["team"]: t for t in json.loads(await cli.run("top", "teams", "-o", "json"))}
     assert teams["llm"]["gpus_allocated"] == 3.0
+    # measured use, from the usage records the agent samples (a simulated node's model)
+    measured = await cli.run("top", "teams", "--measured", "-o", "json",
+                             env={**c.kafka_env("audit"), "GPUSCHED_TOPIC_PREFIX": c.topics.prefix})
+    llm = {t["team"]: t for t in json.loads(measured)}["llm"]
+    assert llm["gpu_hours_allocated"] > 0 and 0 < llm["gpu_hours_used"] <= llm["gpu_hours_allocated"]
+    assert 0 < llm["utilization"] <= 1 and llm["simulated"]
     err = await cli.run("cordon", "node-9", ok=False)
     assert "NOT_FOUND" in err
 
