@@ -6,7 +6,8 @@ imports those modules from there instead of the ``.py`` files: the same code, ~1
 faster to replay a log (docs/design.md: "Package choices"; docs/benchmarks.md:
 "Recovery"). The build lives outside the source folders so that a stale build can
 never shadow edited sources: when the stamp does not match the sources (or the
-interpreter), or ``GPUSCHED_NATIVE=0``, the plain modules are used, which are always complete and always correct.
+interpreter), or ``GPUSCHED_NATIVE=0``, the plain modules are used, which are always
+complete and always correct.
 """
 from __future__ import annotations
 
