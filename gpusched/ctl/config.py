@@ -21,9 +21,10 @@ from pathlib import Path
 import click
 import yaml
 
-from gpusched.client import DEFAULT_ENDPOINT, ClientTls, SyncClient, connect
+from gpusched.client import DEFAULT_ENDPOINT, ClientTls, Retry, SyncClient, connect
 
 CONFIG_KEYS = {"endpoint", "ca", "cert", "key", "token", "token-file"}
+CLI_RETRY_S = 10.0
 
 
 def default_config_path() -> Path:
@@ -43,7 +44,8 @@ class Endpoint:
         tls = ClientTls.from_files(self.ca, self.cert or None, self.key or None) if self.ca else None
         if self.token and tls is None:
             raise click.UsageError("a token needs TLS: give --ca (or ca: in the context)")
-        return connect(self.endpoint, tls, self.token)
+        # a person waits at the prompt: give up sooner than a program would (docs/cli.md)
+        return connect(self.endpoint, tls, self.token, Retry(budget_s=CLI_RETRY_S))
 
 
 def load_context(path: Path, name: str) -> dict[str, str]:

@@ -11,6 +11,7 @@ import sys
 import pytest
 import yaml
 
+from gpusched.adapters import dev_pki
 from gpusched.local_cluster import LocalCluster
 
 
@@ -147,3 +148,40 @@ async def test_policy_commands_set_and_show_quotas(cluster):
     assert teams["llm"]["GUARANTEED"] == "2" and teams["llm"]["LIMIT"] == "3"
     err = await cli.run("policy", "set-team", "llm", "--weight", "0", ok=False)
     assert err.startswith("Error: INVALID_ARGUMENT: weight"), err
+
+
+async def test_a_config_context_carries_tls_and_a_token_to_a_secured_cluster(kafka_bootstrap, topics, tmp_path):
+    """docs/security.md's server (TLS, static tokens, roles); the CLI's credentials from
+    a config file's context, or from the options."""
+    pki = dev_pki.write(tmp_path / "pki", [{"principal": "alice", "role": "member", "team": "team-a"}])
+    cluster = LocalCluster(kafka_bootstrap, topics, tmp_path / "logs", pki=pki)
+    try:
+        admission = await cluster.admission()
+        await cluster.agent("node-0", "2xA100-80GB")
+        (tmp_path / "token").write_text(pki.tokens["alice"] + "\n")
+        config = tmp_path / "config.yaml"
+        config.write_text(yaml.safe_dump({"current-context": "plain", "contexts": {
+            "plain": {"endpoint": f"127.0.0.1:{admission.port}"},
+            "secure": {"endpoint": f"127.0.0.1:{admission.port}", "ca": str(pki.ca),
+                       "token-file": str(tmp_path / "token")}}}))
+        cli = Cli(admission.port, tmp_path)
+        cli.env.pop("GPUSCHED_ENDPOINT")
+        cli.env["GPUSCHED_CONFIG"] = str(config)
+
+        out = await cli.run("--context", "secure", "submit", "--name", "mine", "--gpus", "1")
+        job = out.split()[0].removeprefix("job/")
+        # the job's team is the token's principal's
+        assert yaml.safe_load(await cli.run("--context", "secure", "describe", "job", job, "-o", "yaml")
+                              )["spec"]["team"] == "team-a"
+        # a member may not cordon; the current context has no TLS and the server wants it
+        err = await cli.run("--ca", str(pki.ca), "get", "jobs", ok=False)   # TLS, no token
+        assert err.startswith("Error: UNAUTHENTICATED"), err
+        err = await cli.run("--context", "secure", "cordon", "node-0", ok=False)
+        assert err.startswith("Error: PERMISSION_DENIED"), err
+        err = await cli.run("get", "jobs", ok=False)
+        assert err.startswith("Error: UNAVAILABLE"), err
+        # the same from options, over the config file's endpoint
+        out = await cli.run("--ca", str(pki.ca), "--token", pki.tokens["alice"], "get", "jobs", "-o", "json")
+        assert [j["job_id"] for j in json.loads(out)] == [job]
+    finally:
+        await cluster.stop_all()
