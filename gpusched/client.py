@@ -10,6 +10,7 @@ submission the server did record answers that job instead of making a second one
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -178,11 +179,12 @@ class Client:
         done: dict[str, types_pb2.Job] = {}
 
         async def follow() -> None:
-            async for update in self.watch():
-                if update.job.job_id in job_ids and update.job.phase in TERMINAL:
-                    done[update.job.job_id] = update.job
-                    if len(done) == len(job_ids):
-                        return
+            async with contextlib.aclosing(self.watch()) as updates:   # the stream ends with it
+                async for update in updates:
+                    if update.job.job_id in job_ids and update.job.phase in TERMINAL:
+                        done[update.job.job_id] = update.job
+                        if len(done) == len(job_ids):
+                            return
         await asyncio.wait_for(follow(), timeout)
         return list(done.values())
 
