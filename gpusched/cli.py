@@ -27,8 +27,8 @@ COMMANDS = {
 
 
 def _handed_on(name: str, module: str, help_text: str) -> click.Command:
-    @click.command(name, help=f"{help_text} (`gpusched {name} --help`)", add_help_option=False,
-                   context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+    @click.command(name, help=f"{help_text} (`gpusched {name} --help`)", short_help=help_text,
+                   add_help_option=False, context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
     @click.argument("args", nargs=-1, type=click.UNPROCESSED)
     def run(args: tuple[str, ...]) -> None:
         result = importlib.import_module(module).main(list(args))
@@ -50,6 +50,7 @@ for command in (submit, get, describe, cancel, watch, top, cordon, uncordon, pol
     cli.add_command(command)
 for name, (module, help_text) in COMMANDS.items():
     cli.add_command(_handed_on(name, module, help_text))
+cli.services = frozenset(COMMANDS)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,6 +25,19 @@ class State:
 
 
 class Root(click.Group):
+    """``services``: the names listed apart in the help, after the user commands."""
+
+    services: frozenset[str] = frozenset()
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = {False: [], True: []}
+        for name in self.list_commands(ctx):
+            rows[name in self.services].append((name, self.get_command(ctx, name).get_short_help_str(70)))
+        for title, is_service in (("Commands", False), ("Services and tools", True)):
+            if rows[is_service]:
+                with formatter.section(title):
+                    formatter.write_dl(rows[is_service])
+
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
