@@ -9,7 +9,11 @@ COMMANDS = {
     "placer": ("gpusched_placer.main", "schedules the pools it owns"),
     "preemptor": ("gpusched_preemptor.main", "preemption, quota reclaim, node-loss detection"),
     "node-agent": ("gpusched_node_agent.main", "runs the work of one node (NVML or simulated)"),
-    "billing": ("gpusched.consumers.billing", "GPU-hours per team, folded from the log"),
+    # audit and billing: docs/audit-billing.md ("module:function" where not ``main``)
+    "billing": ("gpusched.consumers.reports:billing_main", "GPU-hours per team, pool, job, day (from the database)"),
+    "audit": ("gpusched.consumers.reports:audit_main", "who did what, when (from the database)"),
+    "billing-consumer": ("gpusched.consumers.stream:billing_main", "store GPU-hours in the database (faust)"),
+    "audit-consumer": ("gpusched.consumers.stream:audit_main", "store who did what in the database (faust)"),
     "usage": ("gpusched.consumers.usage_report", "GPU-hours allocated vs used (measured), idle jobs"),
     "policy": ("gpusched.policy_cli", "read and set quotas, weights and allow-lists (docs/policy.md)"),
     "kafka-setup": ("gpusched.kafka_setup", "create a deployment's topics and ACLs (as the Kafka admin)"),
@@ -23,10 +27,10 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
         print("usage: gpusched <command> [args]\n\ncommands:")
         for name, (_, help_text) in COMMANDS.items():
-            print(f"  {name:<11} {help_text}")
+            print(f"  {name:<16} {help_text}")
         return 0 if argv and argv[0] in ("-h", "--help") else 2
-    module = importlib.import_module(COMMANDS[argv[0]][0])
-    result = module.main(argv[1:])
+    module_name, _, function = COMMANDS[argv[0]][0].partition(":")
+    result = getattr(importlib.import_module(module_name), function or "main")(argv[1:])
     return result if isinstance(result, int) else 0
 
 
