@@ -187,8 +187,6 @@ def build_app(kind: str, conn: KafkaConnection, prefix: str, store: Store, data_
 
 def main(argv: list[str] | None, kind: str) -> int:
     """``gpusched audit-consumer`` / ``billing-consumer``: run the consumer until stopped."""
-    from gpusched.adapters.kafka_admin import wait_for_broker
-    from gpusched.adapters.kafka_security import KafkaLoginRefused
     from gpusched.config import add_kafka_args, kafka_settings
 
     parser = argparse.ArgumentParser(prog=f"gpusched {kind}-consumer",
@@ -209,10 +207,9 @@ def main(argv: list[str] | None, kind: str) -> int:
     except (ValueError, StoreError) as exc:
         print(f"gpusched {kind}-consumer: {exc}", file=sys.stderr)
         return 1
-    try:
-        asyncio.run(wait_for_broker(settings.connection, args.connect_timeout))
-    except (TimeoutError, KafkaLoginRefused) as exc:
-        print(f"gpusched {kind}-consumer: {exc}", file=sys.stderr)
+    problem = asyncio.run(_check_broker(settings, args.connect_timeout))
+    if problem:
+        print(f"gpusched {kind}-consumer: {problem}", file=sys.stderr)
         return 1
     import faust
 
@@ -220,6 +217,28 @@ def main(argv: list[str] | None, kind: str) -> int:
     worker = faust.Worker(app, loglevel=args.log_level.upper(), quiet=True)
     worker.execute_from_commandline()   # runs until SIGTERM/SIGINT; exits the process
     return 0
+
+
+async def _check_broker(settings, timeout_s: float) -> str:
+    """Why the consumer cannot start on this broker and prefix ('' when it can), in one line."""
+    from gpusched.adapters.kafka_admin import wait_for_broker
+    from gpusched.adapters.kafka_security import KafkaLoginRefused
+    from gpusched.consumers.usage_report import missing_topics
+
+    client_log = logging.getLogger("aiokafka")
+    level = client_log.level
+    client_log.setLevel(logging.CRITICAL)   # one clear line, not a connection error a try
+    try:
+        await wait_for_broker(settings.connection, timeout_s)
+    except (TimeoutError, KafkaLoginRefused) as exc:
+        return str(exc)
+    finally:
+        client_log.setLevel(level)
+    missing = await missing_topics(settings.connection, settings.topics)
+    if missing:
+        return (f"no topic {', '.join(missing)} on {settings.connection} "
+                "(wrong --topic-prefix, or no cluster has run there)")
+    return ""
 
 
 def audit_main(argv: list[str] | None = None) -> int:

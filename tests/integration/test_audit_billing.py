@@ -243,3 +243,26 @@ async def _command(*args: str, expect_rc: int = 0) -> str:
     out, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode == expect_rc, (proc.returncode, out.decode(), err.decode())
     return out.decode() if expect_rc == 0 else err.decode()
+
+
+@pytest.mark.parametrize("command", [
+    ("billing-consumer", "--bootstrap", "127.0.0.1:1", "--connect-timeout", "1", "--db", "sqlite:///{tmp}/a.db"),
+    ("audit-consumer", "--db", "postgresql://nobody@127.0.0.1:1/none"),
+    ("billing", "--db", "postgresql://nobody@127.0.0.1:1/none"),
+    ("audit", "--db", "sqlite:///{tmp}/missing.db"),
+])
+async def test_an_unreachable_broker_or_database_is_one_line(command, tmp_path):
+    args = [a.replace("{tmp}", str(tmp_path)) for a in command]
+    err = await _command(*args, expect_rc=1)
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert ("did not answer" in err) if "--bootstrap" in args else ("database" in err), err
+
+
+async def test_a_consumer_for_a_prefix_without_topics_says_so(kafka_bootstrap, tmp_path):
+    proc = await asyncio.create_subprocess_exec(
+        str(BIN / "gpusched"), "audit-consumer", "--topic-prefix", "no-such-cluster.", "--db",
+        f"sqlite:///{tmp_path / 'a.db'}", env={**os.environ, **kafka_bootstrap.env()},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    _, err = await asyncio.wait_for(proc.communicate(), 120)
+    assert proc.returncode == 1 and "no topic no-such-cluster.cluster-events" in err.decode(), err.decode()
+    assert "Traceback" not in err.decode()
