@@ -214,7 +214,8 @@ def main(argv: list[str] | None, kind: str) -> int:
     import faust
 
     app = build_app(kind, settings.connection, settings.topic_prefix, store)
-    worker = faust.Worker(app, loglevel=args.log_level.upper(), quiet=True)
+    worker = faust.Worker(app, loglevel=args.log_level.upper(), quiet=True, redirect_stdouts=False)
+    worker.spinner = None   # a terminal spinner's escape codes would clutter a service's log
     worker.execute_from_commandline()   # runs until SIGTERM/SIGINT; exits the process
     return 0
 
