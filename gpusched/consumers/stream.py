@@ -58,7 +58,6 @@ class PartitionFold:
     def __init__(self, conn: KafkaConnection, topic: str, kind: str) -> None:
         self.states: dict[int, ClusterState] = {}
         self._rows_of: dict[int, RowsOf] = {}
-        self.rebuilt: dict[int, int] = {}   # partition -> records folded without writing (last rebuild)
         self._conn = conn
         self._topic = topic
         self._kind = kind
@@ -95,22 +94,26 @@ class PartitionFold:
         """Fold records state.offset+1 .. offset-1 from Kafka, keeping none of their rows."""
         tp = TopicPartition(self._topic, partition)
         reader = AIOKafkaConsumer(**client_args(self._conn), group_id=None, enable_auto_commit=False,
-                                  max_partition_fetch_bytes=16 * 1024 * 1024)
+                                  auto_offset_reset="earliest", max_partition_fetch_bytes=16 * 1024 * 1024)
         await reader.start()
-        folded = 0
+        folded, reached = 0, False
         try:
             reader.assign([tp])
             reader.seek(tp, state.offset + 1)
-            while state.offset < offset - 1:
+            while not reached:
                 batches = await reader.getmany(tp, timeout_ms=1000, max_records=10_000)
                 for record in batches.get(tp, []):
+                    # ``offset`` itself is being delivered, so the loop always ends, also
+                    # where records before it are gone (a log that lost its beginning)
+                    reached = record.offset >= offset - 1
                     if record.offset >= offset:
                         break
                     self._fold(state, record.offset, record.value or b"", partition)
                     folded += 1
+                    if reached:
+                        break
         finally:
             await reader.stop()
-        self.rebuilt[partition] = folded
         log.info("%s[%d]: folded %d records before offset %d (stored by an earlier run)",
                  self._topic, partition, folded, offset)
 
