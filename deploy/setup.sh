@@ -6,7 +6,8 @@
 #   3. the reducer's modules compiled with mypyc into gpusched/_native/ (seconds;
 #      skipped when built for the same sources; plain Python where it cannot build)
 #   4. the Kafka broker jars in the cache (deploy/kafka.sh fetch)
-# Needs: python3.11 (or python3 >= 3.11), Java 17+, Maven (for the Kafka jars).
+# Needs: python3.11 (or python3 >= 3.11), Java 17+, Maven (for the Kafka jars); as root
+# it installs Java, Maven and PostgreSQL from Debian's packages where missing.
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -21,6 +22,17 @@ if ! command -v java >/dev/null || ! command -v mvn >/dev/null; then
       openjdk-17-jre-headless maven >/dev/null
   else
     log "error: java and mvn are required (Java 17+, Maven 3)"; exit 1
+  fi
+fi
+
+# --- 0b. PostgreSQL server binaries: the accounting database's production option, which
+# the tests start on a free port (tests/conftest.py: postgres_server) ---
+if ! compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null && ! command -v initdb >/dev/null; then
+  if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null; then
+    log "installing PostgreSQL with apt-get"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
+  else
+    log "warning: PostgreSQL (initdb, pg_ctl) is missing; the PostgreSQL tests of the accounting consumers will fail"
   fi
 fi
 

@@ -18,7 +18,11 @@ COMMANDS = {
     "placer": ("gpusched_placer.main", "schedules the pools it owns"),
     "preemptor": ("gpusched_preemptor.main", "preemption, quota reclaim, node-loss detection"),
     "node-agent": ("gpusched_node_agent.main", "runs the work of one node (NVML or simulated)"),
-    "billing": ("gpusched.consumers.billing", "GPU-hours per team, folded from the log"),
+    # audit and billing: docs/audit-billing.md ("module:function" where not ``main``)
+    "billing": ("gpusched.consumers.reports:billing_main", "GPU-hours per team, pool, job, day (from the database)"),
+    "audit": ("gpusched.consumers.reports:audit_main", "who did what, when (from the database)"),
+    "billing-consumer": ("gpusched.consumers.stream:billing_main", "store GPU-hours in the database (faust)"),
+    "audit-consumer": ("gpusched.consumers.stream:audit_main", "store who did what in the database (faust)"),
     "usage": ("gpusched.consumers.usage_report", "GPU-hours allocated vs used (measured), idle jobs"),
     "kafka-setup": ("gpusched.kafka_setup", "create a deployment's topics and ACLs (as the Kafka admin)"),
     "demo": ("gpusched.demo", "a local cluster, a mixed workload, and what happened"),
@@ -31,7 +35,8 @@ def _handed_on(name: str, module: str, help_text: str) -> click.Command:
                    add_help_option=False, context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
     @click.argument("args", nargs=-1, type=click.UNPROCESSED)
     def run(args: tuple[str, ...]) -> None:
-        result = importlib.import_module(module).main(list(args))
+        module_name, _, function = module.partition(":")
+        result = getattr(importlib.import_module(module_name), function or "main")(list(args))
         sys.exit(result if isinstance(result, int) else 0)
     return run
 

@@ -234,3 +234,55 @@ async def topics(request: pytest.FixtureRequest, kafka_bootstrap: KafkaConnectio
         await grant_service_acls(kafka_bootstrap, names)
     yield names
     await delete_topics(kafka_bootstrap, names, timeout_s=10)   # best effort: no piling up partitions
+
+
+# --- PostgreSQL: the accounting database's production option (docs/audit-billing.md) ---
+def _postgres_bindir() -> Path:
+    """Debian's PostgreSQL server binaries (deploy/setup.sh installs the package)."""
+    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"), key=lambda p: int(p.parent.parent.name))
+    if found:
+        return found[-1].parent
+    on_path = shutil.which("initdb")
+    if on_path:
+        return Path(on_path).resolve().parent
+    pytest.fail("PostgreSQL's initdb was not found: run deploy/setup.sh (installs Debian's postgresql)")
+
+
+@pytest.fixture(scope="session")
+def postgres_server():
+    """A PostgreSQL server of its own on a free loopback port, in a temp dir, stopped at
+    teardown. As root, the server runs as the ``postgres`` system user (initdb refuses
+    root). Yields a URL of its maintenance database; ``postgres_url`` makes one per test."""
+    import pwd
+    import tempfile
+
+    bindir = _postgres_bindir()
+    root = Path(tempfile.mkdtemp(prefix="gpusched-pg-"))
+    as_user: list[str] = []
+    if os.geteuid() == 0:
+        as_user = ["runuser", "-u", "postgres", "--"]
+        pw = pwd.getpwnam("postgres")
+        os.chown(root, pw.pw_uid, pw.pw_gid)
+    data, port = root / "data", _free_port_pair(1)
+    subprocess.run([*as_user, str(bindir / "initdb"), "-D", str(data), "-U", "gpusched", "--auth=trust",
+                    "-E", "UTF8", "--no-sync"], check=True, capture_output=True)
+    options = f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off"
+    subprocess.run([*as_user, str(bindir / "pg_ctl"), "-D", str(data), "-o", options, "-l", str(root / "log"),
+                    "-w", "-t", "60", "start"], check=True, capture_output=True)
+    try:
+        yield f"postgresql://gpusched@127.0.0.1:{port}/postgres"
+    finally:
+        subprocess.run([*as_user, str(bindir / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "stop"],
+                       capture_output=True)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def postgres_url(postgres_server: str) -> str:
+    """A fresh database on the session's server."""
+    import psycopg
+
+    name = f"t_{secrets.token_hex(4)}"
+    with psycopg.connect(postgres_server, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    return postgres_server.rsplit("/", 1)[0] + "/" + name

@@ -50,8 +50,9 @@ GRANTS: dict[str, Grant] = {
     "preemptor": Grant(reads=("events", "heartbeats"), writes=("events", "heartbeats", "dead_letters"),
                        groups=("preemptor",)),
     "node-agent": Grant(reads=("events",), writes=("events", "heartbeats", "usage", "dead_letters")),
-    "billing": Grant(reads=("events", "usage")),
-    "audit": Grant(reads=("events", "heartbeats", "dead_letters", "snapshots", "usage")),
+    # Their consumers (gpusched.consumers.stream) commit offsets in a group of their name.
+    "billing": Grant(reads=("events", "usage"), groups=("billing",)),
+    "audit": Grant(reads=("events", "heartbeats", "dead_letters", "snapshots", "usage"), groups=("audit",)),
 }
 
 

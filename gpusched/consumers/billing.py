@@ -1,8 +1,10 @@
-"""GPU-time per team, folded from the pool log: the billing consumer's core.
+"""GPU-time per team, folded from the pool log: what billing charges, in memory.
 
 Billing must charge what the log says ran, not what was proposed, so it watches the
 reducer's outcomes: a job is charged its GPU milli from the moment all its workers run
-(``running``) until it stops holding GPUs or ends. Pure: fed (event, job) pairs.
+(``running``) until it stops holding GPUs or ends. Pure: fed (event, job) pairs. The
+billing consumer stores the same charges as spans (``gpusched.consumers.records``);
+this fold is the reference its database is checked against.
 """
 from __future__ import annotations
 
@@ -37,49 +39,3 @@ class BillingLedger:
             for since, milli, team in self._open.values():
                 totals[team] += milli * max(0.0, now - since)
         return {team: ms / 1000 / 3600 for team, ms in sorted(totals.items())}
-
-
-async def _report(args) -> None:
-    import asyncio
-    import time
-
-    from gpusched.adapters.eventlog import DeadLetters, LogFollower
-    from gpusched.config import kafka_settings
-
-    settings = kafka_settings(args)
-    ledger = BillingLedger()
-
-    def on_event(partition, offset, event, outcome, state):
-        if outcome.accepted:
-            for job_id in outcome.jobs:
-                ledger.observe(state.jobs[job_id], event.time)
-
-    # Billing reads only (its Kafka principal may not write): no producer.
-    follower = LogFollower(settings.connection, settings.topics, "billing", DeadLetters(None, "billing"),
-                           on_event=on_event, freeze_state=True)
-    await follower.start()
-    try:
-        while True:
-            await follower.caught_up()
-            print(f"GPU-hours per team at {time.strftime('%Y-%m-%d %H:%M:%S')}:")
-            for team, hours in ledger.gpu_hours(now=time.time()).items():
-                print(f"  {team:<24} {hours:12.4f}")
-            if not args.follow:
-                return
-            await asyncio.sleep(args.follow)   # report period
-    finally:
-        await follower.stop()
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``gpusched billing``: GPU-hours per team, from the log (all pools)."""
-    import argparse
-    import asyncio
-
-    from gpusched.config import add_kafka_args
-
-    parser = argparse.ArgumentParser(prog="gpusched billing", description=main.__doc__)
-    add_kafka_args(parser)
-    parser.add_argument("--follow", type=float, default=0.0, help="keep reporting every N seconds")
-    asyncio.run(_report(parser.parse_args(argv)))
-    return 0

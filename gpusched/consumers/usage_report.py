@@ -243,7 +243,7 @@ async def _run(args: argparse.Namespace) -> int:
         return 1
     finally:
         client_log.setLevel(level)
-    missing = await _missing_topics(settings.connection, settings.topics)
+    missing = await missing_topics(settings.connection, settings.topics)
     if missing:
         print(f"gpusched usage: no topic {', '.join(missing)} on {settings.connection} "
               f"(wrong --topic-prefix, or no cluster has run there)", file=sys.stderr)
@@ -255,7 +255,7 @@ async def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _missing_topics(bootstrap: Where, topics: TopicNames) -> list[str]:
+async def missing_topics(bootstrap: Where, topics: TopicNames) -> list[str]:
     consumer = AIOKafkaConsumer(**client_args(bootstrap))
     await consumer.start()
     try:

@@ -161,18 +161,39 @@ async def test_kafka_setup_as_the_admin_is_what_services_need(secured, kafka_boo
         await delete_topics(secured("admin"), names, timeout_s=10)
 
 
-async def test_billing_runs_as_its_read_only_principal(secured, kafka_bootstrap, topics, tmp_path):
-    """The billing command folds the log with no producer at all: its principal may not
-    write, not even dead letters."""
+async def test_billing_consumer_runs_as_its_read_only_principal(secured, kafka_bootstrap, topics, tmp_path):
+    """The billing consumer (faust) reads and commits its group's offsets as ``billing``,
+    a principal that may write no topic (docs/audit-billing.md)."""
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    from gpusched.consumers.store import Store
+
     cluster = LocalCluster(kafka_bootstrap, topics, tmp_path)
     try:
         await cluster.admission()   # records admission's settings in the log
     finally:
         await cluster.stop_all()
+    url = f"sqlite:///{tmp_path / 'billing.db'}"
     proc = await asyncio.create_subprocess_exec(
-        str(BIN / "gpusched"), "billing", "--topic-prefix", topics.prefix, "--log-level", "WARNING",
-        env={**os.environ, **secured("billing").env()}, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT)
-    out, _ = await asyncio.wait_for(proc.communicate(), 120)
-    assert proc.returncode == 0 and "GPU-hours per team at" in out.decode(), out.decode()[-2000:]
-    assert "Authorization" not in out.decode()
+        str(BIN / "gpusched"), "billing-consumer", "--db", url, "--topic-prefix", topics.prefix,
+        "--log-level", "WARNING", env={**os.environ, **secured("billing").env()},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    admin = AIOKafkaAdminClient(**client_args(secured("admin")))
+    await admin.start()
+    try:
+        seen = b""
+        while b"billing-consumer ready" not in seen:   # aiokafka may log a coordinator not ready yet first
+            line = await asyncio.wait_for(proc.stdout.readline(), 120)
+            assert line, seen.decode()
+            seen += line
+        committed: dict = {}
+        while not any(meta.offset > 0 for meta in committed.values()):   # faust commits every second
+            assert proc.returncode is None
+            await asyncio.sleep(0.2)
+            committed = await admin.list_consumer_group_offsets(topics.prefix + "billing")
+        assert Store(url, create=False).progress(topics.prefix, "billing")
+    finally:
+        await admin.close()
+        proc.terminate()
+        out, _ = await asyncio.wait_for(proc.communicate(), 60)
+    assert "Authorization" not in out.decode(), out.decode()[-2000:]
