@@ -168,7 +168,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
                         help="after the report, keep the cluster up for the gpusched commands until Ctrl-C")
     parser.add_argument("--port", type=int, default=0, help="admission's port (default: any free one)")
     parser.add_argument("--keep-topics", action="store_true",
-                        help="keep the demo's topics (for gpusched usage/billing --topic-prefix afterwards)")
+                        help="keep the demo's topics (for gpusched usage --topic-prefix, or the billing and audit consumers, afterwards)")
     parser.add_argument("--secure", action="store_true",
                         help="serve the APIs over TLS with tokens and a policy (a throwaway dev CA); "
                              "default: the --insecure dev mode on loopback (docs/security.md)")
