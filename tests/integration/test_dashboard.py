@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import socket
 import sys
 import urllib.request
 from html.parser import HTMLParser
@@ -233,11 +234,34 @@ async def test_pages_in_headless_chromium(dashboard, tmp_path):
     status, body = await asyncio.to_thread(fetch, f"{url}/job/job-none")
     assert status == 404 and "NOT_FOUND" in body
 
-    # the screenshot: a PNG of the window's size, with the grid's colours in it
+    # the screenshot: a PNG of the window's size, the grid's colours in it, each on more
+    # pixels than the legend's swatch holds (so the cells show them, not just the legend)
     shot = tmp_path / "overview.png"
     await chromium(tmp_path, url + "/", f"--screenshot={shot}")
     image = Image.open(shot)
     assert image.format == "PNG" and image.size == (WIDTH, HEIGHT)
-    colours = {c for _, c in image.convert("RGB").getcolors(WIDTH * HEIGHT)}
+    pixels = {colour: count for count, colour in image.convert("RGB").getcolors(WIDTH * HEIGHT)}
     for css in ("#1565c0", "#ff9800", "#8e24aa", "#c62828", "#e8f5e9"):   # whole, share, MIG, faulty, free
-        assert tuple(int(css[i:i + 2], 16) for i in (1, 3, 5)) in colours, css
+        assert pixels.get(tuple(int(css[i:i + 2], 16) for i in (1, 3, 5)), 0) > 14 * 14, css
+
+
+async def test_unavailable_admission_is_a_clear_error_page(tmp_path):
+    """No cluster: the page says which admission could not be reached, with a 503."""
+    with socket.socket() as s:   # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "gpusched.cli", "--endpoint", f"127.0.0.1:{port}", "dashboard", "--listen", "127.0.0.1:0",
+        env={**os.environ, "GPUSCHED_CONFIG": str(tmp_path / "no-config.yaml")},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
+    try:
+        line = (await asyncio.wait_for(proc.stdout.readline(), 60)).decode()
+        url = line.split()[2].rstrip("/")
+        status, body = await asyncio.to_thread(fetch, url + "/")
+        assert status == 503 and f"admission at 127.0.0.1:{port}: UNAVAILABLE" in body, body
+        page = Dom(await chromium(tmp_path, url + "/job/job-1", "--dump-dom")).root
+        assert f"127.0.0.1:{port}: UNAVAILABLE" in page.one("p", class_="error").content()
+        assert (await asyncio.to_thread(fetch, url + "/nothing"))[0] == 404
+    finally:
+        proc.terminate()
+        await proc.wait()
