@@ -8,7 +8,8 @@ from collections import defaultdict
 from html import escape
 from urllib.parse import quote
 
-from gpusched.dashboard.model import MIG_SLICES, Sample, Step, gpu_milli_used, gpu_state
+from gpusched.dashboard.model import (MIG_SLICES, Sample, Step, allocation, fragmentation, gpu_milli_used,
+                                      gpu_state)
 from gpusched.v1 import types_pb2
 
 STYLE = """
@@ -58,16 +59,17 @@ def overview(history: dict[str, list[Sample]], nodes: list[types_pb2.Node], jobs
 
 # --- pools ---------------------------------------------------------------------------------
 def pools_section(history: dict[str, list[Sample]], nodes: list[types_pb2.Node]) -> str:
-    counts: dict[str, int] = defaultdict(int)
+    """Each pool's figures now (from the nodes just read) and as sampled over time."""
+    members: dict[str, list[types_pb2.Node]] = defaultdict(list)
     for node in nodes:
-        counts[node.info.pool] += len(node.gpus)
+        members[node.info.pool].append(node)
     rows = []
-    for pool, samples in history.items():
-        last = samples[-1] if samples else Sample(0, 0, 0)
-        rows.append(f'<tr data-pool="{escape(pool)}"><th>{escape(pool)}</th><td>{counts.get(pool, 0)}</td>'
-                    f'<td class="allocation">{last.allocation:.0%}</td>'
-                    f'<td class="fragmentation">{last.fragmentation:.0%}</td>'
-                    f'<td>{chart(samples)}</td></tr>')
+    for pool in sorted(set(members) | set(history)):
+        now = members.get(pool, [])
+        rows.append(f'<tr data-pool="{escape(pool)}"><th>{escape(pool)}</th><td>{sum(len(n.gpus) for n in now)}</td>'
+                    f'<td class="allocation">{allocation(now):.0%}</td>'
+                    f'<td class="fragmentation">{fragmentation(now):.0%}</td>'
+                    f'<td>{chart(history.get(pool, []))}</td></tr>')
     return ('<h2>Pools</h2><table class="pools"><tr><th>Pool</th><th>GPUs</th><th>Allocated</th>'
             f'<th>Fragmentation</th><th>Over time (<span style="color:{ALLOCATION_COLOUR}">allocated</span>, '
             f'<span style="color:{FRAGMENTATION_COLOUR}">fragmentation</span>)</th></tr>{"".join(rows)}</table>')

@@ -72,3 +72,12 @@ def test_queue_lists_pending_jobs_oldest_first_and_counts_the_rest():
     html = pages.queues([job(1, pending, 5), job(2, types_pb2.JOB_PHASE_RUNNING, 1), job(3, pending, 2)], now=10)
     rows = [a["data-job"] for t, a in Tags(html).tags if t == "tr" and "data-job" in a]
     assert rows == ["job-3", "job-1"] and "1 running, 2 pending" in html and "<td>8s</td>" in html
+
+
+def test_pool_figures_are_the_nodes_now_and_the_chart_the_samples():
+    node = evil_node()   # its one GPU in use
+    html = pages.pools_section({EVIL: [Sample(1, 0.0, 0.0), Sample(2, 0.0, 0.0)], "gone": [Sample(1, 0.5, 0.5)]},
+                               [node])
+    assert '<td class="allocation">100%</td>' in html and '<td class="fragmentation">0%</td>' in html
+    assert [a["data-samples"] for t, a in Tags(html).tags if t == "svg"] == ["2", "1"]   # sorted by pool
+    assert '<tr data-pool="gone"><th>gone</th><td>0</td><td class="allocation">0%</td>' in html
