@@ -262,6 +262,7 @@ async def test_unavailable_admission_is_a_clear_error_page(tmp_path):
         page = Dom(await chromium(tmp_path, url + "/job/job-1", "--dump-dom")).root
         assert f"127.0.0.1:{port}: UNAVAILABLE" in page.one("p", class_="error").content()
         assert (await asyncio.to_thread(fetch, url + "/nothing"))[0] == 404
+        assert await asyncio.to_thread(fetch, url + "/healthz") == (200, "ok\n")
     finally:
         proc.terminate()
         await proc.wait()
