@@ -139,16 +139,16 @@ async def test_pages_in_headless_chromium(dashboard, tmp_path):
     cluster, agents, client, url = dashboard
     await client.cordon("node-2", "maintenance")   # the A100s
     # the H100s: 4 whole on one node; a share, a MIG slice and 2 whole GPUs on the other
-    submitted = {}
-    for batch in ((("big", dict(gpus=4)),),
-                  (("shared", dict(gpu_milli=250)), ("sliced", dict(mig="3g")), ("pair", dict(gpus=2)))):
-        ids = {name: (await client.submit(spec(name, "nlp", duration=600, models=("H100-80GB",), **kw))).job.job_id
-               for name, kw in batch}
-        running = await asyncio.wait_for(until(client, set(ids.values()), RUNNING), 120)
-        submitted.update(ids)
+    async def run(*jobs: tuple[str, dict]) -> dict[str, types_pb2.Job]:
+        ids = {(await client.submit(spec(name, "nlp", duration=600, models=("H100-80GB",), **kw))).job.job_id: name
+               for name, kw in jobs}
+        return {ids[j.job_id]: j for j in await asyncio.wait_for(until(client, set(ids), RUNNING), 120)}
+    full = (await run(("big", dict(gpus=4))))["big"].workers[0].node
+    running = await run(("shared", dict(gpu_milli=250)), ("sliced", dict(mig="3g")), ("pair", dict(gpus=2)))
     # a GPU of the pair's fails: the pair goes back to wait, with nowhere to go
-    pair = next(j for j in running if j.job_id == submitted["pair"])
+    pair = running["pair"]
     node, gpu = pair.workers[0].node, max(slot.index for slot in pair.workers[0].gpus)
+    assert node != full
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{agents[node].port}")
     await node_agent_pb2_grpc.NodeAgentServiceStub(channel).InjectGpuFault(
         node_agent_pb2.InjectGpuFaultRequest(gpu_index=gpu, xid=79))
@@ -177,11 +177,11 @@ async def test_pages_in_headless_chromium(dashboard, tmp_path):
     except TimeoutError:
         pytest.fail(f"no pending job or samples on the page:\n{last[0] if last else '(no page)'}")
 
-    assert page.one("head").one("title").content() == "gpusched dashboard"   # the job name's script did not run
+    assert page.one("head").one("title").content() == "gpusched dashboard"
     grid_rows = page.one("table", class_="grid").all("tr")
     grid = {(row.attrs["data-node"], cell.attrs["data-gpu"]): cell.attrs["data-state"]
             for row in grid_rows for cell in row.all("div", class_="gpu")}
-    assert [grid[("node-0", str(i))] for i in range(4)] == ["whole"] * 4
+    assert [grid[(full, str(i))] for i in range(4)] == ["whole"] * 4
     assert sorted(grid[(node, str(i))] for i in range(4)) == ["faulty", "free", "mig", "share"]
     assert grid[(node, str(gpu))] == "faulty"
     assert grid[("node-2", "0")] == grid[("node-2", "1")] == "free"
@@ -213,7 +213,7 @@ async def test_pages_in_headless_chromium(dashboard, tmp_path):
     assert len(pool.one("polyline", class_="allocation").attrs["points"].split()) >= 3
 
     # the job pages: fields and the timeline; markup in a reason shown as text, not run
-    job_page = await dom(tmp_path, f"{url}/job/{quote(submitted['shared'])}")
+    job_page = await dom(tmp_path, f"{url}/job/{quote(running['shared'].job_id)}")
     assert job_page.one("h1", class_="job-name").content() == "shared"
     assert job_page.one("td", class_="phase").content() == "Running"
     steps = [li.attrs["data-step"] for li in job_page.one("ol", class_="timeline").all("li")]
