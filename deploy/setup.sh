@@ -7,7 +7,8 @@
 #      skipped when built for the same sources; plain Python where it cannot build)
 #   4. the Kafka broker jars in the cache (deploy/kafka.sh fetch)
 # Needs: python3.11 (or python3 >= 3.11), Java 17+, Maven (for the Kafka jars); as root
-# it installs Java, Maven and PostgreSQL from Debian's packages where missing.
+# it installs Java, Maven, PostgreSQL and Chromium (the dashboard's browser tests) from
+# Debian's packages where missing.
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -22,6 +23,15 @@ if ! command -v java >/dev/null || ! command -v mvn >/dev/null; then
       openjdk-17-jre-headless maven >/dev/null
   else
     log "error: java and mvn are required (Java 17+, Maven 3)"; exit 1
+  fi
+fi
+# Chromium: the dashboard's tests load its pages in headless Chromium (docs/dashboard.md).
+if ! command -v chromium >/dev/null; then
+  if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null; then
+    log "installing Chromium with apt-get (for the dashboard's browser tests)"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+  else
+    log "warning: no chromium: the dashboard's browser tests will be skipped (apt-get install chromium)"
   fi
 fi
 

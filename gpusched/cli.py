@@ -11,6 +11,7 @@ from gpusched.ctl.jobs import cancel, describe, get, submit, watch
 from gpusched.ctl.nodes import cordon, top, uncordon
 from gpusched.ctl.policy import policy
 from gpusched.ctl.root import Root, State, connection_options
+from gpusched.dashboard.command import dashboard
 
 # Commands with parsers of their own: their arguments are handed on as given.
 COMMANDS = {
@@ -51,7 +52,7 @@ def cli(ctx: click.Context, config_path: str | None, context: str | None, **flag
     ctx.obj = State(flags, config_path, context)
 
 
-for command in (submit, get, describe, cancel, watch, top, cordon, uncordon, policy):
+for command in (submit, get, describe, cancel, watch, top, cordon, uncordon, policy, dashboard):
     cli.add_command(command)
 for name, (module, help_text) in COMMANDS.items():
     cli.add_command(_handed_on(name, module, help_text))

@@ -1,0 +1,83 @@
+"""The dashboard's HTML from hand-built API messages: everything user-given is escaped."""
+from __future__ import annotations
+
+from html.parser import HTMLParser
+
+from gpusched.dashboard import pages
+from gpusched.dashboard.model import Sample, Step
+from gpusched.v1 import types_pb2
+
+EVIL = "<script>alert(1)</script>\"'&"
+
+
+class Tags(HTMLParser):
+    def __init__(self, html: str) -> None:
+        super().__init__()
+        self.tags: list[tuple[str, dict]] = []
+        self.feed(html)
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append((tag, dict(attrs)))
+
+
+def evil_job(phase=types_pb2.JOB_PHASE_PENDING) -> types_pb2.Job:
+    return types_pb2.Job(job_id=EVIL, phase=phase, reason=EVIL, submitted_at=1.0,
+                         spec=types_pb2.JobSpec(name=EVIL, team=EVIL, pool=EVIL, priority_class=EVIL, workers=1,
+                                                resources=types_pb2.WorkerResources(mig_profile=EVIL)),
+                         workers=[types_pb2.WorkerAssignment(node=EVIL, gpus=[types_pb2.GpuSlot(index=0)])])
+
+
+def evil_node() -> types_pb2.Node:
+    return types_pb2.Node(info=types_pb2.NodeInfo(name=EVIL, pool=EVIL),
+                          status=types_pb2.NODE_STATUS_READY,
+                          gpus=[types_pb2.Gpu(info=types_pb2.GpuInfo(index=0, model=EVIL), healthy=True,
+                                              used_milli=1000)])
+
+
+def test_overview_escapes_names_teams_pools_and_reasons():
+    html = pages.overview({EVIL: [Sample(1, 0.5, 0.25)]}, [evil_node()],
+                          [evil_job(), evil_job(types_pb2.JOB_PHASE_RUNNING)], EVIL, 10)
+    assert "<script>" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    tags = Tags(html).tags
+    assert [t for t, _ in tags].count("script") == 0
+    links = [a["href"] for t, a in tags if t == "a"]
+    assert links == ["/job/%3Cscript%3Ealert%281%29%3C%2Fscript%3E%22%27%26"]
+    cell = next(a for t, a in tags if t == "div" and "gpu" in a.get("class", "").split())
+    assert cell["title"].endswith(f"({EVIL}, {EVIL})") and cell["data-state"] == "whole"   # attribute intact, escaped
+    assert next(a for t, a in tags if a.get("data-node"))["data-node"] == EVIL
+
+
+def test_job_page_escapes_and_lists_its_timeline():
+    html = pages.job_page(evil_job(), [Step(1.0, "Submitted"), Step(2.0, EVIL, EVIL)], now=5.0)
+    assert "<script>" not in html
+    tags = Tags(html).tags
+    assert [a["data-step"] for t, a in tags if t == "li" and "data-step" in a] == ["Submitted", EVIL]
+    assert ("title", {}) in tags and html.count("&lt;script&gt;") >= 5
+
+
+def test_chart_draws_both_series_across_the_sampled_time():
+    svg = pages.chart([Sample(0, 0.0, 1.0), Sample(5, 1.0, 0.0), Sample(10, 0.5, 0.5)], width=100, height=12)
+    polylines = {a["class"]: a["points"].split() for t, a in Tags(svg).tags if t == "polyline"}
+    assert polylines["allocation"] == ["0.0,11.0", "50.0,1.0", "100.0,6.0"]
+    assert polylines["fragmentation"] == ["0.0,1.0", "50.0,11.0", "100.0,6.0"]
+    assert "no samples yet" in pages.chart([])
+
+
+def test_queue_lists_pending_jobs_oldest_first_and_counts_the_rest():
+    def job(i: int, phase: int, t: float) -> types_pb2.Job:
+        return types_pb2.Job(job_id=f"job-{i}", phase=phase, submitted_at=t, reason=f"r{i}",
+                             spec=types_pb2.JobSpec(name=f"j{i}", team="nlp", pool="p", workers=1,
+                                                    resources=types_pb2.WorkerResources(gpus=1)))
+    pending = types_pb2.JOB_PHASE_PENDING
+    html = pages.queues([job(1, pending, 5), job(2, types_pb2.JOB_PHASE_RUNNING, 1), job(3, pending, 2)], now=10)
+    rows = [a["data-job"] for t, a in Tags(html).tags if t == "tr" and "data-job" in a]
+    assert rows == ["job-3", "job-1"] and "1 running, 2 pending" in html and "<td>8s</td>" in html
+
+
+def test_pool_figures_are_the_nodes_now_and_the_chart_the_samples():
+    node = evil_node()   # its one GPU in use
+    html = pages.pools_section({EVIL: [Sample(1, 0.0, 0.0), Sample(2, 0.0, 0.0)], "gone": [Sample(1, 0.5, 0.5)]},
+                               [node])
+    assert '<td class="allocation">100%</td>' in html and '<td class="fragmentation">0%</td>' in html
+    assert [a["data-samples"] for t, a in Tags(html).tags if t == "svg"] == ["2", "1"]   # sorted by pool
+    assert '<tr data-pool="gone"><th>gone</th><td>0</td><td class="allocation">0%</td>' in html
