@@ -13,6 +13,7 @@ COMMANDS = {
     "usage": ("gpusched.consumers.usage_report", "GPU-hours allocated vs used (measured), idle jobs"),
     "policy": ("gpusched.policy_cli", "read and set quotas, weights and allow-lists (docs/policy.md)"),
     "kafka-setup": ("gpusched.kafka_setup", "create a deployment's topics and ACLs (as the Kafka admin)"),
+    "relay": ("gpusched.relay", "node-agents' reports into the pool log (admission runs one too)"),
     "demo": ("gpusched.demo", "a local cluster, a mixed workload, and what happened"),
     "simulate": ("gpusched.sim.cli", "trace-driven simulator: `simulate static|dynamic ...`"),
 }

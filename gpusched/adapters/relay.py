@@ -1,0 +1,136 @@
+"""The relay: node-agents' reports into the pool log, each checked against the node that
+wrote it (docs/kafka-security.md, "What a node-agent can still forge").
+
+Each agent writes its events to ``<prefix>reports.<node>``, a topic only its own principal
+may write, so the topic name is the writer's identity, authenticated by the broker. The
+relay consumes every report topic in the consumer group ``<prefix>relay`` (replicas split
+the topics; a pattern subscription finds new nodes' topics within ``METADATA_MAX_AGE_MS``),
+checks each event with ``check_report`` against the state its ``LogFollower`` folded, and
+appends what passes to the pool log, keeping the agent's event id. What fails goes to the
+dead-letter topic with the reason; the relay goes on.
+
+Ordering: an agent reports only about what it saw in the log, so before checking a batch
+the relay waits until its fold covers the log as it was when the batch was read
+(``LogFollower.caught_up``): a WorkerStarted never meets a state without its JobPlaced.
+
+At least once, idempotent: a batch's offsets are committed only after the pool log
+acknowledged every event of it. A relay killed before that leaves them uncommitted and
+the next one (or another replica) reads them again; an event whose id the fold has seen
+is skipped, and one appended twice anyway is dropped by the reducer (same id).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from gpusched.adapters import codec
+from gpusched.adapters.eventlog import DeadLetters, EventPublisher, LogFollower, partition_for
+from gpusched.adapters.kafka_admin import TopicNames
+from gpusched.adapters.kafka_security import Where, client_args
+from gpusched.adapters.reports import check_report, node_of_topic, report_pattern
+
+log = logging.getLogger("gpusched.relay")
+# How soon a new node's report topic is seen (the pattern is matched against metadata,
+# refreshed this often): a new agent's registration waits at most about this long.
+METADATA_MAX_AGE_MS = 1000
+MAX_RECORDS = 500
+
+
+class Relay:
+    def __init__(self, bootstrap: Where, topics: TopicNames, partitions: int, follower: LogFollower,
+                 publisher: EventPublisher, dead_letters: DeadLetters, name: str) -> None:
+        self.topics = topics
+        self.partitions = partitions
+        self.follower = follower          # folds every partition of the pool log
+        self.publisher = publisher
+        self.dead_letters = dead_letters
+        self.name = name
+        self.counts = {"relayed": 0, "refused": 0, "seen": 0}
+        self._bootstrap = bootstrap
+        self._consumer: AIOKafkaConsumer | None = None
+        self._task: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        self._consumer = AIOKafkaConsumer(
+            **client_args(self._bootstrap), group_id=self.topics.prefix + "relay", client_id=self.name,
+            enable_auto_commit=False, auto_offset_reset="earliest", metadata_max_age_ms=METADATA_MAX_AGE_MS,
+            session_timeout_ms=10_000, heartbeat_interval_ms=1_000, rebalance_timeout_ms=10_000,
+        )
+        await self._consumer.start()
+        self._consumer.subscribe(pattern=report_pattern(self.topics.prefix))
+        self._task = asyncio.create_task(self._run(), name=f"relay-{self.name}")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        if self._consumer is not None:
+            await self._consumer.stop()
+
+    async def _run(self) -> None:
+        consumer = self._consumer
+        while True:
+            try:
+                batches = await consumer.getmany(timeout_ms=200, max_records=MAX_RECORDS)
+                if not batches:
+                    continue
+                await self.follower.caught_up()
+                for tp, records in batches.items():
+                    await self._relay_batch(tp, records)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                # Nothing of the failed batch is committed: read it again from the last
+                # commit (what was appended meanwhile is skipped or dropped as a duplicate).
+                log.exception("%s: relaying failed; reading the reports again", self.name)
+                await asyncio.sleep(0.5)
+                await self._rewind()
+
+    async def _relay_batch(self, tp: TopicPartition, records) -> None:
+        node = node_of_topic(self.topics.prefix, tp.topic)
+        acks = []
+        for record in records:
+            ack = await self._relay(node, record)
+            if ack is not None:
+                acks.append(ack)
+        await asyncio.gather(*acks)
+        try:
+            await self._consumer.commit({tp: records[-1].offset + 1})
+        except Exception as exc:   # revoked meanwhile: its new owner reads them again
+            log.warning("%s: could not commit %s up to %d (%r)", self.name, tp, records[-1].offset, exc)
+
+    async def _relay(self, node: str, record) -> asyncio.Future | None:
+        """Append one report (the future of its acknowledgement), or dead-letter it."""
+        try:
+            event, envelope = codec.decode(record.value)
+        except codec.DecodeError as exc:
+            return await self._refuse(record, f"report of node {node!r} does not decode: {exc}")
+        pool = envelope.pool
+        state = self.follower.states.get(partition_for(pool, self.partitions))
+        if state is None:
+            return await self._refuse(record, f"report of node {node!r} names no pool this relay follows")
+        if state.dedupe.seen(event.event_id):
+            self.counts["seen"] += 1   # relayed before a restart: already in the log
+            return None
+        reason = check_report(node, pool, event, state)
+        if reason:
+            return await self._refuse(record, f"report of node {node!r} refused: {reason}")
+        self.counts["relayed"] += 1
+        return await self.publisher.send(event, pool)
+
+    async def _refuse(self, record, reason: str) -> None:
+        self.counts["refused"] += 1
+        log.warning("%s: %s", self.name, reason)
+        await self.dead_letters.put(record, reason)
+        return None
+
+    async def _rewind(self) -> None:
+        consumer = self._consumer
+        for tp in consumer.assignment():
+            committed = await consumer.committed(tp)
+            if committed is None:
+                await consumer.seek_to_beginning(tp)
+            else:
+                consumer.seek(tp, committed)
