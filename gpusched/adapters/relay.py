@@ -11,7 +11,7 @@ dead-letter topic with the reason; the relay goes on.
 
 Ordering: an agent reports only about what it saw in the log, so before checking a batch
 the relay waits until its fold covers the log as it was when the batch was read
-(``LogFollower.caught_up``): a WorkerStarted never meets a state without its JobPlaced.
+(``_fold_caught_up``): a WorkerStarted never meets a state without its JobPlaced.
 
 At least once, idempotent: a batch's offsets are committed only after the pool log
 acknowledged every event of it. A relay killed before that leaves them uncommitted and
@@ -26,7 +26,7 @@ import logging
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from gpusched.adapters import codec
-from gpusched.adapters.eventlog import DeadLetters, EventPublisher, LogFollower, partition_for
+from gpusched.adapters.eventlog import DeadLetters, EventPublisher, LogFollower, Position, partition_for
 from gpusched.adapters.kafka_admin import TopicNames
 from gpusched.adapters.kafka_security import Where, client_args
 from gpusched.adapters.reports import check_report, node_of_topic, report_pattern
@@ -36,6 +36,12 @@ log = logging.getLogger("gpusched.relay")
 # refreshed this often): a new agent's registration waits at most about this long.
 METADATA_MAX_AGE_MS = 1000
 MAX_RECORDS = 500
+# aiokafka keeps one fetch in flight per broker, and a partition whose records were just
+# handed out is not in it: that partition's next report waits until the fetch of the
+# others returns, up to this long. With the default 500 ms a quiet cluster's reports
+# (a WorkerStarted, then its WorkerFinished) would wait that long; 20 ms bounds the wait
+# at the cost of at most 50 empty fetches a second when no node reports.
+FETCH_MAX_WAIT_MS = 20
 
 
 class Relay:
@@ -50,14 +56,23 @@ class Relay:
         self.counts = {"relayed": 0, "refused": 0, "seen": 0}
         self._bootstrap = bootstrap
         self._consumer: AIOKafkaConsumer | None = None
+        # Asks the pool log's end offsets. A client of its own: on a connection that also
+        # carries a long-polling fetch (the follower's, the reports'), the broker would
+        # answer it only after that fetch returns.
+        self._ends: AIOKafkaConsumer | None = None
         self._task: asyncio.Task | None = None
+        self._committing: asyncio.Task | None = None
 
     async def start(self) -> None:
         self._consumer = AIOKafkaConsumer(
             **client_args(self._bootstrap), group_id=self.topics.prefix + "relay", client_id=self.name,
             enable_auto_commit=False, auto_offset_reset="earliest", metadata_max_age_ms=METADATA_MAX_AGE_MS,
+            fetch_max_wait_ms=FETCH_MAX_WAIT_MS,
             session_timeout_ms=10_000, heartbeat_interval_ms=1_000, rebalance_timeout_ms=10_000,
         )
+        self._ends = AIOKafkaConsumer(**client_args(self._bootstrap), client_id=f"{self.name}-ends",
+                                      enable_auto_commit=False)
+        await self._ends.start()
         await self._consumer.start()
         self._consumer.subscribe(pattern=report_pattern(self.topics.prefix))
         self._task = asyncio.create_task(self._run(), name=f"relay-{self.name}")
@@ -66,8 +81,11 @@ class Relay:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
-        if self._consumer is not None:
-            await self._consumer.stop()
+        if self._committing is not None:
+            await asyncio.gather(self._committing, return_exceptions=True)
+        for client in (self._consumer, self._ends):
+            if client is not None:
+                await client.stop()
 
     async def _run(self) -> None:
         consumer = self._consumer
@@ -76,9 +94,8 @@ class Relay:
                 batches = await consumer.getmany(timeout_ms=200, max_records=MAX_RECORDS)
                 if not batches:
                     continue
-                await self.follower.caught_up()
-                for tp, records in batches.items():
-                    await self._relay_batch(tp, records)
+                await self._fold_caught_up()
+                await self._relay_batches(batches)
             except asyncio.CancelledError:
                 raise
             except Exception:
@@ -88,18 +105,35 @@ class Relay:
                 await asyncio.sleep(0.5)
                 await self._rewind()
 
-    async def _relay_batch(self, tp: TopicPartition, records) -> None:
-        node = node_of_topic(self.topics.prefix, tp.topic)
+    async def _fold_caught_up(self, timeout: float = 120.0) -> None:
+        """Wait until the fold covers every partition of the pool log as it is now."""
+        tps = [TopicPartition(self.topics.events, p) for p in self.follower.states]
+        for tp, end in (await self._ends.end_offsets(tps)).items():
+            if end > 0:
+                await self.follower.wait_applied(Position(tp.partition, end - 1), timeout)
+
+    async def _relay_batches(self, batches: dict) -> None:
+        """Relay every record fetched, then commit all of them in one request once the
+        pool log acknowledged every event appended."""
         acks = []
-        for record in records:
-            ack = await self._relay(node, record)
-            if ack is not None:
-                acks.append(ack)
+        for tp, records in batches.items():
+            node = node_of_topic(self.topics.prefix, tp.topic)
+            for record in records:
+                ack = await self._relay(node, record)
+                if ack is not None:
+                    acks.append(ack)
         await asyncio.gather(*acks)
+        # The commit goes on while the next batch is read and relayed; commits stay in order.
+        offsets = {tp: records[-1].offset + 1 for tp, records in batches.items()}
+        self._committing = asyncio.create_task(self._commit(self._committing, offsets))
+
+    async def _commit(self, previous: asyncio.Task | None, offsets: dict) -> None:
+        if previous is not None:
+            await previous
         try:
-            await self._consumer.commit({tp: records[-1].offset + 1})
-        except Exception as exc:   # revoked meanwhile: its new owner reads them again
-            log.warning("%s: could not commit %s up to %d (%r)", self.name, tp, records[-1].offset, exc)
+            await self._consumer.commit(offsets)
+        except Exception as exc:   # revoked meanwhile: their new owner reads them again
+            log.warning("%s: could not commit the reports relayed (%r)", self.name, exc)
 
     async def _relay(self, node: str, record) -> asyncio.Future | None:
         """Append one report (the future of its acknowledgement), or dead-letter it."""
@@ -128,6 +162,8 @@ class Relay:
 
     async def _rewind(self) -> None:
         consumer = self._consumer
+        if self._committing is not None:
+            await asyncio.gather(self._committing, return_exceptions=True)
         for tp in consumer.assignment():
             committed = await consumer.committed(tp)
             if committed is None:
