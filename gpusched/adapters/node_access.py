@@ -11,6 +11,7 @@ import asyncio
 import hashlib
 import secrets
 import time
+from dataclasses import replace
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError, for_code
@@ -19,7 +20,8 @@ from aiokafka.protocol.types import CompactArray, CompactBytes, CompactString, I
 
 from gpusched.adapters.kafka_acls import grant_node_acls
 from gpusched.adapters.kafka_admin import TopicNames, replication_for
-from gpusched.adapters.kafka_security import KafkaLoginRefused, Where, check_login, client_args, connection
+from gpusched.adapters.kafka_security import (KafkaConnection, KafkaLoginRefused, Where, check_login, client_args,
+                                              connection)
 from gpusched.adapters.reports import node_principal, report_topic
 
 _NOT_ALLOWED = {29, 31}   # TOPIC_AUTHORIZATION_FAILED, CLUSTER_AUTHORIZATION_FAILED
@@ -139,17 +141,19 @@ async def set_scram_password(admin_connection: Where, user: str, password: str) 
             raise PermissionError(f"creating Kafka user {name}: {for_code(code).__name__}: {message}")
 
 
-async def _until_login_works(conn, timeout_s: float) -> None:
-    """SCRAM users reach each broker through the metadata log: wait until one accepts it."""
+async def _until_login_works(conn: KafkaConnection, timeout_s: float) -> None:
+    """SCRAM users reach each broker through the metadata log: wait until every
+    bootstrap broker accepts the login."""
     deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            await check_login(conn)
-            return
-        except KafkaLoginRefused:
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.1)
+    for address in conn.bootstrap.split(","):
+        while True:
+            try:
+                await check_login(replace(conn, bootstrap=address.strip()))
+                break
+            except KafkaLoginRefused:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.1)
 
 
 async def delete_report_topics(admin_connection: Where, names: TopicNames, timeout_s: float = 30.0) -> None:
