@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import NamedTuple
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
@@ -30,6 +31,8 @@ from gpusched.adapters.eventlog import DeadLetters, EventPublisher, LogFollower,
 from gpusched.adapters.kafka_admin import TopicNames
 from gpusched.adapters.kafka_security import Where, client_args
 from gpusched.adapters.reports import check_report, node_of_topic, report_pattern
+from gpusched.core import events as ev
+from gpusched.core.state import ClusterState
 
 log = logging.getLogger("gpusched.relay")
 # How soon a new node's report topic is seen (the pattern is matched against metadata,
@@ -137,22 +140,14 @@ class Relay:
 
     async def _relay(self, node: str, record) -> asyncio.Future | None:
         """Append one report (the future of its acknowledgement), or dead-letter it."""
-        try:
-            event, envelope = codec.decode(record.value)
-        except codec.DecodeError as exc:
-            return await self._refuse(record, f"report of node {node!r} does not decode: {exc}")
-        pool = envelope.pool
-        state = self.follower.states.get(partition_for(pool, self.partitions))
-        if state is None:
-            return await self._refuse(record, f"report of node {node!r} names no pool this relay follows")
-        if state.dedupe.seen(event.event_id):
+        verdict = triage(node, record.value, self.follower.states, self.partitions)
+        if verdict.seen:
             self.counts["seen"] += 1   # relayed before a restart: already in the log
             return None
-        reason = check_report(node, pool, event, state)
-        if reason:
-            return await self._refuse(record, f"report of node {node!r} refused: {reason}")
+        if verdict.reason:
+            return await self._refuse(record, f"report of node {node!r} {verdict.reason}")
         self.counts["relayed"] += 1
-        return await self.publisher.send(event, pool)
+        return await self.publisher.send(verdict.event, verdict.pool)
 
     async def _refuse(self, record, reason: str) -> None:
         self.counts["refused"] += 1
@@ -170,3 +165,30 @@ class Relay:
                 await consumer.seek_to_beginning(tp)
             else:
                 consumer.seek(tp, committed)
+
+
+class Verdict(NamedTuple):
+    """What to do with one report: append ``event`` to ``pool``'s log, or skip it (``seen``:
+    the log has it), or dead-letter it (``reason``)."""
+
+    event: ev.Event | None = None
+    pool: str = ""
+    reason: str = ""
+    seen: bool = False
+
+
+def triage(node: str, value: bytes | None, states: dict[int, ClusterState], partitions: int) -> Verdict:
+    """The relay's decision on a record of ``node``'s report topic, given the folded state
+    of each pool-log partition. Pure."""
+    try:
+        event, envelope = codec.decode(value or b"")
+    except codec.DecodeError as exc:
+        return Verdict(reason=f"does not decode: {exc}")
+    pool = envelope.pool
+    state = states.get(partition_for(pool, partitions))
+    if state is None:
+        return Verdict(reason=f"names pool {pool!r}, whose log this relay does not follow")
+    if state.dedupe.seen(event.event_id):
+        return Verdict(event, pool, seen=True)
+    reason = check_report(node, pool, event, state)
+    return Verdict(event, pool, reason=f"refused: {reason}" if reason else "")

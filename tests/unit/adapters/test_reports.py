@@ -102,3 +102,23 @@ def test_names():
     for bad in ("", ".hidden", "a/b", "a b", "x" * 201, "é"):
         with pytest.raises(ValueError, match="node name"):
             check_node_name(bad)
+
+
+def test_the_relay_appends_skips_what_the_log_has_and_refuses_the_rest(log):
+    from gpusched.adapters import codec
+    from gpusched.adapters.eventlog import partition_for
+    from gpusched.adapters.relay import triage
+
+    states = {partition_for("default", 4): log.state}
+    start = _e(ev.WorkerStarted, job_id="j1", attempt=0, worker=0, node="n1")
+    verdict = triage("n1", codec.encode(start, "default"), states, 4)
+    assert (verdict.event, verdict.pool, verdict.reason, verdict.seen) == (start, "default", "", False)
+    # once its id is folded (a relay restarted before its commit reads it again): skipped
+    log.replay(start)
+    assert triage("n1", codec.encode(start, "default"), states, 4).seen
+    theirs = ev.WorkerStarted(event_id="r2", job_id="j1", attempt=0, worker=0, node="n1")
+    assert triage("n2", codec.encode(theirs, "default"), states, 4).reason == \
+        "refused: WorkerStarted about node 'n1' reported by node 'n2'"
+    assert triage("n1", b"\xff garbage", states, 4).reason.startswith("does not decode")
+    other = next(p for p in ("a", "b", "c", "d", "e") if partition_for(p, 4) not in states)
+    assert "whose log this relay does not follow" in triage("n1", codec.encode(start, other), states, 4).reason
