@@ -117,6 +117,8 @@ class LocalCluster:
 
     async def start(self, name: str, command: str, *args: str, timeout: float = 90.0,
                     principal: str = "") -> Service:
+        if command == "gpusched-node-agent" and not principal:   # its node's own login
+            principal = await self.add_node(args[list(args).index("--name") + 1])
         log_path = self.log_dir / f"{name}.log"
         log = open(log_path, "ab")
         proc = await asyncio.create_subprocess_exec(
@@ -151,9 +153,7 @@ class LocalCluster:
         return await self.start(name, "gpusched-preemptor", *args)
 
     async def agent(self, node: str, simulate: str = "8xH100-80GB", *args: str) -> Service:
-        principal = await self.add_node(node)
-        return await self.start(f"agent-{node}", "gpusched-node-agent", "--name", node, "--simulate", simulate, *args,
-                                principal=principal)
+        return await self.start(f"agent-{node}", "gpusched-node-agent", "--name", node, "--simulate", simulate, *args)
 
     async def add_node(self, node: str) -> str:
         """The node's principal, with its login, report topic and ACLs made the first time."""

@@ -40,6 +40,10 @@ _ENDING = (JobPhase.PREEMPTING, JobPhase.STOPPING)
 RELAY_WAIT_S = 120.0
 
 
+class RelayTimeout(RuntimeError):
+    """The node's registration did not come back into the pool log through the relay."""
+
+
 class NodeAgent:
     mig = None   # devices.MigManager on a node with dynamic MIG (set by main)
 
@@ -123,7 +127,7 @@ class NodeAgent:
             await self.publish(event)
             return await asyncio.wait_for(in_log, RELAY_WAIT_S)
         except asyncio.TimeoutError:
-            raise RuntimeError(f"the registration of {self.name} did not reach the pool log within "
+            raise RelayTimeout(f"the registration of {self.name} did not reach the pool log within "
                                f"{RELAY_WAIT_S:g}s: is a relay running (gpusched-admission, or gpusched relay)?"
                                ) from None
         finally:

@@ -18,7 +18,7 @@ from gpusched.adapters.tracing import setup_tracing
 from gpusched.config import add_kafka_args, add_security_args, kafka_settings, server_security
 from gpusched.core.model import NodeInfo
 from gpusched.v1 import node_agent_pb2_grpc
-from gpusched_node_agent.agent import NodeAgent
+from gpusched_node_agent.agent import NodeAgent, RelayTimeout
 from gpusched_node_agent.api import NodeAgentServicer
 from gpusched_node_agent.devices import MigManager, load_nvml, mps_running
 from gpusched_node_agent.usage import add_usage_args, usage_tasks
@@ -96,7 +96,10 @@ async def run(args: argparse.Namespace) -> None:
     server, port, health = await start_server(args.listen, [
         lambda s: node_agent_pb2_grpc.add_NodeAgentServiceServicer_to_server(servicer, s)], SERVICES, security)
     await follower.start()
-    await agent.join(follower)
+    try:
+        await agent.join(follower)
+    except RelayTimeout as exc:   # nothing relays our reports: say so, no traceback
+        raise SystemExit(f"{me}: {exc}") from None
     await set_serving(health, SERVICES)
     print(f"node-agent ready node={info.name} gpus={len(info.gpus)} simulated={info.simulated} port={port}", flush=True)
     stop = stop_event()
