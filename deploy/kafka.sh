@@ -332,7 +332,7 @@ java_cmd() {  # $1 = main class, rest = its args; logs go to the current node's 
 
 # One SCRAM user per service, the admin (super user: creates topics and ACLs) and
 # "nobody" (a valid login with no role: tests check it is refused everything).
-PRINCIPALS="admin admission placer preemptor node-agent billing audit nobody"
+PRINCIPALS="admin admission placer preemptor relay billing audit nobody"
 
 password_of() { awk -v u="$1" '$1 == u {print $2}' "$SECRETS/credentials"; }
 

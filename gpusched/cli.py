@@ -26,6 +26,7 @@ COMMANDS = {
     "audit-consumer": ("gpusched.consumers.stream:audit_main", "store who did what in the database (faust)"),
     "usage": ("gpusched.consumers.usage_report", "GPU-hours allocated vs used (measured), idle jobs"),
     "kafka-setup": ("gpusched.kafka_setup", "create a deployment's topics and ACLs (as the Kafka admin)"),
+    "relay": ("gpusched.relay", "node-agents' reports into the pool log (admission runs one too)"),
     "demo": ("gpusched.demo", "a local cluster, a mixed workload, and what happened"),
     "simulate": ("gpusched.sim.cli", "trace-driven simulator: `simulate static|dynamic ...`"),
 }

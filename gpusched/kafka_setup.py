@@ -1,11 +1,19 @@
 """``gpusched kafka-setup``: create a deployment's topics and its services' ACLs, as the
 Kafka admin principal (docs/kafka-security.md). Services do not create topics on a secured
 cluster: their principals may not. Run it once per topic prefix, and again after changing
-``--replication-factor``/``--min-insync-replicas`` (it reports what it cannot change)."""
+``--replication-factor``/``--min-insync-replicas`` (it reports what it cannot change).
+
+``--node NAME`` (repeatable) adds a node: its report topic and, on a secured cluster, its
+own SCRAM user ``node-agent.NAME`` with a new random password, written to
+``--node-secrets DIR/node-agent.NAME`` (mode 600), and its ACLs. Give that file to the
+node's agent (``--kafka-user node-agent.NAME --kafka-password-file ...``). Running it again
+for a node sets a new password: that is how a node's login is rotated or revoked."""
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+from pathlib import Path
 
 
 async def setup(args: argparse.Namespace) -> int:
@@ -22,12 +30,28 @@ async def setup(args: argparse.Namespace) -> int:
                                        replication_factor=settings.replication_factor,
                                        min_insync_replicas=settings.min_insync_replicas)
         acls = await grant_service_acls(conn, settings.topics) if conn.secured else 0
-    except (KafkaLoginRefused, TimeoutError, PermissionError, AclError) as exc:
+        nodes = [await _add_node(conn, settings.topics, node, Path(args.node_secrets)) for node in args.node]
+    except (KafkaLoginRefused, TimeoutError, PermissionError, AclError, ValueError) as exc:
         print(f"gpusched kafka-setup: {exc}")
         return 1
     print(f"topics {settings.topic_prefix}* ready on {conn}; {acls} ACLs"
-          + "".join(f"\n  {line}" for line in problems))
+          + "".join(f"\n  {line}" for line in problems) + "".join(f"\n  {line}" for line in nodes))
     return 0
+
+
+async def _add_node(conn, topics, node: str, secrets_dir: Path) -> str:
+    from gpusched.adapters.node_access import add_node
+    from gpusched.adapters.reports import node_principal, report_topic
+
+    password = await add_node(conn, topics, node)
+    if not conn.secured:
+        return f"node {node}: topic {report_topic(topics.prefix, node)}"
+    secrets_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path = secrets_dir / node_principal(node)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(password + "\n")
+    return f"node {node}: topic {report_topic(topics.prefix, node)}, user {node_principal(node)}, password in {path}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,4 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gpusched kafka-setup", description=__doc__.split("\n\n")[0])
     add_kafka_args(parser)
     parser.add_argument("--connect-timeout", type=float, default=60.0)
+    parser.add_argument("--node", action="append", default=[], metavar="NAME",
+                        help="add a node: its report topic, Kafka user node-agent.NAME and ACLs (repeatable)")
+    parser.add_argument("--node-secrets", default="node-secrets", metavar="DIR",
+                        help="where the nodes' new passwords are written, one file per user")
     return asyncio.run(setup(parser.parse_args(argv)))

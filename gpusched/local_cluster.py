@@ -12,7 +12,10 @@ its tokens, JWTs and (``mtls``) client certificates, and check its policy file
 On a secured cluster each service logs in to Kafka as its own principal
 (``gpusched.adapters.kafka_acls.GRANTS``): its password comes from ``credentials``
 (by default the ``credentials`` file next to the connection's CA, as deploy/kafka.sh
-writes them).
+writes them). Each node-agent logs in as its node's own principal ``node-agent.<node>``,
+made when the agent is first started (``gpusched.adapters.node_access.add_node``: this
+needs the cluster's connection to be the admin's, as the tests' is). Admission relays
+the agents' reports into the pool log; ``relay()`` starts one on its own.
 """
 from __future__ import annotations
 
@@ -27,15 +30,15 @@ from typing import TYPE_CHECKING
 
 from gpusched.adapters.kafka_admin import TopicNames
 from gpusched.adapters.kafka_security import Where, connection, load_credentials
+from gpusched.adapters.reports import node_principal
 
 if TYPE_CHECKING:
     from gpusched.adapters.dev_pki import DevPki
 
 BIN = Path(sys.executable).parent
-# The Kafka principal each service command logs in as.
+# The Kafka principal each service command logs in as (a node-agent: its node's own).
 PRINCIPALS = {"gpusched-admission": "admission", "gpusched-placer": "placer",
-              "gpusched-preemptor": "preemptor", "gpusched-node-agent": "node-agent",
-              "gpusched": "audit"}
+              "gpusched-preemptor": "preemptor", "gpusched": "audit"}
 
 
 @dataclass
@@ -112,11 +115,14 @@ class LocalCluster:
                 "GPUSCHED_JWKS_FILE": str(pki.jwks), "GPUSCHED_POLICY_FILE": str(pki.policy),
                 "GPUSCHED_TLS_CLIENT_CA": str(pki.ca) if self.mtls else ""}
 
-    async def start(self, name: str, command: str, *args: str, timeout: float = 90.0) -> Service:
+    async def start(self, name: str, command: str, *args: str, timeout: float = 90.0,
+                    principal: str = "") -> Service:
+        if command == "gpusched-node-agent" and not principal:   # its node's own login
+            principal = await self.add_node(args[list(args).index("--name") + 1])
         log_path = self.log_dir / f"{name}.log"
         log = open(log_path, "ab")
         proc = await asyncio.create_subprocess_exec(
-            str(BIN / command), *args, env=self._env(PRINCIPALS.get(command, "audit")),
+            str(BIN / command), *args, env=self._env(principal or PRINCIPALS.get(command, "audit")),
             stdout=asyncio.subprocess.PIPE, stderr=log)
         service = Service(name, proc, log_path=log_path)
         self.services.append(service)
@@ -148,6 +154,18 @@ class LocalCluster:
 
     async def agent(self, node: str, simulate: str = "8xH100-80GB", *args: str) -> Service:
         return await self.start(f"agent-{node}", "gpusched-node-agent", "--name", node, "--simulate", simulate, *args)
+
+    async def add_node(self, node: str) -> str:
+        """The node's principal, with its login, report topic and ACLs made the first time."""
+        from gpusched.adapters.node_access import add_node
+
+        principal = node_principal(node)
+        if self.connection.secured and principal not in self.credentials:
+            self.credentials[principal] = await add_node(self.connection, self.topics, node)
+        return principal
+
+    async def relay(self, name: str = "relay", *args: str) -> Service:
+        return await self.start(name, "gpusched", "relay", *args, principal="relay")
 
     async def stop_all(self) -> None:
         await asyncio.gather(*(s.terminate() for s in self.services), return_exceptions=True)

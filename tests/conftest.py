@@ -12,7 +12,9 @@
 * ``kafka_credentials`` (session): SCRAM user -> password of the secured broker (empty
   for a plaintext one); ``LocalCluster`` gives each service its own.
 * ``topics`` (function): a fresh, unique set of topics (``TopicNames``) per test, with
-  the services' ACLs on a secured broker, deleted again afterwards.
+  the services' ACLs on a secured broker, deleted again afterwards with the nodes'
+  report topics. Each node-agent gets its own login (``node-agent.<node>``) and report
+  topic from ``LocalCluster.agent`` (gpusched.adapters.node_access.add_node).
 * ``kafka_control`` (function): stop/kill/start the broker (only the broker this
   file started; skips with KAFKA_BOOTSTRAP_SERVERS). A test that leaves the
   broker down gets it restarted at teardown.
@@ -38,6 +40,7 @@ import pytest
 from gpusched.adapters.kafka_acls import grant_service_acls
 from gpusched.adapters.kafka_admin import TopicNames, delete_topics, ensure_topics
 from gpusched.adapters.kafka_security import KafkaConnection, load_credentials
+from gpusched.adapters.node_access import delete_report_topics
 
 REPO = Path(__file__).resolve().parents[1]
 KAFKA_SH = REPO / "deploy" / "kafka.sh"
@@ -234,6 +237,7 @@ async def topics(request: pytest.FixtureRequest, kafka_bootstrap: KafkaConnectio
         await grant_service_acls(kafka_bootstrap, names)
     yield names
     await delete_topics(kafka_bootstrap, names, timeout_s=10)   # best effort: no piling up partitions
+    await delete_report_topics(kafka_bootstrap, names, timeout_s=10)
 
 
 # --- PostgreSQL: the accounting database's production option (docs/audit-billing.md) ---

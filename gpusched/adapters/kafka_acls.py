@@ -3,14 +3,19 @@ what it needs (docs/kafka-security.md has the table and the reasons).
 
 The broker (``deploy/kafka.sh`` with ``GPUSCHED_KAFKA_SECURITY=sasl_ssl``) runs the
 ``StandardAuthorizer`` with ``allow.everyone.if.no.acl.found=false``: what no ACL allows
-is refused. ACLs name the topics of one prefix literally, so deployments (and tests)
-sharing a cluster under different prefixes cannot touch each other's topics.
+is refused. ACLs name the topics of one prefix literally (the report topics of one prefix
+by that prefix), so deployments (and tests) sharing a cluster under different prefixes
+cannot touch each other's topics.
+
+Node-agents log in one principal per node, ``node-agent.<node>``: ``node_acl_entries``
+lets each write only its own report topic (and the shared heartbeats and usage), never
+the pool log; the relay appends what it validated (``gpusched.adapters.relay``).
 """
 from __future__ import annotations
 
 import asyncio
 import time
-from collections import Counter
+from collections import defaultdict
 from dataclasses import dataclass
 
 from aiokafka.admin import AIOKafkaAdminClient
@@ -19,10 +24,11 @@ from aiokafka.protocol.api import Request
 
 from gpusched.adapters.kafka_admin import TopicNames
 from gpusched.adapters.kafka_security import Where, client_args
+from gpusched.adapters.reports import REPORTS, node_principal, report_topic
 
 # Kafka protocol codes (org.apache.kafka.common.acl / resource).
 _TOPIC, _GROUP, _CLUSTER = 2, 3, 4
-_LITERAL = 3
+_LITERAL, _PREFIXED = 3, 4
 _ALLOW = 3
 _ANY = 1
 READ, WRITE, DESCRIBE, DESCRIBE_CONFIGS, IDEMPOTENT_WRITE = 3, 4, 8, 10, 12
@@ -36,24 +42,43 @@ class Grant:
     reads: tuple[str, ...] = ()
     writes: tuple[str, ...] = ()
     groups: tuple[str, ...] = ()
+    reads_reports: bool = False   # every node's report topic of the prefix (the relay)
 
 
 # Read from the code: who produces to and consumes from which topic. Every writer also
 # dead-letters what it cannot apply. Billing and audit read only; "nobody" (a valid login
 # with no role) gets nothing, the admin is a super user (topics and ACLs).
 GRANTS: dict[str, Grant] = {
-    "admission": Grant(reads=("events",), writes=("events", "dead_letters")),
+    # Admission runs the relay (gpusched.adapters.relay) unless started with --no-relay.
+    "admission": Grant(reads=("events",), writes=("events", "dead_letters"), groups=("relay",),
+                       reads_reports=True),
     "placer": Grant(reads=("events", "snapshots"), writes=("events", "snapshots", "dead_letters"),
                     groups=("placer",)),
     # The preemptor's heartbeat monitor sends probe beats through the topic to know its
     # own consumer hears (gpusched/adapters/heartbeats.py), hence its write on heartbeats.
     "preemptor": Grant(reads=("events", "heartbeats"), writes=("events", "heartbeats", "dead_letters"),
                        groups=("preemptor",)),
-    "node-agent": Grant(reads=("events",), writes=("events", "heartbeats", "usage", "dead_letters")),
+    # The relay on its own (``gpusched relay``): what admission needs for it.
+    "relay": Grant(reads=("events",), writes=("events", "dead_letters"), groups=("relay",), reads_reports=True),
     # Their consumers (gpusched.consumers.stream) commit offsets in a group of their name.
     "billing": Grant(reads=("events", "usage"), groups=("billing",)),
     "audit": Grant(reads=("events", "heartbeats", "dead_letters", "snapshots", "usage"), groups=("audit",)),
 }
+
+
+# What every node's own principal gets besides its report topic: it folds its pool's log,
+# beats and measures (shared topics: see docs/kafka-security.md for what that leaves open).
+NODE_GRANT = Grant(reads=("events",), writes=("heartbeats", "usage", "dead_letters"))
+
+
+def node_acl_entries(names: TopicNames, node: str) -> list[tuple]:
+    """The ACLs of one node's principal: ``NODE_GRANT`` plus WRITE and DESCRIBE on its
+    own report topic, nothing on any other."""
+    principal = f"User:{node_principal(node)}"
+    topic = report_topic(names.prefix, node)
+    out = acl_entries(names, {node_principal(node): NODE_GRANT})
+    out += [(_TOPIC, topic, _LITERAL, principal, "*", op, _ALLOW) for op in (DESCRIBE, DESCRIBE_CONFIGS, WRITE)]
+    return out
 
 
 def acl_entries(names: TopicNames, grants: dict[str, Grant] = GRANTS) -> list[tuple]:
@@ -63,6 +88,9 @@ def acl_entries(names: TopicNames, grants: dict[str, Grant] = GRANTS) -> list[tu
     out = []
     for user, grant in grants.items():
         principal = f"User:{user}"
+        if grant.reads_reports:
+            reports = names.prefix + REPORTS
+            out += [(_TOPIC, reports, _PREFIXED, principal, "*", op, _ALLOW) for op in (READ, DESCRIBE)]
         for attr in names_all_attrs():
             for op in (DESCRIBE, DESCRIBE_CONFIGS):
                 out.append((_TOPIC, getattr(names, attr), _LITERAL, principal, "*", op, _ALLOW))
@@ -97,8 +125,8 @@ class _CreateAcls(Request[CreateAclsRequest_v1]):
 class _DescribeAcls(Request[DescribeAclsRequest_v1]):
     API_KEY = 29
 
-    def __init__(self, resource_type: int, name: str) -> None:
-        self._filter = (resource_type, name, _LITERAL, None, None, _ANY, _ANY)
+    def __init__(self, resource_type: int, name: str, pattern: int = _LITERAL) -> None:
+        self._filter = (resource_type, name, pattern, None, None, _ANY, _ANY)
 
     def build(self, request_struct_class: type[DescribeAclsRequest_v1]) -> DescribeAclsRequest_v1:
         return request_struct_class(*self._filter)
@@ -111,14 +139,23 @@ class AclError(RuntimeError):
 async def grant_service_acls(admin_connection: Where, names: TopicNames, timeout_s: float = 30.0) -> int:
     """Create the ACLs of ``GRANTS`` for the topics of ``names`` (idempotent: an existing
     ACL is created again without error). Needs the admin principal. Returns how many."""
-    entries = acl_entries(names)
+    return await create_acls(admin_connection, acl_entries(names), names.prefix + "*", timeout_s)
+
+
+async def grant_node_acls(admin_connection: Where, names: TopicNames, node: str, timeout_s: float = 30.0) -> int:
+    """Create the ACLs of one node's principal (``node_acl_entries``); needs the admin."""
+    return await create_acls(admin_connection, node_acl_entries(names, node), node_principal(node), timeout_s)
+
+
+async def create_acls(admin_connection: Where, entries: list[tuple], what: str, timeout_s: float = 30.0) -> int:
+    """Create ``entries`` and wait until every broker shows them; how many."""
     admin = AIOKafkaAdminClient(**client_args(admin_connection), request_timeout_ms=15000)
     try:
         await admin.start()
         response = await admin._send_request(_CreateAcls(entries))
         errors = [(code, msg) for code, msg in response.creation_responses if code]
         if errors:
-            raise AclError(f"creating {len(entries)} ACLs for {names.prefix}*: {errors[0]}")
+            raise AclError(f"creating {len(entries)} ACLs for {what}: {errors[0]}")
         await _until_every_broker_has(admin, entries, timeout_s)
     finally:
         await admin.close()
@@ -129,13 +166,16 @@ async def _until_every_broker_has(admin: AIOKafkaAdminClient, entries: list[tupl
     """ACLs reach each broker's authorizer through the metadata log, a little after the
     controller accepted them: wait until every broker lists them all, so that a service
     started next is not refused by a broker that lags."""
-    want = Counter((e[0], e[1]) for e in entries)
+    want: dict[tuple, set] = defaultdict(set)
+    for rtype, name, pattern, principal, _, op, _ in entries:
+        want[(rtype, name, pattern)].add((principal, op))
     deadline = time.monotonic() + timeout_s
     for broker in admin._client.cluster.brokers():
-        for (rtype, name), count in want.items():
+        for (rtype, name, pattern), acls in want.items():
             while True:
-                reply = await admin._send_request(_DescribeAcls(rtype, name), broker.nodeId)
-                if sum(len(r[3]) for r in reply.resources) >= count:
+                reply = await admin._send_request(_DescribeAcls(rtype, name, pattern), broker.nodeId)
+                shown = {(acl[0], acl[2]) for r in reply.resources for acl in r[3]}
+                if acls <= shown:
                     break
                 if time.monotonic() > deadline:
                     raise AclError(f"broker {broker.nodeId} does not show the ACLs of {name} after {timeout_s}s")

@@ -10,6 +10,7 @@ import uuid
 
 from gpusched.adapters.eventlog import EventPublisher, LogFollower
 from gpusched.adapters.grpc_server import set_serving, start_server
+from gpusched.adapters.relay import Relay
 from gpusched.adapters.service import connect, instance_id, stop_event
 from gpusched.adapters.tracing import setup_tracing
 from gpusched.config import (DEFAULT_JOB_RETENTION_S, add_kafka_args, add_security_args, kafka_settings,
@@ -62,12 +63,19 @@ async def run(args: argparse.Namespace) -> None:
     await follower.caught_up()
     await record_retention(follower, publisher, me, args.job_retention)
     await bootstrap_policy(follower, publisher, me, settings.partitions, args.quotas)
+    # Admission already folds every pool's log: the relay of node reports checks against it.
+    relay = None if args.no_relay else Relay(settings.connection, settings.topics, settings.partitions,
+                                             follower, publisher, dead_letters, me)
+    if relay is not None:
+        await relay.start()
     await set_serving(health, SERVICES)
     log.info("admission %s serving on port %d", me, port)
     print(f"admission ready port={port}", flush=True)
     await stop_event().wait()
     await set_serving(health, SERVICES, False)
     await server.stop(grace=2)
+    if relay is not None:
+        await relay.stop()
     await follower.stop()
     await publisher.stop()
 
@@ -113,6 +121,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="JSON file of org/team guarantees, limits and weights: written into each partition's "
                              "log whose log holds no policy yet (a bootstrap; docs/policy.md)")
     add_limit_args(parser)
+    parser.add_argument("--no-relay", action="store_true",
+                        help="do not relay node-agents' reports into the pool log (run `gpusched relay` instead)")
     asyncio.run(run(parser.parse_args(argv)))
 
 

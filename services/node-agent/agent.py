@@ -21,6 +21,7 @@ import uuid
 from pathlib import Path
 
 from gpusched.adapters.eventlog import EventPublisher, LogFollower
+from gpusched.adapters.reports import send_report
 from gpusched.core import events as ev
 from gpusched.core.model import EXIT_LOST, JobPhase, NodeInfo, NodeStatus, WorkerAssignment
 from gpusched.core.state import ClusterState, JobState
@@ -35,15 +36,25 @@ log = logging.getLogger("gpusched.node_agent")
 Key = tuple[str, int, int]   # (job id, attempt, worker)
 _RUNS = (JobPhase.PLACED, JobPhase.RUNNING)
 _ENDING = (JobPhase.PREEMPTING, JobPhase.STOPPING)
+# How long a registration may take to come back through the relay into the pool log.
+RELAY_WAIT_S = 120.0
+
+
+class RelayTimeout(RuntimeError):
+    """The node's registration did not come back into the pool log through the relay."""
 
 
 class NodeAgent:
     mig = None   # devices.MigManager on a node with dynamic MIG (set by main)
 
-    def __init__(self, info: NodeInfo, publisher: EventPublisher, me: str, *, state_dir: Path,
+    def __init__(self, info: NodeInfo, publisher: EventPublisher, me: str, *, report_topic: str, state_dir: Path,
                  grace_s: float = 10.0, real_processes: bool = False) -> None:
         self.info = info
         self.publisher = publisher
+        # Our events go to this node's own topic; the relay appends them to the pool log
+        # (gpusched.adapters.relay). The agent may not write the pool log itself.
+        self.report_topic = report_topic
+        self._in_log: dict[str, asyncio.Future] = {}   # event id -> its fold's state, once relayed
         self.me = me
         self.grace_s = grace_s                   # the kill deadline: SIGTERM, then SIGKILL
         self.state_dir = Path(state_dir)
@@ -69,13 +80,13 @@ class NodeAgent:
         return cls(event_id=uuid.uuid4().hex, time=time.time(), producer=self.me, **fields)
 
     async def publish(self, event) -> None:
-        """Append, retrying through broker outages: a lost WorkerFinished would leave the
+        """Report, retrying through broker outages: a lost WorkerFinished would leave the
         job holding GPUs forever. The event id stays the same, so a retry that lands
         twice is dropped by the reducer."""
         delay = 0.2
         while True:
             try:
-                await self.publisher.publish(event, self.info.pool)
+                await send_report(self.publisher, self.report_topic, event, self.info.pool)
                 return
             except asyncio.CancelledError:
                 raise
@@ -108,8 +119,19 @@ class NodeAgent:
             await self._report_gone(key, why, end.signal if end else 0)
 
     async def _register(self) -> ClusterState:
-        pos = await self.publisher.publish(self._event(ev.NodeRegistered, node=self.info), self.info.pool)
-        return await self.follower.wait_applied(pos)
+        """Report the node and wait until the relay put it in the pool log and the fold
+        applied it (found by its event id), so what follows sees the node registered."""
+        event = self._event(ev.NodeRegistered, node=self.info)
+        in_log = self._in_log[event.event_id] = asyncio.get_running_loop().create_future()
+        try:
+            await self.publish(event)
+            return await asyncio.wait_for(in_log, RELAY_WAIT_S)
+        except asyncio.TimeoutError:
+            raise RelayTimeout(f"the registration of {self.name} did not reach the pool log within "
+                               f"{RELAY_WAIT_S:g}s: is a relay running (gpusched-admission, or gpusched relay)?"
+                               ) from None
+        finally:
+            self._in_log.pop(event.event_id, None)
 
     async def _report_gone(self, key: Key, reason: str, signal: int = 0) -> None:
         """A worker of ours that is not (or no longer) running, ended by infrastructure.
@@ -133,6 +155,9 @@ class NodeAgent:
 
     # --- reacting to the log --------------------------------------------------------
     def on_event(self, partition: int, offset: int, event, outcome, state: ClusterState) -> None:
+        waiting = self._in_log.get(event.event_id) if self._in_log else None
+        if waiting is not None and not waiting.done():
+            waiting.set_result(state)
         if not self.live or not outcome.accepted:
             return
         if isinstance(event, ev.NodeLost) and event.node == self.name and self._returning is None:

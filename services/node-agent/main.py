@@ -12,12 +12,13 @@ from gpusched.adapters.eventlog import LogFollower, partition_for
 from gpusched.adapters.gpu_health import NvmlWatch, SimulatedNvml
 from gpusched.adapters.gpu_inventory import InventoryError, nvml_gpus, simulated_gpus
 from gpusched.adapters.grpc_server import set_serving, start_server
+from gpusched.adapters.node_access import ensure_report_topic
 from gpusched.adapters.service import connect, stop_event
 from gpusched.adapters.tracing import setup_tracing
 from gpusched.config import add_kafka_args, add_security_args, kafka_settings, server_security
 from gpusched.core.model import NodeInfo
 from gpusched.v1 import node_agent_pb2_grpc
-from gpusched_node_agent.agent import NodeAgent
+from gpusched_node_agent.agent import NodeAgent, RelayTimeout
 from gpusched_node_agent.api import NodeAgentServicer
 from gpusched_node_agent.devices import MigManager, load_nvml, mps_running
 from gpusched_node_agent.usage import add_usage_args, usage_tasks
@@ -77,9 +78,15 @@ async def run(args: argparse.Namespace) -> None:
         raise SystemExit(f"gpusched-node-agent: {exc}")
     me = f"node-agent-{info.name}-{info.agent_id}"
     publisher, dead_letters = await connect(settings, me)
+    try:
+        report_topic = await ensure_report_topic(settings.connection, settings.topics, info.name,
+                                                 replication_factor=settings.replication_factor,
+                                                 min_insync_replicas=settings.min_insync_replicas)
+    except (PermissionError, ValueError) as exc:   # not set up for this node: say how
+        raise SystemExit(f"{me}: {exc}") from None
     state_dir = Path(args.state_dir or Path(tempfile.gettempdir()) / f"gpusched-node-{info.name}")
     state_dir.mkdir(parents=True, exist_ok=True)
-    agent = NodeAgent(info, publisher, me, state_dir=state_dir, grace_s=args.grace,
+    agent = NodeAgent(info, publisher, me, report_topic=report_topic, state_dir=state_dir, grace_s=args.grace,
                       real_processes=real_processes(args))
     agent.mig = MigManager(info, nvml) if info.dynamic_mig else None
     backend = SimulatedNvml() if info.simulated else NvmlWatch(len(info.gpus), nvml=nvml)
@@ -89,7 +96,10 @@ async def run(args: argparse.Namespace) -> None:
     server, port, health = await start_server(args.listen, [
         lambda s: node_agent_pb2_grpc.add_NodeAgentServiceServicer_to_server(servicer, s)], SERVICES, security)
     await follower.start()
-    await agent.join(follower)
+    try:
+        await agent.join(follower)
+    except RelayTimeout as exc:   # nothing relays our reports: say so, no traceback
+        raise SystemExit(f"{me}: {exc}") from None
     await set_serving(health, SERVICES)
     print(f"node-agent ready node={info.name} gpus={len(info.gpus)} simulated={info.simulated} port={port}", flush=True)
     stop = stop_event()

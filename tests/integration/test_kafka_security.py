@@ -16,6 +16,8 @@ from aiokafka.errors import ClusterAuthorizationFailedError, TopicAuthorizationF
 
 from gpusched.adapters.kafka_admin import TopicNames, delete_topics, ensure_topics
 from gpusched.adapters.kafka_security import KafkaConnection, KafkaLoginRefused, check_login, client_args
+from gpusched.adapters.node_access import add_node, delete_report_topics
+from gpusched.adapters.reports import node_principal, report_topic
 from gpusched.local_cluster import BIN, LocalCluster
 
 
@@ -92,15 +94,20 @@ async def test_billing_reads_but_cannot_write(secured, topics):
         await _write(billing, topics.events, idempotent=True)
 
 
-async def test_the_node_agent_writes_only_where_agents_report(secured, topics):
-    agent = secured("node-agent")
-    for topic in (topics.events, topics.heartbeats, topics.usage):
+async def test_a_node_agent_writes_only_its_report_topic_and_the_shared_beats(secured, kafka_bootstrap, topics):
+    password = await add_node(kafka_bootstrap, topics, "n1")
+    agent = secured(node_principal("n1"), password)
+    for topic in (report_topic(topics.prefix, "n1"), topics.heartbeats, topics.usage):
         await _write(agent, topic, idempotent=True)
-    for topic in (topics.snapshots,):
+    assert await _read(agent, topics.events) == 0   # it folds its pool's log
+    await add_node(kafka_bootstrap, topics, "n2")
+    for topic in (topics.events, topics.snapshots, report_topic(topics.prefix, "n2")):
         with pytest.raises(TopicAuthorizationFailedError):
             await _write(agent, topic)
     with pytest.raises(TopicAuthorizationFailedError):
         await _read(agent, topics.usage)   # no reading the fleet's measurements either
+    with pytest.raises(KafkaLoginRefused):   # its own password only
+        await check_login(secured(node_principal("n1"), "not-its-password"))
 
 
 async def test_a_principal_without_a_role_writes_and_reads_nothing(secured, topics):
@@ -134,9 +141,9 @@ async def test_acls_name_the_prefix_so_one_deployment_cannot_write_anothers(secu
         await delete_topics(secured("admin"), other, timeout_s=10)
 
 
-async def _kafka_setup(conn: KafkaConnection, prefix: str) -> tuple[int, str]:
+async def _kafka_setup(conn: KafkaConnection, prefix: str, *more: str) -> tuple[int, str]:
     proc = await asyncio.create_subprocess_exec(
-        str(BIN / "gpusched"), "kafka-setup", "--topic-prefix", prefix, "--log-level", "ERROR",
+        str(BIN / "gpusched"), "kafka-setup", "--topic-prefix", prefix, "--log-level", "ERROR", *more,
         env={**os.environ, **conn.env()}, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
     out, _ = await asyncio.wait_for(proc.communicate(), 120)
     return proc.returncode, out.decode()
@@ -149,16 +156,23 @@ async def test_kafka_setup_as_the_admin_is_what_services_need(secured, kafka_boo
     assert rc == 1 and "may not create it: run `gpusched kafka-setup` as the admin first" in out, out
     assert "Traceback" not in out
     try:
-        rc, out = await _kafka_setup(secured("admin"), names.prefix)
+        rc, out = await _kafka_setup(secured("admin"), names.prefix, "--node", "n7",
+                                     "--node-secrets", str(tmp_path / "nodes"))
         assert rc == 0 and f"topics {names.prefix}* ready" in out, out
+        secret = tmp_path / "nodes" / "node-agent.n7"
+        assert f"user node-agent.n7, password in {secret}" in out, out
+        assert secret.stat().st_mode & 0o777 == 0o600
         cluster = LocalCluster(kafka_bootstrap, names, tmp_path)
+        cluster.credentials["node-agent.n7"] = secret.read_text().strip()
         try:
             await cluster.admission()   # logs in as "admission": the ACLs made by the command suffice
             await cluster.placer()
+            await cluster.agent("n7")   # with the login the command made: registered through the relay
         finally:
             await cluster.stop_all()
     finally:
         await delete_topics(secured("admin"), names, timeout_s=10)
+        await delete_report_topics(secured("admin"), names, timeout_s=10)
 
 
 async def test_billing_consumer_runs_as_its_read_only_principal(secured, kafka_bootstrap, topics, tmp_path):

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpusched.adapters.kafka_acls import (DESCRIBE, DESCRIBE_CONFIGS, GRANTS, IDEMPOTENT_WRITE, READ, WRITE,
-                                          acl_entries)
+                                          acl_entries, node_acl_entries)
 from gpusched.adapters.kafka_admin import TopicNames, replication_for, topic_specs
 from gpusched.adapters.kafka_security import KafkaConnection, client_args, connection, load_credentials
 from gpusched.config import add_kafka_args, kafka_settings
@@ -112,27 +112,42 @@ def test_nobody_and_unknown_principals_get_nothing():
     assert "nobody" not in GRANTS and not _ops("nobody")
 
 
-def test_node_agents_cannot_write_snapshots_nor_read_usage():
-    agent = _ops("node-agent")
-    assert (names.snapshots, WRITE) not in agent and (names.usage, READ) not in agent
-    assert {(names.events, WRITE), (names.heartbeats, WRITE), (names.usage, WRITE)} <= agent
+def test_no_shared_node_agent_login_is_granted():
+    assert "node-agent" not in GRANTS and not _ops("node-agent")
+
+
+def test_a_node_writes_its_own_report_topic_and_not_the_pool_log():
+    node = {(e[1], e[5]) for e in node_acl_entries(names, "n1") if e[3] == "User:node-agent.n1"}
+    assert len(node) == len(node_acl_entries(names, "n1"))   # all of them for that principal
+    assert {("x.reports.n1", WRITE), (names.events, READ), (names.heartbeats, WRITE), (names.usage, WRITE)} <= node
+    assert (names.events, WRITE) not in node and (names.snapshots, WRITE) not in node
+    assert not {t for t, op in node if op == WRITE and t.startswith("x.reports.") and t != "x.reports.n1"}
+    assert all(e[2] == 3 for e in node_acl_entries(names, "n1"))   # LITERAL only
+
+
+def test_only_the_relays_read_every_report_topic():
+    readers = {e[3] for e in acl_entries(names) if e[1] == "x.reports." and e[2] == 4 and e[5] == READ}
+    assert readers == {"User:admission", "User:relay"}
 
 
 @given(st.sampled_from(sorted(GRANTS)))
 def test_acls_name_only_this_prefixs_topics_and_groups(user):
     for entry in acl_entries(names):
         if entry[3] == f"User:{user}" and entry[5] != IDEMPOTENT_WRITE:
-            assert entry[1].startswith(names.prefix) and entry[2] == 3   # LITERAL, never a wildcard
+            assert entry[1].startswith(names.prefix)
+            # LITERAL, never a wildcard; PREFIXED only for the report topics of this prefix
+            assert entry[2] == 3 or (entry[2] == 4 and entry[1] == names.prefix + "reports.")
             assert entry[5] in (READ, WRITE, DESCRIBE, DESCRIBE_CONFIGS)
 
 
 def test_local_cluster_gives_each_service_its_own_login(tmp_path):
     from gpusched.local_cluster import PRINCIPALS, LocalCluster
 
-    (tmp_path / "credentials").write_text("admin a\nplacer p\nnode-agent n\n")
+    (tmp_path / "credentials").write_text("admin a\nplacer p\nnode-agent.n1 n\n")
     admin = KafkaConnection("h:1", "SASL_SSL", "admin", "a", str(tmp_path / "ca.pem"))
     cluster = LocalCluster(admin, TopicNames("p."), tmp_path / "logs")
-    env = cluster.kafka_env(PRINCIPALS["gpusched-node-agent"])
-    assert (env["GPUSCHED_KAFKA_USER"], env["GPUSCHED_KAFKA_PASSWORD"]) == ("node-agent", "n")
+    env = cluster.kafka_env("node-agent.n1")
+    assert (env["GPUSCHED_KAFKA_USER"], env["GPUSCHED_KAFKA_PASSWORD"]) == ("node-agent.n1", "n")
+    assert PRINCIPALS["gpusched-placer"] == "placer"
     assert cluster.kafka_env("placer")["GPUSCHED_KAFKA_PASSWORD"] == "p"
     assert "GPUSCHED_KAFKA_USER" not in LocalCluster("h:1", TopicNames("p."), tmp_path / "l2").kafka_env("placer")

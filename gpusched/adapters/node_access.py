@@ -1,0 +1,171 @@
+"""What one node needs on the broker: its report topic, and on a secured cluster its own
+Kafka login (SCRAM user ``node-agent.<node>``) with its ACLs (docs/kafka-security.md).
+
+``add_node`` runs as the admin (``gpusched kafka-setup --node NAME``, the tests'
+``LocalCluster``); ``ensure_report_topic`` is also what an agent calls at start, which on
+a plaintext cluster creates its topic and on a secured one only finds it.
+"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import secrets
+import time
+from dataclasses import replace
+
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import TopicAlreadyExistsError, for_code
+from aiokafka.protocol.api import Request, RequestStruct, Response
+from aiokafka.protocol.types import CompactArray, CompactBytes, CompactString, Int8, Int16, Int32, Schema, TaggedFields
+
+from gpusched.adapters.kafka_acls import grant_node_acls
+from gpusched.adapters.kafka_admin import TopicNames, replication_for
+from gpusched.adapters.kafka_security import (KafkaConnection, KafkaLoginRefused, Where, check_login, client_args,
+                                              connection)
+from gpusched.adapters.reports import node_principal, report_topic
+
+_NOT_ALLOWED = {29, 31}   # TOPIC_AUTHORIZATION_FAILED, CLUSTER_AUTHORIZATION_FAILED
+_MECHANISMS = {"SCRAM-SHA-256": (1, "sha256"), "SCRAM-SHA-512": (2, "sha512")}
+SCRAM_ITERATIONS = 8192   # Kafka's minimum for SCRAM-SHA-512 is 4096
+REPORT_RETENTION_MS = 7 * 24 * 3600 * 1000   # reports are relayed within seconds; a week to look back
+
+
+async def ensure_report_topic(where: Where, names: TopicNames, node: str, *, replication_factor: int = 0,
+                              min_insync_replicas: int = 0, timeout_s: float = 60.0) -> str:
+    """The node's report topic (one partition: its reports stay in order), created when
+    missing. PermissionError when this principal may not create it (a secured cluster
+    where ``gpusched kafka-setup --node`` was not run)."""
+    topic = report_topic(names.prefix, node)
+    admin = AIOKafkaAdminClient(**client_args(where), request_timeout_ms=15000)
+    deadline = time.monotonic() + timeout_s
+    try:
+        await admin.start()
+        if topic in set(await admin.list_topics()):
+            return topic
+        brokers = len((await admin.describe_cluster()).get("brokers") or ())
+        rf, isr = replication_for(brokers, replication_factor, min_insync_replicas)
+        spec = NewTopic(topic, 1, rf, topic_configs={"retention.ms": str(REPORT_RETENTION_MS),
+                                                     "min.insync.replicas": str(isr)})
+        while True:
+            resp = await admin.create_topics([spec], timeout_ms=15000)
+            _, code, *rest = resp.topic_errors[0]
+            if code == 0 or for_code(code) is TopicAlreadyExistsError:
+                break
+            if code in _NOT_ALLOWED:
+                raise PermissionError(f"topic {topic} does not exist and this Kafka principal may not create it: "
+                                      f"run `gpusched kafka-setup --node {node}` as the admin first")
+            if time.monotonic() > deadline:
+                raise for_code(code)(f"creating topic {topic!r}: {rest[0] if rest else ''}")
+            await asyncio.sleep(0.5)
+        while not any(t.get("partitions") and all(p["leader"] >= 0 for p in t["partitions"])
+                      for t in await admin.describe_topics([topic]) if t["error_code"] == 0):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"topic {topic} not ready after {timeout_s}s")
+            await asyncio.sleep(0.2)
+        return topic
+    finally:
+        await admin.close()
+
+
+async def add_node(admin_connection: Where, names: TopicNames, node: str, password: str = "",
+                   timeout_s: float = 30.0) -> str:
+    """As the admin: the node's report topic, its SCRAM user with ``password`` (a random
+    one when empty) and its ACLs; returns the password. Idempotent: running it again
+    sets the password anew."""
+    admin = connection(admin_connection)
+    await ensure_report_topic(admin, names, node)
+    if not admin.secured:
+        return ""
+    password = password or secrets.token_hex(16)
+    await set_scram_password(admin, node_principal(node), password)
+    await grant_node_acls(admin, names, node, timeout_s)
+    await _until_login_works(admin.as_user(node_principal(node), password), timeout_s)
+    return password
+
+
+class _UpsertResponse(Response):
+    API_KEY = 51
+    API_VERSION = 0
+    SCHEMA = Schema(
+        ("throttle_time_ms", Int32),
+        ("results", CompactArray(("user", CompactString("utf-8")), ("error_code", Int16),
+                                 ("error_message", CompactString("utf-8")), ("tags", TaggedFields))),
+        ("tags", TaggedFields),
+    )
+
+
+class _UpsertRequest_v0(RequestStruct):
+    # AlterUserScramCredentials v0 (KIP-554), which aiokafka does not ship.
+    FLEXIBLE_VERSION = True
+    API_KEY = 51
+    API_VERSION = 0
+    RESPONSE_TYPE = _UpsertResponse
+    SCHEMA = Schema(
+        ("deletions", CompactArray(("name", CompactString("utf-8")), ("mechanism", Int8), ("tags", TaggedFields))),
+        ("upsertions", CompactArray(("name", CompactString("utf-8")), ("mechanism", Int8), ("iterations", Int32),
+                                    ("salt", CompactBytes), ("salted_password", CompactBytes),
+                                    ("tags", TaggedFields))),
+        ("tags", TaggedFields),
+    )
+
+
+class _Upsert(Request[_UpsertRequest_v0]):
+    API_KEY = 51
+
+    def __init__(self, upsertions: list[tuple]) -> None:
+        self._upsertions = upsertions
+
+    def build(self, request_struct_class: type[_UpsertRequest_v0]) -> _UpsertRequest_v0:
+        return request_struct_class([], self._upsertions, {})
+
+
+def salted_upsertion(user: str, password: str, mechanism: str = "SCRAM-SHA-512") -> tuple:
+    """The upsertion entry: the broker stores only the salted password (RFC 5802's Hi)."""
+    code, digest = _MECHANISMS[mechanism]
+    salt = secrets.token_bytes(32)
+    salted = hashlib.pbkdf2_hmac(digest, password.encode(), salt, SCRAM_ITERATIONS)
+    return (user, code, SCRAM_ITERATIONS, salt, salted, {})
+
+
+async def set_scram_password(admin_connection: Where, user: str, password: str) -> None:
+    """Create or update a SCRAM user (the connection's mechanism); needs the admin."""
+    conn = connection(admin_connection)
+    admin = AIOKafkaAdminClient(**client_args(conn), request_timeout_ms=15000)
+    try:
+        await admin.start()
+        reply = await admin._send_request(_Upsert([salted_upsertion(user, password, conn.sasl_mechanism)]))
+    finally:
+        await admin.close()
+    for name, code, message, _ in reply.results:
+        if code:
+            raise PermissionError(f"creating Kafka user {name}: {for_code(code).__name__}: {message}")
+
+
+async def _until_login_works(conn: KafkaConnection, timeout_s: float) -> None:
+    """SCRAM users reach each broker through the metadata log: wait until every
+    bootstrap broker accepts the login."""
+    deadline = time.monotonic() + timeout_s
+    for address in conn.bootstrap.split(","):
+        while True:
+            try:
+                await check_login(replace(conn, bootstrap=address.strip()))
+                break
+            except KafkaLoginRefused:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.1)
+
+
+async def delete_report_topics(admin_connection: Where, names: TopicNames, timeout_s: float = 30.0) -> None:
+    """Delete a prefix's report topics (tests and benchmarks, like ``delete_topics``); best effort."""
+    admin = AIOKafkaAdminClient(**client_args(admin_connection), request_timeout_ms=int(timeout_s * 1000))
+    try:
+        await asyncio.wait_for(admin.start(), timeout_s)
+        head = names.prefix + "reports."
+        topics = [t for t in await admin.list_topics() if t.startswith(head)]
+        if topics:
+            await admin.delete_topics(topics)
+    except Exception:   # a broker already gone: nothing to clean on it
+        pass
+    finally:
+        await admin.close()

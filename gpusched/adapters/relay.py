@@ -1,0 +1,194 @@
+"""The relay: node-agents' reports into the pool log, each checked against the node that
+wrote it (docs/kafka-security.md, "What a node-agent can still forge").
+
+Each agent writes its events to ``<prefix>reports.<node>``, a topic only its own principal
+may write, so the topic name is the writer's identity, authenticated by the broker. The
+relay consumes every report topic in the consumer group ``<prefix>relay`` (replicas split
+the topics; a pattern subscription finds new nodes' topics within ``METADATA_MAX_AGE_MS``),
+checks each event with ``check_report`` against the state its ``LogFollower`` folded, and
+appends what passes to the pool log, keeping the agent's event id. What fails goes to the
+dead-letter topic with the reason; the relay goes on.
+
+Ordering: an agent reports only about what it saw in the log, so before checking a batch
+the relay waits until its fold covers the log as it was when the batch was read
+(``_fold_caught_up``): a WorkerStarted never meets a state without its JobPlaced.
+
+At least once, idempotent: a batch's offsets are committed only after the pool log
+acknowledged every event of it. A relay killed before that leaves them uncommitted and
+the next one (or another replica) reads them again; an event whose id the fold has seen
+is skipped, and one appended twice anyway is dropped by the reducer (same id).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import NamedTuple
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from gpusched.adapters import codec
+from gpusched.adapters.eventlog import DeadLetters, EventPublisher, LogFollower, Position, partition_for
+from gpusched.adapters.kafka_admin import TopicNames
+from gpusched.adapters.kafka_security import Where, client_args
+from gpusched.adapters.reports import check_report, node_of_topic, report_pattern
+from gpusched.core import events as ev
+from gpusched.core.state import ClusterState
+
+log = logging.getLogger("gpusched.relay")
+# How soon a new node's report topic is seen (the pattern is matched against metadata,
+# refreshed this often): a new agent's registration waits at most about this long.
+METADATA_MAX_AGE_MS = 1000
+MAX_RECORDS = 500
+# aiokafka keeps one fetch in flight per broker, and a partition whose records were just
+# handed out is not in it: that partition's next report waits until the fetch of the
+# others returns, up to this long. With the default 500 ms a quiet cluster's reports
+# (a WorkerStarted, then its WorkerFinished) would wait that long; 20 ms bounds the wait
+# at the cost of at most 50 empty fetches a second when no node reports.
+FETCH_MAX_WAIT_MS = 20
+
+
+class Relay:
+    def __init__(self, bootstrap: Where, topics: TopicNames, partitions: int, follower: LogFollower,
+                 publisher: EventPublisher, dead_letters: DeadLetters, name: str) -> None:
+        self.topics = topics
+        self.partitions = partitions
+        self.follower = follower          # folds every partition of the pool log
+        self.publisher = publisher
+        self.dead_letters = dead_letters
+        self.name = name
+        self.counts = {"relayed": 0, "refused": 0, "seen": 0}
+        self._bootstrap = bootstrap
+        self._consumer: AIOKafkaConsumer | None = None
+        # Asks the pool log's end offsets. A client of its own: on a connection that also
+        # carries a long-polling fetch (the follower's, the reports'), the broker would
+        # answer it only after that fetch returns.
+        self._ends: AIOKafkaConsumer | None = None
+        self._task: asyncio.Task | None = None
+        self._committing: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        self._consumer = AIOKafkaConsumer(
+            **client_args(self._bootstrap), group_id=self.topics.prefix + "relay", client_id=self.name,
+            enable_auto_commit=False, auto_offset_reset="earliest", metadata_max_age_ms=METADATA_MAX_AGE_MS,
+            fetch_max_wait_ms=FETCH_MAX_WAIT_MS,
+            session_timeout_ms=10_000, heartbeat_interval_ms=1_000, rebalance_timeout_ms=10_000,
+        )
+        self._ends = AIOKafkaConsumer(**client_args(self._bootstrap), client_id=f"{self.name}-ends",
+                                      enable_auto_commit=False)
+        await self._ends.start()
+        await self._consumer.start()
+        self._consumer.subscribe(pattern=report_pattern(self.topics.prefix))
+        self._task = asyncio.create_task(self._run(), name=f"relay-{self.name}")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        if self._committing is not None:
+            await asyncio.gather(self._committing, return_exceptions=True)
+        for client in (self._consumer, self._ends):
+            if client is not None:
+                await client.stop()
+
+    async def _run(self) -> None:
+        consumer = self._consumer
+        while True:
+            try:
+                batches = await consumer.getmany(timeout_ms=200, max_records=MAX_RECORDS)
+                if not batches:
+                    continue
+                await self._fold_caught_up()
+                await self._relay_batches(batches)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                # Nothing of the failed batch is committed: read it again from the last
+                # commit (what was appended meanwhile is skipped or dropped as a duplicate).
+                log.exception("%s: relaying failed; reading the reports again", self.name)
+                await asyncio.sleep(0.5)
+                await self._rewind()
+
+    async def _fold_caught_up(self, timeout: float = 120.0) -> None:
+        """Wait until the fold covers every partition of the pool log as it is now."""
+        tps = [TopicPartition(self.topics.events, p) for p in self.follower.states]
+        for tp, end in (await self._ends.end_offsets(tps)).items():
+            if end > 0:
+                await self.follower.wait_applied(Position(tp.partition, end - 1), timeout)
+
+    async def _relay_batches(self, batches: dict) -> None:
+        """Relay every record fetched, then commit all of them in one request once the
+        pool log acknowledged every event appended."""
+        acks = []
+        for tp, records in batches.items():
+            node = node_of_topic(self.topics.prefix, tp.topic)
+            for record in records:
+                ack = await self._relay(node, record)
+                if ack is not None:
+                    acks.append(ack)
+        await asyncio.gather(*acks)
+        # The commit goes on while the next batch is read and relayed; commits stay in order.
+        offsets = {tp: records[-1].offset + 1 for tp, records in batches.items()}
+        self._committing = asyncio.create_task(self._commit(self._committing, offsets))
+
+    async def _commit(self, previous: asyncio.Task | None, offsets: dict) -> None:
+        if previous is not None:
+            await previous
+        try:
+            await self._consumer.commit(offsets)
+        except Exception as exc:   # revoked meanwhile: their new owner reads them again
+            log.warning("%s: could not commit the reports relayed (%r)", self.name, exc)
+
+    async def _relay(self, node: str, record) -> asyncio.Future | None:
+        """Append one report (the future of its acknowledgement), or dead-letter it."""
+        verdict = triage(node, record.value, self.follower.states, self.partitions)
+        if verdict.seen:
+            self.counts["seen"] += 1   # relayed before a restart: already in the log
+            return None
+        if verdict.reason:
+            return await self._refuse(record, f"report of node {node!r} {verdict.reason}")
+        self.counts["relayed"] += 1
+        return await self.publisher.send(verdict.event, verdict.pool)
+
+    async def _refuse(self, record, reason: str) -> None:
+        self.counts["refused"] += 1
+        log.warning("%s: %s", self.name, reason)
+        await self.dead_letters.put(record, reason)
+        return None
+
+    async def _rewind(self) -> None:
+        consumer = self._consumer
+        if self._committing is not None:
+            await asyncio.gather(self._committing, return_exceptions=True)
+        for tp in consumer.assignment():
+            committed = await consumer.committed(tp)
+            if committed is None:
+                await consumer.seek_to_beginning(tp)
+            else:
+                consumer.seek(tp, committed)
+
+
+class Verdict(NamedTuple):
+    """What to do with one report: append ``event`` to ``pool``'s log, or skip it (``seen``:
+    the log has it), or dead-letter it (``reason``)."""
+
+    event: ev.Event | None = None
+    pool: str = ""
+    reason: str = ""
+    seen: bool = False
+
+
+def triage(node: str, value: bytes | None, states: dict[int, ClusterState], partitions: int) -> Verdict:
+    """The relay's decision on a record of ``node``'s report topic, given the folded state
+    of each pool-log partition. Pure."""
+    try:
+        event, envelope = codec.decode(value or b"")
+    except codec.DecodeError as exc:
+        return Verdict(reason=f"does not decode: {exc}")
+    pool = envelope.pool
+    state = states.get(partition_for(pool, partitions))
+    if state is None:
+        return Verdict(reason=f"names pool {pool!r}, whose log this relay does not follow")
+    if state.dedupe.seen(event.event_id):
+        return Verdict(event, pool, seen=True)
+    reason = check_report(node, pool, event, state)
+    return Verdict(event, pool, reason=f"refused: {reason}" if reason else "")

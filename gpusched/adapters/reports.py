@@ -1,0 +1,106 @@
+"""Node-agent reports: each agent writes its events to its own topic,
+``<prefix>reports.<node>``, which only its principal may write (docs/kafka-security.md).
+The relay (``gpusched.adapters.relay``) appends to the pool log only what ``check_report``
+lets through: the kinds of event an agent emits, about its own node's work.
+
+The checks are pure: they read a ``ClusterState`` and an event, nothing else, so they are
+tested without a broker (tests/unit/adapters/test_reports.py).
+"""
+from __future__ import annotations
+
+import re
+
+from gpusched.core import events as ev
+from gpusched.core.state import ClusterState
+
+REPORTS = "reports."
+# Kafka topic names allow [a-zA-Z0-9._-] and at most 249 characters; the node's name is
+# the last part of its report topic and of its principal ``node-agent.<node>``.
+_NODE_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,199}")
+
+# Events about one attempt's workers; the other agent kinds are about the node itself.
+_ATTEMPT_KINDS = (ev.WorkerStarted, ev.WorkerFinished, ev.AttemptFailed, ev.CheckpointSaved, ev.RendezvousSet)
+AGENT_KINDS = (ev.NodeRegistered, ev.GpuHealthChanged, *_ATTEMPT_KINDS)
+
+
+def check_node_name(node: str) -> str:
+    """The name, or ValueError naming what a report topic and principal cannot carry."""
+    if not _NODE_NAME.fullmatch(node):
+        raise ValueError(f"node name {node!r}: a node's report topic and Kafka principal need 1-200 characters "
+                         "of A-Z a-z 0-9 . _ - (not starting with a dot)")
+    return node
+
+
+def report_topic(prefix: str, node: str) -> str:
+    return f"{prefix}{REPORTS}{check_node_name(node)}"
+
+
+def node_principal(node: str) -> str:
+    """The Kafka user a node's agent logs in as."""
+    return f"node-agent.{check_node_name(node)}"
+
+
+def report_pattern(prefix: str) -> str:
+    """The regular expression of every report topic of a deployment (the relay subscribes to it)."""
+    return "^" + re.escape(prefix + REPORTS) + r"[A-Za-z0-9._-]+$"
+
+
+def node_of_topic(prefix: str, topic: str) -> str:
+    """The node a report topic belongs to: the broker authenticated its writer."""
+    head = prefix + REPORTS
+    return topic[len(head):] if topic.startswith(head) else ""
+
+
+def check_report(node: str, pool: str, event: ev.Event, state: ClusterState) -> str:
+    """Why ``event``, read from ``node``'s report topic with ``pool`` in its envelope, may
+    not enter the pool log whose folded state is ``state`` (the partition of ``pool``);
+    '' when it may. Ownership only: whether the event is still current (a stale attempt,
+    a health already known) is the reducer's call, as for any event."""
+    if not isinstance(event, AGENT_KINDS):
+        return f"{type(event).__name__} is not an event a node-agent reports"
+    if isinstance(event, ev.NodeRegistered):
+        info = event.node
+        if info.name != node:
+            return f"NodeRegistered of node {info.name!r} on the report topic of node {node!r}"
+        if info.pool != pool:
+            return f"NodeRegistered of pool {info.pool!r} sent to the log of pool {pool!r}"
+        return ""
+    registered = state.nodes.get(node)
+    if registered is None or registered.info.pool != pool:
+        return f"node {node!r} is not registered in pool {pool!r}"
+    if isinstance(event, ev.GpuHealthChanged):
+        return "" if event.node == node else f"GpuHealthChanged of node {event.node!r} reported by node {node!r}"
+    return _check_attempt(node, event, state)
+
+
+def _check_attempt(node: str, event, state: ClusterState) -> str:
+    kind = type(event).__name__
+    named = getattr(event, "node", node)   # CheckpointSaved and AttemptFailed name no node
+    if named != node:
+        return f"{kind} about node {named!r} reported by node {node!r}"
+    job = state.jobs.get(event.job_id)
+    if job is None:
+        return f"{kind} of job {event.job_id!r}, which is not in this pool's log"
+    if event.attempt != job.attempt:
+        return f"{kind} of attempt {event.attempt} of job {event.job_id!r}, which is at attempt {job.attempt}"
+    workers = [w.worker for w in job.workers if w.node == node]
+    if isinstance(event, (ev.WorkerStarted, ev.WorkerFinished)):
+        ok = event.worker in workers
+        what = f"worker {event.worker} of"
+    elif isinstance(event, ev.RendezvousSet):
+        ok = 0 in workers
+        what = "worker 0 of"
+    else:
+        ok = bool(workers)
+        what = "a worker of"
+    return "" if ok else f"{kind}: {what} job {event.job_id!r} attempt {event.attempt} is not placed on node {node!r}"
+
+
+async def send_report(publisher, topic: str, event: ev.Event, pool: str) -> None:
+    """Write one event to a node's report topic (keyed and enveloped with its pool, as in
+    the pool log); returns once the broker acknowledged it. ``publisher`` is the
+    agent's ``EventPublisher``."""
+    from gpusched.adapters import codec
+    from gpusched.adapters.tracing import current_context
+
+    await publisher.send_raw(topic, codec.encode(event, pool, current_context()), key=pool.encode())

@@ -1,0 +1,37 @@
+"""``gpusched relay``: node-agents' reports into the pool log, on its own
+(``gpusched.adapters.relay``). Admission runs the same relay unless started with
+``--no-relay``; run this where the relay should scale or fail apart from the job API.
+Replicas share the work through the consumer group ``<prefix>relay``."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+
+
+async def run(args: argparse.Namespace) -> None:
+    from gpusched.adapters.eventlog import LogFollower
+    from gpusched.adapters.relay import Relay
+    from gpusched.adapters.service import connect, instance_id, stop_event
+    from gpusched.config import kafka_settings
+
+    settings = kafka_settings(args)
+    me = instance_id("relay")
+    publisher, dead_letters = await connect(settings, me)
+    follower = LogFollower(settings.connection, settings.topics, me, dead_letters, freeze_state=True)
+    await follower.start()
+    await follower.caught_up()
+    relay = Relay(settings.connection, settings.topics, settings.partitions, follower, publisher, dead_letters, me)
+    await relay.start()
+    print(f"relay ready name={me}", flush=True)
+    await stop_event().wait()
+    await relay.stop()
+    await follower.stop()
+    await publisher.stop()
+
+
+def main(argv: list[str] | None = None) -> None:
+    from gpusched.config import add_kafka_args
+
+    parser = argparse.ArgumentParser(prog="gpusched relay", description=__doc__.split("\n\n")[0])
+    add_kafka_args(parser)
+    asyncio.run(run(parser.parse_args(argv)))

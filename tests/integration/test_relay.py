@@ -1,0 +1,155 @@
+"""Node-agents report through the relay (docs/kafka-security.md, "What a node-agent can
+still forge"): with one node's Kafka login nothing about another node, another job or the
+cluster's policy reaches the pool log, and the relay loses and doubles no report when it
+is killed -9 in the middle of them."""
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections import Counter
+
+import pytest
+from aiokafka import AIOKafkaProducer
+from aiokafka.errors import TopicAuthorizationFailedError
+
+from gpusched.adapters import codec
+from gpusched.adapters.eventlog import partition_for
+from gpusched.adapters.kafka_security import client_args
+from gpusched.adapters.reports import node_principal, report_topic
+from gpusched.client import Client, spec
+from gpusched.core import events as ev
+from gpusched.core.model import EXIT_LOST
+from gpusched.core.reducer import apply
+from gpusched.core.state import ClusterState
+from gpusched.local_cluster import LocalCluster
+from gpusched.v1 import admission_pb2, events_pb2, types_pb2
+from tests.integration.logcheck import check_log, read_log
+from tests.unit.core.builders import make_spec
+
+SUCCEEDED, RUNNING = types_pb2.JOB_PHASE_SUCCEEDED, types_pb2.JOB_PHASE_RUNNING
+
+
+async def _write(conn, topic: str, values: list[bytes], pool: str = "default") -> list[int]:
+    """Records as an agent's producer writes them (idempotent, acks=all); their offsets."""
+    producer = AIOKafkaProducer(**client_args(conn), acks="all", enable_idempotence=True, request_timeout_ms=10_000)
+    await producer.start()
+    try:
+        return [(await producer.send_and_wait(topic, v, key=pool.encode())).offset for v in values]
+    finally:
+        await producer.stop()
+
+
+async def _dead_letters(conn, topics, source: str, count: int, timeout: float = 60.0) -> dict[int, str]:
+    """The dead letters of records of ``source`` (offset -> reason), once there are ``count``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        letters = [events_pb2.DeadLetter.FromString(v)
+                   for vs in (await read_log(conn, topics, topics.dead_letters)).values() for _, v in vs]
+        found = {letter.offset: letter.reason for letter in letters if letter.source_topic == source}
+        if len(found) >= count or time.monotonic() > deadline:
+            return found
+        await asyncio.sleep(0.2)   # polls the topic: the relay writes letters asynchronously
+
+
+def _forge(cls, **fields) -> ev.Event:
+    return cls(event_id=f"forged-{uuid.uuid4().hex}", time=time.time(), producer="node-agent-x", **fields)
+
+
+async def test_one_nodes_login_cannot_forge_events_about_others(kafka_bootstrap, topics, tmp_path):
+    if not kafka_bootstrap.secured:
+        pytest.skip("the broker's ACLs are what this checks: the test broker is plaintext")
+    cluster = LocalCluster(kafka_bootstrap, topics, tmp_path)
+    try:
+        admission = await cluster.admission()
+        await cluster.placer()
+        await asyncio.gather(cluster.agent("n1", "2xH100-80GB"), cluster.agent("n2", "2xH100-80GB"))
+        client = Client(f"127.0.0.1:{admission.port}")
+        victim = (await client.submit(spec("victim", "team-a", gpus=2, duration=300))).job.job_id
+        job = await _until_running(client, victim)
+        on = job.workers[0].node
+        thief = "n1" if on == "n2" else "n2"
+        login = kafka_bootstrap.as_user(node_principal(thief), cluster.credentials[node_principal(thief)])
+
+        # The broker refuses the pool log and another node's report topic outright.
+        with pytest.raises(TopicAuthorizationFailedError):
+            await _write(login, topics.events, [b"forged"])
+        with pytest.raises(TopicAuthorizationFailedError):
+            await _write(login, report_topic(topics.prefix, on), [b"forged"])
+
+        # Through its own report topic, the relay refuses each, naming what is wrong.
+        forged = {
+            "about node": _forge(ev.WorkerFinished, job_id=victim, attempt=job.attempt, worker=0, node=on,
+                                 exit_code=EXIT_LOST),
+            "is not placed on node": _forge(ev.WorkerFinished, job_id=victim, attempt=job.attempt, worker=0,
+                                            node=thief, exit_code=0),
+            "WorkerStarted about node": _forge(ev.WorkerStarted, job_id=victim, attempt=job.attempt, worker=0, node=on),
+            "JobPlaced is not an event a node-agent reports": _forge(ev.JobPlaced, job_id=victim,
+                                                                     attempt=job.attempt, workers=()),
+            "JobSubmitted is not an event a node-agent reports": _forge(ev.JobSubmitted, job_id="forged-job",
+                                                                        spec=make_spec()),
+            "NodeCordoned is not an event a node-agent reports": _forge(ev.NodeCordoned, node=on),
+        }
+        own = report_topic(topics.prefix, thief)
+        offsets = await _write(login, own, [codec.encode(e, "default") for e in forged.values()])
+        letters = await _dead_letters(kafka_bootstrap, topics, own, len(forged))
+        for offset, (why, event) in zip(offsets, forged.items()):
+            assert why in letters.get(offset, ""), (type(event).__name__, letters)
+
+        # The cluster goes on: a legit job runs to its end, the victim still runs.
+        legit = (await client.submit(spec("legit", "team-a", gpus=1, duration=0.2))).job.job_id
+        (done,) = await client.wait_terminal({legit})
+        assert done.phase == SUCCEEDED
+        assert (await client.get(victim)).phase == RUNNING
+        assert all(s.alive for s in cluster.services)
+        await client.close()
+    finally:
+        await cluster.stop_all()
+
+    pool_log = await read_log(kafka_bootstrap, topics)
+    ids = {codec.decode(v)[0].event_id for records in pool_log.values() for _, v in records}
+    assert not {e.event_id for e in forged.values()} & ids
+    assert check_log(pool_log).violations == []
+
+
+async def _until_running(client: Client, job_id: str):
+    stream = client.jobs.WatchJobs(admission_pb2.WatchJobsRequest())
+    try:
+        async for update in stream:
+            if update.job.job_id == job_id and update.job.phase == RUNNING:
+                return update.job
+    finally:
+        stream.cancel()
+
+
+async def test_a_relay_killed_mid_reports_loses_and_doubles_none(kafka_bootstrap, topics, tmp_path):
+    cluster = LocalCluster(kafka_bootstrap, topics, tmp_path)
+    try:
+        admission = await cluster.admission("admission", 0, "--no-relay")
+        relay = await cluster.relay()
+        await cluster.placer()
+        await asyncio.gather(*(cluster.agent(f"n{i}", "4xH100-80GB") for i in range(2)))
+        client = Client(f"127.0.0.1:{admission.port}")
+        specs = [spec(f"j{i}", "team-a", gpus=1, duration=0.3 + (i % 5) * 0.1) for i in range(80)]
+        job_ids = {r.job.job_id for r in await asyncio.gather(*(client.submit(s) for s in specs))}
+        await client.wait_terminal(set(sorted(job_ids)[:1]))   # reports are flowing: kill it amid them
+        await relay.kill9()
+        await cluster.relay("relay-2")
+        jobs = await client.wait_terminal(job_ids, timeout=300)
+        assert sorted(j.phase for j in jobs) == [SUCCEEDED] * len(job_ids), [j.reason for j in jobs]
+        await client.close()
+    finally:
+        await cluster.stop_all()
+
+    pool_log = await read_log(kafka_bootstrap, topics)
+    assert check_log(pool_log).violations == []
+    applied: Counter = Counter()
+    for partition, records in pool_log.items():
+        state = ClusterState()
+        for _, value in records:
+            event = codec.decode(value)[0]
+            if apply(state, event).accepted and isinstance(event, (ev.WorkerStarted, ev.WorkerFinished)):
+                applied[(type(event).__name__, event.job_id, event.attempt, event.worker)] += 1
+    # every worker of every job started and finished once, at its first attempt
+    expected = {(kind, job_id, 0, 0) for job_id in job_ids for kind in ("WorkerStarted", "WorkerFinished")}
+    assert set(applied) == expected and set(applied.values()) == {1}

@@ -1,0 +1,124 @@
+"""What the relay lets into the pool log from a node's report topic (gpusched.adapters.reports):
+the kinds of event an agent emits, about that node's own work. Pure: no broker."""
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gpusched.adapters.reports import (AGENT_KINDS, check_node_name, check_report, node_of_topic, node_principal,
+                                       report_pattern, report_topic)
+from gpusched.core import events as ev
+from gpusched.core.model import EXIT_LOST
+from tests.unit.core.builders import Log, make_node, whole
+
+
+@pytest.fixture
+def log() -> Log:
+    """Job j1 (attempt 0) runs worker 0 on n1 and worker 1 on n2; n1, n2 in pool default."""
+    log = Log(make_node("n1"), make_node("n2"))
+    assert log.submit("j1", workers=2).accepted
+    log.run("j1", ("n1", whole(0)), ("n2", whole(0)))
+    return log
+
+
+def _e(cls, **kw):
+    return cls(event_id="r1", time=1.0, producer="node-agent-n1", **kw)
+
+
+def test_an_agents_own_events_pass(log):
+    state = log.state
+    own = [
+        _e(ev.NodeRegistered, node=make_node("n1")),
+        _e(ev.GpuHealthChanged, node="n1", gpu_index=0, healthy=False),
+        _e(ev.WorkerStarted, job_id="j1", attempt=0, worker=0, node="n1"),
+        _e(ev.WorkerFinished, job_id="j1", attempt=0, worker=0, node="n1", exit_code=0),
+        _e(ev.RendezvousSet, job_id="j1", attempt=0, node="n1", address="10.0.0.1", port=2000),
+        _e(ev.CheckpointSaved, job_id="j1", attempt=0, checkpoint="s3://c"),
+        _e(ev.AttemptFailed, job_id="j1", attempt=0, reason="hung"),
+    ]
+    assert [check_report("n1", "default", e, state) for e in own] == [""] * len(own)
+
+
+def test_a_registration_of_another_node_or_pool_is_refused(log):
+    assert "NodeRegistered of node 'n2'" in check_report("n1", "default", _e(ev.NodeRegistered, node=make_node("n2")),
+                                                         log.state)
+    moved = _e(ev.NodeRegistered, node=make_node("n1", pool="other"))
+    assert "pool 'other' sent to the log of pool 'default'" in check_report("n1", "default", moved, log.state)
+
+
+@pytest.mark.parametrize("event, why", [
+    (_e(ev.JobSubmitted, job_id="x", spec=None), "JobSubmitted is not an event a node-agent reports"),
+    (_e(ev.JobPlaced, job_id="j1", attempt=0, workers=()), "JobPlaced is not an event a node-agent reports"),
+    (_e(ev.NodeCordoned, node="n2"), "NodeCordoned is not an event a node-agent reports"),
+    (_e(ev.NodeLost, node="n2"), "NodeLost is not an event a node-agent reports"),
+    (_e(ev.GpuHealthChanged, node="n2", gpu_index=0, healthy=False), "GpuHealthChanged of node 'n2'"),
+    (_e(ev.WorkerFinished, job_id="j1", attempt=0, worker=1, node="n2", exit_code=EXIT_LOST),
+     "WorkerFinished about node 'n2' reported by node 'n1'"),
+    # naming itself, about a worker placed elsewhere
+    (_e(ev.WorkerFinished, job_id="j1", attempt=0, worker=1, node="n1", exit_code=0),
+     "worker 1 of job 'j1' attempt 0 is not placed on node 'n1'"),
+    (_e(ev.WorkerStarted, job_id="j1", attempt=3, worker=0, node="n1"), "attempt 3 of job 'j1', which is at attempt 0"),
+    (_e(ev.WorkerStarted, job_id="nope", attempt=0, worker=0, node="n1"), "job 'nope', which is not in this pool"),
+])
+def test_what_an_agent_does_not_own_is_refused_with_the_reason(log, event, why):
+    assert why in check_report("n1", "default", event, log.state)
+
+
+def test_a_node_without_work_of_the_job_may_not_checkpoint_fail_or_meet_it(log):
+    log(ev.NodeRegistered, node=make_node("n3"))
+    for event in (_e(ev.CheckpointSaved, job_id="j1", attempt=0, checkpoint="c"),
+                  _e(ev.AttemptFailed, job_id="j1", attempt=0),
+                  _e(ev.RendezvousSet, job_id="j1", attempt=0, node="n3", address="a", port=1)):
+        assert "is not placed on node 'n3'" in check_report("n3", "default", event, log.state)
+    # worker 0 is n1's: n2 may not set the gang's rendezvous
+    assert "worker 0 of job 'j1'" in check_report(
+        "n2", "default", _e(ev.RendezvousSet, job_id="j1", attempt=0, node="n2", address="a", port=1), log.state)
+
+
+def test_an_unregistered_node_or_another_pool_reports_nothing_but_its_registration(log):
+    start = _e(ev.WorkerStarted, job_id="j1", attempt=0, worker=0, node="n1")
+    assert "node 'n9' is not registered in pool 'default'" in check_report(
+        "n9", "default", _e(ev.GpuHealthChanged, node="n9", gpu_index=0, healthy=False), log.state)
+    assert "node 'n1' is not registered in pool 'gpu-b'" in check_report("n1", "gpu-b", start, log.state)
+
+
+@given(st.sampled_from(sorted(ev.EVENT_TYPES)))
+def test_only_agent_kinds_can_pass(name):
+    cls = ev.EVENT_TYPES[name]
+    if cls in AGENT_KINDS:
+        return
+    event = object.__new__(cls)   # the kind alone decides, before any field is read
+    assert check_report("n1", "default", event, Log(make_node("n1")).state).endswith("is not an event a node-agent reports")
+
+
+def test_names():
+    assert report_topic("gpusched.", "node-7") == "gpusched.reports.node-7"
+    assert node_of_topic("gpusched.", "gpusched.reports.node-7") == "node-7"
+    assert node_of_topic("gpusched.", "other.reports.node-7") == ""
+    assert node_principal("a.b_c-1") == "node-agent.a.b_c-1"
+    import re
+    assert re.match(report_pattern("t-x."), "t-x.reports.n1") and not re.match(report_pattern("t-x."), "t-xy.reports.n1")
+    for bad in ("", ".hidden", "a/b", "a b", "x" * 201, "é"):
+        with pytest.raises(ValueError, match="node name"):
+            check_node_name(bad)
+
+
+def test_the_relay_appends_skips_what_the_log_has_and_refuses_the_rest(log):
+    from gpusched.adapters import codec
+    from gpusched.adapters.eventlog import partition_for
+    from gpusched.adapters.relay import triage
+
+    states = {partition_for("default", 4): log.state}
+    start = _e(ev.WorkerStarted, job_id="j1", attempt=0, worker=0, node="n1")
+    verdict = triage("n1", codec.encode(start, "default"), states, 4)
+    assert (verdict.event, verdict.pool, verdict.reason, verdict.seen) == (start, "default", "", False)
+    # once its id is folded (a relay restarted before its commit reads it again): skipped
+    log.replay(start)
+    assert triage("n1", codec.encode(start, "default"), states, 4).seen
+    theirs = ev.WorkerStarted(event_id="r2", job_id="j1", attempt=0, worker=0, node="n1")
+    assert triage("n2", codec.encode(theirs, "default"), states, 4).reason == \
+        "refused: WorkerStarted about node 'n1' reported by node 'n2'"
+    assert triage("n1", b"\xff garbage", states, 4).reason.startswith("does not decode")
+    other = next(p for p in ("a", "b", "c", "d", "e") if partition_for(p, 4) not in states)
+    assert "whose log this relay does not follow" in triage("n1", codec.encode(start, other), states, 4).reason
