@@ -28,7 +28,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition  # noqa: E402
 from gpusched import native  # noqa: E402
 from gpusched.adapters import codec, flat  # noqa: E402
 from gpusched.adapters.catchup import FRAME_EVENTS  # noqa: E402
-from gpusched.adapters.eventlog import partition_for  # noqa: E402
+from gpusched.adapters.publisher import partition_for  # noqa: E402
 from gpusched.adapters.kafka_admin import TopicNames  # noqa: E402
 from gpusched.adapters.kafka_security import KafkaConnection, client_args  # noqa: E402
 from gpusched.core.reducer import apply  # noqa: E402

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import ast
 import hashlib
-import os
 import sys
 import typing
 from functools import cache
 from pathlib import Path
 from typing import Any
+
+from gpusched.config import process_settings
 
 PACKAGE = Path(__file__).resolve().parent
 BUILD_DIR = PACKAGE / "_native"
@@ -52,7 +53,7 @@ def core_path(path: list[str]) -> list[str]:
     """``gpusched.core.__path__``, with the compiled modules' folder first when they were
     built for these sources; sets ``status`` either way."""
     global status
-    if os.environ.get("GPUSCHED_NATIVE", "1") == "0":
+    if not process_settings().native:
         status = "pure Python: GPUSCHED_NATIVE=0"
         return path
     built = built_stamp()

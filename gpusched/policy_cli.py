@@ -5,18 +5,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sys
 
 import grpc
 from google.protobuf.json_format import MessageToDict
 
+from gpusched.config import process_settings
 from gpusched.v1 import cluster_pb2, cluster_pb2_grpc
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gpusched policy", description=__doc__.split("\n\n")[0])
-    p.add_argument("--target", default=os.environ.get("GPUSCHED_ADMISSION", "127.0.0.1:50051"),
+    p.add_argument("--target", default=process_settings().admission,
                    help="admission's address (env GPUSCHED_ADMISSION)")
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("get", help="the quotas and team policies the log holds")

@@ -43,7 +43,10 @@ async def _report(args) -> None:
     import asyncio
     import time
 
-    from gpusched.adapters.eventlog import DeadLetters, LogFollower
+    from gpusched.adapters.follower import FollowerOptions, LogFollower
+    from gpusched.adapters.kafka_admin import TopicNames
+    from gpusched.adapters.kafka_security import KafkaConnection
+    from gpusched.adapters.publisher import DeadLetters
     from gpusched.config import kafka_settings
 
     settings = kafka_settings(args)
@@ -55,8 +58,10 @@ async def _report(args) -> None:
                 ledger.observe(state.jobs[job_id], event.time)
 
     # Billing reads only (its Kafka principal may not write): no producer.
-    follower = LogFollower(settings.connection, settings.topics, "billing", DeadLetters(None, "billing"),
-                           on_event=on_event, freeze_state=True)
+    follower = LogFollower(KafkaConnection.from_settings(settings), TopicNames(settings.topic_prefix), "billing",
+                           DeadLetters(None, "billing"),
+                           FollowerOptions(freeze_state=True, parallel_replay_min=settings.parallel_replay_min),
+                           on_event=on_event)
     await follower.start()
     try:
         while True:
@@ -76,10 +81,10 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
     import asyncio
 
-    from gpusched.config import add_kafka_args
+    from gpusched.config import KafkaSettings
 
     parser = argparse.ArgumentParser(prog="gpusched billing", description=main.__doc__)
-    add_kafka_args(parser)
+    KafkaSettings.add_args(parser)
     parser.add_argument("--follow", type=float, default=0.0, help="keep reporting every N seconds")
     asyncio.run(_report(parser.parse_args(argv)))
     return 0

@@ -5,11 +5,14 @@ import argparse
 import asyncio
 import logging
 
-from gpusched.adapters.eventlog import LogFollower
+from gpusched.adapters.follower import FollowerOptions, LogFollower
 from gpusched.adapters.grpc_server import set_serving, start_server
 from gpusched.adapters.service import connect, instance_id, stop_event
 from gpusched.adapters.tracing import setup_tracing
-from gpusched.config import add_kafka_args, add_security_args, kafka_settings, server_security
+from gpusched.adapters.kafka_admin import TopicNames
+from gpusched.adapters.kafka_security import KafkaConnection
+from gpusched.adapters.server_security import server_security_from_args
+from gpusched.config import KafkaSettings, SecuritySettings, kafka_settings
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig
 from gpusched.adapters.proposer import PartitionProposer
 from gpusched.adapters.snapshots import SnapshotStore, SnapshotWriter
@@ -20,7 +23,8 @@ log = logging.getLogger("gpusched.placer")
 
 async def run(args: argparse.Namespace) -> None:
     settings = kafka_settings(args)
-    security = server_security(args)   # before connecting: a bad setting stops at once
+    conn, topics = KafkaConnection.from_settings(settings), TopicNames(settings.topic_prefix)
+    security = server_security_from_args(args)   # before connecting: a bad setting stops at once
     setup_tracing("gpusched-placer")
     me = instance_id("placer")
     scheduler = Scheduler(SchedulerConfig(queue=args.queue, placement=args.placement, backfill=args.backfill))
@@ -29,7 +33,7 @@ async def run(args: argparse.Namespace) -> None:
     holder: dict = {}
     # Snapshots: a newly owned pool starts from its latest snapshot and replays the tail;
     # owned pools are snapshotted every N events / T seconds (and on a clean stop).
-    snapshots = SnapshotStore(settings.connection, settings.topics, name=me)
+    snapshots = SnapshotStore(conn, topics, name=me)
 
     def revoked(parts: set[int]):
         holder["snapshots"].forget(parts)
@@ -40,12 +44,10 @@ async def run(args: argparse.Namespace) -> None:
         holder["decider"].forget(parts)
         return holder["loop"].on_assigned(parts)
 
-    follower = LogFollower(
-        settings.connection, settings.topics, me, dead_letters, group_id=f"{settings.topic_prefix}placer",
-        on_assigned=assigned,
-        on_revoked=revoked,
-        use_snapshots=not args.no_snapshots, snapshots=snapshots, freeze_state=True,
-    )
+    options = FollowerOptions(group_id=f"{settings.topic_prefix}placer", use_snapshots=not args.no_snapshots,
+                              freeze_state=True, parallel_replay_min=settings.parallel_replay_min)
+    follower = LogFollower(conn, topics, me, dead_letters, options,
+                           on_assigned=assigned, on_revoked=revoked, snapshots=snapshots)
     writer = holder["snapshots"] = SnapshotWriter(follower, snapshots, args.snapshot_every_events,
                                                   args.snapshot_every_s, fork=not args.snapshot_in_thread)
     decider = holder["decider"] = PlacementDecider(scheduler, me)
@@ -70,8 +72,8 @@ async def run(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="gpusched-placer", description=__doc__)
-    add_kafka_args(parser)
-    add_security_args(parser)
+    KafkaSettings.add_args(parser)
+    SecuritySettings.add_args(parser, title="API security (docs/security.md)")
     parser.add_argument("--listen", default="127.0.0.1:0", help="health endpoint")
     parser.add_argument("--queue", default="priority", help="queue-sort policy name")
     parser.add_argument("--placement", default="best-fit", help="placement policy name")
