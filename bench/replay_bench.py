@@ -49,7 +49,8 @@ from gpusched.adapters.publisher import DeadLetters, EventPublisher, partition_f
 from gpusched.adapters.forked_snapshot import CAN_FORK, snapshot_bytes_forked  # noqa: E402
 from gpusched.adapters.kafka_admin import TopicNames, delete_topics, ensure_topics, wait_for_broker  # noqa: E402
 from gpusched.adapters.kafka_security import KafkaConnection, client_args  # noqa: E402
-from gpusched.adapters.snapshots import SnapshotStore  # noqa: E402
+from gpusched.adapters.restore import decode_state  # noqa: E402
+from gpusched.adapters.snapshots import SnapshotStore, capture_state, encode_state  # noqa: E402
 from gpusched.config import DEFAULT_JOB_RETENTION_S, PARALLEL_REPLAY_MIN  # noqa: E402
 from gpusched.core import events as ev  # noqa: E402
 from gpusched.core.catalog import CATALOG  # noqa: E402
@@ -57,7 +58,6 @@ from gpusched.core.digest import digest  # noqa: E402
 from gpusched.core.mig import PROFILES  # noqa: E402
 from gpusched.core.model import GpuInfo, GpuSlot, JobKind, JobSpec, NodeInfo, WorkerAssignment, WorkerResources  # noqa: E402
 from gpusched.core.reducer import apply  # noqa: E402
-from gpusched.core.snapshot import capture, encode_captured, state_from_snapshot  # noqa: E402
 from gpusched.core.state import ClusterState  # noqa: E402
 
 POOL = "default"
@@ -274,7 +274,7 @@ class PoolSim:
                 self.chaos()
             if self.snap is None and snapshot_at is not None and len(self.events) >= snapshot_at:
                 self.state.offset = len(self.events) - 1   # one partition of a fresh topic: offset = index
-                self.snap = encode_captured(capture(self.state))
+                self.snap = encode_state(capture_state(self.state))
 
 
 def mix(events: list[ev.Event]) -> dict[str, int]:
@@ -431,7 +431,7 @@ async def main(args: argparse.Namespace) -> None:
             t0 = time.perf_counter()
             sim = PoolSim(args.seed, args.nodes, args.retention)
             snap = sim.run(args.events, snapshot_at=int(args.events * args.snapshot_at))
-            snap_offset = state_from_snapshot(snap).offset if snap else -1
+            snap_offset = decode_state(snap).offset if snap else -1
             t_gen = time.perf_counter() - t0
             st = sim.state
             live = sum(1 for j in st.jobs.values() if j.phase.holds_gpus)
@@ -451,14 +451,14 @@ async def main(args: argparse.Namespace) -> None:
             # The end state's snapshot: the cost a placer pays to write one.
             gc.collect()
             t0, c0 = time.perf_counter(), time.process_time()
-            captured = capture(st)
+            captured = capture_state(st)   # as a placer does (gpusched.adapters.snapshots)
             t_cap, c_cap = time.perf_counter() - t0, time.process_time() - c0
             t0, c0 = time.perf_counter(), time.process_time()
-            blob = encode_captured(captured)
+            blob = encode_state(captured)
             t_encode, c_encode = time.perf_counter() - t0, time.process_time() - c0
             del captured
             t0, c0 = time.perf_counter(), time.process_time()
-            restored = state_from_snapshot(blob)
+            restored = decode_state(blob)   # as a follower restores one (gpusched.adapters.restore)
             t_restore, c_restore = time.perf_counter() - t0, time.process_time() - c0
             assert digest(restored) == expected
             del restored

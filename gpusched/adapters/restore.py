@@ -35,7 +35,8 @@ class SnapshotLoad:
 
 
 def decode_state(data: bytes, freeze: bool = False) -> ClusterState:
-    """``state_from_snapshot`` with the cyclic GC paused. ``freeze``: then move everything
+    """``state_from_snapshot`` with the cyclic GC paused (it builds millions of small
+    containers, none in a cycle, which the GC would rescan again and again). ``freeze``: then move everything
     the process holds, the restored state included, to the GC's permanent generation
     (``gc.freeze``). A restored million-event state is a few million long-lived objects
     that the cyclic GC would otherwise rescan, seconds at a time; they hold no cycles and
