@@ -55,8 +55,7 @@ class Settings(BaseModel):
     @classmethod
     def sources(cls) -> dict[str, tuple[str, str]]:
         """Field -> (flag, env) for every field."""
-        return {name: (f.json_schema_extra["flag"], f.json_schema_extra["env"])   # type: ignore[index]
-                for name, f in cls.model_fields.items()}
+        return {name: _flag_and_env(f.json_schema_extra) for name, f in cls.model_fields.items()}
 
     @classmethod
     def add_args(cls, parser: argparse.ArgumentParser, env: Mapping[str, str] = os.environ,
@@ -68,7 +67,7 @@ class Settings(BaseModel):
             if not flag:
                 continue
             field = cls.model_fields[name]
-            help_text = field.description + (f" (env {var})" if var else "")
+            help_text = (field.description or "") + (f" (env {var})" if var else "")
             if field.annotation in (bool, "bool"):
                 group.add_argument(flag, dest=name, action="store_true", default=env.get(var, "") == "1",
                                    help=help_text)
@@ -100,7 +99,11 @@ class Settings(BaseModel):
             raise SettingsError("; ".join(_describe(cls, error) for error in exc.errors())) from None
 
 
-def _describe(cls: type[Settings], error: dict) -> str:
+def _flag_and_env(extra: Any) -> tuple[str, str]:
+    return (str(extra["flag"]), str(extra["env"])) if isinstance(extra, dict) else ("", "")
+
+
+def _describe(cls: type[Settings], error: Any) -> str:
     name = str(error["loc"][0]) if error["loc"] else ""
     flag, var = cls.sources().get(name, ("", ""))
     where = " / ".join(w for w in (flag, f"env {var}" if var else "") if w) or name
@@ -221,8 +224,9 @@ class AdmissionSettings(Settings):
 class ProcessSettings(Settings):
     """Read from the environment only, once per process."""
 
-    native: bool = setting(True, env="GPUSCHED_NATIVE",
-                           help="0: run the core as plain Python even where its mypyc build is current")
+    native: Literal["0", "1"] = setting("1", env="GPUSCHED_NATIVE",
+                                        help="0: run the core as plain Python even where its mypyc build is "
+                                             "current (read by gpusched.native)")
     trace_dir: str = setting("", env="GPUSCHED_TRACE_DIR",
                              help="folder of the Alibaba GPU traces for `gpusched simulate` (default: "
                                   "shared/traces/alibaba-v2023 beside the checkout)")

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import os
 import sys
 import typing
 from functools import cache
 from pathlib import Path
 from typing import Any
-
-from gpusched.config import process_settings
 
 PACKAGE = Path(__file__).resolve().parent
 BUILD_DIR = PACKAGE / "_native"
@@ -53,7 +52,10 @@ def core_path(path: list[str]) -> list[str]:
     """``gpusched.core.__path__``, with the compiled modules' folder first when they were
     built for these sources; sets ``status`` either way."""
     global status
-    if not process_settings().native:
+    # Read here, not through gpusched.config: this runs when gpusched.core is first
+    # imported, before anything else, and the core's processes (the catch-up reader, the
+    # simulator) need no pydantic. ProcessSettings declares and validates the variable.
+    if os.environ.get("GPUSCHED_NATIVE", "1") == "0":
         status = "pure Python: GPUSCHED_NATIVE=0"
         return path
     built = built_stamp()

@@ -79,8 +79,9 @@ def test_a_bad_value_names_its_flag_and_variable(cls, argv, env, named):
 def test_a_bad_variable_without_a_flag_is_named():
     with pytest.raises(SettingsError, match="env GPUSCHED_GRPC_MAX_RECEIVE_BYTES"):
         ProcessSettings.from_env({"GPUSCHED_GRPC_MAX_RECEIVE_BYTES": "lots"})
-    assert not ProcessSettings.from_env({"GPUSCHED_NATIVE": "0"}).native
-    assert ProcessSettings.from_env({}).native
+    assert ProcessSettings.from_env({"GPUSCHED_NATIVE": "0"}).native == "0"
+    with pytest.raises(SettingsError, match="env GPUSCHED_NATIVE"):
+        ProcessSettings.from_env({"GPUSCHED_NATIVE": "no"})
 
 
 def test_a_service_stops_on_a_bad_setting_with_one_line(monkeypatch):
