@@ -89,7 +89,7 @@ def main() -> None:
 
 def catch_up_stages(values: list[bytes]) -> None:
     """The two sides of a parallel catch-up on the same records, as the reader frames them
-    (``catchup.read_range``) and the follower folds them (``LogFollower._fold_flat``)."""
+    (``catchup.read_range``) and the follower folds them (``gpusched.adapters.fold.fold_flat``)."""
     n = len(values)
     frames: list[bytes] = []
 
