@@ -204,8 +204,13 @@ class SecuritySettings(Settings):
 
 
 class AdmissionSettings(Settings):
-    """Admission's own settings: retention of finished jobs and abuse limits (docs/api-errors.md)."""
+    """Admission's own settings: its API, retention of finished jobs, the policy bootstrap
+    and abuse limits (docs/api-errors.md)."""
 
+    listen: str = setting("127.0.0.1:50051", flag="--listen", help="address of the job API")
+    quotas: str = setting("", flag="--quotas",
+                          help="JSON file of org/team guarantees, limits and weights: written into each partition's "
+                               "log whose log holds no policy yet (a bootstrap; docs/policy.md)")
     job_retention: float = setting(
         DEFAULT_JOB_RETENTION_S, flag="--job-retention", env="GPUSCHED_JOB_RETENTION_S",
         help="seconds (log time) a finished job stays in the state before it is pruned; 0 keeps every job. "
@@ -219,6 +224,43 @@ class AdmissionSettings(Settings):
     max_pending_per_team: int = setting(50_000, flag="--max-pending-per-team", env="GPUSCHED_MAX_PENDING_PER_TEAM",
                                         help="pending jobs a team may have, as Slurm's MaxSubmitJobs (0: no limit)",
                                         ge=0)
+
+
+class PlacerSettings(Settings):
+    """The placer's own settings."""
+
+    listen: str = setting("127.0.0.1:0", flag="--listen", help="health endpoint")
+    queue: str = setting("priority", flag="--queue", help="queue-sort policy name")
+    placement: str = setting("best-fit", flag="--placement", help="placement policy name")
+    backfill: bool = setting(False, flag="--backfill", help="reserve for the blocked head-of-line gang (EASY)")
+    snapshot_every_events: int = setting(50_000, flag="--snapshot-every-events",
+                                         help="snapshot an owned pool after this many new events (0: never by count)",
+                                         ge=0)
+    snapshot_every_s: float = setting(60.0, flag="--snapshot-every-s",
+                                      help="snapshot an owned pool that moved at least this often, seconds (0: never "
+                                           "by time)", ge=0, allow_inf_nan=False)
+    snapshot_in_thread: bool = setting(False, flag="--snapshot-in-thread",
+                                       help="copy the state on the event loop and encode it in a thread, instead of "
+                                            "encoding it in a forked child (the default where fork exists)")
+    no_snapshots: bool = setting(False, flag="--no-snapshots",
+                                 help="rebuild newly owned pools from offset 0 instead of their latest snapshot")
+
+
+class PreemptorSettings(Settings):
+    """The preemptor's own settings (supervision of nodes and jobs, preemption, defragmentation)."""
+
+    listen: str = setting("127.0.0.1:0", flag="--listen", help="health endpoint")
+    heartbeat_timeout: float = setting(10.0, flag="--heartbeat-timeout", help="seconds of silence before NodeLost",
+                                       gt=0, allow_inf_nan=False)
+    min_runtime: float = setting(30.0, flag="--min-runtime", help="jobs younger than this (seconds) are not preempted",
+                                 ge=0, allow_inf_nan=False)
+    hang_intervals: float = setting(3.0, flag="--hang-intervals",
+                                    help="checkpoint intervals without a progress report after which a running "
+                                         "job counts as hung", gt=0,
+                                    allow_inf_nan=False)
+    hang_grace: float = setting(30.0, flag="--hang-grace", help="seconds added to that deadline",
+                                ge=0, allow_inf_nan=False)
+    no_defrag: bool = setting(False, flag="--no-defrag", help="do not migrate jobs to defragment")
 
 
 class ProcessSettings(Settings):

@@ -88,11 +88,12 @@ def _authenticator(settings: SecuritySettings) -> Authenticator:
     return Authenticator(tokens, verifier)
 
 
-def server_security_from_args(args) -> ServerSecurity:
-    """The flags of ``SecuritySettings.add_args`` as a ``ServerSecurity`` for ``start_server``;
+def server_security_from_args(args, listen: str) -> ServerSecurity:
+    """The flags of ``SecuritySettings.add_args`` as a ``ServerSecurity`` for a server on
+    ``listen`` (``start_server``);
     a setting that cannot work (or ``--insecure`` off loopback) stops the service with a
     message naming the flag."""
     try:
-        return server_security(settings_or_exit(SecuritySettings, args), args.listen)
+        return server_security(settings_or_exit(SecuritySettings, args), listen)
     except SecurityConfigError as exc:
         raise SystemExit(f"invalid settings: {exc}")

@@ -30,8 +30,8 @@ SERVICES = ["gpusched.v1.AdmissionService", "gpusched.v1.ClusterService"]
 async def run(args: argparse.Namespace) -> None:
     settings = kafka_settings(args)
     conn, topics = KafkaConnection.from_settings(settings), TopicNames(settings.topic_prefix)
-    security = server_security_from_args(args)   # before connecting: a bad setting stops at once
     own = settings_or_exit(AdmissionSettings, args)
+    security = server_security_from_args(args, own.listen)   # before connecting: a bad setting stops at once
     setup_tracing("gpusched-admission")
     me = instance_id("admission")
     publisher, dead_letters = await connect(settings, me)
@@ -59,13 +59,13 @@ async def run(args: argparse.Namespace) -> None:
     model = ReadModel(follower, settings.partitions, submitters)
     admission = holder["admission"] = AdmissionServicer(model, publisher, me, watchers, limits)
     cluster = ClusterServicer(model, publisher, me)
-    server, port, health = await start_server(args.listen, [
+    server, port, health = await start_server(own.listen, [
         lambda s: admission_pb2_grpc.add_AdmissionServiceServicer_to_server(admission, s),
         lambda s: cluster_pb2_grpc.add_ClusterServiceServicer_to_server(cluster, s),
     ], SERVICES, security)
     await follower.caught_up()
     await record_retention(follower, publisher, me, own.job_retention)
-    await bootstrap_policy(follower, publisher, me, settings.partitions, args.quotas)
+    await bootstrap_policy(follower, publisher, me, settings.partitions, own.quotas)
     await set_serving(health, SERVICES)
     log.info("admission %s serving on port %d", me, port)
     print(f"admission ready port={port}", flush=True)
@@ -94,10 +94,6 @@ def main(argv: list[str] | None = None) -> None:
     KafkaSettings.add_args(parser)
     SecuritySettings.add_args(parser, title="API security (docs/security.md)")
     AdmissionSettings.add_args(parser)
-    parser.add_argument("--listen", default="127.0.0.1:50051")
-    parser.add_argument("--quotas", default="",
-                        help="JSON file of org/team guarantees, limits and weights: written into each partition's "
-                             "log whose log holds no policy yet (a bootstrap; docs/policy.md)")
     asyncio.run(run(parser.parse_args(argv)))
 
 

@@ -73,7 +73,7 @@ def positive_seconds(text: str) -> float:
 async def run(args: argparse.Namespace) -> None:
     settings = kafka_settings(args)
     conn, topics = KafkaConnection.from_settings(settings), TopicNames(settings.topic_prefix)
-    security = server_security_from_args(args)   # before connecting: a bad setting stops at once
+    security = server_security_from_args(args, args.listen)   # before connecting: a bad setting stops at once
     setup_tracing("gpusched-node-agent")
     try:
         nvml = load_nvml(args.fake_nvml)

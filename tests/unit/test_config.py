@@ -8,10 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from gpusched.config import (AdmissionSettings, KafkaSettings, ProcessSettings, SecuritySettings, Settings,
-                             SettingsError, kafka_settings)
+from gpusched.config import (AdmissionSettings, KafkaSettings, PlacerSettings, PreemptorSettings, ProcessSettings,
+                             SecuritySettings, Settings, SettingsError, kafka_settings)
 
-MODELS = (KafkaSettings, SecuritySettings, AdmissionSettings, ProcessSettings)
+MODELS = (KafkaSettings, SecuritySettings, AdmissionSettings, PlacerSettings, PreemptorSettings, ProcessSettings)
+# the models whose flags one service's command line holds
+SERVICES = {service: (KafkaSettings, SecuritySettings, own) for service, own in
+            (("admission", AdmissionSettings), ("placer", PlacerSettings), ("preemptor", PreemptorSettings))}
 DOC = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 
 
@@ -28,25 +31,39 @@ def test_every_setting_has_a_source_and_a_meaning():
             assert cls.model_fields[name].description, f"{cls.__name__}.{name}"
 
 
-def test_no_flag_or_variable_is_declared_twice():
-    flags = [f for cls in MODELS for f, _ in cls.sources().values() if f]
+def test_no_variable_is_declared_twice_nor_a_flag_twice_in_one_service():
     envs = [e for cls in MODELS for _, e in cls.sources().values() if e]
-    assert len(flags) == len(set(flags)) and len(envs) == len(set(envs))
+    assert len(envs) == len(set(envs))
+    for service, models in SERVICES.items():
+        parser = argparse.ArgumentParser()
+        for cls in models:
+            cls.add_args(parser, {})   # argparse refuses a flag added twice
+
+
+def _documented() -> dict[str, dict[str, list[str]]]:
+    """Model name -> flag or variable -> its row, from the tables of docs/configuration.md."""
+    tables: dict[str, dict[str, list[str]]] = {}
+    rows: dict[str, list[str]] = {}
+    for line in DOC.read_text().splitlines():
+        if line.startswith("## "):
+            found = re.search(r"`(\w+Settings)`", line)
+            rows = tables.setdefault(found.group(1), {}) if found else {}
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 4 and (cells[0].startswith("`") or cells[1].startswith("`")):
+            rows[(cells[0] or cells[1]).strip("`")] = cells
+    return tables
 
 
 def test_the_documentation_lists_every_setting_with_its_default():
-    rows = {}
-    for line in DOC.read_text().splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) == 4 and cells[1].startswith("`"):
-            rows[cells[1].strip("`")] = cells
+    tables = _documented()
     for cls in MODELS:
+        rows = tables[cls.__name__]
         for name, (flag, env) in cls.sources().items():
-            assert env in rows, env
-            row, default = rows[env], cls.model_fields[name].default
-            assert row[0] == (f"`{flag}`" if flag else ""), env
+            row, default = rows[flag or env], cls.model_fields[name].default
+            assert row[:2] == [f"`{flag}`" if flag else "", f"`{env}`" if env else ""], name
             shown = {True: "on", False: "off"}.get(default, default) if isinstance(default, bool) else default
-            assert row[2] == ('""' if shown == "" else str(shown)), env
+            assert row[2] == ('""' if shown == "" else str(shown)), name
+        assert len(rows) == len(cls.model_fields), cls.__name__
 
 
 def test_a_flag_wins_over_its_variable_and_the_variable_over_the_default():
@@ -61,6 +78,8 @@ def test_switches_come_from_a_flag_or_a_variable_set_to_1():
     assert _parse(SecuritySettings, [], {"GPUSCHED_INSECURE": "1"}).insecure
     assert _parse(SecuritySettings, ["--insecure"], {}).insecure
     assert not _parse(SecuritySettings, [], {}).insecure
+    placer = _parse(PlacerSettings, ["--no-snapshots", "--queue", "fair-share"], {})
+    assert (placer.no_snapshots, placer.backfill, placer.queue, placer.listen) == (True, False, "fair-share", "127.0.0.1:0")
 
 
 @pytest.mark.parametrize("cls, argv, env, named", [
@@ -70,6 +89,8 @@ def test_switches_come_from_a_flag_or_a_variable_set_to_1():
     (KafkaSettings, ["--kafka-security-protocol", "TLS"], {}, "--kafka-security-protocol"),
     (AdmissionSettings, ["--job-retention", "inf"], {}, "--job-retention / env GPUSCHED_JOB_RETENTION_S"),
     (AdmissionSettings, [], {"GPUSCHED_SUBMIT_RATE": "-5"}, "GPUSCHED_SUBMIT_RATE"),
+    (PlacerSettings, ["--snapshot-every-events", "-1"], {}, "--snapshot-every-events: "),
+    (PreemptorSettings, ["--heartbeat-timeout", "0"], {}, "--heartbeat-timeout: "),
 ])
 def test_a_bad_value_names_its_flag_and_variable(cls, argv, env, named):
     with pytest.raises(SettingsError, match=re.escape(named)):
