@@ -44,19 +44,20 @@ from aiokafka import AIOKafkaProducer  # noqa: E402
 
 from gpusched import native  # noqa: E402
 from gpusched.adapters import codec  # noqa: E402
-from gpusched.adapters.eventlog import DeadLetters, EventPublisher, LogFollower, partition_for  # noqa: E402
+from gpusched.adapters.follower import FollowerOptions, LogFollower  # noqa: E402
+from gpusched.adapters.publisher import DeadLetters, EventPublisher, partition_for  # noqa: E402
 from gpusched.adapters.forked_snapshot import CAN_FORK, snapshot_bytes_forked  # noqa: E402
 from gpusched.adapters.kafka_admin import TopicNames, delete_topics, ensure_topics, wait_for_broker  # noqa: E402
 from gpusched.adapters.kafka_security import KafkaConnection, client_args  # noqa: E402
-from gpusched.adapters.snapshots import SnapshotStore  # noqa: E402
-from gpusched.config import DEFAULT_JOB_RETENTION_S  # noqa: E402
+from gpusched.adapters.restore import decode_state  # noqa: E402
+from gpusched.adapters.snapshots import SnapshotStore, capture_state, encode_state  # noqa: E402
+from gpusched.config import DEFAULT_JOB_RETENTION_S, PARALLEL_REPLAY_MIN  # noqa: E402
 from gpusched.core import events as ev  # noqa: E402
 from gpusched.core.catalog import CATALOG  # noqa: E402
 from gpusched.core.digest import digest  # noqa: E402
 from gpusched.core.mig import PROFILES  # noqa: E402
 from gpusched.core.model import GpuInfo, GpuSlot, JobKind, JobSpec, NodeInfo, WorkerAssignment, WorkerResources  # noqa: E402
 from gpusched.core.reducer import apply  # noqa: E402
-from gpusched.core.snapshot import capture, encode_captured, state_from_snapshot  # noqa: E402
 from gpusched.core.state import ClusterState  # noqa: E402
 
 POOL = "default"
@@ -273,7 +274,7 @@ class PoolSim:
                 self.chaos()
             if self.snap is None and snapshot_at is not None and len(self.events) >= snapshot_at:
                 self.state.offset = len(self.events) - 1   # one partition of a fresh topic: offset = index
-                self.snap = encode_captured(capture(self.state))
+                self.snap = encode_state(capture_state(self.state))
 
 
 def mix(events: list[ev.Event]) -> dict[str, int]:
@@ -316,8 +317,9 @@ async def full_replay(bootstrap: str, topics: TopicNames, partition: int,
     process alone (``parallel_replay_min=0``)."""
     publisher = EventPublisher(bootstrap, topics, PARTITIONS)
     await publisher.start()
-    follower = LogFollower(bootstrap, topics, "bench-replay", DeadLetters(publisher, "bench"), partitions=[partition],
-                           freeze_state=True, parallel_replay_min=None if parallel else 0)   # as the services run it
+    options = FollowerOptions(partitions=(partition,), freeze_state=True,   # as the services run it
+                              parallel_replay_min=PARALLEL_REPLAY_MIN if parallel else 0)
+    follower = LogFollower(bootstrap, topics, "bench-replay", DeadLetters(publisher, "bench"), options)
     try:
         children = resource.getrusage(resource.RUSAGE_CHILDREN)
         t0, c0 = time.perf_counter(), time.process_time()
@@ -350,11 +352,11 @@ async def resume_child(bootstrap: str, prefix: str, partition: int, use_snapshot
     await publisher.start()
     assigned_at: list[float] = []
     folds: list[float] = []
-    follower = LogFollower(bootstrap, topics, "bench-placer", DeadLetters(publisher, "bench"),
-                           group_id=f"{prefix}placer-{secrets.token_hex(3)}",
+    options = FollowerOptions(group_id=f"{prefix}placer-{secrets.token_hex(3)}", use_snapshots=use_snapshots,
+                              freeze_state=True)   # as services/placer/main.py
+    follower = LogFollower(bootstrap, topics, "bench-placer", DeadLetters(publisher, "bench"), options,
                            on_event=lambda *a: folds.append(time.time()),
-                           on_assigned=lambda parts: assigned_at.append(time.time()),
-                           use_snapshots=use_snapshots, freeze_state=True)   # as services/placer/main.py
+                           on_assigned=lambda parts: assigned_at.append(time.time()))
     begun: list[float] = []
     begin = follower._begin
 
@@ -372,12 +374,12 @@ async def resume_child(bootstrap: str, prefix: str, partition: int, use_snapshot
         await asyncio.sleep(0.005)
     t_ready = time.time()
     state = follower.states[partition]
-    load = follower.snapshot_loads.get(partition, {})
+    load = follower.snapshot_loads.get(partition)
     print(json.dumps({
         "spawn_to_imported": t_imported - t_spawn, "imported_to_start": t_start - t_imported,
         "start_to_assigned": begun[0] - t_start,
-        "snapshot_read": load.get("read_s", 0.0), "snapshot_decode": load.get("decode_s", 0.0),
-        "assigned_to_ready": t_ready - begun[0] - load.get("read_s", 0) - load.get("decode_s", 0),
+        "snapshot_read": load.read_s if load else 0.0, "snapshot_decode": load.decode_s if load else 0.0,
+        "assigned_to_ready": t_ready - begun[0] - (load.read_s + load.decode_s if load else 0.0),
         "total": t_ready - t_spawn, "cpu": time.process_time(),
         "loaded_to_first_fold": (folds[0] - begun[1]) if folds else 0.0,
         "first_to_last_fold": (folds[-1] - folds[0]) if folds else 0.0, "last_fold_to_ready": t_ready - folds[-1] if folds else 0.0,
@@ -429,7 +431,7 @@ async def main(args: argparse.Namespace) -> None:
             t0 = time.perf_counter()
             sim = PoolSim(args.seed, args.nodes, args.retention)
             snap = sim.run(args.events, snapshot_at=int(args.events * args.snapshot_at))
-            snap_offset = state_from_snapshot(snap).offset if snap else -1
+            snap_offset = decode_state(snap).offset if snap else -1
             t_gen = time.perf_counter() - t0
             st = sim.state
             live = sum(1 for j in st.jobs.values() if j.phase.holds_gpus)
@@ -449,14 +451,14 @@ async def main(args: argparse.Namespace) -> None:
             # The end state's snapshot: the cost a placer pays to write one.
             gc.collect()
             t0, c0 = time.perf_counter(), time.process_time()
-            captured = capture(st)
+            captured = capture_state(st)   # as a placer does (gpusched.adapters.snapshots)
             t_cap, c_cap = time.perf_counter() - t0, time.process_time() - c0
             t0, c0 = time.perf_counter(), time.process_time()
-            blob = encode_captured(captured)
+            blob = encode_state(captured)
             t_encode, c_encode = time.perf_counter() - t0, time.process_time() - c0
             del captured
             t0, c0 = time.perf_counter(), time.process_time()
-            restored = state_from_snapshot(blob)
+            restored = decode_state(blob)   # as a follower restores one (gpusched.adapters.restore)
             t_restore, c_restore = time.perf_counter() - t0, time.process_time() - c0
             assert digest(restored) == expected
             del restored

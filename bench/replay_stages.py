@@ -28,7 +28,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition  # noqa: E402
 from gpusched import native  # noqa: E402
 from gpusched.adapters import codec, flat  # noqa: E402
 from gpusched.adapters.catchup import FRAME_EVENTS  # noqa: E402
-from gpusched.adapters.eventlog import partition_for  # noqa: E402
+from gpusched.adapters.publisher import partition_for  # noqa: E402
 from gpusched.adapters.kafka_admin import TopicNames  # noqa: E402
 from gpusched.adapters.kafka_security import KafkaConnection, client_args  # noqa: E402
 from gpusched.core.reducer import apply  # noqa: E402
@@ -89,7 +89,7 @@ def main() -> None:
 
 def catch_up_stages(values: list[bytes]) -> None:
     """The two sides of a parallel catch-up on the same records, as the reader frames them
-    (``catchup.read_range``) and the follower folds them (``LogFollower._fold_flat``)."""
+    (``catchup.read_range``) and the follower folds them (``gpusched.adapters.fold.fold_flat``)."""
     n = len(values)
     frames: list[bytes] = []
 

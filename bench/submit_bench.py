@@ -31,7 +31,7 @@ from pathlib import Path
 os.environ.setdefault("GPUSCHED_SUBMIT_RATE", "0")
 os.environ.setdefault("GPUSCHED_MAX_PENDING_PER_TEAM", "0")
 
-from gpusched.adapters.eventlog import EventPublisher
+from gpusched.adapters.publisher import EventPublisher
 from gpusched.adapters.kafka_admin import TopicNames, delete_topics
 from gpusched.client import Client, spec
 from gpusched.core import events as ev

@@ -1,140 +1,306 @@
-"""Service configuration, validated with pydantic: flags and environment in, typed settings out."""
+"""Every setting of gpusched, declared once: its name, type, default, limits, and where it
+comes from (a flag of the services and its environment variable, or the environment only).
+
+Each model below is validated when a process starts; a bad value stops it with one line
+naming the flag and the variable (``SettingsError``). Flags and variables keep the names
+they always had; docs/configuration.md lists them all, and tests/unit/test_config.py checks
+that list against these models.
+
+This module imports nothing of gpusched, so every layer may read it (docs/architecture.md).
+"""
 from __future__ import annotations
 
 import argparse
 import logging
 import os
+from pathlib import Path
+from typing import Any, Literal, Mapping
 
-from pydantic import BaseModel, Field
-
-from gpusched.adapters.kafka_admin import TopicNames
-from gpusched.adapters.kafka_security import (ENV_CA, ENV_MECHANISM, ENV_PASSWORD, ENV_PASSWORD_FILE, ENV_PROTOCOL,
-                                              ENV_USER, KafkaConnection, read_password)
-
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 # A finished job stays queryable this long after it ended (log time), then it leaves the
 # state (gpusched.core.retention); its history stays in the log. Admission records its
 # ``--job-retention`` (this by default) in each partition's log as a JobRetentionSet.
 DEFAULT_JOB_RETENTION_S = 3600.0
+# A partition this many records behind is rebuilt by a reader process and the follower
+# in parallel (gpusched.adapters.parallel_catchup); below it, starting the reader (~0.3 s)
+# costs more than it saves.
+PARALLEL_REPLAY_MIN = 100_000
+
+# The environment a service (or the catch-up reader process) reads its Kafka connection from.
+ENV_BOOTSTRAP = "KAFKA_BOOTSTRAP_SERVERS"
+ENV_PROTOCOL = "GPUSCHED_KAFKA_SECURITY_PROTOCOL"
+ENV_MECHANISM = "GPUSCHED_KAFKA_SASL_MECHANISM"
+ENV_USER = "GPUSCHED_KAFKA_USER"
+ENV_PASSWORD = "GPUSCHED_KAFKA_PASSWORD"
+ENV_PASSWORD_FILE = "GPUSCHED_KAFKA_PASSWORD_FILE"
+ENV_CA = "GPUSCHED_KAFKA_CA"
 
 
-class KafkaSettings(BaseModel):
-    """Where the log is: all services of a cluster share these."""
+class SettingsError(ValueError):
+    """A setting with a value that cannot work; the message names its flag and variable."""
 
-    bootstrap: str = Field(min_length=3)
-    topic_prefix: str = "gpusched."
-    partitions: int = Field(default=4, ge=1, le=1024)
-    # Security (gpusched.adapters.kafka_security): PLAINTEXT, or SASL_SSL with this
-    # service's own SCRAM principal and the CA of the brokers' certificates.
-    security_protocol: str = "PLAINTEXT"
-    sasl_mechanism: str = "SCRAM-SHA-512"
-    username: str = ""
-    password: str = Field(default="", repr=False)
-    ca_file: str = ""
+
+def setting(default: Any, *, env: str = "", flag: str = "", help: str = "", **limits: Any) -> Any:
+    """A field with where it comes from: ``flag`` (services' command line) and ``env``
+    (the flag's default, or the only source when there is no flag)."""
+    return Field(default=default, description=help, json_schema_extra={"env": env, "flag": flag}, **limits)
+
+
+class Settings(BaseModel):
+    """Settings read from flags (with their variables as defaults) or the environment."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    @classmethod
+    def sources(cls) -> dict[str, tuple[str, str]]:
+        """Field -> (flag, env) for every field."""
+        return {name: _flag_and_env(f.json_schema_extra) for name, f in cls.model_fields.items()}
+
+    @classmethod
+    def add_args(cls, parser: argparse.ArgumentParser, env: Mapping[str, str] = os.environ,
+                 title: str | None = None) -> None:
+        """A flag for each field that has one; its default is the variable's value, else
+        the field's default. Values stay text here: ``from_args`` validates them."""
+        group = parser.add_argument_group(title) if title else parser
+        for name, (flag, var) in cls.sources().items():
+            if not flag:
+                continue
+            field = cls.model_fields[name]
+            help_text = (field.description or "") + (f" (env {var})" if var else "")
+            if field.annotation in (bool, "bool"):
+                group.add_argument(flag, dest=name, action="store_true", default=env.get(var, "") == "1",
+                                   help=help_text)
+            else:
+                group.add_argument(flag, dest=name, default=env.get(var, None) if var else None,
+                                   help=help_text + f"; default {field.default!r}")
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, env: Mapping[str, str] = os.environ):
+        """The settings from parsed flags (``add_args``); fields without a flag come from
+        their variable. Raises ``SettingsError``."""
+        values: dict[str, Any] = {}
+        for name, (flag, var) in cls.sources().items():
+            value = getattr(args, name, None) if flag else env.get(var) if var else None
+            if value is not None:
+                values[name] = value
+        return cls.validated(values)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ):
+        """The settings from the environment alone (each field's variable)."""
+        return cls.validated({name: env[var] for name, (_, var) in cls.sources().items() if var and var in env})
+
+    @classmethod
+    def validated(cls, values: dict[str, Any]):
+        try:
+            return cls.model_validate(values)
+        except ValidationError as exc:
+            raise SettingsError("; ".join(_describe(cls, error) for error in exc.errors())) from None
+
+
+def _flag_and_env(extra: Any) -> tuple[str, str]:
+    return (str(extra["flag"]), str(extra["env"])) if isinstance(extra, dict) else ("", "")
+
+
+def _describe(cls: type[Settings], error: Any) -> str:
+    name = str(error["loc"][0]) if error["loc"] else ""
+    flag, var = cls.sources().get(name, ("", ""))
+    where = " / ".join(w for w in (flag, f"env {var}" if var else "") if w) or name
+    given = f" (got {error['input']!r})" if name and not isinstance(error.get("input"), dict) else ""
+    return f"{where}: {error['msg']}{given}"
+
+
+def _upper(value: Any) -> Any:
+    return value.upper() if isinstance(value, str) else value
+
+
+class KafkaSettings(Settings):
+    """Where the log is and how a service reads it: all services of a cluster share these."""
+
+    bootstrap: str = setting("127.0.0.1:19092", flag="--bootstrap", env=ENV_BOOTSTRAP,
+                             help="Kafka bootstrap servers", min_length=3)
+    topic_prefix: str = setting("gpusched.", flag="--topic-prefix", env="GPUSCHED_TOPIC_PREFIX",
+                                help="prefix of every topic name of this deployment")
+    partitions: int = setting(4, flag="--partitions", env="GPUSCHED_PARTITIONS",
+                              help="partitions of the cluster-events topic (pools hash onto them)", ge=1, le=1024)
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = setting(
+        "INFO", flag="--log-level", env="GPUSCHED_LOG_LEVEL", help="log level")
+    # Security (docs/kafka-security.md): PLAINTEXT, or SASL_SSL with this service's own
+    # SCRAM principal and the CA of the brokers' certificates.
+    security_protocol: Literal["PLAINTEXT", "SASL_SSL"] = setting(
+        "PLAINTEXT", flag="--kafka-security-protocol", env=ENV_PROTOCOL, help="PLAINTEXT or SASL_SSL")
+    sasl_mechanism: Literal["SCRAM-SHA-512", "SCRAM-SHA-256"] = setting(
+        "SCRAM-SHA-512", flag="--kafka-sasl-mechanism", env=ENV_MECHANISM, help="SCRAM-SHA-512 or SCRAM-SHA-256")
+    username: str = setting("", flag="--kafka-user", env=ENV_USER, help="SCRAM user")
+    # The password itself only from the environment or a file: a flag would show in ``ps``.
+    password: str = Field(default="", repr=False, description="SCRAM password",
+                          json_schema_extra={"env": ENV_PASSWORD, "flag": ""})
+    password_file: str = setting("", flag="--kafka-password-file", env=ENV_PASSWORD_FILE,
+                                 help=f"file holding the SCRAM password (or env {ENV_PASSWORD})")
+    ca_file: str = setting("", flag="--kafka-ca", env=ENV_CA, help="CA of the brokers' certificates (PEM)")
     # Topics this service creates: 0 follows the cluster (3+ brokers: 3 copies and 2 in
     # sync; fewer: one each). Existing topics below these are reported at start.
-    replication_factor: int = Field(default=0, ge=0, le=16)
-    min_insync_replicas: int = Field(default=0, ge=0, le=16)
+    replication_factor: int = setting(0, flag="--replication-factor", env="GPUSCHED_REPLICATION_FACTOR",
+                                      help="copies of each topic created (0: 3 on a cluster of 3+ brokers, else 1)",
+                                      ge=0, le=16)
+    min_insync_replicas: int = setting(0, flag="--min-insync-replicas", env="GPUSCHED_MIN_INSYNC_REPLICAS",
+                                       help="min.insync.replicas of the topics (0: replication factor - 1, "
+                                            "at least 1)", ge=0, le=16)
+    parallel_replay_min: int = setting(PARALLEL_REPLAY_MIN, flag="--parallel-replay-min",
+                                       env="GPUSCHED_PARALLEL_REPLAY_MIN",
+                                       help="records behind from which a partition is caught up by a reader "
+                                            "process in parallel (0: never)", ge=0)
 
-    @property
-    def topics(self) -> TopicNames:
-        return TopicNames(self.topic_prefix)
+    _upper_names = field_validator("security_protocol", "sasl_mechanism", "log_level", mode="before")(_upper)
 
-    @property
-    def connection(self) -> KafkaConnection:
-        """What every Kafka client of the service is built from (``client_args``)."""
-        return KafkaConnection(bootstrap=self.bootstrap, security_protocol=self.security_protocol,
-                               sasl_mechanism=self.sasl_mechanism, username=self.username,
-                               password=self.password, ca_file=self.ca_file)
+    @model_validator(mode="after")
+    def _login(self) -> "KafkaSettings":
+        if self.security_protocol == "SASL_SSL" and not (self.username and self.password and self.ca_file):
+            raise ValueError("kafka SASL_SSL needs a user, a password and a CA file "
+                             f"({ENV_USER}, {ENV_PASSWORD} or {ENV_PASSWORD_FILE}, {ENV_CA})")
+        return self
+
+    @model_validator(mode="before")
+    @classmethod
+    def _password_from_file(cls, values: Any) -> Any:
+        if isinstance(values, dict) and not values.get("password") and values.get("password_file"):
+            values = {**values, "password": read_password("", values["password_file"])}
+        return values
 
 
-def add_kafka_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--bootstrap", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:19092"),
-                        help="Kafka bootstrap servers (env KAFKA_BOOTSTRAP_SERVERS)")
-    parser.add_argument("--topic-prefix", default=os.environ.get("GPUSCHED_TOPIC_PREFIX", "gpusched."))
-    # String defaults from the environment go through ``type`` like a flag would, so a bad
-    # value is argparse's clear error ("invalid float value"), not a traceback.
-    parser.add_argument("--partitions", type=int, default=os.environ.get("GPUSCHED_PARTITIONS", "4"),
-                        help="partitions of the cluster-events topic (pools hash onto them)")
-    parser.add_argument("--log-level", default=os.environ.get("GPUSCHED_LOG_LEVEL", "INFO"))
-    env = os.environ.get
-    parser.add_argument("--kafka-security-protocol", default=env(ENV_PROTOCOL, "PLAINTEXT").upper(),
-                        choices=("PLAINTEXT", "SASL_SSL"), help=f"env {ENV_PROTOCOL}")
-    parser.add_argument("--kafka-sasl-mechanism", default=env(ENV_MECHANISM, "SCRAM-SHA-512").upper(),
-                        choices=("SCRAM-SHA-512", "SCRAM-SHA-256"), help=f"env {ENV_MECHANISM}")
-    parser.add_argument("--kafka-user", default=env(ENV_USER, ""), help=f"SCRAM user (env {ENV_USER})")
-    # The password itself only from the environment or a file: a flag would show in ``ps``.
-    parser.add_argument("--kafka-password-file", default=env(ENV_PASSWORD_FILE, ""),
-                        help=f"file holding the SCRAM password (env {ENV_PASSWORD_FILE}; or env {ENV_PASSWORD})")
-    parser.add_argument("--kafka-ca", default=env(ENV_CA, ""), help=f"CA of the brokers' certificates (env {ENV_CA})")
-    parser.add_argument("--replication-factor", type=int, default=env("GPUSCHED_REPLICATION_FACTOR", "0"),
-                        help="copies of each topic created (0: 3 on a cluster of 3+ brokers, else 1)")
-    parser.add_argument("--min-insync-replicas", type=int, default=env("GPUSCHED_MIN_INSYNC_REPLICAS", "0"),
-                        help="min.insync.replicas of the topics (0: replication factor - 1, at least 1)")
+def read_password(password: str, password_file: str) -> str:
+    """The password itself, else the first line of the file (a secret mounted as a file
+    keeps it out of ``/proc/<pid>/environ``)."""
+    if password or not password_file:
+        return password
+    try:
+        return Path(password_file).read_text().splitlines()[0].strip()
+    except (OSError, IndexError) as exc:
+        raise ValueError(f"kafka password file {password_file}: {exc}") from None
+
+
+class SecuritySettings(Settings):
+    """The gRPC server's TLS, identity and policy, the same for every service (docs/security.md)."""
+
+    insecure: bool = setting(False, flag="--insecure", env="GPUSCHED_INSECURE",
+                             help="development only: plaintext gRPC, no authentication, every call allowed; "
+                                  "refused on a non-loopback --listen (=1)")
+    tls_cert: str = setting("", flag="--tls-cert", env="GPUSCHED_TLS_CERT", help="server certificate (PEM)")
+    tls_key: str = setting("", flag="--tls-key", env="GPUSCHED_TLS_KEY", help="server private key (PEM)")
+    tls_client_ca: str = setting("", flag="--tls-client-ca", env="GPUSCHED_TLS_CLIENT_CA",
+                                 help="CA bundle (PEM): clients must present a certificate it signed (mutual "
+                                      "TLS); the certificate's SAN (else its CN) is the principal")
+    token_file: str = setting("", flag="--token-file", env="GPUSCHED_TOKEN_FILE",
+                              help="static bearer tokens, one 'token,principal' per line")
+    jwks_file: str = setting("", flag="--jwks-file", env="GPUSCHED_JWKS_FILE",
+                             help="JWKS (JSON) whose keys sign bearer JWTs (RS256/ES256)")
+    jwt_issuer: str = setting("", flag="--jwt-issuer", env="GPUSCHED_JWT_ISSUER", help="required 'iss' of JWTs")
+    jwt_audience: str = setting("", flag="--jwt-audience", env="GPUSCHED_JWT_AUDIENCE", help="required 'aud' of JWTs")
+    jwt_principal_claim: str = setting("sub", flag="--jwt-principal-claim", env="GPUSCHED_JWT_PRINCIPAL_CLAIM",
+                                       help="the JWT claim that names the principal")
+    policy_file: str = setting("", flag="--policy-file", env="GPUSCHED_POLICY_FILE",
+                               help="JSON bindings of principals to roles (member, team-admin, operator, read-only)")
+
+
+class AdmissionSettings(Settings):
+    """Admission's own settings: its API, retention of finished jobs, the policy bootstrap
+    and abuse limits (docs/api-errors.md)."""
+
+    listen: str = setting("127.0.0.1:50051", flag="--listen", help="address of the job API")
+    quotas: str = setting("", flag="--quotas",
+                          help="JSON file of org/team guarantees, limits and weights: written into each partition's "
+                               "log whose log holds no policy yet (a bootstrap; docs/policy.md)")
+    job_retention: float = setting(
+        DEFAULT_JOB_RETENTION_S, flag="--job-retention", env="GPUSCHED_JOB_RETENTION_S",
+        help="seconds (log time) a finished job stays in the state before it is pruned; 0 keeps every job. "
+             "Recorded in the log, which every service folds", ge=0, allow_inf_nan=False)
+    submit_rate: float = setting(200.0, flag="--submit-rate", env="GPUSCHED_SUBMIT_RATE",
+                                 help="jobs a second each team may submit, per admission replica (token bucket; "
+                                      "0: no limit)", ge=0, allow_inf_nan=False)
+    submit_burst: float = setting(5000.0, flag="--submit-burst", env="GPUSCHED_SUBMIT_BURST",
+                                  help="jobs a team may submit at once before the rate applies", ge=0,
+                                  allow_inf_nan=False)
+    max_pending_per_team: int = setting(50_000, flag="--max-pending-per-team", env="GPUSCHED_MAX_PENDING_PER_TEAM",
+                                        help="pending jobs a team may have, as Slurm's MaxSubmitJobs (0: no limit)",
+                                        ge=0)
+    no_relay: bool = setting(False, flag="--no-relay",
+                             help="do not relay node-agents' reports into the pool log (run `gpusched relay` instead)")
+
+
+class PlacerSettings(Settings):
+    """The placer's own settings."""
+
+    listen: str = setting("127.0.0.1:0", flag="--listen", help="health endpoint")
+    queue: str = setting("priority", flag="--queue", help="queue-sort policy name")
+    placement: str = setting("best-fit", flag="--placement", help="placement policy name")
+    backfill: bool = setting(False, flag="--backfill", help="reserve for the blocked head-of-line gang (EASY)")
+    snapshot_every_events: int = setting(50_000, flag="--snapshot-every-events",
+                                         help="snapshot an owned pool after this many new events (0: never by count)",
+                                         ge=0)
+    snapshot_every_s: float = setting(60.0, flag="--snapshot-every-s",
+                                      help="snapshot an owned pool that moved at least this often, seconds (0: never "
+                                           "by time)", ge=0, allow_inf_nan=False)
+    snapshot_in_thread: bool = setting(False, flag="--snapshot-in-thread",
+                                       help="copy the state on the event loop and encode it in a thread, instead of "
+                                            "encoding it in a forked child (the default where fork exists)")
+    no_snapshots: bool = setting(False, flag="--no-snapshots",
+                                 help="rebuild newly owned pools from offset 0 instead of their latest snapshot")
+
+
+class PreemptorSettings(Settings):
+    """The preemptor's own settings (supervision of nodes and jobs, preemption, defragmentation)."""
+
+    listen: str = setting("127.0.0.1:0", flag="--listen", help="health endpoint")
+    heartbeat_timeout: float = setting(10.0, flag="--heartbeat-timeout", help="seconds of silence before NodeLost",
+                                       gt=0, allow_inf_nan=False)
+    min_runtime: float = setting(30.0, flag="--min-runtime", help="jobs younger than this (seconds) are not preempted",
+                                 ge=0, allow_inf_nan=False)
+    hang_intervals: float = setting(3.0, flag="--hang-intervals",
+                                    help="checkpoint intervals without a progress report after which a running "
+                                         "job counts as hung", gt=0,
+                                    allow_inf_nan=False)
+    hang_grace: float = setting(30.0, flag="--hang-grace", help="seconds added to that deadline",
+                                ge=0, allow_inf_nan=False)
+    no_defrag: bool = setting(False, flag="--no-defrag", help="do not migrate jobs to defragment")
+
+
+class ProcessSettings(Settings):
+    """Read from the environment only, once per process."""
+
+    native: Literal["0", "1"] = setting("1", env="GPUSCHED_NATIVE",
+                                        help="0: run the core as plain Python even where its mypyc build is "
+                                             "current (read by gpusched.native)")
+    trace_dir: str = setting("", env="GPUSCHED_TRACE_DIR",
+                             help="folder of the Alibaba GPU traces for `gpusched simulate` (default: "
+                                  "shared/traces/alibaba-v2023 beside the checkout)")
+    grpc_max_receive_bytes: int = setting(16 * 1024 * 1024, env="GPUSCHED_GRPC_MAX_RECEIVE_BYTES",
+                                          help="largest gRPC message a server accepts", ge=1024)
+    grpc_max_send_bytes: int = setting(128 * 1024 * 1024, env="GPUSCHED_GRPC_MAX_SEND_BYTES",
+                                       help="largest gRPC message a server sends", ge=1024)
+    trace_console: bool = setting(False, env="GPUSCHED_TRACE_CONSOLE", help="1: print spans on the console")
+    otlp_endpoint: str = setting("", env="OTEL_EXPORTER_OTLP_ENDPOINT",
+                                 help="where spans go over OTLP (with the exporter package installed)")
+    admission: str = setting("127.0.0.1:50051", env="GPUSCHED_ADMISSION",
+                             help="admission address the `gpusched policy` commands call by default")
+
+
+def process_settings() -> ProcessSettings:
+    """This process's environment settings, validated (read when needed, not cached: a
+    test may change the environment)."""
+    return ProcessSettings.from_env()
 
 
 def kafka_settings(args: argparse.Namespace) -> KafkaSettings:
-    logging.basicConfig(level=args.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from gpusched.adapters.eventlog import parallel_replay_min_from_env
+    """The Kafka flags as settings, with logging set up at their level; a bad value stops
+    the process with a message naming the flag."""
+    settings = settings_or_exit(KafkaSettings, args)
+    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return settings
 
+
+def settings_or_exit(cls, args: argparse.Namespace):
     try:
-        parallel_replay_min_from_env()   # read by every LogFollower: fail here, with its name
-        settings = KafkaSettings(
-            bootstrap=args.bootstrap, topic_prefix=args.topic_prefix, partitions=args.partitions,
-            security_protocol=args.kafka_security_protocol, sasl_mechanism=args.kafka_sasl_mechanism,
-            username=args.kafka_user, ca_file=args.kafka_ca,
-            password=read_password(os.environ.get(ENV_PASSWORD, ""), args.kafka_password_file),
-            replication_factor=args.replication_factor, min_insync_replicas=args.min_insync_replicas)
-        settings.connection   # a SASL_SSL without its login fails here, naming what is missing
-        return settings
-    except ValueError as exc:
-        raise SystemExit(f"invalid settings: {exc}")
-
-
-def retention_seconds(text: str) -> float:
-    """argparse ``type`` of ``--job-retention``: seconds, finite and >= 0."""
-    value = float(text)
-    if not 0.0 <= value < float("inf"):
-        raise ValueError(text)
-    return value
-
-
-def add_security_args(parser: argparse.ArgumentParser) -> None:
-    """The gRPC server's TLS, identity and policy flags, the same for every service
-    (docs/security.md). Each also reads an environment variable, as the Kafka flags do."""
-    env = os.environ.get
-    group = parser.add_argument_group("API security (docs/security.md)")
-    group.add_argument("--insecure", action="store_true", default=env("GPUSCHED_INSECURE", "") == "1",
-                       help="development only: plaintext gRPC, no authentication, every call allowed; "
-                            "refused on a non-loopback --listen (env GPUSCHED_INSECURE=1)")
-    group.add_argument("--tls-cert", default=env("GPUSCHED_TLS_CERT", ""), help="server certificate (PEM)")
-    group.add_argument("--tls-key", default=env("GPUSCHED_TLS_KEY", ""), help="server private key (PEM)")
-    group.add_argument("--tls-client-ca", default=env("GPUSCHED_TLS_CLIENT_CA", ""),
-                       help="CA bundle (PEM): clients must present a certificate it signed (mutual TLS); the "
-                            "certificate's SAN (else its CN) is the principal")
-    group.add_argument("--token-file", default=env("GPUSCHED_TOKEN_FILE", ""),
-                       help="static bearer tokens, one 'token,principal' per line")
-    group.add_argument("--jwks-file", default=env("GPUSCHED_JWKS_FILE", ""),
-                       help="JWKS (JSON) whose keys sign bearer JWTs (RS256/ES256)")
-    group.add_argument("--jwt-issuer", default=env("GPUSCHED_JWT_ISSUER", ""), help="required 'iss' of JWTs")
-    group.add_argument("--jwt-audience", default=env("GPUSCHED_JWT_AUDIENCE", ""), help="required 'aud' of JWTs")
-    group.add_argument("--jwt-principal-claim", default=env("GPUSCHED_JWT_PRINCIPAL_CLAIM", "sub"),
-                       help="the JWT claim that names the principal")
-    group.add_argument("--policy-file", default=env("GPUSCHED_POLICY_FILE", ""),
-                       help="JSON bindings of principals to roles (member, team-admin, operator, read-only)")
-
-
-def server_security(args: argparse.Namespace):
-    """The flags as a ``ServerSecurity`` for ``start_server``; a setting that cannot work
-    (or ``--insecure`` off loopback) stops the service with a message naming the flag."""
-    from gpusched.adapters import server_security as sec
-
-    settings = sec.SecuritySettings(
-        insecure=args.insecure, tls_cert=args.tls_cert, tls_key=args.tls_key, tls_client_ca=args.tls_client_ca,
-        token_file=args.token_file, jwks_file=args.jwks_file, jwt_issuer=args.jwt_issuer,
-        jwt_audience=args.jwt_audience, jwt_principal_claim=args.jwt_principal_claim, policy_file=args.policy_file)
-    try:
-        return sec.server_security(settings, args.listen)
-    except sec.SecurityConfigError as exc:
+        return cls.from_args(args)
+    except (SettingsError, ValueError) as exc:
         raise SystemExit(f"invalid settings: {exc}")

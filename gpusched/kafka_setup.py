@@ -18,19 +18,19 @@ from pathlib import Path
 
 async def setup(args: argparse.Namespace) -> int:
     from gpusched.adapters.kafka_acls import AclError, grant_service_acls
-    from gpusched.adapters.kafka_admin import ensure_topics, wait_for_broker
-    from gpusched.adapters.kafka_security import KafkaLoginRefused
+    from gpusched.adapters.kafka_admin import TopicNames, ensure_topics, wait_for_broker
+    from gpusched.adapters.kafka_security import KafkaConnection, KafkaLoginRefused
     from gpusched.config import kafka_settings
 
     settings = kafka_settings(args)
-    conn = settings.connection
+    conn, topics = KafkaConnection.from_settings(settings), TopicNames(settings.topic_prefix)
     try:
         await wait_for_broker(conn, args.connect_timeout)
-        problems = await ensure_topics(conn, settings.topics, settings.partitions,
+        problems = await ensure_topics(conn, topics, settings.partitions,
                                        replication_factor=settings.replication_factor,
                                        min_insync_replicas=settings.min_insync_replicas)
-        acls = await grant_service_acls(conn, settings.topics) if conn.secured else 0
-        nodes = [await _add_node(conn, settings.topics, node, Path(args.node_secrets)) for node in args.node]
+        acls = await grant_service_acls(conn, topics) if conn.secured else 0
+        nodes = [await _add_node(conn, topics, node, Path(args.node_secrets)) for node in args.node]
     except (KafkaLoginRefused, TimeoutError, PermissionError, AclError, ValueError) as exc:
         print(f"gpusched kafka-setup: {exc}")
         return 1
@@ -55,10 +55,10 @@ async def _add_node(conn, topics, node: str, secrets_dir: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from gpusched.config import add_kafka_args
+    from gpusched.config import KafkaSettings
 
     parser = argparse.ArgumentParser(prog="gpusched kafka-setup", description=__doc__.split("\n\n")[0])
-    add_kafka_args(parser)
+    KafkaSettings.add_args(parser)
     parser.add_argument("--connect-timeout", type=float, default=60.0)
     parser.add_argument("--node", action="append", default=[], metavar="NAME",
                         help="add a node: its report topic, Kafka user node-agent.NAME and ACLs (repeatable)")

@@ -105,7 +105,7 @@ class LocalCluster:
                 **self._security_env()}
 
     def _security_env(self) -> dict[str, str]:
-        """The servers' security flags (``gpusched.config.add_security_args``) as their
+        """The servers' security flags (``gpusched.config.SecuritySettings``) as their
         environment variables; a parent's settings are overridden either way."""
         pki = self.pki
         if pki is None:

@@ -53,6 +53,9 @@ def core_path(path: list[str]) -> list[str]:
     """``gpusched.core.__path__``, with the compiled modules' folder first when they were
     built for these sources; sets ``status`` either way."""
     global status
+    # Read here, not through gpusched.config: this runs when gpusched.core is first
+    # imported, before anything else, and the core's processes (the catch-up reader, the
+    # simulator) need no pydantic. ProcessSettings declares and validates the variable.
     if os.environ.get("GPUSCHED_NATIVE", "1") == "0":
         status = "pure Python: GPUSCHED_NATIVE=0"
         return path

@@ -9,18 +9,22 @@ import asyncio
 
 
 async def run(args: argparse.Namespace) -> None:
-    from gpusched.adapters.eventlog import LogFollower
+    from gpusched.adapters.follower import FollowerOptions, LogFollower
+    from gpusched.adapters.kafka_admin import TopicNames
+    from gpusched.adapters.kafka_security import KafkaConnection
     from gpusched.adapters.relay import Relay
     from gpusched.adapters.service import connect, instance_id, stop_event
     from gpusched.config import kafka_settings
 
     settings = kafka_settings(args)
+    conn, topics = KafkaConnection.from_settings(settings), TopicNames(settings.topic_prefix)
     me = instance_id("relay")
     publisher, dead_letters = await connect(settings, me)
-    follower = LogFollower(settings.connection, settings.topics, me, dead_letters, freeze_state=True)
+    follower = LogFollower(conn, topics, me, dead_letters,
+                           FollowerOptions(freeze_state=True, parallel_replay_min=settings.parallel_replay_min))
     await follower.start()
     await follower.caught_up()
-    relay = Relay(settings.connection, settings.topics, settings.partitions, follower, publisher, dead_letters, me)
+    relay = Relay(conn, topics, settings.partitions, follower, publisher, dead_letters, me)
     await relay.start()
     print(f"relay ready name={me}", flush=True)
     await stop_event().wait()
@@ -30,8 +34,8 @@ async def run(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from gpusched.config import add_kafka_args
+    from gpusched.config import KafkaSettings
 
     parser = argparse.ArgumentParser(prog="gpusched relay", description=__doc__.split("\n\n")[0])
-    add_kafka_args(parser)
+    KafkaSettings.add_args(parser)
     asyncio.run(run(parser.parse_args(argv)))

@@ -3,7 +3,7 @@
 Replaying a pool log costs ~13 us per event in one process: reading the records
 (aiokafka, ~1.7 us), decoding the protobuf into domain events (~4 us), the reducer
 (~6 us), the loop. Only the reducer must run where the state lives. So when a follower
-gets a partition whose lag is large (``LogFollower(parallel_replay_min=...)``), it starts
+gets a partition whose lag is large (``FollowerOptions.parallel_replay_min``, see ``gpusched.adapters.parallel_catchup``), it starts
 this module as a reader process over the records it lacks: the reader fetches them, decodes
 each protobuf straight into the event's flat form (``codec.decode_flat``: plain tuples, see
 ``gpusched.adapters.flat``) and writes them to its stdout in frames; the follower loads each

@@ -23,6 +23,8 @@ from __future__ import annotations
 import asyncio
 import gc
 import time
+from contextlib import contextmanager
+from typing import Iterator
 
 THAW_EVERY_S = 3600.0
 OLDEST = 2   # CPython's generations: 0, 1, 2
@@ -69,3 +71,24 @@ class GcPacer:
 def pace_gc(loop: asyncio.AbstractEventLoop | None = None) -> GcPacer:
     """Install the pacer for this process's event loop (services call this once)."""
     return GcPacer(loop or asyncio.get_running_loop()).install()
+
+
+# --- replay ---------------------------------------------------------------------------
+# While a follower replays (big batches), the cyclic GC is paused across each fetch and
+# fold and runs between batches. Everything a batch allocates either dies by reference
+# count or joins the state for good, so collecting in the middle of a batch only rescans
+# the growing state.
+GC_PAUSE_MIN = 1000   # batches at least this big (a replay) are fetched and folded with the GC paused
+
+
+@contextmanager
+def gc_paused(pause: bool = True) -> Iterator[None]:
+    """The cyclic GC off for the block when ``pause`` (and not already off)."""
+    paused = pause and gc.isenabled()
+    if paused:
+        gc.disable()
+    try:
+        yield
+    finally:
+        if paused:
+            gc.enable()

@@ -3,21 +3,21 @@ guarded so that no request, however malformed, gets ``UNKNOWN`` or an exception'
 from __future__ import annotations
 
 import logging
-import os
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from gpusched.adapters.server_security import ServerSecurity
+from gpusched.config import process_settings
 
 log = logging.getLogger("gpusched.grpc")
 
 # Messages larger than these are refused by gRPC itself (RESOURCE_EXHAUSTED). A request
 # stays far below: every field has a size limit (gpusched.core.validation) and a batch is
 # at most 1000 jobs. A response may be a page of 1000 jobs with long commands.
-MAX_RECEIVE_BYTES = int(os.environ.get("GPUSCHED_GRPC_MAX_RECEIVE_BYTES", str(16 * 1024 * 1024)))
-MAX_SEND_BYTES = int(os.environ.get("GPUSCHED_GRPC_MAX_SEND_BYTES", str(128 * 1024 * 1024)))
+MAX_RECEIVE_BYTES = process_settings().grpc_max_receive_bytes
+MAX_SEND_BYTES = process_settings().grpc_max_send_bytes
 MESSAGE_SIZE_OPTIONS = [("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
                         ("grpc.max_send_message_length", MAX_SEND_BYTES)]
 

@@ -17,17 +17,11 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Mapping, Union
 
+from gpusched.config import (ENV_BOOTSTRAP, ENV_CA, ENV_MECHANISM, ENV_PASSWORD, ENV_PASSWORD_FILE, ENV_PROTOCOL,
+                             ENV_USER, KafkaSettings, read_password)
+
 PROTOCOLS = ("PLAINTEXT", "SASL_SSL")
 MECHANISMS = ("SCRAM-SHA-512", "SCRAM-SHA-256")
-
-# The environment a service (or the catch-up reader process) reads its connection from.
-ENV_BOOTSTRAP = "KAFKA_BOOTSTRAP_SERVERS"
-ENV_PROTOCOL = "GPUSCHED_KAFKA_SECURITY_PROTOCOL"
-ENV_MECHANISM = "GPUSCHED_KAFKA_SASL_MECHANISM"
-ENV_USER = "GPUSCHED_KAFKA_USER"
-ENV_PASSWORD = "GPUSCHED_KAFKA_PASSWORD"
-ENV_PASSWORD_FILE = "GPUSCHED_KAFKA_PASSWORD_FILE"
-ENV_CA = "GPUSCHED_KAFKA_CA"
 
 
 @dataclass(frozen=True)
@@ -81,6 +75,13 @@ class KafkaConnection:
         return out
 
     @classmethod
+    def from_settings(cls, settings: KafkaSettings) -> "KafkaConnection":
+        """What every Kafka client of a service is built from (``client_args``)."""
+        return cls(bootstrap=settings.bootstrap, security_protocol=settings.security_protocol,
+                   sasl_mechanism=settings.sasl_mechanism, username=settings.username,
+                   password=settings.password, ca_file=settings.ca_file)
+
+    @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ, bootstrap: str = "") -> "KafkaConnection":
         return cls(bootstrap=bootstrap or env.get(ENV_BOOTSTRAP, "127.0.0.1:19092"),
                    security_protocol=env.get(ENV_PROTOCOL, "PLAINTEXT").upper(),
@@ -101,17 +102,6 @@ def connection(where: Where) -> KafkaConnection:
 def client_args(where: Where) -> dict:
     """The aiokafka keyword arguments (``bootstrap_servers`` and security) for ``where``."""
     return connection(where).client_args()
-
-
-def read_password(password: str, password_file: str) -> str:
-    """The password itself, else the first line of the file (a secret mounted as a file
-    keeps it out of ``/proc/<pid>/environ``)."""
-    if password or not password_file:
-        return password
-    try:
-        return Path(password_file).read_text().splitlines()[0].strip()
-    except (OSError, IndexError) as exc:
-        raise ValueError(f"kafka password file {password_file}: {exc}") from None
 
 
 def load_credentials(path: str | Path) -> dict[str, str]:

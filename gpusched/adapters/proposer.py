@@ -14,7 +14,8 @@ import math
 import time
 from typing import Callable
 
-from gpusched.adapters.eventlog import EventPublisher, LogFollower
+from gpusched.adapters.follower import LogFollower
+from gpusched.adapters.publisher import EventPublisher
 from gpusched.core import events as ev
 from gpusched.core.state import ClusterState
 

@@ -27,7 +27,8 @@ from typing import NamedTuple
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from gpusched.adapters import codec
-from gpusched.adapters.eventlog import DeadLetters, EventPublisher, LogFollower, Position, partition_for
+from gpusched.adapters.follower import LogFollower
+from gpusched.adapters.publisher import DeadLetters, EventPublisher, Position, partition_for
 from gpusched.adapters.kafka_admin import TopicNames
 from gpusched.adapters.kafka_security import Where, client_args
 from gpusched.adapters.reports import check_report, node_of_topic, report_pattern

@@ -12,24 +12,11 @@ import grpc
 from gpusched.adapters.auth import AuthInterceptor
 from gpusched.adapters.identity import Authenticator, JwtSettings, JwtVerifier, StaticTokens
 from gpusched.adapters.permissions import Policy
+from gpusched.config import SecuritySettings, settings_or_exit
 
 
 class SecurityConfigError(ValueError):
     """A server's security settings cannot work; the message names the flag."""
-
-
-@dataclass(frozen=True)
-class SecuritySettings:
-    insecure: bool = False
-    tls_cert: str = ""
-    tls_key: str = ""
-    tls_client_ca: str = ""     # given: clients must present a certificate it signed (mTLS)
-    token_file: str = ""
-    jwks_file: str = ""
-    jwt_issuer: str = ""
-    jwt_audience: str = ""
-    jwt_principal_claim: str = "sub"
-    policy_file: str = ""
 
 
 @dataclass(frozen=True)
@@ -99,3 +86,14 @@ def _authenticator(settings: SecuritySettings) -> Authenticator:
         except Exception as exc:   # OSError, JSON, or PyJWT's key errors: all a bad file
             raise SecurityConfigError(f"--jwks-file {settings.jwks_file}: {exc}") from exc
     return Authenticator(tokens, verifier)
+
+
+def server_security_from_args(args, listen: str) -> ServerSecurity:
+    """The flags of ``SecuritySettings.add_args`` as a ``ServerSecurity`` for a server on
+    ``listen`` (``start_server``);
+    a setting that cannot work (or ``--insecure`` off loopback) stops the service with a
+    message naming the flag."""
+    try:
+        return server_security(settings_or_exit(SecuritySettings, args), listen)
+    except SecurityConfigError as exc:
+        raise SystemExit(f"invalid settings: {exc}")

@@ -6,10 +6,10 @@ import asyncio
 import signal
 import uuid
 
-from gpusched.adapters.eventlog import DeadLetters, EventPublisher
+from gpusched.adapters.publisher import DeadLetters, EventPublisher
 from gpusched.adapters.gc_pacing import pace_gc
-from gpusched.adapters.kafka_admin import ensure_topics, wait_for_broker
-from gpusched.adapters.kafka_security import KafkaLoginRefused
+from gpusched.adapters.kafka_admin import TopicNames, ensure_topics, wait_for_broker
+from gpusched.adapters.kafka_security import KafkaConnection, KafkaLoginRefused
 from gpusched.config import KafkaSettings
 
 
@@ -19,17 +19,18 @@ def instance_id(service: str) -> str:
 
 async def connect(settings: KafkaSettings, instance: str) -> tuple[EventPublisher, DeadLetters]:
     pace_gc()   # a service lives long and its state grows: see gc_pacing
+    conn, topics = KafkaConnection.from_settings(settings), TopicNames(settings.topic_prefix)
     try:
-        await wait_for_broker(settings.connection, 120)
+        await wait_for_broker(conn, 120)
     except KafkaLoginRefused as exc:   # wrong credentials: a one-line reason, no traceback
         raise SystemExit(f"{instance}: {exc}") from None
     try:
-        await ensure_topics(settings.connection, settings.topics, settings.partitions,
+        await ensure_topics(conn, topics, settings.partitions,
                             replication_factor=settings.replication_factor,
                             min_insync_replicas=settings.min_insync_replicas)
     except PermissionError as exc:   # topics missing on a secured cluster
         raise SystemExit(f"{instance}: {exc}") from None
-    publisher = EventPublisher(settings.connection, settings.topics, settings.partitions)
+    publisher = EventPublisher(conn, topics, settings.partitions)
     await publisher.start()
     return publisher, DeadLetters(publisher, instance)
 

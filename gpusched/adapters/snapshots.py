@@ -17,7 +17,12 @@ snapshot covers and who wrote it, for operators; readers trust only the value.
 every N folded events or T seconds (whichever first, once the partition has caught up
 with the log), copying the state synchronously on the event loop (consistent: the
 follower folds on the same loop; only mutable parts are copied) and encoding it (JSON +
-zlib, the bulk of the work) in a worker thread.
+zlib, the bulk of the work) in a worker thread, or the whole encoding in a forked child
+(``forked_snapshot``, the default where fork exists).
+
+Both steps build millions of small containers, none of them in a cycle: with the cyclic
+GC running, it would rescan them again and again (roughly halving the speed), so
+``capture_state`` and ``encode_state`` pause it.
 """
 from __future__ import annotations
 
@@ -30,9 +35,10 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import MessageSizeTooLargeError
 
 from gpusched.adapters.forked_snapshot import CAN_FORK, snapshot_bytes_forked
+from gpusched.adapters.gc_pacing import gc_paused
 from gpusched.adapters.kafka_admin import TopicNames
 from gpusched.adapters.kafka_security import Where, client_args
-from gpusched.core.snapshot import capture, encode_captured
+from gpusched.core.snapshot import Captured, capture, encode_captured
 from gpusched.core.state import ClusterState
 
 log = logging.getLogger(__name__)
@@ -41,6 +47,18 @@ MAX_SNAPSHOT_BYTES = 64 * 1024 * 1024
 OFFSET_HEADER = "gpusched-snapshot-offset"
 WRITER_HEADER = "gpusched-snapshot-writer"
 CAUGHT_UP_SLACK = 5_000   # records behind the log end that still count as caught up (not replaying)
+
+
+def capture_state(state: ClusterState) -> Captured:
+    """``capture`` with the cyclic GC paused: on the loop, consistent with the folds."""
+    with gc_paused():
+        return capture(state)
+
+
+def encode_state(captured: Captured) -> bytes:
+    """``encode_captured`` with the cyclic GC paused: anywhere, e.g. a worker thread."""
+    with gc_paused():
+        return encode_captured(captured)
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,9 +279,9 @@ class SnapshotWriter:
         if self.fork:
             value, copy_s = await snapshot_bytes_forked(state)
         else:
-            captured = capture(state)          # synchronous: no fold can interleave
+            captured = capture_state(state)    # synchronous: no fold can interleave
             copy_s = time.perf_counter() - t1
-            value = await asyncio.get_running_loop().run_in_executor(None, encode_captured, captured)
+            value = await asyncio.get_running_loop().run_in_executor(None, encode_state, captured)
             del captured
         encode_s = time.perf_counter() - t1 - copy_s
         t2 = time.perf_counter()

@@ -9,12 +9,12 @@ recording provider with nowhere to send spans cost ~70 us per SubmitJob.
 """
 from __future__ import annotations
 
-import os
-
 from opentelemetry import context, propagate, trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
+
+from gpusched.config import process_settings
 
 
 def setup_tracing(service: str, exporter: SpanExporter | None = None, always: bool = False) -> trace.Tracer:
@@ -30,13 +30,14 @@ def setup_tracing(service: str, exporter: SpanExporter | None = None, always: bo
 
 
 def _exporter_from_env() -> SpanExporter | None:
-    if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+    settings = process_settings()
+    if settings.otlp_endpoint:
         try:
             from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
         except ImportError:
             return None
         return OTLPSpanExporter()
-    if os.environ.get("GPUSCHED_TRACE_CONSOLE") == "1":
+    if settings.trace_console:
         return ConsoleSpanExporter()
     return None
 

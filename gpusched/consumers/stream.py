@@ -27,6 +27,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from gpusched.adapters import codec
 from gpusched.adapters.kafka_security import KafkaConnection, _ssl_context, client_args
+from gpusched.adapters.kafka_admin import TopicNames
 from gpusched.adapters.usage_records import UsageRecordError, decode_usage
 from gpusched.consumers.records import Row, SpanTracker, audit_row, usage_row
 from gpusched.consumers.store import DEFAULT_URL, Store, StoreError
@@ -190,12 +191,12 @@ def build_app(kind: str, conn: KafkaConnection, prefix: str, store: Store, data_
 
 def main(argv: list[str] | None, kind: str) -> int:
     """``gpusched audit-consumer`` / ``billing-consumer``: run the consumer until stopped."""
-    from gpusched.config import add_kafka_args, kafka_settings
+    from gpusched.config import KafkaSettings, kafka_settings
 
     parser = argparse.ArgumentParser(prog=f"gpusched {kind}-consumer",
                                      description=f"Store the {kind} records of the pool log in a database "
                                                  "(docs/audit-billing.md).")
-    add_kafka_args(parser)
+    KafkaSettings.add_args(parser)
     parser.add_argument("--db", default=os.environ.get("GPUSCHED_ACCOUNTING_DB", DEFAULT_URL),
                         help="SQLAlchemy URL: sqlite:///file.db or postgresql://user@host:port/db "
                              "(env GPUSCHED_ACCOUNTING_DB)")
@@ -216,7 +217,7 @@ def main(argv: list[str] | None, kind: str) -> int:
         return 1
     import faust
 
-    app = build_app(kind, settings.connection, settings.topic_prefix, store)
+    app = build_app(kind, KafkaConnection.from_settings(settings), settings.topic_prefix, store)
     worker = faust.Worker(app, loglevel=args.log_level.upper(), quiet=True, redirect_stdouts=False)
     worker.spinner = None   # a terminal spinner's escape codes would clutter a service's log
     worker.execute_from_commandline()   # runs until SIGTERM/SIGINT; exits the process
@@ -229,18 +230,20 @@ async def _check_broker(settings, timeout_s: float) -> str:
     from gpusched.adapters.kafka_security import KafkaLoginRefused
     from gpusched.consumers.usage_report import missing_topics
 
+    conn = KafkaConnection.from_settings(settings)
+
     client_log = logging.getLogger("aiokafka")
     level = client_log.level
     client_log.setLevel(logging.CRITICAL)   # one clear line, not a connection error a try
     try:
-        await wait_for_broker(settings.connection, timeout_s)
+        await wait_for_broker(conn, timeout_s)
     except (TimeoutError, KafkaLoginRefused) as exc:
         return str(exc)
     finally:
         client_log.setLevel(level)
-    missing = await missing_topics(settings.connection, settings.topics)
+    missing = await missing_topics(conn, TopicNames(settings.topic_prefix))
     if missing:
-        return (f"no topic {', '.join(missing)} on {settings.connection} "
+        return (f"no topic {', '.join(missing)} on {conn} "
                 "(wrong --topic-prefix, or no cluster has run there)")
     return ""
 

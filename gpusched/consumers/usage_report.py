@@ -12,16 +12,16 @@ import asyncio
 import json
 import logging
 import math
-import os
 import sys
 import time
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 
-from gpusched.adapters.eventlog import DeadLetters, EventPublisher, LogFollower
+from gpusched.adapters.follower import LogFollower
+from gpusched.adapters.publisher import DeadLetters, EventPublisher
 from gpusched.adapters.kafka_admin import TopicNames, wait_for_broker
-from gpusched.adapters.kafka_security import Where, client_args
+from gpusched.adapters.kafka_security import KafkaConnection, Where, client_args
 from gpusched.adapters.usage_records import UsageRecordError, decode_usage
 from gpusched.consumers.utilization import (
     DEFAULT_IDLE_AFTER_S, DEFAULT_IDLE_PERCENT, GpuHours, UtilizationLedger, UtilizationReport,
@@ -210,12 +210,12 @@ def number_type(low: float, high: float = math.inf, low_open: bool = False):
 
 
 def parser() -> argparse.ArgumentParser:
-    from gpusched.config import add_kafka_args
+    from gpusched.config import KafkaSettings
 
     p = argparse.ArgumentParser(prog="gpusched usage", description=main.__doc__)
-    add_kafka_args(p)
+    KafkaSettings.add_args(p)
     # a report on stdout: the followers' progress lines only when asked for
-    p.set_defaults(log_level=os.environ.get("GPUSCHED_LOG_LEVEL", "WARNING"))
+    p.set_defaults(log_level=p.get_default("log_level") or "WARNING")
     p.add_argument("--seconds", type=number_type(0.0), default=0.0,
                    help="follow the topics this long before reporting (default: report what they hold now)")
     p.add_argument("--idle-percent", type=number_type(0.0, 100.0), default=DEFAULT_IDLE_PERCENT,
@@ -233,23 +233,24 @@ async def _run(args: argparse.Namespace) -> int:
     from gpusched.config import kafka_settings
 
     settings = kafka_settings(args)
+    conn, topics = KafkaConnection.from_settings(settings), TopicNames(settings.topic_prefix)
     client_log = logging.getLogger("aiokafka")
     level = client_log.level
     client_log.setLevel(logging.CRITICAL)   # one clear line below, not a connection error a try
     try:
-        await wait_for_broker(settings.connection, args.connect_timeout)
+        await wait_for_broker(conn, args.connect_timeout)
     except TimeoutError as exc:
         print(f"gpusched usage: {exc}", file=sys.stderr)
         return 1
     finally:
         client_log.setLevel(level)
-    missing = await missing_topics(settings.connection, settings.topics)
+    missing = await missing_topics(conn, topics)
     if missing:
-        print(f"gpusched usage: no topic {', '.join(missing)} on {settings.connection} "
+        print(f"gpusched usage: no topic {', '.join(missing)} on {conn} "
               f"(wrong --topic-prefix, or no cluster has run there)", file=sys.stderr)
         return 1
     ledger = UtilizationLedger(args.idle_percent, args.idle_after)
-    await collect(settings.connection, settings.topics, ledger, args.seconds)
+    await collect(conn, topics, ledger, args.seconds)
     report = ledger.report(now=time.time())
     print(json.dumps(report_json(report), indent=2) if args.json else format_report(report, ledger, args.jobs))
     return 0

@@ -34,24 +34,26 @@ is mutable — sets, dicts, the mutable dataclasses' fields — and only referen
 immutable: strings, numbers, enums, frozen dataclasses, tuples of them) then
 ``encode_captured`` (turns the capture into JSON + zlib; reads no live state, so it may run
 in a thread). ``snapshot_bytes`` does both; ``snapshot_doc`` gives the JSON document.
+
+This module only encodes and decodes. Where it runs (a thread, a forked child) and what
+the cyclic GC does meanwhile is the caller's choice (``gpusched.adapters.snapshots``,
+``restore``, ``forked_snapshot``). The codec of every column is built when the module is
+imported, so capture and encode may run on two threads at once.
 """
 from __future__ import annotations
 
 import base64
 import dataclasses
 import enum
-import gc
 import json
 import struct
-import threading
 import types
 import typing
 import zlib
 from collections import deque
-from contextlib import contextmanager
 from itertools import islice, repeat
 from operator import attrgetter
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from gpusched.core.model import JobPhase
 from gpusched.core.state import ClusterState, DedupeWindow
@@ -68,19 +70,6 @@ class SnapshotError(ValueError):
     """Bytes that are not a snapshot this code can restore (corrupt, foreign or newer)."""
 
 
-@contextmanager
-def _gc_paused() -> Iterator[None]:
-    """Building millions of small containers makes the cyclic GC rescan them again and
-    again (it roughly halves the speed); none of them forms a cycle."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
 # --- writing ------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True, slots=True)
 class Captured:
@@ -93,8 +82,7 @@ class Captured:
 
 def capture(state: ClusterState) -> Captured:
     """The part of snapshotting that must see the live state: fast, on the caller's thread."""
-    with _gc_paused():
-        return Captured(_column(ClusterState).capture([state]), state.offset, len(state.jobs))
+    return Captured(_column(ClusterState).capture([state]), state.offset, len(state.jobs))
 
 
 def encode_captured(captured: Captured, level: int = 1) -> bytes:
@@ -113,8 +101,7 @@ def snapshot_doc(state: ClusterState) -> dict:
 
 
 def _document(captured: Captured) -> dict:
-    with _gc_paused():
-        return {"v": FORMAT_VERSION, "schema": _schema(), "state": _column(ClusterState).render(captured.data)}
+    return {"v": FORMAT_VERSION, "schema": _schema(), "state": _column(ClusterState).render(captured.data)}
 
 
 def encode_doc(doc: dict, level: int = 1) -> bytes:
@@ -123,30 +110,21 @@ def encode_doc(doc: dict, level: int = 1) -> bytes:
 
 
 # --- reading ------------------------------------------------------------------------
-def state_from_snapshot(data: bytes, freeze: bool = False) -> ClusterState:
-    """The state ``data`` was taken from; ``SnapshotError`` if it is not a valid snapshot.
-
-    ``freeze``: move everything the process holds now, the restored state included, to
-    the GC's permanent generation (``gc.freeze``). A restored million-event state is a few
-    million long-lived objects that the cyclic GC would otherwise rescan, seconds at a time;
-    they hold no cycles and are still freed by reference counting when dropped. For a
-    service, not for a library caller that did not ask."""
-    with _gc_paused():
-        doc = _load(data)
-        try:
-            schema = doc["schema"]
-            if type(schema) is not dict:
-                raise SnapshotError("malformed snapshot: schema")
-            state = _column(ClusterState).decoder(schema)(doc["state"], 1)[0]
-        except SnapshotError:
-            raise
-        except (KeyError, IndexError, TypeError, ValueError, AttributeError, struct.error) as exc:
-            raise SnapshotError(f"malformed snapshot: {type(exc).__name__}: {exc}") from None
-        del doc
-        _check_consistent(state)
-        if freeze:
-            gc.freeze()
-        return state
+def state_from_snapshot(data: bytes) -> ClusterState:
+    """The state ``data`` was taken from; ``SnapshotError`` if it is not a valid snapshot."""
+    doc = _load(data)
+    try:
+        schema = doc["schema"]
+        if type(schema) is not dict:
+            raise SnapshotError("malformed snapshot: schema")
+        state = _column(ClusterState).decoder(schema)(doc["state"], 1)[0]
+    except SnapshotError:
+        raise
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError, struct.error) as exc:
+        raise SnapshotError(f"malformed snapshot: {type(exc).__name__}: {exc}") from None
+    del doc
+    _check_consistent(state)
+    return state
 
 
 def _load(data: bytes) -> dict:
@@ -239,17 +217,11 @@ _COLUMNS: dict[Any, Column] = {}
 _CLASSES: dict[type, tuple[str, ...]] = {}   # dataclasses met, in order: the schema
 
 
-_BUILDING = threading.RLock()   # capture (loop) and encode (a worker thread) may race to build
-
-
 def _column(hint: Any, where: str = "") -> Column:
     key = hint if isinstance(hint, type) else repr(hint)
     found = _COLUMNS.get(key)
     if found is None:
-        with _BUILDING:
-            found = _COLUMNS.get(key)
-            if found is None:
-                found = _COLUMNS[key] = _build_column(hint, where or getattr(hint, "__name__", repr(hint)))
+        found = _COLUMNS[key] = _build_column(hint, where or getattr(hint, "__name__", repr(hint)))
     return found
 
 
@@ -573,3 +545,6 @@ def _dedupe(v: Any) -> DedupeWindow:
         raise SnapshotError("malformed snapshot: dedupe ids repeat or overflow the window")
     window._order = deque(ids)
     return window
+
+
+_column(ClusterState)   # every column, built now: later calls only read the cache (see the module doc)

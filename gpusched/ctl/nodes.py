@@ -166,15 +166,17 @@ def _measured(pool: str) -> dict[str, dict]:
     import asyncio
     import time
 
-    from gpusched.config import add_kafka_args, kafka_settings
+    from gpusched.adapters.kafka_admin import TopicNames
+    from gpusched.adapters.kafka_security import KafkaConnection
+    from gpusched.config import KafkaSettings, kafka_settings
     from gpusched.consumers.usage_report import collect
     from gpusched.consumers.utilization import GpuHours, UtilizationLedger
 
     parser = argparse.ArgumentParser()
-    add_kafka_args(parser)
+    KafkaSettings.add_args(parser)
     settings = kafka_settings(parser.parse_args([]))
     ledger = UtilizationLedger()
-    asyncio.run(collect(settings.connection, settings.topics, ledger))
+    asyncio.run(collect(KafkaConnection.from_settings(settings), TopicNames(settings.topic_prefix), ledger))
     report = ledger.report(now=time.time())
     teams: dict[str, GpuHours] = {}
     for job in report.jobs.values():

@@ -11,16 +11,16 @@ only the five). The trace folder is ``$GPUSCHED_TRACE_DIR`` or the shared copy.
 from __future__ import annotations
 
 import csv
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpusched.config import process_settings
 from gpusched.core.catalog import CATALOG, is_mig_capable
 from gpusched.core.model import GpuInfo, JobSpec, NodeInfo, WorkerResources
 
 # The shared/ folder sits beside the repository checkout.
 _SHARED_TRACES = Path(__file__).resolve().parents[2].parent / "shared" / "traces" / "alibaba-v2023"
-TRACE_DIR = Path(os.environ.get("GPUSCHED_TRACE_DIR", _SHARED_TRACES))
+TRACE_DIR = Path(process_settings().trace_dir or _SHARED_TRACES)
 NODE_LIST = "openb_node_list_gpu_node.csv"
 POD_LISTS = ("default", "cpu050", "gpushare40", "multigpu20", "gpuspec10")
 POOL = "default"

@@ -4,17 +4,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
 import time
 import uuid
 
-from gpusched.adapters.eventlog import EventPublisher, LogFollower
+from gpusched.adapters.follower import FollowerOptions, LogFollower
+from gpusched.adapters.publisher import EventPublisher
 from gpusched.adapters.grpc_server import set_serving, start_server
 from gpusched.adapters.relay import Relay
 from gpusched.adapters.service import connect, instance_id, stop_event
 from gpusched.adapters.tracing import setup_tracing
-from gpusched.config import (DEFAULT_JOB_RETENTION_S, add_kafka_args, add_security_args, kafka_settings,
-                             retention_seconds, server_security)
+from gpusched.adapters.kafka_admin import TopicNames
+from gpusched.adapters.kafka_security import KafkaConnection
+from gpusched.adapters.server_security import server_security_from_args
+from gpusched.config import AdmissionSettings, KafkaSettings, SecuritySettings, kafka_settings, settings_or_exit
 from gpusched.core import events as ev
 from gpusched.v1 import admission_pb2_grpc, cluster_pb2_grpc
 from gpusched_admission.limits import SubmissionLimits
@@ -28,14 +30,16 @@ SERVICES = ["gpusched.v1.AdmissionService", "gpusched.v1.ClusterService"]
 
 async def run(args: argparse.Namespace) -> None:
     settings = kafka_settings(args)
-    security = server_security(args)   # before connecting: a bad setting stops at once
+    conn, topics = KafkaConnection.from_settings(settings), TopicNames(settings.topic_prefix)
+    own = settings_or_exit(AdmissionSettings, args)
+    security = server_security_from_args(args, own.listen)   # before connecting: a bad setting stops at once
     setup_tracing("gpusched-admission")
     me = instance_id("admission")
     publisher, dead_letters = await connect(settings, me)
     watchers = Watchers()
     holder: dict = {}
     submitters = Submitters()   # fed from the first event replayed, before the API exists
-    limits = SubmissionLimits(args.submit_rate, args.submit_burst, args.max_pending_per_team)
+    limits = SubmissionLimits(own.submit_rate, own.submit_burst, own.max_pending_per_team)
 
     def on_event(partition, offset, event, outcome, state):
         submitters.on_event(event, outcome, state)
@@ -50,21 +54,21 @@ async def run(args: argparse.Namespace) -> None:
                 watchers.publish(state.jobs[job_id], type(event).__name__, offset)
 
     # Admission answers for every pool, so it follows every partition (no group).
-    follower = LogFollower(settings.connection, settings.topics, me, dead_letters, on_event=on_event,
-                           freeze_state=True)
+    follower = LogFollower(conn, topics, me, dead_letters,
+                           FollowerOptions(freeze_state=True, parallel_replay_min=settings.parallel_replay_min), on_event=on_event)
     await follower.start()
     model = ReadModel(follower, settings.partitions, submitters)
     admission = holder["admission"] = AdmissionServicer(model, publisher, me, watchers, limits)
     cluster = ClusterServicer(model, publisher, me)
-    server, port, health = await start_server(args.listen, [
+    server, port, health = await start_server(own.listen, [
         lambda s: admission_pb2_grpc.add_AdmissionServiceServicer_to_server(admission, s),
         lambda s: cluster_pb2_grpc.add_ClusterServiceServicer_to_server(cluster, s),
     ], SERVICES, security)
     await follower.caught_up()
-    await record_retention(follower, publisher, me, args.job_retention)
-    await bootstrap_policy(follower, publisher, me, settings.partitions, args.quotas)
+    await record_retention(follower, publisher, me, own.job_retention)
+    await bootstrap_policy(follower, publisher, me, settings.partitions, own.quotas)
     # Admission already folds every pool's log: the relay of node reports checks against it.
-    relay = None if args.no_relay else Relay(settings.connection, settings.topics, settings.partitions,
+    relay = None if own.no_relay else Relay(conn, topics, settings.partitions,
                                              follower, publisher, dead_letters, me)
     if relay is not None:
         await relay.start()
@@ -93,36 +97,11 @@ async def record_retention(follower: LogFollower, publisher: EventPublisher, me:
             await follower.wait_applied(await publisher.publish_to(event, partition))
 
 
-def add_limit_args(parser: argparse.ArgumentParser) -> None:
-    """Abuse limits per team (docs/api-errors.md); 0 turns one off."""
-    env = os.environ.get
-    parser.add_argument("--submit-rate", type=float, default=float(env("GPUSCHED_SUBMIT_RATE", "200")),
-                        help="jobs a second each team may submit, per admission replica (token bucket; "
-                             "env GPUSCHED_SUBMIT_RATE; 0: no limit)")
-    parser.add_argument("--submit-burst", type=float, default=float(env("GPUSCHED_SUBMIT_BURST", "5000")),
-                        help="jobs a team may submit at once before the rate applies (env GPUSCHED_SUBMIT_BURST)")
-    parser.add_argument("--max-pending-per-team", type=int, default=int(env("GPUSCHED_MAX_PENDING_PER_TEAM", "50000")),
-                        help="pending jobs a team may have, as Slurm's MaxSubmitJobs (env "
-                             "GPUSCHED_MAX_PENDING_PER_TEAM; 0: no limit)")
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="gpusched-admission", description=__doc__)
-    add_kafka_args(parser)
-    add_security_args(parser)
-    # String defaults from the environment go through ``type``, as in add_kafka_args.
-    parser.add_argument("--job-retention", type=retention_seconds,
-                        default=os.environ.get("GPUSCHED_JOB_RETENTION_S", str(DEFAULT_JOB_RETENTION_S)),
-                        help="seconds (log time) a finished job stays in the state before it is pruned; 0 keeps "
-                             "every job. Recorded in the log, which every service folds "
-                             "(env GPUSCHED_JOB_RETENTION_S)")
-    parser.add_argument("--listen", default="127.0.0.1:50051")
-    parser.add_argument("--quotas", default="",
-                        help="JSON file of org/team guarantees, limits and weights: written into each partition's "
-                             "log whose log holds no policy yet (a bootstrap; docs/policy.md)")
-    add_limit_args(parser)
-    parser.add_argument("--no-relay", action="store_true",
-                        help="do not relay node-agents' reports into the pool log (run `gpusched relay` instead)")
+    KafkaSettings.add_args(parser)
+    SecuritySettings.add_args(parser, title="API security (docs/security.md)")
+    AdmissionSettings.add_args(parser)
     asyncio.run(run(parser.parse_args(argv)))
 
 

@@ -14,7 +14,8 @@ from pathlib import Path
 import grpc
 
 from gpusched.adapters.auth import current_access
-from gpusched.adapters.eventlog import EventPublisher, LogFollower
+from gpusched.adapters.follower import LogFollower
+from gpusched.adapters.publisher import EventPublisher
 from gpusched.core import events as ev
 from gpusched.core.model import JobSpec
 from gpusched.core.policy import (

@@ -14,7 +14,8 @@ from opentelemetry import trace
 
 from gpusched.adapters import permissions as perm
 from gpusched.adapters.auth import current_access, deny
-from gpusched.adapters.eventlog import EventPublisher, LogFollower, partition_for
+from gpusched.adapters.follower import LogFollower
+from gpusched.adapters.publisher import EventPublisher, partition_for
 from gpusched.adapters.views import job_message, node_message, summary_message
 from gpusched.core import events as ev
 from gpusched.core.queries import pool_summary

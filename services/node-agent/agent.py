@@ -20,7 +20,8 @@ import time
 import uuid
 from pathlib import Path
 
-from gpusched.adapters.eventlog import EventPublisher, LogFollower
+from gpusched.adapters.follower import LogFollower
+from gpusched.adapters.publisher import EventPublisher
 from gpusched.adapters.reports import send_report
 from gpusched.core import events as ev
 from gpusched.core.model import EXIT_LOST, JobPhase, NodeInfo, NodeStatus, WorkerAssignment

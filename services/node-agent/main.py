@@ -8,14 +8,18 @@ import tempfile
 import uuid
 from pathlib import Path
 
-from gpusched.adapters.eventlog import LogFollower, partition_for
+from gpusched.adapters.follower import FollowerOptions, LogFollower
+from gpusched.adapters.publisher import partition_for
 from gpusched.adapters.gpu_health import NvmlWatch, SimulatedNvml
 from gpusched.adapters.gpu_inventory import InventoryError, nvml_gpus, simulated_gpus
 from gpusched.adapters.grpc_server import set_serving, start_server
 from gpusched.adapters.node_access import ensure_report_topic
 from gpusched.adapters.service import connect, stop_event
 from gpusched.adapters.tracing import setup_tracing
-from gpusched.config import add_kafka_args, add_security_args, kafka_settings, server_security
+from gpusched.adapters.kafka_admin import TopicNames
+from gpusched.adapters.kafka_security import KafkaConnection
+from gpusched.adapters.server_security import server_security_from_args
+from gpusched.config import KafkaSettings, SecuritySettings, kafka_settings
 from gpusched.core.model import NodeInfo
 from gpusched.v1 import node_agent_pb2_grpc
 from gpusched_node_agent.agent import NodeAgent, RelayTimeout
@@ -69,7 +73,8 @@ def positive_seconds(text: str) -> float:
 
 async def run(args: argparse.Namespace) -> None:
     settings = kafka_settings(args)
-    security = server_security(args)   # before connecting: a bad setting stops at once
+    conn, topics = KafkaConnection.from_settings(settings), TopicNames(settings.topic_prefix)
+    security = server_security_from_args(args, args.listen)   # before connecting: a bad setting stops at once
     setup_tracing("gpusched-node-agent")
     try:
         nvml = load_nvml(args.fake_nvml)
@@ -79,7 +84,7 @@ async def run(args: argparse.Namespace) -> None:
     me = f"node-agent-{info.name}-{info.agent_id}"
     publisher, dead_letters = await connect(settings, me)
     try:
-        report_topic = await ensure_report_topic(settings.connection, settings.topics, info.name,
+        report_topic = await ensure_report_topic(conn, topics, info.name,
                                                  replication_factor=settings.replication_factor,
                                                  min_insync_replicas=settings.min_insync_replicas)
     except (PermissionError, ValueError) as exc:   # not set up for this node: say how
@@ -90,8 +95,9 @@ async def run(args: argparse.Namespace) -> None:
                       real_processes=real_processes(args))
     agent.mig = MigManager(info, nvml) if info.dynamic_mig else None
     backend = SimulatedNvml() if info.simulated else NvmlWatch(len(info.gpus), nvml=nvml)
-    follower = LogFollower(settings.connection, settings.topics, me, dead_letters, on_event=agent.on_event,
-                           partitions=[partition_for(info.pool, settings.partitions)], freeze_state=True)
+    options = FollowerOptions(partitions=(partition_for(info.pool, settings.partitions),), freeze_state=True,
+                              parallel_replay_min=settings.parallel_replay_min)
+    follower = LogFollower(conn, topics, me, dead_letters, options, on_event=agent.on_event)
     servicer = NodeAgentServicer(agent, backend)
     server, port, health = await start_server(args.listen, [
         lambda s: node_agent_pb2_grpc.add_NodeAgentServiceServicer_to_server(servicer, s)], SERVICES, security)
@@ -117,8 +123,8 @@ async def run(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="gpusched-node-agent", description=__doc__)
-    add_kafka_args(parser)
-    add_security_args(parser)
+    KafkaSettings.add_args(parser)
+    SecuritySettings.add_args(parser, title="API security (docs/security.md)")
     parser.add_argument("--name", default="", help="node name (default: host name)")
     parser.add_argument("--pool", default="default")
     parser.add_argument("--simulate", default="", help="simulated GPUs, e.g. 8xH100-80GB (default: NVML)")

@@ -5,11 +5,14 @@ import argparse
 import asyncio
 import logging
 
-from gpusched.adapters.eventlog import LogFollower
+from gpusched.adapters.follower import FollowerOptions, LogFollower
 from gpusched.adapters.grpc_server import set_serving, start_server
 from gpusched.adapters.service import connect, instance_id, stop_event
 from gpusched.adapters.tracing import setup_tracing
-from gpusched.config import add_kafka_args, add_security_args, kafka_settings, server_security
+from gpusched.adapters.kafka_admin import TopicNames
+from gpusched.adapters.kafka_security import KafkaConnection
+from gpusched.adapters.server_security import server_security_from_args
+from gpusched.config import KafkaSettings, PlacerSettings, SecuritySettings, kafka_settings, settings_or_exit
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig
 from gpusched.adapters.proposer import PartitionProposer
 from gpusched.adapters.snapshots import SnapshotStore, SnapshotWriter
@@ -20,16 +23,18 @@ log = logging.getLogger("gpusched.placer")
 
 async def run(args: argparse.Namespace) -> None:
     settings = kafka_settings(args)
-    security = server_security(args)   # before connecting: a bad setting stops at once
+    conn, topics = KafkaConnection.from_settings(settings), TopicNames(settings.topic_prefix)
+    own = settings_or_exit(PlacerSettings, args)
+    security = server_security_from_args(args, own.listen)   # before connecting: a bad setting stops at once
     setup_tracing("gpusched-placer")
     me = instance_id("placer")
-    scheduler = Scheduler(SchedulerConfig(queue=args.queue, placement=args.placement, backfill=args.backfill))
+    scheduler = Scheduler(SchedulerConfig(queue=own.queue, placement=own.placement, backfill=own.backfill))
     # Quotas and weights come from the log (QuotaSet/TeamPolicySet, docs/policy.md).
     publisher, dead_letters = await connect(settings, me)
     holder: dict = {}
     # Snapshots: a newly owned pool starts from its latest snapshot and replays the tail;
     # owned pools are snapshotted every N events / T seconds (and on a clean stop).
-    snapshots = SnapshotStore(settings.connection, settings.topics, name=me)
+    snapshots = SnapshotStore(conn, topics, name=me)
 
     def revoked(parts: set[int]):
         holder["snapshots"].forget(parts)
@@ -40,17 +45,15 @@ async def run(args: argparse.Namespace) -> None:
         holder["decider"].forget(parts)
         return holder["loop"].on_assigned(parts)
 
-    follower = LogFollower(
-        settings.connection, settings.topics, me, dead_letters, group_id=f"{settings.topic_prefix}placer",
-        on_assigned=assigned,
-        on_revoked=revoked,
-        use_snapshots=not args.no_snapshots, snapshots=snapshots, freeze_state=True,
-    )
-    writer = holder["snapshots"] = SnapshotWriter(follower, snapshots, args.snapshot_every_events,
-                                                  args.snapshot_every_s, fork=not args.snapshot_in_thread)
+    options = FollowerOptions(group_id=f"{settings.topic_prefix}placer", use_snapshots=not own.no_snapshots,
+                              freeze_state=True, parallel_replay_min=settings.parallel_replay_min)
+    follower = LogFollower(conn, topics, me, dead_letters, options,
+                           on_assigned=assigned, on_revoked=revoked, snapshots=snapshots)
+    writer = holder["snapshots"] = SnapshotWriter(follower, snapshots, own.snapshot_every_events,
+                                                  own.snapshot_every_s, fork=not own.snapshot_in_thread)
     decider = holder["decider"] = PlacementDecider(scheduler, me)
     loop = holder["loop"] = PartitionProposer(follower, publisher, decider, me)
-    server, port, health = await start_server(args.listen, [], [], security)
+    server, port, health = await start_server(own.listen, [], [], security)
     await follower.start()
     await set_serving(health, [])
     print(f"placer ready port={port} id={me}", flush=True)
@@ -70,21 +73,9 @@ async def run(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="gpusched-placer", description=__doc__)
-    add_kafka_args(parser)
-    add_security_args(parser)
-    parser.add_argument("--listen", default="127.0.0.1:0", help="health endpoint")
-    parser.add_argument("--queue", default="priority", help="queue-sort policy name")
-    parser.add_argument("--placement", default="best-fit", help="placement policy name")
-    parser.add_argument("--backfill", action="store_true", help="reserve for the blocked head-of-line gang (EASY)")
-    parser.add_argument("--snapshot-every-events", type=int, default=50_000,
-                        help="snapshot an owned pool after this many new events (0: never by count)")
-    parser.add_argument("--snapshot-every-s", type=float, default=60.0,
-                        help="snapshot an owned pool that moved at least this often, seconds (0: never by time)")
-    parser.add_argument("--snapshot-in-thread", action="store_true",
-                        help="copy the state on the event loop and encode it in a thread, instead of "
-                             "encoding it in a forked child (the default where fork exists)")
-    parser.add_argument("--no-snapshots", action="store_true",
-                        help="rebuild newly owned pools from offset 0 instead of their latest snapshot")
+    KafkaSettings.add_args(parser)
+    SecuritySettings.add_args(parser, title="API security (docs/security.md)")
+    PlacerSettings.add_args(parser)
     asyncio.run(run(parser.parse_args(argv)))
 
 

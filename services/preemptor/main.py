@@ -4,13 +4,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 
-from gpusched.adapters.eventlog import LogFollower
+from gpusched.adapters.follower import FollowerOptions, LogFollower
 from gpusched.adapters.grpc_server import set_serving, start_server
 from gpusched.adapters.heartbeats import HeartbeatMonitor
 from gpusched.adapters.proposer import PartitionProposer
 from gpusched.adapters.service import connect, instance_id, stop_event
 from gpusched.adapters.tracing import setup_tracing
-from gpusched.config import add_kafka_args, add_security_args, kafka_settings, server_security
+from gpusched.adapters.kafka_admin import TopicNames
+from gpusched.adapters.kafka_security import KafkaConnection
+from gpusched.adapters.server_security import server_security_from_args
+from gpusched.config import KafkaSettings, PreemptorSettings, SecuritySettings, kafka_settings, settings_or_exit
 from gpusched.policies.preemption import PreemptionConfig
 from gpusched.policies.supervision import SupervisionConfig
 from gpusched_preemptor.decide import PreemptorDecider
@@ -18,27 +21,29 @@ from gpusched_preemptor.decide import PreemptorDecider
 
 async def run(args: argparse.Namespace) -> None:
     settings = kafka_settings(args)
-    security = server_security(args)   # before connecting: a bad setting stops at once
+    conn, topics = KafkaConnection.from_settings(settings), TopicNames(settings.topic_prefix)
+    own = settings_or_exit(PreemptorSettings, args)
+    security = server_security_from_args(args, own.listen)   # before connecting: a bad setting stops at once
     setup_tracing("gpusched-preemptor")
     me = instance_id("preemptor")
     publisher, dead_letters = await connect(settings, me)
     monitor = HeartbeatMonitor(
-        settings.connection, settings.topics.heartbeats,
-        lambda value, key: publisher.send_raw(settings.topics.heartbeats, value, key=key))
+        conn, topics.heartbeats,
+        lambda value, key: publisher.send_raw(topics.heartbeats, value, key=key))
     await monitor.start()
     decider = PreemptorDecider(
-        me, PreemptionConfig(min_runtime_s=args.min_runtime),   # quotas: the log's
-        SupervisionConfig(heartbeat_timeout_s=args.heartbeat_timeout, hang_intervals=args.hang_intervals,
-                          hang_grace_s=args.hang_grace),
-        lambda now: (monitor.last_seen, monitor.since, monitor.hearing(now)), defrag=not args.no_defrag)
+        me, PreemptionConfig(min_runtime_s=own.min_runtime),   # quotas: the log's
+        SupervisionConfig(heartbeat_timeout_s=own.heartbeat_timeout, hang_intervals=own.hang_intervals,
+                          hang_grace_s=own.hang_grace),
+        lambda now: (monitor.last_seen, monitor.since, monitor.hearing(now)), defrag=not own.no_defrag)
     holder: dict = {}
-    follower = LogFollower(
-        settings.connection, settings.topics, me, dead_letters, group_id=f"{settings.topic_prefix}preemptor",
-        on_assigned=lambda parts: holder["loop"].on_assigned(parts),
-        on_revoked=lambda parts: holder["loop"].on_revoked(parts), freeze_state=True,
-    )
+    options = FollowerOptions(group_id=f"{settings.topic_prefix}preemptor", freeze_state=True,
+                              parallel_replay_min=settings.parallel_replay_min)
+    follower = LogFollower(conn, topics, me, dead_letters, options,
+                           on_assigned=lambda parts: holder["loop"].on_assigned(parts),
+                           on_revoked=lambda parts: holder["loop"].on_revoked(parts))
     loop = holder["loop"] = PartitionProposer(follower, publisher, decider, me)
-    server, port, health = await start_server(args.listen, [], [], security)
+    server, port, health = await start_server(own.listen, [], [], security)
     await follower.start()
     await set_serving(health, [])
     print(f"preemptor ready port={port} id={me}", flush=True)
@@ -54,14 +59,9 @@ async def run(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="gpusched-preemptor", description=__doc__)
-    add_kafka_args(parser)
-    add_security_args(parser)
-    parser.add_argument("--listen", default="127.0.0.1:0", help="health endpoint")
-    parser.add_argument("--heartbeat-timeout", type=float, default=10.0, help="seconds of silence before NodeLost")
-    parser.add_argument("--min-runtime", type=float, default=30.0, help="jobs younger than this are not preempted")
-    parser.add_argument("--hang-intervals", type=float, default=3.0)
-    parser.add_argument("--hang-grace", type=float, default=30.0)
-    parser.add_argument("--no-defrag", action="store_true", help="do not migrate jobs to defragment")
+    KafkaSettings.add_args(parser)
+    SecuritySettings.add_args(parser, title="API security (docs/security.md)")
+    PreemptorSettings.add_args(parser)
     asyncio.run(run(parser.parse_args(argv)))
 
 

@@ -8,7 +8,7 @@ import grpc
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from gpusched.adapters.eventlog import partition_for
+from gpusched.adapters.publisher import partition_for
 from gpusched.adapters.kafka_security import client_args
 from gpusched.client import Client, spec
 from gpusched.v1 import admission_pb2, cluster_pb2, events_pb2, types_pb2

@@ -8,7 +8,7 @@ import pytest
 from aiokafka import AIOKafkaProducer
 
 from gpusched.adapters import codec
-from gpusched.adapters.eventlog import partition_for
+from gpusched.adapters.publisher import partition_for
 from gpusched.adapters.kafka_security import client_args
 from gpusched.client import Client, spec
 from gpusched.core import events as ev

@@ -4,7 +4,8 @@ from __future__ import annotations
 import asyncio
 
 from gpusched.adapters import codec
-from gpusched.adapters.eventlog import DeadLetters, LogFollower
+from gpusched.adapters.follower import LogFollower
+from gpusched.adapters.publisher import DeadLetters
 from gpusched.core.model import NodeStatus
 from gpusched.client import Client, spec
 from gpusched.core import events as ev

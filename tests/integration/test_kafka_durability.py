@@ -14,7 +14,8 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 
 from gpusched.adapters.codec import decode
-from gpusched.adapters.eventlog import DeadLetters, LogFollower, partition_for
+from gpusched.adapters.follower import FollowerOptions, LogFollower
+from gpusched.adapters.publisher import DeadLetters, partition_for
 from gpusched.adapters.kafka_acls import grant_service_acls
 from gpusched.adapters.kafka_admin import TopicNames, delete_topics, ensure_topics
 from gpusched.adapters.kafka_security import client_args
@@ -57,7 +58,7 @@ async def _partition(conn, topic: str, partition: int) -> dict:
 
 async def _replay_digest(conn, topics: TopicNames, partition: int) -> tuple[str, int]:
     follower = LogFollower(conn, topics, f"replay-{secrets.token_hex(3)}", DeadLetters(None, "replay"),
-                           partitions=[partition])
+                           FollowerOptions(partitions=(partition,)))
     await follower.start()
     try:
         await follower.caught_up()

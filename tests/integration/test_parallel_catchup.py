@@ -16,7 +16,8 @@ import pytest
 from aiokafka import AIOKafkaProducer
 
 from gpusched.adapters import catchup
-from gpusched.adapters.eventlog import DeadLetters, EventPublisher, LogFollower, partition_for
+from gpusched.adapters.follower import FollowerOptions, LogFollower
+from gpusched.adapters.publisher import DeadLetters, EventPublisher, partition_for
 from gpusched.adapters.kafka_security import client_args
 from gpusched.core import events as ev
 from gpusched.core.digest import digest
@@ -82,9 +83,9 @@ class Follower:
     def __init__(self, bootstrap, topics, publisher, parallel_replay_min: int) -> None:
         self.seen: list[tuple[int, str, bool]] = []
         self.name = f"catchup-{parallel_replay_min}-{uuid.uuid4().hex[:6]}"
-        self.follower = LogFollower(bootstrap, topics, self.name, DeadLetters(publisher, self.name),
-                                    on_event=self._note, partitions=[PARTITION], freeze_state=False,
-                                    parallel_replay_min=parallel_replay_min)
+        options = FollowerOptions(partitions=(PARTITION,), parallel_replay_min=parallel_replay_min)
+        self.follower = LogFollower(bootstrap, topics, self.name, DeadLetters(publisher, self.name), options,
+                                    on_event=self._note)
 
     def _note(self, partition, offset, event, outcome, state) -> None:
         self.seen.append((offset, event.event_id, outcome.accepted))
@@ -119,10 +120,10 @@ async def test_a_parallel_catch_up_folds_what_the_consumer_would(kafka_bootstrap
     plain = await Follower(kafka_bootstrap, topics, publisher, parallel_replay_min=0).replay()
     parallel = await Follower(kafka_bootstrap, topics, publisher, parallel_replay_min=1).replay()
     try:
-        run = parallel.follower.catchup_runs[PARTITION]
+        run = parallel.follower.catchups.runs[PARTITION]
         assert run["error"] == "" and run["start"] == 0 and run["end"] == records
         assert run["folded"] == records                 # every record came through the reader
-        assert PARTITION not in plain.follower.catchup_runs
+        assert PARTITION not in plain.follower.catchups.runs
         assert digest(parallel.state) == digest(plain.state)
         assert parallel.state.offset == plain.state.offset == records - 1
         assert parallel.seen == plain.seen and len(plain.seen) == records - len(BAD)
@@ -156,7 +157,7 @@ async def test_a_reader_that_dies_leaves_the_rest_to_the_consumer(kafka_bootstra
     plain = await Follower(kafka_bootstrap, topics, publisher, parallel_replay_min=0).replay()
     broken = await Follower(kafka_bootstrap, topics, publisher, parallel_replay_min=1).replay()
     try:
-        run = broken.follower.catchup_runs[PARTITION]
+        run = broken.follower.catchups.runs[PARTITION]
         assert "reader died" in run["error"] and run["folded"] == catchup.FRAME_EVENTS
         assert broken.state.offset == records - 1
         assert broken.seen == plain.seen                 # no record twice, none missed
@@ -183,7 +184,8 @@ async def test_a_follower_stopped_mid_catch_up_leaves_no_reader(kafka_bootstrap,
     await write_log(kafka_bootstrap, topics, publisher, jobs=12_000)   # ~14 frames: the reader cannot run ahead
     first_fold = asyncio.Event()
     follower = LogFollower(kafka_bootstrap, topics, "stopped", DeadLetters(publisher, "stopped"),
-                           on_event=lambda *a: first_fold.set(), partitions=[PARTITION], parallel_replay_min=1)
+                           FollowerOptions(partitions=(PARTITION,), parallel_replay_min=1),
+                           on_event=lambda *a: first_fold.set())
     await follower.start()
     try:
         await asyncio.wait_for(first_fold.wait(), 60)
@@ -193,7 +195,7 @@ async def test_a_follower_stopped_mid_catch_up_leaves_no_reader(kafka_bootstrap,
     finally:
         await follower.stop()
     assert not readers() & running
-    assert follower.states[PARTITION].offset < follower.catchup_runs[PARTITION]["end"] - 1
+    assert follower.states[PARTITION].offset < follower.catchups.runs[PARTITION]["end"] - 1
 
 
 async def test_a_rebalance_mid_catch_up_stops_the_reader_and_the_new_owner_agrees(kafka_bootstrap, topics, publisher):
@@ -220,9 +222,9 @@ async def test_a_rebalance_mid_catch_up_stops_the_reader_and_the_new_owner_agree
             if PARTITION in parts:
                 owners.append(follower)
                 assigned.set()
-        follower = LogFollower(kafka_bootstrap, topics, name, DeadLetters(publisher, name), group_id=group,
-                               on_event=on_event, on_assigned=on_assigned, on_revoked=on_revoked,
-                               parallel_replay_min=1)
+        follower = LogFollower(kafka_bootstrap, topics, name, DeadLetters(publisher, name),
+                               FollowerOptions(group_id=group, parallel_replay_min=1),
+                               on_event=on_event, on_assigned=on_assigned, on_revoked=on_revoked)
         return follower
 
     a = member("member-a", on_event=on_event, on_revoked=revoked)
@@ -231,7 +233,7 @@ async def test_a_rebalance_mid_catch_up_stops_the_reader_and_the_new_owner_agree
     try:
         await asyncio.wait_for(first_fold.wait(), 60)
         first_reader = readers()
-        assert len(first_reader) == 1 and PARTITION in a._catchups
+        assert len(first_reader) == 1 and a.catchups.running(PARTITION)
         assigned.clear()
         await b.start()                                   # the group rebalances: a loses its partitions
         await asyncio.wait_for(assigned.wait(), 60)       # the pool has an owner again

@@ -13,7 +13,8 @@ import grpc
 import pytest
 
 from gpusched.adapters import codec
-from gpusched.adapters.eventlog import DeadLetters, EventPublisher, LogFollower, partition_for
+from gpusched.adapters.follower import LogFollower
+from gpusched.adapters.publisher import DeadLetters, EventPublisher, partition_for
 from gpusched.client import Client, spec
 from gpusched.core import events as ev
 from gpusched.core.digest import digest

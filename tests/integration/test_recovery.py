@@ -7,7 +7,8 @@ import uuid
 import grpc
 import pytest
 
-from gpusched.adapters.eventlog import DeadLetters, EventPublisher, LogFollower
+from gpusched.adapters.follower import LogFollower
+from gpusched.adapters.publisher import DeadLetters, EventPublisher
 from gpusched.adapters.codec import decode
 from gpusched.client import Client
 from gpusched.core.digest import digest

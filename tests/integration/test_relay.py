@@ -14,7 +14,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import TopicAuthorizationFailedError
 
 from gpusched.adapters import codec
-from gpusched.adapters.eventlog import partition_for
+from gpusched.adapters.publisher import partition_for
 from gpusched.adapters.kafka_security import client_args
 from gpusched.adapters.reports import node_principal, report_topic
 from gpusched.client import Client, spec

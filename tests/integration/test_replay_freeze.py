@@ -5,18 +5,19 @@ from __future__ import annotations
 import gc
 import uuid
 
-from gpusched.adapters import eventlog
-from gpusched.adapters.eventlog import DeadLetters, EventPublisher, LogFollower
+from gpusched.adapters.follower import FollowerOptions, LogFollower
+from gpusched.adapters.gc_pacing import GC_PAUSE_MIN
+from gpusched.adapters.publisher import DeadLetters, EventPublisher
 from gpusched.core import events as ev
 from gpusched.core.digest import digest
 from tests.unit.core.builders import make_node, make_spec
 
-EVENTS = 3 * eventlog.GC_PAUSE_MIN   # replay batches big enough to count as replaying
+EVENTS = 3 * GC_PAUSE_MIN   # replay batches big enough to count as replaying
 
 
 async def _replay(bootstrap, topics, publisher, freeze: bool):
     follower = LogFollower(bootstrap, topics, f"freeze-{uuid.uuid4().hex[:6]}", DeadLetters(publisher, "t"),
-                           freeze_state=freeze)
+                           FollowerOptions(freeze_state=freeze))
     before = gc.get_freeze_count()
     await follower.start()
     try:

@@ -9,7 +9,8 @@ import random
 import uuid
 
 from gpusched.adapters import codec
-from gpusched.adapters.eventlog import DeadLetters, EventPublisher, LogFollower, partition_for
+from gpusched.adapters.follower import FollowerOptions, LogFollower
+from gpusched.adapters.publisher import DeadLetters, EventPublisher, partition_for
 from gpusched.adapters.snapshots import SnapshotStore, SnapshotWriter
 from gpusched.core import events as ev
 from gpusched.core.digest import digest
@@ -113,8 +114,9 @@ async def _publisher(kafka_bootstrap, topics) -> EventPublisher:
     return publisher
 
 
-async def _follower(kafka_bootstrap, topics, publisher, **kw) -> LogFollower:
-    follower = LogFollower(kafka_bootstrap, topics, f"t-{uuid.uuid4().hex[:6]}", DeadLetters(publisher, "t"), **kw)
+async def _follower(kafka_bootstrap, topics, publisher, snapshots=None, on_event=None, **options) -> LogFollower:
+    follower = LogFollower(kafka_bootstrap, topics, f"t-{uuid.uuid4().hex[:6]}", DeadLetters(publisher, "t"),
+                           FollowerOptions(**options), on_event=on_event, snapshots=snapshots)
     await follower.start()
     return follower
 

@@ -11,7 +11,8 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 
 from gpusched.adapters import dev_pki
 from gpusched.adapters.identity import Authenticator, AuthError, JwtSettings, JwtVerifier, StaticTokens
-from gpusched.adapters.server_security import SecurityConfigError, SecuritySettings, is_loopback, server_security
+from gpusched.adapters.server_security import SecurityConfigError, is_loopback, server_security
+from gpusched.config import SecuritySettings
 
 
 @pytest.fixture

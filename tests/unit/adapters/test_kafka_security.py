@@ -12,7 +12,7 @@ from gpusched.adapters.kafka_acls import (DESCRIBE, DESCRIBE_CONFIGS, GRANTS, ID
                                           acl_entries, node_acl_entries)
 from gpusched.adapters.kafka_admin import TopicNames, replication_for, topic_specs
 from gpusched.adapters.kafka_security import KafkaConnection, client_args, connection, load_credentials
-from gpusched.config import add_kafka_args, kafka_settings
+from gpusched.config import KafkaSettings, kafka_settings
 
 
 def _secured(**kw) -> KafkaConnection:
@@ -61,9 +61,9 @@ def test_settings_from_flags_and_env(monkeypatch, tmp_path):
     monkeypatch.setenv("GPUSCHED_KAFKA_USER", "admission")
     monkeypatch.delenv("GPUSCHED_KAFKA_PASSWORD", raising=False)
     parser = argparse.ArgumentParser()
-    add_kafka_args(parser)
+    KafkaSettings.add_args(parser)
     args = parser.parse_args(["--kafka-password-file", str(secret), "--kafka-ca", "/ca.pem", "--log-level", "ERROR"])
-    conn = kafka_settings(args).connection
+    conn = KafkaConnection.from_settings(kafka_settings(args))
     assert (conn.security_protocol, conn.username, conn.password, conn.ca_file) == \
         ("SASL_SSL", "admission", "from-file", "/ca.pem")
     args = parser.parse_args(["--kafka-ca", "", "--log-level", "ERROR"])

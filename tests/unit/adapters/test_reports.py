@@ -106,7 +106,7 @@ def test_names():
 
 def test_the_relay_appends_skips_what_the_log_has_and_refuses_the_rest(log):
     from gpusched.adapters import codec
-    from gpusched.adapters.eventlog import partition_for
+    from gpusched.adapters.publisher import partition_for
     from gpusched.adapters.relay import triage
 
     states = {partition_for("default", 4): log.state}

@@ -1,5 +1,5 @@
-"""Fetch batching of the log follower: the switch on the record rate, and the aiokafka
-internals it relies on (pinned version; this fails loudly if they change)."""
+"""Batching by rate: the follower's fetch mode, the publisher's linger, and the aiokafka
+internals they rely on (pinned version; this fails loudly if they change)."""
 from __future__ import annotations
 
 import inspect
@@ -8,11 +8,13 @@ from aiokafka.consumer.fetcher import Fetcher
 
 import pytest
 
-from gpusched.adapters import eventlog
-from gpusched.adapters.eventlog import (
-    FETCH_MODES, IDLE_FETCH_WAIT_MS, RATE_WINDOW_S, FetchMode, LogFollower, fetch_mode_for, next_fetch_mode,
-    set_fetch_mode,
+from gpusched.adapters import batching
+from gpusched.adapters.batching import (
+    FETCH_MODES, IDLE_FETCH_WAIT_MS, RATE_WINDOW_S, FetchMode, FetchTuner, fetch_mode_for, linger_for,
+    next_fetch_mode, set_fetch_mode,
 )
+from gpusched.adapters.kafka_admin import TopicNames
+from gpusched.adapters.publisher import EventPublisher
 
 LONG_POLL, BUSY, BURST = FETCH_MODES
 
@@ -77,8 +79,8 @@ def test_next_fetch_mode(current, rate, streak, expected):
 
 def test_one_backlog_window_does_not_reach_the_burst_mode(monkeypatch):
     clock = [100.0]
-    monkeypatch.setattr(eventlog.time, "monotonic", lambda: clock[0])
-    follower = _follower(clock)
+    monkeypatch.setattr(batching.time, "monotonic", lambda: clock[0])
+    follower = _Follower(clock)
     for rate in (900, 900, 6_000, 900, 900, 6_000, 900):   # a stall's backlog now and then
         _run_window(follower, clock, rate)
         assert follower.fetch_mode == BUSY, rate
@@ -92,44 +94,50 @@ def test_set_fetch_mode_sets_both_attributes():
             (mode.min_bytes, mode.max_wait_ms)
 
 
-def _follower(clock: list[float]) -> LogFollower:
-    follower = LogFollower("127.0.0.1:1", eventlog.TopicNames("t."), "t", dead_letters=None)
-    follower._consumer = _Consumer()
-    follower._window = (clock[0], 0)
-    return follower
+class _Follower:
+    """A consumer and its tuner, as the follower holds them."""
+
+    def __init__(self, clock: list[float]) -> None:
+        self.consumer = _Consumer()
+        self.tuner = FetchTuner()
+        self.tuner.start_window(clock[0])
+
+    @property
+    def fetch_mode(self) -> FetchMode:
+        return self.tuner.mode
 
 
-def _run_window(follower: LogFollower, clock: list[float], records_per_s: float) -> None:
+def _run_window(follower: _Follower, clock: list[float], records_per_s: float) -> None:
     """A window and a bit of fetches at this rate, in ten small batches."""
     per_batch = int(records_per_s * RATE_WINDOW_S / 10)
     for _ in range(11):
         clock[0] += RATE_WINDOW_S / 10
-        follower._measure_rate(per_batch)
+        follower.tuner.count(follower.consumer, per_batch)
 
 
 def test_the_mode_follows_the_rate_up_and_back_down(monkeypatch):
     clock = [100.0]
-    monkeypatch.setattr(eventlog.time, "monotonic", lambda: clock[0])
-    follower = _follower(clock)
+    monkeypatch.setattr(batching.time, "monotonic", lambda: clock[0])
+    follower = _Follower(clock)
     burst = [(2 * BURST.from_records_per_s, BUSY)] * (BURST.sustained_windows - 1) + \
         [(2 * BURST.from_records_per_s, BURST)]
     for rate, expected in [(2 * BUSY.from_records_per_s, BUSY), *burst,
                            (2 * BUSY.from_records_per_s, BUSY), (10, LONG_POLL)]:
         _run_window(follower, clock, rate)
         assert follower.fetch_mode == expected, rate
-        assert follower._consumer._fetcher._fetch_max_wait_ms == expected.max_wait_ms
-        assert follower._consumer._fetcher._fetch_min_bytes == expected.min_bytes
+        assert follower.consumer._fetcher._fetch_max_wait_ms == expected.max_wait_ms
+        assert follower.consumer._fetcher._fetch_min_bytes == expected.min_bytes
 
 
 def test_a_slow_log_never_batches(monkeypatch):
     clock = [5.0]
-    monkeypatch.setattr(eventlog.time, "monotonic", lambda: clock[0])
-    follower = _follower(clock)
+    monkeypatch.setattr(batching.time, "monotonic", lambda: clock[0])
+    follower = _Follower(clock)
     for _ in range(100):
         clock[0] += 0.01
-        follower._measure_rate(int(BUSY.from_records_per_s * 0.01 / 2))
+        follower.tuner.count(follower.consumer, int(BUSY.from_records_per_s * 0.01 / 2))
     assert follower.fetch_mode == LONG_POLL
-    assert follower._consumer._fetcher._fetch_min_bytes == 1
+    assert follower.consumer._fetcher._fetch_min_bytes == 1
 
 
 # --- the producer's linger --------------------------------------------------------
@@ -146,19 +154,19 @@ def test_aiokafka_gives_new_batches_the_accumulators_linger():
     (600, 5), (5_000, 5),           # a burst
 ])
 def test_linger_for_rate(rate, linger):
-    assert eventlog.linger_for(rate) == linger
+    assert linger_for(rate) == linger
 
 
 async def test_the_linger_follows_the_send_rate_up_and_back_down(monkeypatch):   # a producer needs a loop
     clock = [100.0]
-    monkeypatch.setattr(eventlog.time, "monotonic", lambda: clock[0])
-    publisher = eventlog.EventPublisher("127.0.0.1:1", eventlog.TopicNames("t."), 4)
+    monkeypatch.setattr(batching.time, "monotonic", lambda: clock[0])
+    publisher = EventPublisher("127.0.0.1:1", TopicNames("t."), 4)
     assert publisher.linger_ms == 1 and publisher._producer._message_accumulator._linger_time == 0.001
 
     def window(events_per_s: float) -> None:
         for _ in range(int(events_per_s * RATE_WINDOW_S)):
             clock[0] += 1 / events_per_s
-            publisher._count_send()
+            publisher._linger.count(publisher._producer)
 
     for rate, expected in [(2_000, 5), (2_000, 5), (100, 1), (1_000, 5)]:
         window(rate)
@@ -166,27 +174,5 @@ async def test_the_linger_follows_the_send_rate_up_and_back_down(monkeypatch):  
         assert publisher.linger_ms == expected, rate
         assert publisher._producer._message_accumulator._linger_time == expected / 1000
     clock[0] += 30       # a quiet spell: the next send already goes with the quiet linger
-    publisher._count_send()
+    publisher._linger.count(publisher._producer)
     assert publisher.linger_ms == 1
-
-
-# --- parallel catch-up: when a partition is rebuilt through a reader process -----------
-@pytest.mark.parametrize("env, expected", [
-    (None, eventlog.PARALLEL_REPLAY_MIN),
-    ("", eventlog.PARALLEL_REPLAY_MIN),
-    ("0", 0),             # off
-    ("250000", 250_000),
-])
-def test_parallel_replay_min_comes_from_the_environment(monkeypatch, env, expected):
-    if env is None:
-        monkeypatch.delenv("GPUSCHED_PARALLEL_REPLAY_MIN", raising=False)
-    else:
-        monkeypatch.setenv("GPUSCHED_PARALLEL_REPLAY_MIN", env)
-    assert eventlog.parallel_replay_min_from_env() == expected
-
-
-@pytest.mark.parametrize("env", ["-1", "many", "1e5"])
-def test_a_bad_parallel_replay_min_names_the_variable(monkeypatch, env):
-    monkeypatch.setenv("GPUSCHED_PARALLEL_REPLAY_MIN", env)
-    with pytest.raises(ValueError, match="GPUSCHED_PARALLEL_REPLAY_MIN"):
-        eventlog.parallel_replay_min_from_env()

@@ -1,0 +1,126 @@
+"""Appending to the pool log, and to the dead-letter topic.
+
+``EventPublisher`` appends events with ``acks=all`` and idempotence; the partition is
+chosen from the pool so one pool's history is one totally ordered partition. Its linger
+follows its send rate (``gpusched.adapters.batching``). ``DeadLetters`` writes the
+records no consumer could apply, with the reason.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from aiokafka import AIOKafkaProducer
+from aiokafka.partitioner import murmur2
+
+from gpusched.adapters import codec
+from gpusched.adapters.batching import LINGER_MS, LingerTuner
+from gpusched.adapters.kafka_admin import TopicNames
+from gpusched.adapters.kafka_security import Where, client_args
+from gpusched.adapters.tracing import current_context
+from gpusched.core import events as ev
+from gpusched.v1 import events_pb2
+
+log = logging.getLogger(__name__)
+
+
+def partition_for(pool: str, partitions: int) -> int:
+    """Kafka's default partitioner (murmur2 of the key), computed here so consumers
+    can find their pool's partition without producing first."""
+    return (murmur2(pool.encode()) & 0x7FFFFFFF) % partitions
+
+
+@dataclass(frozen=True, slots=True)
+class Position:
+    partition: int
+    offset: int
+
+
+class EventPublisher:
+    def __init__(self, bootstrap: Where, topics: TopicNames, partitions: int) -> None:
+        self.topics = topics
+        self.partitions = partitions
+        self._producer = AIOKafkaProducer(
+            **client_args(bootstrap), acks="all", enable_idempotence=True,
+            linger_ms=LINGER_MS, request_timeout_ms=30_000, retry_backoff_ms=100,
+        )
+        self._linger = LingerTuner()
+
+    @property
+    def linger_ms(self) -> int:
+        return self._linger.linger_ms
+
+    async def start(self) -> None:
+        await self._producer.start()
+
+    async def stop(self) -> None:
+        await self._producer.stop()
+
+    async def send(self, event: ev.Event, pool: str) -> asyncio.Future:
+        """Queue the event; the returned future resolves when the broker acknowledged it."""
+        self._linger.count(self._producer)
+        value = codec.encode(event, pool, current_context())
+        return await self._producer.send(
+            self.topics.events, value, key=pool.encode(),
+            partition=partition_for(pool, self.partitions),
+        )
+
+    async def publish(self, event: ev.Event, pool: str) -> Position:
+        meta = await (await self.send(event, pool))
+        return Position(meta.partition, meta.offset)
+
+    async def publish_to(self, event: ev.Event, partition: int) -> Position:
+        """An event about a partition's log itself (its ``JobRetentionSet``), not a pool."""
+        self._linger.count(self._producer)
+        future = await self._producer.send(self.topics.events, codec.encode(event, "", current_context()),
+                                           partition=partition)
+        meta = await future
+        return Position(meta.partition, meta.offset)
+
+    async def publish_all(self, items: list[tuple[ev.Event, str]]) -> list[Position]:
+        futures = [await self.send(e, pool) for e, pool in items]
+        return [Position(m.partition, m.offset) for m in await asyncio.gather(*futures)]
+
+    async def send_raw(self, topic: str, value: bytes, key: bytes | None = None,
+                       partition: int | None = None) -> None:
+        await self._producer.send_and_wait(topic, value, key=key, partition=partition)
+
+
+class DeadLetters:
+    """Writes records no consumer could apply, with the reason, to the dead-letter topic."""
+
+    def __init__(self, publisher: EventPublisher | None, consumer: str) -> None:
+        # None: a read-only consumer (billing, reports), whose principal may not write;
+        # it logs the record instead. A pool-log record is dead-lettered by the services
+        # that write, which fold the same log.
+        self._publisher = publisher
+        self._consumer = consumer
+
+    async def put(self, record, reason: str) -> None:
+        if self._publisher is None:
+            log.warning("%s cannot apply %s[%s]@%s: %s", self._consumer, record.topic, record.partition,
+                        record.offset, reason)
+            return
+        letter = events_pb2.DeadLetter(
+            source_topic=record.topic, partition=record.partition, offset=record.offset,
+            consumer=self._consumer, reason=reason, key=record.key or b"",
+            value=record.value or b"", time=time.time(),
+        )
+        try:
+            await self._publisher.send_raw(self._publisher.topics.dead_letters, letter.SerializeToString(),
+                                           key=f"{record.partition}:{record.offset}".encode())
+        except Exception:  # the DLQ being down must not stop the consumer
+            log.exception("could not write dead letter for %s:%s", record.partition, record.offset)
+
+
+class DeadRecord(NamedTuple):
+    """What ``DeadLetters.put`` reads of a record, for records folded from a catch-up frame."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None

@@ -1,0 +1,121 @@
+"""gpusched.config: each setting declared once, read from its flag or its variable,
+validated with an error naming both, and documented in docs/configuration.md."""
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+
+import pytest
+
+from gpusched.config import (AdmissionSettings, KafkaSettings, PlacerSettings, PreemptorSettings, ProcessSettings,
+                             SecuritySettings, Settings, SettingsError, kafka_settings)
+
+MODELS = (KafkaSettings, SecuritySettings, AdmissionSettings, PlacerSettings, PreemptorSettings, ProcessSettings)
+# the models whose flags one service's command line holds
+SERVICES = {service: (KafkaSettings, SecuritySettings, own) for service, own in
+            (("admission", AdmissionSettings), ("placer", PlacerSettings), ("preemptor", PreemptorSettings))}
+DOC = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
+
+
+def _parse(cls: type[Settings], argv: list[str], env: dict[str, str]):
+    parser = argparse.ArgumentParser()
+    cls.add_args(parser, env)
+    return cls.from_args(parser.parse_args(argv), env)
+
+
+def test_every_setting_has_a_source_and_a_meaning():
+    for cls in MODELS:
+        for name, (flag, env) in cls.sources().items():
+            assert flag or env, f"{cls.__name__}.{name}"
+            assert cls.model_fields[name].description, f"{cls.__name__}.{name}"
+
+
+def test_no_variable_is_declared_twice_nor_a_flag_twice_in_one_service():
+    envs = [e for cls in MODELS for _, e in cls.sources().values() if e]
+    assert len(envs) == len(set(envs))
+    for service, models in SERVICES.items():
+        parser = argparse.ArgumentParser()
+        for cls in models:
+            cls.add_args(parser, {})   # argparse refuses a flag added twice
+
+
+def _documented() -> dict[str, dict[str, list[str]]]:
+    """Model name -> flag or variable -> its row, from the tables of docs/configuration.md."""
+    tables: dict[str, dict[str, list[str]]] = {}
+    rows: dict[str, list[str]] = {}
+    for line in DOC.read_text().splitlines():
+        if line.startswith("## "):
+            found = re.search(r"`(\w+Settings)`", line)
+            rows = tables.setdefault(found.group(1), {}) if found else {}
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 4 and (cells[0].startswith("`") or cells[1].startswith("`")):
+            rows[(cells[0] or cells[1]).strip("`")] = cells
+    return tables
+
+
+def test_the_documentation_lists_every_setting_with_its_default():
+    tables = _documented()
+    for cls in MODELS:
+        rows = tables[cls.__name__]
+        for name, (flag, env) in cls.sources().items():
+            row, default = rows[flag or env], cls.model_fields[name].default
+            assert row[:2] == [f"`{flag}`" if flag else "", f"`{env}`" if env else ""], name
+            shown = {True: "on", False: "off"}.get(default, default) if isinstance(default, bool) else default
+            assert row[2] == ('""' if shown == "" else str(shown)), name
+        assert len(rows) == len(cls.model_fields), cls.__name__
+
+
+def test_a_flag_wins_over_its_variable_and_the_variable_over_the_default():
+    env = {"GPUSCHED_PARTITIONS": "8", "GPUSCHED_TOPIC_PREFIX": "t."}
+    settings = _parse(KafkaSettings, ["--partitions", "16"], env)
+    assert (settings.partitions, settings.topic_prefix, settings.bootstrap) == (16, "t.", "127.0.0.1:19092")
+    assert _parse(KafkaSettings, [], {}).parallel_replay_min == 100_000
+    assert _parse(KafkaSettings, [], {"GPUSCHED_PARALLEL_REPLAY_MIN": "0"}).parallel_replay_min == 0
+
+
+def test_switches_come_from_a_flag_or_a_variable_set_to_1():
+    assert _parse(SecuritySettings, [], {"GPUSCHED_INSECURE": "1"}).insecure
+    assert _parse(SecuritySettings, ["--insecure"], {}).insecure
+    assert not _parse(SecuritySettings, [], {}).insecure
+    placer = _parse(PlacerSettings, ["--no-snapshots", "--queue", "fair-share"], {})
+    assert (placer.no_snapshots, placer.backfill, placer.queue, placer.listen) == (True, False, "fair-share", "127.0.0.1:0")
+
+
+@pytest.mark.parametrize("cls, argv, env, named", [
+    (KafkaSettings, [], {"GPUSCHED_PARTITIONS": "x"}, "--partitions / env GPUSCHED_PARTITIONS"),
+    (KafkaSettings, ["--parallel-replay-min", "-1"], {}, "--parallel-replay-min / env GPUSCHED_PARALLEL_REPLAY_MIN"),
+    (KafkaSettings, [], {"GPUSCHED_PARALLEL_REPLAY_MIN": "1e5"}, "GPUSCHED_PARALLEL_REPLAY_MIN"),
+    (KafkaSettings, ["--kafka-security-protocol", "TLS"], {}, "--kafka-security-protocol"),
+    (AdmissionSettings, ["--job-retention", "inf"], {}, "--job-retention / env GPUSCHED_JOB_RETENTION_S"),
+    (AdmissionSettings, [], {"GPUSCHED_SUBMIT_RATE": "-5"}, "GPUSCHED_SUBMIT_RATE"),
+    (PlacerSettings, ["--snapshot-every-events", "-1"], {}, "--snapshot-every-events: "),
+    (PreemptorSettings, ["--heartbeat-timeout", "0"], {}, "--heartbeat-timeout: "),
+])
+def test_a_bad_value_names_its_flag_and_variable(cls, argv, env, named):
+    with pytest.raises(SettingsError, match=re.escape(named)):
+        _parse(cls, argv, env)
+
+
+def test_a_bad_variable_without_a_flag_is_named():
+    with pytest.raises(SettingsError, match="env GPUSCHED_GRPC_MAX_RECEIVE_BYTES"):
+        ProcessSettings.from_env({"GPUSCHED_GRPC_MAX_RECEIVE_BYTES": "lots"})
+    assert ProcessSettings.from_env({"GPUSCHED_NATIVE": "0"}).native == "0"
+    with pytest.raises(SettingsError, match="env GPUSCHED_NATIVE"):
+        ProcessSettings.from_env({"GPUSCHED_NATIVE": "no"})
+
+
+def test_a_service_stops_on_a_bad_setting_with_one_line(monkeypatch):
+    monkeypatch.setenv("GPUSCHED_PARTITIONS", "0")
+    parser = argparse.ArgumentParser()
+    KafkaSettings.add_args(parser)
+    with pytest.raises(SystemExit, match="invalid settings: --partitions / env GPUSCHED_PARTITIONS: .*greater"):
+        kafka_settings(parser.parse_args([]))
+
+
+def test_a_sasl_login_without_its_password_is_refused():
+    with pytest.raises(SettingsError, match="needs a user, a password and a CA"):
+        _parse(KafkaSettings, ["--kafka-security-protocol", "sasl_ssl", "--kafka-user", "u", "--kafka-ca", "/ca"], {})
+    settings = _parse(KafkaSettings, ["--kafka-security-protocol", "sasl_ssl", "--kafka-user", "u", "--kafka-ca", "/ca"],
+                      {"GPUSCHED_KAFKA_PASSWORD": "pw"})
+    assert settings.password == "pw" and "pw" not in repr(settings)
