@@ -78,7 +78,7 @@ def _pending(follower, jobs: bool) -> Iterable[Observation]:
     for state in list(follower.states.values()):
         for job_id in state.pending:
             spec = state.jobs[job_id].spec
-            counts[spec.team, spec.pool] += 1 if jobs else spec.total_milli() / 1000
+            counts[spec.team, spec.pool] += 1 if jobs else spec.total_milli / 1000
     return [Observation(v, {"team": team, "pool": pool}) for (team, pool), v in counts.items()]
 
 
