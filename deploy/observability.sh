@@ -3,7 +3,8 @@
 #   bash deploy/observability.sh fetch   # build jaeger and prometheus into the cache (skips what is there)
 #   bash deploy/observability.sh path    # print the directory holding the binaries
 # Jaeger v2 is one binary: an OTLP receiver (gRPC :4317, HTTP :4318) and the query API (:16686).
-# Needs: Go 1.24+ (`go` on PATH or in /usr/local/go/bin). Building takes minutes the first time.
+# Needs: Go (`go` on PATH or in /usr/local/go/bin; installed with apt-get when root). Building takes
+# minutes the first time.
 set -euo pipefail
 
 JAEGER_VERSION="${GPUSCHED_JAEGER_VERSION:-v1.75.0}"          # module version; cmd/jaeger is Jaeger v2
@@ -12,9 +13,15 @@ BIN_DIR="${GPUSCHED_OBS_BIN:-${XDG_CACHE_HOME:-$HOME/.cache}/gpusched/bin}"
 log() { echo "observability.sh: $*" >&2; }
 
 go_bin() {
-  if command -v go >/dev/null; then command -v go
-  elif [[ -x /usr/local/go/bin/go ]]; then echo /usr/local/go/bin/go
-  else log "error: Go is required to build jaeger and prometheus"; exit 1; fi
+  if command -v go >/dev/null; then command -v go; return; fi
+  if [[ -x /usr/local/go/bin/go ]]; then echo /usr/local/go/bin/go; return; fi
+  if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null; then
+    # An older Debian Go fetches the toolchain the modules ask for (GOTOOLCHAIN=auto).
+    log "installing Go with apt-get"
+    apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq golang-go >&2
+    command -v go; return
+  fi
+  log "error: Go is required to build jaeger and prometheus"; exit 1
 }
 
 build() {  # build <binary name> <module> <version> <package dir inside the module>
