@@ -25,14 +25,14 @@ def get_json(url: str) -> dict:
         return json.loads(answer.read())
 
 
-async def eventually(probe, what: str, timeout: float = 60.0):
-    """``probe()``'s first truthy answer: the back-ends take exports and scrapes in the
-    background, on their own schedule, so the test asks again until they have."""
+async def eventually(probe, what: str, timeout: float = 60.0, done=bool):
+    """``probe()``'s first answer that is ``done``: the back-ends take exports and scrapes
+    in the background, on their own schedule, so the test asks again until they have."""
     deadline = time.monotonic() + timeout
     last = None
     while time.monotonic() < deadline:
         last = await asyncio.to_thread(probe)
-        if last:
+        if done(last):
             return last
         await asyncio.sleep(0.5)
     raise AssertionError(f"{what}: not seen within {timeout}s (last answer: {last!r})")
@@ -134,19 +134,25 @@ async def test_prometheus_scrapes_decisions_pending_jobs_allocation_and_rpcs(
         client = Client(f"127.0.0.1:{services[0].port}")
         running = (await client.submit(spec("all-gpus", "nlp", gpus=8, duration=600))).job.job_id
         waiting = (await client.submit(spec("waits", "vision", gpus=8, duration=1))).job.job_id
-        await eventually(lambda: value(prometheus, f'gpusched_jobs_pending{{{admission},team="vision",'
-                                                   'pool="default"}') == 1 and value(
-            prometheus, f'gpusched_gpus_allocated{{{admission},pool="default",state="allocated"}}') == 8,
-            "one vision job pending and 8 GPUs allocated, as admission sees it")
         assert (await client.get(waiting)).phase == PENDING
+        expected = {
+            f'gpusched_jobs_pending{{{admission},team="vision",pool="default"}}': 1,
+            f'gpusched_jobs_pending{{{admission},team="nlp"}}': None,   # placed: no longer waiting
+            f'gpusched_gpus_requested{{{placer},team="vision",pool="default"}}': 8,
+            f'gpusched_gpus_allocated{{{admission},pool="default",state="allocated"}}': 8,
+            f'gpusched_gpus_allocated{{{admission},pool="default",state="total"}}': 8,
+            f'gpusched_placer_decisions_total{{{placer},pool="default"}}': 1,
+            f'gpusched_rpc_server_duration_seconds_count{{{admission},'
+            'method="/gpusched.v1.AdmissionService/SubmitJob",code="OK"}': 2,
+        }
+
+        def scraped() -> dict:
+            return {query: value(prometheus, query) for query in expected}
+
+        # Each target is scraped on its own schedule: ask until every answer is in.
+        await eventually(scraped, "the expected metrics", timeout=30, done=lambda now: now == expected)
         assert (await client.get(running)).phase != PENDING
-        assert value(prometheus, f'gpusched_placer_decisions_total{{{placer},pool="default"}}') == 1
-        assert value(prometheus, f'gpusched_gpus_requested{{{placer},team="vision",pool="default"}}') == 8
-        assert value(prometheus, f'gpusched_jobs_pending{{{admission},team="nlp"}}') is None
         assert value(prometheus, f'sum(gpusched_placer_cycle_duration_seconds_count{{{placer}}})') >= 1
-        submits = (f'gpusched_rpc_server_duration_seconds_count{{{admission},'
-                   'method="/gpusched.v1.AdmissionService/SubmitJob",code="OK"}')
-        assert value(prometheus, submits) == 2
         lags = promql(prometheus, f'gpusched_consumer_lag{{{admission}}}')
         assert lags and all(float(r["value"][1]) >= 0 for r in lags)
         await client.close()
