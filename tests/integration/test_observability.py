@@ -15,9 +15,11 @@ import urllib.request
 from gpusched.client import Client, spec
 from gpusched.local_cluster import LocalCluster
 from gpusched.v1 import types_pb2
+from tests.integration.test_fault_tolerance import until
 
 SUCCEEDED = types_pb2.JOB_PHASE_SUCCEEDED
 PENDING = types_pb2.JOB_PHASE_PENDING
+RUNNING = types_pb2.JOB_PHASE_RUNNING
 
 
 def get_json(url: str) -> dict:
@@ -106,6 +108,58 @@ async def test_a_job_is_one_trace_across_admission_placer_and_node_agent(
               for s in consumed}
     assert ("gpusched-node-agent", "JobPlaced") in events
     assert ("gpusched-admission", "WorkerFinished") in events
+
+
+def spans_of(jaeger, job_id: str, done) -> dict | None:
+    """The job's trace once ``done(trace)``."""
+    query = urllib.parse.urlencode({"service": "gpusched-admission", "operation": "SubmitJob",
+                                    "tags": json.dumps({"gpusched.job_id": job_id}), "limit": 5})
+    found = get_json(f"{jaeger.url}/api/traces?{query}")["data"]
+    return found[0] if len(found) == 1 and done(found[0]) else None
+
+
+def events_in(data: dict) -> list[tuple[str, str]]:
+    """(service, event type) of each consumer span of the trace."""
+    services = {pid: p["serviceName"] for pid, p in data["processes"].items()}
+    return [(services[s["processID"]], tag["value"]) for s in data["spans"]
+            for tag in s["tags"] if tag["key"] == "gpusched.event"]
+
+
+async def test_a_preemption_and_the_requeued_attempt_stay_in_the_victims_trace(
+        kafka_bootstrap, topics, tmp_path, jaeger, monkeypatch):
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", jaeger.otlp_endpoint)
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
+    cluster = LocalCluster(kafka_bootstrap, topics, tmp_path)
+    try:
+        admission = await cluster.admission()
+        await cluster.placer()
+        await cluster.preemptor("preemptor", "--min-runtime", "0")
+        await cluster.agent("node-0", "8xH100-80GB", "--grace", "1")
+        client = Client(f"127.0.0.1:{admission.port}")
+        victim = (await client.submit(spec("victim", "research", gpus=8, duration=1.0,
+                                           priority="best-effort"))).job.job_id
+        await until(client, lambda j: j.job_id == victim and j.phase == RUNNING)
+        urgent = (await client.submit(spec("urgent", "prod", gpus=8, duration=0.2,
+                                           priority="training-high"))).job.job_id
+        jobs = {j.job_id: j for j in await client.wait_terminal({victim, urgent}, timeout=180)}
+        assert jobs[victim].preemptions >= 1 and jobs[victim].phase == SUCCEEDED
+        await client.close()
+
+        def complete(data) -> bool:
+            names = [s["operationName"] for s in data["spans"]]
+            return (names.count("place") >= 2 and names.count("worker end") >= 2
+                    and ("gpusched-preemptor", "JobPreempted") in events_in(data))
+        data = await eventually(lambda: spans_of(jaeger, victim, complete), f"the preemption in {victim}'s trace")
+    finally:
+        await cluster.stop_all()
+    events = events_in(data)
+    # every service folded the preemption, in the victim's one trace
+    assert {svc for svc, event in events if event == "JobPreempted"} >= {
+        "gpusched-admission", "gpusched-placer", "gpusched-preemptor", "gpusched-node-agent"}
+    attempts = sorted(tag["value"] for s in data["spans"] if s["operationName"] == "place"
+                      for tag in s["tags"] if tag["key"] == "gpusched.attempt")
+    assert attempts[0] == 0 and attempts[-1] >= 1   # placed again after the requeue
+    assert {s["traceID"] for s in data["spans"]} == {data["traceID"]}
 
 
 # --- metrics ----------------------------------------------------------------------------
