@@ -28,11 +28,12 @@ OnEvent = Callable[[int, int, ev.Event, Outcome, ClusterState], None]
 
 
 async def fold_records(name: str, state: ClusterState, records, on_event: OnEvent | None,
-                       dead_letters: DeadLetters) -> bool:
+                       dead_letters: DeadLetters, live: bool = True) -> bool:
     """Fold consumer records in order into ``state``; whether any was new. One tight loop,
-    names bound locally, awaiting only to write a dead letter."""
+    names bound locally, awaiting only to write a dead letter. ``live``: the records are
+    news, not a replay of history (only news get consumer spans)."""
     decode, decode_error, fold = codec.decode, codec.DecodeError, apply
-    traced = tracing.consume_hook()   # None unless this process exports spans
+    traced = tracing.consume_hook(live)   # None unless this process exports spans
     last = state.offset
     folded = False
     for record in records:

@@ -108,9 +108,19 @@ def event_context(event) -> dict[str, str]:
     return (JOBS.carrier(job_id) or {}) if job_id else {}
 
 
-def consume_hook():
-    """What the fold calls for each record it applied, or None when tracing is off."""
-    return _consumed if _tracer is not None else None
+def consume_hook(live: bool = True):
+    """What the fold calls for each record it applied, or None when tracing is off. A
+    replay (``live`` false: a partition catching up) only learns the jobs' contexts: a
+    span per record of history would cost ~25 µs each and flood the back-end."""
+    if _tracer is None:
+        return None
+    return _consumed if live else _noted
+
+
+def _noted(record, event, envelope, accepted: bool) -> None:
+    job_id = getattr(event, "job_id", None)
+    if job_id:
+        JOBS.note(job_id, envelope.trace_context)
 
 
 def _consumed(record, event, envelope, accepted: bool) -> None:

@@ -103,3 +103,15 @@ async def test_untraced_events_make_no_spans_and_no_context(tracer, spans):
     with tracing.job_span("place", "j4"):
         pass
     assert spans.get_finished_spans() == ()
+
+
+async def test_a_replay_makes_no_spans_but_later_spans_of_the_job_join_its_trace(tracer, spans):
+    with tracer.start_as_current_span("SubmitJob") as submit:
+        data = codec.encode(cancelled("j5", "e1"), "default", tracing.event_context(cancelled("j5", "e1")))
+    spans.clear()
+    await fold_records("test", ClusterState(), [Record("t.events", 0, 0, None, data)], None,
+                       DeadLetters(None, "test"), live=False)
+    assert spans.get_finished_spans() == ()
+    tracing.mark("worker end", "j5")
+    [end] = spans.get_finished_spans()
+    assert end.parent.span_id == submit.get_span_context().span_id
