@@ -280,7 +280,13 @@ class ProcessSettings(Settings):
                                        help="largest gRPC message a server sends", ge=1024)
     trace_console: bool = setting(False, env="GPUSCHED_TRACE_CONSOLE", help="1: print spans on the console")
     otlp_endpoint: str = setting("", env="OTEL_EXPORTER_OTLP_ENDPOINT",
-                                 help="where spans go over OTLP (with the exporter package installed)")
+                                 help="OTLP/gRPC receiver spans are sent to, e.g. http://127.0.0.1:4317 "
+                                      "(docs/observability.md); empty: no tracing")
+    metrics_port: int = setting(0, env="GPUSCHED_METRICS_PORT",
+                                help="port of the service's Prometheus /metrics endpoint (0: no metrics)",
+                                ge=0, le=65535)
+    metrics_host: str = setting("127.0.0.1", env="GPUSCHED_METRICS_HOST",
+                                help="address the /metrics endpoint listens on")
     admission: str = setting("127.0.0.1:50051", env="GPUSCHED_ADMISSION",
                              help="admission address the `gpusched policy` commands call by default")
 

@@ -23,6 +23,7 @@ import asyncio
 import os
 import re
 import signal
+import socket
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +48,7 @@ class Service:
     proc: asyncio.subprocess.Process
     ready_line: str = ""
     log_path: Path | None = None
+    metrics_port: int = 0   # its Prometheus /metrics port (LocalCluster(metrics=True))
     _drain: asyncio.Task | None = field(default=None, repr=False)
 
     @property
@@ -75,7 +77,7 @@ class Service:
 class LocalCluster:
     def __init__(self, bootstrap: Where, topics: TopicNames, log_dir: Path, partitions: int = 4,
                  job_retention_s: float | None = None, credentials: dict[str, str] | None = None,
-                 pki: "DevPki | None" = None, mtls: bool = False) -> None:
+                 pki: "DevPki | None" = None, mtls: bool = False, metrics: bool = False) -> None:
         self.connection = connection(bootstrap)
         self.bootstrap = self.connection.bootstrap
         # principal -> password; a test may change one to see a service refused
@@ -87,6 +89,7 @@ class LocalCluster:
         self.services: list[Service] = []
         self.pki = pki
         self.mtls = mtls
+        self.metrics = metrics   # each service serves /metrics on a port of its own
         log_dir.mkdir(parents=True, exist_ok=True)
 
     def kafka_env(self, principal: str) -> dict[str, str]:
@@ -121,10 +124,12 @@ class LocalCluster:
             principal = await self.add_node(args[list(args).index("--name") + 1])
         log_path = self.log_dir / f"{name}.log"
         log = open(log_path, "ab")
+        env = self._env(principal or PRINCIPALS.get(command, "audit"))
+        metrics_port = _free_port() if self.metrics else 0
+        env["GPUSCHED_METRICS_PORT"] = str(metrics_port)
         proc = await asyncio.create_subprocess_exec(
-            str(BIN / command), *args, env=self._env(principal or PRINCIPALS.get(command, "audit")),
-            stdout=asyncio.subprocess.PIPE, stderr=log)
-        service = Service(name, proc, log_path=log_path)
+            str(BIN / command), *args, env=env, stdout=asyncio.subprocess.PIPE, stderr=log)
+        service = Service(name, proc, log_path=log_path, metrics_port=metrics_port)
         self.services.append(service)
         try:
             service.ready_line = await asyncio.wait_for(self._until_ready(proc), timeout)
@@ -169,6 +174,12 @@ class LocalCluster:
 
     async def stop_all(self) -> None:
         await asyncio.gather(*(s.terminate() for s in self.services), return_exceptions=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _default_credentials(conn) -> dict[str, str]:

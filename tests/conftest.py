@@ -290,3 +290,136 @@ def postgres_url(postgres_server: str) -> str:
     with psycopg.connect(postgres_server, autocommit=True) as conn:
         conn.execute(f"CREATE DATABASE {name}")
     return postgres_server.rsplit("/", 1)[0] + "/" + name
+
+
+# --- observability back-ends: a real Jaeger and a real Prometheus ----------------------
+# ``jaeger`` and ``prometheus`` (session) run the binaries deploy/observability.sh builds
+# (it is run here, and builds what is missing), each on free loopback ports with its data
+# under the session's temporary folder, and stop them at session end.
+
+OBSERVABILITY_SH = REPO / "deploy" / "observability.sh"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def observability_bin() -> Path:
+    subprocess.run(["bash", str(OBSERVABILITY_SH), "fetch"], check=True)
+    out = subprocess.run(["bash", str(OBSERVABILITY_SH), "path"], check=True, capture_output=True, text=True)
+    return Path(out.stdout.strip())
+
+
+class Backend:
+    """A back-end process, its log, and the URL of its HTTP API."""
+
+    def __init__(self, argv: list[str], log_path: Path, url: str, ready_path: str) -> None:
+        self.log_path = log_path
+        self.url = url
+        self._log = open(log_path, "wb")
+        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT)
+        self._wait_ready(ready_path)
+
+    def _wait_ready(self, path: str, timeout: float = 120.0) -> None:
+        import time
+        import urllib.request
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                break
+            try:
+                with urllib.request.urlopen(self.url + path, timeout=2) as answer:
+                    if answer.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.2)   # the process is starting: nothing to await but its port
+        self.stop()
+        raise RuntimeError(f"{self.log_path.name}: not ready:\n{self.log_path.read_text()[-3000:]}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+
+JAEGER_CONFIG = """\
+service:
+  extensions: [jaeger_storage, jaeger_query]
+  pipelines:
+    traces:
+      receivers: [otlp]
+      processors: [batch]
+      exporters: [jaeger_storage_exporter]
+  telemetry:
+    metrics:
+      level: none
+extensions:
+  jaeger_query:
+    storage:
+      traces: memory_store
+    http:
+      endpoint: 127.0.0.1:{query}
+    grpc:
+      endpoint: 127.0.0.1:{query_grpc}
+  jaeger_storage:
+    backends:
+      memory_store:
+        memory:
+          max_traces: 100000
+receivers:
+  otlp:
+    protocols:
+      grpc:
+        endpoint: 127.0.0.1:{otlp}
+processors:
+  batch:
+    timeout: 100ms
+exporters:
+  jaeger_storage_exporter:
+    trace_storage: memory_store
+"""
+
+
+@pytest.fixture(scope="session")
+def jaeger(observability_bin: Path, tmp_path_factory: pytest.TempPathFactory):
+    """Jaeger v2 (in-memory storage): ``.otlp_endpoint`` receives spans over OTLP/gRPC,
+    ``.url`` is its query API."""
+    folder = tmp_path_factory.mktemp("jaeger")
+    otlp, query = _free_port(), _free_port()
+    config = folder / "config.yaml"
+    config.write_text(JAEGER_CONFIG.format(otlp=otlp, query=query, query_grpc=_free_port()))
+    backend = Backend([str(observability_bin / "jaeger"), "--config", str(config)], folder / "jaeger.log",
+                      f"http://127.0.0.1:{query}", "/api/services")
+    backend.otlp_endpoint = f"http://127.0.0.1:{otlp}"
+    yield backend
+    backend.stop()
+
+
+@pytest.fixture(scope="session")
+def prometheus(observability_bin: Path, tmp_path_factory: pytest.TempPathFactory):
+    """Prometheus scraping every second the targets written to ``.targets_file``
+    (file service discovery: a test lists its services' /metrics addresses there)."""
+    folder = tmp_path_factory.mktemp("prometheus")
+    targets = folder / "targets.json"
+    targets.write_text("[]")
+    config = folder / "prometheus.yml"
+    config.write_text(
+        "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+        "scrape_configs:\n"
+        "  - job_name: gpusched\n"
+        f"    file_sd_configs: [{{files: ['{targets}'], refresh_interval: 1s}}]\n")
+    port = _free_port()
+    backend = Backend([str(observability_bin / "prometheus"), f"--config.file={config}",
+                       f"--storage.tsdb.path={folder / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
+                      folder / "prometheus.log", f"http://127.0.0.1:{port}", "/-/ready")
+    backend.targets_file = targets
+    yield backend
+    backend.stop()

@@ -14,7 +14,7 @@ import gc
 import logging
 from typing import Callable
 
-from gpusched.adapters import codec, flat
+from gpusched.adapters import codec, flat, tracing
 from gpusched.adapters.gc_pacing import gc_paused
 from gpusched.adapters.publisher import DeadLetters, DeadRecord
 from gpusched.core import events as ev
@@ -28,10 +28,12 @@ OnEvent = Callable[[int, int, ev.Event, Outcome, ClusterState], None]
 
 
 async def fold_records(name: str, state: ClusterState, records, on_event: OnEvent | None,
-                       dead_letters: DeadLetters) -> bool:
+                       dead_letters: DeadLetters, live: bool = True) -> bool:
     """Fold consumer records in order into ``state``; whether any was new. One tight loop,
-    names bound locally, awaiting only to write a dead letter."""
+    names bound locally, awaiting only to write a dead letter. ``live``: the records are
+    news, not a replay of history (only news get consumer spans)."""
     decode, decode_error, fold = codec.decode, codec.DecodeError, apply
+    traced = tracing.consume_hook(live)   # None unless this process exports spans
     last = state.offset
     folded = False
     for record in records:
@@ -40,7 +42,7 @@ async def fold_records(name: str, state: ClusterState, records, on_event: OnEven
             continue
         folded = True
         try:
-            event = decode(record.value)[0]
+            event, envelope = decode(record.value)
         except decode_error as exc:
             state.offset = last = offset
             await dead_letters.put(record, str(exc))
@@ -53,6 +55,8 @@ async def fold_records(name: str, state: ClusterState, records, on_event: OnEven
             await dead_letters.put(record, f"reducer error: {exc!r}")
             continue
         state.offset = last = offset
+        if traced is not None:
+            traced(record, event, envelope, outcome.accepted)
         if on_event is not None:
             try:
                 on_event(record.partition, offset, event, outcome, state)

@@ -250,7 +250,8 @@ class LogFollower:
             if state is None:
                 continue   # revoked while the fetch was in flight
             with gc_paused(len(records) >= GC_PAUSE_MIN):
-                if await fold_records(self.name, state, records, self._on_event, self._dead_letters):
+                if await fold_records(self.name, state, records, self._on_event, self._dead_letters,
+                                      live=tp.partition not in self._catching_up):
                     applied = True
             self._wake(tp.partition, state.offset)
             if tp.partition in self._catching_up:

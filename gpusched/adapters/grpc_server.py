@@ -3,11 +3,13 @@ guarded so that no request, however malformed, gets ``UNKNOWN`` or an exception'
 from __future__ import annotations
 
 import logging
+import time
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from gpusched.adapters import metrics
 from gpusched.adapters.server_security import ServerSecurity
 from gpusched.config import process_settings
 
@@ -87,15 +89,24 @@ async def _answer(exc: BaseException, method: str, context) -> None:
 
 def _guarded_unary(behavior, method: str):
     async def unary(request, context):
-        if isinstance(request, _Undecodable):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
+        started = time.perf_counter()
         try:
-            return await behavior(request, context)
-        except grpc.aio.AbortError:
-            raise
-        except Exception as exc:
-            await _answer(exc, method, context)
+            if isinstance(request, _Undecodable):
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
+            try:
+                return await behavior(request, context)
+            except grpc.aio.AbortError:
+                raise
+            except Exception as exc:
+                await _answer(exc, method, context)
+        finally:
+            metrics.rpc_done(method, time.perf_counter() - started, _code_name(context))
     return unary
+
+
+def _code_name(context) -> str:
+    code = context.code()
+    return "OK" if code is None else getattr(code, "name", str(code))
 
 
 def _guarded_stream(behavior, method: str):

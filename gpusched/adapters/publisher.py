@@ -20,7 +20,7 @@ from gpusched.adapters import codec
 from gpusched.adapters.batching import LINGER_MS, LingerTuner
 from gpusched.adapters.kafka_admin import TopicNames
 from gpusched.adapters.kafka_security import Where, client_args
-from gpusched.adapters.tracing import current_context
+from gpusched.adapters.tracing import current_context, event_context
 from gpusched.core import events as ev
 from gpusched.v1 import events_pb2
 
@@ -62,7 +62,7 @@ class EventPublisher:
     async def send(self, event: ev.Event, pool: str) -> asyncio.Future:
         """Queue the event; the returned future resolves when the broker acknowledged it."""
         self._linger.count(self._producer)
-        value = codec.encode(event, pool, current_context())
+        value = codec.encode(event, pool, event_context(event))
         return await self._producer.send(
             self.topics.events, value, key=pool.encode(),
             partition=partition_for(pool, self.partitions),

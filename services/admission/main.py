@@ -12,6 +12,7 @@ from gpusched.adapters.publisher import EventPublisher
 from gpusched.adapters.grpc_server import set_serving, start_server
 from gpusched.adapters.relay import Relay
 from gpusched.adapters.service import connect, instance_id, stop_event
+from gpusched.adapters.metrics import count_outcome, setup_metrics
 from gpusched.adapters.tracing import setup_tracing
 from gpusched.adapters.kafka_admin import TopicNames
 from gpusched.adapters.kafka_security import KafkaConnection
@@ -43,6 +44,7 @@ async def run(args: argparse.Namespace) -> None:
 
     def on_event(partition, offset, event, outcome, state):
         submitters.on_event(event, outcome, state)
+        count_outcome(event, outcome, state)
         admission = holder.get("admission")
         if admission is not None:
             admission.note_outcome(event, outcome.accepted, outcome.reason)
@@ -56,6 +58,7 @@ async def run(args: argparse.Namespace) -> None:
     # Admission answers for every pool, so it follows every partition (no group).
     follower = LogFollower(conn, topics, me, dead_letters,
                            FollowerOptions(freeze_state=True, parallel_replay_min=settings.parallel_replay_min), on_event=on_event)
+    setup_metrics("gpusched-admission", follower)
     await follower.start()
     model = ReadModel(follower, settings.partitions, submitters)
     admission = holder["admission"] = AdmissionServicer(model, publisher, me, watchers, limits)

@@ -21,6 +21,7 @@ import uuid
 from pathlib import Path
 
 from gpusched.adapters.follower import LogFollower
+from gpusched.adapters import tracing
 from gpusched.adapters.publisher import EventPublisher
 from gpusched.adapters.reports import send_report
 from gpusched.core import events as ev
@@ -244,6 +245,7 @@ class NodeAgent:
             except OSError as exc:
                 await self._finished(key, WorkerExit(127, reason=f"cannot start: {exc}"))
                 return
+            tracing.mark("worker start", job_id, **{"gpusched.node": self.name, "gpusched.worker": worker})
             await self.publish(self._event(ev.WorkerStarted, job_id=job_id, attempt=attempt,
                                            worker=worker, node=self.name))
             await self._finished(key, await run.wait())
@@ -260,6 +262,8 @@ class NodeAgent:
         """Report the worker's real end: only now may the log release its resources."""
         if self._still_assigned(key):
             job_id, attempt, worker = key
+            tracing.mark("worker end", job_id, **{"gpusched.node": self.name, "gpusched.worker": worker,
+                                                  "gpusched.exit_code": end.exit_code})
             await self.publish(self._event(ev.WorkerFinished, job_id=job_id, attempt=attempt, worker=worker,
                                            node=self.name, exit_code=end.exit_code, signal=end.signal,
                                            reason=end.reason))

@@ -15,6 +15,7 @@ from gpusched.adapters.gpu_inventory import InventoryError, nvml_gpus, simulated
 from gpusched.adapters.grpc_server import set_serving, start_server
 from gpusched.adapters.node_access import ensure_report_topic
 from gpusched.adapters.service import connect, stop_event
+from gpusched.adapters.metrics import setup_metrics
 from gpusched.adapters.tracing import setup_tracing
 from gpusched.adapters.kafka_admin import TopicNames
 from gpusched.adapters.kafka_security import KafkaConnection
@@ -101,6 +102,7 @@ async def run(args: argparse.Namespace) -> None:
     servicer = NodeAgentServicer(agent, backend)
     server, port, health = await start_server(args.listen, [
         lambda s: node_agent_pb2_grpc.add_NodeAgentServiceServicer_to_server(servicer, s)], SERVICES, security)
+    setup_metrics("gpusched-node-agent", follower)
     await follower.start()
     try:
         await agent.join(follower)

@@ -1,17 +1,15 @@
 """The placer's decision: one scheduling cycle per owned pool, as ``JobPlaced`` proposals."""
 from __future__ import annotations
 
+import time
 import uuid
 
-from opentelemetry import trace
-
+from gpusched.adapters import metrics, tracing
 from gpusched.core import events as ev
 from gpusched.core.state import ClusterState
 from gpusched.policies.parking import ParkedJobs
 from gpusched.policies.queue_keys import QueueKeys
 from gpusched.policies.scheduler import Scheduler
-
-tracer = trace.get_tracer("gpusched.placer")
 
 
 class PlacementDecider:
@@ -37,14 +35,20 @@ class PlacementDecider:
         if idle and not any(state.jobs[j].not_before > 0 for j in state.pending):
             return []
         self._last_version[partition] = state.version
-        with tracer.start_as_current_span("schedule-cycle") as span:
+        started = time.perf_counter()
+        with tracing.tracer().start_as_current_span("schedule-cycle") as span:
             decisions = self.scheduler.cycle(state, now, self._parked.setdefault(partition, ParkedJobs()),
                                              self._keys.setdefault(partition, QueueKeys()))
             span.set_attribute("gpusched.partition", partition)
             span.set_attribute("gpusched.decisions", len(decisions))
-        return [
-            (ev.JobPlaced(event_id=uuid.uuid4().hex, time=now, producer=self.me, job_id=d.job_id,
-                          attempt=d.attempt, workers=d.workers, policy=d.policy),
-             state.jobs[d.job_id].spec.pool)
-            for d in decisions
-        ]
+        placed = [self._placed(d, state, now, span) for d in decisions]
+        metrics.cycle_done(partition, time.perf_counter() - started, placed)
+        return placed
+
+    def _placed(self, d, state: ClusterState, now: float, cycle) -> tuple[ev.Event, str]:
+        """The decision as a ``JobPlaced``, with its span in the job's trace (linked to the cycle)."""
+        pool = state.jobs[d.job_id].spec.pool
+        attributes = {"gpusched.pool": pool, "gpusched.attempt": d.attempt, "gpusched.policy": d.policy}
+        with tracing.job_span("place", d.job_id, attributes, link=cycle):
+            return (ev.JobPlaced(event_id=uuid.uuid4().hex, time=now, producer=self.me, job_id=d.job_id,
+                                 attempt=d.attempt, workers=d.workers, policy=d.policy), pool)

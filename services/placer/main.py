@@ -8,6 +8,7 @@ import logging
 from gpusched.adapters.follower import FollowerOptions, LogFollower
 from gpusched.adapters.grpc_server import set_serving, start_server
 from gpusched.adapters.service import connect, instance_id, stop_event
+from gpusched.adapters.metrics import setup_metrics
 from gpusched.adapters.tracing import setup_tracing
 from gpusched.adapters.kafka_admin import TopicNames
 from gpusched.adapters.kafka_security import KafkaConnection
@@ -54,6 +55,7 @@ async def run(args: argparse.Namespace) -> None:
     decider = holder["decider"] = PlacementDecider(scheduler, me)
     loop = holder["loop"] = PartitionProposer(follower, publisher, decider, me)
     server, port, health = await start_server(own.listen, [], [], security)
+    setup_metrics("gpusched-placer", follower)
     await follower.start()
     await set_serving(health, [])
     print(f"placer ready port={port} id={me}", flush=True)

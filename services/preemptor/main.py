@@ -9,6 +9,7 @@ from gpusched.adapters.grpc_server import set_serving, start_server
 from gpusched.adapters.heartbeats import HeartbeatMonitor
 from gpusched.adapters.proposer import PartitionProposer
 from gpusched.adapters.service import connect, instance_id, stop_event
+from gpusched.adapters.metrics import setup_metrics
 from gpusched.adapters.tracing import setup_tracing
 from gpusched.adapters.kafka_admin import TopicNames
 from gpusched.adapters.kafka_security import KafkaConnection
@@ -44,6 +45,7 @@ async def run(args: argparse.Namespace) -> None:
                            on_revoked=lambda parts: holder["loop"].on_revoked(parts))
     loop = holder["loop"] = PartitionProposer(follower, publisher, decider, me)
     server, port, health = await start_server(own.listen, [], [], security)
+    setup_metrics("gpusched-preemptor", follower)
     await follower.start()
     await set_serving(health, [])
     print(f"preemptor ready port={port} id={me}", flush=True)

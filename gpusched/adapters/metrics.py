@@ -1,0 +1,121 @@
+"""OpenTelemetry metrics with a Prometheus ``/metrics`` endpoint on every service.
+
+Off unless ``GPUSCHED_METRICS_PORT`` is set: then ``setup_metrics`` installs a meter
+provider whose Prometheus reader serves the port. Instruments are made once here, on the
+API's proxy meter (no-ops while metrics are off). What the state already knows (pending
+jobs, GPUs requested and allocated, lag) is computed from the followed states when
+Prometheus scrapes, by observable callbacks, never per event; counters are added where
+the thing happens (a cycle, an RPC, an outcome admission folds). docs/observability.md
+lists every metric with its labels.
+"""
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from typing import Iterable
+
+from opentelemetry import metrics
+from opentelemetry.metrics import Observation
+
+from gpusched.config import process_settings
+from gpusched.core import events as ev
+
+log = logging.getLogger(__name__)
+METER = metrics.get_meter("gpusched")
+
+CYCLE_SECONDS = METER.create_histogram(
+    "gpusched.placer.cycle.duration", unit="s", description="one scheduling cycle of a partition",
+    explicit_bucket_boundaries_advisory=[0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5])
+DECISIONS = METER.create_counter("gpusched.placer.decisions", description="jobs placed, per pool")
+REJECTIONS = METER.create_counter("gpusched.events.rejected",
+                                  description="events the reducer rejected, per reason (folded by admission)")
+PREEMPTIONS = METER.create_counter("gpusched.preemptions", description="jobs preempted, per cause "
+                                   "(folded by admission)")
+GPU_FAULTS = METER.create_counter("gpusched.gpu.faults", description="GPUs reported unhealthy, per pool "
+                                  "(folded by admission)")
+RPC_SECONDS = METER.create_histogram(
+    "gpusched.rpc.server.duration", unit="s", description="gRPC calls served, per method and status code",
+    explicit_bucket_boundaries_advisory=[0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5])
+RPC_ERRORS = METER.create_counter("gpusched.rpc.server.errors",
+                                  description="gRPC calls answered with a status other than OK")
+
+
+def setup_metrics(service: str, follower=None) -> int:
+    """Serve ``/metrics`` on the configured port, with the gauges over ``follower``'s
+    states; the port, or 0 when metrics are off."""
+    settings = process_settings()
+    if not settings.metrics_port:
+        return 0
+    from opentelemetry.exporter.prometheus import PrometheusMetricReader
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.resources import Resource
+    from prometheus_client import start_http_server
+
+    start_http_server(settings.metrics_port, addr=settings.metrics_host)
+    reader = PrometheusMetricReader()
+    metrics.set_meter_provider(MeterProvider(resource=Resource.create({"service.name": service}),
+                                             metric_readers=[reader]))
+    if follower is not None:
+        watch_states(follower)
+    log.info("metrics on http://%s:%d/metrics", settings.metrics_host, settings.metrics_port)
+    return settings.metrics_port
+
+
+def watch_states(follower) -> None:
+    """Gauges over the partitions a ``LogFollower`` holds, computed on each scrape."""
+    METER.create_observable_gauge("gpusched.jobs.pending", [lambda o: _pending(follower, jobs=True)],
+                                  description="jobs waiting, per team and pool")
+    METER.create_observable_gauge("gpusched.gpus.requested", [lambda o: _pending(follower, jobs=False)],
+                                  description="GPUs requested by waiting jobs, per team and pool")
+    METER.create_observable_gauge("gpusched.gpus.allocated", [lambda o: _allocated(follower)],
+                                  description="GPUs allocated and GPUs in total, per pool (state=allocated|total)")
+    METER.create_observable_gauge("gpusched.consumer.lag", [lambda o: _lag(follower)],
+                                  description="records of the pool log not yet folded, per partition")
+
+
+def _pending(follower, jobs: bool) -> Iterable[Observation]:
+    counts: Counter = Counter()
+    for state in list(follower.states.values()):
+        for job_id in state.pending:
+            spec = state.jobs[job_id].spec
+            counts[spec.team, spec.pool] += 1 if jobs else spec.total_milli / 1000
+    return [Observation(v, {"team": team, "pool": pool}) for (team, pool), v in counts.items()]
+
+
+def _allocated(follower) -> Iterable[Observation]:
+    used: Counter = Counter()
+    total: Counter = Counter()
+    for state in list(follower.states.values()):
+        for node in state.nodes.values():
+            total[node.info.pool] += len(node.gpus)
+            used[node.info.pool] += sum(g.used_milli for g in node.gpus) / 1000
+    return [*(Observation(v, {"pool": p, "state": "allocated"}) for p, v in used.items()),
+            *(Observation(v, {"pool": p, "state": "total"}) for p, v in total.items())]
+
+
+def _lag(follower) -> Iterable[Observation]:
+    found = ((p, follower.lag(p)) for p in list(follower.states))
+    return [Observation(lag, {"partition": str(p)}) for p, lag in found if lag is not None]
+
+
+def cycle_done(partition: int, seconds: float, placed: list[tuple[ev.Event, str]]) -> None:
+    CYCLE_SECONDS.record(seconds, {"partition": str(partition)})
+    for pool, n in Counter(pool for _, pool in placed).items():
+        DECISIONS.add(n, {"pool": pool})
+
+
+def count_outcome(event: ev.Event, result, state) -> None:
+    """Count what a folded event means for the cluster (called by one service, admission)."""
+    if not result.accepted:
+        REJECTIONS.add(1, {"event": type(event).__name__, "reason": result.reason})
+    elif type(event) is ev.JobPreempted:
+        PREEMPTIONS.add(1, {"cause": event.reason or "unspecified"})
+    elif type(event) is ev.GpuHealthChanged and not event.healthy:
+        node = state.nodes.get(event.node)
+        GPU_FAULTS.add(1, {"pool": node.info.pool if node is not None else ""})
+
+
+def rpc_done(method: str, seconds: float, code: str) -> None:
+    RPC_SECONDS.record(seconds, {"method": method, "code": code})
+    if code != "OK":
+        RPC_ERRORS.add(1, {"method": method, "code": code})

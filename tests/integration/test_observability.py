@@ -1,0 +1,214 @@
+"""Traces and metrics of a running cluster, read back from a real Jaeger and Prometheus.
+
+The services are real processes on the real broker; they export spans over OTLP to the
+``jaeger`` fixture and serve /metrics, which the ``prometheus`` fixture scrapes. The
+tests ask the back-ends' own HTTP APIs, as an operator's dashboards would.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import urllib.parse
+import urllib.request
+
+from gpusched.client import Client, spec
+from gpusched.local_cluster import LocalCluster
+from gpusched.v1 import types_pb2
+from tests.integration.test_fault_tolerance import until
+
+SUCCEEDED = types_pb2.JOB_PHASE_SUCCEEDED
+PENDING = types_pb2.JOB_PHASE_PENDING
+RUNNING = types_pb2.JOB_PHASE_RUNNING
+
+
+def get_json(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=10) as answer:
+        return json.loads(answer.read())
+
+
+async def eventually(probe, what: str, timeout: float = 60.0, done=bool):
+    """``probe()``'s first answer that is ``done``: the back-ends take exports and scrapes
+    in the background, on their own schedule, so the test asks again until they have."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = await asyncio.to_thread(probe)
+        if done(last):
+            return last
+        await asyncio.sleep(0.5)
+    raise AssertionError(f"{what}: not seen within {timeout}s (last answer: {last!r})")
+
+
+# --- traces -----------------------------------------------------------------------------
+EXPECTED = {("gpusched-admission", "SubmitJob"), ("gpusched-placer", "place"),
+            ("gpusched-node-agent", "worker start"), ("gpusched-node-agent", "worker end")}
+
+
+def job_trace(jaeger, job_id: str) -> dict | None:
+    """The trace whose SubmitJob span is this job's, once it holds every span expected."""
+    query = urllib.parse.urlencode({"service": "gpusched-admission", "operation": "SubmitJob",
+                                    "tags": json.dumps({"gpusched.job_id": job_id}), "limit": 5})
+    found = get_json(f"{jaeger.url}/api/traces?{query}")["data"]
+    if len(found) != 1:
+        return None
+    data = found[0]
+    services = {pid: p["serviceName"] for pid, p in data["processes"].items()}
+    have = {(services[s["processID"]], s["operationName"]) for s in data["spans"]}
+    return data if EXPECTED <= have else None
+
+
+async def test_a_job_is_one_trace_across_admission_placer_and_node_agent(
+        kafka_bootstrap, topics, tmp_path, jaeger, monkeypatch):
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", jaeger.otlp_endpoint)
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")   # export within 0.1 s, not 5 s
+    cluster = LocalCluster(kafka_bootstrap, topics, tmp_path)
+    try:
+        admission = await cluster.admission()
+        await cluster.placer()
+        await cluster.agent("node-0")
+        client = Client(f"127.0.0.1:{admission.port}")
+        job_id = (await client.submit(spec("traced", "nlp", gpus=1, duration=0.2))).job.job_id
+        [job] = await client.wait_terminal({job_id})
+        assert job.phase == SUCCEEDED
+        await client.close()
+        data = await eventually(lambda: job_trace(jaeger, job_id), f"the trace of {job_id}")
+    finally:
+        await cluster.stop_all()
+
+    services = {pid: p["serviceName"] for pid, p in data["processes"].items()}
+    spans = data["spans"]
+    assert {s["traceID"] for s in spans} == {data["traceID"]}
+    [submit] = [s for s in spans if s["operationName"] == "SubmitJob"]
+    by_id = {s["spanID"]: s for s in spans}
+
+    def parent(span) -> dict | None:
+        refs = [r for r in span["references"] if r["refType"] == "CHILD_OF"]
+        return by_id.get(refs[0]["spanID"]) if refs else None
+
+    # the placer's decision, the worker's start and end: children of SubmitJob
+    for name in ("place", "worker start", "worker end"):
+        [span] = [s for s in spans if s["operationName"] == name]
+        assert parent(span) is submit, name
+        assert {"key": "gpusched.job_id", "type": "string", "value": job_id} in span["tags"]
+    # the decision also links to the batched scheduling cycle, a trace of its own
+    [place] = [s for s in spans if s["operationName"] == "place"]
+    assert [r["refType"] for r in place["references"]] == ["CHILD_OF", "FOLLOWS_FROM"]
+    assert place["references"][1]["traceID"] != data["traceID"]
+    # each service folded the job's events in this trace, as Kafka consumer spans
+    consumed = [s for s in spans if s["operationName"] == f"process {topics.events}"]
+    assert {services[s["processID"]] for s in consumed} >= {
+        "gpusched-admission", "gpusched-placer", "gpusched-node-agent"}
+    for span in consumed:
+        tags = {t["key"]: t["value"] for t in span["tags"]}
+        assert tags["messaging.system"] == "kafka" and tags["messaging.destination.name"] == topics.events
+        assert tags["span.kind"] == "consumer" and tags["gpusched.job_id"] == job_id
+        assert parent(span) is not None   # parented by the span that published the event
+    events = {(services[s["processID"]], dict((t["key"], t["value"]) for t in s["tags"])["gpusched.event"])
+              for s in consumed}
+    assert ("gpusched-node-agent", "JobPlaced") in events
+    assert ("gpusched-admission", "WorkerFinished") in events
+
+
+def spans_of(jaeger, job_id: str, done) -> dict | None:
+    """The job's trace once ``done(trace)``."""
+    query = urllib.parse.urlencode({"service": "gpusched-admission", "operation": "SubmitJob",
+                                    "tags": json.dumps({"gpusched.job_id": job_id}), "limit": 5})
+    found = get_json(f"{jaeger.url}/api/traces?{query}")["data"]
+    return found[0] if len(found) == 1 and done(found[0]) else None
+
+
+def events_in(data: dict) -> list[tuple[str, str]]:
+    """(service, event type) of each consumer span of the trace."""
+    services = {pid: p["serviceName"] for pid, p in data["processes"].items()}
+    return [(services[s["processID"]], tag["value"]) for s in data["spans"]
+            for tag in s["tags"] if tag["key"] == "gpusched.event"]
+
+
+async def test_a_preemption_and_the_requeued_attempt_stay_in_the_victims_trace(
+        kafka_bootstrap, topics, tmp_path, jaeger, monkeypatch):
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", jaeger.otlp_endpoint)
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
+    cluster = LocalCluster(kafka_bootstrap, topics, tmp_path)
+    try:
+        admission = await cluster.admission()
+        await cluster.placer()
+        await cluster.preemptor("preemptor", "--min-runtime", "0")
+        await cluster.agent("node-0", "8xH100-80GB", "--grace", "1")
+        client = Client(f"127.0.0.1:{admission.port}")
+        victim = (await client.submit(spec("victim", "research", gpus=8, duration=1.0,
+                                           priority="best-effort"))).job.job_id
+        await until(client, lambda j: j.job_id == victim and j.phase == RUNNING)
+        urgent = (await client.submit(spec("urgent", "prod", gpus=8, duration=0.2,
+                                           priority="training-high"))).job.job_id
+        jobs = {j.job_id: j for j in await client.wait_terminal({victim, urgent}, timeout=180)}
+        assert jobs[victim].preemptions >= 1 and jobs[victim].phase == SUCCEEDED
+        await client.close()
+
+        def complete(data) -> bool:
+            names = [s["operationName"] for s in data["spans"]]
+            return (names.count("place") >= 2 and names.count("worker end") >= 2
+                    and ("gpusched-preemptor", "JobPreempted") in events_in(data))
+        data = await eventually(lambda: spans_of(jaeger, victim, complete), f"the preemption in {victim}'s trace")
+    finally:
+        await cluster.stop_all()
+    events = events_in(data)
+    # every service folded the preemption, in the victim's one trace
+    assert {svc for svc, event in events if event == "JobPreempted"} >= {
+        "gpusched-admission", "gpusched-placer", "gpusched-preemptor", "gpusched-node-agent"}
+    attempts = sorted(tag["value"] for s in data["spans"] if s["operationName"] == "place"
+                      for tag in s["tags"] if tag["key"] == "gpusched.attempt")
+    assert attempts[0] == 0 and attempts[-1] >= 1   # placed again after the requeue
+    assert {s["traceID"] for s in data["spans"]} == {data["traceID"]}
+
+
+# --- metrics ----------------------------------------------------------------------------
+def promql(prometheus, query: str) -> list[dict]:
+    url = f"{prometheus.url}/api/v1/query?{urllib.parse.urlencode({'query': query})}"
+    answer = get_json(url)
+    assert answer["status"] == "success", answer
+    return answer["data"]["result"]
+
+
+def value(prometheus, query: str) -> float | None:
+    result = promql(prometheus, query)
+    return float(result[0]["value"][1]) if len(result) == 1 else None
+
+
+async def test_prometheus_scrapes_decisions_pending_jobs_allocation_and_rpcs(
+        kafka_bootstrap, topics, tmp_path, prometheus):
+    cluster = LocalCluster(kafka_bootstrap, topics, tmp_path, metrics=True)
+    try:
+        services = [await cluster.admission(), await cluster.placer(), await cluster.agent("node-0")]
+        prometheus.targets_file.write_text(json.dumps([{
+            "targets": [f"127.0.0.1:{s.metrics_port}" for s in services],
+            "labels": {"cluster": topics.prefix}}]))
+        admission, placer = (f'cluster="{topics.prefix}",instance="127.0.0.1:{s.metrics_port}"'
+                             for s in services[:2])
+        client = Client(f"127.0.0.1:{services[0].port}")
+        running = (await client.submit(spec("all-gpus", "nlp", gpus=8, duration=600))).job.job_id
+        waiting = (await client.submit(spec("waits", "vision", gpus=8, duration=1))).job.job_id
+        assert (await client.get(waiting)).phase == PENDING
+        expected = {
+            f'gpusched_jobs_pending{{{admission},team="vision",pool="default"}}': 1,
+            f'gpusched_jobs_pending{{{admission},team="nlp"}}': None,   # placed: no longer waiting
+            f'gpusched_gpus_requested{{{placer},team="vision",pool="default"}}': 8,
+            f'gpusched_gpus_allocated{{{admission},pool="default",state="allocated"}}': 8,
+            f'gpusched_gpus_allocated{{{admission},pool="default",state="total"}}': 8,
+            f'gpusched_placer_decisions_total{{{placer},pool="default"}}': 1,
+            f'gpusched_rpc_server_duration_seconds_count{{{admission},'
+            'method="/gpusched.v1.AdmissionService/SubmitJob",code="OK"}': 2,
+        }
+
+        def scraped() -> dict:
+            return {query: value(prometheus, query) for query in expected}
+
+        # Each target is scraped on its own schedule: ask until every answer is in.
+        await eventually(scraped, "the expected metrics", timeout=30, done=lambda now: now == expected)
+        assert (await client.get(running)).phase != PENDING
+        assert value(prometheus, f'sum(gpusched_placer_cycle_duration_seconds_count{{{placer}}})') >= 1
+        lags = promql(prometheus, f'gpusched_consumer_lag{{{admission}}}')
+        assert lags and all(float(r["value"][1]) >= 0 for r in lags)
+        await client.close()
+    finally:
+        await cluster.stop_all()

@@ -1,0 +1,68 @@
+"""The metrics' values, read through an in-memory reader: gauges from a folded state,
+counters from outcomes. tests/integration/test_observability.py reads them from a real
+Prometheus scraping the services."""
+from __future__ import annotations
+
+import pytest
+from opentelemetry import metrics as otel_metrics
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+from gpusched.adapters import metrics
+from gpusched.core import events as ev
+from gpusched.core.reducer import Outcome
+from tests.unit.core.builders import Log, make_node, whole
+
+
+class Follower:
+    def __init__(self, states, lags) -> None:
+        self.states, self._lags = states, lags
+
+    def lag(self, partition: int) -> int | None:
+        return self._lags[partition]
+
+
+@pytest.fixture(scope="module")
+def reader():
+    found = InMemoryMetricReader()
+    otel_metrics.set_meter_provider(MeterProvider(metric_readers=[found]))
+    return found
+
+
+def points(reader, name: str) -> dict[tuple, float]:
+    data = reader.get_metrics_data()
+    return {tuple(sorted(p.attributes.items())): getattr(p, "value", getattr(p, "count", None))
+            for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics if m.name == name
+            for p in m.data.data_points}
+
+
+def test_gauges_are_computed_from_the_followed_states(reader):
+    log = Log(make_node("n1", gpus=8))
+    assert log.submit("a", team="nlp", gpus=6).accepted
+    assert log.place("a", ("n1", whole(0, 1, 2, 3, 4, 5))).accepted
+    assert log.submit("b", team="vision", gpus=4).accepted
+    assert log.submit("c", team="vision", workers=2, gpus=1).accepted
+    metrics.watch_states(Follower({0: log.state}, {0: 7}))
+    assert points(reader, "gpusched.jobs.pending") == {(("pool", "default"), ("team", "vision")): 2}
+    assert points(reader, "gpusched.gpus.requested") == {(("pool", "default"), ("team", "vision")): 6}
+    assert points(reader, "gpusched.gpus.allocated") == {(("pool", "default"), ("state", "allocated")): 6,
+                                                         (("pool", "default"), ("state", "total")): 8}
+    assert points(reader, "gpusched.consumer.lag") == {(("partition", "0"),): 7}
+
+
+def test_outcomes_cycles_and_rpcs_are_counted_by_their_labels(reader):
+    log = Log(make_node("n1", gpus=2))
+    preempted = ev.JobPreempted(event_id="x", job_id="a", attempt=0, reason="priority")
+    metrics.count_outcome(preempted, Outcome(True), log.state)
+    metrics.count_outcome(preempted, Outcome(False, "unknown job"), log.state)
+    fault = ev.GpuHealthChanged(event_id="y", node="n1", gpu_index=1, healthy=False, reason="xid 79")
+    metrics.count_outcome(fault, Outcome(True), log.state)
+    metrics.cycle_done(0, 0.002, [(preempted, "default"), (preempted, "default"), (preempted, "other")])
+    metrics.rpc_done("/gpusched.v1.AdmissionService/SubmitJob", 0.01, "INVALID_ARGUMENT")
+    assert points(reader, "gpusched.preemptions") == {(("cause", "priority"),): 1}
+    assert points(reader, "gpusched.events.rejected") == {(("event", "JobPreempted"), ("reason", "unknown job")): 1}
+    assert points(reader, "gpusched.gpu.faults") == {(("pool", "default"),): 1}
+    assert points(reader, "gpusched.placer.decisions") == {(("pool", "default"),): 2, (("pool", "other"),): 1}
+    assert points(reader, "gpusched.placer.cycle.duration") == {(("partition", "0"),): 1}
+    assert points(reader, "gpusched.rpc.server.errors") == {
+        (("code", "INVALID_ARGUMENT"), ("method", "/gpusched.v1.AdmissionService/SubmitJob")): 1}
