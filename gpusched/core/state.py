@@ -2,7 +2,9 @@
 
 Mutable on purpose: the reducer updates it in place, because copying a cluster of
 thousands of nodes per event would cap replay far below the 100k events/s we need.
-Only the reducer writes it; policies and services read it.
+Only the reducer changes it for good. Policies change it tentatively, and only through a
+``gpusched.policies.statement.Statement``, which records every change and undoes them
+all before the state is used for the log again; services read it.
 """
 from __future__ import annotations
 

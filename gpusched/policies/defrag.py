@@ -34,9 +34,10 @@ from gpusched.core.model import JobPhase
 from gpusched.core.priority import priority_value
 from gpusched.core.state import ClusterState, JobState
 from gpusched.policies.preemption import (
-    REASON_DEFRAG, Preemption, PreemptionConfig, _Context, _Scratch, _Search, _since,
+    REASON_DEFRAG, Preemption, PreemptionConfig, _Context, _Search, _since,
 )
 from gpusched.policies.quota import within_limits
+from gpusched.policies.statement import Statement, tentative
 
 
 def blocked_by_fragmentation(state: ClusterState, job: JobState) -> bool:
@@ -60,9 +61,8 @@ def defrag_decisions(state: ClusterState, now: float,
                      limit: int = 4) -> list[Preemption]:
     """Move plans for pending jobs blocked by fragmentation only, highest priority first."""
     ctx = _Context(state, now, config)
-    scratch = _Scratch(state)
     out: list[Preemption] = []
-    try:
+    with tentative(state) as scratch:
         for job in ctx.pending_in_order()[: config.max_examined]:
             if len(out) >= limit:
                 break
@@ -70,15 +70,13 @@ def defrag_decisions(state: ClusterState, now: float,
                 continue
             placed = ctx.place(job)
             if placed is not None:
-                scratch.commit(job, placed)   # the scheduler places it: hold its GPUs
+                scratch.book(job, placed)   # the scheduler places it: hold its GPUs
                 continue
             if job.job_id in ctx.in_flight or not blocked_by_fragmentation(state, job):
                 continue
             plan = _plan(ctx, job, scratch)   # booked on the scratch when found
             if plan is not None:
                 out.append(plan)
-    finally:
-        scratch.rollback()
     return out
 
 
@@ -87,13 +85,10 @@ def defrag_plan(state: ClusterState, job: JobState, now: float,
     """The jobs to move so ``job`` fits, or None (not fragmentation-blocked, or no plan
     within the caps). The state is left untouched."""
     ctx = _Context(state, now, config)
-    scratch = _Scratch(state)
-    try:
+    with tentative(state) as scratch:
         if ctx.place(job) is not None or not blocked_by_fragmentation(state, job):
             return None
         plan = _plan(ctx, job, scratch)
-    finally:
-        scratch.rollback()
     return None if plan is None else plan.victims
 
 
@@ -111,7 +106,7 @@ def _movable(ctx: _Context, victim: JobState, job: JobState) -> bool:
     return priority_value(spec.priority_class) <= priority_value(job.spec.priority_class)
 
 
-def _plan(ctx: _Context, job: JobState, scratch: _Scratch) -> Preemption | None:
+def _plan(ctx: _Context, job: JobState, scratch: Statement) -> Preemption | None:
     now, config = ctx.now, ctx.config
 
     def cost(v: JobState) -> tuple:
@@ -145,21 +140,21 @@ def _plan(ctx: _Context, job: JobState, scratch: _Scratch) -> Preemption | None:
     return None
 
 
-def _relocate(ctx: _Context, job: JobState, moved: Sequence[JobState], scratch: _Scratch) -> bool:
+def _relocate(ctx: _Context, job: JobState, moved: Sequence[JobState], scratch: Statement) -> bool:
     """Tentatively: release ``moved``, place ``job``, then place every moved job again
     (higher priority first). Kept booked on the scratch when it all fits, undone otherwise."""
-    mark = scratch.mark()
+    mark = scratch.checkpoint()
     for v in moved:
         scratch.release(v)
     placed = ctx.place(job)
     if placed is None:
         scratch.rollback(mark)
         return False
-    scratch.commit(job, placed)
+    scratch.book(job, placed)
     for v in sorted(moved, key=lambda v: (-priority_value(v.spec.priority_class), v.seq)):
         again = ctx.place(v)
         if again is None:
             scratch.rollback(mark)
             return False
-        scratch.commit(v, again)
+        scratch.book(v, again)
     return True

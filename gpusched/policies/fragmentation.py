@@ -25,7 +25,7 @@ import numpy as np
 
 from gpusched.core.model import GpuSlot, WorkerResources
 from gpusched.core.state import JobState, NodeState
-from gpusched.policies.booking import Booking
+from gpusched.policies.statement import Statement
 from gpusched.policies.gpu_fit import StateLike, fits_node, pick_gpus
 from gpusched.policies.placement import Choice, register_placement
 from gpusched.policies.placement_arrays import NodeArrays, arrays_for
@@ -132,11 +132,11 @@ class Fgd:
 
     name = "fgd"
 
-    def choose(self, state: StateLike, booking: Booking, job: JobState, res: WorkerResources) -> Choice | None:
+    def choose(self, state: StateLike, statement: Statement, job: JobState, res: WorkerResources) -> Choice | None:
         pool = job.spec.pool
         if res.is_mig:
             return choose_mig(state.nodes, pool, res)
-        view = self.view(state, booking, pool)
+        view = self.view(state, statement, pool)
         arrays = view.arrays
         rows = arrays.feasible(res)
         if not rows.size:
@@ -153,12 +153,12 @@ class Fgd:
                 return node, slots
         return None
 
-    def view(self, state: StateLike, booking: Booking, pool: str) -> FragView:
+    def view(self, state: StateLike, statement: Statement, pool: str) -> FragView:
         key = (self.name, pool)
-        view = booking.views.get(key)
+        view = statement.views.get(key)
         if view is None:
-            arrays = arrays_for(booking, state.nodes, pool)
-            view = booking.views[key] = FragView(arrays, typical_shapes(state, pool))
+            arrays = arrays_for(statement, state.nodes, pool)
+            view = statement.views[key] = FragView(arrays, typical_shapes(state, pool))
         return view
 
     def keys(self, view: FragView, rows: np.ndarray, after: np.ndarray, growth: np.ndarray) -> list[np.ndarray]:

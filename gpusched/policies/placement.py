@@ -17,7 +17,7 @@ from typing import Protocol
 
 from gpusched.core.model import GpuSlot, WorkerAssignment, WorkerResources
 from gpusched.core.state import JobState, NodeState
-from gpusched.policies.booking import Booking
+from gpusched.policies.statement import Statement
 from gpusched.policies.gpu_fit import StateLike, fits_node, pick_gpus  # noqa: F401 (re-exported)
 from gpusched.policies.placement_topology import place_spread
 
@@ -27,7 +27,7 @@ Choice = tuple[NodeState, tuple[GpuSlot, ...]]
 class Placement(Protocol):
     name: str
 
-    def choose(self, state: StateLike, booking: Booking, job: JobState,
+    def choose(self, state: StateLike, statement: Statement, job: JobState,
                res: WorkerResources) -> Choice | None:
         """Where one worker of ``job`` (needing ``res``) goes now, or None if nowhere."""
 
@@ -43,16 +43,16 @@ def register_placement(policy: Placement) -> Placement:
 
 
 def place_gang(state: StateLike, job: JobState, policy: Placement,
-               booking: Booking) -> tuple[WorkerAssignment, ...] | None:
+               statement: Statement) -> tuple[WorkerAssignment, ...] | None:
     spec = job.spec
     if spec.workers == 1:
-        choice = policy.choose(state, booking, job, spec.resources)
+        choice = policy.choose(state, statement, job, spec.resources)
         if choice is None:
             return None
         placed = (WorkerAssignment(0, choice[0].name, choice[1]),)
-        booking.add(job, placed)
+        statement.book(job, placed)
         return placed
-    return place_spread(state, job, booking)
+    return place_spread(state, job, statement)
 
 
 # The policies register themselves; importing them here makes ``PLACEMENTS`` complete for

@@ -36,8 +36,8 @@ victims that are no longer needed. Steps are cached per node and recomputed only
 whose jobs or capacity the last step touched, so a search costs about
 ``O(candidate nodes x victims per node)`` releases plus ``O(workers)`` step rounds; the
 answer is finally checked with ``place_gang`` (the scheduler's placement, default scoring)
-on the state with the victims released. Every release is tentative (``_Scratch``) and
-undone before returning: the state digest is unchanged.
+on the state with the victims released. Every release is tentative (a ``Statement``)
+and undone before returning: the state digest is unchanged.
 
 Gang victims are released whole (a job id covers all its workers). Nothing is returned when
 no eligible set makes ``J`` placeable: we never preempt for a job that would still not fit.
@@ -48,13 +48,12 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
 from gpusched.core import events as ev
-from gpusched.core.capacity import book_resources, commit, release
-from gpusched.core.model import GpuSlot, JobPhase, WorkerAssignment, WorkerResources
+from gpusched.core.model import JobPhase, WorkerAssignment, WorkerResources
 from gpusched.core.priority import priority_value
 from gpusched.core.state import ClusterState, JobState, NodeState
-from gpusched.policies.booking import tentative
 from gpusched.policies.placement import PLACEMENTS, NodeScore, fits_node, pick_gpus, place_gang
 from gpusched.policies.quota import QueueTree, within_limits
+from gpusched.policies.statement import Statement, tentative
 
 REASON_PRIORITY = "priority"
 REASON_RECLAIM = "reclaim"
@@ -116,11 +115,8 @@ def victims_for(state: ClusterState, job: JobState, now: float,
     """The cheapest set of running jobs to preempt so ``job`` becomes placeable: ``()`` when
     it is placeable already, ``None`` when no set of eligible victims makes it placeable."""
     ctx = _Context(state, now, config)
-    scratch = _Scratch(state)
-    try:
+    with tentative(state) as scratch:
         found = ctx.find(job, scratch)
-    finally:
-        scratch.rollback()
     if found is None:
         return None
     return tuple(v.job_id for v in found.victims)
@@ -139,11 +135,10 @@ def preemption_decisions(state: ClusterState, now: float,
     decisions of one call never share victims or count the same freed GPUs twice. The
     state is left exactly as it was."""
     ctx = _Context(state, now, config)
-    scratch = _Scratch(state)
     out: list[Preemption] = []
     failed: set[tuple] = set()        # shapes no victim set helps, this call
     unplaceable: set[tuple] = set()   # shapes that do not fit as is, since the last booking
-    try:
+    with tentative(state) as scratch:
         for job in ctx.pending_in_order()[: config.max_examined]:
             if len(out) >= limit:
                 break
@@ -154,7 +149,7 @@ def preemption_decisions(state: ClusterState, now: float,
             if fit_shape not in unplaceable:
                 placed = ctx.place(job)
                 if placed is not None:
-                    scratch.commit(job, placed)   # the scheduler places it: hold its GPUs
+                    scratch.book(job, placed)   # the scheduler places it: hold its GPUs
                     continue
                 unplaceable.add(fit_shape)
             if job.job_id in ctx.in_flight:
@@ -168,51 +163,14 @@ def preemption_decisions(state: ClusterState, now: float,
                 continue
             out.append(ctx.book(job, found, scratch))
             unplaceable.clear()   # victims may free more than their beneficiary takes
-    finally:
-        scratch.rollback()
     return out
 
 
 # --- internals ----------------------------------------------------------------------------
-class _Scratch:
-    """Tentative releases and bookings on the live state, undone last-in first-out.
-
-    ``commit``/``release`` are the reducer's own: counters add up, so undoing them in
-    reverse leaves every counter, set and usage entry as the log made it."""
-
-    def __init__(self, state: ClusterState) -> None:
-        self.state = state
-        self._ops: list[tuple[JobState, tuple[WorkerAssignment, ...], int]] = []
-        self._new_teams: list[tuple[int, str]] = []
-
-    def mark(self) -> int:
-        return len(self._ops)
-
-    def release(self, job: JobState, workers: tuple[WorkerAssignment, ...] | None = None) -> None:
-        workers = job.workers if workers is None else workers
-        release(self.state, job, workers)
-        self._ops.append((job, workers, -1))
-
-    def commit(self, job: JobState, workers: tuple[WorkerAssignment, ...]) -> None:
-        if job.team not in self.state.usage:
-            self._new_teams.append((len(self._ops), job.team))
-        commit(self.state, job, workers)
-        self._ops.append((job, workers, +1))
-
-    def rollback(self, mark: int = 0) -> None:
-        while len(self._ops) > mark:
-            job, workers, sign = self._ops.pop()
-            (release if sign > 0 else commit)(self.state, job, workers)
-            while self._new_teams and self._new_teams[-1][0] >= len(self._ops):
-                _, team = self._new_teams.pop()
-                usage = self.state.usage.get(team)
-                if usage is not None and not (usage.gpu_milli or usage.cpu_milli or usage.memory_mib or usage.jobs):
-                    del self.state.usage[team]
-
-
-def worker_slots(node: NodeState, res: WorkerResources, cap: int) -> int:
+def worker_slots(statement: Statement, node: NodeState, res: WorkerResources, cap: int) -> int:
     """How many more workers of ``res`` (at most ``cap``) ``node`` takes right now, by the
-    placer's own rules (``fits_node`` and ``pick_gpus``)."""
+    placer's own rules (``fits_node`` and ``pick_gpus``); counted by taking them on
+    ``statement``, then undone."""
     if cap <= 0 or not node.schedulable or not res.allows(node.model):
         return 0
     if not res.is_share and not res.is_mig:
@@ -222,18 +180,18 @@ def worker_slots(node: NodeState, res: WorkerResources, cap: int) -> int:
         if res.memory_mib:
             n = min(n, node.free_mem // res.memory_mib)
         return max(0, min(n, cap))
-    taken: list[tuple[GpuSlot, ...]] = []
+    mark = statement.checkpoint()
+    taken = 0
     try:
-        while len(taken) < cap and fits_node(node, res):
+        while taken < cap and fits_node(node, res):
             slots = pick_gpus(node, res)
             if slots is None:
                 break
-            book_resources(node, res, slots, +1)
-            taken.append(slots)
+            statement.take(node, res, slots)
+            taken += 1
     finally:
-        for slots in reversed(taken):
-            book_resources(node, res, slots, -1)
-    return len(taken)
+        statement.rollback(mark)
+    return taken
 
 
 def could_host(node: NodeState, res: WorkerResources) -> bool:
@@ -368,8 +326,8 @@ class _Context:
         # The nodes shared (so tentative releases show), the usage table private (so its
         # own tentative bookings never touch the state's): all place_gang reads.
         view = ClusterState(nodes=self.state.nodes)
-        with tentative(view) as booking:
-            return place_gang(view, job, self.score, booking)
+        with tentative(view) as statement:
+            return place_gang(view, job, self.score, statement)
 
     def shape(self, job: JobState) -> tuple:
         spec = job.spec
@@ -377,7 +335,7 @@ class _Context:
         return (spec.pool, spec.workers, spec.resources, priority_value(spec.priority_class),
                 job.team if reclaim else None)
 
-    def find(self, job: JobState, scratch: _Scratch) -> _Found | None:
+    def find(self, job: JobState, scratch: Statement) -> _Found | None:
         """The cheapest victims for ``job`` (empty when it fits as is), with the placement it
         gets once they are gone; the scratch is back at its mark on return."""
         placed = self.place(job)
@@ -389,7 +347,7 @@ class _Context:
         victims = search.run()
         if victims is None:
             return None
-        mark = scratch.mark()
+        mark = scratch.checkpoint()
         try:
             for v in victims:
                 scratch.release(v)
@@ -403,12 +361,12 @@ class _Context:
             else REASON_PRIORITY
         return _Found(victims, placed, reason)
 
-    def book(self, job: JobState, found: _Found, scratch: _Scratch) -> Preemption:
+    def book(self, job: JobState, found: _Found, scratch: Statement) -> Preemption:
         """Release the victims and book the job, tentatively, for the rest of this call."""
         for v in found.victims:
             scratch.release(v)
             self.taken.add(v.job_id)
-        scratch.commit(job, found.workers)
+        scratch.book(job, found.workers)
         self.extra[job.team] = self.extra.get(job.team, 0) + job.milli
         self._borrowed.clear()
         nodes = sorted({w.node for v in found.victims for w in v.workers})
@@ -418,7 +376,7 @@ class _Context:
 class _Search:
     """Node-local greedy search for a minimal, cheap victim set (see the module doc)."""
 
-    def __init__(self, ctx: _Context, job: JobState, scratch: _Scratch,
+    def __init__(self, ctx: _Context, job: JobState, scratch: Statement,
                  eligible: Callable[[JobState], bool], cost: Callable[[JobState], tuple],
                  set_key: Callable[[Sequence[JobState]], tuple], max_victims: int) -> None:
         self.ctx, self.job, self.scratch = ctx, job, scratch
@@ -446,7 +404,7 @@ class _Search:
             if found:
                 found.sort(key=self.cost)
                 self.victims_on[name] = found
-        self.slots = {name: worker_slots(node, self.res, self.need) for name, node in self.nodes.items()}
+        self.slots = {name: worker_slots(scratch, node, self.res, self.need) for name, node in self.nodes.items()}
         self.released: list[JobState] = []
         self.released_ids: set[str] = set()
 
@@ -462,7 +420,7 @@ class _Search:
     def _refresh(self, victims: Iterable[JobState]) -> set[str]:
         touched = {w.node for v in victims for w in v.workers if w.node in self.nodes}
         for name in touched:
-            self.slots[name] = worker_slots(self.nodes[name], self.res, self.need)
+            self.slots[name] = worker_slots(self.scratch, self.nodes[name], self.res, self.need)
         return touched
 
     def _upper_bound_ok(self, name: str, victims: list[JobState]) -> bool:
@@ -476,12 +434,12 @@ class _Search:
 
     def _free(self, victim: JobState, sign: int) -> None:
         """Release (-1) or re-book (+1) a victim on its nodes' counters only: what slot
-        counting reads. Cheaper than the reducer's release (no usage, no job sets) and
-        exactly undone by the opposite call."""
+        counting reads. Cheaper than the reducer's release (no usage, no job sets)."""
         res = victim.spec.resources
         nodes = self.state.nodes
+        change = self.scratch.give if sign < 0 else self.scratch.take
         for w in victim.workers:
-            book_resources(nodes[w.node], res, w.gpus, sign)
+            change(nodes[w.node], res, w.gpus)
 
     def _whole_gpu_job(self) -> bool:
         res = self.res
@@ -562,31 +520,31 @@ class _Search:
                 gain = self._arith_slots(gpus, cpu, mem, self.need) - self.slots[name]
             return _Step(self.set_key(chosen), chosen, gain)
         chosen = [] if picked is False else list(picked)
+        mark = self.scratch.checkpoint()
         try:
             if picked is False:
                 for v in victims:
                     self._free(v, -1)
                     chosen.append(v)
-                    if worker_slots(node, res, target) >= target:
+                    if worker_slots(self.scratch, node, res, target) >= target:
                         break
                 else:
                     return None
                 for v in reversed(chosen[:-1]):     # the last one was needed by construction
                     self._free(v, +1)
-                    if worker_slots(node, res, target) >= target:
+                    if worker_slots(self.scratch, node, res, target) >= target:
                         chosen.remove(v)
                     else:
                         self._free(v, -1)
             else:
                 for v in chosen:
                     self._free(v, -1)
-            gain = worker_slots(node, res, self.need) - self.slots[name]
+            gain = worker_slots(self.scratch, node, res, self.need) - self.slots[name]
             # A gang victim frees other nodes too: count that gain as well.
             for other in {w.node for v in chosen for w in v.workers if w.node in self.nodes} - {name}:
-                gain += worker_slots(self.nodes[other], res, self.need) - self.slots[other]
+                gain += worker_slots(self.scratch, self.nodes[other], res, self.need) - self.slots[other]
         finally:
-            for v in reversed(chosen):
-                self._free(v, +1)
+            self.scratch.rollback(mark)
         return _Step(self.set_key(chosen), chosen, gain)
 
     def run(self) -> list[JobState] | None:
@@ -594,7 +552,7 @@ class _Search:
             return []
         steps: dict[str, _Step | None] = {}
         stale = set(self.nodes)
-        mark = self.scratch.mark()
+        mark = self.scratch.checkpoint()
         try:
             while self.total() < self.need:
                 for name in stale:
@@ -620,7 +578,7 @@ class _Search:
                 stale = touched | {best[1]}
             # Drop victims a later step made unnecessary, most expensive first.
             for v in sorted(self.released, key=self.cost, reverse=True):
-                self.scratch.commit(v, v.workers)
+                self.scratch.book(v, v.workers)
                 self._refresh((v,))
                 if self.total() >= self.need:
                     self.released.remove(v)

@@ -4,7 +4,7 @@ from __future__ import annotations
 from gpusched.core import events as ev
 from gpusched.core.digest import digest
 from gpusched.core.model import JobPhase
-from gpusched.policies.booking import tentative
+from gpusched.policies.statement import tentative
 from gpusched.policies.defrag import blocked_by_fragmentation, defrag_decisions, defrag_plan
 from gpusched.policies.placement import PLACEMENTS, place_gang
 from gpusched.policies.preemption import PreemptionConfig, preemption_events
@@ -51,8 +51,8 @@ class Cluster:
         return out
 
     def fits(self, *job_ids: str) -> bool:
-        with tentative(self.state) as booking:
-            return all(place_gang(self.state, self.state.jobs[j], PLACEMENTS["best-fit"], booking) is not None
+        with tentative(self.state) as statement:
+            return all(place_gang(self.state, self.state.jobs[j], PLACEMENTS["best-fit"], statement) is not None
                        for j in job_ids)
 
 

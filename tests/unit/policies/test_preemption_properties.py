@@ -17,7 +17,7 @@ from gpusched.core.capacity import commit, release
 from gpusched.core.digest import digest
 from gpusched.core.model import JobPhase, JobSpec, WorkerResources
 from gpusched.core.priority import PRIORITY_CLASSES, priority_value
-from gpusched.policies.booking import tentative
+from gpusched.policies.statement import tentative
 from gpusched.policies.placement import PLACEMENTS, place_gang
 from gpusched.policies.preemption import (
     Preemption, PreemptionConfig, preemption_decisions, preemption_events, victims_for,
@@ -84,8 +84,8 @@ def random_config(data) -> PreemptionConfig:
 
 
 def fits(state, job) -> bool:
-    with tentative(state) as booking:
-        return place_gang(state, job, BEST_FIT, booking) is not None
+    with tentative(state) as statement:
+        return place_gang(state, job, BEST_FIT, statement) is not None
 
 
 def fits_without(state, job, victims) -> bool:
@@ -180,6 +180,6 @@ def test_decisions_are_disjoint_and_leave_the_state_alone(data):
             for w in victim.workers:
                 assert log(ev.WorkerFinished, job_id=v, attempt=victim.attempt, worker=w.worker, node=w.node,
                            exit_code=0, time=now).accepted
-    with tentative(state) as booking:
+    with tentative(state) as statement:
         for d in decisions:
-            assert place_gang(state, state.jobs[d.for_job], BEST_FIT, booking) is not None
+            assert place_gang(state, state.jobs[d.for_job], BEST_FIT, statement) is not None
