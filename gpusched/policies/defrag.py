@@ -16,7 +16,7 @@ consolidate with free ones, on the condition that
   ``defrag_max_moves`` jobs move.
 
 Candidate moves come from the same node-local search as preemption
-(``gpusched.policies.preemption``), with the cost of a move set being
+(``gpusched.policies.victim_search``), with the cost of a move set being
 ``(work at risk, jobs moved, GPU milli moved)``. For a one-worker job every node's minimal
 move set is a candidate, cheapest first (up to ``defrag_max_plans`` tried); a gang gets
 the greedy multi-node set. Only whole-GPU jobs are defragmented (shares and MIG slices
@@ -33,11 +33,10 @@ from typing import Sequence
 from gpusched.core.model import JobPhase
 from gpusched.core.priority import priority_value
 from gpusched.core.state import ClusterState, JobState
-from gpusched.policies.preemption import (
-    REASON_DEFRAG, Preemption, PreemptionConfig, _Context, _Search, _since,
-)
+from gpusched.policies.preemption import REASON_DEFRAG, Preemption
 from gpusched.policies.quota import within_limits
 from gpusched.policies.statement import Statement, tentative
+from gpusched.policies.victim_search import PreemptionConfig, SearchContext, VictimSearch, running_since
 
 
 def blocked_by_fragmentation(state: ClusterState, job: JobState) -> bool:
@@ -60,7 +59,7 @@ def defrag_decisions(state: ClusterState, now: float,
                      config: PreemptionConfig = PreemptionConfig(),
                      limit: int = 4) -> list[Preemption]:
     """Move plans for pending jobs blocked by fragmentation only, highest priority first."""
-    ctx = _Context(state, now, config)
+    ctx = SearchContext(state, now, config)
     out: list[Preemption] = []
     with tentative(state) as scratch:
         for job in ctx.pending_in_order()[: config.max_examined]:
@@ -84,7 +83,7 @@ def defrag_plan(state: ClusterState, job: JobState, now: float,
                 config: PreemptionConfig = PreemptionConfig()) -> tuple[str, ...] | None:
     """The jobs to move so ``job`` fits, or None (not fragmentation-blocked, or no plan
     within the caps). The state is left untouched."""
-    ctx = _Context(state, now, config)
+    ctx = SearchContext(state, now, config)
     with tentative(state) as scratch:
         if ctx.place(job) is not None or not blocked_by_fragmentation(state, job):
             return None
@@ -93,20 +92,20 @@ def defrag_plan(state: ClusterState, job: JobState, now: float,
 
 
 # --- internals ----------------------------------------------------------------------------
-def _movable(ctx: _Context, victim: JobState, job: JobState) -> bool:
+def _movable(ctx: SearchContext, victim: JobState, job: JobState) -> bool:
     if victim.job_id == job.job_id or victim.job_id in ctx.taken:
         return False
     spec = victim.spec
     if victim.phase not in (JobPhase.RUNNING, JobPhase.PLACED) or not spec.preemptible:
         return False
-    if spec.checkpoint_interval_s <= 0 or ctx.now - _since(victim) < ctx.config.min_runtime_s:
+    if spec.checkpoint_interval_s <= 0 or ctx.now - running_since(victim) < ctx.config.min_runtime_s:
         return False
     if victim.work_at_risk(ctx.now) > ctx.config.defrag_max_work_lost_s:
         return False
     return priority_value(spec.priority_class) <= priority_value(job.spec.priority_class)
 
 
-def _plan(ctx: _Context, job: JobState, scratch: Statement) -> Preemption | None:
+def _plan(ctx: SearchContext, job: JobState, scratch: Statement) -> Preemption | None:
     now, config = ctx.now, ctx.config
 
     def cost(v: JobState) -> tuple:
@@ -116,7 +115,7 @@ def _plan(ctx: _Context, job: JobState, scratch: Statement) -> Preemption | None
         return (round(sum(v.work_at_risk(now) for v in victims), 6), len(victims),
                 sum(v.milli for v in victims))
 
-    search = _Search(ctx, job, scratch, lambda v: _movable(ctx, v, job), cost, set_key,
+    search = VictimSearch(ctx, job, scratch, lambda v: _movable(ctx, v, job), cost, set_key,
                      config.defrag_max_moves)
     if job.spec.workers == 1:
         steps = [(step.key, name, step.victims) for name in search.nodes
@@ -140,7 +139,7 @@ def _plan(ctx: _Context, job: JobState, scratch: Statement) -> Preemption | None
     return None
 
 
-def _relocate(ctx: _Context, job: JobState, moved: Sequence[JobState], scratch: Statement) -> bool:
+def _relocate(ctx: SearchContext, job: JobState, moved: Sequence[JobState], scratch: Statement) -> bool:
     """Tentatively: release ``moved``, place ``job``, then place every moved job again
     (higher priority first). Kept booked on the scratch when it all fits, undone otherwise."""
     mark = scratch.checkpoint()

@@ -1,8 +1,8 @@
 """Placement: choose nodes and GPUs for every worker of a gang, or nothing.
 
 A placement policy (``Placement``) chooses the node and GPUs of one worker; policies are
-registered by name in ``PLACEMENTS`` and chosen by configuration. ``place_gang`` places a
-one-worker job with the policy, and a gang with the topology planner
+listed by name in ``placement_registry.PLACEMENTS`` and chosen by configuration.
+``place_gang`` places a one-worker job with the policy, and a gang with the topology planner
 (``placement_topology``: fewest racks, then fewest nodes), booking each worker so the
 next sees it and giving up the whole gang if any worker does not fit (all-or-nothing).
 
@@ -18,7 +18,7 @@ from typing import Protocol
 from gpusched.core.model import GpuSlot, WorkerAssignment, WorkerResources
 from gpusched.core.state import JobState, NodeState
 from gpusched.policies.statement import Statement
-from gpusched.policies.gpu_fit import StateLike, fits_node, pick_gpus  # noqa: F401 (re-exported)
+from gpusched.policies.gpu_fit import StateLike
 from gpusched.policies.placement_topology import place_spread
 
 Choice = tuple[NodeState, tuple[GpuSlot, ...]]
@@ -32,16 +32,6 @@ class Placement(Protocol):
         """Where one worker of ``job`` (needing ``res``) goes now, or None if nowhere."""
 
 
-# A registered policy; the old name is kept for the modules that annotate with it.
-NodeScore = Placement
-PLACEMENTS: dict[str, Placement] = {}
-
-
-def register_placement(policy: Placement) -> Placement:
-    PLACEMENTS[policy.name] = policy
-    return policy
-
-
 def place_gang(state: StateLike, job: JobState, policy: Placement,
                statement: Statement) -> tuple[WorkerAssignment, ...] | None:
     spec = job.spec
@@ -53,8 +43,3 @@ def place_gang(state: StateLike, job: JobState, policy: Placement,
         statement.book(job, placed)
         return placed
     return place_spread(state, job, statement)
-
-
-# The policies register themselves; importing them here makes ``PLACEMENTS`` complete for
-# whoever imports it.
-from gpusched.policies import fragmentation, placement_policies  # noqa: E402,F401

@@ -23,7 +23,7 @@ from gpusched.core.model import WorkerResources
 from gpusched.core.state import JobState, NodeState
 from gpusched.policies.statement import Statement
 from gpusched.policies.gpu_fit import StateLike, fit
-from gpusched.policies.placement import Choice, register_placement
+from gpusched.policies.placement import Choice
 from gpusched.policies.placement_arrays import NodeArrays, arrays_for
 from gpusched.policies.placement_index import FreeIndex, first_fit
 
@@ -201,7 +201,3 @@ class NodeTags:
         if mask is None:
             mask = self._has[tag] = np.array([tag in c for c in self.tags], dtype=bool)
         return mask
-
-
-for _policy in (BestFit(), RandomPlacement(), DotProduct(), GpuPacking(), GpuClustering()):
-    register_placement(_policy)

@@ -24,7 +24,8 @@ from gpusched.policies.fairshare import DEFAULT_AGING_S, QueueContext
 from gpusched.policies.nomination import hold_nominated_nodes, live_nominations, nominees_first
 from gpusched.policies.parking import ParkedJobs, parking_applies
 from gpusched.policies.policy_tree import policy_tree
-from gpusched.policies.placement import PLACEMENTS, place_gang
+from gpusched.policies.placement import place_gang
+from gpusched.policies.placement_registry import make_placement
 from gpusched.policies.queue import KEYED_ORDERS, QUEUE_KEYS, QUEUE_ORDERS
 from gpusched.policies.queue_keys import QueueKeys
 from gpusched.policies.quota import QueueTree, within_limits
@@ -61,11 +62,9 @@ class Scheduler:
     def __init__(self, config: SchedulerConfig = SchedulerConfig()) -> None:
         if config.queue not in QUEUE_ORDERS:
             raise ValueError(f"unknown queue policy {config.queue!r}; known: {sorted(QUEUE_ORDERS)}")
-        if config.placement not in PLACEMENTS:
-            raise ValueError(f"unknown placement policy {config.placement!r}; known: {sorted(PLACEMENTS)}")
         self.config = config
         self._order = QUEUE_ORDERS[config.queue]
-        self._placement = PLACEMENTS[config.placement]
+        self._placement = make_placement(config.placement)
         self.reservation: Reservation | None = None   # the last cycle's, for reports
 
     def cycle(self, state: ClusterState, now: float, parked: ParkedJobs | None = None,

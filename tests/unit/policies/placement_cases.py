@@ -11,7 +11,8 @@ from dataclasses import dataclass, field, replace
 from gpusched.core import events as ev
 from gpusched.core.model import GpuSlot, JobSpec, NodeInfo, WorkerResources
 from gpusched.policies.statement import tentative
-from gpusched.policies.placement import PLACEMENTS, place_gang
+from gpusched.policies.placement import place_gang
+from gpusched.policies.placement_registry import make_placement
 from tests.unit.core.builders import Log, make_node, make_spec
 
 
@@ -66,7 +67,7 @@ def choose(case: Case, policy: str) -> tuple[str, tuple[int, ...]] | None:
     log = build(case)
     state = log.state
     with tentative(state) as statement:
-        placed = place_gang(state, state.jobs["job"], PLACEMENTS[policy], statement)
+        placed = place_gang(state, state.jobs["job"], make_placement(policy), statement)
     if placed is None:
         return None
     return placed[0].node, tuple(s.index for s in placed[0].gpus)

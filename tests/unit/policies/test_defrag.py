@@ -6,8 +6,10 @@ from gpusched.core.digest import digest
 from gpusched.core.model import JobPhase
 from gpusched.policies.statement import tentative
 from gpusched.policies.defrag import blocked_by_fragmentation, defrag_decisions, defrag_plan
-from gpusched.policies.placement import PLACEMENTS, place_gang
-from gpusched.policies.preemption import PreemptionConfig, preemption_events
+from gpusched.policies.placement import place_gang
+from gpusched.policies.placement_registry import make_placement
+from gpusched.policies.preemption import preemption_events
+from gpusched.policies.victim_search import PreemptionConfig
 from tests.unit.core.builders import Log, make_node, make_spec, whole
 
 NOW = 10_000.0
@@ -52,7 +54,7 @@ class Cluster:
 
     def fits(self, *job_ids: str) -> bool:
         with tentative(self.state) as statement:
-            return all(place_gang(self.state, self.state.jobs[j], PLACEMENTS["best-fit"], statement) is not None
+            return all(place_gang(self.state, self.state.jobs[j], make_placement("best-fit"), statement) is not None
                        for j in job_ids)
 
 

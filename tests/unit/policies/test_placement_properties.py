@@ -26,7 +26,8 @@ from gpusched.core.model import JobSpec, MigInstance, MigMode, WorkerResources
 from gpusched.core.state import ClusterState
 from gpusched.policies.statement import tentative
 from gpusched.policies.gpu_fit import fit
-from gpusched.policies.placement import PLACEMENTS, place_gang
+from gpusched.policies.placement import place_gang
+from gpusched.policies.placement_registry import PLACEMENTS, make_placement
 from gpusched.policies.placement_policies import best_fit_key
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig
 from gpusched.sim.static import pack
@@ -138,7 +139,7 @@ def test_indexed_best_fit_equals_a_scan(nodes, jobs):
             if res.is_mig:      # MIG: GPUs already cut first, then the key
                 options = [((state.nodes[o[2]].gpus[fit(state.nodes[o[2]], "default", res)[0].index].mig_mask == 0),)
                            + o for o in options]
-            placed = place_gang(state, state.jobs[f"j{i}"], PLACEMENTS["best-fit"], statement)
+            placed = place_gang(state, state.jobs[f"j{i}"], make_placement("best-fit"), statement)
             if not options:
                 assert placed is None
             else:

@@ -6,7 +6,8 @@ import pytest
 
 from gpusched.core.digest import digest
 from gpusched.policies.statement import tentative
-from gpusched.policies.placement import PLACEMENTS, place_gang
+from gpusched.policies.placement import place_gang
+from gpusched.policies.placement_registry import make_placement
 from tests.unit.core.builders import Log, make_spec, whole
 from tests.unit.policies.placement_cases import node
 
@@ -21,7 +22,7 @@ def gang(log: Log, workers: int, gpus: int, busy: dict[str, int] = {}) -> list[t
         assert log.place(f"busy{i}", (name, whole(*range(used)))).accepted
     assert log.submit("gang", make_spec(workers=workers, gpus=gpus, cpu=1000, mem=1000)).accepted
     with tentative(log.state) as statement:
-        placed = place_gang(log.state, log.state.jobs["gang"], PLACEMENTS["best-fit"], statement)
+        placed = place_gang(log.state, log.state.jobs["gang"], make_placement("best-fit"), statement)
     return None if placed is None else [(w.worker, w.node, tuple(s.index for s in w.gpus)) for w in placed]
 
 
@@ -61,7 +62,7 @@ def test_gang_that_does_not_fit_takes_nothing():
     before = digest(log.state)
     assert log.state.jobs["gang"].phase.value == "pending"
     with tentative(log.state) as statement:
-        assert place_gang(log.state, log.state.jobs["gang"], PLACEMENTS["best-fit"], statement) is None
+        assert place_gang(log.state, log.state.jobs["gang"], make_placement("best-fit"), statement) is None
         assert statement.checkpoint() == 0
     assert all(n.used_cpu == 0 and all(g.used_milli == 0 for g in n.gpus) for n in log.state.nodes.values())
     assert digest(log.state) == before

@@ -15,11 +15,11 @@ from gpusched.core.digest import digest
 from gpusched.core.model import GpuSlot, JobPhase
 from gpusched.core.priority import priority_value
 from gpusched.policies.statement import tentative
-from gpusched.policies.placement import PLACEMENTS, place_gang
-from gpusched.policies.preemption import (
-    Preemption, PreemptionConfig, preemption_decisions, preemption_events, victims_for,
-)
+from gpusched.policies.placement import place_gang
+from gpusched.policies.placement_registry import make_placement
+from gpusched.policies.preemption import Preemption, preemption_decisions, preemption_events, victims_for
 from gpusched.policies.quota import OrgQuota, QueueTree, TeamQuota
+from gpusched.policies.victim_search import PreemptionConfig
 from tests.unit.core.builders import Log, make_node, make_spec, whole
 
 NOW = 10_000.0
@@ -87,7 +87,7 @@ class Cluster:
 
     def placeable(self, job_id: str) -> bool:
         with tentative(self.state) as statement:
-            return place_gang(self.state, self.job(job_id), PLACEMENTS["best-fit"], statement) is not None
+            return place_gang(self.state, self.job(job_id), make_placement("best-fit"), statement) is not None
 
 
 def quotas(**guaranteed_gpus: float) -> PreemptionConfig:
@@ -388,7 +388,7 @@ def test_victims_of_every_decision_are_freed_for_their_job():
     # Both beneficiaries fit together now.
     with tentative(c.state) as statement:
         for jid in ("prod", "hi"):
-            assert place_gang(c.state, c.job(jid), PLACEMENTS["best-fit"], statement) is not None
+            assert place_gang(c.state, c.job(jid), make_placement("best-fit"), statement) is not None
 
 
 # --- shares -------------------------------------------------------------------------------------

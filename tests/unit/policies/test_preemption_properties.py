@@ -18,19 +18,19 @@ from gpusched.core.digest import digest
 from gpusched.core.model import JobPhase, JobSpec, WorkerResources
 from gpusched.core.priority import PRIORITY_CLASSES, priority_value
 from gpusched.policies.statement import tentative
-from gpusched.policies.placement import PLACEMENTS, place_gang
-from gpusched.policies.preemption import (
-    Preemption, PreemptionConfig, preemption_decisions, preemption_events, victims_for,
-)
+from gpusched.policies.placement import place_gang
+from gpusched.policies.placement_registry import make_placement
+from gpusched.policies.preemption import Preemption, preemption_decisions, preemption_events, victims_for
 from gpusched.policies.quota import OrgQuota, QueueTree, TeamQuota
 from gpusched.policies.scheduler import Scheduler
+from gpusched.policies.victim_search import PreemptionConfig
 from tests.unit.core.builders import Log, make_node
 
 TEAMS = ("t1", "t2", "t3")
 CLASSES = sorted(PRIORITY_CLASSES)
 SETTINGS = settings(max_examples=150, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-BEST_FIT = PLACEMENTS["best-fit"]
+BEST_FIT = make_placement("best-fit")
 
 
 def random_spec(data, name: str, classes: list[str] = CLASSES) -> JobSpec:

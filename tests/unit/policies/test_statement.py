@@ -16,11 +16,12 @@ from hypothesis import strategies as st
 from gpusched.core.digest import digest
 from gpusched.core.mig import FULL_MASK
 from gpusched.core.model import JobPhase, NodeStatus
-from gpusched.policies.placement import PLACEMENTS, place_gang
+from gpusched.policies.placement import place_gang
+from gpusched.policies.placement_registry import make_placement
 from gpusched.policies.placement_arrays import NodeArrays, arrays_for
 from gpusched.policies.placement_index import FreeIndex
-from gpusched.policies.preemption import worker_slots
 from gpusched.policies.statement import Statement, tentative
+from gpusched.policies.victim_search import worker_slots
 from tests.unit.core.builders import Log, make_node, make_spec
 from tests.unit.policies.test_preemption_properties import build
 
@@ -77,7 +78,7 @@ def test_rollback_restores_each_checkpoint_and_close_the_log_state(data):
             pending = [state.jobs[j] for j in state.pending]
             if pending:
                 job = data.draw(st.sampled_from(pending))
-                placed = place_gang(state, job, PLACEMENTS["best-fit"], statement)
+                placed = place_gang(state, job, make_placement("best-fit"), statement)
                 changed |= placed is not None
         elif op == "release":
             holding = [j for j in state.jobs.values() if j.phase.holds_gpus and j.job_id not in released]
@@ -129,9 +130,9 @@ def test_a_booking_before_a_checkpoint_is_kept_by_rolling_back_to_it():
     log.submit("b", make_spec(gpus=2))
     state = log.state
     with tentative(state) as statement:
-        assert place_gang(state, state.jobs["a"], PLACEMENTS["best-fit"], statement) is not None
+        assert place_gang(state, state.jobs["a"], make_placement("best-fit"), statement) is not None
         mark, there = statement.checkpoint(), digest(state)
-        assert place_gang(state, state.jobs["b"], PLACEMENTS["best-fit"], statement) is not None
+        assert place_gang(state, state.jobs["b"], make_placement("best-fit"), statement) is not None
         assert state.nodes["n1"].free_whole_gpus() == 0
         statement.rollback(mark)
         assert digest(state) == there
@@ -146,7 +147,7 @@ def test_a_new_team_booked_tentatively_leaves_no_usage_entry():
     state = log.state
     assert "brand-new" not in state.usage
     with tentative(state) as statement:
-        place_gang(state, state.jobs["a"], PLACEMENTS["best-fit"], statement)
+        place_gang(state, state.jobs["a"], make_placement("best-fit"), statement)
         assert state.usage["brand-new"].jobs == 1
     assert "brand-new" not in state.usage
 
@@ -159,7 +160,7 @@ def test_a_lift_out_of_order_keeps_later_bookings():
     with tentative(state) as statement:
         held = ((node.gpus[3], "used_milli", 1000), (node, "used_cpu", 500))
         statement.hold(held, ("n1",))
-        placed = place_gang(state, state.jobs["a"], PLACEMENTS["best-fit"], statement)
+        placed = place_gang(state, state.jobs["a"], make_placement("best-fit"), statement)
         assert placed is not None and 3 not in {s.index for s in placed[0].gpus}
         statement.lift(held, ("n1",))
         assert node.free_whole_gpus() == 2 and node.jobs == {"a"}
