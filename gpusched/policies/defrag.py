@@ -36,7 +36,8 @@ from gpusched.core.state import ClusterState, JobState
 from gpusched.policies.preemption import REASON_DEFRAG, Preemption
 from gpusched.policies.quota import within_limits
 from gpusched.policies.statement import Statement, tentative
-from gpusched.policies.victim_search import PreemptionConfig, SearchContext, VictimSearch, running_since
+from gpusched.policies.victim_rules import PreemptionConfig, SearchContext, running_since
+from gpusched.policies.victim_search import VictimSearch
 
 
 def blocked_by_fragmentation(state: ClusterState, job: JobState) -> bool:
@@ -115,7 +116,7 @@ def _plan(ctx: SearchContext, job: JobState, scratch: Statement) -> Preemption |
         return (round(sum(v.work_at_risk(now) for v in victims), 6), len(victims),
                 sum(v.milli for v in victims))
 
-    search = VictimSearch(ctx, job, scratch, lambda v: _movable(ctx, v, job), cost, set_key,
+    search = VictimSearch(ctx.state, job, scratch, lambda v: _movable(ctx, v, job), cost, set_key,
                      config.defrag_max_moves)
     if job.spec.workers == 1:
         steps = [(step.key, name, step.victims) for name in search.nodes

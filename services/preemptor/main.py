@@ -11,7 +11,7 @@ from gpusched.adapters.proposer import PartitionProposer
 from gpusched.adapters.service import connect, instance_id, stop_event
 from gpusched.adapters.tracing import setup_tracing
 from gpusched.config import add_kafka_args, add_security_args, kafka_settings, server_security
-from gpusched.policies.victim_search import PreemptionConfig
+from gpusched.policies.victim_rules import PreemptionConfig
 from gpusched.policies.supervision import SupervisionConfig
 from gpusched_preemptor.decide import PreemptorDecider
 

@@ -9,7 +9,7 @@ from gpusched.policies.defrag import blocked_by_fragmentation, defrag_decisions,
 from gpusched.policies.placement import place_gang
 from gpusched.policies.placement_registry import make_placement
 from gpusched.policies.preemption import preemption_events
-from gpusched.policies.victim_search import PreemptionConfig
+from gpusched.policies.victim_rules import PreemptionConfig
 from tests.unit.core.builders import Log, make_node, make_spec, whole
 
 NOW = 10_000.0

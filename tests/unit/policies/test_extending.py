@@ -10,7 +10,8 @@ from gpusched.policies.placement import place_gang
 from gpusched.policies.placement_policies import GPU_WEIGHT, ScoredPlacement
 from gpusched.policies.placement_registry import make_placement
 from gpusched.policies.statement import tentative
-from gpusched.policies.victim_search import PreemptionConfig, SearchContext, VictimSearch
+from gpusched.policies.victim_rules import PreemptionConfig, SearchContext
+from gpusched.policies.victim_search import VictimSearch
 from tests.unit.core.builders import Log, make_node, make_spec
 from tests.unit.policies.test_preemption import BE, HI, NOW, Cluster
 
@@ -65,7 +66,7 @@ def same_team_victims(state, job, now, config: PreemptionConfig = PreemptionConf
     """Preemption's eligibility and cost, but a job may stop only its own team's jobs."""
     ctx = SearchContext(state, now, config)
     with tentative(state) as scratch:
-        search = VictimSearch(ctx, job, scratch,
+        search = VictimSearch(state, job, scratch,
                               lambda v: v.team == job.team and ctx.eligible(v, job, reclaim=False),
                               ctx.cost, ctx.set_key, config.max_victims)
         victims = search.run()

@@ -19,7 +19,7 @@ from gpusched.policies.policy_tree import bootstrap_events, policy_tree, tree_of
 from gpusched.policies.quota import QueueTree
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig
 from gpusched.policies.usage import Demand, UsageLedger, folded_decay
-from gpusched.policies.victim_search import PreemptionConfig
+from gpusched.policies.victim_rules import PreemptionConfig
 from tests.unit.core.builders import Log, make_node, make_spec, whole
 
 FILE = {"orgs": {

@@ -19,7 +19,7 @@ from gpusched.policies.placement import place_gang
 from gpusched.policies.placement_registry import make_placement
 from gpusched.policies.preemption import Preemption, preemption_decisions, preemption_events, victims_for
 from gpusched.policies.quota import OrgQuota, QueueTree, TeamQuota
-from gpusched.policies.victim_search import PreemptionConfig
+from gpusched.policies.victim_rules import PreemptionConfig
 from tests.unit.core.builders import Log, make_node, make_spec, whole
 
 NOW = 10_000.0

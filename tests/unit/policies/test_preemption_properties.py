@@ -23,7 +23,7 @@ from gpusched.policies.placement_registry import make_placement
 from gpusched.policies.preemption import Preemption, preemption_decisions, preemption_events, victims_for
 from gpusched.policies.quota import OrgQuota, QueueTree, TeamQuota
 from gpusched.policies.scheduler import Scheduler
-from gpusched.policies.victim_search import PreemptionConfig
+from gpusched.policies.victim_rules import PreemptionConfig
 from tests.unit.core.builders import Log, make_node
 
 TEAMS = ("t1", "t2", "t3")
