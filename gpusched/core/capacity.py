@@ -10,12 +10,17 @@ placement whose workers are all on different nodes — every single-worker job, 
 gangs — needs no per-node totals. Gangs with several workers on one node take the
 general path, which sums what the workers ask of each node and GPU. Both paths check in
 the same order and give the same reasons.
+
+Whether a GPU can take a whole GPU, a share or a MIG slice is decided by one rule, the
+``GpuState`` methods (``fits_whole``, ``fits_share``, ``fits_mig``): placement chooses
+with them and every check path here verifies with them, so what a policy chooses is
+exactly what the reducer accepts.
 """
 from __future__ import annotations
 
 from collections import defaultdict
 
-from gpusched.core.mig import parse_profile, slice_mask, slot_bit
+from gpusched.core.mig import parse_profile, slice_mask
 from gpusched.core.model import GpuSlot, JobSpec, WorkerAssignment, WorkerResources
 from gpusched.core.state import ClusterState, GpuState, JobState, NodeState, TeamLedger, Usage
 
@@ -73,19 +78,17 @@ def _share_memory(res: WorkerResources) -> int:
 
 
 def _mig_refused(gpu: GpuState, text: str, start: int) -> bool:
-    """A MIG slot the GPU cannot take now: GpuState.fits_mig, after _check_slots."""
+    """A MIG slot the GPU cannot take now, by the rule placement chooses with."""
     profile = parse_profile(text)
     if profile is None:
         raise ValueError(f"unknown MIG profile {text!r}")
-    return (bool(gpu.used_milli or gpu.mig_mask & profile.mask(start)) or not gpu.healthy
-            or not gpu.info.mig_capable or not gpu.mig_slots & slot_bit(profile, start))
+    return not gpu.fits_mig(profile, start)
 
 
 def _milli_refused(gpu: GpuState, milli: int, memory: int) -> bool:
-    """Whole-GPU or share milli (and a share's GPU memory) the GPU cannot take now:
-    GpuState.fits_whole / fits_share."""
-    return (bool(gpu.mig_mask) or gpu.used_milli + milli > 1000 or not gpu.healthy or not gpu.whole_ok
-            or (memory > 0 and gpu.used_memory_mib + memory > gpu.info.memory_mib))
+    """Whole-GPU or share milli (and a share's GPU memory) the GPU cannot take now, by the
+    rule placement chooses with (a whole GPU is a share of 1000 milli)."""
+    return not gpu.fits_share(milli, memory)
 
 
 def _check_on_distinct_nodes(state: ClusterState, spec: JobSpec, workers: tuple[WorkerAssignment, ...]) -> str:

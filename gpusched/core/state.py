@@ -2,7 +2,9 @@
 
 Mutable on purpose: the reducer updates it in place, because copying a cluster of
 thousands of nodes per event would cap replay far below the 100k events/s we need.
-Only the reducer writes it; policies and services read it.
+Only the reducer changes it for good. Policies change it tentatively, and only through a
+``gpusched.policies.statement.Statement``, which records every change and undoes them
+all before the state is used for the log again; services read it.
 """
 from __future__ import annotations
 
@@ -22,7 +24,8 @@ _READY = NodeStatus.READY   # bound once: EnumType.__getattr__ costs ~0.13 us a 
 
 @dataclass(slots=True)
 class GpuState:
-    """One GPU's allocations. The fit rules here are the ones ``core.capacity`` verifies.
+    """One GPU's allocations, and the one rule of what fits on it: placement chooses with
+    these methods and ``core.capacity`` verifies placements with them.
 
     ``whole_ok`` and ``mig_slots`` come from the GPU's MIG mode, computed once when its node
     registers (``gpu_state``), so the checks test a flag instead of the mode: whole GPUs
@@ -42,7 +45,7 @@ class GpuState:
         return 0 if self.mig_mask or not self.whole_ok else 1000 - self.used_milli
 
     def fits_whole(self) -> bool:
-        return self.healthy and self.used_milli == 0 and self.mig_mask == 0 and self.whole_ok
+        return self.fits_share(1000)   # a whole GPU is a share of all of it
 
     def fits_share(self, milli: int, memory_mib: int = 0) -> bool:
         return (self.healthy and self.mig_mask == 0 and self.used_milli + milli <= 1000 and self.whole_ok

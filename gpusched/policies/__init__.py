@@ -2,5 +2,5 @@
 
 Extension points of one scheduling cycle (after Kubernetes' scheduling framework):
 queue sort (``queue``) -> place a gang: filter + score nodes (``placement``) -> reserve
-(``booking``) -> the caller binds by appending ``JobPlaced`` proposals to the log.
+(``statement``) -> the caller binds by appending ``JobPlaced`` proposals to the log.
 """

@@ -9,6 +9,10 @@ one more worker of the head, and take the earliest slots across nodes. The lates
 those times is the *shadow time*. Other jobs may then run (be backfilled) only if they
 cannot delay it: they end before the shadow time, or they fit without touching the
 capacity the reservation needs (``ReservationHold``).
+
+Both the sweep and the hold change the live state through the cycle's ``Statement``:
+the sweep's releases are rolled back before it returns, the hold is lifted and applied
+again as the cycle needs.
 """
 from __future__ import annotations
 
@@ -17,12 +21,11 @@ import math
 from dataclasses import dataclass
 from typing import Mapping
 
-from gpusched.core.capacity import commit, release
 from gpusched.core.mig import FULL_MASK, parse_profile
 from gpusched.core.model import JobPhase, WorkerAssignment
 from gpusched.core.state import ClusterState, GpuState, JobState, NodeState
-from gpusched.policies.booking import Booking
 from gpusched.policies.gpu_fit import fits_node, pick_gpus
+from gpusched.policies.statement import Change, Statement
 
 
 def expected_end(job: JobState, now: float) -> float:
@@ -55,17 +58,28 @@ class Reservation:
     workers: tuple[WorkerAssignment, ...]
 
 
-def reserve_for_head_of_line(state: ClusterState, job: JobState, now: float,
+def reserve_for_head_of_line(statement: Statement, job: JobState, now: float,
                              booked: Mapping[str, tuple[WorkerAssignment, ...]] = {},
                              ) -> Reservation | None:
     """The earliest slots where every worker of ``job`` fits once running jobs end, or
     None when that never happens (it fits no node, or it waits on jobs of unknown
     runtime). ``booked``: placements made earlier in this cycle, not yet in the log.
 
-    Sweeps the expected ends in time order, releasing each on a scratch copy of its node
-    and offering that node another worker, until every worker has a slot: the work is
-    proportional to the ends before the shadow time, not to the cluster."""
-    sweep = _Sweep(job)
+    Sweeps the expected ends in time order, releasing each on ``statement`` and offering
+    its node another worker, until every worker has a slot: the work is proportional to
+    the ends before the shadow time, not to the cluster. The statement is back at its
+    checkpoint on return."""
+    mark = statement.checkpoint()
+    try:
+        return _sweep(statement, job, now, booked)
+    finally:
+        statement.rollback(mark)
+
+
+def _sweep(statement: Statement, job: JobState, now: float,
+           booked: Mapping[str, tuple[WorkerAssignment, ...]]) -> Reservation | None:
+    state = statement.state
+    sweep = _Sweep(job, statement)
     candidates = [node for node in state.nodes.values() if _could_ever_host(node, job)]
     for node in candidates:
         sweep.offer(node, now)
@@ -80,31 +94,26 @@ def reserve_for_head_of_line(state: ClusterState, job: JobState, now: float,
         touched = set()
         while ends and ends[0][0] == t:   # everything ending at t frees at once
             _, _, name, holder, here = heapq.heappop(ends)
-            sweep.release(state.nodes[name], holder, here)
+            statement.release(holder, here)
             touched.add(name)
         for name in sorted(touched):
-            sweep.offer(sweep.scratch.nodes[name], t)
+            sweep.offer(state.nodes[name], t)
         if sweep.done:
             return sweep.reservation(t)
     return None
 
 
 class _Sweep:
-    """Scratch copies of the nodes the sweep changed, and the slots found so far."""
+    """The slots found so far, each booked on the statement."""
 
-    def __init__(self, job: JobState) -> None:
+    def __init__(self, job: JobState, statement: Statement) -> None:
         self.job = job
-        self.scratch = ClusterState()
+        self.statement = statement
         self.found: list[WorkerAssignment] = []
 
     @property
     def done(self) -> bool:
         return len(self.found) == self.job.spec.workers
-
-    def release(self, node: NodeState, holder: JobState, here: tuple[WorkerAssignment, ...]) -> None:
-        if node.name not in self.scratch.nodes:
-            self.scratch.nodes[node.name] = _copy(node)
-        release(self.scratch, holder, here)
 
     def offer(self, node: NodeState, t: float) -> None:
         """Give ``node`` as many of the remaining workers as it can host now."""
@@ -113,10 +122,8 @@ class _Sweep:
             slots = pick_gpus(node, res)
             if slots is None:
                 return
-            if node.name not in self.scratch.nodes:
-                node = self.scratch.nodes[node.name] = _copy(node)
             assignment = WorkerAssignment(len(self.found), node.name, slots)
-            commit(self.scratch, self.job, (assignment,))
+            self.statement.book(self.job, (assignment,))
             self.found.append(assignment)
 
     def reservation(self, shadow: float) -> Reservation:
@@ -128,12 +135,6 @@ def _could_ever_host(node: NodeState, job: JobState) -> bool:
     return (node.schedulable and node.info.pool == job.spec.pool and res.allows(node.model)
             and node.info.cpu_milli >= res.cpu_milli and node.info.memory_mib >= res.memory_mib
             and sum(1 for g in node.gpus if g.healthy) >= max(res.gpus, 1 if res.milli else 0))
-
-
-def _copy(node: NodeState) -> NodeState:
-    gpus = [GpuState(g.info, g.healthy, g.used_milli, g.mig_mask, g.used_memory_mib, g.whole_ok, g.mig_slots)
-            for g in node.gpus]
-    return NodeState(node.info, gpus, node.status, node.used_cpu, node.used_mem, set(node.jobs))
 
 
 def _ends_on(state: ClusterState, node: NodeState, booked: Mapping[str, tuple[WorkerAssignment, ...]],
@@ -156,10 +157,9 @@ class ReservationHold:
     enough, because that job will be gone when the reservation starts.
     """
 
-    def __init__(self, state: ClusterState, reservation: Reservation, booking: Booking) -> None:
-        self.state = state
+    def __init__(self, statement: Statement, reservation: Reservation) -> None:
+        self.statement = statement
         self.reservation = reservation
-        self.booking = booking           # told which nodes changed, for its placement views
         res = reservation.job.spec.resources
         self._cpu: dict[str, int] = {}
         self._mem: dict[str, int] = {}
@@ -177,49 +177,48 @@ class ReservationHold:
                     self._milli[key] = self._milli.get(key, 0) + slot.milli
                     if res.is_share and res.gpu_memory_mib:
                         self._gpu_mem[key] = self._gpu_mem.get(key, 0) + res.gpu_memory_mib
-        self._undo: list[tuple[str, object, int]] = []
+        self._nodes = tuple(self._cpu)   # every node the reservation uses
+        self._held: tuple[Change, ...] | None = None
 
     def apply(self) -> None:
-        assert not self._undo, "hold applied twice"
-        nodes = self.state.nodes
+        assert self._held is None, "hold applied twice"
+        self._held = self._changes()
+        self.statement.hold(self._held, self._nodes)
+
+    def lift(self) -> None:
+        if self._held is None:
+            return
+        self.statement.lift(self._held, self._nodes)
+        self._held = None
+
+    def _changes(self) -> tuple[Change, ...]:
+        """What to hold now: the part of the reservation's needs that is free."""
+        nodes = self.statement.state.nodes
+        out: list[Change] = []
+
+        def take(target: object, attr: str, amount: int) -> None:
+            if amount:
+                out.append((target, attr, amount))
+
+        def take_slices(gpu: GpuState, mask: int) -> None:
+            take(gpu, "mig_mask", mask & ~gpu.mig_mask)   # only the bits still clear
+
         for name, cpu in self._cpu.items():
             node = nodes[name]
-            self._take(node, "used_cpu", max(0, min(cpu, node.free_cpu)))
-            self._take(node, "used_mem", max(0, min(self._mem[name], node.free_mem)))
+            take(node, "used_cpu", max(0, min(cpu, node.free_cpu)))
+            take(node, "used_mem", max(0, min(self._mem[name], node.free_mem)))
         for (name, index), milli in self._milli.items():
             gpu = nodes[name].gpus[index]
             if gpu.mig_mask:
-                self._take_slices(gpu, FULL_MASK)
+                take_slices(gpu, FULL_MASK)
             else:
-                self._take(gpu, "used_milli", max(0, min(milli, 1000 - gpu.used_milli)))
+                take(gpu, "used_milli", max(0, min(milli, 1000 - gpu.used_milli)))
                 need = self._gpu_mem.get((name, index), 0)
-                self._take(gpu, "used_memory_mib", max(0, min(need, gpu.info.memory_mib - gpu.used_memory_mib)))
+                take(gpu, "used_memory_mib", max(0, min(need, gpu.info.memory_mib - gpu.used_memory_mib)))
         for (name, index), mask in self._mig.items():
             gpu = nodes[name].gpus[index]
             if gpu.used_milli:
-                self._take(gpu, "used_milli", 1000 - gpu.used_milli)
+                take(gpu, "used_milli", 1000 - gpu.used_milli)
             else:
-                self._take_slices(gpu, mask)
-        self.booking.note(self._cpu.keys())   # every node the reservation uses
-
-    def lift(self) -> None:
-        if not self._undo:
-            return
-        while self._undo:
-            kind, target, amount = self._undo.pop()
-            if kind == "mig_mask":
-                target.mig_mask &= ~amount
-            else:
-                setattr(target, kind, getattr(target, kind) - amount)
-        self.booking.note(self._cpu.keys())   # every node the reservation uses
-
-    def _take(self, target: object, attr: str, amount: int) -> None:
-        if amount:
-            setattr(target, attr, getattr(target, attr) + amount)
-            self._undo.append((attr, target, amount))
-
-    def _take_slices(self, gpu: GpuState, mask: int) -> None:
-        bits = mask & ~gpu.mig_mask
-        if bits:
-            gpu.mig_mask |= bits
-            self._undo.append(("mig_mask", gpu, bits))
+                take_slices(gpu, mask)
+        return tuple(out)

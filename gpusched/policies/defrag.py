@@ -16,7 +16,7 @@ consolidate with free ones, on the condition that
   ``defrag_max_moves`` jobs move.
 
 Candidate moves come from the same node-local search as preemption
-(``gpusched.policies.preemption``), with the cost of a move set being
+(``gpusched.policies.victim_search``), with the cost of a move set being
 ``(work at risk, jobs moved, GPU milli moved)``. For a one-worker job every node's minimal
 move set is a candidate, cheapest first (up to ``defrag_max_plans`` tried); a gang gets
 the greedy multi-node set. Only whole-GPU jobs are defragmented (shares and MIG slices
@@ -33,10 +33,11 @@ from typing import Sequence
 from gpusched.core.model import JobPhase
 from gpusched.core.priority import priority_value
 from gpusched.core.state import ClusterState, JobState
-from gpusched.policies.preemption import (
-    REASON_DEFRAG, Preemption, PreemptionConfig, _Context, _Scratch, _Search, _since,
-)
+from gpusched.policies.preemption import REASON_DEFRAG, Preemption
 from gpusched.policies.quota import within_limits
+from gpusched.policies.statement import Statement, tentative
+from gpusched.policies.victim_rules import PreemptionConfig, SearchContext, running_since
+from gpusched.policies.victim_search import VictimSearch
 
 
 def blocked_by_fragmentation(state: ClusterState, job: JobState) -> bool:
@@ -59,10 +60,9 @@ def defrag_decisions(state: ClusterState, now: float,
                      config: PreemptionConfig = PreemptionConfig(),
                      limit: int = 4) -> list[Preemption]:
     """Move plans for pending jobs blocked by fragmentation only, highest priority first."""
-    ctx = _Context(state, now, config)
-    scratch = _Scratch(state)
+    ctx = SearchContext(state, now, config)
     out: list[Preemption] = []
-    try:
+    with tentative(state) as scratch:
         for job in ctx.pending_in_order()[: config.max_examined]:
             if len(out) >= limit:
                 break
@@ -70,15 +70,13 @@ def defrag_decisions(state: ClusterState, now: float,
                 continue
             placed = ctx.place(job)
             if placed is not None:
-                scratch.commit(job, placed)   # the scheduler places it: hold its GPUs
+                scratch.book(job, placed)   # the scheduler places it: hold its GPUs
                 continue
             if job.job_id in ctx.in_flight or not blocked_by_fragmentation(state, job):
                 continue
             plan = _plan(ctx, job, scratch)   # booked on the scratch when found
             if plan is not None:
                 out.append(plan)
-    finally:
-        scratch.rollback()
     return out
 
 
@@ -86,32 +84,29 @@ def defrag_plan(state: ClusterState, job: JobState, now: float,
                 config: PreemptionConfig = PreemptionConfig()) -> tuple[str, ...] | None:
     """The jobs to move so ``job`` fits, or None (not fragmentation-blocked, or no plan
     within the caps). The state is left untouched."""
-    ctx = _Context(state, now, config)
-    scratch = _Scratch(state)
-    try:
+    ctx = SearchContext(state, now, config)
+    with tentative(state) as scratch:
         if ctx.place(job) is not None or not blocked_by_fragmentation(state, job):
             return None
         plan = _plan(ctx, job, scratch)
-    finally:
-        scratch.rollback()
     return None if plan is None else plan.victims
 
 
 # --- internals ----------------------------------------------------------------------------
-def _movable(ctx: _Context, victim: JobState, job: JobState) -> bool:
+def _movable(ctx: SearchContext, victim: JobState, job: JobState) -> bool:
     if victim.job_id == job.job_id or victim.job_id in ctx.taken:
         return False
     spec = victim.spec
     if victim.phase not in (JobPhase.RUNNING, JobPhase.PLACED) or not spec.preemptible:
         return False
-    if spec.checkpoint_interval_s <= 0 or ctx.now - _since(victim) < ctx.config.min_runtime_s:
+    if spec.checkpoint_interval_s <= 0 or ctx.now - running_since(victim) < ctx.config.min_runtime_s:
         return False
     if victim.work_at_risk(ctx.now) > ctx.config.defrag_max_work_lost_s:
         return False
     return priority_value(spec.priority_class) <= priority_value(job.spec.priority_class)
 
 
-def _plan(ctx: _Context, job: JobState, scratch: _Scratch) -> Preemption | None:
+def _plan(ctx: SearchContext, job: JobState, scratch: Statement) -> Preemption | None:
     now, config = ctx.now, ctx.config
 
     def cost(v: JobState) -> tuple:
@@ -121,7 +116,7 @@ def _plan(ctx: _Context, job: JobState, scratch: _Scratch) -> Preemption | None:
         return (round(sum(v.work_at_risk(now) for v in victims), 6), len(victims),
                 sum(v.milli for v in victims))
 
-    search = _Search(ctx, job, scratch, lambda v: _movable(ctx, v, job), cost, set_key,
+    search = VictimSearch(ctx.state, job, scratch, lambda v: _movable(ctx, v, job), cost, set_key,
                      config.defrag_max_moves)
     if job.spec.workers == 1:
         steps = [(step.key, name, step.victims) for name in search.nodes
@@ -145,21 +140,21 @@ def _plan(ctx: _Context, job: JobState, scratch: _Scratch) -> Preemption | None:
     return None
 
 
-def _relocate(ctx: _Context, job: JobState, moved: Sequence[JobState], scratch: _Scratch) -> bool:
+def _relocate(ctx: SearchContext, job: JobState, moved: Sequence[JobState], scratch: Statement) -> bool:
     """Tentatively: release ``moved``, place ``job``, then place every moved job again
     (higher priority first). Kept booked on the scratch when it all fits, undone otherwise."""
-    mark = scratch.mark()
+    mark = scratch.checkpoint()
     for v in moved:
         scratch.release(v)
     placed = ctx.place(job)
     if placed is None:
         scratch.rollback(mark)
         return False
-    scratch.commit(job, placed)
+    scratch.book(job, placed)
     for v in sorted(moved, key=lambda v: (-priority_value(v.spec.priority_class), v.seq)):
         again = ctx.place(v)
         if again is None:
             scratch.rollback(mark)
             return False
-        scratch.commit(v, again)
+        scratch.book(v, again)
     return True

@@ -25,12 +25,13 @@ import numpy as np
 
 from gpusched.core.model import GpuSlot, WorkerResources
 from gpusched.core.state import JobState, NodeState
-from gpusched.policies.booking import Booking
+from gpusched.policies.statement import Statement
 from gpusched.policies.gpu_fit import StateLike, fits_node, pick_gpus
-from gpusched.policies.placement import Choice, register_placement
+from gpusched.policies.placement import Choice
 from gpusched.policies.placement_arrays import NodeArrays, arrays_for
 from gpusched.policies.placement_policies import choose_mig
 
+# Defaults of the policies' arguments (``Fgd(popularity=...)``, ``FgdLookahead(patience=...)``).
 POPULARITY = 0.95    # the most frequent shapes covering this share of tasks are "typical"
 PATIENCE = 0.1       # fgd-lookahead: how soon a GPU stops getting tasks (final_waste)
 Shape = tuple[int, int, int, tuple[str, ...]]    # (CPU milli, milli per GPU, GPUs, models)
@@ -44,9 +45,9 @@ def shape_of(res: WorkerResources) -> Shape | None:
     return (res.cpu_milli, 1000 if res.gpus else 0, res.gpus, res.gpu_models)
 
 
-def typical_shapes(state: StateLike, pool: str) -> dict[Shape, float]:
+def typical_shapes(state: StateLike, pool: str, popularity: float = POPULARITY) -> dict[Shape, float]:
     """The pool's current workload (pending jobs and jobs holding GPUs), one count per
-    worker, reduced to the most frequent shapes covering ``POPULARITY`` of them, with
+    worker, reduced to the most frequent shapes covering ``popularity`` of them, with
     their frequencies (summing to 1). Empty when the state has no jobs to look at."""
     jobs: Mapping[str, JobState] = getattr(state, "jobs", {})
     ids = list(getattr(state, "pending", ()))
@@ -60,7 +61,7 @@ def typical_shapes(state: StateLike, pool: str) -> dict[Shape, float]:
     chosen, covered = {}, 0
     # Most frequent first; equal counts in a fixed order, so the mix is deterministic.
     for shape, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
-        if covered >= POPULARITY * total:
+        if covered >= popularity * total:
             break
         chosen[shape] = n
         covered += n
@@ -108,16 +109,17 @@ def usable(mix: Compiled, gpu: np.ndarray, cpu: np.ndarray, model: np.ndarray) -
 class FragView:
     """``U`` of every node of a pool under the cycle's task mix, kept up to date."""
 
-    def __init__(self, arrays: NodeArrays, mix: dict[Shape, float]) -> None:
+    def __init__(self, arrays: NodeArrays, mix: dict[Shape, float], patience: float = PATIENCE) -> None:
         self.arrays = arrays
         self.shapes = mix
+        self.patience = patience
         self.mix = compile_mix(mix, arrays.models)
         self.u = usable(self.mix, arrays.gpu, arrays.cpu, arrays.model)
         self._waste: np.ndarray | None = None
 
     def final_waste(self) -> np.ndarray:
         if self._waste is None:
-            self._waste = final_waste(self.shapes)
+            self._waste = final_waste(self.shapes, self.patience)
         return self._waste
 
     def touch(self, names: Iterable[str]) -> None:
@@ -132,11 +134,17 @@ class Fgd:
 
     name = "fgd"
 
-    def choose(self, state: StateLike, booking: Booking, job: JobState, res: WorkerResources) -> Choice | None:
+    def __init__(self, popularity: float = POPULARITY) -> None:
+        if not 0 < popularity <= 1:
+            raise ValueError(f"popularity must be in (0, 1], not {popularity!r}")
+        self.popularity = popularity
+        self.patience = PATIENCE   # what the view's final waste uses; FGD itself never asks
+
+    def choose(self, state: StateLike, statement: Statement, job: JobState, res: WorkerResources) -> Choice | None:
         pool = job.spec.pool
         if res.is_mig:
             return choose_mig(state.nodes, pool, res)
-        view = self.view(state, booking, pool)
+        view = self.view(state, statement, pool)
         arrays = view.arrays
         rows = arrays.feasible(res)
         if not rows.size:
@@ -153,12 +161,13 @@ class Fgd:
                 return node, slots
         return None
 
-    def view(self, state: StateLike, booking: Booking, pool: str) -> FragView:
-        key = (self.name, pool)
-        view = booking.views.get(key)
+    def view(self, state: StateLike, statement: Statement, pool: str) -> FragView:
+        key = (self.name, self.popularity, self.patience, pool)
+        view = statement.views.get(key)
         if view is None:
-            arrays = arrays_for(booking, state.nodes, pool)
-            view = booking.views[key] = FragView(arrays, typical_shapes(state, pool))
+            arrays = arrays_for(statement, state.nodes, pool)
+            view = statement.views[key] = FragView(arrays, typical_shapes(state, pool, self.popularity),
+                                                   self.patience)
         return view
 
     def keys(self, view: FragView, rows: np.ndarray, after: np.ndarray, growth: np.ndarray) -> list[np.ndarray]:
@@ -211,6 +220,12 @@ class FgdLookahead(Fgd):
 
     name = "fgd-lookahead"
 
+    def __init__(self, popularity: float = POPULARITY, patience: float = PATIENCE) -> None:
+        super().__init__(popularity)
+        if patience <= 0:
+            raise ValueError(f"patience must be > 0, not {patience!r}")
+        self.patience = patience
+
     def keys(self, view, rows, after, growth):
         waste = view.final_waste()
         growth_of_waste = (waste[after] - waste[view.arrays.gpu[rows]]).sum(axis=1)
@@ -240,7 +255,3 @@ def final_waste(mix: dict[Shape, float], patience: float = PATIENCE) -> np.ndarr
         reach = p[:k].sum() + (whole if f == 1000 else 0.0)
         w[f] = (patience * f + p[:k] @ w[f - sizes[:k]]) / (patience + reach)
     return w
-
-
-register_placement(Fgd())
-register_placement(FgdLookahead())

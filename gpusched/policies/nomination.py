@@ -11,8 +11,9 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Iterator
 
-from gpusched.core.model import JobPhase, NodeStatus
+from gpusched.core.model import JobPhase
 from gpusched.core.state import ClusterState, JobState
+from gpusched.policies.statement import Statement
 
 NOMINATION_TTL_S = 120.0
 
@@ -31,13 +32,10 @@ def nominees_first(order: list[JobState], nominated: dict[str, tuple[str, ...]])
 
 
 @contextmanager
-def hold_nominated_nodes(state: ClusterState, nodes: set[str]) -> Iterator[None]:
-    """Make ``nodes`` unschedulable for the rest of this cycle, then restore them."""
-    held = [state.nodes[n] for n in sorted(nodes) if n in state.nodes and state.nodes[n].status is NodeStatus.READY]
-    for node in held:
-        node.status = NodeStatus.CORDONED
+def hold_nominated_nodes(statement: Statement, nodes: set[str]) -> Iterator[None]:
+    """Make ``nodes`` unschedulable (``Statement.nominate``) while the block runs."""
+    held = statement.nominate(nodes)
     try:
         yield
     finally:
-        for node in held:
-            node.status = NodeStatus.READY
+        statement.unnominate(held)

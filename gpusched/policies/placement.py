@@ -1,8 +1,8 @@
 """Placement: choose nodes and GPUs for every worker of a gang, or nothing.
 
 A placement policy (``Placement``) chooses the node and GPUs of one worker; policies are
-registered by name in ``PLACEMENTS`` and chosen by configuration. ``place_gang`` places a
-one-worker job with the policy, and a gang with the topology planner
+listed by name in ``placement_registry.PLACEMENTS`` and chosen by configuration.
+``place_gang`` places a one-worker job with the policy, and a gang with the topology planner
 (``placement_topology``: fewest racks, then fewest nodes), booking each worker so the
 next sees it and giving up the whole gang if any worker does not fit (all-or-nothing).
 
@@ -17,8 +17,8 @@ from typing import Protocol
 
 from gpusched.core.model import GpuSlot, WorkerAssignment, WorkerResources
 from gpusched.core.state import JobState, NodeState
-from gpusched.policies.booking import Booking
-from gpusched.policies.gpu_fit import StateLike, fits_node, pick_gpus  # noqa: F401 (re-exported)
+from gpusched.policies.statement import Statement
+from gpusched.policies.gpu_fit import StateLike
 from gpusched.policies.placement_topology import place_spread
 
 Choice = tuple[NodeState, tuple[GpuSlot, ...]]
@@ -27,34 +27,19 @@ Choice = tuple[NodeState, tuple[GpuSlot, ...]]
 class Placement(Protocol):
     name: str
 
-    def choose(self, state: StateLike, booking: Booking, job: JobState,
+    def choose(self, state: StateLike, statement: Statement, job: JobState,
                res: WorkerResources) -> Choice | None:
         """Where one worker of ``job`` (needing ``res``) goes now, or None if nowhere."""
 
 
-# A registered policy; the old name is kept for the modules that annotate with it.
-NodeScore = Placement
-PLACEMENTS: dict[str, Placement] = {}
-
-
-def register_placement(policy: Placement) -> Placement:
-    PLACEMENTS[policy.name] = policy
-    return policy
-
-
 def place_gang(state: StateLike, job: JobState, policy: Placement,
-               booking: Booking) -> tuple[WorkerAssignment, ...] | None:
+               statement: Statement) -> tuple[WorkerAssignment, ...] | None:
     spec = job.spec
     if spec.workers == 1:
-        choice = policy.choose(state, booking, job, spec.resources)
+        choice = policy.choose(state, statement, job, spec.resources)
         if choice is None:
             return None
         placed = (WorkerAssignment(0, choice[0].name, choice[1]),)
-        booking.add(job, placed)
+        statement.book(job, placed)
         return placed
-    return place_spread(state, job, booking)
-
-
-# The policies register themselves; importing them here makes ``PLACEMENTS`` complete for
-# whoever imports it.
-from gpusched.policies import fragmentation, placement_policies  # noqa: E402,F401
+    return place_spread(state, job, statement)

@@ -1,9 +1,9 @@
 """A numpy mirror of one pool's nodes, for policies that score every node at once.
 
 Rows follow registration order (the order of ``state.nodes``), so ``argmin``/stable sorts
-break ties the way every policy does. Built once per cycle on the cycle's ``Booking``
-(health and status are read then; they cannot change inside a cycle) and refreshed row by
-row for the nodes the booking books or releases. A node that is not ready, and a GPU
+break ties the way every policy does. Built once per cycle on the cycle's ``Statement``
+and refreshed row by row for the nodes the statement changes (bookings, holds,
+nominations). A node that is not ready, and a GPU
 that is unhealthy, cut into MIG or MIG-enabled, offer nothing here; MIG requests are placed by the
 shared MIG scan (``placement_policies.choose_mig``), not from these arrays.
 """
@@ -15,7 +15,7 @@ import numpy as np
 
 from gpusched.core.model import WorkerResources
 from gpusched.core.state import NodeState
-from gpusched.policies.booking import Booking
+from gpusched.policies.statement import Statement
 
 
 class NodeArrays:
@@ -68,10 +68,10 @@ class NodeArrays:
         return np.flatnonzero(ok)
 
 
-def arrays_for(booking: Booking, nodes: Mapping[str, NodeState], pool: str) -> NodeArrays:
+def arrays_for(statement: Statement, nodes: Mapping[str, NodeState], pool: str) -> NodeArrays:
     """The cycle's mirror of ``pool``, built on first use."""
     key = ("arrays", pool)
-    view = booking.views.get(key)
+    view = statement.views.get(key)
     if view is None:
-        view = booking.views[key] = NodeArrays(nodes, pool)
+        view = statement.views[key] = NodeArrays(nodes, pool)
     return view

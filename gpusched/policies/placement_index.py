@@ -8,8 +8,8 @@ key's lower bound up, and stops at the first node that really fits (ready, CPU, 
 healthy GPUs: checked on the node itself), so the answer is the same as scanning every
 node in key order.
 
-The index lives on a ``Booking`` for one cycle: built from the nodes once (health and
-status cannot change inside a cycle), then told by the booking about each node it books.
+The index lives on a ``Statement`` for one cycle: built from the nodes once, then told
+by the statement about each node it changes (a booking, a hold, a nomination's cordon).
 """
 from __future__ import annotations
 
@@ -49,20 +49,25 @@ class FreeIndex:
         self.share: dict[Bucket, list[Entry]] = defaultdict(list)
         self.where: dict[str, tuple[Entry, Bucket, Bucket]] = {}
         self.models: set[str] = set()
+        self.seq: dict[str, int] = {}   # the pool's nodes' registration order
         for seq, node in enumerate(nodes.values()):
-            if node.info.pool == pool and node.schedulable:
-                self._place(node, seq, insert=list.append)
+            if node.info.pool == pool:
+                self.seq[node.name] = seq
+                if node.schedulable:
+                    self._place(node, seq, insert=list.append)
         for bucket in (*self.whole.values(), *self.share.values()):
             bucket.sort()
 
     def touch(self, names: Iterable[str]) -> None:
         for name in names:
-            old = self.where.get(name)
+            old = self.where.pop(name, None)
             if old is not None:
                 entry, wkey, skey = old
                 for bucket in (self.whole[wkey], self.share[skey]):
                     del bucket[bisect_left(bucket, entry)]
-                self._place(self.nodes[name], entry[1], insert=insort)
+            seq = self.seq.get(name)
+            if seq is not None and self.nodes[name].schedulable:   # a cordoned node leaves the index
+                self._place(self.nodes[name], seq, insert=insort)
 
     def _place(self, node: NodeState, seq: int, insert: Callable) -> None:
         whole, largest, total = gpu_free(node)

@@ -21,9 +21,9 @@ import numpy as np
 
 from gpusched.core.model import WorkerResources
 from gpusched.core.state import JobState, NodeState
-from gpusched.policies.booking import Booking
+from gpusched.policies.statement import Statement
 from gpusched.policies.gpu_fit import StateLike, fit
-from gpusched.policies.placement import Choice, register_placement
+from gpusched.policies.placement import Choice
 from gpusched.policies.placement_arrays import NodeArrays, arrays_for
 from gpusched.policies.placement_index import FreeIndex, first_fit
 
@@ -58,13 +58,13 @@ def choose_mig(nodes: Mapping[str, NodeState], pool: str, res: WorkerResources,
 class BestFit:
     name = "best-fit"
 
-    def choose(self, state: StateLike, booking: Booking, job: JobState, res: WorkerResources) -> Choice | None:
+    def choose(self, state: StateLike, statement: Statement, job: JobState, res: WorkerResources) -> Choice | None:
         pool = job.spec.pool
         if res.is_mig:
             return choose_mig(state.nodes, pool, res)
-        index = booking.views.get(("free", pool))
+        index = statement.views.get(("free", pool))
         if index is None:
-            index = booking.views[("free", pool)] = FreeIndex(state.nodes, pool, GPU_WEIGHT)
+            index = statement.views[("free", pool)] = FreeIndex(state.nodes, pool, GPU_WEIGHT)
         return first_fit(index, res, res.cpu_milli + GPU_WEIGHT * res.milli, fit)
 
 
@@ -73,15 +73,15 @@ class ScoredPlacement:
 
     name = ""
 
-    def choose(self, state: StateLike, booking: Booking, job: JobState, res: WorkerResources) -> Choice | None:
+    def choose(self, state: StateLike, statement: Statement, job: JobState, res: WorkerResources) -> Choice | None:
         pool = job.spec.pool
         if res.is_mig:
             return choose_mig(state.nodes, pool, res)
-        arrays = arrays_for(booking, state.nodes, pool)
+        arrays = arrays_for(statement, state.nodes, pool)
         rows = arrays.feasible(res)
         if not rows.size:
             return None
-        scores = self.score(state, booking, arrays, rows, job, res)
+        scores = self.score(state, statement, arrays, rows, job, res)
         for i in np.argsort(scores, kind="stable"):
             node = arrays.nodes[rows[i]]
             slots = fit(node, pool, res)
@@ -89,7 +89,7 @@ class ScoredPlacement:
                 return node, slots
         return None
 
-    def score(self, state: StateLike, booking: Booking, arrays: NodeArrays, rows: np.ndarray,
+    def score(self, state: StateLike, statement: Statement, arrays: NodeArrays, rows: np.ndarray,
               job: JobState, res: WorkerResources) -> np.ndarray:
         raise NotImplementedError
 
@@ -100,7 +100,7 @@ class RandomPlacement(ScoredPlacement):
 
     name = "random"
 
-    def score(self, state, booking, arrays, rows, job, res):
+    def score(self, state, statement, arrays, rows, job, res):
         x = rows.astype(np.uint64) + np.uint64(job.seq * 0x9E3779B97F4A7C15 % 2 ** 64)
         x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
         x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
@@ -113,7 +113,7 @@ class DotProduct(ScoredPlacement):
 
     name = "dot-product"
 
-    def score(self, state, booking, arrays, rows, job, res):
+    def score(self, state, statement, arrays, rows, job, res):
         free_cpu = arrays.cpu[rows] / MAX_CPU_MILLI
         free_gpu = arrays.gpu[rows].sum(axis=1) / MAX_GPU_MILLI
         dot = free_cpu * (res.cpu_milli / MAX_CPU_MILLI) + free_gpu * (res.milli / MAX_GPU_MILLI)
@@ -126,7 +126,7 @@ class GpuPacking(ScoredPlacement):
 
     name = "gpu-packing"
 
-    def score(self, state, booking, arrays, rows, job, res):
+    def score(self, state, statement, arrays, rows, job, res):
         if not (res.gpus or res.is_share):
             return np.zeros(rows.size)
         gpu = arrays.gpu[rows]
@@ -148,13 +148,13 @@ class GpuClustering(ScoredPlacement):
 
     name = "gpu-clustering"
 
-    def score(self, state, booking, arrays, rows, job, res):
+    def score(self, state, statement, arrays, rows, job, res):
         tag = shape_tag(res)
         if not tag:
             return np.zeros(rows.size)
-        tags = booking.views.get(("tags", job.spec.pool))
+        tags = statement.views.get(("tags", job.spec.pool))
         if tags is None:
-            tags = booking.views[("tags", job.spec.pool)] = NodeTags(arrays, getattr(state, "jobs", {}))
+            tags = statement.views[("tags", job.spec.pool)] = NodeTags(arrays, getattr(state, "jobs", {}))
         fuller = 25 * (MAX_GPU_MILLI - arrays.gpu[rows].sum(axis=1)) // MAX_GPU_MILLI
         has, count = tags.has(tag)[rows], tags.count[rows]
         klass = np.where(has, np.where(count == 1, 75, 50), np.where(count == 0, 25, 0))
@@ -201,7 +201,3 @@ class NodeTags:
         if mask is None:
             mask = self._has[tag] = np.array([tag in c for c in self.tags], dtype=bool)
         return mask
-
-
-for _policy in (BestFit(), RandomPlacement(), DotProduct(), GpuPacking(), GpuClustering()):
-    register_placement(_policy)

@@ -17,30 +17,30 @@ from collections import defaultdict
 from gpusched.core.mig import parse_profile, slot_bit
 from gpusched.core.model import WorkerAssignment, WorkerResources
 from gpusched.core.state import GpuState, JobState, NodeState
-from gpusched.policies.booking import Booking
+from gpusched.policies.statement import Statement
 from gpusched.policies.gpu_fit import StateLike, fit
 
 
-def place_spread(state: StateLike, job: JobState, booking: Booking) -> tuple[WorkerAssignment, ...] | None:
+def place_spread(state: StateLike, job: JobState, statement: Statement) -> tuple[WorkerAssignment, ...] | None:
     spec, res = job.spec, job.spec.resources
     plan = plan_gang([n for n in state.nodes.values() if n.info.pool == spec.pool], res, spec.workers)
     if plan is None:
         return None
-    mark = booking.mark()
+    mark = statement.checkpoint()
     placed: list[WorkerAssignment] = []
     for node, count in plan:
         for _ in range(count):
             slots = fit(node, spec.pool, res)
             if slots is None:            # capacity said yes, the GPUs say no: give up whole
-                booking.rollback(mark)
+                statement.rollback(mark)
                 return None
             worker = WorkerAssignment(len(placed), node.name, slots)
-            booking.add(job, (worker,))
+            statement.book(job, (worker,))
             placed.append(worker)
     # Book the gang as one unit, as the reducer will apply it.
-    booking.rollback(mark)
+    statement.rollback(mark)
     gang = tuple(placed)
-    booking.add(job, gang)
+    statement.book(job, gang)
     return gang
 
 

@@ -1,6 +1,7 @@
 """One scheduling cycle: order the pending queue, place what fits, return proposals.
 
-The cycle never writes the state: it books tentatively and releases before returning.
+The cycle never writes the state for good: every booking, hold and nomination goes
+through one ``Statement``, rolled back before the cycle returns.
 The caller (the placer service or the simulator) turns decisions into ``JobPlaced``
 events; the reducer validates them when they come back from the log.
 
@@ -19,15 +20,16 @@ from gpusched.core.state import ClusterState, JobState
 from gpusched.policies.backfill import (
     Reservation, ReservationHold, ends_before, reserve_for_head_of_line,
 )
-from gpusched.policies.booking import Booking, tentative
 from gpusched.policies.fairshare import DEFAULT_AGING_S, QueueContext
 from gpusched.policies.nomination import hold_nominated_nodes, live_nominations, nominees_first
 from gpusched.policies.parking import ParkedJobs, parking_applies
 from gpusched.policies.policy_tree import policy_tree
-from gpusched.policies.placement import PLACEMENTS, place_gang
+from gpusched.policies.placement import place_gang
+from gpusched.policies.placement_registry import make_placement
 from gpusched.policies.queue import KEYED_ORDERS, QUEUE_KEYS, QUEUE_ORDERS
 from gpusched.policies.queue_keys import QueueKeys
 from gpusched.policies.quota import QueueTree, within_limits
+from gpusched.policies.statement import Statement, tentative
 from gpusched.policies.usage import folded_decay
 
 
@@ -60,11 +62,9 @@ class Scheduler:
     def __init__(self, config: SchedulerConfig = SchedulerConfig()) -> None:
         if config.queue not in QUEUE_ORDERS:
             raise ValueError(f"unknown queue policy {config.queue!r}; known: {sorted(QUEUE_ORDERS)}")
-        if config.placement not in PLACEMENTS:
-            raise ValueError(f"unknown placement policy {config.placement!r}; known: {sorted(PLACEMENTS)}")
         self.config = config
         self._order = QUEUE_ORDERS[config.queue]
-        self._placement = PLACEMENTS[config.placement]
+        self._placement = make_placement(config.placement)
         self.reservation: Reservation | None = None   # the last cycle's, for reports
 
     def cycle(self, state: ClusterState, now: float, parked: ParkedJobs | None = None,
@@ -91,30 +91,27 @@ class Scheduler:
         # cycle is not offered: it would fail too. Offering costs more than the rest of
         # the cycle's work for a waiting job, and in a full pool nearly all of them fail.
         skim = keys is not None and not self.config.backfill and not nominated
-        with tentative(state) as booking:
-            run = _CycleRun(self, state, now, booking, quotas)
-            try:
-                for job in order:
-                    if len(run.decisions) >= self.config.max_decisions:
-                        break
-                    if job.job_id in skip:   # parked
-                        continue
-                    shape = shape_of(job)
-                    if skim and (shape, False) in run.failed:
-                        run.unplaced.append(job.job_id)
-                        continue
-                    if job.job_id in nominated:
-                        run.offer(job, shape)
-                        continue
-                    waiting = {n for j, nodes in nominated.items() if j not in run.decisions for n in nodes} \
-                        if nominated else None
-                    if not waiting:   # no node to keep for a nominee: nothing to hold (the common case)
-                        run.offer(job, shape)
-                        continue
-                    with hold_nominated_nodes(state, waiting):
-                        run.offer(job, shape)
-            finally:
-                run.lift_hold()   # before the booking is undone: the hold sits on top of it
+        with tentative(state) as statement:
+            run = _CycleRun(self, state, now, statement, quotas)
+            for job in order:
+                if len(run.decisions) >= self.config.max_decisions:
+                    break
+                if job.job_id in skip:   # parked
+                    continue
+                shape = shape_of(job)
+                if skim and (shape, False) in run.failed:
+                    run.unplaced.append(job.job_id)
+                    continue
+                if job.job_id in nominated:
+                    run.offer(job, shape)
+                    continue
+                waiting = {n for j, nodes in nominated.items() if j not in run.decisions for n in nodes} \
+                    if nominated else None
+                if not waiting:   # no node to keep for a nominee: nothing to hold (the common case)
+                    run.offer(job, shape)
+                    continue
+                with hold_nominated_nodes(statement, waiting):
+                    run.offer(job, shape)
         if parking:
             parked.park(state, run.unplaced, {d.job_id: (d.attempt, d.workers) for d in run.decisions.values()})
         self.reservation = run.reservation
@@ -141,12 +138,12 @@ class _CycleRun:
     """The bookkeeping of one cycle: decisions so far, shapes known not to fit, and the
     reservation with its hold once the head of line is blocked."""
 
-    def __init__(self, scheduler: Scheduler, state: ClusterState, now: float, booking: Booking,
+    def __init__(self, scheduler: Scheduler, state: ClusterState, now: float, statement: Statement,
                  quotas: QueueTree) -> None:
         self.config = scheduler.config
         self.quotas = quotas
         self.placement = scheduler._placement
-        self.state, self.now, self.booking = state, now, booking
+        self.state, self.now, self.statement = state, now, statement
         self.decisions: dict[str, Decision] = {}
         self.unplaced: list[str] = []   # offered, and over quota or not fitting
         # Shapes that failed this cycle fail again: a cycle only ever takes capacity.
@@ -191,23 +188,19 @@ class _CycleRun:
     def place(self, job: JobState, shape: tuple, held: bool) -> tuple[WorkerAssignment, ...] | None:
         if self.known_to_fail(shape, held):
             return None
-        workers = place_gang(self.state, job, self.placement, self.booking)
+        workers = place_gang(self.state, job, self.placement, self.statement)
         if workers is None:
             self.failed.add((shape, held))
         return workers
 
     def reserve(self, job: JobState, shape: tuple) -> None:
         booked = {d.job_id: d.workers for d in self.decisions.values()}
-        reservation = reserve_for_head_of_line(self.state, job, self.now, booked)
+        reservation = reserve_for_head_of_line(self.statement, job, self.now, booked)
         if reservation is None:
             # It never fits, or only after jobs of unknown runtime: holding capacity for
             # it would block the queue for nothing, so the next blocked job is the head.
             self.unreservable.add(shape)
             return
         self.reservation = reservation
-        self.hold = ReservationHold(self.state, reservation, self.booking)
+        self.hold = ReservationHold(self.statement, reservation)
         self.hold.apply()
-
-    def lift_hold(self) -> None:
-        if self.hold is not None:
-            self.hold.lift()

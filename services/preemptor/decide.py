@@ -9,7 +9,7 @@ from gpusched.core import events as ev
 from gpusched.core.state import ClusterState
 from gpusched.policies.defrag import defrag_decisions
 from gpusched.policies.policy_tree import policy_tree
-from gpusched.policies.preemption import PreemptionConfig, preemption_decisions, preemption_events
+from gpusched.policies.preemption import preemption_decisions, preemption_events
 from gpusched.policies.supervision import (
     SupervisionConfig, hung_attempts, lost_nodes, nodes_to_fence, timed_out_attempts,
 )

@@ -25,7 +25,7 @@ from gpusched.core.priority import PRIORITY_CLASSES
 from gpusched.core.reducer import apply
 from gpusched.core.state import ClusterState
 from gpusched.policies.parking import ParkedJobs
-from gpusched.policies.placement import PLACEMENTS
+from gpusched.policies.placement_registry import PLACEMENTS
 from gpusched.policies.queue import QUEUE_ORDERS
 from gpusched.policies.queue_keys import QueueKeys
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig

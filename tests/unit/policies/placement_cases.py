@@ -2,7 +2,7 @@
 
 A ``Case`` registers nodes in order, runs jobs already on them (``busy``), submits
 pending jobs that only shape the workload mix (``typical``), then asks one policy where
-one more job goes, the way the scheduler does (``place_gang`` inside a cycle's booking).
+one more job goes, the way the scheduler does (``place_gang`` inside a cycle's statement).
 """
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ from dataclasses import dataclass, field, replace
 
 from gpusched.core import events as ev
 from gpusched.core.model import GpuSlot, JobSpec, NodeInfo, WorkerResources
-from gpusched.policies.booking import tentative
-from gpusched.policies.placement import PLACEMENTS, place_gang
+from gpusched.policies.statement import tentative
+from gpusched.policies.placement import place_gang
+from gpusched.policies.placement_registry import make_placement
 from tests.unit.core.builders import Log, make_node, make_spec
 
 
@@ -65,8 +66,8 @@ def cpu_job(cpu: int, mem: int = 0) -> JobSpec:
 def choose(case: Case, policy: str) -> tuple[str, tuple[int, ...]] | None:
     log = build(case)
     state = log.state
-    with tentative(state) as booking:
-        placed = place_gang(state, state.jobs["job"], PLACEMENTS[policy], booking)
+    with tentative(state) as statement:
+        placed = place_gang(state, state.jobs["job"], make_placement(policy), statement)
     if placed is None:
         return None
     return placed[0].node, tuple(s.index for s in placed[0].gpus)

@@ -12,6 +12,7 @@ from gpusched.core.digest import digest
 from gpusched.core.model import JobSpec, WorkerAssignment, WorkerResources
 from gpusched.policies.backfill import expected_end, reserve_for_head_of_line
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig
+from gpusched.policies.statement import Statement
 from gpusched.sim.dynamic import DynamicSimulator
 from gpusched.sim.workload import Arrival, Workload
 from tests.unit.core.builders import Log, make_node, make_spec, share, whole
@@ -56,7 +57,7 @@ def gang_behind_busy_cluster() -> Cluster:
 
 def test_reservation_is_at_the_earliest_time_every_worker_fits():
     c = gang_behind_busy_cluster()
-    reservation = reserve_for_head_of_line(c.state, c.state.jobs["gang"], NOW)
+    reservation = reserve_for_head_of_line(Statement(c.state), c.state.jobs["gang"], NOW)
     assert reservation is not None
     assert reservation.shadow_s == 5000
     assert sorted(w.node for w in reservation.workers) == ["n1", "n2"]
@@ -119,7 +120,7 @@ def test_no_reservation_behind_jobs_of_unknown_runtime():
     c = Cluster(nodes=1)
     c.running("forever", "n1", whole(*range(8)), 0, gpus=8)
     c.pending("head", 10_000, gpus=8)
-    assert reserve_for_head_of_line(c.state, c.state.jobs["head"], NOW) is None
+    assert reserve_for_head_of_line(Statement(c.state), c.state.jobs["head"], NOW) is None
 
 
 def test_a_job_that_never_fits_does_not_block_the_queue():

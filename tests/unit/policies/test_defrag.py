@@ -4,10 +4,12 @@ from __future__ import annotations
 from gpusched.core import events as ev
 from gpusched.core.digest import digest
 from gpusched.core.model import JobPhase
-from gpusched.policies.booking import tentative
+from gpusched.policies.statement import tentative
 from gpusched.policies.defrag import blocked_by_fragmentation, defrag_decisions, defrag_plan
-from gpusched.policies.placement import PLACEMENTS, place_gang
-from gpusched.policies.preemption import PreemptionConfig, preemption_events
+from gpusched.policies.placement import place_gang
+from gpusched.policies.placement_registry import make_placement
+from gpusched.policies.preemption import preemption_events
+from gpusched.policies.victim_rules import PreemptionConfig
 from tests.unit.core.builders import Log, make_node, make_spec, whole
 
 NOW = 10_000.0
@@ -51,8 +53,8 @@ class Cluster:
         return out
 
     def fits(self, *job_ids: str) -> bool:
-        with tentative(self.state) as booking:
-            return all(place_gang(self.state, self.state.jobs[j], PLACEMENTS["best-fit"], booking) is not None
+        with tentative(self.state) as statement:
+            return all(place_gang(self.state, self.state.jobs[j], make_placement("best-fit"), statement) is not None
                        for j in job_ids)
 
 

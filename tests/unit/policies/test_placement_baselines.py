@@ -6,8 +6,9 @@ from collections import Counter
 
 import pytest
 
-from gpusched.policies.booking import tentative
-from gpusched.policies.placement import PLACEMENTS, place_gang
+from gpusched.policies.statement import tentative
+from gpusched.policies.placement import place_gang
+from gpusched.policies.placement_registry import make_placement
 from tests.unit.core.builders import Log, make_spec, share, whole
 from tests.unit.policies.placement_cases import Case, check, cpu_job, node
 
@@ -74,9 +75,9 @@ def test_random_spreads_jobs_yet_is_a_function_of_the_state():
         for i in range(40):
             assert log.submit(f"j{i}", make_spec(milli=100)).accepted
         out = []
-        with tentative(log.state) as booking:
+        with tentative(log.state) as statement:
             for i in range(40):
-                placed = place_gang(log.state, log.state.jobs[f"j{i}"], PLACEMENTS["random"], booking)
+                placed = place_gang(log.state, log.state.jobs[f"j{i}"], make_placement("random"), statement)
                 out.append(placed[0].node)
         return out
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from gpusched.policies.booking import tentative
-from gpusched.policies.placement import PLACEMENTS, place_gang
+from gpusched.policies.statement import tentative
+from gpusched.policies.placement import place_gang
+from gpusched.policies.placement_registry import PLACEMENTS, make_placement
 from tests.unit.core.builders import make_spec, mig, whole
 from tests.unit.policies.placement_cases import Case, build, check, node
 
@@ -37,8 +38,8 @@ def test_mig(case: Case, policy: str):
 
 def test_mig_start_keeps_the_largest_profile():
     state = build(CASES[0]).state
-    with tentative(state) as booking:
-        placed = place_gang(state, state.jobs["job"], PLACEMENTS["best-fit"], booking)
+    with tentative(state) as statement:
+        placed = place_gang(state, state.jobs["job"], make_placement("best-fit"), statement)
     assert placed[0].gpus[0].mig_start == 6
 
 

@@ -24,9 +24,10 @@ from dataclasses import replace
 
 from gpusched.core.model import JobSpec, MigInstance, MigMode, WorkerResources
 from gpusched.core.state import ClusterState
-from gpusched.policies.booking import tentative
+from gpusched.policies.statement import tentative
 from gpusched.policies.gpu_fit import fit
-from gpusched.policies.placement import PLACEMENTS, place_gang
+from gpusched.policies.placement import place_gang
+from gpusched.policies.placement_registry import PLACEMENTS, make_placement
 from gpusched.policies.placement_policies import best_fit_key
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig
 from gpusched.sim.static import pack
@@ -131,14 +132,14 @@ def test_indexed_best_fit_equals_a_scan(nodes, jobs):
     for i, res in enumerate(jobs):
         assert log.submit(f"j{i}", JobSpec(name=f"j{i}", team="t", resources=res)).accepted
     order = {name: i for i, name in enumerate(state.nodes)}
-    with tentative(state) as booking:
+    with tentative(state) as statement:
         for i, res in enumerate(jobs):
             options = [(best_fit_key(n), order[n.name], n.name) for n in state.nodes.values()
                        if fit(n, "default", res) is not None]
             if res.is_mig:      # MIG: GPUs already cut first, then the key
                 options = [((state.nodes[o[2]].gpus[fit(state.nodes[o[2]], "default", res)[0].index].mig_mask == 0),)
                            + o for o in options]
-            placed = place_gang(state, state.jobs[f"j{i}"], PLACEMENTS["best-fit"], booking)
+            placed = place_gang(state, state.jobs[f"j{i}"], make_placement("best-fit"), statement)
             if not options:
                 assert placed is None
             else:

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from gpusched.core.digest import digest
-from gpusched.policies.booking import tentative
-from gpusched.policies.placement import PLACEMENTS, place_gang
+from gpusched.policies.statement import tentative
+from gpusched.policies.placement import place_gang
+from gpusched.policies.placement_registry import make_placement
 from tests.unit.core.builders import Log, make_spec, whole
 from tests.unit.policies.placement_cases import node
 
@@ -20,8 +21,8 @@ def gang(log: Log, workers: int, gpus: int, busy: dict[str, int] = {}) -> list[t
         assert log.submit(f"busy{i}", make_spec("busy", gpus=used, cpu=0, mem=0)).accepted
         assert log.place(f"busy{i}", (name, whole(*range(used)))).accepted
     assert log.submit("gang", make_spec(workers=workers, gpus=gpus, cpu=1000, mem=1000)).accepted
-    with tentative(log.state) as booking:
-        placed = place_gang(log.state, log.state.jobs["gang"], PLACEMENTS["best-fit"], booking)
+    with tentative(log.state) as statement:
+        placed = place_gang(log.state, log.state.jobs["gang"], make_placement("best-fit"), statement)
     return None if placed is None else [(w.worker, w.node, tuple(s.index for s in w.gpus)) for w in placed]
 
 
@@ -60,8 +61,8 @@ def test_gang_that_does_not_fit_takes_nothing():
     assert gang(log, 3, 8, {}) is None     # 3 x 8 GPUs on 2 x 8: the first two would fit
     before = digest(log.state)
     assert log.state.jobs["gang"].phase.value == "pending"
-    with tentative(log.state) as booking:
-        assert place_gang(log.state, log.state.jobs["gang"], PLACEMENTS["best-fit"], booking) is None
-        assert booking.mark() == 0
+    with tentative(log.state) as statement:
+        assert place_gang(log.state, log.state.jobs["gang"], make_placement("best-fit"), statement) is None
+        assert statement.checkpoint() == 0
     assert all(n.used_cpu == 0 and all(g.used_milli == 0 for g in n.gpus) for n in log.state.nodes.values())
     assert digest(log.state) == before

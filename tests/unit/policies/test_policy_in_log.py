@@ -16,10 +16,10 @@ from gpusched.policies.parking import ParkedJobs
 from gpusched.policies.queue_keys import QueueKeys
 from gpusched.policies.fairshare import QueueContext, fair_share
 from gpusched.policies.policy_tree import bootstrap_events, policy_tree, tree_of
-from gpusched.policies.preemption import PreemptionConfig
 from gpusched.policies.quota import QueueTree
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig
 from gpusched.policies.usage import Demand, UsageLedger, folded_decay
+from gpusched.policies.victim_rules import PreemptionConfig
 from tests.unit.core.builders import Log, make_node, make_spec, whole
 
 FILE = {"orgs": {

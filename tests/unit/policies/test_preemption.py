@@ -14,12 +14,12 @@ from gpusched.core import events as ev
 from gpusched.core.digest import digest
 from gpusched.core.model import GpuSlot, JobPhase
 from gpusched.core.priority import priority_value
-from gpusched.policies.booking import tentative
-from gpusched.policies.placement import PLACEMENTS, place_gang
-from gpusched.policies.preemption import (
-    Preemption, PreemptionConfig, preemption_decisions, preemption_events, victims_for,
-)
+from gpusched.policies.statement import tentative
+from gpusched.policies.placement import place_gang
+from gpusched.policies.placement_registry import make_placement
+from gpusched.policies.preemption import Preemption, preemption_decisions, preemption_events, victims_for
 from gpusched.policies.quota import OrgQuota, QueueTree, TeamQuota
+from gpusched.policies.victim_rules import PreemptionConfig
 from tests.unit.core.builders import Log, make_node, make_spec, whole
 
 NOW = 10_000.0
@@ -86,8 +86,8 @@ class Cluster:
             assert victim.phase is JobPhase.PENDING
 
     def placeable(self, job_id: str) -> bool:
-        with tentative(self.state) as booking:
-            return place_gang(self.state, self.job(job_id), PLACEMENTS["best-fit"], booking) is not None
+        with tentative(self.state) as statement:
+            return place_gang(self.state, self.job(job_id), make_placement("best-fit"), statement) is not None
 
 
 def quotas(**guaranteed_gpus: float) -> PreemptionConfig:
@@ -386,9 +386,9 @@ def test_victims_of_every_decision_are_freed_for_their_job():
     for d in decisions:
         c.preempt(d)
     # Both beneficiaries fit together now.
-    with tentative(c.state) as booking:
+    with tentative(c.state) as statement:
         for jid in ("prod", "hi"):
-            assert place_gang(c.state, c.job(jid), PLACEMENTS["best-fit"], booking) is not None
+            assert place_gang(c.state, c.job(jid), make_placement("best-fit"), statement) is not None
 
 
 # --- shares -------------------------------------------------------------------------------------

@@ -17,20 +17,20 @@ from gpusched.core.capacity import commit, release
 from gpusched.core.digest import digest
 from gpusched.core.model import JobPhase, JobSpec, WorkerResources
 from gpusched.core.priority import PRIORITY_CLASSES, priority_value
-from gpusched.policies.booking import tentative
-from gpusched.policies.placement import PLACEMENTS, place_gang
-from gpusched.policies.preemption import (
-    Preemption, PreemptionConfig, preemption_decisions, preemption_events, victims_for,
-)
+from gpusched.policies.statement import tentative
+from gpusched.policies.placement import place_gang
+from gpusched.policies.placement_registry import make_placement
+from gpusched.policies.preemption import Preemption, preemption_decisions, preemption_events, victims_for
 from gpusched.policies.quota import OrgQuota, QueueTree, TeamQuota
 from gpusched.policies.scheduler import Scheduler
+from gpusched.policies.victim_rules import PreemptionConfig
 from tests.unit.core.builders import Log, make_node
 
 TEAMS = ("t1", "t2", "t3")
 CLASSES = sorted(PRIORITY_CLASSES)
 SETTINGS = settings(max_examples=150, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-BEST_FIT = PLACEMENTS["best-fit"]
+BEST_FIT = make_placement("best-fit")
 
 
 def random_spec(data, name: str, classes: list[str] = CLASSES) -> JobSpec:
@@ -84,8 +84,8 @@ def random_config(data) -> PreemptionConfig:
 
 
 def fits(state, job) -> bool:
-    with tentative(state) as booking:
-        return place_gang(state, job, BEST_FIT, booking) is not None
+    with tentative(state) as statement:
+        return place_gang(state, job, BEST_FIT, statement) is not None
 
 
 def fits_without(state, job, victims) -> bool:
@@ -180,6 +180,6 @@ def test_decisions_are_disjoint_and_leave_the_state_alone(data):
             for w in victim.workers:
                 assert log(ev.WorkerFinished, job_id=v, attempt=victim.attempt, worker=w.worker, node=w.node,
                            exit_code=0, time=now).accepted
-    with tentative(state) as booking:
+    with tentative(state) as statement:
         for d in decisions:
-            assert place_gang(state, state.jobs[d.for_job], BEST_FIT, booking) is not None
+            assert place_gang(state, state.jobs[d.for_job], BEST_FIT, statement) is not None
