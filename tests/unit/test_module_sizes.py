@@ -13,8 +13,6 @@ LONGER = {
     "core/reducer.py": "one handler per event type: the only place the state is written, read as one table",
     "core/snapshot.py": "the column codec of every state dataclass, its schema checks and the consistency "
                         "check of a restored state: one format, read together",
-    "policies/preemption.py": "the victim search it shares with defragmentation is due to move to a public "
-                              "module of its own; until then the search is read as one piece",
 }
 
 
