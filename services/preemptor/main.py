@@ -23,7 +23,7 @@ async def run(args: argparse.Namespace) -> None:
     me = instance_id("preemptor")
     publisher, dead_letters = await connect(settings, me)
     monitor = HeartbeatMonitor(
-        settings.connection, settings.topics.heartbeats,
+        settings.connection, settings.topics,
         lambda value, key: publisher.send_raw(settings.topics.heartbeats, value, key=key))
     await monitor.start()
     decider = PreemptorDecider(
