@@ -41,17 +41,18 @@ async def setup(args: argparse.Namespace) -> int:
 
 async def _add_node(conn, topics, node: str, secrets_dir: Path) -> str:
     from gpusched.adapters.node_access import add_node
-    from gpusched.adapters.reports import node_principal, report_topic
+    from gpusched.adapters.reports import beats_topic, node_principal, report_topic
 
     password = await add_node(conn, topics, node)
+    made = f"node {node}: topics {report_topic(topics.prefix, node)}, {beats_topic(topics.prefix, node)}"
     if not conn.secured:
-        return f"node {node}: topic {report_topic(topics.prefix, node)}"
+        return made
     secrets_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     path = secrets_dir / node_principal(node)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(password + "\n")
-    return f"node {node}: topic {report_topic(topics.prefix, node)}, user {node_principal(node)}, password in {path}"
+    return f"{made}, user {node_principal(node)}, password in {path}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,42 +1,62 @@
-"""Listens to the heartbeats topic and remembers when each node was last heard from.
+"""Listens to the nodes' heartbeat topics and remembers when each node was last heard from.
+
+Each agent beats on ``<prefix>beats.<node>``, which only its own principal may write, so
+the node a beat is about is taken from the topic's name (the broker authenticated the
+writer), never from the beat: one node's login cannot keep another node alive. The
+monitor reads them itself, by pattern (a new node's topic is found within
+``METADATA_MAX_AGE_MS``), so liveness does not depend on the relay being up.
 
 Times are this process's clock at receipt, so agents' clock skew does not matter. The
-monitor also sends its own probe beats through the topic: while they do not come back
-(broker restart, our consumer stalled) silence says nothing about the nodes, and when
-they resume ``since`` moves forward, so no node is declared lost for a gap that was ours.
+monitor also sends its own probe beats through ``<prefix>heartbeats`` (read by the same
+consumer): while they do not come back (broker restart, our consumer stalled) silence
+says nothing about the nodes, and when they resume ``since`` moves forward, so no node
+is declared lost for a gap that was ours.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 import uuid
 from typing import Awaitable, Callable
 
 from aiokafka import AIOKafkaConsumer
 
+from gpusched.adapters.kafka_admin import TopicNames
 from gpusched.adapters.kafka_security import Where, client_args
+from gpusched.adapters.reports import BEATS, node_of_topic
 from gpusched.v1 import events_pb2
 
 log = logging.getLogger(__name__)
+METADATA_MAX_AGE_MS = 1000   # how soon a new node's beats topic is read
+
+
+def beats_pattern(topics: TopicNames) -> str:
+    """Every node's beats topic of a deployment, and the probes' ``<prefix>heartbeats``."""
+    return "^" + re.escape(topics.prefix) + "(" + re.escape(topics.heartbeats[len(topics.prefix):]) \
+        + "|" + re.escape(BEATS) + r"[A-Za-z0-9._-]+)$"
 
 
 class HeartbeatMonitor:
-    def __init__(self, bootstrap: Where, topic: str, send: Callable[[bytes, bytes], Awaitable[None]],
+    def __init__(self, bootstrap: Where, topics: TopicNames, send: Callable[[bytes, bytes], Awaitable[None]],
                  blind_after_s: float = 2.0, probe_every_s: float = 0.5) -> None:
+        self.topics = topics
         self.last_seen: dict[str, float] = {}
+        self.refused = 0   # beats naming another node than their topic's
         self.since = time.time()
         self.last_probe = 0.0
         self.blind_after_s = blind_after_s
         self.probe_every_s = probe_every_s
         self._probe_name = f"~monitor-{uuid.uuid4().hex[:8]}"
         self._send = send
-        self._consumer = AIOKafkaConsumer(topic, **client_args(bootstrap), group_id=None,
-                                          auto_offset_reset="latest", enable_auto_commit=False)
+        self._consumer = AIOKafkaConsumer(**client_args(bootstrap), group_id=None, auto_offset_reset="latest",
+                                          enable_auto_commit=False, metadata_max_age_ms=METADATA_MAX_AGE_MS)
         self._tasks: list[asyncio.Task] = []
 
     async def start(self) -> None:
         await self._consumer.start()
+        self._consumer.subscribe(pattern=beats_pattern(self.topics))
         self.since = time.time()
         self._tasks = [asyncio.create_task(self._run()), asyncio.create_task(self._probe())]
 
@@ -74,12 +94,18 @@ class HeartbeatMonitor:
             log.warning("undecodable heartbeat at %s:%s", record.partition, record.offset)
             return
         now = time.time()
-        if beat.node == self._probe_name:
-            if now - self.last_probe > self.blind_after_s:
-                self.since = now     # we were deaf: every node gets a fresh timeout
-            self.last_probe = now
+        if record.topic == self.topics.heartbeats:
+            if beat.node == self._probe_name:   # another monitor's probe says nothing of ours
+                if now - self.last_probe > self.blind_after_s:
+                    self.since = now     # we were deaf: every node gets a fresh timeout
+                self.last_probe = now
             return
-        self.last_seen[beat.node] = now
+        node = node_of_topic(self.topics.prefix, record.topic, BEATS)
+        if beat.node != node:
+            self.refused += 1
+            log.warning("heartbeat naming node %r on the beats topic of node %r: ignored", beat.node, node)
+            return
+        self.last_seen[node] = now
 
     async def stop(self) -> None:
         for task in self._tasks:

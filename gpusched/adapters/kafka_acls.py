@@ -8,8 +8,9 @@ by that prefix), so deployments (and tests) sharing a cluster under different pr
 cannot touch each other's topics.
 
 Node-agents log in one principal per node, ``node-agent.<node>``: ``node_acl_entries``
-lets each write only its own report topic (and the shared heartbeats and usage), never
-the pool log; the relay appends what it validated (``gpusched.adapters.relay``).
+lets each write only its own report and beats topics, never the pool log, the shared
+heartbeats or usage; the relay appends what it validated (``gpusched.adapters.relay``),
+the preemptor reads the beats topics itself.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from aiokafka.protocol.api import Request
 
 from gpusched.adapters.kafka_admin import TopicNames
 from gpusched.adapters.kafka_security import Where, client_args
-from gpusched.adapters.reports import REPORTS, node_principal, report_topic
+from gpusched.adapters.reports import BEATS, REPORTS, beats_topic, node_principal, report_topic
 
 # Kafka protocol codes (org.apache.kafka.common.acl / resource).
 _TOPIC, _GROUP, _CLUSTER = 2, 3, 4
@@ -43,41 +44,46 @@ class Grant:
     writes: tuple[str, ...] = ()
     groups: tuple[str, ...] = ()
     reads_reports: bool = False   # every node's report topic of the prefix (the relay)
+    reads_beats: bool = False     # every node's beats topic of the prefix (the preemptor)
 
 
 # Read from the code: who produces to and consumes from which topic. Every writer also
 # dead-letters what it cannot apply. Billing and audit read only; "nobody" (a valid login
 # with no role) gets nothing, the admin is a super user (topics and ACLs).
 GRANTS: dict[str, Grant] = {
-    # Admission runs the relay (gpusched.adapters.relay) unless started with --no-relay.
-    "admission": Grant(reads=("events",), writes=("events", "dead_letters"), groups=("relay",),
+    # Admission runs the relay (gpusched.adapters.relay) unless started with --no-relay;
+    # the relay forwards the usage records it checked.
+    "admission": Grant(reads=("events",), writes=("events", "usage", "dead_letters"), groups=("relay",),
                        reads_reports=True),
     "placer": Grant(reads=("events", "snapshots"), writes=("events", "snapshots", "dead_letters"),
                     groups=("placer",)),
-    # The preemptor's heartbeat monitor sends probe beats through the topic to know its
-    # own consumer hears (gpusched/adapters/heartbeats.py), hence its write on heartbeats.
+    # The preemptor's heartbeat monitor reads every node's beats topic, and sends probe
+    # beats through <prefix>heartbeats to know its own consumer hears
+    # (gpusched/adapters/heartbeats.py), hence its write there.
     "preemptor": Grant(reads=("events", "heartbeats"), writes=("events", "heartbeats", "dead_letters"),
-                       groups=("preemptor",)),
+                       groups=("preemptor",), reads_beats=True),
     # The relay on its own (``gpusched relay``): what admission needs for it.
-    "relay": Grant(reads=("events",), writes=("events", "dead_letters"), groups=("relay",), reads_reports=True),
+    "relay": Grant(reads=("events",), writes=("events", "usage", "dead_letters"), groups=("relay",),
+                   reads_reports=True),
     # Their consumers (gpusched.consumers.stream) commit offsets in a group of their name.
     "billing": Grant(reads=("events", "usage"), groups=("billing",)),
     "audit": Grant(reads=("events", "heartbeats", "dead_letters", "snapshots", "usage"), groups=("audit",)),
 }
 
 
-# What every node's own principal gets besides its report topic: it folds its pool's log,
-# beats and measures (shared topics: see docs/kafka-security.md for what that leaves open).
-NODE_GRANT = Grant(reads=("events",), writes=("heartbeats", "usage", "dead_letters"))
+# What every node's own principal gets besides its report and beats topics: it folds its
+# pool's log and dead-letters what it cannot apply. Its beats and usage records go on its
+# own topics (docs/kafka-security.md), no shared one.
+NODE_GRANT = Grant(reads=("events",), writes=("dead_letters",))
 
 
 def node_acl_entries(names: TopicNames, node: str) -> list[tuple]:
     """The ACLs of one node's principal: ``NODE_GRANT`` plus WRITE and DESCRIBE on its
-    own report topic, nothing on any other."""
+    own report and beats topics, nothing on any other node's."""
     principal = f"User:{node_principal(node)}"
-    topic = report_topic(names.prefix, node)
     out = acl_entries(names, {node_principal(node): NODE_GRANT})
-    out += [(_TOPIC, topic, _LITERAL, principal, "*", op, _ALLOW) for op in (DESCRIBE, DESCRIBE_CONFIGS, WRITE)]
+    for topic in (report_topic(names.prefix, node), beats_topic(names.prefix, node)):
+        out += [(_TOPIC, topic, _LITERAL, principal, "*", op, _ALLOW) for op in (DESCRIBE, DESCRIBE_CONFIGS, WRITE)]
     return out
 
 
@@ -88,9 +94,9 @@ def acl_entries(names: TopicNames, grants: dict[str, Grant] = GRANTS) -> list[tu
     out = []
     for user, grant in grants.items():
         principal = f"User:{user}"
-        if grant.reads_reports:
-            reports = names.prefix + REPORTS
-            out += [(_TOPIC, reports, _PREFIXED, principal, "*", op, _ALLOW) for op in (READ, DESCRIBE)]
+        for every, kind in ((grant.reads_reports, REPORTS), (grant.reads_beats, BEATS)):
+            if every:
+                out += [(_TOPIC, names.prefix + kind, _PREFIXED, principal, "*", op, _ALLOW) for op in (READ, DESCRIBE)]
         for attr in names_all_attrs():
             for op in (DESCRIBE, DESCRIBE_CONFIGS):
                 out.append((_TOPIC, getattr(names, attr), _LITERAL, principal, "*", op, _ALLOW))

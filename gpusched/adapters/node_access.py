@@ -1,9 +1,10 @@
-"""What one node needs on the broker: its report topic, and on a secured cluster its own
-Kafka login (SCRAM user ``node-agent.<node>``) with its ACLs (docs/kafka-security.md).
+"""What one node needs on the broker: its report and beats topics, and on a secured
+cluster its own Kafka login (SCRAM user ``node-agent.<node>``) with its ACLs
+(docs/kafka-security.md).
 
 ``add_node`` runs as the admin (``gpusched kafka-setup --node NAME``, the tests'
-``LocalCluster``); ``ensure_report_topic`` is also what an agent calls at start, which on
-a plaintext cluster creates its topic and on a secured one only finds it.
+``LocalCluster``); ``ensure_node_topics`` is also what an agent calls at start, which on
+a plaintext cluster creates its topics and on a secured one only finds them.
 """
 from __future__ import annotations
 
@@ -22,58 +23,68 @@ from gpusched.adapters.kafka_acls import grant_node_acls
 from gpusched.adapters.kafka_admin import TopicNames, replication_for
 from gpusched.adapters.kafka_security import (KafkaConnection, KafkaLoginRefused, Where, check_login, client_args,
                                               connection)
-from gpusched.adapters.reports import node_principal, report_topic
+from gpusched.adapters.reports import BEATS, REPORTS, beats_topic, node_principal, report_topic
 
 _NOT_ALLOWED = {29, 31}   # TOPIC_AUTHORIZATION_FAILED, CLUSTER_AUTHORIZATION_FAILED
 _MECHANISMS = {"SCRAM-SHA-256": (1, "sha256"), "SCRAM-SHA-512": (2, "sha512")}
 SCRAM_ITERATIONS = 8192   # Kafka's minimum for SCRAM-SHA-512 is 4096
 REPORT_RETENTION_MS = 7 * 24 * 3600 * 1000   # reports are relayed within seconds; a week to look back
+BEATS_RETENTION_MS = 3600 * 1000              # as <prefix>heartbeats: only the latest beats matter
 
 
-async def ensure_report_topic(where: Where, names: TopicNames, node: str, *, replication_factor: int = 0,
-                              min_insync_replicas: int = 0, timeout_s: float = 60.0) -> str:
-    """The node's report topic (one partition: its reports stay in order), created when
-    missing. PermissionError when this principal may not create it (a secured cluster
-    where ``gpusched kafka-setup --node`` was not run)."""
-    topic = report_topic(names.prefix, node)
+async def ensure_node_topics(where: Where, names: TopicNames, node: str, *, replication_factor: int = 0,
+                             min_insync_replicas: int = 0, timeout_s: float = 60.0) -> str:
+    """The node's report topic (one partition: its reports stay in order) and beats topic,
+    created when missing; returns the report topic. PermissionError when this principal
+    may not create them (a secured cluster where ``gpusched kafka-setup --node`` was not run)."""
+    topics = {report_topic(names.prefix, node): REPORT_RETENTION_MS,
+              beats_topic(names.prefix, node): BEATS_RETENTION_MS}
     admin = AIOKafkaAdminClient(**client_args(where), request_timeout_ms=15000)
     deadline = time.monotonic() + timeout_s
     try:
         await admin.start()
-        if topic in set(await admin.list_topics()):
-            return topic
-        brokers = len((await admin.describe_cluster()).get("brokers") or ())
-        rf, isr = replication_for(brokers, replication_factor, min_insync_replicas)
-        spec = NewTopic(topic, 1, rf, topic_configs={"retention.ms": str(REPORT_RETENTION_MS),
-                                                     "min.insync.replicas": str(isr)})
-        while True:
-            resp = await admin.create_topics([spec], timeout_ms=15000)
-            _, code, *rest = resp.topic_errors[0]
-            if code == 0 or for_code(code) is TopicAlreadyExistsError:
-                break
-            if code in _NOT_ALLOWED:
-                raise PermissionError(f"topic {topic} does not exist and this Kafka principal may not create it: "
-                                      f"run `gpusched kafka-setup --node {node}` as the admin first")
-            if time.monotonic() > deadline:
-                raise for_code(code)(f"creating topic {topic!r}: {rest[0] if rest else ''}")
-            await asyncio.sleep(0.5)
-        while not any(t.get("partitions") and all(p["leader"] >= 0 for p in t["partitions"])
-                      for t in await admin.describe_topics([topic]) if t["error_code"] == 0):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"topic {topic} not ready after {timeout_s}s")
-            await asyncio.sleep(0.2)
-        return topic
+        present = set(await admin.list_topics())
+        missing = [t for t in topics if t not in present]
+        if missing:
+            brokers = len((await admin.describe_cluster()).get("brokers") or ())
+            rf, isr = replication_for(brokers, replication_factor, min_insync_replicas)
+            for topic in missing:
+                spec = NewTopic(topic, 1, rf, topic_configs={"retention.ms": str(topics[topic]),
+                                                             "min.insync.replicas": str(isr)})
+                await _create(admin, spec, node, deadline, timeout_s)
+        return report_topic(names.prefix, node)
     finally:
         await admin.close()
 
 
+async def _create(admin: AIOKafkaAdminClient, spec: NewTopic, node: str, deadline: float, timeout_s: float) -> None:
+    """Create one topic (already there is fine) and wait until it has a leader."""
+    topic = spec.name
+    while True:
+        resp = await admin.create_topics([spec], timeout_ms=15000)
+        _, code, *rest = resp.topic_errors[0]
+        if code == 0 or for_code(code) is TopicAlreadyExistsError:
+            break
+        if code in _NOT_ALLOWED:
+            raise PermissionError(f"topic {topic} does not exist and this Kafka principal may not create it: "
+                                  f"run `gpusched kafka-setup --node {node}` as the admin first")
+        if time.monotonic() > deadline:
+            raise for_code(code)(f"creating topic {topic!r}: {rest[0] if rest else ''}")
+        await asyncio.sleep(0.5)
+    while not any(t.get("partitions") and all(p["leader"] >= 0 for p in t["partitions"])
+                  for t in await admin.describe_topics([topic]) if t["error_code"] == 0):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"topic {topic} not ready after {timeout_s}s")
+        await asyncio.sleep(0.2)
+
+
 async def add_node(admin_connection: Where, names: TopicNames, node: str, password: str = "",
                    timeout_s: float = 30.0) -> str:
-    """As the admin: the node's report topic, its SCRAM user with ``password`` (a random
+    """As the admin: the node's report and beats topics, its SCRAM user with ``password`` (a random
     one when empty) and its ACLs; returns the password. Idempotent: running it again
     sets the password anew."""
     admin = connection(admin_connection)
-    await ensure_report_topic(admin, names, node)
+    await ensure_node_topics(admin, names, node)
     if not admin.secured:
         return ""
     password = password or secrets.token_hex(16)
@@ -157,12 +168,12 @@ async def _until_login_works(conn: KafkaConnection, timeout_s: float) -> None:
 
 
 async def delete_report_topics(admin_connection: Where, names: TopicNames, timeout_s: float = 30.0) -> None:
-    """Delete a prefix's report topics (tests and benchmarks, like ``delete_topics``); best effort."""
+    """Delete a prefix's report and beats topics (tests and benchmarks, like ``delete_topics``); best effort."""
     admin = AIOKafkaAdminClient(**client_args(admin_connection), request_timeout_ms=int(timeout_s * 1000))
     try:
         await asyncio.wait_for(admin.start(), timeout_s)
-        head = names.prefix + "reports."
-        topics = [t for t in await admin.list_topics() if t.startswith(head)]
+        heads = (names.prefix + REPORTS, names.prefix + BEATS)
+        topics = [t for t in await admin.list_topics() if t.startswith(heads)]
         if topics:
             await admin.delete_topics(topics)
     except Exception:   # a broker already gone: nothing to clean on it

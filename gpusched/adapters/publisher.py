@@ -85,8 +85,14 @@ class EventPublisher:
         return [Position(m.partition, m.offset) for m in await asyncio.gather(*futures)]
 
     async def send_raw(self, topic: str, value: bytes, key: bytes | None = None,
-                       partition: int | None = None) -> None:
-        await self._producer.send_and_wait(topic, value, key=key, partition=partition)
+                       partition: int | None = None, headers: list[tuple[str, bytes]] | None = None) -> None:
+        await (await self.send_raw_later(topic, value, key, partition, headers))
+
+    async def send_raw_later(self, topic: str, value: bytes, key: bytes | None = None,
+                             partition: int | None = None,
+                             headers: list[tuple[str, bytes]] | None = None) -> asyncio.Future:
+        """Queue a record; the returned future resolves when the broker acknowledged it."""
+        return await self._producer.send(topic, value, key=key, partition=partition, headers=headers)
 
 
 class DeadLetters:

@@ -6,8 +6,10 @@ may write, so the topic name is the writer's identity, authenticated by the brok
 relay consumes every report topic in the consumer group ``<prefix>relay`` (replicas split
 the topics; a pattern subscription finds new nodes' topics within ``METADATA_MAX_AGE_MS``),
 checks each event with ``check_report`` against the state its ``LogFollower`` folded, and
-appends what passes to the pool log, keeping the agent's event id. What fails goes to the
-dead-letter topic with the reason; the relay goes on.
+appends what passes to the pool log, keeping the agent's event id. Usage records (marked
+by their ``KIND_HEADER``) go to ``<prefix>usage`` instead, if they are about the node whose
+topic they came on. What fails goes to the dead-letter topic with the reason; the relay
+goes on.
 
 Ordering: an agent reports only about what it saw in the log, so before checking a batch
 the relay waits until its fold covers the log as it was when the batch was read
@@ -31,7 +33,9 @@ from gpusched.adapters.follower import LogFollower
 from gpusched.adapters.publisher import DeadLetters, EventPublisher, Position, partition_for
 from gpusched.adapters.kafka_admin import TopicNames
 from gpusched.adapters.kafka_security import Where, client_args
-from gpusched.adapters.reports import check_report, node_of_topic, report_pattern
+from gpusched.adapters.reports import KIND_HEADER, USAGE_KIND, check_report, check_usage_node, node_of_topic, \
+    report_pattern
+from gpusched.adapters.usage_records import UsageRecordError, decode_usage
 from gpusched.core import events as ev
 from gpusched.core.state import ClusterState
 
@@ -57,7 +61,7 @@ class Relay:
         self.publisher = publisher
         self.dead_letters = dead_letters
         self.name = name
-        self.counts = {"relayed": 0, "refused": 0, "seen": 0}
+        self.counts = {"relayed": 0, "refused": 0, "seen": 0, "usage": 0}
         self._bootstrap = bootstrap
         self._consumer: AIOKafkaConsumer | None = None
         # Asks the pool log's end offsets. A client of its own: on a connection that also
@@ -141,6 +145,8 @@ class Relay:
 
     async def _relay(self, node: str, record) -> asyncio.Future | None:
         """Append one report (the future of its acknowledgement), or dead-letter it."""
+        if (KIND_HEADER, USAGE_KIND) in (record.headers or ()):
+            return await self._relay_usage(node, record)
         verdict = triage(node, record.value, self.follower.states, self.partitions)
         if verdict.seen:
             self.counts["seen"] += 1   # relayed before a restart: already in the log
@@ -149,6 +155,13 @@ class Relay:
             return await self._refuse(record, f"report of node {node!r} {verdict.reason}")
         self.counts["relayed"] += 1
         return await self.publisher.send(verdict.event, verdict.pool)
+
+    async def _relay_usage(self, node: str, record) -> asyncio.Future | None:
+        reason = usage_refusal(node, record.value)
+        if reason:
+            return await self._refuse(record, f"usage record on the report topic of node {node!r} {reason}")
+        self.counts["usage"] += 1
+        return await self.publisher.send_raw_later(self.topics.usage, record.value, key=node.encode())
 
     async def _refuse(self, record, reason: str) -> None:
         self.counts["refused"] += 1
@@ -193,3 +206,14 @@ def triage(node: str, value: bytes | None, states: dict[int, ClusterState], part
         return Verdict(event, pool, seen=True)
     reason = check_report(node, pool, event, state)
     return Verdict(event, pool, reason=f"refused: {reason}" if reason else "")
+
+
+def usage_refusal(node: str, value: bytes | None) -> str:
+    """Why a usage record read from ``node``'s report topic may not reach the usage
+    topic; '' when it may. Pure."""
+    try:
+        usage = decode_usage(value or b"")
+    except UsageRecordError as exc:
+        return f"does not decode: {exc}"
+    reason = check_usage_node(node, usage.node)
+    return f"refused: {reason}" if reason else ""

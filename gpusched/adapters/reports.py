@@ -14,6 +14,10 @@ from gpusched.core import events as ev
 from gpusched.core.state import ClusterState
 
 REPORTS = "reports."
+BEATS = "beats."
+# A usage record on a report topic carries this header; the relay forwards it to
+# ``<prefix>usage`` rather than to the pool log.
+KIND_HEADER, USAGE_KIND = "gpusched-kind", b"usage"
 # Kafka topic names allow [a-zA-Z0-9._-] and at most 249 characters; the node's name is
 # the last part of its report topic and of its principal ``node-agent.<node>``.
 _NODE_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,199}")
@@ -35,6 +39,12 @@ def report_topic(prefix: str, node: str) -> str:
     return f"{prefix}{REPORTS}{check_node_name(node)}"
 
 
+def beats_topic(prefix: str, node: str) -> str:
+    """The node's heartbeat topic: like its report topic only its principal writes it, and
+    the preemptor reads it directly (liveness does not wait on the relay)."""
+    return f"{prefix}{BEATS}{check_node_name(node)}"
+
+
 def node_principal(node: str) -> str:
     """The Kafka user a node's agent logs in as."""
     return f"node-agent.{check_node_name(node)}"
@@ -45,10 +55,17 @@ def report_pattern(prefix: str) -> str:
     return "^" + re.escape(prefix + REPORTS) + r"[A-Za-z0-9._-]+$"
 
 
-def node_of_topic(prefix: str, topic: str) -> str:
-    """The node a report topic belongs to: the broker authenticated its writer."""
-    head = prefix + REPORTS
+def node_of_topic(prefix: str, topic: str, kind: str = REPORTS) -> str:
+    """The node a report (or, with ``kind=BEATS``, heartbeat) topic belongs to: the broker
+    authenticated its writer. '' for any other topic."""
+    head = prefix + kind
     return topic[len(head):] if topic.startswith(head) else ""
+
+
+def check_usage_node(node: str, record_node: str) -> str:
+    """Why a usage record naming ``record_node``, read from ``node``'s report topic, may
+    not reach the usage topic; '' when it may."""
+    return "" if record_node == node else f"usage record of node {record_node!r} reported by node {node!r}"
 
 
 def check_report(node: str, pool: str, event: ev.Event, state: ClusterState) -> str:

@@ -23,7 +23,7 @@ from pathlib import Path
 from gpusched.adapters.follower import LogFollower
 from gpusched.adapters import tracing
 from gpusched.adapters.publisher import EventPublisher
-from gpusched.adapters.reports import send_report
+from gpusched.adapters.reports import beats_topic, send_report
 from gpusched.core import events as ev
 from gpusched.core.model import EXIT_LOST, JobPhase, NodeInfo, NodeStatus, WorkerAssignment
 from gpusched.core.state import ClusterState, JobState
@@ -322,8 +322,8 @@ class NodeAgent:
         beat = events_pb2.Heartbeat(node=self.name, pool=self.info.pool, agent_id=self.info.agent_id,
                                     time=sent, running=[f"{j}/{a}/{w}" for j, a, w in self.running])
         try:
-            await self.publisher.send_raw(self.publisher.topics.heartbeats, beat.SerializeToString(),
-                                          key=self.name.encode())
+            await self.publisher.send_raw(beats_topic(self.publisher.topics.prefix, self.name),
+                                          beat.SerializeToString(), key=self.name.encode())
         except Exception:
             log.warning("heartbeat not sent", exc_info=True)
             return False

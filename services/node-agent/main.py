@@ -13,7 +13,7 @@ from gpusched.adapters.publisher import partition_for
 from gpusched.adapters.gpu_health import NvmlWatch, SimulatedNvml
 from gpusched.adapters.gpu_inventory import InventoryError, nvml_gpus, simulated_gpus
 from gpusched.adapters.grpc_server import set_serving, start_server
-from gpusched.adapters.node_access import ensure_report_topic
+from gpusched.adapters.node_access import ensure_node_topics
 from gpusched.adapters.service import connect, stop_event
 from gpusched.adapters.metrics import setup_metrics
 from gpusched.adapters.tracing import setup_tracing
@@ -85,9 +85,9 @@ async def run(args: argparse.Namespace) -> None:
     me = f"node-agent-{info.name}-{info.agent_id}"
     publisher, dead_letters = await connect(settings, me)
     try:
-        report_topic = await ensure_report_topic(conn, topics, info.name,
-                                                 replication_factor=settings.replication_factor,
-                                                 min_insync_replicas=settings.min_insync_replicas)
+        report_topic = await ensure_node_topics(conn, topics, info.name,
+                                                replication_factor=settings.replication_factor,
+                                                min_insync_replicas=settings.min_insync_replicas)
     except (PermissionError, ValueError) as exc:   # not set up for this node: say how
         raise SystemExit(f"{me}: {exc}") from None
     state_dir = Path(args.state_dir or Path(tempfile.gettempdir()) / f"gpusched-node-{info.name}")

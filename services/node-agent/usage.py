@@ -16,6 +16,7 @@ import time
 import uuid
 
 from gpusched.adapters.gpu_usage import NvmlSampler, RunningWorker, SimulatedSampler, UsageRule, parse_usage_rule
+from gpusched.adapters.reports import KIND_HEADER, USAGE_KIND
 from gpusched.adapters.usage_records import GpuSample, WorkerUsage, encode_usage
 from gpusched.core.model import NodeInfo
 from gpusched.core.state import JobState
@@ -113,9 +114,11 @@ async def publish_usage(agent, sampler, last: dict[Key, float], interval_s: floa
     now = time.time()
     readings = await asyncio.to_thread(sampler.read, workers)   # NVML calls block
     records = usage_records(agent.info, workers, readings, last, now, interval_s, sampler.simulated)
-    topic, key = agent.publisher.topics.usage, agent.name.encode()
-    sent = await asyncio.gather(*(agent.publisher.send_raw(topic, encode_usage(r), key=key) for r in records),
-                                return_exceptions=True)
+    # On the node's own report topic: the relay forwards them to <prefix>usage once it
+    # checked they are about this node (docs/kafka-security.md).
+    topic, key, headers = agent.report_topic, agent.name.encode(), [(KIND_HEADER, USAGE_KIND)]
+    sent = await asyncio.gather(*(agent.publisher.send_raw(topic, encode_usage(r), key=key, headers=headers)
+                                  for r in records), return_exceptions=True)
     failed = [s for s in sent if isinstance(s, Exception)]
     if failed:
         log.warning("%d of %d usage records not sent: %r", len(failed), len(records), failed[0])

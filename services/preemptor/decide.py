@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import uuid
+from collections import ChainMap
 from dataclasses import replace
 from typing import Callable, Mapping
 
@@ -23,6 +24,10 @@ class PreemptorDecider:
         self.supervision = supervision
         self.heard = heard          # now -> (last beat per node, listening since, hearing at all)
         self.defrag = defrag
+        # Nodes of the log not heard from yet: when this preemptor first saw them there. A
+        # node's beats topic is found by a metadata refresh, which can come after its
+        # registration went through the relay: its timeout runs from then, not from ``since``.
+        self.unheard: dict[str, float] = {}
 
     def _config(self, state: ClusterState) -> PreemptionConfig:
         """The preemption settings with the quotas of the log at this state's position."""
@@ -34,9 +39,18 @@ class PreemptorDecider:
     def _event(self, cls, now: float, **fields) -> ev.Event:
         return cls(event_id=uuid.uuid4().hex, time=now, producer=self.me, **fields)
 
+    def _with_unheard(self, state: ClusterState, last_seen: Mapping[str, float], now: float) -> Mapping[str, float]:
+        for name in [n for n in self.unheard if n in last_seen]:
+            del self.unheard[name]
+        for name in state.nodes:
+            if name not in last_seen:
+                self.unheard.setdefault(name, now)
+        return ChainMap(last_seen, self.unheard)
+
     def __call__(self, partition: int, state: ClusterState, now: float) -> list[tuple[ev.Event, str]]:
         out: list[tuple[ev.Event, str]] = []
         last_seen, since, hearing = self.heard(now)
+        last_seen = self._with_unheard(state, last_seen, now)
         for node, reason in (lost_nodes(state, last_seen, since, now, self.supervision) if hearing else []):
             out.append((self._event(ev.NodeLost, now, node=node, reason=reason), state.nodes[node].info.pool))
         for node in nodes_to_fence(state, now):

@@ -29,7 +29,7 @@ async def run(args: argparse.Namespace) -> None:
     me = instance_id("preemptor")
     publisher, dead_letters = await connect(settings, me)
     monitor = HeartbeatMonitor(
-        conn, topics.heartbeats,
+        conn, topics,
         lambda value, key: publisher.send_raw(topics.heartbeats, value, key=key))
     await monitor.start()
     decider = PreemptorDecider(

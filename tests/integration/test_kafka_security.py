@@ -17,7 +17,7 @@ from aiokafka.errors import ClusterAuthorizationFailedError, TopicAuthorizationF
 from gpusched.adapters.kafka_admin import TopicNames, delete_topics, ensure_topics
 from gpusched.adapters.kafka_security import KafkaConnection, KafkaLoginRefused, check_login, client_args
 from gpusched.adapters.node_access import add_node, delete_report_topics
-from gpusched.adapters.reports import node_principal, report_topic
+from gpusched.adapters.reports import beats_topic, node_principal, report_topic
 from gpusched.local_cluster import BIN, LocalCluster
 
 
@@ -94,14 +94,15 @@ async def test_billing_reads_but_cannot_write(secured, topics):
         await _write(billing, topics.events, idempotent=True)
 
 
-async def test_a_node_agent_writes_only_its_report_topic_and_the_shared_beats(secured, kafka_bootstrap, topics):
+async def test_a_node_agent_writes_only_its_own_report_and_beats_topics(secured, kafka_bootstrap, topics):
     password = await add_node(kafka_bootstrap, topics, "n1")
     agent = secured(node_principal("n1"), password)
-    for topic in (report_topic(topics.prefix, "n1"), topics.heartbeats, topics.usage):
+    for topic in (report_topic(topics.prefix, "n1"), beats_topic(topics.prefix, "n1")):
         await _write(agent, topic, idempotent=True)
     assert await _read(agent, topics.events) == 0   # it folds its pool's log
     await add_node(kafka_bootstrap, topics, "n2")
-    for topic in (topics.events, topics.snapshots, report_topic(topics.prefix, "n2")):
+    for topic in (topics.events, topics.snapshots, topics.heartbeats, topics.usage,
+                  report_topic(topics.prefix, "n2"), beats_topic(topics.prefix, "n2")):
         with pytest.raises(TopicAuthorizationFailedError):
             await _write(agent, topic)
     with pytest.raises(TopicAuthorizationFailedError):

@@ -1,7 +1,8 @@
 """Node-agents report through the relay (docs/kafka-security.md, "What a node-agent can
 still forge"): with one node's Kafka login nothing about another node, another job or the
-cluster's policy reaches the pool log, and the relay loses and doubles no report when it
-is killed -9 in the middle of them."""
+cluster's policy reaches the pool log, no beat keeps another node alive, no usage record
+about another node's worker reaches billing, and the relay loses and doubles no report
+when it is killed -9 in the middle of them."""
 from __future__ import annotations
 
 import asyncio
@@ -14,12 +15,14 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import TopicAuthorizationFailedError
 
 from gpusched.adapters import codec
-from gpusched.adapters.publisher import partition_for
+from gpusched.adapters.follower import LogFollower
+from gpusched.adapters.publisher import DeadLetters, partition_for
 from gpusched.adapters.kafka_security import client_args
-from gpusched.adapters.reports import node_principal, report_topic
+from gpusched.adapters.reports import KIND_HEADER, USAGE_KIND, beats_topic, node_principal, report_topic
+from gpusched.adapters.usage_records import WorkerUsage, decode_usage, encode_usage
 from gpusched.client import Client, spec
 from gpusched.core import events as ev
-from gpusched.core.model import EXIT_LOST
+from gpusched.core.model import EXIT_LOST, NodeStatus
 from gpusched.core.reducer import apply
 from gpusched.core.state import ClusterState
 from gpusched.local_cluster import LocalCluster
@@ -30,12 +33,12 @@ from tests.unit.core.builders import make_spec
 SUCCEEDED, RUNNING = types_pb2.JOB_PHASE_SUCCEEDED, types_pb2.JOB_PHASE_RUNNING
 
 
-async def _write(conn, topic: str, values: list[bytes], pool: str = "default") -> list[int]:
+async def _write(conn, topic: str, values: list[bytes], pool: str = "default", headers=None) -> list[int]:
     """Records as an agent's producer writes them (idempotent, acks=all); their offsets."""
     producer = AIOKafkaProducer(**client_args(conn), acks="all", enable_idempotence=True, request_timeout_ms=10_000)
     await producer.start()
     try:
-        return [(await producer.send_and_wait(topic, v, key=pool.encode())).offset for v in values]
+        return [(await producer.send_and_wait(topic, v, key=pool.encode(), headers=headers)).offset for v in values]
     finally:
         await producer.stop()
 
@@ -120,6 +123,98 @@ async def _until_running(client: Client, job_id: str):
                 return update.job
     finally:
         stream.cancel()
+
+
+async def test_one_nodes_login_cannot_keep_another_alive_or_report_its_usage(kafka_bootstrap, topics, tmp_path):
+    if not kafka_bootstrap.secured:
+        pytest.skip("the broker's ACLs are what this checks: the test broker is plaintext")
+    cluster = LocalCluster(kafka_bootstrap, topics, tmp_path)
+    try:
+        admission = await cluster.admission()
+        await cluster.placer()
+        await cluster.preemptor("preemptor", "--heartbeat-timeout", "3")
+        agents = dict(zip(("n1", "n2"), await asyncio.gather(
+            *(cluster.agent(n, "2xH100-80GB", "--heartbeat-interval", "0.5") for n in ("n1", "n2")))))
+        client = Client(f"127.0.0.1:{admission.port}")
+        victim = (await client.submit(spec("victim", "team-a", gpus=2, duration=300))).job.job_id
+        job = await _until_running(client, victim)
+        on = job.workers[0].node
+        thief = "n1" if on == "n2" else "n2"
+        login = kafka_bootstrap.as_user(node_principal(thief), cluster.credentials[node_principal(thief)])
+
+        # The broker refuses the shared topics outright, and the other node's beats topic.
+        for topic in (topics.heartbeats, topics.usage, beats_topic(topics.prefix, on)):
+            with pytest.raises(TopicAuthorizationFailedError):
+                await _write(login, topic, [b"forged"])
+
+        # A usage record about the victim's worker, then one about the thief's own node:
+        # the relay refuses the first and forwards the second, in order.
+        usage = [_usage(node, victim, job.attempt) for node in (on, thief)]
+        own = report_topic(topics.prefix, thief)
+        offsets = await _write(login, own, [encode_usage(u) for u in usage], headers=[(KIND_HEADER, USAGE_KIND)])
+        letters = await _dead_letters(kafka_bootstrap, topics, own, 1)
+        assert f"usage record of node {on!r} reported by node {thief!r}" in letters.get(offsets[0], ""), letters
+        forwarded = await _until_usage(kafka_bootstrap, topics, usage[1].record_id)
+        assert usage[1].record_id in forwarded and usage[0].record_id not in forwarded
+
+        # The victim's node dies while the thief's login beats in its name on its own topic.
+        async def beat_as(node: str) -> None:
+            producer = AIOKafkaProducer(**client_args(login), acks="all", enable_idempotence=True)
+            await producer.start()
+            try:
+                while True:
+                    beat = events_pb2.Heartbeat(node=node, pool="default", time=time.time())
+                    await producer.send_and_wait(beats_topic(topics.prefix, thief), beat.SerializeToString())
+                    await asyncio.sleep(0.2)   # the forger's beat period
+            finally:
+                await producer.stop()
+        forger = asyncio.create_task(beat_as(on))
+        try:
+            await agents[on].kill9()
+            # Within the timeout (3 s) plus the preemptor's tick and a slow machine's slack.
+            await _until_node(kafka_bootstrap, topics, on, NodeStatus.LOST, timeout=30.0)
+            assert not forger.done()   # it kept beating all along
+        finally:
+            forger.cancel()
+            await asyncio.gather(forger, return_exceptions=True)
+        await client.close()
+    finally:
+        await cluster.stop_all()
+    assert check_log(await read_log(kafka_bootstrap, topics)).violations == []
+
+
+def _usage(node: str, job_id: str, attempt: int) -> WorkerUsage:
+    return WorkerUsage(record_id=f"forged-{uuid.uuid4().hex}", node=node, pool="default", job_id=job_id,
+                       attempt=attempt, worker=0, time=time.time(), window_s=1.0)
+
+
+async def _until_usage(conn, topics, record_id: str, timeout: float = 60.0) -> set[str]:
+    """The record ids on the usage topic, once ``record_id`` is among them."""
+    deadline = time.monotonic() + timeout
+    while True:
+        ids = {decode_usage(v).record_id for vs in (await read_log(conn, topics, topics.usage)).values()
+               for _, v in vs}
+        if record_id in ids or time.monotonic() > deadline:
+            return ids
+        await asyncio.sleep(0.2)   # polls the topic: the relay forwards asynchronously
+
+
+async def _until_node(conn, topics, name: str, status: NodeStatus, timeout: float):
+    """Follow the pool log itself until the node reaches ``status``."""
+    follower = LogFollower(conn, topics, "test-watch", DeadLetters(None, "test"))
+    await follower.start()
+    try:
+        async def reached():
+            while True:
+                for state in follower.states.values():
+                    node = state.nodes.get(name)
+                    if node is not None and node.status is status:
+                        return node
+                follower.changed.clear()
+                await follower.changed.wait()
+        return await asyncio.wait_for(reached(), timeout)
+    finally:
+        await follower.stop()
 
 
 async def test_a_relay_killed_mid_reports_loses_and_doubles_none(kafka_bootstrap, topics, tmp_path):

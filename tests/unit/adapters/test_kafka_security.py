@@ -116,12 +116,11 @@ def test_no_shared_node_agent_login_is_granted():
     assert "node-agent" not in GRANTS and not _ops("node-agent")
 
 
-def test_a_node_writes_its_own_report_topic_and_not_the_pool_log():
+def test_a_node_writes_its_own_topics_and_no_shared_one_but_dead_letters():
     node = {(e[1], e[5]) for e in node_acl_entries(names, "n1") if e[3] == "User:node-agent.n1"}
     assert len(node) == len(node_acl_entries(names, "n1"))   # all of them for that principal
-    assert {("x.reports.n1", WRITE), (names.events, READ), (names.heartbeats, WRITE), (names.usage, WRITE)} <= node
-    assert (names.events, WRITE) not in node and (names.snapshots, WRITE) not in node
-    assert not {t for t, op in node if op == WRITE and t.startswith("x.reports.") and t != "x.reports.n1"}
+    assert {("x.reports.n1", WRITE), ("x.beats.n1", WRITE), (names.events, READ)} <= node
+    assert {t for t, op in node if op == WRITE} == {"x.reports.n1", "x.beats.n1", names.dead_letters}
     assert all(e[2] == 3 for e in node_acl_entries(names, "n1"))   # LITERAL only
 
 
@@ -130,13 +129,27 @@ def test_only_the_relays_read_every_report_topic():
     assert readers == {"User:admission", "User:relay"}
 
 
+def test_only_the_preemptor_reads_every_beats_topic():
+    readers = {e[3] for e in acl_entries(names) if e[1] == "x.beats." and e[2] == 4 and e[5] == READ}
+    assert readers == {"User:preemptor"}
+
+
+def test_only_the_relays_and_preemptor_write_usage_and_heartbeats():
+    writers = {e[3]: set() for e in acl_entries(names)}
+    for e in acl_entries(names):
+        if e[5] == WRITE and e[1] in (names.usage, names.heartbeats):
+            writers[e[3]].add(e[1])
+    assert {u: t for u, t in writers.items() if t} == {
+        "User:admission": {names.usage}, "User:relay": {names.usage}, "User:preemptor": {names.heartbeats}}
+
+
 @given(st.sampled_from(sorted(GRANTS)))
 def test_acls_name_only_this_prefixs_topics_and_groups(user):
     for entry in acl_entries(names):
         if entry[3] == f"User:{user}" and entry[5] != IDEMPOTENT_WRITE:
             assert entry[1].startswith(names.prefix)
-            # LITERAL, never a wildcard; PREFIXED only for the report topics of this prefix
-            assert entry[2] == 3 or (entry[2] == 4 and entry[1] == names.prefix + "reports.")
+            # LITERAL, never a wildcard; PREFIXED only for the report and beats topics of this prefix
+            assert entry[2] == 3 or (entry[2] == 4 and entry[1] in (names.prefix + "reports.", names.prefix + "beats."))
             assert entry[5] in (READ, WRITE, DESCRIBE, DESCRIBE_CONFIGS)
 
 

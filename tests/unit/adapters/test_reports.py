@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpusched.adapters.reports import (AGENT_KINDS, check_node_name, check_report, node_of_topic, node_principal,
-                                       report_pattern, report_topic)
+from gpusched.adapters.reports import (AGENT_KINDS, BEATS, beats_topic, check_node_name, check_report, node_of_topic,
+                                       node_principal, report_pattern, report_topic)
 from gpusched.core import events as ev
 from gpusched.core.model import EXIT_LOST
 from tests.unit.core.builders import Log, make_node, whole
@@ -122,3 +122,22 @@ def test_the_relay_appends_skips_what_the_log_has_and_refuses_the_rest(log):
     assert triage("n1", b"\xff garbage", states, 4).reason.startswith("does not decode")
     other = next(p for p in ("a", "b", "c", "d", "e") if partition_for(p, 4) not in states)
     assert "whose log this relay does not follow" in triage("n1", codec.encode(start, other), states, 4).reason
+
+
+def test_a_usage_record_passes_only_on_its_own_nodes_topic():
+    from gpusched.adapters.relay import usage_refusal
+    from gpusched.adapters.usage_records import WorkerUsage, encode_usage
+
+    record = encode_usage(WorkerUsage(record_id="u1", node="n1", pool="default", job_id="j1", attempt=0,
+                                      worker=0, time=1.0, window_s=1.0))
+    assert usage_refusal("n1", record) == ""
+    assert usage_refusal("n2", record) == "refused: usage record of node 'n1' reported by node 'n2'"
+    assert usage_refusal("n1", b"\xff garbage").startswith("does not decode")
+
+
+def test_beats_topics_name_their_node():
+    assert beats_topic("gpusched.", "node-7") == "gpusched.beats.node-7"
+    assert node_of_topic("gpusched.", "gpusched.beats.node-7", BEATS) == "node-7"
+    assert node_of_topic("gpusched.", "gpusched.reports.node-7", BEATS) == ""
+    with pytest.raises(ValueError, match="node name"):
+        beats_topic("gpusched.", "a/b")

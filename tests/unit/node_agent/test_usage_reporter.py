@@ -10,6 +10,7 @@ import pytest
 
 from gpusched.adapters.gpu_usage import SimulatedSampler, UsageRule
 from gpusched.adapters.kafka_admin import TopicNames
+from gpusched.adapters.reports import KIND_HEADER, USAGE_KIND
 from gpusched.adapters.usage_records import decode_usage
 from gpusched.core.model import JobKind
 from gpusched_node_agent.usage import add_usage_args, report_usage, running_workers, usage_records
@@ -24,11 +25,13 @@ class Publisher:
     def __init__(self, want: int) -> None:
         self.topics = TopicNames("t.")
         self.sent: list[tuple[str, bytes, bytes]] = []
+        self.headers: list = []
         self.want = want
         self.got = asyncio.Event()
 
-    async def send_raw(self, topic, value, key=None, partition=None):
+    async def send_raw(self, topic, value, key=None, partition=None, headers=None):
         self.sent.append((topic, value, key))
+        self.headers.append(headers)
         if len(self.sent) >= self.want:
             self.got.set()
 
@@ -45,6 +48,7 @@ def _agent(publisher=None):
                ("gone", 0, 0): None,                                # not in the log (any more)
                ("train", 7, 0): None}                               # an old attempt
     return SimpleNamespace(info=NODE, name="n1", running=running, runs={}, publisher=publisher,
+                           report_topic="t.reports.n1",
                            follower=SimpleNamespace(states={0: log.state}))
 
 
@@ -80,7 +84,8 @@ async def test_the_reporter_publishes_one_record_per_worker_keyed_by_node_until_
     stop.set()
     await asyncio.wait_for(task, 10)
     records = [decode_usage(v) for _, v, _ in publisher.sent]
-    assert {t for t, _, _ in publisher.sent} == {"t.usage"}
+    assert {t for t, _, _ in publisher.sent} == {"t.reports.n1"}   # the node's own topic,
+    assert all(h == [(KIND_HEADER, USAGE_KIND)] for h in publisher.headers)   # marked for the relay
     assert {k for _, _, k in publisher.sent} == {b"n1"}
     assert {r.key for r in records[:6]} == {("train", 0, 0), ("gang", 0, 1), ("inf", 0, 0)}
     assert all(r.simulated and r.node == "n1" and r.pool == "default" for r in records)

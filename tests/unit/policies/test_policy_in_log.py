@@ -238,3 +238,19 @@ def test_a_lending_limit_keeps_part_of_an_unused_guarantee_free(lending, placed)
     # The lender itself is not held back by its own lending limit.
     log.submit("a1", team="a", gpus=2)
     assert "a1" in [d.job_id for d in Scheduler(SchedulerConfig(queue="fifo")).cycle(log.state, log.now)]
+
+
+def test_a_node_not_heard_yet_gets_its_timeout_from_when_the_preemptor_first_saw_it():
+    # Its beats topic is found by a metadata refresh that can come after its registration.
+    from gpusched.policies.supervision import SupervisionConfig
+    from gpusched_preemptor.decide import PreemptorDecider
+    heard: dict[str, float] = {}
+    decider = PreemptorDecider("p", PreemptionConfig(), SupervisionConfig(heartbeat_timeout_s=10.0),
+                               lambda now: (heard, 0.0, True))
+    state = Log(make_node("n1")).state
+    assert decider(0, state, 100.0) == []     # listening since 0, but n1 is new at 100
+    assert decider(0, state, 109.0) == []
+    (lost,) = decider(0, state, 111.0)
+    assert isinstance(lost[0], ev.NodeLost) and lost[0].node == "n1"
+    heard["n1"] = 111.0                       # heard at last: its beats count from now on
+    assert decider(0, state, 120.0) == [] and not decider.unheard
