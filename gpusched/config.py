@@ -151,6 +151,9 @@ class KafkaSettings(Settings):
                                        env="GPUSCHED_PARALLEL_REPLAY_MIN",
                                        help="records behind from which a partition is caught up by a reader "
                                             "process in parallel (0: never)", ge=0)
+    broker_wait: float = setting(120.0, flag="--broker-wait", env="GPUSCHED_BROKER_WAIT_S",
+                                 help="seconds a service waits at start for the broker to answer before it "
+                                      "stops with the reason", gt=0, allow_inf_nan=False)
 
     _upper_names = field_validator("security_protocol", "sasl_mechanism", "log_level", mode="before")(_upper)
 

@@ -3,6 +3,7 @@ with health, and a clean stop on SIGTERM/SIGINT."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
 import uuid
 
@@ -12,6 +13,8 @@ from gpusched.adapters.kafka_admin import TopicNames, ensure_topics, wait_for_br
 from gpusched.adapters.kafka_security import KafkaConnection, KafkaLoginRefused
 from gpusched.config import KafkaSettings
 
+log = logging.getLogger("gpusched.service")
+
 
 def instance_id(service: str) -> str:
     return f"{service}-{uuid.uuid4().hex[:8]}"
@@ -20,10 +23,7 @@ def instance_id(service: str) -> str:
 async def connect(settings: KafkaSettings, instance: str) -> tuple[EventPublisher, DeadLetters]:
     pace_gc()   # a service lives long and its state grows: see gc_pacing
     conn, topics = KafkaConnection.from_settings(settings), TopicNames(settings.topic_prefix)
-    try:
-        await wait_for_broker(conn, 120)
-    except KafkaLoginRefused as exc:   # wrong credentials: a one-line reason, no traceback
-        raise SystemExit(f"{instance}: {exc}") from None
+    await _wait_for_broker(conn, settings.broker_wait, instance)
     try:
         await ensure_topics(conn, topics, settings.partitions,
                             replication_factor=settings.replication_factor,
@@ -33,6 +33,25 @@ async def connect(settings: KafkaSettings, instance: str) -> tuple[EventPublishe
     publisher = EventPublisher(conn, topics, settings.partitions)
     await publisher.start()
     return publisher, DeadLetters(publisher, instance)
+
+
+async def _wait_for_broker(conn: KafkaConnection, seconds: float, instance: str) -> None:
+    """One line while waiting and one reason when giving up, instead of the Kafka client's
+    connection error every half second and then a traceback."""
+    client_log = logging.getLogger("aiokafka")
+    level = client_log.level
+    client_log.setLevel(logging.CRITICAL)
+    log.info("%s: waiting up to %gs for the Kafka broker at %s", instance, seconds, conn)
+    try:
+        await wait_for_broker(conn, seconds)
+    except KafkaLoginRefused as exc:   # wrong credentials: a one-line reason, no traceback
+        raise SystemExit(f"{instance}: {exc}") from None
+    except TimeoutError:
+        raise SystemExit(f"{instance}: no Kafka broker answered at {conn} within {seconds:g}s; check --bootstrap "
+                         f"(env KAFKA_BOOTSTRAP_SERVERS) and that the broker runs (--broker-wait waits longer)"
+                         ) from None
+    finally:
+        client_log.setLevel(level)
 
 
 def stop_event() -> asyncio.Event:

@@ -1,0 +1,40 @@
+"""A service started where no broker answers stops with one line naming the setting to
+check, instead of the Kafka client's connection error every half second and then a
+traceback (real processes; no broker on purpose)."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BIN = Path(sys.executable).parent
+
+
+def closed_port() -> int:
+    with socket.socket() as s:   # bound then closed: nothing listens there
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("command", ["gpusched-admission", "gpusched-placer", "gpusched-preemptor"])
+def test_a_service_without_a_broker_stops_with_one_line_that_says_what_to_check(command, tmp_path):
+    bootstrap = f"127.0.0.1:{closed_port()}"
+    env = {**os.environ, "GPUSCHED_INSECURE": "1", "KAFKA_BOOTSTRAP_SERVERS": bootstrap}
+    env.pop("GPUSCHED_KAFKA_SECURITY_PROTOCOL", None)
+    done = subprocess.run([str(BIN / command), "--broker-wait", "2", "--topic-prefix", "t-nobroker."],
+                          env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert done.returncode != 0
+    err = done.stderr
+    assert "Traceback" not in err, err
+    assert f"no Kafka broker answered at {bootstrap} within 2s" in err and "--bootstrap" in err, err
+    assert len([line for line in err.splitlines() if "ERROR" in line]) <= 1, err
+
+
+def test_a_negative_broker_wait_is_refused_naming_the_flag(tmp_path):
+    done = subprocess.run([str(BIN / "gpusched-placer"), "--broker-wait", "-1"], capture_output=True, text=True,
+                          timeout=60, cwd=tmp_path, env={**os.environ, "GPUSCHED_INSECURE": "1"})
+    assert done.returncode != 0 and "--broker-wait" in done.stderr and "Traceback" not in done.stderr, done.stderr
