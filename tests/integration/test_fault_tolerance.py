@@ -158,7 +158,7 @@ async def test_gpu_fault_excludes_gpu_moves_job_and_repeated_fault_quarantines(k
         assert not info.gpus[gpu].healthy and info.status == types_pb2.NODE_STATUS_READY
 
         await nvml.InjectGpuFault(node_agent_pb2.InjectGpuFaultRequest(gpu_index=1 - gpu, ecc=True))
-        quarantined = await _until_node(kafka_bootstrap, topics, node, NodeStatus.CORDONED)
+        quarantined = await until_node(kafka_bootstrap, topics, node, NodeStatus.CORDONED)
         assert not any(g.healthy for g in quarantined.gpus)
         cleared = await client.cluster.UncordonNode(cluster_pb2.UncordonNodeRequest(name=node))
         assert cleared.status == types_pb2.NODE_STATUS_READY and all(g.healthy for g in cleared.gpus)
@@ -169,7 +169,7 @@ async def test_gpu_fault_excludes_gpu_moves_job_and_repeated_fault_quarantines(k
     assert check_log(await read_log(kafka_bootstrap, topics)).violations == []
 
 
-async def _until_node(bootstrap, topics, name: str, status: NodeStatus, timeout: float = 30.0):
+async def until_node(bootstrap, topics, name: str, status: NodeStatus, timeout: float = 30.0):
     """Follow the pool log itself until the node reaches ``status``."""
     follower = LogFollower(bootstrap, topics, "test-watch", DeadLetters(None, "test"))
     await follower.start()

@@ -15,8 +15,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import TopicAuthorizationFailedError
 
 from gpusched.adapters import codec
-from gpusched.adapters.follower import LogFollower
-from gpusched.adapters.publisher import DeadLetters, partition_for
+from gpusched.adapters.publisher import partition_for
 from gpusched.adapters.kafka_security import client_args
 from gpusched.adapters.reports import KIND_HEADER, USAGE_KIND, beats_topic, node_principal, report_topic
 from gpusched.adapters.usage_records import WorkerUsage, decode_usage, encode_usage
@@ -28,6 +27,7 @@ from gpusched.core.state import ClusterState
 from gpusched.local_cluster import LocalCluster
 from gpusched.v1 import admission_pb2, events_pb2, types_pb2
 from tests.integration.logcheck import check_log, read_log
+from tests.integration.test_fault_tolerance import until_node
 from tests.unit.core.builders import make_spec
 
 SUCCEEDED, RUNNING = types_pb2.JOB_PHASE_SUCCEEDED, types_pb2.JOB_PHASE_RUNNING
@@ -172,7 +172,7 @@ async def test_one_nodes_login_cannot_keep_another_alive_or_report_its_usage(kaf
         try:
             await agents[on].kill9()
             # Within the timeout (3 s) plus the preemptor's tick and a slow machine's slack.
-            await _until_node(kafka_bootstrap, topics, on, NodeStatus.LOST, timeout=30.0)
+            await until_node(kafka_bootstrap, topics, on, NodeStatus.LOST, timeout=30.0)
             assert not forger.done()   # it kept beating all along
         finally:
             forger.cancel()
@@ -197,24 +197,6 @@ async def _until_usage(conn, topics, record_id: str, timeout: float = 60.0) -> s
         if record_id in ids or time.monotonic() > deadline:
             return ids
         await asyncio.sleep(0.2)   # polls the topic: the relay forwards asynchronously
-
-
-async def _until_node(conn, topics, name: str, status: NodeStatus, timeout: float):
-    """Follow the pool log itself until the node reaches ``status``."""
-    follower = LogFollower(conn, topics, "test-watch", DeadLetters(None, "test"))
-    await follower.start()
-    try:
-        async def reached():
-            while True:
-                for state in follower.states.values():
-                    node = state.nodes.get(name)
-                    if node is not None and node.status is status:
-                        return node
-                follower.changed.clear()
-                await follower.changed.wait()
-        return await asyncio.wait_for(reached(), timeout)
-    finally:
-        await follower.stop()
 
 
 async def test_a_relay_killed_mid_reports_loses_and_doubles_none(kafka_bootstrap, topics, tmp_path):
