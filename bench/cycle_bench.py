@@ -2,7 +2,7 @@
 
 What the placer does during a burst: the pool is full, thousands of jobs wait, and
 between two cycles a few running jobs end. Each ending bumps ``state.capacity_epoch``,
-so parking (``policies.parking``) cannot skip the waiting jobs: every cycle offers the
+so parking (``policies.queueing.parking``) cannot skip the waiting jobs: every cycle offers the
 whole queue again. Per iteration: ``--ends`` running jobs are cancelled (releasing their
 GPUs, as a job's end does), one ``Scheduler.cycle`` runs as the placer calls it (with its
 parked set and queue cache), and its decisions are applied as ``JobPlaced`` events.
@@ -20,8 +20,8 @@ from gpusched.core import events as ev
 from gpusched.core.model import GpuInfo, JobPhase, JobSpec, NodeInfo, WorkerResources
 from gpusched.core.reducer import apply
 from gpusched.core.state import ClusterState
-from gpusched.policies.parking import ParkedJobs
-from gpusched.policies.queue_keys import QueueKeys
+from gpusched.policies.queueing.parking import ParkedJobs
+from gpusched.policies.queueing.keys import QueueKeys
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig
 
 PRIORITIES = ("training", "training", "training", "best-effort", "training-high")

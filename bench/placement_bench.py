@@ -20,7 +20,7 @@ from gpusched.core import events as ev
 from gpusched.core.model import GpuInfo, JobSpec, NodeInfo, WorkerResources
 from gpusched.core.reducer import apply
 from gpusched.core.state import ClusterState
-from gpusched.policies.placement_registry import PLACEMENTS
+from gpusched.policies.placement.registry import PLACEMENTS
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig
 
 MODEL = "A100-80GB"

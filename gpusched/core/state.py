@@ -260,7 +260,7 @@ class ClusterState:
     team_policies: dict[str, TeamPolicy] = field(default_factory=dict)
     policy_version: int = 0   # bumps on every policy change: schedulers rebuild their quota tree
     # Fair share's usage ledger, folded from event times (no clock), so every replica and
-    # a placer that takes over order the queue alike (gpusched.policies.usage.folded_decay).
+    # a placer that takes over order the queue alike (gpusched.policies.queueing.usage.folded_decay).
     ledger: dict[str, TeamLedger] = field(default_factory=dict)
     ledger_half_life_s: float = DEFAULT_HALF_LIFE_S
     # Pools that exist (ordered set): a node registered in it or ``PoolCreated``. Jobs for
@@ -274,7 +274,7 @@ class ClusterState:
     version: int = 0      # bumps on every change; lets schedulers skip idle cycles
     # Bumps whenever capacity may have grown (GPUs released, a node registered or
     # uncordoned, a GPU healthy again). Between two bumps capacity only shrinks, so a job
-    # that did not fit still does not: schedulers park it (policies.parking).
+    # that did not fit still does not: schedulers park it (policies.queueing.parking).
     capacity_epoch: int = 0
     # Retention of finished jobs (``gpusched.core.retention``): a terminal job is dropped
     # once the log's clock is ``retention_s`` past its end; 0 keeps every job forever.

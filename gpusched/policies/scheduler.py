@@ -17,20 +17,20 @@ from dataclasses import dataclass, field
 
 from gpusched.core.model import WorkerAssignment
 from gpusched.core.state import ClusterState, JobState
-from gpusched.policies.backfill import (
+from gpusched.policies.reservation.backfill import (
     Reservation, ReservationHold, ends_before, reserve_for_head_of_line,
 )
-from gpusched.policies.fairshare import DEFAULT_AGING_S, QueueContext
-from gpusched.policies.nomination import hold_nominated_nodes, live_nominations, nominees_first
-from gpusched.policies.parking import ParkedJobs, parking_applies
-from gpusched.policies.policy_tree import policy_tree
-from gpusched.policies.placement import place_gang
-from gpusched.policies.placement_registry import make_placement
-from gpusched.policies.queue import KEYED_ORDERS, QUEUE_KEYS, QUEUE_ORDERS
-from gpusched.policies.queue_keys import QueueKeys
-from gpusched.policies.quota import QueueTree, within_limits
+from gpusched.policies.queueing.fairshare import DEFAULT_AGING_S, QueueContext
+from gpusched.policies.reservation.nomination import hold_nominated_nodes, live_nominations, nominees_first
+from gpusched.policies.queueing.parking import ParkedJobs, parking_applies
+from gpusched.policies.queueing.policy_tree import policy_tree
+from gpusched.policies.placement.gang import place_gang
+from gpusched.policies.placement.registry import make_placement
+from gpusched.policies.queueing.order import KEYED_ORDERS, QUEUE_KEYS, QUEUE_ORDERS
+from gpusched.policies.queueing.keys import QueueKeys
+from gpusched.policies.queueing.quota import QueueTree, within_limits
 from gpusched.policies.statement import Statement, tentative
-from gpusched.policies.usage import folded_decay
+from gpusched.policies.queueing.usage import folded_decay
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,9 +70,9 @@ class Scheduler:
     def cycle(self, state: ClusterState, now: float, parked: ParkedJobs | None = None,
               keys: QueueKeys | None = None) -> list[Decision]:
         """The decisions of one cycle. With ``parked`` (kept by the caller for this state
-        between cycles) jobs known not to fit are not offered again (policies.parking);
+        between cycles) jobs known not to fit are not offered again (policies.queueing.parking);
         with ``keys`` (kept likewise) the waiting jobs' queue keys and shapes are computed
-        once, not every cycle (policies.queue_keys). Neither changes a decision."""
+        once, not every cycle (policies.queueing.keys). Neither changes a decision."""
         parking = parked is not None and parking_applies(state, self.config.backfill)
         if parked is not None and not parking:
             parked.clear()

@@ -22,8 +22,8 @@ from gpusched.core import events as ev
 from gpusched.core.model import JobPhase
 from gpusched.core.reducer import apply
 from gpusched.core.state import ClusterState
-from gpusched.policies.parking import ParkedJobs
-from gpusched.policies.queue_keys import QueueKeys
+from gpusched.policies.queueing.parking import ParkedJobs
+from gpusched.policies.queueing.keys import QueueKeys
 from gpusched.policies.scheduler import Decision, Scheduler, SchedulerConfig
 from gpusched.sim.metrics import FragmentationProbe, JobRecord, Sample, SimResult
 from gpusched.sim.workload import Workload
@@ -34,7 +34,7 @@ class DynamicSimulator:
                  cycle_interval_s: float = 0.0, fragmentation_every_s: float | None = None) -> None:
         self.workload = workload
         self.scheduler = Scheduler(config)
-        # every decision is applied at once, so parking changes no decision (policies.parking)
+        # every decision is applied at once, so parking changes no decision (policies.queueing.parking)
         self._parked = ParkedJobs()
         self._keys = QueueKeys()
         self.label = label or f"{config.queue}+{config.placement}" + ("+backfill" if config.backfill else "")

@@ -35,7 +35,7 @@ from gpusched.core import events as ev
 from gpusched.core.model import NodeInfo
 from gpusched.core.reducer import apply
 from gpusched.core.state import ClusterState
-from gpusched.policies.placement_registry import PLACEMENTS
+from gpusched.policies.placement.registry import PLACEMENTS
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig
 from gpusched.sim import report
 from gpusched.sim.traces import POD_LISTS, TEAM, TRACE_DIR, Task, load_nodes, load_tasks

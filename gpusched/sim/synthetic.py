@@ -16,7 +16,7 @@ import random
 from dataclasses import dataclass
 
 from gpusched.core.model import JobKind, JobSpec, WorkerResources
-from gpusched.policies.quota import QueueTree
+from gpusched.policies.queueing.quota import QueueTree
 from gpusched.sim.workload import Arrival, Workload, gpu_node
 
 QUOTAS = QueueTree.from_dict({"orgs": {

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from gpusched.core.catalog import CATALOG
 from gpusched.core.model import GpuInfo, JobKind, JobSpec, NodeInfo
-from gpusched.policies.quota import QueueTree
+from gpusched.policies.queueing.quota import QueueTree
 from gpusched.sim import traces
 
 

@@ -23,7 +23,7 @@ from gpusched.core.policy import (
 )
 from gpusched.core.priority import PRIORITY_CLASSES
 from gpusched.core.state import ClusterState
-from gpusched.policies.policy_tree import bootstrap_events
+from gpusched.policies.queueing.policy_tree import bootstrap_events
 from gpusched.v1 import cluster_pb2
 
 log = logging.getLogger("gpusched.admission.policy")

@@ -7,8 +7,8 @@ import uuid
 from gpusched.adapters import metrics, tracing
 from gpusched.core import events as ev
 from gpusched.core.state import ClusterState
-from gpusched.policies.parking import ParkedJobs
-from gpusched.policies.queue_keys import QueueKeys
+from gpusched.policies.queueing.parking import ParkedJobs
+from gpusched.policies.queueing.keys import QueueKeys
 from gpusched.policies.scheduler import Scheduler
 
 

@@ -8,9 +8,9 @@ from typing import Callable, Mapping
 
 from gpusched.core import events as ev
 from gpusched.core.state import ClusterState
-from gpusched.policies.defrag import defrag_decisions
-from gpusched.policies.policy_tree import policy_tree
-from gpusched.policies.preemption import preemption_decisions, preemption_events
+from gpusched.policies.preemption.defrag import defrag_decisions
+from gpusched.policies.queueing.policy_tree import policy_tree
+from gpusched.policies.preemption.decisions import preemption_decisions, preemption_events
 from gpusched.policies.supervision import (
     SupervisionConfig, hung_attempts, lost_nodes, nodes_to_fence, timed_out_attempts,
 )

@@ -15,7 +15,7 @@ from gpusched.adapters.kafka_admin import TopicNames
 from gpusched.adapters.kafka_security import KafkaConnection
 from gpusched.adapters.server_security import server_security_from_args
 from gpusched.config import KafkaSettings, PreemptorSettings, SecuritySettings, kafka_settings, settings_or_exit
-from gpusched.policies.victim_rules import PreemptionConfig
+from gpusched.policies.preemption.victim_rules import PreemptionConfig
 from gpusched.policies.supervision import SupervisionConfig
 from gpusched_preemptor.decide import PreemptorDecider
 

@@ -21,8 +21,8 @@ from gpusched.core.digest import digest
 from gpusched.core.reducer import apply
 from gpusched.core.state import ClusterState
 from gpusched.local_cluster import LocalCluster
-from gpusched.policies.fairshare import QueueContext, fair_share
-from gpusched.policies.usage import folded_decay
+from gpusched.policies.queueing.fairshare import QueueContext, fair_share
+from gpusched.policies.queueing.usage import folded_decay
 from gpusched.v1 import cluster_pb2
 from tests.integration.logcheck import check_log, read_log
 from tests.integration.test_fault_tolerance import all_running

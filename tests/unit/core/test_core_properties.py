@@ -24,10 +24,10 @@ from gpusched.core.model import (
 from gpusched.core.priority import PRIORITY_CLASSES
 from gpusched.core.reducer import apply
 from gpusched.core.state import ClusterState
-from gpusched.policies.parking import ParkedJobs
-from gpusched.policies.placement_registry import PLACEMENTS
-from gpusched.policies.queue import QUEUE_ORDERS
-from gpusched.policies.queue_keys import QueueKeys
+from gpusched.policies.queueing.parking import ParkedJobs
+from gpusched.policies.placement.registry import PLACEMENTS
+from gpusched.policies.queueing.order import QUEUE_ORDERS
+from gpusched.policies.queueing.keys import QueueKeys
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig
 
 from .builders import capacity_snapshot, make_node
@@ -562,8 +562,8 @@ def test_retention_changed_in_the_log_mid_history_replays_the_same_and_holds_fro
 @settings(SETTINGS, max_examples=100)
 @given(data=st.data())
 def test_parked_cycles_decide_what_full_cycles_decide(data):
-    """A scheduler that parks jobs known not to fit (policies.parking), keeps their keys
-    and shapes and skips the jobs of shapes that failed (policies.queue_keys), and one
+    """A scheduler that parks jobs known not to fit (policies.queueing.parking), keeps their keys
+    and shapes and skips the jobs of shapes that failed (policies.queueing.keys), and one
     that offers every job, same config and same history of cycles: the same decisions
     at every cycle, whatever happened to the state in between."""
     r = Rnd(data)

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field, replace
 from gpusched.core import events as ev
 from gpusched.core.model import GpuSlot, JobSpec, NodeInfo, WorkerResources
 from gpusched.policies.statement import tentative
-from gpusched.policies.placement import place_gang
-from gpusched.policies.placement_registry import make_placement
+from gpusched.policies.placement.gang import place_gang
+from gpusched.policies.placement.registry import make_placement
 from tests.unit.core.builders import Log, make_node, make_spec
 
 

@@ -10,7 +10,7 @@ import pytest
 from gpusched.core import events as ev
 from gpusched.core.digest import digest
 from gpusched.core.model import JobSpec, WorkerAssignment, WorkerResources
-from gpusched.policies.backfill import expected_end, reserve_for_head_of_line
+from gpusched.policies.reservation.backfill import expected_end, reserve_for_head_of_line
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig
 from gpusched.policies.statement import Statement
 from gpusched.sim.dynamic import DynamicSimulator

@@ -1,15 +1,15 @@
-"""Defragmentation (gpusched.policies.defrag): move checkpointable jobs to consolidate."""
+"""Defragmentation (gpusched.policies.preemption.defrag): move checkpointable jobs to consolidate."""
 from __future__ import annotations
 
 from gpusched.core import events as ev
 from gpusched.core.digest import digest
 from gpusched.core.model import JobPhase
 from gpusched.policies.statement import tentative
-from gpusched.policies.defrag import blocked_by_fragmentation, defrag_decisions, defrag_plan
-from gpusched.policies.placement import place_gang
-from gpusched.policies.placement_registry import make_placement
-from gpusched.policies.preemption import preemption_events
-from gpusched.policies.victim_rules import PreemptionConfig
+from gpusched.policies.preemption.defrag import blocked_by_fragmentation, defrag_decisions, defrag_plan
+from gpusched.policies.placement.gang import place_gang
+from gpusched.policies.placement.registry import make_placement
+from gpusched.policies.preemption.decisions import preemption_events
+from gpusched.policies.preemption.victim_rules import PreemptionConfig
 from tests.unit.core.builders import Log, make_node, make_spec, whole
 
 NOW = 10_000.0

@@ -6,12 +6,12 @@ import dataclasses
 
 from gpusched.core import events as ev
 from gpusched.core.digest import digest
-from gpusched.policies.placement import place_gang
-from gpusched.policies.placement_policies import GPU_WEIGHT, ScoredPlacement
-from gpusched.policies.placement_registry import make_placement
+from gpusched.policies.placement.gang import place_gang
+from gpusched.policies.placement.heuristics import GPU_WEIGHT, ScoredPlacement
+from gpusched.policies.placement.registry import make_placement
 from gpusched.policies.statement import tentative
-from gpusched.policies.victim_rules import PreemptionConfig, SearchContext
-from gpusched.policies.victim_search import VictimSearch
+from gpusched.policies.preemption.victim_rules import PreemptionConfig, SearchContext
+from gpusched.policies.preemption.victim_search import VictimSearch
 from tests.unit.core.builders import Log, make_node, make_spec
 from tests.unit.policies.test_preemption import BE, HI, NOW, Cluster
 

@@ -11,10 +11,10 @@ import pickle
 import pytest
 
 from gpusched.core import events as ev
-from gpusched.policies.fairshare import QueueContext, dominant_share, fair_share
-from gpusched.policies.quota import OrgQuota, QueueTree, TeamAccount, TeamQuota, team_accounts, within_limits
+from gpusched.policies.queueing.fairshare import QueueContext, dominant_share, fair_share
+from gpusched.policies.queueing.quota import OrgQuota, QueueTree, TeamAccount, TeamQuota, team_accounts, within_limits
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig
-from gpusched.policies.usage import Demand, UsageLedger
+from gpusched.policies.queueing.usage import Demand, UsageLedger
 from tests.unit.core.builders import Log, make_node, make_spec, whole
 
 # 4 nodes x 8 GPUs, 64 cores, 512 GiB: capacity 32 GPUs, 256 cores, 2 TiB.

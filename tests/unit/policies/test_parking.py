@@ -1,11 +1,11 @@
-"""Parking jobs known not to fit (``gpusched.policies.parking``): when the parked set
+"""Parking jobs known not to fit (``gpusched.policies.queueing.parking``): when the parked set
 holds, when it is dropped, and that a cycle then offers only the newcomers."""
 from __future__ import annotations
 
 import pytest
 
 from gpusched.core import events as ev
-from gpusched.policies.parking import MAX_PARKED_S, ParkedJobs
+from gpusched.policies.queueing.parking import MAX_PARKED_S, ParkedJobs
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig
 from tests.unit.core.builders import Log, make_node, whole
 

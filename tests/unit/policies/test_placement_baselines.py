@@ -7,8 +7,8 @@ from collections import Counter
 import pytest
 
 from gpusched.policies.statement import tentative
-from gpusched.policies.placement import place_gang
-from gpusched.policies.placement_registry import make_placement
+from gpusched.policies.placement.gang import place_gang
+from gpusched.policies.placement.registry import make_placement
 from tests.unit.core.builders import Log, make_spec, share, whole
 from tests.unit.policies.placement_cases import Case, check, cpu_job, node
 

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpusched.policies.fragmentation import compile_mix, usable
+from gpusched.policies.placement.fragmentation import compile_mix, usable
 from tests.unit.core.builders import make_spec, share, whole
 from tests.unit.policies.placement_cases import Case, check, choose, cpu_job, node
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpusched.policies.fragmentation import final_waste
+from gpusched.policies.placement.fragmentation import final_waste
 from tests.unit.core.builders import make_spec, share, whole
 from tests.unit.policies.placement_cases import Case, check, choose, cpu_job, node
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from gpusched.policies.statement import tentative
-from gpusched.policies.placement import place_gang
-from gpusched.policies.placement_registry import PLACEMENTS, make_placement
+from gpusched.policies.placement.gang import place_gang
+from gpusched.policies.placement.registry import PLACEMENTS, make_placement
 from tests.unit.core.builders import make_spec, mig, whole
 from tests.unit.policies.placement_cases import Case, build, check, node
 

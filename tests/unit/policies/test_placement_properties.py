@@ -26,9 +26,9 @@ from gpusched.core.model import JobSpec, MigInstance, MigMode, WorkerResources
 from gpusched.core.state import ClusterState
 from gpusched.policies.statement import tentative
 from gpusched.policies.gpu_fit import fit
-from gpusched.policies.placement import place_gang
-from gpusched.policies.placement_registry import PLACEMENTS, make_placement
-from gpusched.policies.placement_policies import best_fit_key
+from gpusched.policies.placement.gang import place_gang
+from gpusched.policies.placement.registry import PLACEMENTS, make_placement
+from gpusched.policies.placement.heuristics import best_fit_key
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig
 from gpusched.sim.static import pack
 from gpusched.sim.traces import Task

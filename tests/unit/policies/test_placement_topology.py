@@ -6,8 +6,8 @@ import pytest
 
 from gpusched.core.digest import digest
 from gpusched.policies.statement import tentative
-from gpusched.policies.placement import place_gang
-from gpusched.policies.placement_registry import make_placement
+from gpusched.policies.placement.gang import place_gang
+from gpusched.policies.placement.registry import make_placement
 from tests.unit.core.builders import Log, make_spec, whole
 from tests.unit.policies.placement_cases import node
 

@@ -12,14 +12,14 @@ from gpusched.core.policy import NO_LIMIT, Quota, TeamPolicy
 from gpusched.core.reducer import apply
 from gpusched.core.snapshot import snapshot_bytes, state_from_snapshot
 from gpusched.core.state import ClusterState
-from gpusched.policies.parking import ParkedJobs
-from gpusched.policies.queue_keys import QueueKeys
-from gpusched.policies.fairshare import QueueContext, fair_share
-from gpusched.policies.policy_tree import bootstrap_events, policy_tree, tree_of
-from gpusched.policies.quota import QueueTree
+from gpusched.policies.queueing.parking import ParkedJobs
+from gpusched.policies.queueing.keys import QueueKeys
+from gpusched.policies.queueing.fairshare import QueueContext, fair_share
+from gpusched.policies.queueing.policy_tree import bootstrap_events, policy_tree, tree_of
+from gpusched.policies.queueing.quota import QueueTree
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig
-from gpusched.policies.usage import Demand, UsageLedger, folded_decay
-from gpusched.policies.victim_rules import PreemptionConfig
+from gpusched.policies.queueing.usage import Demand, UsageLedger, folded_decay
+from gpusched.policies.preemption.victim_rules import PreemptionConfig
 from tests.unit.core.builders import Log, make_node, make_spec, whole
 
 FILE = {"orgs": {

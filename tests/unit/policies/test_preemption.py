@@ -1,4 +1,4 @@
-"""Victim selection (gpusched.policies.preemption) on small hand-built clusters.
+"""Victim selection (gpusched.policies.preemption.decisions) on small hand-built clusters.
 
 Clusters are built through the reducer (NodeRegistered, JobSubmitted, JobPlaced,
 WorkerStarted, CheckpointSaved). Every policy call is wrapped so the test also checks
@@ -15,11 +15,11 @@ from gpusched.core.digest import digest
 from gpusched.core.model import GpuSlot, JobPhase
 from gpusched.core.priority import priority_value
 from gpusched.policies.statement import tentative
-from gpusched.policies.placement import place_gang
-from gpusched.policies.placement_registry import make_placement
-from gpusched.policies.preemption import Preemption, preemption_decisions, preemption_events, victims_for
-from gpusched.policies.quota import OrgQuota, QueueTree, TeamQuota
-from gpusched.policies.victim_rules import PreemptionConfig
+from gpusched.policies.placement.gang import place_gang
+from gpusched.policies.placement.registry import make_placement
+from gpusched.policies.preemption.decisions import Preemption, preemption_decisions, preemption_events, victims_for
+from gpusched.policies.queueing.quota import OrgQuota, QueueTree, TeamQuota
+from gpusched.policies.preemption.victim_rules import PreemptionConfig
 from tests.unit.core.builders import Log, make_node, make_spec, whole
 
 NOW = 10_000.0

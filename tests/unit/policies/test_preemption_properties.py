@@ -18,12 +18,12 @@ from gpusched.core.digest import digest
 from gpusched.core.model import JobPhase, JobSpec, WorkerResources
 from gpusched.core.priority import PRIORITY_CLASSES, priority_value
 from gpusched.policies.statement import tentative
-from gpusched.policies.placement import place_gang
-from gpusched.policies.placement_registry import make_placement
-from gpusched.policies.preemption import Preemption, preemption_decisions, preemption_events, victims_for
-from gpusched.policies.quota import OrgQuota, QueueTree, TeamQuota
+from gpusched.policies.placement.gang import place_gang
+from gpusched.policies.placement.registry import make_placement
+from gpusched.policies.preemption.decisions import Preemption, preemption_decisions, preemption_events, victims_for
+from gpusched.policies.queueing.quota import OrgQuota, QueueTree, TeamQuota
 from gpusched.policies.scheduler import Scheduler
-from gpusched.policies.victim_rules import PreemptionConfig
+from gpusched.policies.preemption.victim_rules import PreemptionConfig
 from tests.unit.core.builders import Log, make_node
 
 TEAMS = ("t1", "t2", "t3")

@@ -1,11 +1,11 @@
-"""Queue keys and shapes kept between cycles (``gpusched.policies.queue_keys``): the
+"""Queue keys and shapes kept between cycles (``gpusched.policies.queueing.keys``): the
 cycle orders and decides as without them, offers only the first job of a shape that
 failed, and never serves a key made for another job of the same id."""
 from __future__ import annotations
 
 from gpusched.core import events as ev
-from gpusched.policies.queue import priority_key
-from gpusched.policies.queue_keys import QueueKeys
+from gpusched.policies.queueing.order import priority_key
+from gpusched.policies.queueing.keys import QueueKeys
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig, _CycleRun
 from tests.unit.core.builders import Log, make_node, make_spec, whole
 

@@ -21,11 +21,11 @@ from gpusched.core.model import JobSpec, WorkerResources
 from gpusched.core.priority import PRIORITY_CLASSES
 from gpusched.core.reducer import apply
 from gpusched.core.state import ClusterState
-from gpusched.policies.fairshare import QueueContext
-from gpusched.policies.queue import QUEUE_ORDERS
-from gpusched.policies.quota import OrgQuota, QueueTree, TeamQuota
+from gpusched.policies.queueing.fairshare import QueueContext
+from gpusched.policies.queueing.order import QUEUE_ORDERS
+from gpusched.policies.queueing.quota import OrgQuota, QueueTree, TeamQuota
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig
-from gpusched.policies.usage import Demand
+from gpusched.policies.queueing.usage import Demand
 from gpusched.sim.dynamic import DynamicSimulator
 from gpusched.sim.workload import Arrival, Workload
 from tests.unit.core.builders import make_node

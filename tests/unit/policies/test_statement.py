@@ -16,12 +16,12 @@ from hypothesis import strategies as st
 from gpusched.core.digest import digest
 from gpusched.core.mig import FULL_MASK
 from gpusched.core.model import JobPhase, NodeStatus
-from gpusched.policies.placement import place_gang
-from gpusched.policies.placement_registry import make_placement
-from gpusched.policies.placement_arrays import NodeArrays, arrays_for
-from gpusched.policies.placement_index import FreeIndex
+from gpusched.policies.placement.gang import place_gang
+from gpusched.policies.placement.registry import make_placement
+from gpusched.policies.placement.arrays import NodeArrays, arrays_for
+from gpusched.policies.placement.index import FreeIndex
 from gpusched.policies.statement import Statement, tentative
-from gpusched.policies.victim_search import worker_slots
+from gpusched.policies.preemption.victim_search import worker_slots
 from tests.unit.core.builders import Log, make_node, make_spec
 from tests.unit.policies.test_preemption_properties import build
 

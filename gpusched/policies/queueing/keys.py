@@ -2,12 +2,12 @@
 one cycle to the next: its queue key and its shape.
 
 During a burst the pool is full and thousands of jobs wait, but every few milliseconds
-a job ends, capacity grows, parking (``policies.parking``) starts over, and the next
+a job ends, capacity grows, parking (``policies.queueing.parking``) starts over, and the next
 cycle offers the whole queue again. Most of that cycle was recomputing, for each waiting
 job, its sort key and its shape — (pool, workers, per-worker resources), what decides
 whether it fits — and hashing a resources dataclass to learn that the shape already
 failed. Both depend on the job alone: the key on its priority class and submission
-order (``policies.queue.QUEUE_KEYS``), the shape on its spec. So they are computed once,
+order (``policies.queueing.order.QUEUE_KEYS``), the shape on its spec. So they are computed once,
 when a job is first seen, and the shape becomes a small int that is cheap to look up.
 
 A job id can come back as another job: retention (``core.retention``) drops a finished
@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpusched.core.state import ClusterState, JobState
-from gpusched.policies.queue import QueueKey
+from gpusched.policies.queueing.order import QueueKey
 
 # Bounds, whatever the log holds: entries of jobs that left the queue are dropped once
 # they outnumber the queue; shapes are forgotten (and renumbered) past this many.

@@ -6,7 +6,7 @@ validates when they come back from the log. A preempted job keeps its GPUs until
 worker reports finished (phase PREEMPTING), then goes back to pending uncharged.
 
 Who may be a victim, what a set of victims costs and how the cheapest set is found:
-``gpusched.policies.victim_rules`` and ``gpusched.policies.victim_search``, shared with
+``gpusched.policies.preemption.victim_rules`` and ``gpusched.policies.preemption.victim_search``, shared with
 defragmentation.
 """
 from __future__ import annotations
@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 from gpusched.core import events as ev
 from gpusched.core.state import ClusterState, JobState
-from gpusched.policies.quota import within_limits
+from gpusched.policies.queueing.quota import within_limits
 from gpusched.policies.statement import tentative
-from gpusched.policies.victim_rules import Found, PreemptionConfig, SearchContext
+from gpusched.policies.preemption.victim_rules import Found, PreemptionConfig, SearchContext
 
 REASON_DEFRAG = "defragmentation"
 

@@ -1,14 +1,14 @@
 """Placement: choose nodes and GPUs for every worker of a gang, or nothing.
 
 A placement policy (``Placement``) chooses the node and GPUs of one worker; policies are
-listed by name in ``placement_registry.PLACEMENTS`` and chosen by configuration.
+listed by name in ``registry.PLACEMENTS`` and chosen by configuration.
 ``place_gang`` places a one-worker job with the policy, and a gang with the topology planner
-(``placement_topology``: fewest racks, then fewest nodes), booking each worker so the
+(``topology``: fewest racks, then fewest nodes), booking each worker so the
 next sees it and giving up the whole gang if any worker does not fit (all-or-nothing).
 
 Every policy breaks ties by node registration order (the order of ``state.nodes``), so a
 decision is a pure function of the state. The policies themselves live in
-``placement_policies`` (indexed best-fit, the FGD paper's baselines) and
+``heuristics`` (indexed best-fit, the FGD paper's baselines) and
 ``fragmentation`` (FGD, and ``fgd-lookahead``: ours).
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ from gpusched.core.model import GpuSlot, WorkerAssignment, WorkerResources
 from gpusched.core.state import JobState, NodeState
 from gpusched.policies.statement import Statement
 from gpusched.policies.gpu_fit import StateLike
-from gpusched.policies.placement_topology import place_spread
+from gpusched.policies.placement.topology import place_spread
 
 Choice = tuple[NodeState, tuple[GpuSlot, ...]]
 

@@ -1,7 +1,7 @@
 """Preemption's rules: who may be a victim, what victims cost, and one call's view
 (``SearchContext``: borrowing, projected usage, victims already chosen), used by
-preemption (``gpusched.policies.preemption``) and defragmentation
-(``gpusched.policies.defrag``), which adds a rule of its own.
+preemption (``gpusched.policies.preemption.decisions``) and defragmentation
+(``gpusched.policies.preemption.defrag``), which adds a rule of its own.
 
 Who may be a victim of a pending job ``J`` for preemption (``SearchContext.eligible``):
 
@@ -24,7 +24,7 @@ number of jobs)`` — lowest priority first, then borrowed capacity first, then 
 lost since the last checkpoint, then fewest jobs.
 
 The search itself, shared with defragmentation's own rule, is
-``gpusched.policies.victim_search``.
+``gpusched.policies.preemption.victim_search``.
 """
 from __future__ import annotations
 
@@ -34,11 +34,11 @@ from typing import Sequence
 from gpusched.core.model import JobPhase, WorkerAssignment
 from gpusched.core.priority import priority_value
 from gpusched.core.state import ClusterState, JobState
-from gpusched.policies.placement import Placement, place_gang
-from gpusched.policies.placement_registry import PLACEMENTS, make_placement
-from gpusched.policies.quota import QueueTree
+from gpusched.policies.placement.gang import Placement, place_gang
+from gpusched.policies.placement.registry import PLACEMENTS, make_placement
+from gpusched.policies.queueing.quota import QueueTree
 from gpusched.policies.statement import Statement, tentative
-from gpusched.policies.victim_search import VictimSearch
+from gpusched.policies.preemption.victim_search import VictimSearch
 
 REASON_PRIORITY = "priority"
 REASON_RECLAIM = "reclaim"
@@ -52,7 +52,7 @@ class PreemptionConfig:
     quotas: QueueTree = field(default_factory=QueueTree)   # team guarantees (borrowing, reclaim)
     placement: str = "best-fit"          # the placement scoring the placer uses
     max_examined: int = 256              # pending jobs looked at per call, to bound its latency
-    # Defragmentation (``gpusched.policies.defrag``).
+    # Defragmentation (``gpusched.policies.preemption.defrag``).
     defrag_max_work_lost_s: float = 600.0   # work at risk of all jobs moved for one pending job
     defrag_max_moves: int = 4               # jobs moved for one pending job
     defrag_max_plans: int = 32              # candidate node plans tried per pending job

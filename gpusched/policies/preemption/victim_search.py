@@ -1,7 +1,7 @@
 """The victim search: the cheapest set of running jobs whose release makes room for a
 pending job, given who may be stopped (``eligible``) and what jobs and sets cost
-(``cost``, ``set_key``): preemption's rules (``gpusched.policies.victim_rules``) or
-defragmentation's (``gpusched.policies.defrag``).
+(``cost``, ``set_key``): preemption's rules (``gpusched.policies.preemption.victim_rules``) or
+defragmentation's (``gpusched.policies.preemption.defrag``).
 
 For a pending job ``J``, only nodes that could ever host one of its workers (pool,
 model, size) are looked at. Worker *slots* (how many more workers of ``J`` a node takes now)

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Callable
 
-from gpusched.policies.fragmentation import Fgd, FgdLookahead
-from gpusched.policies.placement import Placement
-from gpusched.policies.placement_policies import BestFit, DotProduct, GpuClustering, GpuPacking, RandomPlacement
+from gpusched.policies.placement.fragmentation import Fgd, FgdLookahead
+from gpusched.policies.placement.gang import Placement
+from gpusched.policies.placement.heuristics import BestFit, DotProduct, GpuClustering, GpuPacking, RandomPlacement
 
 PLACEMENTS: dict[str, Callable[..., Placement]] = {
     "best-fit": BestFit,

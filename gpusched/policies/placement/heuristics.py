@@ -23,9 +23,9 @@ from gpusched.core.model import WorkerResources
 from gpusched.core.state import JobState, NodeState
 from gpusched.policies.statement import Statement
 from gpusched.policies.gpu_fit import StateLike, fit
-from gpusched.policies.placement import Choice
-from gpusched.policies.placement_arrays import NodeArrays, arrays_for
-from gpusched.policies.placement_index import FreeIndex, first_fit
+from gpusched.policies.placement.gang import Choice
+from gpusched.policies.placement.arrays import NodeArrays, arrays_for
+from gpusched.policies.placement.index import FreeIndex, first_fit
 
 # The reference simulator's normalisers: the largest node has 128 cores and 8 GPUs.
 MAX_CPU_MILLI = 128_000

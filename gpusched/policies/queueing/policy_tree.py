@@ -14,7 +14,7 @@ from typing import Any, Mapping
 from gpusched.core import events as ev
 from gpusched.core.policy import DEFAULT_TEAM, NO_LIMIT, Quota, TeamPolicy
 from gpusched.core.state import ClusterState
-from gpusched.policies.quota import OrgQuota, QueueTree, TeamQuota
+from gpusched.policies.queueing.quota import OrgQuota, QueueTree, TeamQuota
 
 _TREES: dict[int, tuple[ClusterState, int, QueueTree]] = {}   # id(state) -> (state, policy_version, tree)
 

@@ -27,8 +27,8 @@ from typing import Iterable, Mapping
 
 from gpusched.core.priority import priority_value
 from gpusched.core.state import ClusterState, JobState
-from gpusched.policies.quota import QueueTree
-from gpusched.policies.usage import ZERO, Demand
+from gpusched.policies.queueing.quota import QueueTree
+from gpusched.policies.queueing.usage import ZERO, Demand
 
 DEFAULT_AGING_S = 6 * 3600.0
 

@@ -27,9 +27,9 @@ from gpusched.core.model import GpuSlot, WorkerResources
 from gpusched.core.state import JobState, NodeState
 from gpusched.policies.statement import Statement
 from gpusched.policies.gpu_fit import StateLike, fits_node, pick_gpus
-from gpusched.policies.placement import Choice
-from gpusched.policies.placement_arrays import NodeArrays, arrays_for
-from gpusched.policies.placement_policies import choose_mig
+from gpusched.policies.placement.gang import Choice
+from gpusched.policies.placement.arrays import NodeArrays, arrays_for
+from gpusched.policies.placement.heuristics import choose_mig
 
 # Defaults of the policies' arguments (``Fgd(popularity=...)``, ``FgdLookahead(patience=...)``).
 POPULARITY = 0.95    # the most frequent shapes covering this share of tasks are "typical"

@@ -10,7 +10,7 @@ from typing import Any, Callable, Iterable
 
 from gpusched.core.priority import priority_value
 from gpusched.core.state import ClusterState, JobState
-from gpusched.policies.fairshare import QueueContext, fair_share
+from gpusched.policies.queueing.fairshare import QueueContext, fair_share
 
 QueueOrder = Callable[[ClusterState, Iterable[JobState], float, QueueContext | None], list[JobState]]
 QueueKey = Callable[[JobState], Any]
@@ -18,7 +18,7 @@ QUEUE_ORDERS: dict[str, QueueOrder] = {}
 # Orders that sort by a key of each job alone, and that key: how two jobs compare does
 # not depend on the other jobs in the queue, so a cycle may leave jobs out before sorting
 # (parking), and a job's key, which never changes while it waits, may be kept from one
-# cycle to the next (``policies.queue_keys``). Fair share does depend on the other jobs
+# cycle to the next (``policies.queueing.keys``). Fair share does depend on the other jobs
 # (each job ranks by its team's share with the jobs ahead of it counted), so parked jobs
 # are sorted with the rest and skipped after.
 QUEUE_KEYS: dict[str, QueueKey] = {}

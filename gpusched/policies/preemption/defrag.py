@@ -16,7 +16,7 @@ consolidate with free ones, on the condition that
   ``defrag_max_moves`` jobs move.
 
 Candidate moves come from the same node-local search as preemption
-(``gpusched.policies.victim_search``), with the cost of a move set being
+(``gpusched.policies.preemption.victim_search``), with the cost of a move set being
 ``(work at risk, jobs moved, GPU milli moved)``. For a one-worker job every node's minimal
 move set is a candidate, cheapest first (up to ``defrag_max_plans`` tried); a gang gets
 the greedy multi-node set. Only whole-GPU jobs are defragmented (shares and MIG slices
@@ -33,11 +33,11 @@ from typing import Sequence
 from gpusched.core.model import JobPhase
 from gpusched.core.priority import priority_value
 from gpusched.core.state import ClusterState, JobState
-from gpusched.policies.preemption import REASON_DEFRAG, Preemption
-from gpusched.policies.quota import within_limits
+from gpusched.policies.preemption.decisions import REASON_DEFRAG, Preemption
+from gpusched.policies.queueing.quota import within_limits
 from gpusched.policies.statement import Statement, tentative
-from gpusched.policies.victim_rules import PreemptionConfig, SearchContext, running_since
-from gpusched.policies.victim_search import VictimSearch
+from gpusched.policies.preemption.victim_rules import PreemptionConfig, SearchContext, running_since
+from gpusched.policies.preemption.victim_search import VictimSearch
 
 
 def blocked_by_fragmentation(state: ClusterState, job: JobState) -> bool:

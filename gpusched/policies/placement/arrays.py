@@ -5,7 +5,7 @@ break ties the way every policy does. Built once per cycle on the cycle's ``Stat
 and refreshed row by row for the nodes the statement changes (bookings, holds,
 nominations). A node that is not ready, and a GPU
 that is unhealthy, cut into MIG or MIG-enabled, offer nothing here; MIG requests are placed by the
-shared MIG scan (``placement_policies.choose_mig``), not from these arrays.
+shared MIG scan (``heuristics.choose_mig``), not from these arrays.
 """
 from __future__ import annotations
 
