@@ -67,7 +67,10 @@ GRANTS: dict[str, Grant] = {
                    reads_reports=True),
     # Their consumers (gpusched.consumers.stream) commit offsets in a group of their name.
     "billing": Grant(reads=("events", "usage"), groups=("billing",)),
-    "audit": Grant(reads=("events", "heartbeats", "dead_letters", "snapshots", "usage"), groups=("audit",)),
+    # The auditor reads every topic, the nodes' own report and beats topics included: what
+    # a node sent, forged records too, is part of who did what.
+    "audit": Grant(reads=("events", "heartbeats", "dead_letters", "snapshots", "usage"), groups=("audit",),
+                   reads_reports=True, reads_beats=True),
 }
 
 

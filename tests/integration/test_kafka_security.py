@@ -99,6 +99,7 @@ async def test_a_node_agent_writes_only_its_own_report_and_beats_topics(secured,
     agent = secured(node_principal("n1"), password)
     for topic in (report_topic(topics.prefix, "n1"), beats_topic(topics.prefix, "n1")):
         await _write(agent, topic, idempotent=True)
+        assert await _read(secured("audit"), topic) == 1   # the auditor reads what nodes send
     assert await _read(agent, topics.events) == 0   # it folds its pool's log
     await add_node(kafka_bootstrap, topics, "n2")
     for topic in (topics.events, topics.snapshots, topics.heartbeats, topics.usage,
