@@ -92,6 +92,12 @@ class Settings(BaseModel):
         return cls.validated({name: env[var] for name, (_, var) in cls.sources().items() if var and var in env})
 
     @classmethod
+    def error(cls, name: str, message: str) -> SettingsError:
+        """An error about field ``name`` found after validation (e.g. a name unknown to a
+        registry this module cannot import), worded as ``validated``'s."""
+        return SettingsError(f"{_where(cls, name)}: {message}")
+
+    @classmethod
     def validated(cls, values: dict[str, Any]):
         try:
             return cls.model_validate(values)
@@ -103,10 +109,15 @@ def _flag_and_env(extra: Any) -> tuple[str, str]:
     return (str(extra["flag"]), str(extra["env"])) if isinstance(extra, dict) else ("", "")
 
 
+def _where(cls: type[Settings], name: str) -> str:
+    """Where field ``name`` comes from, as an error names it: ``--flag / env VAR``."""
+    flag, var = cls.sources().get(name, ("", ""))
+    return " / ".join(w for w in (flag, f"env {var}" if var else "") if w) or name
+
+
 def _describe(cls: type[Settings], error: Any) -> str:
     name = str(error["loc"][0]) if error["loc"] else ""
-    flag, var = cls.sources().get(name, ("", ""))
-    where = " / ".join(w for w in (flag, f"env {var}" if var else "") if w) or name
+    where = _where(cls, name)
     given = f" (got {error['input']!r})" if name and not isinstance(error.get("input"), dict) else ""
     return f"{where}: {error['msg']}{given}"
 
@@ -265,7 +276,15 @@ class PreemptorSettings(Settings):
                                     allow_inf_nan=False)
     hang_grace: float = setting(30.0, flag="--hang-grace", help="seconds added to that deadline",
                                 ge=0, allow_inf_nan=False)
-    no_defrag: bool = setting(False, flag="--no-defrag", help="do not migrate jobs to defragment")
+    actions: str = setting("nodes,attempts,preempt,defrag", flag="--actions", env="GPUSCHED_PREEMPTOR_ACTIONS",
+                           help="what the preemptor judges each time, in order, comma-separated: nodes, attempts, "
+                                "preempt, defrag (docs/extending.md, 'A preemptor action')")
+
+    @property
+    def action_names(self) -> tuple[str, ...]:
+        """The actions named, in order (checked against the registry by
+        ``gpusched.policies.actions.make_actions`` when the preemptor starts)."""
+        return tuple(name.strip() for name in self.actions.split(",") if name.strip())
 
 
 class ProcessSettings(Settings):
