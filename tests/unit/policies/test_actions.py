@@ -184,6 +184,7 @@ def test_a_new_action_runs_where_the_order_names_it(monkeypatch):
     (failed,) = decide(c, ("nodes", "attempts", "stuck", "preempt", "defrag"))
     assert isinstance(failed, ev.AttemptFailed) and failed.job_id == "s"
     assert failed.reason == "not started 900s after placement"
+    assert c.log.replay(failed).accepted and c.state.jobs["s"].phase is JobPhase.STOPPING   # then placed again
 
 
 # --- configuration -------------------------------------------------------------------------
