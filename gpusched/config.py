@@ -14,7 +14,7 @@ import argparse
 import logging
 import os
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, Literal, Mapping, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -59,18 +59,21 @@ class Settings(BaseModel):
 
     @classmethod
     def add_args(cls, parser: argparse.ArgumentParser, env: Mapping[str, str] = os.environ,
-                 title: str | None = None) -> None:
-        """A flag for each field that has one; its default is the variable's value, else
-        the field's default. Values stay text here: ``from_args`` validates them."""
+                 title: str | None = None, only: tuple[str, ...] = ()) -> None:
+        """A flag for each field that has one (of ``only``, when given); its default is the
+        variable's value, else the field's default. A tuple field's flag may be repeated.
+        Values stay text here: ``from_args`` validates them."""
         group = parser.add_argument_group(title) if title else parser
         for name, (flag, var) in cls.sources().items():
-            if not flag:
+            if not flag or (only and name not in only):
                 continue
             field = cls.model_fields[name]
             help_text = (field.description or "") + (f" (env {var})" if var else "")
             if field.annotation in (bool, "bool"):
                 group.add_argument(flag, dest=name, action="store_true", default=env.get(var, "") == "1",
                                    help=help_text)
+            elif get_origin(field.annotation) is tuple:   # no variable: a list has no one spelling
+                group.add_argument(flag, dest=name, action="append", default=None, help=help_text)
             else:
                 group.add_argument(flag, dest=name, default=env.get(var, None) if var else None,
                                    help=help_text + f"; default {field.default!r}")
@@ -92,6 +95,12 @@ class Settings(BaseModel):
         return cls.validated({name: env[var] for name, (_, var) in cls.sources().items() if var and var in env})
 
     @classmethod
+    def error(cls, name: str, message: str) -> SettingsError:
+        """An error about field ``name`` found after validation (e.g. a name unknown to a
+        registry this module cannot import), worded as ``validated``'s."""
+        return SettingsError(f"{_where(cls, name)}: {message}")
+
+    @classmethod
     def validated(cls, values: dict[str, Any]):
         try:
             return cls.model_validate(values)
@@ -103,10 +112,15 @@ def _flag_and_env(extra: Any) -> tuple[str, str]:
     return (str(extra["flag"]), str(extra["env"])) if isinstance(extra, dict) else ("", "")
 
 
+def _where(cls: type[Settings], name: str) -> str:
+    """Where field ``name`` comes from, as an error names it: ``--flag / env VAR``."""
+    flag, var = cls.sources().get(name, ("", ""))
+    return " / ".join(w for w in (flag, f"env {var}" if var else "") if w) or name
+
+
 def _describe(cls: type[Settings], error: Any) -> str:
     name = str(error["loc"][0]) if error["loc"] else ""
-    flag, var = cls.sources().get(name, ("", ""))
-    where = " / ".join(w for w in (flag, f"env {var}" if var else "") if w) or name
+    where = _where(cls, name)
     given = f" (got {error['input']!r})" if name and not isinstance(error.get("input"), dict) else ""
     return f"{where}: {error['msg']}{given}"
 
@@ -265,7 +279,73 @@ class PreemptorSettings(Settings):
                                     allow_inf_nan=False)
     hang_grace: float = setting(30.0, flag="--hang-grace", help="seconds added to that deadline",
                                 ge=0, allow_inf_nan=False)
-    no_defrag: bool = setting(False, flag="--no-defrag", help="do not migrate jobs to defragment")
+    actions: str = setting("nodes,attempts,preempt,defrag", flag="--actions", env="GPUSCHED_PREEMPTOR_ACTIONS",
+                           help="what the preemptor judges each time, in order, comma-separated: nodes, attempts, "
+                                "preempt, defrag (docs/extending.md, 'A preemptor action')")
+
+    @property
+    def action_names(self) -> tuple[str, ...]:
+        """The actions named, in order (checked against the registry by
+        ``gpusched.policies.actions.make_actions`` when the preemptor starts)."""
+        return tuple(name.strip() for name in self.actions.split(",") if name.strip())
+
+
+class NodeAgentSettings(Settings):
+    """A node-agent's own settings: its node, how it runs work, and its usage reports."""
+
+    name: str = setting("", flag="--name", help="node name (default: host name)")
+    pool: str = setting("default", flag="--pool", help="the node's pool", min_length=1)
+    simulate: str = setting("", flag="--simulate", help="simulated GPUs, e.g. 8xH100-80GB (default: NVML)")
+    cpu_milli: int = setting(0, flag="--cpu-milli", help="CPU of the node, milli (0: 16 cores a GPU)", ge=0)
+    memory_mib: int = setting(0, flag="--memory-mib", help="memory of the node, MiB (0: 128 GiB a GPU)", ge=0)
+    label: tuple[str, ...] = setting((), flag="--label", help="topology label, e.g. rack=r1 (repeatable)")
+    heartbeat_interval: float = setting(1.0, flag="--heartbeat-interval", help="seconds between heartbeats",
+                                        gt=0, allow_inf_nan=False)
+    grace: float = setting(10.0, flag="--grace", help="kill deadline: seconds a stopped workload has to "
+                                                      "checkpoint and exit before SIGKILL", gt=0, allow_inf_nan=False)
+    lease: float = setting(10.0, flag="--lease", help="fencing: workloads are killed when no heartbeat reached "
+                                                      "the broker for this long", gt=0, allow_inf_nan=False)
+    run_processes: bool = setting(False, flag="--run-processes",
+                                  help="with --simulate: run jobs' commands as real processes (CUDA_VISIBLE_DEVICES "
+                                       "names the simulated GPUs) instead of simulated runs")
+    address: str = setting("", flag="--address", help="address peers of a gang reach this node at "
+                                                      "(default: the host name's address)")
+    state_dir: str = setting("", flag="--state-dir", help="where workers run and their shims record their end; "
+                                                          "must survive agent restarts (default: a folder in /tmp)")
+    listen: str = setting("127.0.0.1:0", flag="--listen", help="health endpoint")
+    usage_interval: float = setting(5.0, flag="--usage-interval", help="seconds between GPU usage samples "
+                                    "published to <prefix>usage (0: off)", ge=0, allow_inf_nan=False)
+    simulated_usage: tuple[str, ...] = setting((), flag="--simulated-usage",
+                                               help="simulated nodes: jobs named like PATTERN load their GPUs at "
+                                                    "PERCENT, e.g. 'notebook-*=0' (PATTERN=PERCENT, repeatable)")
+    dynamic_mig: bool = setting(False, flag="--dynamic-mig", help="create and destroy MIG instances to fit placed "
+                                                                  "slices (default: existing instances only)")
+    mps: Literal["auto", "on", "off"] = setting("auto", flag="--mps", help="whether the CUDA MPS daemon runs here "
+                                                                          "(auto: look for its control pipe)")
+    fake_nvml: str = setting("", flag="--fake-nvml", help="test harness: GPUs come from a fake NVML described by "
+                                                          "this JSON file, not the driver")
+
+    @field_validator("label")
+    @classmethod
+    def _key_value(cls, labels: tuple[str, ...]) -> tuple[str, ...]:
+        bad = [label for label in labels if "=" not in label[1:]]
+        if bad:
+            raise ValueError(f"a label is key=value, e.g. rack=r1 (got {', '.join(map(repr, bad))})")
+        return labels
+
+
+class AccountingSettings(Settings):
+    """The audit and billing database, for its consumers and its reports (docs/audit-billing.md)."""
+
+    db: str = setting("sqlite:///gpusched-accounting.db", flag="--db", env="GPUSCHED_ACCOUNTING_DB",
+                      help="SQLAlchemy URL: sqlite:///file.db or postgresql://user@host:port/db", min_length=1)
+
+
+class ConsumerSettings(Settings):
+    """The audit and billing consumers' own settings."""
+
+    connect_timeout: float = setting(30.0, flag="--connect-timeout", help="seconds to wait for the broker at start",
+                                     gt=0, allow_inf_nan=False)
 
 
 class ProcessSettings(Settings):
@@ -290,8 +370,6 @@ class ProcessSettings(Settings):
                                 ge=0, le=65535)
     metrics_host: str = setting("127.0.0.1", env="GPUSCHED_METRICS_HOST",
                                 help="address the /metrics endpoint listens on")
-    admission: str = setting("127.0.0.1:50051", env="GPUSCHED_ADMISSION",
-                             help="admission address the `gpusched policy` commands call by default")
 
 
 def process_settings() -> ProcessSettings:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Mapping, Union
 
 from gpusched.config import (ENV_BOOTSTRAP, ENV_CA, ENV_MECHANISM, ENV_PASSWORD, ENV_PASSWORD_FILE, ENV_PROTOCOL,
-                             ENV_USER, KafkaSettings, read_password)
+                             ENV_USER, KafkaSettings)
 
 PROTOCOLS = ("PLAINTEXT", "SASL_SSL")
 MECHANISMS = ("SCRAM-SHA-512", "SCRAM-SHA-256")
@@ -83,12 +83,10 @@ class KafkaConnection:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ, bootstrap: str = "") -> "KafkaConnection":
-        return cls(bootstrap=bootstrap or env.get(ENV_BOOTSTRAP, "127.0.0.1:19092"),
-                   security_protocol=env.get(ENV_PROTOCOL, "PLAINTEXT").upper(),
-                   sasl_mechanism=env.get(ENV_MECHANISM, "SCRAM-SHA-512").upper(),
-                   username=env.get(ENV_USER, ""), password=read_password(env.get(ENV_PASSWORD, ""),
-                                                                          env.get(ENV_PASSWORD_FILE, "")),
-                   ca_file=env.get(ENV_CA, ""))
+        """The connection ``KafkaSettings`` reads from the environment (``bootstrap``, when
+        given, in place of its variable): a process without flags, such as the catch-up
+        reader, whose parent passes ``env()``. Raises ``SettingsError``."""
+        return cls.from_settings(KafkaSettings.from_env({**env, ENV_BOOTSTRAP: bootstrap} if bootstrap else env))
 
 
 Where = Union[str, KafkaConnection]

@@ -6,14 +6,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 import time
 from collections import defaultdict
 from datetime import datetime, timezone
 
 from gpusched.consumers.records import GROUPS, MS_PER_GPU_HOUR, allocated_hours, day_of
-from gpusched.consumers.store import DEFAULT_URL, Store, StoreError
+from gpusched.config import AccountingSettings, KafkaSettings, SettingsError
+from gpusched.consumers.store import Store, StoreError
 
 
 def parse_time(text: str) -> float:
@@ -33,16 +33,26 @@ def parse_time(text: str) -> float:
 
 def _parser(prog: str, description: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=description)
-    parser.add_argument("--db", default=os.environ.get("GPUSCHED_ACCOUNTING_DB", DEFAULT_URL),
-                        help="the consumers' database URL (env GPUSCHED_ACCOUNTING_DB)")
-    parser.add_argument("--topic-prefix", default=os.environ.get("GPUSCHED_TOPIC_PREFIX", "gpusched."),
-                        help="the cluster (its topics' prefix) to report on")
+    AccountingSettings.add_args(parser)
+    KafkaSettings.add_args(parser, only=("topic_prefix",))   # the cluster to report on
     parser.add_argument("--team", default="")
     parser.add_argument("--pool", default="")
     parser.add_argument("--since", type=parse_time, default=-math.inf, help="epoch seconds or ISO date/time (UTC)")
     parser.add_argument("--until", type=parse_time, default=math.inf, help="epoch seconds or ISO date/time (UTC)")
     parser.add_argument("--json", action="store_true", help="print JSON")
     return parser
+
+
+def _parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """The flags, with ``db`` and ``topic_prefix`` from the settings (flag, else variable,
+    else default); a bad one is a usage error naming it."""
+    args = parser.parse_args(argv)
+    try:
+        args.db = AccountingSettings.from_args(args).db
+        args.topic_prefix = KafkaSettings.from_args(args).topic_prefix
+    except SettingsError as exc:
+        parser.error(str(exc))
+    return args
 
 
 def _open_store(args, consumer: str) -> Store:
@@ -105,7 +115,7 @@ def billing_main(argv: list[str] | None = None) -> int:
     parser = _parser("gpusched billing", billing_main.__doc__)
     parser.add_argument("--by", nargs="+", choices=GROUPS, default=["team"], help="group by these (in order)")
     parser.add_argument("--follow", type=float, default=0.0, help="report again every N seconds (N > 0)")
-    args = parser.parse_args(argv)
+    args = _parse(parser, argv)
     if args.follow < 0 or not math.isfinite(args.follow):
         parser.error(f"--follow: {args.follow} is not a period in seconds > 0")
     by = tuple(args.by)
@@ -138,7 +148,7 @@ def audit_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--principal", default="", help="only what this principal asked")
     parser.add_argument("--action", default="", help="only this event type, e.g. JobCancelled")
     parser.add_argument("--limit", type=int, default=0, help="at most this many rows (0: all)")
-    args = parser.parse_args(argv)
+    args = _parse(parser, argv)
     if args.limit < 0:
         parser.error(f"--limit: {args.limit} is negative")
     try:

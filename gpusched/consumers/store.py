@@ -22,9 +22,10 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
+from gpusched.config import AccountingSettings
 from gpusched.consumers.records import AuditRow, Row, Span, SpanEnd, SpanStart, UsageRow
 
-DEFAULT_URL = "sqlite:///gpusched-accounting.db"
+DEFAULT_URL = AccountingSettings.model_fields["db"].default   # GPUSCHED_ACCOUNTING_DB's default
 
 metadata = MetaData()
 audit = Table(

@@ -30,7 +30,7 @@ from gpusched.adapters.kafka_security import KafkaConnection, _ssl_context, clie
 from gpusched.adapters.kafka_admin import TopicNames
 from gpusched.adapters.usage_records import UsageRecordError, decode_usage
 from gpusched.consumers.records import Row, SpanTracker, audit_row, usage_row
-from gpusched.consumers.store import DEFAULT_URL, Store, StoreError
+from gpusched.consumers.store import Store, StoreError
 from gpusched.core import events as ev
 from gpusched.core.reducer import Outcome, apply
 from gpusched.core.state import ClusterState
@@ -191,34 +191,29 @@ def build_app(kind: str, conn: KafkaConnection, prefix: str, store: Store, data_
 
 def main(argv: list[str] | None, kind: str) -> int:
     """``gpusched audit-consumer`` / ``billing-consumer``: run the consumer until stopped."""
-    from gpusched.config import KafkaSettings, kafka_settings
+    from gpusched.config import AccountingSettings, ConsumerSettings, KafkaSettings, kafka_settings
 
     parser = argparse.ArgumentParser(prog=f"gpusched {kind}-consumer",
                                      description=f"Store the {kind} records of the pool log in a database "
                                                  "(docs/audit-billing.md).")
-    KafkaSettings.add_args(parser)
-    parser.add_argument("--db", default=os.environ.get("GPUSCHED_ACCOUNTING_DB", DEFAULT_URL),
-                        help="SQLAlchemy URL: sqlite:///file.db or postgresql://user@host:port/db "
-                             "(env GPUSCHED_ACCOUNTING_DB)")
-    parser.add_argument("--connect-timeout", type=float, default=30.0,
-                        help="seconds to wait for the broker at start")
+    for model in (KafkaSettings, AccountingSettings, ConsumerSettings):
+        model.add_args(parser)
     args = parser.parse_args(argv)
-    if args.connect_timeout <= 0:
-        parser.error("--connect-timeout must be > 0")
     try:
         settings = kafka_settings(args)
-        store = Store(args.db)
+        db, own = AccountingSettings.from_args(args).db, ConsumerSettings.from_args(args)
+        store = Store(db)
     except (ValueError, StoreError) as exc:
         print(f"gpusched {kind}-consumer: {exc}", file=sys.stderr)
         return 1
-    problem = asyncio.run(_check_broker(settings, args.connect_timeout))
+    problem = asyncio.run(_check_broker(settings, own.connect_timeout))
     if problem:
         print(f"gpusched {kind}-consumer: {problem}", file=sys.stderr)
         return 1
     import faust
 
     app = build_app(kind, KafkaConnection.from_settings(settings), settings.topic_prefix, store)
-    worker = faust.Worker(app, loglevel=args.log_level.upper(), quiet=True, redirect_stdouts=False)
+    worker = faust.Worker(app, loglevel=settings.log_level, quiet=True, redirect_stdouts=False)
     worker.spinner = None   # a terminal spinner's escape codes would clutter a service's log
     worker.execute_from_commandline()   # runs until SIGTERM/SIGINT; exits the process
     return 0

@@ -28,8 +28,10 @@ CLI_RETRY_S = 10.0
 
 
 def default_config_path() -> Path:
+    """The config file when ``--config`` (or its variable ``GPUSCHED_CONFIG``, which click
+    reads for it: ``ctl/root.py``) names none."""
     base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
-    return Path(os.environ.get("GPUSCHED_CONFIG") or Path(base) / "gpusched" / "config.yaml")
+    return Path(base) / "gpusched" / "config.yaml"
 
 
 @dataclass(frozen=True)

@@ -20,37 +20,37 @@ from gpusched.adapters.tracing import setup_tracing
 from gpusched.adapters.kafka_admin import TopicNames
 from gpusched.adapters.kafka_security import KafkaConnection
 from gpusched.adapters.server_security import server_security_from_args
-from gpusched.config import KafkaSettings, SecuritySettings, kafka_settings
+from gpusched.config import KafkaSettings, NodeAgentSettings, SecuritySettings, kafka_settings, settings_or_exit
 from gpusched.core.model import NodeInfo
 from gpusched.v1 import node_agent_pb2_grpc
 from gpusched_node_agent.agent import NodeAgent, RelayTimeout
 from gpusched_node_agent.api import NodeAgentServicer
 from gpusched_node_agent.devices import MigManager, load_nvml, mps_running
-from gpusched_node_agent.usage import add_usage_args, usage_tasks
+from gpusched_node_agent.usage import usage_rules, usage_tasks
 
 SERVICES = ["gpusched.v1.NodeAgentService"]
 
 
-def node_info(args: argparse.Namespace, nvml=None) -> NodeInfo:
-    name = args.name or socket.gethostname()
-    gpus = simulated_gpus(args.simulate, name) if args.simulate else nvml_gpus(nvml)
-    labels = tuple(sorted(tuple(label.split("=", 1)) for label in args.label))
+def node_info(own: NodeAgentSettings, nvml=None) -> NodeInfo:
+    name = own.name or socket.gethostname()
+    gpus = simulated_gpus(own.simulate, name) if own.simulate else nvml_gpus(nvml)
+    labels = tuple(sorted(tuple(label.split("=", 1)) for label in own.label))
     return NodeInfo(
-        name=name, pool=args.pool,
-        cpu_milli=args.cpu_milli or 16_000 * max(1, len(gpus)),
-        memory_mib=args.memory_mib or 131_072 * max(1, len(gpus)),
-        gpus=gpus, labels=labels, simulated=bool(args.simulate), agent_id=uuid.uuid4().hex[:12],
-        address=args.address or default_address(),
+        name=name, pool=own.pool,
+        cpu_milli=own.cpu_milli or 16_000 * max(1, len(gpus)),
+        memory_mib=own.memory_mib or 131_072 * max(1, len(gpus)),
+        gpus=gpus, labels=labels, simulated=bool(own.simulate), agent_id=uuid.uuid4().hex[:12],
+        address=own.address or default_address(),
         # Simulated runs hold no process: nothing to fence, a lost node's work is gone.
-        lease_s=args.lease if real_processes(args) else 0.0, kill_wait_s=args.grace,
-        dynamic_mig=args.dynamic_mig and not args.simulate,
-        mps=not args.simulate and (args.mps == "on" or (args.mps == "auto" and mps_running())),
+        lease_s=own.lease if real_processes(own) else 0.0, kill_wait_s=own.grace,
+        dynamic_mig=own.dynamic_mig and not own.simulate,
+        mps=not own.simulate and (own.mps == "on" or (own.mps == "auto" and mps_running())),
     )
 
 
-def real_processes(args: argparse.Namespace) -> bool:
+def real_processes(own: NodeAgentSettings) -> bool:
     """Commands run as processes on NVML nodes, and on simulated ones with --run-processes."""
-    return not args.simulate or args.run_processes
+    return not own.simulate or own.run_processes
 
 
 def default_address() -> str:
@@ -62,24 +62,16 @@ def default_address() -> str:
         return "127.0.0.1"
 
 
-def positive_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}")
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
-    return value
-
-
 async def run(args: argparse.Namespace) -> None:
     settings = kafka_settings(args)
     conn, topics = KafkaConnection.from_settings(settings), TopicNames(settings.topic_prefix)
-    security = server_security_from_args(args, args.listen)   # before connecting: a bad setting stops at once
+    own = settings_or_exit(NodeAgentSettings, args)
+    rules = usage_rules(own)
+    security = server_security_from_args(args, own.listen)   # before connecting: a bad setting stops at once
     setup_tracing("gpusched-node-agent")
     try:
-        nvml = load_nvml(args.fake_nvml)
-        info = node_info(args, nvml)
+        nvml = load_nvml(own.fake_nvml)
+        info = node_info(own, nvml)
     except (InventoryError, ValueError) as exc:
         raise SystemExit(f"gpusched-node-agent: {exc}")
     me = f"node-agent-{info.name}-{info.agent_id}"
@@ -90,17 +82,17 @@ async def run(args: argparse.Namespace) -> None:
                                                 min_insync_replicas=settings.min_insync_replicas)
     except (PermissionError, ValueError) as exc:   # not set up for this node: say how
         raise SystemExit(f"{me}: {exc}") from None
-    state_dir = Path(args.state_dir or Path(tempfile.gettempdir()) / f"gpusched-node-{info.name}")
+    state_dir = Path(own.state_dir or Path(tempfile.gettempdir()) / f"gpusched-node-{info.name}")
     state_dir.mkdir(parents=True, exist_ok=True)
-    agent = NodeAgent(info, publisher, me, report_topic=report_topic, state_dir=state_dir, grace_s=args.grace,
-                      real_processes=real_processes(args))
+    agent = NodeAgent(info, publisher, me, report_topic=report_topic, state_dir=state_dir, grace_s=own.grace,
+                      real_processes=real_processes(own))
     agent.mig = MigManager(info, nvml) if info.dynamic_mig else None
     backend = SimulatedNvml() if info.simulated else NvmlWatch(len(info.gpus), nvml=nvml)
     options = FollowerOptions(partitions=(partition_for(info.pool, settings.partitions),), freeze_state=True,
                               parallel_replay_min=settings.parallel_replay_min)
     follower = LogFollower(conn, topics, me, dead_letters, options, on_event=agent.on_event)
     servicer = NodeAgentServicer(agent, backend)
-    server, port, health = await start_server(args.listen, [
+    server, port, health = await start_server(own.listen, [
         lambda s: node_agent_pb2_grpc.add_NodeAgentServiceServicer_to_server(servicer, s)], SERVICES, security)
     setup_metrics("gpusched-node-agent", follower)
     await follower.start()
@@ -111,9 +103,9 @@ async def run(args: argparse.Namespace) -> None:
     await set_serving(health, SERVICES)
     print(f"node-agent ready node={info.name} gpus={len(info.gpus)} simulated={info.simulated} port={port}", flush=True)
     stop = stop_event()
-    tasks = [asyncio.create_task(agent.heartbeats(args.heartbeat_interval, stop)),
+    tasks = [asyncio.create_task(agent.heartbeats(own.heartbeat_interval, stop)),
              asyncio.create_task(agent.watch_health(backend))]
-    tasks += usage_tasks(agent, args, stop)
+    tasks += usage_tasks(agent, own.usage_interval, rules, stop)
     await stop.wait()
     backend.stop()
     for task in tasks:
@@ -127,32 +119,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="gpusched-node-agent", description=__doc__)
     KafkaSettings.add_args(parser)
     SecuritySettings.add_args(parser, title="API security (docs/security.md)")
-    parser.add_argument("--name", default="", help="node name (default: host name)")
-    parser.add_argument("--pool", default="default")
-    parser.add_argument("--simulate", default="", help="simulated GPUs, e.g. 8xH100-80GB (default: NVML)")
-    parser.add_argument("--cpu-milli", type=int, default=0)
-    parser.add_argument("--memory-mib", type=int, default=0)
-    parser.add_argument("--label", action="append", default=[], help="topology label, e.g. rack=r1")
-    parser.add_argument("--heartbeat-interval", type=float, default=1.0)
-    parser.add_argument("--grace", type=positive_seconds, default=10.0,
-                        help="kill deadline: seconds a stopped workload has to checkpoint and exit before SIGKILL")
-    parser.add_argument("--lease", type=positive_seconds, default=10.0,
-                        help="fencing: workloads are killed when no heartbeat reached the broker for this long")
-    parser.add_argument("--run-processes", action="store_true",
-                        help="with --simulate: run jobs' commands as real processes (CUDA_VISIBLE_DEVICES "
-                             "names the simulated GPUs) instead of simulated runs")
-    parser.add_argument("--address", default="", help="address peers of a gang reach this node at "
-                                                      "(default: the host name's address)")
-    parser.add_argument("--state-dir", default="", help="where workers run and their shims record their end; "
-                                                        "must survive agent restarts (default: a folder in /tmp)")
-    parser.add_argument("--listen", default="127.0.0.1:0", help="health endpoint")
-    add_usage_args(parser)
-    parser.add_argument("--dynamic-mig", action="store_true",
-                        help="create and destroy MIG instances to fit placed slices (default: existing instances only)")
-    parser.add_argument("--mps", choices=("auto", "on", "off"), default="auto",
-                        help="whether the CUDA MPS daemon runs here (auto: look for its control pipe)")
-    parser.add_argument("--fake-nvml", default="", metavar="SPEC.json",
-                        help="test harness: GPUs come from a fake NVML described by SPEC.json, not the driver")
+    NodeAgentSettings.add_args(parser, title="this node")
     asyncio.run(run(parser.parse_args(argv)))
 
 

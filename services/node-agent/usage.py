@@ -8,7 +8,6 @@ holds which GPUs comes from the log the agent already folds (``follower.states``
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 import math
@@ -18,42 +17,28 @@ import uuid
 from gpusched.adapters.gpu_usage import NvmlSampler, RunningWorker, SimulatedSampler, UsageRule, parse_usage_rule
 from gpusched.adapters.reports import KIND_HEADER, USAGE_KIND
 from gpusched.adapters.usage_records import GpuSample, WorkerUsage, encode_usage
+from gpusched.config import NodeAgentSettings
 from gpusched.core.model import NodeInfo
 from gpusched.core.state import JobState
 
 log = logging.getLogger("gpusched.node_agent.usage")
 Key = tuple[str, int, int]   # (job id, attempt, worker)
-DEFAULT_INTERVAL_S = 5.0
 
 
-# --- flags (main.py) ------------------------------------------------------------------
-def _interval(text: str) -> float:
-    value = float(text)
-    if not (math.isfinite(value) and value >= 0):
-        raise ValueError(text)
-    return value
-
-
-def _rule(text: str) -> UsageRule:
+# --- settings (main.py) ---------------------------------------------------------------
+def usage_rules(own: NodeAgentSettings) -> tuple[UsageRule, ...]:
+    """``--simulated-usage`` as rules; a bad one stops the agent with one line naming the flag."""
     try:
-        return parse_usage_rule(text)
+        return tuple(parse_usage_rule(text) for text in own.simulated_usage)
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+        raise SystemExit(f"invalid settings: {NodeAgentSettings.error('simulated_usage', str(exc))}") from None
 
 
-def add_usage_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--usage-interval", type=_interval, default=DEFAULT_INTERVAL_S,
-                        help="seconds between GPU usage samples published to <prefix>usage (0: off)")
-    parser.add_argument("--simulated-usage", type=_rule, action="append", default=[], metavar="PATTERN=PERCENT",
-                        help="simulated nodes: jobs named like PATTERN load their GPUs at PERCENT, e.g. 'notebook-*=0'")
-
-
-def usage_tasks(agent, args: argparse.Namespace, stop: asyncio.Event) -> list[asyncio.Task]:
+def usage_tasks(agent, interval_s: float, rules: tuple[UsageRule, ...], stop: asyncio.Event) -> list[asyncio.Task]:
     """The reporter task, or none with ``--usage-interval 0``."""
-    if not args.usage_interval:
+    if not interval_s:
         return []
-    sampler = sampler_for(agent.info, tuple(args.simulated_usage))
-    return [asyncio.create_task(report_usage(agent, sampler, args.usage_interval, stop))]
+    return [asyncio.create_task(report_usage(agent, sampler_for(agent.info, rules), interval_s, stop))]
 
 
 def sampler_for(info: NodeInfo, rules: tuple[UsageRule, ...] = ()):

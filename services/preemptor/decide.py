@@ -1,29 +1,32 @@
-"""The preemptor's decisions for one pool, as events. Policy lives in gpusched.policies."""
+"""The preemptor's decisions for one pool, as events. Policy lives in gpusched.policies:
+which actions run, in which order, is ``gpusched.policies.actions``."""
 from __future__ import annotations
 
 import uuid
 from collections import ChainMap
 from dataclasses import replace
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
 from gpusched.core import events as ev
 from gpusched.core.state import ClusterState
-from gpusched.policies.preemption.defrag import defrag_decisions
-from gpusched.policies.queueing.policy_tree import policy_tree
-from gpusched.policies.preemption.decisions import preemption_decisions, preemption_events
-from gpusched.policies.supervision import (
-    SupervisionConfig, hung_attempts, lost_nodes, nodes_to_fence, timed_out_attempts,
+from gpusched.policies.actions import (
+    DEFAULT_ACTIONS, Action, AttemptVerdict, NodeVerdict, Proposal, Situation, make_actions, run_actions,
 )
+from gpusched.policies.queueing.policy_tree import policy_tree
+from gpusched.policies.preemption.decisions import preemption_events
+from gpusched.policies.preemption.victim_rules import PreemptionConfig
+from gpusched.policies.supervision import SupervisionConfig
 
 
 class PreemptorDecider:
     def __init__(self, me: str, preemption: PreemptionConfig, supervision: SupervisionConfig,
-                 heard: Callable[[float], tuple[Mapping[str, float], float, bool]], defrag: bool = True) -> None:
+                 heard: Callable[[float], tuple[Mapping[str, float], float, bool]],
+                 actions: Sequence[Action] = make_actions(DEFAULT_ACTIONS)) -> None:
         self.me = me
         self.preemption = preemption
         self.supervision = supervision
         self.heard = heard          # now -> (last beat per node, listening since, hearing at all)
-        self.defrag = defrag
+        self.actions = tuple(actions)
         # Nodes of the log not heard from yet: when this preemptor first saw them there. A
         # node's beats topic is found by a metadata refresh, which can come after its
         # registration went through the relay: its timeout runs from then, not from ``since``.
@@ -48,26 +51,21 @@ class PreemptorDecider:
         return ChainMap(last_seen, self.unheard)
 
     def __call__(self, partition: int, state: ClusterState, now: float) -> list[tuple[ev.Event, str]]:
-        out: list[tuple[ev.Event, str]] = []
         last_seen, since, hearing = self.heard(now)
-        last_seen = self._with_unheard(state, last_seen, now)
-        for node, reason in (lost_nodes(state, last_seen, since, now, self.supervision) if hearing else []):
-            out.append((self._event(ev.NodeLost, now, node=node, reason=reason), state.nodes[node].info.pool))
-        for node in nodes_to_fence(state, now):
-            out.append((self._event(ev.NodeFenced, now, node=node), state.nodes[node].info.pool))
-        if out:
-            return out   # let the stops land before judging anything else
-        for job_id, attempt, reason in timed_out_attempts(state, now):
-            out.append((self._event(ev.AttemptTimedOut, now, job_id=job_id, attempt=attempt, reason=reason),
-                        state.jobs[job_id].spec.pool))
-        for job_id, attempt, reason in hung_attempts(state, now, self.supervision):
-            out.append((self._event(ev.AttemptFailed, now, job_id=job_id, attempt=attempt, reason=reason),
-                        state.jobs[job_id].spec.pool))
-        config = self._config(state)
-        plans = preemption_decisions(state, now, config)
-        if self.defrag and not plans:
-            plans = defrag_decisions(state, now, config)
-        for plan in plans:
-            pool = state.jobs[plan.for_job].spec.pool
-            out += [(e, pool) for e in preemption_events(state, plan, now, self.me)]
-        return out
+        situation = Situation(state, now, self.supervision, self._config,
+                              self._with_unheard(state, last_seen, now), since, hearing)
+        return [out for p in run_actions(self.actions, situation) for out in self._events(state, p, now)]
+
+    def _events(self, state: ClusterState, proposal: Proposal, now: float) -> list[tuple[ev.Event, str]]:
+        """A proposal as events, each with the pool whose log it goes to."""
+        if isinstance(proposal, NodeVerdict):
+            pool = state.nodes[proposal.node].info.pool
+            if proposal.fence:
+                return [(self._event(ev.NodeFenced, now, node=proposal.node), pool)]
+            return [(self._event(ev.NodeLost, now, node=proposal.node, reason=proposal.reason), pool)]
+        if isinstance(proposal, AttemptVerdict):
+            kind = ev.AttemptTimedOut if proposal.timed_out else ev.AttemptFailed
+            event = self._event(kind, now, job_id=proposal.job_id, attempt=proposal.attempt, reason=proposal.reason)
+            return [(event, state.jobs[proposal.job_id].spec.pool)]
+        pool = state.jobs[proposal.for_job].spec.pool
+        return [(e, pool) for e in preemption_events(state, proposal, now, self.me)]

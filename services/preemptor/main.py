@@ -1,4 +1,5 @@
-"""``gpusched-preemptor``: preemption, quota reclaim, defragmentation and supervision."""
+"""``gpusched-preemptor``: supervision, preemption, quota reclaim and defragmentation, as the
+actions ``--actions`` names, in its order (``gpusched.policies.actions``)."""
 from __future__ import annotations
 
 import argparse
@@ -15,6 +16,7 @@ from gpusched.adapters.kafka_admin import TopicNames
 from gpusched.adapters.kafka_security import KafkaConnection
 from gpusched.adapters.server_security import server_security_from_args
 from gpusched.config import KafkaSettings, PreemptorSettings, SecuritySettings, kafka_settings, settings_or_exit
+from gpusched.policies.actions import make_actions
 from gpusched.policies.preemption.victim_rules import PreemptionConfig
 from gpusched.policies.supervision import SupervisionConfig
 from gpusched_preemptor.decide import PreemptorDecider
@@ -24,6 +26,10 @@ async def run(args: argparse.Namespace) -> None:
     settings = kafka_settings(args)
     conn, topics = KafkaConnection.from_settings(settings), TopicNames(settings.topic_prefix)
     own = settings_or_exit(PreemptorSettings, args)
+    try:
+        actions = make_actions(own.action_names)
+    except ValueError as exc:
+        raise SystemExit(f"invalid settings: {PreemptorSettings.error('actions', str(exc))}") from None
     security = server_security_from_args(args, own.listen)   # before connecting: a bad setting stops at once
     setup_tracing("gpusched-preemptor")
     me = instance_id("preemptor")
@@ -36,7 +42,7 @@ async def run(args: argparse.Namespace) -> None:
         me, PreemptionConfig(min_runtime_s=own.min_runtime),   # quotas: the log's
         SupervisionConfig(heartbeat_timeout_s=own.heartbeat_timeout, hang_intervals=own.hang_intervals,
                           hang_grace_s=own.hang_grace),
-        lambda now: (monitor.last_seen, monitor.since, monitor.hearing(now)), defrag=not own.no_defrag)
+        lambda now: (monitor.last_seen, monitor.since, monitor.hearing(now)), actions)
     holder: dict = {}
     options = FollowerOptions(group_id=f"{settings.topic_prefix}preemptor", freeze_state=True,
                               parallel_replay_min=settings.parallel_replay_min)

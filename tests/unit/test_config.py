@@ -8,13 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from gpusched.config import (AdmissionSettings, KafkaSettings, PlacerSettings, PreemptorSettings, ProcessSettings,
-                             SecuritySettings, Settings, SettingsError, kafka_settings)
+from gpusched.config import (AccountingSettings, AdmissionSettings, ConsumerSettings, KafkaSettings, NodeAgentSettings,
+                             PlacerSettings, PreemptorSettings, ProcessSettings, SecuritySettings, Settings,
+                             SettingsError, kafka_settings)
 
-MODELS = (KafkaSettings, SecuritySettings, AdmissionSettings, PlacerSettings, PreemptorSettings, ProcessSettings)
+MODELS = (KafkaSettings, SecuritySettings, AdmissionSettings, PlacerSettings, PreemptorSettings, NodeAgentSettings,
+          AccountingSettings, ConsumerSettings, ProcessSettings)
 # the models whose flags one service's command line holds
 SERVICES = {service: (KafkaSettings, SecuritySettings, own) for service, own in
-            (("admission", AdmissionSettings), ("placer", PlacerSettings), ("preemptor", PreemptorSettings))}
+            (("admission", AdmissionSettings), ("placer", PlacerSettings), ("preemptor", PreemptorSettings),
+             ("node-agent", NodeAgentSettings))}
+SERVICES["consumer"] = (KafkaSettings, AccountingSettings, ConsumerSettings)
 DOC = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 
 
@@ -62,6 +66,7 @@ def test_the_documentation_lists_every_setting_with_its_default():
             row, default = rows[flag or env], cls.model_fields[name].default
             assert row[:2] == [f"`{flag}`" if flag else "", f"`{env}`" if env else ""], name
             shown = {True: "on", False: "off"}.get(default, default) if isinstance(default, bool) else default
+            shown = "none" if shown == () else shown
             assert row[2] == ('""' if shown == "" else str(shown)), name
         assert len(rows) == len(cls.model_fields), cls.__name__
 
@@ -91,6 +96,11 @@ def test_switches_come_from_a_flag_or_a_variable_set_to_1():
     (AdmissionSettings, [], {"GPUSCHED_SUBMIT_RATE": "-5"}, "GPUSCHED_SUBMIT_RATE"),
     (PlacerSettings, ["--snapshot-every-events", "-1"], {}, "--snapshot-every-events: "),
     (PreemptorSettings, ["--heartbeat-timeout", "0"], {}, "--heartbeat-timeout: "),
+    (NodeAgentSettings, ["--grace", "0"], {}, "--grace: "),
+    (NodeAgentSettings, ["--lease", "inf"], {}, "--lease: "),
+    (NodeAgentSettings, ["--mps", "maybe"], {}, "--mps: "),
+    (NodeAgentSettings, ["--label", "rack=r1", "--label", "rack"], {}, "--label: "),
+    (ConsumerSettings, ["--connect-timeout", "0"], {}, "--connect-timeout: "),
 ])
 def test_a_bad_value_names_its_flag_and_variable(cls, argv, env, named):
     with pytest.raises(SettingsError, match=re.escape(named)):
@@ -119,3 +129,38 @@ def test_a_sasl_login_without_its_password_is_refused():
     settings = _parse(KafkaSettings, ["--kafka-security-protocol", "sasl_ssl", "--kafka-user", "u", "--kafka-ca", "/ca"],
                       {"GPUSCHED_KAFKA_PASSWORD": "pw"})
     assert settings.password == "pw" and "pw" not in repr(settings)
+
+
+def test_a_node_agent_keeps_its_flags_and_their_defaults():
+    own = _parse(NodeAgentSettings, ["--name", "n1", "--label", "rack=r1", "--label", "zone=z", "--run-processes",
+                                     "--simulated-usage", "nb-*=0", "--mps", "off"], {})
+    assert (own.name, own.label, own.run_processes, own.simulated_usage, own.mps) == \
+        ("n1", ("rack=r1", "zone=z"), True, ("nb-*=0",), "off")
+    assert _parse(NodeAgentSettings, [], {}) == NodeAgentSettings()
+    assert (NodeAgentSettings().pool, NodeAgentSettings().grace, NodeAgentSettings().label) == ("default", 10.0, ())
+
+
+def test_a_node_agent_stops_on_a_bad_flag_before_connecting():
+    from gpusched_node_agent.main import main
+    with pytest.raises(SystemExit, match="invalid settings: --grace: Input should be greater than 0"):
+        main(["--bootstrap", "127.0.0.1:9", "--insecure", "--grace", "0"])
+
+
+def test_the_reports_take_their_database_and_cluster_from_the_settings(monkeypatch):
+    from gpusched.consumers.reports import _parse, _parser
+    monkeypatch.setenv("GPUSCHED_ACCOUNTING_DB", "sqlite:///from-env.db")
+    monkeypatch.setenv("GPUSCHED_TOPIC_PREFIX", "env.")
+    args = _parse(_parser("r", ""), [])
+    assert (args.db, args.topic_prefix) == ("sqlite:///from-env.db", "env.")
+    args = _parse(_parser("r", ""), ["--topic-prefix", "flag.", "--db", "sqlite:///flag.db"])
+    assert (args.db, args.topic_prefix) == ("sqlite:///flag.db", "flag.")
+    monkeypatch.delenv("GPUSCHED_ACCOUNTING_DB")
+    monkeypatch.delenv("GPUSCHED_TOPIC_PREFIX")
+    assert (_parse(_parser("r", ""), []).db, _parse(_parser("r", ""), []).topic_prefix) == \
+        ("sqlite:///gpusched-accounting.db", "gpusched.")
+
+
+def test_only_adds_the_flags_named():
+    parser = argparse.ArgumentParser()
+    KafkaSettings.add_args(parser, {}, only=("topic_prefix",))
+    assert [a.dest for a in parser._actions if a.dest != "help"] == ["topic_prefix"]

@@ -12,8 +12,9 @@ from gpusched.adapters.gpu_usage import SimulatedSampler, UsageRule
 from gpusched.adapters.kafka_admin import TopicNames
 from gpusched.adapters.reports import KIND_HEADER, USAGE_KIND
 from gpusched.adapters.usage_records import decode_usage
+from gpusched.config import NodeAgentSettings, SettingsError
 from gpusched.core.model import JobKind
-from gpusched_node_agent.usage import add_usage_args, report_usage, running_workers, usage_records
+from gpusched_node_agent.usage import report_usage, running_workers, usage_records, usage_rules
 from tests.unit.core.builders import Log, make_node, make_spec, share, whole
 
 NODE = make_node("n1", gpus=4)
@@ -112,25 +113,30 @@ async def test_a_failing_sample_does_not_end_the_reporting():
     await asyncio.wait_for(task, 10)
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--usage-interval", "-1"], "--usage-interval"),
-    (["--usage-interval", "nan"], "--usage-interval"),
-    (["--simulated-usage", "idle*"], "PATTERN=PERCENT"),
-])
-def test_bad_flags_are_usage_errors(argv, message, capsys):
+def _settings(argv: list[str]) -> NodeAgentSettings:
     parser = argparse.ArgumentParser()
-    add_usage_args(parser)
-    with pytest.raises(SystemExit) as exit_:
-        parser.parse_args(argv)
-    assert exit_.value.code == 2
-    assert message in capsys.readouterr().err
+    NodeAgentSettings.add_args(parser, {})
+    return NodeAgentSettings.from_args(parser.parse_args(argv), {})
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--usage-interval", "-1"], "--usage-interval: "),
+    (["--usage-interval", "nan"], "--usage-interval: "),
+])
+def test_bad_usage_intervals_are_refused_naming_the_flag(argv, message):
+    with pytest.raises(SettingsError, match=message):
+        _settings(argv)
+
+
+def test_a_bad_usage_rule_stops_the_agent_naming_the_flag():
+    with pytest.raises(SystemExit, match="invalid settings: --simulated-usage: 'idle\\*' is not PATTERN=PERCENT"):
+        usage_rules(_settings(["--simulated-usage", "nb-*=3", "--simulated-usage", "idle*"]))
 
 
 def test_flags_parse():
-    parser = argparse.ArgumentParser()
-    add_usage_args(parser)
-    args = parser.parse_args(["--usage-interval", "0", "--simulated-usage", "nb-*=3"])
-    assert args.usage_interval == 0 and args.simulated_usage == [UsageRule("nb-*", 3.0)]
+    own = _settings(["--usage-interval", "0", "--simulated-usage", "nb-*=3"])
+    assert own.usage_interval == 0 and usage_rules(own) == (UsageRule("nb-*", 3.0),)
+    assert _settings([]).usage_interval == 5.0 and usage_rules(_settings([])) == ()
 
 
 async def test_a_sampler_that_cannot_start_ends_the_reporter_not_the_agent(caplog):
