@@ -124,14 +124,14 @@ def test_a_node_writes_its_own_topics_and_no_shared_one_but_dead_letters():
     assert all(e[2] == 3 for e in node_acl_entries(names, "n1"))   # LITERAL only
 
 
-def test_only_the_relays_read_every_report_topic():
+def test_only_the_relays_and_the_auditor_read_every_report_topic():
     readers = {e[3] for e in acl_entries(names) if e[1] == "x.reports." and e[2] == 4 and e[5] == READ}
-    assert readers == {"User:admission", "User:relay"}
+    assert readers == {"User:admission", "User:relay", "User:audit"}
 
 
-def test_only_the_preemptor_reads_every_beats_topic():
+def test_only_the_preemptor_and_the_auditor_read_every_beats_topic():
     readers = {e[3] for e in acl_entries(names) if e[1] == "x.beats." and e[2] == 4 and e[5] == READ}
-    assert readers == {"User:preemptor"}
+    assert readers == {"User:preemptor", "User:audit"}
 
 
 def test_only_the_relays_and_preemptor_write_usage_and_heartbeats():
