@@ -2,7 +2,8 @@
 # Prepare this checkout on a fresh machine (idempotent; seconds on a second run):
 #   1. .venv (Python 3.11) with the project installed editable, dev extras included
 #   2. protobuf/gRPC Python code generated from proto/gpusched/v1/*.proto into
-#      gpusched/v1/ (generated files are gitignored)
+#      gpusched/v1/, and their descriptor set gpusched/v1/gpusched.desc (for
+#      `protoc --decode` by consumers outside gpusched; generated files are gitignored)
 #   3. the reducer's modules compiled with mypyc into gpusched/_native/ (seconds;
 #      skipped when built for the same sources; plain Python where it cannot build)
 #   4. the Kafka broker jars in the cache (deploy/kafka.sh fetch)
@@ -78,11 +79,12 @@ if ((${#PROTOS[@]} == 0)); then
   log "no .proto files yet; skipping code generation"
 elif [[ ! -f "$PROTO_STAMP" || "$(cat "$PROTO_STAMP")" != "$REPO" ]] \
     || [[ -n "$(find proto -name '*.proto' -newer "$PROTO_STAMP" | head -n1)" ]] \
-    || ! ls gpusched/v1/*_pb2.py >/dev/null 2>&1; then
-  log "generating Python code from ${#PROTOS[@]} .proto files"
-  rm -f gpusched/v1/*_pb2.py gpusched/v1/*_pb2.pyi gpusched/v1/*_pb2_grpc.py
+    || ! ls gpusched/v1/*_pb2.py >/dev/null 2>&1 || [[ ! -f gpusched/v1/gpusched.desc ]]; then
+  log "generating Python code and the descriptor set from ${#PROTOS[@]} .proto files"
+  rm -f gpusched/v1/*_pb2.py gpusched/v1/*_pb2.pyi gpusched/v1/*_pb2_grpc.py gpusched/v1/gpusched.desc
   .venv/bin/python -m grpc_tools.protoc -I proto \
-    --python_out=. --pyi_out=. --grpc_python_out=. "${PROTOS[@]}"
+    --python_out=. --pyi_out=. --grpc_python_out=. \
+    --descriptor_set_out=gpusched/v1/gpusched.desc --include_imports "${PROTOS[@]}"
   echo "$REPO" >"$PROTO_STAMP"
 fi
 

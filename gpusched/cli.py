@@ -7,6 +7,7 @@ import sys
 
 import click
 
+from gpusched.ctl.decode import decode
 from gpusched.ctl.jobs import cancel, describe, get, submit, watch
 from gpusched.ctl.nodes import cordon, top, uncordon
 from gpusched.ctl.policy import policy
@@ -53,7 +54,7 @@ def cli(ctx: click.Context, config_path: str | None, context: str | None, **flag
     ctx.obj = State(flags, config_path, context)
 
 
-for command in (submit, get, describe, cancel, watch, top, cordon, uncordon, policy, dashboard):
+for command in (submit, get, describe, cancel, watch, top, cordon, uncordon, policy, dashboard, decode):
     cli.add_command(command)
 for name, (module, help_text) in COMMANDS.items():
     cli.add_command(_handed_on(name, module, help_text))

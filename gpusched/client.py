@@ -6,7 +6,9 @@ so a field added to the API is there without a client release. Calls that are sa
 repeat are retried on ``UNAVAILABLE`` (admission restarting, a connection lost mid-call);
 a submission is retried with the same idempotency key, so a retry that follows a
 submission the server did record answers that job instead of making a second one
-(docs/client.md)."""
+(docs/client.md). While an OpenTelemetry span is current, each call carries its W3C
+trace context (``traceparent`` metadata): a job submitted inside the caller's span is
+traced as part of the caller's trace (docs/observability.md)."""
 from __future__ import annotations
 
 import asyncio
@@ -17,6 +19,7 @@ from pathlib import Path
 from typing import AsyncIterator, Iterator, TypeVar
 
 import grpc
+from opentelemetry import propagate
 
 from gpusched.v1 import admission_pb2, admission_pb2_grpc, cluster_pb2, cluster_pb2_grpc, types_pb2
 
@@ -120,9 +123,10 @@ class Client:
         loop = asyncio.get_running_loop()
         give_up = loop.time() + (self.retry.budget_s if retry else 0.0)
         delay = self.retry.initial_s
+        metadata = trace_metadata()
         while True:
             try:
-                return await rpc(request)
+                return await rpc(request, metadata=metadata)
             except grpc.aio.AioRpcError as exc:
                 if exc.code() != grpc.StatusCode.UNAVAILABLE or loop.time() + delay > give_up:
                     raise
@@ -167,7 +171,8 @@ class Client:
 
     async def watch(self, team: str = "", job_id: str = "", pool: str = "") -> AsyncIterator[admission_pb2.JobUpdate]:
         """WatchJobs: each matching job's current state first, then every change."""
-        stream = self.jobs.WatchJobs(admission_pb2.WatchJobsRequest(team=team, job_id=job_id, pool=pool))
+        stream = self.jobs.WatchJobs(admission_pb2.WatchJobsRequest(team=team, job_id=job_id, pool=pool),
+                                     metadata=trace_metadata())
         try:
             async for update in stream:
                 yield update
@@ -215,6 +220,14 @@ class Client:
 
     async def set_team_policy(self, request: cluster_pb2.SetTeamPolicyRequest) -> cluster_pb2.PolicyView:
         return await self._call(self.cluster.SetTeamPolicy, request)
+
+
+def trace_metadata() -> tuple[tuple[str, str], ...] | None:
+    """The current span's W3C context as gRPC metadata; None outside a span (or without
+    an OpenTelemetry SDK configured: the API's no-op span injects nothing)."""
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    return tuple(carrier.items()) or None
 
 
 def new_key() -> str:

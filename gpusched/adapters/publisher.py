@@ -4,6 +4,11 @@
 chosen from the pool so one pool's history is one totally ordered partition. Its linger
 follows its send rate (``gpusched.adapters.batching``). ``DeadLetters`` writes the
 records no consumer could apply, with the reason.
+
+Every record carries Kafka headers for consumers outside gpusched (docs/consuming-the-log.md):
+``gpusched.schema`` (the protobuf message of its value, e.g. ``gpusched.v1.EventEnvelope``),
+on the pool log and report topics ``gpusched.event-type`` (``JobPlaced``...), and the W3C
+trace context of the event (``traceparent``, ``tracestate``), the same as its envelope's.
 """
 from __future__ import annotations
 
@@ -20,11 +25,35 @@ from gpusched.adapters import codec
 from gpusched.adapters.batching import LINGER_MS, LingerTuner
 from gpusched.adapters.kafka_admin import TopicNames
 from gpusched.adapters.kafka_security import Where, client_args
+from gpusched.adapters.reports import KIND_HEADER, USAGE_KIND
 from gpusched.adapters.tracing import current_context, event_context
 from gpusched.core import events as ev
 from gpusched.v1 import events_pb2
 
 log = logging.getLogger(__name__)
+
+
+SCHEMA_HEADER = "gpusched.schema"
+EVENT_TYPE_HEADER = "gpusched.event-type"
+ENVELOPE_SCHEMA = b"gpusched.v1.EventEnvelope"
+# The message in each other topic's records, by the topic's name after the prefix; the
+# per-node topics by the start of it (reports.<node>, beats.<node>).
+USAGE_SCHEMA = b"gpusched.v1.WorkerUsage"
+RAW_SCHEMAS = {"dead-letters": b"gpusched.v1.DeadLetter", "heartbeats": b"gpusched.v1.Heartbeat",
+               "usage": USAGE_SCHEMA, "beats.": b"gpusched.v1.Heartbeat", "reports.": ENVELOPE_SCHEMA}
+
+
+def event_headers(event: ev.Event, carrier: dict[str, str]) -> list[tuple[str, bytes]]:
+    """The headers of an event's record: its schema, its type and its trace context."""
+    return [(SCHEMA_HEADER, ENVELOPE_SCHEMA), (EVENT_TYPE_HEADER, type(event).__name__.encode()),
+            *((key, value.encode()) for key, value in carrier.items())]
+
+
+def raw_schema(prefix: str, topic: str) -> bytes | None:
+    """The message type of ``topic``'s records (None: not a topic of ``RAW_SCHEMAS``)."""
+    name = topic[len(prefix):] if topic.startswith(prefix) else topic
+    return RAW_SCHEMAS.get(name) or next(
+        (schema for start, schema in RAW_SCHEMAS.items() if start.endswith(".") and name.startswith(start)), None)
 
 
 def partition_for(pool: str, partitions: int) -> int:
@@ -59,14 +88,22 @@ class EventPublisher:
     async def stop(self) -> None:
         await self._producer.stop()
 
-    async def send(self, event: ev.Event, pool: str) -> asyncio.Future:
-        """Queue the event; the returned future resolves when the broker acknowledged it."""
+    async def send(self, event: ev.Event, pool: str, carrier: dict[str, str] | None = None) -> asyncio.Future:
+        """Queue the event; the returned future resolves when the broker acknowledged it.
+        ``carrier``: the trace context to write (a relayed report keeps its own), else
+        this process's (``tracing.event_context``)."""
         self._linger.count(self._producer)
-        value = codec.encode(event, pool, event_context(event))
+        carrier = carrier or event_context(event)
         return await self._producer.send(
-            self.topics.events, value, key=pool.encode(),
-            partition=partition_for(pool, self.partitions),
+            self.topics.events, codec.encode(event, pool, carrier), key=pool.encode(),
+            partition=partition_for(pool, self.partitions), headers=event_headers(event, carrier),
         )
+
+    async def send_event_to(self, topic: str, event: ev.Event, pool: str) -> asyncio.Future:
+        """``send`` to another topic of events (a node's report topic), keyed by the pool."""
+        carrier = event_context(event)
+        return await self._producer.send(topic, codec.encode(event, pool, carrier), key=pool.encode(),
+                                         headers=event_headers(event, carrier))
 
     async def publish(self, event: ev.Event, pool: str) -> Position:
         meta = await (await self.send(event, pool))
@@ -75,8 +112,9 @@ class EventPublisher:
     async def publish_to(self, event: ev.Event, partition: int) -> Position:
         """An event about a partition's log itself (its ``JobRetentionSet``), not a pool."""
         self._linger.count(self._producer)
-        future = await self._producer.send(self.topics.events, codec.encode(event, "", current_context()),
-                                           partition=partition)
+        carrier = current_context()
+        future = await self._producer.send(self.topics.events, codec.encode(event, "", carrier),
+                                           partition=partition, headers=event_headers(event, carrier))
         meta = await future
         return Position(meta.partition, meta.offset)
 
@@ -91,8 +129,14 @@ class EventPublisher:
     async def send_raw_later(self, topic: str, value: bytes, key: bytes | None = None,
                              partition: int | None = None,
                              headers: list[tuple[str, bytes]] | None = None) -> asyncio.Future:
-        """Queue a record; the returned future resolves when the broker acknowledged it."""
-        return await self._producer.send(topic, value, key=key, partition=partition, headers=headers)
+        """Queue a record; the returned future resolves when the broker acknowledged it. A
+        ``gpusched.schema`` header is added from the topic where the caller gave none."""
+        headers = list(headers or ())
+        # a usage record on a node's report topic is marked as such (its other records are events)
+        schema = USAGE_SCHEMA if (KIND_HEADER, USAGE_KIND) in headers else raw_schema(self.topics.prefix, topic)
+        if schema is not None and all(name != SCHEMA_HEADER for name, _ in headers):
+            headers.append((SCHEMA_HEADER, schema))
+        return await self._producer.send(topic, value, key=key, partition=partition, headers=headers or None)
 
 
 class DeadLetters:

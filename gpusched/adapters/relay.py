@@ -154,7 +154,8 @@ class Relay:
         if verdict.reason:
             return await self._refuse(record, f"report of node {node!r} {verdict.reason}")
         self.counts["relayed"] += 1
-        return await self.publisher.send(verdict.event, verdict.pool)
+        # the agent's trace context, in the envelope and the headers, travels on
+        return await self.publisher.send(verdict.event, verdict.pool, verdict.trace_context)
 
     async def _relay_usage(self, node: str, record) -> asyncio.Future | None:
         reason = usage_refusal(node, record.value)
@@ -189,6 +190,7 @@ class Verdict(NamedTuple):
     pool: str = ""
     reason: str = ""
     seen: bool = False
+    trace_context: dict[str, str] | None = None   # the report's envelope's
 
 
 def triage(node: str, value: bytes | None, states: dict[int, ClusterState], partitions: int) -> Verdict:
@@ -205,7 +207,8 @@ def triage(node: str, value: bytes | None, states: dict[int, ClusterState], part
     if state.dedupe.seen(event.event_id):
         return Verdict(event, pool, seen=True)
     reason = check_report(node, pool, event, state)
-    return Verdict(event, pool, reason=f"refused: {reason}" if reason else "")
+    return Verdict(event, pool, reason=f"refused: {reason}" if reason else "",
+                   trace_context=dict(envelope.trace_context) or None)
 
 
 def usage_refusal(node: str, value: bytes | None) -> str:

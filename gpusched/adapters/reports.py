@@ -117,7 +117,4 @@ async def send_report(publisher, topic: str, event: ev.Event, pool: str) -> None
     """Write one event to a node's report topic (keyed and enveloped with its pool, as in
     the pool log); returns once the broker acknowledged it. ``publisher`` is the
     agent's ``EventPublisher``."""
-    from gpusched.adapters import codec
-    from gpusched.adapters.tracing import current_context
-
-    await publisher.send_raw(topic, codec.encode(event, pool, current_context()), key=pool.encode())
+    await (await publisher.send_event_to(topic, event, pool))

@@ -4,8 +4,16 @@ Admission's ``SubmitJob`` span starts a job's trace; its W3C context travels ins
 event envelope (``trace_context``). Every service folding the log continues it: a
 ``process <topic>`` consumer span per event about a traced job (messaging semantic
 conventions), parented by the context in the envelope. The first context seen for a job
-(its ``JobSubmitted``) is kept in ``JOBS``: the placer's decision span, the node-agent's
-worker spans and any event published about the job outside a span join that trace.
+(its ``JobSubmitted``) is kept in ``JOBS``: the placer's decision span, the preemptor's
+decision spans, the node-agent's worker spans and any event published about the job
+outside a span join that trace.
+
+A caller's own trace continues into the API: ``server_span`` reads the ``traceparent``
+gRPC metadata (the Python client sends it while a span is current). A batch
+(``SubmitJobs``) gives each job a trace of its own, linked to the batch's span
+(``batch_item_spans``), as OpenTelemetry's messaging conventions do for batches. A
+decision made outside any span (the preemptor's) names the context its event is
+published with through ``publish_in``.
 
 Exporter: OTLP when ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set, the console when
 ``GPUSCHED_TRACE_CONSOLE=1``, otherwise tracing stays off: nothing is recorded, the fold
@@ -22,7 +30,7 @@ from opentelemetry import context, propagate, trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
-from opentelemetry.trace import Link, SpanKind
+from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode
 
 from gpusched.config import process_settings
 
@@ -58,6 +66,11 @@ class JobContexts:
 
 
 JOBS = JobContexts()
+# Events whose envelope must carry a given span's context (a decision span that is not
+# current when the event is published), by event id; taken once, when it is published.
+# Bounded: an event decided but never published (its round failed) is forgotten in time.
+MAX_PENDING_EVENTS = 10_000
+_EVENT_CARRIERS: OrderedDict[str, dict[str, str]] = OrderedDict()
 _provider: TracerProvider | None = None   # set when this process records spans
 _tracer: trace.Tracer | None = None
 _consumer = ""                        # this service, as the messaging consumer group
@@ -99,8 +112,13 @@ def context_from(carrier: dict[str, str]) -> context.Context:
 
 
 def event_context(event) -> dict[str, str]:
-    """The trace context an event is published with: the current span's, else (an event
-    about a job, written outside any span) the job's trace."""
+    """The trace context an event is published with: the one ``publish_in`` named for it,
+    else the current span's, else (an event about a job, written outside any span) the
+    job's trace."""
+    if _EVENT_CARRIERS:
+        named = _EVENT_CARRIERS.pop(event.event_id, None)
+        if named is not None:
+            return named
     carrier = current_context()
     if carrier or _tracer is None:
         return carrier
@@ -133,9 +151,10 @@ def _consumed(record, event, envelope, accepted: bool) -> None:
     span = _tracer.start_span(
         f"process {record.topic}", context=propagate.extract(dict(carrier)), kind=SpanKind.CONSUMER,
         attributes={"messaging.system": "kafka", "messaging.operation.type": "process",
-                    "messaging.destination.name": record.topic,
+                    "messaging.operation.name": "process", "messaging.destination.name": record.topic,
                     "messaging.destination.partition.id": str(record.partition),
                     "messaging.kafka.offset": record.offset, "messaging.consumer.group.name": _consumer,
+                    "messaging.message.id": event.event_id, "messaging.kafka.message.key": envelope.pool,
                     "gpusched.event": type(event).__name__, "gpusched.job_id": job_id,
                     "gpusched.accepted": accepted})
     span.end()
@@ -155,6 +174,85 @@ def job_span(name: str, job_id: str, attributes: dict | None = None, link=None) 
                                                                          **(attributes or {})},
                                        links=[Link(linked)] if linked and linked.is_valid else None):
         yield
+
+
+def publish_in(event, span: Span) -> None:
+    """Publish ``event`` with ``span``'s context in its envelope, though the span is not
+    current then (a decision span, ended before the proposer publishes its events)."""
+    span_context = span.get_span_context()
+    if _tracer is None or not span_context.is_valid:
+        return
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier, context=trace.set_span_in_context(span))
+    _EVENT_CARRIERS[event.event_id] = carrier
+    if len(_EVENT_CARRIERS) > MAX_PENDING_EVENTS:
+        _EVENT_CARRIERS.popitem(last=False)
+
+
+def decision_span(name: str, job_id: str, attributes: dict, start_time: int | None = None,
+                  event=None, link_job: str = "") -> None:
+    """A decision about a job made outside any span (the preemptor's round), as an ended
+    span in the job's trace from ``start_time`` (ns) on; ``event``: the event that carries
+    the decision, published with this span's context; ``link_job``: another job the
+    decision was for (the preemptor's beneficiary), linked."""
+    parent = JOBS.context(job_id) if _tracer is not None else None
+    if parent is None:
+        return
+    linked = JOBS.context(link_job) if link_job else None
+    links = [Link(trace.get_current_span(linked).get_span_context())] if linked is not None else None
+    span = _tracer.start_span(name, context=parent, start_time=start_time, links=links,
+                              attributes={"gpusched.job_id": job_id, **attributes})
+    if event is not None:
+        publish_in(event, span)
+    span.end()
+
+
+def rpc_parent(grpc_context) -> context.Context:
+    """The caller's trace context from the W3C ``traceparent``/``tracestate`` gRPC metadata
+    of a call (an empty context, so a new trace, when it sent none)."""
+    fields = propagate.get_global_textmap().fields
+    carrier = {key: value for key, value in (grpc_context.invocation_metadata() or ()) if key in fields}
+    return propagate.extract(carrier) if carrier else context.Context()
+
+
+@contextmanager
+def server_span(method: str, grpc_context, service: str) -> Iterator[Span]:
+    """The span of one API call, a child of the caller's span when it sent its context
+    (RPC semantic conventions: ``rpc.system``, ``rpc.service``, ``rpc.method``)."""
+    if _tracer is None:   # tracing off: nothing to read or record on the API's hot path
+        yield trace.INVALID_SPAN
+        return
+    with _tracer.start_as_current_span(
+            method, context=rpc_parent(grpc_context), kind=SpanKind.SERVER,
+            attributes={"rpc.system": "grpc", "rpc.service": service, "rpc.method": method}) as span:
+        yield span
+
+
+@contextmanager
+def batch_item_spans(name: str, items: list[tuple[str, object]]) -> Iterator[None]:
+    """One root span (a trace of its own) per (job id, event) of a batch, linked to the
+    current span (the batch's), each event published with its job's span: one trace per
+    job, as for a job submitted alone. The spans end when the block does."""
+    if _tracer is None:
+        yield
+        return
+    batch = trace.get_current_span().get_span_context()
+    links = [Link(batch)] if batch.is_valid else None
+    spans = []
+    for job_id, event in items:
+        span = _tracer.start_span(name, context=context.Context(), links=links, kind=SpanKind.SERVER,
+                                  attributes={"gpusched.job_id": job_id, "gpusched.batch_size": len(items)})
+        publish_in(event, span)
+        spans.append(span)
+    try:
+        yield
+    except BaseException as exc:
+        for span in spans:
+            span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
+        raise
+    finally:
+        for span in spans:
+            span.end()
 
 
 def mark(name: str, job_id: str, **attributes) -> None:

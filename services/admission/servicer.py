@@ -10,9 +10,9 @@ from collections import Counter
 from typing import NamedTuple
 
 import grpc
-from opentelemetry import trace
 
 from gpusched.adapters import permissions as perm
+from gpusched.adapters import tracing
 from gpusched.adapters.auth import current_access, deny
 from gpusched.adapters.follower import LogFollower
 from gpusched.adapters.publisher import EventPublisher, partition_for
@@ -30,7 +30,6 @@ from gpusched_admission.policy_api import PolicyRpcs, denied_field
 from gpusched_admission.watch import Watchers
 
 _KEY_NAMESPACE = uuid.UUID("6f1c2a8e-0d4b-4d59-9a51-7e2f0c3b9d10")
-tracer = trace.get_tracer("gpusched.admission")
 
 
 def job_id_for(team: str, key: str) -> str:
@@ -118,7 +117,8 @@ class ReadModel:
 
 
 MAX_BATCH = 1000   # jobs per SubmitJobs call
-_API = "/gpusched.v1.AdmissionService/"   # method names, as denials are counted
+_SERVICE = "gpusched.v1.AdmissionService"
+_API = f"/{_SERVICE}/"   # method names, as denials are counted
 
 
 class _Denied(NamedTuple):
@@ -153,7 +153,8 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
         self.refusals: dict[str, str] = {}   # event id -> the reducer's reason, for those it rejected
 
     async def SubmitJob(self, request, context):
-        with tracer.start_as_current_span("SubmitJob") as span:
+        # The job's trace: the caller's, when it sent its context (docs/observability.md).
+        with tracing.server_span("SubmitJob", context, _SERVICE) as span:
             await self._fold_unknown_pools([request])
             item = self._prepare(request)
             if isinstance(item, _Denied):
@@ -166,7 +167,7 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
             return response
 
     async def SubmitJobs(self, request, context):
-        with tracer.start_as_current_span("SubmitJobs") as span:
+        with tracing.server_span("SubmitJobs", context, _SERVICE) as span:
             if not request.jobs:
                 await _abort_invalid(context, [FieldError("jobs", "must not be empty")])
             if len(request.jobs) > MAX_BATCH:
@@ -186,7 +187,10 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
             if errors:
                 await _abort_invalid(context, errors)
             self._check_limits(items)
-            return admission_pb2.SubmitJobsResponse(results=await self._submit(items, context))
+            # Each new job a trace of its own, linked to this batch's span: one trace per
+            # job whether it came alone or in a batch.
+            with tracing.batch_item_spans("SubmitJob", [(i.job_id, i.event) for i in items if i.event]):
+                return admission_pb2.SubmitJobsResponse(results=await self._submit(items, context))
 
     def _prepare(self, request, where: str = "") -> _Submission | _Denied | list[FieldError]:
         """A valid request as what to write (or the job its key names); else its errors,

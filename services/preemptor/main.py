@@ -20,6 +20,7 @@ from gpusched.policies.actions import make_actions
 from gpusched.policies.preemption.victim_rules import PreemptionConfig
 from gpusched.policies.supervision import SupervisionConfig
 from gpusched_preemptor.decide import PreemptorDecider
+from gpusched_preemptor.spans import traced
 
 
 async def run(args: argparse.Namespace) -> None:
@@ -49,7 +50,7 @@ async def run(args: argparse.Namespace) -> None:
     follower = LogFollower(conn, topics, me, dead_letters, options,
                            on_assigned=lambda parts: holder["loop"].on_assigned(parts),
                            on_revoked=lambda parts: holder["loop"].on_revoked(parts))
-    loop = holder["loop"] = PartitionProposer(follower, publisher, decider, me)
+    loop = holder["loop"] = PartitionProposer(follower, publisher, traced(decider), me)
     server, port, health = await start_server(own.listen, [], [], security)
     setup_metrics("gpusched-preemptor", follower)
     await follower.start()

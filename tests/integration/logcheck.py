@@ -20,8 +20,10 @@ from gpusched.core.reducer import apply
 from gpusched.core.state import ClusterState
 
 
-async def read_log(bootstrap: str, topics: TopicNames, topic: str | None = None) -> dict[int, list]:
-    """Every record of every partition, as (offset, value) lists keyed by partition."""
+async def read_log(bootstrap: str, topics: TopicNames, topic: str | None = None,
+                   whole: bool = False) -> dict[int, list]:
+    """Every record of every partition, as (offset, value) lists keyed by partition
+    (``whole``: the records themselves, with their keys and headers)."""
     topic = topic or topics.events
     consumer = AIOKafkaConsumer(**client_args(bootstrap), enable_auto_commit=False)
     await consumer.start()
@@ -39,7 +41,7 @@ async def read_log(bootstrap: str, topics: TopicNames, topic: str | None = None)
         while remaining:
             batches = await consumer.getmany(*remaining, timeout_ms=1000)
             for tp, records in batches.items():
-                out[tp.partition].extend((r.offset, r.value) for r in records)
+                out[tp.partition].extend(r if whole else (r.offset, r.value) for r in records)
                 if records and records[-1].offset >= ends[tp] - 1:
                     remaining.discard(tp)
         return out

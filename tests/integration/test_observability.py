@@ -8,13 +8,22 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 import time
 import urllib.parse
 import urllib.request
 
+from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
 from gpusched.client import Client, spec
+from gpusched.ctl.decode import DESCRIPTOR_SET
 from gpusched.local_cluster import LocalCluster
-from gpusched.v1 import types_pb2
+from gpusched.v1 import events_pb2, types_pb2
+from tests.integration.logcheck import read_log
 from tests.integration.test_fault_tolerance import until
 
 SUCCEEDED = types_pb2.JOB_PHASE_SUCCEEDED
@@ -147,7 +156,7 @@ async def test_a_preemption_and_the_requeued_attempt_stay_in_the_victims_trace(
 
         def complete(data) -> bool:
             names = [s["operationName"] for s in data["spans"]]
-            return (names.count("place") >= 2 and names.count("worker end") >= 2
+            return (names.count("place") >= 2 and names.count("worker end") >= 2 and "preempt" in names
                     and ("gpusched-preemptor", "JobPreempted") in events_in(data))
         data = await eventually(lambda: spans_of(jaeger, victim, complete), f"the preemption in {victim}'s trace")
     finally:
@@ -160,6 +169,122 @@ async def test_a_preemption_and_the_requeued_attempt_stay_in_the_victims_trace(
                       for tag in s["tags"] if tag["key"] == "gpusched.attempt")
     assert attempts[0] == 0 and attempts[-1] >= 1   # placed again after the requeue
     assert {s["traceID"] for s in data["spans"]} == {data["traceID"]}
+    # the preemptor's decision: a span of the victim's trace, a child of its SubmitJob,
+    # linked to the urgent job's trace; every service's JobPreempted span is its child
+    services = {pid: p["serviceName"] for pid, p in data["processes"].items()}
+    by_id = {s["spanID"]: s for s in data["spans"]}
+    preempts = {s["spanID"]: s for s in data["spans"] if s["operationName"] == "preempt"}
+    for preempt in preempts.values():
+        tags = {t["key"]: t["value"] for t in preempt["tags"]}
+        assert services[preempt["processID"]] == "gpusched-preemptor"
+        assert tags["gpusched.job_id"] == victim and tags["gpusched.for_job"] == urgent
+        assert tags["gpusched.cause"] == "priority"
+        refs = {r["refType"]: r for r in preempt["references"]}
+        assert by_id[refs["CHILD_OF"]["spanID"]]["operationName"] == "SubmitJob"
+        assert refs["FOLLOWS_FROM"]["traceID"] != data["traceID"]   # the urgent job's trace
+    preempted = [s for s in data["spans"] if {"key": "gpusched.event", "type": "string",
+                                               "value": "JobPreempted"} in s["tags"]]
+    assert preempted and all(s["references"][0]["spanID"] in preempts for s in preempted)
+
+
+def trace_services(data: dict) -> set[str]:
+    return {p["serviceName"] for p in data["processes"].values()}
+
+
+async def test_each_job_of_a_batch_is_a_trace_and_a_callers_span_is_its_jobs_parent(
+        kafka_bootstrap, topics, tmp_path, jaeger, monkeypatch):
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", jaeger.otlp_endpoint)
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
+    # The caller: a program of its own that traces with OpenTelemetry (a provider of this
+    # test's own, not the process-wide one) and submits through the Python client.
+    caller = TracerProvider(resource=Resource.create({"service.name": "training-platform"}))
+    caller.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=jaeger.otlp_endpoint)))
+    cluster = LocalCluster(kafka_bootstrap, topics, tmp_path)
+    try:
+        admission = await cluster.admission()
+        await cluster.placer()
+        await cluster.agent("node-0")
+        client = Client(f"127.0.0.1:{admission.port}")
+        with caller.get_tracer("test").start_as_current_span("launch experiment") as launch:
+            alone = (await client.submit(spec("alone", "nlp", gpus=1, duration=0.2))).job.job_id
+            batch = [r.job.job_id for r in await client.submit_many(
+                [(spec(f"batch-{i}", "nlp", gpus=1, duration=0.2), "") for i in range(3)])]
+        assert {j.phase for j in await client.wait_terminal({alone, *batch})} == {SUCCEEDED}
+        await client.close()
+        traces = {job_id: await eventually(lambda j=job_id: job_trace(jaeger, j), f"the trace of {job_id}")
+                  for job_id in (alone, *batch)}
+    finally:
+        await cluster.stop_all()
+        caller.shutdown()
+    launched = f"{launch.get_span_context().trace_id:032x}"
+    # the job submitted alone: in the caller's trace, its SubmitJob a child of the caller's span
+    assert traces[alone]["traceID"] == launched
+    [submit] = [s for s in traces[alone]["spans"] if s["operationName"] == "SubmitJob"
+                and {"key": "gpusched.job_id", "type": "string", "value": alone} in s["tags"]]
+    assert submit["references"][0]["refType"] == "CHILD_OF"
+    assert submit["references"][0]["spanID"] == f"{launch.get_span_context().span_id:016x}"
+    # each job of the batch: a trace of its own across the services, linked to the batch's span
+    assert len({traces[job_id]["traceID"] for job_id in batch} | {launched}) == 4
+    for job_id in batch:
+        data = traces[job_id]
+        assert trace_services(data) >= {"gpusched-admission", "gpusched-placer", "gpusched-node-agent"}
+        [root] = [s for s in data["spans"] if s["operationName"] == "SubmitJob"]
+        assert [(r["refType"], r["traceID"]) for r in root["references"]] == [("FOLLOWS_FROM", launched)]
+        placed = [s for s in data["spans"] if s["operationName"] == "place"]
+        assert placed and all({"key": "gpusched.job_id", "type": "string", "value": job_id} in s["tags"]
+                              for s in placed)
+
+
+def headers_of(record) -> dict[str, str]:
+    return {name: value.decode() for name, value in record.headers}
+
+
+async def test_records_carry_their_schema_type_and_trace_and_decode_outside_gpusched(
+        kafka_bootstrap, topics, tmp_path, jaeger, monkeypatch):
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", jaeger.otlp_endpoint)
+    cluster = LocalCluster(kafka_bootstrap, topics, tmp_path)
+    try:
+        admission = await cluster.admission()   # with the relay, which forwards the agents' reports
+        await cluster.placer()
+        await cluster.agent("node-0")
+        client = Client(f"127.0.0.1:{admission.port}")
+        job_id = (await client.submit(spec("read-by-others", "nlp", gpus=1, duration=0.2))).job.job_id
+        [job] = await client.wait_terminal({job_id})
+        assert job.phase == SUCCEEDED
+        await client.close()
+    finally:
+        await cluster.stop_all()
+    records = [r for part in (await read_log(kafka_bootstrap, topics, whole=True)).values() for r in part]
+    envelopes = [events_pb2.EventEnvelope.FromString(r.value) for r in records]
+    for record, envelope in zip(records, envelopes):
+        headers = headers_of(record)
+        assert headers["gpusched.schema"] == "gpusched.v1.EventEnvelope"
+        assert headers["gpusched.event-type"] == envelope.type
+        assert headers.get("traceparent") == envelope.trace_context.get("traceparent")
+    about_job = {e.type: headers_of(r) for r, e in zip(records, envelopes)
+                 if e.WhichOneof("payload") and getattr(getattr(e, e.WhichOneof("payload")), "job_id", "") == job_id}
+    # the job's events, those the agent reported through the relay too, carry its trace
+    assert {"JobSubmitted", "JobPlaced", "WorkerStarted", "WorkerFinished"} <= set(about_job)
+    trace_id = about_job["JobSubmitted"]["traceparent"].split("-")[1]
+    assert {h["traceparent"].split("-")[1] for h in about_job.values()} == {trace_id}
+    beats = [r for part in (await read_log(kafka_bootstrap, topics, f"{topics.prefix}beats.node-0",
+                                           whole=True)).values() for r in part]
+    assert beats and all(headers_of(r)["gpusched.schema"] == "gpusched.v1.Heartbeat" for r in beats)
+
+    # `gpusched decode` on the records as kcat -f '%S\n%s' writes them: one JSON object each
+    stream = b"".join(f"{len(r.value)}\n".encode() + r.value for r in records)
+    decoded = subprocess.run([sys.executable, "-m", "gpusched.cli", "decode"], input=stream,
+                             capture_output=True, check=True).stdout.decode().splitlines()
+    objects = [json.loads(line) for line in decoded]
+    assert [(o["event_id"], o["type"]) for o in objects] == [(e.event_id, e.type) for e in envelopes]
+    [submitted] = [o for o in objects if o["type"] == "JobSubmitted"]
+    assert submitted["job_submitted"]["job_id"] == job_id and submitted["job_submitted"]["spec"]["team"] == "nlp"
+    # protoc with the descriptor set alone (no .proto files, no gpusched code)
+    placed = next(r for r, e in zip(records, envelopes) if e.type == "JobPlaced")
+    text = subprocess.run([sys.executable, "-m", "grpc_tools.protoc", "--decode=gpusched.v1.EventEnvelope",
+                           f"--descriptor_set_in={DESCRIPTOR_SET}", "gpusched/v1/events.proto"],
+                          input=placed.value, capture_output=True, check=True, cwd=tmp_path).stdout.decode()
+    assert 'type: "JobPlaced"' in text and f'job_id: "{job_id}"' in text
 
 
 # --- metrics ----------------------------------------------------------------------------

@@ -115,3 +115,91 @@ async def test_a_replay_makes_no_spans_but_later_spans_of_the_job_join_its_trace
     tracing.mark("worker end", "j5")
     [end] = spans.get_finished_spans()
     assert end.parent.span_id == submit.get_span_context().span_id
+
+
+# --- a batch, the caller's context, decisions made outside a span ------------------------
+class Call:
+    """What ``rpc_parent`` reads of a gRPC call: its metadata."""
+
+    def __init__(self, metadata) -> None:
+        self.metadata = metadata
+
+    def invocation_metadata(self):
+        return self.metadata
+
+
+def submitted(job_id: str) -> ev.Event:
+    return ev.JobCancelled(event_id=f"submit-{job_id}", job_id=job_id)
+
+
+async def test_each_job_of_a_batch_starts_a_trace_of_its_own_linked_to_the_batch(tracer, spans):
+    events = {job_id: submitted(job_id) for job_id in ("b1", "b2", "b3")}
+    with tracer.start_as_current_span("SubmitJobs") as batch:
+        with tracing.batch_item_spans("SubmitJob", list(events.items())):
+            carriers = {job_id: tracing.event_context(event) for job_id, event in events.items()}
+    roots = {s.attributes["gpusched.job_id"]: s for s in spans.get_finished_spans() if s.name == "SubmitJob"}
+    assert set(roots) == set(events)
+    trace_ids = {root.context.trace_id for root in roots.values()}
+    assert len(trace_ids) == 3 and batch.get_span_context().trace_id not in trace_ids
+    for job_id, root in roots.items():
+        assert root.parent is None
+        assert [link.context.span_id for link in root.links] == [batch.get_span_context().span_id]
+        # each job's event is published in its own trace, not the batch's
+        assert carriers[job_id]["traceparent"].split("-")[1:3] == [
+            f"{root.context.trace_id:032x}", f"{root.context.span_id:016x}"]
+
+
+async def test_the_callers_traceparent_metadata_parents_the_server_span(tracer, spans):
+    with tracer.start_as_current_span("client") as client:
+        sent = tuple(tracing.current_context().items())
+    with tracing.server_span("SubmitJob", Call(sent + (("authorization", "x"),)), "gpusched.v1.AdmissionService"):
+        pass
+    with tracing.server_span("SubmitJob", Call(()), "gpusched.v1.AdmissionService"):
+        pass
+    with_caller, alone = [s for s in spans.get_finished_spans() if s.name == "SubmitJob"]
+    assert with_caller.context.trace_id == client.get_span_context().trace_id
+    assert with_caller.parent.span_id == client.get_span_context().span_id
+    assert with_caller.kind is SpanKind.SERVER and with_caller.attributes["rpc.system"] == "grpc"
+    assert alone.parent is None and alone.context.trace_id != client.get_span_context().trace_id
+
+
+async def test_a_decision_span_joins_the_jobs_trace_and_its_event_carries_it(tracer, spans):
+    with tracer.start_as_current_span("SubmitJob") as submit:
+        await fold(codec.encode(cancelled("d1", "e1"), "default", tracing.event_context(cancelled("d1", "e1"))))
+    with tracer.start_as_current_span("SubmitJob") as other:
+        await fold(codec.encode(cancelled("d2", "e2"), "default", tracing.event_context(cancelled("d2", "e2"))))
+    preempted = ev.JobPreempted(event_id="p1", job_id="d1", attempt=0, for_job="d2", reason="preemption: x")
+    tracing.decision_span("preempt", "d1", {"gpusched.cause": "preemption"}, event=preempted, link_job="d2")
+    [preempt] = [s for s in spans.get_finished_spans() if s.name == "preempt"]
+    assert preempt.parent.span_id == submit.get_span_context().span_id
+    assert [link.context.trace_id for link in preempt.links] == [other.get_span_context().trace_id]
+    carrier = tracing.event_context(preempted)   # as the proposer publishes it, outside any span
+    assert carrier["traceparent"].split("-")[2] == f"{preempt.context.span_id:016x}"
+    # taken once: the event's id names no context any more
+    assert tracing.event_context(preempted)["traceparent"].split("-")[2] == f"{submit.get_span_context().span_id:016x}"
+
+
+async def test_the_preemptors_decisions_are_spans_in_the_traces_of_the_jobs_they_touch(tracer, spans):
+    from gpusched_preemptor.spans import traced
+    from tests.unit.core.builders import Log, make_node, whole
+
+    log = Log(make_node("n1"))
+    roots = {}
+    for job_id in ("v1", "v2"):
+        assert log.submit(job_id).accepted
+        with tracer.start_as_current_span("SubmitJob") as roots[job_id]:
+            await fold(codec.encode(cancelled(job_id, f"s-{job_id}"), "default",
+                                    tracing.event_context(cancelled(job_id, f"s-{job_id}"))))
+        log.run(job_id, ("n1", whole(0 if job_id == "v1" else 1)))
+    preempted = ev.JobPreempted(event_id="p1", job_id="v1", attempt=0, for_job="v2", reason="defrag: moved")
+    lost = ev.NodeLost(event_id="l1", node="n1", reason="no heartbeat")
+    decide = traced(lambda partition, state, now: [(preempted, "default"), (lost, "default")])
+    assert decide(0, log.state, 0.0) == [(preempted, "default"), (lost, "default")]
+    done = spans.get_finished_spans()
+    [preempt] = [s for s in done if s.name == "preempt"]
+    assert preempt.parent.span_id == roots["v1"].get_span_context().span_id
+    assert preempt.attributes["gpusched.cause"] == "defrag" and preempt.attributes["gpusched.for_job"] == "v2"
+    assert tracing.event_context(preempted)["traceparent"].split("-")[2] == f"{preempt.context.span_id:016x}"
+    node_lost = {s.attributes["gpusched.job_id"]: s for s in done if s.name == "node lost"}
+    assert {job: s.context.trace_id for job, s in node_lost.items()} == {
+        job: root.get_span_context().trace_id for job, root in roots.items()}
