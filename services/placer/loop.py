@@ -40,7 +40,7 @@ class PlacementDecider:
         idle = self._last_version.get(partition) == state.version
         if idle and not any(state.jobs[j].not_before > 0 for j in state.pending):
             # The same state: only pending reasons the last pass could not reach or held back.
-            if not self.reasons.due(partition, now):
+            if not self.reasons.due(partition, state, now):
                 return []
             return [(e, state.jobs[e.job_id].spec.pool) for e in self.reasons.idle_pass(partition, state, now)]
         self._last_version[partition] = state.version

@@ -26,9 +26,10 @@ from gpusched.policies.placement.diagnosis import reasons
 from gpusched.policies.queueing.quota import QueueTree
 from gpusched.policies.reservation.backfill import Reservation
 
-PER_PASS = 256
+PER_PASS = 64
 MIN_INTERVAL_S = 5.0
 RATE_PER_S = 50.0
+FULL_CHECK_S = 1.0       # at most this often the whole queue is compared (for requeued jobs)
 RESEND_AFTER_S = 30.0   # a reason written that never showed up in the log (a lost write) is written again
 
 
@@ -40,6 +41,10 @@ class _Partition:
     sent: dict[str, tuple[int, PendingReason, float]] = field(default_factory=dict)   # job -> (attempt, reason, when)
     held: dict[str, float] = field(default_factory=dict)   # job -> when its held-back reason may be written
     complete: bool = True    # the last pass reached every job
+    unlooked: dict[str, None] = field(default_factory=dict)   # jobs never looked at, in queue order
+    seq_seen: int = 0        # jobs submitted before this were seen by ``_unlooked``
+    epoch_checked: int = -1  # the capacity epoch of the last comparison of the whole queue
+    checked_at: float = -FULL_CHECK_S
     tokens: float = RATE_PER_S
     tokens_at: float = 0.0
     quotas: QueueTree = field(default_factory=QueueTree)
@@ -66,10 +71,11 @@ class PendingReasons:
         booked = [(state.jobs[d.job_id], d.workers) for d in decisions]
         return self._pass(part, state, now, booked)
 
-    def due(self, partition: int, now: float) -> bool:
+    def due(self, partition: int, state: ClusterState, now: float) -> bool:
         """Whether a pass is owed although the state has not changed since the last cycle."""
         part = self._parts.get(partition)
-        return part is not None and (not part.complete or any(t <= now for t in part.held.values()))
+        return part is not None and (not part.complete or any(t <= now for t in part.held.values())
+                                     or self._full_check_due(part, state, now))
 
     def idle_pass(self, partition: int, state: ClusterState, now: float) -> list[ev.JobPendingReason]:
         part = self._parts.get(partition)
@@ -97,12 +103,20 @@ class PendingReasons:
         for job_id in [j for j in part.held if j not in pending or j in placed]:
             del part.held[job_id]
         chosen = [j for j, t in part.held.items() if t <= now][:budget]
-        for job_id in pending:
+        unlooked = self._unlooked(part, state, now)
+        taken = []
+        for job_id in unlooked:
             if len(chosen) >= budget:
-                part.complete = False
-                return chosen
-            if job_id not in looked and job_id not in placed:
+                break
+            taken.append(job_id)
+            if job_id in pending and job_id not in looked and job_id not in placed:
                 chosen.append(job_id)
+        for job_id in taken:
+            if job_id not in placed:
+                del unlooked[job_id]
+        if len(chosen) >= budget:
+            part.complete = False
+            return chosen
         gone = []
         part.complete = True
         for job_id, generation in looked.items():   # in look order, so in generation order
@@ -119,6 +133,33 @@ class PendingReasons:
             del looked[job_id]
             part.sent.pop(job_id, None)
         return chosen
+
+    def _unlooked(self, part: _Partition, state: ClusterState, now: float) -> dict[str, None]:
+        """Pending jobs never looked at, in queue order. New submissions are found from the
+        end of ``state.jobs`` (jobs join it in submission order) back to the last one
+        seen, without a pass over the queue. Requeued jobs come back to the queue with a
+        new attempt; each requeue releases capacity (``capacity_epoch``), so once the epoch
+        moved the whole queue is compared again, at most every ``FULL_CHECK_S``."""
+        jobs, unlooked = state.jobs, part.unlooked
+        if self._full_check_due(part, state, now):
+            missing = state.pending.keys() - part.looked.keys() - unlooked.keys()
+            for job_id in sorted(missing, key=lambda j: jobs[j].seq):
+                unlooked[job_id] = None
+            part.epoch_checked, part.checked_at = state.capacity_epoch, now
+        else:
+            new = []
+            for job_id in reversed(jobs):
+                if jobs[job_id].seq < part.seq_seen:
+                    break
+                new.append(job_id)
+            for job_id in reversed(new):
+                if job_id not in part.looked:
+                    unlooked[job_id] = None
+        part.seq_seen = state.next_seq
+        return unlooked
+
+    def _full_check_due(self, part: _Partition, state: ClusterState, now: float) -> bool:
+        return part.epoch_checked != state.capacity_epoch and now - part.checked_at >= FULL_CHECK_S
 
     def _event(self, part: _Partition, job: JobState, reason: PendingReason, now: float) -> ev.JobPendingReason | None:
         """The event that writes ``reason``, or None: the log has it, it is on its way, or a

@@ -54,3 +54,29 @@ def test_no_decision_reads_it():
                 log(ev.JobPendingReason, job_id=f"j{i}", attempt=0, reason=WAITS)
         return [(d.job_id, d.workers) for d in Scheduler().cycle(log.state, log.now)]
     assert cycle(True) == cycle(False) != []
+
+
+def test_a_snapshot_keeps_it_and_one_taken_before_it_existed_restores_without():
+    from gpusched.core.digest import digest
+    from gpusched.core.snapshot import snapshot_bytes, snapshot_doc, encode_doc, state_from_snapshot
+
+    log = pending_job()
+    log(ev.JobPendingReason, job_id="j", attempt=0, reason=WAITS, time=50.0)
+    restored = state_from_snapshot(snapshot_bytes(log.state))
+    assert (restored.jobs["j"].pending_reason, restored.jobs["j"].pending_reason_at) == (WAITS, 50.0)
+    assert digest(restored) == digest(log.state)
+    doc = snapshot_doc(log.state)   # as written by code without the fields
+    del doc["schema"]["PendingReason"], doc["schema"]["NodeCount"]
+    doc["schema"]["JobState"] = [f for f in doc["schema"]["JobState"] if not f.startswith("pending_reason")]
+    jobs = doc["state"]["jobs"]
+    for column in ("pending_reason", "pending_reason_at"):
+        _drop(jobs, column)
+    assert state_from_snapshot(encode_doc(doc)).jobs["j"].pending_reason == NO_PENDING_REASON
+
+
+def _drop(columns, name: str) -> None:
+    """Remove a field's column wherever the nested column document holds it."""
+    if isinstance(columns, dict):
+        columns.pop(name, None)
+        for value in columns.values():
+            _drop(value, name)
