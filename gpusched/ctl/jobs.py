@@ -209,11 +209,11 @@ def pending_lines(job: types_pb2.Job) -> list[str]:
     return [f"Why pending:  {job.pending.summary}", f"              ({kind}, found {clock(at)}, {age(at)} ago)"]
 
 
-def why(job: types_pb2.Job) -> str:
-    """A table's reason: why a pending job waits where the placer said, else the job's reason."""
+def why(job: types_pb2.Job, none: str = "-") -> str:
+    """A line's reason: why a pending job waits where the placer said, else the job's reason."""
     if job.phase == types_pb2.JOB_PHASE_PENDING and job.HasField("pending"):
         return job.pending.summary
-    return job.reason or "-"
+    return job.reason or none
 
 
 @describe.command("job")
@@ -265,7 +265,8 @@ def watch(client: SyncClient, job_ids: tuple[str, ...], team: str, pool: str, ou
             click.echo(json.dumps(as_dict(update)))
         else:
             click.echo(f"{time.strftime('%H:%M:%S')}  {job.job_id}  {job.spec.name:<20} "
-                       f"{phase_name(job.phase):<11} {update.event_type or '-':<16} {job.reason}".rstrip())
+                       f"{phase_name(job.phase):<11} {update.event_type or '-':<16} {why(job, none='')}"
+                       .rstrip())
         if left and job.phase in TERMINAL:
             left.discard(job.job_id)
             failed |= job.phase != types_pb2.JOB_PHASE_SUCCEEDED

@@ -11,8 +11,9 @@ Three limits keep it cheap for a long queue and a busy pool:
 * a partition writes at most ``rate_per_s`` reasons a second (a token bucket).
 
 When the state does not change, the placer skips its cycle; ``due`` says a pass is still
-owed then (jobs not looked at since the state last changed, or reasons held back), and
-``idle_pass`` makes it against the same state, with the last cycle's reservation.
+owed then (jobs not looked at since the state last changed, reasons held back, requeued
+jobs to look for), and ``idle_pass`` makes it against the same state, with the last
+cycle's reservation.
 """
 from __future__ import annotations
 
