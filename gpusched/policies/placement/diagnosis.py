@@ -38,7 +38,7 @@ from gpusched.policies.statement import Statement, tentative
 
 NOMINATED, RESERVED, FITS = "nominated", "reserved", "fits"
 # Filters in the order they are tried (ties in counts are listed in this order).
-FILTERS = (POOL, LOST, CORDONED, MODEL, NOMINATED, GPUS, SHARE, MIG, CPU, MEMORY, RESERVED, FITS)
+FILTERS = (POOL, LOST, CORDONED, MODEL, GPUS, SHARE, MIG, CPU, MEMORY, NOMINATED, RESERVED, FITS)
 _RANK = {name: i for i, name in enumerate(FILTERS)}
 
 
