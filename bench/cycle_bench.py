@@ -6,9 +6,13 @@ so parking (``policies.queueing.parking``) cannot skip the waiting jobs: every c
 whole queue again. Per iteration: ``--ends`` running jobs are cancelled (releasing their
 GPUs, as a job's end does), one ``Scheduler.cycle`` runs as the placer calls it (with its
 parked set and queue cache), and its decisions are applied as ``JobPlaced`` events.
-Prints the mean CPU time of a cycle and the decisions it made.
+Prints the mean CPU time of a cycle and the decisions it made. With ``--reasons``, each
+cycle is followed by the placer's pending-reason pass (``gpusched_placer.reasons``: the
+jobs left pending diagnosed, a reason written where it changed, those events applied),
+whose CPU time is printed apart.
 
     .venv/bin/python bench/cycle_bench.py [--nodes 2] [--pending 3000] [--cycles 300] [--queue priority]
+                                          [--reasons]
 """
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ from gpusched.core.reducer import apply
 from gpusched.core.state import ClusterState
 from gpusched.policies.queueing.parking import ParkedJobs
 from gpusched.policies.queueing.keys import QueueKeys
+from gpusched.policies.queueing.quota import QueueTree
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig
 
 PRIORITIES = ("training", "training", "training", "best-effort", "training-high")
@@ -68,25 +73,42 @@ def main() -> None:
     p.add_argument("--ends", type=int, default=2, help="running jobs that end before each cycle")
     p.add_argument("--queue", default="priority")
     p.add_argument("--no-keys", action="store_true", help="without the QueueKeys memo (as before it)")
+    p.add_argument("--reasons", action="store_true", help="also the placer's pending-reason pass after each cycle")
     args = p.parse_args()
     pool = Pool(args.nodes)
     scheduler = Scheduler(SchedulerConfig(queue=args.queue))
     parked, keys = ParkedJobs(), (None if args.no_keys else QueueKeys())
     pool.submit(args.nodes * 80 + args.pending)   # 80 shares fill a node
     pool.place(scheduler.cycle(pool.state, float(pool.n), parked, keys))
+    reasons = None
+    if args.reasons:
+        from gpusched_placer.reasons import PendingReasons   # the service's module: installed with the package
+        reasons = PendingReasons("bench")
     gc.collect()
-    cpu, decided = 0.0, 0
+    cpu = why_cpu = 0.0
+    decided = written = 0
     for _ in range(args.cycles):
         pool.end_some(args.ends)
         pool.submit(args.ends)   # the queue keeps its length
+        now = float(pool.n)
         c0 = time.process_time()
-        decisions = scheduler.cycle(pool.state, float(pool.n), parked, keys)
-        cpu += time.process_time() - c0
+        decisions = scheduler.cycle(pool.state, now, parked, keys)
+        c1 = time.process_time()
+        cpu += c1 - c0
         decided += len(decisions)
+        if reasons is not None:
+            why = reasons.after_cycle(0, pool.state, now, QueueTree(), scheduler.reservation, decisions)
+            why_cpu += time.process_time() - c1
+            written += len(why)
+            for e in why:
+                apply(pool.state, e)
         pool.place(decisions)
     print(f"{args.queue} queue, {args.nodes} full 8-GPU nodes, {len(pool.state.pending):,} pending, "
           f"{args.ends} jobs ending before each cycle: {cpu / args.cycles * 1e3:.2f} ms CPU per cycle "
           f"({decided / args.cycles:.1f} decisions per cycle, {args.cycles} cycles)")
+    if reasons is not None:
+        print(f"pending-reason pass: {why_cpu / args.cycles * 1e3:.2f} ms CPU per cycle, "
+              f"{written / args.cycles:.1f} reasons written per cycle")
 
 
 if __name__ == "__main__":

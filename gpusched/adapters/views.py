@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from gpusched.adapters.codec import to_proto
+from gpusched.core.model import PendingKind
 from gpusched.core.queries import PoolSummary
 from gpusched.core.state import JobState, NodeState
 from gpusched.v1 import cluster_pb2, types_pb2
@@ -18,6 +19,9 @@ def job_message(job: JobState) -> types_pb2.Job:
     msg.spec.CopyFrom(to_proto(job.spec, types_pb2.JobSpec))
     for w in job.workers:
         msg.workers.append(to_proto(w, types_pb2.WorkerAssignment))
+    if job.pending_reason.kind is not PendingKind.NONE:   # docs/why-pending.md
+        msg.pending.CopyFrom(to_proto(job.pending_reason, types_pb2.PendingReason))
+        msg.pending_at.FromNanoseconds(round(job.pending_reason_at * 1e9))
     return msg
 
 

@@ -5,12 +5,21 @@ import hashlib
 import json
 
 from gpusched.core.policy import Quota
-from gpusched.core.state import ClusterState, GpuState
+from gpusched.core.model import PendingKind
+from gpusched.core.state import ClusterState, GpuState, JobState
 
 
 def _gpu(g: GpuState) -> list:
     # GPU memory only when booked: digests of states without it stay what they were
     return [g.healthy, g.used_milli, g.mig_mask] + ([g.used_memory_mib] if g.used_memory_mib else [])
+
+
+def _pending_reason(job: JobState) -> list:
+    # only once one is set: digests of states without pending reasons stay what they were
+    r = job.pending_reason
+    if r.kind is PendingKind.NONE:
+        return []
+    return [[r.kind.value, r.summary, r.nodes, [[c.filter, c.nodes] for c in r.counts], job.pending_reason_at]]
 
 
 def canonical(state: ClusterState) -> dict:
@@ -23,7 +32,7 @@ def canonical(state: ClusterState) -> dict:
         jid: [j.phase.value, j.attempt, j.reason, j.seq, j.restarts, j.preemptions,
               j.checkpoint, sorted(j.started), sorted(j.finished.items()),
               [[w.worker, w.node, [[s.index, s.milli, s.mig_profile, s.mig_start] for s in w.gpus]]
-               for w in j.workers]]
+               for w in j.workers]] + _pending_reason(j)
         for jid, j in sorted(state.jobs.items())
     }
     usage = {t: [u.gpu_milli, u.cpu_milli, u.memory_mib, u.jobs] for t, u in sorted(state.usage.items())

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpusched.core.model import JobSpec, NodeInfo, WorkerAssignment
+from gpusched.core.model import JobSpec, NodeInfo, PendingReason, WorkerAssignment
 from gpusched.core.policy import Quota, TeamPolicy
 
 
@@ -161,6 +161,18 @@ class AttemptTimedOut(Event):
     reason: str = ""
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobPendingReason(Event):
+    """Why attempt ``attempt`` of a pending job is not placed, as the placer last found
+    it (``gpusched.policies.placement.diagnosis``). Written only when the reason changes,
+    so every replica answers ``GetJob`` from its own fold; it changes no decision and is
+    dropped when the job is placed or ends."""
+
+    job_id: str
+    attempt: int
+    reason: PendingReason
+
+
 # --- the log's own settings -----------------------------------------------------------
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PoolTimeLimitsSet(Event):
@@ -215,6 +227,6 @@ EVENT_TYPES: dict[str, type[Event]] = {
         JobSubmitted, JobCancelled, JobPlaced, WorkerStarted, WorkerFinished,
         CheckpointSaved, JobPreempted, AttemptFailed, JobRetentionSet,
         NodeFenced, RendezvousSet, AttemptTimedOut, PoolTimeLimitsSet, PoolCreated,
-        QuotaSet, TeamPolicySet,
+        QuotaSet, TeamPolicySet, JobPendingReason,
     )
 }

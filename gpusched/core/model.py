@@ -202,3 +202,40 @@ class NodeInfo:
             if k == key:
                 return v
         return default
+
+
+class PendingKind(str, Enum):
+    """Why a pending job was not placed in the placer's last look at it (docs/why-pending.md).
+    NONE: no reason known yet (the placer has not looked, or the job is not pending)."""
+
+    NONE = "none"
+    BACKOFF = "backoff"          # retry back-off: not before ``JobState.not_before``
+    QUOTA = "quota"              # its team or org would go over its limit
+    RESERVATION = "reservation"  # it fits, but an EASY-backfill reservation holds that capacity
+    NOMINATION = "nomination"    # it fits, but nodes freed by a preemption are kept for its beneficiary
+    NO_FIT = "no_fit"            # no node takes a worker (``counts``: each node's first failing filter)
+    GANG = "gang"                # nodes take some workers, not the whole gang
+    QUEUED = "queued"            # it fits now: it waits for its turn in a cycle
+
+
+@dataclass(frozen=True, slots=True)
+class NodeCount:
+    """How many nodes one placement filter rejected (or, as ``"fits"``, took a worker)."""
+
+    filter: str
+    nodes: int
+
+
+@dataclass(frozen=True, slots=True)
+class PendingReason:
+    """The placer's summary of why a job waits, like kube-scheduler's "0/12 nodes are
+    available: 8 Insufficient nvidia.com/gpu, 4 node(s) were cordoned". Written by the
+    placer (``JobPendingReason``), shown by the API; it decides nothing."""
+
+    kind: PendingKind = PendingKind.NONE
+    summary: str = ""
+    nodes: int = 0                          # nodes of the job's pool looked at
+    counts: tuple[NodeCount, ...] = ()      # per filter, the nodes it rejected first
+
+
+NO_PENDING_REASON = PendingReason()

@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 
 from gpusched.core import events as ev
 from gpusched.core.capacity import check_placement, commit, release, settle_ledger
-from gpusched.core.model import EXIT_LOST, JobPhase, NodeStatus
+from gpusched.core.model import EXIT_LOST, NO_PENDING_REASON, JobPhase, NodeStatus, PendingKind
 from gpusched.core.policy import DEFAULT_TEAM, allowed, check_quota, check_team_policy
 from gpusched.core.retention import note_ended, prune_finished, set_retention
 from gpusched.core.state import ClusterState, JobState, NodeState, gpu_state, set_gpu_info
@@ -35,6 +35,7 @@ _SUCCEEDED, _FAILED, _CANCELLED = JobPhase.SUCCEEDED, JobPhase.FAILED, JobPhase.
 _STOPPING, _TIMEOUT = JobPhase.STOPPING, JobPhase.TIMEOUT
 _NO_LIMITS = (0.0, 0.0)
 _READY, _LOST, _CORDONED = NodeStatus.READY, NodeStatus.LOST, NodeStatus.CORDONED
+_NO_KIND = PendingKind.NONE
 
 
 class Outcome(NamedTuple):
@@ -309,6 +310,7 @@ def _job_placed(e: ev.JobPlaced, state: ClusterState) -> Outcome:
     job.placed_at = e.time
     job.reason = ""
     job.rendezvous = ""
+    job.pending_reason = NO_PENDING_REASON
     job.started.clear()
     job.finished.clear()
     del state.pending[job.job_id]
@@ -421,6 +423,19 @@ def _attempt_timed_out(e: ev.AttemptTimedOut, state: ClusterState) -> Outcome:
     return _changed(job.job_id)
 
 
+@_handles(ev.JobPendingReason)
+def _job_pending_reason(e: ev.JobPendingReason, state: ClusterState) -> Outcome:
+    """Only stored, for the API: no decision reads it (docs/why-pending.md)."""
+    job = state.jobs.get(e.job_id)
+    if job is None or job.phase is not _PENDING or e.attempt != job.attempt:
+        return _reject(f"job {e.job_id} attempt {e.attempt} is not pending", e.job_id)
+    if e.reason.kind is _NO_KIND:
+        return _reject("a pending reason needs a kind", e.job_id)
+    job.pending_reason = e.reason
+    job.pending_reason_at = e.time
+    return _changed(job.job_id)
+
+
 # --- the log's own settings -----------------------------------------------------------
 @_handles(ev.JobRetentionSet)
 def _job_retention_set(e: ev.JobRetentionSet, state: ClusterState) -> Outcome:
@@ -485,6 +500,7 @@ def _end(state: ClusterState, job: JobState, phase: JobPhase, reason: str, time:
     _stop(state, job, time)
     state.pending.pop(job.job_id, None)
     state.nominations.pop(job.job_id, None)
+    job.pending_reason = NO_PENDING_REASON
     job.phase = phase
     job.reason = reason
     job.ended_at = time

@@ -16,7 +16,7 @@ from mypy_extensions import mypyc_attr
 from gpusched.core.mig import ANY_SLOT, FULL_MASK, NO_SLOT, MigProfile, allowed_slots
 from gpusched.core.policy import Quota, TeamPolicy
 from gpusched.core.model import (
-    GpuInfo, JobPhase, JobSpec, MigMode, NodeInfo, NodeStatus, WorkerAssignment,
+    NO_PENDING_REASON, GpuInfo, JobPhase, JobSpec, MigMode, NodeInfo, NodeStatus, PendingReason, WorkerAssignment,
 )
 
 _READY = NodeStatus.READY   # bound once: EnumType.__getattr__ costs ~0.13 us a lookup on 3.11
@@ -161,6 +161,10 @@ class JobState:
     stop_then: str = ""
     time_limit_s: float = 0.0      # max_runtime_s, or the pool's default; 0: none
     rendezvous: str = ""           # "address:port" of this attempt's rendezvous (gangs)
+    # Why it waits, as the placer last wrote it (JobPendingReason), and when: shown by the
+    # API, read by no decision; NO_PENDING_REASON once placed or ended.
+    pending_reason: PendingReason = NO_PENDING_REASON
+    pending_reason_at: float = 0.0
 
     @property
     def team(self) -> str:

@@ -109,7 +109,7 @@ JOB_COLUMNS = [("JOB ID", lambda j: j.job_id), ("NAME", lambda j: j.spec.name), 
                ("AGE", lambda j: age(j.submitted_at))]
 JOB_WIDE = [("PRIORITY", lambda j: j.spec.priority_class), ("NODES", _nodes),
             ("RESTARTS", lambda j: str(j.restarts)), ("PREEMPTIONS", lambda j: str(j.preemptions)),
-            ("REASON", lambda j: j.reason or "-")]
+            ("REASON", lambda j: why(j))]
 
 
 def _phases(names: tuple[str, ...], active: bool) -> tuple[int, ...]:
@@ -177,8 +177,9 @@ def job_lines(job: types_pb2.Job) -> list[str]:
              + (f", GPU memory {r.gpu_memory_mib} MiB" if r.gpu_memory_mib else "")]
     if s.command:
         lines.append(f"Command:      {' '.join(s.command)}")
-    lines += [f"Phase:        {phase_name(job.phase)}", f"Reason:       {job.reason or '-'}",
-              f"Attempt:      {job.attempt}  (restarts {job.restarts}, preemptions {job.preemptions})"]
+    lines += [f"Phase:        {phase_name(job.phase)}", f"Reason:       {job.reason or '-'}"]
+    lines += pending_lines(job)
+    lines.append(f"Attempt:      {job.attempt}  (restarts {job.restarts}, preemptions {job.preemptions})")
     if job.time_limit_s:
         lines.append(f"Time limit:   {job.time_limit_s:g}s")
     if job.checkpoint:
@@ -197,6 +198,22 @@ def job_lines(job: types_pb2.Job) -> list[str]:
                               + (f" ({g.mig_profile})" if g.mig_profile else "") for g in w.gpus)
             lines.append(f"  {w.worker:<3} {w.node}  GPUs {slots or '-'}")
     return lines
+
+
+def pending_lines(job: types_pb2.Job) -> list[str]:
+    """Why a pending job waits, as the placer last found it (docs/why-pending.md)."""
+    if job.phase != types_pb2.JOB_PHASE_PENDING or not job.HasField("pending"):
+        return []
+    at = job.pending_at.ToNanoseconds() / 1e9
+    kind = types_pb2.PendingKind.Name(job.pending.kind).removeprefix("PENDING_KIND_").lower()
+    return [f"Why pending:  {job.pending.summary}", f"              ({kind}, found {clock(at)}, {age(at)} ago)"]
+
+
+def why(job: types_pb2.Job, none: str = "-") -> str:
+    """A line's reason: why a pending job waits where the placer said, else the job's reason."""
+    if job.phase == types_pb2.JOB_PHASE_PENDING and job.HasField("pending"):
+        return job.pending.summary
+    return job.reason or none
 
 
 @describe.command("job")
@@ -248,7 +265,8 @@ def watch(client: SyncClient, job_ids: tuple[str, ...], team: str, pool: str, ou
             click.echo(json.dumps(as_dict(update)))
         else:
             click.echo(f"{time.strftime('%H:%M:%S')}  {job.job_id}  {job.spec.name:<20} "
-                       f"{phase_name(job.phase):<11} {update.event_type or '-':<16} {job.reason}".rstrip())
+                       f"{phase_name(job.phase):<11} {update.event_type or '-':<16} {why(job, none='')}"
+                       .rstrip())
         if left and job.phase in TERMINAL:
             left.discard(job.job_id)
             failed |= job.phase != types_pb2.JOB_PHASE_SUCCEEDED

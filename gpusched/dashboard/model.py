@@ -102,7 +102,9 @@ class EventBook:
         self._lock = threading.Lock()
 
     def record(self, job: types_pb2.Job, event_type: str, offset: int, t: float | None = None) -> None:
-        seen = SeenEvent(time.time() if t is None else t, event_type, job.phase, job.reason, offset)
+        # a pending reason's event shows that reason, every other the job's own
+        reason = job.pending.summary if event_type == "JobPendingReason" else job.reason
+        seen = SeenEvent(time.time() if t is None else t, event_type, job.phase, reason, offset)
         with self._lock:
             if job.job_id not in self._events and len(self._events) >= self._jobs:
                 self._events.pop(next(iter(self._events)))   # the job first seen longest ago

@@ -152,13 +152,19 @@ def queues(jobs: list[types_pb2.Job], now: float | None = None) -> str:
         rows = "".join(f'<tr class="pending" data-job="{escape(j.job_id)}"><td>{job_link(j)}</td>'
                        f'<td>{j.spec.workers}x{escape(gpus_of(j.spec.resources))}</td>'
                        f'<td>{escape(j.spec.priority_class)}</td><td>{int(now - j.submitted_at)}s</td>'
-                       f'<td class="reason">{escape(j.reason) or "-"}</td></tr>' for j in pending)
+                       f'<td class="reason">{escape(j.reason) or "-"}</td>'
+                       f'<td class="why">{escape(why_pending(j)) or "-"}</td></tr>' for j in pending)
         sections.append(f'<h3 data-queue="{escape(pool)}/{escape(team)}">{escape(team)} '
                         f'<span class="muted">pool {escape(pool)}: {running[(pool, team)]} running, '
                         f'{len(pending)} pending</span></h3>'
                         + (f'<table class="queue"><tr><th>Job</th><th>GPUs</th><th>Class</th><th>Waiting</th>'
-                           f'<th>Reason</th></tr>{rows}</table>' if pending else ""))
+                           f'<th>Reason</th><th>Why pending</th></tr>{rows}</table>' if pending else ""))
     return "<h2>Queues</h2>" + ("".join(sections) or '<p class="muted">no active jobs</p>')
+
+
+def why_pending(job: types_pb2.Job) -> str:
+    """The placer's reason a pending job waits (docs/why-pending.md); "" where it gave none."""
+    return job.pending.summary if job.phase == types_pb2.JOB_PHASE_PENDING and job.HasField("pending") else ""
 
 
 def gpus_of(resources: types_pb2.WorkerResources) -> str:
@@ -171,7 +177,7 @@ def gpus_of(resources: types_pb2.WorkerResources) -> str:
 def job_page(job: types_pb2.Job, steps: list[Step], now: float | None = None) -> str:
     s = job.spec
     fields = [("Job", job.job_id), ("Team", s.team), ("Pool", s.pool), ("Phase", phase_name(job.phase)),
-              ("Reason", job.reason or "-"), ("Class", s.priority_class),
+              ("Reason", job.reason or "-"), ("Why pending", why_pending(job) or "-"), ("Class", s.priority_class),
               ("Workers", f"{s.workers} x {gpus_of(s.resources)} GPU"), ("Attempt", str(job.attempt)),
               ("Restarts", str(job.restarts)), ("Preemptions", str(job.preemptions))]
     table = "".join(f'<tr><th>{escape(k)}</th><td class="{escape(k.lower())}">{escape(v)}</td></tr>'

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Mapping, Protocol
 
 from gpusched.core.mig import largest_placeable, parse_profile
-from gpusched.core.model import GpuSlot, WorkerResources
+from gpusched.core.model import GpuSlot, NodeStatus, WorkerResources
 from gpusched.core.state import NodeState, Usage
 
 
@@ -65,3 +65,35 @@ def fit(node: NodeState, pool: str, res: WorkerResources) -> tuple[GpuSlot, ...]
     if node.info.pool != pool or not fits_node(node, res):
         return None
     return pick_gpus(node, res)
+
+
+# --- which check fails: the fit rule above, one check at a time -------------------------
+# Filter names, in the order ``first_failing`` tries them: what never changes while the
+# node stays as registered first (pool, status, model), then the free GPUs, CPU, memory.
+POOL, LOST, CORDONED, MODEL, GPUS, SHARE, MIG, CPU, MEMORY = (
+    "pool", "lost", "cordoned", "model", "gpus", "share", "mig", "cpu", "memory")
+
+
+def first_failing(node: NodeState, pool: str, res: WorkerResources) -> str:
+    """The first check of ``fit`` that refuses one worker of ``res`` on ``node``, or ""
+    when ``fit`` gives it slots (tested: "" exactly when ``fit`` is not None). For the
+    pending reason (``placement.diagnosis``): it uses the same ``GpuState`` methods."""
+    if node.info.pool != pool:
+        return POOL
+    if not node.schedulable:
+        return LOST if node.status is NodeStatus.LOST else CORDONED
+    if not res.allows(node.model):
+        return MODEL
+    if res.is_mig:
+        if pick_mig(node, res) is None:
+            return MIG
+    elif res.is_share:
+        if not any(g.fits_share(res.gpu_milli, res.gpu_memory_mib) for g in node.gpus):
+            return SHARE
+    elif res.gpus and node.free_whole_gpus() < res.gpus:
+        return GPUS
+    if node.free_cpu < res.cpu_milli:
+        return CPU
+    if node.free_mem < res.memory_mib:
+        return MEMORY
+    return ""

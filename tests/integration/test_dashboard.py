@@ -169,7 +169,8 @@ async def test_pages_in_headless_chromium(dashboard, tmp_path):
             last[:] = [html]
             page = Dom(html).root
             charts = page.all("svg", class_="chart")
-            if page.all("tr", **{"data-job": waiting}) and charts and all(
+            rows = page.all("tr", **{"data-job": waiting})
+            if rows and rows[0].one("td", class_="why").content() != "-" and charts and all(
                     int(c.attrs["data-samples"]) >= 3 for c in charts):
                 return page
     try:
@@ -197,6 +198,10 @@ async def test_pages_in_headless_chromium(dashboard, tmp_path):
         reason = (await client.get(job_id)).reason
         assert page.one("tr", **{"data-job": job_id}).one("td", class_="reason").content() == (reason or "-")
     assert "unhealthy" in page.one("tr", **{"data-job": pair.job_id}).one("td", class_="reason").content()
+    # why the job that cannot fit waits, as the placer found it: no node has 4 free H100s
+    no_fit = "0/3 nodes are available: 2 not enough free GPUs, 1 cordoned."
+    assert (await client.get(waiting)).pending.summary == no_fit
+    assert page.one("tr", **{"data-job": waiting}).one("td", class_="why").content() == no_fit
     assert page.one("h3", **{"data-queue": "default/cv"}).content().endswith("0 running, 1 pending")
     assert page.one("h3", **{"data-queue": "default/nlp"}).content().endswith("3 running, 1 pending")
     pool = page.one("tr", **{"data-pool": "default"})
@@ -219,6 +224,8 @@ async def test_pages_in_headless_chromium(dashboard, tmp_path):
     steps = [li.attrs["data-step"] for li in job_page.one("ol", class_="timeline").all("li")]
     assert [s for s in steps if s in ("Submitted", "Placed", "Started")] == ["Submitted", "Placed", "Started"]
     assert {"JobPlaced", "WorkerStarted"} <= set(steps), steps
+    waiting_page = await dom(tmp_path, f"{url}/job/{waiting}")
+    assert waiting_page.one("td", class_="why").content() == no_fit
     pending_page = await dom(tmp_path, f"{url}/job/{pair.job_id}")
     assert pending_page.one("td", class_="reason").content() == requeued.reason
     assert pending_page.one("td", class_="phase").content() == "Pending"

@@ -202,8 +202,15 @@ def within_limits(state: ClusterState, tree: QueueTree, job: JobState,
                   reserved: JobState | None = None) -> bool:
     """Whether placing ``job`` now keeps its team and org within their limits, counting
     the GPUs already booked in ``state`` and those ``reserved`` for a head-of-line job."""
+    return not tree.has_limits or not limit_reached(state, tree, job, reserved)
+
+
+def limit_reached(state: ClusterState, tree: QueueTree, job: JobState,
+                  reserved: JobState | None = None) -> str:
+    """Which limit placing ``job`` now would break, in words ("" when none): the one
+    quota rule, which ``within_limits`` asks and the pending reason quotes."""
     if not tree.has_limits:
-        return True
+        return ""
     team = job.team
     org = tree.org_of(team)
     team_used = state.usage[team].gpu_milli if team in state.usage else 0
@@ -215,12 +222,19 @@ def within_limits(state: ClusterState, tree: QueueTree, job: JobState,
             org_used += reserved.milli
     quota = tree.team_quota(team)
     if team_used + job.milli > quota.limit_milli:
-        return False
+        return _over("team", team, team_used, job.milli, quota.limit_milli)
     if org and org_used + job.milli > tree.org_quota(org).limit_milli:
-        return False
-    if tree.lenders and team_used + job.milli > quota.guaranteed_milli:
-        return _lending_allows(state, tree, job, reserved)
-    return True
+        return _over("org", org, org_used, job.milli, tree.org_quota(org).limit_milli)
+    if tree.lenders and team_used + job.milli > quota.guaranteed_milli \
+            and not _lending_allows(state, tree, job, reserved):
+        return (f"team {team} would borrow GPUs that other teams' guarantees keep back "
+                f"(their lending limits)")
+    return ""
+
+
+def _over(level: str, name: str, used: float, asked: int, limit: float) -> str:
+    return (f"{level} {name} would go over its GPU limit: {used / 1000:g} in use + {asked / 1000:g} asked "
+            f"> {limit / 1000:g}")
 
 
 def _lending_allows(state: ClusterState, tree: QueueTree, job: JobState, reserved: JobState | None) -> bool:

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from gpusched.adapters import codec
 from gpusched.core import events as ev
 from gpusched.core.model import (
-    GpuInfo, GpuSlot, JobKind, JobSpec, NodeInfo, WorkerAssignment, WorkerResources,
+    GpuInfo, GpuSlot, JobKind, JobSpec, NodeCount, NodeInfo, PendingKind, PendingReason, WorkerAssignment,
+    WorkerResources,
 )
 from gpusched.core.policy import Quota, TeamPolicy
 from gpusched.v1 import events_pb2, types_pb2
@@ -49,6 +50,8 @@ assignments = st.builds(WorkerAssignment, worker=i32, node=text, gpus=st.lists(s
 quotas = st.builds(Quota, org=text, team=text, guaranteed_milli=i64, limit_milli=i64, borrowing=st.booleans(),
                    lending_limit_milli=i64, weight=f64)
 team_policies = st.builds(TeamPolicy, team=text, weight=f64, priority_classes=words, pools=words)
+pending_reasons = st.builds(PendingReason, kind=st.sampled_from(PendingKind), summary=text, nodes=i32,
+                            counts=st.lists(st.builds(NodeCount, filter=text, nodes=i32), max_size=3).map(tuple))
 
 
 GENERATED: dict[type, set[str]] = {}   # fields each strategy below fills in
@@ -84,6 +87,7 @@ EVENTS = {
     ev.QuotaSet: _event(ev.QuotaSet, quota=quotas, principal=text),
     ev.TeamPolicySet: _event(ev.TeamPolicySet, policy=team_policies, principal=text),
     ev.PoolCreated: _event(ev.PoolCreated, pool=text, principal=text),
+    ev.JobPendingReason: _event(ev.JobPendingReason, job_id=text, attempt=i32, reason=pending_reasons),
 }
 any_event = st.one_of(*EVENTS.values())
 

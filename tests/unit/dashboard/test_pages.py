@@ -81,3 +81,14 @@ def test_pool_figures_are_the_nodes_now_and_the_chart_the_samples():
     assert '<td class="allocation">100%</td>' in html and '<td class="fragmentation">0%</td>' in html
     assert [a["data-samples"] for t, a in Tags(html).tags if t == "svg"] == ["2", "1"]   # sorted by pool
     assert '<tr data-pool="gone"><th>gone</th><td>0</td><td class="allocation">0%</td>' in html
+
+
+def test_queues_and_job_page_show_why_a_job_is_pending():
+    waiting = types_pb2.Job(job_id="j1", phase=types_pb2.JOB_PHASE_PENDING, submitted_at=1.0,
+                            spec=types_pb2.JobSpec(name="n", team="t", pool="p", workers=1),
+                            pending=types_pb2.PendingReason(kind=types_pb2.PENDING_KIND_NO_FIT, summary=EVIL))
+    queue, page = pages.queues([waiting], now=2.0), pages.job_page(waiting, [], now=2.0)
+    for html in (queue, page):
+        assert "<script>" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    assert '<td class="why">&lt;script&gt;' in queue and '<td class="why pending">&lt;script&gt;' in page
+    assert pages.why_pending(types_pb2.Job(phase=types_pb2.JOB_PHASE_RUNNING, pending=waiting.pending)) == ""

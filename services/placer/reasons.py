@@ -1,0 +1,191 @@
+"""Pending reasons: after a cycle, why the jobs it left pending wait
+(``gpusched.policies.placement.diagnosis``), appended to the pool log as
+``JobPendingReason`` only when a job's reason changes (docs/why-pending.md).
+
+Three limits keep it cheap for a long queue and a busy pool:
+
+* a pass looks at ``per_pass`` jobs at most: jobs never looked at first (queue order),
+  then those whose last look is oldest; jobs of one shape cost one look;
+* a job's reason is written at most once every ``min_interval_s``: a changed reason
+  within that time is held back and written when the time is up;
+* a partition writes at most ``rate_per_s`` reasons a second (a token bucket).
+
+When the state does not change, the placer skips its cycle; ``due`` says a pass is still
+owed then (jobs not looked at since the state last changed, reasons held back, requeued
+jobs to look for), and ``idle_pass`` makes it against the same state, with the last
+cycle's reservation.
+"""
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+
+from gpusched.core import events as ev
+from gpusched.core.model import PendingReason
+from gpusched.core.state import ClusterState, JobState
+from gpusched.policies.placement.diagnosis import reasons
+from gpusched.policies.queueing.quota import QueueTree
+from gpusched.policies.reservation.backfill import Reservation
+
+PER_PASS = 64
+MIN_INTERVAL_S = 5.0
+RATE_PER_S = 50.0
+FULL_CHECK_S = 1.0       # at most this often the whole queue is compared (for requeued jobs)
+RESEND_AFTER_S = 30.0   # a reason written that never showed up in the log (a lost write) is written again
+
+
+@dataclass
+class _Partition:
+    generation: int = 0      # bumps with every cycle: looks from earlier ones are stale
+    # job -> generation of its last look, in the order of the looks (oldest first)
+    looked: dict[str, int] = field(default_factory=dict)
+    sent: dict[str, tuple[int, PendingReason, float]] = field(default_factory=dict)   # job -> (attempt, reason, when)
+    held: dict[str, float] = field(default_factory=dict)   # job -> when its held-back reason may be written
+    complete: bool = True    # the last pass reached every job
+    unlooked: dict[str, None] = field(default_factory=dict)   # jobs never looked at, in queue order
+    seq_seen: int = 0        # jobs submitted before this were seen by ``_unlooked``
+    epoch_checked: int = -1  # the capacity epoch of the last comparison of the whole queue
+    checked_at: float = -FULL_CHECK_S
+    tokens: float = RATE_PER_S
+    tokens_at: float = 0.0
+    quotas: QueueTree = field(default_factory=QueueTree)
+    reservation: Reservation | None = None
+
+
+class PendingReasons:
+    def __init__(self, producer: str, per_pass: int = PER_PASS, min_interval_s: float = MIN_INTERVAL_S,
+                 rate_per_s: float = RATE_PER_S) -> None:
+        self.producer = producer
+        self.per_pass, self.min_interval_s, self.rate_per_s = per_pass, min_interval_s, rate_per_s
+        self._parts: dict[int, _Partition] = {}
+
+    def forget(self, partitions: set[int]) -> None:
+        for p in partitions:
+            self._parts.pop(p, None)
+
+    def after_cycle(self, partition: int, state: ClusterState, now: float, quotas: QueueTree,
+                    reservation: Reservation | None, decisions: list) -> list[ev.JobPendingReason]:
+        """The reasons to write after a cycle that made ``decisions`` (not in the log yet)."""
+        part = self._parts.setdefault(partition, _Partition(tokens=self.rate_per_s, tokens_at=now))
+        part.generation += 1
+        part.quotas, part.reservation = quotas, reservation
+        booked = [(state.jobs[d.job_id], d.workers) for d in decisions]
+        return self._pass(part, state, now, booked)
+
+    def due(self, partition: int, state: ClusterState, now: float) -> bool:
+        """Whether a pass is owed although the state has not changed since the last cycle."""
+        part = self._parts.get(partition)
+        return part is not None and (not part.complete or any(t <= now for t in part.held.values())
+                                     or self._full_check_due(part, state, now))
+
+    def idle_pass(self, partition: int, state: ClusterState, now: float) -> list[ev.JobPendingReason]:
+        part = self._parts.get(partition)
+        return self._pass(part, state, now, []) if part is not None else []
+
+    def _pass(self, part: _Partition, state: ClusterState, now: float, booked: list) -> list[ev.JobPendingReason]:
+        placed = {job.job_id for job, _ in booked}
+        chosen = self._choose(part, state, placed, now)
+        if not chosen:
+            return []
+        jobs = [state.jobs[j] for j in chosen]
+        found = reasons(state, jobs, now, part.quotas, part.reservation, booked)
+        out = []
+        for job in jobs:
+            part.looked.pop(job.job_id, None)
+            part.looked[job.job_id] = part.generation
+            event = self._event(part, job, found[job.job_id], now)
+            if event is not None:
+                out.append(event)
+        return out
+
+    def _choose(self, part: _Partition, state: ClusterState, placed: set[str], now: float) -> list[str]:
+        """Held-back reasons that are due, jobs never looked at, then stale looks, oldest first."""
+        pending, looked, budget = state.pending, part.looked, self.per_pass
+        for job_id in [j for j in part.held if j not in pending or j in placed]:
+            del part.held[job_id]
+        chosen = [j for j, t in part.held.items() if t <= now][:budget]
+        unlooked = self._unlooked(part, state, now)
+        taken = []
+        for job_id in unlooked:
+            if len(chosen) >= budget:
+                break
+            taken.append(job_id)
+            if job_id in pending and job_id not in looked and job_id not in placed:
+                chosen.append(job_id)
+        for job_id in taken:
+            if job_id not in placed:
+                del unlooked[job_id]
+        if len(chosen) >= budget:
+            part.complete = False
+            return chosen
+        gone = []
+        part.complete = True
+        for job_id, generation in looked.items():   # in look order, so in generation order
+            if generation >= part.generation:
+                break
+            if job_id not in pending:
+                gone.append(job_id)
+            elif job_id not in placed and job_id not in part.held:
+                if len(chosen) >= budget:
+                    part.complete = False
+                    break
+                chosen.append(job_id)
+        for job_id in gone:
+            del looked[job_id]
+            part.sent.pop(job_id, None)
+        return chosen
+
+    def _unlooked(self, part: _Partition, state: ClusterState, now: float) -> dict[str, None]:
+        """Pending jobs never looked at, in queue order. New submissions are found from the
+        end of ``state.jobs`` (jobs join it in submission order) back to the last one
+        seen, without a pass over the queue. Requeued jobs come back to the queue with a
+        new attempt; each requeue releases capacity (``capacity_epoch``), so once the epoch
+        moved the whole queue is compared again, at most every ``FULL_CHECK_S``."""
+        jobs, unlooked = state.jobs, part.unlooked
+        if self._full_check_due(part, state, now):
+            missing = state.pending.keys() - part.looked.keys() - unlooked.keys()
+            for job_id in sorted(missing, key=lambda j: jobs[j].seq):
+                unlooked[job_id] = None
+            part.epoch_checked, part.checked_at = state.capacity_epoch, now
+        else:
+            new = []
+            for job_id in reversed(jobs):
+                if jobs[job_id].seq < part.seq_seen:
+                    break
+                new.append(job_id)
+            for job_id in reversed(new):
+                if job_id not in part.looked:
+                    unlooked[job_id] = None
+        part.seq_seen = state.next_seq
+        return unlooked
+
+    def _full_check_due(self, part: _Partition, state: ClusterState, now: float) -> bool:
+        return part.epoch_checked != state.capacity_epoch and now - part.checked_at >= FULL_CHECK_S
+
+    def _event(self, part: _Partition, job: JobState, reason: PendingReason, now: float) -> ev.JobPendingReason | None:
+        """The event that writes ``reason``, or None: the log has it, it is on its way, or a
+        limit holds it back (then ``held`` says when to try again)."""
+        part.held.pop(job.job_id, None)
+        if job.pending_reason == reason:
+            return None
+        last = part.sent.get(job.job_id)
+        if last is not None and last[0] == job.attempt:
+            if last[1] == reason and now - last[2] < RESEND_AFTER_S:
+                return None
+            if now - last[2] < self.min_interval_s:
+                part.held[job.job_id] = last[2] + self.min_interval_s
+                return None
+        if not self._take_token(part, now):
+            part.held[job.job_id] = now + 1.0 / self.rate_per_s
+            return None
+        part.sent[job.job_id] = (job.attempt, reason, now)
+        return ev.JobPendingReason(event_id=uuid.uuid4().hex, time=now, producer=self.producer, job_id=job.job_id,
+                                   attempt=job.attempt, reason=reason)
+
+    def _take_token(self, part: _Partition, now: float) -> bool:
+        part.tokens = min(self.rate_per_s, part.tokens + (now - part.tokens_at) * self.rate_per_s)
+        part.tokens_at = now
+        if part.tokens < 1.0:
+            return False
+        part.tokens -= 1.0
+        return True
