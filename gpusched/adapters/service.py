@@ -7,6 +7,7 @@ import logging
 import signal
 import uuid
 
+from gpusched.adapters.broker_watch import watch_broker
 from gpusched.adapters.dead_letters import LetterIndex
 from gpusched.adapters.publisher import DeadLetters, EventPublisher
 from gpusched.adapters.gc_pacing import pace_gc
@@ -28,6 +29,7 @@ async def connect(settings: KafkaSettings, instance: str,
     pace_gc()   # a service lives long and its state grows: see gc_pacing
     conn, topics = KafkaConnection.from_settings(settings), TopicNames(settings.topic_prefix)
     await _wait_for_broker(conn, settings.broker_wait, instance)
+    watch_broker(conn.bootstrap)   # a broker lost later: one warning, not the client's errors
     try:
         await ensure_topics(conn, topics, settings.partitions,
                             replication_factor=settings.replication_factor,
