@@ -141,6 +141,10 @@ class DeadLetters:
             self._index.add(key)
         self._warn(where, reason, f"dead letter written to {self._publisher.topics.dead_letters}")
 
+    async def stop(self) -> None:
+        if self._index is not None:
+            await self._index.stop()
+
     def _warn(self, where: str, reason: str, outcome: str) -> None:
         self._warnings.warn("%s: skipped a record it cannot apply: %s: %s (%s)", self._consumer, where, reason,
                             outcome)

@@ -70,6 +70,7 @@ async def run(args: argparse.Namespace) -> None:
     await server.stop(grace=1)
     await follower.stop()
     await snapshots.stop()
+    await dead_letters.stop()
     await publisher.stop()
 
 
