@@ -2,7 +2,10 @@
 (blocking, ``connect()``), for training platforms, the CLI, the demo and tests.
 
 Results are the API's own protobuf messages (``types_pb2.Job``, ``types_pb2.Node``, ...),
-so a field added to the API is there without a client release. Calls that are safe to
+so a field added to the API is there without a client release. Their times are
+``google.protobuf.Timestamp`` (instants, unset until they happen) and ``Duration`` (spans):
+``instant()`` and ``span()`` give them as ``datetime``/``timedelta``, ``seconds()`` as
+float seconds; ``spec()`` takes spans as float seconds or ``timedelta``. Calls that are safe to
 repeat are retried on ``UNAVAILABLE`` (admission restarting, a connection lost mid-call);
 a submission is retried with the same idempotency key, so a retry that follows a
 submission the server did record answers that job instead of making a second one
@@ -15,10 +18,12 @@ import asyncio
 import contextlib
 import uuid
 from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import AsyncIterator, Iterator, TypeVar
 
 import grpc
+from google.protobuf import duration_pb2, timestamp_pb2
 from opentelemetry import propagate
 
 from gpusched.v1 import admission_pb2, admission_pb2_grpc, cluster_pb2, cluster_pb2_grpc, types_pb2
@@ -30,22 +35,55 @@ DEFAULT_ENDPOINT = "127.0.0.1:50051"
 T = TypeVar("T")
 
 
+Seconds = float | timedelta
+
+
+def duration_of(value: Seconds) -> duration_pb2.Duration:
+    """A span (float seconds or ``timedelta``) as the API's Duration."""
+    span = duration_pb2.Duration()
+    if isinstance(value, timedelta):
+        span.FromTimedelta(value)
+    else:
+        span.FromNanoseconds(round(value * 1e9))
+    return span
+
+
 def spec(name: str, team: str, *, gpus: int = 0, gpu_milli: int = 0, mig: str = "", workers: int = 1,
-         duration: float = 0.0, priority: str = "training", pool: str = "default",
+         duration: Seconds = 0.0, priority: str = "training", pool: str = "default",
          cpu_milli: int = 1000, memory_mib: int = 4096, models: tuple[str, ...] = (),
-         command: tuple[str, ...] = (), preemptible: bool = True, checkpoint_interval: float = 0.0,
-         max_runtime: float = 0.0, kind: int = types_pb2.JOB_KIND_TRAINING,
+         command: tuple[str, ...] = (), preemptible: bool | None = None, checkpoint_interval: Seconds = 0.0,
+         max_runtime: Seconds = 0.0, kind: int = types_pb2.JOB_KIND_TRAINING,
          gpu_memory_mib: int = 0) -> types_pb2.JobSpec:
     """A JobSpec with the defaults of the CLI and job files (docs/client.md): one worker,
-    pool ``default``, class ``training``, preemptible."""
-    return types_pb2.JobSpec(
+    pool ``default``, class ``training``. ``preemptible`` None leaves it unset: the API's
+    default, preemptible."""
+    msg = types_pb2.JobSpec(
         name=name, team=team, pool=pool, priority_class=priority, kind=kind, workers=workers,
         resources=types_pb2.WorkerResources(gpus=gpus, gpu_milli=gpu_milli, mig_profile=mig,
                                             cpu_milli=cpu_milli, memory_mib=memory_mib, gpu_models=models,
                                             gpu_memory_mib=gpu_memory_mib),
-        simulated_duration_s=duration, command=command, preemptible=preemptible,
-        checkpoint_interval_s=checkpoint_interval, max_runtime_s=max_runtime,
+        simulated_duration=duration_of(duration), command=command,
+        checkpoint_interval=duration_of(checkpoint_interval), max_runtime=duration_of(max_runtime),
     )
+    if preemptible is not None:
+        msg.preemptible = preemptible
+    return msg
+
+
+def instant(value: timestamp_pb2.Timestamp) -> datetime | None:
+    """A result's instant as an aware UTC ``datetime``; None while unset (not yet)."""
+    if not value.seconds and not value.nanos:
+        return None
+    return value.ToDatetime(tzinfo=timezone.utc)
+
+
+def span(value: duration_pb2.Duration) -> timedelta:
+    return value.ToTimedelta()
+
+
+def seconds(value: timestamp_pb2.Timestamp | duration_pb2.Duration) -> float:
+    """Epoch seconds of an instant (0.0 while unset), or the seconds of a span."""
+    return value.seconds + value.nanos / 1e9
 
 
 # The servers' limits (gpusched.adapters.grpc_server), mirrored: a client sends what a

@@ -26,7 +26,7 @@ from collections import Counter
 from pathlib import Path
 
 from gpusched.adapters import dev_pki
-from gpusched.client import Client, ClientTls
+from gpusched.client import Client, ClientTls, seconds
 from gpusched.consumers.usage_report import number_type, collect, format_report
 from gpusched.consumers.utilization import UtilizationLedger
 from gpusched.local_cluster import LocalCluster
@@ -132,10 +132,10 @@ async def _serve(port: int, pki) -> None:
 def _report(jobs, t_submit, makespan, samples, args) -> None:
     phases = Counter(types_pb2.JobPhase.Name(j.phase).removeprefix("JOB_PHASE_").lower() for j in jobs)
     shapes = Counter(j.spec.name.split("-")[0] for j in jobs)
-    gpu_s = sum(j.spec.workers * _milli(j.spec.resources) / 1000 * (j.ended_at - j.started_at)
-                for j in jobs if j.started_at)
+    gpu_s = sum(j.spec.workers * _milli(j.spec.resources) / 1000 * (seconds(j.ended_at) - seconds(j.started_at))
+                for j in jobs if seconds(j.started_at))
     capacity = args.nodes * int(args.gpus.split("x")[0]) * makespan
-    waits = sorted(j.started_at - j.submitted_at for j in jobs if j.started_at)
+    waits = sorted(seconds(j.started_at) - seconds(j.submitted_at) for j in jobs if seconds(j.started_at))
     print(f"\n{len(jobs)} jobs submitted in {t_submit:.2f}s ({len(jobs) / t_submit:.0f}/s); all ended after {makespan:.1f}s")
     print("by outcome: " + ", ".join(f"{k} {v}" for k, v in sorted(phases.items())))
     print("by shape:   " + ", ".join(f"{k} {v}" for k, v in sorted(shapes.items())))

@@ -336,10 +336,13 @@ def _plain_slots_dataclass(cls: type) -> bool:
     )
 
 
+_WIRE_NAMES = {"JobSpec": "JobSpecRecord"}   # the API's JobSpec is not the layout logs hold
+
+
 def _message_builder(cls: type) -> Callable[[Any], Any]:
     build = _MSG_BUILDERS.get(cls)
     if build is None:
-        desc = getattr(types_pb2, cls.__name__).DESCRIPTOR
+        desc = getattr(types_pb2, _WIRE_NAMES.get(cls.__name__, cls.__name__)).DESCRIPTOR
         build = _MSG_BUILDERS[cls] = _compile(cls, "m", [], desc, _optional_fields(desc))
     return build
 
@@ -375,7 +378,7 @@ def _compile_flat(cls: type, header: str, msg_desc, optional: set[str]) -> Calla
 def _flat_message_builder(cls: type) -> Callable[[Any], tuple]:
     build = _FLAT_MSG_BUILDERS.get(cls)
     if build is None:
-        desc = getattr(types_pb2, cls.__name__).DESCRIPTOR
+        desc = getattr(types_pb2, _WIRE_NAMES.get(cls.__name__, cls.__name__)).DESCRIPTOR
         build = _FLAT_MSG_BUILDERS[cls] = _compile_flat(cls, "m", desc, _optional_fields(desc))
     return build
 

@@ -55,7 +55,8 @@ GRANTS: dict[str, Grant] = {
     # the relay forwards the usage records it checked.
     "admission": Grant(reads=("events",), writes=("events", "usage", "dead_letters"), groups=("relay",),
                        reads_reports=True),
-    "placer": Grant(reads=("events", "snapshots"), writes=("events", "snapshots", "dead_letters"),
+    # The placer writes the pool log's dead letters, once each: it reads the topic first.
+    "placer": Grant(reads=("events", "snapshots", "dead_letters"), writes=("events", "snapshots", "dead_letters"),
                     groups=("placer",)),
     # The preemptor's heartbeat monitor reads every node's beats topic, and sends probe
     # beats through <prefix>heartbeats to know its own consumer hears

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -23,6 +24,7 @@ from aiokafka.partitioner import murmur2
 
 from gpusched.adapters import codec
 from gpusched.adapters.batching import LINGER_MS, LingerTuner
+from gpusched.adapters.dead_letters import LetterIndex, WarningLimit, letter_key
 from gpusched.adapters.kafka_admin import TopicNames
 from gpusched.adapters.kafka_security import Where, client_args
 from gpusched.adapters.reports import KIND_HEADER, USAGE_KIND
@@ -140,19 +142,34 @@ class EventPublisher:
 
 
 class DeadLetters:
-    """Writes records no consumer could apply, with the reason, to the dead-letter topic."""
+    """Records a consumer cannot apply. Every consumer that skips one logs a warning (topic,
+    partition, offset, reason; at most ``WARNINGS_PER_MINUTE`` lines a minute), and one
+    letter per record goes to the dead-letter topic. The pool log is folded by every
+    service, so only its designated writer, the placer that owns the partition (the one
+    given an ``index``), writes its letters, after checking the topic does not hold it
+    yet; other topics have one consumer, which writes (docs/architecture.md)."""
 
-    def __init__(self, publisher: EventPublisher | None, consumer: str) -> None:
-        # None: a read-only consumer (billing, reports), whose principal may not write;
-        # it logs the record instead. A pool-log record is dead-lettered by the services
-        # that write, which fold the same log.
+    def __init__(self, publisher: EventPublisher | None, consumer: str, index: LetterIndex | None = None) -> None:
+        # publisher None: a read-only consumer (billing, reports), whose principal may not
+        # write; it only logs the record.
         self._publisher = publisher
         self._consumer = consumer
+        self._index = index
+        self._warnings = WarningLimit(log, f"{consumer}: records skipped")
+        self.skipped: deque[tuple[str, int, int, str]] = deque(maxlen=100)   # the latest, for tests
 
     async def put(self, record, reason: str) -> None:
+        self.skipped.append((record.topic, record.partition, record.offset, reason))
+        where = f"topic {record.topic} partition {record.partition} offset {record.offset}"
         if self._publisher is None:
-            log.warning("%s cannot apply %s[%s]@%s: %s", self._consumer, record.topic, record.partition,
-                        record.offset, reason)
+            self._warn(where, reason, "read-only here: not dead-lettered")
+            return
+        if record.topic == self._publisher.topics.events and self._index is None:
+            self._warn(where, reason, "the placer dead-letters pool-log records")
+            return
+        key = letter_key(record.topic, record.partition, record.offset)
+        if self._index is not None and await self._index.holds(key):
+            self._warn(where, reason, "already dead-lettered")
             return
         letter = events_pb2.DeadLetter(
             source_topic=record.topic, partition=record.partition, offset=record.offset,
@@ -160,10 +177,21 @@ class DeadLetters:
             value=record.value or b"", time=time.time(),
         )
         try:
-            await self._publisher.send_raw(self._publisher.topics.dead_letters, letter.SerializeToString(),
-                                           key=f"{record.partition}:{record.offset}".encode())
+            await self._publisher.send_raw(self._publisher.topics.dead_letters, letter.SerializeToString(), key=key)
         except Exception:  # the DLQ being down must not stop the consumer
-            log.exception("could not write dead letter for %s:%s", record.partition, record.offset)
+            log.exception("could not write dead letter for %s", where)
+            return
+        if self._index is not None:
+            self._index.add(key)
+        self._warn(where, reason, f"dead letter written to {self._publisher.topics.dead_letters}")
+
+    async def stop(self) -> None:
+        if self._index is not None:
+            await self._index.stop()
+
+    def _warn(self, where: str, reason: str, outcome: str) -> None:
+        self._warnings.warn("%s: skipped a record it cannot apply: %s: %s (%s)", self._consumer, where, reason,
+                            outcome)
 
 
 class DeadRecord(NamedTuple):

@@ -7,6 +7,8 @@ import logging
 import signal
 import uuid
 
+from gpusched.adapters.broker_watch import watch_broker
+from gpusched.adapters.dead_letters import LetterIndex
 from gpusched.adapters.publisher import DeadLetters, EventPublisher
 from gpusched.adapters.gc_pacing import pace_gc
 from gpusched.adapters.kafka_admin import TopicNames, ensure_topics, wait_for_broker
@@ -20,10 +22,14 @@ def instance_id(service: str) -> str:
     return f"{service}-{uuid.uuid4().hex[:8]}"
 
 
-async def connect(settings: KafkaSettings, instance: str) -> tuple[EventPublisher, DeadLetters]:
+async def connect(settings: KafkaSettings, instance: str,
+                  pool_log_letters: bool = False) -> tuple[EventPublisher, DeadLetters]:
+    """``pool_log_letters``: this service writes the pool log's dead letters (the placer);
+    the others only log the records they skip."""
     pace_gc()   # a service lives long and its state grows: see gc_pacing
     conn, topics = KafkaConnection.from_settings(settings), TopicNames(settings.topic_prefix)
     await _wait_for_broker(conn, settings.broker_wait, instance)
+    watch_broker(conn.bootstrap)   # a broker lost later: one warning, not the client's errors
     try:
         await ensure_topics(conn, topics, settings.partitions,
                             replication_factor=settings.replication_factor,
@@ -32,7 +38,8 @@ async def connect(settings: KafkaSettings, instance: str) -> tuple[EventPublishe
         raise SystemExit(f"{instance}: {exc}") from None
     publisher = EventPublisher(conn, topics, settings.partitions)
     await publisher.start()
-    return publisher, DeadLetters(publisher, instance)
+    index = LetterIndex(conn, topics.dead_letters) if pool_log_letters else None
+    return publisher, DeadLetters(publisher, instance, index)
 
 
 async def _wait_for_broker(conn: KafkaConnection, seconds: float, instance: str) -> None:

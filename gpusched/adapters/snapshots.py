@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.errors import MessageSizeTooLargeError
+from aiokafka.errors import KafkaError, MessageSizeTooLargeError
 
 from gpusched.adapters.forked_snapshot import CAN_FORK, snapshot_bytes_forked
 from gpusched.adapters.gc_pacing import gc_paused
@@ -146,7 +146,11 @@ class SnapshotStore:
                     max_request_size=self._max_bytes, request_timeout_ms=60_000, linger_ms=0,
                     client_id=f"{self.name}-writer",
                 )
-                await producer.start()
+                try:
+                    await producer.start()
+                except BaseException:
+                    await producer.stop()   # no unclosed client left behind
+                    raise
                 self._producer = producer
             target = await self._snapshot_partition(partition)
             headers = [(OFFSET_HEADER, str(offset).encode()), (WRITER_HEADER, self.name.encode())]
@@ -246,6 +250,10 @@ class SnapshotWriter:
                     await self.maybe_snapshot(partition)
                 except asyncio.CancelledError:
                     raise
+                except KafkaError as exc:   # the broker away: gpusched.broker says so once
+                    self._failed[partition] = time.monotonic()
+                    log.warning("snapshot of partition %d not written (%s); next try in %.0f s", partition,
+                                type(exc).__name__, self.retry_s)
                 except Exception:
                     self._failed[partition] = time.monotonic()
                     log.exception("snapshot of partition %d failed; next try in %.0f s", partition, self.retry_s)

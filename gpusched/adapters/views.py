@@ -1,9 +1,11 @@
 """State -> API messages (``gpusched.v1``) for the gRPC services."""
 from __future__ import annotations
 
+from gpusched.adapters.api_time import duration, set_instant
 from gpusched.adapters.codec import to_proto
 from gpusched.core.model import PendingKind
 from gpusched.core.queries import PoolSummary
+from gpusched.core.model import JobSpec
 from gpusched.core.state import JobState, NodeState
 from gpusched.v1 import cluster_pb2, types_pb2
 
@@ -11,17 +13,30 @@ from gpusched.v1 import cluster_pb2, types_pb2
 def job_message(job: JobState) -> types_pb2.Job:
     msg = types_pb2.Job(
         job_id=job.job_id, phase=types_pb2.JobPhase.Value("JOB_PHASE_" + job.phase.name),
-        reason=job.reason, attempt=job.attempt, submitted_at=job.submitted_at,
-        placed_at=job.placed_at, started_at=job.started_at, ended_at=job.ended_at,
+        reason=job.reason, attempt=job.attempt,
         restarts=job.restarts, preemptions=job.preemptions, checkpoint=job.checkpoint,
-        idempotency_key=job.idempotency_key, time_limit_s=job.time_limit_s, rendezvous=job.rendezvous,
+        idempotency_key=job.idempotency_key, time_limit=duration(job.time_limit_s), rendezvous=job.rendezvous,
     )
-    msg.spec.CopyFrom(to_proto(job.spec, types_pb2.JobSpec))
+    for name in ("submitted_at", "placed_at", "started_at", "ended_at"):
+        set_instant(getattr(msg, name), getattr(job, name))
+    msg.spec.CopyFrom(spec_message(job.spec))
     for w in job.workers:
         msg.workers.append(to_proto(w, types_pb2.WorkerAssignment))
     if job.pending_reason.kind is not PendingKind.NONE:   # docs/why-pending.md
         msg.pending.CopyFrom(to_proto(job.pending_reason, types_pb2.PendingReason))
         msg.pending_at.FromNanoseconds(round(job.pending_reason_at * 1e9))
+    return msg
+
+
+def spec_message(spec: JobSpec) -> types_pb2.JobSpec:
+    """The domain spec as the API shows it: spans as Durations, preemptible always set."""
+    record = to_proto(spec, types_pb2.JobSpecRecord)
+    msg = types_pb2.JobSpec(name=record.name, team=record.team, pool=record.pool,
+                            priority_class=record.priority_class, kind=record.kind, workers=record.workers,
+                            resources=record.resources, preemptible=record.preemptible, command=record.command,
+                            org=record.org, max_restarts=record.max_restarts, max_runtime=duration(spec.max_runtime_s),
+                            checkpoint_interval=duration(spec.checkpoint_interval_s),
+                            simulated_duration=duration(spec.simulated_duration_s))
     return msg
 
 
@@ -44,6 +59,6 @@ def summary_message(s: PoolSummary) -> cluster_pb2.PoolSummary:
         gpu_milli_allocated=s.gpu_milli_allocated, gpu_milli_free=s.gpu_milli_free,
         pending_jobs=s.pending_jobs, running_jobs=s.running_jobs,
         allocation_ratio=s.allocation_ratio, cpu_milli_capacity=s.cpu_milli_capacity,
-        cpu_milli_allocated=s.cpu_milli_allocated, default_time_limit_s=s.default_time_limit_s,
-        max_time_limit_s=s.max_time_limit_s,
+        cpu_milli_allocated=s.cpu_milli_allocated, default_time_limit=duration(s.default_time_limit_s),
+        max_time_limit=duration(s.max_time_limit_s),
     )

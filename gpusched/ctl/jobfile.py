@@ -6,13 +6,14 @@
     workers: 2                 # a gang: all or nothing
     resources: {gpus: 8, cpu_milli: 32000, memory_mib: 262144, gpu_models: [H100-80GB]}
     command: [torchrun, train.py]
-    checkpoint_interval_s: 600
+    checkpoint_interval: 10m    # a span: seconds (600), or 90s, 10m, 1h30m, 2d
 
 Checked here for shape (unknown keys, wrong types), each error naming its field; the
 values themselves are checked by admission, whose errors name the field too. Several
 jobs may share a file as YAML documents separated by ``---``."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Iterator
 
@@ -22,10 +23,15 @@ from google.protobuf.message import Message
 
 from gpusched.v1 import types_pb2
 
-# What a file may leave out, as the Python client's spec() (gpusched.client) has it.
-DEFAULTS = {"preemptible": True, "workers": 1, "pool": "default", "priority_class": "training",
+# What a file may leave out, as the Python client's spec() (gpusched.client) has it;
+# preemptible left out is the API's default (true).
+DEFAULTS = {"workers": 1, "pool": "default", "priority_class": "training",
             "resources": {"cpu_milli": 1000, "memory_mib": 4096}}
 _INTS = {FD.TYPE_INT32, FD.TYPE_INT64, FD.TYPE_UINT32, FD.TYPE_UINT64}
+_UNITS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+_SPAN = re.compile(r"(?:(\d+(?:\.\d+)?)([dhms]))+")
+_RENAMED = {"max_runtime_s": "max_runtime", "checkpoint_interval_s": "checkpoint_interval",
+            "simulated_duration_s": "simulated_duration"}
 
 
 class JobFileError(ValueError):
@@ -80,6 +86,12 @@ def _fill(message: Message, values: dict, prefix: str) -> None:
     for key, value in values.items():
         path = f"{prefix}{key}"
         field = fields.get(key) if isinstance(key, str) else None
+        if key in _RENAMED and field is None:
+            raise JobFileError(f"{path}: now {prefix}{_RENAMED[key]}, a span (600, 90s, 10m, 1h30m)")
+        if field is not None and field.message_type is not None and field.message_type.full_name == \
+                "google.protobuf.Duration":
+            getattr(message, key).FromNanoseconds(round(_span_seconds(value, path) * 1e9))
+            continue
         if field is None:
             raise JobFileError(f"{path}: unknown field (known: {', '.join(sorted(fields))})")
         if field.type == FD.TYPE_MESSAGE:
@@ -92,6 +104,19 @@ def _fill(message: Message, values: dict, prefix: str) -> None:
             getattr(message, key).extend(_scalar(field, v, f"{path}[{i}]") for i, v in enumerate(value))
         else:
             setattr(message, key, _scalar(field, value, path))
+
+
+def _span_seconds(value: object, path: str) -> float:
+    """A span: seconds as a number, or a string of amounts with units (``1h30m``)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = float(value)
+    elif isinstance(value, str) and _SPAN.fullmatch(value.strip()):
+        seconds = sum(float(n) * _UNITS[u] for n, u in re.findall(r"(\d+(?:\.\d+)?)([dhms])", value))
+    else:
+        raise JobFileError(f"{path}: must be a span: seconds (600) or 90s, 10m, 1h30m, 2d; got {value!r}")
+    if seconds < 0:
+        raise JobFileError(f"{path}: must not be negative, got {value!r}")
+    return seconds
 
 
 def _scalar(field, value: object, path: str):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from gpusched.client import TERMINAL, SyncClient
+from gpusched.client import TERMINAL, SyncClient, seconds
 from gpusched.ctl import jobfile
 from gpusched.ctl.output import (age, as_dict, clock, dump, gpu_count, gpus_of, milli_of, output_option, phase_name,
                                  table)
@@ -24,9 +24,9 @@ def _flag_fields(o: dict) -> dict:
     """The flags given, as job-file fields (the file's values, overridden)."""
     fields = {k: v for k, v in (("name", o["name"]), ("team", o["team"]), ("pool", o["pool"]),
                                 ("priority_class", o["priority"]), ("workers", o["workers"]),
-                                ("org", o["org"]), ("simulated_duration_s", o["duration"]),
-                                ("max_runtime_s", o["max_runtime"]), ("preemptible", o["preemptible"]),
-                                ("checkpoint_interval_s", o["checkpoint_interval"])) if v is not None}
+                                ("org", o["org"]), ("simulated_duration", o["duration"]),
+                                ("max_runtime", o["max_runtime"]), ("preemptible", o["preemptible"]),
+                                ("checkpoint_interval", o["checkpoint_interval"])) if v is not None}
     resources = {k: v for k, v in (("gpus", o["gpus"]), ("gpu_milli", o["gpu_milli"]), ("mig_profile", o["mig"]),
                                    ("cpu_milli", o["cpu_milli"]), ("memory_mib", o["memory_mib"])) if v is not None}
     if o["gpu_model"]:
@@ -133,7 +133,7 @@ def get() -> None:
 @pass_client
 def get_jobs(client: SyncClient, team: str, pool: str, phase: tuple[str, ...], active: bool, output: str) -> None:
     """Jobs, oldest first (``-o wide``: priority, nodes, restarts, reason)."""
-    jobs = sorted(client.list_all(team, pool, _phases(phase, active)), key=lambda j: (j.submitted_at, j.job_id))
+    jobs = sorted(client.list_all(team, pool, _phases(phase, active)), key=lambda j: (seconds(j.submitted_at), j.job_id))
     table(jobs, JOB_COLUMNS, JOB_WIDE, output)
 
 
@@ -180,8 +180,8 @@ def job_lines(job: types_pb2.Job) -> list[str]:
     lines += [f"Phase:        {phase_name(job.phase)}", f"Reason:       {job.reason or '-'}"]
     lines += pending_lines(job)
     lines.append(f"Attempt:      {job.attempt}  (restarts {job.restarts}, preemptions {job.preemptions})")
-    if job.time_limit_s:
-        lines.append(f"Time limit:   {job.time_limit_s:g}s")
+    if seconds(job.time_limit):
+        lines.append(f"Time limit:   {seconds(job.time_limit):g}s")
     if job.checkpoint:
         lines.append(f"Checkpoint:   {job.checkpoint}")
     if job.idempotency_key:
@@ -189,7 +189,7 @@ def job_lines(job: types_pb2.Job) -> list[str]:
     lines.append("Timeline:")
     for label, t in (("submitted", job.submitted_at), ("placed", job.placed_at), ("started", job.started_at),
                      ("ended", job.ended_at)):
-        if t:
+        if seconds(t):
             lines.append(f"  {label:<10} {clock(t)}  ({age(t)} ago)")
     if job.workers:
         lines.append("Workers:")

@@ -12,7 +12,10 @@ from google.protobuf.message import Message
 from rich.console import Console
 from rich.table import Table
 
+from gpusched.client import seconds
 from gpusched.v1 import types_pb2
+
+Instant = float | Message   # epoch seconds, or the API's google.protobuf.Timestamp (unset: not yet)
 
 FORMATS = ("table", "wide", "json", "yaml")
 output_option = click.option("-o", "--output", type=click.Choice(FORMATS), default="table", show_default=True,
@@ -59,8 +62,9 @@ def node_status(status: int) -> str:
     return types_pb2.NodeStatus.Name(status).removeprefix("NODE_STATUS_").capitalize()
 
 
-def age(t: float, now: float | None = None) -> str:
+def age(t: Instant, now: float | None = None) -> str:
     """kubectl's AGE: 45s, 12m, 3h, 2d."""
+    t = t if isinstance(t, (int, float)) else seconds(t)
     if not t:
         return "-"
     s = max(0, int((now or time.time()) - t))
@@ -70,7 +74,8 @@ def age(t: float, now: float | None = None) -> str:
     return f"{s}s"
 
 
-def clock(t: float) -> str:
+def clock(t: Instant) -> str:
+    t = t if isinstance(t, (int, float)) else seconds(t)
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "-"
 
 

@@ -8,6 +8,7 @@ from collections import defaultdict, deque
 from dataclasses import dataclass
 from typing import Iterable
 
+from gpusched.client import seconds
 from gpusched.v1 import types_pb2
 
 MIG_SLICES = 8
@@ -125,10 +126,11 @@ class Step:
 def timeline(job: types_pb2.Job, seen: list[SeenEvent]) -> list[Step]:
     """The job's times from the API's fields, and the events seen, in time order."""
     phase = types_pb2.JobPhase.Name
-    steps = [Step(t, label) for t, label in ((job.submitted_at, "Submitted"), (job.placed_at, "Placed"),
-                                             (job.started_at, "Started"),
-                                             (job.ended_at, f"Ended: {phase(job.phase).removeprefix('JOB_PHASE_')}"))
-             if t]
+    steps = [Step(seconds(t), label) for t, label in ((job.submitted_at, "Submitted"), (job.placed_at, "Placed"),
+                                                      (job.started_at, "Started"),
+                                                      (job.ended_at,
+                                                       f"Ended: {phase(job.phase).removeprefix('JOB_PHASE_')}"))
+             if seconds(t)]
     steps += [Step(e.t, e.event_type, f"{phase(e.phase).removeprefix('JOB_PHASE_')}"
                                       f"{' - ' + e.reason if e.reason else ''}"
                                       f"{f' (offset {e.offset})' if e.offset >= 0 else ''}")

@@ -10,6 +10,7 @@ from urllib.parse import quote
 
 from gpusched.dashboard.model import (MIG_SLICES, Sample, Step, allocation, fragmentation, gpu_milli_used,
                                       gpu_state)
+from gpusched.client import seconds
 from gpusched.v1 import types_pb2
 
 STYLE = """
@@ -148,10 +149,10 @@ def queues(jobs: list[types_pb2.Job], now: float | None = None) -> str:
             running[key] += 1
     sections = []
     for pool, team in sorted(set(by_team) | set(running)):
-        pending = sorted(by_team[(pool, team)], key=lambda j: j.submitted_at)
+        pending = sorted(by_team[(pool, team)], key=lambda j: seconds(j.submitted_at))
         rows = "".join(f'<tr class="pending" data-job="{escape(j.job_id)}"><td>{job_link(j)}</td>'
                        f'<td>{j.spec.workers}x{escape(gpus_of(j.spec.resources))}</td>'
-                       f'<td>{escape(j.spec.priority_class)}</td><td>{int(now - j.submitted_at)}s</td>'
+                       f'<td>{escape(j.spec.priority_class)}</td><td>{int(now - seconds(j.submitted_at))}s</td>'
                        f'<td class="reason">{escape(j.reason) or "-"}</td>'
                        f'<td class="why">{escape(why_pending(j)) or "-"}</td></tr>' for j in pending)
         sections.append(f'<h3 data-queue="{escape(pool)}/{escape(team)}">{escape(team)} '
@@ -196,14 +197,15 @@ def job_page(job: types_pb2.Job, steps: list[Step], now: float | None = None) ->
 
 def bar(job: types_pb2.Job, now: float | None = None, width: int = 480) -> str:
     """Waiting (submitted to started) and running (started to ended, or now) as one bar."""
-    if not job.submitted_at:
+    submitted = seconds(job.submitted_at)
+    if not submitted:
         return ""
-    end = job.ended_at or (time.time() if now is None else now)
-    span = max(end - job.submitted_at, 1e-6)
-    start = job.started_at or end
+    end = seconds(job.ended_at) or (time.time() if now is None else now)
+    span = max(end - submitted, 1e-6)
+    start = seconds(job.started_at) or end
 
     def x(t: float) -> float:
-        return (t - job.submitted_at) / span * width
+        return (t - submitted) / span * width
     return (f'<svg class="bar" width="{width}" height="18" xmlns="http://www.w3.org/2000/svg">'
             f'<rect class="waiting" x="0" y="2" width="{x(start):.1f}" height="14" fill="#bdbdbd"/>'
             f'<rect class="running" x="{x(start):.1f}" y="2" width="{width - x(start):.1f}" height="14" '

@@ -13,6 +13,7 @@ import grpc
 
 from gpusched.adapters import permissions as perm
 from gpusched.adapters import tracing
+from gpusched.adapters.api_time import span_seconds
 from gpusched.adapters.auth import current_access, deny
 from gpusched.adapters.follower import LogFollower
 from gpusched.adapters.publisher import EventPublisher, partition_for
@@ -24,7 +25,7 @@ from gpusched.core import validation as limits
 from gpusched.core.validation import FieldError, PoolShape, check_pool_limits, check_pool_name, check_time_limit, validate_spec
 from gpusched.v1 import admission_pb2, admission_pb2_grpc, cluster_pb2, cluster_pb2_grpc
 from gpusched_admission.checks import check_lengths, check_same_spec, phases_of, pool_errors
-from gpusched_admission.convert import spec_from_request
+from gpusched_admission.convert import api_error, spec_from_request
 from gpusched_admission.limits import SubmissionLimits
 from gpusched_admission.policy_api import PolicyRpcs, denied_field
 from gpusched_admission.watch import Watchers
@@ -212,7 +213,7 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
         key = request.idempotency_key
         errors += limits.check_length("idempotency_key", key, limits.MAX_KEY)
         if errors:
-            return errors
+            return [api_error(e) for e in errors]
         denied = denied_field(self.model.state_for_pool(spec.pool), spec)
         if denied:
             value = spec.priority_class if denied == "spec.priority_class" else spec.pool
@@ -444,12 +445,16 @@ class ClusterServicer(PolicyRpcs, cluster_pb2_grpc.ClusterServiceServicer):
 
     async def SetPoolTimeLimits(self, request, context):
         pool = request.pool
-        errors = check_pool_limits(pool, request.default_time_limit_s, request.max_time_limit_s)
+        default_s = span_seconds(request.default_time_limit, "default_time_limit")
+        max_s = span_seconds(request.max_time_limit, "max_time_limit")
+        errors = [s for s in (default_s, max_s) if isinstance(s, FieldError)]
+        if not errors:
+            errors = [api_error(e) for e in check_pool_limits(pool, default_s, max_s)]
         errors += check_pool_name(pool) if pool else []
         if errors:
             await _abort_invalid(context, errors)
         event = ev.PoolTimeLimitsSet(event_id=uuid.uuid4().hex, time=time.time(), producer=self.producer, pool=pool,
-                                     default_s=request.default_time_limit_s, max_s=request.max_time_limit_s,
+                                     default_s=default_s, max_s=max_s,
                                      principal=current_access().principal)
         pos = await self.publisher.publish(event, pool)
         await self.model.follower.wait_applied(pos)

@@ -31,7 +31,7 @@ async def run(args: argparse.Namespace) -> None:
     me = instance_id("placer")
     scheduler = Scheduler(SchedulerConfig(queue=own.queue, placement=own.placement, backfill=own.backfill))
     # Quotas and weights come from the log (QuotaSet/TeamPolicySet, docs/policy.md).
-    publisher, dead_letters = await connect(settings, me)
+    publisher, dead_letters = await connect(settings, me, pool_log_letters=True)   # docs/architecture.md
     holder: dict = {}
     # Snapshots: a newly owned pool starts from its latest snapshot and replays the tail;
     # owned pools are snapshotted every N events / T seconds (and on a clean stop).
@@ -70,6 +70,7 @@ async def run(args: argparse.Namespace) -> None:
     await server.stop(grace=1)
     await follower.stop()
     await snapshots.stop()
+    await dead_letters.stop()
     await publisher.stop()
 
 

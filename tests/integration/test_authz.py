@@ -85,7 +85,7 @@ async def test_a_member_cannot_act_for_another_team_and_nothing_is_written(secur
     assert {j.job_id for j in await c["alice"].list_all()} == {mine.job_id}
     code, message = await _status(c["alice"].cluster.CordonNode(cluster_pb2.CordonNodeRequest(name="node-0")))
     assert code == DENIED and "alice" in message and "nodes.write" in message
-    limits = cluster_pb2.SetPoolTimeLimitsRequest(pool="default", max_time_limit_s=60)
+    limits = cluster_pb2.SetPoolTimeLimitsRequest(pool="default", max_time_limit={"seconds": 60})
     code, _ = await _status(c["alice"].cluster.SetPoolTimeLimits(limits))
     assert code == DENIED
 
@@ -119,7 +119,7 @@ async def test_an_operator_can_and_is_recorded(secured, kafka_bootstrap, topics)
     assert node.status == types_pb2.NODE_STATUS_CORDONED
     await c["ops"].cluster.UncordonNode(cluster_pb2.UncordonNodeRequest(name="node-0"))
     await c["ops"].cluster.SetPoolTimeLimits(cluster_pb2.SetPoolTimeLimitsRequest(pool="default",
-                                                                                 max_time_limit_s=3600))
+                                                                                 max_time_limit={"seconds": 3600}))
     who = {(type(e).__name__, getattr(e, "principal", None)) for e in await _events(kafka_bootstrap, topics)}
     assert {("JobSubmitted", "bob"), ("JobSubmitted", "ops"), ("JobCancelled", "ops"), ("NodeCordoned", "ops"),
             ("NodeUncordoned", "ops"), ("PoolTimeLimitsSet", "ops")} <= who

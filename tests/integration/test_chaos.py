@@ -17,7 +17,7 @@ from pathlib import Path
 
 import grpc
 
-from gpusched.client import Client
+from gpusched.client import Client, seconds
 from gpusched.local_cluster import LocalCluster
 from gpusched.v1 import admission_pb2, types_pb2
 from gpusched.workloads import mixed_jobs
@@ -113,9 +113,9 @@ async def test_chaos_run_loses_nothing_runs_nothing_twice_never_overallocates(ka
         specs = mixed_jobs(JOBS, seed=99, duration=(0.05, 0.4))
         for i, s in enumerate(specs):
             # the command runs where a node runs processes; elsewhere the simulated duration does
-            s.command.extend([*RECORDER, "--duration", f"{s.simulated_duration_s:.3f}", "--tick", "0.02"])
+            s.command.extend([*RECORDER, "--duration", f"{seconds(s.simulated_duration):.3f}", "--tick", "0.02"])
             if i % 5 == 0:
-                s.checkpoint_interval_s = 0.1
+                s.checkpoint_interval.FromMilliseconds(100)
                 s.command.extend(["--checkpoint-every", "0.1"])
         keys = [f"chaos-{i}" for i in range(JOBS)]
         submitting = asyncio.create_task(submit_with_retries(f"127.0.0.1:{port}", specs, keys))

@@ -58,8 +58,8 @@ async def test_submit_from_yaml_get_describe_cancel_and_watch(cluster, tmp_path)
     _, cli = cluster
     job_file = tmp_path / "jobs.yaml"
     job_file.write_text(yaml.safe_dump_all([
-        {"name": "short", "team": "nlp", "simulated_duration_s": 0.5, "resources": {"gpus": 1}},
-        {"name": "long", "team": "nlp", "workers": 2, "simulated_duration_s": 600,
+        {"name": "short", "team": "nlp", "simulated_duration": 0.5, "resources": {"gpus": 1}},
+        {"name": "long", "team": "nlp", "workers": 2, "simulated_duration": "10m",
          "priority_class": "best-effort", "resources": {"gpus": 1, "cpu_milli": 2000}},
         {"name": "huge", "team": "cv", "resources": {"gpus": 4}},   # the node's 4 GPUs: waits for "long"
     ]))

@@ -13,14 +13,19 @@ def test_a_job_file_fills_the_spec_and_the_defaults_of_the_python_client(tmp_pat
     path = tmp_path / "job.yaml"
     path.write_text("name: ft\nteam: nlp\nworkers: 2\nkind: inference\n"
                     "resources: {gpus: 8, gpu_models: [H100-80GB]}\ncommand: [torchrun, train.py]\n"
-                    "checkpoint_interval_s: 600\n---\nname: other\nteam: nlp\npreemptible: false\n")
-    first, second = load(path)
+                    "checkpoint_interval: 10m\nmax_runtime: 1h30m\nsimulated_duration: 2.5\n---\n"
+                    "name: other\nteam: nlp\npreemptible: false\n---\nname: third\npreemptible: true\n")
+    first, second, third = load(path)
     assert (first.name, first.team, first.workers, first.kind) == ("ft", "nlp", 2, types_pb2.JOB_KIND_INFERENCE)
     assert first.resources.gpus == 8 and list(first.resources.gpu_models) == ["H100-80GB"]
     assert first.resources.cpu_milli == 1000 and first.resources.memory_mib == 4096   # defaults kept
-    assert list(first.command) == ["torchrun", "train.py"] and first.checkpoint_interval_s == 600.0
-    assert first.preemptible and first.pool == "default" and first.priority_class == "training"
-    assert not second.preemptible
+    assert list(first.command) == ["torchrun", "train.py"] and first.checkpoint_interval.ToSeconds() == 600
+    assert first.max_runtime.ToSeconds() == 5400 and first.simulated_duration.ToMilliseconds() == 2500
+    assert first.pool == "default" and first.priority_class == "training"
+    # preemptible: left unset (the API's default, true), or as the file says
+    assert not first.HasField("preemptible")
+    assert second.HasField("preemptible") and not second.preemptible
+    assert third.HasField("preemptible") and third.preemptible
 
 
 @pytest.mark.parametrize("doc, message", [
@@ -34,7 +39,10 @@ def test_a_job_file_fills_the_spec_and_the_defaults_of_the_python_client(tmp_pat
     ({"name": "x", "preemptible": "yes please"}, "preemptible: must be true or false"),
     ({"name": "x", "kind": "batch"}, "kind: unknown value 'batch' (one of training, inference)"),
     ({"name": "x", "resources": 4}, "resources: must be a mapping"),
-    ({"name": "x", "max_runtime_s": "1h"}, "max_runtime_s: must be a number"),
+    ({"name": "x", "max_runtime_s": 60}, "max_runtime_s: now max_runtime, a span"),
+    ({"name": "x", "max_runtime": "1 hour"}, "max_runtime: must be a span"),
+    ({"name": "x", "max_runtime": True}, "max_runtime: must be a span"),
+    ({"name": "x", "checkpoint_interval": -5}, "checkpoint_interval: must not be negative"),
     (["name", "x"], "a job is a mapping of JobSpec fields, got list"),
 ])
 def test_a_bad_job_names_its_field(doc, message):

@@ -67,7 +67,9 @@ def test_history_keeps_the_last_samples_per_pool():
 
 
 def job(**fields) -> types_pb2.Job:
-    return types_pb2.Job(job_id="job-1", spec=types_pb2.JobSpec(name="j"), **fields)
+    """``submitted_at=10``: the API's Timestamp of that epoch second."""
+    times = {name: {"seconds": value} for name, value in fields.items() if name.endswith("_at")}
+    return types_pb2.Job(job_id="job-1", spec=types_pb2.JobSpec(name="j"), **{**fields, **times})
 
 
 def test_timeline_merges_the_fields_and_the_events_seen_in_time_order():

@@ -21,7 +21,7 @@ class Tags(HTMLParser):
 
 
 def evil_job(phase=types_pb2.JOB_PHASE_PENDING) -> types_pb2.Job:
-    return types_pb2.Job(job_id=EVIL, phase=phase, reason=EVIL, submitted_at=1.0,
+    return types_pb2.Job(job_id=EVIL, phase=phase, reason=EVIL, submitted_at={"seconds": 1},
                          spec=types_pb2.JobSpec(name=EVIL, team=EVIL, pool=EVIL, priority_class=EVIL, workers=1,
                                                 resources=types_pb2.WorkerResources(mig_profile=EVIL)),
                          workers=[types_pb2.WorkerAssignment(node=EVIL, gpus=[types_pb2.GpuSlot(index=0)])])
@@ -64,8 +64,8 @@ def test_chart_draws_both_series_across_the_sampled_time():
 
 
 def test_queue_lists_pending_jobs_oldest_first_and_counts_the_rest():
-    def job(i: int, phase: int, t: float) -> types_pb2.Job:
-        return types_pb2.Job(job_id=f"job-{i}", phase=phase, submitted_at=t, reason=f"r{i}",
+    def job(i: int, phase: int, t: int) -> types_pb2.Job:
+        return types_pb2.Job(job_id=f"job-{i}", phase=phase, submitted_at={"seconds": t}, reason=f"r{i}",
                              spec=types_pb2.JobSpec(name=f"j{i}", team="nlp", pool="p", workers=1,
                                                     resources=types_pb2.WorkerResources(gpus=1)))
     pending = types_pb2.JOB_PHASE_PENDING
@@ -84,7 +84,7 @@ def test_pool_figures_are_the_nodes_now_and_the_chart_the_samples():
 
 
 def test_queues_and_job_page_show_why_a_job_is_pending():
-    waiting = types_pb2.Job(job_id="j1", phase=types_pb2.JOB_PHASE_PENDING, submitted_at=1.0,
+    waiting = types_pb2.Job(job_id="j1", phase=types_pb2.JOB_PHASE_PENDING, submitted_at={"seconds": 1},
                             spec=types_pb2.JobSpec(name="n", team="t", pool="p", workers=1),
                             pending=types_pb2.PendingReason(kind=types_pb2.PENDING_KIND_NO_FIT, summary=EVIL))
     queue, page = pages.queues([waiting], now=2.0), pages.job_page(waiting, [], now=2.0)

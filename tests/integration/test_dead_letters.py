@@ -1,0 +1,93 @@
+"""A malformed record on the pool log, with every service running: one dead letter with
+the reason (the placer owning the partition writes it, also across its restart), one
+warning from each service that skipped it, and the cluster goes on scheduling."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+from aiokafka import AIOKafkaProducer
+
+from gpusched.adapters.kafka_security import client_args
+from gpusched.adapters.publisher import partition_for
+from gpusched.client import Client, spec
+from gpusched.local_cluster import LocalCluster
+from gpusched.v1 import events_pb2
+from tests.integration.logcheck import read_log
+from tests.integration.test_end_to_end import SUCCEEDED
+
+PARTITIONS = 4
+
+
+async def _run_a_job(client: Client, name: str) -> None:
+    job = (await client.submit(spec(name, "team-a", gpus=1, duration=0.1))).job
+    (done,) = await client.wait_terminal({job.job_id}, timeout=120)
+    assert done.phase == SUCCEEDED
+
+
+async def _append_garbage(bootstrap, topic: str, partition: int) -> int:
+    producer = AIOKafkaProducer(**client_args(bootstrap))
+    await producer.start()
+    try:
+        meta = await producer.send_and_wait(topic, b"\xff\x00 not an envelope", key=b"default", partition=partition)
+    finally:
+        await producer.stop()
+    return meta.offset
+
+
+def _warnings(service, where: str) -> list[str]:
+    return [line for line in service.log_path.read_text().splitlines()
+            if "skipped a record it cannot apply" in line and where in line]
+
+
+async def _until(condition, timeout: float = 60.0, what: str = "") -> None:
+    """The services' logs are files: read them until ``condition`` holds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.2)
+
+
+async def _letters(bootstrap, topics) -> list[events_pb2.DeadLetter]:
+    log = await read_log(bootstrap, topics, topics.dead_letters)
+    return [events_pb2.DeadLetter.FromString(value) for records in log.values() for _, value in records]
+
+
+async def test_a_bad_pool_log_record_is_dead_lettered_once_and_logged_by_each_service(kafka_bootstrap, topics,
+                                                                                       tmp_path):
+    cluster = LocalCluster(kafka_bootstrap, topics, tmp_path, partitions=PARTITIONS)
+    try:
+        admission = await cluster.admission()
+        placer = await cluster.placer("placer", "--no-snapshots")
+        await cluster.preemptor()
+        await asyncio.gather(cluster.agent("node-0", "4xA100-80GB"), cluster.agent("node-1", "4xA100-80GB"))
+        client = Client(f"127.0.0.1:{admission.port}")
+        await _run_a_job(client, "before")
+
+        partition = partition_for("default", PARTITIONS)
+        offset = await _append_garbage(kafka_bootstrap, topics.events, partition)
+        where = f"topic {topics.events} partition {partition} offset {offset}"
+        await _run_a_job(client, "after")   # the cluster keeps scheduling
+
+        for service in list(cluster.services):
+            await _until(lambda: _warnings(service, where), what=f"{service.name}'s warning")
+            assert len(_warnings(service, where)) == 1, (service.name, _warnings(service, where))
+            assert "not an EventEnvelope" in _warnings(service, where)[0]
+        assert "dead letter written" in _warnings(placer, where)[0]
+
+        letters = [l for l in await _letters(kafka_bootstrap, topics) if l.source_topic == topics.events]
+        assert [(l.partition, l.offset) for l in letters] == [(partition, offset)]
+        assert "not an EventEnvelope" in letters[0].reason and letters[0].consumer.startswith("placer")
+        assert letters[0].value == b"\xff\x00 not an envelope"
+
+        # A restarted placer replays the record (no snapshots): it finds the letter there.
+        await placer.terminate()
+        again = await cluster.placer("placer-2", "--no-snapshots")
+        await _until(lambda: _warnings(again, where), what="the restarted placer's warning")
+        assert "already dead-lettered" in _warnings(again, where)[0]
+        await _run_a_job(client, "after-restart")
+        assert len([l for l in await _letters(kafka_bootstrap, topics) if l.source_topic == topics.events]) == 1
+        assert all(s.alive for s in cluster.services if s is not placer)
+        await client.close()
+    finally:
+        await cluster.stop_all()
