@@ -47,7 +47,10 @@ REASON_RECLAIM = "reclaim"
 @dataclass(frozen=True, slots=True)
 class PreemptionConfig:
     min_runtime_s: float = 30.0          # a job runs at least this long before it may be a victim
-    max_victims: int = 16                # per pending job
+    # Victims per pending job: None (the default) is no cap. The search's work is bounded by
+    # the job's worker count (``victim_search``), so a cap only limits disruption, and one
+    # below what a large gang needs (32 one-GPU jobs for 4 x 8 GPUs) makes it wait forever.
+    max_victims: int | None = None
     nomination_ttl_s: float = 120.0      # a nomination younger than this is still in flight
     quotas: QueueTree = field(default_factory=QueueTree)   # team guarantees (borrowing, reclaim)
     placement: str = "best-fit"          # the placement scoring the placer uses
@@ -60,8 +63,10 @@ class PreemptionConfig:
     def __post_init__(self) -> None:
         if self.placement not in PLACEMENTS:
             raise ValueError(f"unknown placement policy {self.placement!r}; known: {sorted(PLACEMENTS)}")
-        if self.min_runtime_s < 0 or self.max_victims < 1 or self.nomination_ttl_s < 0:
-            raise ValueError("min_runtime_s and nomination_ttl_s must be >= 0, max_victims >= 1")
+        if self.min_runtime_s < 0 or self.nomination_ttl_s < 0:
+            raise ValueError("min_runtime_s and nomination_ttl_s must be >= 0")
+        if self.max_victims is not None and self.max_victims < 1:
+            raise ValueError("max_victims must be >= 1 (or None: no cap)")
 
     def guaranteed_milli(self, team: str) -> float:
         return self.quotas.team_quota(team).guaranteed_milli

@@ -19,6 +19,14 @@ and undone before returning: the state digest is unchanged.
 
 Gang victims are released whole (a job id covers all its workers). Nothing is found when
 no eligible set makes ``J`` placeable: we never preempt for a job that would still not fit.
+
+What bounds the search is its *work*, not the number of victims: every step frees at least
+one more worker slot, so a search takes about ``workers`` steps (``J``'s own worker
+count), each recomputing only the nodes the last step touched. The victims of a 4-node x
+8-GPU gang on nodes full of 1-GPU jobs are 32 jobs, and the search finds them in 4 steps.
+A cap on the victim count (``max_victims``) is an opt-in of the caller (defragmentation
+moves at most ``defrag_max_moves`` jobs); preemption has none by default, since a cap below
+what a large request needs would leave a placeable job waiting forever.
 """
 from __future__ import annotations
 
@@ -82,7 +90,7 @@ class VictimSearch:
 
     def __init__(self, state: ClusterState, job: JobState, scratch: Statement,
                  eligible: Callable[[JobState], bool], cost: Callable[[JobState], tuple],
-                 set_key: Callable[[Sequence[JobState]], tuple], max_victims: int) -> None:
+                 set_key: Callable[[Sequence[JobState]], tuple], max_victims: int | None = None) -> None:
         self.job, self.scratch = job, scratch
         self.state = state
         self.res = job.spec.resources
@@ -258,6 +266,9 @@ class VictimSearch:
         stale = set(self.nodes)
         mark = self.scratch.checkpoint()
         try:
+            # Each step frees at least one more slot (``Step.gain >= 1``): about ``need``
+            # rounds; it ends anyway once no node has a step left, as every step releases
+            # victims not released before.
             while self.total() < self.need:
                 for name in stale:
                     steps[name] = self.node_step(name)
@@ -276,7 +287,7 @@ class VictimSearch:
                     self.scratch.release(v)
                     self.released.append(v)
                     self.released_ids.add(v.job_id)
-                if len(self.released) > 4 * self.max_victims:
+                if self.max_victims is not None and len(self.released) > 4 * self.max_victims:
                     return None
                 touched = self._refresh(step.victims)
                 stale = touched | {best[1]}
@@ -289,7 +300,7 @@ class VictimSearch:
                 else:
                     self.scratch.release(v)
                     self._refresh((v,))
-            if len(self.released) > self.max_victims:
+            if self.max_victims is not None and len(self.released) > self.max_victims:
                 return None
             return sorted(self.released, key=self.cost)
         finally:

@@ -1,0 +1,91 @@
+"""Preemption that converges: large requests find their victims with the default settings,
+a reclaim takes no more than its beneficiary needs, never takes a team below its guarantee,
+and a job reclaimed once is not reclaimed again within ``reclaim_window_s``.
+
+Clusters are built through the reducer (``Cluster`` of ``test_preemption``); every policy call
+checks that it left the state digest unchanged.
+"""
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gpusched.core.model import JobPhase
+from gpusched.core.priority import priority_value
+from gpusched.policies.preemption.victim_rules import PreemptionConfig
+from tests.unit.policies.test_preemption import BE, HI, NOW, PROD, TR, Cluster
+from tests.unit.policies.test_preemption_properties import fits_without
+
+# --- large requests find their victims by default ---------------------------------------
+# (nodes, GPUs a node, GPUs a victim, workers of the request, GPUs a worker)
+GANGS = [
+    (4, 8, 1, 4, 8),     # 4 x 8 GPUs over 32 one-GPU jobs
+    (2, 8, 1, 1, 8),     # one whole node of 8 one-GPU jobs, twice over
+    (3, 8, 2, 3, 8),     # 12 two-GPU jobs
+    (8, 4, 1, 8, 4),     # 8 x 4 GPUs over 32 one-GPU jobs
+    (5, 8, 1, 5, 4),     # half of every node: 20 victims
+]
+
+
+@pytest.mark.parametrize("nodes, gpus, size, workers, per_worker", GANGS)
+def test_a_gang_preempts_as_many_jobs_as_it_needs_by_default(nodes, gpus, size, workers, per_worker):
+    c = Cluster(nodes=nodes, gpus=gpus)
+    for n in range(nodes):
+        for g in range(0, gpus, size):
+            c.running(f"be-{n}-{g}", (f"n{n + 1}", tuple(range(g, g + size))), priority_class=BE)
+    c.pending("gang", gpus=per_worker, workers=workers, priority_class=PROD)
+    victims = c.victims("gang")
+    assert victims is not None
+    assert len(victims) == workers * per_worker // size
+    (d,) = c.decisions()
+    assert sorted(d.victims) == sorted(victims)
+    c.preempt(d)
+    assert c.placeable("gang")
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_the_search_finds_victims_whenever_a_victim_set_exists(data):
+    """Small clusters full of 1- and 2-GPU jobs of mixed classes, a gang of up to 4 x 8 GPUs.
+    A victim set exists exactly when stopping *every* eligible job makes room (releasing
+    more only frees more), so that is the brute force: whenever it makes room, the default
+    search returns a set, and that set makes room."""
+    d = data.draw
+    nodes, gpus = d(st.sampled_from([1, 2, 3, 4, 4, 4])), d(st.sampled_from([4, 8, 8]))
+    c = Cluster(nodes=nodes, gpus=gpus)
+    k = 0
+    for n in range(nodes):
+        sizes = d(st.lists(st.sampled_from([1, 1, 1, 2]), min_size=gpus, max_size=gpus))
+        mixed = d(st.sampled_from([False, False, True]))     # else: every job is a possible victim
+        kinds = d(st.lists(st.sampled_from(["be", "be", "be", "tr", "hi", "keep", "young", "free"] if mixed
+                                           else ["be"]), min_size=gpus, max_size=gpus))
+        g = 0
+        for size, kind in zip(sizes, kinds):
+            size = min(size, gpus - g)
+            if size <= 0:
+                break
+            if kind != "free":       # some GPUs stay free
+                c.running(f"r{k}", (f"n{n + 1}", tuple(range(g, g + size))),
+                          priority_class={"tr": TR, "hi": HI}.get(kind, BE), preemptible=kind != "keep",
+                          started=NOW - (10 if kind == "young" else 1000))
+                k += 1
+            g += size
+    c.pending("J", gpus=d(st.sampled_from([1, 2, 4, gpus, gpus, gpus])),
+              workers=d(st.sampled_from([1, nodes, nodes, nodes])),
+              priority_class=d(st.sampled_from([HI, PROD, PROD])))
+    job = c.job("J")
+    mine = priority_value(job.spec.priority_class)
+    eligible = [j for j in c.state.jobs.values()
+                if j.phase is JobPhase.RUNNING and j.spec.preemptible and j.job_id != "J"
+                and priority_value(j.spec.priority_class) < mine
+                and NOW - j.started_at >= PreemptionConfig().min_runtime_s]
+    victims = c.victims("J")
+    if c.placeable("J"):
+        assert victims == ()
+        return
+    if fits_without(c.state, job, eligible):
+        assert victims, f"a set of {len(eligible)} eligible jobs makes room, the search found none"
+        assert fits_without(c.state, job, [c.job(v) for v in victims])
+    else:
+        assert victims is None
