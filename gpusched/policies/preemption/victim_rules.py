@@ -18,10 +18,14 @@ A team's jobs above its guarantee count as borrowed: the team's running jobs are
 crosses the guarantee is borrowed, as is every job after it.
 
 Cost. Candidates are ranked one by one by ``(priority, borrowed first, work at risk,
-larger first, submission order)``; a *set* of victims is ranked by
-``(highest priority in it, non-borrowed milli at that priority, total work at risk,
-number of jobs)`` — lowest priority first, then borrowed capacity first, then least work
-lost since the last checkpoint, then fewest jobs.
+larger first, submission order)``, except reclaimed ones (of ``J``'s own class), ranked
+``(priority, borrowed first, smaller first, work at risk, ...)``; a *set* of victims is ranked
+by ``(highest priority in it, non-borrowed milli at that priority, milli reclaimed, total
+work at risk, number of jobs)`` — lowest priority first, then borrowed capacity first, then
+(for a reclaim) the least capacity taken, then least work lost since the last checkpoint,
+then fewest jobs. A reclaim thus frees no more than its beneficiary needs, as far as the
+node-local search sees: capacity freed beyond it would be lent to a borrower again and
+reclaimed back, the oscillation between teams that sharing must not show.
 
 The search itself, shared with defragmentation's own rule, is
 ``gpusched.policies.preemption.victim_search``.
@@ -168,16 +172,24 @@ class SearchContext:
             return True
         return (reclaim and theirs == mine and victim.team != job.team and self.borrowed(victim))
 
-    def cost(self, victim: JobState) -> tuple:
-        return (priority_value(victim.spec.priority_class), not self.borrowed(victim),
-                victim.work_at_risk(self.now), -victim.milli, victim.seq, victim.job_id)
+    def cost(self, victim: JobState, mine: int | None = None) -> tuple:
+        """A victim's rank; ``mine``: the beneficiary's priority. Reclaimed capacity (a
+        victim of the beneficiary's own class) goes smallest first: what a reclaim frees
+        beyond its need, a borrower takes again and the next reclaim takes back."""
+        theirs = priority_value(victim.spec.priority_class)
+        if theirs == mine:
+            return (theirs, not self.borrowed(victim), victim.milli, victim.work_at_risk(self.now),
+                    victim.seq, victim.job_id)
+        return (theirs, not self.borrowed(victim), victim.work_at_risk(self.now), -victim.milli,
+                victim.seq, victim.job_id)
 
-    def set_key(self, victims: Sequence[JobState]) -> tuple:
+    def set_key(self, victims: Sequence[JobState], mine: int | None = None) -> tuple:
         top = max(priority_value(v.spec.priority_class) for v in victims)
-        guaranteed = sum(v.milli for v in victims
-                         if priority_value(v.spec.priority_class) == top and not self.borrowed(v))
+        at_top = [v for v in victims if priority_value(v.spec.priority_class) == top]
+        guaranteed = sum(v.milli for v in at_top if not self.borrowed(v))
+        reclaimed = sum(v.milli for v in at_top) if top == mine else 0
         work = sum(v.work_at_risk(self.now) for v in victims)
-        return (top, guaranteed, round(work, 6), len(victims))
+        return (top, guaranteed, reclaimed, round(work, 6), len(victims))
 
     # --- placement --------------------------------------------------------------------------
     def place(self, job: JobState) -> tuple[WorkerAssignment, ...] | None:
@@ -201,8 +213,10 @@ class SearchContext:
         if placed is not None:
             return Found([], placed, REASON_PRIORITY)
         reclaim = self.may_reclaim(job)
+        mine = priority_value(job.spec.priority_class)
         search = VictimSearch(self.state, job, scratch, lambda v: self.eligible(v, job, reclaim),
-                         self.cost, self.set_key, self.config.max_victims)
+                              lambda v: self.cost(v, mine), lambda vs: self.set_key(vs, mine),
+                              self.config.max_victims)
         victims = search.run()
         if victims is None:
             return None
@@ -215,7 +229,6 @@ class SearchContext:
             scratch.rollback(mark)
         if placed is None:
             return None   # the slot count and the placer disagree (MIG corner): do nothing
-        mine = priority_value(job.spec.priority_class)
         reason = REASON_RECLAIM if any(priority_value(v.spec.priority_class) >= mine for v in victims) \
             else REASON_PRIORITY
         return Found(victims, placed, reason)

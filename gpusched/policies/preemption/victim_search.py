@@ -207,7 +207,15 @@ class VictimSearch:
             if self._arith_slots(gpus - g, cpu - c, mem - m, target) >= target:
                 gpus, cpu, mem = gpus - g, cpu - c, mem - m
                 chosen.remove(i)
-        return [victims[i] for i in chosen]
+        picked = [victims[i] for i in chosen]
+        # Greedy by single costs can miss one victim that alone makes the slot and is the
+        # cheaper set (one 2-GPU job rather than two 1-GPU jobs): try each, O(victims).
+        free = node.free_whole_gpus(), node.free_cpu, node.free_mem
+        for v, (g, c, m) in zip(victims, shares):
+            if len(picked) > 1 and self._arith_slots(free[0] + g, free[1] + c, free[2] + m, target) >= target \
+                    and self.set_key([v]) < self.set_key(picked):
+                picked = [v]
+        return picked
 
     def node_step(self, name: str) -> Step | None:
         """Free this node's victims (cheapest first) until it takes one more worker, then put

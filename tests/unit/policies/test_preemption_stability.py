@@ -89,3 +89,42 @@ def test_the_search_finds_victims_whenever_a_victim_set_exists(data):
         assert fits_without(c.state, job, [c.job(v) for v in victims])
     else:
         assert victims is None
+
+
+# --- a reclaim takes the least that frees enough ------------------------------------------
+def reclaim_config():
+    from tests.unit.policies.test_preemption import quotas
+    return quotas(a=4, b=0)     # b borrows everything it holds
+
+
+# (GPUs the beneficiary needs, the victims expected): n1 holds b's 4-GPU job with the least
+# work at risk; n2 holds b's 2-GPU job and two 1-GPU jobs, with more. Among sets that free
+# as little, the least work at risk, then the fewest jobs.
+@pytest.mark.parametrize("need, expected", [
+    (1, ("b1-new",)),       # not the 4-GPU job: it frees 3 GPUs a borrower would take again
+    (2, ("b2",)),           # one 2-GPU job rather than 4 GPUs, or two jobs of 1
+    (3, ("b1-new", "b2")),  # 3 GPUs exactly
+    (4, ("b4",)),
+])
+def test_a_reclaim_frees_no_more_than_its_beneficiary_needs(need, expected):
+    c = Cluster(nodes=2)
+    c.running("b4", ("n1", (0, 1, 2, 3)), team="b", ckpt=NOW - 10)
+    c.running("b2", ("n2", (0, 1)), team="b", ckpt=NOW - 500)
+    c.running("b1-old", ("n2", (2,)), team="b", ckpt=NOW - 600)
+    c.running("b1-new", ("n2", (3,)), team="b", ckpt=NOW - 400)
+    c.pending("a1", gpus=need, team="a")
+    assert sorted(c.victims("a1", reclaim_config())) == sorted(expected)
+    (d,) = c.decisions(reclaim_config())
+    assert d.reason == "reclaim" and sorted(d.victims) == sorted(expected)
+    assert sum(c.job(v).spec.resources.gpus for v in d.victims) == need
+
+
+def test_priority_preemption_still_prefers_the_least_work_lost():
+    """Lower-class victims are still chosen by work at risk first: only capacity of the
+    beneficiary's own class is taken by size."""
+    c = Cluster(nodes=2)
+    c.running("be4", ("n1", (0, 1, 2, 3)), priority_class=BE, ckpt=NOW - 10)
+    c.running("be2", ("n2", (0, 1)), priority_class=BE, ckpt=NOW - 500)
+    c.running("keep", ("n2", (2, 3)), priority_class=BE, preemptible=False)
+    c.pending("hi", gpus=2, priority_class=HI)
+    assert c.victims("hi") == ("be4",)
