@@ -161,6 +161,10 @@ class JobState:
     stop_then: str = ""
     time_limit_s: float = 0.0      # max_runtime_s, or the pool's default; 0: none
     rendezvous: str = ""           # "address:port" of this attempt's rendezvous (gangs)
+    # The latest JobPreempted taken for this job (kept across attempts): when, and its reason
+    # ("reclaim: preempted for X"...), so preemption can hold a reclaimed job back a while.
+    preempted_at: float = 0.0
+    preempted_reason: str = ""
 
     @property
     def team(self) -> str:

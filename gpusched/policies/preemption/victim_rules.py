@@ -17,6 +17,14 @@ A team's jobs above its guarantee count as borrowed: the team's running jobs are
 (priority class high to low, then oldest first), and a job whose cumulative GPU milli
 crosses the guarantee is borrowed, as is every job after it.
 
+Stability of reclaim (``SearchContext.reclaimable``): a reclaim victim lies *wholly* above
+its team's guarantee (the job straddling the guarantee is borrowed for cost, but not
+reclaimed: the team would fall below its guarantee, reclaim in turn, and the two teams
+would take capacity back and forth); and a job preempted for reclaim (its latest
+``JobPreempted`` reason says so) is not reclaimed again within ``reclaim_window_s``. The
+price: a team's guarantee is met to within the size of another team's job that straddles
+its own guarantee, until that job ends.
+
 Cost. Candidates are ranked one by one by ``(priority, borrowed first, work at risk,
 larger first, submission order)``, except reclaimed ones (of ``J``'s own class), ranked
 ``(priority, borrowed first, smaller first, work at risk, ...)``; a *set* of victims is ranked
@@ -63,12 +71,15 @@ class PreemptionConfig:
     defrag_max_work_lost_s: float = 600.0   # work at risk of all jobs moved for one pending job
     defrag_max_moves: int = 4               # jobs moved for one pending job
     defrag_max_plans: int = 32              # candidate node plans tried per pending job
+    # A job preempted for reclaim is not reclaimed again for this long (seconds): else two
+    # teams borrowing from each other can take the same jobs back and forth.
+    reclaim_window_s: float = 600.0
 
     def __post_init__(self) -> None:
         if self.placement not in PLACEMENTS:
             raise ValueError(f"unknown placement policy {self.placement!r}; known: {sorted(PLACEMENTS)}")
-        if self.min_runtime_s < 0 or self.nomination_ttl_s < 0:
-            raise ValueError("min_runtime_s and nomination_ttl_s must be >= 0")
+        if self.min_runtime_s < 0 or self.nomination_ttl_s < 0 or self.reclaim_window_s < 0:
+            raise ValueError("min_runtime_s, nomination_ttl_s and reclaim_window_s must be >= 0")
         if self.max_victims is not None and self.max_victims < 1:
             raise ValueError("max_victims must be >= 1 (or None: no cap)")
 
@@ -96,7 +107,7 @@ class SearchContext:
         self.taken: set[str] = set()               # victims chosen earlier in this call
         self.extra: dict[str, int] = {}            # team -> milli booked for beneficiaries
         self._team_jobs: dict[str, list[JobState]] | None = None
-        self._borrowed: dict[str, set[str]] = {}
+        self._borrowed: dict[str, tuple[set[str], set[str]]] = {}   # team -> (borrowed, wholly above)
         self.in_flight = self._in_flight()
 
     # --- what is already under way ------------------------------------------------------
@@ -140,21 +151,37 @@ class SearchContext:
                      and self.state.jobs[j].phase is JobPhase.PENDING)
         return held + coming + self.extra.get(team, 0)
 
-    def borrowed(self, job: JobState) -> bool:
-        team = job.team
-        ids = self._borrowed.get(team)
-        if ids is None:
+    def _ranked(self, team: str) -> tuple[set[str], set[str]]:
+        """The team's jobs that are borrowed (their milli crosses the guarantee, or comes
+        after it) and those wholly above the guarantee (the team keeps its guarantee
+        without them, all of them together)."""
+        sets = self._borrowed.get(team)
+        if sets is None:
             guarantee = self.config.guaranteed_milli(team)
             mine = [j for j in self.team_jobs().get(team, ()) if j.job_id not in self.taken]
             mine.sort(key=lambda j: (-priority_value(j.spec.priority_class), running_since(j), j.seq))
             cumulative = self.extra.get(team, 0)   # beneficiaries booked here come first
-            ids = set()
+            sets = (set(), set())
             for j in mine:
+                if cumulative >= guarantee:
+                    sets[1].add(j.job_id)
                 cumulative += j.milli
                 if cumulative > guarantee:
-                    ids.add(j.job_id)
-            self._borrowed[team] = ids
-        return job.job_id in ids
+                    sets[0].add(j.job_id)
+            self._borrowed[team] = sets
+        return sets
+
+    def borrowed(self, job: JobState) -> bool:
+        return job.job_id in self._ranked(job.team)[0]
+
+    def reclaimable(self, victim: JobState) -> bool:
+        """A reclaim never takes a team below its guarantee (a job straddling it stays: else
+        the reclaimed team falls short, reclaims in turn, and the two teams flip), nor takes
+        a job it reclaimed less than ``reclaim_window_s`` ago."""
+        if victim.job_id not in self._ranked(victim.team)[1]:
+            return False
+        recent = self.now - victim.preempted_at < self.config.reclaim_window_s
+        return not (recent and victim.preempted_reason.startswith(REASON_RECLAIM + ":"))
 
     def may_reclaim(self, job: JobState) -> bool:
         return self.used(job.team) + job.milli <= self.config.guaranteed_milli(job.team)
@@ -170,7 +197,7 @@ class SearchContext:
         mine, theirs = priority_value(job.spec.priority_class), priority_value(victim.spec.priority_class)
         if theirs < mine:
             return True
-        return (reclaim and theirs == mine and victim.team != job.team and self.borrowed(victim))
+        return reclaim and theirs == mine and victim.team != job.team and self.reclaimable(victim)
 
     def cost(self, victim: JobState, mine: int | None = None) -> tuple:
         """A victim's rank; ``mine``: the beneficiary's priority. Reclaimed capacity (a

@@ -128,3 +128,77 @@ def test_priority_preemption_still_prefers_the_least_work_lost():
     c.running("keep", ("n2", (2, 3)), priority_class=BE, preemptible=False)
     c.pending("hi", gpus=2, priority_class=HI)
     assert c.victims("hi") == ("be4",)
+
+
+# --- stability: no reclaim below a guarantee, none twice within the window -------------------
+def test_a_reclaim_never_takes_a_team_below_its_guarantee():
+    from tests.unit.policies.test_preemption import quotas
+    c = Cluster(nodes=2)
+    # b is guaranteed 4 and holds 5: b-old (1 GPU, inside) and b-big (4 GPUs, straddling).
+    c.running("b-old", ("n1", (0,)), team="b", started=NOW - 5000)
+    c.running("b-big", ("n2", (0, 1, 2, 3)), team="b", started=NOW - 1000)
+    c.running("a-old", ("n1", (1, 2, 3)), team="a", started=NOW - 5000)
+    c.pending("a1", gpus=1, team="a")
+    cfg = quotas(a=4, b=4)
+    # Taking b-big would leave b 1 GPU of its 4: b would reclaim back from a next.
+    assert c.victims("a1", cfg) is None
+    assert c.decisions(cfg) == []
+
+
+def test_a_reclaim_takes_what_lies_wholly_above_the_guarantee():
+    from tests.unit.policies.test_preemption import quotas
+    c = Cluster(nodes=2)
+    c.running("b-old", ("n1", (0,)), team="b", started=NOW - 5000)
+    c.running("b-big", ("n2", (0, 1, 2, 3)), team="b", started=NOW - 1000)
+    c.running("b-new", ("n1", (1,)), team="b", started=NOW - 500)      # b holds 6: this one is above
+    c.running("a-old", ("n1", (2, 3)), team="a", started=NOW - 5000)
+    c.pending("a1", gpus=1, team="a")
+    cfg = quotas(a=4, b=4)
+    assert c.victims("a1", cfg) == ("b-new",)
+    (d,) = c.decisions(cfg)
+    assert d.reason == "reclaim"
+
+
+def restart(c: Cluster, job_id: str, node: str, gpus: tuple[int, ...], at: float) -> None:
+    """Place a requeued job again (its next attempt) and start it."""
+    import gpusched.core.events as ev
+    from tests.unit.core.builders import whole
+    job = c.job(job_id)
+    assert c.log(ev.JobPlaced, job_id=job_id, attempt=job.attempt, time=at,
+                 workers=(ev.WorkerAssignment(0, node, whole(*gpus)),)).accepted
+    assert c.log(ev.WorkerStarted, job_id=job_id, attempt=job.attempt, worker=0, node=node, time=at).accepted
+
+
+@pytest.mark.parametrize("window, later, reclaimed_again", [
+    (600.0, 300.0, False),     # within the window: kept
+    (600.0, 700.0, True),      # past it: borrowed capacity like any other
+    (0.0, 300.0, True),        # no window
+])
+def test_a_reclaimed_job_is_not_reclaimed_again_within_the_window(window, later, reclaimed_again):
+    from dataclasses import replace
+    from tests.unit.policies.test_preemption import quotas
+    cfg = replace(quotas(a=4, b=0), reclaim_window_s=window)
+    c = Cluster(nodes=1)
+    c.running("b1", ("n1", (0, 1, 2, 3)), team="b")
+    c.pending("a1", gpus=4, team="a")
+    (d,) = c.decisions(cfg)
+    assert d.victims == ("b1",) and d.reason == "reclaim"
+    c.preempt(d)
+    assert c.job("b1").preempted_reason.startswith("reclaim:") and c.job("b1").preempted_at == NOW
+    # a1 never came; b1 borrows the node again, and a1 asks once more.
+    restart(c, "b1", "n1", (0, 1, 2, 3), at=NOW + 1)
+    now = NOW + later
+    assert c.victims("a1", cfg, now=now) == (("b1",) if reclaimed_again else None)
+
+
+def test_a_reclaimed_job_may_still_be_preempted_by_priority_within_the_window():
+    from tests.unit.policies.test_preemption import quotas
+    cfg = quotas(a=4, b=0)
+    c = Cluster(nodes=1)
+    c.running("b1", ("n1", (0, 1, 2, 3)), team="b")
+    c.pending("a1", gpus=4, team="a")
+    (d,) = c.decisions(cfg)
+    c.preempt(d)
+    restart(c, "b1", "n1", (0, 1, 2, 3), at=NOW + 1)
+    c.pending("prod", gpus=4, team="c", priority_class=PROD, at=NOW + 100)
+    assert c.victims("prod", cfg, now=NOW + 100) == ("b1",)
