@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import argparse
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from gpusched.core import events as ev
-from gpusched.core.model import JobPhase, NodeInfo
+from gpusched.core.model import GpuInfo, JobPhase, JobSpec, NodeInfo, WorkerResources
 from gpusched.core.reducer import apply
 from gpusched.core.state import ClusterState
 from gpusched.policies.preemption.decisions import preemption_decisions, preemption_events
@@ -105,8 +105,7 @@ def _quotas(wl: ReclaimWorkload) -> QueueTree:
 def run(wl: ReclaimWorkload, preemption: PreemptionConfig | None = None) -> ReclaimReport:
     rng = random.Random(wl.seed)
     tree = _quotas(wl)
-    config = preemption or PreemptionConfig()
-    config = PreemptionConfig(**{**{f: getattr(config, f) for f in config.__dataclass_fields__}, "quotas": tree})
+    config = replace(preemption or PreemptionConfig(), quotas=tree)
     scheduler = Scheduler(SchedulerConfig(queue="fair-share", quotas=tree))
     state = ClusterState()
     n = 0
@@ -169,13 +168,11 @@ def _finish(state: ClusterState, runtime: dict[str, float], now: float, put) -> 
                     node=w.node, exit_code=0)
 
 
-def _gpus(count: int):
-    from gpusched.core.model import GpuInfo
+def _gpus(count: int) -> tuple[GpuInfo, ...]:
     return tuple(GpuInfo(index=i, uuid=f"GPU-{i}", model="H100-80GB", memory_mib=81_920) for i in range(count))
 
 
-def _spec(name: str, team: str, gpus: int):
-    from gpusched.core.model import JobSpec, WorkerResources
+def _spec(name: str, team: str, gpus: int) -> JobSpec:
     return JobSpec(name=name, team=team, priority_class="training",
                    resources=WorkerResources(gpus=gpus, cpu_milli=0, memory_mib=0))
 
