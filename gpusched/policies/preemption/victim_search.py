@@ -210,11 +210,13 @@ class VictimSearch:
         picked = [victims[i] for i in chosen]
         # Greedy by single costs can miss one victim that alone makes the slot and is the
         # cheaper set (one 2-GPU job rather than two 1-GPU jobs): try each, O(victims).
-        free = node.free_whole_gpus(), node.free_cpu, node.free_mem
-        for v, (g, c, m) in zip(victims, shares):
-            if len(picked) > 1 and self._arith_slots(free[0] + g, free[1] + c, free[2] + m, target) >= target \
-                    and self.set_key([v]) < self.set_key(picked):
-                picked = [v]
+        if len(picked) > 1:
+            best = self.set_key(picked)
+            free = node.free_whole_gpus(), node.free_cpu, node.free_mem
+            for v, (g, c, m) in zip(victims, shares):
+                if self._arith_slots(free[0] + g, free[1] + c, free[2] + m, target) >= target \
+                        and (key := self.set_key([v])) < best:
+                    picked, best = [v], key
         return picked
 
     def node_step(self, name: str) -> Step | None:
