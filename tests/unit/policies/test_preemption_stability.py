@@ -202,3 +202,31 @@ def test_a_reclaimed_job_may_still_be_preempted_by_priority_within_the_window():
     restart(c, "b1", "n1", (0, 1, 2, 3), at=NOW + 1)
     c.pending("prod", gpus=4, team="c", priority_class=PROD, at=NOW + 100)
     assert c.victims("prod", cfg, now=NOW + 100) == ("b1",)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_a_reclaim_leaves_every_team_at_or_above_its_guarantee(data):
+    """Two teams of one class on nodes full of their 1-, 2- and 4-GPU jobs, random
+    guarantees: whatever a reclaim takes from team b leaves b at or above its guarantee."""
+    from tests.unit.policies.test_preemption import quotas
+    d = data.draw
+    nodes = d(st.integers(1, 3))
+    c = Cluster(nodes=nodes, gpus=8)
+    k = 0
+    for n in range(nodes):
+        g = 0
+        for size in d(st.lists(st.sampled_from([1, 2, 4]), min_size=8, max_size=8)):
+            if g + size > 8:
+                break
+            c.running(f"j{k}", (f"n{n + 1}", tuple(range(g, g + size))), team=d(st.sampled_from(["a", "b", "b"])),
+                      started=NOW - d(st.integers(100, 5000)), ckpt=NOW - d(st.integers(0, 90)))
+            k += 1
+            g += size
+    cfg = quotas(a=d(st.integers(0, 16)), b=d(st.integers(0, 16)))
+    c.pending("J", gpus=d(st.sampled_from([1, 2, 4])), team="a")
+    victims = c.victims("J", cfg)
+    if not victims:
+        return
+    used_b = c.state.usage["b"].gpu_milli
+    assert used_b - sum(c.job(v).milli for v in victims) >= cfg.guaranteed_milli("b")
