@@ -273,6 +273,10 @@ class PreemptorSettings(Settings):
                                        gt=0, allow_inf_nan=False)
     min_runtime: float = setting(30.0, flag="--min-runtime", help="jobs younger than this (seconds) are not preempted",
                                  ge=0, allow_inf_nan=False)
+    reclaim_window: float = setting(600.0, flag="--reclaim-window",
+                                    help="a job preempted for quota reclaim is not reclaimed again for this "
+                                         "long (seconds), so reclaims between teams settle", ge=0,
+                                    allow_inf_nan=False)
     hang_intervals: float = setting(3.0, flag="--hang-intervals",
                                     help="checkpoint intervals without a progress report after which a running "
                                          "job counts as hung", gt=0,

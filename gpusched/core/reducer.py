@@ -395,6 +395,7 @@ def _job_preempted(e: ev.JobPreempted, state: ClusterState) -> Outcome:
     job.phase = _PREEMPTING
     job.nominated_by = e.for_job
     job.reason = e.reason or f"preempted for {e.for_job}"
+    job.preempted_at, job.preempted_reason = e.time, job.reason
     beneficiary = state.jobs.get(e.for_job)
     if beneficiary is not None and beneficiary.phase is _PENDING:
         nodes, _ = state.nominations.get(e.for_job, ((), 0.0))

@@ -165,6 +165,10 @@ class JobState:
     # API, read by no decision; NO_PENDING_REASON once placed or ended.
     pending_reason: PendingReason = NO_PENDING_REASON
     pending_reason_at: float = 0.0
+    # The latest JobPreempted taken for this job (kept across attempts): when, and its reason
+    # ("reclaim: preempted for X"...), so preemption can hold a reclaimed job back a while.
+    preempted_at: float = 0.0
+    preempted_reason: str = ""
 
     @property
     def team(self) -> str:

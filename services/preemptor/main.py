@@ -40,7 +40,7 @@ async def run(args: argparse.Namespace) -> None:
         lambda value, key: publisher.send_raw(topics.heartbeats, value, key=key))
     await monitor.start()
     decider = PreemptorDecider(
-        me, PreemptionConfig(min_runtime_s=own.min_runtime),   # quotas: the log's
+        me, PreemptionConfig(min_runtime_s=own.min_runtime, reclaim_window_s=own.reclaim_window),   # quotas: the log's
         SupervisionConfig(heartbeat_timeout_s=own.heartbeat_timeout, hang_intervals=own.hang_intervals,
                           hang_grace_s=own.hang_grace),
         lambda now: (monitor.last_seen, monitor.since, monitor.hearing(now)), actions)

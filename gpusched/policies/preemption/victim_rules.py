@@ -17,11 +17,23 @@ A team's jobs above its guarantee count as borrowed: the team's running jobs are
 (priority class high to low, then oldest first), and a job whose cumulative GPU milli
 crosses the guarantee is borrowed, as is every job after it.
 
+Stability of reclaim (``SearchContext.reclaimable``): a reclaim victim lies *wholly* above
+its team's guarantee (the job straddling the guarantee is borrowed for cost, but not
+reclaimed: the team would fall below its guarantee, reclaim in turn, and the two teams
+would take capacity back and forth); and a job preempted for reclaim (its latest
+``JobPreempted`` reason says so) is not reclaimed again within ``reclaim_window_s``. The
+price: a team's guarantee is met to within the size of another team's job that straddles
+its own guarantee, until that job ends.
+
 Cost. Candidates are ranked one by one by ``(priority, borrowed first, work at risk,
-larger first, submission order)``; a *set* of victims is ranked by
-``(highest priority in it, non-borrowed milli at that priority, total work at risk,
-number of jobs)`` — lowest priority first, then borrowed capacity first, then least work
-lost since the last checkpoint, then fewest jobs.
+larger first, submission order)``, except reclaimed ones (of ``J``'s own class), ranked
+``(priority, borrowed first, smaller first, work at risk, ...)``; a *set* of victims is ranked
+by ``(highest priority in it, non-borrowed milli at that priority, milli reclaimed, total
+work at risk, number of jobs)`` — lowest priority first, then borrowed capacity first, then
+(for a reclaim) the least capacity taken, then least work lost since the last checkpoint,
+then fewest jobs. A reclaim thus frees no more than its beneficiary needs, as far as the
+node-local search sees: capacity freed beyond it would be lent to a borrower again and
+reclaimed back, the oscillation between teams that sharing must not show.
 
 The search itself, shared with defragmentation's own rule, is
 ``gpusched.policies.preemption.victim_search``.
@@ -47,7 +59,10 @@ REASON_RECLAIM = "reclaim"
 @dataclass(frozen=True, slots=True)
 class PreemptionConfig:
     min_runtime_s: float = 30.0          # a job runs at least this long before it may be a victim
-    max_victims: int = 16                # per pending job
+    # Victims per pending job: None (the default) is no cap. The search's work is bounded by
+    # the job's worker count (``victim_search``), so a cap only limits disruption, and one
+    # below what a large gang needs (32 one-GPU jobs for 4 x 8 GPUs) makes it wait forever.
+    max_victims: int | None = None
     nomination_ttl_s: float = 120.0      # a nomination younger than this is still in flight
     quotas: QueueTree = field(default_factory=QueueTree)   # team guarantees (borrowing, reclaim)
     placement: str = "best-fit"          # the placement scoring the placer uses
@@ -56,12 +71,17 @@ class PreemptionConfig:
     defrag_max_work_lost_s: float = 600.0   # work at risk of all jobs moved for one pending job
     defrag_max_moves: int = 4               # jobs moved for one pending job
     defrag_max_plans: int = 32              # candidate node plans tried per pending job
+    # A job preempted for reclaim is not reclaimed again for this long (seconds): else two
+    # teams borrowing from each other can take the same jobs back and forth.
+    reclaim_window_s: float = 600.0
 
     def __post_init__(self) -> None:
         if self.placement not in PLACEMENTS:
             raise ValueError(f"unknown placement policy {self.placement!r}; known: {sorted(PLACEMENTS)}")
-        if self.min_runtime_s < 0 or self.max_victims < 1 or self.nomination_ttl_s < 0:
-            raise ValueError("min_runtime_s and nomination_ttl_s must be >= 0, max_victims >= 1")
+        if self.min_runtime_s < 0 or self.nomination_ttl_s < 0 or self.reclaim_window_s < 0:
+            raise ValueError("min_runtime_s, nomination_ttl_s and reclaim_window_s must be >= 0")
+        if self.max_victims is not None and self.max_victims < 1:
+            raise ValueError("max_victims must be >= 1 (or None: no cap)")
 
     def guaranteed_milli(self, team: str) -> float:
         return self.quotas.team_quota(team).guaranteed_milli
@@ -87,7 +107,7 @@ class SearchContext:
         self.taken: set[str] = set()               # victims chosen earlier in this call
         self.extra: dict[str, int] = {}            # team -> milli booked for beneficiaries
         self._team_jobs: dict[str, list[JobState]] | None = None
-        self._borrowed: dict[str, set[str]] = {}
+        self._borrowed: dict[str, tuple[set[str], set[str]]] = {}   # team -> (borrowed, wholly above)
         self.in_flight = self._in_flight()
 
     # --- what is already under way ------------------------------------------------------
@@ -131,21 +151,37 @@ class SearchContext:
                      and self.state.jobs[j].phase is JobPhase.PENDING)
         return held + coming + self.extra.get(team, 0)
 
-    def borrowed(self, job: JobState) -> bool:
-        team = job.team
-        ids = self._borrowed.get(team)
-        if ids is None:
+    def _ranked(self, team: str) -> tuple[set[str], set[str]]:
+        """The team's jobs that are borrowed (their milli crosses the guarantee, or comes
+        after it) and those wholly above the guarantee (the team keeps its guarantee
+        without them, all of them together)."""
+        sets = self._borrowed.get(team)
+        if sets is None:
             guarantee = self.config.guaranteed_milli(team)
             mine = [j for j in self.team_jobs().get(team, ()) if j.job_id not in self.taken]
             mine.sort(key=lambda j: (-priority_value(j.spec.priority_class), running_since(j), j.seq))
             cumulative = self.extra.get(team, 0)   # beneficiaries booked here come first
-            ids = set()
+            sets = (set(), set())
             for j in mine:
+                if cumulative >= guarantee:
+                    sets[1].add(j.job_id)
                 cumulative += j.milli
                 if cumulative > guarantee:
-                    ids.add(j.job_id)
-            self._borrowed[team] = ids
-        return job.job_id in ids
+                    sets[0].add(j.job_id)
+            self._borrowed[team] = sets
+        return sets
+
+    def borrowed(self, job: JobState) -> bool:
+        return job.job_id in self._ranked(job.team)[0]
+
+    def reclaimable(self, victim: JobState) -> bool:
+        """A reclaim never takes a team below its guarantee (a job straddling it stays: else
+        the reclaimed team falls short, reclaims in turn, and the two teams flip), nor takes
+        a job it reclaimed less than ``reclaim_window_s`` ago."""
+        if victim.job_id not in self._ranked(victim.team)[1]:
+            return False
+        recent = self.now - victim.preempted_at < self.config.reclaim_window_s
+        return not (recent and victim.preempted_reason.startswith(REASON_RECLAIM + ":"))
 
     def may_reclaim(self, job: JobState) -> bool:
         return self.used(job.team) + job.milli <= self.config.guaranteed_milli(job.team)
@@ -161,18 +197,26 @@ class SearchContext:
         mine, theirs = priority_value(job.spec.priority_class), priority_value(victim.spec.priority_class)
         if theirs < mine:
             return True
-        return (reclaim and theirs == mine and victim.team != job.team and self.borrowed(victim))
+        return reclaim and theirs == mine and victim.team != job.team and self.reclaimable(victim)
 
-    def cost(self, victim: JobState) -> tuple:
-        return (priority_value(victim.spec.priority_class), not self.borrowed(victim),
-                victim.work_at_risk(self.now), -victim.milli, victim.seq, victim.job_id)
+    def cost(self, victim: JobState, mine: int | None = None) -> tuple:
+        """A victim's rank; ``mine``: the beneficiary's priority. Reclaimed capacity (a
+        victim of the beneficiary's own class) goes smallest first: what a reclaim frees
+        beyond its need, a borrower takes again and the next reclaim takes back."""
+        theirs = priority_value(victim.spec.priority_class)
+        if theirs == mine:
+            return (theirs, not self.borrowed(victim), victim.milli, victim.work_at_risk(self.now),
+                    victim.seq, victim.job_id)
+        return (theirs, not self.borrowed(victim), victim.work_at_risk(self.now), -victim.milli,
+                victim.seq, victim.job_id)
 
-    def set_key(self, victims: Sequence[JobState]) -> tuple:
+    def set_key(self, victims: Sequence[JobState], mine: int | None = None) -> tuple:
         top = max(priority_value(v.spec.priority_class) for v in victims)
-        guaranteed = sum(v.milli for v in victims
-                         if priority_value(v.spec.priority_class) == top and not self.borrowed(v))
+        at_top = [v for v in victims if priority_value(v.spec.priority_class) == top]
+        guaranteed = sum(v.milli for v in at_top if not self.borrowed(v))
+        reclaimed = sum(v.milli for v in at_top) if top == mine else 0
         work = sum(v.work_at_risk(self.now) for v in victims)
-        return (top, guaranteed, round(work, 6), len(victims))
+        return (top, guaranteed, reclaimed, round(work, 6), len(victims))
 
     # --- placement --------------------------------------------------------------------------
     def place(self, job: JobState) -> tuple[WorkerAssignment, ...] | None:
@@ -196,8 +240,10 @@ class SearchContext:
         if placed is not None:
             return Found([], placed, REASON_PRIORITY)
         reclaim = self.may_reclaim(job)
+        mine = priority_value(job.spec.priority_class)
         search = VictimSearch(self.state, job, scratch, lambda v: self.eligible(v, job, reclaim),
-                         self.cost, self.set_key, self.config.max_victims)
+                              lambda v: self.cost(v, mine), lambda vs: self.set_key(vs, mine),
+                              self.config.max_victims)
         victims = search.run()
         if victims is None:
             return None
@@ -210,7 +256,6 @@ class SearchContext:
             scratch.rollback(mark)
         if placed is None:
             return None   # the slot count and the placer disagree (MIG corner): do nothing
-        mine = priority_value(job.spec.priority_class)
         reason = REASON_RECLAIM if any(priority_value(v.spec.priority_class) >= mine for v in victims) \
             else REASON_PRIORITY
         return Found(victims, placed, reason)

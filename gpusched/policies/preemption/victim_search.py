@@ -19,6 +19,14 @@ and undone before returning: the state digest is unchanged.
 
 Gang victims are released whole (a job id covers all its workers). Nothing is found when
 no eligible set makes ``J`` placeable: we never preempt for a job that would still not fit.
+
+What bounds the search is its *work*, not the number of victims: every step frees at least
+one more worker slot, so a search takes about ``workers`` steps (``J``'s own worker
+count), each recomputing only the nodes the last step touched. The victims of a 4-node x
+8-GPU gang on nodes full of 1-GPU jobs are 32 jobs, and the search finds them in 4 steps.
+A cap on the victim count (``max_victims``) is an opt-in of the caller (defragmentation
+moves at most ``defrag_max_moves`` jobs); preemption has none by default, since a cap below
+what a large request needs would leave a placeable job waiting forever.
 """
 from __future__ import annotations
 
@@ -82,7 +90,7 @@ class VictimSearch:
 
     def __init__(self, state: ClusterState, job: JobState, scratch: Statement,
                  eligible: Callable[[JobState], bool], cost: Callable[[JobState], tuple],
-                 set_key: Callable[[Sequence[JobState]], tuple], max_victims: int) -> None:
+                 set_key: Callable[[Sequence[JobState]], tuple], max_victims: int | None = None) -> None:
         self.job, self.scratch = job, scratch
         self.state = state
         self.res = job.spec.resources
@@ -199,7 +207,17 @@ class VictimSearch:
             if self._arith_slots(gpus - g, cpu - c, mem - m, target) >= target:
                 gpus, cpu, mem = gpus - g, cpu - c, mem - m
                 chosen.remove(i)
-        return [victims[i] for i in chosen]
+        picked = [victims[i] for i in chosen]
+        # Greedy by single costs can miss one victim that alone makes the slot and is the
+        # cheaper set (one 2-GPU job rather than two 1-GPU jobs): try each, O(victims).
+        if len(picked) > 1:
+            best = self.set_key(picked)
+            free = node.free_whole_gpus(), node.free_cpu, node.free_mem
+            for v, (g, c, m) in zip(victims, shares):
+                if self._arith_slots(free[0] + g, free[1] + c, free[2] + m, target) >= target \
+                        and (key := self.set_key([v])) < best:
+                    picked, best = [v], key
+        return picked
 
     def node_step(self, name: str) -> Step | None:
         """Free this node's victims (cheapest first) until it takes one more worker, then put
@@ -258,6 +276,9 @@ class VictimSearch:
         stale = set(self.nodes)
         mark = self.scratch.checkpoint()
         try:
+            # Each step frees at least one more slot (``Step.gain >= 1``): about ``need``
+            # rounds; it ends anyway once no node has a step left, as every step releases
+            # victims not released before.
             while self.total() < self.need:
                 for name in stale:
                     steps[name] = self.node_step(name)
@@ -276,7 +297,7 @@ class VictimSearch:
                     self.scratch.release(v)
                     self.released.append(v)
                     self.released_ids.add(v.job_id)
-                if len(self.released) > 4 * self.max_victims:
+                if self.max_victims is not None and len(self.released) > 4 * self.max_victims:
                     return None
                 touched = self._refresh(step.victims)
                 stale = touched | {best[1]}
@@ -289,7 +310,7 @@ class VictimSearch:
                 else:
                     self.scratch.release(v)
                     self._refresh((v,))
-            if len(self.released) > self.max_victims:
+            if self.max_victims is not None and len(self.released) > self.max_victims:
                 return None
             return sorted(self.released, key=self.cost)
         finally:

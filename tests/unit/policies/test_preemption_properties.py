@@ -3,7 +3,8 @@
 Whenever ``victims_for`` returns a set: every victim is eligible; preempting exactly those
 through the reducer (JobPreempted, then WorkerFinished for each of their workers) makes
 the job placeable by the placer's own ``place_gang`` (and by a scheduler cycle when
-nothing pending outranks it); the set is minimal (each victim is needed). When it returns
+nothing pending outranks it); the set is minimal (each victim is needed); a reclaim leaves
+every team it takes from at or above its guarantee. When it returns
 None, even stopping every job of a lower priority class that may be preempted does not
 make room. The policy never changes the state.
 """
@@ -134,6 +135,10 @@ def test_victims_make_the_job_placeable(data):
             used = state.usage[job.team].gpu_milli if job.team in state.usage else 0
             assert used + job.milli <= config.guaranteed_milli(job.team)
             assert state.usage[v.team].gpu_milli > config.guaranteed_milli(v.team)
+    # A reclaim never takes a team below its guarantee.
+    for team in {v.team for v in jobs if priority_value(v.spec.priority_class) >= mine}:
+        left = state.usage[team].gpu_milli - sum(v.milli for v in jobs if v.team == team)
+        assert left >= config.guaranteed_milli(team)
     # Minimal: every victim is needed.
     for i in range(len(jobs)):
         assert not fits_without(state, job, jobs[:i] + jobs[i + 1:])

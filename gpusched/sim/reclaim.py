@@ -1,0 +1,199 @@
+"""Borrow and reclaim between teams: does preemption settle?
+
+A randomised workload on the production code only: jobs of 1, 2 and 4 GPUs from two or
+three teams with equal guarantees go through the reducer (``gpusched.core.reducer.apply``),
+are placed by ``Scheduler.cycle`` (fair share, the teams' quota tree) and preempted by
+``preemption_decisions`` (the preemptor's policy, same tree), each victim checkpointing and
+leaving at once. Time moves in steps of ``step_s``; each step: jobs past their run time
+end, each team with demand keeps ``backlog`` jobs waiting, one scheduling cycle, one
+preemptor call.
+
+Demand varies for the first ``steady_after_h`` hours (each hour every team is busy or idle
+at random, so idle teams' guarantees are lent and reclaimed), then is steady: every team
+stays busy (and, with ``departures_when_steady`` off, no job ends). Flips are counted
+over the whole run and from the start of steady demand (``ReclaimReport.flips``). A *flip* is a reclaim from team X for team Y after the latest reclaim between
+the two was from Y for X: preemption going back and forth.
+
+``python -m gpusched.sim.reclaim --teams 2 --seeds 5``: preemptions per hour and flips.
+"""
+from __future__ import annotations
+
+import argparse
+import random
+from dataclasses import dataclass, field, replace
+
+from gpusched.core import events as ev
+from gpusched.core.model import GpuInfo, JobPhase, JobSpec, NodeInfo, WorkerResources
+from gpusched.core.reducer import apply
+from gpusched.core.state import ClusterState
+from gpusched.policies.preemption.decisions import preemption_decisions, preemption_events
+from gpusched.policies.preemption.victim_rules import PreemptionConfig
+from gpusched.policies.queueing.quota import OrgQuota, QueueTree, TeamQuota
+from gpusched.policies.scheduler import Scheduler, SchedulerConfig
+
+SIZES = (1, 1, 2, 4)        # GPUs of a job: mixed, small ones more often
+
+
+@dataclass(frozen=True, slots=True)
+class ReclaimWorkload:
+    teams: int = 2
+    nodes: int = 4
+    gpus_per_node: int = 8
+    hours: float = 8.0
+    steady_after_h: float = 4.0
+    step_s: float = 60.0
+    backlog: int = 4                          # jobs a busy team keeps waiting
+    runtime_s: tuple[float, float] = (1800.0, 7200.0)
+    # False: once demand is steady, nothing ends either (the jobs then running run on), so
+    # whatever preempts after that is preemption chasing itself.
+    departures_when_steady: bool = True
+    seed: int = 0
+
+
+@dataclass(slots=True)
+class Preempted:
+    time: float
+    job_id: str
+    victim_team: str
+    for_team: str
+    reason: str              # "priority" | "reclaim"
+
+
+@dataclass(slots=True)
+class ReclaimReport:
+    hours: float
+    steady_from_s: float
+    preemptions: list[Preempted] = field(default_factory=list)
+
+    def reclaims(self) -> list[Preempted]:
+        return [p for p in self.preemptions if p.reason == "reclaim"]
+
+    def flips(self, since: float = 0.0) -> int:
+        """Reclaims from X for Y whose pair's previous reclaim was from Y for X, both at or
+        after ``since``: the answer to a change of demand at ``since`` is no flip."""
+        last: dict[frozenset, tuple[str, str]] = {}
+        flips = 0
+        for p in self.reclaims():
+            if p.time < since:
+                continue
+            pair, way = frozenset((p.victim_team, p.for_team)), (p.victim_team, p.for_team)
+            if last.get(pair, way) != way:
+                flips += 1
+            last[pair] = way
+        return flips
+
+    def repeated_within(self, window_s: float) -> list[str]:
+        """Jobs reclaimed twice less than ``window_s`` apart."""
+        seen: dict[str, float] = {}
+        out = []
+        for p in self.reclaims():
+            if p.job_id in seen and p.time - seen[p.job_id] < window_s:
+                out.append(p.job_id)
+            seen[p.job_id] = p.time
+        return out
+
+    def per_hour(self) -> float:
+        return len(self.preemptions) / self.hours
+
+
+def _quotas(wl: ReclaimWorkload) -> QueueTree:
+    share = wl.nodes * wl.gpus_per_node / wl.teams
+    return QueueTree(orgs={"org": OrgQuota(teams={f"t{i}": TeamQuota(guaranteed_gpus=share)
+                                                   for i in range(wl.teams)})})
+
+
+def run(wl: ReclaimWorkload, preemption: PreemptionConfig | None = None) -> ReclaimReport:
+    rng = random.Random(wl.seed)
+    tree = _quotas(wl)
+    config = replace(preemption or PreemptionConfig(), quotas=tree)
+    scheduler = Scheduler(SchedulerConfig(queue="fair-share", quotas=tree))
+    state = ClusterState()
+    n = 0
+
+    def put(event_cls, **kw) -> None:
+        nonlocal n
+        n += 1
+        outcome = apply(state, event_cls(event_id=f"e{n}", **kw))
+        if not outcome.accepted:
+            raise RuntimeError(f"{event_cls.__name__} rejected: {outcome.reason}")
+
+    for i in range(wl.nodes):
+        put(ev.NodeRegistered, time=0.0, node=NodeInfo(name=f"n{i}", pool="default", gpus=_gpus(wl.gpus_per_node),
+                                                        cpu_milli=1_000_000, memory_mib=10_000_000))
+    teams = [f"t{i}" for i in range(wl.teams)]
+    runtime: dict[str, float] = {}
+    report = ReclaimReport(wl.hours, wl.steady_after_h * 3600)
+    busy = {t: True for t in teams}
+    k = 0
+    now = 0.0
+    while now < wl.hours * 3600:
+        if now < report.steady_from_s and now % 3600 < wl.step_s:
+            busy = {t: rng.random() < 0.6 for t in teams}
+        elif now >= report.steady_from_s:
+            busy = {t: True for t in teams}
+        if now < report.steady_from_s or wl.departures_when_steady:
+            _finish(state, runtime, now, put)
+        waiting = {t: 0 for t in teams}
+        for jid in state.pending:
+            waiting[state.jobs[jid].team] += 1
+        for t in teams:
+            for _ in range(wl.backlog - waiting[t] if busy[t] else 0):
+                k += 1
+                spec = _spec(f"j{k}", t, rng.choice(SIZES))
+                put(ev.JobSubmitted, time=now, job_id=f"j{k}", spec=spec)
+                runtime[f"j{k}"] = rng.uniform(*wl.runtime_s)
+        for d in scheduler.cycle(state, now):
+            put(ev.JobPlaced, time=now, job_id=d.job_id, attempt=d.attempt, workers=d.workers, policy=d.policy)
+            for w in d.workers:
+                put(ev.WorkerStarted, time=now, job_id=d.job_id, attempt=d.attempt, worker=w.worker, node=w.node)
+        for decision in preemption_decisions(state, now, config):
+            for e in preemption_events(state, decision, now):
+                victim = state.jobs[e.job_id]
+                report.preemptions.append(Preempted(now, e.job_id, victim.team, state.jobs[decision.for_job].team,
+                                                    decision.reason))
+                put(ev.JobPreempted, time=now, job_id=e.job_id, attempt=e.attempt, for_job=e.for_job,
+                    reason=e.reason)
+                for w in victim.workers:     # checkpoint and leave at once
+                    put(ev.WorkerFinished, time=now, job_id=victim.job_id, attempt=victim.attempt,
+                        worker=w.worker, node=w.node, exit_code=0)
+        now += wl.step_s
+    return report
+
+
+def _finish(state: ClusterState, runtime: dict[str, float], now: float, put) -> None:
+    for job in [j for j in state.jobs.values() if j.phase is JobPhase.RUNNING]:
+        if now - job.started_at >= runtime[job.job_id]:
+            for w in job.workers:
+                put(ev.WorkerFinished, time=now, job_id=job.job_id, attempt=job.attempt, worker=w.worker,
+                    node=w.node, exit_code=0)
+
+
+def _gpus(count: int) -> tuple[GpuInfo, ...]:
+    return tuple(GpuInfo(index=i, uuid=f"GPU-{i}", model="H100-80GB", memory_mib=81_920) for i in range(count))
+
+
+def _spec(name: str, team: str, gpus: int) -> JobSpec:
+    return JobSpec(name=name, team=team, priority_class="training",
+                   resources=WorkerResources(gpus=gpus, cpu_milli=0, memory_mib=0))
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--teams", type=int, default=2)
+    p.add_argument("--seeds", type=int, default=5)
+    p.add_argument("--hours", type=float, default=8.0)
+    p.add_argument("--no-departures-when-steady", action="store_true",
+                   help="once demand is steady, no job ends")
+    args = p.parse_args(argv)
+    print("| seed | preemptions/h | reclaims | flips | flips once steady | reclaimed twice within 10 min |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for seed in range(args.seeds):
+        wl = ReclaimWorkload(teams=args.teams, hours=args.hours, steady_after_h=args.hours / 2, seed=seed,
+                             departures_when_steady=not args.no_departures_when_steady)
+        r = run(wl)
+        print(f"| {seed} | {r.per_hour():.1f} | {len(r.reclaims())} | {r.flips()} | "
+              f"{r.flips(r.steady_from_s)} | {len(r.repeated_within(600.0))} |")
+
+
+if __name__ == "__main__":
+    main()
