@@ -157,7 +157,7 @@ class Scheduler:
         # for a waiting job, and in a full pool nearly all of them fail.
         skim = keys is not None and self._reservations.capacity_only and not nominated
         with tentative(state) as statement:
-            run = _Cycle(self, state, now, statement, quotas, NomineeHold(nominated))
+            run = _Cycle(self, state, now, statement, quotas, NomineeHold(nominated) if nominated else None)
             for job in order:
                 if len(run.decisions) >= self.config.max_decisions:
                     break
@@ -199,7 +199,7 @@ class _Cycle:
     """One cycle's stages 4-7 over the state, through its statement."""
 
     def __init__(self, scheduler: Scheduler, state: ClusterState, now: float, statement: Statement,
-                 quotas: QueueTree, nominees: NomineeHold) -> None:
+                 quotas: QueueTree, nominees: NomineeHold | None) -> None:
         self.config = scheduler.config
         self.placement = scheduler._placement
         self.state, self.now, self.statement, self.quotas = state, now, statement, quotas
@@ -226,8 +226,8 @@ class _Cycle:
         if not within_limits(self.state, self.quotas, job, reserved.job if reserved else None):
             return Unplaced.QUOTA
         # 6. post-filter: the nominee hold around 5 and the reservation stage
-        kept = self.nominees.kept_from(job, self.decisions)
-        if kept is None:
+        kept = self.nominees.kept_from(job, self.decisions) if self.nominees is not None else None
+        if kept is None:   # no node to keep from this job (the common case)
             return self.around_reservation(job, shape)
         with hold_nominated_nodes(self.statement, kept):
             outcome = self.around_reservation(job, shape)

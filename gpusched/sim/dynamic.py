@@ -185,6 +185,8 @@ def build_parser():
     p.add_argument("--seed", type=int, default=0, help="synthetic: workload seed")
     p.add_argument("--horizon-h", type=float, default=48.0, help="synthetic: hours of arrivals")
     p.add_argument("--load", type=float, default=1.0, help="synthetic: scale of every team's load")
+    p.add_argument("--worker-gpus", type=int, choices=(1, 2, 4, 8), default=8,
+                   help="synthetic: GPUs per worker of a gang (jobs larger than this are gangs)")
     p.add_argument("--pods", default="default", choices=("default", "cpu050", "gpushare40", "gpuspec10"),
                    help="openb: which openb_pod_list_<pods>.csv (multigpu20 has no times)")
     p.add_argument("--compress", type=float, default=300.0, help="openb: divide arrival times by this")
@@ -208,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args = build_parser().parse_args(argv)
     if args.workload == "synthetic":
-        wl = synthetic_workload(args.seed, args.horizon_h * 3600, args.load)
+        wl = synthetic_workload(args.seed, args.horizon_h * 3600, args.load, worker_gpus=args.worker_gpus)
     else:
         wl = openb_workload(args.pods, args.compress, args.node_stride)
     configs = [parse_config(c, wl.quotas, args.half_life_h * 3600, args.aging_h * 3600)

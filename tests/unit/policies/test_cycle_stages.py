@@ -113,3 +113,14 @@ def test_the_simulators_name_a_policys_arguments_after_it():
         parse_config("fifo+fgd:patience=0.2", QueueTree(), 3600, 3600)
     with pytest.raises(ValueError, match="must be a number"):
         parse_placement("fgd:popularity=most")
+
+
+def test_the_synthetic_workload_splits_gangs_into_workers_of_the_size_asked():
+    """``--worker-gpus 4``: the same jobs, gangs of 4-GPU workers (for gang placement runs)."""
+    from gpusched.sim.synthetic import synthetic_workload
+    whole = synthetic_workload(0, horizon_s=4 * 3600, h100_nodes=6, l40s_nodes=2, flood_jobs=5)
+    halves = synthetic_workload(0, horizon_s=4 * 3600, h100_nodes=6, l40s_nodes=2, flood_jobs=5, worker_gpus=4)
+    assert [a.job_id for a in whole.arrivals] == [a.job_id for a in halves.arrivals]
+    for a, b in zip(whole.arrivals, halves.arrivals):
+        assert a.spec.total_milli == b.spec.total_milli
+        assert b.spec.resources.gpus <= 4 and (b.spec.workers > 1) == (a.spec.total_milli > 4000)
