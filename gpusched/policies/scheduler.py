@@ -28,10 +28,10 @@ by configuration when the scheduler is built, from an explicit map of names:
 
 Who writes what: the state is read-only to every stage; tentative writes (bookings,
 holds, nominations) go through the cycle's one ``Statement``, rolled back before
-``schedule`` returns. ``decisions`` and ``unplaced`` are written by ``record`` only,
-``failed`` by ``place`` only, the reservation by its stage only. The caller (the placer
-service or the simulator) turns decisions into ``JobPlaced`` events; the reducer
-validates them when they come back from the log.
+``schedule`` returns. ``decisions`` and ``unplaced`` are written by ``record`` only
+(``skipped`` by the gate), ``failed`` by ``place`` only, the reservation by its stage
+only. The caller (the placer service or the simulator) turns decisions into
+``JobPlaced`` events; the reducer validates them when they come back from the log.
 
 Parking (stage 8) and skipping a failed shape (stage 3) are optimisations: they apply
 only where every stage's failures depend on free capacity alone (no reservation stage
@@ -40,6 +40,7 @@ that holds, no nominations), and they change no decision.
 from __future__ import annotations
 
 import enum
+from itertools import chain
 from dataclasses import dataclass, field
 from typing import AbstractSet, Mapping
 
@@ -102,15 +103,24 @@ class Unplaced(enum.Enum):
 @dataclass(slots=True)
 class CycleResult:
     decisions: list[Decision]
-    unplaced: dict[str, Unplaced]         # offered this cycle and not placed, with why
+    offered: dict[str, Unplaced]          # offered this cycle and not placed, with why
+    skipped: list[str]                    # not offered: a job of their shape failed (SKIPPED_SAME_SHAPE)
     # Not offered (``Unplaced.PARKED``): the caller's parked set, as this cycle left it;
     # valid until the next cycle on that set.
     parked: AbstractSet[str] = frozenset()
     reservation: Reservation | None = None
 
+    @property
+    def unplaced(self) -> dict[str, Unplaced]:
+        """Every job this cycle reached and did not place, with why (parked jobs aside).
+        Built when asked: the cycle itself only appends a skipped job's id."""
+        return {**dict.fromkeys(self.skipped, Unplaced.SKIPPED_SAME_SHAPE), **self.offered}
+
     def reason(self, job_id: str) -> Unplaced | None:
         """Why ``job_id`` was not placed by this cycle; None if placed or not reached."""
-        why = self.unplaced.get(job_id)
+        why = self.offered.get(job_id)
+        if why is None and job_id in self.skipped:
+            return Unplaced.SKIPPED_SAME_SHAPE
         return Unplaced.PARKED if why is None and job_id in self.parked else why
 
 
@@ -158,22 +168,26 @@ class Scheduler:
         skim = keys is not None and self._reservations.capacity_only and not nominated
         with tentative(state) as statement:
             run = _Cycle(self, state, now, statement, quotas, NomineeHold(nominated) if nominated else None)
+            # The loop runs once per waiting job, thousands a cycle: what it reads is bound once.
+            decisions, failed, skipped = run.decisions, run.failed, run.skipped
+            max_decisions = self.config.max_decisions
             for job in order:
-                if len(run.decisions) >= self.config.max_decisions:
+                if len(decisions) >= max_decisions:
                     break
                 # 3. gate
                 if job.job_id in skip:
                     continue
                 shape = shape_of(job)
-                if skim and (shape, False) in run.failed:
-                    run.record(job, Unplaced.SKIPPED_SAME_SHAPE)
+                if skim and (shape, False) in failed:
+                    skipped.append(job.job_id)   # 7. record, inlined: in a full pool most jobs end here
                     continue
                 run.record(job, run.offer(job, shape))   # 4-7
         # 8. park
         if parking:
-            parked.park(state, run.unplaced, {d.job_id: (d.attempt, d.workers) for d in run.decisions.values()})
+            parked.park(state, chain(run.unplaced, run.skipped),
+                        {d.job_id: (d.attempt, d.workers) for d in run.decisions.values()})
         self.reservation = run.reservations.reservation
-        return CycleResult(list(run.decisions.values()), run.unplaced, skip, self.reservation)
+        return CycleResult(list(run.decisions.values()), run.unplaced, run.skipped, skip, self.reservation)
 
     def _ordered(self, state: ClusterState, ready: list[JobState], now: float, context: QueueContext,
                  keys: QueueKeys | None) -> list[JobState]:
@@ -207,13 +221,15 @@ class _Cycle:
         self.reservations: ReservationRun = scheduler._reservations.start(statement, now)
         self.decisions: dict[str, Decision] = {}      # written by record only
         self.unplaced: dict[str, Unplaced] = {}       # written by record only
+        self.skipped: list[str] = []                  # SKIPPED_SAME_SHAPE, written by the gate only
         # (shape, under the reservation's hold) that failed: they fail again, as a cycle
         # only ever takes capacity. Written by place only.
         self.failed: set[tuple] = set()
 
     def record(self, job: JobState, outcome: Workers | Unplaced) -> None:
-        """7. The one place a job's outcome in this cycle is written."""
-        if isinstance(outcome, Unplaced):
+        """7. The one place an offered job's outcome is written (the gate's skips are
+        appended to ``skipped`` in the loop)."""
+        if outcome.__class__ is Unplaced:
             self.unplaced[job.job_id] = outcome
         else:
             self.decisions[job.job_id] = Decision(job.job_id, job.attempt, outcome, self.config.placement,
