@@ -250,6 +250,8 @@ class _Cycle:
         return Unplaced.HELD_FOR_NOMINEE if outcome is Unplaced.NO_FIT else outcome
 
     def around_reservation(self, job: JobState, shape) -> Workers | Unplaced:
+        """5 under the reservation stage: free (nothing reserved yet; a failure may make
+        the reservation), with the hold lifted (a job gone before it starts), or held."""
         reservations = self.reservations
         if reservations.hold is None:
             outcome = self.place(job, shape, held=False)
