@@ -74,6 +74,9 @@ class Settings(BaseModel):
                                    help=help_text)
             elif get_origin(field.annotation) is tuple:   # no variable: a list has no one spelling
                 group.add_argument(flag, dest=name, action="append", default=None, help=help_text)
+            elif get_origin(field.annotation) is dict:   # a repeated KEY=VALUE flag
+                group.add_argument(flag, dest=name, action="append", metavar="KEY=VALUE", default=None,
+                                   help=help_text + "; repeat for each")
             else:
                 group.add_argument(flag, dest=name, default=env.get(var, None) if var else None,
                                    help=help_text + f"; default {field.default!r}")
@@ -251,6 +254,9 @@ class PlacerSettings(Settings):
     listen: str = setting("127.0.0.1:0", flag="--listen", help="health endpoint")
     queue: str = setting("priority", flag="--queue", help="queue-sort policy name")
     placement: str = setting("best-fit", flag="--placement", help="placement policy name")
+    placement_args: dict[str, float] = setting({}, flag="--placement-arg",
+                                               help="an argument of the placement policy, e.g. patience=0.2 for "
+                                                    "fgd-lookahead (docs/scheduling-placement.md)")
     backfill: bool = setting(False, flag="--backfill", help="reserve for the blocked head-of-line gang (EASY)")
     snapshot_every_events: int = setting(50_000, flag="--snapshot-every-events",
                                          help="snapshot an owned pool after this many new events (0: never by count)",
@@ -263,6 +269,22 @@ class PlacerSettings(Settings):
                                             "encoding it in a forked child (the default where fork exists)")
     no_snapshots: bool = setting(False, flag="--no-snapshots",
                                  help="rebuild newly owned pools from offset 0 instead of their latest snapshot")
+
+
+    @field_validator("placement_args", mode="before")
+    @classmethod
+    def _key_values(cls, value: Any) -> Any:
+        """``["patience=0.2", ...]`` from the command line; the keys are checked against
+        the policy when the placer builds it."""
+        if not isinstance(value, (list, tuple)):
+            return value
+        out: dict[str, str] = {}
+        for item in value:
+            key, sep, number = str(item).partition("=")
+            if not sep or not key.strip():
+                raise ValueError(f"expected KEY=VALUE, not {item!r}")
+            out[key.strip()] = number.strip()
+        return out
 
 
 class PreemptorSettings(Settings):

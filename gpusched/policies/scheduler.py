@@ -1,47 +1,76 @@
-"""One scheduling cycle: order the pending queue, place what fits, return proposals.
+"""One scheduling cycle in numbered stages: order the pending queue, place what fits,
+return proposals and, for every job offered and not placed, why.
 
-The cycle never writes the state for good: every booking, hold and nomination goes
-through one ``Statement``, rolled back before the cycle returns.
-The caller (the placer service or the simulator) turns decisions into ``JobPlaced``
-events; the reducer validates them when they come back from the log.
+``Scheduler.schedule`` runs these stages (as Kueue's ``schedule()`` phases and the
+Kubernetes scheduler framework's extension points); each is a narrow component chosen
+by configuration when the scheduler is built, from an explicit map of names:
 
-With ``backfill`` on, the first job that cannot be placed gets a reservation (EASY
-backfill, ``backfill``) and the jobs after it are placed only where they cannot delay
-it. Quota limits hold for every queue order: a job whose team or org would go over its
-limit is skipped. The quotas are the log's (``policy_tree``) once it holds a policy,
-else ``SchedulerConfig.quotas``.
+  1. snapshot    the cycle's inputs, read once: the quota tree (the log's policy,
+                 ``policy_tree``, else ``SchedulerConfig.quotas``), fair share's memory,
+                 live nominations, the parked set.
+  2. queue sort  the ready jobs in the configured order (``queue``: ``QUEUE_ORDERS``),
+                 nominees first.
+  Then for each job in that order, until ``max_decisions``:
+  3. gate        not offered: parked jobs, and jobs of a shape that failed earlier in
+                 this cycle, where failures depend on capacity alone.
+  4. quota       would its team or org go over a limit (``within_limits``)?
+  5. filter, score, reserve
+                 the placement policy (``placement``, with ``placement_args``) chooses
+                 every worker's node and GPUs (``place_gang``), booked on the
+                 cycle's ``Statement``.
+  6. post-filter capacity kept for other jobs while this one is offered: the nodes
+                 nominated for a preemption's beneficiary (``NomineeHold``) and the
+                 reservation stage (``RESERVATIONS``: with ``backfill``, the first
+                 blocked job's reservation and its hold).
+  7. record      a ``Decision``, or an ``Unplaced`` reason: ``_Cycle.record``, the one
+                 place either is written.
+  8. park        the jobs not placed are parked for the next cycle at this capacity.
+
+Who writes what: the state is read-only to every stage; tentative writes (bookings,
+holds, nominations) go through the cycle's one ``Statement``, rolled back before
+``schedule`` returns. ``decisions`` and ``unplaced`` are written by ``record`` only
+(``skipped`` by the gate), ``failed`` by ``place`` only, the reservation by its stage
+only. The caller (the placer service or the simulator) turns decisions into
+``JobPlaced`` events; the reducer validates them when they come back from the log.
+
+Parking (stage 8) and skipping a failed shape (stage 3) are optimisations: they apply
+only where every stage's failures depend on free capacity alone (no reservation stage
+that holds, no nominations), and they change no decision.
 """
 from __future__ import annotations
 
+import enum
+from itertools import chain
 from dataclasses import dataclass, field
+from typing import AbstractSet, Mapping
 
 from gpusched.core.model import WorkerAssignment
 from gpusched.core.state import ClusterState, JobState
-from gpusched.policies.reservation.backfill import (
-    Reservation, ReservationHold, ends_before, reserve_for_head_of_line,
-)
-from gpusched.policies.queueing.fairshare import DEFAULT_AGING_S, QueueContext
-from gpusched.policies.reservation.nomination import hold_nominated_nodes, live_nominations, nominees_first
-from gpusched.policies.queueing.parking import ParkedJobs, parking_applies
-from gpusched.policies.queueing.policy_tree import policy_tree
 from gpusched.policies.placement.gang import place_gang
 from gpusched.policies.placement.registry import make_placement
-from gpusched.policies.queueing.order import KEYED_ORDERS, QUEUE_KEYS, QUEUE_ORDERS
+from gpusched.policies.queueing.fairshare import DEFAULT_AGING_S, QueueContext
 from gpusched.policies.queueing.keys import QueueKeys
+from gpusched.policies.queueing.order import KEYED_ORDERS, QUEUE_KEYS, QUEUE_ORDERS
+from gpusched.policies.queueing.parking import ParkedJobs, parking_applies
+from gpusched.policies.queueing.policy_tree import policy_tree
 from gpusched.policies.queueing.quota import QueueTree, within_limits
-from gpusched.policies.statement import Statement, tentative
 from gpusched.policies.queueing.usage import folded_decay
+from gpusched.policies.reservation.backfill import Reservation
+from gpusched.policies.reservation.nomination import hold_nominated_nodes, live_nominations, nominees_first
+from gpusched.policies.reservation.stages import RESERVATIONS, NomineeHold, ReservationRun
+from gpusched.policies.statement import Statement, tentative
 
 
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:
     queue: str = "priority"
     placement: str = "best-fit"
+    # The placement policy's arguments (its constructor's keywords, e.g. fgd-lookahead's
+    # ``patience``); an unknown name is refused when the scheduler is built.
+    placement_args: Mapping[str, float] = field(default_factory=dict)
     max_decisions: int = 10_000     # per cycle, to bound a cycle's latency
-    backfill: bool = False          # reserve for the blocked head of line (EASY backfill)
-    # Reserve only for a job that has waited this long (Slurm's bf_min_age_reserve):
-    # most blocked jobs start soon anyway, and a reservation idles what it holds.
-    reserve_after_s: float = 0.0
+    backfill: bool = False          # reservation stage ``backfill`` (EASY), else ``none``
+    reserve_after_s: float = 0.0    # backfill's argument: reserve only for a job that waited this long
     quotas: QueueTree = field(default_factory=QueueTree)
     # Decay of the usage fair share charges teams for: a setting of the log
     # (``ClusterState.ledger_half_life_s``); kept here for the simulator, which builds its state.
@@ -58,64 +87,107 @@ class Decision:
     backfilled: bool = False        # placed behind a reservation it cannot delay
 
 
+class Unplaced(enum.Enum):
+    """Why a job offered in a cycle was not placed (or, ``PARKED``, not offered)."""
+
+    QUOTA = "quota"                                  # its team or org would go over a limit
+    NO_FIT = "no-fit"                                # no nodes take it now
+    HELD_FOR_RESERVATION = "held-for-reservation"    # failed while capacity was held for the
+                                                     # blocked head of line (may fit without)
+    HELD_FOR_NOMINEE = "held-for-nominee"            # failed while nodes were kept for a
+                                                     # preemption's beneficiary (may fit without)
+    SKIPPED_SAME_SHAPE = "skipped-same-shape"        # a job of its shape failed earlier this cycle
+    PARKED = "parked"                                # did not fit at this capacity: not offered again
+
+
+@dataclass(slots=True)
+class CycleResult:
+    decisions: list[Decision]
+    offered: dict[str, Unplaced]          # offered this cycle and not placed, with why
+    skipped: list[str]                    # not offered: a job of their shape failed (SKIPPED_SAME_SHAPE)
+    # Not offered (``Unplaced.PARKED``): the caller's parked set, as this cycle left it;
+    # valid until the next cycle on that set.
+    parked: AbstractSet[str] = frozenset()
+    reservation: Reservation | None = None
+
+    @property
+    def unplaced(self) -> dict[str, Unplaced]:
+        """Every job this cycle reached and did not place, with why (parked jobs aside).
+        Built when asked: the cycle itself only appends a skipped job's id."""
+        return {**dict.fromkeys(self.skipped, Unplaced.SKIPPED_SAME_SHAPE), **self.offered}
+
+    def reason(self, job_id: str) -> Unplaced | None:
+        """Why ``job_id`` was not placed by this cycle; None if placed or not reached."""
+        why = self.offered.get(job_id)
+        if why is None and job_id in self.skipped:
+            return Unplaced.SKIPPED_SAME_SHAPE
+        return Unplaced.PARKED if why is None and job_id in self.parked else why
+
+
 class Scheduler:
     def __init__(self, config: SchedulerConfig = SchedulerConfig()) -> None:
         if config.queue not in QUEUE_ORDERS:
             raise ValueError(f"unknown queue policy {config.queue!r}; known: {sorted(QUEUE_ORDERS)}")
         self.config = config
         self._order = QUEUE_ORDERS[config.queue]
-        self._placement = make_placement(config.placement)
+        self._placement = make_placement(config.placement, **config.placement_args)
+        self._reservations = (RESERVATIONS["backfill"](reserve_after_s=config.reserve_after_s)
+                              if config.backfill else RESERVATIONS["none"]())
         self.reservation: Reservation | None = None   # the last cycle's, for reports
 
     def cycle(self, state: ClusterState, now: float, parked: ParkedJobs | None = None,
               keys: QueueKeys | None = None) -> list[Decision]:
-        """The decisions of one cycle. With ``parked`` (kept by the caller for this state
-        between cycles) jobs known not to fit are not offered again (policies.queueing.parking);
-        with ``keys`` (kept likewise) the waiting jobs' queue keys and shapes are computed
+        """The decisions of one cycle (``schedule``)."""
+        return self.schedule(state, now, parked, keys).decisions
+
+    def schedule(self, state: ClusterState, now: float, parked: ParkedJobs | None = None,
+                 keys: QueueKeys | None = None) -> CycleResult:
+        """One cycle. With ``parked`` (kept by the caller for this state between cycles)
+        jobs known not to fit are not offered again (policies.queueing.parking); with
+        ``keys`` (kept likewise) the waiting jobs' queue keys and shapes are computed
         once, not every cycle (policies.queueing.keys). Neither changes a decision."""
-        parking = parked is not None and parking_applies(state, self.config.backfill)
+        # 1. snapshot
+        parking = parked is not None and parking_applies(state, not self._reservations.capacity_only)
         if parked is not None and not parking:
             parked.clear()
-        skip = parked.current(state, now) if parking else ()
-        unsorted = skip if self.config.queue in KEYED_ORDERS else ()   # see KEYED_ORDERS
-        jobs = state.jobs
-        ready = [jobs[j] for j in state.pending if j not in unsorted and jobs[j].not_before <= now]
+        skip = parked.current(state, now) if parking else frozenset()
         quotas = policy_tree(state, self.config.quotas)   # the log's, at this state's position
         # Fair share's memory is the log's (``folded_decay``): a placer that takes over orders alike.
         context = QueueContext(quotas, folded_decay(state, now), self.config.aging_s)
         nominated = live_nominations(state, now)
+        # 2. queue sort
+        unsorted = skip if self.config.queue in KEYED_ORDERS else ()   # see KEYED_ORDERS
+        jobs = state.jobs
+        ready = [jobs[j] for j in state.pending if j not in unsorted and jobs[j].not_before <= now]
         order = nominees_first(self._ordered(state, ready, now, context, keys), nominated)
         shape_of = keys.shape if keys is not None else job_shape
-        # Where offering a job can only place it or fail its shape (no backfill reservation
-        # to make, no nominee's nodes to hold), a job whose shape failed earlier in this
-        # cycle is not offered: it would fail too. Offering costs more than the rest of
-        # the cycle's work for a waiting job, and in a full pool nearly all of them fail.
-        skim = keys is not None and not self.config.backfill and not nominated
+        # Where an offer can only place a job or fail its shape (no stage holds capacity
+        # for another job), a job whose shape failed earlier in this cycle would fail
+        # too: it is not offered. Offering costs more than the rest of the cycle's work
+        # for a waiting job, and in a full pool nearly all of them fail.
+        skim = keys is not None and self._reservations.capacity_only and not nominated
         with tentative(state) as statement:
-            run = _CycleRun(self, state, now, statement, quotas)
+            run = _Cycle(self, state, now, statement, quotas, NomineeHold(nominated) if nominated else None)
+            # The loop runs once per waiting job, thousands a cycle: what it reads is bound once.
+            decisions, failed, skipped = run.decisions, run.failed, run.skipped
+            max_decisions = self.config.max_decisions
             for job in order:
-                if len(run.decisions) >= self.config.max_decisions:
+                if len(decisions) >= max_decisions:
                     break
-                if job.job_id in skip:   # parked
+                # 3. gate
+                if job.job_id in skip:
                     continue
                 shape = shape_of(job)
-                if skim and (shape, False) in run.failed:
-                    run.unplaced.append(job.job_id)
+                if skim and (shape, False) in failed:
+                    skipped.append(job.job_id)   # 7. record, inlined: in a full pool most jobs end here
                     continue
-                if job.job_id in nominated:
-                    run.offer(job, shape)
-                    continue
-                waiting = {n for j, nodes in nominated.items() if j not in run.decisions for n in nodes} \
-                    if nominated else None
-                if not waiting:   # no node to keep for a nominee: nothing to hold (the common case)
-                    run.offer(job, shape)
-                    continue
-                with hold_nominated_nodes(statement, waiting):
-                    run.offer(job, shape)
+                run.record(job, run.offer(job, shape))   # 4-7
+        # 8. park
         if parking:
-            parked.park(state, run.unplaced, {d.job_id: (d.attempt, d.workers) for d in run.decisions.values()})
-        self.reservation = run.reservation
-        return list(run.decisions.values())
+            parked.park(state, chain(run.unplaced, run.skipped),
+                        {d.job_id: (d.attempt, d.workers) for d in run.decisions.values()})
+        self.reservation = run.reservations.reservation
+        return CycleResult(list(run.decisions.values()), run.unplaced, run.skipped, skip, self.reservation)
 
     def _ordered(self, state: ClusterState, ready: list[JobState], now: float, context: QueueContext,
                  keys: QueueKeys | None) -> list[JobState]:
@@ -134,73 +206,75 @@ def job_shape(job: JobState) -> tuple:
     return (spec.pool, spec.workers, spec.resources)
 
 
-class _CycleRun:
-    """The bookkeeping of one cycle: decisions so far, shapes known not to fit, and the
-    reservation with its hold once the head of line is blocked."""
+Workers = tuple[WorkerAssignment, ...]
+
+
+class _Cycle:
+    """One cycle's stages 4-7 over the state, through its statement."""
 
     def __init__(self, scheduler: Scheduler, state: ClusterState, now: float, statement: Statement,
-                 quotas: QueueTree) -> None:
+                 quotas: QueueTree, nominees: NomineeHold | None) -> None:
         self.config = scheduler.config
-        self.quotas = quotas
         self.placement = scheduler._placement
-        self.state, self.now, self.statement = state, now, statement
-        self.decisions: dict[str, Decision] = {}
-        self.unplaced: list[str] = []   # offered, and over quota or not fitting
-        # Shapes that failed this cycle fail again: a cycle only ever takes capacity.
+        self.state, self.now, self.statement, self.quotas = state, now, statement, quotas
+        self.nominees = nominees
+        self.reservations: ReservationRun = scheduler._reservations.start(statement, now)
+        self.decisions: dict[str, Decision] = {}      # written by record only
+        self.unplaced: dict[str, Unplaced] = {}       # written by record only
+        self.skipped: list[str] = []                  # SKIPPED_SAME_SHAPE, written by the gate only
+        # (shape, under the reservation's hold) that failed: they fail again, as a cycle
+        # only ever takes capacity. Written by place only.
         self.failed: set[tuple] = set()
-        self.unreservable: set[tuple] = set()
-        self.reservation: Reservation | None = None
-        self.hold: ReservationHold | None = None
 
-    def offer(self, job: JobState, shape=None) -> None:
-        """Place ``job`` if it fits (and its quota allows); ``shape``: its ``job_shape``
-        or the number ``QueueKeys`` gave that shape."""
-        reserved = self.reservation.job if self.reservation else None
-        if not within_limits(self.state, self.quotas, job, reserved):
-            self.unplaced.append(job.job_id)
-            return
-        if shape is None:
-            shape = job_shape(job)
-        if self.hold is None:
-            workers = self.place(job, shape, held=False)
-            if (workers is None and self.config.backfill and shape not in self.unreservable
-                    and self.now - job.submitted_at >= self.config.reserve_after_s):
-                self.reserve(job, shape)
-        elif ends_before(job, self.now, self.reservation.shadow_s):
-            # Gone before the reserved job starts: it may use what the hold keeps.
-            workers = None
-            if not self.known_to_fail(shape, held=False):
-                self.hold.lift()
-                workers = self.place(job, shape, held=False)
-                self.hold.apply()
+    def record(self, job: JobState, outcome: Workers | Unplaced) -> None:
+        """7. The one place an offered job's outcome is written (the gate's skips are
+        appended to ``skipped`` in the loop)."""
+        if outcome.__class__ is Unplaced:
+            self.unplaced[job.job_id] = outcome
         else:
-            workers = self.place(job, shape, held=True)
-        if workers is None:
-            self.unplaced.append(job.job_id)
-        else:
-            self.decisions[job.job_id] = Decision(job.job_id, job.attempt, workers, self.config.placement,
-                                                  backfilled=self.hold is not None)
+            self.decisions[job.job_id] = Decision(job.job_id, job.attempt, outcome, self.config.placement,
+                                                  backfilled=self.reservations.hold is not None)
 
-    def known_to_fail(self, shape: tuple, held: bool) -> bool:
+    def offer(self, job: JobState, shape) -> Workers | Unplaced:
+        """4-6 for ``job``; ``shape``: its ``job_shape``, or the number ``QueueKeys`` gave it."""
+        # 4. quota (counting what the reservation will take)
+        reserved = self.reservations.reservation
+        if not within_limits(self.state, self.quotas, job, reserved.job if reserved else None):
+            return Unplaced.QUOTA
+        # 6. post-filter: the nominee hold around 5 and the reservation stage
+        kept = self.nominees.kept_from(job, self.decisions) if self.nominees is not None else None
+        if kept is None:   # no node to keep from this job (the common case)
+            return self.around_reservation(job, shape)
+        with hold_nominated_nodes(self.statement, kept):
+            outcome = self.around_reservation(job, shape)
+        return Unplaced.HELD_FOR_NOMINEE if outcome is Unplaced.NO_FIT else outcome
+
+    def around_reservation(self, job: JobState, shape) -> Workers | Unplaced:
+        """5 under the reservation stage: free (nothing reserved yet; a failure may make
+        the reservation), with the hold lifted (a job gone before it starts), or held."""
+        reservations = self.reservations
+        if reservations.hold is None:
+            outcome = self.place(job, shape, held=False)
+            if isinstance(outcome, Unplaced):
+                reservations.blocked(job, shape, self.decisions)
+            return outcome
+        if reservations.spares(job):   # gone before the reserved job starts: may use what is held
+            if self.known_to_fail(shape, held=False):
+                return Unplaced.SKIPPED_SAME_SHAPE
+            with reservations.lifted():
+                return self.place(job, shape, held=False)
+        return self.place(job, shape, held=True)
+
+    def known_to_fail(self, shape, held: bool) -> bool:
         # What fails without the hold fails with it too.
         return (shape, False) in self.failed or (shape, held) in self.failed
 
-    def place(self, job: JobState, shape: tuple, held: bool) -> tuple[WorkerAssignment, ...] | None:
+    def place(self, job: JobState, shape, held: bool) -> Workers | Unplaced:
+        """5. Filter, score and reserve: every worker booked on the statement, or none."""
         if self.known_to_fail(shape, held):
-            return None
+            return Unplaced.SKIPPED_SAME_SHAPE
         workers = place_gang(self.state, job, self.placement, self.statement)
-        if workers is None:
-            self.failed.add((shape, held))
-        return workers
-
-    def reserve(self, job: JobState, shape: tuple) -> None:
-        booked = {d.job_id: d.workers for d in self.decisions.values()}
-        reservation = reserve_for_head_of_line(self.statement, job, self.now, booked)
-        if reservation is None:
-            # It never fits, or only after jobs of unknown runtime: holding capacity for
-            # it would block the queue for nothing, so the next blocked job is the head.
-            self.unreservable.add(shape)
-            return
-        self.reservation = reservation
-        self.hold = ReservationHold(self.statement, reservation)
-        self.hold.apply()
+        if workers is not None:
+            return workers
+        self.failed.add((shape, held))
+        return Unplaced.HELD_FOR_RESERVATION if held and (shape, False) not in self.failed else Unplaced.NO_FIT

@@ -24,6 +24,7 @@ from gpusched.core.reducer import apply
 from gpusched.core.state import ClusterState
 from gpusched.policies.queueing.parking import ParkedJobs
 from gpusched.policies.queueing.keys import QueueKeys
+from gpusched.policies.placement.registry import parse_placement
 from gpusched.policies.scheduler import Decision, Scheduler, SchedulerConfig
 from gpusched.sim.metrics import FragmentationProbe, JobRecord, Sample, SimResult
 from gpusched.sim.workload import Workload
@@ -156,10 +157,13 @@ def _record(state: ClusterState, job_id: str) -> JobRecord:
 # --- command line --------------------------------------------------------------------
 def parse_config(text: str, quotas, half_life_s: float, aging_s: float) -> tuple[str, SchedulerConfig]:
     """``queue+placement[+backfill[=MINUTES]][+quotas]``, e.g. ``fair-share+fgd+backfill+quotas``.
+    ``placement`` may carry the policy's arguments (``fgd-lookahead:patience=0.2``);
     ``backfill=60`` reserves only for jobs that waited 60 minutes (plain: at once);
     ``quotas`` enforces the workload's quota tree (guarantees, limits, weights)."""
     queue, placement, *flags = text.split("+")
-    options: dict = {"queue": queue, "placement": placement, "half_life_s": half_life_s, "aging_s": aging_s}
+    name, args = parse_placement(placement)
+    options: dict = {"queue": queue, "placement": name, "placement_args": args, "half_life_s": half_life_s,
+                     "aging_s": aging_s}
     for flag in flags:
         name, _, minutes = flag.partition("=")
         if name == "backfill":
@@ -177,10 +181,12 @@ def build_parser():
     p = argparse.ArgumentParser(prog="python -m gpusched.sim.dynamic", description=__doc__.split("\n\n")[0])
     p.add_argument("--workload", choices=("synthetic", "openb"), default="synthetic")
     p.add_argument("--configs", default="fifo+best-fit,priority+best-fit,fair-share+best-fit+backfill",
-                   help="comma-separated queue+placement[+backfill[=MINUTES]][+quotas]")
+                   help="comma-separated queue+placement[:ARG=VALUE...][+backfill[=MINUTES]][+quotas]")
     p.add_argument("--seed", type=int, default=0, help="synthetic: workload seed")
     p.add_argument("--horizon-h", type=float, default=48.0, help="synthetic: hours of arrivals")
     p.add_argument("--load", type=float, default=1.0, help="synthetic: scale of every team's load")
+    p.add_argument("--worker-gpus", type=int, choices=(1, 2, 4, 8), default=8,
+                   help="synthetic: GPUs per worker of a gang (jobs larger than this are gangs)")
     p.add_argument("--pods", default="default", choices=("default", "cpu050", "gpushare40", "gpuspec10"),
                    help="openb: which openb_pod_list_<pods>.csv (multigpu20 has no times)")
     p.add_argument("--compress", type=float, default=300.0, help="openb: divide arrival times by this")
@@ -204,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args = build_parser().parse_args(argv)
     if args.workload == "synthetic":
-        wl = synthetic_workload(args.seed, args.horizon_h * 3600, args.load)
+        wl = synthetic_workload(args.seed, args.horizon_h * 3600, args.load, worker_gpus=args.worker_gpus)
     else:
         wl = openb_workload(args.pods, args.compress, args.node_stride)
     configs = [parse_config(c, wl.quotas, args.half_life_h * 3600, args.aging_h * 3600)

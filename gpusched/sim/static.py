@@ -35,7 +35,7 @@ from gpusched.core import events as ev
 from gpusched.core.model import NodeInfo
 from gpusched.core.reducer import apply
 from gpusched.core.state import ClusterState
-from gpusched.policies.placement.registry import PLACEMENTS
+from gpusched.policies.placement.registry import make_placement, parse_placement
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig
 from gpusched.sim import report
 from gpusched.sim.traces import POD_LISTS, TEAM, TRACE_DIR, Task, load_nodes, load_tasks
@@ -94,7 +94,9 @@ def pack(nodes: list[NodeInfo], tasks: list[Task], policy: str, seed: int, label
     for job_id, task in zip(job_ids, arrivals):
         apply(state, ev.JobSubmitted(event_id=f"submit-{job_id}", job_id=job_id, spec=task.spec(job_id)))
 
-    scheduler = Scheduler(SchedulerConfig(queue="fifo", placement=policy, max_decisions=len(arrivals)))
+    name, args = parse_placement(policy)
+    scheduler = Scheduler(SchedulerConfig(queue="fifo", placement=name, placement_args=args,
+                                          max_decisions=len(arrivals)))
     decisions = {d.job_id: d for d in scheduler.cycle(state, now=0.0)}
 
     run = Run(label, policy, seed, [0.0] * (POINTS + 1), tasks=len(arrivals))
@@ -136,7 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gpusched simulate static", description=__doc__.split("\n\n")[0])
     parser.add_argument("--all", action="store_true", help="every pod list, every policy, 10 seeds")
     parser.add_argument("--lists", default="default", help=f"comma-separated, or 'all' ({','.join(POD_LISTS)})")
-    parser.add_argument("--policies", default="best-fit,fgd,fgd-lookahead", help="comma-separated, or 'all'")
+    parser.add_argument("--policies", default="best-fit,fgd,fgd-lookahead",
+                        help="comma-separated, or 'all'; a policy's arguments after it, e.g. "
+                             "fgd-lookahead:patience=0.2")
     parser.add_argument("--seeds", type=int, default=len(SEEDS), help="how many seeds (default 10)")
     parser.add_argument("--first-seed", type=int, default=SEEDS[0], help="seeds count up from it (default 42)")
     parser.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
@@ -145,9 +149,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     lists = POD_LISTS if args.all or args.lists == "all" else tuple(args.lists.split(","))
     policies = POLICIES if args.all or args.policies == "all" else tuple(args.policies.split(","))
-    unknown = [p for p in policies if p not in PLACEMENTS] + [p for p in lists if p not in POD_LISTS]
+    unknown = [p for p in lists if p not in POD_LISTS]
     if unknown:
-        parser.error(f"unknown policy or pod list: {', '.join(unknown)}")
+        parser.error(f"unknown pod list: {', '.join(unknown)}")
+    for policy in policies:
+        try:
+            name, settings = parse_placement(policy)
+            make_placement(name, **settings)   # arguments in range
+        except ValueError as exc:
+            parser.error(str(exc))
     seeds = tuple(range(args.first_seed, args.first_seed + args.seeds))
     work = [(pod_list, policy, seed, args.trace_dir) for pod_list in lists for policy in policies for seed in seeds]
     started = time.perf_counter()

@@ -78,8 +78,10 @@ def synthetic_cluster(h100_nodes: int = 64, l40s_nodes: int = 16):
 
 
 def synthetic_workload(seed: int = 0, horizon_s: float = 2 * 86400.0, load: float = 1.0,
-                       h100_nodes: int = 64, l40s_nodes: int = 16, flood_jobs: int = 300) -> Workload:
-    """``load`` scales every team's share (the shares sum to 1.15)."""
+                       h100_nodes: int = 64, l40s_nodes: int = 16, flood_jobs: int = 300,
+                       worker_gpus: int = GPU_NODE) -> Workload:
+    """``load`` scales every team's share (the shares sum to 1.15); a job larger than
+    ``worker_gpus`` is a gang of workers of that many GPUs (a whole H100 node by default)."""
     rng = random.Random(seed)
     nodes = synthetic_cluster(h100_nodes, l40s_nodes)
     capacity_gpus = sum(len(n.gpus) for n in nodes)
@@ -89,21 +91,23 @@ def synthetic_workload(seed: int = 0, horizon_s: float = 2 * 86400.0, load: floa
         n = 0
         while budget > 0:
             kind = rng.choices([m for m, _ in mix], weights=[w for _, w in mix])[0]
-            spec = _draw(rng, kind, team, f"{team}-{n:05d}")
+            spec = _draw(rng, kind, team, f"{team}-{n:05d}", worker_gpus)
             budget -= spec.total_milli / 1000 * spec.simulated_duration_s
             arrivals.append(Arrival(rng.uniform(0, horizon_s), spec.name, spec))
             n += 1
     flood_at = 0.3 * horizon_s
     for i in range(flood_jobs):
-        spec = _draw(rng, BATCH, "batch", f"batch-flood-{i:04d}")
+        spec = _draw(rng, BATCH, "batch", f"batch-flood-{i:04d}", worker_gpus)
         arrivals.append(Arrival(flood_at, spec.name, spec))
     arrivals.sort(key=lambda a: (a.time, a.job_id))
     note = (f"synthetic seed={seed} horizon={horizon_s:g}s load={load:g}x1.15 of {capacity_gpus} GPUs "
-            f"({h100_nodes}x8 H100 + {l40s_nodes}x4 L40S), flood of {flood_jobs} batch jobs at {flood_at:g}s")
-    return Workload(f"synthetic-s{seed}", nodes, tuple(arrivals), QUOTAS, note)
+            f"({h100_nodes}x8 H100 + {l40s_nodes}x4 L40S), flood of {flood_jobs} batch jobs at {flood_at:g}s"
+            + (f", gang workers of {worker_gpus} GPUs" if worker_gpus != GPU_NODE else ""))
+    name = f"synthetic-s{seed}" + (f"-w{worker_gpus}" if worker_gpus != GPU_NODE else "")
+    return Workload(name, nodes, tuple(arrivals), QUOTAS, note)
 
 
-def _draw(rng: random.Random, mix: JobMix, team: str, name: str) -> JobSpec:
+def _draw(rng: random.Random, mix: JobMix, team: str, name: str, worker_gpus: int = GPU_NODE) -> JobSpec:
     gpus = rng.choices([g for g, _ in mix.sizes], weights=[p for _, p in mix.sizes])[0]
     duration = min(MAX_DURATION_S, mix.median_s * math.exp(mix.sigma * rng.gauss(0.0, 1.0)))
     estimate = math.ceil(duration * rng.uniform(1.0, 3.0))
@@ -111,8 +115,8 @@ def _draw(rng: random.Random, mix: JobMix, team: str, name: str) -> JobSpec:
         workers, res = 1, WorkerResources(gpu_milli=mix.gpu_milli, cpu_milli=4000, memory_mib=16_384,
                                           gpu_models=mix.models)
     else:
-        per_worker = min(gpus, GPU_NODE)
-        workers = max(1, gpus // GPU_NODE)
+        per_worker = min(gpus, worker_gpus)
+        workers = max(1, gpus // worker_gpus)
         res = WorkerResources(gpus=per_worker, cpu_milli=12_000 * per_worker, memory_mib=65_536 * per_worker,
                               gpu_models=mix.models)
     return JobSpec(name=name, team=team, org=QUOTAS.org_of(team), priority_class=mix.priority_class,

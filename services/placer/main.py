@@ -29,7 +29,11 @@ async def run(args: argparse.Namespace) -> None:
     security = server_security_from_args(args, own.listen)   # before connecting: a bad setting stops at once
     setup_tracing("gpusched-placer")
     me = instance_id("placer")
-    scheduler = Scheduler(SchedulerConfig(queue=own.queue, placement=own.placement, backfill=own.backfill))
+    try:   # an unknown policy or argument stops the placer here, naming it
+        scheduler = Scheduler(SchedulerConfig(queue=own.queue, placement=own.placement,
+                                              placement_args=own.placement_args, backfill=own.backfill))
+    except ValueError as exc:
+        raise SystemExit(f"invalid settings: {exc} (--queue, --placement, --placement-arg)") from None
     # Quotas and weights come from the log (QuotaSet/TeamPolicySet, docs/policy.md).
     publisher, dead_letters = await connect(settings, me, pool_log_letters=True)   # docs/architecture.md
     holder: dict = {}

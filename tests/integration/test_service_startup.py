@@ -38,3 +38,13 @@ def test_a_negative_broker_wait_is_refused_naming_the_flag(tmp_path):
     done = subprocess.run([str(BIN / "gpusched-placer"), "--broker-wait", "-1"], capture_output=True, text=True,
                           timeout=60, cwd=tmp_path, env={**os.environ, "GPUSCHED_INSECURE": "1"})
     assert done.returncode != 0 and "--broker-wait" in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+def test_a_placement_argument_the_policy_does_not_take_is_refused_by_name(tmp_path):
+    """Checked at start, before any broker is needed: the placer names the argument."""
+    env = {**os.environ, "GPUSCHED_INSECURE": "1", "KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{closed_port()}"}
+    done = subprocess.run([str(BIN / "gpusched-placer"), "--placement", "fgd", "--placement-arg", "patience=0.2",
+                           "--broker-wait", "2"], capture_output=True, text=True, timeout=60, cwd=tmp_path, env=env)
+    assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr
+    assert "placement policy 'fgd' has no argument 'patience'" in done.stderr, done.stderr
+    assert "--placement-arg" in done.stderr, done.stderr

@@ -13,6 +13,8 @@ LONGER = {
     "core/reducer.py": "one handler per event type: the only place the state is written, read as one table",
     "core/snapshot.py": "the column codec of every state dataclass, its schema checks and the consistency "
                         "check of a restored state: one format, read together",
+    "config.py": "the one configuration model: every service's settings declared once, with the "
+                 "machinery that turns them into flags and variables (docs/configuration.md mirrors it)",
 }
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -29,7 +29,7 @@ from gpusched.policies.statement import Statement
 from gpusched.policies.gpu_fit import StateLike, fits_node, pick_gpus
 from gpusched.policies.placement.gang import Choice
 from gpusched.policies.placement.arrays import NodeArrays, arrays_for
-from gpusched.policies.placement.heuristics import choose_mig
+from gpusched.policies.placement.heuristics import choose_mig, rank_mig
 
 # Defaults of the policies' arguments (``Fgd(popularity=...)``, ``FgdLookahead(patience=...)``).
 POPULARITY = 0.95    # the most frequent shapes covering this share of tasks are "typical"
@@ -149,17 +149,40 @@ class Fgd:
         rows = arrays.feasible(res)
         if not rows.size:
             return None
-        rows, gpu_index, after = candidates(arrays, rows, res)
-        # Fragmentation is free milli - U: placing takes res.milli and changes U.
-        growth = view.u[rows] - usable(view.mix, after, arrays.cpu[rows] - res.cpu_milli,
-                                       arrays.model[rows]) - res.milli
-        keys = self.keys(view, rows, after, growth)
-        for i in np.lexsort((gpu_index, rows, *reversed(keys))):
+        rows, gpu_index, best = self.ranked(view, rows, res)
+        for i in best:
             node = arrays.nodes[rows[i]]
             slots = take(node, pool, res, int(gpu_index[i]))
             if slots is not None:
                 return node, slots
         return None
+
+    def rank(self, state: StateLike, statement: Statement, job: JobState, res: WorkerResources,
+             nodes: Sequence[NodeState]) -> dict[str, int]:
+        """A gang's nodes, each by its best candidate's place in ``choose``'s order."""
+        if res.is_mig:
+            return rank_mig(nodes, job.spec.pool, res)
+        view = self.view(state, statement, job.spec.pool)
+        arrays = view.arrays
+        rows = np.array([arrays.row[n.name] for n in nodes], dtype=np.int64)
+        rows, _, best = self.ranked(view, rows, res)
+        ranks: dict[str, int] = {}
+        for i in best:
+            ranks.setdefault(arrays.nodes[rows[i]].name, len(ranks))
+        for n in nodes:   # the arrays' view of a node may differ from its capacity's: last
+            ranks.setdefault(n.name, len(ranks))
+        return ranks
+
+    def ranked(self, view: FragView, rows: np.ndarray, res: WorkerResources):
+        """(candidate rows, their GPU index, the candidates' indices best first) of ``res``
+        on the feasible ``rows``."""
+        arrays = view.arrays
+        rows, gpu_index, after = candidates(arrays, rows, res)
+        # Fragmentation is free milli - U: placing takes res.milli and changes U.
+        growth = view.u[rows] - usable(view.mix, after, arrays.cpu[rows] - res.cpu_milli,
+                                       arrays.model[rows]) - res.milli
+        keys = self.keys(view, rows, after, growth)
+        return rows, gpu_index, np.lexsort((gpu_index, rows, *reversed(keys)))
 
     def view(self, state: StateLike, statement: Statement, pool: str) -> FragView:
         key = (self.name, self.popularity, self.patience, pool)

@@ -5,6 +5,9 @@ listed by name in ``registry.PLACEMENTS`` and chosen by configuration.
 ``place_gang`` places a one-worker job with the policy, and a gang with the topology planner
 (``topology``: fewest racks, then fewest nodes), booking each worker so the
 next sees it and giving up the whole gang if any worker does not fit (all-or-nothing).
+Topology comes first for a gang (its workers talk every step, so it stays compact); among
+the plans and nodes topology rates alike, the policy decides, through its ``rank`` of the
+candidate nodes (``node_ranks``; registration order for a policy without one).
 
 Every policy breaks ties by node registration order (the order of ``state.nodes``), so a
 decision is a pure function of the state. The policies themselves live in
@@ -13,7 +16,7 @@ decision is a pure function of the state. The policies themselves live in
 """
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Mapping, Protocol, Sequence
 
 from gpusched.core.model import GpuSlot, WorkerAssignment, WorkerResources
 from gpusched.core.state import JobState, NodeState
@@ -31,6 +34,19 @@ class Placement(Protocol):
                res: WorkerResources) -> Choice | None:
         """Where one worker of ``job`` (needing ``res``) goes now, or None if nowhere."""
 
+    # Optional: rank(state, statement, job, res, nodes) -> {node name: rank}, lower
+    # preferred, distinct (ties broken by registration order), over ``nodes``: nodes of
+    # the job's pool that each take one worker of ``res`` now. Scores a gang's nodes.
+
+
+def node_ranks(policy: Placement, state: StateLike, statement: Statement, job: JobState,
+               res: WorkerResources, nodes: Sequence[NodeState]) -> Mapping[str, int]:
+    """The policy's preference among ``nodes`` (in registration order) for one worker."""
+    rank = getattr(policy, "rank", None)
+    if rank is None:
+        return {n.name: i for i, n in enumerate(nodes)}
+    return rank(state, statement, job, res, nodes)
+
 
 def place_gang(state: StateLike, job: JobState, policy: Placement,
                statement: Statement) -> tuple[WorkerAssignment, ...] | None:
@@ -42,4 +58,5 @@ def place_gang(state: StateLike, job: JobState, policy: Placement,
         placed = (WorkerAssignment(0, choice[0].name, choice[1]),)
         statement.book(job, placed)
         return placed
-    return place_spread(state, job, statement)
+    return place_spread(state, job, statement,
+                        lambda nodes: node_ranks(policy, state, statement, job, spec.resources, nodes))

@@ -15,7 +15,7 @@ Inside a node, GPUs are picked best-fit (``pick_gpus``); MIG slices by ``choose_
 from __future__ import annotations
 
 from collections import Counter
-from typing import Callable, Iterable, Mapping
+from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -55,6 +55,20 @@ def choose_mig(nodes: Mapping[str, NodeState], pool: str, res: WorkerResources,
     return (best[1], best[2]) if best else None
 
 
+def ranks_by(nodes: Sequence[NodeState], key: Callable[[NodeState], object]) -> dict[str, int]:
+    """Rank of each of ``nodes`` (given in registration order) by ``key``, then that order."""
+    ranked = sorted(range(len(nodes)), key=lambda i: (key(nodes[i]), i))
+    return {nodes[i].name: r for r, i in enumerate(ranked)}
+
+
+def rank_mig(nodes: Sequence[NodeState], pool: str, res: WorkerResources) -> dict[str, int]:
+    """``choose_mig``'s preference as a rank: nodes with a GPU already cut first, then tightest."""
+    def key(node: NodeState) -> tuple:
+        slots = fit(node, pool, res)
+        return (slots is None or node.gpus[slots[0].index].mig_mask == 0, best_fit_key(node))
+    return ranks_by(nodes, key)
+
+
 class BestFit:
     name = "best-fit"
 
@@ -66,6 +80,13 @@ class BestFit:
         if index is None:
             index = statement.views[("free", pool)] = FreeIndex(state.nodes, pool, GPU_WEIGHT)
         return first_fit(index, res, res.cpu_milli + GPU_WEIGHT * res.milli, fit)
+
+    def rank(self, state: StateLike, statement: Statement, job: JobState, res: WorkerResources,
+             nodes: Sequence[NodeState]) -> dict[str, int]:
+        """A gang's nodes: the tightest first, as ``choose`` takes them."""
+        if res.is_mig:
+            return rank_mig(nodes, job.spec.pool, res)
+        return ranks_by(nodes, best_fit_key)
 
 
 class ScoredPlacement:
@@ -88,6 +109,16 @@ class ScoredPlacement:
             if slots is not None:
                 return node, slots
         return None
+
+    def rank(self, state: StateLike, statement: Statement, job: JobState, res: WorkerResources,
+             nodes: Sequence[NodeState]) -> dict[str, int]:
+        """A gang's nodes, ordered by the same score as ``choose``."""
+        if res.is_mig:
+            return rank_mig(nodes, job.spec.pool, res)
+        arrays = arrays_for(statement, state.nodes, job.spec.pool)
+        rows = np.array([arrays.row[n.name] for n in nodes], dtype=np.int64)
+        scores = self.score(state, statement, arrays, rows, job, res)
+        return {nodes[i].name: r for r, i in enumerate(np.argsort(scores, kind="stable"))}
 
     def score(self, state: StateLike, statement: Statement, arrays: NodeArrays, rows: np.ndarray,
               job: JobState, res: WorkerResources) -> np.ndarray:

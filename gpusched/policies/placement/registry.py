@@ -7,6 +7,7 @@ itself on import: a policy exists when it is listed here.
 """
 from __future__ import annotations
 
+import inspect
 from typing import Callable
 
 from gpusched.policies.placement.fragmentation import Fgd, FgdLookahead
@@ -24,9 +25,41 @@ PLACEMENTS: dict[str, Callable[..., Placement]] = {
 }
 
 
-def make_placement(name: str, **settings: float) -> Placement:
-    """The policy ``name`` with ``settings`` (its constructor's keyword arguments)."""
+def placement_arguments(name: str) -> dict[str, float]:
+    """The arguments policy ``name`` takes, with their defaults."""
     factory = PLACEMENTS.get(name)
     if factory is None:
         raise ValueError(f"unknown placement policy {name!r}; known: {sorted(PLACEMENTS)}")
-    return factory(**settings)
+    return {p.name: p.default for p in inspect.signature(factory).parameters.values()
+            if p.kind is p.KEYWORD_ONLY or p.kind is p.POSITIONAL_OR_KEYWORD}
+
+
+def make_placement(name: str, **settings: float) -> Placement:
+    """The policy ``name`` with ``settings`` (its constructor's keyword arguments); an
+    unknown name or argument, or a value out of range, is a ValueError naming it."""
+    known = placement_arguments(name)
+    for key in settings:
+        if key not in known:
+            raise ValueError(f"placement policy {name!r} has no argument {key!r}; "
+                             f"its arguments: {', '.join(sorted(known)) or 'none'}")
+    return PLACEMENTS[name](**settings)
+
+
+def parse_placement(text: str) -> tuple[str, dict[str, float]]:
+    """``name[:key=value...]`` (the simulators' notation, e.g. ``fgd-lookahead:patience=0.2``)
+    as the policy's name and arguments; a ValueError names what is wrong."""
+    name, *items = text.split(":")
+    known = placement_arguments(name)
+    args: dict[str, float] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"expected key=value after {name!r}, not {item!r}")
+        if key not in known:
+            raise ValueError(f"placement policy {name!r} has no argument {key!r}; "
+                             f"its arguments: {', '.join(sorted(known)) or 'none'}")
+        try:
+            args[key] = float(value)
+        except ValueError:
+            raise ValueError(f"{name}'s argument {key!r} must be a number, not {value!r}") from None
+    return name, args

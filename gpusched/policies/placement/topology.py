@@ -4,7 +4,10 @@ Workers of a distributed job talk to each other every step, so the planner keeps
 close: first the fewest racks (node label ``rack``; racks under one ``spine`` label
 preferred when one rack is not enough), then, inside the chosen racks, the fewest nodes
 (nodes that take the most workers first). A worker never spans nodes, so its own GPUs
-always share the node's NVLink; several workers on one node share it too.
+always share the node's NVLink; several workers on one node share it too. Where two
+plans or nodes are alike by those criteria, the placement policy's preference decides
+(``prefer``: its rank of the candidate nodes); without one, registration order. Inside
+a node, a worker's GPUs are picked by ``fit``, as for every policy's chosen node.
 
 The plan is made from how many workers each node takes right now (``node_capacity``),
 then booked worker by worker with the placer's own ``fit``; the gang is booked as one
@@ -13,6 +16,7 @@ unit at the end, or not at all.
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import Callable, Mapping, Sequence
 
 from gpusched.core.mig import parse_profile, slot_bit
 from gpusched.core.model import WorkerAssignment, WorkerResources
@@ -21,9 +25,13 @@ from gpusched.policies.statement import Statement
 from gpusched.policies.gpu_fit import StateLike, fit
 
 
-def place_spread(state: StateLike, job: JobState, statement: Statement) -> tuple[WorkerAssignment, ...] | None:
+Prefer = Callable[[Sequence[NodeState]], Mapping[str, int]]
+
+
+def place_spread(state: StateLike, job: JobState, statement: Statement,
+                 prefer: Prefer | None = None) -> tuple[WorkerAssignment, ...] | None:
     spec, res = job.spec, job.spec.resources
-    plan = plan_gang([n for n in state.nodes.values() if n.info.pool == spec.pool], res, spec.workers)
+    plan = plan_gang([n for n in state.nodes.values() if n.info.pool == spec.pool], res, spec.workers, prefer)
     if plan is None:
         return None
     mark = statement.checkpoint()
@@ -44,10 +52,15 @@ def place_spread(state: StateLike, job: JobState, statement: Statement) -> tuple
     return gang
 
 
-def plan_gang(nodes: list[NodeState], res: WorkerResources, workers: int) -> list[tuple[NodeState, int]] | None:
-    """(node, workers there) for every worker, or None when the pool cannot take them all."""
-    order = {n.name: i for i, n in enumerate(nodes)}
+def plan_gang(nodes: list[NodeState], res: WorkerResources, workers: int,
+              prefer: Prefer | None = None) -> list[tuple[NodeState, int]] | None:
+    """(node, workers there) for every worker, or None when the pool cannot take them all.
+    ``prefer``: ranks of the nodes that take a worker (lower first), breaking ties."""
     caps = {n.name: c for n in nodes if (c := node_capacity(n, res, workers)) > 0}
+    if sum(caps.values()) < workers:
+        return None
+    candidates = [n for n in nodes if n.name in caps]
+    order = prefer(candidates) if prefer is not None else {n.name: i for i, n in enumerate(candidates)}
     racks: dict[tuple[str, str], list[NodeState]] = defaultdict(list)
     for n in nodes:
         if n.name in caps:
@@ -66,10 +79,8 @@ def plan_gang(nodes: list[NodeState], res: WorkerResources, workers: int) -> lis
                 return i + 1
         return len(racks[key]) + 1
 
-    if sum(caps.values()) < workers:
-        return None
     whole = [k for k in racks if rack_cap(k) >= workers]
-    if whole:   # one rack: fewest nodes, then the rack left fullest, then the first
+    if whole:   # one rack: fewest nodes, then the rack left fullest, then the preferred
         best = min(whole, key=lambda k: (nodes_needed(k), rack_cap(k), order[racks[k][0].name]))
         chosen = [best]
     else:

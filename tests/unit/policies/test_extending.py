@@ -37,6 +37,18 @@ def test_worst_fit_spreads_where_best_fit_packs():
     assert place_one(log, "next", WorstFit())[0].node != first[0].node
 
 
+def test_the_score_also_ranks_a_gangs_nodes():
+    """n1 has 2 of its 4 GPUs taken; a gang of two 1-GPU workers fits on either node alone
+    (topology rates them alike): best-fit takes the tighter n1, WorstFit the emptier n2."""
+    log = Log(make_node("n1", gpus=4), make_node("n2", gpus=4))
+    log.submit("running", make_spec(gpus=2, cpu=0, mem=0))
+    assert log(ev.JobPlaced, job_id="running", attempt=0,
+               workers=place_one(log, "running", make_placement("best-fit"))).accepted
+    log.submit("gang", make_spec(workers=2, gpus=1, cpu=0, mem=0))
+    assert [w.node for w in place_one(log, "gang", make_placement("best-fit"))] == ["n1", "n1"]
+    assert [w.node for w in place_one(log, "gang", WorstFit())] == ["n2", "n2"]
+
+
 def place_one(log: Log, job_id: str, policy):
     with tentative(log.state) as statement:
         return place_gang(log.state, log.state.jobs[job_id], policy, statement)

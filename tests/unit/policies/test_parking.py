@@ -27,15 +27,15 @@ def cycle(log: Log, scheduler: Scheduler, parked: ParkedJobs) -> list[str]:
 
 def offered(scheduler: Scheduler, log: Log, parked: ParkedJobs, monkeypatch) -> list[str]:
     """Job ids the next cycle offers, in order (by wrapping the cycle's ``offer``)."""
-    from gpusched.policies.scheduler import _CycleRun
+    from gpusched.policies.scheduler import _Cycle
     seen: list[str] = []
-    real = _CycleRun.offer
+    real = _Cycle.offer
 
     def spy(run, job, *shape):
         seen.append(job.job_id)
         return real(run, job, *shape)
     with monkeypatch.context() as patch:
-        patch.setattr(_CycleRun, "offer", spy)
+        patch.setattr(_Cycle, "offer", spy)
         cycle(log, scheduler, parked)
     return seen
 

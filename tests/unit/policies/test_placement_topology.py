@@ -66,3 +66,50 @@ def test_gang_that_does_not_fit_takes_nothing():
         assert statement.checkpoint() == 0
     assert all(n.used_cpu == 0 and all(g.used_milli == 0 for g in n.gpus) for n in log.state.nodes.values())
     assert digest(log.state) == before
+
+
+def placed_by(log: Log, policy: str, job_id: str = "gang") -> list[str]:
+    with tentative(log.state) as statement:
+        placed = place_gang(log.state, log.state.jobs[job_id], make_placement(policy), statement)
+    assert placed is not None
+    return [w.node for w in placed]
+
+
+@pytest.mark.parametrize("policy", ["best-fit", "fgd", "fgd-lookahead"])
+def test_the_policy_scores_a_gangs_nodes_among_those_topology_rates_alike(policy):
+    """Two nodes of one rack take the whole gang each; the first registered is idle, the
+    other has one GPU taken. Topology alone takes the first (registration order); the
+    policy keeps the idle node whole for the 8-GPU job waiting (FGD: an 8-GPU node broken
+    is all fragmentation; best-fit: the tightest node)."""
+    log = Log(rack("idle", "r1"), rack("used", "r1"))
+    assert log.submit("busy", make_spec("busy", gpus=1, cpu=0, mem=0)).accepted
+    assert log.place("busy", ("used", whole(0))).accepted
+    assert log.submit("big", make_spec("other", gpus=8, cpu=1000, mem=1000)).accepted
+    assert log.submit("gang", make_spec(workers=2, gpus=1, cpu=1000, mem=1000)).accepted
+    assert placed_by(log, policy) == ["used", "used"]
+
+
+def test_fgd_orders_a_gangs_racks_by_fragmentation_where_topology_ties():
+    """Two racks of one node each, both taking the gang on one node: FGD takes the rack
+    whose node it fragments least, though it registered last."""
+    log = Log(rack("a1", "r1"), rack("b1", "r2"))
+    assert log.submit("busy", make_spec("busy", gpus=4, cpu=0, mem=0)).accepted
+    assert log.place("busy", ("b1", whole(0, 1, 2, 3))).accepted
+    for i in range(3):
+        assert log.submit(f"big{i}", make_spec("other", gpus=8, cpu=1000, mem=1000)).accepted
+    assert log.submit("gang", make_spec(workers=2, gpus=2, cpu=1000, mem=1000)).accepted
+    assert placed_by(log, "fgd") == ["b1", "b1"]
+
+
+@pytest.mark.parametrize("policy", sorted(__import__("gpusched.policies.placement.registry",
+                                                     fromlist=["PLACEMENTS"]).PLACEMENTS))
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c[0])
+def test_every_policy_keeps_a_gang_as_compact_as_topology_plans(case, policy):
+    """The policy breaks ties only: as few racks and nodes as the topology-only plan."""
+    _, nodes, workers, gpus, busy, expected = case
+    log = Log(*nodes)
+    gang(log, workers, gpus, busy)
+    racks = {n.name: n.info.label("rack") for n in log.state.nodes.values()}
+    got = placed_by(log, policy)
+    assert len(set(got)) == len(expected)
+    assert len({racks[n] for n in got}) == len({racks[n] for n in expected})

@@ -6,19 +6,19 @@ from __future__ import annotations
 from gpusched.core import events as ev
 from gpusched.policies.queueing.order import priority_key
 from gpusched.policies.queueing.keys import QueueKeys
-from gpusched.policies.scheduler import Scheduler, SchedulerConfig, _CycleRun
+from gpusched.policies.scheduler import Scheduler, SchedulerConfig, _Cycle
 from tests.unit.core.builders import Log, make_node, make_spec, whole
 
 
 def offered_and_decided(log: Log, scheduler: Scheduler, keys: QueueKeys | None, monkeypatch):
     seen: list[str] = []
-    real = _CycleRun.offer
+    real = _Cycle.offer
 
     def spy(run, job, *shape):
         seen.append(job.job_id)
         return real(run, job, *shape)
     with monkeypatch.context() as patch:
-        patch.setattr(_CycleRun, "offer", spy)
+        patch.setattr(_Cycle, "offer", spy)
         decided = [(d.job_id, d.workers) for d in scheduler.cycle(log.state, log.now, None, keys)]
     return seen, decided
 
