@@ -13,7 +13,8 @@ Records (JSON values), keyed so that compaction keeps the latest of each:
   the workers already finished, the rendezvous, the checkpoint to resume from, the
   addresses of the gang's nodes — or ``{"gone": true}`` once the node has none left.
   ``starts`` is set when the record comes from a placement or a rendezvous: the only
-  events on which an agent starts work (as when it folds the log itself).
+  events on which an agent starts work (as when it folds the log itself). ``trace``: the
+  job's trace context, where the writer traces.
 - ``node``: the node's latest accepted registration (its event id, so the agent knows
   its own came through) and whether the log has since declared it lost.
 
@@ -30,7 +31,7 @@ from __future__ import annotations
 import base64
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from gpusched.adapters.codec import from_proto, to_proto
 from gpusched.adapters.reports import check_node_name
@@ -64,7 +65,10 @@ class ViewBuilder:
     """Which records of which node an event changed. Remembers, per job, the nodes that
     have a live record and its content, so it writes only what changed."""
 
-    def __init__(self) -> None:
+    def __init__(self, trace_of: Callable[[str], dict | None] | None = None) -> None:
+        # job id -> its trace's carrier, sent along so the agent's worker spans join the
+        # job's trace (``tracing.JOBS.carrier`` where the writer traces)
+        self.trace_of = trace_of
         self.written: dict[tuple[str, str], dict] = {}   # (node, key) -> latest content
         self.job_nodes: dict[str, set[str]] = {}
 
@@ -105,7 +109,9 @@ class ViewBuilder:
             content = job_content(job, node, state)
             if self.written.get((node, key)) != content:
                 self.written[(node, key)] = content
-                out.append(ViewRecord(node, key, {**content, **where, "starts": starts}))
+                trace = self.trace_of(job_id) if self.trace_of is not None else None
+                out.append(ViewRecord(node, key, {**content, **where, "starts": starts,
+                                                  **({"trace": trace} if trace else {})}))
         if now:
             self.job_nodes[job_id] = now
         else:

@@ -22,6 +22,7 @@ import logging
 
 from aiokafka import AIOKafkaConsumer
 
+from gpusched.adapters import tracing
 from gpusched.adapters.kafka_admin import TopicNames
 from gpusched.adapters.kafka_security import Where, client_args
 from gpusched.adapters.publisher import EventPublisher
@@ -36,7 +37,7 @@ class WorkViewWriter:
         self.topics = topics
         self.publisher = publisher
         self.name = name
-        self.builder = ViewBuilder()
+        self.builder = ViewBuilder(tracing.JOBS.carrier)
         self.counts = {"written": 0, "parked": 0}
         self._bootstrap = bootstrap
         self._live = False

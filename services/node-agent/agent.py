@@ -189,6 +189,8 @@ class NodeAgent:
         if not self.live:
             return
         job_id = key[len(JOB_KEY):]
+        if doc.get("trace"):
+            tracing.JOBS.note(job_id, doc["trace"])   # the worker spans join the job's trace
         job = self._job(job_id)
         if job is None:   # no work of this job here any more
             self._stop_stale(job_id)

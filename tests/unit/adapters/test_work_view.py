@@ -143,3 +143,12 @@ def test_a_gang_record_carries_the_peers_without_their_gpus():
     # a record that changes nothing for the node is not written again
     assert builder.records(0, 8, log.events[-1], out, state) == []
     assert work_topic("p.", "a") == "p.work.a" and NODE_KEY == "node"
+
+
+def test_a_job_record_carries_the_jobs_trace_where_the_writer_has_one():
+    log = Log(make_node("a"))
+    log.submit("j", gpus=1)
+    out = log.place("j", ("a", whole(0)))
+    traced = ViewBuilder({"j": {"traceparent": "00-ab-cd-01"}}.get).records(0, 3, log.events[-1], out, log.state)
+    assert traced[0].value["trace"] == {"traceparent": "00-ab-cd-01"}
+    assert "trace" not in ViewBuilder().records(0, 3, log.events[-1], out, log.state)[0].value
