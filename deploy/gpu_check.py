@@ -176,7 +176,7 @@ async def torchrun_job(inventory, procs: int = 2) -> dict:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = launch_env.worker_env(job, 0, {node.name: node}, f"127.0.0.1:{port}")
+    env = launch_env.worker_env(job, 0, launch_env.node_addresses(job, {node.name: node}), f"127.0.0.1:{port}")
     command = ("sh", "-c", f"exec {sys.executable} -m torch.distributed.run --nnodes=$GPUSCHED_NNODES "
                            f"--node-rank=$NODE_RANK --nproc-per-node={procs} --rdzv-backend=c10d "
                            f"--rdzv-endpoint=$GPUSCHED_RDZV_ENDPOINT --rdzv-id=$GPUSCHED_RDZV_ID {work / 'worker.py'}")

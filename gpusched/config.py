@@ -350,6 +350,9 @@ class NodeAgentSettings(Settings):
                                                                           "(auto: look for its control pipe)")
     fake_nvml: str = setting("", flag="--fake-nvml", help="test harness: GPUs come from a fake NVML described by "
                                                           "this JSON file, not the driver")
+    source: Literal["log", "view"] = setting("log", flag="--source", help="what the agent reads: its pool's whole log "
+                                                                         "(log) or only its node's work view, "
+                                                                         "<prefix>work.<node> (view)")
 
     @field_validator("label")
     @classmethod

@@ -13,6 +13,7 @@ async def run(args: argparse.Namespace) -> None:
     from gpusched.adapters.kafka_admin import TopicNames
     from gpusched.adapters.kafka_security import KafkaConnection
     from gpusched.adapters.relay import Relay
+    from gpusched.adapters.work_writer import WorkViewWriter
     from gpusched.adapters.service import connect, instance_id, stop_event
     from gpusched.config import kafka_settings
 
@@ -20,15 +21,19 @@ async def run(args: argparse.Namespace) -> None:
     conn, topics = KafkaConnection.from_settings(settings), TopicNames(settings.topic_prefix)
     me = instance_id("relay")
     publisher, dead_letters = await connect(settings, me)
+    views = WorkViewWriter(conn, topics, publisher, me)   # each node's work view, from the same fold
     follower = LogFollower(conn, topics, me, dead_letters,
-                           FollowerOptions(freeze_state=True, parallel_replay_min=settings.parallel_replay_min))
+                           FollowerOptions(freeze_state=True, parallel_replay_min=settings.parallel_replay_min),
+                           on_event=views.on_event)
     await follower.start()
     await follower.caught_up()
     relay = Relay(conn, topics, settings.partitions, follower, publisher, dead_letters, me)
     await relay.start()
+    await views.start()
     print(f"relay ready name={me}", flush=True)
     await stop_event().wait()
     await relay.stop()
+    await views.stop()
     await follower.stop()
     await publisher.stop()
 

@@ -10,7 +10,8 @@ cannot touch each other's topics.
 Node-agents log in one principal per node, ``node-agent.<node>``: ``node_acl_entries``
 lets each write only its own report and beats topics, never the pool log, the shared
 heartbeats or usage; the relay appends what it validated (``gpusched.adapters.relay``),
-the preemptor reads the beats topics itself.
+the preemptor reads the beats topics itself. Each reads only its own work view
+(``<prefix>work.<node>``), which the relay writes.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from aiokafka.protocol.api import Request
 from gpusched.adapters.kafka_admin import TopicNames
 from gpusched.adapters.kafka_security import Where, client_args
 from gpusched.adapters.reports import BEATS, REPORTS, beats_topic, node_principal, report_topic
+from gpusched.adapters.work_view import WORK, work_topic
 
 # Kafka protocol codes (org.apache.kafka.common.acl / resource).
 _TOPIC, _GROUP, _CLUSTER = 2, 3, 4
@@ -45,6 +47,7 @@ class Grant:
     groups: tuple[str, ...] = ()
     reads_reports: bool = False   # every node's report topic of the prefix (the relay)
     reads_beats: bool = False     # every node's beats topic of the prefix (the preemptor)
+    writes_work: bool = False     # every node's work view (the relay: gpusched.adapters.work_writer)
 
 
 # Read from the code: who produces to and consumes from which topic. Every writer also
@@ -54,7 +57,7 @@ GRANTS: dict[str, Grant] = {
     # Admission runs the relay (gpusched.adapters.relay) unless started with --no-relay;
     # the relay forwards the usage records it checked.
     "admission": Grant(reads=("events",), writes=("events", "usage", "dead_letters"), groups=("relay",),
-                       reads_reports=True),
+                       reads_reports=True, writes_work=True),
     # The placer writes the pool log's dead letters, once each: it reads the topic first.
     "placer": Grant(reads=("events", "snapshots", "dead_letters"), writes=("events", "snapshots", "dead_letters"),
                     groups=("placer",)),
@@ -65,7 +68,7 @@ GRANTS: dict[str, Grant] = {
                        groups=("preemptor",), reads_beats=True),
     # The relay on its own (``gpusched relay``): what admission needs for it.
     "relay": Grant(reads=("events",), writes=("events", "usage", "dead_letters"), groups=("relay",),
-                   reads_reports=True),
+                   reads_reports=True, writes_work=True),
     # Their consumers (gpusched.consumers.stream) commit offsets in a group of their name.
     "billing": Grant(reads=("events", "usage"), groups=("billing",)),
     # The auditor reads every topic, the nodes' own report and beats topics included: what
@@ -83,11 +86,13 @@ NODE_GRANT = Grant(reads=("events",), writes=("dead_letters",))
 
 def node_acl_entries(names: TopicNames, node: str) -> list[tuple]:
     """The ACLs of one node's principal: ``NODE_GRANT`` plus WRITE and DESCRIBE on its
-    own report and beats topics, nothing on any other node's."""
+    own report and beats topics and READ on its own work view, nothing on any other node's."""
     principal = f"User:{node_principal(node)}"
     out = acl_entries(names, {node_principal(node): NODE_GRANT})
     for topic in (report_topic(names.prefix, node), beats_topic(names.prefix, node)):
         out += [(_TOPIC, topic, _LITERAL, principal, "*", op, _ALLOW) for op in (DESCRIBE, DESCRIBE_CONFIGS, WRITE)]
+    out += [(_TOPIC, work_topic(names.prefix, node), _LITERAL, principal, "*", op, _ALLOW)
+            for op in (DESCRIBE, DESCRIBE_CONFIGS, READ)]
     return out
 
 
@@ -101,6 +106,8 @@ def acl_entries(names: TopicNames, grants: dict[str, Grant] = GRANTS) -> list[tu
         for every, kind in ((grant.reads_reports, REPORTS), (grant.reads_beats, BEATS)):
             if every:
                 out += [(_TOPIC, names.prefix + kind, _PREFIXED, principal, "*", op, _ALLOW) for op in (READ, DESCRIBE)]
+        if grant.writes_work:
+            out += [(_TOPIC, names.prefix + WORK, _PREFIXED, principal, "*", op, _ALLOW) for op in (WRITE, DESCRIBE)]
         for attr in names_all_attrs():
             for op in (DESCRIBE, DESCRIBE_CONFIGS):
                 out.append((_TOPIC, getattr(names, attr), _LITERAL, principal, "*", op, _ALLOW))

@@ -24,6 +24,7 @@ from gpusched.adapters.kafka_admin import TopicNames, replication_for
 from gpusched.adapters.kafka_security import (KafkaConnection, KafkaLoginRefused, Where, check_login, client_args,
                                               connection)
 from gpusched.adapters.reports import BEATS, REPORTS, beats_topic, node_principal, report_topic
+from gpusched.adapters.work_view import WORK, work_topic
 
 _NOT_ALLOWED = {29, 31}   # TOPIC_AUTHORIZATION_FAILED, CLUSTER_AUTHORIZATION_FAILED
 _MECHANISMS = {"SCRAM-SHA-256": (1, "sha256"), "SCRAM-SHA-512": (2, "sha512")}
@@ -34,11 +35,13 @@ BEATS_RETENTION_MS = 3600 * 1000              # as <prefix>heartbeats: only the 
 
 async def ensure_node_topics(where: Where, names: TopicNames, node: str, *, replication_factor: int = 0,
                              min_insync_replicas: int = 0, timeout_s: float = 60.0) -> str:
-    """The node's report topic (one partition: its reports stay in order) and beats topic,
-    created when missing; returns the report topic. PermissionError when this principal
+    """The node's report topic (one partition: its reports stay in order), beats topic and
+    work view (one partition, compacted: the latest record of each key is what the node
+    must run; ``gpusched.adapters.work_view``), created when missing; returns the report topic. PermissionError when this principal
     may not create them (a secured cluster where ``gpusched kafka-setup --node`` was not run)."""
-    topics = {report_topic(names.prefix, node): REPORT_RETENTION_MS,
-              beats_topic(names.prefix, node): BEATS_RETENTION_MS}
+    topics = {report_topic(names.prefix, node): {"retention.ms": str(REPORT_RETENTION_MS)},
+              beats_topic(names.prefix, node): {"retention.ms": str(BEATS_RETENTION_MS)},
+              work_topic(names.prefix, node): {"cleanup.policy": "compact"}}
     admin = AIOKafkaAdminClient(**client_args(where), request_timeout_ms=15000)
     deadline = time.monotonic() + timeout_s
     try:
@@ -49,8 +52,7 @@ async def ensure_node_topics(where: Where, names: TopicNames, node: str, *, repl
             brokers = len((await admin.describe_cluster()).get("brokers") or ())
             rf, isr = replication_for(brokers, replication_factor, min_insync_replicas)
             for topic in missing:
-                spec = NewTopic(topic, 1, rf, topic_configs={"retention.ms": str(topics[topic]),
-                                                             "min.insync.replicas": str(isr)})
+                spec = NewTopic(topic, 1, rf, topic_configs={**topics[topic], "min.insync.replicas": str(isr)})
                 await _create(admin, spec, node, deadline, timeout_s)
         return report_topic(names.prefix, node)
     finally:
@@ -168,11 +170,12 @@ async def _until_login_works(conn: KafkaConnection, timeout_s: float) -> None:
 
 
 async def delete_report_topics(admin_connection: Where, names: TopicNames, timeout_s: float = 30.0) -> None:
-    """Delete a prefix's report and beats topics (tests and benchmarks, like ``delete_topics``); best effort."""
+    """Delete a prefix's report, beats and work-view topics (tests and benchmarks, like
+    ``delete_topics``); best effort."""
     admin = AIOKafkaAdminClient(**client_args(admin_connection), request_timeout_ms=int(timeout_s * 1000))
     try:
         await asyncio.wait_for(admin.start(), timeout_s)
-        heads = (names.prefix + REPORTS, names.prefix + BEATS)
+        heads = (names.prefix + REPORTS, names.prefix + BEATS, names.prefix + WORK)
         topics = [t for t in await admin.list_topics() if t.startswith(heads)]
         if topics:
             await admin.delete_topics(topics)

@@ -11,6 +11,7 @@ from gpusched.adapters.follower import FollowerOptions, LogFollower
 from gpusched.adapters.publisher import EventPublisher
 from gpusched.adapters.grpc_server import set_serving, start_server
 from gpusched.adapters.relay import Relay
+from gpusched.adapters.work_writer import WorkViewWriter
 from gpusched.adapters.service import connect, instance_id, stop_event
 from gpusched.adapters.metrics import count_outcome, setup_metrics
 from gpusched.adapters.tracing import setup_tracing
@@ -41,9 +42,13 @@ async def run(args: argparse.Namespace) -> None:
     holder: dict = {}
     submitters = Submitters()   # fed from the first event replayed, before the API exists
     limits = SubmissionLimits(own.submit_rate, own.submit_burst, own.max_pending_per_team)
+    # The relay's fold also writes each node's work view (gpusched.adapters.work_writer).
+    views = None if own.no_relay else WorkViewWriter(conn, topics, publisher, me)
 
     def on_event(partition, offset, event, outcome, state):
         submitters.on_event(event, outcome, state)
+        if views is not None:
+            views.on_event(partition, offset, event, outcome, state)
         count_outcome(event, outcome, state)
         admission = holder.get("admission")
         if admission is not None:
@@ -75,6 +80,7 @@ async def run(args: argparse.Namespace) -> None:
                                              follower, publisher, dead_letters, me)
     if relay is not None:
         await relay.start()
+        await views.start()
     await set_serving(health, SERVICES)
     log.info("admission %s serving on port %d", me, port)
     print(f"admission ready port={port}", flush=True)
@@ -83,6 +89,7 @@ async def run(args: argparse.Namespace) -> None:
     await server.stop(grace=2)
     if relay is not None:
         await relay.stop()
+        await views.stop()
     await follower.stop()
     await publisher.stop()
 

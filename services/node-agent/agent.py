@@ -27,9 +27,10 @@ from gpusched.adapters.reports import beats_topic, send_report
 from gpusched.core import events as ev
 from gpusched.core.model import EXIT_LOST, JobPhase, NodeInfo, NodeStatus, WorkerAssignment
 from gpusched.core.state import ClusterState, JobState
+from gpusched.adapters.work_view import JOB_KEY, NODE_KEY
 from gpusched.v1 import events_pb2
 from gpusched_node_agent.devices import WorkerDevices
-from gpusched_node_agent.launch_env import worker_env
+from gpusched_node_agent.launch_env import node_addresses, worker_env
 from gpusched_node_agent.lease import NodeLease
 from gpusched_node_agent.leftovers import kill_leftovers, worker_dir_name
 from gpusched_node_agent.runner import ProcessRun, SimulatedRun, WorkerExit
@@ -62,6 +63,8 @@ class NodeAgent:
         self.state_dir = Path(state_dir)
         self.real_processes = real_processes     # commands run as processes (NVML, or --run-processes)
         self.lease = NodeLease(self.state_dir / "lease") if info.lease_s > 0 else None
+        # What the agent reads: its pool's log (a LogFollower) or its node's work view
+        # (work_source.WorkSource); both offer ``states`` and ``caught_up``.
         self.follower: LogFollower | None = None
         self.live = False                        # replay finished, acting on new events
         self.running: dict[Key, asyncio.Task] = {}
@@ -98,7 +101,7 @@ class NodeAgent:
                 delay = min(delay * 2, 5.0)
 
     # --- start-up -------------------------------------------------------------------
-    async def join(self, follower: LogFollower) -> None:
+    async def join(self, follower) -> None:
         """End what an earlier life of this agent left running, replay, register, then
         report every worker the log still gives us as gone: we do not run it any more,
         so the scheduler places it again (uncharged)."""
@@ -108,11 +111,11 @@ class NodeAgent:
         ends = {(w.key.job_id, w.key.attempt, w.key.worker): w.end for w in leftovers if w.key is not None}
         await follower.caught_up()
         await self.beat()                        # a valid lease before anything starts
-        state = await self._register()
+        await self._register()
         # Which workers to report is decided now, before any later event is acted on:
         # the states mutate while the reports are sent, and a job placed here meanwhile
         # is started by this agent and reports its own end.
-        gone = self._my_keys([state])
+        gone = self._my_keys(list(follower.states.values()))
         self.live = True
         for key in gone:
             end = ends.get(key)
@@ -120,14 +123,15 @@ class NodeAgent:
                 f"not running on {self.name} after agent restart"
             await self._report_gone(key, why, end.signal if end else 0)
 
-    async def _register(self) -> ClusterState:
+    async def _register(self) -> None:
         """Report the node and wait until the relay put it in the pool log and the fold
-        applied it (found by its event id), so what follows sees the node registered."""
+        (or the work view) applied it, found by its event id: what follows sees the node
+        registered."""
         event = self._event(ev.NodeRegistered, node=self.info)
         in_log = self._in_log[event.event_id] = asyncio.get_running_loop().create_future()
         try:
             await self.publish(event)
-            return await asyncio.wait_for(in_log, RELAY_WAIT_S)
+            await asyncio.wait_for(in_log, RELAY_WAIT_S)
         except asyncio.TimeoutError:
             raise RelayTimeout(f"the registration of {self.name} did not reach the pool log within "
                                f"{RELAY_WAIT_S:g}s: is a relay running (gpusched-admission, or gpusched relay)?"
@@ -170,12 +174,34 @@ class NodeAgent:
         for job_id in outcome.jobs:
             job = state.jobs.get(job_id)
             if job is not None:
-                self._reconcile(job, state, starts)
+                self._reconcile(job, node_addresses(job, state.nodes), starts)
 
-    def _reconcile(self, job: JobState, state: ClusterState, starts: bool) -> None:
+    def on_view(self, key: str, doc: dict) -> None:
+        """A new record of this node's work view (``--source view``): the same reactions
+        as to the log's events, on what the view says changed."""
+        if key == NODE_KEY:
+            waiting = self._in_log.get(doc.get("registered", ""))
+            if waiting is not None and not waiting.done():
+                waiting.set_result(None)
+            if self.live and doc.get("lost") and self._returning is None:
+                self._returning = asyncio.create_task(self._come_back())
+            return
+        if not self.live:
+            return
+        job_id = key[len(JOB_KEY):]
+        if doc.get("trace"):
+            tracing.JOBS.note(job_id, doc["trace"])   # the worker spans join the job's trace
+        job = self._job(job_id)
+        if job is None:   # no work of this job here any more
+            self._stop_stale(job_id)
+            self._forget(job_id)
+        else:
+            self._reconcile(job, self.follower.view.addresses.get(job_id, {}), bool(doc.get("starts")))
+
+    def _reconcile(self, job: JobState, addresses: dict[str, str], starts: bool) -> None:
         if job.phase in _RUNS and starts:
             for w in self._my_workers(job):
-                self._start(job, w, state)
+                self._start(job, w, addresses)
         elif job.phase in _ENDING:
             for w in self._my_workers(job):
                 key = (job.job_id, job.attempt, w.worker)
@@ -183,7 +209,7 @@ class NodeAgent:
                     self._stop(key)
                 elif key not in self.launched:
                     asyncio.create_task(self._report_gone(key, "stopped before it started"))
-        self._stop_stale(job)
+        self._stop_stale(job.job_id)
         if job.phase.terminal:
             self._forget(job.job_id)
 
@@ -194,7 +220,7 @@ class NodeAgent:
         self.ended = {k for k in self.ended if k[0] != job_id}
         self.rendezvous_offered = {k for k in self.rendezvous_offered if k[0] != job_id}
 
-    def _start(self, job: JobState, worker: WorkerAssignment, state: ClusterState) -> None:
+    def _start(self, job: JobState, worker: WorkerAssignment, addresses: dict[str, str]) -> None:
         key = (job.job_id, job.attempt, worker.worker)
         if key in self.launched or key in self.ended or self._returning is not None:
             return
@@ -206,7 +232,7 @@ class NodeAgent:
                 asyncio.create_task(self._offer_rendezvous(job))
             return
         rendezvous = job.rendezvous or f"{self._address()}:{free_port()}"
-        env = worker_env(job, worker.worker, state.nodes, rendezvous)
+        env = worker_env(job, worker.worker, addresses, rendezvous)
         if job.checkpoint:
             env["GPUSCHED_RESUME_FROM"] = job.checkpoint
         spec = job.spec
@@ -280,8 +306,8 @@ class NodeAgent:
         return (job is not None and job.attempt == key[1] and job.phase.holds_gpus
                 and key[2] not in job.finished)
 
-    def _stop_stale(self, job: JobState) -> None:
-        for key in [k for k in self.running if k[0] == job.job_id]:
+    def _stop_stale(self, job_id: str) -> None:
+        for key in [k for k in self.running if k[0] == job_id]:
             if not self._still_assigned(key):
                 self._stop(key)
 

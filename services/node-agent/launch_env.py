@@ -14,9 +14,15 @@ from typing import Mapping
 from gpusched.core.state import JobState, NodeState
 
 
-def worker_env(job: JobState, worker: int, nodes: Mapping[str, NodeState], rendezvous: str) -> dict[str, str]:
+def node_addresses(job: JobState, nodes: Mapping[str, NodeState]) -> dict[str, str]:
+    """The address of each node of the job's workers, as the log registered it."""
+    return {w.node: _address(nodes.get(w.node), w.node) for w in job.workers}
+
+
+def worker_env(job: JobState, worker: int, addresses: Mapping[str, str], rendezvous: str) -> dict[str, str]:
     """``rendezvous`` is "address:port": the attempt's (a gang's, from the log) or, for a
-    single worker, a free port on its own node."""
+    single worker, a free port on its own node. ``addresses``: node name -> address
+    (``node_addresses``, or the work view's); a node missing is reached by its name."""
     by_worker = sorted(job.workers, key=lambda w: w.worker)
     node_order: list[str] = []
     for w in by_worker:
@@ -25,7 +31,7 @@ def worker_env(job: JobState, worker: int, nodes: Mapping[str, NodeState], rende
     me = next(w for w in by_worker if w.worker == worker)
     local = [w.worker for w in by_worker if w.node == me.node]
     address, _, port = rendezvous.rpartition(":")
-    addresses = [_address(nodes.get(name), name) for name in node_order]
+    peers = [addresses.get(name) or name for name in node_order]
     return {
         "GPUSCHED_JOB_ID": job.job_id,
         "GPUSCHED_ATTEMPT": str(job.attempt),
@@ -40,7 +46,7 @@ def worker_env(job: JobState, worker: int, nodes: Mapping[str, NodeState], rende
         "NODE_RANK": str(node_order.index(me.node)),
         "GPUSCHED_NNODES": str(len(node_order)),
         "GPUSCHED_NODELIST": ",".join(node_order),
-        "GPUSCHED_NODE_ADDRESSES": ",".join(addresses),
+        "GPUSCHED_NODE_ADDRESSES": ",".join(peers),
         # A new id per attempt: a stale worker of an earlier attempt cannot join.
         "GPUSCHED_RDZV_ID": f"{job.job_id}-{job.attempt}",
         "GPUSCHED_RDZV_ENDPOINT": rendezvous,

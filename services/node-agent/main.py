@@ -27,6 +27,7 @@ from gpusched_node_agent.agent import NodeAgent, RelayTimeout
 from gpusched_node_agent.api import NodeAgentServicer
 from gpusched_node_agent.devices import MigManager, load_nvml, mps_running
 from gpusched_node_agent.usage import usage_rules, usage_tasks
+from gpusched_node_agent.work_source import WorkSource
 
 SERVICES = ["gpusched.v1.NodeAgentService"]
 
@@ -46,6 +47,16 @@ def node_info(own: NodeAgentSettings, nvml=None) -> NodeInfo:
         dynamic_mig=own.dynamic_mig and not own.simulate,
         mps=not own.simulate and (own.mps == "on" or (own.mps == "auto" and mps_running())),
     )
+
+
+def make_source(own: NodeAgentSettings, conn, topics: TopicNames, settings: KafkaSettings, info: NodeInfo, me: str,
+                dead_letters, agent: NodeAgent):
+    """What the agent reads (``--source``): its pool's log, folded whole, or its node's work view."""
+    if own.source == "view":
+        return WorkSource(conn, topics, info.name, me, dead_letters, agent.on_view)
+    options = FollowerOptions(partitions=(partition_for(info.pool, settings.partitions),), freeze_state=True,
+                              parallel_replay_min=settings.parallel_replay_min)
+    return LogFollower(conn, topics, me, dead_letters, options, on_event=agent.on_event)
 
 
 def real_processes(own: NodeAgentSettings) -> bool:
@@ -88,13 +99,11 @@ async def run(args: argparse.Namespace) -> None:
                       real_processes=real_processes(own))
     agent.mig = MigManager(info, nvml) if info.dynamic_mig else None
     backend = SimulatedNvml() if info.simulated else NvmlWatch(len(info.gpus), nvml=nvml)
-    options = FollowerOptions(partitions=(partition_for(info.pool, settings.partitions),), freeze_state=True,
-                              parallel_replay_min=settings.parallel_replay_min)
-    follower = LogFollower(conn, topics, me, dead_letters, options, on_event=agent.on_event)
+    follower = make_source(own, conn, topics, settings, info, me, dead_letters, agent)
     servicer = NodeAgentServicer(agent, backend)
     server, port, health = await start_server(own.listen, [
         lambda s: node_agent_pb2_grpc.add_NodeAgentServiceServicer_to_server(servicer, s)], SERVICES, security)
-    setup_metrics("gpusched-node-agent", follower)
+    setup_metrics("gpusched-node-agent", follower if isinstance(follower, LogFollower) else None)
     await follower.start()
     try:
         await agent.join(follower)

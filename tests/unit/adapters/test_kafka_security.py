@@ -129,6 +129,20 @@ def test_only_the_relays_and_the_auditor_read_every_report_topic():
     assert readers == {"User:admission", "User:relay", "User:audit"}
 
 
+def test_a_node_reads_its_own_work_view_and_no_other():
+    node = {(e[1], e[5]) for e in node_acl_entries(names, "n1")}
+    assert ("x.work.n1", READ) in node and ("x.work.n1", WRITE) not in node
+    reads = {e[1] for e in acl_entries(names) + node_acl_entries(names, "n1") + node_acl_entries(names, "n2")
+             if e[3] == "User:node-agent.n1" and e[5] == READ}
+    assert "x.work.n2" not in reads and not any(t.startswith("x.work.") and t != "x.work.n1" for t in reads)
+
+
+def test_only_the_relays_write_every_work_view():
+    writers = {e[3] for e in acl_entries(names) if e[1] == "x.work." and e[2] == 4 and e[5] == WRITE}
+    assert writers == {"User:admission", "User:relay"}
+    assert not any(e[1] == "x.work." and e[5] == READ for e in acl_entries(names))
+
+
 def test_only_the_preemptor_and_the_auditor_read_every_beats_topic():
     readers = {e[3] for e in acl_entries(names) if e[1] == "x.beats." and e[2] == 4 and e[5] == READ}
     assert readers == {"User:preemptor", "User:audit"}
@@ -148,8 +162,9 @@ def test_acls_name_only_this_prefixs_topics_and_groups(user):
     for entry in acl_entries(names):
         if entry[3] == f"User:{user}" and entry[5] != IDEMPOTENT_WRITE:
             assert entry[1].startswith(names.prefix)
-            # LITERAL, never a wildcard; PREFIXED only for the report and beats topics of this prefix
-            assert entry[2] == 3 or (entry[2] == 4 and entry[1] in (names.prefix + "reports.", names.prefix + "beats."))
+            # LITERAL, never a wildcard; PREFIXED only for the report, beats and work-view topics of this prefix
+            assert entry[2] == 3 or (entry[2] == 4 and entry[1] in (names.prefix + "reports.", names.prefix + "beats.",
+                                                                    names.prefix + "work."))
             assert entry[5] in (READ, WRITE, DESCRIBE, DESCRIBE_CONFIGS)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from gpusched.core import events as ev
-from gpusched_node_agent.launch_env import worker_env
+from gpusched_node_agent.launch_env import node_addresses, worker_env
 from tests.unit.core.builders import Log, make_node, whole
 
 
@@ -19,7 +19,7 @@ def _gang() -> Log:
 def test_ranks_nodes_and_rendezvous_of_a_gang_spread_over_two_nodes():
     log = _gang()
     job = log.job("g")
-    envs = [worker_env(job, w, log.state.nodes, job.rendezvous) for w in range(3)]
+    envs = [worker_env(job, w, node_addresses(job, log.state.nodes), job.rendezvous) for w in range(3)]
     assert [e["RANK"] for e in envs] == ["0", "1", "2"]
     assert {e["WORLD_SIZE"] for e in envs} == {"3"}
     assert [e["NODE_RANK"] for e in envs] == ["0", "1", "0"]          # node b holds rank 0
@@ -39,5 +39,5 @@ def test_a_restarted_gang_gets_a_new_rendezvous_id():
     log.run("g", ("a", whole(0)), ("a", whole(1)), ("b", whole(0)))
     log(ev.RendezvousSet, job_id="g", attempt=1, node="a", address="10.0.0.1", port=29600)
     job = log.job("g")
-    env = worker_env(job, 2, log.state.nodes, job.rendezvous)
+    env = worker_env(job, 2, node_addresses(job, log.state.nodes), job.rendezvous)
     assert env["GPUSCHED_RDZV_ID"] == "g-1" and env["MASTER_PORT"] == "29600" and env["NODE_RANK"] == "1"

@@ -1,0 +1,204 @@
+"""The per-node work view: what each node must run, derived from the pool log.
+
+A node-agent that folds its whole pool's log pays for every event of every node. The
+work view gives it only its own: one compacted topic per node, ``<prefix>work.<node>``,
+written by one follower of the pool log (``gpusched.adapters.work_writer``, run by the
+relay) and read only by that node's principal (``gpusched.adapters.kafka_acls``).
+docs/design.md, "The per-node work view", has the reasons and the trade-offs.
+
+Records (JSON values), keyed so that compaction keeps the latest of each:
+
+- ``job:<job id>``: an attempt this node has workers of — attempt, phase, the job's spec,
+  every worker of the attempt (other nodes' without their GPUs: a gang's ranks need them),
+  the workers already finished, the rendezvous, the checkpoint to resume from, the
+  addresses of the gang's nodes — or ``{"gone": true}`` once the node has none left.
+  ``starts`` is set when the record comes from a placement or a rendezvous: the only
+  events on which an agent starts work (as when it folds the log itself). ``trace``: the
+  job's trace context, where the writer traces.
+- ``node``: the node's latest accepted registration (its event id, so the agent knows
+  its own came through) and whether the log has since declared it lost.
+
+Every record carries the pool-log partition and offset of the event it reflects. Per node
+they are written in log order; a record rewritten after a writer restart carries the same
+offset, so a reader applies a key's record only if its offset is newer than the one it
+applied: nothing is done twice, and a lagging second writer cannot undo a newer record.
+
+``ViewBuilder`` is pure: it turns (offset, event, outcome, folded state) into the records
+that changed, and is what the property tests drive.
+"""
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from gpusched.adapters.codec import from_proto, to_proto
+from gpusched.adapters.reports import check_node_name
+from gpusched.core import events as ev
+from gpusched.core.model import JobPhase, JobSpec, WorkerAssignment
+from gpusched.core.state import ClusterState, JobState
+from gpusched.v1 import types_pb2
+
+WORK = "work."
+NODE_KEY = "node"
+JOB_KEY = "job:"
+# What decides whether a record changed; ``offset``/``partition``/``starts`` do not.
+_VOLATILE = ("offset", "partition", "starts")
+
+
+def work_topic(prefix: str, node: str) -> str:
+    return f"{prefix}{WORK}{check_node_name(node)}"
+
+
+@dataclass(frozen=True, slots=True)
+class ViewRecord:
+    node: str
+    key: str            # NODE_KEY or JOB_KEY + job id
+    value: dict
+
+    def encode(self) -> tuple[bytes, bytes]:
+        return self.key.encode(), json.dumps(self.value, separators=(",", ":"), sort_keys=True).encode()
+
+
+class ViewBuilder:
+    """Which records of which node an event changed. Remembers, per job, the nodes that
+    have a live record and its content, so it writes only what changed."""
+
+    def __init__(self, trace_of: Callable[[str], dict | None] | None = None) -> None:
+        # job id -> its trace's carrier, sent along so the agent's worker spans join the
+        # job's trace (``tracing.JOBS.carrier`` where the writer traces)
+        self.trace_of = trace_of
+        self.written: dict[tuple[str, str], dict] = {}   # (node, key) -> latest content
+        self.job_nodes: dict[str, set[str]] = {}
+
+    def records(self, partition: int, offset: int, event: ev.Event, outcome, state: ClusterState) -> list[ViewRecord]:
+        if not outcome.accepted:
+            return []
+        where = {"partition": partition, "offset": offset}
+        out: list[ViewRecord] = []
+        if isinstance(event, (ev.NodeRegistered, ev.NodeLost)):
+            out += self._node(event, where)
+        starts = isinstance(event, (ev.JobPlaced, ev.RendezvousSet))
+        for job_id in outcome.jobs:
+            out += self._job(job_id, state, where, starts)
+        return out
+
+    def _node(self, event, where: dict) -> list[ViewRecord]:
+        if isinstance(event, ev.NodeRegistered):
+            name = event.node.name
+            content = {"registered": event.event_id, "agent_id": event.node.agent_id, "lost": False}
+        else:
+            name = event.node
+            before = self.written.get((name, NODE_KEY), {})
+            content = {"registered": before.get("registered", ""), "agent_id": before.get("agent_id", ""),
+                       "lost": True}
+        self.written[(name, NODE_KEY)] = content
+        return [ViewRecord(name, NODE_KEY, {**content, **where})]
+
+    def _job(self, job_id: str, state: ClusterState, where: dict, starts: bool) -> list[ViewRecord]:
+        job = state.jobs.get(job_id)
+        now = nodes_with_work(job)
+        before = self.job_nodes.get(job_id, set())
+        key = JOB_KEY + job_id
+        out = []
+        for node in sorted(before - now):
+            self.written.pop((node, key), None)
+            out.append(ViewRecord(node, key, {"gone": True, **where}))
+        for node in sorted(now):
+            content = job_content(job, node, state)
+            if self.written.get((node, key)) != content:
+                self.written[(node, key)] = content
+                trace = self.trace_of(job_id) if self.trace_of is not None else None
+                out.append(ViewRecord(node, key, {**content, **where, "starts": starts,
+                                                  **({"trace": trace} if trace else {})}))
+        if now:
+            self.job_nodes[job_id] = now
+        else:
+            self.job_nodes.pop(job_id, None)
+        return out
+
+
+def nodes_with_work(job: JobState | None) -> set[str]:
+    """Nodes with a worker of the job's attempt that holds resources and has not ended."""
+    if job is None or not job.phase.holds_gpus:
+        return set()
+    return {w.node for w in job.workers if w.worker not in job.finished}
+
+
+def job_content(job: JobState, node: str, state: ClusterState) -> dict:
+    workers = [w if w.node == node else WorkerAssignment(w.worker, w.node) for w in job.workers]
+    addresses = {}
+    for w in job.workers:
+        peer = state.nodes.get(w.node)
+        addresses[w.node] = (peer.info.address if peer is not None else "") or w.node
+    return {
+        "job": job.job_id, "attempt": job.attempt, "phase": job.phase.value,
+        "spec": _b64(to_proto(job.spec, types_pb2.JobSpec)),
+        "workers": [_b64(to_proto(w, types_pb2.WorkerAssignment)) for w in workers],
+        "finished": {str(w): code for w, code in sorted(job.finished.items())},
+        "rendezvous": job.rendezvous, "checkpoint": job.checkpoint,
+        "checkpoint_progress_s": job.checkpoint_progress_s, "addresses": addresses,
+    }
+
+
+def _b64(message) -> str:
+    return base64.b64encode(message.SerializeToString()).decode()
+
+
+class ViewDecodeError(ValueError):
+    """A work-view record that is not one this code writes."""
+
+
+def decode_value(value: bytes | None) -> dict:
+    try:
+        doc: Any = json.loads(value or b"")
+    except ValueError as exc:
+        raise ViewDecodeError(f"not JSON: {exc}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("offset"), int):
+        raise ViewDecodeError("a work-view record is an object with an integer offset")
+    return doc
+
+
+def job_of(doc: dict) -> JobState:
+    """The job as the agent needs it, rebuilt from a ``job:`` record."""
+    try:
+        spec = from_proto(JobSpec, types_pb2.JobSpec.FromString(base64.b64decode(doc["spec"])))
+        workers = tuple(from_proto(WorkerAssignment, types_pb2.WorkerAssignment.FromString(base64.b64decode(w)))
+                        for w in doc["workers"])
+        return JobState(job_id=doc["job"], spec=spec, seq=0, submitted_at=0.0, phase=JobPhase(doc["phase"]),
+                        attempt=int(doc["attempt"]), workers=workers,
+                        finished={int(w): int(c) for w, c in doc["finished"].items()},
+                        rendezvous=doc["rendezvous"], checkpoint=doc["checkpoint"],
+                        checkpoint_progress_s=float(doc["checkpoint_progress_s"]))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ViewDecodeError(f"job record: {exc!r}") from None
+
+
+class NodeView:
+    """One node's view as a reader folds it: the jobs it has work of, and its node record.
+    ``apply`` returns whether the record was new (newer offset than the key's last)."""
+
+    def __init__(self) -> None:
+        self.state = ClusterState()          # only ``jobs`` is filled: the agent's lookups
+        self.addresses: dict[str, dict[str, str]] = {}
+        self.node: dict = {}
+        self.offsets: dict[str, int] = {}
+
+    def apply(self, key: str, doc: dict) -> bool:
+        if doc["offset"] <= self.offsets.get(key, -1):
+            return False
+        if key == NODE_KEY:
+            self.node = doc
+        elif key.startswith(JOB_KEY):
+            job_id = key[len(JOB_KEY):]
+            if doc.get("gone"):
+                self.state.jobs.pop(job_id, None)
+                self.addresses.pop(job_id, None)
+            else:
+                self.state.jobs[job_id] = job_of(doc)
+                self.addresses[job_id] = dict(doc.get("addresses") or {})
+        else:
+            raise ViewDecodeError(f"unknown key {key!r}")
+        self.offsets[key] = doc["offset"]
+        return True

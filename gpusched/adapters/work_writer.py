@@ -1,0 +1,134 @@
+"""Writes the per-node work views (``gpusched.adapters.work_view``) from a follower of the
+pool log: the relay's, which already folds every pool and is the nodes' trusted channel.
+
+``on_event`` is the follower's hook. While the follower replays (before ``start``) the
+records are only remembered, the latest per node and key; ``start`` writes those, in
+source-offset order, then every new record as the log is folded, in log order. A restart
+of the writer thus rewrites every view key the retained log touched (the same content at
+the same source offsets, which readers skip) and ends every record of work that ended
+while it was down.
+
+Records go out in batches: each batch is sent in order and its acknowledgements awaited;
+a failed batch is sent again whole (readers skip what they already applied).
+
+A node whose work topic does not exist (a node registered without an agent, as the
+simulator's) gets nothing written: its records wait, the latest per key, until the node
+registers again and its topic is found.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from aiokafka import AIOKafkaConsumer
+
+from gpusched.adapters import tracing
+from gpusched.adapters.kafka_admin import TopicNames
+from gpusched.adapters.kafka_security import Where, client_args
+from gpusched.adapters.publisher import EventPublisher
+from gpusched.adapters.work_view import NODE_KEY, ViewBuilder, ViewRecord, work_topic
+
+log = logging.getLogger("gpusched.work_view")
+BATCH = 500
+
+
+class WorkViewWriter:
+    def __init__(self, bootstrap: Where, topics: TopicNames, publisher: EventPublisher, name: str) -> None:
+        self.topics = topics
+        self.publisher = publisher
+        self.name = name
+        self.builder = ViewBuilder(tracing.JOBS.carrier)
+        self.counts = {"written": 0, "parked": 0}
+        self._bootstrap = bootstrap
+        self._live = False
+        self._backlog: dict[tuple[str, str], ViewRecord] = {}   # while replaying
+        self._parked: dict[str, dict[str, ViewRecord]] = {}     # node without a topic -> key -> record
+        self._topics: dict[str, bool] = {}                      # node -> whether its topic exists
+        self._queue: asyncio.Queue[ViewRecord] = asyncio.Queue()
+        self._meta: AIOKafkaConsumer | None = None
+        self._task: asyncio.Task | None = None
+
+    def on_event(self, partition: int, offset: int, event, outcome, state) -> None:
+        for record in self.builder.records(partition, offset, event, outcome, state):
+            if self._live:
+                self._queue.put_nowait(record)
+            else:
+                self._backlog[(record.node, record.key)] = record
+
+    async def start(self) -> None:
+        self._meta = AIOKafkaConsumer(**client_args(self._bootstrap), client_id=f"{self.name}-work-views",
+                                      enable_auto_commit=False)
+        await self._meta.start()
+        self._live = True
+        for record in sorted(self._backlog.values(), key=lambda r: r.value["offset"]):
+            self._queue.put_nowait(record)
+        self._backlog.clear()
+        self._task = asyncio.create_task(self._run(), name=f"work-views-{self.name}")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        if self._meta is not None:
+            await self._meta.stop()
+
+    async def idle(self) -> None:
+        """Wait until every record queued so far is acknowledged (tests, benches)."""
+        await self._queue.join()
+
+    async def _run(self) -> None:
+        while True:
+            batch = [await self._queue.get()]
+            while len(batch) < BATCH and not self._queue.empty():
+                batch.append(self._queue.get_nowait())
+            try:
+                await self._write(batch)
+            finally:
+                for _ in batch:
+                    self._queue.task_done()
+
+    async def _write(self, batch: list[ViewRecord]) -> None:
+        delay = 0.2
+        while True:
+            try:
+                acks = [ack for record in batch if (ack := await self._send(record)) is not None]
+                await asyncio.gather(*acks)
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("%s: writing %d work-view records failed (%r); again in %.1fs",
+                            self.name, len(batch), exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    async def _send(self, record: ViewRecord) -> asyncio.Future | None:
+        node = record.node
+        if record.key == NODE_KEY and not record.value.get("lost"):
+            self._topics.pop(node, None)   # a registration: its agent may have created the topic since
+        if not await self._has_topic(node):
+            self._parked.setdefault(node, {})[record.key] = record
+            self.counts["parked"] += 1
+            return None
+        acks = []
+        parked = self._parked.pop(node, {})
+        for earlier in sorted(parked.values(), key=lambda r: r.value["offset"]):
+            if earlier.key != record.key:
+                acks.append(await self._send_now(earlier))
+        acks.append(await self._send_now(record))
+        return asyncio.gather(*acks)
+
+    async def _send_now(self, record: ViewRecord) -> asyncio.Future:
+        key, value = record.encode()
+        self.counts["written"] += 1
+        return await self.publisher.send_raw_later(work_topic(self.topics.prefix, record.node), value, key=key)
+
+    async def _has_topic(self, node: str) -> bool:
+        known = self._topics.get(node)
+        if known is None:
+            topic = work_topic(self.topics.prefix, node)
+            client = self._meta._client
+            if topic not in client.cluster.topics():
+                await client.force_metadata_update()
+            known = self._topics[node] = topic in client.cluster.topics()
+        return known

@@ -1,0 +1,93 @@
+"""The agent's reader of its node's work view (``--source view``; docs/design.md, "The
+per-node work view"): it reads ``<prefix>work.<node>`` from the beginning, so its cost
+follows this node's work, not the pool's event rate.
+
+It offers what the agent reads of a ``LogFollower``: ``states`` (one state holding only
+this node's jobs), ``caught_up``, ``start`` and ``stop``; each new record is handed to
+``on_change(key, doc)``. A record that does not decode goes to the dead-letter topic.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Callable
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from gpusched.adapters.kafka_admin import TopicNames
+from gpusched.adapters.kafka_security import Where, client_args
+from gpusched.adapters.publisher import DeadLetters
+from gpusched.adapters.work_view import NodeView, ViewDecodeError, decode_value, work_topic
+
+log = logging.getLogger("gpusched.node_agent")
+
+
+class WorkSource:
+    def __init__(self, bootstrap: Where, topics: TopicNames, node: str, name: str, dead_letters: DeadLetters,
+                 on_change: Callable[[str, dict], None]) -> None:
+        self.view = NodeView()
+        self.states = {0: self.view.state}
+        self.name = name
+        self.records = 0                       # records read (the bench's count)
+        self._tp = TopicPartition(work_topic(topics.prefix, node), 0)
+        self._bootstrap = bootstrap
+        self._dead_letters = dead_letters
+        self._on_change = on_change
+        self._consumer: AIOKafkaConsumer | None = None
+        self._task: asyncio.Task | None = None
+        self._position = 0
+        self._moved = asyncio.Event()
+
+    async def start(self) -> None:
+        self._consumer = AIOKafkaConsumer(**client_args(self._bootstrap), client_id=self.name,
+                                          enable_auto_commit=False, auto_offset_reset="earliest",
+                                          fetch_max_wait_ms=100)
+        await self._consumer.start()
+        self._consumer.assign([self._tp])
+        await self._consumer.seek_to_beginning(self._tp)
+        self._task = asyncio.create_task(self._run(), name=f"work-view-{self.name}")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        if self._consumer is not None:
+            await self._consumer.stop()
+
+    async def caught_up(self, timeout: float = 120.0) -> None:
+        """Wait until every record in the view when called has been applied."""
+        end = (await self._consumer.end_offsets([self._tp]))[self._tp]
+        async with asyncio.timeout(timeout):
+            while self._position < end:
+                self._moved.clear()
+                await self._moved.wait()
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                batches = await self._consumer.getmany(timeout_ms=200, max_records=1000)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("%s: reading the work view failed; retrying", self.name)
+                await asyncio.sleep(0.5)
+                continue
+            for records in batches.values():
+                for record in records:
+                    await self._apply(record)
+                    self._position = record.offset + 1
+            if batches:
+                self._moved.set()
+
+    async def _apply(self, record) -> None:
+        self.records += 1
+        try:
+            key = (record.key or b"").decode()
+            doc = decode_value(record.value)
+            if not self.view.apply(key, doc):
+                return   # rewritten by a restarted writer: applied already
+        except (UnicodeDecodeError, ViewDecodeError) as exc:
+            log.warning("%s: work-view record at offset %d: %s", self.name, record.offset, exc)
+            await self._dead_letters.put(record, f"work-view record does not decode: {exc}")
+            return
+        self._on_change(key, doc)

@@ -1,0 +1,120 @@
+"""Node-agents on their node's work view (``--source view``; gpusched.adapters.work_view):
+jobs and gangs run to the end, a cancelled one stops, a kill -9 of the view's writer (the
+relay in admission) loses and doubles nothing, and a node's login reads no other node's
+view. The log is checked afterwards (tests/integration/logcheck.py): no worker started
+twice, nothing run that the log did not place."""
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from gpusched.adapters.kafka_security import client_args
+from gpusched.adapters.reports import node_principal
+from gpusched.adapters.work_view import work_topic
+from gpusched.client import Client, spec
+from gpusched.core import events as ev
+from gpusched.local_cluster import LocalCluster
+from gpusched.v1 import types_pb2
+from tests.integration.logcheck import check_log, read_log
+from tests.integration.test_fault_tolerance import all_running, events_of, until
+
+SUCCEEDED, CANCELLED, RUNNING = (types_pb2.JOB_PHASE_SUCCEEDED, types_pb2.JOB_PHASE_CANCELLED,
+                                 types_pb2.JOB_PHASE_RUNNING)
+VIEW = ("--source", "view")
+
+
+def started_twice(log) -> list:
+    starts = Counter((e.job_id, e.attempt, e.worker) for e in events_of(log) if isinstance(e, ev.WorkerStarted))
+    return [k for k, n in starts.items() if n > 1]
+
+
+async def test_agents_on_their_work_view_run_jobs_and_gangs_and_stop_cancelled_ones(kafka_bootstrap, topics,
+                                                                                     tmp_path):
+    cluster = LocalCluster(kafka_bootstrap, topics, tmp_path)
+    try:
+        admission = await cluster.admission()
+        await cluster.placer()
+        for node in ("n1", "n2"):
+            await cluster.agent(node, "2xH100-80GB", *VIEW)
+        client = Client(f"127.0.0.1:{admission.port}")
+        short = [(await client.submit(spec(f"s{i}", "t", gpus=1, duration=0.5))).job.job_id for i in range(4)]
+        gang = (await client.submit(spec("gang", "t", gpus=2, workers=2, duration=0.5))).job.job_id
+        done = await client.wait_terminal(set(short) | {gang}, timeout=120)
+        assert {j.phase for j in done} == {SUCCEEDED}
+        assert {w.node for j in done if j.job_id == gang for w in j.workers} == {"n1", "n2"}
+        long = (await client.submit(spec("long", "t", gpus=1, duration=300))).job.job_id
+        await all_running(client, {long})
+        await client.cancel(long)
+        ended = await client.wait_terminal({long}, timeout=60)
+        assert ended[0].phase == CANCELLED
+        await client.close()
+    finally:
+        await cluster.stop_all()
+    log = await read_log(kafka_bootstrap, topics)
+    assert check_log(log).violations == []
+    assert started_twice(log) == []
+    finished = [e for e in events_of(log) if isinstance(e, ev.WorkerFinished) and e.job_id == long]
+    assert finished and all(e.exit_code != 0 for e in finished)   # stopped by its agent, not run out
+
+
+async def test_a_killed_writer_loses_and_doubles_nothing(kafka_bootstrap, topics, tmp_path):
+    cluster = LocalCluster(kafka_bootstrap, topics, tmp_path)
+    try:
+        admission = await cluster.admission()
+        await cluster.placer()
+        await cluster.agent("n1", "4xH100-80GB", *VIEW)
+        client = Client(f"127.0.0.1:{admission.port}")
+        first = {(await client.submit(spec(f"a{i}", "t", gpus=1, duration=4))).job.job_id for i in range(3)}
+        await all_running(client, first)
+        await admission.kill9()
+        await client.close()
+        admission = await cluster.admission()
+        client = Client(f"127.0.0.1:{admission.port}")
+        then = {(await client.submit(spec(f"b{i}", "t", gpus=1, duration=1))).job.job_id for i in range(3)}
+        done = await client.wait_terminal(first | then, timeout=120)
+        assert {j.phase for j in done} == {SUCCEEDED}
+        assert all(j.attempt == 0 for j in done)   # none lost and placed again
+        await client.close()
+    finally:
+        await cluster.stop_all()
+    log = await read_log(kafka_bootstrap, topics)
+    assert check_log(log).violations == []
+    assert started_twice(log) == []
+
+
+async def test_a_nodes_login_reads_only_its_own_work_view(kafka_bootstrap, topics, tmp_path):
+    if not kafka_bootstrap.secured:
+        pytest.skip("the broker's ACLs are what this checks: the test broker is plaintext")
+    cluster = LocalCluster(kafka_bootstrap, topics, tmp_path)
+    try:
+        admission = await cluster.admission()
+        await cluster.placer()
+        for node in ("n1", "n2"):
+            await cluster.agent(node, "1xH100-80GB", *VIEW)
+        client = Client(f"127.0.0.1:{admission.port}")
+        job = (await client.submit(spec("j", "t", gpus=1, duration=300))).job.job_id
+        running = await until(client, lambda j: j.job_id == job and j.phase == RUNNING, 60)
+        on = running.workers[0].node
+        other = "n1" if on == "n2" else "n2"
+        login = kafka_bootstrap.as_user(node_principal(other), cluster.credentials[node_principal(other)])
+        assert await _read(login, work_topic(topics.prefix, other))   # its own: its node record at least
+        theirs = work_topic(topics.prefix, on)
+        assert any(b"job:" + job.encode() == r.key for r in await _read(kafka_bootstrap, theirs))
+        assert await _read(login, theirs) == []   # the broker refuses it (the client logs it, returns nothing)
+        await client.close()
+    finally:
+        await cluster.stop_all()
+
+
+async def _read(login, topic: str):
+    consumer = AIOKafkaConsumer(**client_args(login), enable_auto_commit=False, request_timeout_ms=10_000)
+    await consumer.start()
+    try:
+        tp = TopicPartition(topic, 0)
+        consumer.assign([tp])
+        await consumer.seek_to_beginning(tp)
+        return (await consumer.getmany(tp, timeout_ms=3000)).get(tp, [])
+    finally:
+        await consumer.stop()
