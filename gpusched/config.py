@@ -246,6 +246,9 @@ class AdmissionSettings(Settings):
                                         ge=0)
     no_relay: bool = setting(False, flag="--no-relay",
                              help="do not relay node-agents' reports into the pool log (run `gpusched relay` instead)")
+    work_views: bool = setting(False, flag="--work-views", env="GPUSCHED_WORK_VIEWS",
+                               help="the relay also writes each node's work view, for node-agents started with "
+                                    "--source view (costs the relay's fold ~20 us of CPU an event, replay included)")
 
 
 class PlacerSettings(Settings):

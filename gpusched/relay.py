@@ -15,32 +15,37 @@ async def run(args: argparse.Namespace) -> None:
     from gpusched.adapters.relay import Relay
     from gpusched.adapters.work_writer import WorkViewWriter
     from gpusched.adapters.service import connect, instance_id, stop_event
-    from gpusched.config import kafka_settings
+    from gpusched.config import AdmissionSettings, kafka_settings, settings_or_exit
 
     settings = kafka_settings(args)
     conn, topics = KafkaConnection.from_settings(settings), TopicNames(settings.topic_prefix)
     me = instance_id("relay")
     publisher, dead_letters = await connect(settings, me)
-    views = WorkViewWriter(conn, topics, publisher, me)   # each node's work view, from the same fold
+    own = settings_or_exit(AdmissionSettings, args)
+    # Each node's work view, from the same fold, when asked for (``--work-views``).
+    views = WorkViewWriter(conn, topics, publisher, me) if own.work_views else None
     follower = LogFollower(conn, topics, me, dead_letters,
                            FollowerOptions(freeze_state=True, parallel_replay_min=settings.parallel_replay_min),
-                           on_event=views.on_event)
+                           on_event=views.on_event if views is not None else None)
     await follower.start()
     await follower.caught_up()
     relay = Relay(conn, topics, settings.partitions, follower, publisher, dead_letters, me)
     await relay.start()
-    await views.start()
+    if views is not None:
+        await views.start()
     print(f"relay ready name={me}", flush=True)
     await stop_event().wait()
     await relay.stop()
-    await views.stop()
+    if views is not None:
+        await views.stop()
     await follower.stop()
     await publisher.stop()
 
 
 def main(argv: list[str] | None = None) -> None:
-    from gpusched.config import KafkaSettings
+    from gpusched.config import AdmissionSettings, KafkaSettings
 
     parser = argparse.ArgumentParser(prog="gpusched relay", description=__doc__.split("\n\n")[0])
     KafkaSettings.add_args(parser)
+    AdmissionSettings.add_args(parser, only=("work_views",))
     asyncio.run(run(parser.parse_args(argv)))

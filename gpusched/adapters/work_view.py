@@ -134,7 +134,7 @@ def job_content(job: JobState, node: str, state: ClusterState) -> dict:
         addresses[w.node] = (peer.info.address if peer is not None else "") or w.node
     return {
         "job": job.job_id, "attempt": job.attempt, "phase": job.phase.value,
-        "spec": _b64(to_proto(job.spec, types_pb2.JobSpec)),
+        "spec": _b64(to_proto(job.spec, types_pb2.JobSpecRecord)),
         "workers": [_b64(to_proto(w, types_pb2.WorkerAssignment)) for w in workers],
         "finished": {str(w): code for w, code in sorted(job.finished.items())},
         "rendezvous": job.rendezvous, "checkpoint": job.checkpoint,
@@ -163,7 +163,7 @@ def decode_value(value: bytes | None) -> dict:
 def job_of(doc: dict) -> JobState:
     """The job as the agent needs it, rebuilt from a ``job:`` record."""
     try:
-        spec = from_proto(JobSpec, types_pb2.JobSpec.FromString(base64.b64decode(doc["spec"])))
+        spec = from_proto(JobSpec, types_pb2.JobSpecRecord.FromString(base64.b64decode(doc["spec"])))
         workers = tuple(from_proto(WorkerAssignment, types_pb2.WorkerAssignment.FromString(base64.b64decode(w)))
                         for w in doc["workers"])
         return JobState(job_id=doc["job"], spec=spec, seq=0, submitted_at=0.0, phase=JobPhase(doc["phase"]),

@@ -42,8 +42,9 @@ async def run(args: argparse.Namespace) -> None:
     holder: dict = {}
     submitters = Submitters()   # fed from the first event replayed, before the API exists
     limits = SubmissionLimits(own.submit_rate, own.submit_burst, own.max_pending_per_team)
-    # The relay's fold also writes each node's work view (gpusched.adapters.work_writer).
-    views = None if own.no_relay else WorkViewWriter(conn, topics, publisher, me)
+    # With --work-views the relay's fold also writes each node's work view
+    # (gpusched.adapters.work_writer): only then, as it costs the fold more than the fold itself.
+    views = WorkViewWriter(conn, topics, publisher, me) if own.work_views and not own.no_relay else None
 
     def on_event(partition, offset, event, outcome, state):
         submitters.on_event(event, outcome, state)
@@ -80,6 +81,7 @@ async def run(args: argparse.Namespace) -> None:
                                              follower, publisher, dead_letters, me)
     if relay is not None:
         await relay.start()
+    if views is not None:
         await views.start()
     await set_serving(health, SERVICES)
     log.info("admission %s serving on port %d", me, port)
@@ -89,6 +91,7 @@ async def run(args: argparse.Namespace) -> None:
     await server.stop(grace=2)
     if relay is not None:
         await relay.stop()
+    if views is not None:
         await views.stop()
     await follower.stop()
     await publisher.stop()

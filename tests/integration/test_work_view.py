@@ -23,6 +23,7 @@ from tests.integration.test_fault_tolerance import all_running, events_of, until
 SUCCEEDED, CANCELLED, RUNNING = (types_pb2.JOB_PHASE_SUCCEEDED, types_pb2.JOB_PHASE_CANCELLED,
                                  types_pb2.JOB_PHASE_RUNNING)
 VIEW = ("--source", "view")
+WRITER = ("--work-views",)   # admission writes the views
 
 
 def started_twice(log) -> list:
@@ -34,7 +35,7 @@ async def test_agents_on_their_work_view_run_jobs_and_gangs_and_stop_cancelled_o
                                                                                      tmp_path):
     cluster = LocalCluster(kafka_bootstrap, topics, tmp_path)
     try:
-        admission = await cluster.admission()
+        admission = await cluster.admission("admission", 0, *WRITER)
         await cluster.placer()
         for node in ("n1", "n2"):
             await cluster.agent(node, "2xH100-80GB", *VIEW)
@@ -62,7 +63,7 @@ async def test_agents_on_their_work_view_run_jobs_and_gangs_and_stop_cancelled_o
 async def test_a_killed_writer_loses_and_doubles_nothing(kafka_bootstrap, topics, tmp_path):
     cluster = LocalCluster(kafka_bootstrap, topics, tmp_path)
     try:
-        admission = await cluster.admission()
+        admission = await cluster.admission("admission", 0, *WRITER)
         await cluster.placer()
         await cluster.agent("n1", "4xH100-80GB", *VIEW)
         client = Client(f"127.0.0.1:{admission.port}")
@@ -70,7 +71,7 @@ async def test_a_killed_writer_loses_and_doubles_nothing(kafka_bootstrap, topics
         await all_running(client, first)
         await admission.kill9()
         await client.close()
-        admission = await cluster.admission()
+        admission = await cluster.admission("admission", 0, *WRITER)
         client = Client(f"127.0.0.1:{admission.port}")
         then = {(await client.submit(spec(f"b{i}", "t", gpus=1, duration=1))).job.job_id for i in range(3)}
         done = await client.wait_terminal(first | then, timeout=120)
@@ -89,7 +90,7 @@ async def test_a_nodes_login_reads_only_its_own_work_view(kafka_bootstrap, topic
         pytest.skip("the broker's ACLs are what this checks: the test broker is plaintext")
     cluster = LocalCluster(kafka_bootstrap, topics, tmp_path)
     try:
-        admission = await cluster.admission()
+        admission = await cluster.admission("admission", 0, *WRITER)
         await cluster.placer()
         for node in ("n1", "n2"):
             await cluster.agent(node, "1xH100-80GB", *VIEW)
