@@ -12,26 +12,14 @@ import pytest
 from gpusched.adapters import codec
 from gpusched.client import Client, instant, seconds, span, spec
 from gpusched.core import events as ev
-from gpusched.local_cluster import LocalCluster
 from gpusched.v1 import admission_pb2, types_pb2
 from tests.integration.logcheck import read_log
+from tests.integration.test_admission_api import api  # noqa: F401 (the fixture: a one-node cluster and a client)
 from tests.integration.test_end_to_end import SUCCEEDED
 
 
-@pytest.fixture
-async def api(kafka_bootstrap, topics, tmp_path):
-    cluster = LocalCluster(kafka_bootstrap, topics, tmp_path)
-    admission = await cluster.admission()
-    await cluster.placer()
-    await cluster.agent("node-0", "8xA100-80GB")
-    client = Client(f"127.0.0.1:{admission.port}")
-    yield client
-    await client.close()
-    await cluster.stop_all()
-
-
 async def test_a_jobs_instants_are_timestamps_and_its_spans_durations(api):
-    client = api
+    _, client = api
     before = datetime.now(timezone.utc)
     job = (await client.submit(spec("timed", "nlp", gpus=1, duration=0.25, max_runtime=timedelta(minutes=30),
                                     checkpoint_interval=90))).job
@@ -63,7 +51,7 @@ BAD_SPANS = [
 
 @pytest.mark.parametrize("bad, message", BAD_SPANS, ids=[m.split(":")[0] + f"-{i}" for i, (_, m) in enumerate(BAD_SPANS)])
 async def test_a_bad_span_is_invalid_argument_naming_the_field(api, bad, message):
-    client = api
+    _, client = api
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await client.jobs.SubmitJob(admission_pb2.SubmitJobRequest(spec=bad))
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -73,7 +61,7 @@ async def test_a_bad_span_is_invalid_argument_naming_the_field(api, bad, message
 
 async def test_a_caller_still_sending_seconds_as_doubles_is_told_the_new_field(api):
     """Field 8 (max_runtime_s) of the old layout: refused, not dropped without a word."""
-    client = api
+    _, client = api
     old = _raw_spec().SerializeToString() + bytes([8 << 3 | 1]) + struct.pack("<d", 3600.0)
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await client.jobs.SubmitJob(admission_pb2.SubmitJobRequest(spec=types_pb2.JobSpec.FromString(old)))
@@ -89,7 +77,7 @@ async def _submitted_preemptible(kafka_bootstrap, topics) -> dict[str, bool]:
 
 
 async def test_preemptible_left_unset_is_true_over_raw_grpc_and_through_the_client(api, kafka_bootstrap, topics):
-    client = api
+    _, client = api
     raw = {"raw-true": _raw_spec(preemptible=True), "raw-false": _raw_spec(preemptible=False), "raw-unset": _raw_spec()}
     for name, s in raw.items():
         s.name = name
