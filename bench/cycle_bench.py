@@ -60,9 +60,14 @@ class Pool:
             self.apply(ev.JobPlaced, job_id=d.job_id, attempt=d.attempt, workers=d.workers)
 
     def end_some(self, count: int) -> None:
-        running = [j.job_id for j in self.state.jobs.values() if j.phase is JobPhase.PLACED][:count]
-        for job_id in running:
-            self.apply(ev.JobCancelled, job_id=job_id, reason="ended")
+        """Cancel ``count`` placed jobs and report their workers' ends, as their node-agent
+        does: only then does the reducer release their GPUs (docs/workloads.md)."""
+        running = [j for j in self.state.jobs.values() if j.phase is JobPhase.PLACED][:count]
+        for job in running:
+            self.apply(ev.JobCancelled, job_id=job.job_id, reason="ended")
+            for w in job.workers:
+                self.apply(ev.WorkerFinished, job_id=job.job_id, attempt=job.attempt, worker=w.worker,
+                           node=w.node, exit_code=0, reason="cancelled")
 
 
 def main() -> None:
