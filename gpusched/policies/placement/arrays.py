@@ -4,8 +4,8 @@ Rows follow registration order (the order of ``state.nodes``), so ``argmin``/sta
 break ties the way every policy does. Built once per cycle on the cycle's ``Statement``
 and refreshed row by row for the nodes the statement changes (bookings, holds,
 nominations). A node that is not ready, and a GPU
-that is unhealthy, cut into MIG or MIG-enabled, offer nothing here; MIG requests are placed by the
-shared MIG scan (``heuristics.choose_mig``), not from these arrays.
+that is unhealthy, cut into MIG or MIG-enabled, offer nothing here; MIG requests are placed through
+the MIG index (``heuristics.choose_mig``, ``mig_index``), not from these arrays.
 """
 from __future__ import annotations
 

@@ -10,7 +10,8 @@
   scores are the reference simulator's integers 0..100, so equal scores go to the node
   registered first, as there.
 
-Inside a node, GPUs are picked best-fit (``pick_gpus``); MIG slices by ``choose_mig``.
+Inside a node, GPUs are picked best-fit (``pick_gpus``); MIG slices by ``choose_mig``,
+through ``MigIndex`` (nodes by where the profile fits) for every policy.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from gpusched.core.mig import parse_profile
 from gpusched.core.model import WorkerResources
 from gpusched.core.state import JobState, NodeState
 from gpusched.policies.statement import Statement
@@ -26,6 +28,7 @@ from gpusched.policies.gpu_fit import StateLike, fit
 from gpusched.policies.placement.gang import Choice
 from gpusched.policies.placement.arrays import NodeArrays, arrays_for
 from gpusched.policies.placement.index import FreeIndex, first_fit
+from gpusched.policies.placement.mig_index import MigIndex
 
 # The reference simulator's normalisers: the largest node has 128 cores and 8 GPUs.
 MAX_CPU_MILLI = 128_000
@@ -41,18 +44,19 @@ def best_fit_key(node: NodeState) -> int:
     return node.free_cpu + GPU_WEIGHT * free_gpu_milli(node)
 
 
-def choose_mig(nodes: Mapping[str, NodeState], pool: str, res: WorkerResources,
-               key: Callable[[NodeState], int] = best_fit_key) -> Choice | None:
-    """A MIG slice on the tightest node, preferring GPUs already cut (keeps whole GPUs
-    whole); ties by registration order."""
-    best = None
-    for seq, node in enumerate(nodes.values()):
-        slots = fit(node, pool, res)
-        if slots is not None:
-            rank = (node.gpus[slots[0].index].mig_mask == 0, key(node), seq)
-            if best is None or rank < best[0]:
-                best = (rank, node, slots)
-    return (best[1], best[2]) if best else None
+def choose_mig(statement: Statement, nodes: Mapping[str, NodeState], pool: str,
+               res: WorkerResources) -> Choice | None:
+    """A MIG slice on the tightest node (``best_fit_key``), preferring nodes whose slice goes
+    on a GPU already cut (keeps whole GPUs whole); ties by registration order. Found through
+    the statement's ``MigIndex`` for the profile, which holds only nodes with room for it."""
+    profile = parse_profile(res.mig_profile)
+    if profile is None:
+        return None   # a profile no GPU offers
+    index = statement.views.get(("mig", pool, profile.name))
+    if index is None:
+        index = statement.views[("mig", pool, profile.name)] = MigIndex(nodes, pool, profile, GPU_WEIGHT)
+    # The key is at least the node's free CPU: nodes below the request's CPU cannot take it.
+    return first_fit(index, res, res.cpu_milli, fit)
 
 
 def ranks_by(nodes: Sequence[NodeState], key: Callable[[NodeState], object]) -> dict[str, int]:
@@ -75,7 +79,7 @@ class BestFit:
     def choose(self, state: StateLike, statement: Statement, job: JobState, res: WorkerResources) -> Choice | None:
         pool = job.spec.pool
         if res.is_mig:
-            return choose_mig(state.nodes, pool, res)
+            return choose_mig(statement, state.nodes, pool, res)
         index = statement.views.get(("free", pool))
         if index is None:
             index = statement.views[("free", pool)] = FreeIndex(state.nodes, pool, GPU_WEIGHT)
@@ -97,7 +101,7 @@ class ScoredPlacement:
     def choose(self, state: StateLike, statement: Statement, job: JobState, res: WorkerResources) -> Choice | None:
         pool = job.spec.pool
         if res.is_mig:
-            return choose_mig(state.nodes, pool, res)
+            return choose_mig(statement, state.nodes, pool, res)
         arrays = arrays_for(statement, state.nodes, pool)
         rows = arrays.feasible(res)
         if not rows.size:
