@@ -16,7 +16,7 @@ when it started. Each side is fed by its ordinary client: ``sbatch`` for Slurm, 
 
 Run by bench/peer_slurm.sh (installs Slurm, starts a private Kafka broker):
 
-    bash bench/peer_slurm.sh [--jobs 300 --rate 50 --seconds 10 --rounds 2]
+    bash bench/peer_slurm.sh [--jobs 200 --rate 50 --seconds 6 --rounds 2]
 """
 from __future__ import annotations
 
@@ -95,14 +95,17 @@ class Result:
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
-def cpu_seconds(pid: int) -> float:
-    """CPU of a process so far, with that of the children it has reaped (a node daemon's
-    job launchers); 0 when it is gone."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return sum(int(f) for f in fields[11:15]) / _TICK
+def cpu_seconds(*pids: int) -> float:
+    """CPU of processes so far, each with that of the children it has reaped (a node
+    daemon's job launchers); a process gone counts 0."""
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += sum(int(f) for f in fields[11:15])
+    return total / _TICK
 
 
 class Side:
@@ -110,7 +113,7 @@ class Side:
     the pids of its daemons (name -> pid) whose CPU per job is reported."""
     name = ""
     id_var = ""
-    pids: dict[str, int] = {}
+    pids: dict[str, list[int]] = {}
 
     async def submit(self, script: str) -> str:
         raise NotImplementedError
@@ -127,7 +130,7 @@ class SlurmSide(Side):
 
     def __init__(self, cluster: SlurmCluster, tuned: bool) -> None:
         self.cluster, self.name = cluster, "slurm-tuned" if tuned else "slurm-default"
-        self.pids = {**cluster.pids(), "sbatch+client": os.getpid()}
+        self.pids = {**cluster.pids(), "sbatch+client": [os.getpid()]}
 
     async def submit(self, script: str) -> str:
         return await self.cluster.submit(script)
@@ -143,7 +146,7 @@ UNENDED = (1, 2, 3, 4, 8)   # types_pb2.JOB_PHASE_ PENDING, PLACED, RUNNING, PRE
 class GpuschedSide(Side):
     name, id_var = "gpusched", "GPUSCHED_JOB_ID"
 
-    def __init__(self, client, pids: dict[str, int]) -> None:
+    def __init__(self, client, pids: dict[str, list[int]]) -> None:
         self.client = client
         self.pids = pids   # service name -> pid, for the CPU each spends per job
 
@@ -177,13 +180,13 @@ async def burst(side: Side, out: Path, jobs: int, concurrency: int, result: Resu
     async def one() -> None:
         async with sem:
             await side.submit(script)
-    before = {name: cpu_seconds(pid) for name, pid in side.pids.items()}
+    before = {name: cpu_seconds(*pids) for name, pids in side.pids.items()}
     t0 = time.perf_counter()
     await asyncio.gather(*(one() for _ in range(jobs)))
     result.accepted_per_s = jobs / (time.perf_counter() - t0)
     await drained(side)
     result.completed_per_s = jobs / (time.perf_counter() - t0)
-    result.cpu_ms = {name: 1000 * (cpu_seconds(pid) - before[name]) / jobs for name, pid in side.pids.items()}
+    result.cpu_ms = {name: 1000 * (cpu_seconds(*pids) - before[name]) / jobs for name, pids in side.pids.items()}
     result.ran = len(read_stamps(out))
 
 
@@ -273,10 +276,10 @@ async def main(args: argparse.Namespace) -> None:
     try:
         cluster, admission = await gpusched_cluster(work, args)
         client = Client(f"127.0.0.1:{admission.port}")
-        pids = {s.name: s.proc.pid for s in cluster.services}
+        pids = {s.name: [s.proc.pid] for s in cluster.services}
         if broker := broker_pid():
-            pids["broker"] = broker
-        pids["client"] = os.getpid()
+            pids["broker"] = [broker]
+        pids["client"] = [os.getpid()]
         slurm.start(tuned=False)
         print(f"{args.nodes} nodes x {args.gpus} GPUs each side; burst {args.jobs} jobs, {args.concurrency} "
               f"submissions in flight; steady {args.rate:g} jobs/s for {args.seconds:g}s; files in {work}")
@@ -302,10 +305,10 @@ async def main(args: argparse.Namespace) -> None:
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--jobs", type=int, default=300, help="jobs in each burst")
+    parser.add_argument("--jobs", type=int, default=200, help="jobs in each burst")
     parser.add_argument("--concurrency", type=int, default=8, help="submissions in flight in a burst")
     parser.add_argument("--rate", type=float, default=50, help="steady arrivals, jobs/s")
-    parser.add_argument("--seconds", type=float, default=10, help="how long the steady stream lasts")
+    parser.add_argument("--seconds", type=float, default=6, help="how long the steady stream lasts")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--nodes", type=int, default=4)
     parser.add_argument("--gpus", type=int, default=8, help="GPUs per node")

@@ -3,7 +3,7 @@
 # machine, alternating, with the ratios at the end (bench/peer_slurm.py says what is
 # measured and how).
 #
-#   bash bench/peer_slurm.sh [--jobs 300 --rate 50 --seconds 10 --rounds 2 ...]
+#   bash bench/peer_slurm.sh [--jobs 200 --rate 50 --seconds 6 --rounds 2 ...]
 #
 # Installs slurm-wlm with apt-get when slurmctld is missing (as root; deploy/setup.sh
 # installs its packages the same way), prepares the checkout (deploy/setup.sh) and starts

@@ -17,6 +17,7 @@ import random
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -102,12 +103,32 @@ def render_gres_conf(layout: SlurmLayout) -> str:
                    for name in layout.node_names())
 
 
+# Runs a slurmd in the foreground as its child and reaps every orphan it is given: slurmd
+# double-forks each job's slurmstepd, which would otherwise go to init, and its CPU (and
+# the job script's, which slurmstepd reaps) would be counted nowhere. With this parent it
+# shows in the parent's children's CPU (/proc/<pid>/stat cutime, cstime), as a
+# node-agent's shims show in the agent's.
+REAPER = """
+import ctypes, os, sys
+ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)   # PR_SET_CHILD_SUBREAPER
+daemon = os.posix_spawnp(sys.argv[1], sys.argv[1:], dict(os.environ))
+while True:
+    try:
+        if os.wait()[0] == daemon:
+            break
+    except ChildProcessError:
+        break
+"""
+
+
 class SlurmCluster:
-    """slurmctld and the slurmds, started in the background, stopped by their pid files."""
+    """slurmctld (a daemon, stopped by its pid file) and the slurmds, each in the
+    foreground under a reaper (``REAPER``)."""
 
     def __init__(self, layout: SlurmLayout) -> None:
         self.layout = layout
         self.env = {**os.environ, "SLURM_CONF": str(layout.conf)}
+        self.reapers: dict[str, subprocess.Popen] = {}   # node -> its slurmd's reaper
 
     def write(self, tuned: bool) -> None:
         r = self.layout.root
@@ -125,7 +146,9 @@ class SlurmCluster:
         conf = str(self.layout.conf)
         subprocess.run(["slurmctld", "-f", conf, "-i"], env=self.env, check=True)   # -i: no saved state
         for name in self.layout.node_names():
-            subprocess.run(["slurmd", "-f", conf, "-N", name], env=self.env, check=True)
+            self.reapers[name] = subprocess.Popen([sys.executable, "-S", "-c", REAPER, "slurmd", "-D", "-f", conf,
+                                                   "-N", name], env=self.env, start_new_session=True,
+                                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.wait_idle()
 
     def reconfigure(self, tuned: bool) -> None:
@@ -163,22 +186,21 @@ class SlurmCluster:
             raise RuntimeError(f"sbatch failed: {err.decode().strip()}")
         return out.decode().strip().split(";")[0]
 
-    def pids(self) -> dict[str, int]:
-        """The daemons' pids by name (slurmctld, slurmd-n1, ...), from their pid files."""
-        r = self.layout.root
-        names = ["slurmctld", *(f"slurmd-{n}" for n in self.layout.node_names())]
-        found = {}
-        for name in names:
-            try:
-                found[name] = int((r / f"{name}.pid").read_text().split()[0])
-            except (OSError, ValueError, IndexError):
-                continue
+    def pids(self) -> dict[str, list[int]]:
+        """The daemons' pids by name: slurmctld's; each slurmd's with its reaper's, which
+        holds the CPU of the job launches (slurmstepd and the job)."""
+        found: dict[str, list[int]] = {}
+        try:
+            found["slurmctld"] = [int((self.layout.root / "slurmctld.pid").read_text().split()[0])]
+        except (OSError, ValueError, IndexError):
+            pass
+        for name, reaper in self.reapers.items():
+            found[f"slurmd-{name}"] = [reaper.pid, *_children(reaper.pid)]
         return found
 
     def stop(self) -> None:
-        r = self.layout.root
-        pids = list(self.pids().values())
-        for path in r.glob("*.pid"):
+        pids = [p for group in self.pids().values() for p in group]
+        for path in self.layout.root.glob("*.pid"):
             path.unlink(missing_ok=True)
         for pid in pids:
             _signal(pid, 15)
@@ -187,6 +209,9 @@ class SlurmCluster:
             time.sleep(0.1)   # the daemons' own shutdown; SIGKILL below if it hangs
         for pid in pids:
             _signal(pid, 9)
+        for reaper in self.reapers.values():
+            reaper.wait()
+        self.reapers.clear()
 
     def remove(self) -> None:
         shutil.rmtree(self.layout.root, ignore_errors=True)
@@ -207,6 +232,13 @@ def free_ports(count: int) -> int:
             for sock in socks:
                 sock.close()
     raise RuntimeError(f"no {count} free ports in a row for Slurm")
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
 
 
 def _signal(pid: int, sig: int) -> None:
