@@ -81,6 +81,7 @@ class Result:
     cpu_ms: dict[str, float] = field(default_factory=dict)  # burst: CPU ms per job of each daemon
     start_ms: list[float] = field(default_factory=list)     # steady: submit -> the job's own stamp
     running_ms: list[float] = field(default_factory=list)   # steady: submit -> the log's RUNNING (gpusched)
+    calm_ms: list[float] = field(default_factory=list)      # the same at --calm-rate: no queue builds up
 
     def line(self) -> str:
         lat = f"submit->start p50 {pct(self.start_ms, .5):8.1f} ms p99 {pct(self.start_ms, .99):8.1f} ms"
@@ -89,6 +90,7 @@ class Result:
         cpu = "  ".join(f"{name} {ms:.1f}" for name, ms in self.cpu_ms.items())
         return (f"  {self.side:14s} burst: {self.accepted_per_s:7.1f} accepted/s {self.completed_per_s:7.1f} "
                 f"completed jobs/s ({self.ran} ran); steady: {lat}\n"
+                f"  {'':14s} calm: submit->start p50 {pct(self.calm_ms, .5):.1f} ms p99 {pct(self.calm_ms, .99):.1f} ms\n"
                 f"  {'':14s} burst CPU ms/job: {cpu}; total {sum(self.cpu_ms.values()):.1f}")
 
 
@@ -190,7 +192,9 @@ async def burst(side: Side, out: Path, jobs: int, concurrency: int, result: Resu
     result.ran = len(read_stamps(out))
 
 
-async def steady(side: Side, out: Path, rate: float, seconds: float, result: Result) -> None:
+async def steady(side: Side, out: Path, rate: float, seconds: float) -> tuple[list[float], list[float]]:
+    """Submit-to-start of each job of an open-loop stream (ms): the job's own stamp, and the
+    log's RUNNING time where the side has one."""
     script = job_script(out, side.id_var)
     sent: dict[str, float] = {}
 
@@ -207,8 +211,7 @@ async def steady(side: Side, out: Path, rate: float, seconds: float, result: Res
     await asyncio.gather(*tasks)
     await drained(side)
     stamps = read_stamps(out)
-    result.start_ms = [1000 * (stamps[j] - t) for j, t in sent.items() if j in stamps]
-    result.running_ms = await side.running_ms(sent)
+    return [1000 * (stamps[j] - t) for j, t in sent.items() if j in stamps], await side.running_ms(sent)
 
 
 async def measure(side: Side, work: Path, args: argparse.Namespace) -> Result:
@@ -216,28 +219,39 @@ async def measure(side: Side, work: Path, args: argparse.Namespace) -> Result:
     run = Path(tempfile.mkdtemp(prefix=f"{side.name}-", dir=work))
     (run / "burst").mkdir()
     (run / "steady").mkdir()
+    (run / "calm").mkdir()
     await burst(side, run / "burst", args.jobs, args.concurrency, result)
-    await steady(side, run / "steady", args.rate, args.seconds, result)
+    result.start_ms, result.running_ms = await steady(side, run / "steady", args.rate, args.seconds)
+    if args.calm_rate:
+        result.calm_ms, _ = await steady(side, run / "calm", args.calm_rate, args.calm_seconds)
     print(result.line(), flush=True)
     return result
 
 
+# (label, figure of a round); the first is a rate (more is better), the rest latencies in ms.
+FIGURES = (("completed jobs/s", lambda r: r.completed_per_s),
+           ("p50 submit->start", lambda r: pct(r.start_ms, .5)),
+           ("p99 submit->start", lambda r: pct(r.start_ms, .99)),
+           ("calm p50", lambda r: pct(r.calm_ms, .5)),
+           ("calm p99", lambda r: pct(r.calm_ms, .99)))
+
+
 def summary(results: list[Result]) -> list[str]:
-    """The medians per side over the rounds, and gpusched's ratios to each Slurm setting."""
+    """The medians per side over the rounds, and gpusched's ratios to each Slurm setting:
+    xN for the rate (N times Slurm's), 1/N for a latency (a Nth of Slurm's)."""
     by_side: dict[str, list[Result]] = {}
     for r in results:
         by_side.setdefault(r.side, []).append(r)
-    med = {side: (statistics.median(r.completed_per_s for r in rs),
-                  statistics.median(pct(r.start_ms, .5) for r in rs),
-                  statistics.median(pct(r.start_ms, .99) for r in rs)) for side, rs in by_side.items()}
-    lines = [f"  {side:14s} completed {c:7.1f} jobs/s   submit->start p50 {p50:8.1f} ms  p99 {p99:8.1f} ms"
-             for side, (c, p50, p99) in med.items()]
+    med = {side: [statistics.median(figure(r) for r in rs) for _, figure in FIGURES] for side, rs in by_side.items()}
+    lines = [f"  {side:14s} " + "  ".join(f"{label} {value:.1f}" for (label, _), value in zip(FIGURES, values))
+             for side, values in med.items()]
     ours = med.get("gpusched")
-    for side, (c, p50, p99) in med.items():
+    for side, theirs in med.items():
         if ours is None or side == "gpusched":
             continue
-        lines.append(f"  gpusched vs {side}: completed jobs/s x{ratio(ours[0], c):.2f}; "
-                     f"p50 submit->start 1/{ratio(p50, ours[1]):.1f}; p99 1/{ratio(p99, ours[2]):.1f}")
+        parts = [f"{FIGURES[0][0]} x{ratio(ours[0], theirs[0]):.2f}"]
+        parts += [f"{label} 1/{ratio(t, o):.1f}" for (label, _), o, t in zip(FIGURES[1:], ours[1:], theirs[1:])]
+        lines.append(f"  gpusched vs {side}: " + "; ".join(parts))
     return lines
 
 
@@ -309,6 +323,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--concurrency", type=int, default=8, help="submissions in flight in a burst")
     parser.add_argument("--rate", type=float, default=50, help="steady arrivals, jobs/s")
     parser.add_argument("--seconds", type=float, default=6, help="how long the steady stream lasts")
+    parser.add_argument("--calm-rate", type=float, default=5,
+                        help="a second stream at a rate both sides keep up with, jobs/s (0: none)")
+    parser.add_argument("--calm-seconds", type=float, default=6)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--nodes", type=int, default=4)
     parser.add_argument("--gpus", type=int, default=8, help="GPUs per node")

@@ -54,11 +54,13 @@ def test_read_stamps_skips_a_stamp_still_being_written(tmp_path):
 
 
 def test_summary_states_gpusched_against_each_slurm_setting():
-    results = [Result("slurm-default", completed_per_s=20.0, start_ms=[1000.0] * 99 + [4000.0]),
-               Result("gpusched", completed_per_s=80.0, start_ms=[50.0] * 99 + [100.0])]
+    results = [Result("slurm-default", completed_per_s=20.0, start_ms=[1000.0] * 98 + [4000.0] * 2, calm_ms=[300.0]),
+               Result("gpusched", completed_per_s=80.0, start_ms=[50.0] * 98 + [100.0] * 2, calm_ms=[30.0]),
+               Result("gpusched", completed_per_s=60.0, start_ms=[40.0] * 98 + [300.0] * 2, calm_ms=[10.0])]
     lines = summary(results)
-    assert any("gpusched vs slurm-default: completed jobs/s x4.00; p50 submit->start 1/20.0; p99 1/20.0" in line
-               for line in lines), lines
+    # gpusched's medians over its two rounds: 70 jobs/s, p50 45 ms, p99 200 ms, calm 20 ms
+    assert "gpusched vs slurm-default: completed jobs/s x3.50; p50 submit->start 1/22.2; " \
+           "p99 submit->start 1/20.0; calm p50 1/15.0; calm p99 1/15.0" in [line.strip() for line in lines], lines
 
 
 def test_slurm_conf_default_and_tuned(tmp_path):
