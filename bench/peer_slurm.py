@@ -24,6 +24,7 @@ import argparse
 import asyncio
 import math
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -296,7 +297,8 @@ async def main(args: argparse.Namespace) -> None:
         pids["client"] = [os.getpid()]
         slurm.start(tuned=False)
         print(f"{args.nodes} nodes x {args.gpus} GPUs each side; burst {args.jobs} jobs, {args.concurrency} "
-              f"submissions in flight; steady {args.rate:g} jobs/s for {args.seconds:g}s; files in {work}")
+              f"submissions in flight; steady {args.rate:g} jobs/s for {args.seconds:g}s, calm {args.calm_rate:g} "
+              f"jobs/s; files in {work}{'' if args.keep else ' (deleted at the end; --keep keeps them)'}")
         print(f"tuned Slurm: {', '.join(f'{k}={v}' for k, v in TUNED.items())}")
         results = []
         for r in range(args.rounds):
@@ -315,6 +317,8 @@ async def main(args: argparse.Namespace) -> None:
         if cluster is not None:
             await cluster.stop_all()
             await delete_topics(cluster.connection, cluster.topics)   # a shared broker keeps no leftovers
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -331,6 +335,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--gpus", type=int, default=8, help="GPUs per node")
     parser.add_argument("--slurm-port", type=int, default=0,
                         help="slurmctld's port, the slurmds' the next ones (0: a free run of ports)")
+    parser.add_argument("--keep", action="store_true", help="keep the run's folder (logs, stamps, Slurm files)")
     parser.add_argument("--work-dir", default=None, help="parent of the run's folder (default: the temp dir)")
     return parser.parse_args(argv)
 
