@@ -271,11 +271,12 @@ async def gpusched_cluster(work: Path, args: argparse.Namespace):
 
     topics = TopicNames(f"peer-{int(time.time())}.")
     cluster = LocalCluster(KafkaConnection.from_env(), topics, work / "gpusched-logs")
-    admission = await cluster.admission()
+    views = args.agent_source == "view"   # admission's relay writes each node's work view
+    admission = await cluster.admission("admission", 0, *(["--work-views"] if views else []))
     await cluster.placer()
     await cluster.preemptor()
     await asyncio.gather(*(cluster.agent(f"peer-n{i + 1}", f"{args.gpus}xH100-80GB", "--run-processes",
-                                         "--state-dir", str(work / f"agent-n{i + 1}"))
+                                         "--state-dir", str(work / f"agent-n{i + 1}"), "--source", args.agent_source)
                            for i in range(args.nodes)))
     return cluster, admission
 
@@ -335,6 +336,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--gpus", type=int, default=8, help="GPUs per node")
     parser.add_argument("--slurm-port", type=int, default=0,
                         help="slurmctld's port, the slurmds' the next ones (0: a free run of ports)")
+    parser.add_argument("--agent-source", choices=("log", "view"), default="log",
+                        help="what gpusched's node-agents read: the pool's log (their default) or their work view")
     parser.add_argument("--keep", action="store_true", help="keep the run's folder (logs, stamps, Slurm files)")
     parser.add_argument("--work-dir", default=None, help="parent of the run's folder (default: the temp dir)")
     return parser.parse_args(argv)
