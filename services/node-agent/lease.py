@@ -25,9 +25,7 @@ from __future__ import annotations
 
 import math
 import os
-import tempfile
 import time
-from pathlib import Path
 
 EXPIRED = 0.0
 
@@ -46,6 +44,8 @@ class NodeLease:
     """The writer's side: the agent renews and revokes the lease file at ``path``."""
 
     def __init__(self, path: str | os.PathLike) -> None:
+        from pathlib import Path   # here, not at the top: the shim reads leases and starts without it
+
         self.path = Path(path)
 
     def renew(self, until: float) -> None:
@@ -62,6 +62,8 @@ class NodeLease:
         return read_expiry(self.path)
 
     def _write(self, until: float) -> None:
+        import tempfile   # the writer's alone (see NodeLease.__init__)
+
         # temp file in the same folder + os.replace: readers never see a partial value
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".lease-", dir=self.path.parent)

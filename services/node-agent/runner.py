@@ -154,7 +154,9 @@ class ProcessRun:
 
     def shim_args(self) -> list[str]:
         lease = ["--lease", str(Path(self.lease_path).absolute())] if self.lease_path is not None else []
-        return [sys.executable, str(SHIM), *lease, "--kill-wait", repr(float(self.kill_wait)),
+        # -S: no site, so the shim (standard library only) does not pay for the venv's .pth
+        # files and editable-install finder on every launch (~15 ms CPU of a ~50 ms start).
+        return [sys.executable, "-S", str(SHIM), *lease, "--kill-wait", repr(float(self.kill_wait)),
                 "--poll", repr(float(self.poll)), "--status", str(self.status_file), "--", *self.command]
 
     async def start(self) -> None:

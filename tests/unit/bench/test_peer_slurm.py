@@ -1,0 +1,87 @@
+"""The pure parts of the Slurm side-by-side benchmark (bench/peer_slurm.py,
+bench/slurm_cluster.py): its quantiles and ratios, and the Slurm configuration it writes.
+Running Slurm itself is the benchmark's business, not a test's."""
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given, strategies as st
+
+BENCH = Path(__file__).resolve().parents[3] / "bench"
+sys.path.insert(0, str(BENCH))
+
+import peer_slurm  # noqa: E402
+from peer_slurm import Result, job_script, pct, ratio, summary  # noqa: E402
+from slurm_cluster import SlurmLayout, render_gres_conf, render_slurm_conf  # noqa: E402
+
+
+def settings(conf: str) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in conf.splitlines() if not line.startswith(("NodeName", "PartitionName")))
+
+
+def test_pct_is_the_nearest_rank():
+    values = [float(v) for v in range(1, 101)]   # 1..100
+    assert pct(values, .5) == 50
+    assert pct(values, .99) == 99
+    assert pct(values, 1.0) == 100
+    assert pct([7.0], .99) == 7
+    assert math.isnan(pct([], .5))
+
+
+@given(st.lists(st.floats(-1e6, 1e6), min_size=1), st.floats(0.01, 1.0))
+def test_pct_is_a_member_with_the_right_share_at_or_below(values, q):
+    got = pct(values, q)
+    assert got in values
+    assert sum(v <= got for v in values) >= q * len(values) - 1e-9
+
+
+def test_ratio():
+    assert ratio(90.0, 30.0) == 3.0
+    assert math.isnan(ratio(1.0, 0.0))
+
+
+def test_job_script_names_the_job_by_its_schedulers_variable(tmp_path):
+    assert job_script(tmp_path, "SLURM_JOB_ID") == f"date +%s.%N > {tmp_path}/$SLURM_JOB_ID"
+
+
+def test_read_stamps_skips_a_stamp_still_being_written(tmp_path):
+    (tmp_path / "1").write_text("1796457760.060559036\n")
+    (tmp_path / "2").write_text("")
+    assert peer_slurm.read_stamps(tmp_path) == {"1": 1796457760.060559036}
+
+
+def test_summary_states_gpusched_against_each_slurm_setting():
+    results = [Result("slurm-default", completed_per_s=20.0, start_ms=[1000.0] * 98 + [4000.0] * 2, calm_ms=[300.0]),
+               Result("gpusched", completed_per_s=80.0, start_ms=[50.0] * 98 + [100.0] * 2, calm_ms=[30.0]),
+               Result("gpusched", completed_per_s=60.0, start_ms=[40.0] * 98 + [300.0] * 2, calm_ms=[10.0])]
+    lines = summary(results)
+    # gpusched's medians over its two rounds: 70 jobs/s, p50 45 ms, p99 200 ms, calm 20 ms
+    assert "gpusched vs slurm-default: completed jobs/s x3.50; p50 submit->start 1/22.2; " \
+           "p99 submit->start 1/20.0; calm p50 1/15.0; calm p99 1/15.0" in [line.strip() for line in lines], lines
+
+
+def test_slurm_conf_default_and_tuned(tmp_path):
+    layout = SlurmLayout(tmp_path, nodes=4, gpus=8, port=30000)
+    default, tuned = settings(render_slurm_conf(layout, False)), settings(render_slurm_conf(layout, True))
+    assert default["AuthType"] == "auth/none" and default["ProctrackType"] == "proctrack/linuxproc"
+    assert "SchedulerParameters" not in default and "SchedulerType" not in default   # Slurm's own defaults
+    assert "batch_sched_delay=0" in tuned["SchedulerParameters"]
+    assert all(str(tmp_path) in default[k] for k in ("StateSaveLocation", "SlurmdSpoolDir", "SlurmctldLogFile"))
+
+
+def test_slurm_conf_gives_each_node_its_own_port_and_gpus(tmp_path):
+    conf = render_slurm_conf(SlurmLayout(tmp_path, nodes=3, gpus=8, port=30000), False)
+    nodes = [line for line in conf.splitlines() if line.startswith("NodeName=")]
+    assert [n.split()[0] for n in nodes] == ["NodeName=n1", "NodeName=n2", "NodeName=n3"]
+    assert [n.split("Port=")[1].split()[0] for n in nodes] == ["30001", "30002", "30003"]
+    assert all("Gres=gpu:8" in n for n in nodes)
+    assert "PartitionName=gpu Nodes=n1,n2,n3 " in conf
+
+
+@pytest.mark.parametrize("gpus", [1, 8])
+def test_gres_conf_names_one_fake_device_per_gpu(tmp_path, gpus):
+    gres = render_gres_conf(SlurmLayout(tmp_path, nodes=2, gpus=gpus))
+    assert gres.splitlines() == [f"NodeName=n{i} Name=gpu File={tmp_path}/dev/nvidia[0-{gpus - 1}]" for i in (1, 2)]
