@@ -160,6 +160,24 @@ def _consumed(record, event, envelope, accepted: bool) -> None:
     span.end()
 
 
+def view_consumed(record, doc: dict) -> None:
+    """A consumer span for a work-view record about a traced job (a node-agent on its view,
+    ``gpusched.adapters.work_view``), parented by the trace context the record carries:
+    the span that published the pool-log event it reflects, as the writer folded it."""
+    carrier = doc.get("trace") or {}
+    if _tracer is None or "traceparent" not in carrier:
+        return
+    span = _tracer.start_span(
+        f"process {record.topic}", context=propagate.extract(dict(carrier)), kind=SpanKind.CONSUMER,
+        attributes={"messaging.system": "kafka", "messaging.operation.type": "process",
+                    "messaging.operation.name": "process", "messaging.destination.name": record.topic,
+                    "messaging.destination.partition.id": str(record.partition),
+                    "messaging.kafka.offset": record.offset, "messaging.kafka.message.key": doc.get("job", ""),
+                    "gpusched.event": doc.get("event", ""), "gpusched.job_id": doc.get("job", ""),
+                    "gpusched.view.source_offset": doc["offset"]})
+    span.end()
+
+
 @contextmanager
 def job_span(name: str, job_id: str, attributes: dict | None = None, link=None) -> Iterator[None]:
     """A span in the job's trace (its parent: the span that started the trace), current
