@@ -19,7 +19,8 @@ Records (JSON values), keyed so that compaction keeps the latest of each:
   missed the placement's record (compacted away, or never written by a writer that
   died) still starts the worker, and the agent's own memory of what it launched keeps it
   to once. ``trace``: the job's trace context, where the writer traces; ``event``: the
-  type of the pool-log event the record reflects (the agent's consumer span names it).
+  type of the pool-log event the record reflects, ``event_trace`` the context its
+  envelope carried (the agent's consumer span names the one, has the other as parent).
 - ``node``: the node's latest accepted registration (its event id, so the agent knows
   its own came through) and whether the log has since declared it lost.
 
@@ -81,10 +82,14 @@ class ViewBuilder:
     """Which records of which node an event changed. Remembers, per job, the nodes that
     have a live record and its content, so it writes only what changed."""
 
-    def __init__(self, trace_of: Callable[[str], dict | None] | None = None) -> None:
+    def __init__(self, trace_of: Callable[[str], dict | None] | None = None,
+                 event_trace_of: Callable[[ev.Event], dict | None] | None = None) -> None:
         # job id -> its trace's carrier, sent along so the agent's worker spans join the
-        # job's trace (``tracing.JOBS.carrier`` where the writer traces)
+        # job's trace (``tracing.JOBS.carrier`` where the writer traces); event -> the
+        # context its envelope carried, the parent of the agent's consumer span
+        # (``tracing.consumed_carrier``)
         self.trace_of = trace_of
+        self.event_trace_of = event_trace_of
         self.written: dict[tuple[str, str], dict] = {}   # (node, key) -> latest content
         self.job_nodes: dict[str, set[str]] = {}
         self.start_marks: dict[str, tuple[int, str]] = {}   # job -> (attempt, rendezvous) the log said start
@@ -107,8 +112,9 @@ class ViewBuilder:
             out.append(self._node(event, where))
         if isinstance(event, _STARTS):
             self._mark_starts(outcome.jobs, state)
+        traced = self.event_trace_of(event) if self.event_trace_of is not None and outcome.jobs else None
         for job_id in outcome.jobs:
-            out += self._job(job_id, state, where, type(event).__name__)
+            out += self._job(job_id, state, where, type(event).__name__, traced)
         return out
 
     def note(self, partition: int, offset: int, event: ev.Event, outcome, state: ClusterState) -> None:
@@ -158,7 +164,7 @@ class ViewBuilder:
         self.written[(name, NODE_KEY)] = content
         return ViewRecord(name, NODE_KEY, {**content, **where})
 
-    def _job(self, job_id: str, state: ClusterState, where: dict, event: str,
+    def _job(self, job_id: str, state: ClusterState, where: dict, event: str, event_trace: dict | None = None,
              before: set[str] | None = None) -> list[ViewRecord]:
         job = state.jobs.get(job_id)
         now = nodes_with_work(job)
@@ -176,7 +182,8 @@ class ViewBuilder:
                 self.written[(node, key)] = content
                 trace = self.trace_of(job_id) if self.trace_of is not None else None
                 out.append(ViewRecord(node, key, {**content, **where, "starts": starts, "event": event,
-                                                  **({"trace": trace} if trace else {})}))
+                                                  **({"trace": trace} if trace else {}),
+                                                  **({"event_trace": event_trace} if event_trace else {})}))
         if now:
             self.job_nodes[job_id] = now
         else:

@@ -41,7 +41,7 @@ class WorkViewWriter:
         self.topics = topics
         self.publisher = publisher
         self.name = name
-        self.builder = ViewBuilder(tracing.JOBS.carrier)
+        self.builder = ViewBuilder(tracing.JOBS.carrier, tracing.consumed_carrier)
         self.counts = {"written": 0, "parked": 0}
         self._bootstrap = bootstrap
         self._live = False
