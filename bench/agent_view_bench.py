@@ -10,6 +10,13 @@ node's records (``NodeView``). CPU time (``process_time``), cyclic GC off, best 
 ``--repeat``; what the Kafka clients spend fetching grows with the records fetched in
 both cases and is not counted.
 
+The writer's cost beyond the relay's fold is measured three ways over the same events:
+live (a record built per event, each job's spec and workers encoded once per attempt),
+live without that memo (every record encodes them again), a replay as the writer did it
+before going live built the views from the folded state (every event's records built, the
+latest per key kept and encoded at go-live, no memo), and a replay as it does it now
+(``note`` per event, the records built once from the folded state at go-live).
+
     .venv/bin/python bench/agent_view_bench.py --nodes 50 --count 100000
 """
 from __future__ import annotations
@@ -24,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.replay_bench import POOL, PoolSim  # noqa: E402
 from gpusched.adapters import codec  # noqa: E402
-from gpusched.adapters.work_view import NodeView, ViewBuilder, decode_value  # noqa: E402
+from gpusched.adapters.work_view import NodeView, ViewBuilder, decode_record, job_content  # noqa: E402
 from gpusched.core.reducer import apply  # noqa: E402
 from gpusched.core.state import ClusterState  # noqa: E402
 
@@ -52,14 +59,40 @@ def log_agent(wire: list[bytes], node: str) -> int:
     return mine
 
 
-def writer(wire: list[bytes]) -> dict[str, list[tuple[bytes, bytes]]]:
-    """The relay's extra work: its fold (which it does anyway) is not counted apart."""
-    state, builder, out = ClusterState(), ViewBuilder(), {}
+class UnmemoizedBuilder(ViewBuilder):
+    """Every record encodes the job's spec and workers anew (the builder before its memo)."""
+
+    def _content(self, job, node, state):
+        return job_content(job, node, state)
+
+
+def writer(wire: list[bytes], builder_type=ViewBuilder) -> dict[str, list[tuple]]:
+    """The relay's extra work, live: its fold (which it does anyway) is not counted apart."""
+    state, builder, out = ClusterState(), builder_type(), {}
     for offset, value in enumerate(wire):
         event, _ = codec.decode(value)
         for record in builder.records(0, offset, event, apply(state, event), state):
             out.setdefault(record.node, []).append(record.encode())
     return out
+
+
+def per_event_replay(wire: list[bytes]) -> int:
+    """The replay before: every event's records built, the latest per key encoded at go-live."""
+    state, builder, latest = ClusterState(), UnmemoizedBuilder(), {}
+    for offset, value in enumerate(wire):
+        event, _ = codec.decode(value)
+        for record in builder.records(0, offset, event, apply(state, event), state):
+            latest[(record.node, record.key)] = record
+    return len([record.encode() for record in latest.values()])
+
+
+def replaying_writer(wire: list[bytes]) -> int:
+    """The writer's replay: the fold, a note per event, the records built at go-live."""
+    state, builder = ClusterState(), ViewBuilder()
+    for offset, value in enumerate(wire):
+        event, _ = codec.decode(value)
+        builder.note(0, offset, event, apply(state, event), state)
+    return len([record.encode() for record in builder.resync({0: state})])
 
 
 def relay_fold(wire: list[bytes]) -> None:
@@ -72,8 +105,8 @@ def view_agents(views: dict[str, list[tuple[bytes, bytes]]]) -> int:
     applied = 0
     for records in views.values():
         view = NodeView()
-        for key, value in records:
-            applied += view.apply(key.decode(), decode_value(value))
+        for key, value, headers in records:
+            applied += view.apply(key.decode(), decode_record(value, headers))
     return applied
 
 
@@ -92,6 +125,9 @@ def main() -> None:
     log_s = min(timed(log_agent, wire, node)[0] for _ in range(args.repeat))
     fold_s = min(timed(relay_fold, wire)[0] for _ in range(args.repeat))
     write_s, views = min((timed(writer, wire) for _ in range(args.repeat)), key=lambda r: r[0])
+    unmemo_s = min(timed(writer, wire, UnmemoizedBuilder)[0] for _ in range(args.repeat))
+    old_replay_s, rebuilt = min((timed(per_event_replay, wire) for _ in range(args.repeat)), key=lambda r: r[0])
+    replay_s, resynced = min((timed(replaying_writer, wire) for _ in range(args.repeat)), key=lambda r: r[0])
     read_s = min(timed(view_agents, views)[0] for _ in range(args.repeat))
     records = sum(len(r) for r in views.values())
     per_agent_view = read_s / max(1, len(views))
@@ -103,6 +139,13 @@ def main() -> None:
     print(f"{f'all {args.nodes} agents':28}{1e6 * log_s * args.nodes / n:12.1f}{1e6 * read_s / n:12.2f}")
     print(f"{'writer (beyond its fold)':28}{'-':>12}{1e6 * extra_writer / n:12.2f}")
     print(f"{'cluster total':28}{1e6 * log_s * args.nodes / n:12.1f}{1e6 * (read_s + extra_writer) / n:12.2f}")
+    print(f"the writer beyond its fold, µs of CPU per pool event (fold alone {1e6 * fold_s / n:.2f}):")
+    print(f"{'  live, spec/workers memo':36}{1e6 * extra_writer / n:8.2f}")
+    print(f"{'  live, no memo':36}{1e6 * max(0.0, unmemo_s - fold_s) / n:8.2f}")
+    print(f"{'  replay, records per event':36}{1e6 * max(0.0, old_replay_s - fold_s) / n:8.2f}"
+          f"   ({rebuilt} records at go-live)")
+    print(f"{'  replay, note; build at go-live':36}{1e6 * max(0.0, replay_s - fold_s) / n:8.2f}"
+          f"   ({resynced} records at go-live)")
 
 
 if __name__ == "__main__":

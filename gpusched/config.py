@@ -246,9 +246,9 @@ class AdmissionSettings(Settings):
                                         ge=0)
     no_relay: bool = setting(False, flag="--no-relay",
                              help="do not relay node-agents' reports into the pool log (run `gpusched relay` instead)")
-    work_views: bool = setting(False, flag="--work-views", env="GPUSCHED_WORK_VIEWS",
-                               help="the relay also writes each node's work view, for node-agents started with "
-                                    "--source view (costs the relay's fold ~20 us of CPU an event, replay included)")
+    no_work_views: bool = setting(False, flag="--no-work-views", env="GPUSCHED_NO_WORK_VIEWS",
+                                  help="the relay does not write the nodes' work views: only where every "
+                                       "node-agent runs with --source log (they read nothing else)")
 
 
 class PlacerSettings(Settings):
@@ -353,9 +353,10 @@ class NodeAgentSettings(Settings):
                                                                           "(auto: look for its control pipe)")
     fake_nvml: str = setting("", flag="--fake-nvml", help="test harness: GPUs come from a fake NVML described by "
                                                           "this JSON file, not the driver")
-    source: Literal["log", "view"] = setting("log", flag="--source", help="what the agent reads: its pool's whole log "
-                                                                         "(log) or only its node's work view, "
-                                                                         "<prefix>work.<node> (view)")
+    source: Literal["view", "log"] = setting("view", flag="--source",
+                                             help="what the agent reads: only its node's work view, "
+                                                  "<prefix>work.<node>, written by the relay (view), or its "
+                                                  "pool's whole log (log)")
 
     @field_validator("label")
     @classmethod

@@ -22,8 +22,8 @@ async def run(args: argparse.Namespace) -> None:
     me = instance_id("relay")
     publisher, dead_letters = await connect(settings, me)
     own = settings_or_exit(AdmissionSettings, args)
-    # Each node's work view, from the same fold, when asked for (``--work-views``).
-    views = WorkViewWriter(conn, topics, publisher, me) if own.work_views else None
+    # Each node's work view, from the same fold, unless ``--no-work-views``.
+    views = None if own.no_work_views else WorkViewWriter(conn, topics, publisher, me)
     follower = LogFollower(conn, topics, me, dead_letters,
                            FollowerOptions(freeze_state=True, parallel_replay_min=settings.parallel_replay_min),
                            on_event=views.on_event if views is not None else None)
@@ -32,7 +32,7 @@ async def run(args: argparse.Namespace) -> None:
     relay = Relay(conn, topics, settings.partitions, follower, publisher, dead_letters, me)
     await relay.start()
     if views is not None:
-        await views.start()
+        await views.start(follower.states)
     print(f"relay ready name={me}", flush=True)
     await stop_event().wait()
     await relay.stop()
@@ -47,5 +47,5 @@ def main(argv: list[str] | None = None) -> None:
 
     parser = argparse.ArgumentParser(prog="gpusched relay", description=__doc__.split("\n\n")[0])
     KafkaSettings.add_args(parser)
-    AdmissionSettings.add_args(parser, only=("work_views",))
+    AdmissionSettings.add_args(parser, only=("no_work_views",))
     asyncio.run(run(parser.parse_args(argv)))

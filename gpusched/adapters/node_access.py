@@ -31,6 +31,9 @@ _MECHANISMS = {"SCRAM-SHA-256": (1, "sha256"), "SCRAM-SHA-512": (2, "sha512")}
 SCRAM_ITERATIONS = 8192   # Kafka's minimum for SCRAM-SHA-512 is 4096
 REPORT_RETENTION_MS = 7 * 24 * 3600 * 1000   # reports are relayed within seconds; a week to look back
 BEATS_RETENTION_MS = 3600 * 1000              # as <prefix>heartbeats: only the latest beats matter
+# A work view's tombstones (work ended) outlive compaction this long: an agent reading its
+# view from the start must get past them within it to see the end (Kafka's default, said here).
+WORK_TOMBSTONE_RETENTION_MS = 24 * 3600 * 1000
 
 
 async def ensure_node_topics(where: Where, names: TopicNames, node: str, *, replication_factor: int = 0,
@@ -41,7 +44,8 @@ async def ensure_node_topics(where: Where, names: TopicNames, node: str, *, repl
     may not create them (a secured cluster where ``gpusched kafka-setup --node`` was not run)."""
     topics = {report_topic(names.prefix, node): {"retention.ms": str(REPORT_RETENTION_MS)},
               beats_topic(names.prefix, node): {"retention.ms": str(BEATS_RETENTION_MS)},
-              work_topic(names.prefix, node): {"cleanup.policy": "compact"}}
+              work_topic(names.prefix, node): {"cleanup.policy": "compact",
+                                               "delete.retention.ms": str(WORK_TOMBSTONE_RETENTION_MS)}}
     admin = AIOKafkaAdminClient(**client_args(where), request_timeout_ms=15000)
     deadline = time.monotonic() + timeout_s
     try:

@@ -141,6 +141,17 @@ def _noted(record, event, envelope, accepted: bool) -> None:
         JOBS.note(job_id, envelope.trace_context)
 
 
+_last_consumed: tuple[str, dict[str, str]] = ("", {})
+
+
+def consumed_carrier(event) -> dict[str, str] | None:
+    """The trace context ``event``'s envelope carried, when it is the event this process's
+    live fold consumed last (the fold calls its service's handler right after): the work
+    view's writer passes it on, so the agent's consumer span has the same parent."""
+    event_id, carrier = _last_consumed
+    return dict(carrier) if event_id == event.event_id else None
+
+
 def _consumed(record, event, envelope, accepted: bool) -> None:
     """A consumer span for an event about a traced job, parented by the envelope's context."""
     job_id = getattr(event, "job_id", None)
@@ -148,6 +159,8 @@ def _consumed(record, event, envelope, accepted: bool) -> None:
     if not job_id or "traceparent" not in carrier:
         return
     JOBS.note(job_id, carrier)
+    global _last_consumed
+    _last_consumed = (event.event_id, carrier)
     span = _tracer.start_span(
         f"process {record.topic}", context=propagate.extract(dict(carrier)), kind=SpanKind.CONSUMER,
         attributes={"messaging.system": "kafka", "messaging.operation.type": "process",
@@ -157,6 +170,25 @@ def _consumed(record, event, envelope, accepted: bool) -> None:
                     "messaging.message.id": event.event_id, "messaging.kafka.message.key": envelope.pool,
                     "gpusched.event": type(event).__name__, "gpusched.job_id": job_id,
                     "gpusched.accepted": accepted})
+    span.end()
+
+
+def view_consumed(record, doc: dict) -> None:
+    """A consumer span for a work-view record about a traced job (a node-agent on its view,
+    ``gpusched.adapters.work_view``), parented by the trace context the record carries:
+    the span that published the pool-log event it reflects, as the writer folded it live
+    (else the job's trace)."""
+    carrier = doc.get("event_trace") or doc.get("trace") or {}
+    if _tracer is None or "traceparent" not in carrier:
+        return
+    span = _tracer.start_span(
+        f"process {record.topic}", context=propagate.extract(dict(carrier)), kind=SpanKind.CONSUMER,
+        attributes={"messaging.system": "kafka", "messaging.operation.type": "process",
+                    "messaging.operation.name": "process", "messaging.destination.name": record.topic,
+                    "messaging.destination.partition.id": str(record.partition),
+                    "messaging.kafka.offset": record.offset, "messaging.kafka.message.key": doc.get("job", ""),
+                    "gpusched.event": doc.get("event", ""), "gpusched.job_id": doc.get("job", ""),
+                    "gpusched.view.source_offset": doc["offset"]})
     span.end()
 
 

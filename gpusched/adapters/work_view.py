@@ -11,20 +11,29 @@ Records (JSON values), keyed so that compaction keeps the latest of each:
 - ``job:<job id>``: an attempt this node has workers of — attempt, phase, the job's spec,
   every worker of the attempt (other nodes' without their GPUs: a gang's ranks need them),
   the workers already finished, the rendezvous, the checkpoint to resume from, the
-  addresses of the gang's nodes — or ``{"gone": true}`` once the node has none left.
-  ``starts`` is set when the record comes from a placement or a rendezvous: the only
-  events on which an agent starts work (as when it folds the log itself). ``trace``: the
-  job's trace context, where the writer traces.
+  addresses of the gang's nodes. Once the node has none left, a tombstone (no value; its
+  offset in a header): compaction then drops the key, so a view holds only live work.
+  ``starts`` is set once the log has said start for this attempt and rendezvous (a
+  placement, a rendezvous), and stays set on the attempt's later records while it runs
+  (placed or running): a reader that
+  missed the placement's record (compacted away, or never written by a writer that
+  died) still starts the worker, and the agent's own memory of what it launched keeps it
+  to once. ``trace``: the job's trace context, where the writer traces; ``event``: the
+  type of the pool-log event the record reflects, ``event_trace`` the context its
+  envelope carried (the agent's consumer span names the one, has the other as parent).
 - ``node``: the node's latest accepted registration (its event id, so the agent knows
   its own came through) and whether the log has since declared it lost.
 
 Every record carries the pool-log partition and offset of the event it reflects. Per node
 they are written in log order; a record rewritten after a writer restart carries the same
-offset, so a reader applies a key's record only if its offset is newer than the one it
-applied: nothing is done twice, and a lagging second writer cannot undo a newer record.
+offset or a newer one, so a reader applies a key's record only if its offset is newer than
+the one it applied: nothing is undone, and a lagging second writer cannot bring back an
+older record.
 
 ``ViewBuilder`` is pure: it turns (offset, event, outcome, folded state) into the records
-that changed, and is what the property tests drive.
+that changed, and is what the property tests drive. While the writer replays it only
+``note``s what each event touched, and ``resync`` builds the records once, from the state
+folded at go-live.
 """
 from __future__ import annotations
 
@@ -43,8 +52,9 @@ from gpusched.v1 import types_pb2
 WORK = "work."
 NODE_KEY = "node"
 JOB_KEY = "job:"
-# What decides whether a record changed; ``offset``/``partition``/``starts`` do not.
-_VOLATILE = ("offset", "partition", "starts")
+OFFSET_HEADER = "gpusched.view.offset"   # a tombstone's source offset (it has no value)
+_STARTS = (ev.JobPlaced, ev.RendezvousSet)
+_RUNS = (JobPhase.PLACED, JobPhase.RUNNING)
 
 
 def work_topic(prefix: str, node: str) -> str:
@@ -57,20 +67,41 @@ class ViewRecord:
     key: str            # NODE_KEY or JOB_KEY + job id
     value: dict
 
-    def encode(self) -> tuple[bytes, bytes]:
-        return self.key.encode(), json.dumps(self.value, separators=(",", ":"), sort_keys=True).encode()
+    @property
+    def gone(self) -> bool:
+        return bool(self.value.get("gone"))
+
+    def encode(self) -> tuple[bytes, bytes | None, list[tuple[str, bytes]]]:
+        """Key, value and headers as written: a ``gone`` record is a tombstone."""
+        if self.gone:
+            return self.key.encode(), None, [(OFFSET_HEADER, str(self.value["offset"]).encode())]
+        return self.key.encode(), json.dumps(self.value, separators=(",", ":"), sort_keys=True).encode(), []
 
 
 class ViewBuilder:
     """Which records of which node an event changed. Remembers, per job, the nodes that
     have a live record and its content, so it writes only what changed."""
 
-    def __init__(self, trace_of: Callable[[str], dict | None] | None = None) -> None:
+    def __init__(self, trace_of: Callable[[str], dict | None] | None = None,
+                 event_trace_of: Callable[[ev.Event], dict | None] | None = None) -> None:
         # job id -> its trace's carrier, sent along so the agent's worker spans join the
-        # job's trace (``tracing.JOBS.carrier`` where the writer traces)
+        # job's trace (``tracing.JOBS.carrier`` where the writer traces); event -> the
+        # context its envelope carried, the parent of the agent's consumer span
+        # (``tracing.consumed_carrier``)
         self.trace_of = trace_of
+        self.event_trace_of = event_trace_of
         self.written: dict[tuple[str, str], dict] = {}   # (node, key) -> latest content
         self.job_nodes: dict[str, set[str]] = {}
+        self.start_marks: dict[str, tuple[int, str]] = {}   # job -> (attempt, rendezvous) the log said start
+        # what ``note`` kept while replaying: job -> (partition, offset, event type) of
+        # the last event that touched it, the nodes its placements named, node records
+        self.touched: dict[str, tuple[int, int, str]] = {}
+        self.placed_on: dict[str, set[str]] = {}
+        self.node_records: dict[str, ViewRecord] = {}
+        # job -> (spec, workers, the spec encoded, node -> the workers encoded for it): a
+        # record is built on every change of the job, its spec and workers change only
+        # with a new attempt, and encoding them was most of a record's cost
+        self._encoded: dict[str, tuple[object, object, str, dict[str, list[str]]]] = {}
 
     def records(self, partition: int, offset: int, event: ev.Event, outcome, state: ClusterState) -> list[ViewRecord]:
         if not outcome.accepted:
@@ -78,13 +109,50 @@ class ViewBuilder:
         where = {"partition": partition, "offset": offset}
         out: list[ViewRecord] = []
         if isinstance(event, (ev.NodeRegistered, ev.NodeLost)):
-            out += self._node(event, where)
-        starts = isinstance(event, (ev.JobPlaced, ev.RendezvousSet))
+            out.append(self._node(event, where))
+        if isinstance(event, _STARTS):
+            self._mark_starts(outcome.jobs, state)
+        traced = self.event_trace_of(event) if self.event_trace_of is not None and outcome.jobs else None
         for job_id in outcome.jobs:
-            out += self._job(job_id, state, where, starts)
+            out += self._job(job_id, state, where, type(event).__name__, traced)
         return out
 
-    def _node(self, event, where: dict) -> list[ViewRecord]:
+    def note(self, partition: int, offset: int, event: ev.Event, outcome, state: ClusterState) -> None:
+        """What a replayed event touched, for ``resync``: a few dict writes, no record built."""
+        if not outcome.accepted:
+            return
+        if isinstance(event, (ev.NodeRegistered, ev.NodeLost)):
+            record = self._node(event, {"partition": partition, "offset": offset})
+            self.node_records[record.node] = record
+        if isinstance(event, _STARTS):
+            self._mark_starts(outcome.jobs, state)
+        if isinstance(event, ev.JobPlaced):
+            self.placed_on.setdefault(event.job_id, set()).update(w.node for w in event.workers)
+        name = type(event).__name__
+        for job_id in outcome.jobs:
+            self.touched[job_id] = (partition, offset, name)
+
+    def resync(self, states: dict[int, ClusterState]) -> list[ViewRecord]:
+        """The records of what ``note`` saw, built once from the folded ``states``, in
+        source-offset order: every node record, every live job record of every job the
+        replayed log touched (at the offset of its last event: newer than or equal to what
+        a reader may have applied), and a tombstone for every node a placement named that
+        has no work of the job left (its end may have come while no writer wrote)."""
+        out = list(self.node_records.values())
+        for job_id, (partition, offset, name) in self.touched.items():
+            state = states[partition]
+            out += self._job(job_id, state, {"partition": partition, "offset": offset}, name,
+                             before=self.placed_on.get(job_id, set()))
+        self.touched, self.placed_on, self.node_records = {}, {}, {}
+        return sorted(out, key=lambda r: (r.value["partition"], r.value["offset"]))
+
+    def _mark_starts(self, job_ids, state: ClusterState) -> None:
+        for job_id in job_ids:
+            job = state.jobs.get(job_id)
+            if job is not None:
+                self.start_marks[job_id] = (job.attempt, job.rendezvous)
+
+    def _node(self, event, where: dict) -> ViewRecord:
         if isinstance(event, ev.NodeRegistered):
             name = event.node.name
             content = {"registered": event.event_id, "agent_id": event.node.agent_id, "lost": False}
@@ -94,29 +162,45 @@ class ViewBuilder:
             content = {"registered": before.get("registered", ""), "agent_id": before.get("agent_id", ""),
                        "lost": True}
         self.written[(name, NODE_KEY)] = content
-        return [ViewRecord(name, NODE_KEY, {**content, **where})]
+        return ViewRecord(name, NODE_KEY, {**content, **where})
 
-    def _job(self, job_id: str, state: ClusterState, where: dict, starts: bool) -> list[ViewRecord]:
+    def _job(self, job_id: str, state: ClusterState, where: dict, event: str, event_trace: dict | None = None,
+             before: set[str] | None = None) -> list[ViewRecord]:
         job = state.jobs.get(job_id)
         now = nodes_with_work(job)
-        before = self.job_nodes.get(job_id, set())
+        before = self.job_nodes.get(job_id, set()) if before is None else before
         key = JOB_KEY + job_id
         out = []
         for node in sorted(before - now):
             self.written.pop((node, key), None)
             out.append(ViewRecord(node, key, {"gone": True, **where}))
+        starts = job is not None and job.phase in _RUNS and self.start_marks.get(job_id) == (job.attempt,
+                                                                                          job.rendezvous)
         for node in sorted(now):
-            content = job_content(job, node, state)
+            content = self._content(job, node, state)
             if self.written.get((node, key)) != content:
                 self.written[(node, key)] = content
                 trace = self.trace_of(job_id) if self.trace_of is not None else None
-                out.append(ViewRecord(node, key, {**content, **where, "starts": starts,
-                                                  **({"trace": trace} if trace else {})}))
+                out.append(ViewRecord(node, key, {**content, **where, "starts": starts, "event": event,
+                                                  **({"trace": trace} if trace else {}),
+                                                  **({"event_trace": event_trace} if event_trace else {})}))
         if now:
             self.job_nodes[job_id] = now
         else:
             self.job_nodes.pop(job_id, None)
+            self.start_marks.pop(job_id, None)
+            self._encoded.pop(job_id, None)
         return out
+
+    def _content(self, job: JobState, node: str, state: ClusterState) -> dict:
+        memo = self._encoded.get(job.job_id)
+        if memo is None or memo[0] is not job.spec or memo[1] is not job.workers:
+            memo = self._encoded[job.job_id] = (job.spec, job.workers,
+                                                _b64(to_proto(job.spec, types_pb2.JobSpecRecord)), {})
+        workers = memo[3].get(node)
+        if workers is None:
+            workers = memo[3][node] = encoded_workers(job, node)
+        return job_content(job, node, state, memo[2], workers)
 
 
 def nodes_with_work(job: JobState | None) -> set[str]:
@@ -126,20 +210,31 @@ def nodes_with_work(job: JobState | None) -> set[str]:
     return {w.node for w in job.workers if w.worker not in job.finished}
 
 
-def job_content(job: JobState, node: str, state: ClusterState) -> dict:
-    workers = [w if w.node == node else WorkerAssignment(w.worker, w.node) for w in job.workers]
+def job_content(job: JobState, node: str, state: ClusterState, spec: str | None = None,
+                workers: list[str] | None = None) -> dict:
+    """The content of ``node``'s record of the job; ``spec`` and ``workers``, when given,
+    are their encodings (``ViewBuilder`` keeps them per attempt: they do not change)."""
+    if spec is None:
+        spec = _b64(to_proto(job.spec, types_pb2.JobSpecRecord))
+    if workers is None:
+        workers = encoded_workers(job, node)
     addresses = {}
     for w in job.workers:
         peer = state.nodes.get(w.node)
         addresses[w.node] = (peer.info.address if peer is not None else "") or w.node
     return {
         "job": job.job_id, "attempt": job.attempt, "phase": job.phase.value,
-        "spec": _b64(to_proto(job.spec, types_pb2.JobSpecRecord)),
-        "workers": [_b64(to_proto(w, types_pb2.WorkerAssignment)) for w in workers],
+        "spec": spec, "workers": workers,
         "finished": {str(w): code for w, code in sorted(job.finished.items())},
         "rendezvous": job.rendezvous, "checkpoint": job.checkpoint,
         "checkpoint_progress_s": job.checkpoint_progress_s, "addresses": addresses,
     }
+
+
+def encoded_workers(job: JobState, node: str) -> list[str]:
+    """Every worker of the attempt, other nodes' without their GPUs."""
+    return [_b64(to_proto(w if w.node == node else WorkerAssignment(w.worker, w.node), types_pb2.WorkerAssignment))
+            for w in job.workers]
 
 
 def _b64(message) -> str:
@@ -158,6 +253,17 @@ def decode_value(value: bytes | None) -> dict:
     if not isinstance(doc, dict) or not isinstance(doc.get("offset"), int):
         raise ViewDecodeError("a work-view record is an object with an integer offset")
     return doc
+
+
+def decode_record(value: bytes | None, headers=()) -> dict:
+    """A record as read: a tombstone is ``{"gone": true}`` at the offset of its header."""
+    if value is not None:
+        return decode_value(value)
+    found = dict(headers or ())
+    try:
+        return {"gone": True, "offset": int(found[OFFSET_HEADER])}
+    except (KeyError, ValueError):
+        raise ViewDecodeError(f"a tombstone without an integer {OFFSET_HEADER} header") from None
 
 
 def job_of(doc: dict) -> JobState:

@@ -2,18 +2,21 @@
 pool log: the relay's, which already folds every pool and is the nodes' trusted channel.
 
 ``on_event`` is the follower's hook. While the follower replays (before ``start``) the
-records are only remembered, the latest per node and key; ``start`` writes those, in
-source-offset order, then every new record as the log is folded, in log order. A restart
-of the writer thus rewrites every view key the retained log touched (the same content at
-the same source offsets, which readers skip) and ends every record of work that ended
-while it was down.
+builder only notes what each event touched (``ViewBuilder.note``: no record is built, so
+the replay costs the fold little more than the fold itself); ``start`` builds the records
+once from the folded state and writes them, in source-offset order, then every new record
+as the log is folded, in log order. A restart of the writer thus rewrites every view key
+the retained log touched (the same content at the same or a newer source offset: readers
+skip or re-apply it, and the agent starts nothing twice) and ends, with a tombstone, every
+record of work that ended while it was down.
 
 Records go out in batches: each batch is sent in order and its acknowledgements awaited;
 a failed batch is sent again whole (readers skip what they already applied).
 
 A node whose work topic does not exist (a node registered without an agent, as the
 simulator's) gets nothing written: its records wait, the latest per key, until the node
-registers again and its topic is found.
+registers again and its topic is found; a tombstone only drops its key's waiting record
+(no reader can have read the key), so what waits is the node's live work.
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ from gpusched.adapters.kafka_admin import TopicNames
 from gpusched.adapters.kafka_security import Where, client_args
 from gpusched.adapters.publisher import EventPublisher
 from gpusched.adapters.work_view import NODE_KEY, ViewBuilder, ViewRecord, work_topic
+from gpusched.core.state import ClusterState
 
 log = logging.getLogger("gpusched.work_view")
 BATCH = 500
@@ -37,11 +41,10 @@ class WorkViewWriter:
         self.topics = topics
         self.publisher = publisher
         self.name = name
-        self.builder = ViewBuilder(tracing.JOBS.carrier)
+        self.builder = ViewBuilder(tracing.JOBS.carrier, tracing.consumed_carrier)
         self.counts = {"written": 0, "parked": 0}
         self._bootstrap = bootstrap
         self._live = False
-        self._backlog: dict[tuple[str, str], ViewRecord] = {}   # while replaying
         self._parked: dict[str, dict[str, ViewRecord]] = {}     # node without a topic -> key -> record
         self._topics: dict[str, bool] = {}                      # node -> whether its topic exists
         self._queue: asyncio.Queue[ViewRecord] = asyncio.Queue()
@@ -49,20 +52,22 @@ class WorkViewWriter:
         self._task: asyncio.Task | None = None
 
     def on_event(self, partition: int, offset: int, event, outcome, state) -> None:
+        if not self._live:
+            self.builder.note(partition, offset, event, outcome, state)
+            return
         for record in self.builder.records(partition, offset, event, outcome, state):
-            if self._live:
-                self._queue.put_nowait(record)
-            else:
-                self._backlog[(record.node, record.key)] = record
+            self._queue.put_nowait(record)
 
-    async def start(self) -> None:
+    async def start(self, states: dict[int, ClusterState]) -> None:
+        """Go live: write the views of ``states`` (the follower's, folded so far), then
+        every change."""
         self._meta = AIOKafkaConsumer(**client_args(self._bootstrap), client_id=f"{self.name}-work-views",
                                       enable_auto_commit=False)
         await self._meta.start()
-        self._live = True
-        for record in sorted(self._backlog.values(), key=lambda r: r.value["offset"]):
+        # No await from here on: no event is folded between the resync and going live.
+        for record in self.builder.resync(states):
             self._queue.put_nowait(record)
-        self._backlog.clear()
+        self._live = True
         self._task = asyncio.create_task(self._run(), name=f"work-views-{self.name}")
 
     async def stop(self) -> None:
@@ -107,8 +112,12 @@ class WorkViewWriter:
         if record.key == NODE_KEY and not record.value.get("lost"):
             self._topics.pop(node, None)   # a registration: its agent may have created the topic since
         if not await self._has_topic(node):
-            self._parked.setdefault(node, {})[record.key] = record
-            self.counts["parked"] += 1
+            parked = self._parked.setdefault(node, {})
+            if record.gone:   # no reader has read the key (no topic): nothing to end
+                parked.pop(record.key, None)
+            else:
+                parked[record.key] = record
+                self.counts["parked"] += 1
             return None
         acks = []
         parked = self._parked.pop(node, {})
@@ -119,9 +128,10 @@ class WorkViewWriter:
         return asyncio.gather(*acks)
 
     async def _send_now(self, record: ViewRecord) -> asyncio.Future:
-        key, value = record.encode()
+        key, value, headers = record.encode()
         self.counts["written"] += 1
-        return await self.publisher.send_raw_later(work_topic(self.topics.prefix, record.node), value, key=key)
+        return await self.publisher.send_raw_later(work_topic(self.topics.prefix, record.node), value, key=key,
+                                                   headers=headers)
 
     async def _has_topic(self, node: str) -> bool:
         known = self._topics.get(node)

@@ -42,9 +42,9 @@ async def run(args: argparse.Namespace) -> None:
     holder: dict = {}
     submitters = Submitters()   # fed from the first event replayed, before the API exists
     limits = SubmissionLimits(own.submit_rate, own.submit_burst, own.max_pending_per_team)
-    # With --work-views the relay's fold also writes each node's work view
-    # (gpusched.adapters.work_writer): only then, as it costs the fold more than the fold itself.
-    views = WorkViewWriter(conn, topics, publisher, me) if own.work_views and not own.no_relay else None
+    # The relay's fold also writes each node's work view (gpusched.adapters.work_writer),
+    # what node-agents read by default; --no-work-views where every agent reads the log.
+    views = None if own.no_work_views or own.no_relay else WorkViewWriter(conn, topics, publisher, me)
 
     def on_event(partition, offset, event, outcome, state):
         submitters.on_event(event, outcome, state)
@@ -82,7 +82,7 @@ async def run(args: argparse.Namespace) -> None:
     if relay is not None:
         await relay.start()
     if views is not None:
-        await views.start()
+        await views.start(follower.states)
     await set_serving(health, SERVICES)
     log.info("admission %s serving on port %d", me, port)
     print(f"admission ready port={port}", flush=True)

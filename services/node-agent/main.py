@@ -108,7 +108,8 @@ async def run(args: argparse.Namespace) -> None:
     try:
         await agent.join(follower)
     except RelayTimeout as exc:   # nothing relays our reports: say so, no traceback
-        raise SystemExit(f"{me}: {exc}") from None
+        views = " and writes work views (not --no-work-views; or run this agent with --source log)"
+        raise SystemExit(f"{me}: {exc}" + (views if own.source == "view" else "")) from None
     await set_serving(health, SERVICES)
     print(f"node-agent ready node={info.name} gpus={len(info.gpus)} simulated={info.simulated} port={port}", flush=True)
     stop = stop_event()

@@ -17,7 +17,8 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from gpusched.adapters.kafka_admin import TopicNames
 from gpusched.adapters.kafka_security import Where, client_args
 from gpusched.adapters.publisher import DeadLetters
-from gpusched.adapters.work_view import NodeView, ViewDecodeError, decode_value, work_topic
+from gpusched.adapters import tracing
+from gpusched.adapters.work_view import NodeView, ViewDecodeError, decode_record, work_topic
 
 log = logging.getLogger("gpusched.node_agent")
 
@@ -83,11 +84,12 @@ class WorkSource:
         self.records += 1
         try:
             key = (record.key or b"").decode()
-            doc = decode_value(record.value)
+            doc = decode_record(record.value, record.headers)
             if not self.view.apply(key, doc):
                 return   # rewritten by a restarted writer: applied already
         except (UnicodeDecodeError, ViewDecodeError) as exc:
             log.warning("%s: work-view record at offset %d: %s", self.name, record.offset, exc)
             await self._dead_letters.put(record, f"work-view record does not decode: {exc}")
             return
+        tracing.view_consumed(record, doc)
         self._on_change(key, doc)

@@ -1,6 +1,8 @@
 """A malformed record on the pool log, with every service running: one dead letter with
 the reason (the placer owning the partition writes it, also across its restart), one
-warning from each service that skipped it, and the cluster goes on scheduling."""
+warning from each service that folds the log and skipped it (node-agents read only their
+work views: none from them), and the cluster goes on scheduling. A malformed record on a
+node's work view: its agent warns, dead-letters it and goes on."""
 from __future__ import annotations
 
 import asyncio
@@ -10,6 +12,7 @@ from aiokafka import AIOKafkaProducer
 
 from gpusched.adapters.kafka_security import client_args
 from gpusched.adapters.publisher import partition_for
+from gpusched.adapters.work_view import work_topic
 from gpusched.client import Client, spec
 from gpusched.local_cluster import LocalCluster
 from gpusched.v1 import events_pb2
@@ -69,11 +72,13 @@ async def test_a_bad_pool_log_record_is_dead_lettered_once_and_logged_by_each_se
         where = f"topic {topics.events} partition {partition} offset {offset}"
         await _run_a_job(client, "after")   # the cluster keeps scheduling
 
-        for service in list(cluster.services):
+        agents = [service for service in cluster.services if service.name.startswith("agent-")]
+        for service in [service for service in cluster.services if service not in agents]:
             await _until(lambda: _warnings(service, where), what=f"{service.name}'s warning")
             assert len(_warnings(service, where)) == 1, (service.name, _warnings(service, where))
             assert "not an EventEnvelope" in _warnings(service, where)[0]
         assert "dead letter written" in _warnings(placer, where)[0]
+        assert agents and all(_warnings(agent, where) == [] for agent in agents)   # they read no pool log
 
         letters = [l for l in await _letters(kafka_bootstrap, topics) if l.source_topic == topics.events]
         assert [(l.partition, l.offset) for l in letters] == [(partition, offset)]
@@ -88,6 +93,17 @@ async def test_a_bad_pool_log_record_is_dead_lettered_once_and_logged_by_each_se
         await _run_a_job(client, "after-restart")
         assert len([l for l in await _letters(kafka_bootstrap, topics) if l.source_topic == topics.events]) == 1
         assert all(s.alive for s in cluster.services if s is not placer)
+
+        view = work_topic(topics.prefix, "node-0")
+        offset = await _append_garbage(kafka_bootstrap, view, 0)
+        agent = next(a for a in agents if a.name == "agent-node-0")
+        await _until(lambda: f"work-view record at offset {offset}" in agent.log_path.read_text(),
+                     what="the agent's warning")
+        letters = [l for l in await _letters(kafka_bootstrap, topics) if l.source_topic == view]
+        assert [(l.offset, l.value) for l in letters] == [(offset, b"\xff\x00 not an envelope")]
+        assert "work-view record does not decode" in letters[0].reason
+        await _run_a_job(client, "after-view-garbage")
+        assert agent.alive
         await client.close()
     finally:
         await cluster.stop_all()

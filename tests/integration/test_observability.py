@@ -104,15 +104,22 @@ async def test_a_job_is_one_trace_across_admission_placer_and_node_agent(
     [place] = [s for s in spans if s["operationName"] == "place"]
     assert [r["refType"] for r in place["references"]] == ["CHILD_OF", "FOLLOWS_FROM"]
     assert place["references"][1]["traceID"] != data["traceID"]
-    # each service folded the job's events in this trace, as Kafka consumer spans
-    consumed = [s for s in spans if s["operationName"] == f"process {topics.events}"]
-    assert {services[s["processID"]] for s in consumed} >= {
-        "gpusched-admission", "gpusched-placer", "gpusched-node-agent"}
+    # each service consumed the job's events in this trace, as Kafka consumer spans: admission
+    # and the placer fold the pool log; the node-agent reads its node's work view, whose
+    # records name the pool-log event they reflect and carry its publisher's context
+    work = f"{topics.prefix}work.node-0"
+    consumed = [s for s in spans if s["operationName"] in (f"process {topics.events}", f"process {work}")]
+    by_topic = {}
     for span in consumed:
         tags = {t["key"]: t["value"] for t in span["tags"]}
-        assert tags["messaging.system"] == "kafka" and tags["messaging.destination.name"] == topics.events
+        by_topic.setdefault(tags["messaging.destination.name"], set()).add(services[span["processID"]])
+        assert tags["messaging.system"] == "kafka" and f"process {tags['messaging.destination.name']}" == \
+            span["operationName"]
         assert tags["span.kind"] == "consumer" and tags["gpusched.job_id"] == job_id
         assert parent(span) is not None   # parented by the span that published the event
+    assert by_topic[topics.events] >= {"gpusched-admission", "gpusched-placer"}
+    assert by_topic[work] == {"gpusched-node-agent"}
+    assert "gpusched-node-agent" not in by_topic[topics.events]   # it reads only its view
     events = {(services[s["processID"]], dict((t["key"], t["value"]) for t in s["tags"])["gpusched.event"])
               for s in consumed}
     assert ("gpusched-node-agent", "JobPlaced") in events

@@ -1,7 +1,8 @@
-"""Node-agents on their node's work view (``--source view``; gpusched.adapters.work_view):
-jobs and gangs run to the end, a cancelled one stops, a kill -9 of the view's writer (the
-relay in admission) loses and doubles nothing, and a node's login reads no other node's
-view. The log is checked afterwards (tests/integration/logcheck.py): no worker started
+"""Node-agents on their node's work view (the default, ``--source view``;
+gpusched.adapters.work_view): jobs and gangs run to the end, a cancelled one stops, a kill
+-9 of the view's writer (the relay in admission) loses and doubles nothing, a node's login
+reads no other node's view, ended work leaves the view as tombstones, and a cluster with
+``--no-work-views`` runs agents on ``--source log`` and writes no view. The log is checked afterwards (tests/integration/logcheck.py): no worker started
 twice, nothing run that the log did not place."""
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from gpusched.adapters.kafka_security import client_args
 from gpusched.adapters.reports import node_principal
-from gpusched.adapters.work_view import work_topic
+from gpusched.adapters.work_view import OFFSET_HEADER, work_topic
 from gpusched.client import Client, spec
 from gpusched.core import events as ev
 from gpusched.local_cluster import LocalCluster
@@ -22,8 +23,6 @@ from tests.integration.test_fault_tolerance import all_running, events_of, until
 
 SUCCEEDED, CANCELLED, RUNNING = (types_pb2.JOB_PHASE_SUCCEEDED, types_pb2.JOB_PHASE_CANCELLED,
                                  types_pb2.JOB_PHASE_RUNNING)
-VIEW = ("--source", "view")
-WRITER = ("--work-views",)   # admission writes the views
 
 
 def started_twice(log) -> list:
@@ -35,10 +34,10 @@ async def test_agents_on_their_work_view_run_jobs_and_gangs_and_stop_cancelled_o
                                                                                      tmp_path):
     cluster = LocalCluster(kafka_bootstrap, topics, tmp_path)
     try:
-        admission = await cluster.admission("admission", 0, *WRITER)
+        admission = await cluster.admission("admission", 0)
         await cluster.placer()
         for node in ("n1", "n2"):
-            await cluster.agent(node, "2xH100-80GB", *VIEW)
+            await cluster.agent(node, "2xH100-80GB")
         client = Client(f"127.0.0.1:{admission.port}")
         short = [(await client.submit(spec(f"s{i}", "t", gpus=1, duration=0.5))).job.job_id for i in range(4)]
         gang = (await client.submit(spec("gang", "t", gpus=2, workers=2, duration=0.5))).job.job_id
@@ -58,20 +57,42 @@ async def test_agents_on_their_work_view_run_jobs_and_gangs_and_stop_cancelled_o
     assert started_twice(log) == []
     finished = [e for e in events_of(log) if isinstance(e, ev.WorkerFinished) and e.job_id == long]
     assert finished and all(e.exit_code != 0 for e in finished)   # stopped by its agent, not run out
+    # every job ended: each key of it in each view ends with a tombstone carrying its offset
+    for node in ("n1", "n2"):
+        latest = {r.key: r for r in await _read(kafka_bootstrap, work_topic(topics.prefix, node))}
+        jobs = {key for key in latest if key.startswith(b"job:")}
+        assert jobs and jobs <= {b"job:" + j.encode() for j in [*short, gang, long]}
+        assert all(latest[k].value is None and dict(latest[k].headers)[OFFSET_HEADER] for k in jobs)
+
+
+async def test_with_no_work_views_agents_run_on_the_log_and_no_view_is_written(kafka_bootstrap, topics, tmp_path):
+    cluster = LocalCluster(kafka_bootstrap, topics, tmp_path)
+    try:
+        admission = await cluster.admission("admission", 0, "--no-work-views")
+        await cluster.placer()
+        await cluster.agent("n1", "1xH100-80GB", "--source", "log")
+        client = Client(f"127.0.0.1:{admission.port}")
+        job = (await client.submit(spec("j", "t", gpus=1, duration=0.2))).job.job_id
+        [done] = await client.wait_terminal({job}, timeout=60)
+        assert done.phase == SUCCEEDED
+        await client.close()
+    finally:
+        await cluster.stop_all()
+    assert await _read(kafka_bootstrap, work_topic(topics.prefix, "n1")) == []   # created by the agent, empty
 
 
 async def test_a_killed_writer_loses_and_doubles_nothing(kafka_bootstrap, topics, tmp_path):
     cluster = LocalCluster(kafka_bootstrap, topics, tmp_path)
     try:
-        admission = await cluster.admission("admission", 0, *WRITER)
+        admission = await cluster.admission("admission", 0)
         await cluster.placer()
-        await cluster.agent("n1", "4xH100-80GB", *VIEW)
+        await cluster.agent("n1", "4xH100-80GB")
         client = Client(f"127.0.0.1:{admission.port}")
         first = {(await client.submit(spec(f"a{i}", "t", gpus=1, duration=4))).job.job_id for i in range(3)}
         await all_running(client, first)
         await admission.kill9()
         await client.close()
-        admission = await cluster.admission("admission", 0, *WRITER)
+        admission = await cluster.admission("admission", 0)
         client = Client(f"127.0.0.1:{admission.port}")
         then = {(await client.submit(spec(f"b{i}", "t", gpus=1, duration=1))).job.job_id for i in range(3)}
         done = await client.wait_terminal(first | then, timeout=120)
@@ -90,10 +111,10 @@ async def test_a_nodes_login_reads_only_its_own_work_view(kafka_bootstrap, topic
         pytest.skip("the broker's ACLs are what this checks: the test broker is plaintext")
     cluster = LocalCluster(kafka_bootstrap, topics, tmp_path)
     try:
-        admission = await cluster.admission("admission", 0, *WRITER)
+        admission = await cluster.admission("admission", 0)
         await cluster.placer()
         for node in ("n1", "n2"):
-            await cluster.agent(node, "1xH100-80GB", *VIEW)
+            await cluster.agent(node, "1xH100-80GB")
         client = Client(f"127.0.0.1:{admission.port}")
         job = (await client.submit(spec("j", "t", gpus=1, duration=300))).job.job_id
         running = await until(client, lambda j: j.job_id == job and j.phase == RUNNING, 60)

@@ -9,6 +9,7 @@ from typing import NamedTuple
 import pytest
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
 from gpusched.adapters import codec, tracing
@@ -203,3 +204,36 @@ async def test_the_preemptors_decisions_are_spans_in_the_traces_of_the_jobs_they
     node_lost = {s.attributes["gpusched.job_id"]: s for s in done if s.name == "node lost"}
     assert {job: s.context.trace_id for job, s in node_lost.items()} == {
         job: root.get_span_context().trace_id for job, root in roots.items()}
+
+
+async def test_a_work_view_record_makes_the_agents_consumer_span_a_child_of_the_events_publisher(tracer, spans):
+    """The writer folds a placement live: its record of the node carries the job's trace
+    (for the worker spans) and the placement's publisher context, the parent of the span
+    the agent makes on reading the record (``tracing.view_consumed``)."""
+    from gpusched.adapters.work_view import ViewBuilder, decode_record
+    from tests.unit.core.builders import make_node, make_spec, whole, workers
+
+    node = ev.NodeRegistered(event_id="r", node=make_node("a"))
+    with tracer.start_as_current_span("SubmitJob") as submit:
+        submitted = ev.JobSubmitted(event_id="s", job_id="j", spec=make_spec())
+        submitted_data = codec.encode(submitted, "default", tracing.event_context(submitted))
+    with tracer.start_as_current_span("place", context=trace.set_span_in_context(submit)) as place:
+        placed = ev.JobPlaced(event_id="p", job_id="j", attempt=0, workers=workers(("a", whole(0))))
+        placed_data = codec.encode(placed, "default", tracing.event_context(placed))
+    builder, out = ViewBuilder(tracing.JOBS.carrier, tracing.consumed_carrier), []
+    state = ClusterState()
+    state.pools["default"] = None
+    records = [Record("t.events", 0, i, b"default", v)
+               for i, v in enumerate([codec.encode(node, "default"), submitted_data, placed_data])]
+    await fold_records("test", state, records, lambda *a: out.extend(builder.records(*a)), DeadLetters(None, "test"))
+    [record] = [r for r in out if r.key == "job:j"]
+    doc = decode_record(*record.encode()[1:])
+    tracing.view_consumed(Record("t.work.a", 0, 7, b"job:j", b""), doc)
+    [consumed] = [s for s in spans.get_finished_spans() if s.name == "process t.work.a"]
+    assert consumed.kind is SpanKind.CONSUMER
+    assert consumed.context.trace_id == submit.get_span_context().trace_id
+    assert consumed.parent.span_id == place.get_span_context().span_id
+    assert consumed.attributes["gpusched.event"] == "JobPlaced"
+    assert consumed.attributes["gpusched.job_id"] == "j"
+    assert consumed.attributes["gpusched.view.source_offset"] == 2
+    assert doc["trace"]["traceparent"].split("-")[2] == f"{submit.get_span_context().span_id:016x}"
