@@ -1,11 +1,12 @@
 """A node host (``gpusched node-host``: many simulated nodes in one process) next to real
 node-agents in one pool: jobs and a gang spanning hosted and real nodes run to the end,
-and a host killed with kill -9 has each of its nodes declared lost and their work placed
-again. The log is checked afterwards (tests/integration/logcheck.py): nothing run that
+a host killed with kill -9 has each of its nodes declared lost and their work placed
+again, and the chaos run's invariants hold with most nodes hosted. The log is checked afterwards (tests/integration/logcheck.py): nothing run that
 the log did not place, no worker started twice, no GPU over-allocated."""
 from __future__ import annotations
 
 import asyncio
+import random
 from collections import Counter
 
 from aiokafka import AIOKafkaProducer
@@ -17,12 +18,15 @@ from gpusched.client import Client, spec
 from gpusched.core import events as ev
 from gpusched.local_cluster import LocalCluster
 from gpusched.v1 import types_pb2
+from gpusched.workloads import mixed_jobs
 from tests.integration.logcheck import check_log, read_log
+from tests.integration.test_chaos import free_port, submit_with_retries
 from tests.integration.test_fault_tolerance import all_running, events_of
 
 SUCCEEDED = types_pb2.JOB_PHASE_SUCCEEDED
 HOSTED = 50
 FAST = ("--heartbeat-interval", "0.5")
+CHAOS_JOBS = 600
 
 
 def started_twice(events) -> list:
@@ -132,3 +136,57 @@ async def test_a_host_cannot_report_for_a_node_it_does_not_host(kafka_bootstrap,
         assert any(b"does not host" in v for records in letters.values() for _, v in records)
     finally:
         await cluster.stop_all()
+
+
+async def test_chaos_with_hosted_nodes_loses_nothing_and_runs_nothing_twice(kafka_bootstrap, topics, tmp_path,
+                                                                           kafka_control):
+    """The chaos run's invariants (tests/integration/test_chaos.py) with most nodes hosted:
+    admission, placer, preemptor, the node host and a real agent killed with kill -9 at
+    random moments, twice each, the broker restarted once; every job ends, none is lost,
+    no attempt is placed twice, no GPU is over-allocated."""
+    rng = random.Random(2027)
+    port = free_port()
+    args = ("--heartbeat-interval", "0.5", "--grace", "2")
+    cluster = LocalCluster(kafka_bootstrap, topics, tmp_path)
+
+    async def restart(name: str) -> None:
+        if name == "admission":
+            await cluster.admission("admission", port)
+        elif name == "placer":
+            await cluster.placer("placer")
+        elif name == "preemptor":
+            await cluster.preemptor("preemptor", "--heartbeat-timeout", "3", "--min-runtime", "1")
+        elif name == "host-h1":
+            await cluster.node_host("h1", 12, "8xH100-80GB", *args)
+        else:
+            await cluster.agent("r1", "8xH100-80GB", *args)
+    try:
+        for name in ("admission", "placer", "preemptor", "host-h1", "agent-r1"):
+            await restart(name)
+        specs = mixed_jobs(CHAOS_JOBS, seed=41, duration=(0.05, 0.4))
+        keys = [f"hosted-chaos-{i}" for i in range(CHAOS_JOBS)]
+        submitting = asyncio.create_task(submit_with_retries(f"127.0.0.1:{port}", specs, keys))
+        schedule = [v for v in ("admission", "placer", "preemptor", "host-h1", "agent-r1") for _ in range(2)]
+        rng.shuffle(schedule)
+        for i, name in enumerate(schedule):
+            await asyncio.sleep(rng.uniform(1.0, 3.0))   # chaos clock: random moments
+            if i == len(schedule) // 2:
+                await kafka_control.restart_async(hard=False)
+            await next(s for s in reversed(cluster.services) if s.name == name).kill9()
+            if name in ("host-h1", "agent-r1") and rng.random() < 0.5:
+                await asyncio.sleep(4.0)                  # dead past the heartbeat timeout: its nodes are lost
+            await restart(name)
+        ids = await submitting
+        assert len(set(ids.values())) == CHAOS_JOBS
+        client = Client(f"127.0.0.1:{port}")
+        jobs = await client.wait_terminal(set(ids.values()), timeout=600)
+        assert {types_pb2.JobPhase.Name(j.phase) for j in jobs} <= {"JOB_PHASE_SUCCEEDED", "JOB_PHASE_FAILED"}
+        await client.close()
+    finally:
+        await cluster.stop_all()
+    log = await read_log(kafka_bootstrap, topics)
+    report = check_log(log)
+    assert report.violations == []
+    in_log = {j.job_id: j for j in report.jobs()}
+    assert len(in_log) == CHAOS_JOBS and all(in_log[j].phase.terminal for j in ids.values())
+    assert any(e.node.startswith("h1-") for e in events_of(log) if isinstance(e, ev.WorkerStarted))
