@@ -20,6 +20,7 @@ COMMANDS = {
     "placer": ("gpusched_placer.main", "schedules the pools it owns"),
     "preemptor": ("gpusched_preemptor.main", "preemption, quota reclaim, node-loss detection"),
     "node-agent": ("gpusched_node_agent.main", "runs the work of one node (NVML or simulated)"),
+    "node-host": ("gpusched_node_agent.host_main", "runs many simulated nodes in one process"),
     # audit and billing: docs/audit-billing.md ("module:function" where not ``main``)
     "billing": ("gpusched.consumers.reports:billing_main", "GPU-hours per team, pool, job, day (from the database)"),
     "audit": ("gpusched.consumers.reports:audit_main", "who did what, when (from the database)"),

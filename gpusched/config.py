@@ -361,10 +361,39 @@ class NodeAgentSettings(Settings):
     @field_validator("label")
     @classmethod
     def _key_value(cls, labels: tuple[str, ...]) -> tuple[str, ...]:
-        bad = [label for label in labels if "=" not in label[1:]]
-        if bad:
-            raise ValueError(f"a label is key=value, e.g. rack=r1 (got {', '.join(map(repr, bad))})")
-        return labels
+        return labels_key_value(labels)
+
+
+class NodeHostSettings(Settings):
+    """A node host's own settings: how many simulated nodes it runs, and of what
+    (``gpusched node-host``; docs/running.md, "Many simulated nodes in one process")."""
+
+    name: str = setting("", flag="--name", help="the host's name; its nodes are named NAME-00000, NAME-00001, ... "
+                                               "(default: host name)")
+    pool: str = setting("default", flag="--pool", help="the pool of every node of the host", min_length=1)
+    nodes: int = setting(100, flag="--nodes", help="how many simulated nodes the host runs", ge=1, le=100_000)
+    simulate: str = setting("8xH100-80GB", flag="--simulate", help="each node's simulated GPUs, e.g. 8xH100-80GB",
+                            min_length=1)
+    label: tuple[str, ...] = setting((), flag="--label", help="topology label of every node, e.g. rack=r1 "
+                                                            "(repeatable)")
+    heartbeat_interval: float = setting(1.0, flag="--heartbeat-interval", help="seconds between the host's beats "
+                                        "(one record carries every node's)", gt=0, allow_inf_nan=False)
+    grace: float = setting(10.0, flag="--grace", help="kill deadline of a stopped simulated run, seconds",
+                           gt=0, allow_inf_nan=False)
+    join_concurrency: int = setting(256, flag="--join-concurrency", help="nodes registering at once at start",
+                                    ge=1)
+
+    @field_validator("label")
+    @classmethod
+    def _key_value(cls, labels: tuple[str, ...]) -> tuple[str, ...]:
+        return labels_key_value(labels)
+
+
+def labels_key_value(labels: tuple[str, ...]) -> tuple[str, ...]:
+    bad = [label for label in labels if "=" not in label[1:]]
+    if bad:
+        raise ValueError(f"a label is key=value, e.g. rack=r1 (got {', '.join(map(repr, bad))})")
+    return labels
 
 
 class AccountingSettings(Settings):

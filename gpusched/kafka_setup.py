@@ -7,7 +7,9 @@ cluster: their principals may not. Run it once per topic prefix, and again after
 own SCRAM user ``node-agent.NAME`` with a new random password, written to
 ``--node-secrets DIR/node-agent.NAME`` (mode 600), and its ACLs. Give that file to the
 node's agent (``--kafka-user node-agent.NAME --kafka-password-file ...``). Running it again
-for a node sets a new password: that is how a node's login is rotated or revoked."""
+for a node sets a new password: that is how a node's login is rotated or revoked.
+``--node-host NAME`` does the same for a node host (``gpusched node-host``): its topics
+``hostreports.NAME`` and ``hostbeats.NAME`` and its user ``node-host.NAME``."""
 from __future__ import annotations
 
 import argparse
@@ -31,6 +33,7 @@ async def setup(args: argparse.Namespace) -> int:
                                        min_insync_replicas=settings.min_insync_replicas)
         acls = await grant_service_acls(conn, topics) if conn.secured else 0
         nodes = [await _add_node(conn, topics, node, Path(args.node_secrets)) for node in args.node]
+        nodes += [await _add_node(conn, topics, host, Path(args.node_secrets), host=True) for host in args.node_host]
     except (KafkaLoginRefused, TimeoutError, PermissionError, AclError, ValueError) as exc:
         print(f"gpusched kafka-setup: {exc}")
         return 1
@@ -39,20 +42,28 @@ async def setup(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _add_node(conn, topics, node: str, secrets_dir: Path) -> str:
-    from gpusched.adapters.node_access import add_node
-    from gpusched.adapters.reports import beats_topic, node_principal, report_topic
+async def _add_node(conn, topics, node: str, secrets_dir: Path, host: bool = False) -> str:
+    from gpusched.adapters.node_access import add_host, add_node
+    from gpusched.adapters.reports import (beats_topic, host_beats_topic, host_principal, host_report_topic,
+                                           node_principal, report_topic)
 
-    password = await add_node(conn, topics, node)
-    made = f"node {node}: topics {report_topic(topics.prefix, node)}, {beats_topic(topics.prefix, node)}"
+    if host:
+        password = await add_host(conn, topics, node)
+        made = f"node host {node}: topics {host_report_topic(topics.prefix, node)}, " \
+               f"{host_beats_topic(topics.prefix, node)}"
+        user = host_principal(node)
+    else:
+        password = await add_node(conn, topics, node)
+        made = f"node {node}: topics {report_topic(topics.prefix, node)}, {beats_topic(topics.prefix, node)}"
+        user = node_principal(node)
     if not conn.secured:
         return made
     secrets_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    path = secrets_dir / node_principal(node)
+    path = secrets_dir / user
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(password + "\n")
-    return f"{made}, user {node_principal(node)}, password in {path}"
+    return f"{made}, user {user}, password in {path}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -63,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--connect-timeout", type=float, default=60.0)
     parser.add_argument("--node", action="append", default=[], metavar="NAME",
                         help="add a node: its report topic, Kafka user node-agent.NAME and ACLs (repeatable)")
+    parser.add_argument("--node-host", action="append", default=[], metavar="NAME",
+                        help="add a node host: its topics, Kafka user node-host.NAME and ACLs (repeatable)")
     parser.add_argument("--node-secrets", default="node-secrets", metavar="DIR",
                         help="where the nodes' new passwords are written, one file per user")
     return asyncio.run(setup(parser.parse_args(argv)))

@@ -15,7 +15,8 @@ On a secured cluster each service logs in to Kafka as its own principal
 writes them). Each node-agent logs in as its node's own principal ``node-agent.<node>``,
 made when the agent is first started (``gpusched.adapters.node_access.add_node``: this
 needs the cluster's connection to be the admin's, as the tests' is). Admission relays
-the agents' reports into the pool log; ``relay()`` starts one on its own.
+the agents' reports into the pool log; ``relay()`` starts one on its own. ``node_host()``
+starts many simulated nodes in one process (``gpusched node-host``).
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ from typing import TYPE_CHECKING
 
 from gpusched.adapters.kafka_admin import TopicNames
 from gpusched.adapters.kafka_security import Where, connection, load_credentials
-from gpusched.adapters.reports import node_principal
+from gpusched.adapters.reports import host_principal, node_principal
 
 if TYPE_CHECKING:
     from gpusched.adapters.dev_pki import DevPki
@@ -159,6 +160,23 @@ class LocalCluster:
 
     async def agent(self, node: str, simulate: str = "8xH100-80GB", *args: str) -> Service:
         return await self.start(f"agent-{node}", "gpusched-node-agent", "--name", node, "--simulate", simulate, *args)
+
+    async def node_host(self, host: str, nodes: int, simulate: str = "8xH100-80GB", *args: str,
+                        timeout: float = 180.0) -> Service:
+        """``gpusched node-host``: ``nodes`` simulated nodes named ``<host>-00000``... in one
+        process, logged in as ``node-host.<host>``."""
+        principal = await self.add_host(host)
+        return await self.start(f"host-{host}", "gpusched", "node-host", "--name", host, "--nodes", str(nodes),
+                                "--simulate", simulate, *args, timeout=timeout, principal=principal)
+
+    async def add_host(self, host: str) -> str:
+        """The node host's principal, with its login, topics and ACLs made the first time."""
+        from gpusched.adapters.node_access import add_host
+
+        principal = host_principal(host)
+        if self.connection.secured and principal not in self.credentials:
+            self.credentials[principal] = await add_host(self.connection, self.topics, host)
+        return principal
 
     async def add_node(self, node: str) -> str:
         """The node's principal, with its login, report topic and ACLs made the first time."""

@@ -2,7 +2,9 @@
 
 Each agent beats on ``<prefix>beats.<node>``, which only its own principal may write, so
 the node a beat is about is taken from the topic's name (the broker authenticated the
-writer), never from the beat: one node's login cannot keep another node alive. The
+writer), never from the beat: one node's login cannot keep another node alive. A node host
+beats for all its nodes in one ``HostBeats`` record on ``<prefix>hostbeats.<host>``; only
+the nodes it may speak for (``<host>-...``) are heard from it. The
 monitor reads them itself, by pattern (a new node's topic is found within
 ``METADATA_MAX_AGE_MS``), so liveness does not depend on the relay being up.
 
@@ -25,7 +27,7 @@ from aiokafka import AIOKafkaConsumer
 
 from gpusched.adapters.kafka_admin import TopicNames
 from gpusched.adapters.kafka_security import Where, client_args
-from gpusched.adapters.reports import BEATS, node_of_topic
+from gpusched.adapters.reports import BEATS, HOST_BEATS, hosted_by, node_of_topic
 from gpusched.v1 import events_pb2
 
 log = logging.getLogger(__name__)
@@ -35,7 +37,7 @@ METADATA_MAX_AGE_MS = 1000   # how soon a new node's beats topic is read
 def beats_pattern(topics: TopicNames) -> str:
     """Every node's beats topic of a deployment, and the probes' ``<prefix>heartbeats``."""
     return "^" + re.escape(topics.prefix) + "(" + re.escape(topics.heartbeats[len(topics.prefix):]) \
-        + "|" + re.escape(BEATS) + r"[A-Za-z0-9._-]+)$"
+        + "|(" + re.escape(BEATS) + "|" + re.escape(HOST_BEATS) + r")[A-Za-z0-9._-]+)$"
 
 
 class HeartbeatMonitor:
@@ -88,6 +90,10 @@ class HeartbeatMonitor:
                 await asyncio.sleep(1.0)   # back-off before re-reading
 
     def _note(self, record) -> None:
+        host = node_of_topic(self.topics.prefix, record.topic, HOST_BEATS)
+        if host:
+            self._note_host(host, record)
+            return
         try:
             beat = events_pb2.Heartbeat.FromString(record.value)
         except Exception:
@@ -106,6 +112,21 @@ class HeartbeatMonitor:
             log.warning("heartbeat naming node %r on the beats topic of node %r: ignored", beat.node, node)
             return
         self.last_seen[node] = now
+
+    def _note_host(self, host: str, record) -> None:
+        """One record of a node host's beats: every node in it it may speak for is heard now."""
+        try:
+            beats = events_pb2.HostBeats.FromString(record.value)
+        except Exception:
+            log.warning("undecodable host heartbeat at %s:%s", record.partition, record.offset)
+            return
+        now = time.time()
+        for beat in beats.beats:
+            if hosted_by(host, beat.node):
+                self.last_seen[beat.node] = now
+            else:
+                self.refused += 1
+                log.warning("heartbeat naming node %r on the beats topic of host %r: ignored", beat.node, host)
 
     async def stop(self) -> None:
         for task in self._tasks:

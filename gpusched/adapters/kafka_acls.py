@@ -11,7 +11,9 @@ Node-agents log in one principal per node, ``node-agent.<node>``: ``node_acl_ent
 lets each write only its own report and beats topics, never the pool log, the shared
 heartbeats or usage; the relay appends what it validated (``gpusched.adapters.relay``),
 the preemptor reads the beats topics itself. Each reads only its own work view
-(``<prefix>work.<node>``), which the relay writes.
+(``<prefix>work.<node>``), which the relay writes. A node host (many simulated nodes in
+one process) logs in as ``node-host.<host>`` and writes only its own
+``hostreports.<host>`` and ``hostbeats.<host>`` (``host_acl_entries``).
 """
 from __future__ import annotations
 
@@ -26,7 +28,8 @@ from aiokafka.protocol.api import Request
 
 from gpusched.adapters.kafka_admin import TopicNames
 from gpusched.adapters.kafka_security import Where, client_args
-from gpusched.adapters.reports import BEATS, REPORTS, beats_topic, node_principal, report_topic
+from gpusched.adapters.reports import (BEATS, HOST_BEATS, HOST_REPORTS, REPORTS, beats_topic, host_beats_topic,
+                                       host_principal, host_report_topic, node_principal, report_topic)
 from gpusched.adapters.work_view import WORK, work_topic
 
 # Kafka protocol codes (org.apache.kafka.common.acl / resource).
@@ -96,6 +99,17 @@ def node_acl_entries(names: TopicNames, node: str) -> list[tuple]:
     return out
 
 
+def host_acl_entries(names: TopicNames, host: str) -> list[tuple]:
+    """The ACLs of a node host's principal ``node-host.<host>``: ``NODE_GRANT`` plus WRITE
+    and DESCRIBE on its own report and beats topics; the relay and the preemptor let it
+    speak only for nodes named ``<host>-...`` (gpusched.adapters.reports.hosted_by)."""
+    principal = f"User:{host_principal(host)}"
+    out = acl_entries(names, {host_principal(host): NODE_GRANT})
+    for topic in (host_report_topic(names.prefix, host), host_beats_topic(names.prefix, host)):
+        out += [(_TOPIC, topic, _LITERAL, principal, "*", op, _ALLOW) for op in (DESCRIBE, DESCRIBE_CONFIGS, WRITE)]
+    return out
+
+
 def acl_entries(names: TopicNames, grants: dict[str, Grant] = GRANTS) -> list[tuple]:
     """CreateAcls v1 entries: (resource type, name, pattern, principal, host, operation,
     permission). Every service may also see every topic's metadata and configs (it checks
@@ -103,7 +117,8 @@ def acl_entries(names: TopicNames, grants: dict[str, Grant] = GRANTS) -> list[tu
     out = []
     for user, grant in grants.items():
         principal = f"User:{user}"
-        for every, kind in ((grant.reads_reports, REPORTS), (grant.reads_beats, BEATS)):
+        for every, kind in ((grant.reads_reports, REPORTS), (grant.reads_beats, BEATS),
+                            (grant.reads_reports, HOST_REPORTS), (grant.reads_beats, HOST_BEATS)):
             if every:
                 out += [(_TOPIC, names.prefix + kind, _PREFIXED, principal, "*", op, _ALLOW) for op in (READ, DESCRIBE)]
         if grant.writes_work:
@@ -162,6 +177,11 @@ async def grant_service_acls(admin_connection: Where, names: TopicNames, timeout
 async def grant_node_acls(admin_connection: Where, names: TopicNames, node: str, timeout_s: float = 30.0) -> int:
     """Create the ACLs of one node's principal (``node_acl_entries``); needs the admin."""
     return await create_acls(admin_connection, node_acl_entries(names, node), node_principal(node), timeout_s)
+
+
+async def grant_host_acls(admin_connection: Where, names: TopicNames, host: str, timeout_s: float = 30.0) -> int:
+    """Create the ACLs of one node host's principal (``host_acl_entries``); needs the admin."""
+    return await create_acls(admin_connection, host_acl_entries(names, host), host_principal(host), timeout_s)
 
 
 async def create_acls(admin_connection: Where, entries: list[tuple], what: str, timeout_s: float = 30.0) -> int:

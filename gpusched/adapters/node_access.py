@@ -19,11 +19,12 @@ from aiokafka.errors import TopicAlreadyExistsError, for_code
 from aiokafka.protocol.api import Request, RequestStruct, Response
 from aiokafka.protocol.types import CompactArray, CompactBytes, CompactString, Int8, Int16, Int32, Schema, TaggedFields
 
-from gpusched.adapters.kafka_acls import grant_node_acls
+from gpusched.adapters.kafka_acls import grant_host_acls, grant_node_acls
 from gpusched.adapters.kafka_admin import TopicNames, replication_for
 from gpusched.adapters.kafka_security import (KafkaConnection, KafkaLoginRefused, Where, check_login, client_args,
                                               connection)
-from gpusched.adapters.reports import BEATS, REPORTS, beats_topic, node_principal, report_topic
+from gpusched.adapters.reports import (BEATS, HOST_BEATS, HOST_REPORTS, REPORTS, beats_topic, host_beats_topic,
+                                       host_principal, host_report_topic, node_principal, report_topic)
 from gpusched.adapters.work_view import WORK, work_topic
 
 _NOT_ALLOWED = {29, 31}   # TOPIC_AUTHORIZATION_FAILED, CLUSTER_AUTHORIZATION_FAILED
@@ -40,12 +41,30 @@ async def ensure_node_topics(where: Where, names: TopicNames, node: str, *, repl
                              min_insync_replicas: int = 0, timeout_s: float = 60.0) -> str:
     """The node's report topic (one partition: its reports stay in order), beats topic and
     work view (one partition, compacted: the latest record of each key is what the node
-    must run; ``gpusched.adapters.work_view``), created when missing; returns the report topic. PermissionError when this principal
-    may not create them (a secured cluster where ``gpusched kafka-setup --node`` was not run)."""
+    must run; ``gpusched.adapters.work_view``), created when missing; returns the report
+    topic. PermissionError when this principal may not create them (a secured cluster where ``gpusched kafka-setup --node`` was not run)."""
     topics = {report_topic(names.prefix, node): {"retention.ms": str(REPORT_RETENTION_MS)},
               beats_topic(names.prefix, node): {"retention.ms": str(BEATS_RETENTION_MS)},
               work_topic(names.prefix, node): {"cleanup.policy": "compact",
                                                "delete.retention.ms": str(WORK_TOMBSTONE_RETENTION_MS)}}
+    await _ensure_topics(where, topics, f"run `gpusched kafka-setup --node {node}` as the admin first",
+                         replication_factor, min_insync_replicas, timeout_s)
+    return report_topic(names.prefix, node)
+
+
+async def ensure_host_topics(where: Where, names: TopicNames, host: str, *, replication_factor: int = 0,
+                             min_insync_replicas: int = 0, timeout_s: float = 60.0) -> str:
+    """A node host's report and beats topics (one partition each), created when missing;
+    returns the report topic. Its nodes read the pool log, so they have no work view."""
+    topics = {host_report_topic(names.prefix, host): {"retention.ms": str(REPORT_RETENTION_MS)},
+              host_beats_topic(names.prefix, host): {"retention.ms": str(BEATS_RETENTION_MS)}}
+    await _ensure_topics(where, topics, f"run `gpusched kafka-setup --node-host {host}` as the admin first",
+                         replication_factor, min_insync_replicas, timeout_s)
+    return host_report_topic(names.prefix, host)
+
+
+async def _ensure_topics(where: Where, topics: dict[str, dict[str, str]], hint: str, replication_factor: int,
+                         min_insync_replicas: int, timeout_s: float) -> None:
     admin = AIOKafkaAdminClient(**client_args(where), request_timeout_ms=15000)
     deadline = time.monotonic() + timeout_s
     try:
@@ -57,13 +76,13 @@ async def ensure_node_topics(where: Where, names: TopicNames, node: str, *, repl
             rf, isr = replication_for(brokers, replication_factor, min_insync_replicas)
             for topic in missing:
                 spec = NewTopic(topic, 1, rf, topic_configs={**topics[topic], "min.insync.replicas": str(isr)})
-                await _create(admin, spec, node, deadline, timeout_s)
-        return report_topic(names.prefix, node)
+                await _create(admin, spec, hint, deadline, timeout_s)
     finally:
         await admin.close()
 
 
-async def _create(admin: AIOKafkaAdminClient, spec: NewTopic, node: str, deadline: float, timeout_s: float) -> None:
+async def _create(admin: AIOKafkaAdminClient, spec: NewTopic, hint: str, deadline: float,
+                  timeout_s: float) -> None:
     """Create one topic (already there is fine) and wait until it has a leader."""
     topic = spec.name
     while True:
@@ -72,8 +91,7 @@ async def _create(admin: AIOKafkaAdminClient, spec: NewTopic, node: str, deadlin
         if code == 0 or for_code(code) is TopicAlreadyExistsError:
             break
         if code in _NOT_ALLOWED:
-            raise PermissionError(f"topic {topic} does not exist and this Kafka principal may not create it: "
-                                  f"run `gpusched kafka-setup --node {node}` as the admin first")
+            raise PermissionError(f"topic {topic} does not exist and this Kafka principal may not create it: {hint}")
         if time.monotonic() > deadline:
             raise for_code(code)(f"creating topic {topic!r}: {rest[0] if rest else ''}")
         await asyncio.sleep(0.5)
@@ -97,6 +115,21 @@ async def add_node(admin_connection: Where, names: TopicNames, node: str, passwo
     await set_scram_password(admin, node_principal(node), password)
     await grant_node_acls(admin, names, node, timeout_s)
     await _until_login_works(admin.as_user(node_principal(node), password), timeout_s)
+    return password
+
+
+async def add_host(admin_connection: Where, names: TopicNames, host: str, password: str = "",
+                   timeout_s: float = 30.0) -> str:
+    """As the admin: a node host's topics, its SCRAM user ``node-host.<host>`` and its ACLs
+    (``add_node`` for a host of simulated nodes); returns the password."""
+    admin = connection(admin_connection)
+    await ensure_host_topics(admin, names, host)
+    if not admin.secured:
+        return ""
+    password = password or secrets.token_hex(16)
+    await set_scram_password(admin, host_principal(host), password)
+    await grant_host_acls(admin, names, host, timeout_s)
+    await _until_login_works(admin.as_user(host_principal(host), password), timeout_s)
     return password
 
 
@@ -174,12 +207,12 @@ async def _until_login_works(conn: KafkaConnection, timeout_s: float) -> None:
 
 
 async def delete_report_topics(admin_connection: Where, names: TopicNames, timeout_s: float = 30.0) -> None:
-    """Delete a prefix's report, beats and work-view topics (tests and benchmarks, like
+    """Delete a prefix's report, beats and work-view topics, the node hosts' too (tests and benchmarks, like
     ``delete_topics``); best effort."""
     admin = AIOKafkaAdminClient(**client_args(admin_connection), request_timeout_ms=int(timeout_s * 1000))
     try:
         await asyncio.wait_for(admin.start(), timeout_s)
-        heads = (names.prefix + REPORTS, names.prefix + BEATS, names.prefix + WORK)
+        heads = tuple(names.prefix + kind for kind in (REPORTS, BEATS, WORK, HOST_REPORTS, HOST_BEATS))
         topics = [t for t in await admin.list_topics() if t.startswith(heads)]
         if topics:
             await admin.delete_topics(topics)

@@ -39,10 +39,11 @@ SCHEMA_HEADER = "gpusched.schema"
 EVENT_TYPE_HEADER = "gpusched.event-type"
 ENVELOPE_SCHEMA = b"gpusched.v1.EventEnvelope"
 # The message in each other topic's records, by the topic's name after the prefix; the
-# per-node topics by the start of it (reports.<node>, beats.<node>).
+# per-node and per-host topics by the start of it (reports.<node>, hostbeats.<host>).
 USAGE_SCHEMA = b"gpusched.v1.WorkerUsage"
 RAW_SCHEMAS = {"dead-letters": b"gpusched.v1.DeadLetter", "heartbeats": b"gpusched.v1.Heartbeat",
-               "usage": USAGE_SCHEMA, "beats.": b"gpusched.v1.Heartbeat", "reports.": ENVELOPE_SCHEMA}
+               "usage": USAGE_SCHEMA, "beats.": b"gpusched.v1.Heartbeat", "reports.": ENVELOPE_SCHEMA,
+               "hostbeats.": b"gpusched.v1.HostBeats", "hostreports.": ENVELOPE_SCHEMA}
 
 
 def event_headers(event: ev.Event, carrier: dict[str, str]) -> list[tuple[str, bytes]]:
@@ -101,11 +102,12 @@ class EventPublisher:
             partition=partition_for(pool, self.partitions), headers=event_headers(event, carrier),
         )
 
-    async def send_event_to(self, topic: str, event: ev.Event, pool: str) -> asyncio.Future:
+    async def send_event_to(self, topic: str, event: ev.Event, pool: str,
+                            extra_headers: list[tuple[str, bytes]] | None = None) -> asyncio.Future:
         """``send`` to another topic of events (a node's report topic), keyed by the pool."""
         carrier = event_context(event)
         return await self._producer.send(topic, codec.encode(event, pool, carrier), key=pool.encode(),
-                                         headers=event_headers(event, carrier))
+                                         headers=event_headers(event, carrier) + list(extra_headers or ()))
 
     async def publish(self, event: ev.Event, pool: str) -> Position:
         meta = await (await self.send(event, pool))

@@ -2,7 +2,9 @@
 wrote it (docs/kafka-security.md, "What a node-agent can still forge").
 
 Each agent writes its events to ``<prefix>reports.<node>``, a topic only its own principal
-may write, so the topic name is the writer's identity, authenticated by the broker. The
+may write, so the topic name is the writer's identity, authenticated by the broker. A node
+host writes the reports of all its simulated nodes to ``<prefix>hostreports.<host>``, each
+record naming its node in a header; the relay lets it speak only for nodes ``<host>-...``. The
 relay consumes every report topic in the consumer group ``<prefix>relay`` (replicas split
 the topics; a pattern subscription finds new nodes' topics within ``METADATA_MAX_AGE_MS``),
 checks each event with ``check_report`` against the state its ``LogFollower`` folded, and
@@ -33,8 +35,8 @@ from gpusched.adapters.follower import LogFollower
 from gpusched.adapters.publisher import DeadLetters, EventPublisher, Position, partition_for
 from gpusched.adapters.kafka_admin import TopicNames
 from gpusched.adapters.kafka_security import Where, client_args
-from gpusched.adapters.reports import KIND_HEADER, USAGE_KIND, check_report, check_usage_node, node_of_topic, \
-    report_pattern
+from gpusched.adapters.reports import HOST_REPORTS, KIND_HEADER, USAGE_KIND, check_report, check_usage_node, \
+    hosted_node, node_of_topic, report_pattern
 from gpusched.adapters.usage_records import UsageRecordError, decode_usage
 from gpusched.core import events as ev
 from gpusched.core.state import ClusterState
@@ -125,9 +127,10 @@ class Relay:
         pool log acknowledged every event appended."""
         acks = []
         for tp, records in batches.items():
-            node = node_of_topic(self.topics.prefix, tp.topic)
+            host = node_of_topic(self.topics.prefix, tp.topic, HOST_REPORTS)
+            node = "" if host else node_of_topic(self.topics.prefix, tp.topic)
             for record in records:
-                ack = await self._relay(node, record)
+                ack = await self._relay_hosted(host, record) if host else await self._relay(node, record)
                 if ack is not None:
                     acks.append(ack)
         await asyncio.gather(*acks)
@@ -156,6 +159,14 @@ class Relay:
         self.counts["relayed"] += 1
         # the agent's trace context, in the envelope and the headers, travels on
         return await self.publisher.send(verdict.event, verdict.pool, verdict.trace_context)
+
+    async def _relay_hosted(self, host: str, record) -> asyncio.Future | None:
+        """A record of a node host's topic: checked as its node's own, once the host is
+        found to host that node (its name is ``<host>-...``)."""
+        node, reason = hosted_node(host, record.headers)
+        if reason:
+            return await self._refuse(record, f"report of node host {host!r} {reason}")
+        return await self._relay(node, record)
 
     async def _relay_usage(self, node: str, record) -> asyncio.Future | None:
         reason = usage_refusal(node, record.value)

@@ -15,6 +15,13 @@ from gpusched.core.state import ClusterState
 
 REPORTS = "reports."
 BEATS = "beats."
+# A node host (many simulated nodes in one process, ``gpusched node-host``) reports for all
+# of them on ``<prefix>hostreports.<host>``, each record naming its node in NODE_HEADER,
+# and beats for all of them in one ``HostBeats`` record on ``<prefix>hostbeats.<host>``.
+# The host's topic is its identity; it may speak only for nodes named ``<host>-...``.
+HOST_REPORTS = "hostreports."
+HOST_BEATS = "hostbeats."
+NODE_HEADER = "gpusched-node"
 # A usage record on a report topic carries this header; the relay forwards it to
 # ``<prefix>usage`` rather than to the pool log.
 KIND_HEADER, USAGE_KIND = "gpusched-kind", b"usage"
@@ -50,9 +57,47 @@ def node_principal(node: str) -> str:
     return f"node-agent.{check_node_name(node)}"
 
 
+def host_report_topic(prefix: str, host: str) -> str:
+    """The report topic of a node host: every node it hosts reports there."""
+    return f"{prefix}{HOST_REPORTS}{check_node_name(host)}"
+
+
+def host_beats_topic(prefix: str, host: str) -> str:
+    """The beats topic of a node host: one ``HostBeats`` record an interval for all its nodes."""
+    return f"{prefix}{HOST_BEATS}{check_node_name(host)}"
+
+
+def hosted_node_name(host: str, index: int) -> str:
+    """The name of a host's ``index``-th node: the host's name is the prefix it owns."""
+    return check_node_name(f"{host}-{index:05d}")
+
+
+def hosted_by(host: str, node: str) -> bool:
+    """Whether a host may report and beat for ``node``: only for names ``<host>-...``."""
+    return bool(host) and node.startswith(host + "-") and len(node) > len(host) + 1 \
+        and _NODE_NAME.fullmatch(node) is not None
+
+
+def hosted_node(host: str, headers) -> tuple[str, str]:
+    """The node a record of ``host``'s report topic speaks for, from its NODE_HEADER, and
+    '' -- or '' and why the host may not speak for it."""
+    named = next((value for key, value in headers or () if key == NODE_HEADER), b"")
+    node = named.decode(errors="replace")
+    if hosted_by(host, node):
+        return node, ""
+    return "", f"names node {node!r} in its {NODE_HEADER} header, which host {host!r} does not host " \
+               f"(a host speaks only for nodes named {host}-...)"
+
+
+def host_principal(host: str) -> str:
+    """The Kafka user a node host logs in as (one for all its nodes)."""
+    return f"node-host.{check_node_name(host)}"
+
+
 def report_pattern(prefix: str) -> str:
-    """The regular expression of every report topic of a deployment (the relay subscribes to it)."""
-    return "^" + re.escape(prefix + REPORTS) + r"[A-Za-z0-9._-]+$"
+    """The regular expression of every report topic of a deployment, the node hosts' too
+    (the relay subscribes to it)."""
+    return "^" + re.escape(prefix) + "(" + re.escape(REPORTS) + "|" + re.escape(HOST_REPORTS) + r")[A-Za-z0-9._-]+$"
 
 
 def node_of_topic(prefix: str, topic: str, kind: str = REPORTS) -> str:
@@ -113,8 +158,9 @@ def _check_attempt(node: str, event, state: ClusterState) -> str:
     return "" if ok else f"{kind}: {what} job {event.job_id!r} attempt {event.attempt} is not placed on node {node!r}"
 
 
-async def send_report(publisher, topic: str, event: ev.Event, pool: str) -> None:
+async def send_report(publisher, topic: str, event: ev.Event, pool: str, node: str = "") -> None:
     """Write one event to a node's report topic (keyed and enveloped with its pool, as in
     the pool log); returns once the broker acknowledged it. ``publisher`` is the
-    agent's ``EventPublisher``."""
-    await (await publisher.send_event_to(topic, event, pool))
+    agent's ``EventPublisher``; ``node``, on a node host's topic, names the node it is from."""
+    extra = [(NODE_HEADER, node.encode())] if node else None
+    await (await publisher.send_event_to(topic, event, pool, extra))

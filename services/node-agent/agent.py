@@ -51,13 +51,14 @@ class NodeAgent:
     mig = None   # devices.MigManager on a node with dynamic MIG (set by main)
 
     def __init__(self, info: NodeInfo, publisher: EventPublisher, me: str, *, report_topic: str, state_dir: Path,
-                 grace_s: float = 10.0, real_processes: bool = False) -> None:
+                 grace_s: float = 10.0, real_processes: bool = False, in_log: dict | None = None) -> None:
         self.info = info
         self.publisher = publisher
         # Our events go to this node's own topic; the relay appends them to the pool log
         # (gpusched.adapters.relay). The agent may not write the pool log itself.
         self.report_topic = report_topic
-        self._in_log: dict[str, asyncio.Future] = {}   # event id -> its fold's state, once relayed
+        # event id -> its fold's state, once relayed; a node host shares one among its nodes
+        self._in_log: dict[str, asyncio.Future] = {} if in_log is None else in_log
         self.me = me
         self.grace_s = grace_s                   # the kill deadline: SIGTERM, then SIGKILL
         self.state_dir = Path(state_dir)
@@ -91,7 +92,7 @@ class NodeAgent:
         delay = 0.2
         while True:
             try:
-                await send_report(self.publisher, self.report_topic, event, self.info.pool)
+                await self._send_report(event)
                 return
             except asyncio.CancelledError:
                 raise
@@ -99,6 +100,9 @@ class NodeAgent:
                 log.warning("publishing %s failed (%s); retrying in %.1fs", type(event).__name__, exc, delay)
                 await asyncio.sleep(delay)   # back-off between retries
                 delay = min(delay * 2, 5.0)
+
+    async def _send_report(self, event) -> None:
+        await send_report(self.publisher, self.report_topic, event, self.info.pool)
 
     # --- start-up -------------------------------------------------------------------
     async def join(self, follower) -> None:
@@ -161,17 +165,19 @@ class NodeAgent:
 
     # --- reacting to the log --------------------------------------------------------
     def on_event(self, partition: int, offset: int, event, outcome, state: ClusterState) -> None:
-        waiting = self._in_log.get(event.event_id) if self._in_log else None
-        if waiting is not None and not waiting.done():
-            waiting.set_result(state)
-        if not self.live or not outcome.accepted:
-            return
+        note_in_log(self._in_log, event, state)
+        if self.live and outcome.accepted:
+            self.on_accepted(event, outcome.jobs, state)
+
+    def on_accepted(self, event, job_ids, state: ClusterState) -> None:
+        """React to an event the log accepted, about ``job_ids`` (a node host hands each
+        of its nodes only the jobs that concern it)."""
         if isinstance(event, ev.NodeLost) and event.node == self.name and self._returning is None:
             # Declared lost while alive (a partition, a pause): our work is being placed
             # elsewhere. Stop all of it, report it gone, then come back as an empty node.
             self._returning = asyncio.create_task(self._come_back())
         starts = isinstance(event, (ev.JobPlaced, ev.RendezvousSet))
-        for job_id in outcome.jobs:
+        for job_id in job_ids:
             job = state.jobs.get(job_id)
             if job is not None:
                 self._reconcile(job, node_addresses(job, state.nodes), starts)
@@ -371,6 +377,13 @@ class NodeAgent:
             if node is not None:
                 return node.status
         return None
+
+
+def note_in_log(in_log: dict[str, asyncio.Future], event, state: ClusterState) -> None:
+    """Wake whoever waits for ``event`` (by its id) to be folded from the pool log."""
+    waiting = in_log.get(event.event_id) if in_log else None
+    if waiting is not None and not waiting.done():
+        waiting.set_result(state)
 
 
 def free_port() -> int:

@@ -9,16 +9,17 @@ from pathlib import Path
 import pytest
 
 from gpusched.config import (AccountingSettings, AdmissionSettings, ConsumerSettings, KafkaSettings, NodeAgentSettings,
-                             PlacerSettings, PreemptorSettings, ProcessSettings, SecuritySettings, Settings,
+                             NodeHostSettings, PlacerSettings, PreemptorSettings, ProcessSettings, SecuritySettings, Settings,
                              SettingsError, kafka_settings)
 
 MODELS = (KafkaSettings, SecuritySettings, AdmissionSettings, PlacerSettings, PreemptorSettings, NodeAgentSettings,
-          AccountingSettings, ConsumerSettings, ProcessSettings)
+          NodeHostSettings, AccountingSettings, ConsumerSettings, ProcessSettings)
 # the models whose flags one service's command line holds
 SERVICES = {service: (KafkaSettings, SecuritySettings, own) for service, own in
             (("admission", AdmissionSettings), ("placer", PlacerSettings), ("preemptor", PreemptorSettings),
              ("node-agent", NodeAgentSettings))}
 SERVICES["consumer"] = (KafkaSettings, AccountingSettings, ConsumerSettings)
+SERVICES["node-host"] = (KafkaSettings, NodeHostSettings)
 DOC = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 
 

@@ -45,3 +45,23 @@ def test_the_pattern_is_the_beats_topics_and_the_probes_of_this_prefix():
     assert pattern.match("x.beats.n1") and pattern.match("x.heartbeats")
     for other in ("x.reports.n1", "xy.beats.n1", "x.usage", "y.heartbeats", "x.beats."):
         assert not pattern.match(other), other
+
+
+def _host_record(host: str, *nodes: str) -> SimpleNamespace:
+    beats = events_pb2.HostBeats(host=host, time=1.0, beats=[events_pb2.Heartbeat(node=n, time=1.0) for n in nodes])
+    return SimpleNamespace(topic=f"x.hostbeats.{host}", partition=0, offset=0, value=beats.SerializeToString())
+
+
+async def test_one_host_record_is_heard_as_each_of_its_nodes_and_no_other():
+    monitor = await _monitor()
+    monitor._note(_host_record("h1", "h1-00000", "h1-00001"))
+    assert set(monitor.last_seen) == {"h1-00000", "h1-00001"}
+    # a host may not keep alive a real node nor another host's node
+    monitor._note(_host_record("h1", "n1", "h2-00000", "h1", "h1-"))
+    assert set(monitor.last_seen) == {"h1-00000", "h1-00001"} and monitor.refused == 4
+
+
+def test_the_pattern_covers_the_node_hosts_beats():
+    pattern = re.compile(beats_pattern(TOPICS))
+    assert pattern.match("x.hostbeats.h1")
+    assert not pattern.match("y.hostbeats.h1") and not pattern.match("x.hostreports.h1")

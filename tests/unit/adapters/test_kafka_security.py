@@ -148,6 +148,18 @@ def test_only_the_preemptor_and_the_auditor_read_every_beats_topic():
     assert readers == {"User:preemptor", "User:audit"}
 
 
+def test_a_node_host_writes_only_its_own_topics_and_only_the_relays_and_preemptor_read_them():
+    from gpusched.adapters.kafka_acls import host_acl_entries
+
+    entries = host_acl_entries(names, "h1")
+    assert {e[3] for e in entries} == {"User:node-host.h1"}
+    assert {e[1] for e in entries if e[5] == WRITE} == {"x.hostreports.h1", "x.hostbeats.h1", names.dead_letters}
+    assert all(e[2] == 3 for e in entries)   # literal names only: not another host's topics
+    readers = {(e[3], e[1]) for e in acl_entries(names) if e[1].startswith("x.host") and e[5] == READ}
+    assert readers == {(f"User:{u}", "x.hostreports.") for u in ("admission", "relay", "audit")} | \
+        {(f"User:{u}", "x.hostbeats.") for u in ("preemptor", "audit")}
+
+
 def test_only_the_relays_and_preemptor_write_usage_and_heartbeats():
     writers = {e[3]: set() for e in acl_entries(names)}
     for e in acl_entries(names):
@@ -162,9 +174,11 @@ def test_acls_name_only_this_prefixs_topics_and_groups(user):
     for entry in acl_entries(names):
         if entry[3] == f"User:{user}" and entry[5] != IDEMPOTENT_WRITE:
             assert entry[1].startswith(names.prefix)
-            # LITERAL, never a wildcard; PREFIXED only for the report, beats and work-view topics of this prefix
+            # LITERAL, never a wildcard; PREFIXED only for the report, beats and work-view topics of this
+            # prefix, the node hosts' included
             assert entry[2] == 3 or (entry[2] == 4 and entry[1] in (names.prefix + "reports.", names.prefix + "beats.",
-                                                                    names.prefix + "work."))
+                                                                    names.prefix + "work.", names.prefix + "hostreports.",
+                                                                    names.prefix + "hostbeats."))
             assert entry[5] in (READ, WRITE, DESCRIBE, DESCRIBE_CONFIGS)
 
 

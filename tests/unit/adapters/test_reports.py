@@ -141,3 +141,20 @@ def test_beats_topics_name_their_node():
     assert node_of_topic("gpusched.", "gpusched.reports.node-7", BEATS) == ""
     with pytest.raises(ValueError, match="node name"):
         beats_topic("gpusched.", "a/b")
+
+
+def test_a_host_speaks_only_for_the_nodes_named_after_it():
+    from gpusched.adapters.reports import (NODE_HEADER, host_beats_topic, host_report_topic, hosted_by, hosted_node,
+                                           hosted_node_name)
+    import re
+    assert hosted_node_name("h1", 7) == "h1-00007"
+    assert host_report_topic("g.", "h1") == "g.hostreports.h1" and host_beats_topic("g.", "h1") == "g.hostbeats.h1"
+    assert re.match(report_pattern("g."), "g.hostreports.h1") and not re.match(report_pattern("g."), "g.hostbeats.h1")
+    assert hosted_by("h1", "h1-00007") and hosted_by("h1", "h1-x")
+    for other in ("h1", "h1-", "h10-00001", "n1", "h2-00001", "h1-a/b"):
+        assert not hosted_by("h1", other), other
+    assert hosted_node("h1", [(NODE_HEADER, b"h1-00003")]) == ("h1-00003", "")
+    node, why = hosted_node("h1", [(NODE_HEADER, b"n1")])
+    assert node == "" and "which host 'h1' does not host" in why
+    assert hosted_node("h1", None)[1]   # no header: refused, not taken as the host itself
+

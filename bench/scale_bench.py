@@ -1,0 +1,313 @@
+"""Benchmark: the whole cluster at scale on one machine, through the real broker.
+
+Every service (admission with its relay, one placer, the preemptor) and the broker run
+here, with ``--nodes`` simulated 8-GPU nodes run by ``--hosts`` node hosts
+(``gpusched node-host``). A backlog of ``--backlog`` jobs goes in through SubmitJobs
+batches: the openb trace's GPU tasks (``gpusched.sim.traces``: GPU shares and whole GPUs;
+its CPU-only tasks and GPU-model restrictions left out, every node is an H100), plus gangs of 2-8
+whole nodes (``--gangs``, a fraction) and MIG slices (``--mig``, a fraction). Runs last
+``--duration`` seconds, longer than the run: what is placed stays, so the figure is
+placements into an emptying cluster, as kube-scheduler's scheduler_perf measures.
+
+Reported, from the pool log itself and the processes:
+- placements/s from submit to running: jobs running (every worker's WorkerStarted in the
+  log) over the time from the first submission to the last start, and over the middle
+  80 % of the starts (sustained);
+- the placer's cycle time p50/p99 (its ``gpusched.placer.cycle.duration`` histogram from
+  /metrics: bucket bounds, not interpolations);
+- heartbeat load on the broker: the host beats topics' records/s and bytes/s over 10 s;
+- RSS of each service process and of the broker;
+- placer takeover: kill -9 the placer, start another, seconds until a job submitted then
+  is placed (its first decision).
+
+    .venv/bin/python bench/scale_bench.py --nodes 1000 --backlog 5000 [--hosts 1]
+    .venv/bin/python bench/scale_bench.py --nodes 5000 --backlog 50000 --hosts 4
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import re
+from collections import Counter
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("GPUSCHED_SUBMIT_RATE", "0")            # a backlog of one team's jobs is the point
+os.environ.setdefault("GPUSCHED_MAX_PENDING_PER_TEAM", "0")
+
+import urllib.request   # noqa: E402  (scraping the placer's /metrics)
+from aiokafka import AIOKafkaConsumer, TopicPartition   # noqa: E402
+
+from gpusched.adapters import codec   # noqa: E402
+from gpusched.adapters.kafka_admin import TopicNames, delete_topics   # noqa: E402
+from gpusched.adapters.kafka_security import client_args   # noqa: E402
+from gpusched.adapters.reports import host_beats_topic   # noqa: E402
+from gpusched.client import Client, spec   # noqa: E402
+from gpusched.core import events as ev   # noqa: E402
+from gpusched.demo import ensure_broker   # noqa: E402
+from gpusched.local_cluster import LocalCluster   # noqa: E402
+from gpusched.sim import traces   # noqa: E402
+from gpusched.v1 import types_pb2   # noqa: E402
+
+HOUR = 3600.0
+BATCH = 500
+MIG_PROFILE = "1g.10gb"
+CYCLE = "gpusched_placer_cycle_duration_seconds"
+
+
+def openb_specs(count: int, gangs: float, mig: float, duration: float, seed: int = 7) -> list[types_pb2.JobSpec]:
+    """The backlog: openb tasks drawn with replacement, gangs of 2-8 whole nodes, MIG slices."""
+    rng = random.Random(seed)
+    # the API takes GPU jobs only: the trace's CPU-only tasks are left out
+    tasks = [t for t in traces.load_tasks("default") if t.resources.gpus or t.resources.gpu_milli]
+    out = []
+    for i in range(count):
+        x = rng.random()
+        if x < gangs:
+            out.append(spec(f"gang-{i}", f"team-{i % 8}", gpus=8, workers=rng.randint(2, 8), duration=duration,
+                            cpu_milli=8000, memory_mib=32768))
+        elif x < gangs + mig:
+            out.append(spec(f"mig-{i}", f"team-{i % 8}", mig=MIG_PROFILE, duration=duration, cpu_milli=1000,
+                            memory_mib=4096))
+        else:
+            r = rng.choice(tasks).resources
+            out.append(spec(f"openb-{i}", f"team-{i % 8}", gpus=r.gpus, gpu_milli=r.gpu_milli, duration=duration,
+                            cpu_milli=r.cpu_milli, memory_mib=r.memory_mib))
+    return out
+
+
+async def submit_backlog(client: Client, specs: list[types_pb2.JobSpec], inflight: int = 4) -> float:
+    """Submit in SubmitJobs batches; the submissions/s."""
+    gate = asyncio.Semaphore(inflight)
+    t0 = time.perf_counter()
+
+    async def one(chunk):
+        async with gate:
+            await client.submit_many([(s, "") for s in chunk])
+    await asyncio.gather(*(one(specs[i:i + BATCH]) for i in range(0, len(specs), BATCH)))
+    return len(specs) / (time.perf_counter() - t0)
+
+
+async def read_events(bootstrap, topics: TopicNames, partitions: int = 4) -> list[ev.Event]:
+    consumer = AIOKafkaConsumer(**client_args(bootstrap), enable_auto_commit=False, max_partition_fetch_bytes=8 << 20)
+    await consumer.start()
+    try:
+        tps = [TopicPartition(topics.events, p) for p in range(partitions)]
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        ends = await consumer.end_offsets(tps)
+        out, left = [], {tp for tp in tps if ends[tp] > 0}
+        while left:
+            for tp, records in (await consumer.getmany(timeout_ms=1000, max_records=20000)).items():
+                out += [codec.decode(r.value)[0] for r in records if r.value]
+                if records and records[-1].offset + 1 >= ends[tp]:
+                    left.discard(tp)
+        return out
+    finally:
+        await consumer.stop()
+
+
+def running_times(events: list[ev.Event]) -> tuple[dict[str, float], dict[str, float], dict[str, str]]:
+    """Submit time of each job, when its attempt's last worker started (running), its kind
+    (its name's first part: openb, gang, mig)."""
+    submitted, workers, started, kinds = {}, {}, {}, {}
+    seen: dict[tuple[str, int], set[int]] = {}
+    for e in events:
+        if isinstance(e, ev.JobSubmitted):
+            submitted[e.job_id] = e.time
+            workers[e.job_id] = e.spec.workers
+            kinds[e.job_id] = e.spec.name.split("-")[0]
+        elif isinstance(e, ev.WorkerStarted):
+            got = seen.setdefault((e.job_id, e.attempt), set())
+            got.add(e.worker)
+            if len(got) == workers.get(e.job_id, 1) and e.job_id not in started:
+                started[e.job_id] = e.time
+    return submitted, started, kinds
+
+
+def placement_rates(submitted: dict[str, float], started: dict[str, float]) -> tuple[float, float, int]:
+    """(jobs running / (last start - first submission), the same over the middle 80 % of
+    the starts, jobs running)."""
+    if not started:
+        return 0.0, 0.0, 0
+    times = sorted(started.values())
+    first = min(submitted.values())
+    whole = len(times) / max(1e-9, times[-1] - first)
+    lo, hi = times[len(times) // 10], times[(9 * len(times)) // 10]
+    middle = (0.8 * len(times)) / max(1e-9, hi - lo)
+    return whole, middle, len(times)
+
+
+def histogram(text: str, name: str) -> dict[float, float]:
+    """Cumulative bucket counts of a Prometheus histogram, summed over its label sets."""
+    buckets: dict[float, float] = {}
+    for m in re.finditer(rf'^{name}_bucket{{([^}}]*)}} ([0-9.e+]+)$', text, re.M):
+        le = re.search(r'le="([^"]+)"', m.group(1)).group(1)
+        bound = float("inf") if le == "+Inf" else float(le)
+        buckets[bound] = buckets.get(bound, 0.0) + float(m.group(2))
+    return buckets
+
+
+def total(text: str, name: str) -> float:
+    """A Prometheus sample summed over its label sets."""
+    return sum(float(m.group(1)) for m in re.finditer(rf"^{name}(?:{{[^}}]*}})? ([0-9.e+]+)$", text, re.M))
+
+
+def bucket_quantile(buckets: dict[float, float], q: float) -> float:
+    """The upper bound of the bucket holding quantile ``q``."""
+    total = buckets.get(float("inf"), 0.0)
+    for bound in sorted(buckets):
+        if total and buckets[bound] >= q * total:
+            return bound
+    return float("nan")
+
+
+async def scrape(port: int) -> str:
+    def get() -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+            return reply.read().decode()
+    return await asyncio.to_thread(get)
+
+
+async def beat_load(bootstrap, topics: TopicNames, hosts: list[str], seconds: float = 10.0) -> tuple[float, float]:
+    """records/s and bytes/s of the hosts' beats topics over ``seconds``."""
+    consumer = AIOKafkaConsumer(**client_args(bootstrap), enable_auto_commit=False, auto_offset_reset="latest")
+    await consumer.start()
+    try:
+        tps = [TopicPartition(host_beats_topic(topics.prefix, h), 0) for h in hosts]
+        consumer.assign(tps)
+        await consumer.seek_to_end(*tps)
+        records = size = 0
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            for got in (await consumer.getmany(timeout_ms=500)).values():
+                records += len(got)
+                size += sum(len(r.value or b"") + len(r.key or b"") for r in got)
+        return records / seconds, size / seconds
+    finally:
+        await consumer.stop()
+
+
+async def why_pending(client: Client) -> None:
+    """What the placer says of the jobs still pending (docs/why-pending.md), by kind."""
+    pending = await client.list_all(phases=(types_pb2.JOB_PHASE_PENDING,))
+    if not pending:
+        return
+    kinds = Counter(types_pb2.PendingKind.Name(j.pending.kind) for j in pending)
+    example = next((j.pending.summary for j in pending if j.pending.summary), "")
+    print(f"pending: {len(pending)} ({dict(kinds.most_common())}); e.g. {example!r}")
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def broker_pid() -> int | None:
+    try:
+        return int((Path(__file__).resolve().parents[1] / ".run/kafka/kafka.pid").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+async def takeover(cluster: LocalCluster, client: Client) -> tuple[float, float]:
+    """kill -9 the placer, start another, submit one job: (seconds from the kill until the
+    job is placed -- the new placer's first decision, the old one is gone -- and seconds
+    the new placer took to print ready)."""
+    old = next(s for s in cluster.services if s.name == "placer")
+    await old.kill9()
+    killed = time.perf_counter()
+    await cluster.start("placer-2", "gpusched-placer", timeout=1200)
+    ready = time.perf_counter() - killed
+    job = (await client.submit(spec("after-takeover", "t", gpus=1, duration=HOUR))).job.job_id
+    while (await client.get(job)).phase == types_pb2.JOB_PHASE_PENDING:
+        await asyncio.sleep(0.2)   # polling one job: cheap next to reading the whole log
+    return time.perf_counter() - killed, ready
+
+
+async def main(args: argparse.Namespace) -> None:
+    bootstrap, _ = ensure_broker()
+    topics = TopicNames(f"scale-{int(time.time())}.")
+    cluster = LocalCluster(bootstrap, topics, Path(tempfile.mkdtemp(prefix="gpusched-scale-")), metrics=True)
+    hosts = [f"host{i}" for i in range(args.hosts)]
+    per_host = [args.nodes // args.hosts + (1 if i < args.nodes % args.hosts else 0) for i in range(args.hosts)]
+    try:
+        admission = await cluster.admission()
+        placer = await cluster.placer()
+        await cluster.preemptor("preemptor", "--heartbeat-timeout", str(args.heartbeat_timeout))
+        t0 = time.perf_counter()
+        await asyncio.gather(*(cluster.node_host(h, n, "8xH100-80GB", timeout=1800) for h, n in zip(hosts, per_host)))
+        print(f"{args.nodes} nodes x 8 H100 on {args.hosts} node host(s): registered in {time.perf_counter() - t0:.1f}s")
+        client = Client(f"127.0.0.1:{admission.port}")
+        specs = openb_specs(args.backlog, args.gangs, args.mig, args.duration)
+        text = await scrape(placer.metrics_port)
+        before, sum_before = histogram(text, CYCLE), total(text, CYCLE + "_sum")
+        rate = await submit_backlog(client, specs)
+        print(f"backlog: {args.backlog} jobs ({sum(s.workers > 1 for s in specs)} gangs of 2-8 nodes, "
+              f"{sum(bool(s.resources.mig_profile) for s in specs)} MIG {MIG_PROFILE}) submitted at {rate:,.0f}/s")
+        await settle(client, placer.metrics_port, args.settle)
+        text = await scrape(placer.metrics_port)
+        after = histogram(text, CYCLE)
+        cycles = {b: after.get(b, 0) - before.get(b, 0) for b in after}
+        count = cycles.get(float("inf"), 0)
+        mean = (total(text, CYCLE + "_sum") - sum_before) / count if count else float("nan")
+        submitted, started, kind = running_times(await read_events(bootstrap, topics))
+        whole, middle, running = placement_rates(submitted, started)
+        kinds = {k: sum(1 for j in started if kind.get(j) == k) for k in ("openb", "gang", "mig")}
+        print(f"running: {running} of {args.backlog} ({kinds}); placements/s submit->running: {whole:,.0f} "
+              f"(first submission to last start), {middle:,.0f} sustained (middle 80 % of starts)")
+        print(f"placer cycles: {int(count)}, mean {mean * 1000:,.0f} ms, p50 <= {bucket_quantile(cycles, .5) * 1000:g} ms, "
+              f"p99 <= {bucket_quantile(cycles, .99) * 1000:g} ms (histogram bucket bounds; inf: over 2.5 s)")
+        await why_pending(client)
+        records, size = await beat_load(bootstrap, topics, hosts)
+        print(f"heartbeats: {records:.1f} records/s, {size / 1024:.1f} KiB/s on the broker for {args.nodes} nodes "
+              f"(one node-agent each would be {args.nodes} records/s)")
+        procs = {s.name: s.proc.pid for s in cluster.services if s.alive}
+        if (pid := broker_pid()) is not None:
+            procs["broker"] = pid
+        print("RSS MiB: " + ", ".join(f"{n} {rss_mib(p):,.0f}" for n, p in procs.items()))
+        gone, ready = await takeover(cluster, client)
+        print(f"placer takeover: kill -9, a new placer ready {ready:.1f}s and its first decision {gone:.1f}s "
+              f"after the kill")
+        await client.close()
+    finally:
+        await cluster.stop_all()
+        if problem := await delete_topics(bootstrap, topics):
+            print(f"could not delete topics {topics.prefix}*: {problem}")
+
+
+async def settle(client: Client, placer_port: int, quiet_s: float) -> None:
+    """Wait until nothing is pending and the running count rests, or the pending and
+    running counts stayed the same through ``quiet_s`` seconds and two placer cycles (a
+    cycle over a full cluster can take longer than ``quiet_s``)."""
+    last, since, cycles_then = (-1, -1), time.monotonic(), 0.0
+    while True:
+        summary = await client.summary()
+        cycles = histogram(await scrape(placer_port), CYCLE).get(float("inf"), 0.0)
+        now = (summary.pending_jobs, summary.running_jobs)   # placed, then running: both must rest
+        if now != last:
+            last, since, cycles_then = now, time.monotonic(), cycles
+        elif summary.pending_jobs == 0 and time.monotonic() - since >= 3.0:
+            return   # all placed, and every placed job's start is in
+        elif time.monotonic() - since >= quiet_s and cycles >= cycles_then + 2:
+            return
+        await asyncio.sleep(1.0)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--hosts", type=int, default=1, help="node hosts sharing the nodes")
+    parser.add_argument("--backlog", type=int, default=5000)
+    parser.add_argument("--gangs", type=float, default=0.002, help="fraction of gangs of 2-8 whole nodes")
+    parser.add_argument("--mig", type=float, default=0.01, help=f"fraction of MIG {MIG_PROFILE} jobs")
+    parser.add_argument("--duration", type=float, default=HOUR, help="each job's simulated run, seconds")
+    parser.add_argument("--settle", type=float, default=10.0,
+                        help="seconds (and two placer cycles) without new starts that end the run")
+    parser.add_argument("--heartbeat-timeout", type=float, default=30.0)
+    asyncio.run(main(parser.parse_args()))
