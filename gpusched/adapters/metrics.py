@@ -10,9 +10,11 @@ lists every metric with its labels.
 """
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import logging
 from collections import Counter
-from typing import Iterable
+from typing import Callable, Iterable
 
 from opentelemetry import metrics
 from opentelemetry.metrics import Observation
@@ -22,6 +24,7 @@ from gpusched.core import events as ev
 
 log = logging.getLogger(__name__)
 METER = metrics.get_meter("gpusched")
+SCRAPE_WAIT_S = 5.0   # a scrape waits this long for the event loop (busy in a long cycle), then skips the gauges
 
 CYCLE_SECONDS = METER.create_histogram(
     "gpusched.placer.cycle.duration", unit="s", description="one scheduling cycle of a partition",
@@ -61,21 +64,54 @@ def setup_metrics(service: str, follower=None) -> int:
     return settings.metrics_port
 
 
-def watch_states(follower) -> None:
-    """Gauges over the partitions a ``LogFollower`` holds, computed on each scrape."""
-    METER.create_observable_gauge("gpusched.jobs.pending", [lambda o: _pending(follower, jobs=True)],
-                                  description="jobs waiting, per team and pool")
-    METER.create_observable_gauge("gpusched.gpus.requested", [lambda o: _pending(follower, jobs=False)],
-                                  description="GPUs requested by waiting jobs, per team and pool")
-    METER.create_observable_gauge("gpusched.gpus.allocated", [lambda o: _allocated(follower)],
-                                  description="GPUs allocated and GPUs in total, per pool (state=allocated|total)")
-    METER.create_observable_gauge("gpusched.consumer.lag", [lambda o: _lag(follower)],
-                                  description="records of the pool log not yet folded, per partition")
+def watch_states(follower, loop: asyncio.AbstractEventLoop | None = None) -> None:
+    """Gauges over the partitions a ``LogFollower`` holds, computed on each scrape. The
+    states are folded on ``loop`` (by default the running one) while Prometheus scrapes
+    from its server's thread, so each gauge is computed on the loop, between two events,
+    never while the fold changes a state (walking a dict it resizes would fail)."""
+    if loop is None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None    # no loop (a test, a tool): nothing folds concurrently
+    gauges = {"gpusched.jobs.pending": (lambda: _pending(follower, jobs=True), "jobs waiting, per team and pool"),
+              "gpusched.gpus.requested": (lambda: _pending(follower, jobs=False),
+                                          "GPUs requested by waiting jobs, per team and pool"),
+              "gpusched.gpus.allocated": (lambda: _allocated(follower),
+                                          "GPUs allocated and GPUs in total, per pool (state=allocated|total)"),
+              "gpusched.consumer.lag": (lambda: _lag(follower),
+                                        "records of the pool log not yet folded, per partition")}
+    for name, (compute, description) in gauges.items():
+        METER.create_observable_gauge(name, [lambda o, compute=compute: on_loop(loop, compute)],
+                                      description=description)
+
+
+def on_loop(loop: asyncio.AbstractEventLoop | None, compute: Callable[[], list]) -> list:
+    """``compute()`` run on ``loop``'s thread; [] when the loop does not answer within
+    ``SCRAPE_WAIT_S`` (this scrape goes without the gauge) or has stopped."""
+    if loop is None or loop.is_closed() or not loop.is_running():
+        return compute()
+    try:
+        if asyncio.get_running_loop() is loop:
+            return compute()
+    except RuntimeError:
+        pass   # a thread without a loop: Prometheus's server
+
+    async def run() -> list:
+        return compute()
+
+    future = asyncio.run_coroutine_threadsafe(run(), loop)
+    try:
+        return future.result(SCRAPE_WAIT_S)
+    except concurrent.futures.TimeoutError:
+        future.cancel()
+        log.warning("metrics: the event loop did not answer within %gs; gauges skipped", SCRAPE_WAIT_S)
+        return []
 
 
 def _pending(follower, jobs: bool) -> Iterable[Observation]:
     counts: Counter = Counter()
-    for state in list(follower.states.values()):
+    for state in follower.states.values():
         for job_id in state.pending:
             spec = state.jobs[job_id].spec
             counts[spec.team, spec.pool] += 1 if jobs else spec.total_milli / 1000
@@ -85,7 +121,7 @@ def _pending(follower, jobs: bool) -> Iterable[Observation]:
 def _allocated(follower) -> Iterable[Observation]:
     used: Counter = Counter()
     total: Counter = Counter()
-    for state in list(follower.states.values()):
+    for state in follower.states.values():
         for node in state.nodes.values():
             total[node.info.pool] += len(node.gpus)
             used[node.info.pool] += sum(g.used_milli for g in node.gpus) / 1000
@@ -94,7 +130,7 @@ def _allocated(follower) -> Iterable[Observation]:
 
 
 def _lag(follower) -> Iterable[Observation]:
-    found = ((p, follower.lag(p)) for p in list(follower.states))
+    found = ((p, follower.lag(p)) for p in follower.states)
     return [Observation(lag, {"partition": str(p)}) for p, lag in found if lag is not None]
 
 

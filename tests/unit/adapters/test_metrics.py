@@ -66,3 +66,44 @@ def test_outcomes_cycles_and_rpcs_are_counted_by_their_labels(reader):
     assert points(reader, "gpusched.placer.cycle.duration") == {(("partition", "0"),): 1}
     assert points(reader, "gpusched.rpc.server.errors") == {
         (("code", "INVALID_ARGUMENT"), ("method", "/gpusched.v1.AdmissionService/SubmitJob")): 1}
+
+
+def test_a_scrape_computes_the_gauges_on_the_loop_that_folds_the_states():
+    """Prometheus scrapes from its server's thread while the fold mutates the states on the
+    event loop: the gauge is computed on the loop's thread, between two events."""
+    import asyncio
+    import threading
+
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        seen: list[int] = []
+        got = metrics.on_loop(loop, lambda: seen.append(threading.get_ident()) or [1])
+        assert got == [1] and seen == [thread.ident]
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+        loop.close()
+
+
+def test_a_scrape_skips_the_gauges_when_the_loop_is_busy(monkeypatch):
+    import asyncio
+    import threading
+    import time
+
+    monkeypatch.setattr(metrics, "SCRAPE_WAIT_S", 0.05)
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    release = threading.Event()
+    try:
+        loop.call_soon_threadsafe(release.wait, 5)   # a long cycle holds the loop
+        began = time.monotonic()
+        assert metrics.on_loop(loop, lambda: [1]) == []
+        assert time.monotonic() - began < 2
+    finally:
+        release.set()
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+        loop.close()
