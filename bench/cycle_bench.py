@@ -12,12 +12,17 @@ jobs left pending diagnosed, a reason written where it changed, those events app
 whose CPU time is printed apart.
 
     .venv/bin/python bench/cycle_bench.py [--nodes 2] [--pending 3000] [--cycles 300] [--queue priority]
-                                          [--reasons]
+                                          [--reservations] [--reasons]
+
+Without ``--reservations`` the scheduler reserves nothing (``--no-backfill --reserve-after
+inf``), the placer's defaults of earlier versions; with it, the reservation settings are
+``SchedulerConfig``'s defaults (backfill, reservations after 5 minutes, depth 2).
 """
 from __future__ import annotations
 
 import argparse
 import gc
+import math
 import time
 
 from gpusched.core import events as ev
@@ -77,11 +82,14 @@ def main() -> None:
     p.add_argument("--cycles", type=int, default=300)
     p.add_argument("--ends", type=int, default=2, help="running jobs that end before each cycle")
     p.add_argument("--queue", default="priority")
+    p.add_argument("--reservations", action="store_true",
+                   help="the default reservation settings (backfill, after 5 minutes, depth 2) instead of none")
     p.add_argument("--no-keys", action="store_true", help="without the QueueKeys memo (as before it)")
     p.add_argument("--reasons", action="store_true", help="also the placer's pending-reason pass after each cycle")
     args = p.parse_args()
     pool = Pool(args.nodes)
-    scheduler = Scheduler(SchedulerConfig(queue=args.queue))
+    reserve = {} if args.reservations else {"backfill": False, "reserve_after_s": math.inf}
+    scheduler = Scheduler(SchedulerConfig(queue=args.queue, **reserve))
     parked, keys = ParkedJobs(), (None if args.no_keys else QueueKeys())
     pool.submit(args.nodes * 80 + args.pending)   # 80 shares fill a node
     pool.place(scheduler.cycle(pool.state, float(pool.n), parked, keys))
@@ -108,7 +116,7 @@ def main() -> None:
             for e in why:
                 apply(pool.state, e)
         pool.place(decisions)
-    print(f"{args.queue} queue, {args.nodes} full 8-GPU nodes, {len(pool.state.pending):,} pending, "
+    print(f"{args.queue} queue{' with reservations' if args.reservations else ''}, {args.nodes} full 8-GPU nodes, {len(pool.state.pending):,} pending, "
           f"{args.ends} jobs ending before each cycle: {cpu / args.cycles * 1e3:.2f} ms CPU per cycle "
           f"({decided / args.cycles:.1f} decisions per cycle, {args.cycles} cycles)")
     if reasons is not None:

@@ -69,7 +69,10 @@ class Settings(BaseModel):
                 continue
             field = cls.model_fields[name]
             help_text = (field.description or "") + (f" (env {var})" if var else "")
-            if field.annotation in (bool, "bool"):
+            if field.annotation in (bool, "bool") and field.default is True:   # on unless --no-<flag>
+                group.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction,
+                                   default=env.get(var, "1") == "1", help=help_text)
+            elif field.annotation in (bool, "bool"):
                 group.add_argument(flag, dest=name, action="store_true", default=env.get(var, "") == "1",
                                    help=help_text)
             elif get_origin(field.annotation) is tuple:   # no variable: a list has no one spelling
@@ -255,12 +258,25 @@ class PlacerSettings(Settings):
     """The placer's own settings."""
 
     listen: str = setting("127.0.0.1:0", flag="--listen", help="health endpoint")
-    queue: str = setting("priority", flag="--queue", help="queue-sort policy name")
+    queue: str = setting("fair-share", flag="--queue", help="queue-sort policy name")
     placement: str = setting("best-fit", flag="--placement", help="placement policy name")
     placement_args: dict[str, float] = setting({}, flag="--placement-arg",
                                                help="an argument of the placement policy, e.g. patience=0.2 for "
                                                     "fgd-lookahead (docs/scheduling-placement.md)")
-    backfill: bool = setting(False, flag="--backfill", help="reserve for the blocked head-of-line gang (EASY)")
+    backfill: bool = setting(True, flag="--backfill",
+                             help="reserve at once for the first blocked job of each pool (EASY backfill); "
+                                  "--no-backfill: only jobs past --reserve-after get reservations")
+    reserve_after: float = setting(300.0, flag="--reserve-after",
+                                   help="seconds a blocked job waits before it gets a reservation, backfill or "
+                                        "not (inf: never)", ge=0)
+    pool_reserve_after: dict[str, float] = setting({}, flag="--pool-reserve-after",
+                                                   help="--reserve-after for one pool, as POOL=SECONDS")
+    reservation_depth: int = setting(2, flag="--reservation-depth",
+                                     help="jobs of a pool that hold reservations at once (0: no reservations, "
+                                          "no backfill)", ge=0, le=64)
+    default_estimate: float = setting(86400.0, flag="--default-estimate",
+                                      help="seconds a job is expected to run when neither it nor its pool has a "
+                                           "time limit (reservations and backfill)", gt=0, allow_inf_nan=False)
     snapshot_every_events: int = setting(50_000, flag="--snapshot-every-events",
                                          help="snapshot an owned pool after this many new events (0: never by count)",
                                          ge=0)
@@ -274,11 +290,11 @@ class PlacerSettings(Settings):
                                  help="rebuild newly owned pools from offset 0 instead of their latest snapshot")
 
 
-    @field_validator("placement_args", mode="before")
+    @field_validator("placement_args", "pool_reserve_after", mode="before")
     @classmethod
     def _key_values(cls, value: Any) -> Any:
-        """``["patience=0.2", ...]`` from the command line; the keys are checked against
-        the policy when the placer builds it."""
+        """``["patience=0.2", ...]`` from the command line; the keys of placement_args are
+        checked against the policy when the placer builds it."""
         if not isinstance(value, (list, tuple)):
             return value
         out: dict[str, str] = {}
@@ -288,6 +304,14 @@ class PlacerSettings(Settings):
                 raise ValueError(f"expected KEY=VALUE, not {item!r}")
             out[key.strip()] = number.strip()
         return out
+
+    @field_validator("pool_reserve_after")
+    @classmethod
+    def _waits(cls, value: dict[str, float]) -> dict[str, float]:
+        bad = {pool: seconds for pool, seconds in value.items() if not seconds >= 0}
+        if bad:
+            raise ValueError(f"a pool's wait is seconds >= 0 (inf: never), not {bad}")
+        return value
 
 
 class PreemptorSettings(Settings):

@@ -20,8 +20,9 @@ by configuration when the scheduler is built, from an explicit map of names:
                  cycle's ``Statement``.
   6. post-filter capacity kept for other jobs while this one is offered: the nodes
                  nominated for a preemption's beneficiary (``NomineeHold``) and the
-                 reservation stage (``RESERVATIONS``: with ``backfill``, the first
-                 blocked job's reservation and its hold).
+                 reservation stage (``RESERVATIONS``: ``backfill`` reserves for the
+                 first blocked job and for jobs blocked past a wait bound, up to a
+                 depth, and holds what they need).
   7. record      a ``Decision``, or an ``Unplaced`` reason: ``_Cycle.record``, the one
                  place either is written.
   8. park        the jobs not placed are parked for the next cycle at this capacity.
@@ -40,6 +41,7 @@ that holds, no nominations), and they change no decision.
 from __future__ import annotations
 
 import enum
+import math
 from itertools import chain
 from dataclasses import dataclass, field
 from typing import AbstractSet, Mapping
@@ -55,22 +57,44 @@ from gpusched.policies.queueing.parking import ParkedJobs, parking_applies
 from gpusched.policies.queueing.policy_tree import policy_tree
 from gpusched.policies.queueing.quota import QueueTree, within_limits
 from gpusched.policies.queueing.usage import folded_decay
-from gpusched.policies.reservation.backfill import Reservation
+from gpusched.policies.reservation.backfill import DEFAULT_ESTIMATE_S, Reservation
 from gpusched.policies.reservation.nomination import hold_nominated_nodes, live_nominations, nominees_first
-from gpusched.policies.reservation.stages import RESERVATIONS, NomineeHold, ReservationRun
+from gpusched.policies.reservation.stages import RESERVATIONS, NomineeHold, ReservationRun, ReservationStage
 from gpusched.policies.statement import Statement, tentative
+
+# A job blocked this long gets a reservation whatever the settings of backfill: short
+# enough that a gang's wait is bounded by it plus the runtimes of what it waits on, long
+# enough that the many jobs that start within minutes as others end never idle capacity
+# for a reservation (Slurm's bf_min_age_reserve, for the same reason).
+DEFAULT_RESERVE_AFTER_S = 300.0
+# How many jobs of a pool hold reservations at once (Maui's RESERVATIONDEPTH): the head
+# of line (EASY) plus the longest-waiting job behind it; each more holds capacity idle and
+# costs a sweep a cycle.
+DEFAULT_RESERVATION_DEPTH = 2
 
 
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:
-    queue: str = "priority"
+    """The defaults are what a new cluster should run with: fair share with aging, EASY
+    backfill, and a reservation for any job that waited ``reserve_after_s``
+    (docs/scheduling-fairness.md, "No starvation with the defaults")."""
+
+    queue: str = "fair-share"
     placement: str = "best-fit"
     # The placement policy's arguments (its constructor's keywords, e.g. fgd-lookahead's
     # ``patience``); an unknown name is refused when the scheduler is built.
     placement_args: Mapping[str, float] = field(default_factory=dict)
     max_decisions: int = 10_000     # per cycle, to bound a cycle's latency
-    backfill: bool = False          # reservation stage ``backfill`` (EASY), else ``none``
-    reserve_after_s: float = 0.0    # backfill's argument: reserve only for a job that waited this long
+    # Reservations (stage ``backfill``): the first blocked job of a pool gets one at once
+    # (``backfill``, EASY), and any blocked job once it has waited ``reserve_after_s``
+    # (per pool: ``pool_reserve_after_s``; inf: never), up to ``reservation_depth`` a pool
+    # (0: no reservations, stage ``none``). Runtimes: a job's time limit, else its pool's
+    # default time limit, else ``default_estimate_s``.
+    backfill: bool = True
+    reserve_after_s: float = DEFAULT_RESERVE_AFTER_S
+    pool_reserve_after_s: Mapping[str, float] = field(default_factory=dict)
+    reservation_depth: int = DEFAULT_RESERVATION_DEPTH
+    default_estimate_s: float = DEFAULT_ESTIMATE_S
     quotas: QueueTree = field(default_factory=QueueTree)
     # Decay of the usage fair share charges teams for: a setting of the log
     # (``ClusterState.ledger_half_life_s``); kept here for the simulator, which builds its state.
@@ -108,7 +132,8 @@ class CycleResult:
     # Not offered (``Unplaced.PARKED``): the caller's parked set, as this cycle left it;
     # valid until the next cycle on that set.
     parked: AbstractSet[str] = frozenset()
-    reservation: Reservation | None = None
+    reservation: Reservation | None = None        # the first of ``reservations``
+    reservations: tuple[Reservation, ...] = ()    # every reservation held, in the order made
 
     @property
     def unplaced(self) -> dict[str, Unplaced]:
@@ -131,9 +156,9 @@ class Scheduler:
         self.config = config
         self._order = QUEUE_ORDERS[config.queue]
         self._placement = make_placement(config.placement, **config.placement_args)
-        self._reservations = (RESERVATIONS["backfill"](reserve_after_s=config.reserve_after_s)
-                              if config.backfill else RESERVATIONS["none"]())
-        self.reservation: Reservation | None = None   # the last cycle's, for reports
+        self._reservations = _reservation_stage(config)
+        self.reservation: Reservation | None = None   # the last cycle's first, for reports
+        self.reservations: tuple[Reservation, ...] = ()   # the last cycle's, in the order made
 
     def cycle(self, state: ClusterState, now: float, parked: ParkedJobs | None = None,
               keys: QueueKeys | None = None) -> list[Decision]:
@@ -187,7 +212,9 @@ class Scheduler:
             parked.park(state, chain(run.unplaced, run.skipped),
                         {d.job_id: (d.attempt, d.workers) for d in run.decisions.values()})
         self.reservation = run.reservations.reservation
-        return CycleResult(list(run.decisions.values()), run.unplaced, run.skipped, skip, self.reservation)
+        self.reservations = tuple(run.reservations.reservations)
+        return CycleResult(list(run.decisions.values()), run.unplaced, run.skipped, skip, self.reservation,
+                           self.reservations)
 
     def _ordered(self, state: ClusterState, ready: list[JobState], now: float, context: QueueContext,
                  keys: QueueKeys | None) -> list[JobState]:
@@ -198,6 +225,18 @@ class Scheduler:
         if key is None:   # an order that looks at the whole queue (fair share)
             return self._order(state, ready, now, context)
         return sorted(ready, key=keys.key)   # what the order does, with the keys kept
+
+
+def _reservation_stage(config: SchedulerConfig) -> ReservationStage:
+    """``backfill`` when any job may get a reservation, else ``none``."""
+    bounds = (config.reserve_after_s, *config.pool_reserve_after_s.values())
+    if config.reservation_depth < 0:
+        raise ValueError(f"reservation_depth must be >= 0, not {config.reservation_depth!r}")
+    if config.reservation_depth == 0 or not (config.backfill or any(b < math.inf for b in bounds)):
+        return RESERVATIONS["none"]()
+    return RESERVATIONS["backfill"](reserve_first=config.backfill, reserve_after_s=config.reserve_after_s,
+                                    pool_reserve_after_s=config.pool_reserve_after_s,
+                                    depth=config.reservation_depth, default_estimate_s=config.default_estimate_s)
 
 
 def job_shape(job: JobState) -> tuple:
@@ -250,20 +289,22 @@ class _Cycle:
         return Unplaced.HELD_FOR_NOMINEE if outcome is Unplaced.NO_FIT else outcome
 
     def around_reservation(self, job: JobState, shape) -> Workers | Unplaced:
-        """5 under the reservation stage: free (nothing reserved yet; a failure may make
-        the reservation), with the hold lifted (a job gone before it starts), or held."""
+        """5 under the reservation stage: free (nothing reserved yet), with the holds
+        lifted (a job gone before the reserved jobs start), or held; a failure may make a
+        reservation."""
         reservations = self.reservations
         if reservations.hold is None:
             outcome = self.place(job, shape, held=False)
-            if isinstance(outcome, Unplaced):
-                reservations.blocked(job, shape, self.decisions)
-            return outcome
-        if reservations.spares(job):   # gone before the reserved job starts: may use what is held
-            if self.known_to_fail(shape, held=False):
-                return Unplaced.SKIPPED_SAME_SHAPE
+        elif not reservations.spares(job):
+            outcome = self.place(job, shape, held=True)
+        elif self.known_to_fail(shape, held=False):
+            outcome = Unplaced.SKIPPED_SAME_SHAPE
+        else:   # gone before any reserved job of its pool starts: may use what is held
             with reservations.lifted():
-                return self.place(job, shape, held=False)
-        return self.place(job, shape, held=True)
+                outcome = self.place(job, shape, held=False)
+        if outcome.__class__ is Unplaced:   # a job behind reservations may get one too (depth)
+            reservations.blocked(job, shape, self.decisions)
+        return outcome
 
     def known_to_fail(self, shape, held: bool) -> bool:
         # What fails without the hold fails with it too.

@@ -148,6 +148,8 @@ def _entitlements(wl: Workload, teams: tuple[str, ...], capacity: int) -> tuple[
 
 
 def _record(state: ClusterState, job_id: str) -> JobRecord:
+    # This simulator runs no preemptor: a job's one attempt runs to its end, so a record
+    # counts no preemption and no GPU time lost (``gpusched.sim.reclaim`` studies those).
     job = state.jobs[job_id]
     ran = job.phase is JobPhase.SUCCEEDED
     return JobRecord(job_id, job.team, job.milli, job.spec.workers, job.submitted_at,
@@ -156,18 +158,34 @@ def _record(state: ClusterState, job_id: str) -> JobRecord:
 
 # --- command line --------------------------------------------------------------------
 def parse_config(text: str, quotas, half_life_s: float, aging_s: float) -> tuple[str, SchedulerConfig]:
-    """``queue+placement[+backfill[=MINUTES]][+quotas]``, e.g. ``fair-share+fgd+backfill+quotas``.
-    ``placement`` may carry the policy's arguments (``fgd-lookahead:patience=0.2``);
-    ``backfill=60`` reserves only for jobs that waited 60 minutes (plain: at once);
-    ``quotas`` enforces the workload's quota tree (guarantees, limits, weights)."""
-    queue, placement, *flags = text.split("+")
-    name, args = parse_placement(placement)
-    options: dict = {"queue": queue, "placement": name, "placement_args": args, "half_life_s": half_life_s,
-                     "aging_s": aging_s}
+    """``defaults[+quotas]``: ``SchedulerConfig``'s defaults (fair share, backfill,
+    reservations after 5 minutes, depth 2). Else
+    ``queue+placement[+backfill[=MINUTES]][+reserve=MINUTES][+depth=N][+quotas]``, e.g.
+    ``fair-share+fgd+backfill+quotas``, with no reservation unless named: ``backfill``
+    reserves for the first blocked job at once (EASY); ``backfill=60`` only for the first
+    blocked job that waited 60 minutes; ``reserve=5`` for any blocked job that waited 5
+    minutes, up to ``depth`` (default 2) a pool. ``placement`` may carry the policy's
+    arguments (``fgd-lookahead:patience=0.2``); ``quotas`` enforces the workload's quota
+    tree (guarantees, limits, weights)."""
+    common: dict = {"half_life_s": half_life_s, "aging_s": aging_s}
+    first, *flags = text.split("+")
+    if first == "defaults":
+        options = common
+    else:
+        queue, placement, *flags = text.split("+")
+        name, args = parse_placement(placement)
+        options = {**common, "queue": queue, "placement": name, "placement_args": args, "backfill": False,
+                   "reserve_after_s": math.inf}
     for flag in flags:
-        name, _, minutes = flag.partition("=")
-        if name == "backfill":
-            options.update(backfill=True, reserve_after_s=float(minutes or 0) * 60)
+        name, _, value = flag.partition("=")
+        if name == "backfill" and not value:
+            options.update(backfill=True)
+        elif name == "backfill":   # the first blocked job once it waited: a wait bound of depth 1
+            options.update(backfill=False, reserve_after_s=float(value) * 60, reservation_depth=1)
+        elif name == "reserve" and value:
+            options.update(reserve_after_s=float(value) * 60)
+        elif name == "depth" and value:
+            options.update(reservation_depth=int(value))
         elif flag == "quotas":
             options["quotas"] = quotas
         else:
@@ -181,7 +199,8 @@ def build_parser():
     p = argparse.ArgumentParser(prog="python -m gpusched.sim.dynamic", description=__doc__.split("\n\n")[0])
     p.add_argument("--workload", choices=("synthetic", "openb"), default="synthetic")
     p.add_argument("--configs", default="fifo+best-fit,priority+best-fit,fair-share+best-fit+backfill",
-                   help="comma-separated queue+placement[:ARG=VALUE...][+backfill[=MINUTES]][+quotas]")
+                   help="comma-separated defaults[+quotas] or queue+placement[:ARG=VALUE...][+backfill[=MINUTES]]"
+                        "[+reserve=MINUTES][+depth=N][+quotas]")
     p.add_argument("--seed", type=int, default=0, help="synthetic: workload seed")
     p.add_argument("--horizon-h", type=float, default=48.0, help="synthetic: hours of arrivals")
     p.add_argument("--load", type=float, default=1.0, help="synthetic: scale of every team's load")
@@ -228,6 +247,8 @@ def main(argv: list[str] | None = None) -> int:
     print(dynamic_report.table(summaries))
     print()
     print(dynamic_report.team_table(summaries))
+    print()
+    print(dynamic_report.size_table(summaries))
     if not args.no_plots:
         last_arrival = wl.arrivals[-1].time
         for path in dynamic_report.plot(out, results, until_s=1.5 * last_arrival):

@@ -2,7 +2,7 @@
 
 Files go under ``<out>/<workload>/``: ``summary.json`` (every figure, per team too, with
 the workload's description and the command line), ``summary.csv`` (one row per
-configuration), ``table.md`` (the table printed on stdout), ``utilization.png`` (GPU
+configuration), ``table.md`` (the tables printed on stdout: overall, per team, waits by job size), ``utilization.png`` (GPU
 allocation and queue length over time) and ``team_shares.png`` (GPUs each team held).
 """
 from __future__ import annotations
@@ -52,6 +52,26 @@ def table(summaries: list[dict]) -> str:
     return "\n".join([head, rule, *rows])
 
 
+def size_table(summaries: list[dict]) -> str:
+    """Worst and p99 waits by job size (seconds), with the figures starvation is judged
+    by beside them: Jain's index, allocation, preemptions, GPU-hours lost."""
+    sizes = list(summaries[0]["waits_by_size"]) if summaries else []
+    head = ("| config | " + " | ".join(f"{s} worst / p99" for s in sizes)
+            + " | never ran | Jain | alloc | alloc saturated | preemptions | GPU-h lost |")
+    rule = "|---|" + "---:|" * (len(sizes) + 6)
+
+    def number(value, fmt="{:,.0f}"):
+        return "-" if value is None else fmt.format(value)
+    rows = []
+    for s in summaries:
+        waits = [f"{number(b['max'])} / {number(b['p99'])}" for b in s["waits_by_size"].values()]
+        rows.append(f"| {s['config']} | " + " | ".join(waits) + f" | {s['never_ran']} | "
+                    f"{number(s['jain_backlogged'], '{:.3f}')} | {number(s['gpu_allocation'], '{:.1%}')} | "
+                    f"{number(s['gpu_allocation_saturated'], '{:.1%}')} | {s['preemptions']} | "
+                    f"{s['gpu_hours_lost']:,.0f} |")
+    return "\n".join([head, rule, *rows])
+
+
 def team_table(summaries: list[dict]) -> str:
     """Per team: mean GPUs held over the arrival window and mean wait, per configuration."""
     teams = list(summaries[0]["teams"]) if summaries else []
@@ -77,7 +97,8 @@ def write(out: Path, workload_note: str, command: str, summaries: list[dict]) ->
         writer = csv.DictWriter(f, fieldnames=[name for name, _, _ in COLUMNS])
         writer.writeheader()
         writer.writerows(flat)
-    (out / "table.md").write_text(table(summaries) + "\n\n" + team_table(summaries) + "\n")
+    (out / "table.md").write_text(table(summaries) + "\n\n" + team_table(summaries) + "\n\n"
+                                  + size_table(summaries) + "\n")
 
 
 def plot(out: Path, results: list[SimResult], until_s: float) -> list[Path]:

@@ -9,6 +9,10 @@
   over the jobs that ran, and the queueing delay of large jobs (8 GPUs or more: a whole
   node, or a gang) apart, since they are the jobs that starve; jobs that never ran are
   counted apart.
+* Waits by job size (``SIZES``: 1 GPU or a share, 2-4 GPUs, 5-8 GPUs on one node, gangs of
+  more than one worker): the p99 and the worst wait of the jobs that ran, and how many
+  never ran. Starvation shows in the worst waits of the big ones, not in means.
+* Preemptions and the GPU-hours they lost (GPU time of attempts that did not finish).
 * Fairness: Jain's index over the teams that have jobs waiting, of each team's allocation
   divided by its entitlement (its guarantee, or an equal split without quotas), averaged
   over the time at least two teams wait. 1.0: every waiting team gets the same fraction
@@ -28,6 +32,15 @@ from gpusched.core.state import ClusterState
 from gpusched.policies.gpu_fit import fits_node, pick_gpus
 
 LARGE_MILLI = 8000   # a job of a whole 8-GPU node or more
+# Job sizes the waits are broken down by: (name, GPU milli at most, gangs of several workers).
+SIZES = (("1", 1000, False), ("2-4", 4000, False), ("8", 8000, False), ("multi-node", None, True))
+
+
+def size_of(milli: int, workers: int) -> str:
+    """The ``SIZES`` bucket of a job of ``milli`` GPU milli in all and ``workers`` workers."""
+    if workers > 1:
+        return "multi-node"
+    return next((name for name, most, _ in SIZES if most is not None and milli <= most), "multi-node")
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +64,8 @@ class JobRecord:
     submitted_at: float
     started_at: float | None           # None: never ran
     ended_at: float | None
+    preemptions: int = 0               # attempts preempted
+    lost_gpu_s: float = 0.0            # GPU-seconds of those attempts
 
 
 @dataclass
@@ -128,11 +143,25 @@ def summarize(result: SimResult) -> dict:
         "jain_backlogged": _jain(samples, result.entitled_milli, samples[-1].time if samples else 0.0),
         "fragmentation": _mean([r for t, r, _ in result.fragmentation if first <= t <= last]),
         "stranded_gpus": _mean([s / 1000 for t, _, s in result.fragmentation if first <= t <= last]),
+        "waits_by_size": _by_size(result.jobs),
+        "preemptions": sum(j.preemptions for j in result.jobs),
+        "gpu_hours_lost": sum(j.lost_gpu_s for j in result.jobs) / 3600,
         "cycles": result.cycles, "backfilled": result.backfilled, "rejected": result.rejected,
         "wall_s": result.wall_s,
         "teams": {t: _team(result, i, ran, window, last) for i, t in enumerate(result.teams)},
     }
     return summary
+
+
+def _by_size(jobs: list[JobRecord]) -> dict[str, dict]:
+    """Per ``SIZES`` bucket: jobs, p99 and worst wait of those that ran, and never ran."""
+    out: dict[str, dict] = {}
+    for name, _, _ in SIZES:
+        mine = [j for j in jobs if size_of(j.milli, j.workers) == name]
+        waits = [j.started_at - j.submitted_at for j in mine if j.started_at is not None]
+        out[name] = {"jobs": len(mine), "p99": _stats(waits)["p99"], "max": max(waits, default=None),
+                     "never_ran": sum(1 for j in mine if j.started_at is None)}
+    return out
 
 
 def _mean(values: list[float]) -> float | None:

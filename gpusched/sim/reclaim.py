@@ -19,6 +19,7 @@ the two was from Y for X: preemption going back and forth.
 from __future__ import annotations
 
 import argparse
+import math
 import random
 from dataclasses import dataclass, field, replace
 
@@ -106,7 +107,8 @@ def run(wl: ReclaimWorkload, preemption: PreemptionConfig | None = None) -> Recl
     rng = random.Random(wl.seed)
     tree = _quotas(wl)
     config = replace(preemption or PreemptionConfig(), quotas=tree)
-    scheduler = Scheduler(SchedulerConfig(queue="fair-share", quotas=tree))
+    # Reservations off: this workload studies preemption between teams, as it always did.
+    scheduler = Scheduler(SchedulerConfig(queue="fair-share", quotas=tree, backfill=False, reserve_after_s=math.inf))
     state = ClusterState()
     n = 0
 

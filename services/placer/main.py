@@ -22,6 +22,14 @@ from gpusched_placer.loop import PlacementDecider
 log = logging.getLogger("gpusched.placer")
 
 
+def scheduler_config(own: PlacerSettings) -> SchedulerConfig:
+    """The scheduler the placer's settings describe (quotas and weights come from the log)."""
+    return SchedulerConfig(
+        queue=own.queue, placement=own.placement, placement_args=own.placement_args, backfill=own.backfill,
+        reserve_after_s=own.reserve_after, pool_reserve_after_s=own.pool_reserve_after,
+        reservation_depth=own.reservation_depth, default_estimate_s=own.default_estimate)
+
+
 async def run(args: argparse.Namespace) -> None:
     settings = kafka_settings(args)
     conn, topics = KafkaConnection.from_settings(settings), TopicNames(settings.topic_prefix)
@@ -30,10 +38,10 @@ async def run(args: argparse.Namespace) -> None:
     setup_tracing("gpusched-placer")
     me = instance_id("placer")
     try:   # an unknown policy or argument stops the placer here, naming it
-        scheduler = Scheduler(SchedulerConfig(queue=own.queue, placement=own.placement,
-                                              placement_args=own.placement_args, backfill=own.backfill))
+        scheduler = Scheduler(scheduler_config(own))
     except ValueError as exc:
-        raise SystemExit(f"invalid settings: {exc} (--queue, --placement, --placement-arg)") from None
+        raise SystemExit(f"invalid settings: {exc} (--queue, --placement, --placement-arg, "
+                         "--reserve-after, --pool-reserve-after, --reservation-depth)") from None
     # Quotas and weights come from the log (QuotaSet/TeamPolicySet, docs/policy.md).
     publisher, dead_letters = await connect(settings, me, pool_log_letters=True)   # docs/architecture.md
     holder: dict = {}

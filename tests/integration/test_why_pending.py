@@ -11,7 +11,8 @@ from gpusched.local_cluster import LocalCluster
 from gpusched.v1 import types_pb2
 from tests.integration.test_cli import Cli
 
-NO_FIT = "0/3 nodes are available: 2 not enough free GPUs, 1 cordoned."
+# The placer's defaults reserve for the first blocked job (backfill): the reason says so.
+NO_FIT = "0/3 nodes are available: 2 not enough free GPUs, 1 cordoned. Capacity is reserved for it (backfill)."
 
 
 async def first(client: Client, job_id: str, ready) -> types_pb2.Job:

@@ -84,8 +84,26 @@ def test_switches_come_from_a_flag_or_a_variable_set_to_1():
     assert _parse(SecuritySettings, [], {"GPUSCHED_INSECURE": "1"}).insecure
     assert _parse(SecuritySettings, ["--insecure"], {}).insecure
     assert not _parse(SecuritySettings, [], {}).insecure
-    placer = _parse(PlacerSettings, ["--no-snapshots", "--queue", "fair-share"], {})
-    assert (placer.no_snapshots, placer.backfill, placer.queue, placer.listen) == (True, False, "fair-share", "127.0.0.1:0")
+    placer = _parse(PlacerSettings, ["--no-snapshots", "--queue", "priority"], {})
+    assert (placer.no_snapshots, placer.backfill, placer.queue, placer.listen) == (True, True, "priority", "127.0.0.1:0")
+    assert not _parse(PlacerSettings, ["--no-backfill"], {}).backfill   # a switch on by default is turned off
+
+
+def test_reservation_settings_of_the_placer():
+    placer = _parse(PlacerSettings, [], {})
+    assert (placer.queue, placer.backfill, placer.reserve_after, placer.reservation_depth,
+            placer.default_estimate, placer.pool_reserve_after) == ("fair-share", True, 300.0, 2, 86400.0, {})
+    placer = _parse(PlacerSettings, ["--pool-reserve-after", "a100=600", "--pool-reserve-after", "cpu=inf",
+                                     "--reserve-after", "inf", "--reservation-depth", "0"], {})
+    assert placer.pool_reserve_after == {"a100": 600.0, "cpu": float("inf")}
+    assert (placer.reserve_after, placer.reservation_depth) == (float("inf"), 0)
+    for argv, named in ((["--pool-reserve-after", "a100"], "--pool-reserve-after"),
+                        (["--pool-reserve-after", "a100=-1"], "--pool-reserve-after"),
+                        (["--reserve-after", "-5"], "--reserve-after"),
+                        (["--default-estimate", "0"], "--default-estimate"),
+                        (["--reservation-depth", "-1"], "--reservation-depth")):
+        with pytest.raises(SettingsError, match=named):
+            _parse(PlacerSettings, argv, {})
 
 
 @pytest.mark.parametrize("cls, argv, env, named", [

@@ -3,9 +3,13 @@
 When the first job of the queue cannot be placed (typically a big gang on a busy
 cluster), smaller jobs behind it would otherwise take every GPU that frees up and the
 gang could wait forever. ``reserve_for_head_of_line`` finds when and where it could run:
-running jobs are expected to end at ``start + time_limit_s`` (``max_runtime_s``, or the
-pool's default time limit; never, when there is none), so for every node we replay its jobs' ends in order until the node can host
-one more worker of the head, and take the earliest slots across nodes. The latest of
+running jobs are expected to end at ``start + estimate``, so for every node we replay
+its jobs' ends in order until the node can host one more worker of the head, and take
+the earliest slots across nodes. A job's estimate is its time limit (``max_runtime_s``,
+or the pool's default time limit when it was submitted), else the pool's default time
+limit now, else the scheduler's ``default_estimate_s`` (``runtime_estimate``): a job
+without one would otherwise never be expected to end, and every reservation behind it
+would be impossible, so nothing would be reserved at all. The latest of
 those times is the *shadow time*. Other jobs may then run (be backfilled) only if they
 cannot delay it: they end before the shadow time, or they fit without touching the
 capacity the reservation needs (``ReservationHold``).
@@ -19,7 +23,7 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Callable, Mapping, Sequence
 
 from gpusched.core.mig import FULL_MASK, parse_profile
 from gpusched.core.model import JobPhase, WorkerAssignment
@@ -28,11 +32,35 @@ from gpusched.policies.gpu_fit import fits_node, pick_gpus
 from gpusched.policies.statement import Change, Statement
 
 
-def expected_end(job: JobState, now: float) -> float:
+# What a job without a time limit, in a pool without a default time limit, is expected to
+# run, as Slurm's DefaultTime: a day, the usual upper end of a training run between
+# checkpoints. Overestimating only makes reservations later and backfill rarer.
+DEFAULT_ESTIMATE_S = 24 * 3600.0
+
+Estimate = Callable[[JobState], float]   # a job's expected runtime, seconds (<= 0: unknown)
+
+
+def runtime_estimate(state: ClusterState, default_s: float = DEFAULT_ESTIMATE_S) -> Estimate:
+    """``job``'s expected runtime: its time limit, else its pool's default time limit
+    (set after the job was submitted), else ``default_s``."""
+    limits = state.pool_limits
+
+    def estimate(job: JobState) -> float:
+        return job.time_limit_s or limits.get(job.spec.pool, (0.0, 0.0))[0] or default_s
+    return estimate
+
+
+def _time_limit(job: JobState) -> float:
+    return job.time_limit_s
+
+
+def expected_end(job: JobState, now: float, estimate: Estimate = _time_limit) -> float:
     """When ``job`` should have released its GPUs; ``inf`` when its runtime is unknown.
     A job booked in this cycle (still pending) starts ``now``; one being preempted is
     about to release; one past its estimate ends any moment."""
-    estimate = job.time_limit_s
+    if job.phase is JobPhase.PREEMPTING or job.phase is JobPhase.STOPPING:
+        return now
+    estimate = estimate(job)
     if job.phase is JobPhase.PREEMPTING or job.phase is JobPhase.STOPPING:
         return now
     if estimate <= 0:
@@ -46,9 +74,9 @@ def expected_end(job: JobState, now: float) -> float:
     return max(now, start + estimate)
 
 
-def ends_before(job: JobState, now: float, deadline: float) -> bool:
-    estimate = job.time_limit_s
-    return estimate > 0 and now + estimate <= deadline
+def ends_before(job: JobState, now: float, deadline: float, estimate: Estimate = _time_limit) -> bool:
+    runtime = estimate(job)
+    return runtime > 0 and now + runtime <= deadline
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,10 +88,15 @@ class Reservation:
 
 def reserve_for_head_of_line(statement: Statement, job: JobState, now: float,
                              booked: Mapping[str, tuple[WorkerAssignment, ...]] = {},
+                             estimate: Estimate = _time_limit,
+                             earlier: Sequence[tuple[Reservation, float]] = (),
                              ) -> Reservation | None:
     """The earliest slots where every worker of ``job`` fits once running jobs end, or
     None when that never happens (it fits no node, or it waits on jobs of unknown
     runtime). ``booked``: placements made earlier in this cycle, not yet in the log.
+    ``earlier``: reservations made before this one, each with when its job is expected
+    to end: what they need stays held for them until then (conservative backfill), and
+    they must not be held on the statement already (the sweep holds them itself).
 
     Sweeps the expected ends in time order, releasing each on ``statement`` and offering
     its node another worker, until every worker has a slot: the work is proportional to
@@ -71,32 +104,50 @@ def reserve_for_head_of_line(statement: Statement, job: JobState, now: float,
     checkpoint on return."""
     mark = statement.checkpoint()
     try:
-        return _sweep(statement, job, now, booked)
+        return _sweep(statement, job, now, booked, estimate, earlier)
     finally:
         statement.rollback(mark)
 
 
-def _sweep(statement: Statement, job: JobState, now: float,
-           booked: Mapping[str, tuple[WorkerAssignment, ...]]) -> Reservation | None:
+def _sweep(statement: Statement, job: JobState, now: float, booked: Mapping[str, tuple[WorkerAssignment, ...]],
+           estimate: Estimate, earlier: Sequence[tuple[Reservation, float]]) -> Reservation | None:
     state = statement.state
+    # Earlier reservations keep what they need until their jobs end: held here, and held
+    # again after every release on their nodes, so this job is never given their slots.
+    kept = sorted(((end, i, ReservationHold(statement, r)) for i, (r, end) in enumerate(earlier)),
+                  key=lambda k: k[:2])
+    for _, _, hold in kept:
+        hold.apply()
     sweep = _Sweep(job, statement)
     candidates = [node for node in state.nodes.values() if _could_ever_host(node, job)]
+    hosts = {node.name for node in candidates}
     for node in candidates:
         sweep.offer(node, now)
         if sweep.done:
             return sweep.reservation(now)
     ends = [(end, i, node.name, holder, here)
-            for node in candidates for i, (end, holder, here) in enumerate(_ends_on(state, node, booked, now))
+            for node in candidates
+            for i, (end, holder, here) in enumerate(_ends_on(state, node, booked, now, estimate))
             if end < math.inf]
     heapq.heapify(ends)
-    while ends:
-        t = ends[0][0]
+    while ends or kept:
+        t = min(ends[0][0] if ends else math.inf, kept[0][0] if kept else math.inf)
+        if t == math.inf:
+            break
         touched = set()
         while ends and ends[0][0] == t:   # everything ending at t frees at once
             _, _, name, holder, here = heapq.heappop(ends)
             statement.release(holder, here)
             touched.add(name)
-        for name in sorted(touched):
+        while kept and kept[0][0] <= t:   # an earlier reserved job ends: its hold goes
+            hold = kept.pop(0)[2]
+            hold.lift()
+            touched.update(hold.nodes)
+        for _, _, hold in kept:
+            if not touched.isdisjoint(hold.nodes):
+                hold.lift()
+                hold.apply()
+        for name in sorted(touched & hosts):
             sweep.offer(state.nodes[name], t)
         if sweep.done:
             return sweep.reservation(t)
@@ -138,12 +189,12 @@ def _could_ever_host(node: NodeState, job: JobState) -> bool:
 
 
 def _ends_on(state: ClusterState, node: NodeState, booked: Mapping[str, tuple[WorkerAssignment, ...]],
-             now: float):
+             now: float, estimate: Estimate):
     for job_id in node.jobs:
         holder = state.jobs[job_id]
         here = tuple(w for w in booked.get(job_id, holder.workers) if w.node == node.name)
         if here:
-            yield expected_end(holder, now), holder, here
+            yield expected_end(holder, now, estimate), holder, here
 
 
 class ReservationHold:
@@ -178,6 +229,7 @@ class ReservationHold:
                     if res.is_share and res.gpu_memory_mib:
                         self._gpu_mem[key] = self._gpu_mem.get(key, 0) + res.gpu_memory_mib
         self._nodes = tuple(self._cpu)   # every node the reservation uses
+        self.nodes = frozenset(self._nodes)
         self._held: tuple[Change, ...] | None = None
 
     def apply(self) -> None:

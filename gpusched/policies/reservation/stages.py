@@ -3,27 +3,29 @@
 Two components of the scheduling cycle (``policies.scheduler``), each narrow:
 
 * a **reservation stage**, chosen by configuration from ``RESERVATIONS``:
-  ``backfill`` (EASY backfill, argument ``reserve_after_s``): the first job that cannot
-  be placed, once it has waited that long, gets a reservation
-  (``backfill.reserve_for_head_of_line``); from then on what the reservation needs is
-  held while later jobs are offered, and lifted for a job that ends before the shadow
-  time. ``none``: never reserves, never holds.
+  ``backfill``: a job that cannot be placed gets a reservation
+  (``backfill.reserve_for_head_of_line``) when it is the first blocked job of its pool
+  (``reserve_first``, EASY backfill) or has waited its pool's bound
+  (``reserve_after_s``), up to ``depth`` reservations per pool; from then on what the
+  reservations need is held while later jobs are offered, and lifted for a job that
+  ends before every shadow time of its pool. ``none``: never reserves, never holds.
 * the **nominee hold**: nodes a preemption freed are kept for its beneficiary
   (``nomination``) while any other job is offered.
 
 Who writes what: each stage writes the state only through the cycle's ``Statement``
-(holds, nominations) and only its own fields (``reservation``, ``hold``,
+(holds, nominations) and only its own fields (``reservations``, ``holds``,
 ``unreservable``); the cycle reads them and calls ``blocked`` after a failure.
 """
 from __future__ import annotations
 
+import math
 from contextlib import contextmanager
-from typing import Callable, ContextManager, Iterator, Mapping, Protocol
+from typing import Callable, ContextManager, Iterator, Mapping, Protocol, Sequence
 
 from gpusched.core.model import WorkerAssignment
 from gpusched.core.state import JobState
 from gpusched.policies.reservation.backfill import (
-    Reservation, ReservationHold, ends_before, reserve_for_head_of_line,
+    DEFAULT_ESTIMATE_S, Reservation, ReservationHold, ends_before, reserve_for_head_of_line, runtime_estimate,
 )
 from gpusched.policies.statement import Statement
 
@@ -35,7 +37,8 @@ class Decided(Protocol):
 class ReservationRun(Protocol):
     """One cycle's reservation stage."""
 
-    reservation: Reservation | None
+    reservation: Reservation | None              # the first made
+    reservations: Sequence[Reservation]          # every one, in the order made
     hold: ReservationHold | None   # None until a job is reserved for
 
     def spares(self, job: JobState) -> bool:
@@ -45,7 +48,7 @@ class ReservationRun(Protocol):
         """The hold lifted while the block runs."""
 
     def blocked(self, job: JobState, shape: object, decided: Mapping[str, Decided]) -> None:
-        """``job`` could not be placed (nothing held yet): reserve for it if the stage does.
+        """``job`` could not be placed: reserve for it if the stage does.
         ``decided``: this cycle's decisions so far, booked but not in the log."""
 
 
@@ -66,6 +69,7 @@ class NoReservation:
         return self
 
     reservation = None
+    reservations = ()
     hold = None
 
     def blocked(self, job, shape, decided) -> None:
@@ -73,17 +77,38 @@ class NoReservation:
 
 
 class Backfill:
-    """EASY backfill: reserve for the first blocked job that has waited ``reserve_after_s``
-    (Slurm's bf_min_age_reserve: most blocked jobs start soon anyway, and a reservation
-    idles what it holds); later jobs may only use what cannot delay it."""
+    """Reservations, and backfill behind them: a blocked job gets a reservation when it
+    is the first blocked job of its pool and ``reserve_first`` is on (EASY backfill), or
+    once it has waited its pool's bound (``reserve_after_s``, per pool in
+    ``pool_reserve_after_s``; Slurm's bf_min_age_reserve, Maui's reservation delay), as
+    long as fewer than ``depth`` jobs of its pool hold one (Maui's RESERVATIONDEPTH).
+    Later jobs may only use what cannot delay any reservation: each reservation is
+    computed with the earlier ones held until their jobs end (``reserve_for_head_of_line``'s
+    ``earlier``). Runtimes come from ``runtime_estimate``: a job without a time limit is
+    expected to run its pool's default time limit, else ``default_estimate_s``."""
 
     name = "backfill"
     capacity_only = False   # a reservation decides what later jobs may use
 
-    def __init__(self, reserve_after_s: float = 0.0) -> None:
-        if not reserve_after_s >= 0:
-            raise ValueError(f"reserve_after_s must be >= 0, not {reserve_after_s!r}")
+    def __init__(self, reserve_first: bool = True, reserve_after_s: float = 0.0,
+                 pool_reserve_after_s: Mapping[str, float] = {}, depth: int = 1,
+                 default_estimate_s: float = DEFAULT_ESTIMATE_S) -> None:
+        for name, value in (("reserve_after_s", reserve_after_s), *pool_reserve_after_s.items()):
+            if not value >= 0:
+                raise ValueError(f"reserve_after_s ({name}) must be >= 0 (inf: never), not {value!r}")
+        if depth < 1:
+            raise ValueError(f"reservation depth must be >= 1, not {depth!r}")
+        if not 0 < default_estimate_s < math.inf:
+            raise ValueError(f"default_estimate_s must be > 0 and finite, not {default_estimate_s!r}")
+        self.reserve_first = reserve_first
         self.reserve_after_s = reserve_after_s
+        self.pool_reserve_after_s = dict(pool_reserve_after_s)
+        self.depth = depth
+        self.default_estimate_s = default_estimate_s
+
+    def bound(self, pool: str) -> float:
+        """How long a job of ``pool`` waits before it gets a reservation."""
+        return self.pool_reserve_after_s.get(pool, self.reserve_after_s)
 
     def start(self, statement: Statement, now: float) -> "_BackfillRun":
         return _BackfillRun(self, statement, now)
@@ -92,36 +117,62 @@ class Backfill:
 class _BackfillRun:
     def __init__(self, stage: Backfill, statement: Statement, now: float) -> None:
         self.stage, self.statement, self.now = stage, statement, now
-        self.reservation: Reservation | None = None
-        self.hold: ReservationHold | None = None
-        # Shapes that cannot be reserved for (they never fit, or only after jobs of
-        # unknown runtime): holding capacity for them would block the queue for nothing,
-        # so the next blocked job is the head.
+        self.estimate = runtime_estimate(statement.state, stage.default_estimate_s)
+        self.reservations: list[Reservation] = []   # in the order made
+        self.holds: list[ReservationHold] = []      # one per reservation, applied in that order
+        self._per_pool: dict[str, int] = {}
+        # Shapes that cannot be reserved for (they never fit): holding capacity for them
+        # would block the queue for nothing, so the next blocked job is the head.
         self.unreservable: set = set()
 
+    @property
+    def reservation(self) -> Reservation | None:
+        """The first reservation (the head of line's), for reports and quota checks."""
+        return self.reservations[0] if self.reservations else None
+
+    @property
+    def hold(self) -> ReservationHold | None:
+        return self.holds[0] if self.holds else None
+
     def spares(self, job: JobState) -> bool:
-        return ends_before(job, self.now, self.reservation.shadow_s)
+        pool = job.spec.pool
+        return all(ends_before(job, self.now, r.shadow_s, self.estimate)
+                   for r in self.reservations if r.job.spec.pool == pool)
 
     @contextmanager
     def lifted(self) -> Iterator[None]:
-        self.hold.lift()
+        for hold in reversed(self.holds):
+            hold.lift()
         try:
             yield
         finally:
-            self.hold.apply()
+            for hold in self.holds:
+                hold.apply()
+
+    def wants(self, job: JobState) -> bool:
+        """Whether ``job``, blocked, is to be reserved for."""
+        held = self._per_pool.get(job.spec.pool, 0)
+        if held >= self.stage.depth:
+            return False
+        return (held == 0 and self.stage.reserve_first) or \
+            self.now - job.submitted_at >= self.stage.bound(job.spec.pool)
 
     def blocked(self, job: JobState, shape: object, decided: Mapping[str, Decided]) -> None:
-        if (self.hold is not None or shape in self.unreservable
-                or self.now - job.submitted_at < self.stage.reserve_after_s):
+        if shape in self.unreservable or not self.wants(job):
             return
         booked = {job_id: d.workers for job_id, d in decided.items()}
-        reservation = reserve_for_head_of_line(self.statement, job, self.now, booked)
+        pool = job.spec.pool
+        earlier = [(r, r.shadow_s + self.estimate(r.job)) for r in self.reservations if r.job.spec.pool == pool]
+        with self.lifted():   # the sweep holds the earlier reservations itself, as time goes
+            reservation = reserve_for_head_of_line(self.statement, job, self.now, booked, self.estimate, earlier)
         if reservation is None:
             self.unreservable.add(shape)
             return
-        self.reservation = reservation
-        self.hold = ReservationHold(self.statement, reservation)
-        self.hold.apply()
+        self.reservations.append(reservation)
+        self._per_pool[pool] = self._per_pool.get(pool, 0) + 1
+        hold = ReservationHold(self.statement, reservation)
+        hold.apply()
+        self.holds.append(hold)
 
 
 # The reservation stages by name: one explicit map; constructor keywords are their arguments.

@@ -42,7 +42,9 @@ class Cluster:
         assert self.log(ev.JobSubmitted, job_id=job_id, spec=spec(job_id, runtime, **kw), time=1.0).accepted
 
     def cycle(self, backfill: bool = True, queue: str = "fifo"):
-        return Scheduler(SchedulerConfig(queue=queue, backfill=backfill)).cycle(self.state, NOW)
+        """EASY alone: no reservation for waiting past a bound, one reservation at most."""
+        config = SchedulerConfig(queue=queue, backfill=backfill, reserve_after_s=math.inf, reservation_depth=1)
+        return Scheduler(config).cycle(self.state, NOW)
 
 
 def gang_behind_busy_cluster() -> Cluster:
@@ -166,14 +168,22 @@ def starving_gang_workload() -> Workload:
     return Workload("starving-gang", nodes, tuple(sorted(arrivals, key=lambda a: (a.time, a.job_id))))
 
 
-@pytest.mark.parametrize("backfill, starts_before", [(True, 300.0), (False, math.inf)])
-def test_reserved_gang_starts_by_its_shadow_time_and_starves_without(backfill, starts_before):
-    result = DynamicSimulator(starving_gang_workload(), SchedulerConfig(queue="fifo", backfill=backfill)).run()
+@pytest.mark.parametrize("backfill, reserve_after_s, starts_before", [
+    (True, math.inf, 300.0),              # EASY: reserved at once, starts when the small jobs in its way end
+    (False, 300.0, 60.0 + 300 + 100),     # no backfill: reserved once it waited 300 s, starts within a runtime
+])
+def test_reserved_gang_starts_by_its_shadow_time(backfill, reserve_after_s, starts_before):
+    config = SchedulerConfig(queue="fifo", backfill=backfill, reserve_after_s=reserve_after_s)
+    result = DynamicSimulator(starving_gang_workload(), config).run()
     gang = next(j for j in result.jobs if j.job_id == "gang")
-    if backfill:
-        assert gang.started_at < starts_before
-    else:
-        assert gang.started_at >= 1950.0     # only once the stream of small jobs stopped
+    assert gang.started_at <= starts_before
+
+
+def test_the_gang_starves_without_reservations():
+    config = SchedulerConfig(queue="fifo", backfill=False, reserve_after_s=math.inf)
+    result = DynamicSimulator(starving_gang_workload(), config).run()
+    gang = next(j for j in result.jobs if j.job_id == "gang")
+    assert gang.started_at >= 1950.0     # only once the stream of small jobs stopped
 
 
 def test_the_hold_keeps_the_gpu_memory_a_reserved_share_needs():

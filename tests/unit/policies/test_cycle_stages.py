@@ -2,6 +2,8 @@
 comes back with why (``Unplaced``), and the placement policy's arguments reach it."""
 from __future__ import annotations
 
+import math
+
 import argparse
 
 import pytest
@@ -32,11 +34,13 @@ def busy_node() -> Log:
 
 
 LIMITED = QueueTree(orgs={"o": OrgQuota(teams={"t": TeamQuota(limit_gpus=1)})})
+# No reservation stage: a failure depends on free capacity alone (parking, skipped shapes).
+NO_RESERVATIONS = {"backfill": False, "reserve_after_s": math.inf}
 
 
 def test_each_job_not_placed_has_its_reason_then_is_parked():
     log, parked = busy_node(), ParkedJobs()
-    scheduler = Scheduler(SchedulerConfig(queue="fifo", quotas=LIMITED))
+    scheduler = Scheduler(SchedulerConfig(queue="fifo", quotas=LIMITED, **NO_RESERVATIONS))
     result = scheduler.schedule(log.state, log.now, parked, QueueKeys())
     assert [d.job_id for d in result.decisions] == ["small"]
     assert result.unplaced == {"big": Unplaced.NO_FIT, "big2": Unplaced.SKIPPED_SAME_SHAPE,
@@ -51,7 +55,7 @@ def test_each_job_not_placed_has_its_reason_then_is_parked():
 
 def test_without_keys_every_job_is_tried_and_fails_alike():
     log = busy_node()
-    result = Scheduler(SchedulerConfig(queue="fifo")).schedule(log.state, log.now)
+    result = Scheduler(SchedulerConfig(queue="fifo", **NO_RESERVATIONS)).schedule(log.state, log.now)
     assert [d.job_id for d in result.decisions] == ["over"]   # no quota: the first 1-GPU job
     assert result.unplaced == {"big": Unplaced.NO_FIT, "big2": Unplaced.SKIPPED_SAME_SHAPE,
                                "small": Unplaced.NO_FIT}
@@ -74,7 +78,7 @@ def test_a_job_kept_off_a_nominees_nodes_says_so():
     log.submit("nominee", gpus=1)
     log.submit("other", gpus=1, cpu=2000)   # another shape: tried, not skipped
     assert log(ev.JobPreempted, job_id="run", attempt=0, for_job="nominee", reason="test").accepted
-    result = Scheduler(SchedulerConfig(queue="fifo")).schedule(log.state, log.now)
+    result = Scheduler(SchedulerConfig(queue="fifo", **NO_RESERVATIONS)).schedule(log.state, log.now)
     assert result.unplaced == {"nominee": Unplaced.NO_FIT, "other": Unplaced.HELD_FOR_NOMINEE}
 
 

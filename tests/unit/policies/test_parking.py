@@ -2,12 +2,17 @@
 holds, when it is dropped, and that a cycle then offers only the newcomers."""
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from gpusched.core import events as ev
 from gpusched.policies.queueing.parking import MAX_PARKED_S, ParkedJobs
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig
 from tests.unit.core.builders import Log, make_node, whole
+
+# Parking applies without a reservation stage: the old defaults, named.
+NO_RESERVATIONS = SchedulerConfig(queue="priority", backfill=False, reserve_after_s=math.inf)
 
 
 def full_cluster(jobs: int = 50) -> Log:
@@ -41,7 +46,7 @@ def offered(scheduler: Scheduler, log: Log, parked: ParkedJobs, monkeypatch) -> 
 
 
 def test_a_full_cluster_parks_its_backlog_and_later_cycles_offer_only_newcomers(monkeypatch):
-    log, scheduler, parked = full_cluster(), Scheduler(), ParkedJobs()
+    log, scheduler, parked = full_cluster(), Scheduler(NO_RESERVATIONS), ParkedJobs()
     assert cycle(log, scheduler, parked) == []
     assert parked.jobs == {f"wait{i}" for i in range(50)}
     log.submit("late", gpus=1)
@@ -56,7 +61,7 @@ def test_a_full_cluster_parks_its_backlog_and_later_cycles_offer_only_newcomers(
                  log.stopped("run1")),                                        # and its worker is gone
 ])
 def test_capacity_growing_moves_the_epoch_and_everything_is_offered_again(frees, monkeypatch):
-    log, scheduler, parked = full_cluster(5), Scheduler(), ParkedJobs()
+    log, scheduler, parked = full_cluster(5), Scheduler(NO_RESERVATIONS), ParkedJobs()
     cycle(log, scheduler, parked)
     epoch = log.state.capacity_epoch
     frees(log)
@@ -78,7 +83,7 @@ def test_a_decision_not_applied_drops_the_parked_set():
     log = Log(make_node("n1", 1))
     log.submit("wait0", gpus=1)
     log.submit("wait1", gpus=1)
-    scheduler, parked = Scheduler(), ParkedJobs()
+    scheduler, parked = Scheduler(NO_RESERVATIONS), ParkedJobs()
     assert cycle(log, scheduler, parked) == ["wait0"]
     assert parked.jobs == {"wait1"} and list(parked.decided) == ["wait0"]
     assert log(ev.JobCancelled, job_id="wait0", reason="user").accepted   # pending: frees nothing
@@ -93,7 +98,7 @@ def test_a_job_placed_elsewhere_than_decided_drops_the_parked_set():
     log.run("hog", ("n2", whole(0)))
     log.submit("wait0", gpus=1)
     log.submit("wait1", gpus=1)
-    scheduler, parked = Scheduler(), ParkedJobs()
+    scheduler, parked = Scheduler(NO_RESERVATIONS), ParkedJobs()
     [decision] = scheduler.cycle(log.state, log.now, parked)
     assert decision.workers[0].node == "n1" and parked.jobs == {"wait1"}
     log.finish("hog", 0, 0)
@@ -106,7 +111,7 @@ def test_an_applied_decision_keeps_the_parked_set(monkeypatch):
     log = Log(make_node("n1", 1))
     log.submit("wait0", gpus=1)
     log.submit("wait1", gpus=1)
-    scheduler, parked = Scheduler(), ParkedJobs()
+    scheduler, parked = Scheduler(NO_RESERVATIONS), ParkedJobs()
     [decision] = scheduler.cycle(log.state, log.now, parked)
     assert log(ev.JobPlaced, job_id="wait0", attempt=0, workers=decision.workers).accepted
     assert offered(scheduler, log, parked, monkeypatch) == []
@@ -115,7 +120,8 @@ def test_an_applied_decision_keeps_the_parked_set(monkeypatch):
 
 @pytest.mark.parametrize("config, nominate", [
     (SchedulerConfig(backfill=True), False),     # a reservation decides what others may use
-    (SchedulerConfig(), True),                  # nominations hold nodes, with no epoch
+    (SchedulerConfig(backfill=False), False),    # so does one made after a wait bound
+    (NO_RESERVATIONS, True),                     # nominations hold nodes, with no epoch
 ])
 def test_no_parking_with_backfill_or_nominations(config, nominate, monkeypatch):
     log, scheduler, parked = full_cluster(3), Scheduler(config), ParkedJobs()
@@ -127,7 +133,7 @@ def test_no_parking_with_backfill_or_nominations(config, nominate, monkeypatch):
 
 
 def test_ids_that_left_the_queue_are_dropped_from_a_large_parked_set():
-    log, scheduler, parked = full_cluster(100), Scheduler(), ParkedJobs()
+    log, scheduler, parked = full_cluster(100), Scheduler(NO_RESERVATIONS), ParkedJobs()
     cycle(log, scheduler, parked)
     for i in range(100):
         assert log(ev.JobCancelled, job_id=f"wait{i}", reason="user").accepted
@@ -139,7 +145,7 @@ def test_ids_that_left_the_queue_are_dropped_from_a_large_parked_set():
 def test_a_parked_set_is_dropped_after_max_parked_s(monkeypatch):
     """Like Kubernetes' flush of unschedulable pods: everything is offered again after a
     while, even if capacity never grew (a policy's false "does not fit" heals)."""
-    log, scheduler, parked = full_cluster(3), Scheduler(), ParkedJobs()
+    log, scheduler, parked = full_cluster(3), Scheduler(NO_RESERVATIONS), ParkedJobs()
     cycle(log, scheduler, parked)
     log.now += MAX_PARKED_S / 2
     assert offered(scheduler, log, parked, monkeypatch) == []

@@ -3,6 +3,8 @@ cycle orders and decides as without them, offers only the first job of a shape t
 failed, and never serves a key made for another job of the same id."""
 from __future__ import annotations
 
+import math
+
 from gpusched.core import events as ev
 from gpusched.policies.queueing.order import priority_key
 from gpusched.policies.queueing.keys import QueueKeys
@@ -39,7 +41,7 @@ def busy_pool() -> Log:
 
 def test_a_failed_shape_is_offered_once_and_the_decisions_are_unchanged(monkeypatch):
     log = busy_pool()
-    scheduler = Scheduler(SchedulerConfig(queue="priority"))
+    scheduler = Scheduler(SchedulerConfig(queue="priority", backfill=False, reserve_after_s=math.inf))
     all_offered, expected = offered_and_decided(log, scheduler, None, monkeypatch)
     assert all_offered[0] == "big3" and len(all_offered) == 9   # every waiting job, priority first
     skimmed, got = offered_and_decided(log, scheduler, QueueKeys(), monkeypatch)
