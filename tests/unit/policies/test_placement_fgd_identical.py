@@ -22,6 +22,10 @@ from gpusched.core import events as ev
 from gpusched.core.model import JobSpec, WorkerResources
 from gpusched.core.reducer import apply
 from gpusched.core.state import ClusterState
+import numpy as np
+
+from gpusched.policies.placement.frag_rows import RowScorer, pairwise
+from gpusched.policies.placement.fragmentation import compile_mix, final_waste, usable
 from gpusched.policies.placement.registry import PLACEMENTS
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig
 from gpusched.sim import traces
@@ -134,3 +138,33 @@ def test_many_equal_nodes_fill_in_registration_order():
 
 def _resources(cpu: int, gpus: int = 0, milli: int = 0) -> WorkerResources:
     return WorkerResources(gpus=gpus, gpu_milli=milli, cpu_milli=cpu, memory_mib=4 * cpu)
+
+
+# --- the plain-Python rescoring against numpy, to the bit ---------------------------------
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(0, 1e4, allow_nan=False), min_size=0, max_size=300))
+def test_pairwise_sums_as_numpy_does(values):
+    assert pairwise(values) == np.array(values, dtype=np.float64).sum()
+
+
+@settings(max_examples=40, deadline=None)
+@given(shares=st.lists(st.tuples(st.sampled_from([0, 2000, 8000, 16_000, 32_000]), st.integers(1, 1000),
+                                 st.sampled_from([1, 1, 2, 4, 8]), st.floats(0.01, 1.0)), min_size=1, max_size=40),
+       rows=st.lists(st.tuples(st.lists(st.sampled_from([0, 10, 90, 230, 470, 530, 770, 1000]), min_size=8, max_size=8),
+                               st.integers(-1, 64_000)), min_size=1, max_size=20))
+def test_row_scores_equal_numpy_to_the_bit(shares, rows):
+    """U of single rows (``RowScorer``) is numpy's ``usable``, float for float, with
+    mixes of many (milli, GPUs) combinations (numpy sums 8 or more pairwise)."""
+    mix: dict = {}
+    for cpu, milli, gpus, p in shares:
+        shape = (cpu, milli if gpus == 1 else 1000, gpus, ())
+        mix[shape] = mix.get(shape, 0) + p
+    total = sum(mix.values())
+    mix = {s: p / total for s, p in mix.items()}
+    compiled = compile_mix(mix, ["A100-80GB"])
+    gpu = np.array([g for g, _ in rows], dtype=np.int64)
+    cpu = np.array([c for _, c in rows], dtype=np.int64)
+    expected = usable(compiled, gpu, cpu, np.zeros(len(rows), dtype=np.int64))
+    scorer = RowScorer(compiled, lambda: final_waste(mix), lookahead=True)
+    for i, (free, c) in enumerate(rows):
+        assert scorer.usable_row(tuple(free), c, 0) == expected[i]
