@@ -32,6 +32,10 @@ class NodeArrays:
         self.idle = np.zeros(count, dtype=bool)          # nothing runs or is booked on it
         self.model = np.array([self.models.index(n.model) for n in self.nodes], dtype=np.int64)
         self._allowed: dict[tuple[str, ...], np.ndarray] = {}
+        self._pad = (0,) * width
+        # Each row's values as Python ints too: (free milli per GPU, CPU, memory, idle),
+        # for policies that rescore a few rows in plain Python (numpy's cost is per call).
+        self.plain: list[tuple[tuple[int, ...], int, int, bool]] = [((), 0, 0, False)] * count
         for i in range(count):
             self._refresh(i)
 
@@ -43,11 +47,12 @@ class NodeArrays:
 
     def _refresh(self, i: int) -> None:
         node = self.nodes[i]
-        self.cpu[i] = node.free_cpu if node.schedulable else -1
-        self.mem[i] = node.free_mem
-        self.idle[i] = not node.jobs
-        for j, g in enumerate(node.gpus):
-            self.gpu[i, j] = 1000 - g.used_milli if g.healthy and not g.mig_mask and g.whole_ok else 0
+        cpu, mem, idle = node.free_cpu if node.schedulable else -1, node.free_mem, not node.jobs
+        gpu = tuple([1000 - g.used_milli if g.healthy and not g.mig_mask and g.whole_ok else 0 for g in node.gpus])
+        self.cpu[i], self.mem[i], self.idle[i] = cpu, mem, idle
+        if gpu:   # one write for the row: numpy's cost is per call
+            self.gpu[i, :len(gpu)] = gpu
+        self.plain[i] = (gpu + self._pad[len(gpu):], cpu, mem, idle)
 
     def allowed(self, res: WorkerResources) -> np.ndarray:
         """Rows whose GPU model ``res`` accepts (every row for a model-free request)."""
@@ -58,14 +63,19 @@ class NodeArrays:
             mask = self._allowed[key] = ok[self.model] if len(self.models) else np.zeros(0, bool)
         return mask
 
-    def feasible(self, res: WorkerResources) -> np.ndarray:
-        """Rows with room for one worker of ``res`` (not MIG), in registration order."""
-        ok = (self.cpu >= res.cpu_milli) & (self.mem >= res.memory_mib) & self.allowed(res)
+    def feasible(self, res: WorkerResources, rows: np.ndarray | None = None) -> np.ndarray:
+        """Rows (of ``rows``, sorted, by default all) with room for one worker of ``res``
+        (not MIG), in registration order."""
+        if rows is None:
+            cpu, mem, gpu, allowed = self.cpu, self.mem, self.gpu, self.allowed(res)
+        else:
+            cpu, mem, gpu, allowed = self.cpu[rows], self.mem[rows], self.gpu[rows], self.allowed(res)[rows]
+        ok = (cpu >= res.cpu_milli) & (mem >= res.memory_mib) & allowed
         if res.is_share:
-            ok &= (self.gpu >= res.gpu_milli).any(axis=1)
+            ok &= (gpu >= res.gpu_milli).any(axis=1)
         elif res.gpus:
-            ok &= (self.gpu == 1000).sum(axis=1) >= res.gpus
-        return np.flatnonzero(ok)
+            ok &= (gpu == 1000).sum(axis=1) >= res.gpus
+        return np.flatnonzero(ok) if rows is None else rows[ok]
 
 
 def arrays_for(statement: Statement, nodes: Mapping[str, NodeState], pool: str) -> NodeArrays:

@@ -10,15 +10,21 @@ it grows least). As in the reference simulator, the growth is scored as an integ
 ``floor(100 * sigmoid(-growth / 1000))``, so close calls tie and go to the node
 registered first: fragmentation first, then first-fit packing.
 
-Computed for every node at once with numpy (``FragView``): a node's *usable* capacity
-``U = sum over typical shapes t of p_t * [t fits] * (free milli of GPUs big enough for t)``
-is kept per node, so fragmentation is ``free milli - U`` and a candidate's growth is
-``U(before) - U(after) - request``.
+A node's *usable* capacity ``U = sum over typical shapes t of p_t * [t fits] * (free
+milli of GPUs big enough for t)`` is kept per node (``frag_view.FragView``), so
+fragmentation is ``free milli - U`` and a candidate's growth is ``U(before) - U(after) -
+request``.
+
+At placer speed: the first request of a kind in a cycle is scored with numpy over the
+pool (one node per group of equal nodes); after that the view keeps, per request, each
+node's best candidate, and a decision rescores only the nodes changed since (the one it
+booked, usually), in plain Python (``frag_rows``), bit for bit the numpy scores. The
+choice is the first node, in registration order, of the least key: the same decision
+as sorting every candidate (``ranked``), which ``scan`` still does where a node refuses
+what the arrays offered and for gangs (``rank``).
 """
 from __future__ import annotations
 
-from collections import Counter
-from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
 import numpy as np
@@ -29,12 +35,14 @@ from gpusched.policies.statement import Statement
 from gpusched.policies.gpu_fit import StateLike, fits_node, pick_gpus
 from gpusched.policies.placement.gang import Choice
 from gpusched.policies.placement.arrays import NodeArrays, arrays_for
+# The view and its numbers; compile_mix, usable and final_waste are read from here too.
+from gpusched.policies.placement.frag_view import (  # noqa: F401
+    NONE, FEW_ROWS, CACHED_REQUESTS, PATIENCE, Best, FragView, Shape, compile_mix, final_waste, usable)
 from gpusched.policies.placement.heuristics import choose_mig, rank_mig
 
-# Defaults of the policies' arguments (``Fgd(popularity=...)``, ``FgdLookahead(patience=...)``).
+# Defaults of the policies' arguments (``Fgd(popularity=...)``, ``FgdLookahead(patience=...)``;
+# PATIENCE: frag_view).
 POPULARITY = 0.95    # the most frequent shapes covering this share of tasks are "typical"
-PATIENCE = 0.1       # fgd-lookahead: how soon a GPU stops getting tasks (final_waste)
-Shape = tuple[int, int, int, tuple[str, ...]]    # (CPU milli, milli per GPU, GPUs, models)
 
 
 def shape_of(res: WorkerResources) -> Shape | None:
@@ -52,11 +60,19 @@ def typical_shapes(state: StateLike, pool: str, popularity: float = POPULARITY) 
     jobs: Mapping[str, JobState] = getattr(state, "jobs", {})
     ids = list(getattr(state, "pending", ()))
     ids += [j for node in state.nodes.values() if node.info.pool == pool for j in node.jobs]
-    counts: Counter[Shape] = Counter()
+    counts: dict[Shape, int] = {}
     for job_id in dict.fromkeys(ids):
         job = jobs.get(job_id)
-        if job is not None and job.spec.pool == pool and (shape := shape_of(job.spec.resources)):
-            counts[shape] += job.spec.workers
+        if job is None or (spec := job.spec).pool != pool:
+            continue
+        res = spec.resources    # shape_of, inlined: this loop sees every pending job
+        if res.mig_profile:
+            continue
+        if res.gpu_milli > 0 and res.gpus == 0:
+            shape = (res.cpu_milli, res.gpu_milli, 1, res.gpu_models)
+        else:
+            shape = (res.cpu_milli, 1000 if res.gpus else 0, res.gpus, res.gpu_models)
+        counts[shape] = counts.get(shape, 0) + spec.workers
     total = sum(counts.values())
     chosen, covered = {}, 0
     # Most frequent first; equal counts in a fixed order, so the mix is deterministic.
@@ -68,71 +84,11 @@ def typical_shapes(state: StateLike, pool: str, popularity: float = POPULARITY) 
     return {shape: n / covered for shape, n in chosen.items()}
 
 
-@dataclass(slots=True)
-class Compiled:
-    """The typical shapes as arrays over one pool's models and CPU thresholds."""
-
-    milli: np.ndarray      # (K,) milli per GPU of each (milli, GPUs) combination
-    count: np.ndarray      # (K,) GPUs it needs
-    cpu_levels: np.ndarray # sorted distinct CPU requests
-    weight: np.ndarray     # (K, models, levels+1): sum of p_t over shapes t of the combination
-                           # the model accepts with CPU request <= the level's
-
-
-def compile_mix(mix: dict[Shape, float], models: list[str]) -> Compiled:
-    gpu_shapes = [(s, p) for s, p in mix.items() if s[2]]
-    combos = sorted({(s[1], s[2]) for s, _ in gpu_shapes})
-    levels = np.array(sorted({s[0] for s, _ in gpu_shapes}), dtype=np.int64)
-    weight = np.zeros((len(combos), len(models), len(levels) + 1))
-    where = {c: i for i, c in enumerate(combos)}
-    for (cpu, milli, gpus, allowed), p in gpu_shapes:
-        level = int(np.searchsorted(levels, cpu, side="right"))
-        for m, model in enumerate(models):
-            if not allowed or model in allowed:
-                weight[where[(milli, gpus)], m, level:] += p
-    return Compiled(np.array([c[0] for c in combos], dtype=np.int64),
-                    np.array([c[1] for c in combos], dtype=np.int64), levels, weight)
-
-
-def usable(mix: Compiled, gpu: np.ndarray, cpu: np.ndarray, model: np.ndarray) -> np.ndarray:
-    """U per row: free milli typical GPU tasks could use, weighted by their frequency."""
-    if not mix.milli.size:
-        return np.zeros(len(cpu))
-    big = gpu[:, None, :] >= mix.milli[None, :, None]                  # rows, combos, GPUs
-    room = (gpu[:, None, :] * big).sum(axis=2)
-    fits = big.sum(axis=2) >= mix.count[None, :]
-    level = np.searchsorted(mix.cpu_levels, cpu, side="right")
-    weight = mix.weight[:, model, level].T                             # rows, combos
-    return (weight * fits * room).sum(axis=1)
-
-
-class FragView:
-    """``U`` of every node of a pool under the cycle's task mix, kept up to date."""
-
-    def __init__(self, arrays: NodeArrays, mix: dict[Shape, float], patience: float = PATIENCE) -> None:
-        self.arrays = arrays
-        self.shapes = mix
-        self.patience = patience
-        self.mix = compile_mix(mix, arrays.models)
-        self.u = usable(self.mix, arrays.gpu, arrays.cpu, arrays.model)
-        self._waste: np.ndarray | None = None
-
-    def final_waste(self) -> np.ndarray:
-        if self._waste is None:
-            self._waste = final_waste(self.shapes, self.patience)
-        return self._waste
-
-    def touch(self, names: Iterable[str]) -> None:
-        rows = [i for n in names if (i := self.arrays.row.get(n)) is not None]
-        if rows:
-            a = self.arrays
-            self.u[rows] = usable(self.mix, a.gpu[rows], a.cpu[rows], a.model[rows])
-
-
 class Fgd:
     """Fragmentation gradient descent: least growth of fragmentation, then first fit."""
 
     name = "fgd"
+    lookahead = False   # whether ``packed`` adds fgd-lookahead's keys (``frag_rows`` mirrors it)
 
     def __init__(self, popularity: float = POPULARITY) -> None:
         if not 0 < popularity <= 1:
@@ -145,6 +101,19 @@ class Fgd:
         if res.is_mig:
             return choose_mig(statement, state.nodes, pool, res)
         view = self.view(state, statement, pool)
+        found = self.first(view, res)
+        if found is None:
+            return None
+        node = view.arrays.nodes[found[0]]
+        slots = take(node, pool, res, found[1])
+        if slots is not None:
+            return node, slots
+        # The arrays do not see everything (a share's GPU memory): the node refused the
+        # first candidate, so walk the whole order as ``scan`` does.
+        return self.scan(view, pool, res)
+
+    def scan(self, view: FragView, pool: str, res: WorkerResources) -> Choice | None:
+        """Every candidate in order, best first, until a node takes one."""
         arrays = view.arrays
         rows = arrays.feasible(res)
         if not rows.size:
@@ -157,12 +126,97 @@ class Fgd:
                 return node, slots
         return None
 
+    def first(self, view: FragView, res: WorkerResources) -> tuple[int, int] | None:
+        """(row, GPU index) of the first candidate in ``ranked``'s order over every
+        feasible row, or None: from each node's best candidate, kept per request and
+        recomputed only for the nodes changed since it was last asked."""
+        view.sync()
+        arrays = view.arrays
+        best = view.best.get(res)
+        if best is None:
+            if len(view.best) >= CACHED_REQUESTS:
+                del view.best[next(iter(view.best))]   # the oldest
+            count = len(arrays.nodes)
+            best = view.best[res] = Best(len(view.touched), len(view.grown), np.full(count, NONE, dtype=np.int64),
+                                         np.zeros(count, np.int64), set())
+            self.fill(view, best, res)
+            best.fits.update(np.flatnonzero(best.key != NONE).tolist())
+        elif best.seen < len(view.touched):
+            rows = best.fits.intersection(view.touched[best.seen:])
+            if best.grown < len(view.grown):
+                rows.update(view.grown[best.grown:])
+            best.seen, best.grown = len(view.touched), len(view.grown)
+            if len(rows) <= FEW_ROWS:
+                self.rescore(view, best, rows, res)
+            else:
+                at = np.array(sorted(rows), dtype=np.int64)
+                best.key[at] = NONE
+                self.refresh(view, best, arrays.feasible(res, at), res)
+                best.fits.difference_update(rows)
+                best.fits.update(at[best.key[at] != NONE].tolist())
+        i = int(best.key.argmin())   # the first row of the least key: registration order
+        return None if best.key[i] == NONE else (i, int(best.gpu[i]))
+
+    def fill(self, view: FragView, best: Best, res: WorkerResources) -> None:
+        """``best`` of a request asked for the first time in the cycle: rows that have
+        not changed since the view was built score alike within a group of equal rows,
+        so one row of each group is scored; the changed ones are scored one by one."""
+        rows = view.arrays.feasible(res)
+        moved = view.moved[rows]
+        fresh = rows[~moved]
+        if fresh.size:
+            _, first, inverse = np.unique(view.group[fresh], return_index=True, return_inverse=True)
+            scored = fresh[first]
+            self.refresh(view, best, scored, res)
+            best.key[fresh] = best.key[scored][inverse]
+            best.gpu[fresh] = best.gpu[scored][inverse]
+        changed = rows[moved]
+        if changed.size > FEW_ROWS:
+            self.refresh(view, best, changed, res)
+        elif changed.size:
+            self.rescore(view, best, changed.tolist(), res)
+
+    def rescore(self, view: FragView, best: Best, rows: Iterable[int], res: WorkerResources) -> None:
+        """``refresh`` of a few changed rows, one by one (``frag_rows``: the same numbers)."""
+        scorer, plain, key, index = view.scorer, view.plain, best.key, best.gpu
+        need_cpu, need_mem, gpus = res.cpu_milli, res.memory_mib, res.gpus
+        share = res.gpu_milli if res.is_share else 0
+        allowed = [res.allows(m) for m in view.arrays.models]
+        fits = best.fits
+        for i in rows:
+            row = plain[i]
+            _, cpu, mem, model, _, _, largest, whole, _ = row
+            if cpu < need_cpu or mem < need_mem or not allowed[model] or largest < share or whole < gpus:
+                key[i] = NONE
+                fits.discard(i)
+                continue
+            fits.add(i)
+            key[i], index[i] = scorer.best(row, res)
+
+    def refresh(self, view: FragView, best: Best, rows: np.ndarray, res: WorkerResources) -> None:
+        """``best`` on the feasible ``rows`` (sorted): per row, its least candidate by
+        (keys, GPU index), as ``ranked`` orders a row's candidates."""
+        if not rows.size:
+            return
+        arrays = view.arrays
+        rows, gpu_index, after = candidates(arrays, rows, res)
+        growth = view.u[rows] - usable(view.mix, after, arrays.cpu[rows] - res.cpu_milli,
+                                       arrays.model[rows]) - res.milli
+        radix = arrays.gpu.shape[1] + 1
+        packed = self.packed(view, rows, after, growth) * radix + (gpu_index + 1)
+        if res.is_share:   # several candidates a row, grouped by row
+            starts = np.flatnonzero(np.concatenate(([True], rows[1:] != rows[:-1])))
+            rows, packed = rows[starts], np.minimum.reduceat(packed, starts)
+        best.key[rows], best.gpu[rows] = np.divmod(packed, radix)
+        best.gpu[rows] -= 1
+
     def rank(self, state: StateLike, statement: Statement, job: JobState, res: WorkerResources,
              nodes: Sequence[NodeState]) -> dict[str, int]:
         """A gang's nodes, each by its best candidate's place in ``choose``'s order."""
         if res.is_mig:
             return rank_mig(nodes, job.spec.pool, res)
         view = self.view(state, statement, job.spec.pool)
+        view.sync()
         arrays = view.arrays
         rows = np.array([arrays.row[n.name] for n in nodes], dtype=np.int64)
         rows, _, best = self.ranked(view, rows, res)
@@ -175,7 +229,7 @@ class Fgd:
 
     def ranked(self, view: FragView, rows: np.ndarray, res: WorkerResources):
         """(candidate rows, their GPU index, the candidates' indices best first) of ``res``
-        on the feasible ``rows``."""
+        on the feasible ``rows`` (``view`` synced)."""
         arrays = view.arrays
         rows, gpu_index, after = candidates(arrays, rows, res)
         # Fragmentation is free milli - U: placing takes res.milli and changes U.
@@ -190,13 +244,17 @@ class Fgd:
         if view is None:
             arrays = arrays_for(statement, state.nodes, pool)
             view = statement.views[key] = FragView(arrays, typical_shapes(state, pool, self.popularity),
-                                                   self.patience)
+                                                   self.patience, self.lookahead)
         return view
 
     def keys(self, view: FragView, rows: np.ndarray, after: np.ndarray, growth: np.ndarray) -> list[np.ndarray]:
         """Sort keys of the candidates, most significant first, lower better (then node
         registration order, then GPU index)."""
         return [fgd_score(growth)]
+
+    def packed(self, view: FragView, rows: np.ndarray, after: np.ndarray, growth: np.ndarray) -> np.ndarray:
+        """``keys`` as one integer each, in the same order (they are small integers)."""
+        return fgd_score(growth).astype(np.int64) + 100
 
 
 def fgd_score(growth: np.ndarray) -> np.ndarray:
@@ -242,6 +300,7 @@ class FgdLookahead(Fgd):
     a node already in use before an idle one (idle nodes stay whole); then first fit."""
 
     name = "fgd-lookahead"
+    lookahead = True
 
     def __init__(self, popularity: float = POPULARITY, patience: float = PATIENCE) -> None:
         super().__init__(popularity)
@@ -254,27 +313,7 @@ class FgdLookahead(Fgd):
         growth_of_waste = (waste[after] - waste[view.arrays.gpu[rows]]).sum(axis=1)
         return [fgd_score(growth), np.round(growth_of_waste), view.arrays.idle[rows]]
 
-
-def final_waste(mix: dict[Shape, float], patience: float = PATIENCE) -> np.ndarray:
-    """``w[f]``, f = 0..1000: the free milli a GPU with ``f`` free is expected to be left
-    with. Typical tasks arrive in proportion to their frequency ``p``; one that fits (a
-    share of ``s <= f`` milli; a whole-GPU task when the GPU is free) lands and leaves
-    ``f - s``; meanwhile the GPU stops getting tasks at rate ``patience`` (the run ends,
-    or other GPUs take them), so ``w[f] = (patience * f + sum p * w[f - s]) /
-    (patience + sum p)`` over the tasks that fit. A 190-milli hole that only rare small
-    tasks fit is expected to stay nearly empty; a 530 hole that a common 470 fills, not."""
-    shares: Counter[int] = Counter()
-    whole = 0.0
-    for (_, milli, gpus, _), p in mix.items():
-        if gpus == 1 and milli < 1000:
-            shares[milli] += p
-        elif gpus:
-            whole += p
-    sizes = np.array(sorted(shares), dtype=np.int64)
-    p = np.array([shares[s] for s in sizes])
-    w = np.zeros(1001)
-    for f in range(1, 1001):
-        k = int(np.searchsorted(sizes, f, side="right"))     # shares that fit: sizes[:k]
-        reach = p[:k].sum() + (whole if f == 1000 else 0.0)
-        w[f] = (patience * f + p[:k] @ w[f - sizes[:k]]) / (patience + reach)
-    return w
+    def packed(self, view, rows, after, growth):
+        score, waste, idle = self.keys(view, rows, after, growth)
+        bound = 1000 * after.shape[1]    # a GPU's expected final waste is within 0..1000
+        return ((score.astype(np.int64) + 100) * (2 * bound + 1) + (waste.astype(np.int64) + bound)) * 2 + idle

@@ -1,0 +1,205 @@
+"""FGD's scores of a few nodes in plain Python, bit for bit what the numpy code computes.
+
+A decision changes one node (a gang's, a few), and the next decision needs the scores of
+just those nodes again; numpy's fixed cost per call (tens of calls per score) is then
+far more than the arithmetic. So the nodes a decision touched are rescored here, one
+at a time, and ``fragmentation`` keeps numpy for the many-node passes.
+
+The results are identical to the numpy path's to the last bit, which matters: FGD's
+integer score rounds at exact ties (a growth of exactly 0 scores 50, one ulp more 49).
+Every product and difference is the same IEEE operation numpy performs, in the same
+order; sums over a row follow numpy's pairwise summation of a contiguous row
+(``pairwise``); the exponential is numpy's own. Tests compare both paths on random rows.
+"""
+from __future__ import annotations
+
+from bisect import bisect_right
+from math import floor
+from typing import Callable, NamedTuple, Sequence
+
+import numpy as np
+
+from gpusched.core.model import WorkerResources
+
+# Blocks numpy's pairwise summation works in (``pairwise_sum`` in numpy's loops).
+_UNROLL, _BLOCK = 8, 128
+
+
+def pairwise(a: Sequence[float]) -> float:
+    """numpy's sum of a contiguous float64 row (``a.sum()``), in its order."""
+    n = len(a)
+    if n < _UNROLL:
+        total = 0.0
+        for x in a:
+            total += x
+        return total
+    if n <= _BLOCK:
+        r = list(a[:_UNROLL])
+        i = _UNROLL
+        while i < n - n % _UNROLL:
+            for j in range(_UNROLL):
+                r[j] += a[i + j]
+            i += _UNROLL
+        total = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]))
+        for x in a[i:]:
+            total += x
+        return total
+    half = n // 2
+    half -= half % _UNROLL
+    return pairwise(a[:half]) + pairwise(a[half:])
+
+
+class Row(NamedTuple):
+    """One node as ``RowScorer`` reads it (from ``NodeArrays`` and the view's U)."""
+
+    gpu: tuple[int, ...]     # free milli per GPU
+    cpu: int
+    mem: int
+    model: int
+    idle: bool
+    u: float
+    largest: int             # the largest free milli of one GPU
+    whole: int               # free whole GPUs
+    signature: tuple         # what a candidate's keys depend on but the CPU level after
+
+
+class RowScorer:
+    """Scores one node's candidates under a compiled mix (``fragmentation.Compiled``)."""
+
+    def __init__(self, mix, final_waste: Callable[[], np.ndarray], lookahead: bool) -> None:
+        self.lookahead = lookahead                 # fgd-lookahead's keys, or FGD's
+        self.milli: list[int] = mix.milli.tolist()       # per (milli, GPUs) combination
+        self.count: list[int] = mix.count.tolist()
+        self.levels: list[int] = mix.cpu_levels.tolist()
+        # weight[model][level]: the combinations' weights, as usable() reads them
+        self.weight: list[list[list[float]]] = mix.weight.transpose(1, 2, 0).tolist()
+        self._final_waste = final_waste     # fgd-lookahead's, computed when first needed
+        self._waste: list[float] | None = None
+        self._score: dict[float, int] = {}
+        self._usable: dict[tuple, float] = {}
+        self._tallies: dict[tuple, tuple[list[int], list[int]]] = {}
+        self._memo: dict[tuple[int, int], dict[tuple, tuple[int, int]]] = {}
+
+    def tallies(self, gpu: Sequence[int]) -> tuple[list[int], list[int]]:
+        """Per combination: how many GPUs are big enough, and their free milli."""
+        key = tuple(gpu)
+        found = self._tallies.get(key)
+        if found is None:
+            found = self._tallies[key] = self._count(gpu)
+        return found
+
+    def _count(self, gpu: Sequence[int]) -> tuple[list[int], list[int]]:
+        cnt, room = [], []
+        for m in self.milli:
+            c = r = 0
+            for f in gpu:
+                if f >= m:
+                    c += 1
+                    r += f
+            cnt.append(c)
+            room.append(r)
+        return cnt, room
+
+    def usable(self, cnt: list[int], room: list[int], cpu: int, model: int) -> float:
+        """``fragmentation.usable`` of one row from its tallies."""
+        if not self.milli:
+            return 0.0
+        weight = self.weight[model][bisect_right(self.levels, cpu)]
+        count = self.count
+        return pairwise([w * r if c >= need else 0.0 for w, c, r, need in zip(weight, cnt, room, count)])
+
+    def usable_row(self, gpu: tuple[int, ...], cpu: int, model: int) -> float:
+        memo = (gpu, bisect_right(self.levels, cpu), model)
+        u = self._usable.get(memo)
+        if u is None:
+            u = self._usable[memo] = self.usable(*self.tallies(gpu), cpu, model)
+        return u
+
+    def score(self, growth: float) -> int:
+        """``fgd_score`` of one growth, plus 100 (0..100, lower better)."""
+        s = self._score.get(growth)
+        if s is None:
+            s = self._score[growth] = 100 - floor(100 / (1 + np.exp(growth / 1000)))
+        return s
+
+    def row(self, gpu: tuple[int, ...], cpu: int, mem: int, model: int, idle: bool, u: float) -> Row:
+        # What a candidate's keys depend on, but the CPU level after placing: the free
+        # milli as a multiset (sorted), the CPU level, the model, and for fgd-lookahead
+        # whether the node is idle.
+        signature = (tuple(sorted(gpu)), bisect_right(self.levels, cpu), model, idle and self.lookahead)
+        return Row(gpu, cpu, mem, model, idle, u, max(gpu, default=0), gpu.count(1000), signature)
+
+    def best(self, row: Row, res: WorkerResources) -> tuple[int, int]:
+        """(packed key, GPU index) of the row's least candidate by (keys, GPU index): the
+        keys packed as ``Fgd.packed`` / ``FgdLookahead.packed`` pack them. The row takes
+        ``res`` (checked by the caller).
+
+        Kept by row signature and CPU level after placing, so nodes alike share the
+        work. The keys do not depend on the order of the GPUs (sums whose terms are all
+        zero but one are exact in any order), except fgd-lookahead's for several whole
+        GPUs: those are kept by the exact GPUs. A share's GPU index is found on the row."""
+        form = (res.gpus, res.gpu_milli)
+        memo = self._memo.get(form)
+        if memo is None:
+            memo = self._memo[form] = {}
+        exact = self.lookahead and res.gpus > 1
+        at = ((row.gpu, row.signature) if exact else row.signature, bisect_right(self.levels, row.cpu - res.cpu_milli))
+        found = memo.get(at)
+        if found is None:
+            found = memo[at] = self._candidates(row, res)
+        if not res.is_share:
+            return found[0]
+        low = found[0][0]
+        return low, min(row.gpu.index(free) for key, free in found if key == low)
+
+    def _candidates(self, row: Row, res: WorkerResources) -> list[tuple[int, int]]:
+        """(packed key, free milli of the GPU taken, or -1) of each candidate, least first.
+        A candidate's U after placing comes from the row's tallies and the GPUs it
+        changes, term by term as ``usable`` computes it."""
+        gpu, cpu, _, model, idle, u, _, _, _ = row
+        cnt, room = self.tallies(gpu)
+        weight = self.weight[model][bisect_right(self.levels, cpu - res.cpu_milli)] if self.milli else ()
+        parts = tuple(zip(weight, cnt, room, self.count, self.milli))
+        waste = self.waste() if self.lookahead else None
+        bound = 1000 * len(gpu)
+        found: list[tuple[int, int]] = []
+        if res.is_share:
+            share = res.gpu_milli
+            for f in set(gpu):   # one candidate per free amount
+                if f < share:
+                    continue
+                g = f - share
+                terms = [w * (r - (f if f >= m else 0) + (g if g >= m else 0))
+                         if c - (f >= m) + (g >= m) >= need else 0.0 for w, c, r, need, m in parts]
+                found.append((self._key(u - pairwise(terms) - share, waste, bound, idle,
+                                        lambda: waste[g] - waste[f]), f))
+        elif res.gpus:   # the lowest-index free GPUs, each from 1000 free to 0
+            n = res.gpus
+            terms = [w * (r - 1000 * n) if c - n >= need else 0.0 for w, c, r, need, m in parts]
+            found.append((self._key(u - pairwise(terms) - 1000 * n, waste, bound, idle,
+                                    lambda: self._whole_waste(gpu, n, waste)), -1))
+        else:
+            terms = [w * r if c >= need else 0.0 for w, c, r, need, m in parts]
+            found.append((self._key(u - pairwise(terms), waste, bound, idle, lambda: 0.0), -1))
+        found.sort()
+        return found
+
+    def _key(self, growth: float, waste, bound: int, idle: bool, waste_growth: Callable[[], float]) -> int:
+        key = self.score(growth)
+        if waste is None:
+            return key
+        return (key * (2 * bound + 1) + round(waste_growth()) + bound) * 2 + idle
+
+    @staticmethod
+    def _whole_waste(gpu: tuple[int, ...], n: int, waste: list[float]) -> float:
+        """The growth of expected final waste of taking the first ``n`` free GPUs, summed
+        over the row's GPUs as numpy sums it (positions matter to the rounding)."""
+        terms = [0.0] * len(gpu)
+        for j in [j for j, f in enumerate(gpu) if f == 1000][:n]:
+            terms[j] = waste[0] - waste[1000]
+        return pairwise(terms)
+
+    def waste(self) -> list[float]:
+        if self._waste is None:
+            self._waste = self._final_waste().tolist()
+        return self._waste

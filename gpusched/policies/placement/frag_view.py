@@ -1,0 +1,181 @@
+"""The numbers FGD scores with, per pool and cycle: the typical tasks' mix compiled to
+arrays (``compile_mix``), every node's usable capacity ``U`` (``usable``), fgd-lookahead's
+expected final waste (``final_waste``), and ``FragView``, which keeps them, and each
+recent request's best candidate on every node, true as the cycle's statement books.
+
+How it stays cheap: the statement tells the view which nodes it changes (``touch``);
+only those are recomputed, when next asked, and in plain Python (``frag_rows``, bit for
+bit the numpy numbers) since they are few. A request asked for the first time scores
+one node of each group of equal nodes (equal free milli per GPU, CPU, model, idleness).
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from operator import gt
+from typing import Iterable
+
+import numpy as np
+
+from gpusched.core.model import WorkerResources
+from gpusched.policies.placement.arrays import NodeArrays
+from gpusched.policies.placement.frag_rows import Row, RowScorer
+
+PATIENCE = 0.1       # fgd-lookahead: how soon a GPU stops getting tasks (final_waste)
+Shape = tuple[int, int, int, tuple[str, ...]]    # (CPU milli, milli per GPU, GPUs, models)
+
+
+@dataclass(slots=True)
+class Compiled:
+    """The typical shapes as arrays over one pool's models and CPU thresholds."""
+
+    milli: np.ndarray      # (K,) milli per GPU of each (milli, GPUs) combination
+    count: np.ndarray      # (K,) GPUs it needs
+    cpu_levels: np.ndarray # sorted distinct CPU requests
+    weight: np.ndarray     # (K, models, levels+1): sum of p_t over shapes t of the combination
+                           # the model accepts with CPU request <= the level's
+
+
+def compile_mix(mix: dict[Shape, float], models: list[str]) -> Compiled:
+    gpu_shapes = [(s, p) for s, p in mix.items() if s[2]]
+    combos = sorted({(s[1], s[2]) for s, _ in gpu_shapes})
+    levels = np.array(sorted({s[0] for s, _ in gpu_shapes}), dtype=np.int64)
+    weight = np.zeros((len(combos), len(models), len(levels) + 1))
+    where = {c: i for i, c in enumerate(combos)}
+    for (cpu, milli, gpus, allowed), p in gpu_shapes:
+        level = int(np.searchsorted(levels, cpu, side="right"))
+        for m, model in enumerate(models):
+            if not allowed or model in allowed:
+                weight[where[(milli, gpus)], m, level:] += p
+    return Compiled(np.array([c[0] for c in combos], dtype=np.int64),
+                    np.array([c[1] for c in combos], dtype=np.int64), levels, weight)
+
+
+def usable(mix: Compiled, gpu: np.ndarray, cpu: np.ndarray, model: np.ndarray) -> np.ndarray:
+    """U per row: free milli typical GPU tasks could use, weighted by their frequency."""
+    if not mix.milli.size:
+        return np.zeros(len(cpu))
+    big = gpu[:, None, :] >= mix.milli[None, :, None]                  # rows, combos, GPUs
+    room = (gpu[:, None, :] * big).sum(axis=2)
+    fits = big.sum(axis=2) >= mix.count[None, :]
+    level = np.searchsorted(mix.cpu_levels, cpu, side="right")
+    weight = mix.weight[:, model, level].T                             # rows, combos
+    return (weight * fits * room).sum(axis=1)
+
+
+class FragView:
+    """``U`` of every node of a pool under the cycle's task mix, kept up to date, and each
+    recent request's best candidate on every node (``best``), also kept up to date.
+
+    The statement tells the view which nodes it changes (``touch``); what depends on a
+    node alone is recomputed for those nodes only, when next asked: ``U`` (``sync``),
+    and a request's per-node best (``Best``, refreshed from the ``touched`` log)."""
+
+    def __init__(self, arrays: NodeArrays, mix: dict[Shape, float], patience: float = PATIENCE,
+                 lookahead: bool = False) -> None:
+        self.arrays = arrays
+        self.lookahead = lookahead   # whose keys ``scorer`` packs: fgd-lookahead's, or FGD's
+        self.shapes = mix
+        self.patience = patience
+        self.mix = compile_mix(mix, arrays.models)
+        self.u = usable(self.mix, arrays.gpu, arrays.cpu, arrays.model)
+        self._waste: np.ndarray | None = None
+        self.stale: set[int] = set()          # rows changed since the last ``sync``
+        # Every row changed, in order (what each Best has seen), and the rows that gained
+        # capacity (CPU, memory or a GPU's free milli): only those can start to fit.
+        self.touched: list[int] = []
+        self.grown: list[int] = []
+        self.initial = list(arrays.plain)     # (GPUs, CPU, memory, idle) before any change
+        self.best: dict[WorkerResources, Best] = {}   # oldest first
+        self._scorer: RowScorer | None = None
+        self.plain: dict[int, Row] = {}   # changed rows as plain Python values
+        self.moved = np.zeros(len(arrays.nodes), dtype=bool)   # changed since the view was built
+        self.models: list[int] = arrays.model.tolist()
+        # Rows alike in what a score reads (free milli per GPU, CPU, model, idleness) at
+        # the start: ``Fgd.fill`` scores one row of each group.
+        alike = np.column_stack((arrays.gpu, arrays.cpu, arrays.model, arrays.idle))
+        self.group = np.unique(alike, axis=0, return_inverse=True)[1].reshape(-1) if len(alike) else alike
+
+    def final_waste(self) -> np.ndarray:
+        if self._waste is None:
+            self._waste = final_waste(self.shapes, self.patience)
+        return self._waste
+
+    def touch(self, names: Iterable[str]) -> None:
+        for name in names:
+            i = self.arrays.row.get(name)
+            if i is not None:
+                self.stale.add(i)
+
+    def sync(self) -> None:
+        """Bring ``U`` up to date (each row's U depends on that row alone), and the
+        plain-Python copy of the changed rows that ``Fgd.rescore`` reads."""
+        if not self.stale:
+            return
+        a = self.arrays
+        rows = sorted(self.stale)
+        self.stale.clear()
+        if len(rows) > FEW_ROWS:
+            at = np.array(rows, dtype=np.int64)
+            self.u[at] = usable(self.mix, a.gpu[at], a.cpu[at], a.model[at])
+        scorer, u, moved, model, plain = self.scorer, self.u, self.moved, self.models, self.plain
+        for i in rows:
+            gpu, cpu, mem, idle = a.plain[i]
+            if len(rows) <= FEW_ROWS:
+                u[i] = scorer.usable_row(gpu, cpu, model[i])
+            moved[i] = True
+            was = plain.get(i) or self.initial[i]
+            if cpu > was[1] or mem > was[2] or any(map(gt, gpu, was[0])):
+                self.grown.append(i)
+            self.touched.append(i)
+            plain[i] = scorer.row(gpu, cpu, mem, model[i], idle, float(u[i]))
+
+    @property
+    def scorer(self) -> RowScorer:
+        if self._scorer is None:
+            self._scorer = RowScorer(self.mix, self.final_waste, self.lookahead)
+        return self._scorer
+
+
+@dataclass(slots=True)
+class Best:
+    """One request's best candidate on each node: its packed sort key (``NONE`` where
+    the node cannot take it) and GPU index. Capacity that only shrank cannot make a
+    node fit, so of the rows changed since, only those that fitted, or grew, are
+    scored again."""
+
+    seen: int              # entries of ``touched`` seen
+    grown: int             # entries of ``grown`` seen
+    key: np.ndarray
+    gpu: np.ndarray
+    fits: set[int]         # rows whose key is not NONE
+
+
+NONE = np.iinfo(np.int64).max
+FEW_ROWS = 256            # changed rows rescored one by one in Python (frag_rows); more: numpy
+CACHED_REQUESTS = 256    # distinct requests a view keeps the per-node best of
+
+
+def final_waste(mix: dict[Shape, float], patience: float = PATIENCE) -> np.ndarray:
+    """``w[f]``, f = 0..1000: the free milli a GPU with ``f`` free is expected to be left
+    with. Typical tasks arrive in proportion to their frequency ``p``; one that fits (a
+    share of ``s <= f`` milli; a whole-GPU task when the GPU is free) lands and leaves
+    ``f - s``; meanwhile the GPU stops getting tasks at rate ``patience`` (the run ends,
+    or other GPUs take them), so ``w[f] = (patience * f + sum p * w[f - s]) /
+    (patience + sum p)`` over the tasks that fit. A 190-milli hole that only rare small
+    tasks fit is expected to stay nearly empty; a 530 hole that a common 470 fills, not."""
+    shares: Counter[int] = Counter()
+    whole = 0.0
+    for (_, milli, gpus, _), p in mix.items():
+        if gpus == 1 and milli < 1000:
+            shares[milli] += p
+        elif gpus:
+            whole += p
+    sizes = np.array(sorted(shares), dtype=np.int64)
+    p = np.array([shares[s] for s in sizes])
+    w = np.zeros(1001)
+    for f in range(1, 1001):
+        k = int(np.searchsorted(sizes, f, side="right"))     # shares that fit: sizes[:k]
+        reach = p[:k].sum() + (whole if f == 1000 else 0.0)
+        w[f] = (patience * f + p[:k] @ w[f - sizes[:k]]) / (patience + reach)
+    return w

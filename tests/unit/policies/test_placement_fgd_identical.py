@@ -1,0 +1,170 @@
+"""The fast FGD and fgd-lookahead decide exactly as the policies did when they scored
+every feasible node at every decision (``placement_reference``, a frozen copy kept as
+the test oracle): the same jobs placed, on the same nodes and GPUs, in every cycle.
+
+Compared through the ``Scheduler`` (whole GPUs, GPU shares, multi-GPU workers, gangs,
+MIG, model restrictions, GPU-memory limits on shares, reservations with backfill):
+
+* on the openb pod lists, as the static simulator offers them (every 8th node of the
+  trace, the seed's workload, one cycle);
+* on random clusters (hypothesis), many nodes alike so that equal nodes share work,
+  over several cycles with jobs ending between them.
+"""
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gpusched.core import events as ev
+from gpusched.core.model import JobSpec, WorkerResources
+from gpusched.core.reducer import apply
+from gpusched.core.state import ClusterState
+import numpy as np
+
+from gpusched.policies.placement.frag_rows import RowScorer, pairwise
+from gpusched.policies.placement.fragmentation import compile_mix, final_waste, usable
+from gpusched.policies.placement.registry import PLACEMENTS
+from gpusched.policies.scheduler import Scheduler, SchedulerConfig
+from gpusched.sim import traces
+from gpusched.sim.static import workload
+from tests.unit.policies import placement_reference as reference
+from tests.unit.policies.test_placement_properties import MIG_SETUPS, MODELS, jobs_st, with_mig
+from tests.unit.core.builders import Log
+from tests.unit.policies.placement_cases import node
+
+POLICIES = {"fgd": "reference-fgd", "fgd-lookahead": "reference-fgd-lookahead"}
+
+
+@pytest.fixture(autouse=True)
+def reference_policies(monkeypatch):
+    """The oracle, chosen by name as any policy is."""
+    monkeypatch.setitem(PLACEMENTS, "reference-fgd", reference.Fgd)
+    monkeypatch.setitem(PLACEMENTS, "reference-fgd-lookahead", reference.FgdLookahead)
+
+
+def decided(state: ClusterState, config: SchedulerConfig) -> list[tuple]:
+    return [(d.job_id, d.attempt, d.workers, d.backfilled)
+            for d in Scheduler(config).cycle(state, now=0.0)]
+
+
+def assert_same(state: ClusterState, policy: str, **config) -> list[tuple]:
+    fast = decided(state, SchedulerConfig(placement=policy, **config))
+    oracle = decided(state, SchedulerConfig(placement=POLICIES[policy], **config))
+    assert fast == oracle
+    return fast
+
+
+# --- the openb pod lists ----------------------------------------------------------------
+def openb_state(pod_list: str, seed: int, stride: int) -> ClusterState:
+    """The static simulator's state for ``seed`` (``static.pack``), on every
+    ``stride``-th node of the trace."""
+    nodes = traces.load_nodes()[::stride]
+    tasks = traces.load_tasks(pod_list)
+    arrivals = workload(tasks, sum(len(n.gpus) for n in nodes) * 1000, seed)
+    state = ClusterState()
+    for i, info in enumerate(random.Random(f"nodes:{seed}").sample(nodes, len(nodes))):
+        apply(state, ev.NodeRegistered(event_id=f"node-{i}", node=info))
+    for i, task in enumerate(arrivals):
+        job_id = f"{pod_list}-{seed}-{i:06d}"
+        apply(state, ev.JobSubmitted(event_id=f"submit-{job_id}", job_id=job_id, spec=task.spec(job_id)))
+    return state
+
+
+@pytest.mark.skipif(not (traces.TRACE_DIR / traces.NODE_LIST).exists(), reason="no openb trace")
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+@pytest.mark.parametrize("pod_list", traces.POD_LISTS)
+def test_same_decisions_on_the_openb_lists(pod_list, policy):
+    state = openb_state(pod_list, seed=42, stride=8)
+    placed = assert_same(state, policy, queue="fifo", max_decisions=len(state.pending))
+    assert len(placed) > 500 and len(placed) < len(state.pending)   # the cluster fills up
+
+
+# --- random clusters --------------------------------------------------------------------
+# A few node templates, each repeated: equal nodes are where sharing work could go wrong.
+templates_st = st.lists(
+    st.tuples(st.integers(0, 8), st.sampled_from(MODELS), st.sampled_from([8000, 32_000, 64_000]),
+              st.sampled_from([16_000, 128_000]), st.sampled_from(MIG_SETUPS), st.integers(1, 8)),
+    min_size=1, max_size=4)
+
+
+def alike_cluster(templates, rng: random.Random) -> Log:
+    infos = [with_mig(node(f"t{t}-{k}", gpus=g, model=m, cpu=cpu, mem=mem, labels=(("rack", f"r{k % 2}"),)), setup)
+             for t, (g, m, cpu, mem, setup, copies) in enumerate(templates) for k in range(copies)]
+    rng.shuffle(infos)
+    return Log(*infos)
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(templates=templates_st, rounds=st.lists(jobs_st, min_size=1, max_size=4),
+       backfill=st.booleans(), rng=st.randoms(use_true_random=False))
+def test_same_decisions_on_random_clusters(policy, templates, rounds, backfill, rng):
+    log = alike_cluster(templates, rng)
+    count = 0
+    for jobs in rounds:
+        for res, workers in jobs:
+            spec = JobSpec(name=f"j{count}", team=f"t{count % 2}", workers=workers, resources=res)
+            assert log.submit(f"j{count}", spec).accepted
+            count += 1
+        for job_id, attempt, workers, _ in assert_same(log.state, policy, queue="fifo", backfill=backfill):
+            assert log(ev.JobPlaced, job_id=job_id, attempt=attempt, workers=workers).accepted
+        for job in [j for j in log.state.jobs.values() if j.phase.holds_gpus]:
+            if rng.random() < 0.4:   # some end: the next round places into a used cluster
+                assert log(ev.JobCancelled, job_id=job.job_id).accepted
+                log.stopped(job.job_id)
+
+
+def test_many_equal_nodes_fill_in_registration_order():
+    """The bench's shape in small: 40 equal nodes, a long queue of the openb mix."""
+    rng = random.Random(5)
+    log = Log(*(node(f"n{i:02d}", gpus=8, cpu=128_000, mem=1_048_576) for i in range(40)))
+    for i in range(600):
+        x = rng.random()
+        if x < 0.4:
+            res = dict(milli=rng.choice((110, 230, 460, 470, 550, 810)))
+        elif x < 0.85:
+            res = dict(gpus=1)
+        else:
+            res = dict(gpus=rng.choice((2, 4, 8)))
+        spec = JobSpec(name=f"j{i}", team="t", resources=_resources(cpu=rng.choice((2000, 8000, 16_000)), **res))
+        assert log.submit(f"j{i:04d}", spec).accepted
+    for policy in sorted(POLICIES):
+        placed = assert_same(log.state, policy, queue="fifo", max_decisions=600)
+        assert 200 < len(placed) < 600
+
+
+def _resources(cpu: int, gpus: int = 0, milli: int = 0) -> WorkerResources:
+    return WorkerResources(gpus=gpus, gpu_milli=milli, cpu_milli=cpu, memory_mib=4 * cpu)
+
+
+# --- the plain-Python rescoring against numpy, to the bit ---------------------------------
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(0, 1e4, allow_nan=False), min_size=0, max_size=300))
+def test_pairwise_sums_as_numpy_does(values):
+    assert pairwise(values) == np.array(values, dtype=np.float64).sum()
+
+
+@settings(max_examples=40, deadline=None)
+@given(shares=st.lists(st.tuples(st.sampled_from([0, 2000, 8000, 16_000, 32_000]), st.integers(1, 1000),
+                                 st.sampled_from([1, 1, 2, 4, 8]), st.floats(0.01, 1.0)), min_size=1, max_size=40),
+       rows=st.lists(st.tuples(st.lists(st.sampled_from([0, 10, 90, 230, 470, 530, 770, 1000]), min_size=8, max_size=8),
+                               st.integers(-1, 64_000)), min_size=1, max_size=20))
+def test_row_scores_equal_numpy_to_the_bit(shares, rows):
+    """U of single rows (``RowScorer``) is numpy's ``usable``, float for float, with
+    mixes of many (milli, GPUs) combinations (numpy sums 8 or more pairwise)."""
+    mix: dict = {}
+    for cpu, milli, gpus, p in shares:
+        shape = (cpu, milli if gpus == 1 else 1000, gpus, ())
+        mix[shape] = mix.get(shape, 0) + p
+    total = sum(mix.values())
+    mix = {s: p / total for s, p in mix.items()}
+    compiled = compile_mix(mix, ["A100-80GB"])
+    gpu = np.array([g for g, _ in rows], dtype=np.int64)
+    cpu = np.array([c for _, c in rows], dtype=np.int64)
+    expected = usable(compiled, gpu, cpu, np.zeros(len(rows), dtype=np.int64))
+    scorer = RowScorer(compiled, lambda: final_waste(mix), lookahead=True)
+    for i, (free, c) in enumerate(rows):
+        assert scorer.usable_row(tuple(free), c, 0) == expected[i]
