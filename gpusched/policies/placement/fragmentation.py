@@ -154,6 +154,8 @@ class Fgd:
                 self.refresh(view, best, arrays.feasible(res, at), res)
                 best.fits.difference_update(rows)
                 best.fits.update(at[best.key[at] != NONE].tolist())
+        if not best.key.size:        # a pool without nodes
+            return None
         i = int(best.key.argmin())   # the first row of the least key: registration order
         return None if best.key[i] == NONE else (i, int(best.gpu[i]))
 

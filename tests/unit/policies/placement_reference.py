@@ -133,7 +133,7 @@ class Fgd:
     def choose(self, state: StateLike, statement: Statement, job: JobState, res: WorkerResources) -> Choice | None:
         pool = job.spec.pool
         if res.is_mig:
-            return choose_mig(state.nodes, pool, res)
+            return choose_mig(statement, state.nodes, pool, res)
         view = self.view(state, statement, pool)
         arrays = view.arrays
         rows = arrays.feasible(res)
