@@ -7,17 +7,20 @@ by configuration when the scheduler is built, from an explicit map of names:
 
   1. snapshot    the cycle's inputs, read once: the quota tree (the log's policy,
                  ``policy_tree``, else ``SchedulerConfig.quotas``), fair share's memory,
-                 live nominations, the parked set.
+                 live nominations, the parked set, the guarantee hold.
   2. queue sort  the ready jobs in the configured order (``queue``: ``QUEUE_ORDERS``),
-                 nominees first.
+                 nominees first (fair share charges them before ranking the rest).
   Then for each job in that order, until ``max_decisions``:
   3. gate        not offered: parked jobs, and jobs of a shape that failed earlier in
                  this cycle, where failures depend on capacity alone.
-  4. quota       would its team or org go over a limit (``within_limits``)?
+  4. quota       would its team or org go over a limit (``within_limits``)? Would it
+                 borrow what a team waiting below its guarantee keeps back
+                 (``guarantee_hold``)?
   5. filter, score, reserve
                  the placement policy (``placement``, with ``placement_args``) chooses
                  every worker's node and GPUs (``place_gang``), booked on the
-                 cycle's ``Statement``.
+                 cycle's ``Statement``; a nominee on its nominated nodes when they take
+                 it (the nomination binds), else anywhere.
   6. post-filter capacity kept for other jobs while this one is offered: the nodes
                  nominated for a preemption's beneficiary (``NomineeHold``) and the
                  reservation stage (``RESERVATIONS``: with ``backfill``, the first

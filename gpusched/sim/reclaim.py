@@ -28,6 +28,7 @@ from gpusched.core.reducer import apply
 from gpusched.core.state import ClusterState
 from gpusched.policies.preemption.decisions import preemption_decisions, preemption_events
 from gpusched.policies.preemption.victim_rules import PreemptionConfig
+from gpusched.policies.queueing.guarantee_hold import DEFAULT_GUARANTEE_HOLD_S
 from gpusched.policies.queueing.quota import OrgQuota, QueueTree, TeamQuota
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig
 
@@ -48,6 +49,7 @@ class ReclaimWorkload:
     # whatever preempts after that is preemption chasing itself.
     departures_when_steady: bool = True
     seed: int = 0
+    guarantee_hold_s: float = DEFAULT_GUARANTEE_HOLD_S   # the cycle's (SchedulerConfig); 0: none
 
 
 @dataclass(slots=True)
@@ -113,7 +115,7 @@ def run(wl: ReclaimWorkload, preemption: PreemptionConfig | None = None) -> Recl
     rng = random.Random(wl.seed)
     tree = _quotas(wl)
     config = replace(preemption or PreemptionConfig(), quotas=tree)
-    scheduler = Scheduler(SchedulerConfig(queue="fair-share", quotas=tree))
+    scheduler = Scheduler(SchedulerConfig(queue="fair-share", quotas=tree, guarantee_hold_s=wl.guarantee_hold_s))
     state = ClusterState()
     n = 0
 
@@ -194,11 +196,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--no-departures-when-steady", action="store_true",
                    help="once demand is steady, no job ends")
     p.add_argument("--summary", action="store_true", help="one row: the sums (means) over the seeds")
+    p.add_argument("--guarantee-hold-s", type=float, default=DEFAULT_GUARANTEE_HOLD_S,
+                   help="the cycle's guarantee hold (0: free capacity is lent at once)")
     args = p.parse_args(argv)
     reports = []
     for seed in range(args.seeds):
         wl = ReclaimWorkload(teams=args.teams, hours=args.hours, steady_after_h=args.hours / 2, seed=seed,
-                             departures_when_steady=not args.no_departures_when_steady)
+                             departures_when_steady=not args.no_departures_when_steady,
+                             guarantee_hold_s=args.guarantee_hold_s)
         reports.append((seed, run(wl)))
     if args.summary:
         print("| teams | ending when steady | preemptions / h | flips | flips once steady "
