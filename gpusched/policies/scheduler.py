@@ -159,9 +159,9 @@ class Scheduler:
         # 1. snapshot
         quotas = policy_tree(state, self.config.quotas)   # the log's, at this state's position
         jobs = state.jobs
-        ready = [jobs[j] for j in state.pending if jobs[j].not_before <= now]
         # A refusal by the guarantee hold is not about capacity: no parking while it holds.
-        held = guarantee_hold(state, quotas, ready, now, self.config.guarantee_hold_s)
+        held = guarantee_hold(state, quotas, (jobs[j] for j in state.pending if jobs[j].not_before <= now),
+                              now, self.config.guarantee_hold_s)
         parking = parked is not None and parking_applies(state, not self._reservations.capacity_only) \
             and held is None
         if parked is not None and not parking:
@@ -173,8 +173,7 @@ class Scheduler:
         context = QueueContext(quotas, folded_decay(state, now), self.config.aging_s, frozenset(nominated))
         # 2. queue sort
         unsorted = skip if self.config.queue in KEYED_ORDERS else ()   # see KEYED_ORDERS
-        if unsorted:
-            ready = [j for j in ready if j.job_id not in unsorted]
+        ready = [jobs[j] for j in state.pending if j not in unsorted and jobs[j].not_before <= now]
         order = nominees_first(self._ordered(state, ready, now, context, keys), nominated)
         shape_of = keys.shape if keys is not None else job_shape
         # Where an offer can only place a job or fail its shape (no stage holds capacity

@@ -104,10 +104,10 @@ class GuaranteeHold:
         return self._capacity
 
 
-def guarantee_hold(state: ClusterState, tree: QueueTree, waiting: list[JobState], now: float,
+def guarantee_hold(state: ClusterState, tree: QueueTree, waiting: Iterable[JobState], now: float,
                    hold_s: float = DEFAULT_GUARANTEE_HOLD_S) -> GuaranteeHold | None:
     """The cycle's hold, or None where no team can keep anything back (no guarantees, or
-    every waiting team at or above its own): the common case costs one pass over the tree."""
+    every waiting team at or above its own). Without guarantees ``waiting`` is not read."""
     if hold_s <= 0 or not tree.has_guarantees:
         return None
     hold = GuaranteeHold(state, tree, waiting, now, hold_s)
