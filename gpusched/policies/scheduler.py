@@ -258,7 +258,9 @@ class _Cycle:
         reserved = self.reservations.reservation
         if not within_limits(self.state, self.quotas, job, reserved.job if reserved else None):
             return Unplaced.QUOTA
-        if self.guarantee is not None and not self.guarantee.allows(job):
+        # A nominee is exempt: what a preemption freed for it is not the hold's to keep.
+        if self.guarantee is not None and not self.guarantee.allows(job) \
+                and not (self.nominees is not None and job.job_id in self.nominees.nominated):
             return Unplaced.HELD_FOR_GUARANTEE
         # 6. post-filter: the nominee hold around 5 and the reservation stage
         if self.nominees is not None and self.reservations.hold is None:

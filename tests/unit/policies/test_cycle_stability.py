@@ -163,3 +163,15 @@ def test_free_capacity_below_a_waiting_teams_guarantee_is_not_lent(
     assert ("b-job" in {d.job_id for d in result.decisions}) is placed
     if not placed:
         assert result.reason("b-job") is Unplaced.HELD_FOR_GUARANTEE
+
+
+def test_a_nominee_that_borrows_is_not_held():
+    # As "kept-for-waiting-team", but b's 1-GPU job is the beneficiary of a preemption (of
+    # c's job on n1): the capacity freed for it is its own, whatever a waits for.
+    c = held_cluster(14, 16, 4, 1)
+    victim = c.hold("c", 1, node="n1")
+    assert c.log(ev.JobPreempted, job_id=victim, attempt=0, for_job="b-job", reason="priority: test").accepted
+    c.log.stopped(victim)
+    config = SchedulerConfig(queue="fair-share", quotas=two_teams(16))
+    result = Scheduler(config).schedule(c.state, c.log.now)
+    assert "b-job" in {d.job_id for d in result.decisions}
