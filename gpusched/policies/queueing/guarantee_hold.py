@@ -28,14 +28,15 @@ from __future__ import annotations
 from typing import Iterable
 
 from gpusched.core.state import ClusterState, JobState
-from gpusched.policies.queueing.quota import QueueTree, claims_guarantee
+from gpusched.policies.queueing.quota import QueueTree, claims_guarantee, within_limits
 
 DEFAULT_GUARANTEE_HOLD_S = 1200.0   # seconds; see the bound above
 
 
 class GuaranteeHold:
-    """One cycle's hold. ``waiting``: the cycle's ready jobs; ``placed`` is told of every
-    decision so a team's jobs placed in this cycle stop keeping capacity back."""
+    """One cycle's hold. ``waiting``: the cycle's ready jobs (those within their limits keep
+    capacity back); ``placed`` is told of every decision so a team's jobs placed in this
+    cycle stop keeping capacity back."""
 
     def __init__(self, state: ClusterState, tree: QueueTree, waiting: Iterable[JobState], now: float,
                  hold_s: float = DEFAULT_GUARANTEE_HOLD_S) -> None:
@@ -45,7 +46,8 @@ class GuaranteeHold:
         since: dict[str, float] = {}       # team -> when its oldest waiting job entered the queue
         for job in waiting:
             team = job.team
-            if job.milli and tree.team_quota(team).guaranteed_milli:
+            # A job its limits keep out would hold capacity for nothing, for as long as the bound.
+            if job.milli and tree.team_quota(team).guaranteed_milli and within_limits(state, tree, job):
                 self.asks[team] = self.asks.get(team, 0) + job.milli
                 self.holding.add(job.job_id)
                 since[team] = min(since.get(team, job.pending_since), job.pending_since)

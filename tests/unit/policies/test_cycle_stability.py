@@ -175,3 +175,14 @@ def test_a_nominee_that_borrows_is_not_held():
     config = SchedulerConfig(queue="fair-share", quotas=two_teams(16))
     result = Scheduler(config).schedule(c.state, c.log.now)
     assert "b-job" in {d.job_id for d in result.decisions}
+
+
+def test_a_job_its_limits_keep_out_holds_nothing():
+    # As "kept-for-waiting-team", but a's waiting job is over a's limit (18 > 17): it will
+    # never be placed, so it keeps nothing back and b borrows the free GPUs.
+    c = held_cluster(14, 16, 4, 1)
+    tree = QueueTree(orgs={"org": OrgQuota(teams={"a": TeamQuota(guaranteed_gpus=16, limit_gpus=17),
+                                                  "b": TeamQuota(guaranteed_gpus=16)})})
+    result = Scheduler(SchedulerConfig(queue="fair-share", quotas=tree)).schedule(c.state, c.log.now)
+    assert result.reason("a-job") is Unplaced.QUOTA
+    assert "b-job" in {d.job_id for d in result.decisions}
