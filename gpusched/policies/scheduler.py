@@ -159,11 +159,9 @@ class Scheduler:
         # 1. snapshot
         quotas = policy_tree(state, self.config.quotas)   # the log's, at this state's position
         jobs = state.jobs
-        # A refusal by the guarantee hold is not about capacity: no parking while it holds.
         held = guarantee_hold(state, quotas, (jobs[j] for j in state.pending if jobs[j].not_before <= now),
                               now, self.config.guarantee_hold_s)
-        parking = parked is not None and parking_applies(state, not self._reservations.capacity_only) \
-            and held is None
+        parking = parked is not None and parking_applies(state, not self._reservations.capacity_only)
         if parked is not None and not parking:
             parked.clear()
         skip = parked.current(state, now) if parking else frozenset()
@@ -199,7 +197,9 @@ class Scheduler:
                 run.record(job, run.offer(job, shape))   # 4-7
         # 8. park
         if parking:
-            parked.park(state, chain(run.unplaced, run.skipped),
+            # A refusal by the guarantee hold is not about capacity: that job is offered again.
+            refused = (j for j, why in run.unplaced.items() if why is not Unplaced.HELD_FOR_GUARANTEE)
+            parked.park(state, chain(refused, run.skipped),
                         {d.job_id: (d.attempt, d.workers) for d in run.decisions.values()})
         self.reservation = run.reservations.reservation
         return CycleResult(list(run.decisions.values()), run.unplaced, run.skipped, skip, self.reservation)

@@ -14,6 +14,7 @@ from gpusched.core import events as ev
 from gpusched.policies.preemption.decisions import victims_for
 from gpusched.policies.preemption.victim_rules import PreemptionConfig
 from gpusched.policies.queueing.fairshare import tier_of
+from gpusched.policies.queueing.parking import ParkedJobs
 from gpusched.policies.queueing.quota import OrgQuota, QueueTree, TeamQuota, claims_guarantee
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig, Unplaced
 from tests.unit.policies.test_fairness import Cluster
@@ -186,3 +187,16 @@ def test_a_job_its_limits_keep_out_holds_nothing():
     result = Scheduler(SchedulerConfig(queue="fair-share", quotas=tree)).schedule(c.state, c.log.now)
     assert result.reason("a-job") is Unplaced.QUOTA
     assert "b-job" in {d.job_id for d in result.decisions}
+
+
+def test_a_job_the_hold_refused_is_not_parked():
+    # Parking keeps jobs that did not fit out of later cycles at the same capacity; a job
+    # the hold refused may be placed at the same capacity once the hold lapses.
+    c = held_cluster(14, 16, 4, 1)
+    waited_from = c.state.jobs["a-job"].pending_since
+    scheduler = Scheduler(SchedulerConfig(queue="fair-share", quotas=two_teams(16), guarantee_hold_s=5))
+    parked = ParkedJobs()
+    first = scheduler.schedule(c.state, waited_from + 1, parked)
+    assert first.reason("b-job") is Unplaced.HELD_FOR_GUARANTEE and "b-job" not in parked.jobs
+    later = scheduler.schedule(c.state, waited_from + 6, parked)     # same epoch, the hold lapsed
+    assert "b-job" in {d.job_id for d in later.decisions}
