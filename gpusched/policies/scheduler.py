@@ -7,17 +7,20 @@ by configuration when the scheduler is built, from an explicit map of names:
 
   1. snapshot    the cycle's inputs, read once: the quota tree (the log's policy,
                  ``policy_tree``, else ``SchedulerConfig.quotas``), fair share's memory,
-                 live nominations, the parked set.
+                 live nominations, the parked set, the guarantee hold.
   2. queue sort  the ready jobs in the configured order (``queue``: ``QUEUE_ORDERS``),
-                 nominees first.
+                 nominees first (fair share charges them before ranking the rest).
   Then for each job in that order, until ``max_decisions``:
   3. gate        not offered: parked jobs, and jobs of a shape that failed earlier in
                  this cycle, where failures depend on capacity alone.
-  4. quota       would its team or org go over a limit (``within_limits``)?
+  4. quota       would its team or org go over a limit (``within_limits``)? Would it
+                 borrow what a team waiting below its guarantee keeps back
+                 (``guarantee_hold``)?
   5. filter, score, reserve
                  the placement policy (``placement``, with ``placement_args``) chooses
                  every worker's node and GPUs (``place_gang``), booked on the
-                 cycle's ``Statement``.
+                 cycle's ``Statement``; a nominee on its nominated nodes when they take
+                 it (the nomination binds), else anywhere.
   6. post-filter capacity kept for other jobs while this one is offered: the nodes
                  nominated for a preemption's beneficiary (``NomineeHold``) and the
                  reservation stage (``RESERVATIONS``: ``backfill`` reserves for the
@@ -51,6 +54,7 @@ from gpusched.core.state import ClusterState, JobState
 from gpusched.policies.placement.gang import place_gang
 from gpusched.policies.placement.registry import make_placement
 from gpusched.policies.queueing.fairshare import DEFAULT_AGING_S, QueueContext
+from gpusched.policies.queueing.guarantee_hold import DEFAULT_GUARANTEE_HOLD_S, GuaranteeHold, guarantee_hold
 from gpusched.policies.queueing.keys import QueueKeys
 from gpusched.policies.queueing.order import KEYED_ORDERS, QUEUE_KEYS, QUEUE_ORDERS
 from gpusched.policies.queueing.parking import ParkedJobs, parking_applies
@@ -58,7 +62,9 @@ from gpusched.policies.queueing.policy_tree import policy_tree
 from gpusched.policies.queueing.quota import QueueTree, within_limits
 from gpusched.policies.queueing.usage import folded_decay
 from gpusched.policies.reservation.backfill import DEFAULT_ESTIMATE_S, Reservation
-from gpusched.policies.reservation.nomination import hold_nominated_nodes, live_nominations, nominees_first
+from gpusched.policies.reservation.nomination import (
+    hold_nominated_nodes, live_nominations, nominees_first, only_nominated_nodes,
+)
 from gpusched.policies.reservation.stages import RESERVATIONS, NomineeHold, ReservationRun, ReservationStage
 from gpusched.policies.statement import Statement, tentative
 
@@ -100,6 +106,8 @@ class SchedulerConfig:
     # (``ClusterState.ledger_half_life_s``); kept here for the simulator, which builds its state.
     half_life_s: float = 3600.0
     aging_s: float = DEFAULT_AGING_S     # fair share: a job waiting this long goes first (<= 0: never)
+    # How long free capacity below a waiting team's guarantee is not lent (guarantee_hold; <= 0: lent at once).
+    guarantee_hold_s: float = DEFAULT_GUARANTEE_HOLD_S
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +128,8 @@ class Unplaced(enum.Enum):
                                                      # blocked head of line (may fit without)
     HELD_FOR_NOMINEE = "held-for-nominee"            # failed while nodes were kept for a
                                                      # preemption's beneficiary (may fit without)
+    HELD_FOR_GUARANTEE = "held-for-guarantee"        # would borrow what a team waiting below
+                                                     # its guarantee keeps back (guarantee_hold)
     SKIPPED_SAME_SHAPE = "skipped-same-shape"        # a job of its shape failed earlier this cycle
     PARKED = "parked"                                # did not fit at this capacity: not offered again
 
@@ -172,17 +182,20 @@ class Scheduler:
         ``keys`` (kept likewise) the waiting jobs' queue keys and shapes are computed
         once, not every cycle (policies.queueing.keys). Neither changes a decision."""
         # 1. snapshot
+        quotas = policy_tree(state, self.config.quotas)   # the log's, at this state's position
+        jobs = state.jobs
+        held = guarantee_hold(state, quotas, (jobs[j] for j in state.pending if jobs[j].not_before <= now),
+                              now, self.config.guarantee_hold_s)
         parking = parked is not None and parking_applies(state, not self._reservations.capacity_only)
         if parked is not None and not parking:
             parked.clear()
         skip = parked.current(state, now) if parking else frozenset()
-        quotas = policy_tree(state, self.config.quotas)   # the log's, at this state's position
         # Fair share's memory is the log's (``folded_decay``): a placer that takes over orders alike.
-        context = QueueContext(quotas, folded_decay(state, now), self.config.aging_s)
         nominated = live_nominations(state, now)
+        # Tiers are computed with the beneficiaries of preemptions counted (``nominees``).
+        context = QueueContext(quotas, folded_decay(state, now), self.config.aging_s, frozenset(nominated))
         # 2. queue sort
         unsorted = skip if self.config.queue in KEYED_ORDERS else ()   # see KEYED_ORDERS
-        jobs = state.jobs
         ready = [jobs[j] for j in state.pending if j not in unsorted and jobs[j].not_before <= now]
         order = nominees_first(self._ordered(state, ready, now, context, keys), nominated)
         shape_of = keys.shape if keys is not None else job_shape
@@ -192,7 +205,7 @@ class Scheduler:
         # for a waiting job, and in a full pool nearly all of them fail.
         skim = keys is not None and self._reservations.capacity_only and not nominated
         with tentative(state) as statement:
-            run = _Cycle(self, state, now, statement, quotas, NomineeHold(nominated) if nominated else None)
+            run = _Cycle(self, state, now, statement, quotas, NomineeHold(nominated) if nominated else None, held)
             # The loop runs once per waiting job, thousands a cycle: what it reads is bound once.
             decisions, failed, skipped = run.decisions, run.failed, run.skipped
             max_decisions = self.config.max_decisions
@@ -209,7 +222,9 @@ class Scheduler:
                 run.record(job, run.offer(job, shape))   # 4-7
         # 8. park
         if parking:
-            parked.park(state, chain(run.unplaced, run.skipped),
+            # A refusal by the guarantee hold is not about capacity: that job is offered again.
+            refused = (j for j, why in run.unplaced.items() if why is not Unplaced.HELD_FOR_GUARANTEE)
+            parked.park(state, chain(refused, run.skipped),
                         {d.job_id: (d.attempt, d.workers) for d in run.decisions.values()})
         self.reservation = run.reservations.reservation
         self.reservations = tuple(run.reservations.reservations)
@@ -252,11 +267,11 @@ class _Cycle:
     """One cycle's stages 4-7 over the state, through its statement."""
 
     def __init__(self, scheduler: Scheduler, state: ClusterState, now: float, statement: Statement,
-                 quotas: QueueTree, nominees: NomineeHold | None) -> None:
+                 quotas: QueueTree, nominees: NomineeHold | None, guarantee: GuaranteeHold | None) -> None:
         self.config = scheduler.config
         self.placement = scheduler._placement
         self.state, self.now, self.statement, self.quotas = state, now, statement, quotas
-        self.nominees = nominees
+        self.nominees, self.guarantee = nominees, guarantee
         self.reservations: ReservationRun = scheduler._reservations.start(statement, now)
         self.decisions: dict[str, Decision] = {}      # written by record only
         self.unplaced: dict[str, Unplaced] = {}       # written by record only
@@ -273,6 +288,8 @@ class _Cycle:
         else:
             self.decisions[job.job_id] = Decision(job.job_id, job.attempt, outcome, self.config.placement,
                                                   backfilled=self.reservations.hold is not None)
+            if self.guarantee is not None:
+                self.guarantee.placed(job)
 
     def offer(self, job: JobState, shape) -> Workers | Unplaced:
         """4-6 for ``job``; ``shape``: its ``job_shape``, or the number ``QueueKeys`` gave it."""
@@ -280,13 +297,30 @@ class _Cycle:
         reserved = self.reservations.reservation
         if not within_limits(self.state, self.quotas, job, reserved.job if reserved else None):
             return Unplaced.QUOTA
+        # A nominee is exempt: what a preemption freed for it is not the hold's to keep.
+        if self.guarantee is not None and not self.guarantee.allows(job) \
+                and not (self.nominees is not None and job.job_id in self.nominees.nominated):
+            return Unplaced.HELD_FOR_GUARANTEE
         # 6. post-filter: the nominee hold around 5 and the reservation stage
+        if self.nominees is not None and self.reservations.hold is None:
+            bound = self.on_nominated_nodes(job)
+            if bound is not None:
+                return bound
         kept = self.nominees.kept_from(job, self.decisions) if self.nominees is not None else None
         if kept is None:   # no node to keep from this job (the common case)
             return self.around_reservation(job, shape)
         with hold_nominated_nodes(self.statement, kept):
             outcome = self.around_reservation(job, shape)
         return Unplaced.HELD_FOR_NOMINEE if outcome is Unplaced.NO_FIT else outcome
+
+    def on_nominated_nodes(self, job: JobState) -> Workers | None:
+        """5 for a nominee, on the nodes nominated for it only (the nomination binds); None
+        when it is no nominee or they do not take it (it is then offered as any job)."""
+        nodes = self.nominees.nominated.get(job.job_id)
+        if not nodes:
+            return None
+        with only_nominated_nodes(self.statement, nodes):
+            return place_gang(self.state, job, self.placement, self.statement)
 
     def around_reservation(self, job: JobState, shape) -> Workers | Unplaced:
         """5 under the reservation stage: free (nothing reserved yet), with the holds

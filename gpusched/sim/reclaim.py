@@ -29,6 +29,7 @@ from gpusched.core.reducer import apply
 from gpusched.core.state import ClusterState
 from gpusched.policies.preemption.decisions import preemption_decisions, preemption_events
 from gpusched.policies.preemption.victim_rules import PreemptionConfig
+from gpusched.policies.queueing.guarantee_hold import DEFAULT_GUARANTEE_HOLD_S
 from gpusched.policies.queueing.quota import OrgQuota, QueueTree, TeamQuota
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig
 
@@ -49,6 +50,7 @@ class ReclaimWorkload:
     # whatever preempts after that is preemption chasing itself.
     departures_when_steady: bool = True
     seed: int = 0
+    guarantee_hold_s: float = DEFAULT_GUARANTEE_HOLD_S   # the cycle's (SchedulerConfig); 0: none
 
 
 @dataclass(slots=True)
@@ -65,6 +67,8 @@ class ReclaimReport:
     hours: float
     steady_from_s: float
     preemptions: list[Preempted] = field(default_factory=list)
+    # (time, GPU milli allocated, GPU milli in the cluster) after each step's cycle and preemptions
+    allocation: list[tuple[float, int, int]] = field(default_factory=list)
 
     def reclaims(self) -> list[Preempted]:
         return [p for p in self.preemptions if p.reason == "reclaim"]
@@ -96,6 +100,11 @@ class ReclaimReport:
     def per_hour(self) -> float:
         return len(self.preemptions) / self.hours
 
+    def allocated(self, since: float = 0.0) -> float:
+        """Mean fraction of the GPUs allocated, over the steps at or after ``since``."""
+        samples = [used / total for t, used, total in self.allocation if t >= since]
+        return sum(samples) / len(samples) if samples else 0.0
+
 
 def _quotas(wl: ReclaimWorkload) -> QueueTree:
     share = wl.nodes * wl.gpus_per_node / wl.teams
@@ -108,7 +117,8 @@ def run(wl: ReclaimWorkload, preemption: PreemptionConfig | None = None) -> Recl
     tree = _quotas(wl)
     config = replace(preemption or PreemptionConfig(), quotas=tree)
     # Reservations off: this workload studies preemption between teams, as it always did.
-    scheduler = Scheduler(SchedulerConfig(queue="fair-share", quotas=tree, backfill=False, reserve_after_s=math.inf))
+    scheduler = Scheduler(SchedulerConfig(queue="fair-share", quotas=tree, backfill=False, reserve_after_s=math.inf,
+                                          guarantee_hold_s=wl.guarantee_hold_s))
     state = ClusterState()
     n = 0
 
@@ -158,6 +168,8 @@ def run(wl: ReclaimWorkload, preemption: PreemptionConfig | None = None) -> Recl
                 for w in victim.workers:     # checkpoint and leave at once
                     put(ev.WorkerFinished, time=now, job_id=victim.job_id, attempt=victim.attempt,
                         worker=w.worker, node=w.node, exit_code=0)
+        report.allocation.append((now, sum(u.gpu_milli for u in state.usage.values()),
+                                  1000 * wl.nodes * wl.gpus_per_node))
         now += wl.step_s
     return report
 
@@ -186,15 +198,35 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--hours", type=float, default=8.0)
     p.add_argument("--no-departures-when-steady", action="store_true",
                    help="once demand is steady, no job ends")
+    p.add_argument("--summary", action="store_true", help="one row: the sums (means) over the seeds")
+    p.add_argument("--guarantee-hold-s", type=float, default=DEFAULT_GUARANTEE_HOLD_S,
+                   help="the cycle's guarantee hold (0: free capacity is lent at once)")
     args = p.parse_args(argv)
-    print("| seed | preemptions/h | reclaims | flips | flips once steady | reclaimed twice within 10 min |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    reports = []
     for seed in range(args.seeds):
         wl = ReclaimWorkload(teams=args.teams, hours=args.hours, steady_after_h=args.hours / 2, seed=seed,
-                             departures_when_steady=not args.no_departures_when_steady)
-        r = run(wl)
+                             departures_when_steady=not args.no_departures_when_steady,
+                             guarantee_hold_s=args.guarantee_hold_s)
+        reports.append((seed, run(wl)))
+    if args.summary:
+        print("| teams | ending when steady | preemptions / h | flips | flips once steady "
+              "| jobs reclaimed twice within 10 min | GPUs allocated | GPUs allocated once steady |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+        rs = [r for _, r in reports]
+        mean = lambda f: sum(map(f, rs)) / len(rs)   # noqa: E731
+        print(f"| {args.teams} | {'none' if args.no_departures_when_steady else 'departures'} "
+              f"| {mean(ReclaimReport.per_hour):.2f} | {sum(r.flips() for r in rs)} "
+              f"| {sum(r.flips(r.steady_from_s) for r in rs)} | {sum(len(r.repeated_within(600.0)) for r in rs)} "
+              f"| {100 * mean(ReclaimReport.allocated):.1f} % "
+              f"| {100 * mean(lambda r: r.allocated(r.steady_from_s)):.1f} % |")
+        return
+    print("| seed | preemptions/h | reclaims | flips | flips once steady | reclaimed twice within 10 min "
+          "| allocated | allocated once steady |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for seed, r in reports:
         print(f"| {seed} | {r.per_hour():.1f} | {len(r.reclaims())} | {r.flips()} | "
-              f"{r.flips(r.steady_from_s)} | {len(r.repeated_within(600.0))} |")
+              f"{r.flips(r.steady_from_s)} | {len(r.repeated_within(600.0))} | {100 * r.allocated():.1f} % | "
+              f"{100 * r.allocated(r.steady_from_s):.1f} % |")
 
 
 if __name__ == "__main__":

@@ -48,7 +48,7 @@ from gpusched.core.priority import priority_value
 from gpusched.core.state import ClusterState, JobState
 from gpusched.policies.placement.gang import Placement, place_gang
 from gpusched.policies.placement.registry import PLACEMENTS, make_placement
-from gpusched.policies.queueing.quota import QueueTree
+from gpusched.policies.queueing.quota import QueueTree, claims_guarantee
 from gpusched.policies.statement import Statement, tentative
 from gpusched.policies.preemption.victim_search import VictimSearch
 
@@ -184,7 +184,7 @@ class SearchContext:
         return not (recent and victim.preempted_reason.startswith(REASON_RECLAIM + ":"))
 
     def may_reclaim(self, job: JobState) -> bool:
-        return self.used(job.team) + job.milli <= self.config.guaranteed_milli(job.team)
+        return claims_guarantee(self.used(job.team), job.milli, self.config.guaranteed_milli(job.team))
 
     # --- eligibility and cost -------------------------------------------------------------
     def eligible(self, victim: JobState, job: JobState, reclaim: bool) -> bool:

@@ -18,6 +18,9 @@ A team's claim on the next job, best first:
 4. priority class, then submission order.
 
 Within a team, aged jobs come first, then by priority class and submission order.
+
+Preemption beneficiaries (``QueueContext.nominees``) come first of all, charged before
+the others are ranked: their teams' tiers then count them, as the preemptor does.
 """
 from __future__ import annotations
 
@@ -27,7 +30,7 @@ from typing import Iterable, Mapping
 
 from gpusched.core.priority import priority_value
 from gpusched.core.state import ClusterState, JobState
-from gpusched.policies.queueing.quota import QueueTree
+from gpusched.policies.queueing.quota import QueueTree, claims_guarantee
 from gpusched.policies.queueing.usage import ZERO, Demand
 
 DEFAULT_AGING_S = 6 * 3600.0
@@ -40,6 +43,10 @@ class QueueContext:
     tree: QueueTree = field(default_factory=QueueTree)
     decayed: Mapping[str, Demand] = field(default_factory=dict)   # team -> UsageLedger.decayed()
     aging_s: float = DEFAULT_AGING_S                               # <= 0: no aging
+    # Jobs that go ahead of all others (preemption beneficiaries, whose capacity was freed
+    # for them): charged to their teams before any other job is ranked, so the tiers of
+    # the rest count them as placed — as the preemptor, which counts them as held, does.
+    nominees: frozenset[str] = frozenset()
 
 
 Vector = tuple[float, float, float]   # GPU milli, CPU milli, memory MiB: what DRF compares
@@ -131,12 +138,11 @@ class _Projection:
     def tier(self, job: JobState, milli: float) -> int:
         team = self.teams[job.team]
         org = self.orgs[team.org]
-        team_after, org_after = team.held[0] + milli, org.held_milli + milli
-        if team_after <= team.guaranteed:
+        if claims_guarantee(team.held[0], milli, team.guaranteed):
             return 0
-        if team.org and org_after <= org.guaranteed:
+        if team.org and claims_guarantee(org.held_milli, milli, org.guaranteed):
             return 1
-        if team_after <= team.limit and (not team.org or org_after <= org.limit):
+        if team.held[0] + milli <= team.limit and (not team.org or org.held_milli + milli <= org.limit):
             return 2
         return 3
 
@@ -150,6 +156,14 @@ class _Projection:
         org = self.orgs[team.org]
         org_share = dominant_share(org.effective, self.capacity, org.weight) if team.org else team_share
         return (tier, 1, org_share, team_share, -priority_value(head.spec.priority_class), head.seq)
+
+
+def tier_of(state: ClusterState, job: JobState, tree: QueueTree) -> int:
+    """The tier ``job`` would rank in were it its team's next job (nothing else projected):
+    0 it is claimed against its team's guarantee, 1 against its org's, 2 borrowed within
+    the limits, 3 over a limit. For reports and for tests that hold the cycle's view of who
+    borrows against the preemptor's."""
+    return _Projection(state, QueueContext(tree), (job.team,)).tier(job, job.milli)
 
 
 def _plus(a: Vector, b: Vector) -> Vector:
@@ -167,6 +181,14 @@ def fair_share(state: ClusterState, jobs: Iterable[JobState], now: float,
         queue.sort(key=lambda j: _within_team_key(j, now, aging_s), reverse=True)   # pop() = head
     demand = {j.job_id: job_demand(j) for queue in queues.values() for j in queue}
     projection = _Projection(state, context, queues)
+    order: list[JobState] = []
+    if context.nominees:
+        for team, queue in queues.items():
+            for job in [j for j in reversed(queue) if j.job_id in context.nominees]:
+                order.append(job)
+                projection.charge(job, demand[job.job_id])
+            queue[:] = [j for j in queue if j.job_id not in context.nominees]
+        queues = {team: queue for team, queue in queues.items() if queue}
     org_of = {team: projection.teams[team].org for team in queues}
 
     def claim(team: str) -> tuple:
@@ -174,7 +196,6 @@ def fair_share(state: ClusterState, jobs: Iterable[JobState], now: float,
         return projection.claim(head, demand[head.job_id][0], now, aging_s)
 
     claims = {team: claim(team) for team in queues}
-    order: list[JobState] = []
     while claims:
         team = min(claims, key=claims.__getitem__)
         job = queues[team].pop()

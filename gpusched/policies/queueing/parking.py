@@ -27,7 +27,9 @@ costs a busy pool next to nothing.
 
 Only where a failure depends on capacity alone: not with backfill (a reservation
 decides what later jobs may use) nor while nominations hold nodes for preemption
-beneficiaries (holds come and go without the epoch moving). There the cycle is full and
+beneficiaries (holds come and go without the epoch moving). A job the guarantee hold
+refused is not parked either: the hold lapses, or the team it kept capacity for is
+placed, without the epoch moving. There the cycle is full and
 the parked set is emptied.
 """
 from __future__ import annotations

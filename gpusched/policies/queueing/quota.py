@@ -126,6 +126,12 @@ class QueueTree:
         return self._has_limits or bool(self._lenders)
 
     @property
+    def has_guarantees(self) -> bool:
+        """Whether any team has a guarantee (the default team's counts for every unlisted one)."""
+        return bool(self.default_team.guaranteed_gpus) or any(
+            t.guaranteed_gpus for o in self.orgs.values() for t in o.teams.values())
+
+    @property
     def lenders(self) -> tuple[tuple[str, float, float], ...]:
         return self._lenders
 
@@ -156,6 +162,18 @@ class QueueTree:
             },
             "default_team": quota(self.default_team),
         }
+
+
+# --- who borrows --------------------------------------------------------------------------
+def claims_guarantee(held_milli: float, job_milli: float, guaranteed_milli: float) -> bool:
+    """Whether a job of ``job_milli`` is claimed against its holder's guarantee (rather than
+    borrowed) when the holder (a team, or an org) holds ``held_milli``: it fits within the
+    guarantee, or the holder is below its guarantee and the job crosses it. A job that
+    crosses its team's guarantee is not a borrower's for the part below it: were it ranked
+    as one, the free GPUs it waits for would go to another team's borrower and be reclaimed
+    back. The one rule the cycle's fair-share tiers, the guarantee hold and the
+    preemptor's reclaim ask (so they agree on who is borrowing)."""
+    return held_milli < guaranteed_milli or held_milli + job_milli <= guaranteed_milli
 
 
 # --- accounting -----------------------------------------------------------------------

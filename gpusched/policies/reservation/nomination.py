@@ -5,6 +5,12 @@ nominated for it (``ClusterState.nominations``). Until that job is placed, or th
 nomination grows older than its TTL, a scheduling cycle offers the nominee first and
 keeps the nominated nodes out of reach of every other job — otherwise an earlier or
 equal-priority job (a requeued victim, say) could take the freed GPUs first.
+
+The nomination binds: a nominee is placed on its nominated nodes when it fits there
+(``only_nominated_nodes``), and elsewhere only when it does not. The placement policy
+alone may prefer another node (best fit: a tighter gap elsewhere), and the capacity the
+preemption freed would then go to the next job in the queue — a borrower, whom the next
+reclaim takes back from.
 """
 from __future__ import annotations
 
@@ -35,6 +41,19 @@ def nominees_first(order: list[JobState], nominated: dict[str, tuple[str, ...]])
 def hold_nominated_nodes(statement: Statement, nodes: set[str]) -> Iterator[None]:
     """Make ``nodes`` unschedulable (``Statement.nominate``) while the block runs."""
     held = statement.nominate(nodes)
+    try:
+        yield
+    finally:
+        statement.unnominate(held)
+
+
+@contextmanager
+def only_nominated_nodes(statement: Statement, nodes: tuple[str, ...]) -> Iterator[None]:
+    """Every node but ``nodes`` unschedulable (``Statement.nominate``) while the block runs:
+    where a nominee goes when its nominated nodes take it. Costs a pass over the nodes, paid
+    once per nominee (a preemption's beneficiary, a few a cycle)."""
+    keep = set(nodes)
+    held = statement.nominate(n for n in statement.state.nodes if n not in keep)
     try:
         yield
     finally:

@@ -203,9 +203,14 @@ GUARANTEES = QueueTree(orgs={
     # search is under its guarantee: ahead of interns, who borrow, though interns hold less.
     ({"search": 4, "interns": 1}, [("interns-j", "interns", 2), ("search-j", "search", 2)],
      ["search-j", "interns-j"]),
-    # search would cross its guarantee (6 + 4 > 8): now it borrows too, and interns'
-    # smaller share goes first.
+    # search would cross its guarantee (6 + 4 > 8) but is below it: the job is claimed
+    # against the guarantee (claims_guarantee), not ranked as a borrower's, so search still
+    # goes first. Ranked as a borrower, interns' smaller share would take the free GPUs and
+    # a reclaim would take them back.
     ({"search": 6, "interns": 1}, [("interns-j", "interns", 2), ("search-j", "search", 4)],
+     ["search-j", "interns-j"]),
+    # search at its guarantee: any job of it borrows, and interns' smaller share goes first.
+    ({"search": 8, "interns": 1}, [("interns-j", "interns", 2), ("search-j", "search", 4)],
      ["interns-j", "search-j"]),
     # llm fits its own guarantee (10 + 2 <= 12); vision is over its own, borrowing from
     # its org (18 <= 24): llm first, though vision holds less.
@@ -218,7 +223,8 @@ GUARANTEES = QueueTree(orgs={
     # over a limit: last, whatever its share.
     ({"search": 8}, [("search-j", "search", 16), ("interns-j", "interns", 8)],
      ["interns-j", "search-j"]),
-], ids=["guaranteed-first", "crossing-guarantee-borrows", "own-guarantee-before-org-borrowing",
+], ids=["guaranteed-first", "crossing-guarantee-claims", "at-guarantee-borrows",
+        "own-guarantee-before-org-borrowing",
         "org-sibling-before-others", "over-limit-last"])
 def test_under_quota_teams_come_before_borrowers(holding, pending, expected):
     c = Cluster()

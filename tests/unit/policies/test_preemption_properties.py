@@ -25,7 +25,7 @@ from gpusched.policies.statement import tentative
 from gpusched.policies.placement.gang import place_gang
 from gpusched.policies.placement.registry import make_placement
 from gpusched.policies.preemption.decisions import Preemption, preemption_decisions, preemption_events, victims_for
-from gpusched.policies.queueing.quota import OrgQuota, QueueTree, TeamQuota
+from gpusched.policies.queueing.quota import OrgQuota, QueueTree, TeamQuota, claims_guarantee
 from gpusched.policies.scheduler import Scheduler
 from gpusched.policies.preemption.victim_rules import PreemptionConfig
 from tests.unit.core.builders import Log, make_node
@@ -136,7 +136,8 @@ def test_victims_make_the_job_placeable(data):
         if theirs >= mine:          # only quota reclaim, from a borrowing team, same class
             assert theirs == mine and v.team != job.team
             used = state.usage[job.team].gpu_milli if job.team in state.usage else 0
-            assert used + job.milli <= config.guaranteed_milli(job.team)
+            # the job is claimed against its team's guarantee (within it, or crossing it from below)
+            assert claims_guarantee(used, job.milli, config.guaranteed_milli(job.team))
             assert state.usage[v.team].gpu_milli > config.guaranteed_milli(v.team)
     # A reclaim never takes a team below its guarantee.
     for team in {v.team for v in jobs if priority_value(v.spec.priority_class) >= mine}:

@@ -5,7 +5,9 @@
 * with fair share, aging and EASY backfill, a job that has aged waits at most one
   runtime bound ``D`` per job ahead of it: wait <= aging_s + (k + 1) * D, where k counts
   the jobs submitted before it that were still waiting when it aged;
-* no placement ever takes a team or an org over its limit.
+* no placement ever takes a team or an org over its limit;
+* the cycle's fair-share tiers, its guarantee hold and the preemptor classify every job
+  alike: claimed against its team's guarantee, or borrowed (``claims_guarantee``).
 
 Workloads run through the dynamic simulator: the production reducer and scheduler.
 """
@@ -21,7 +23,9 @@ from gpusched.core.model import JobSpec, WorkerResources
 from gpusched.core.priority import PRIORITY_CLASSES
 from gpusched.core.reducer import apply
 from gpusched.core.state import ClusterState
-from gpusched.policies.queueing.fairshare import QueueContext
+from gpusched.policies.preemption.victim_rules import PreemptionConfig, SearchContext
+from gpusched.policies.queueing.fairshare import QueueContext, tier_of
+from gpusched.policies.queueing.guarantee_hold import GuaranteeHold
 from gpusched.policies.queueing.order import QUEUE_ORDERS
 from gpusched.policies.queueing.quota import OrgQuota, QueueTree, TeamQuota
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig
@@ -146,3 +150,18 @@ def test_limits_are_never_exceeded(data):
         if job.started_at is None:
             quota = tree.team_quota(job.team)
             assert job.milli > min(quota.limit_milli, tree.org_quota(ORG_OF[job.team]).limit_milli), job
+
+
+# --- one view of who borrows ------------------------------------------------------------
+@SETTINGS
+@given(queue_states())
+def test_the_cycle_and_the_preemptor_classify_every_team_alike(case):
+    state, context, now = case
+    tree = context.tree
+    preemptor = SearchContext(state, now, PreemptionConfig(quotas=tree))
+    hold = GuaranteeHold(state, tree, [], now)
+    for job_id in state.pending:
+        job = state.jobs[job_id]
+        claimed = tier_of(state, job, tree) == 0          # the cycle ranks it as its team's guarantee
+        assert preemptor.may_reclaim(job) is claimed, job   # the preemptor reclaims for it
+        assert hold.borrows(job) is not claimed, job        # the hold does not count it a borrower
