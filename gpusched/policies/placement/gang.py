@@ -37,6 +37,8 @@ class Placement(Protocol):
     # Optional: rank(state, statement, job, res, nodes) -> {node name: rank}, lower
     # preferred, distinct (ties broken by registration order), over ``nodes``: nodes of
     # the job's pool that each take one worker of ``res`` now. Scores a gang's nodes.
+    # Optional: rank_key(state, statement, job, res) -> a sort key of one node (or None):
+    # the order ``rank`` gives, for a gang that needs to rank only some of its nodes.
 
 
 def node_ranks(policy: Placement, state: StateLike, statement: Statement, job: JobState,
@@ -58,5 +60,7 @@ def place_gang(state: StateLike, job: JobState, policy: Placement,
         placed = (WorkerAssignment(0, choice[0].name, choice[1]),)
         statement.book(job, placed)
         return placed
+    rank_key = getattr(policy, "rank_key", None)
     return place_spread(state, job, statement,
-                        lambda nodes: node_ranks(policy, state, statement, job, spec.resources, nodes))
+                        lambda nodes: node_ranks(policy, state, statement, job, spec.resources, nodes),
+                        rank_key(state, statement, job, spec.resources) if rank_key is not None else None)

@@ -92,6 +92,19 @@ class BestFit:
             return rank_mig(nodes, job.spec.pool, res)
         return ranks_by(nodes, best_fit_key)
 
+    def rank_key(self, state: StateLike, statement: Statement, job: JobState,
+                 res: WorkerResources) -> Callable[[NodeState], object] | None:
+        """``rank``'s order as a key, read off the free index: its entry of a schedulable
+        node is (``best_fit_key``, registration order, name). None for MIG (``rank_mig``)."""
+        if res.is_mig:
+            return None
+        pool = job.spec.pool
+        index = statement.views.get(("free", pool))
+        if index is None:
+            index = statement.views[("free", pool)] = FreeIndex(state.nodes, pool, GPU_WEIGHT)
+        where = index.where
+        return lambda node: where[node.name][0]
+
 
 class ScoredPlacement:
     """Scores every feasible node at once (lower is better); ties by registration order."""

@@ -9,14 +9,18 @@ plans or nodes are alike by those criteria, the placement policy's preference de
 (``prefer``: its rank of the candidate nodes); without one, registration order. Inside
 a node, a worker's GPUs are picked by ``fit``, as for every policy's chosen node.
 
-The plan is made from how many workers each node takes right now (``node_capacity``),
-then booked worker by worker with the placer's own ``fit``; the gang is booked as one
-unit at the end, or not at all.
+The plan is made from how many workers each node takes right now (``node_capacity``,
+kept per call by ``GangCapacities`` and recomputed only for nodes changed since), then
+booked worker by worker with the placer's own ``fit``; the gang is booked as one unit at
+the end, or not at all. A policy with a ``rank_key`` is asked only about the nodes the
+plan compares, not every candidate.
 """
 from __future__ import annotations
 
-from collections import defaultdict
-from typing import Callable, Mapping, Sequence
+import heapq
+import sys
+from collections import Counter, defaultdict
+from typing import Callable, Iterable, Mapping, Sequence
 
 from gpusched.core.mig import parse_profile, slot_bit
 from gpusched.core.model import WorkerAssignment, WorkerResources
@@ -26,12 +30,20 @@ from gpusched.policies.gpu_fit import StateLike, fit
 
 
 Prefer = Callable[[Sequence[NodeState]], Mapping[str, int]]
+# A policy's rank as a sort key (lower first, distinct per node): the same order as its
+# ``prefer`` would give, computed only for the nodes a decision looks at.
+RankKey = Callable[[NodeState], object]
+UNBOUNDED = sys.maxsize
 
 
 def place_spread(state: StateLike, job: JobState, statement: Statement,
-                 prefer: Prefer | None = None) -> tuple[WorkerAssignment, ...] | None:
+                 prefer: Prefer | None = None, rank_key: RankKey | None = None,
+                 ) -> tuple[WorkerAssignment, ...] | None:
     spec, res = job.spec, job.spec.resources
-    plan = plan_gang([n for n in state.nodes.values() if n.info.pool == spec.pool], res, spec.workers, prefer)
+    view = statement.views.get(("gang", spec.pool))
+    if view is None:
+        view = statement.views[("gang", spec.pool)] = GangCapacities(state.nodes, spec.pool)
+    plan = plan_gang(view, res, spec.workers, prefer, rank_key)
     if plan is None:
         return None
     mark = statement.checkpoint()
@@ -52,47 +64,102 @@ def place_spread(state: StateLike, job: JobState, statement: Statement,
     return gang
 
 
-def plan_gang(nodes: list[NodeState], res: WorkerResources, workers: int,
-              prefer: Prefer | None = None) -> list[tuple[NodeState, int]] | None:
+class GangCapacities:
+    """A statement's view of a pool for gangs: how many workers of each shape asked for in
+    the call each node takes (only nodes taking some), kept true lazily. A change only
+    notes the node; a shape refreshes the nodes noted since it last looked, so a booking
+    costs nothing here and a gang reads no node that did not change."""
+
+    def __init__(self, nodes: Mapping[str, NodeState], pool: str) -> None:
+        self.nodes = nodes
+        self.seq = {n.name: i for i, n in enumerate(nodes.values()) if n.info.pool == pool}
+        self.rack = {name: (nodes[name].info.label("spine"), nodes[name].info.label("rack"))
+                     for name in self.seq}
+        self.changed: list[str] = []
+        self.shapes: dict[WorkerResources, tuple[dict[str, int], int]] = {}
+
+    def touch(self, names: Iterable[str]) -> None:
+        self.changed.extend(names)
+
+    def capacities(self, res: WorkerResources) -> dict[str, int]:
+        """{node: workers of ``res`` it takes now, uncapped} of the pool's nodes taking one."""
+        known = self.shapes.get(res)
+        if known is None:
+            caps = {n: c for n in self.seq if (c := node_capacity(self.nodes[n], res, UNBOUNDED))}
+        else:
+            caps, seen = known
+            for name in set(self.changed[seen:]):
+                if name in self.seq:
+                    c = node_capacity(self.nodes[name], res, UNBOUNDED)
+                    if c:
+                        caps[name] = c
+                    else:
+                        caps.pop(name, None)
+        self.shapes[res] = (caps, len(self.changed))
+        return caps
+
+
+def plan_gang(view: GangCapacities, res: WorkerResources, workers: int,
+              prefer: Prefer | None = None, rank_key: RankKey | None = None,
+              ) -> list[tuple[NodeState, int]] | None:
     """(node, workers there) for every worker, or None when the pool cannot take them all.
-    ``prefer``: ranks of the nodes that take a worker (lower first), breaking ties."""
-    caps = {n.name: c for n in nodes if (c := node_capacity(n, res, workers)) > 0}
+    Ties are broken by ``rank_key`` where given, else by ``prefer``: ranks of the nodes
+    that take a worker (lower first), else by registration order."""
+    caps = {name: min(c, workers) for name, c in view.capacities(res).items()}
     if sum(caps.values()) < workers:
         return None
-    candidates = [n for n in nodes if n.name in caps]
-    order = prefer(candidates) if prefer is not None else {n.name: i for i, n in enumerate(candidates)}
-    racks: dict[tuple[str, str], list[NodeState]] = defaultdict(list)
-    for n in nodes:
-        if n.name in caps:
-            racks[(n.info.label("spine"), n.info.label("rack"))].append(n)
-    for members in racks.values():
-        members.sort(key=lambda n: (-caps[n.name], order[n.name]))
+    nodes = view.nodes
+    if rank_key is None:
+        candidates = [nodes[name] for name in sorted(caps, key=view.seq.__getitem__)]
+        order = prefer(candidates) if prefer is not None else {n.name: i for i, n in enumerate(candidates)}
 
-    def rack_cap(key: tuple[str, str]) -> int:
-        return sum(caps[n.name] for n in racks[key])
+        def rank(n: NodeState) -> object:
+            return order[n.name]
+    else:
+        rank = rank_key
+    racks: dict[tuple[str, str], list[NodeState]] = defaultdict(list)
+    for name in caps:
+        racks[view.rack[name]].append(nodes[name])
+    rack_caps = {k: sum(caps[n.name] for n in members) for k, members in racks.items()}
 
     def nodes_needed(key: tuple[str, str]) -> int:
-        left = workers
-        for i, n in enumerate(racks[key]):
-            left -= caps[n.name]
-            if left <= 0:
-                return i + 1
-        return len(racks[key]) + 1
+        left, used = workers, 0
+        for cap, count in sorted(Counter(caps[n.name] for n in racks[key]).items(), reverse=True):
+            if left <= cap * count:
+                return used + -(-left // cap)
+            left, used = left - cap * count, used + count
+        return used + 1
 
-    whole = [k for k in racks if rack_cap(k) >= workers]
-    if whole:   # one rack: fewest nodes, then the rack left fullest, then the preferred
-        best = min(whole, key=lambda k: (nodes_needed(k), rack_cap(k), order[racks[k][0].name]))
-        chosen = [best]
+    def top(key: tuple[str, str]) -> object:   # the rack's first node: most workers, then rank
+        most = max(caps[n.name] for n in racks[key])
+        return min(rank(n) for n in racks[key] if caps[n.name] == most)
+
+    whole = [k for k in racks if rack_caps[k] >= workers]
+    if len(whole) == 1:
+        chosen = whole
+    elif whole:   # one rack: fewest nodes, then the rack left fullest, then the preferred
+        chosen = [min(whole, key=lambda k: (nodes_needed(k), rack_caps[k], top(k)))]
     else:
-        chosen = _fewest_racks(racks, rack_cap, workers)
-    members = sorted((n for k in chosen for n in racks[k]), key=lambda n: (-caps[n.name], order[n.name]))
-    plan, left = [], workers
+        chosen = _fewest_racks(racks, rack_caps.__getitem__, workers)
+    return _take([n for k in chosen for n in racks[k]], caps, rank, workers)
+
+
+def _take(members: list[NodeState], caps: Mapping[str, int], rank: RankKey,
+          workers: int) -> list[tuple[NodeState, int]] | None:
+    """The nodes that take the most workers first, by rank among equals, until the gang is
+    placed: ranks only the members of the last group it needs part of."""
+    groups: dict[int, list[NodeState]] = defaultdict(list)
     for n in members:
-        take = min(caps[n.name], left)
-        plan.append((n, take))
-        left -= take
-        if not left:
-            return plan
+        groups[caps[n.name]].append(n)
+    plan, left = [], workers
+    for cap in sorted(groups, reverse=True):
+        group, needed = groups[cap], -(-left // cap)
+        for n in sorted(group, key=rank) if needed >= len(group) else heapq.nsmallest(needed, group, key=rank):
+            take = min(cap, left)
+            plan.append((n, take))
+            left -= take
+            if not left:
+                return plan
     return None
 
 
