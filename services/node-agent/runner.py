@@ -19,11 +19,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Awaitable, Callable
 
+if __package__:
+    from . import launcher
+else:   # loaded by file path (deploy/gpu_check.py): launcher.py sits beside it
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import launcher
+
 
 OnCheckpoint = Callable[[str, float], Awaitable[None]]
 EXIT_TERMINATED = 128 + int(signal.SIGTERM)
 EXIT_KILLED = 128 + int(signal.SIGKILL)
-# started by file path (not -m): it then runs where the package is not installed
+# run by file path (not -m): it then runs where the package is not installed
 SHIM = Path(__file__).resolve().with_name("shim.py")
 STATUS_FILE = "shim.json"
 
@@ -106,7 +112,8 @@ class SimulatedRun:
 
 
 class ProcessRun:
-    """A real workload, run under its shim (``shim.py``) in a session of its own.
+    """A real workload, run under its shim (``shim.py``) in a session of its own, forked
+    by this agent's launcher (``launcher.py``) rather than started as a new interpreter.
 
     The shim starts the workload, forwards a stop (SIGTERM, then SIGKILL after
     ``kill_wait``), fences it when the lease at ``lease_path`` runs out (no lease: never
@@ -147,17 +154,16 @@ class ProcessRun:
         self.kill_wait = kill_wait
         self.poll = poll
         self.pid: int | None = None             # the workload's (its group's id too)
-        self._proc: asyncio.subprocess.Process | None = None   # the shim
+        self._proc: launcher.ShimProcess | None = None   # the shim
         self._seen = ""
         self._backstop = ""                     # why the agent had to kill, if it did
         self._stop_asked = False
 
     def shim_args(self) -> list[str]:
+        """The shim's arguments (as ``python -S shim.py ARGS`` would take them)."""
         lease = ["--lease", str(Path(self.lease_path).absolute())] if self.lease_path is not None else []
-        # -S: no site, so the shim (standard library only) does not pay for the venv's .pth
-        # files and editable-install finder on every launch (~15 ms CPU of a ~50 ms start).
-        return [sys.executable, "-S", str(SHIM), *lease, "--kill-wait", repr(float(self.kill_wait)),
-                "--poll", repr(float(self.poll)), "--status", str(self.status_file), "--", *self.command]
+        return [*lease, "--kill-wait", repr(float(self.kill_wait)), "--poll", repr(float(self.poll)),
+                "--status", str(self.status_file), "--", *self.command]
 
     async def start(self) -> None:
         """Start the shim and return once it started the workload; OSError when it could not."""
@@ -171,9 +177,22 @@ class ProcessRun:
             self._release()
             raise
 
+    async def _launch_shim(self) -> launcher.ShimProcess:
+        try:
+            return await asyncio.wait_for(self._launch_by_launcher(), self.START_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            self._kill_from_status()
+            raise OSError(f"the shim launcher did not start a shim within {self.START_TIMEOUT_S:g}s") from None
+        except OSError:
+            # the launcher died mid-launch: a shim it may have forked must not run unseen
+            self._kill_from_status()
+            raise
+
+    async def _launch_by_launcher(self) -> launcher.ShimProcess:
+        return await (await launcher.launcher()).launch(self.shim_args(), self.env, str(self.workdir))
+
     async def _start_shim(self) -> None:
-        self._proc = await asyncio.create_subprocess_exec(
-            *self.shim_args(), env=self.env, cwd=self.workdir, start_new_session=True)
+        self._proc = await self._launch_shim()
         status = await self._started_status()
         if status is None:
             raise OSError(f"the worker shim ended with code {self._proc.returncode} before starting {self.command[0]}")
@@ -184,6 +203,12 @@ class ProcessRun:
         self.pid = pid
         if self._stop_asked:   # stop() came while the shim was starting: pass it on now
             self._proc.send_signal(signal.SIGTERM)
+
+    def _kill_from_status(self) -> None:
+        status = read_status(self.status_file) or {}
+        for key in ("pid", "shim_pid"):   # each leads a group of its own
+            if isinstance(status.get(key), int) and status[key] > 1:
+                _signal_group(status[key], signal.SIGKILL)
 
     async def _started_status(self) -> dict | None:
         deadline = time.monotonic() + self.START_TIMEOUT_S
@@ -214,13 +239,16 @@ class ProcessRun:
         if self.devices is not None:
             self.devices.release()
 
-    async def _end(self, shim_code: int) -> WorkerExit:
+    async def _end(self, shim_code: int | None) -> WorkerExit:
         status = read_status(self.status_file)
         if status is not None and "ended_at" in status:
             return exit_from_status(status)
         # The shim died without recording the end (killed): the workload has lost its
         # fence, so it is killed here and reported only once it is really gone.
-        shim = f"killed by signal {-shim_code}" if shim_code < 0 else f"exited with code {shim_code}"
+        if shim_code is None:
+            shim = "ended after its launcher (exit code unknown)"
+        else:
+            shim = f"killed by signal {-shim_code}" if shim_code < 0 else f"exited with code {shim_code}"
         if self.pid is not None:
             _signal_group(self.pid, signal.SIGKILL)
             await wait_group_gone(self.pid, self.GONE_TIMEOUT_S)
@@ -247,7 +275,7 @@ class ProcessRun:
         kill-wait; the agent kills both itself only if the shim overstays that."""
         self._stop_asked = True
         proc = self._proc
-        if proc is None or proc.returncode is not None:
+        if proc is None or proc.ended:
             return
         try:
             proc.send_signal(signal.SIGTERM)

@@ -1,0 +1,301 @@
+"""The shim launcher: one long-lived small process per agent that forks the worker shims,
+so a launch costs a fork instead of a new Python interpreter (as multiprocessing's
+forkserver).
+
+    python -S .../launcher.py --fd N
+
+The agent starts it (``Launcher``) with one end of a socket pair as fd N, and sends it
+one JSON line per launch: ``{"id", "argv", "env", "cwd"}`` (``argv``: the shim's own
+arguments). The launcher forks; the child does what ``python -S shim.py ARGV`` did in a
+process of its own: a new session, ``cwd``, exactly ``env``, ``shim.main(argv)``, and
+exits with its code. The launcher answers ``{"id", "pid", "start"}`` (the shim's pid and
+its start in clock ticks, which tells it from a later process with the same pid), or
+``{"id", "error"}``, and ``{"id", "code"}`` once it reaped that shim (``code`` as
+``waitstatus_to_exitcode``: negative for a signal).
+
+Nothing depends on the launcher staying alive: each shim is in a session of its own and
+fences its workload by the lease alone. When the agent goes (end of file on the socket)
+the launcher exits and leaves its shims running; when the launcher goes, the agent judges
+its shims by their status files and starts a new launcher for the next launch. Standard
+library only (the shim module is imported once, here), so it starts fast.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+import select
+import signal
+import socket
+import sys
+import traceback
+
+if __package__:
+    from . import shim
+else:   # run as a file (the package need not be installed): shim.py sits beside it
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import shim
+
+if __name__ == "__main__":
+    # What the shim imports only when it runs (ctypes to become the subreaper; shutil and
+    # locale through argparse): once here rather than in every forked shim.
+    import ctypes, locale, shutil  # noqa: E401,F401
+
+LAUNCHER = os.path.abspath(__file__)
+LOST = object()   # a shim's end that no launcher can report any more
+GONE_POLL_S = 0.05
+
+
+# --- the launcher process -----------------------------------------------------------------
+def serve(conn: socket.socket) -> None:
+    """Launch and reap shims until the agent closes its end."""
+    wake_r, wake_w = os.pipe()            # SIGCHLD wakes the select() below
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    children: dict[int, int] = {}         # shim pid -> launch id
+    pending = b""
+    try:
+        while True:
+            ready = select.select([conn, wake_r], [], [])[0]
+            if wake_r in ready:
+                os.read(wake_r, 512)
+            _reap(conn, children)
+            if conn in ready:
+                data = conn.recv(1 << 16)
+                if not data:
+                    return                # the agent is gone: its shims run on without us
+                pending += data
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    _launch(conn, json.loads(line), children, (wake_r, wake_w))
+    except BrokenPipeError:
+        return
+
+
+def _launch(conn: socket.socket, request: dict, children: dict[int, int], fds: tuple[int, int]) -> None:
+    try:
+        pid = os.fork()
+    except OSError as exc:
+        _send(conn, {"id": request["id"], "error": f"cannot fork the worker shim: {exc}"})
+        return
+    if pid == 0:
+        conn.close()
+        _run_shim(request, fds)
+    children[pid] = request["id"]
+    _send(conn, {"id": request["id"], "pid": pid, "start": shim.proc_start(pid)})
+
+
+def _run_shim(request: dict, fds: tuple[int, int]) -> None:
+    """In the forked child: become what ``python -S shim.py ARGV`` was; never returns."""
+    code = 1
+    try:
+        for fd in fds:
+            os.close(fd)
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        os.setsid()                       # its own session: signals to the agent's group miss it
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        code = shim.main(request["argv"])
+    except SystemExit as exc:             # argparse refusing the arguments (it printed why)
+        code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 2
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(code)
+
+
+def _reap(conn: socket.socket, children: dict[int, int]) -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        launch = children.pop(pid, None)
+        if launch is not None:
+            _send(conn, {"id": launch, "code": os.waitstatus_to_exitcode(status)})
+
+
+def _send(conn: socket.socket, message: dict) -> None:
+    conn.sendall(json.dumps(message).encode() + b"\n")
+
+
+# --- the agent's side ---------------------------------------------------------------------
+class ShimProcess:
+    """A shim the launcher forked: its pid, and its end as the launcher reports it."""
+
+    def __init__(self, pid: int, start: int | None, ended: asyncio.Future) -> None:
+        self.pid, self.start = pid, start
+        self.returncode: int | None = None    # once reaped; None too when only its absence is known
+        self.ended = False
+        self._reported = ended
+        self._waiter: asyncio.Future | None = None
+
+    def wait(self) -> asyncio.Future:
+        """The shim's exit code (negative: the signal that ended it), or None when its
+        launcher went first and it could only be seen gone."""
+        if self._waiter is None:
+            self._waiter = asyncio.ensure_future(self._wait())
+        return self._waiter
+
+    async def _wait(self) -> int | None:
+        code = await self._reported
+        if code is LOST:
+            while self.alive():
+                await asyncio.sleep(GONE_POLL_S)   # not our child any more: nothing to await
+            code = None
+        self.returncode, self.ended = code, True
+        return code
+
+    def alive(self) -> bool:
+        """Still running (not a zombie, not a later process that reuses its pid)."""
+        stat = shim.proc_stat(self.pid)
+        return stat is not None and stat[0] not in "ZX" and (self.start is None or stat[1] == self.start)
+
+    def send_signal(self, sig: int) -> None:
+        if self.ended or (self._reported.done() and not self.alive()):
+            return
+        try:
+            os.kill(self.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+class Launcher:
+    """The agent's end of one launcher process (see the module's doc)."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.process: asyncio.subprocess.Process | None = None
+        self._sock: socket.socket | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self._started: dict[int, asyncio.Future] = {}
+        self._ended: dict[int, asyncio.Future] = {}
+        self._ids = itertools.count(1)
+        self.dead = False
+        self.opening = asyncio.ensure_future(self._open())
+
+    async def _open(self) -> None:
+        mine, theirs = socket.socketpair()
+        try:
+            self.process = await asyncio.create_subprocess_exec(
+                sys.executable, "-S", LAUNCHER, "--fd", str(theirs.fileno()), pass_fds=(theirs.fileno(),),
+                start_new_session=True)   # a terminal's Ctrl-C to the agent is not for it
+        except BaseException:
+            self.dead = True
+            mine.close()
+            raise
+        finally:
+            theirs.close()
+        self._sock = mine
+        reader, self._writer = await asyncio.open_connection(sock=mine)
+        asyncio.ensure_future(self._read(reader))
+
+    async def launch(self, argv: list[str], env: dict[str, str], cwd: str) -> ShimProcess:
+        """Fork a shim running ``argv``; OSError when the launcher cannot."""
+        if self.dead:
+            raise OSError("the shim launcher is gone")
+        launch = next(self._ids)
+        started, ended = self.loop.create_future(), self.loop.create_future()
+        self._started[launch], self._ended[launch] = started, ended
+        self._writer.write(json.dumps({"id": launch, "argv": argv, "env": env, "cwd": cwd}).encode() + b"\n")
+        reply = await started
+        if "error" in reply:
+            self._ended.pop(launch, None)
+            raise OSError(reply["error"])
+        return ShimProcess(reply["pid"], reply.get("start"), ended)
+
+    async def _read(self, reader: asyncio.StreamReader) -> None:
+        try:
+            while line := await reader.readline():
+                message = json.loads(line)
+                launch = message["id"]
+                if "code" in message:
+                    future = self._ended.pop(launch, None)
+                    if future is not None and not future.done():
+                        future.set_result(message["code"])
+                else:
+                    future = self._started.pop(launch, None)
+                    if future is not None and not future.done():
+                        future.set_result(message)
+        except (OSError, ValueError):
+            pass
+        finally:
+            self._lost()
+
+    def _lost(self) -> None:
+        """The launcher is gone: no start nor end will be reported any more."""
+        self.dead = True
+        for future in self._started.values():
+            if not future.done():
+                future.set_exception(OSError("the shim launcher died before starting the worker shim"))
+        for future in self._ended.values():
+            if not future.done():
+                future.set_result(LOST)
+        self._started.clear()
+        self._ended.clear()
+        if self.process is not None:
+            asyncio.ensure_future(self.process.wait())   # reap it
+
+    def close(self) -> None:
+        """Let the launcher go (it exits on end of file; its shims run on)."""
+        self.dead = True
+        if self._writer is not None:
+            self._writer.close()
+        elif self._sock is not None:
+            self._sock.close()
+
+
+_current: Launcher | None = None
+
+
+async def launcher() -> Launcher:
+    """This process's launcher, started (again) when there is none on this event loop."""
+    global _current
+    loop = asyncio.get_running_loop()
+    if _current is not None and not _current.dead and _current.loop is loop:
+        await asyncio.shield(_current.opening)   # launches that came meanwhile share one launcher
+        return _current
+    if _current is not None:
+        try:
+            _current.close()
+        except RuntimeError:      # its event loop is closed: the socket goes with it
+            if _current._sock is not None:
+                _current._sock.close()
+    _current = Launcher()
+    await asyncio.shield(_current.opening)
+    return _current
+
+
+def close() -> None:
+    """End this process's launcher (if any), as the agent's own end would."""
+    global _current
+    if _current is not None:
+        _current.close()
+        _current = None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2 or args[0] != "--fd" or not args[1].isdigit():
+        print("usage: launcher.py --fd N", file=sys.stderr)
+        return 2
+    serve(socket.socket(fileno=int(args[1])))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,107 @@
+"""The shim launcher (``launcher.py``): shims are forked by one long-lived process per
+agent, and they depend on neither that process nor the agent staying alive."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+
+from gpusched_node_agent import launcher
+from gpusched_node_agent.lease import NodeLease
+from gpusched_node_agent.runner import ProcessRun, WorkerExit, group_alive, read_status
+from gpusched_node_agent.shim import proc_stat
+from tests.unit.node_agent.procs import events, recorder, wait_for
+
+
+def gone(pid: int) -> bool:
+    stat = proc_stat(pid)
+    return stat is None or stat[0] in "ZX"
+
+
+async def until(predicate, what: str, timeout: float = 10.0):
+    await asyncio.to_thread(wait_for, predicate, what, timeout)
+
+
+def recorded_run(workdir, *args: str) -> ProcessRun:
+    run = ProcessRun(tuple(recorder(*args)), {"GPUSCHED_RECORD": str(workdir / "record.jsonl")}, workdir,
+                     kill_wait=0.3)
+    run.POLL_S = 0.05
+    return run
+
+
+async def test_a_launcher_killed_leaves_the_workload_running_and_its_end_is_still_reported(tmp_path):
+    run = recorded_run(tmp_path / "a", "--duration", "1.5", "--exit", "5")
+    await run.start()
+    first = (await launcher.launcher()).process.pid
+    await until(lambda: events(tmp_path / "a", "tick"), "the first tick")
+    os.kill(first, signal.SIGKILL)
+    await until(lambda: gone(first) and launcher._current.dead, "the launcher's end seen")
+    assert group_alive(run.pid)                                # the workload runs on, shim and all
+    assert not gone(read_status(run.status_file)["shim_pid"])
+    end = await asyncio.wait_for(run.wait(), 20)               # judged by the status file
+    assert end == WorkerExit(5, 0, False, "exited with code 5")
+    again = recorded_run(tmp_path / "b", "--duration", "0.05", "--exit", "3")
+    await again.start()                                         # a new launcher for the next launch
+    assert (await launcher.launcher()).process.pid != first
+    assert (await asyncio.wait_for(again.wait(), 20)).exit_code == 3
+
+
+async def test_a_shim_ending_after_its_launcher_without_a_record_is_judged_killed(tmp_path):
+    run = recorded_run(tmp_path / "a")
+    await run.start()
+    await until(lambda: events(tmp_path / "a", "tick"), "the first tick")
+    os.kill((await launcher.launcher()).process.pid, signal.SIGKILL)
+    await until(lambda: launcher._current.dead, "the launcher's end seen")
+    os.kill(read_status(run.status_file)["shim_pid"], signal.SIGKILL)
+    end = await asyncio.wait_for(run.wait(), 20)
+    assert (end.exit_code, end.signal) == (137, signal.SIGKILL)
+    assert end.reason.startswith("worker shim ended after its launcher (exit code unknown) without recording")
+    assert not group_alive(run.pid)
+
+
+AGENT = """
+import asyncio, json, sys
+from pathlib import Path
+from gpusched_node_agent import launcher
+from gpusched_node_agent.runner import ProcessRun
+
+async def main():
+    run = ProcessRun(("sleep", "60"), {}, Path(sys.argv[1]), lease_path=Path(sys.argv[2]), kill_wait=0.3, poll=0.05)
+    await run.start()
+    print(json.dumps({"pid": run.pid, "launcher": launcher._current.process.pid}), flush=True)
+    await asyncio.sleep(60)
+
+asyncio.run(main())
+"""
+
+
+def test_an_agent_killed_leaves_the_workload_fenced_by_its_lease(tmp_path):
+    lease = NodeLease(tmp_path / "lease")
+    lease.renew(1e12)
+    agent = subprocess.Popen([sys.executable, "-c", AGENT, str(tmp_path / "w"), str(lease.path)],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        started = json.loads(agent.stdout.readline())
+    finally:
+        agent.kill()
+        agent.wait(10)
+    wait_for(lambda: gone(started["launcher"]), "the launcher to leave with its agent", 10)
+    assert group_alive(started["pid"])                         # the workload outlives both
+    lease.revoke()
+    wait_for(lambda: not group_alive(started["pid"]), "the fence to end the workload", 10)
+    status = wait_for(lambda: (s := read_status(tmp_path / "w" / "shim.json")) and "ended_at" in s and s,
+                      "the shim's record of the end", 10)
+    assert status["fenced"] is True
+
+
+async def test_many_concurrent_launches_share_one_launcher_and_each_gets_its_own_end(tmp_path):
+    runs = [ProcessRun(("sh", "-c", f"exit {i}"), {}, tmp_path / f"w{i}", kill_wait=1.0) for i in range(40)]
+    await asyncio.wait_for(asyncio.gather(*(run.start() for run in runs)), 60)
+    ends = await asyncio.wait_for(asyncio.gather(*(run.wait() for run in runs)), 60)
+    assert [end.exit_code for end in ends] == list(range(40))
+    shims = {read_status(run.status_file)["shim_pid"] for run in runs}
+    assert len(shims) == 40
+    assert launcher._current is not None and not launcher._current.dead
