@@ -8,6 +8,18 @@ only after something changed (an arrival or a departure), at most once per
 ``cycle_interval_s`` of virtual time, so replaying months of trace costs what its events
 cost, not what its seconds would.
 
+After each cycle the preemptor's policy runs too (``preemption_decisions``, with the
+cycle's quota tree and placement), as in the preemptor service: its ``JobPreempted``
+events go through the reducer and each victim's workers report finished at once, as its
+node agent would after the checkpoint signal, so the job goes back to the queue. The
+work since its last checkpoint (every ``spec.checkpoint_interval_s`` of its run; none
+when 0) is lost: its record counts the preemption and those seconds times its GPUs, and
+its next attempt runs only what was not saved. The command line runs the preemptor
+unless told not to (``--no-preemption``, or a config ending in ``+no-preemption``);
+``DynamicSimulator`` runs it with ``preemption=True`` only, so the properties of the
+scheduling cycle alone (the aging and starvation bounds, which assume no job is ever
+stopped) are checked on the cycle alone.
+
 ``python -m gpusched.sim.dynamic --help``: compare configurations on a workload; the
 report (table, JSON/CSV, plots) is ``gpusched.sim.dynamic_report``.
 """
@@ -22,6 +34,9 @@ from gpusched.core import events as ev
 from gpusched.core.model import JobPhase
 from gpusched.core.reducer import apply
 from gpusched.core.state import ClusterState
+from gpusched.policies.placement.registry import PLACEMENTS
+from gpusched.policies.preemption.decisions import preemption_decisions, preemption_events
+from gpusched.policies.preemption.victim_rules import PreemptionConfig
 from gpusched.policies.queueing.parking import ParkedJobs
 from gpusched.policies.queueing.keys import QueueKeys
 from gpusched.policies.placement.registry import parse_placement
@@ -32,9 +47,14 @@ from gpusched.sim.workload import Workload
 
 class DynamicSimulator:
     def __init__(self, workload: Workload, config: SchedulerConfig, label: str = "",
-                 cycle_interval_s: float = 0.0, fragmentation_every_s: float | None = None) -> None:
+                 cycle_interval_s: float = 0.0, fragmentation_every_s: float | None = None,
+                 preemption: bool = False) -> None:
         self.workload = workload
         self.scheduler = Scheduler(config)
+        # The preemptor sees the cycle's quota tree and scores placements as the placer does.
+        self.preemption = PreemptionConfig(
+            quotas=config.quotas,
+            placement=config.placement if config.placement in PLACEMENTS else "best-fit") if preemption else None
         # every decision is applied at once, so parking changes no decision (policies.queueing.parking)
         self._parked = ParkedJobs()
         self._keys = QueueKeys()
@@ -53,6 +73,9 @@ class DynamicSimulator:
         self._next_arrival = 0
         self._last_cycle = -math.inf
         self._cycled_version = -1                   # state.version the last cycle saw
+        self._remaining: dict[str, float] = {}      # job -> run time its next attempt needs
+        self._first_start: dict[str, float] = {}    # job -> when its first attempt started
+        self._preempted: dict[str, tuple[int, float]] = {}   # job -> (preemptions, GPU-seconds lost)
 
     def run(self) -> SimResult:
         started = time.perf_counter()
@@ -75,7 +98,7 @@ class DynamicSimulator:
             if now >= next_probe:
                 result.fragmentation.append((now, *probe.measure(state)))
                 next_probe = now + self.fragmentation_every_s
-        result.jobs = [_record(state, job_id) for job_id in state.jobs]
+        result.jobs = [self._record(job_id) for job_id in state.jobs]
         result.rejected = state.rejected
         result.wall_s = time.perf_counter() - started
         return result
@@ -108,6 +131,35 @@ class DynamicSimulator:
             self._waiting_milli -= job.milli
             result.backfilled += d.backfilled
         self._last_cycle, self._cycled_version = now, self.state.version
+        if self.preemption is not None:
+            self._preempt(now)
+
+    def _preempt(self, now: float) -> None:
+        """The preemptor's decisions, applied; each victim leaves at once and is requeued
+        (its workers' WorkerFinished make the reducer send it back to pending). The state
+        changed, so the next cycle (at ``cycle_interval_s``) places the beneficiaries."""
+        for decision in preemption_decisions(self.state, now, self.preemption):
+            for e in preemption_events(self.state, decision, now, producer="sim"):
+                victim = self.state.jobs[e.job_id]
+                self._charge_preemption(e.job_id, now)
+                self._apply(e)
+                for w in victim.workers:
+                    self._apply(ev.WorkerFinished(event_id=f"stop:{e.job_id}:{e.attempt}:{w.worker}", time=now,
+                                                  job_id=e.job_id, attempt=e.attempt, worker=w.worker,
+                                                  node=w.node, exit_code=0))
+                self._waiting[self._team_index[victim.team]] += 1
+                self._waiting_milli += victim.milli
+
+    def _charge_preemption(self, job_id: str, now: float) -> None:
+        """Count the preemption and the work it loses: what ran since the attempt's last
+        checkpoint (a checkpoint every ``checkpoint_interval_s`` of run time, if any)."""
+        job = self.state.jobs[job_id]
+        ran = now - job.started_at
+        interval = job.spec.checkpoint_interval_s
+        saved = math.floor(ran / interval) * interval if interval > 0 else 0.0
+        self._remaining[job_id] = self._remaining.get(job_id, job.spec.simulated_duration_s) - saved
+        count, lost = self._preempted.get(job_id, (0, 0.0))
+        self._preempted[job_id] = (count + 1, lost + (ran - saved) * job.milli / 1000)
 
     def _sample(self, now: float) -> Sample:
         usage = self.state.usage
@@ -128,15 +180,29 @@ class DynamicSimulator:
         for w in d.workers:
             self._apply(ev.WorkerStarted(event_id=f"start:{d.job_id}:{d.attempt}:{w.worker}", time=now,
                                          job_id=d.job_id, attempt=d.attempt, worker=w.worker, node=w.node))
-        duration = self.state.jobs[d.job_id].spec.simulated_duration_s
+        duration = self._remaining.get(d.job_id, self.state.jobs[d.job_id].spec.simulated_duration_s)
+        self._first_start.setdefault(d.job_id, now)
         heapq.heappush(self._finishes, (now + duration, self._seq, d.job_id, d.attempt))
         self._seq += 1
 
     def _finish(self, job_id: str, attempt: int, now: float) -> None:
-        for w in self.state.jobs[job_id].workers:
+        job = self.state.jobs[job_id]
+        if job.attempt != attempt or job.phase is not JobPhase.RUNNING:
+            return   # the attempt was preempted: its end is no longer due
+        for w in job.workers:
             self._apply(ev.WorkerFinished(event_id=f"finish:{job_id}:{attempt}:{w.worker}", time=now,
                                           job_id=job_id, attempt=attempt, worker=w.worker, node=w.node,
                                           exit_code=0))
+
+    def _record(self, job_id: str) -> JobRecord:
+        """A job's wait is to its first start; a job preempted and not restarted by the end
+        of the run counts as never ended (``started_at`` None), as one that never ran."""
+        job = self.state.jobs[job_id]
+        ran = job.phase is JobPhase.SUCCEEDED
+        preemptions, lost_gpu_s = self._preempted.get(job_id, (0, 0.0))
+        return JobRecord(job_id, job.team, job.milli, job.spec.workers, job.submitted_at,
+                         self._first_start[job_id] if ran else None, job.ended_at if ran else None,
+                         preemptions, lost_gpu_s)
 
 
 def _entitlements(wl: Workload, teams: tuple[str, ...], capacity: int) -> tuple[float, ...]:
@@ -147,16 +213,17 @@ def _entitlements(wl: Workload, teams: tuple[str, ...], capacity: int) -> tuple[
     return tuple(capacity / len(teams) for _ in teams)
 
 
-def _record(state: ClusterState, job_id: str) -> JobRecord:
-    # This simulator runs no preemptor: a job's one attempt runs to its end, so a record
-    # counts no preemption and no GPU time lost (``gpusched.sim.reclaim`` studies those).
-    job = state.jobs[job_id]
-    ran = job.phase is JobPhase.SUCCEEDED
-    return JobRecord(job_id, job.team, job.milli, job.spec.workers, job.submitted_at,
-                     job.placed_at if ran else None, job.ended_at if ran else None)
-
-
 # --- command line --------------------------------------------------------------------
+NO_PREEMPTION = "+no-preemption"
+
+
+def split_preemption(text: str) -> tuple[str, bool]:
+    """``CONFIG+no-preemption`` -> (``CONFIG``, False): the run without a preemptor."""
+    if text.endswith(NO_PREEMPTION):
+        return text[: -len(NO_PREEMPTION)], False
+    return text, True
+
+
 def parse_config(text: str, quotas, half_life_s: float, aging_s: float) -> tuple[str, SchedulerConfig]:
     """``defaults[+quotas]``: ``SchedulerConfig``'s defaults (fair share, backfill,
     reservations after 5 minutes, depth 2). Else
@@ -200,7 +267,8 @@ def build_parser():
     p.add_argument("--workload", choices=("synthetic", "openb"), default="synthetic")
     p.add_argument("--configs", default="fifo+best-fit,priority+best-fit,fair-share+best-fit+backfill",
                    help="comma-separated defaults[+quotas] or queue+placement[:ARG=VALUE...][+backfill[=MINUTES]]"
-                        "[+reserve=MINUTES][+depth=N][+quotas]")
+                        "[+reserve=MINUTES][+depth=N][+quotas], each maybe ending in +no-preemption "
+                        "(no preemptor runs)")
     p.add_argument("--seed", type=int, default=0, help="synthetic: workload seed")
     p.add_argument("--horizon-h", type=float, default=48.0, help="synthetic: hours of arrivals")
     p.add_argument("--load", type=float, default=1.0, help="synthetic: scale of every team's load")
@@ -213,6 +281,8 @@ def build_parser():
     p.add_argument("--cycle-interval", type=float, default=10.0, help="virtual seconds between cycles, at least")
     p.add_argument("--half-life-h", type=float, default=1.0, help="fair share: usage half-life, hours")
     p.add_argument("--aging-h", type=float, default=6.0, help="fair share: wait after which a job goes first")
+    p.add_argument("--no-preemption", action="store_true",
+                   help="run no preemptor in any configuration (as +no-preemption on each)")
     p.add_argument("--out", type=Path, default=Path("results/dynamic"))
     p.add_argument("--no-plots", action="store_true")
     return p
@@ -232,12 +302,15 @@ def main(argv: list[str] | None = None) -> int:
         wl = synthetic_workload(args.seed, args.horizon_h * 3600, args.load, worker_gpus=args.worker_gpus)
     else:
         wl = openb_workload(args.pods, args.compress, args.node_stride)
-    configs = [parse_config(c, wl.quotas, args.half_life_h * 3600, args.aging_h * 3600)
-               for c in args.configs.split(",")]
+    configs = []
+    for text in args.configs.split(","):
+        base, preemption = split_preemption(text)
+        _, config = parse_config(base, wl.quotas, args.half_life_h * 3600, args.aging_h * 3600)
+        configs.append((text, config, preemption and not args.no_preemption))
     print(f"# {wl.name}: {len(wl.arrivals)} jobs; {wl.note}", flush=True)
     results, summaries = [], []
-    for label, config in configs:
-        result = DynamicSimulator(wl, config, label, args.cycle_interval).run()
+    for label, config, preemption in configs:
+        result = DynamicSimulator(wl, config, label, args.cycle_interval, preemption=preemption).run()
         results.append(result)
         summaries.append(summarize(result))
         print(f"  {label}: {result.wall_s:.0f} s", file=sys.stderr, flush=True)
