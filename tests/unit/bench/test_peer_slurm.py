@@ -85,3 +85,31 @@ def test_slurm_conf_gives_each_node_its_own_port_and_gpus(tmp_path):
 def test_gres_conf_names_one_fake_device_per_gpu(tmp_path, gpus):
     gres = render_gres_conf(SlurmLayout(tmp_path, nodes=2, gpus=gpus))
     assert gres.splitlines() == [f"NodeName=n{i} Name=gpu File={tmp_path}/dev/nvidia[0-{gpus - 1}]" for i in (1, 2)]
+
+
+# A parent that starts a child which burns CPU, then both wait (alive, unreaped) until stdin closes.
+_TREE = """
+import subprocess, sys
+child = subprocess.Popen([sys.executable, "-S", "-c",
+    "import sys, time\\nt = time.process_time()\\nwhile time.process_time() - t < 0.4: pass\\n"
+    "print('burnt', flush=True)\\nsys.stdin.read()"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+print(child.pid, child.stdout.readline().decode().strip(), flush=True)
+sys.stdin.read()
+"""
+
+
+def test_cpu_seconds_counts_live_descendants_once():
+    """A node-agent's launcher and shims live through a run: their CPU is the agent's."""
+    import subprocess
+    parent = subprocess.Popen([sys.executable, "-S", "-c", _TREE], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        child_pid, word = parent.stdout.readline().decode().split()
+        assert word == "burnt"
+        child = peer_slurm.cpu_seconds(int(child_pid))
+        assert child >= 0.35
+        tree = peer_slurm.cpu_seconds(parent.pid)
+        assert tree >= child                                     # the child's CPU is in the parent's tree
+        assert peer_slurm.cpu_seconds(parent.pid, int(child_pid)) == tree   # listed twice, counted once
+    finally:
+        parent.stdin.close()
+        parent.wait()
