@@ -14,9 +14,12 @@ its start in clock ticks, which tells it from a later process with the same pid)
 ``waitstatus_to_exitcode``: negative for a signal).
 
 Nothing depends on the launcher staying alive: each shim is in a session of its own and
-fences its workload by the lease alone. When the agent goes (end of file on the socket)
-the launcher exits and leaves its shims running; when the launcher goes, the agent judges
-its shims by their status files and starts a new launcher for the next launch. Standard
+fences its workload by the lease alone. When the agent goes (end of file on the socket;
+a clean stop also reaps it, ``shutdown``) the launcher exits and leaves its shims running;
+when the launcher goes, the agent judges its shims by their status files and starts a new
+launcher for the next launch. A forked shim waits for the launcher's go, sent once the
+agent has its pid: a launcher that dies between the fork and that message leaves no shim
+that starts a workload the agent never heard of (the shim exits, code 126). Standard
 library only (the shim module is imported once, here), so it starts fast.
 """
 from __future__ import annotations
@@ -44,6 +47,7 @@ if __name__ == "__main__":
 
 LAUNCHER = os.path.abspath(__file__)
 LOST = object()   # a shim's end that no launcher can report any more
+EXIT_NO_GO = 126  # a shim whose launcher died before the agent learnt of it: nothing started
 GONE_POLL_S = 0.05
 
 
@@ -75,24 +79,42 @@ def serve(conn: socket.socket) -> None:
 
 
 def _launch(conn: socket.socket, request: dict, children: dict[int, int], fds: tuple[int, int]) -> None:
+    # The shim starts its workload only once the agent was told its pid ("go" below): a
+    # launcher that dies in between closes the pipe, and the shim exits without starting
+    # anything, so no workload runs that the agent has not heard of.
+    go_r, go_w = os.pipe()
     try:
         pid = os.fork()
     except OSError as exc:
+        os.close(go_r)
+        os.close(go_w)
         _send(conn, {"id": request["id"], "error": f"cannot fork the worker shim: {exc}"})
         return
     if pid == 0:
         conn.close()
-        _run_shim(request, fds)
+        os.close(go_w)
+        _run_shim(request, (*fds, go_r))
+    os.close(go_r)
     children[pid] = request["id"]
-    _send(conn, {"id": request["id"], "pid": pid, "start": shim.proc_start(pid)})
-
-
-def _run_shim(request: dict, fds: tuple[int, int]) -> None:
-    """In the forked child: become what ``python -S shim.py ARGV`` was; never returns."""
-    code = 1
     try:
-        for fd in fds:
+        _send(conn, {"id": request["id"], "pid": pid, "start": shim.proc_start(pid)})
+        os.write(go_w, b"g")
+    finally:
+        os.close(go_w)
+
+
+def _run_shim(request: dict, fds: tuple[int, int, int]) -> None:
+    """In the forked child: become what ``python -S shim.py ARGV`` was, once the launcher
+    says go; never returns."""
+    code = EXIT_NO_GO
+    try:
+        *inherited, go = fds
+        for fd in inherited:
             os.close(fd)
+        if not os.read(go, 1):            # the launcher died before the agent had our pid
+            os._exit(EXIT_NO_GO)
+        os.close(go)
+        code = 1
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         os.setsid()                       # its own session: signals to the agent's group miss it
@@ -286,6 +308,23 @@ def close() -> None:
     if _current is not None:
         _current.close()
         _current = None
+
+
+async def shutdown(timeout: float = 5.0) -> None:
+    """The agent's clean stop: end this process's launcher and reap it (its shims run on,
+    fenced by the lease), so no launcher outlives its agent, not even as a zombie."""
+    current = _current
+    close()
+    if current is None or current.loop is not asyncio.get_running_loop():
+        return
+    if not current.opening.done():
+        await asyncio.wait([current.opening], timeout=timeout)
+    if current.process is not None:
+        try:
+            await asyncio.wait_for(current.process.wait(), timeout)
+        except asyncio.TimeoutError:      # it does not read its end of the socket: make it go
+            current.process.kill()
+            await current.process.wait()
 
 
 def main(argv: list[str] | None = None) -> int:

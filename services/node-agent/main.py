@@ -23,6 +23,7 @@ from gpusched.adapters.server_security import server_security_from_args
 from gpusched.config import KafkaSettings, NodeAgentSettings, SecuritySettings, kafka_settings, settings_or_exit
 from gpusched.core.model import NodeInfo
 from gpusched.v1 import node_agent_pb2_grpc
+from gpusched_node_agent import launcher
 from gpusched_node_agent.agent import NodeAgent, RelayTimeout
 from gpusched_node_agent.api import NodeAgentServicer
 from gpusched_node_agent.devices import MigManager, load_nvml, mps_running
@@ -123,14 +124,19 @@ async def run(args: argparse.Namespace) -> None:
     await server.stop(grace=1)
     await follower.stop()
     await publisher.stop()
+    await launcher.shutdown()   # its shims run on, fenced by the lease
 
 
-def main(argv: list[str] | None = None) -> None:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gpusched-node-agent", description=__doc__)
     KafkaSettings.add_args(parser)
     SecuritySettings.add_args(parser, title="API security (docs/security.md)")
     NodeAgentSettings.add_args(parser, title="this node")
-    asyncio.run(run(parser.parse_args(argv)))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    asyncio.run(run(parser().parse_args(argv)))
 
 
 if __name__ == "__main__":

@@ -105,3 +105,58 @@ async def test_many_concurrent_launches_share_one_launcher_and_each_gets_its_own
     shims = {read_status(run.status_file)["shim_pid"] for run in runs}
     assert len(shims) == 40
     assert launcher._current is not None and not launcher._current.dead
+
+
+# A launcher (the real serve loop) that dies right after forking a shim, before the agent
+# hears its pid: run under a subreaper, so the orphaned shim comes back here to be reaped.
+DYING_LAUNCHER = """
+import ctypes, json, os, signal, socket, sys
+from gpusched_node_agent import launcher
+
+ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)   # PR_SET_CHILD_SUBREAPER
+agent, theirs = socket.socketpair()
+server = os.fork()
+if server == 0:
+    agent.close()
+    def dying_send(conn, message):
+        if "pid" in message:               # forked, about to tell the agent: die now
+            os.kill(os.getpid(), signal.SIGKILL)
+    launcher._send = dying_send
+    launcher.serve(theirs)
+    os._exit(0)
+theirs.close()
+workdir = sys.argv[1]
+argv = ["--kill-wait", "0.3", "--status", os.path.join(workdir, "shim.json"), "--", "touch", "started"]
+agent.sendall(json.dumps({"id": 1, "argv": argv, "env": dict(os.environ), "cwd": workdir}).encode() + b"\\n")
+assert agent.recv(100) == b""                 # the launcher died without a word
+ends = {}
+while True:                                   # the launcher, and the shim it forked (adopted here)
+    try:
+        pid, status = os.waitpid(-1, 0)
+    except ChildProcessError:
+        break
+    ends["launcher" if pid == server else "shim"] = os.waitstatus_to_exitcode(status)
+print(json.dumps(ends), flush=True)
+"""
+
+
+def test_a_shim_whose_launcher_dies_before_the_agent_hears_of_it_starts_nothing(tmp_path):
+    done = subprocess.run([sys.executable, "-c", DYING_LAUNCHER, str(tmp_path)], capture_output=True, text=True,
+                          timeout=30)
+    assert done.returncode == 0, done.stderr
+    ends = json.loads(done.stdout)
+    assert ends == {"launcher": -signal.SIGKILL, "shim": launcher.EXIT_NO_GO}
+    assert not (tmp_path / "started").exists()                # no workload ran unseen
+    assert not (tmp_path / "shim.json").exists()
+
+
+async def test_shutdown_ends_and_reaps_the_launcher_and_leaves_its_shims_running(tmp_path):
+    run = recorded_run(tmp_path / "a", "--duration", "30")
+    await run.start()
+    current = await launcher.launcher()
+    await launcher.shutdown()
+    assert current.process.returncode == 0                    # gone and reaped, not left a zombie
+    assert gone(current.process.pid)
+    assert group_alive(run.pid)                               # its shim and workload run on
+    os.kill(read_status(run.status_file)["shim_pid"], signal.SIGTERM)
+    await until(lambda: not group_alive(run.pid), "the workload's end")
