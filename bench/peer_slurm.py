@@ -98,12 +98,13 @@ class Result:
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
-def cpu_seconds(*pids: int) -> float:
+def cpu_seconds(*pids: int, others: frozenset[int] = frozenset()) -> float:
     """CPU so far of processes and of all their live descendants (a node-agent's launcher
     and its shims, which live through the run; a slurmd's slurmsteps in flight), each with
     that of the children it has reaped (the jobs); every process counted once, one gone
-    counts 0. A child reaped between two readings moves from its own figure into its
-    parent's, so a difference of two readings counts it once."""
+    counts 0, and the subtrees of ``others`` (counted on their own: the services this
+    process started) left out. A child reaped between two readings moves from its own
+    figure into its parent's, so a difference of two readings counts it once."""
     table = _proc_table()
     children: dict[int, list[int]] = {}
     for pid, (ppid, _) in table.items():
@@ -112,7 +113,7 @@ def cpu_seconds(*pids: int) -> float:
     stack, total = list(pids), 0
     while stack:
         pid = stack.pop()
-        if pid in seen or pid not in table:
+        if pid in seen or pid not in table or (pid in others and pid not in pids):
             continue
         seen.add(pid)
         total += table[pid][1]
@@ -206,13 +207,17 @@ async def burst(side: Side, out: Path, jobs: int, concurrency: int, result: Resu
     async def one() -> None:
         async with sem:
             await side.submit(script)
-    before = {name: cpu_seconds(*pids) for name, pids in side.pids.items()}
+    def used() -> dict[str, float]:
+        everyone = {pid for pids in side.pids.values() for pid in pids}
+        return {name: cpu_seconds(*pids, others=frozenset(everyone - set(pids))) for name, pids in side.pids.items()}
+    before = used()
     t0 = time.perf_counter()
     await asyncio.gather(*(one() for _ in range(jobs)))
     result.accepted_per_s = jobs / (time.perf_counter() - t0)
     await drained(side)
     result.completed_per_s = jobs / (time.perf_counter() - t0)
-    result.cpu_ms = {name: 1000 * (cpu_seconds(*pids) - before[name]) / jobs for name, pids in side.pids.items()}
+    after = used()
+    result.cpu_ms = {name: 1000 * (after[name] - before[name]) / jobs for name in side.pids}
     result.ran = len(read_stamps(out))
 
 
@@ -319,7 +324,8 @@ async def main(args: argparse.Namespace) -> None:
         if broker := broker_pid():
             pids["broker"] = [broker]
         pids["client"] = [os.getpid()]
-        slurm.start(tuned=False)
+        if not args.gpusched_only:
+            slurm.start(tuned=False)
         print(f"{args.nodes} nodes x {args.gpus} GPUs each side; burst {args.jobs} jobs, {args.concurrency} "
               f"submissions in flight; steady {args.rate:g} jobs/s for {args.seconds:g}s, calm {args.calm_rate:g} "
               f"jobs/s; files in {work}{'' if args.keep else ' (deleted at the end; --keep keeps them)'}")
@@ -328,9 +334,10 @@ async def main(args: argparse.Namespace) -> None:
         for r in range(args.rounds):
             print(f"round {r + 1}:", flush=True)
             for tuned in (False, True):
-                if r or tuned:
-                    slurm.reconfigure(tuned)
-                results.append(await measure(SlurmSide(slurm, tuned), work, args))
+                if not args.gpusched_only:
+                    if r or tuned:
+                        slurm.reconfigure(tuned)
+                    results.append(await measure(SlurmSide(slurm, tuned), work, args))
                 results.append(await measure(GpuschedSide(client, pids), work, args))
         print("medians over the rounds:")
         print("\n".join(summary(results)))
@@ -361,6 +368,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                         help="slurmctld's port, the slurmds' the next ones (0: a free run of ports)")
     parser.add_argument("--agent-source", choices=("log", "view"), default="log",
                         help="what gpusched's node-agents read: the pool's log (their default) or their work view")
+    parser.add_argument("--gpusched-only", action="store_true",
+                        help="leave Slurm out: gpusched's figures alone (to profile it; no ratios)")
     parser.add_argument("--keep", action="store_true", help="keep the run's folder (logs, stamps, Slurm files)")
     parser.add_argument("--work-dir", default=None, help="parent of the run's folder (default: the temp dir)")
     return parser.parse_args(argv)

@@ -5,10 +5,10 @@ forkserver).
     python -S .../launcher.py --fd N
 
 The agent starts it (``Launcher``) with one end of a socket pair as fd N, and sends it
-one JSON line per launch: ``{"id", "argv", "env", "cwd"}`` (``argv``: the shim's own
-arguments). The launcher forks; the child does what ``python -S shim.py ARGV`` did in a
-process of its own: a new session, ``cwd``, exactly ``env``, ``shim.main(argv)``, and
-exits with its code. The launcher answers ``{"id", "pid", "start"}`` (the shim's pid and
+one JSON line per launch: ``{"id", "shim", "env", "cwd"}`` (``shim``: the shim's settings,
+``shim.run``'s arguments, which the agent has checked). The launcher forks; the child does
+what ``python -S shim.py ARGS`` would in a process of its own: a new session, ``cwd``,
+exactly ``env``, ``shim.run(**shim)``, and exits with its code. The launcher answers ``{"id", "pid", "start"}`` (the shim's pid and
 its start in clock ticks, which tells it from a later process with the same pid), or
 ``{"id", "error"}``, and ``{"id", "code"}`` once it reaped that shim (``code`` as
 ``waitstatus_to_exitcode``: negative for a signal).
@@ -20,11 +20,12 @@ when the launcher goes, the agent judges its shims by their status files and sta
 launcher for the next launch. A forked shim waits for the launcher's go, sent once the
 agent has its pid: a launcher that dies between the fork and that message leaves no shim
 that starts a workload the agent never heard of (the shim exits, code 126). Standard
-library only (the shim module is imported once, here), so it starts fast.
+library only (the shim module is imported once, here), so it starts fast; the launcher
+process imports only what a shim needs, as each fork copies its page tables and each
+forked shim unmaps them again (asyncio alone would double both).
 """
 from __future__ import annotations
 
-import asyncio
 import itertools
 import json
 import os
@@ -41,9 +42,12 @@ else:   # run as a file (the package need not be installed): shim.py sits beside
     import shim
 
 if __name__ == "__main__":
-    # What the shim imports only when it runs (ctypes to become the subreaper; shutil and
-    # locale through argparse): once here rather than in every forked shim.
-    import ctypes, locale, shutil  # noqa: E401,F401
+    # What every shim would look up when it runs (libc's prctl through ctypes, to become
+    # the subreaper; the boot id): once here, inherited by each forked shim.
+    shim.prctl()
+    shim.boot_id()
+else:   # the agent's side (``Launcher``)
+    import asyncio
 
 LAUNCHER = os.path.abspath(__file__)
 LOST = object()   # a shim's end that no launcher can report any more
@@ -121,9 +125,7 @@ def _run_shim(request: dict, fds: tuple[int, int, int]) -> None:
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
-        code = shim.main(request["argv"])
-    except SystemExit as exc:             # argparse refusing the arguments (it printed why)
-        code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 2
+        code = shim.run(**request["shim"])
     except BaseException:
         traceback.print_exc()
     finally:
@@ -226,14 +228,15 @@ class Launcher:
         reader, self._writer = await asyncio.open_connection(sock=mine)
         asyncio.ensure_future(self._read(reader))
 
-    async def launch(self, argv: list[str], env: dict[str, str], cwd: str) -> ShimProcess:
-        """Fork a shim running ``argv``; OSError when the launcher cannot."""
+    async def launch(self, settings: dict, env: dict[str, str], cwd: str) -> ShimProcess:
+        """Fork a shim with ``settings`` (``shim.run``'s arguments); OSError when the
+        launcher cannot."""
         if self.dead:
             raise OSError("the shim launcher is gone")
         launch = next(self._ids)
         started, ended = self.loop.create_future(), self.loop.create_future()
         self._started[launch], self._ended[launch] = started, ended
-        self._writer.write(json.dumps({"id": launch, "argv": argv, "env": env, "cwd": cwd}).encode() + b"\n")
+        self._writer.write(json.dumps({"id": launch, "shim": settings, "env": env, "cwd": cwd}).encode() + b"\n")
         reply = await started
         if "error" in reply:
             self._ended.pop(launch, None)

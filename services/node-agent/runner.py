@@ -159,6 +159,12 @@ class ProcessRun:
         self._backstop = ""                     # why the agent had to kill, if it did
         self._stop_asked = False
 
+    def shim_settings(self) -> dict:
+        """The shim's settings, as ``shim.run`` takes them (checked in ``__init__``)."""
+        lease = str(Path(self.lease_path).absolute()) if self.lease_path is not None else None
+        return {"command": list(self.command), "status": str(self.status_file), "lease": lease,
+                "kill_wait": float(self.kill_wait), "poll": float(self.poll)}
+
     def shim_args(self) -> list[str]:
         """The shim's arguments (as ``python -S shim.py ARGS`` would take them)."""
         lease = ["--lease", str(Path(self.lease_path).absolute())] if self.lease_path is not None else []
@@ -189,7 +195,7 @@ class ProcessRun:
             raise
 
     async def _launch_by_launcher(self) -> launcher.ShimProcess:
-        return await (await launcher.launcher()).launch(self.shim_args(), self.env, str(self.workdir))
+        return await (await launcher.launcher()).launch(self.shim_settings(), self.env, str(self.workdir))
 
     async def _start_shim(self) -> None:
         self._proc = await self._launch_shim()

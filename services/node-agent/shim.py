@@ -37,7 +37,6 @@ cgroup. Standard library only, so it starts fast.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -57,13 +56,20 @@ PR_SET_CHILD_SUBREAPER = 36
 _IGNORED_BY_PYTHON = tuple(getattr(signal, name) for name in ("SIGPIPE", "SIGXFSZ") if hasattr(signal, name))
 
 
+_boot_id = ""
+
+
 def boot_id() -> str:
-    """This boot's id (Linux): pids recorded in another boot mean nothing now."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            return f.read().strip()
-    except OSError:
-        return ""
+    """This boot's id (Linux): pids recorded in another boot mean nothing now. Read once
+    per process (a launcher's forked shims inherit it)."""
+    global _boot_id
+    if not _boot_id:
+        try:
+            with open("/proc/sys/kernel/random/boot_id") as f:
+                _boot_id = f.read().strip()
+        except OSError:
+            return ""
+    return _boot_id
 
 
 def proc_stat(pid: int) -> tuple[str, int] | None:
@@ -88,18 +94,31 @@ def write_json(path: str, data: dict) -> None:
     """Replace ``path`` atomically: a reader sees the old status or the new one."""
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "w") as f:
-        json.dump(data, f)
+        f.write(json.dumps(data))   # one write (json.dump writes piece by piece)
     os.replace(tmp, path)
 
 
+_prctl = None
+
+
+def prctl():
+    """libc's ``prctl`` (Linux), looked up once per process (a launcher's forked shims
+    inherit it); None where there is none."""
+    global _prctl
+    if _prctl is None and sys.platform.startswith("linux"):
+        try:
+            import ctypes
+            _prctl = ctypes.CDLL(None, use_errno=True).prctl
+        except (OSError, AttributeError):
+            pass
+    return _prctl
+
+
 def _become_subreaper() -> None:
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        import ctypes
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass   # orphans then go to init (which, in some containers, never reaps them)
+    call = prctl()
+    if call is not None:
+        call(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    # else orphans go to init (which, in some containers, never reaps them)
 
 
 class Shim:
@@ -235,6 +254,8 @@ def _signal_group(pgid: int, sig: int) -> None:
 
 
 def _seconds(field: str, minimum: float, strict: bool):
+    import argparse
+
     def parse(text: str) -> float:
         try:
             value = float(text)
@@ -246,7 +267,11 @@ def _seconds(field: str, minimum: float, strict: bool):
     return parse
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
+def parse_args(argv: list[str] | None) -> "argparse.Namespace":
+    # argparse (with gettext and locale) only here: a shim forked by the launcher gets its
+    # settings already checked (``run``) and never pays for the import nor the parse.
+    import argparse
+
     parser = argparse.ArgumentParser(prog="gpusched-shim", description=__doc__.splitlines()[0])
     parser.add_argument("--lease", default=None, help="lease file (omitted: never fenced)")
     parser.add_argument("--kill-wait", type=_seconds("--kill-wait", 0.0, False), required=True,
@@ -265,7 +290,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    return Shim(args.command, args.status, args.lease, args.kill_wait, args.poll).run()
+    return run(args.command, args.status, args.lease, args.kill_wait, args.poll)
+
+
+def run(command: list[str], status: str, lease: str | None, kill_wait: float, poll: float) -> int:
+    """What ``main`` does with its arguments parsed (the launcher's forked shims start here,
+    with settings the agent checked); the exit code."""
+    return Shim(command, status, lease, kill_wait, poll).run()
 
 
 if __name__ == "__main__":

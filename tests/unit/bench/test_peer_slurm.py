@@ -110,6 +110,8 @@ def test_cpu_seconds_counts_live_descendants_once():
         tree = peer_slurm.cpu_seconds(parent.pid)
         assert tree >= child                                     # the child's CPU is in the parent's tree
         assert peer_slurm.cpu_seconds(parent.pid, int(child_pid)) == tree   # listed twice, counted once
+        alone = peer_slurm.cpu_seconds(parent.pid, others=frozenset({int(child_pid)}))
+        assert alone == pytest.approx(tree - child)              # a subtree counted on its own is left out
     finally:
         parent.stdin.close()
         parent.wait()

@@ -126,8 +126,9 @@ if server == 0:
     os._exit(0)
 theirs.close()
 workdir = sys.argv[1]
-argv = ["--kill-wait", "0.3", "--status", os.path.join(workdir, "shim.json"), "--", "touch", "started"]
-agent.sendall(json.dumps({"id": 1, "argv": argv, "env": dict(os.environ), "cwd": workdir}).encode() + b"\\n")
+settings = {"command": ["touch", "started"], "status": os.path.join(workdir, "shim.json"), "lease": None,
+            "kill_wait": 0.3, "poll": 0.1}
+agent.sendall(json.dumps({"id": 1, "shim": settings, "env": dict(os.environ), "cwd": workdir}).encode() + b"\\n")
 assert agent.recv(100) == b""                 # the launcher died without a word
 ends = {}
 while True:                                   # the launcher, and the shim it forked (adopted here)
