@@ -7,6 +7,7 @@ itself on import: a policy exists when it is listed here.
 """
 from __future__ import annotations
 
+import functools
 import inspect
 from typing import Callable
 
@@ -30,8 +31,15 @@ def placement_arguments(name: str) -> dict[str, float]:
     factory = PLACEMENTS.get(name)
     if factory is None:
         raise ValueError(f"unknown placement policy {name!r}; known: {sorted(PLACEMENTS)}")
-    return {p.name: p.default for p in inspect.signature(factory).parameters.values()
-            if p.kind is p.KEYWORD_ONLY or p.kind is p.POSITIONAL_OR_KEYWORD}
+    return dict(_arguments(factory))
+
+
+@functools.cache
+def _arguments(factory: Callable[..., Placement]) -> tuple[tuple[str, float], ...]:
+    # Once per policy: the preemptor makes a placement every round, and reading a compiled
+    # class's signature parses its text each time.
+    return tuple((p.name, p.default) for p in inspect.signature(factory).parameters.values()
+                 if p.kind is p.KEYWORD_ONLY or p.kind is p.POSITIONAL_OR_KEYWORD)
 
 
 def make_placement(name: str, **settings: float) -> Placement:

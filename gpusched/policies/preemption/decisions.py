@@ -73,6 +73,8 @@ def preemption_decisions(state: ClusterState, now: float,
     cheapest victims are chosen, released and the job booked, all tentatively — so two
     decisions of one call never share victims or count the same freed GPUs twice. The
     state is left exactly as it was."""
+    if not state.pending:   # the common case of a quiet cluster, every round: nothing to search
+        return []
     ctx = SearchContext(state, now, config)
     out: list[Preemption] = []
     failed: set[tuple] = set()        # shapes no victim set helps, this call

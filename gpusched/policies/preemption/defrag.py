@@ -60,6 +60,8 @@ def defrag_decisions(state: ClusterState, now: float,
                      config: PreemptionConfig = PreemptionConfig(),
                      limit: int = 4) -> list[Preemption]:
     """Move plans for pending jobs blocked by fragmentation only, highest priority first."""
+    if not state.pending:   # the common case of a quiet cluster, every round: nothing to search
+        return []
     ctx = SearchContext(state, now, config)
     out: list[Preemption] = []
     with tentative(state) as scratch:
