@@ -5,10 +5,13 @@ forkserver).
     python -S .../launcher.py --fd N
 
 The agent starts it (``Launcher``) with one end of a socket pair as fd N, and sends it
-one JSON line per launch: ``{"id", "shim", "env", "cwd"}`` (``shim``: the shim's settings,
-``shim.run``'s arguments, which the agent has checked). The launcher forks; the child does
-what ``python -S shim.py ARGS`` would in a process of its own: a new session, ``cwd``,
-exactly ``env``, ``shim.run(**shim)``, and exits with its code. The launcher answers ``{"id", "pid", "start"}`` (the shim's pid and
+one JSON line per launch: ``{"id", "shim", "env", "unset", "cwd"}`` (``shim``: the
+shim's settings, ``shim.run``'s arguments, which the agent has checked; ``env`` and
+``unset``: how the shim's environment differs from the one the launcher was started with,
+so a launch carries a few variables, not the agent's whole environment). The launcher
+forks; the child does what ``python -S shim.py ARGS`` would in a process of its own: a new
+session, ``cwd``, exactly the environment asked for, ``shim.run(**shim)``, and exits with
+its code. The launcher answers ``{"id", "pid", "start"}`` (the shim's pid and
 its start in clock ticks, which tells it from a later process with the same pid), or
 ``{"id", "error"}``, and ``{"id", "code"}`` once it reaped that shim (``code`` as
 ``waitstatus_to_exitcode``: negative for a signal).
@@ -123,7 +126,8 @@ def _run_shim(request: dict, fds: tuple[int, int, int]) -> None:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         os.setsid()                       # its own session: signals to the agent's group miss it
         os.chdir(request["cwd"])
-        os.environ.clear()
+        for name in request["unset"]:
+            os.environ.pop(name, None)
         os.environ.update(request["env"])
         code = shim.run(**request["shim"])
     except BaseException:
@@ -209,6 +213,7 @@ class Launcher:
         self._started: dict[int, asyncio.Future] = {}
         self._ended: dict[int, asyncio.Future] = {}
         self._ids = itertools.count(1)
+        self.base_env = dict(os.environ)     # the launcher's: each launch sends what differs
         self.dead = False
         self.opening = asyncio.ensure_future(self._open())
 
@@ -217,7 +222,7 @@ class Launcher:
         try:
             self.process = await asyncio.create_subprocess_exec(
                 sys.executable, "-S", LAUNCHER, "--fd", str(theirs.fileno()), pass_fds=(theirs.fileno(),),
-                start_new_session=True)   # a terminal's Ctrl-C to the agent is not for it
+                env=self.base_env, start_new_session=True)   # a terminal's Ctrl-C to the agent is not for it
         except BaseException:
             self.dead = True
             mine.close()
@@ -236,7 +241,11 @@ class Launcher:
         launch = next(self._ids)
         started, ended = self.loop.create_future(), self.loop.create_future()
         self._started[launch], self._ended[launch] = started, ended
-        self._writer.write(json.dumps({"id": launch, "shim": settings, "env": env, "cwd": cwd}).encode() + b"\n")
+        base = self.base_env
+        changed = {name: value for name, value in env.items() if base.get(name) != value}
+        unset = [name for name in base if name not in env]
+        self._writer.write(json.dumps({"id": launch, "shim": settings, "env": changed, "unset": unset,
+                                       "cwd": cwd}).encode() + b"\n")
         reply = await started
         if "error" in reply:
             self._ended.pop(launch, None)

@@ -128,7 +128,7 @@ theirs.close()
 workdir = sys.argv[1]
 settings = {"command": ["touch", "started"], "status": os.path.join(workdir, "shim.json"), "lease": None,
             "kill_wait": 0.3, "poll": 0.1}
-agent.sendall(json.dumps({"id": 1, "shim": settings, "env": dict(os.environ), "cwd": workdir}).encode() + b"\\n")
+agent.sendall(json.dumps({"id": 1, "shim": settings, "env": {}, "unset": [], "cwd": workdir}).encode() + b"\\n")
 assert agent.recv(100) == b""                 # the launcher died without a word
 ends = {}
 while True:                                   # the launcher, and the shim it forked (adopted here)
@@ -161,3 +161,22 @@ async def test_shutdown_ends_and_reaps_the_launcher_and_leaves_its_shims_running
     assert group_alive(run.pid)                               # its shim and workload run on
     os.kill(read_status(run.status_file)["shim_pid"], signal.SIGTERM)
     await until(lambda: not group_alive(run.pid), "the workload's end")
+
+
+async def test_a_shim_gets_exactly_the_environment_asked_for(tmp_path, monkeypatch):
+    """A launch sends only how its environment differs from the launcher's: what the
+    launcher has and the launch does not is unset, the rest set or changed."""
+    monkeypatch.setenv("GPUSCHED_TEST_AGENTS_OWN", "agent")
+    monkeypatch.setenv("GPUSCHED_TEST_CHANGED", "before")
+    launcher.close()                                       # the next one starts with the variables above
+    out, workdir = tmp_path / "env", tmp_path / "w"
+    workdir.mkdir()
+    env = {"PATH": os.environ["PATH"], "GPUSCHED_TEST_CHANGED": "after", "GPUSCHED_TEST_JOBS_OWN": "job"}
+    settings = {"command": ["sh", "-c", f"env > {out}"], "status": str(workdir / "shim.json"), "lease": None,
+                "kill_wait": 1.0, "poll": 0.1}
+    shim = await (await launcher.launcher()).launch(settings, env, str(workdir))
+    assert await asyncio.wait_for(shim.wait(), 20) == 0
+    got = dict(line.split("=", 1) for line in out.read_text().splitlines())
+    for set_by_sh in ("PWD", "SHLVL", "_", "OLDPWD"):
+        got.pop(set_by_sh, None)
+    assert got == env
