@@ -141,6 +141,9 @@ class Side:
     name = ""
     id_var = ""
     pids: dict[str, list[int]] = {}
+    # The other side's daemons: children of this process too, idle while this side runs,
+    # so left out of the client's descendants.
+    elsewhere: frozenset[int] = frozenset()
 
     async def submit(self, script: str) -> str:
         raise NotImplementedError
@@ -155,9 +158,10 @@ class Side:
 class SlurmSide(Side):
     id_var = "SLURM_JOB_ID"
 
-    def __init__(self, cluster: SlurmCluster, tuned: bool) -> None:
+    def __init__(self, cluster: SlurmCluster, tuned: bool, elsewhere: frozenset[int] = frozenset()) -> None:
         self.cluster, self.name = cluster, "slurm-tuned" if tuned else "slurm-default"
         self.pids = {**cluster.pids(), "sbatch+client": [os.getpid()]}
+        self.elsewhere = elsewhere
 
     async def submit(self, script: str) -> str:
         return await self.cluster.submit(script)
@@ -173,9 +177,10 @@ UNENDED = (1, 2, 3, 4, 8)   # types_pb2.JOB_PHASE_ PENDING, PLACED, RUNNING, PRE
 class GpuschedSide(Side):
     name, id_var = "gpusched", "GPUSCHED_JOB_ID"
 
-    def __init__(self, client, pids: dict[str, list[int]]) -> None:
+    def __init__(self, client, pids: dict[str, list[int]], elsewhere: frozenset[int] = frozenset()) -> None:
         self.client = client
         self.pids = pids   # service name -> pid, for the CPU each spends per job
+        self.elsewhere = elsewhere
 
     async def submit(self, script: str) -> str:
         from gpusched.client import spec
@@ -208,7 +213,7 @@ async def burst(side: Side, out: Path, jobs: int, concurrency: int, result: Resu
         async with sem:
             await side.submit(script)
     def used() -> dict[str, float]:
-        everyone = {pid for pids in side.pids.values() for pid in pids}
+        everyone = {pid for pids in side.pids.values() for pid in pids} | side.elsewhere
         return {name: cpu_seconds(*pids, others=frozenset(everyone - set(pids))) for name, pids in side.pids.items()}
     before = used()
     t0 = time.perf_counter()
@@ -330,6 +335,7 @@ async def main(args: argparse.Namespace) -> None:
               f"submissions in flight; steady {args.rate:g} jobs/s for {args.seconds:g}s, calm {args.calm_rate:g} "
               f"jobs/s; files in {work}{'' if args.keep else ' (deleted at the end; --keep keeps them)'}")
         print(f"tuned Slurm: {', '.join(f'{k}={v}' for k, v in TUNED.items())}")
+        ours = frozenset(pid for group in pids.values() for pid in group if pid != os.getpid())
         results = []
         for r in range(args.rounds):
             print(f"round {r + 1}:", flush=True)
@@ -337,8 +343,9 @@ async def main(args: argparse.Namespace) -> None:
                 if not args.gpusched_only:
                     if r or tuned:
                         slurm.reconfigure(tuned)
-                    results.append(await measure(SlurmSide(slurm, tuned), work, args))
-                results.append(await measure(GpuschedSide(client, pids), work, args))
+                    results.append(await measure(SlurmSide(slurm, tuned, elsewhere=ours), work, args))
+                theirs = frozenset(pid for group in slurm.pids().values() for pid in group)
+                results.append(await measure(GpuschedSide(client, pids, elsewhere=theirs), work, args))
         print("medians over the rounds:")
         print("\n".join(summary(results)))
     finally:
