@@ -291,8 +291,12 @@ async def main(args: argparse.Namespace) -> None:
         rate = await submit_backlog(client, specs)
         print(f"backlog: {args.backlog} jobs ({sum(s.workers > 1 for s in specs)} gangs of 2-8 nodes, "
               f"{sum(bool(s.resources.mig_profile) for s in specs)} MIG {MIG_PROFILE}) submitted at {rate:,.0f}/s")
-        await settle(client, placer.metrics_port, args.settle)
-        cpu = {n: cpu_seconds(p) - cpu_before[n] for n, p in procs.items()}
+        cpu_then: dict[str, float] = {}   # each service's CPU when the counts last moved: the burst's end
+
+        def sample() -> None:
+            cpu_then.update((n, cpu_seconds(p)) for n, p in procs.items())
+        await settle(client, placer.metrics_port, args.settle, sample)
+        cpu = {n: cpu_then[n] - cpu_before[n] for n in procs}
         await stop_profiles(spies)
         text = await scrape(placer.metrics_port)
         after = histogram(text, CYCLE)
@@ -307,7 +311,7 @@ async def main(args: argparse.Namespace) -> None:
         print(f"placer cycles: {int(count)}, mean {mean * 1000:,.0f} ms, p50 <= {bucket_quantile(cycles, .5) * 1000:g} ms, "
               f"p99 <= {bucket_quantile(cycles, .99) * 1000:g} ms (histogram bucket bounds; inf: over 2.5 s)")
         await why_pending(client)
-        print(f"CPU ms per job running, submit to settled (/proc): total {sum(cpu.values()) * 1000 / max(1, running):.2f}; "
+        print(f"CPU ms per job running, from the first submission until the counts last moved (/proc): total {sum(cpu.values()) * 1000 / max(1, running):.2f}; "
               + ", ".join(f"{n} {c * 1000 / max(1, running):.2f}" for n, c in cpu.items()))
         records, size = await beat_load(bootstrap, topics, hosts)
         print(f"heartbeats: {records:.1f} records/s, {size / 1024:.1f} KiB/s on the broker for {args.nodes} nodes "
@@ -326,16 +330,18 @@ async def main(args: argparse.Namespace) -> None:
         await delete_report_topics(bootstrap, topics)   # the hosts' report and beats topics
 
 
-async def settle(client: Client, placer_port: int, quiet_s: float) -> None:
+async def settle(client: Client, placer_port: int, quiet_s: float, moved) -> None:
     """Wait until nothing is pending and the running count rests, or the pending and
     running counts stayed the same through ``quiet_s`` seconds and two placer cycles (a
-    cycle over a full cluster can take longer than ``quiet_s``)."""
+    cycle over a full cluster can take longer than ``quiet_s``). ``moved()`` is called
+    whenever the counts change."""
     last, since, cycles_then = (-1, -1), time.monotonic(), None
     while True:
         summary = await client.summary()
         now = (summary.pending_jobs, summary.running_jobs)   # placed, then running: both must rest
         if now != last:   # the placer's /metrics are scraped only while the counts rest: a
             last, since, cycles_then = now, time.monotonic(), None   # scrape walks every node
+            moved()
             await asyncio.sleep(1.0)
             continue
         if summary.pending_jobs == 0 and time.monotonic() - since >= 3.0:
