@@ -2,7 +2,7 @@
 
 ``EventPublisher`` appends events with ``acks=all`` and idempotence; the partition is
 chosen from the pool so one pool's history is one totally ordered partition. Its linger
-follows its send rate (``gpusched.adapters.batching``). ``DeadLetters`` writes the
+follows its send rate, every send counted whatever its topic (``gpusched.adapters.batching``). ``DeadLetters`` writes the
 records no consumer could apply, with the reason.
 
 Every record carries Kafka headers for consumers outside gpusched (docs/consuming-the-log.md):
@@ -105,6 +105,7 @@ class EventPublisher:
     async def send_event_to(self, topic: str, event: ev.Event, pool: str,
                             extra_headers: list[tuple[str, bytes]] | None = None) -> asyncio.Future:
         """``send`` to another topic of events (a node's report topic), keyed by the pool."""
+        self._linger.count(self._producer)
         carrier = event_context(event)
         return await self._producer.send(topic, codec.encode(event, pool, carrier), key=pool.encode(),
                                          headers=event_headers(event, carrier) + list(extra_headers or ()))
@@ -135,6 +136,7 @@ class EventPublisher:
                              headers: list[tuple[str, bytes]] | None = None) -> asyncio.Future:
         """Queue a record; the returned future resolves when the broker acknowledged it. A
         ``gpusched.schema`` header is added from the topic where the caller gave none."""
+        self._linger.count(self._producer)   # a node host's beats, the work views: a burst batches too
         headers = list(headers or ())
         # a usage record on a node's report topic is marked as such (its other records are events)
         schema = USAGE_SCHEMA if (KIND_HEADER, USAGE_KIND) in headers else raw_schema(self.topics.prefix, topic)

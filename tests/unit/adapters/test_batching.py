@@ -2,6 +2,7 @@
 internals they rely on (pinned version; this fails loudly if they change)."""
 from __future__ import annotations
 
+import asyncio
 import inspect
 
 from aiokafka.consumer.fetcher import Fetcher
@@ -15,6 +16,7 @@ from gpusched.adapters.batching import (
 )
 from gpusched.adapters.kafka_admin import TopicNames
 from gpusched.adapters.publisher import EventPublisher
+from gpusched.core import events as ev
 
 LONG_POLL, BUSY, BURST = FETCH_MODES
 
@@ -176,3 +178,22 @@ async def test_the_linger_follows_the_send_rate_up_and_back_down(monkeypatch):  
     clock[0] += 30       # a quiet spell: the next send already goes with the quiet linger
     publisher._linger.count(publisher._producer)
     assert publisher.linger_ms == 1
+
+
+async def test_reports_and_raw_records_count_toward_the_linger_too(monkeypatch):
+    """A node host's burst of reports (``send_event_to``) and the work views' records
+    (``send_raw_later``) are batched as the pool log's events are."""
+    clock = [100.0]
+    monkeypatch.setattr(batching.time, "monotonic", lambda: clock[0])
+    publisher = EventPublisher("127.0.0.1:1", TopicNames("t."), 4)
+
+    async def queued(*args, **kwargs):   # the producer's queue, without a broker behind it
+        return asyncio.get_running_loop().create_future()
+    monkeypatch.setattr(publisher._producer, "send", queued)
+    for i in range(int(2 * 2_000 * RATE_WINDOW_S) + 1):   # two windows and a send at 2,000/s
+        clock[0] += 1 / 2_000
+        if i % 2:
+            await publisher.send_event_to("t.hostreports.h", ev.NodeLost(event_id=f"e{i}", node="h-1"), "default")
+        else:
+            await publisher.send_raw_later("t.work.h-1", b"{}", key=b"node")
+    assert publisher.linger_ms == 5
