@@ -23,7 +23,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.partitioner import murmur2
 
 from gpusched.adapters import codec
-from gpusched.adapters.batching import LINGER_MS, LingerTuner
+from gpusched.adapters.batching import LINGER_MS, MAX_BATCH_BYTES, LingerTuner
 from gpusched.adapters.dead_letters import LetterIndex, WarningLimit, letter_key
 from gpusched.adapters.kafka_admin import TopicNames
 from gpusched.adapters.kafka_security import Where, client_args
@@ -77,7 +77,7 @@ class EventPublisher:
         self.partitions = partitions
         self._producer = AIOKafkaProducer(
             **client_args(bootstrap), acks="all", enable_idempotence=True,
-            linger_ms=LINGER_MS, request_timeout_ms=30_000, retry_backoff_ms=100,
+            linger_ms=LINGER_MS, max_batch_size=MAX_BATCH_BYTES, request_timeout_ms=30_000, retry_backoff_ms=100,
         )
         self._linger = LingerTuner()
 
