@@ -2,8 +2,9 @@
 
 ``EventPublisher`` appends events with ``acks=all`` and idempotence; the partition is
 chosen from the pool so one pool's history is one totally ordered partition. Its linger
-follows its send rate, every send counted whatever its topic (``gpusched.adapters.batching``). ``DeadLetters`` writes the
-records no consumer could apply, with the reason.
+follows its send rate, every send counted whatever its topic, and a batch carries up to
+``MAX_BATCH_BYTES`` (``gpusched.adapters.batching``). ``DeadLetters`` writes the records
+no consumer could apply, with the reason.
 
 Every record carries Kafka headers for consumers outside gpusched (docs/consuming-the-log.md):
 ``gpusched.schema`` (the protobuf message of its value, e.g. ``gpusched.v1.EventEnvelope``),
@@ -77,7 +78,8 @@ class EventPublisher:
         self.partitions = partitions
         self._producer = AIOKafkaProducer(
             **client_args(bootstrap), acks="all", enable_idempotence=True,
-            linger_ms=LINGER_MS, max_batch_size=MAX_BATCH_BYTES, request_timeout_ms=30_000, retry_backoff_ms=100,
+            linger_ms=LINGER_MS, max_batch_size=MAX_BATCH_BYTES, request_timeout_ms=30_000,
+            retry_backoff_ms=100,
         )
         self._linger = LingerTuner()
 

@@ -19,8 +19,8 @@ answers for every registration folded before it began, so thousands of nodes joi
 once (a node host's) cost a few metadata requests, not one each.
 
 A node whose work topic does not exist (a node registered without an agent, as the
-simulator's or a node host's) gets nothing written: its records wait, the latest per key, until the node
-registers again and its topic is found; a tombstone only drops its key's waiting record
+simulator's or a node host's) gets nothing written: its records wait, the latest per
+key, until the node registers again and its topic is found; a tombstone only drops its key's waiting record
 (no reader can have read the key), so what waits is the node's live work.
 """
 from __future__ import annotations
