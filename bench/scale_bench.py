@@ -30,6 +30,8 @@ import asyncio
 import os
 import random
 import re
+import signal
+import sys
 from collections import Counter
 import tempfile
 import time
@@ -44,6 +46,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition   # noqa: E402
 from gpusched.adapters import codec   # noqa: E402
 from gpusched.adapters.kafka_admin import TopicNames, delete_topics   # noqa: E402
 from gpusched.adapters.kafka_security import client_args   # noqa: E402
+from gpusched.adapters.node_access import delete_report_topics   # noqa: E402
 from gpusched.adapters.reports import host_beats_topic   # noqa: E402
 from gpusched.client import Client, spec   # noqa: E402
 from gpusched.core import events as ev   # noqa: E402
@@ -208,6 +211,41 @@ def rss_mib(pid: int) -> float:
     return float("nan")
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process so far (/proc/PID/stat)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def service_pids(cluster: LocalCluster) -> dict[str, int]:
+    """Every live service's pid, and the broker's."""
+    procs = {s.name: s.proc.pid for s in cluster.services if s.alive}
+    if (pid := broker_pid()) is not None:
+        procs["broker"] = pid
+    return procs
+
+
+async def start_profiles(procs: dict[str, int], out: Path | None) -> list[asyncio.subprocess.Process]:
+    """``py-spy record`` of each process (raw collapsed stacks into ``out``) until stopped."""
+    if out is None:
+        return []
+    out.mkdir(parents=True, exist_ok=True)
+    spy = Path(sys.executable).parent / "py-spy"
+    return [await asyncio.create_subprocess_exec(
+        str(spy), "record", "-r", "100", "-f", "raw", "-o", str(out / f"{name}.txt"), "-p", str(pid),
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+        for name, pid in procs.items() if name != "broker"]
+
+
+async def stop_profiles(spies: list[asyncio.subprocess.Process]) -> None:
+    for spy in spies:
+        spy.send_signal(signal.SIGINT)   # py-spy writes its file on SIGINT
+    await asyncio.gather(*(spy.wait() for spy in spies))
+
+
 def broker_pid() -> int | None:
     try:
         return int((Path(__file__).resolve().parents[1] / ".run/kafka/kafka.pid").read_text())
@@ -247,10 +285,19 @@ async def main(args: argparse.Namespace) -> None:
         specs = openb_specs(args.backlog, args.gangs, args.mig, args.duration)
         text = await scrape(placer.metrics_port)
         before, sum_before = histogram(text, CYCLE), total(text, CYCLE + "_sum")
+        procs = service_pids(cluster)
+        cpu_before = {n: cpu_seconds(p) for n, p in procs.items()}
+        spies = await start_profiles(procs, args.profile)
         rate = await submit_backlog(client, specs)
         print(f"backlog: {args.backlog} jobs ({sum(s.workers > 1 for s in specs)} gangs of 2-8 nodes, "
               f"{sum(bool(s.resources.mig_profile) for s in specs)} MIG {MIG_PROFILE}) submitted at {rate:,.0f}/s")
-        await settle(client, placer.metrics_port, args.settle)
+        cpu_then: dict[str, float] = {}   # each service's CPU when the counts last moved: the burst's end
+
+        def sample() -> None:
+            cpu_then.update((n, cpu_seconds(p)) for n, p in procs.items())
+        await settle(client, placer.metrics_port, args.settle, sample)
+        cpu = {n: cpu_then[n] - cpu_before[n] for n in procs}
+        await stop_profiles(spies)
         text = await scrape(placer.metrics_port)
         after = histogram(text, CYCLE)
         cycles = {b: after.get(b, 0) - before.get(b, 0) for b in after}
@@ -264,36 +311,44 @@ async def main(args: argparse.Namespace) -> None:
         print(f"placer cycles: {int(count)}, mean {mean * 1000:,.0f} ms, p50 <= {bucket_quantile(cycles, .5) * 1000:g} ms, "
               f"p99 <= {bucket_quantile(cycles, .99) * 1000:g} ms (histogram bucket bounds; inf: over 2.5 s)")
         await why_pending(client)
+        print(f"CPU ms per job running, from the first submission until the counts last moved (/proc): total {sum(cpu.values()) * 1000 / max(1, running):.2f}; "
+              + ", ".join(f"{n} {c * 1000 / max(1, running):.2f}" for n, c in cpu.items()))
         records, size = await beat_load(bootstrap, topics, hosts)
         print(f"heartbeats: {records:.1f} records/s, {size / 1024:.1f} KiB/s on the broker for {args.nodes} nodes "
               f"(one node-agent each would be {args.nodes} records/s)")
-        procs = {s.name: s.proc.pid for s in cluster.services if s.alive}
-        if (pid := broker_pid()) is not None:
-            procs["broker"] = pid
+        procs = service_pids(cluster)
         print("RSS MiB: " + ", ".join(f"{n} {rss_mib(p):,.0f}" for n, p in procs.items()))
-        gone, ready = await takeover(cluster, client)
-        print(f"placer takeover: kill -9, a new placer ready {ready:.1f}s and its first decision {gone:.1f}s "
-              f"after the kill")
+        if not args.no_takeover:
+            gone, ready = await takeover(cluster, client)
+            print(f"placer takeover: kill -9, a new placer ready {ready:.1f}s and its first decision {gone:.1f}s "
+                  f"after the kill")
         await client.close()
     finally:
         await cluster.stop_all()
         if problem := await delete_topics(bootstrap, topics):
             print(f"could not delete topics {topics.prefix}*: {problem}")
+        await delete_report_topics(bootstrap, topics)   # the hosts' report and beats topics
 
 
-async def settle(client: Client, placer_port: int, quiet_s: float) -> None:
+async def settle(client: Client, placer_port: int, quiet_s: float, moved) -> None:
     """Wait until nothing is pending and the running count rests, or the pending and
     running counts stayed the same through ``quiet_s`` seconds and two placer cycles (a
-    cycle over a full cluster can take longer than ``quiet_s``)."""
-    last, since, cycles_then = (-1, -1), time.monotonic(), 0.0
+    cycle over a full cluster can take longer than ``quiet_s``). ``moved()`` is called
+    whenever the counts change."""
+    last, since, cycles_then = (-1, -1), time.monotonic(), None
     while True:
         summary = await client.summary()
-        cycles = histogram(await scrape(placer_port), CYCLE).get(float("inf"), 0.0)
         now = (summary.pending_jobs, summary.running_jobs)   # placed, then running: both must rest
-        if now != last:
-            last, since, cycles_then = now, time.monotonic(), cycles
-        elif summary.pending_jobs == 0 and time.monotonic() - since >= 3.0:
+        if now != last:   # the placer's /metrics are scraped only while the counts rest: a
+            last, since, cycles_then = now, time.monotonic(), None   # scrape walks every node
+            moved()
+            await asyncio.sleep(1.0)
+            continue
+        if summary.pending_jobs == 0 and time.monotonic() - since >= 3.0:
             return   # all placed, and every placed job's start is in
+        cycles = histogram(await scrape(placer_port), CYCLE).get(float("inf"), 0.0)
+        if cycles_then is None:
+            cycles_then = cycles
         elif time.monotonic() - since >= quiet_s and cycles >= cycles_then + 2:
             return
         await asyncio.sleep(1.0)
@@ -310,4 +365,7 @@ if __name__ == "__main__":
     parser.add_argument("--settle", type=float, default=10.0,
                         help="seconds (and two placer cycles) without new starts that end the run")
     parser.add_argument("--heartbeat-timeout", type=float, default=30.0)
+    parser.add_argument("--profile", type=Path, default=None,
+                        help="write each service's py-spy profile of the burst (raw stacks) into this folder")
+    parser.add_argument("--no-takeover", action="store_true", help="skip the placer takeover step")
     asyncio.run(main(parser.parse_args()))

@@ -48,6 +48,12 @@ IDLE_FETCH_WAIT_MS = FETCH_MODES[0].max_wait_ms
 # producer's records go at once; in a burst a longer linger batches more records a request.
 LINGER_MODES = ((0, 1), (600, 5))   # (from events/s, linger ms)
 LINGER_MS = LINGER_MODES[0][1]
+# The most bytes one produce batch (of one partition) carries. aiokafka fills one batch per
+# partition at a time and, once it is full, holds every further send until it is sent:
+# with its 16 KiB default a SubmitJobs of 500 jobs went out as a dozen batches one round
+# trip after another, and a node host's burst of reports waited batch by batch. Under the
+# broker's default record-batch limit (1 MiB, ``max.message.bytes``).
+MAX_BATCH_BYTES = 512 * 1024
 
 
 def linger_for(events_per_s: float) -> int:

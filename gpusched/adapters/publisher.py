@@ -2,8 +2,9 @@
 
 ``EventPublisher`` appends events with ``acks=all`` and idempotence; the partition is
 chosen from the pool so one pool's history is one totally ordered partition. Its linger
-follows its send rate (``gpusched.adapters.batching``). ``DeadLetters`` writes the
-records no consumer could apply, with the reason.
+follows its send rate, every send counted whatever its topic, and a batch carries up to
+``MAX_BATCH_BYTES`` (``gpusched.adapters.batching``). ``DeadLetters`` writes the records
+no consumer could apply, with the reason.
 
 Every record carries Kafka headers for consumers outside gpusched (docs/consuming-the-log.md):
 ``gpusched.schema`` (the protobuf message of its value, e.g. ``gpusched.v1.EventEnvelope``),
@@ -23,7 +24,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.partitioner import murmur2
 
 from gpusched.adapters import codec
-from gpusched.adapters.batching import LINGER_MS, LingerTuner
+from gpusched.adapters.batching import LINGER_MS, MAX_BATCH_BYTES, LingerTuner
 from gpusched.adapters.dead_letters import LetterIndex, WarningLimit, letter_key
 from gpusched.adapters.kafka_admin import TopicNames
 from gpusched.adapters.kafka_security import Where, client_args
@@ -77,7 +78,8 @@ class EventPublisher:
         self.partitions = partitions
         self._producer = AIOKafkaProducer(
             **client_args(bootstrap), acks="all", enable_idempotence=True,
-            linger_ms=LINGER_MS, request_timeout_ms=30_000, retry_backoff_ms=100,
+            linger_ms=LINGER_MS, max_batch_size=MAX_BATCH_BYTES, request_timeout_ms=30_000,
+            retry_backoff_ms=100,
         )
         self._linger = LingerTuner()
 
@@ -105,6 +107,7 @@ class EventPublisher:
     async def send_event_to(self, topic: str, event: ev.Event, pool: str,
                             extra_headers: list[tuple[str, bytes]] | None = None) -> asyncio.Future:
         """``send`` to another topic of events (a node's report topic), keyed by the pool."""
+        self._linger.count(self._producer)
         carrier = event_context(event)
         return await self._producer.send(topic, codec.encode(event, pool, carrier), key=pool.encode(),
                                          headers=event_headers(event, carrier) + list(extra_headers or ()))
@@ -135,6 +138,7 @@ class EventPublisher:
                              headers: list[tuple[str, bytes]] | None = None) -> asyncio.Future:
         """Queue a record; the returned future resolves when the broker acknowledged it. A
         ``gpusched.schema`` header is added from the topic where the caller gave none."""
+        self._linger.count(self._producer)   # a node host's beats, the work views: a burst batches too
         headers = list(headers or ())
         # a usage record on a node's report topic is marked as such (its other records are events)
         schema = USAGE_SCHEMA if (KIND_HEADER, USAGE_KIND) in headers else raw_schema(self.topics.prefix, topic)

@@ -13,15 +13,22 @@ record of work that ended while it was down.
 Records go out in batches: each batch is sent in order and its acknowledgements awaited;
 a failed batch is sent again whole (readers skip what they already applied).
 
+Whether a node's work topic exists is read from the broker's metadata, fetched after the
+node's registration was folded (its agent makes the topic before it registers): one fetch
+answers for every registration folded before it began, so thousands of nodes joining at
+once (a node host's) cost a few metadata requests, not one each.
+
 A node whose work topic does not exist (a node registered without an agent, as the
-simulator's) gets nothing written: its records wait, the latest per key, until the node
-registers again and its topic is found; a tombstone only drops its key's waiting record
+simulator's or a node host's) gets nothing written: its records wait, the latest per
+key, until the node registers again and its topic is found; a tombstone only drops its key's waiting record
 (no reader can have read the key), so what waits is the node's live work.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import time
 
 from aiokafka import AIOKafkaConsumer
 
@@ -42,11 +49,15 @@ class WorkViewWriter:
         self.publisher = publisher
         self.name = name
         self.builder = ViewBuilder(tracing.JOBS.carrier, tracing.consumed_carrier)
-        self.counts = {"written": 0, "parked": 0}
+        self.counts = {"written": 0, "parked": 0, "metadata": 0}
         self._bootstrap = bootstrap
         self._live = False
         self._parked: dict[str, dict[str, ViewRecord]] = {}     # node without a topic -> key -> record
         self._topics: dict[str, bool] = {}                      # node -> whether its topic exists
+        self._registered_at: dict[str, float] = {}              # node -> when its registration was folded
+        self._metadata_topics: set[str] = set()                 # the topics of the last metadata fetched
+        self._metadata_at = -math.inf                           # when that fetch began
+        self._started_at = math.inf
         self._queue: asyncio.Queue[ViewRecord] = asyncio.Queue()
         self._meta: AIOKafkaConsumer | None = None
         self._task: asyncio.Task | None = None
@@ -56,6 +67,8 @@ class WorkViewWriter:
             self.builder.note(partition, offset, event, outcome, state)
             return
         for record in self.builder.records(partition, offset, event, outcome, state):
+            if record.key == NODE_KEY and not record.value.get("lost"):
+                self._registered_at[record.node] = time.monotonic()
             self._queue.put_nowait(record)
 
     async def start(self, states: dict[int, ClusterState]) -> None:
@@ -64,6 +77,7 @@ class WorkViewWriter:
         self._meta = AIOKafkaConsumer(**client_args(self._bootstrap), client_id=f"{self.name}-work-views",
                                       enable_auto_commit=False)
         await self._meta.start()
+        self._started_at = time.monotonic()   # the nodes registered so far: any fetch from now on
         # No await from here on: no event is folded between the resync and going live.
         for record in self.builder.resync(states):
             self._queue.put_nowait(record)
@@ -109,9 +123,8 @@ class WorkViewWriter:
 
     async def _send(self, record: ViewRecord) -> asyncio.Future | None:
         node = record.node
-        if record.key == NODE_KEY and not record.value.get("lost"):
-            self._topics.pop(node, None)   # a registration: its agent may have created the topic since
-        if not await self._has_topic(node):
+        registered = record.key == NODE_KEY and not record.value.get("lost")
+        if not await self._has_topic(node, registered):
             parked = self._parked.setdefault(node, {})
             if record.gone:   # no reader has read the key (no topic): nothing to end
                 parked.pop(record.key, None)
@@ -133,12 +146,22 @@ class WorkViewWriter:
         return await self.publisher.send_raw_later(work_topic(self.topics.prefix, record.node), value, key=key,
                                                    headers=headers)
 
-    async def _has_topic(self, node: str) -> bool:
-        known = self._topics.get(node)
+    async def _has_topic(self, node: str, registered: bool = False) -> bool:
+        """Whether ``node``'s work topic exists. A registration asks again (its agent may
+        have made the topic since), answered by metadata fetched after the registration
+        was folded; a node whose registration this writer did not fold, by metadata
+        fetched after the writer started."""
+        since = self._registered_at.pop(node, self._started_at) if registered else self._started_at
+        known = None if registered else self._topics.get(node)
         if known is None:
             topic = work_topic(self.topics.prefix, node)
-            client = self._meta._client
-            if topic not in client.cluster.topics():
-                await client.force_metadata_update()
-            known = self._topics[node] = topic in client.cluster.topics()
+            if topic not in self._metadata_topics and self._metadata_at <= since:
+                await self._fetch_metadata()
+            known = self._topics[node] = topic in self._metadata_topics
         return known
+
+    async def _fetch_metadata(self) -> None:
+        """Every topic's name, from a metadata request sent now (not one in flight)."""
+        self._metadata_at = time.monotonic()
+        self.counts["metadata"] += 1
+        self._metadata_topics = set((await self._meta._client.fetch_all_metadata()).topics())

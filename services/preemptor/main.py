@@ -22,6 +22,11 @@ from gpusched.policies.supervision import SupervisionConfig
 from gpusched_preemptor.decide import PreemptorDecider
 from gpusched_preemptor.spans import traced
 
+# The share of the time the preemptor's rounds may take (``PartitionProposer``): a round
+# looks for room for each pending job it examines, and in a burst of submissions rounds
+# would otherwise run back to back beside the placer and the relay.
+BUSY_SHARE = 0.25
+
 
 async def run(args: argparse.Namespace) -> None:
     settings = kafka_settings(args)
@@ -50,7 +55,7 @@ async def run(args: argparse.Namespace) -> None:
     follower = LogFollower(conn, topics, me, dead_letters, options,
                            on_assigned=lambda parts: holder["loop"].on_assigned(parts),
                            on_revoked=lambda parts: holder["loop"].on_revoked(parts))
-    loop = holder["loop"] = PartitionProposer(follower, publisher, traced(decider), me)
+    loop = holder["loop"] = PartitionProposer(follower, publisher, traced(decider), me, busy_share=BUSY_SHARE)
     server, port, health = await start_server(own.listen, [], [], security)
     setup_metrics("gpusched-preemptor", follower)
     await follower.start()

@@ -12,12 +12,18 @@ import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from gpusched.adapters.kafka_security import client_args
+from gpusched.adapters.node_access import ensure_node_topics
+from gpusched.adapters.publisher import EventPublisher
 from gpusched.adapters.reports import node_principal
 from gpusched.adapters.work_view import OFFSET_HEADER, work_topic
+from gpusched.adapters.work_writer import WorkViewWriter
 from gpusched.client import Client, spec
 from gpusched.core import events as ev
+from gpusched.core.reducer import apply
+from gpusched.core.state import ClusterState
 from gpusched.local_cluster import LocalCluster
 from gpusched.v1 import types_pb2
+from tests.unit.core.builders import make_node
 from tests.integration.logcheck import check_log, read_log
 from tests.integration.test_fault_tolerance import all_running, events_of, until
 
@@ -140,3 +146,42 @@ async def _read(login, topic: str):
         return (await consumer.getmany(tp, timeout_ms=3000)).get(tp, [])
     finally:
         await consumer.stop()
+
+
+async def test_nodes_joining_at_once_share_the_writers_metadata_requests(kafka_bootstrap, topics):
+    """200 nodes registering in one burst (a node host's, no work topics) cost the writer a
+    few metadata requests, not one each; a node whose agent made its topic before it
+    registered still gets its view, even when it registers after the others were looked up."""
+    publisher = EventPublisher(kafka_bootstrap, topics, 4)
+    await publisher.start()
+    writer = WorkViewWriter(kafka_bootstrap, topics, publisher, "writer-test")
+    state = ClusterState()
+    offset = 0
+
+    def fold(event):
+        nonlocal offset
+        offset += 1
+        writer.on_event(0, offset, event, apply(state, event), state)
+
+    def registered(name: str):
+        return ev.NodeRegistered(event_id=f"reg-{name}", time=1.0, producer="test", node=make_node(name))
+
+    try:
+        await writer.start({})
+        await ensure_node_topics(kafka_bootstrap, topics, "real-1")
+        fold(registered("real-1"))
+        for i in range(200):
+            fold(registered(f"host0-{i:05d}"))
+        await writer.idle()
+        assert writer.counts["metadata"] <= 3
+        await ensure_node_topics(kafka_bootstrap, topics, "real-2")   # its agent's start, then its registration
+        fold(registered("real-2"))
+        await writer.idle()
+        assert writer.counts["metadata"] <= 4
+        assert writer.counts["parked"] == 200
+        for node in ("real-1", "real-2"):
+            [record] = await _read(kafka_bootstrap, work_topic(topics.prefix, node))
+            assert record.key == b"node"
+    finally:
+        await writer.stop()
+        await publisher.stop()

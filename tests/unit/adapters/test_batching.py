@@ -2,6 +2,7 @@
 internals they rely on (pinned version; this fails loudly if they change)."""
 from __future__ import annotations
 
+import asyncio
 import inspect
 
 from aiokafka.consumer.fetcher import Fetcher
@@ -14,7 +15,10 @@ from gpusched.adapters.batching import (
     next_fetch_mode, set_fetch_mode,
 )
 from gpusched.adapters.kafka_admin import TopicNames
-from gpusched.adapters.publisher import EventPublisher
+from gpusched.adapters import codec
+from gpusched.adapters.publisher import EventPublisher, event_headers
+from gpusched.core import events as ev
+from tests.unit.core.builders import make_spec
 
 LONG_POLL, BUSY, BURST = FETCH_MODES
 
@@ -176,3 +180,37 @@ async def test_the_linger_follows_the_send_rate_up_and_back_down(monkeypatch):  
     clock[0] += 30       # a quiet spell: the next send already goes with the quiet linger
     publisher._linger.count(publisher._producer)
     assert publisher.linger_ms == 1
+
+
+async def test_reports_and_raw_records_count_toward_the_linger_too(monkeypatch):
+    """A node host's burst of reports (``send_event_to``) and the work views' records
+    (``send_raw_later``) are batched as the pool log's events are."""
+    clock = [100.0]
+    monkeypatch.setattr(batching.time, "monotonic", lambda: clock[0])
+    publisher = EventPublisher("127.0.0.1:1", TopicNames("t."), 4)
+
+    async def queued(*args, **kwargs):   # the producer's queue, without a broker behind it
+        return asyncio.get_running_loop().create_future()
+    monkeypatch.setattr(publisher._producer, "send", queued)
+    for i in range(int(2 * 2_000 * RATE_WINDOW_S) + 1):   # two windows and a send at 2,000/s
+        clock[0] += 1 / 2_000
+        if i % 2:
+            await publisher.send_event_to("t.hostreports.h", ev.NodeLost(event_id=f"e{i}", node="h-1"), "default")
+        else:
+            await publisher.send_raw_later("t.work.h-1", b"{}", key=b"node")
+    assert publisher.linger_ms == 5
+
+
+async def test_a_submit_batch_of_500_jobs_fits_one_produce_batch():   # a producer needs a loop
+    """aiokafka holds every send while a partition's batch is full: a SubmitJobs batch (500
+    jobs, one pool) must fit one, not wait out a dozen round trips."""
+    publisher = EventPublisher("127.0.0.1:1", TopicNames("t."), 4)
+    builder = publisher._producer._message_accumulator.create_builder()
+    for i in range(500):
+        event = ev.JobSubmitted(event_id=f"{i:032x}", time=1.0, producer="admission-0123abcd", job_id=f"job-{i:08d}",
+                                spec=make_spec(name=f"openb-{i}", gpus=1, cpu=8000, mem=32768),
+                                principal="team-a-submitter")
+        carrier = {"traceparent": f"00-{i:032x}-{i:016x}-01"}
+        appended = builder.append(key=b"default", value=codec.encode(event, "default", carrier), timestamp=None,
+                                  headers=event_headers(event, carrier))
+        assert appended is not None, f"the batch was full after {i} jobs"
