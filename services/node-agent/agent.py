@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 import time
 import uuid
 from pathlib import Path
@@ -24,10 +23,12 @@ from gpusched.adapters.follower import LogFollower
 from gpusched.adapters import tracing
 from gpusched.adapters.publisher import EventPublisher
 from gpusched.adapters.reports import beats_topic, send_report
+from gpusched.adapters.service import every
 from gpusched.core import events as ev
 from gpusched.core.model import EXIT_LOST, JobPhase, NodeInfo, NodeStatus, WorkerAssignment
 from gpusched.core.state import ClusterState, JobState
 from gpusched.adapters.work_view import JOB_KEY, NODE_KEY
+from gpusched.ports import free_port
 from gpusched.v1 import events_pb2
 from gpusched_node_agent.devices import WorkerDevices
 from gpusched_node_agent.launch_env import node_addresses, worker_env
@@ -257,7 +258,7 @@ class NodeAgent:
                 self.rendezvous_offered.add((job.job_id, job.attempt))
                 asyncio.create_task(self._offer_rendezvous(job))
             return
-        rendezvous = job.rendezvous or f"{self._address()}:{free_port()}"
+        rendezvous = job.rendezvous or f"{self._address()}:{free_port('')}"
         env = worker_env(job, worker.worker, addresses, rendezvous)
         if job.checkpoint:
             env["GPUSCHED_RESUME_FROM"] = job.checkpoint
@@ -276,7 +277,7 @@ class NodeAgent:
 
     async def _offer_rendezvous(self, job: JobState) -> None:
         await self.publish(self._event(ev.RendezvousSet, job_id=job.job_id, attempt=job.attempt, node=self.name,
-                                       address=self._address(), port=free_port()))
+                                       address=self._address(), port=free_port("")))
 
     def _address(self) -> str:
         return self.info.address or "127.0.0.1"
@@ -384,12 +385,7 @@ class NodeAgent:
         return True
 
     async def heartbeats(self, interval: float, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            await self.beat()
-            try:
-                await asyncio.wait_for(stop.wait(), interval)
-            except asyncio.TimeoutError:
-                pass
+        await every(interval, stop, self.beat)
 
     def node_status(self) -> NodeStatus | None:
         for state in self.follower.states.values():
@@ -404,10 +400,3 @@ def note_in_log(in_log: dict[str, asyncio.Future], event, state: ClusterState) -
     waiting = in_log.get(event.event_id) if in_log else None
     if waiting is not None and not waiting.done():
         waiting.set_result(state)
-
-
-def free_port() -> int:
-    """A TCP port free on this host now (the kernel's choice), for a rendezvous."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
