@@ -16,7 +16,10 @@ a failed batch is sent again whole (readers skip what they already applied).
 A node whose work topic does not exist (a node registered without an agent, as the
 simulator's) gets nothing written: its records wait, the latest per key, until the node
 registers again and its topic is found; a tombstone only drops its key's waiting record
-(no reader can have read the key), so what waits is the node's live work.
+(no reader can have read the key), so what waits is the node's live work. A node served
+by a node host (``gpusched node-host``: named ``<host>-...``, where the host's report
+topic exists) never has a work topic, since its host reads the pool log: no record is
+built for it at all (``ViewBuilder.skip_node``).
 """
 from __future__ import annotations
 
@@ -29,6 +32,7 @@ from gpusched.adapters import tracing
 from gpusched.adapters.kafka_admin import TopicNames
 from gpusched.adapters.kafka_security import Where, client_args
 from gpusched.adapters.publisher import EventPublisher
+from gpusched.adapters.reports import HOST_REPORTS, hosted_by
 from gpusched.adapters.work_view import NODE_KEY, ViewBuilder, ViewRecord, work_topic
 from gpusched.core.state import ClusterState
 
@@ -47,6 +51,7 @@ class WorkViewWriter:
         self._live = False
         self._parked: dict[str, dict[str, ViewRecord]] = {}     # node without a topic -> key -> record
         self._topics: dict[str, bool] = {}                      # node -> whether its topic exists
+        self._hosts: set[str] = set()                           # node hosts whose report topic exists
         self._queue: asyncio.Queue[ViewRecord] = asyncio.Queue()
         self._meta: AIOKafkaConsumer | None = None
         self._task: asyncio.Task | None = None
@@ -64,6 +69,11 @@ class WorkViewWriter:
         self._meta = AIOKafkaConsumer(**client_args(self._bootstrap), client_id=f"{self.name}-work-views",
                                       enable_auto_commit=False)
         await self._meta.start()
+        topics = await self._find_hosts()
+        for state in states.values():
+            for node in state.nodes:
+                if work_topic(self.topics.prefix, node) not in topics and self._hosted(node):
+                    self.builder.skip_node(node)
         # No await from here on: no event is folded between the resync and going live.
         for record in self.builder.resync(states):
             self._queue.put_nowait(record)
@@ -111,6 +121,11 @@ class WorkViewWriter:
         node = record.node
         if record.key == NODE_KEY and not record.value.get("lost"):
             self._topics.pop(node, None)   # a registration: its agent may have created the topic since
+            if not await self._has_topic(node) and await self._host_serves(node):
+                self.builder.skip_node(node)
+                self._parked.pop(node, None)
+        if node in self.builder.skip:   # records built before its registration was sent
+            return None
         if not await self._has_topic(node):
             parked = self._parked.setdefault(node, {})
             if record.gone:   # no reader has read the key (no topic): nothing to end
@@ -132,6 +147,26 @@ class WorkViewWriter:
         self.counts["written"] += 1
         return await self.publisher.send_raw_later(work_topic(self.topics.prefix, record.node), value, key=key,
                                                    headers=headers)
+
+    def _hosted(self, node: str) -> bool:
+        """Whether a node host we know of serves ``node`` (it may speak for ``<host>-...``)."""
+        return any(hosted_by(node[:i], node) for i, c in enumerate(node) if c == "-" and node[:i] in self._hosts)
+
+    async def _host_serves(self, node: str) -> bool:
+        """``_hosted``, looking again for hosts when none we know serves it (a host creates
+        its topics before its nodes register)."""
+        if not self._hosted(node):
+            await self._find_hosts()
+        return self._hosted(node)
+
+    async def _find_hosts(self) -> set[str]:
+        """Every topic (metadata refreshed), noting the node hosts' among them."""
+        client = self._meta._client
+        await client.force_metadata_update()
+        topics = client.cluster.topics()
+        head = self.topics.prefix + HOST_REPORTS
+        self._hosts = {t[len(head):] for t in topics if t.startswith(head)}
+        return topics
 
     async def _has_topic(self, node: str) -> bool:
         known = self._topics.get(node)
