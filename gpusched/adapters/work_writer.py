@@ -18,8 +18,9 @@ simulator's) gets nothing written: its records wait, the latest per key, until t
 registers again and its topic is found; a tombstone only drops its key's waiting record
 (no reader can have read the key), so what waits is the node's live work. A node served
 by a node host (``gpusched node-host``: named ``<host>-...``, where the host's report
-topic exists) never has a work topic, since its host reads the pool log: no record is
-built for it at all (``ViewBuilder.skip_node``).
+topic exists, as the metadata that shows the node without a work topic tells) never has
+a work topic, since its host reads the pool log: no record is built for it at all
+(``ViewBuilder.skip_node``).
 """
 from __future__ import annotations
 
@@ -69,9 +70,10 @@ class WorkViewWriter:
         self._meta = AIOKafkaConsumer(**client_args(self._bootstrap), client_id=f"{self.name}-work-views",
                                       enable_auto_commit=False)
         await self._meta.start()
-        topics = await self._find_hosts()
-        for state in states.values():
-            for node in state.nodes:
+        nodes = [node for state in states.values() for node in state.nodes]
+        if nodes:   # the replay registered nodes: one look tells the node hosts' apart
+            topics = await self._refresh()
+            for node in nodes:
                 if work_topic(self.topics.prefix, node) not in topics and self._hosted(node):
                     self.builder.skip_node(node)
         # No await from here on: no event is folded between the resync and going live.
@@ -121,7 +123,9 @@ class WorkViewWriter:
         node = record.node
         if record.key == NODE_KEY and not record.value.get("lost"):
             self._topics.pop(node, None)   # a registration: its agent may have created the topic since
-            if not await self._has_topic(node) and await self._host_serves(node):
+            # A host makes its topics before its nodes register: the metadata that says
+            # the node has no work topic names the host's report topic.
+            if not await self._has_topic(node) and self._hosted(node):
                 self.builder.skip_node(node)
                 self._parked.pop(node, None)
         if node in self.builder.skip:   # records built before its registration was sent
@@ -152,15 +156,8 @@ class WorkViewWriter:
         """Whether a node host we know of serves ``node`` (it may speak for ``<host>-...``)."""
         return any(hosted_by(node[:i], node) for i, c in enumerate(node) if c == "-" and node[:i] in self._hosts)
 
-    async def _host_serves(self, node: str) -> bool:
-        """``_hosted``, looking again for hosts when none we know serves it (a host creates
-        its topics before its nodes register)."""
-        if not self._hosted(node):
-            await self._find_hosts()
-        return self._hosted(node)
-
-    async def _find_hosts(self) -> set[str]:
-        """Every topic (metadata refreshed), noting the node hosts' among them."""
+    async def _refresh(self) -> set[str]:
+        """Every topic (metadata fetched again), noting the node hosts' among them."""
         client = self._meta._client
         await client.force_metadata_update()
         topics = client.cluster.topics()
@@ -172,8 +169,8 @@ class WorkViewWriter:
         known = self._topics.get(node)
         if known is None:
             topic = work_topic(self.topics.prefix, node)
-            client = self._meta._client
-            if topic not in client.cluster.topics():
-                await client.force_metadata_update()
-            known = self._topics[node] = topic in client.cluster.topics()
+            topics = self._meta._client.cluster.topics()
+            if topic not in topics:
+                topics = await self._refresh()
+            known = self._topics[node] = topic in topics
         return known
