@@ -31,7 +31,6 @@ from gpusched.core.reducer import apply
 from gpusched.core.state import ClusterState
 from gpusched.policies.queueing.parking import ParkedJobs
 from gpusched.policies.queueing.keys import QueueKeys
-from gpusched.policies.queueing.quota import QueueTree
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig
 
 PRIORITIES = ("training", "training", "training", "best-effort", "training-high")
@@ -105,12 +104,13 @@ def main() -> None:
         pool.submit(args.ends)   # the queue keeps its length
         now = float(pool.n)
         c0 = time.process_time()
-        decisions = scheduler.cycle(pool.state, now, parked, keys)
+        cycle = scheduler.schedule(pool.state, now, parked, keys)
+        decisions = cycle.decisions
         c1 = time.process_time()
         cpu += c1 - c0
         decided += len(decisions)
         if reasons is not None:
-            why = reasons.after_cycle(0, pool.state, now, QueueTree(), scheduler.reservation, decisions)
+            why = reasons.after_cycle(0, pool.state, now, cycle)
             why_cpu += time.process_time() - c1
             written += len(why)
             for e in why:

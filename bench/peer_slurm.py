@@ -38,7 +38,9 @@ os.environ.setdefault("GPUSCHED_SUBMIT_RATE", "0")
 os.environ.setdefault("GPUSCHED_MAX_PENDING_PER_TEAM", "0")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from slurm_cluster import TUNED, SlurmCluster, SlurmLayout, free_ports  # noqa: E402
+from slurm_cluster import TUNED, SlurmCluster, SlurmLayout  # noqa: E402
+
+from gpusched.ports import free_ports  # noqa: E402
 
 STAMP = "date +%s.%N > {dir}/${id_var}"   # the job: record its own start, then exit
 
@@ -319,7 +321,7 @@ async def main(args: argparse.Namespace) -> None:
     from gpusched.client import Client
 
     work = Path(tempfile.mkdtemp(prefix="peer-slurm-", dir=args.work_dir))
-    port = args.slurm_port or free_ports(args.nodes + 1)
+    port = args.slurm_port or free_ports(args.nodes + 1, "Slurm")
     slurm = SlurmCluster(SlurmLayout(work / "slurm", nodes=args.nodes, gpus=args.gpus, port=port))
     cluster, client = None, None
     try:

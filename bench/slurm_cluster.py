@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-import random
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -215,23 +213,6 @@ class SlurmCluster:
 
     def remove(self) -> None:
         shutil.rmtree(self.layout.root, ignore_errors=True)
-
-
-def free_ports(count: int) -> int:
-    """A port p with p .. p+count-1 free on loopback, below the ephemeral range."""
-    for _ in range(200):
-        port = random.randrange(20000, 32000)
-        socks = [socket.socket() for _ in range(count)]
-        try:
-            for i, sock in enumerate(socks):
-                sock.bind(("127.0.0.1", port + i))
-            return port
-        except OSError:
-            continue
-        finally:
-            for sock in socks:
-                sock.close()
-    raise RuntimeError(f"no {count} free ports in a row for Slurm")
 
 
 def _children(pid: int) -> list[int]:

@@ -277,6 +277,10 @@ class PlacerSettings(Settings):
     default_estimate: float = setting(86400.0, flag="--default-estimate",
                                       help="seconds a job is expected to run when neither it nor its pool has a "
                                            "time limit (reservations and backfill)", gt=0, allow_inf_nan=False)
+    guarantee_hold: float = setting(1200.0, flag="--guarantee-hold",
+                                    help="seconds a team waiting below its guarantee keeps free GPUs back from "
+                                         "borrowers after its usage last changed (0: lent at once)",
+                                    ge=0, allow_inf_nan=False)
     snapshot_every_events: int = setting(50_000, flag="--snapshot-every-events",
                                          help="snapshot an owned pool after this many new events (0: never by count)",
                                          ge=0)

@@ -24,7 +24,6 @@ import asyncio
 import os
 import re
 import signal
-import socket
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +32,7 @@ from typing import TYPE_CHECKING
 from gpusched.adapters.kafka_admin import TopicNames
 from gpusched.adapters.kafka_security import Where, connection, load_credentials
 from gpusched.adapters.reports import host_principal, node_principal
+from gpusched.ports import free_port
 
 if TYPE_CHECKING:
     from gpusched.adapters.dev_pki import DevPki
@@ -126,7 +126,7 @@ class LocalCluster:
         log_path = self.log_dir / f"{name}.log"
         log = open(log_path, "ab")
         env = self._env(principal or PRINCIPALS.get(command, "audit"))
-        metrics_port = _free_port() if self.metrics else 0
+        metrics_port = free_port() if self.metrics else 0
         env["GPUSCHED_METRICS_PORT"] = str(metrics_port)
         proc = await asyncio.create_subprocess_exec(
             str(BIN / command), *args, env=env, stdout=asyncio.subprocess.PIPE, stderr=log)
@@ -192,12 +192,6 @@ class LocalCluster:
 
     async def stop_all(self) -> None:
         await asyncio.gather(*(s.terminate() for s in self.services), return_exceptions=True)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _default_credentials(conn) -> dict[str, str]:

@@ -27,11 +27,9 @@ from __future__ import annotations
 
 import asyncio
 import os
-import random
 import re
 import secrets
 import shutil
-import socket
 import subprocess
 from pathlib import Path
 
@@ -41,6 +39,7 @@ from gpusched.adapters.kafka_acls import grant_service_acls
 from gpusched.adapters.kafka_admin import TopicNames, delete_topics, ensure_topics
 from gpusched.adapters.kafka_security import KafkaConnection, load_credentials
 from gpusched.adapters.node_access import delete_report_topics
+from gpusched.ports import free_port, free_ports
 
 REPO = Path(__file__).resolve().parents[1]
 KAFKA_SH = REPO / "deploy" / "kafka.sh"
@@ -53,24 +52,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if _BROKER_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.broker)
-
-
-def _free_port_pair(count: int = 2) -> int:
-    """A port p with p .. p+count-1 free on 127.0.0.1 (a node's listener and controller
-    each), below the kernel's ephemeral range so client sockets do not take them meanwhile."""
-    for _ in range(200):
-        port = random.randrange(20000, 32000, 2)
-        socks = [socket.socket() for _ in range(count)]
-        try:
-            for i, sock in enumerate(socks):
-                sock.bind(("127.0.0.1", port + i))
-            return port
-        except OSError:
-            continue
-        finally:
-            for sock in socks:
-                sock.close()
-    raise RuntimeError("no free ports for the test broker")
 
 
 class KafkaControl:
@@ -158,7 +139,7 @@ def _kafka_session(request: pytest.FixtureRequest) -> KafkaControl:
         control.start()  # with KAFKA_BOOTSTRAP_SERVERS set this only checks it answers
         yield control
         return
-    port = int(os.environ.get("GPUSCHED_TEST_KAFKA_PORT") or _free_port_pair())
+    port = int(os.environ.get("GPUSCHED_TEST_KAFKA_PORT") or free_ports(2, "the test broker"))
     run_dir = REPO / ".run" / f"test-kafka-{port}"
     control = KafkaControl(f"127.0.0.1:{port}", managed=True, port=port, run_dir=run_dir)
     control.run("clean")  # fresh cluster (also stops a leftover broker on that dir)
@@ -192,7 +173,7 @@ def _note(port: int, run_dir: Path, brokers: int) -> None:
 def start_private_cluster(brokers: int, request: pytest.FixtureRequest):
     """A private secured cluster of ``brokers`` nodes for one module (the durability
     tests need three), stopped and removed afterwards as the session broker is."""
-    port = _free_port_pair(2 * brokers)
+    port = free_ports(2 * brokers, "the test brokers")
     run_dir = REPO / ".run" / f"test-kafka{brokers}-{port}"
     bootstrap = ",".join(f"127.0.0.1:{port + 2 * i}" for i in range(brokers))
     control = KafkaControl(bootstrap, managed=True, port=port, run_dir=run_dir, brokers=brokers,
@@ -267,7 +248,7 @@ def postgres_server():
         as_user = ["runuser", "-u", "postgres", "--"]
         pw = pwd.getpwnam("postgres")
         os.chown(root, pw.pw_uid, pw.pw_gid)
-    data, port = root / "data", _free_port_pair(1)
+    data, port = root / "data", free_ports(1, "the test broker")
     subprocess.run([*as_user, str(bindir / "initdb"), "-D", str(data), "-U", "gpusched", "--auth=trust",
                     "-E", "UTF8", "--no-sync"], check=True, capture_output=True)
     options = f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off"
@@ -298,12 +279,6 @@ def postgres_url(postgres_server: str) -> str:
 # under the session's temporary folder, and stop them at session end.
 
 OBSERVABILITY_SH = REPO / "deploy" / "observability.sh"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="session")
@@ -393,9 +368,9 @@ def jaeger(observability_bin: Path, tmp_path_factory: pytest.TempPathFactory):
     """Jaeger v2 (in-memory storage): ``.otlp_endpoint`` receives spans over OTLP/gRPC,
     ``.url`` is its query API."""
     folder = tmp_path_factory.mktemp("jaeger")
-    otlp, query = _free_port(), _free_port()
+    otlp, query = free_port(), free_port()
     config = folder / "config.yaml"
-    config.write_text(JAEGER_CONFIG.format(otlp=otlp, query=query, query_grpc=_free_port()))
+    config.write_text(JAEGER_CONFIG.format(otlp=otlp, query=query, query_grpc=free_port()))
     backend = Backend([str(observability_bin / "jaeger"), "--config", str(config)], folder / "jaeger.log",
                       f"http://127.0.0.1:{query}", "/api/services")
     backend.otlp_endpoint = f"http://127.0.0.1:{otlp}"
@@ -416,7 +391,7 @@ def prometheus(observability_bin: Path, tmp_path_factory: pytest.TempPathFactory
         "scrape_configs:\n"
         "  - job_name: gpusched\n"
         f"    file_sd_configs: [{{files: ['{targets}'], refresh_interval: 1s}}]\n")
-    port = _free_port()
+    port = free_port()
     backend = Backend([str(observability_bin / "prometheus"), f"--config.file={config}",
                        f"--storage.tsdb.path={folder / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
                       folder / "prometheus.log", f"http://127.0.0.1:{port}", "/-/ready")

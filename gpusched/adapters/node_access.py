@@ -107,29 +107,31 @@ async def add_node(admin_connection: Where, names: TopicNames, node: str, passwo
     """As the admin: the node's report and beats topics, its SCRAM user with ``password`` (a random
     one when empty) and its ACLs; returns the password. Idempotent: running it again
     sets the password anew."""
-    admin = connection(admin_connection)
-    await ensure_node_topics(admin, names, node)
-    if not admin.secured:
-        return ""
-    password = password or secrets.token_hex(16)
-    await set_scram_password(admin, node_principal(node), password)
-    await grant_node_acls(admin, names, node, timeout_s)
-    await _until_login_works(admin.as_user(node_principal(node), password), timeout_s)
-    return password
+    return await _add_principal(admin_connection, names, node, password, timeout_s,
+                                ensure_node_topics, node_principal, grant_node_acls)
 
 
 async def add_host(admin_connection: Where, names: TopicNames, host: str, password: str = "",
                    timeout_s: float = 30.0) -> str:
     """As the admin: a node host's topics, its SCRAM user ``node-host.<host>`` and its ACLs
     (``add_node`` for a host of simulated nodes); returns the password."""
+    return await _add_principal(admin_connection, names, host, password, timeout_s,
+                                ensure_host_topics, host_principal, grant_host_acls)
+
+
+async def _add_principal(admin_connection: Where, names: TopicNames, name: str, password: str, timeout_s: float,
+                         ensure_topics, principal_of, grant_acls) -> str:
+    """A node's or host's topics, then (on a secured broker) its user, ACLs, and a login
+    that works with them; the password ("" on a plaintext broker)."""
     admin = connection(admin_connection)
-    await ensure_host_topics(admin, names, host)
+    await ensure_topics(admin, names, name)
     if not admin.secured:
         return ""
     password = password or secrets.token_hex(16)
-    await set_scram_password(admin, host_principal(host), password)
-    await grant_host_acls(admin, names, host, timeout_s)
-    await _until_login_works(admin.as_user(host_principal(host), password), timeout_s)
+    principal = principal_of(name)
+    await set_scram_password(admin, principal, password)
+    await grant_acls(admin, names, name, timeout_s)
+    await _until_login_works(admin.as_user(principal, password), timeout_s)
     return password
 
 

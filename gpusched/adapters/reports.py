@@ -31,7 +31,8 @@ _NODE_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,199}")
 
 # Events about one attempt's workers; the other agent kinds are about the node itself.
 _ATTEMPT_KINDS = (ev.WorkerStarted, ev.WorkerFinished, ev.AttemptFailed, ev.CheckpointSaved, ev.RendezvousSet)
-AGENT_KINDS = (ev.NodeRegistered, ev.GpuHealthChanged, *_ATTEMPT_KINDS)
+# An agent cordons its own node when a worker outlives SIGKILL (services/node-agent).
+AGENT_KINDS = (ev.NodeRegistered, ev.GpuHealthChanged, ev.NodeCordoned, *_ATTEMPT_KINDS)
 
 
 def check_node_name(node: str) -> str:
@@ -130,8 +131,9 @@ def check_report(node: str, pool: str, event: ev.Event, state: ClusterState) -> 
     registered = state.nodes.get(node)
     if registered is None or registered.info.pool != pool:
         return f"node {node!r} is not registered in pool {pool!r}"
-    if isinstance(event, ev.GpuHealthChanged):
-        return "" if event.node == node else f"GpuHealthChanged of node {event.node!r} reported by node {node!r}"
+    if isinstance(event, (ev.GpuHealthChanged, ev.NodeCordoned)):
+        kind = type(event).__name__
+        return "" if event.node == node else f"{kind} of node {event.node!r} reported by node {node!r}"
     return _check_attempt(node, event, state)
 
 

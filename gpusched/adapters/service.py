@@ -67,3 +67,14 @@ def stop_event() -> asyncio.Event:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     return stop
+
+
+async def every(interval: float, stop: asyncio.Event, action) -> None:
+    """Await ``action()`` now and then every ``interval`` seconds until ``stop`` is set
+    (a tick is not skipped when one runs long: the wait starts after it)."""
+    while not stop.is_set():
+        await action()
+        try:
+            await asyncio.wait_for(stop.wait(), interval)
+        except asyncio.TimeoutError:
+            pass

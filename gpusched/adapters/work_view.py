@@ -91,6 +91,9 @@ class ViewBuilder:
         self.trace_of = trace_of
         self.event_trace_of = event_trace_of
         self.written: dict[tuple[str, str], dict] = {}   # (node, key) -> latest content
+        # Nodes served by a node host: they read the pool log and have no work topic, so
+        # no record is built for them (``skip_node``).
+        self.skip: set[str] = set()
         self.job_nodes: dict[str, set[str]] = {}
         self.start_marks: dict[str, tuple[int, str]] = {}   # job -> (attempt, rendezvous) the log said start
         # what ``note`` kept while replaying: job -> (partition, offset, event type) of
@@ -108,7 +111,7 @@ class ViewBuilder:
             return []
         where = {"partition": partition, "offset": offset}
         out: list[ViewRecord] = []
-        if isinstance(event, (ev.NodeRegistered, ev.NodeLost)):
+        if isinstance(event, (ev.NodeRegistered, ev.NodeLost)) and _node_name(event) not in self.skip:
             out.append(self._node(event, where))
         if isinstance(event, _STARTS):
             self._mark_starts(outcome.jobs, state)
@@ -121,7 +124,7 @@ class ViewBuilder:
         """What a replayed event touched, for ``resync``: a few dict writes, no record built."""
         if not outcome.accepted:
             return
-        if isinstance(event, (ev.NodeRegistered, ev.NodeLost)):
+        if isinstance(event, (ev.NodeRegistered, ev.NodeLost)) and _node_name(event) not in self.skip:
             record = self._node(event, {"partition": partition, "offset": offset})
             self.node_records[record.node] = record
         if isinstance(event, _STARTS):
@@ -138,13 +141,20 @@ class ViewBuilder:
         replayed log touched (at the offset of its last event: newer than or equal to what
         a reader may have applied), and a tombstone for every node a placement named that
         has no work of the job left (its end may have come while no writer wrote)."""
-        out = list(self.node_records.values())
+        out = [r for r in self.node_records.values() if r.node not in self.skip]
         for job_id, (partition, offset, name) in self.touched.items():
             state = states[partition]
             out += self._job(job_id, state, {"partition": partition, "offset": offset}, name,
                              before=self.placed_on.get(job_id, set()))
         self.touched, self.placed_on, self.node_records = {}, {}, {}
         return sorted(out, key=lambda r: (r.value["partition"], r.value["offset"]))
+
+    def skip_node(self, node: str) -> None:
+        """Build no record for ``node`` from now on, and forget what was built for it."""
+        self.skip.add(node)
+        self.written = {k: v for k, v in self.written.items() if k[0] != node}
+        for nodes in self.job_nodes.values():
+            nodes.discard(node)
 
     def _mark_starts(self, job_ids, state: ClusterState) -> None:
         for job_id in job_ids:
@@ -169,6 +179,8 @@ class ViewBuilder:
         job = state.jobs.get(job_id)
         now = nodes_with_work(job)
         before = self.job_nodes.get(job_id, set()) if before is None else before
+        if self.skip:
+            now, before = now - self.skip, before - self.skip
         key = JOB_KEY + job_id
         out = []
         for node in sorted(before - now):
@@ -201,6 +213,10 @@ class ViewBuilder:
         if workers is None:
             workers = memo[3][node] = encoded_workers(job, node)
         return job_content(job, node, state, memo[2], workers)
+
+
+def _node_name(event: ev.NodeRegistered | ev.NodeLost) -> str:
+    return event.node.name if isinstance(event, ev.NodeRegistered) else event.node
 
 
 def nodes_with_work(job: JobState | None) -> set[str]:

@@ -19,9 +19,13 @@ answers for every registration folded before it began, so thousands of nodes joi
 once (a node host's) cost a few metadata requests, not one each.
 
 A node whose work topic does not exist (a node registered without an agent, as the
-simulator's or a node host's) gets nothing written: its records wait, the latest per
-key, until the node registers again and its topic is found; a tombstone only drops its key's waiting record
-(no reader can have read the key), so what waits is the node's live work.
+simulator's) gets nothing written: its records wait, the latest per key, until the node
+registers again and its topic is found; a tombstone only drops its key's waiting record
+(no reader can have read the key), so what waits is the node's live work. A node served
+by a node host (``gpusched node-host``: named ``<host>-...``, where the host's report
+topic exists, as the metadata that shows the node without a work topic tells) never has
+a work topic, since its host reads the pool log: no record is built for it at all
+(``ViewBuilder.skip_node``).
 """
 from __future__ import annotations
 
@@ -36,6 +40,7 @@ from gpusched.adapters import tracing
 from gpusched.adapters.kafka_admin import TopicNames
 from gpusched.adapters.kafka_security import Where, client_args
 from gpusched.adapters.publisher import EventPublisher
+from gpusched.adapters.reports import HOST_REPORTS, hosted_by
 from gpusched.adapters.work_view import NODE_KEY, ViewBuilder, ViewRecord, work_topic
 from gpusched.core.state import ClusterState
 
@@ -58,6 +63,7 @@ class WorkViewWriter:
         self._metadata_topics: set[str] = set()                 # the topics of the last metadata fetched
         self._metadata_at = -math.inf                           # when that fetch began
         self._started_at = math.inf
+        self._hosts: set[str] = set()                           # node hosts whose report topic exists
         self._queue: asyncio.Queue[ViewRecord] = asyncio.Queue()
         self._meta: AIOKafkaConsumer | None = None
         self._task: asyncio.Task | None = None
@@ -78,6 +84,12 @@ class WorkViewWriter:
                                       enable_auto_commit=False)
         await self._meta.start()
         self._started_at = time.monotonic()   # the nodes registered so far: any fetch from now on
+        nodes = [node for state in states.values() for node in state.nodes]
+        if nodes:   # the replay registered nodes: one look tells the node hosts' apart
+            await self._fetch_metadata()
+            for node in nodes:
+                if work_topic(self.topics.prefix, node) not in self._metadata_topics and self._hosted(node):
+                    self.builder.skip_node(node)
         # No await from here on: no event is folded between the resync and going live.
         for record in self.builder.resync(states):
             self._queue.put_nowait(record)
@@ -124,7 +136,15 @@ class WorkViewWriter:
     async def _send(self, record: ViewRecord) -> asyncio.Future | None:
         node = record.node
         registered = record.key == NODE_KEY and not record.value.get("lost")
-        if not await self._has_topic(node, registered):
+        has_topic = await self._has_topic(node, registered)
+        # A host makes its topics before its nodes register: the metadata that says the
+        # node has no work topic names the host's report topic.
+        if registered and not has_topic and self._hosted(node):
+            self.builder.skip_node(node)
+            self._parked.pop(node, None)
+        if node in self.builder.skip:   # records built before its registration was sent
+            return None
+        if not has_topic:
             parked = self._parked.setdefault(node, {})
             if record.gone:   # no reader has read the key (no topic): nothing to end
                 parked.pop(record.key, None)
@@ -161,7 +181,14 @@ class WorkViewWriter:
         return known
 
     async def _fetch_metadata(self) -> None:
-        """Every topic's name, from a metadata request sent now (not one in flight)."""
+        """Every topic's name, from a metadata request sent now (not one in flight), noting
+        the node hosts' among them."""
         self._metadata_at = time.monotonic()
         self.counts["metadata"] += 1
         self._metadata_topics = set((await self._meta._client.fetch_all_metadata()).topics())
+        head = self.topics.prefix + HOST_REPORTS
+        self._hosts = {t[len(head):] for t in self._metadata_topics if t.startswith(head)}
+
+    def _hosted(self, node: str) -> bool:
+        """Whether a node host we know of serves ``node`` (it may speak for ``<host>-...``)."""
+        return any(hosted_by(node[:i], node) for i, c in enumerate(node) if c == "-" and node[:i] in self._hosts)

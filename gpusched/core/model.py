@@ -216,6 +216,7 @@ class PendingKind(str, Enum):
     NO_FIT = "no_fit"            # no node takes a worker (``counts``: each node's first failing filter)
     GANG = "gang"                # nodes take some workers, not the whole gang
     QUEUED = "queued"            # it fits now: it waits for its turn in a cycle
+    GUARANTEE = "guarantee"      # it would borrow what teams waiting below their guarantee keep back
 
 
 @dataclass(frozen=True, slots=True)

@@ -144,6 +144,7 @@ class CycleResult:
     parked: AbstractSet[str] = frozenset()
     reservation: Reservation | None = None        # the first of ``reservations``
     reservations: tuple[Reservation, ...] = ()    # every reservation held, in the order made
+    quotas: QueueTree = field(default_factory=QueueTree)   # the policy the cycle ran under
 
     @property
     def unplaced(self) -> dict[str, Unplaced]:
@@ -229,7 +230,7 @@ class Scheduler:
         self.reservation = run.reservations.reservation
         self.reservations = tuple(run.reservations.reservations)
         return CycleResult(list(run.decisions.values()), run.unplaced, run.skipped, skip, self.reservation,
-                           self.reservations)
+                           self.reservations, quotas)
 
     def _ordered(self, state: ClusterState, ready: list[JobState], now: float, context: QueueContext,
                  keys: QueueKeys | None) -> list[JobState]:

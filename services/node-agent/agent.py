@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 import time
 import uuid
 from pathlib import Path
@@ -24,16 +23,18 @@ from gpusched.adapters.follower import LogFollower
 from gpusched.adapters import tracing
 from gpusched.adapters.publisher import EventPublisher
 from gpusched.adapters.reports import beats_topic, send_report
+from gpusched.adapters.service import every
 from gpusched.core import events as ev
 from gpusched.core.model import EXIT_LOST, JobPhase, NodeInfo, NodeStatus, WorkerAssignment
 from gpusched.core.state import ClusterState, JobState
 from gpusched.adapters.work_view import JOB_KEY, NODE_KEY
+from gpusched.ports import free_port
 from gpusched.v1 import events_pb2
 from gpusched_node_agent.devices import WorkerDevices
 from gpusched_node_agent.launch_env import node_addresses, worker_env
 from gpusched_node_agent.lease import NodeLease
 from gpusched_node_agent.leftovers import kill_leftovers, worker_dir_name
-from gpusched_node_agent.runner import ProcessRun, SimulatedRun, WorkerExit
+from gpusched_node_agent.runner import ProcessRun, SimulatedRun, WorkerExit, group_alive
 
 log = logging.getLogger("gpusched.node_agent")
 Key = tuple[str, int, int]   # (job id, attempt, worker)
@@ -49,6 +50,9 @@ class RelayTimeout(RuntimeError):
 
 class NodeAgent:
     mig = None   # devices.MigManager on a node with dynamic MIG (set by main)
+    # Whether a process group still runs: how leftovers are judged gone (tests stand in
+    # for a process that outlives SIGKILL, which only the kernel can make).
+    process_alive = staticmethod(group_alive)
 
     def __init__(self, info: NodeInfo, publisher: EventPublisher, me: str, *, report_topic: str, state_dir: Path,
                  grace_s: float = 10.0, real_processes: bool = False, in_log: dict | None = None) -> None:
@@ -74,6 +78,7 @@ class NodeAgent:
         # What this agent did for each job not yet ended, forgotten when it ends:
         self.launched: set[Key] = set()          # never run the same worker of an attempt twice
         self.ended: set[Key] = set()             # ends reported for workers that never ran
+        self.stuck: set[Key] = set()             # leftovers that outlived SIGKILL: never reported ended
         self.rendezvous_offered: set[tuple[str, int]] = set()
         self.health: dict[int, str] = {}         # GPU index -> why it is unhealthy
         self._returning: asyncio.Task | None = None
@@ -110,12 +115,18 @@ class NodeAgent:
         report every worker the log still gives us as gone: we do not run it any more,
         so the scheduler places it again (uncharged)."""
         self.follower = follower
-        leftovers = await asyncio.to_thread(kill_leftovers, self.state_dir, self.grace_s) \
+        leftovers = await asyncio.to_thread(kill_leftovers, self.state_dir, self.grace_s, self.process_alive) \
             if self.real_processes else []
         ends = {(w.key.job_id, w.key.attempt, w.key.worker): w.end for w in leftovers if w.key is not None}
+        # A worker still there after SIGKILL (uninterruptible sleep) still uses its GPUs:
+        # its end is never reported, so the log keeps them held, and the node is cordoned.
+        stuck = [w.name for w in leftovers if not w.gone]
+        self.stuck = {(w.key.job_id, w.key.attempt, w.key.worker) for w in leftovers if not w.gone and w.key}
         await follower.caught_up()
         await self.beat()                        # a valid lease before anything starts
         await self._register()
+        if stuck:
+            await self._cordon_for(stuck)
         # Which workers to report is decided now, before any later event is acted on:
         # the states mutate while the reports are sent, and a job placed here meanwhile
         # is started by this agent and reports its own end.
@@ -143,10 +154,20 @@ class NodeAgent:
         finally:
             self._in_log.pop(event.event_id, None)
 
+    async def _cordon_for(self, stuck: list[str]) -> None:
+        """Cordon this node for workers that outlived SIGKILL: nothing new is placed on a
+        node whose GPUs such a process may still use (docs/workloads.md)."""
+        names = ", ".join(stuck[:8]) + (f" and {len(stuck) - 8} more" if len(stuck) > 8 else "")
+        reason = (f"worker(s) {names} still running after SIGKILL (a process in uninterruptible sleep?): "
+                  "their GPUs stay held; once they are gone, restart the agent and uncordon the node")
+        log.error("cordoning %s: %s", self.name, reason)
+        await self.publish(self._event(ev.NodeCordoned, node=self.name, reason=reason))
+
     async def _report_gone(self, key: Key, reason: str, signal: int = 0) -> None:
         """A worker of ours that is not (or no longer) running, ended by infrastructure.
-        Never one this agent launched: its run reports its real end (``_finished``)."""
-        if key in self.ended or key in self.launched:
+        Never one this agent launched: its run reports its real end (``_finished``); nor
+        one still there after SIGKILL (``stuck``): its GPUs are still in use."""
+        if key in self.ended or key in self.launched or key in self.stuck:
             return
         self.ended.add(key)
         job_id, attempt, worker = key
@@ -228,7 +249,7 @@ class NodeAgent:
 
     def _start(self, job: JobState, worker: WorkerAssignment, addresses: dict[str, str]) -> None:
         key = (job.job_id, job.attempt, worker.worker)
-        if key in self.launched or key in self.ended or self._returning is not None:
+        if key in self.launched or key in self.ended or key in self.stuck or self._returning is not None:
             return
         if job.spec.workers > 1 and not job.rendezvous:
             # A gang's workers meet at a port on worker 0's node, published in the log
@@ -237,7 +258,7 @@ class NodeAgent:
                 self.rendezvous_offered.add((job.job_id, job.attempt))
                 asyncio.create_task(self._offer_rendezvous(job))
             return
-        rendezvous = job.rendezvous or f"{self._address()}:{free_port()}"
+        rendezvous = job.rendezvous or f"{self._address()}:{free_port('')}"
         env = worker_env(job, worker.worker, addresses, rendezvous)
         if job.checkpoint:
             env["GPUSCHED_RESUME_FROM"] = job.checkpoint
@@ -256,7 +277,7 @@ class NodeAgent:
 
     async def _offer_rendezvous(self, job: JobState) -> None:
         await self.publish(self._event(ev.RendezvousSet, job_id=job.job_id, attempt=job.attempt, node=self.name,
-                                       address=self._address(), port=free_port()))
+                                       address=self._address(), port=free_port("")))
 
     def _address(self) -> str:
         return self.info.address or "127.0.0.1"
@@ -364,12 +385,7 @@ class NodeAgent:
         return True
 
     async def heartbeats(self, interval: float, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            await self.beat()
-            try:
-                await asyncio.wait_for(stop.wait(), interval)
-            except asyncio.TimeoutError:
-                pass
+        await every(interval, stop, self.beat)
 
     def node_status(self) -> NodeStatus | None:
         for state in self.follower.states.values():
@@ -384,10 +400,3 @@ def note_in_log(in_log: dict[str, asyncio.Future], event, state: ClusterState) -
     waiting = in_log.get(event.event_id) if in_log else None
     if waiting is not None and not waiting.done():
         waiting.set_result(state)
-
-
-def free_port() -> int:
-    """A TCP port free on this host now (the kernel's choice), for a rendezvous."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from gpusched.adapters.reports import hosted_node_name, send_report
+from gpusched.adapters.service import every
 from gpusched.core import events as ev
 from gpusched.core.model import NodeInfo
 from gpusched.core.state import ClusterState
@@ -167,12 +168,7 @@ class NodeHost:
         return True
 
     async def beats(self, interval: float, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            await self.beat()
-            try:
-                await asyncio.wait_for(stop.wait(), interval)
-            except asyncio.TimeoutError:
-                pass
+        await every(interval, stop, self.beat)
 
     def running(self) -> int:
         return sum(len(node.running) for node in self.nodes.values())

@@ -18,7 +18,7 @@ import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 from gpusched.core.model import EXIT_LOST
 from gpusched_node_agent.runner import (STATUS_FILE, WorkerExit, check_seconds, exit_from_status, group_alive,
@@ -28,6 +28,9 @@ from gpusched_node_agent.shim import boot_id, proc_stat, write_json
 log = logging.getLogger("gpusched.node_agent")
 POLL_S = 0.02
 MARGIN_S = 3.0     # past kill-wait, before the agent SIGKILLs what a shim did not end
+# Whether any process of a group is still running: the one probe of "gone" (a process in
+# uninterruptible sleep outlives SIGKILL, which no test can make on purpose).
+GroupAlive = Callable[[int], bool]
 
 
 class WorkerDir(NamedTuple):
@@ -63,8 +66,8 @@ class LeftoverWorker:
 class _Leftover:
     """One worker whose shim status records no end, while it is being stopped."""
 
-    def __init__(self, path: Path, status: dict) -> None:
-        self.path, self.status = path, status
+    def __init__(self, path: Path, status: dict, group_alive: GroupAlive) -> None:
+        self.path, self.status, self.group_alive = path, status, group_alive
         self.pid: int | None = _pid(status.get("pid"))
         self.via_shim = _same_process(status.get("shim_pid"), status.get("shim_start"))
         self.last_signal = 0
@@ -72,7 +75,7 @@ class _Leftover:
         self.end: WorkerExit | None = None
 
     def alive(self) -> bool:
-        return self.via_shim or (self.pid is not None and group_alive(self.pid))
+        return self.via_shim or (self.pid is not None and self.group_alive(self.pid))
 
     def begin(self, kill_wait: float) -> None:
         """SIGTERM: to the shim, which forwards it and keeps its own kill deadline; else
@@ -95,7 +98,7 @@ class _Leftover:
                 self.via_shim = False
                 self._group(signal.SIGTERM)
             return self.end is not None
-        if self.pid is not None and group_alive(self.pid):
+        if self.pid is not None and self.group_alive(self.pid):
             if self.last_signal != signal.SIGKILL and time.monotonic() >= self.kill_at:
                 self._group(signal.SIGKILL)
             return False
@@ -126,12 +129,14 @@ class _Leftover:
         self._record(WorkerExit(EXIT_LOST, 0, reason=reason))
 
 
-def kill_leftovers(state_dir: Path, kill_wait: float) -> list[LeftoverWorker]:
+def kill_leftovers(state_dir: Path, kill_wait: float, alive: GroupAlive = group_alive) -> list[LeftoverWorker]:
     """End every worker under ``state_dir`` whose shim status records no end; wait
     (polling, up to ``kill_wait`` + a margin, then SIGKILL and a margin more) until its
-    processes are gone. Ended workers are ignored; each one ended here is returned."""
+    processes are gone (``alive``: whether a process group still runs). Ended workers are
+    ignored; each one ended here is returned, ``gone=False`` where a process outlived
+    SIGKILL (its end is not recorded: the next agent looks again)."""
     check_seconds("kill_wait", kill_wait)
-    found = _not_ended(Path(state_dir))
+    found = _not_ended(Path(state_dir), alive)
     live = [w for w in found if w.alive()]
     for w in found:
         if w not in live:
@@ -148,7 +153,7 @@ def kill_leftovers(state_dir: Path, kill_wait: float) -> list[LeftoverWorker]:
     return [LeftoverWorker(w.path.parent.name, _key(w.path.parent.name), w.end, w not in stuck) for w in found]
 
 
-def _not_ended(state_dir: Path) -> list[_Leftover]:
+def _not_ended(state_dir: Path, alive: GroupAlive) -> list[_Leftover]:
     here = boot_id()
     found = []
     for path in sorted(state_dir.glob(f"*/{STATUS_FILE}")):
@@ -158,7 +163,7 @@ def _not_ended(state_dir: Path) -> list[_Leftover]:
             continue
         if "ended_at" in status:
             continue
-        w = _Leftover(path, status)
+        w = _Leftover(path, status, alive)
         if status.get("boot_id") and here and status["boot_id"] != here:
             w.pid = None          # its pids belong to an earlier boot: never signal them
             w.via_shim = False

@@ -11,7 +11,6 @@ from gpusched.core import events as ev
 from gpusched.core.state import ClusterState
 from gpusched.policies.queueing.parking import ParkedJobs
 from gpusched.policies.queueing.keys import QueueKeys
-from gpusched.policies.queueing.policy_tree import policy_tree
 from gpusched.policies.scheduler import Scheduler
 from gpusched_placer.reasons import PendingReasons
 
@@ -23,7 +22,7 @@ class PlacementDecider:
         self._last_version: dict[int, int] = {}
         self._parked: dict[int, ParkedJobs] = {}   # partition -> jobs known not to fit
         self._keys: dict[int, QueueKeys] = {}      # partition -> its waiting jobs' keys and shapes
-        self.reasons = PendingReasons(me)
+        self.reasons = PendingReasons(me, default_estimate_s=scheduler.config.default_estimate_s)
 
     def forget(self, partitions: set[int]) -> None:
         """Partitions gained or lost: their next state is another object."""
@@ -46,14 +45,14 @@ class PlacementDecider:
         self._last_version[partition] = state.version
         started = time.perf_counter()
         with tracing.tracer().start_as_current_span("schedule-cycle") as span:
-            decisions = self.scheduler.cycle(state, now, self._parked.setdefault(partition, ParkedJobs()),
-                                             self._keys.setdefault(partition, QueueKeys()))
+            cycle = self.scheduler.schedule(state, now, self._parked.setdefault(partition, ParkedJobs()),
+                                            self._keys.setdefault(partition, QueueKeys()))
+            decisions = cycle.decisions
             span.set_attribute("gpusched.partition", partition)
             span.set_attribute("gpusched.decisions", len(decisions))
         placed = [self._placed(d, state, now, span) for d in decisions]
         metrics.cycle_done(partition, time.perf_counter() - started, placed)
-        quotas = policy_tree(state, self.scheduler.config.quotas)
-        why = self.reasons.after_cycle(partition, state, now, quotas, self.scheduler.reservation, decisions)
+        why = self.reasons.after_cycle(partition, state, now, cycle)   # what the cycle found, reused
         return placed + [(e, state.jobs[e.job_id].spec.pool) for e in why]
 
     def _placed(self, d, state: ClusterState, now: float, cycle) -> tuple[ev.Event, str]:

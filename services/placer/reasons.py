@@ -13,7 +13,7 @@ Three limits keep it cheap for a long queue and a busy pool:
 When the state does not change, the placer skips its cycle; ``due`` says a pass is still
 owed then (jobs not looked at since the state last changed, reasons held back, requeued
 jobs to look for), and ``idle_pass`` makes it against the same state, with the last
-cycle's reservation.
+cycle's result (its verdicts, reservations and quotas: docs/why-pending.md).
 """
 from __future__ import annotations
 
@@ -24,8 +24,8 @@ from gpusched.core import events as ev
 from gpusched.core.model import PendingReason
 from gpusched.core.state import ClusterState, JobState
 from gpusched.policies.placement.diagnosis import reasons
-from gpusched.policies.queueing.quota import QueueTree
-from gpusched.policies.reservation.backfill import Reservation
+from gpusched.policies.reservation.backfill import DEFAULT_ESTIMATE_S
+from gpusched.policies.scheduler import CycleResult
 
 PER_PASS = 64
 MIN_INTERVAL_S = 5.0
@@ -48,14 +48,14 @@ class _Partition:
     checked_at: float = -FULL_CHECK_S
     tokens: float = RATE_PER_S
     tokens_at: float = 0.0
-    quotas: QueueTree = field(default_factory=QueueTree)
-    reservation: Reservation | None = None
+    cycle: CycleResult | None = None   # the last cycle's result
 
 
 class PendingReasons:
     def __init__(self, producer: str, per_pass: int = PER_PASS, min_interval_s: float = MIN_INTERVAL_S,
-                 rate_per_s: float = RATE_PER_S) -> None:
+                 rate_per_s: float = RATE_PER_S, default_estimate_s: float = DEFAULT_ESTIMATE_S) -> None:
         self.producer = producer
+        self.default_estimate_s = default_estimate_s   # the scheduler's: who delays a reservation
         self.per_pass, self.min_interval_s, self.rate_per_s = per_pass, min_interval_s, rate_per_s
         self._parts: dict[int, _Partition] = {}
 
@@ -63,13 +63,13 @@ class PendingReasons:
         for p in partitions:
             self._parts.pop(p, None)
 
-    def after_cycle(self, partition: int, state: ClusterState, now: float, quotas: QueueTree,
-                    reservation: Reservation | None, decisions: list) -> list[ev.JobPendingReason]:
-        """The reasons to write after a cycle that made ``decisions`` (not in the log yet)."""
+    def after_cycle(self, partition: int, state: ClusterState, now: float,
+                    cycle: CycleResult) -> list[ev.JobPendingReason]:
+        """The reasons to write after ``cycle`` (its decisions are not in the log yet)."""
         part = self._parts.setdefault(partition, _Partition(tokens=self.rate_per_s, tokens_at=now))
         part.generation += 1
-        part.quotas, part.reservation = quotas, reservation
-        booked = [(state.jobs[d.job_id], d.workers) for d in decisions]
+        part.cycle = cycle
+        booked = [(state.jobs[d.job_id], d.workers) for d in cycle.decisions]
         return self._pass(part, state, now, booked)
 
     def due(self, partition: int, state: ClusterState, now: float) -> bool:
@@ -88,7 +88,8 @@ class PendingReasons:
         if not chosen:
             return []
         jobs = [state.jobs[j] for j in chosen]
-        found = reasons(state, jobs, now, part.quotas, part.reservation, booked)
+        cycle = part.cycle
+        found = reasons(state, jobs, now, cycle.quotas, cycle, booked, self.default_estimate_s)
         out = []
         for job in jobs:
             part.looked.pop(job.job_id, None)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import socket
 import sys
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from gpusched.client import Client, seconds
 from gpusched.local_cluster import LocalCluster
 from gpusched.v1 import admission_pb2, types_pb2
 from gpusched.workloads import mixed_jobs
+from gpusched.ports import free_port
 from gpusched.adapters import codec
 from gpusched.core import events as ev
 from tests.integration.logcheck import check_log, read_log
@@ -38,12 +38,6 @@ def agent_args(node: str, state_root: Path) -> tuple[str, ...]:
     return (*AGENT_ARGS, "--run-processes", "--lease", "2", "--state-dir", str(state_root / node))
 RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.INTERNAL,
              grpc.StatusCode.UNKNOWN, grpc.StatusCode.CANCELLED}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def submit_with_retries(target: str, specs, keys) -> dict[str, str]:

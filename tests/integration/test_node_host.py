@@ -20,7 +20,8 @@ from gpusched.local_cluster import LocalCluster
 from gpusched.v1 import types_pb2
 from gpusched.workloads import mixed_jobs
 from tests.integration.logcheck import check_log, read_log
-from tests.integration.test_chaos import free_port, submit_with_retries
+from gpusched.ports import free_port
+from tests.integration.test_chaos import submit_with_retries
 from tests.integration.test_fault_tolerance import all_running, events_of
 
 SUCCEEDED = types_pb2.JOB_PHASE_SUCCEEDED

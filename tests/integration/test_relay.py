@@ -91,7 +91,9 @@ async def test_one_nodes_login_cannot_forge_events_about_others(kafka_bootstrap,
                                                                      attempt=job.attempt, workers=()),
             "JobSubmitted is not an event a node-agent reports": _forge(ev.JobSubmitted, job_id="forged-job",
                                                                         spec=make_spec()),
-            "NodeCordoned is not an event a node-agent reports": _forge(ev.NodeCordoned, node=on),
+            # an agent cordons its own node only (a worker that outlives SIGKILL), never uncordons
+            f"NodeCordoned of node '{on}' reported by node '{thief}'": _forge(ev.NodeCordoned, node=on),
+            "NodeUncordoned is not an event a node-agent reports": _forge(ev.NodeUncordoned, node=thief),
         }
         own = report_topic(topics.prefix, thief)
         offsets = await _write(login, own, [codec.encode(e, "default") for e in forged.values()])

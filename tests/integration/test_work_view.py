@@ -6,13 +6,14 @@ reads no other node's view, ended work leaves the view as tombstones, and a clus
 twice, nothing run that the log did not place."""
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from gpusched.adapters.kafka_security import client_args
-from gpusched.adapters.node_access import ensure_node_topics
+from gpusched.adapters.node_access import ensure_host_topics, ensure_node_topics
 from gpusched.adapters.publisher import EventPublisher
 from gpusched.adapters.reports import node_principal
 from gpusched.adapters.work_view import OFFSET_HEADER, work_topic
@@ -23,9 +24,9 @@ from gpusched.core.reducer import apply
 from gpusched.core.state import ClusterState
 from gpusched.local_cluster import LocalCluster
 from gpusched.v1 import types_pb2
-from tests.unit.core.builders import make_node
 from tests.integration.logcheck import check_log, read_log
 from tests.integration.test_fault_tolerance import all_running, events_of, until
+from tests.unit.core.builders import Log, make_node, whole
 
 SUCCEEDED, CANCELLED, RUNNING = (types_pb2.JOB_PHASE_SUCCEEDED, types_pb2.JOB_PHASE_CANCELLED,
                                  types_pb2.JOB_PHASE_RUNNING)
@@ -182,6 +183,43 @@ async def test_nodes_joining_at_once_share_the_writers_metadata_requests(kafka_b
         for node in ("real-1", "real-2"):
             [record] = await _read(kafka_bootstrap, work_topic(topics.prefix, node))
             assert record.key == b"node"
+    finally:
+        await writer.stop()
+        await publisher.stop()
+
+
+async def test_the_writer_builds_nothing_for_the_nodes_of_a_node_host(kafka_bootstrap, topics):
+    """A node host's nodes read the pool log and have no work topic: the writer (on the
+    real broker) finds the host's topic and builds no record for them, neither from its
+    replay nor live, for a node that registers after it went live too; an agent's node
+    next to them gets its records."""
+    await ensure_host_topics(kafka_bootstrap, topics, "hosta")
+    await ensure_node_topics(kafka_bootstrap, topics, "agent-b")
+    log = Log(make_node("hosta-00000"), make_node("agent-b"))
+    log.submit("old", gpus=1)
+    log.place("old", ("hosta-00000", whole(0)))
+    publisher = EventPublisher(kafka_bootstrap, topics, 1)
+    await publisher.start()
+    writer = WorkViewWriter(kafka_bootstrap, topics, publisher, "test-writer")
+    state, fed = ClusterState(), 0
+
+    def feed() -> None:
+        nonlocal fed
+        for offset in range(fed, len(log.events)):
+            event = log.events[offset]
+            writer.on_event(0, offset, event, apply(state, event), state)
+        fed = len(log.events)
+    try:
+        feed()                                    # the replay: noted only
+        await writer.start({0: state})
+        log(ev.NodeRegistered, node=make_node("hosta-00001"))
+        log.submit("gang", workers=2, gpus=1)
+        log.place("gang", ("hosta-00001", whole(0)), ("agent-b", whole(0)))
+        feed()                                    # live
+        await asyncio.wait_for(writer.idle(), 60)
+        assert writer.builder.skip == {"hosta-00000", "hosta-00001"}
+        assert writer.counts["parked"] == 0 and writer.counts["written"] >= 2
+        assert {node for node, _ in writer.builder.written} == {"agent-b"}
     finally:
         await writer.stop()
         await publisher.stop()

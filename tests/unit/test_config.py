@@ -106,6 +106,17 @@ def test_reservation_settings_of_the_placer():
             _parse(PlacerSettings, argv, {})
 
 
+def test_the_guarantee_hold_is_a_placer_flag_with_the_schedulers_default():
+    from gpusched.policies.queueing.guarantee_hold import DEFAULT_GUARANTEE_HOLD_S
+    from gpusched_placer.main import scheduler_config
+
+    assert scheduler_config(_parse(PlacerSettings, [], {})).guarantee_hold_s == DEFAULT_GUARANTEE_HOLD_S
+    assert scheduler_config(_parse(PlacerSettings, ["--guarantee-hold", "60"], {})).guarantee_hold_s == 60.0
+    for bad in ("-1", "inf"):
+        with pytest.raises(SettingsError, match="--guarantee-hold"):
+            _parse(PlacerSettings, ["--guarantee-hold", bad], {})
+
+
 @pytest.mark.parametrize("cls, argv, env, named", [
     (KafkaSettings, [], {"GPUSCHED_PARTITIONS": "x"}, "--partitions / env GPUSCHED_PARTITIONS"),
     (KafkaSettings, ["--parallel-replay-min", "-1"], {}, "--parallel-replay-min / env GPUSCHED_PARALLEL_REPLAY_MIN"),

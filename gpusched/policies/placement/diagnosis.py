@@ -2,16 +2,21 @@
 are available: 8 Insufficient nvidia.com/gpu, 4 node(s) were cordoned".
 
 Asked after a cycle, of the state as the cycle left it: its decisions booked (they are
-not in the log yet), its EASY-backfill reservation held, nominated nodes kept for their
-beneficiaries. The checks, in the order the cycle meets them:
+not in the log yet), its EASY-backfill reservations held, nominated nodes kept for their
+beneficiaries. What the cycle found out about a job (its ``CycleResult``: why each job
+it offered was not placed, the reservations it made, the quotas it ran under) is taken
+from it, not worked out again. The checks, in the order the cycle meets them:
 
 1. back-off: a retried job is not offered before ``not_before``;
-2. quota: its team or org would go over a limit (``quota.limit_reached``, the rule
-   ``within_limits`` asks);
-3. the nodes of its pool: each node is counted under the first filter that refuses one
+2. quota: the cycle refused it (``Unplaced.QUOTA``; or, for a job the cycle did not
+   reach, ``within_limits`` would): ``quota.limit_reached`` says which limit;
+3. the guarantee hold: the cycle refused it as a borrower of what teams waiting below
+   their guarantee keep back (``Unplaced.HELD_FOR_GUARANTEE``, ``guarantee_hold``);
+4. the nodes of its pool: each node is counted under the first filter that refuses one
    worker (``gpu_fit.first_failing``: the one fit rule, check by check), then under
-   "nominated" (kept for a preemption's beneficiary) or "reserved" (taken by the
-   reservation's hold) if only that refuses it. Whether the job fits is then whether
+   "nominated" (kept for a preemption's beneficiary) or "reserved" (taken by the hold of
+   a reservation of its pool that it would delay: every such reservation is named, with
+   the nodes it takes) if only that refuses it. Whether the job fits is then whether
    the nodes left have room for every worker (``topology.node_capacity`` for gangs).
 
 Jobs of one shape (pool, workers, resources) get the same answer from step 3, so it is
@@ -32,14 +37,20 @@ from gpusched.policies.gpu_fit import (
 )
 from gpusched.policies.placement.topology import node_capacity
 from gpusched.policies.queueing.quota import QueueTree, limit_reached
-from gpusched.policies.reservation.backfill import Reservation, ReservationHold, ends_before
+from gpusched.policies.reservation.backfill import (
+    DEFAULT_ESTIMATE_S, Reservation, ReservationHold, ends_before, runtime_estimate,
+)
 from gpusched.policies.reservation.nomination import live_nominations
+from gpusched.policies.scheduler import CycleResult, Unplaced
 from gpusched.policies.statement import Statement, tentative
 
 NOMINATED, RESERVED, FITS = "nominated", "reserved", "fits"
 # Filters in the order they are tried (ties in counts are listed in this order).
 FILTERS = (POOL, LOST, CORDONED, MODEL, GPUS, SHARE, MIG, CPU, MEMORY, NOMINATED, RESERVED, FITS)
 _RANK = {name: i for i, name in enumerate(FILTERS)}
+# The cycle's verdicts that do not say the job is within its quotas: over them, or not
+# offered this cycle (not reached, parked, skipped for its shape), so not checked.
+_QUOTA_UNJUDGED = (None, Unplaced.QUOTA, Unplaced.PARKED, Unplaced.SKIPPED_SAME_SHAPE)
 
 
 def label(filter_name: str, res: WorkerResources) -> str:
@@ -60,12 +71,17 @@ _LABELS = {
 class Diagnosis:
     """Pending reasons against one state as a cycle left it. A context manager: on entry
     the cycle's ``decisions`` ((job, workers) pairs) are booked on a statement, on exit
-    undone, so the state is as it was."""
+    undone, so the state is as it was. ``cycle``: that cycle's result (None: no cycle
+    ran, as in a test of one question); ``default_estimate_s``: the scheduler's, so a job
+    is judged to delay a reservation exactly as the cycle judged it."""
 
-    def __init__(self, state: ClusterState, now: float, quotas: QueueTree,
-                 reservation: Reservation | None = None,
-                 decisions: Iterable[tuple[JobState, tuple]] = ()) -> None:
-        self.state, self.now, self.quotas, self.reservation = state, now, quotas, reservation
+    def __init__(self, state: ClusterState, now: float, quotas: QueueTree, cycle: CycleResult | None = None,
+                 decisions: Iterable[tuple[JobState, tuple]] = (),
+                 default_estimate_s: float = DEFAULT_ESTIMATE_S) -> None:
+        self.state, self.now, self.quotas = state, now, quotas
+        self.reservations: tuple[Reservation, ...] = cycle.reservations if cycle is not None else ()
+        self._verdict = cycle.reason if cycle is not None else (lambda job_id: None)
+        self._estimate = runtime_estimate(state, default_estimate_s)
         self._decisions = list(decisions)
         placed = {job.job_id for job, _ in self._decisions}
         self._nominated = {j: nodes for j, nodes in live_nominations(state, now).items() if j not in placed}
@@ -89,24 +105,32 @@ class Diagnosis:
             stamp = time.strftime("%H:%M:%S", time.gmtime(job.not_before))
             return PendingReason(PendingKind.BACKOFF, f"retry back-off after {job.restarts} failure(s): "
                                                       f"not offered before {stamp} UTC")
-        reservation = self.reservation
-        reserved = reservation.job if reservation is not None else None
-        over = limit_reached(self.state, self.quotas, job, reserved)
-        if over:
-            return PendingReason(PendingKind.QUOTA, over + ".")
-        held = (reservation is not None and reserved.job_id != job.job_id
-                and not ends_before(job, self.now, reservation.shadow_s))
+        verdict = self._verdict(job.job_id)
+        if verdict in _QUOTA_UNJUDGED:
+            first = self.reservations[0].job if self.reservations else None   # as the cycle's quota check
+            over = limit_reached(self.state, self.quotas, job, first)
+            if over or verdict is Unplaced.QUOTA:
+                return PendingReason(PendingKind.QUOTA, (over or f"team {job.team} is at a quota limit") + ".")
+        pool = [r for r in self.reservations if r.job.spec.pool == job.spec.pool]
+        own = next((r for r in pool if r.job.job_id == job.job_id), None)
+        others = tuple(r for r in pool if r is not own)
+        # The cycle lifts every hold of the pool for a job gone before each reservation
+        # starts, and holds them all otherwise (``ReservationRun.spares``).
+        spared = all(ends_before(job, self.now, r.shadow_s, self._estimate) for r in others)
+        blocking = () if spared else others
         nominee = job.job_id if job.job_id in self._nominated else ""
         spec = job.spec
-        key = (spec.pool, spec.workers, spec.resources, held, nominee)
+        key = (spec.pool, spec.workers, spec.resources, tuple(r.job.job_id for r in blocking), nominee)
         found = self._by_shape.get(key)
         if found is None:
-            found = self._by_shape[key] = self._nodes(job, held, nominee)
-        if reserved is not None and reserved.job_id == job.job_id and found.kind is not PendingKind.QUEUED:
+            found = self._by_shape[key] = self._nodes(job, blocking, nominee)
+        if verdict is Unplaced.HELD_FOR_GUARANTEE:
+            found = _guarantee(job, found)
+        if own is not None and found.kind is not PendingKind.QUEUED:
             return replace(found, summary=found.summary + " Capacity is reserved for it (backfill).")
         return found
 
-    def _nodes(self, job: JobState, held: bool, nominee: str) -> PendingReason:
+    def _nodes(self, job: JobState, blocking: tuple[Reservation, ...], nominee: str) -> PendingReason:
         spec, res = job.spec, job.spec.resources
         nodes = [n for n in self.state.nodes.values() if n.info.pool == spec.pool]
         counts: Counter[str] = Counter()
@@ -121,18 +145,41 @@ class Diagnosis:
         open_nodes = [n for n in free if n.name not in kept]
         counts[NOMINATED] = len(free) - len(open_nodes)
         room_all, room_open = _room(free, res, spec.workers), _room(open_nodes, res, spec.workers)
-        if held and open_nodes:
-            statement = self._statement
-            mark = statement.checkpoint()
-            ReservationHold(statement, self.reservation).apply()
-            left = [n for n in open_nodes if not first_failing(n, spec.pool, res)]
-            room = _room(left, res, spec.workers)
-            statement.rollback(mark)
-        else:
-            left, room = open_nodes, room_open
+        left, room, taken = self._held(job, open_nodes, blocking, room_open)
         counts[RESERVED] = len(open_nodes) - len(left)
-        return _verdict(job, len(nodes), counts, len(left), (room, room_open, room_all),
-                        self.reservation, sorted(j for j in self._nominated if j != nominee))
+        return _verdict(job, len(nodes), counts, len(left), (room, room_open, room_all), taken,
+                        sorted(j for j in self._nominated if j != nominee))
+
+    def _held(self, job: JobState, open_nodes: list[NodeState], blocking: tuple[Reservation, ...],
+              room: int) -> tuple[list[NodeState], int, list[tuple[str, int]]]:
+        """The open nodes left and the room for the job with every blocking reservation's
+        hold applied (as the cycle applies them: in the order made), and the job of each
+        reservation whose hold took some of that room, with the nodes it took whole; the
+        holds are undone."""
+        if not blocking or not open_nodes:
+            return open_nodes, room, []
+        statement, pool, res, workers = self._statement, job.spec.pool, job.spec.resources, job.spec.workers
+        mark = statement.checkpoint()
+        left, taken = open_nodes, []
+        for reservation in blocking:
+            ReservationHold(statement, reservation).apply()
+            still = [n for n in left if not first_failing(n, pool, res)]
+            room_now = _room(still, res, workers)
+            if room_now < room or len(still) < len(left):
+                taken.append((reservation.job.job_id, len(left) - len(still)))
+            left, room = still, room_now
+        statement.rollback(mark)
+        return left, room, taken
+
+
+def _guarantee(job: JobState, found: PendingReason) -> PendingReason:
+    """The cycle refused ``job`` as a borrower: its team is at or above its guarantee, and
+    placing it would take what teams waiting below theirs keep back."""
+    held = f"team {job.team} would borrow GPUs kept back for teams waiting below their guarantee (guarantee hold)"
+    if found.kind is PendingKind.QUEUED:
+        fits = found.summary.split(";")[0]
+        return replace(found, kind=PendingKind.GUARANTEE, summary=f"{fits}, but {held}.")
+    return replace(found, kind=PendingKind.GUARANTEE, summary=f"{held}; {found.summary}")
 
 
 def _room(nodes: list[NodeState], res: WorkerResources, workers: int) -> int:
@@ -143,7 +190,7 @@ def _room(nodes: list[NodeState], res: WorkerResources, workers: int) -> int:
 
 
 def _verdict(job: JobState, total: int, counts: Counter, fitting: int, rooms: tuple[int, int, int],
-             reservation: Reservation | None, nominees: list[str]) -> PendingReason:
+             taken: list[tuple[str, int]], nominees: list[str]) -> PendingReason:
     workers = job.spec.workers
     room, room_without_reservation, room_without_holds = rooms
     if fitting:
@@ -156,9 +203,8 @@ def _verdict(job: JobState, total: int, counts: Counter, fitting: int, rooms: tu
         return PendingReason(PendingKind.QUEUED, f"fits on {fitting}/{total} nodes; waits for its turn in a cycle.",
                              total, listed)
     available = f"{fitting}/{total} nodes are available" + (f": {parts}." if parts else ".")
-    if room_without_reservation >= workers and reservation is not None:
-        return PendingReason(PendingKind.RESERVATION, f"fits, but job {reservation.job.job_id} holds a backfill "
-                                                      f"reservation; {available}", total, listed)
+    if room_without_reservation >= workers and taken:
+        return PendingReason(PendingKind.RESERVATION, f"fits, but {_holders(taken)}; {available}", total, listed)
     if room_without_holds >= workers:
         return PendingReason(PendingKind.NOMINATION, f"fits, but nodes freed by preemption are kept for "
                                                      f"{', '.join(nominees)}; {available}", total, listed)
@@ -168,17 +214,26 @@ def _verdict(job: JobState, total: int, counts: Counter, fitting: int, rooms: tu
     return PendingReason(PendingKind.NO_FIT, available, total, listed)
 
 
+def _holders(taken: list[tuple[str, int]]) -> str:
+    """Every reservation whose hold takes the job's room, with the nodes it takes."""
+    if len(taken) == 1:
+        return f"job {taken[0][0]} holds a backfill reservation"
+    each = ", ".join(f"job {j}'s" + (f" on {n} node{'s' if n > 1 else ''}" if n else " on part of a node")
+                     for j, n in taken)
+    return f"{len(taken)} backfill reservations hold its room: {each}"
+
+
 def diagnose(state: ClusterState, job: JobState, now: float, quotas: QueueTree = QueueTree(),
-             reservation: Reservation | None = None,
-             decisions: Iterable[tuple[JobState, tuple]] = ()) -> PendingReason:
+             cycle: CycleResult | None = None, decisions: Iterable[tuple[JobState, tuple]] = (),
+             default_estimate_s: float = DEFAULT_ESTIMATE_S) -> PendingReason:
     """One job's pending reason (a ``Diagnosis`` for one question)."""
-    with Diagnosis(state, now, quotas, reservation, decisions) as diagnosis:
+    with Diagnosis(state, now, quotas, cycle, decisions, default_estimate_s) as diagnosis:
         return diagnosis.diagnose(job)
 
 
 def reasons(state: ClusterState, jobs: Iterable[JobState], now: float, quotas: QueueTree,
-            reservation: Reservation | None = None,
-            decisions: Iterable[tuple[JobState, tuple]] = ()) -> Mapping[str, PendingReason]:
+            cycle: CycleResult | None = None, decisions: Iterable[tuple[JobState, tuple]] = (),
+            default_estimate_s: float = DEFAULT_ESTIMATE_S) -> Mapping[str, PendingReason]:
     """Several jobs' pending reasons, against one booking of the cycle's decisions."""
-    with Diagnosis(state, now, quotas, reservation, decisions) as diagnosis:
+    with Diagnosis(state, now, quotas, cycle, decisions, default_estimate_s) as diagnosis:
         return {job.job_id: diagnosis.diagnose(job) for job in jobs}

@@ -5,7 +5,8 @@ A team below its guarantee whose waiting jobs do not fit in what is free right n
 team's borrowing job, they are reclaimed for it as soon as enough are free, and the
 preemptions go back and forth between the two teams while jobs keep ending. So, within
 one cycle, a placement that *borrows* (``claims_guarantee`` says no: the job takes its
-team above its guarantee) must leave free, in GPU milli over the cluster, what every
+team above its guarantee) must leave free, in GPU milli over the state's nodes (the pools
+of one log partition, where quotas are counted too, not one pool), what every
 other team waiting below its guarantee keeps back: its unused guarantee, at most what
 its waiting jobs ask (Kueue's lendingLimit of zero, for as long as the team waits).
 Placements within a team's own guarantee are never held back.

@@ -31,6 +31,7 @@ def test_an_agents_own_events_pass(log):
     own = [
         _e(ev.NodeRegistered, node=make_node("n1")),
         _e(ev.GpuHealthChanged, node="n1", gpu_index=0, healthy=False),
+        _e(ev.NodeCordoned, node="n1", reason="a worker outlived SIGKILL"),
         _e(ev.WorkerStarted, job_id="j1", attempt=0, worker=0, node="n1"),
         _e(ev.WorkerFinished, job_id="j1", attempt=0, worker=0, node="n1", exit_code=0),
         _e(ev.RendezvousSet, job_id="j1", attempt=0, node="n1", address="10.0.0.1", port=2000),
@@ -50,7 +51,8 @@ def test_a_registration_of_another_node_or_pool_is_refused(log):
 @pytest.mark.parametrize("event, why", [
     (_e(ev.JobSubmitted, job_id="x", spec=None), "JobSubmitted is not an event a node-agent reports"),
     (_e(ev.JobPlaced, job_id="j1", attempt=0, workers=()), "JobPlaced is not an event a node-agent reports"),
-    (_e(ev.NodeCordoned, node="n2"), "NodeCordoned is not an event a node-agent reports"),
+    (_e(ev.NodeCordoned, node="n2"), "NodeCordoned of node 'n2' reported by node 'n1'"),
+    (_e(ev.NodeUncordoned, node="n1"), "NodeUncordoned is not an event a node-agent reports"),
     (_e(ev.NodeLost, node="n2"), "NodeLost is not an event a node-agent reports"),
     (_e(ev.GpuHealthChanged, node="n2", gpu_index=0, healthy=False), "GpuHealthChanged of node 'n2'"),
     (_e(ev.WorkerFinished, job_id="j1", attempt=0, worker=1, node="n2", exit_code=EXIT_LOST),

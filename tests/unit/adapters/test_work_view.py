@@ -316,3 +316,36 @@ def test_resync_builds_from_the_folded_state_what_per_event_records_would_end_wi
             {k: v for k, v in record.value.items() if k not in strip}
         assert resynced[key].value["offset"] >= record.value["offset"]
     assert noting.written == per_event.written and noting.job_nodes == per_event.job_nodes
+
+
+def test_no_record_is_built_for_a_node_served_by_a_node_host():
+    """A gang across a node host's node and an agent's node: only the agent's view gets
+    records, and noting a replay then resyncing builds nothing for the host's node either."""
+    log = Log(make_node("host-a-00000"), make_node("agent-b"))
+    live, noting, state = ViewBuilder(), ViewBuilder(), ClusterState()
+    for builder in (live, noting):
+        builder.skip_node("host-a-00000")
+    log.submit("g", workers=2, gpus=1)
+    log.place("g", ("host-a-00000", whole(0)), ("agent-b", whole(0)))
+    log.start_all("g")
+    log.finish("g", 0, 0)
+    built = []
+    for offset, event in enumerate(log.events):
+        outcome = apply(state, event)
+        built += live.records(0, offset, event, outcome, state)
+        noting.note(0, offset, event, outcome, state)
+    built += noting.resync({0: state})
+    assert {r.node for r in built} == {"agent-b"} and any(r.key == "job:g" for r in built)
+    assert all(node != "host-a-00000" for node, _ in live.written)
+
+
+def test_a_node_skipped_after_records_were_built_gets_no_tombstone_later():
+    log = Log(make_node("host-a-00000"))
+    builder = ViewBuilder()
+    log.submit("j", gpus=1)
+    out = log.place("j", ("host-a-00000", whole(0)))
+    assert [r.node for r in builder.records(0, 1, log.events[-1], out, log.state)] == ["host-a-00000"]
+    builder.skip_node("host-a-00000")
+    assert builder.written == {}
+    out = log(ev.JobCancelled, job_id="j")
+    assert builder.records(0, 2, log.events[-1], out, log.state) == []

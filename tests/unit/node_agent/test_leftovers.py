@@ -13,6 +13,7 @@ import time
 import pytest
 
 from gpusched.core.model import EXIT_LOST
+from gpusched_node_agent import leftovers
 from gpusched_node_agent.leftovers import WorkerDir, kill_leftovers, parse_worker_dir, worker_dir_name
 from gpusched_node_agent.runner import group_alive, read_status
 from gpusched_node_agent.shim import boot_id, proc_start
@@ -119,3 +120,18 @@ def test_worker_dir_names_parse(name, expected):
 def test_bad_worker_dir_names_are_refused_naming_the_part(name, message):
     with pytest.raises(ValueError, match=message):
         parse_worker_dir(name)
+
+
+def test_a_process_still_there_after_sigkill_is_not_gone_and_its_end_not_recorded(tmp_path, monkeypatch):
+    """The liveness probe stands in for a process in uninterruptible sleep."""
+    monkeypatch.setattr(leftovers, "MARGIN_S", 0.2)
+    proc = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        _fake_status(tmp_path / "job-s-0-0", pid=proc.pid, boot_id=boot_id())
+        [w] = kill_leftovers(tmp_path, KILL_WAIT, alive=lambda pgid: pgid == proc.pid or group_alive(pgid))
+        assert (w.gone, w.end.signal) == (False, signal.SIGKILL) and "after SIGKILL" in w.end.reason
+        assert "ended_at" not in read_status(tmp_path / "job-s-0-0" / "shim.json")   # the next agent looks again
+        assert proc.wait(10) == -signal.SIGTERM   # it really ended: only the probe says it is there
+    finally:
+        proc.kill()
+        proc.wait()

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from gpusched.core import events as ev
 from gpusched.core.model import PendingKind
+from gpusched.core.policy import Quota
 from gpusched.core.reducer import apply
-from gpusched.policies.scheduler import Scheduler
+from gpusched.policies.scheduler import Scheduler, SchedulerConfig
 from gpusched_placer.loop import PlacementDecider
 from gpusched_placer.reasons import PendingReasons
-from tests.unit.core.builders import Log, make_node, make_spec
+from tests.unit.core.builders import Log, make_node, make_spec, whole, workers
 
 
 def cluster(jobs: int = 1, gpus: int = 8) -> tuple[Log, PlacementDecider]:
@@ -90,3 +91,19 @@ def test_a_requeued_job_gets_its_reason_within_a_full_check():
     assert log.state.jobs["j"].attempt == 1
     written = [e for t in range(1, 40) for e in round_(log, decider, 100.0 + t) if e.job_id == "j"]
     assert [(e.attempt, e.reason.counts[0].filter) for e in written] == [(1, "gpus")]
+
+
+def test_a_job_the_guarantee_hold_keeps_back_is_told_so():
+    """The reason comes from the cycle's own verdict (its ``CycleResult``): team g,
+    guaranteed 4 GPUs (the log's quota) and using none, waits with a 2x4 gang; team t's
+    1-GPU job would borrow from the 4 GPUs left, which g keeps back."""
+    log = Log(make_node("n1", gpus=4), make_node("n2", gpus=4))
+    log(ev.QuotaSet, quota=Quota(org="o", team="g", guaranteed_milli=4000))
+    log(ev.JobSubmitted, job_id="busy", spec=make_spec("other", gpus=4))
+    log(ev.JobPlaced, job_id="busy", attempt=0, workers=workers(("n1", whole(0, 1, 2, 3))))
+    log(ev.JobSubmitted, job_id="gang", spec=make_spec("g", gpus=4, workers=2))
+    log(ev.JobSubmitted, job_id="borrower", spec=make_spec("t", gpus=1))
+    decider = PlacementDecider(Scheduler(SchedulerConfig(queue="fifo", reservation_depth=0)), "placer-test")
+    written = {e.job_id: e.reason for e in round_(log, decider, 100.0)}
+    assert written["borrower"].kind is PendingKind.GUARANTEE
+    assert "guarantee hold" in written["borrower"].summary and written["gang"].kind is PendingKind.GANG

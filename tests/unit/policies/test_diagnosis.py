@@ -15,7 +15,7 @@ from gpusched.core.model import NodeStatus, PendingKind, WorkerResources
 from gpusched.policies.gpu_fit import first_failing, fit
 from gpusched.policies.placement.diagnosis import Diagnosis, diagnose
 from gpusched.policies.queueing.quota import QueueTree
-from gpusched.policies.scheduler import Scheduler, SchedulerConfig
+from gpusched.policies.scheduler import Scheduler, SchedulerConfig, Unplaced
 from tests.unit.core.builders import Log, make_node, make_spec, whole, workers
 from tests.unit.core.test_fit_rules import build, gpu_st, requests
 
@@ -30,7 +30,7 @@ class Case:
         self.state = self.log.state
         self.n = 0
         self.quotas = QueueTree()
-        self.reservation = None
+        self.cycle = None   # the cycle's result, where a row runs one
         self.decisions: list = []
 
     def run(self, node: str, gpus: int, team: str = "other", **spec_kw) -> str:
@@ -49,7 +49,15 @@ class Case:
         return self.submit(make_spec("t", **spec_kw))
 
     def ask(self, job_id: str):
-        return diagnose(self.state, self.state.jobs[job_id], NOW, self.quotas, self.reservation, self.decisions)
+        return diagnose(self.state, self.state.jobs[job_id], NOW, self.quotas, self.cycle, self.decisions)
+
+    def running_until(self, node: str, gpus: int, runtime: float, name: str = "busy", team: str = "other") -> str:
+        """A running job of ``gpus`` GPUs on ``node`` expected to end ``runtime`` s after it
+        started (0: no time limit, expected to run the default estimate)."""
+        job_id = self.submit(dataclasses.replace(make_spec(team, gpus=gpus, name=name), max_runtime_s=runtime))
+        self.log(ev.JobPlaced, job_id=job_id, attempt=0, workers=workers((node, whole(*range(gpus)))))
+        self.log(ev.WorkerStarted, job_id=job_id, attempt=0, worker=0, node=node)
+        return job_id
 
 
 def busy(c: Case, *nodes: str) -> None:
@@ -148,16 +156,49 @@ def reservation(c: Case) -> str:
     """A 2x4-GPU gang is blocked (n1 busy until 1000): EASY backfill reserves n1 and n3
     (n2 runs for ever); a job of unknown runtime behind it may not use n3's free GPUs."""
     for node, runtime in (("n1", 1000.0), ("n2", 0.0)):
-        job_id = c.submit(dataclasses.replace(make_spec("other", gpus=4, name=node), max_runtime_s=runtime))
-        c.log(ev.JobPlaced, job_id=job_id, attempt=0, workers=workers((node, whole(0, 1, 2, 3))))
-        c.log(ev.WorkerStarted, job_id=job_id, attempt=0, worker=0, node=node)
+        c.running_until(node, 4, runtime)
     head = c.submit(dataclasses.replace(make_spec("t", gpus=4, workers=2, name="head"), max_runtime_s=100.0))
     later = c.job(gpus=1)
-    scheduler = Scheduler(SchedulerConfig(queue="fifo", backfill=True))
-    assert scheduler.cycle(c.state, NOW) == []
-    assert scheduler.reservation.job.job_id == head
-    c.reservation = scheduler.reservation
+    c.cycle = Scheduler(SchedulerConfig(queue="fifo", backfill=True)).schedule(c.state, NOW)
+    assert c.cycle.decisions == [] and [r.job.job_id for r in c.cycle.reservations] == [head]
     return later
+
+
+def two_reservations(c: Case) -> str:
+    """Two blocked 4-GPU jobs each reserve a node whose 2 free GPUs their holds take (j4
+    n3 from 500, j5 n1 from 1000: n3 is j4's until 1500); a 2-GPU job of unknown runtime
+    behind them would delay both, and is told of both."""
+    c.running_until("n1", 2, 1000.0)
+    c.running_until("n2", 4, 0.0)
+    c.running_until("n3", 2, 500.0)
+    first = c.submit(dataclasses.replace(make_spec("t", gpus=4, name="head"), max_runtime_s=1000.0))
+    second = c.submit(dataclasses.replace(make_spec("t", gpus=4, name="second"), max_runtime_s=100.0))
+    later = c.job(gpus=2)
+    config = SchedulerConfig(queue="fifo", backfill=True, reserve_after_s=0.0, reservation_depth=2)
+    c.cycle = Scheduler(config).schedule(c.state, NOW)
+    assert [r.job.job_id for r in c.cycle.reservations] == [first, second]
+    assert c.cycle.reason(later) is Unplaced.HELD_FOR_RESERVATION
+    return later
+
+
+def the_second_reservation_is_its_own(c: Case) -> str:
+    """The job asked about holds the pool's second reservation: the first does not block
+    it (it would end before j4's starts), and the summary says it holds one."""
+    two_reservations(c)
+    return "j5"
+
+
+def guarantee_hold(c: Case) -> str:
+    """Team g, guaranteed 8 GPUs and using none, waits with a 2x4 gang that does not fit
+    now; team t, with no guarantee, would borrow n3's last free GPU for a 1-GPU job: the
+    cycle holds it back for g (12 GPUs, 8 in use, 1 more would leave 3 < 8)."""
+    c.quotas = QueueTree.from_dict({"orgs": {"o": {"teams": {"g": {"guaranteed_gpus": 8}, "t": {}}}}})
+    busy(c, "n1", "n2")
+    c.submit(make_spec("g", gpus=4, workers=2))
+    job_id = c.job(gpus=1)
+    c.cycle = Scheduler(SchedulerConfig(queue="fifo", quotas=c.quotas, reservation_depth=0)).schedule(c.state, NOW)
+    assert c.cycle.reason(job_id) is Unplaced.HELD_FOR_GUARANTEE
+    return job_id
 
 
 ROWS: list[tuple[str, Callable[[Case], str], PendingKind, dict[str, int], str]] = [
@@ -194,6 +235,14 @@ ROWS: list[tuple[str, Callable[[Case], str], PendingKind, dict[str, int], str]] 
     ("reservation", reservation, PendingKind.RESERVATION, {"gpus": 2, "reserved": 1},
      "fits, but job j3 holds a backfill reservation; 0/3 nodes are available: "
      "2 not enough free GPUs, 1 held for a backfill reservation."),
+    ("every reservation it is blocked by", two_reservations, PendingKind.RESERVATION, {"gpus": 1, "reserved": 2},
+     "fits, but 2 backfill reservations hold its room: job j4's on 1 node, job j5's on 1 node; "
+     "0/3 nodes are available: 2 held for a backfill reservation, 1 not enough free GPUs."),
+    ("its own reservation and an earlier one", the_second_reservation_is_its_own, PendingKind.NO_FIT,
+     {"gpus": 3}, "0/3 nodes are available: 3 not enough free GPUs. Capacity is reserved for it (backfill)."),
+    ("guarantee hold", guarantee_hold, PendingKind.GUARANTEE, {"fits": 1, "gpus": 2},
+     "fits on 1/3 nodes, but team t would borrow GPUs kept back for teams waiting below their guarantee "
+     "(guarantee hold)."),
 ]
 
 
