@@ -277,6 +277,9 @@ class PlacerSettings(Settings):
     default_estimate: float = setting(86400.0, flag="--default-estimate",
                                       help="seconds a job is expected to run when neither it nor its pool has a "
                                            "time limit (reservations and backfill)", gt=0, allow_inf_nan=False)
+    max_job_test: int = setting(10_000, flag="--max-job-test",
+                                help="jobs a scheduling cycle takes from a pool's queue, offered or skipped "
+                                     "(Slurm's default_queue_depth); later ones wait for a later cycle", ge=1)
     snapshot_every_events: int = setting(50_000, flag="--snapshot-every-events",
                                          help="snapshot an owned pool after this many new events (0: never by count)",
                                          ge=0)

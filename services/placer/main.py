@@ -27,7 +27,8 @@ def scheduler_config(own: PlacerSettings) -> SchedulerConfig:
     return SchedulerConfig(
         queue=own.queue, placement=own.placement, placement_args=own.placement_args, backfill=own.backfill,
         reserve_after_s=own.reserve_after, pool_reserve_after_s=own.pool_reserve_after,
-        reservation_depth=own.reservation_depth, default_estimate_s=own.default_estimate)
+        reservation_depth=own.reservation_depth, default_estimate_s=own.default_estimate,
+        max_job_test=own.max_job_test)
 
 
 async def run(args: argparse.Namespace) -> None:
