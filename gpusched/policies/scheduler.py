@@ -369,18 +369,15 @@ class _Cycle:
 
     def bound_to_fail(self, job: JobState, shape) -> bool:
         """Whether offering ``job`` now can only fail and leave the reservations as they
-        are, so the gate may skip it: the decisions of the cycle are the same.
-
-        Why: within a cycle free capacity only shrinks (bookings take it, a reservation's
-        hold only grows: lifted for a job that ends before the shadow time, it is applied
-        again over what that job left free), and the reservations only grow in number
-        while their shadow times stay. A shape that failed without the hold fails again,
-        held or not. One that failed under the hold fails again under it, and a later job
-        of that shape is placed under the hold unless it ends before every shadow time of
-        its pool (``spares``): with the same shape and an estimate at least as long as one
-        that was not spared, it is not spared either, so it fails. What is left is the
-        reservation it might get when blocked: skipped only where the stage would not
-        reserve for it (``reserves``)."""
+        are, so the gate may skip it and the cycle's decisions stay the same. Why: within
+        a cycle free capacity only shrinks (bookings take it; a hold lifted for a job that
+        ends before the shadow time is applied again over what that job left free) and
+        reservations only grow in number, their shadow times fixed. A shape that failed
+        without the hold fails again, held or not. One that failed under the hold fails
+        again under it, and a job is placed under it unless it ends before every shadow
+        time of its pool (``spares``): with that shape and an estimate at least as long as
+        one not spared, it is not spared either. Left: the reservation it might get when
+        blocked, so only where the stage would not reserve for it (``reserves``)."""
         failed, reservations = self.failed, self.reservations
         if (shape, False) not in failed and not (
                 (shape, True) in failed and reservations.hold is not None and not reservations.spares(job)):
