@@ -12,18 +12,26 @@ jobs left pending diagnosed, a reason written where it changed, those events app
 whose CPU time is printed apart.
 
     .venv/bin/python bench/cycle_bench.py [--nodes 2] [--pending 3000] [--cycles 300] [--queue priority]
-                                          [--reservations] [--reasons]
+                                          [--reservations] [--reasons] [--policy defaults]
+                                          [--job-gpus 1] [--mix openb]
 
 Without ``--reservations`` the scheduler reserves nothing (``--no-backfill --reserve-after
 inf``), the placer's defaults of earlier versions; with it, the reservation settings are
 ``SchedulerConfig``'s defaults (backfill, reservations after 5 minutes, depth 2).
+``--policy defaults`` is the placer's defaults whole (fair share, backfill and
+reservations: ``SchedulerConfig()``). Jobs are 100-milli shares (80 fill a node), or
+``--job-gpus`` whole GPUs each; with ``--mix openb`` the waiting jobs are drawn from the
+openb trace's GPU tasks (many shapes), the running ones as before. The cycle's CPU time
+is printed as mean, p50, p99 and max over the measured cycles.
 """
 from __future__ import annotations
 
 import argparse
 import gc
 import math
+import random
 import time
+from dataclasses import replace
 
 from gpusched.core import events as ev
 from gpusched.core.model import GpuInfo, JobPhase, JobSpec, NodeInfo, WorkerResources
@@ -52,11 +60,19 @@ class Pool:
         self.n += 1
         apply(self.state, cls(event_id=f"e{self.n}", time=float(self.n), **kw))
 
-    def submit(self, count: int) -> None:
-        for _ in range(count):   # the submit bench's job: a 100-milli share
+    def submit(self, count: int, job_gpus: int = 0, tasks: list[WorkerResources] | None = None) -> None:
+        """``count`` jobs: 100-milli shares (the submit bench's job), ``job_gpus`` whole GPUs,
+        or resources drawn from ``tasks``."""
+        for _ in range(count):
             i = self.n
+            if tasks:
+                resources = tasks[i % len(tasks)]
+            elif job_gpus:
+                resources = WorkerResources(gpus=job_gpus, cpu_milli=100, memory_mib=256)
+            else:
+                resources = WorkerResources(gpu_milli=100, cpu_milli=100, memory_mib=256)
             spec = JobSpec(name=f"job-{i}", team=f"team-{i % 4}", priority_class=PRIORITIES[i % len(PRIORITIES)],
-                           resources=WorkerResources(gpu_milli=100, cpu_milli=100, memory_mib=256))
+                           resources=resources)
             self.apply(ev.JobSubmitted, job_id=f"job-{i}", spec=spec)
 
     def place(self, decisions) -> None:
@@ -66,12 +82,32 @@ class Pool:
     def end_some(self, count: int) -> None:
         """Cancel ``count`` placed jobs and report their workers' ends, as their node-agent
         does: only then does the reducer release their GPUs (docs/workloads.md)."""
-        running = [j for j in self.state.jobs.values() if j.phase is JobPhase.PLACED][:count]
+        running = []
+        for job in self.state.jobs.values():   # the oldest placed first: the dict is in submission order
+            if job.phase is JobPhase.PLACED:
+                running.append(job)
+                if len(running) == count:
+                    break
         for job in running:
             self.apply(ev.JobCancelled, job_id=job.job_id, reason="ended")
             for w in job.workers:
                 self.apply(ev.WorkerFinished, job_id=job.job_id, attempt=job.attempt, worker=w.worker,
                            node=w.node, exit_code=0, reason="cancelled")
+
+
+def openb_tasks() -> list[WorkerResources]:
+    """The openb trace's GPU tasks' resources, model restrictions left out (as scale_bench)."""
+    from gpusched.sim import traces
+    rng = random.Random(7)
+    tasks = [replace(t.resources, gpu_models=()) for t in traces.load_tasks("default")
+             if t.resources.gpus or t.resources.gpu_milli]
+    rng.shuffle(tasks)
+    return tasks
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def main() -> None:
@@ -83,31 +119,46 @@ def main() -> None:
     p.add_argument("--queue", default="priority")
     p.add_argument("--reservations", action="store_true",
                    help="the default reservation settings (backfill, after 5 minutes, depth 2) instead of none")
+    p.add_argument("--policy", choices=("defaults",), help="defaults: SchedulerConfig() whole (fair share, "
+                   "backfill, reservations); overrides --queue and --reservations")
+    p.add_argument("--job-gpus", type=int, default=0, help="whole GPUs a job (0: 100-milli shares)")
+    p.add_argument("--mix", choices=("same", "openb"), default="same",
+                   help="the waiting jobs: all alike, or drawn from the openb trace's GPU tasks")
     p.add_argument("--no-keys", action="store_true", help="without the QueueKeys memo (as before it)")
     p.add_argument("--reasons", action="store_true", help="also the placer's pending-reason pass after each cycle")
     args = p.parse_args()
     pool = Pool(args.nodes)
+    if args.policy == "defaults":
+        args.queue, args.reservations = "fair-share", True
     reserve = {} if args.reservations else {"backfill": False, "reserve_after_s": math.inf}
     scheduler = Scheduler(SchedulerConfig(queue=args.queue, **reserve))
     parked, keys = ParkedJobs(), (None if args.no_keys else QueueKeys())
-    pool.submit(args.nodes * 80 + args.pending)   # 80 shares fill a node
-    pool.place(scheduler.cycle(pool.state, float(pool.n), parked, keys))
+    per_node = 8 // args.job_gpus if args.job_gpus else 80   # 80 shares fill a node
+    pool.submit(args.nodes * per_node, args.job_gpus)
+    while pool.state.pending:   # fill the pool (a cycle decides up to max_decisions)
+        decisions = scheduler.cycle(pool.state, float(pool.n), parked, keys)
+        if not decisions:
+            break
+        pool.place(decisions)
+    tasks = openb_tasks() if args.mix == "openb" else None
+    pool.submit(args.pending, args.job_gpus, tasks)
     reasons = None
     if args.reasons:
         from gpusched_placer.reasons import PendingReasons   # the service's module: installed with the package
         reasons = PendingReasons("bench")
     gc.collect()
-    cpu = why_cpu = 0.0
+    why_cpu = 0.0
+    times: list[float] = []
     decided = written = 0
     for _ in range(args.cycles):
         pool.end_some(args.ends)
-        pool.submit(args.ends)   # the queue keeps its length
+        pool.submit(args.ends, args.job_gpus, tasks)   # the queue keeps its length
         now = float(pool.n)
         c0 = time.process_time()
         cycle = scheduler.schedule(pool.state, now, parked, keys)
         decisions = cycle.decisions
         c1 = time.process_time()
-        cpu += c1 - c0
+        times.append(c1 - c0)
         decided += len(decisions)
         if reasons is not None:
             why = reasons.after_cycle(0, pool.state, now, cycle)
@@ -116,9 +167,13 @@ def main() -> None:
             for e in why:
                 apply(pool.state, e)
         pool.place(decisions)
-    print(f"{args.queue} queue{' with reservations' if args.reservations else ''}, {args.nodes} full 8-GPU nodes, {len(pool.state.pending):,} pending, "
-          f"{args.ends} jobs ending before each cycle: {cpu / args.cycles * 1e3:.2f} ms CPU per cycle "
-          f"({decided / args.cycles:.1f} decisions per cycle, {args.cycles} cycles)")
+    ms = [t * 1e3 for t in times]
+    what = "defaults (fair share, backfill, reservations)" if args.policy else \
+        f"{args.queue} queue{' with reservations' if args.reservations else ''}"
+    print(f"{what}, {args.nodes:,} full 8-GPU nodes, {len(pool.state.pending):,} pending ({args.mix}), "
+          f"{args.ends} jobs ending before each cycle: {sum(ms) / len(ms):.2f} ms CPU per cycle "
+          f"(p50 {percentile(ms, 0.5):.2f}, p99 {percentile(ms, 0.99):.2f}, max {max(ms):.2f}; "
+          f"{decided / args.cycles:.1f} decisions per cycle, {args.cycles} cycles)")
     if reasons is not None:
         print(f"pending-reason pass: {why_cpu / args.cycles * 1e3:.2f} ms CPU per cycle, "
               f"{written / args.cycles:.1f} reasons written per cycle")

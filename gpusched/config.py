@@ -281,6 +281,9 @@ class PlacerSettings(Settings):
                                     help="seconds a team waiting below its guarantee keeps free GPUs back from "
                                          "borrowers after its usage last changed (0: lent at once)",
                                     ge=0, allow_inf_nan=False)
+    max_job_test: int = setting(10_000, flag="--max-job-test",
+                                help="jobs a scheduling cycle takes from a pool's queue, offered or skipped "
+                                     "(Slurm's default_queue_depth); later ones wait for a later cycle", ge=1)
     snapshot_every_events: int = setting(50_000, flag="--snapshot-every-events",
                                          help="snapshot an owned pool after this many new events (0: never by count)",
                                          ge=0)

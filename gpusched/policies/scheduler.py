@@ -10,9 +10,10 @@ by configuration when the scheduler is built, from an explicit map of names:
                  live nominations, the parked set, the guarantee hold.
   2. queue sort  the ready jobs in the configured order (``queue``: ``QUEUE_ORDERS``),
                  nominees first (fair share charges them before ranking the rest).
-  Then for each job in that order, until ``max_decisions``:
-  3. gate        not offered: parked jobs, and jobs of a shape that failed earlier in
-                 this cycle, where failures depend on capacity alone.
+  Then for each job in that order, until ``max_decisions`` or ``max_job_test``:
+  3. gate        not offered: parked jobs, and jobs bound to fail: of a shape that
+                 failed earlier in this cycle, which no reservation would be made for
+                 (``_Cycle.bound_to_fail``).
   4. quota       would its team or org go over a limit (``within_limits``)? Would it
                  borrow what a team waiting below its guarantee keeps back
                  (``guarantee_hold``)?
@@ -37,9 +38,10 @@ holds, nominations) go through the cycle's one ``Statement``, rolled back before
 only. The caller (the placer service or the simulator) turns decisions into
 ``JobPlaced`` events; the reducer validates them when they come back from the log.
 
-Parking (stage 8) and skipping a failed shape (stage 3) are optimisations: they apply
-only where every stage's failures depend on free capacity alone (no reservation stage
-that holds, no nominations), and they change no decision.
+Parking (stage 8) and skipping a failed shape (stage 3) are optimisations that change
+no decision: parking applies only where every stage's failures depend on free capacity
+alone (no reservation stage that holds, no nominations); skipping also with
+reservations (``bound_to_fail`` says why), not with nominations.
 """
 from __future__ import annotations
 
@@ -47,7 +49,7 @@ import enum
 import math
 from itertools import chain
 from dataclasses import dataclass, field
-from typing import AbstractSet, Mapping
+from typing import AbstractSet, Iterable, Mapping
 
 from gpusched.core.model import WorkerAssignment
 from gpusched.core.state import ClusterState, JobState
@@ -77,6 +79,11 @@ DEFAULT_RESERVE_AFTER_S = 300.0
 # of line (EASY) plus the longest-waiting job behind it; each more holds capacity idle and
 # costs a sweep a cycle.
 DEFAULT_RESERVATION_DEPTH = 2
+FAIR_SHARE = "fair-share"
+# Jobs a cycle takes from the queue (see ``max_job_test``): a cycle on a full pool skips
+# most of them by shape at ~1-3 µs each, so this many keep it within tens of
+# milliseconds; more than the simulated workloads ever queue.
+DEFAULT_MAX_JOB_TEST = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +98,10 @@ class SchedulerConfig:
     # ``patience``); an unknown name is refused when the scheduler is built.
     placement_args: Mapping[str, float] = field(default_factory=dict)
     max_decisions: int = 10_000     # per cycle, to bound a cycle's latency
+    # Jobs taken from the queue per cycle, offered or skipped (Slurm's default_queue_depth
+    # and bf_max_job_test): bounds a cycle's work on a long queue; jobs past it are reached
+    # by a later cycle, as those ahead are placed or age to the front.
+    max_job_test: int = DEFAULT_MAX_JOB_TEST
     # Reservations (stage ``backfill``): the first blocked job of a pool gets one at once
     # (``backfill``, EASY), and any blocked job once it has waited ``reserve_after_s``
     # (per pool: ``pool_reserve_after_s``; inf: never), up to ``reservation_depth`` a pool
@@ -196,28 +207,29 @@ class Scheduler:
         # Tiers are computed with the beneficiaries of preemptions counted (``nominees``).
         context = QueueContext(quotas, folded_decay(state, now), self.config.aging_s, frozenset(nominated))
         # 2. queue sort
-        unsorted = skip if self.config.queue in KEYED_ORDERS else ()   # see KEYED_ORDERS
-        ready = [jobs[j] for j in state.pending if j not in unsorted and jobs[j].not_before <= now]
-        order = nominees_first(self._ordered(state, ready, now, context, keys), nominated)
+        order = self._queue(state, now, context, keys, skip, nominated)
         shape_of = keys.shape if keys is not None else job_shape
         # Where an offer can only place a job or fail its shape (no stage holds capacity
         # for another job), a job whose shape failed earlier in this cycle would fail
         # too: it is not offered. Offering costs more than the rest of the cycle's work
         # for a waiting job, and in a full pool nearly all of them fail.
-        skim = keys is not None and self._reservations.capacity_only and not nominated
+        skim = keys is not None and not nominated
+        capacity_only = self._reservations.capacity_only
         with tentative(state) as statement:
             run = _Cycle(self, state, now, statement, quotas, NomineeHold(nominated) if nominated else None, held)
             # The loop runs once per waiting job, thousands a cycle: what it reads is bound once.
             decisions, failed, skipped = run.decisions, run.failed, run.skipped
-            max_decisions = self.config.max_decisions
+            max_decisions, max_job_test = self.config.max_decisions, self.config.max_job_test
+            taken = 0
             for job in order:
-                if len(decisions) >= max_decisions:
+                if len(decisions) >= max_decisions or taken >= max_job_test:
                     break
+                taken += 1
                 # 3. gate
                 if job.job_id in skip:
                     continue
                 shape = shape_of(job)
-                if skim and (shape, False) in failed:
+                if skim and ((shape, False) in failed if capacity_only else run.bound_to_fail(job, shape)):
                     skipped.append(job.job_id)   # 7. record, inlined: in a full pool most jobs end here
                     continue
                 run.record(job, run.offer(job, shape))   # 4-7
@@ -231,6 +243,21 @@ class Scheduler:
         self.reservations = tuple(run.reservations.reservations)
         return CycleResult(list(run.decisions.values()), run.unplaced, run.skipped, skip, self.reservation,
                            self.reservations, quotas)
+
+    def _queue(self, state: ClusterState, now: float, context: QueueContext, keys: QueueKeys | None,
+               parked: AbstractSet[str], nominated: Mapping[str, object]) -> Iterable[JobState]:
+        """The ready jobs in queue order, nominees first. Fair share with ``keys``: taken
+        lazily from the per-team queues ``keys`` keeps (``fair_queue``), so a cycle pays
+        for the jobs it reaches, not for the whole queue; nominees are first in it."""
+        if keys is not None and self.config.queue == FAIR_SHARE:
+            keys.bind(None, state)
+            queues = keys.fair_queues()
+            queues.sync(state, now, context.aging_s if context.aging_s > 0 else math.inf)
+            return queues.order(state, now, context)
+        jobs = state.jobs
+        unsorted = parked if self.config.queue in KEYED_ORDERS else ()   # see KEYED_ORDERS
+        ready = [jobs[j] for j in state.pending if j not in unsorted and jobs[j].not_before <= now]
+        return nominees_first(self._ordered(state, ready, now, context, keys), nominated)
 
     def _ordered(self, state: ClusterState, ready: list[JobState], now: float, context: QueueContext,
                  keys: QueueKeys | None) -> list[JobState]:
@@ -340,6 +367,23 @@ class _Cycle:
         if outcome.__class__ is Unplaced:   # a job behind reservations may get one too (depth)
             reservations.blocked(job, shape, self.decisions)
         return outcome
+
+    def bound_to_fail(self, job: JobState, shape) -> bool:
+        """Whether offering ``job`` now can only fail and leave the reservations as they
+        are, so the gate may skip it and the cycle's decisions stay the same. Why: within
+        a cycle free capacity only shrinks (bookings take it; a hold lifted for a job that
+        ends before the shadow time is applied again over what that job left free) and
+        reservations only grow in number, their shadow times fixed. A shape that failed
+        without the hold fails again, held or not. One that failed under the hold fails
+        again under it, and a job is placed under it unless it ends before every shadow
+        time of its pool (``spares``): with that shape and an estimate at least as long as
+        one not spared, it is not spared either. Left: the reservation it might get when
+        blocked, so only where the stage would not reserve for it (``reserves``)."""
+        failed, reservations = self.failed, self.reservations
+        if (shape, False) not in failed and not (
+                (shape, True) in failed and reservations.hold is not None and not reservations.spares(job)):
+            return False
+        return not reservations.reserves(job, shape)
 
     def known_to_fail(self, shape, held: bool) -> bool:
         # What fails without the hold fails with it too.

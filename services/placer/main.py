@@ -28,7 +28,8 @@ def scheduler_config(own: PlacerSettings) -> SchedulerConfig:
         queue=own.queue, placement=own.placement, placement_args=own.placement_args, backfill=own.backfill,
         reserve_after_s=own.reserve_after, pool_reserve_after_s=own.pool_reserve_after,
         reservation_depth=own.reservation_depth, default_estimate_s=own.default_estimate,
-        guarantee_hold_s=own.guarantee_hold)
+        guarantee_hold_s=own.guarantee_hold,
+        max_job_test=own.max_job_test)
 
 
 async def run(args: argparse.Namespace) -> None:

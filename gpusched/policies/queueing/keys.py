@@ -14,13 +14,15 @@ A job id can come back as another job: retention (``core.retention``) drops a fi
 job and frees its idempotency key, and the same key yields the same id. The new job has
 a new ``seq`` (the reducer numbers every submission), so an entry counts only for the
 ``seq`` it was made for. The caller keeps one per pool state, as its ``ParkedJobs``
-(the placer: one per owned partition).
+(the placer: one per owned partition). Fair share, whose order has no per-job key,
+keeps its per-team queues here instead (``fair_queues``, ``policies.queueing.fair_queue``).
 """
 from __future__ import annotations
 
 from typing import Any
 
 from gpusched.core.state import ClusterState, JobState
+from gpusched.policies.queueing.fair_queue import TeamQueues
 from gpusched.policies.queueing.order import QueueKey
 
 # Bounds, whatever the log holds: entries of jobs that left the queue are dropped once
@@ -29,12 +31,13 @@ MAX_SHAPES = 65_536
 
 
 class QueueKeys:
-    __slots__ = ("_key", "_entries", "_shapes")
+    __slots__ = ("_key", "_entries", "_shapes", "_fair")
 
     def __init__(self) -> None:
         self._key: QueueKey | None = None
         self._entries: dict[str, tuple[int, Any, int]] = {}   # job id -> (seq, key, shape)
         self._shapes: dict[tuple, int] = {}
+        self._fair: TeamQueues | None = None
 
     def bind(self, key: QueueKey | None, state: ClusterState) -> None:
         """Start a cycle ordered by ``key`` (None: an order with no per-job key)."""
@@ -63,3 +66,9 @@ class QueueKeys:
 
     def shape(self, job: JobState) -> int:
         return self._entry(job)[2]
+
+    def fair_queues(self) -> TeamQueues:
+        """Fair share's per-team queues of this pool state, kept between cycles."""
+        if self._fair is None:
+            self._fair = TeamQueues()
+        return self._fair

@@ -125,10 +125,7 @@ def _sweep(statement: Statement, job: JobState, now: float, booked: Mapping[str,
         sweep.offer(node, now)
         if sweep.done:
             return sweep.reservation(now)
-    ends = [(end, i, node.name, holder, here)
-            for node in candidates
-            for i, (end, holder, here) in enumerate(_ends_on(state, node, booked, now, estimate))
-            if end < math.inf]
+    ends = _ends(state, candidates, booked, now, estimate)
     heapq.heapify(ends)
     while ends or kept:
         t = min(ends[0][0] if ends else math.inf, kept[0][0] if kept else math.inf)
@@ -188,13 +185,41 @@ def _could_ever_host(node: NodeState, job: JobState) -> bool:
             and sum(1 for g in node.gpus if g.healthy) >= max(res.gpus, 1 if res.milli else 0))
 
 
-def _ends_on(state: ClusterState, node: NodeState, booked: Mapping[str, tuple[WorkerAssignment, ...]],
-             now: float, estimate: Estimate):
-    for job_id in node.jobs:
-        holder = state.jobs[job_id]
-        here = tuple(w for w in booked.get(job_id, holder.workers) if w.node == node.name)
-        if here:
-            yield expected_end(holder, now, estimate), holder, here
+def _ends(state: ClusterState, candidates: list[NodeState], booked: Mapping[str, tuple[WorkerAssignment, ...]],
+          now: float, estimate: Estimate) -> list[tuple]:
+    """``(end, i, node, holder, its workers there)`` for every job on ``candidates`` that is
+    expected to end, ``i`` numbering a node's jobs (ties in time go by node, then by it).
+    One pass over every running job of the pool, each sweep: written out flat, as it is
+    most of a sweep's cost on a large pool (a single worker's job, the usual one, needs no
+    filtering of its workers)."""
+    jobs, inf = state.jobs, math.inf
+    ends = []
+    append = ends.append
+    for node in candidates:
+        name, i = node.name, 0
+        for job_id in node.jobs:
+            holder = jobs[job_id]
+            workers = booked.get(job_id, holder.workers)
+            if len(workers) == 1:
+                here = workers if workers[0].node == name else ()
+            else:
+                here = tuple(w for w in workers if w.node == name)
+            if here:
+                phase = holder.phase   # expected_end, inlined
+                if phase is _PREEMPTING or phase is _STOPPING:
+                    end = now
+                else:
+                    runtime = estimate(holder)
+                    start = holder.started_at if phase is _RUNNING else \
+                        holder.placed_at if phase is _PLACED else now
+                    end = max(now, start + runtime) if runtime > 0 else inf
+                if end < inf:
+                    append((end, i, name, holder, here))
+                i += 1
+    return ends
+
+
+_PREEMPTING, _STOPPING, _RUNNING, _PLACED = JobPhase.PREEMPTING, JobPhase.STOPPING, JobPhase.RUNNING, JobPhase.PLACED
 
 
 class ReservationHold:

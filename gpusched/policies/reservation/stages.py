@@ -51,6 +51,9 @@ class ReservationRun(Protocol):
         """``job`` could not be placed: reserve for it if the stage does.
         ``decided``: this cycle's decisions so far, booked but not in the log."""
 
+    def reserves(self, job: JobState, shape: object) -> bool:
+        """Whether ``blocked`` would try to reserve for ``job`` now."""
+
 
 class ReservationStage(Protocol):
     name: str
@@ -74,6 +77,9 @@ class NoReservation:
 
     def blocked(self, job, shape, decided) -> None:
         pass
+
+    def reserves(self, job, shape) -> bool:
+        return False
 
 
 class Backfill:
@@ -157,8 +163,11 @@ class _BackfillRun:
         return (held == 0 and self.stage.reserve_first) or \
             self.now - job.submitted_at >= self.stage.bound(job.spec.pool)
 
+    def reserves(self, job: JobState, shape: object) -> bool:
+        return shape not in self.unreservable and self.wants(job)
+
     def blocked(self, job: JobState, shape: object, decided: Mapping[str, Decided]) -> None:
-        if shape in self.unreservable or not self.wants(job):
+        if not self.reserves(job, shape):
             return
         booked = {job_id: d.workers for job_id, d in decided.items()}
         pool = job.spec.pool

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from gpusched.core import events as ev
 from gpusched.policies.queueing.order import priority_key
 from gpusched.policies.queueing.keys import QueueKeys
@@ -49,12 +51,23 @@ def test_a_failed_shape_is_offered_once_and_the_decisions_are_unchanged(monkeypa
     assert skimmed == ["big3", "small"]   # the first 2-GPU job failed: the others are not offered
 
 
-def test_with_backfill_every_job_is_still_offered(monkeypatch):
-    """A job of a failed shape may still make the reservation: no skimming."""
+@pytest.mark.parametrize("reserve_after, offered", [
+    (math.inf, ["big3", "small"]),            # big3 is reserved for; the other 2-GPU jobs cannot be
+    (0.0, ["big3", "big0", "small"]),         # big0 may get the second reservation (depth 2): offered
+])
+def test_with_backfill_a_failed_shape_is_offered_while_it_may_get_a_reservation(monkeypatch, reserve_after,
+                                                                              offered):
+    """With reservations a job of a failed shape is skipped only when it can neither be
+    placed nor be reserved for (``_Cycle.bound_to_fail``); the decisions are those of the
+    cycle that offers every job."""
     log = busy_pool()
-    scheduler = Scheduler(SchedulerConfig(queue="priority", backfill=True))
-    offered, _ = offered_and_decided(log, scheduler, QueueKeys(), monkeypatch)
-    assert len(offered) == 9
+    scheduler = Scheduler(SchedulerConfig(queue="priority", backfill=True, reserve_after_s=reserve_after))
+    every, expected = offered_and_decided(log, scheduler, None, monkeypatch)
+    assert len(every) == 9
+    reservations = [r.job.job_id for r in scheduler.reservations]
+    got_offered, got = offered_and_decided(log, scheduler, QueueKeys(), monkeypatch)
+    assert got == expected and [r.job.job_id for r in scheduler.reservations] == reservations
+    assert got_offered == offered
 
 
 def test_a_job_id_back_as_another_job_gets_its_own_key():
