@@ -28,14 +28,19 @@ class NodeArrays:
         self.cpu = np.zeros(count, dtype=np.int64)       # free CPU milli (-1: not ready)
         self.mem = np.zeros(count, dtype=np.int64)       # free memory MiB
         self.gpu = np.zeros((count, width), dtype=np.int64)   # free milli of each GPU
+        # Free memory MiB of each GPU, for shares that ask for GPU memory (0 where the GPU
+        # offers nothing): what ``GpuState.fits_share`` checks besides the milli.
+        self.gmem = np.zeros((count, width), dtype=np.int64)
         self.ngpu = np.array([len(n.gpus) for n in self.nodes], dtype=np.int64)
         self.idle = np.zeros(count, dtype=bool)          # nothing runs or is booked on it
         self.model = np.array([self.models.index(n.model) for n in self.nodes], dtype=np.int64)
         self._allowed: dict[tuple[str, ...], np.ndarray] = {}
+        self._models_allowed: dict[tuple[str, ...], list[bool]] = {}
         self._pad = (0,) * width
-        # Each row's values as Python ints too: (free milli per GPU, CPU, memory, idle),
-        # for policies that rescore a few rows in plain Python (numpy's cost is per call).
-        self.plain: list[tuple[tuple[int, ...], int, int, bool]] = [((), 0, 0, False)] * count
+        # Each row's values as Python ints too: (free milli per GPU, CPU, memory, idle, free
+        # GPU memory per GPU), for policies that rescore a few rows in plain Python (numpy's
+        # cost is per call).
+        self.plain: list[tuple[tuple[int, ...], int, int, bool, tuple[int, ...]]] = [((), 0, 0, False, ())] * count
         for i in range(count):
             self._refresh(i)
 
@@ -48,11 +53,21 @@ class NodeArrays:
     def _refresh(self, i: int) -> None:
         node = self.nodes[i]
         cpu, mem, idle = node.free_cpu if node.schedulable else -1, node.free_mem, not node.jobs
-        gpu = tuple([1000 - g.used_milli if g.healthy and not g.mig_mask and g.whole_ok else 0 for g in node.gpus])
+        gpu, gmem = list(self._pad), list(self._pad)
+        for j, g in enumerate(node.gpus):
+            if g.healthy and not g.mig_mask and g.whole_ok:
+                gpu[j], gmem[j] = 1000 - g.used_milli, g.info.memory_mib - g.used_memory_mib
         self.cpu[i], self.mem[i], self.idle[i] = cpu, mem, idle
-        if gpu:   # one write for the row: numpy's cost is per call
-            self.gpu[i, :len(gpu)] = gpu
-        self.plain[i] = (gpu + self._pad[len(gpu):], cpu, mem, idle)
+        self.gpu[i], self.gmem[i] = gpu, gmem   # one write a row: numpy's cost is per call
+        self.plain[i] = (tuple(gpu), cpu, mem, idle, tuple(gmem))
+
+    def allowed_models(self, res: WorkerResources) -> list[bool]:
+        """Per model (``models``), whether ``res`` accepts it."""
+        key = res.gpu_models
+        ok = self._models_allowed.get(key)
+        if ok is None:
+            ok = self._models_allowed[key] = [res.allows(m) for m in self.models]
+        return ok
 
     def allowed(self, res: WorkerResources) -> np.ndarray:
         """Rows whose GPU model ``res`` accepts (every row for a model-free request)."""

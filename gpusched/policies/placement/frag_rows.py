@@ -61,6 +61,13 @@ class Row(NamedTuple):
     largest: int             # the largest free milli of one GPU
     whole: int               # free whole GPUs
     signature: tuple         # what a candidate's keys depend on but the CPU level after
+    kind: int                # the signature's number (``RowScorer.row``): a cheaper memo key
+    gmem: tuple[int, ...]    # free memory MiB per GPU (a share's GPU-memory request)
+
+
+# A request's scorer: the (packed key, GPU index) of a row's least candidate, or None
+# when no candidate of the row has the GPU memory the request asks for.
+Score = Callable[[Row], "tuple[int, int] | None"]
 
 
 class RowScorer:
@@ -78,7 +85,10 @@ class RowScorer:
         self._score: dict[float, int] = {}
         self._usable: dict[tuple, float] = {}
         self._tallies: dict[tuple, tuple[list[int], list[int]]] = {}
-        self._memo: dict[tuple[int, int], dict[tuple, tuple[int, int]]] = {}
+        self._memo: dict[tuple[int, int], dict[tuple, list[tuple[int, int]]]] = {}
+        self._kinds: dict[tuple, int] = {}     # signature -> its number
+        self._rows: dict[tuple, tuple[float, int, int, tuple, int]] = {}   # by (GPUs, CPU level, model, idle)
+        self._requests: dict[WorkerResources, Score] = {}
 
     def tallies(self, gpu: Sequence[int]) -> tuple[list[int], list[int]]:
         """Per combination: how many GPUs are big enough, and their free milli."""
@@ -122,41 +132,80 @@ class RowScorer:
             s = self._score[growth] = 100 - floor(100 / (1 + np.exp(growth / 1000)))
         return s
 
-    def row(self, gpu: tuple[int, ...], cpu: int, mem: int, model: int, idle: bool, u: float) -> Row:
-        # What a candidate's keys depend on, but the CPU level after placing: the free
-        # milli as a multiset (sorted), the CPU level, the model, and for fgd-lookahead
-        # whether the node is idle.
-        signature = (tuple(sorted(gpu)), bisect_right(self.levels, cpu), model, idle and self.lookahead)
-        return Row(gpu, cpu, mem, model, idle, u, max(gpu, default=0), gpu.count(1000), signature)
+    def row(self, gpu: tuple[int, ...], cpu: int, mem: int, model: int, idle: bool, gmem: tuple[int, ...]) -> Row:
+        """The row, with its U (``usable_row``) and what its candidates' keys depend on
+        but the CPU level after placing (``signature``): the free milli as a multiset
+        (sorted), the CPU level, the model, and for fgd-lookahead whether it is idle."""
+        level = bisect_right(self.levels, cpu)
+        memo = (gpu, level, model, idle)
+        known = self._rows.get(memo)
+        if known is None:
+            signature = (tuple(sorted(gpu)), level, model, idle and self.lookahead)
+            kind = self._kinds.setdefault(signature, len(self._kinds))
+            known = self._rows[memo] = (self.usable_row(gpu, cpu, model), max(gpu, default=0), gpu.count(1000),
+                                        signature, kind)
+        u, largest, whole, signature, kind = known
+        return Row(gpu, cpu, mem, model, idle, u, largest, whole, signature, kind, gmem)
 
-    def best(self, row: Row, res: WorkerResources) -> tuple[int, int]:
-        """(packed key, GPU index) of the row's least candidate by (keys, GPU index): the
-        keys packed as ``Fgd.packed`` / ``FgdLookahead.packed`` pack them. The row takes
-        ``res`` (checked by the caller).
+    def scorer(self, res: WorkerResources) -> Score:
+        """``res``'s scorer of rows that take it (checked by the caller, GPU memory
+        aside): the row's least candidate by (keys, GPU index), the keys packed as
+        ``Fgd.packed`` / ``FgdLookahead.packed`` pack them.
 
-        Kept by row signature and CPU level after placing, so nodes alike share the
-        work. The keys do not depend on the order of the GPUs (sums whose terms are all
-        zero but one are exact in any order), except fgd-lookahead's for several whole
-        GPUs: those are kept by the exact GPUs. A share's GPU index is found on the row."""
+        Candidates are kept by row signature and CPU level after placing, so nodes alike
+        share the work. The keys do not depend on the order of the GPUs (sums whose terms
+        are all zero but one are exact in any order), except fgd-lookahead's for several
+        whole GPUs: those are kept by the exact GPUs. A share's GPU index is found on the
+        row: the lowest GPU with the candidate's free milli, as ``candidates`` takes it
+        (a candidate whose GPU lacks the memory asked for is no candidate)."""
+        score = self._requests.get(res)
+        if score is None:
+            score = self._requests[res] = self._scorer(res)
+        return score
+
+    def _scorer(self, res: WorkerResources) -> Score:
         form = (res.gpus, res.gpu_milli)
         memo = self._memo.get(form)
         if memo is None:
             memo = self._memo[form] = {}
-        exact = self.lookahead and res.gpus > 1
-        at = ((row.gpu, row.signature) if exact else row.signature, bisect_right(self.levels, row.cpu - res.cpu_milli))
-        found = memo.get(at)
-        if found is None:
-            found = memo[at] = self._candidates(row, res)
+        levels, need_cpu, candidates = self.levels, res.cpu_milli, self._candidates
+
+        if self.lookahead and res.gpus > 1:
+            def found_of(row: Row) -> list[tuple[int, int]]:
+                at = (row.gpu, row.signature, bisect_right(levels, row.cpu - need_cpu))
+                found = memo.get(at)
+                if found is None:
+                    found = memo[at] = candidates(row, res)
+                return found
+        else:
+            def found_of(row: Row) -> list[tuple[int, int]]:
+                at = (row.kind, bisect_right(levels, row.cpu - need_cpu))
+                found = memo.get(at)
+                if found is None:
+                    found = memo[at] = candidates(row, res)
+                return found
+
         if not res.is_share:
-            return found[0]
-        low = found[0][0]
-        return low, min(row.gpu.index(free) for key, free in found if key == low)
+            return lambda row: found_of(row)[0]
+        need_mem = res.gpu_memory_mib
+
+        def share(row: Row) -> tuple[int, int] | None:
+            found, gpu = found_of(row), row.gpu
+            if need_mem:   # candidates whose GPU has the memory asked for
+                found = [(key, free) for key, free in found if row.gmem[gpu.index(free)] >= need_mem]
+                if not found:
+                    return None
+            low = found[0][0]
+            if len(found) == 1 or found[1][0] != low:
+                return low, gpu.index(found[0][1])
+            return low, min(gpu.index(free) for key, free in found if key == low)
+        return share
 
     def _candidates(self, row: Row, res: WorkerResources) -> list[tuple[int, int]]:
         """(packed key, free milli of the GPU taken, or -1) of each candidate, least first.
         A candidate's U after placing comes from the row's tallies and the GPUs it
         changes, term by term as ``usable`` computes it."""
-        gpu, cpu, _, model, idle, u, _, _, _ = row
+        gpu, cpu, _, model, idle, u = row[:6]
         cnt, room = self.tallies(gpu)
         weight = self.weight[model][bisect_right(self.levels, cpu - res.cpu_milli)] if self.milli else ()
         parts = tuple(zip(weight, cnt, room, self.count, self.milli))

@@ -19,7 +19,7 @@ import numpy as np
 
 from gpusched.core.model import WorkerResources
 from gpusched.policies.placement.arrays import NodeArrays
-from gpusched.policies.placement.frag_rows import Row, RowScorer
+from gpusched.policies.placement.frag_rows import Row, RowScorer, Score
 
 PATIENCE = 0.1       # fgd-lookahead: how soon a GPU stops getting tasks (final_waste)
 Shape = tuple[int, int, int, tuple[str, ...]]    # (CPU milli, milli per GPU, GPUs, models)
@@ -69,7 +69,7 @@ class FragView:
 
     The statement tells the view which nodes it changes (``touch``); what depends on a
     node alone is recomputed for those nodes only, when next asked: ``U`` (``sync``),
-    and a request's per-node best (``Best``, refreshed from the ``touched`` log)."""
+    and a request's per-node best (``Best``, refreshed from the ``changed`` rows)."""
 
     def __init__(self, arrays: NodeArrays, mix: dict[Shape, float], patience: float = PATIENCE,
                  lookahead: bool = False) -> None:
@@ -81,11 +81,13 @@ class FragView:
         self.u = usable(self.mix, arrays.gpu, arrays.cpu, arrays.model)
         self._waste: np.ndarray | None = None
         self.stale: set[int] = set()          # rows changed since the last ``sync``
-        # Every row changed, in order (what each Best has seen), and the rows that gained
-        # capacity (CPU, memory or a GPU's free milli): only those can start to fit.
-        self.touched: list[int] = []
-        self.grown: list[int] = []
-        self.initial = list(arrays.plain)     # (GPUs, CPU, memory, idle) before any change
+        # Changes are numbered (``clock``); each row's latest change, oldest first (what a
+        # Best has seen is a number), and each row's latest change that gained capacity
+        # (CPU, memory, a GPU's free milli or memory): only those can start to fit.
+        self.clock = 0
+        self.changed: dict[int, int] = {}
+        self.grew: dict[int, int] = {}
+        self.initial = list(arrays.plain)     # (GPUs, CPU, memory, idle, GPU memory) before any change
         self.best: dict[WorkerResources, Best] = {}   # oldest first
         self._scorer: RowScorer | None = None
         self.plain: dict[int, Row] = {}   # changed rows as plain Python values
@@ -93,8 +95,16 @@ class FragView:
         self.models: list[int] = arrays.model.tolist()
         # Rows alike in what a score reads (free milli per GPU, CPU, model, idleness) at
         # the start: ``Fgd.fill`` scores one row of each group.
-        alike = np.column_stack((arrays.gpu, arrays.cpu, arrays.model, arrays.idle))
-        self.group = np.unique(alike, axis=0, return_inverse=True)[1].reshape(-1) if len(alike) else alike
+        self.group = _groups(arrays.gpu, arrays.cpu, arrays.model, arrays.idle)
+        self._memory_group: np.ndarray | None = None
+
+    @property
+    def memory_group(self) -> np.ndarray:
+        """``group`` for shares that ask for GPU memory: rows alike in free GPU memory too."""
+        if self._memory_group is None:
+            a = self.arrays
+            self._memory_group = _groups(a.gpu, a.gmem, a.cpu, a.model, a.idle)
+        return self._memory_group
 
     def final_waste(self) -> np.ndarray:
         if self._waste is None:
@@ -118,17 +128,23 @@ class FragView:
         if len(rows) > FEW_ROWS:
             at = np.array(rows, dtype=np.int64)
             self.u[at] = usable(self.mix, a.gpu[at], a.cpu[at], a.model[at])
-        scorer, u, moved, model, plain = self.scorer, self.u, self.moved, self.models, self.plain
+        scorer, u, moved, model, plain, initial = self.scorer, self.u, self.moved, self.models, self.plain, self.initial
+        one_by_one = len(rows) <= FEW_ROWS
+        changed, grew = self.changed, self.grew
         for i in rows:
-            gpu, cpu, mem, idle = a.plain[i]
-            if len(rows) <= FEW_ROWS:
-                u[i] = scorer.usable_row(gpu, cpu, model[i])
-            moved[i] = True
-            was = plain.get(i) or self.initial[i]
-            if cpu > was[1] or mem > was[2] or any(map(gt, gpu, was[0])):
-                self.grown.append(i)
-            self.touched.append(i)
-            plain[i] = scorer.row(gpu, cpu, mem, model[i], idle, float(u[i]))
+            gpu, cpu, mem, idle, gmem = a.plain[i]
+            was = plain.get(i) or initial[i]
+            row = plain[i] = scorer.row(gpu, cpu, mem, model[i], idle, gmem)   # its U: bit for bit numpy's
+            if one_by_one:
+                u[i] = row.u
+            # Capacity that grew (CPU, memory, a GPU's free milli or memory) may let a
+            # request fit where it did not.
+            self.clock += 1
+            if cpu > was[1] or mem > was[2] or any(map(gt, gpu, was[0])) or any(map(gt, gmem, was[-1])):
+                grew[i] = self.clock
+            changed.pop(i, None)   # to the end: the newest
+            changed[i] = self.clock
+        moved[rows] = True
 
     @property
     def scorer(self) -> RowScorer:
@@ -137,18 +153,27 @@ class FragView:
         return self._scorer
 
 
+def _groups(*columns: np.ndarray) -> np.ndarray:
+    """Each row's group number: rows equal in every column share one."""
+    alike = np.column_stack(columns)
+    return np.unique(alike, axis=0, return_inverse=True)[1].reshape(-1) if len(alike) else alike
+
+
 @dataclass(slots=True)
 class Best:
     """One request's best candidate on each node: its packed sort key (``NONE`` where
     the node cannot take it) and GPU index. Capacity that only shrank cannot make a
     node fit, so of the rows changed since, only those that fitted, or grew, are
-    scored again."""
+    scored again. GPU memory is the exception: a share's candidate on a free amount is
+    the lowest GPU with that much free, which may lack the memory while a later GPU with
+    as much free has it; once the first fills further, the later one is the candidate.
+    So ``fits`` leaves GPU memory aside (the rows that take the request but for it)."""
 
-    seen: int              # entries of ``touched`` seen
-    grown: int             # entries of ``grown`` seen
+    seen: int              # the view's ``clock`` when last brought up to date
     key: np.ndarray
     gpu: np.ndarray
-    fits: set[int]         # rows whose key is not NONE
+    fits: set[int]         # rows that take the request, GPU memory aside
+    score: Score           # the request's scorer of one row (``RowScorer.scorer``)
 
 
 NONE = np.iinfo(np.int64).max

@@ -108,8 +108,8 @@ class Fgd:
         slots = take(node, pool, res, found[1])
         if slots is not None:
             return node, slots
-        # The arrays do not see everything (a share's GPU memory): the node refused the
-        # first candidate, so walk the whole order as ``scan`` does.
+        # The arrays mirror what ``take`` checks (GPU memory included), so the node takes
+        # the first candidate; were they ever to differ, walk the whole order as ``scan`` does.
         return self.scan(view, pool, res)
 
     def scan(self, view: FragView, pool: str, res: WorkerResources) -> Choice | None:
@@ -131,43 +131,54 @@ class Fgd:
         feasible row, or None: from each node's best candidate, kept per request and
         recomputed only for the nodes changed since it was last asked."""
         view.sync()
-        arrays = view.arrays
         best = view.best.get(res)
         if best is None:
             if len(view.best) >= CACHED_REQUESTS:
                 del view.best[next(iter(view.best))]   # the oldest
-            count = len(arrays.nodes)
-            best = view.best[res] = Best(len(view.touched), len(view.grown), np.full(count, NONE, dtype=np.int64),
-                                         np.zeros(count, np.int64), set())
-            self.fill(view, best, res)
-            best.fits.update(np.flatnonzero(best.key != NONE).tolist())
-        elif best.seen < len(view.touched):
-            rows = best.fits.intersection(view.touched[best.seen:])
-            if best.grown < len(view.grown):
-                rows.update(view.grown[best.grown:])
-            best.seen, best.grown = len(view.touched), len(view.grown)
-            if len(rows) <= FEW_ROWS:
-                self.rescore(view, best, rows, res)
-            else:
-                at = np.array(sorted(rows), dtype=np.int64)
-                best.key[at] = NONE
-                self.refresh(view, best, arrays.feasible(res, at), res)
-                best.fits.difference_update(rows)
-                best.fits.update(at[best.key[at] != NONE].tolist())
+            count = len(view.arrays.nodes)
+            best = view.best[res] = Best(view.clock, np.full(count, NONE, dtype=np.int64),
+                                         np.zeros(count, np.int64), set(), view.scorer.scorer(res))
+            best.fits.update(self.fill(view, best, res).tolist())
+        elif best.seen < view.clock:
+            self.catch_up(view, best, res)
         if not best.key.size:        # a pool without nodes
             return None
         i = int(best.key.argmin())   # the first row of the least key: registration order
         return None if best.key[i] == NONE else (i, int(best.gpu[i]))
 
-    def fill(self, view: FragView, best: Best, res: WorkerResources) -> None:
+    def catch_up(self, view: FragView, best: Best, res: WorkerResources) -> None:
+        """Rescore the rows changed since ``best`` last saw the view: those that fitted,
+        and those that grew (capacity that only shrank cannot make a node fit; GPU memory
+        aside, which ``Best.fits`` leaves aside)."""
+        seen, fits, grew = best.seen, best.fits, view.grew
+        rows = []
+        for i, stamp in reversed(view.changed.items()):   # the latest change of each row, newest first
+            if stamp <= seen:
+                break
+            if i in fits or grew.get(i, 0) > seen:
+                rows.append(i)
+        best.seen = view.clock
+        if len(rows) <= FEW_ROWS:
+            self.rescore(view, best, rows, res)
+            return
+        at = np.array(sorted(rows), dtype=np.int64)
+        best.key[at] = NONE
+        feasible = view.arrays.feasible(res, at)
+        self.refresh(view, best, feasible, res)
+        fits.difference_update(rows)
+        fits.update(feasible.tolist())
+
+    def fill(self, view: FragView, best: Best, res: WorkerResources) -> np.ndarray:
         """``best`` of a request asked for the first time in the cycle: rows that have
         not changed since the view was built score alike within a group of equal rows,
-        so one row of each group is scored; the changed ones are scored one by one."""
+        so one row of each group is scored; the changed ones are scored one by one.
+        Returns the feasible rows."""
         rows = view.arrays.feasible(res)
         moved = view.moved[rows]
         fresh = rows[~moved]
         if fresh.size:
-            _, first, inverse = np.unique(view.group[fresh], return_index=True, return_inverse=True)
+            group = view.memory_group if res.is_share and res.gpu_memory_mib else view.group
+            _, first, inverse = np.unique(group[fresh], return_index=True, return_inverse=True)
             scored = fresh[first]
             self.refresh(view, best, scored, res)
             best.key[fresh] = best.key[scored][inverse]
@@ -177,23 +188,26 @@ class Fgd:
             self.refresh(view, best, changed, res)
         elif changed.size:
             self.rescore(view, best, changed.tolist(), res)
+        return rows
 
     def rescore(self, view: FragView, best: Best, rows: Iterable[int], res: WorkerResources) -> None:
         """``refresh`` of a few changed rows, one by one (``frag_rows``: the same numbers)."""
-        scorer, plain, key, index = view.scorer, view.plain, best.key, best.gpu
+        plain, key, index, fits, score = view.plain, best.key, best.gpu, best.fits, best.score
         need_cpu, need_mem, gpus = res.cpu_milli, res.memory_mib, res.gpus
         share = res.gpu_milli if res.is_share else 0
-        allowed = [res.allows(m) for m in view.arrays.models]
-        fits = best.fits
+        allowed = view.arrays.allowed_models(res)
         for i in rows:
             row = plain[i]
-            _, cpu, mem, model, _, _, largest, whole, _ = row
-            if cpu < need_cpu or mem < need_mem or not allowed[model] or largest < share or whole < gpus:
+            if row.cpu < need_cpu or row.mem < need_mem or not allowed[row.model] or row.largest < share or row.whole < gpus:
                 key[i] = NONE
                 fits.discard(i)
                 continue
             fits.add(i)
-            key[i], index[i] = scorer.best(row, res)
+            found = score(row)
+            if found is None:   # no candidate whose GPU has the memory asked for (yet: see Best)
+                key[i] = NONE
+            else:
+                key[i], index[i] = found
 
     def refresh(self, view: FragView, best: Best, rows: np.ndarray, res: WorkerResources) -> None:
         """``best`` on the feasible ``rows`` (sorted): per row, its least candidate by
@@ -201,7 +215,9 @@ class Fgd:
         if not rows.size:
             return
         arrays = view.arrays
-        rows, gpu_index, after = candidates(arrays, rows, res)
+        rows, gpu_index, after = candidates(arrays, rows, res, memory=True)
+        if not rows.size:
+            return
         growth = view.u[rows] - usable(view.mix, after, arrays.cpu[rows] - res.cpu_milli,
                                        arrays.model[rows]) - res.milli
         radix = arrays.gpu.shape[1] + 1
@@ -264,16 +280,22 @@ def fgd_score(growth: np.ndarray) -> np.ndarray:
     return -np.floor(100 / (1 + np.exp(growth / 1000)))
 
 
-def candidates(arrays: NodeArrays, rows: np.ndarray, res: WorkerResources):
+def candidates(arrays: NodeArrays, rows: np.ndarray, res: WorkerResources, memory: bool = False):
     """(rows, GPU index, free milli per GPU after placing) of every distinct way to place
     ``res`` on the feasible ``rows``: one per node, or for a share one per node and free
     amount (GPUs with the same free milli are interchangeable; the lowest index stands for
-    them). ``gpu_index`` is -1 when the worker takes no single chosen GPU."""
+    them). ``gpu_index`` is -1 when the worker takes no single chosen GPU. With
+    ``memory``, a share's candidates whose GPU lacks the GPU memory it asks for are left
+    out: the node would refuse them (``take``), and the next candidate in order is the
+    decision."""
     gpu = arrays.gpu[rows]
     if res.is_share:
         r, g = np.nonzero(gpu >= res.gpu_milli)
         _, first = np.unique(r * 1001 + gpu[r, g], return_index=True)
         r, g = r[first], g[first]
+        if memory and res.gpu_memory_mib:
+            room = arrays.gmem[rows[r], g] >= res.gpu_memory_mib
+            r, g = r[room], g[room]
         after = gpu[r].copy()
         after[np.arange(len(r)), g] -= res.gpu_milli
         return rows[r], g, after

@@ -25,7 +25,7 @@ from gpusched.core.state import ClusterState
 import numpy as np
 
 from gpusched.policies.placement.frag_rows import RowScorer, pairwise
-from gpusched.policies.placement.fragmentation import compile_mix, final_waste, usable
+from gpusched.policies.placement.fragmentation import Fgd, compile_mix, final_waste, usable
 from gpusched.policies.placement.registry import PLACEMENTS
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig
 from gpusched.sim import traces
@@ -134,6 +134,35 @@ def test_many_equal_nodes_fill_in_registration_order():
     for policy in sorted(POLICIES):
         placed = assert_same(log.state, policy, queue="fifo", max_decisions=600)
         assert 200 < len(placed) < 600
+
+
+def test_shares_asking_for_gpu_memory_take_the_first_candidate(monkeypatch):
+    """Shares that ask for GPU memory, on equal nodes: GPUs end up with equal free milli
+    but unequal free memory. The oracle walks past candidates whose GPU lacks the memory
+    (the node refuses them); the fast policies see GPU memory in their arrays, so their
+    first candidate is taken, never a walk over every candidate (``scan``), and they
+    decide the same."""
+    refused = []
+    oracle_take = reference.take
+
+    def counting_take(*args):
+        slots = oracle_take(*args)
+        if slots is None:
+            refused.append(args)
+        return slots
+
+    monkeypatch.setattr(reference, "take", counting_take)
+    monkeypatch.setattr(Fgd, "scan", lambda *args: pytest.fail("the fast policy walked every candidate"))
+    rng = random.Random(7)
+    log = Log(*(node(f"n{i:02d}", gpus=4, cpu=128_000, mem=1_048_576) for i in range(12)))
+    for i in range(300):
+        res = WorkerResources(gpu_milli=rng.choice((250, 500)), gpu_memory_mib=rng.choice((0, 8_000, 30_000, 60_000)),
+                              cpu_milli=1000, memory_mib=1000)
+        assert log.submit(f"j{i:04d}", JobSpec(name=f"j{i}", team="t", resources=res)).accepted
+    for policy in sorted(POLICIES):
+        placed = assert_same(log.state, policy, queue="fifo", max_decisions=300)
+        assert 50 < len(placed) < 300
+    assert refused   # the case is met: a candidate's GPU lacked the memory
 
 
 def _resources(cpu: int, gpus: int = 0, milli: int = 0) -> WorkerResources:
