@@ -253,7 +253,7 @@ class Scheduler:
             keys.bind(None, state)
             queues = keys.fair_queues()
             queues.sync(state, now, context.aging_s if context.aging_s > 0 else math.inf)
-            return queues.order(state, now, context)
+            return nominees_first(queues.order(state, now, context), nominated)
         jobs = state.jobs
         unsorted = parked if self.config.queue in KEYED_ORDERS else ()   # see KEYED_ORDERS
         ready = [jobs[j] for j in state.pending if j not in unsorted and jobs[j].not_before <= now]

@@ -15,7 +15,7 @@ reclaim takes back from.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Iterable, Iterator, Mapping
 
 from gpusched.core.model import JobPhase
 from gpusched.core.state import ClusterState, JobState
@@ -31,10 +31,34 @@ def live_nominations(state: ClusterState, now: float, ttl_s: float = NOMINATION_
     }
 
 
-def nominees_first(order: list[JobState], nominated: dict[str, tuple[str, ...]]) -> list[JobState]:
+def nominees_first(order: Iterable[JobState], nominated: Mapping[str, tuple[str, ...]]) -> Iterable[JobState]:
+    """``order`` with the nominees it holds first, in the order they were nominated.
+
+    One preemptor pass decides for several jobs in turn, each booked where the search put
+    it before the next is searched (``preemption_decisions``): the freed capacity adds up
+    only if the cycle places them in that order too. The reducer keeps nominations in the
+    order of their first ``JobPreempted``, which is the order of the decisions."""
     if not nominated:   # the common case: no copy of the whole queue
         return order
-    return [j for j in order if j.job_id in nominated] + [j for j in order if j.job_id not in nominated]
+    rank = {job_id: i for i, job_id in enumerate(nominated)}
+    if isinstance(order, list):
+        first = sorted((j for j in order if j.job_id in rank), key=lambda j: rank[j.job_id])
+        return first + [j for j in order if j.job_id not in rank]
+    return _prefix_in_rank(iter(order), rank)
+
+
+def _prefix_in_rank(order: Iterator[JobState], rank: dict[str, int]) -> Iterator[JobState]:
+    """A lazy order that yields its nominees first (fair share's ``TeamQueues.order``):
+    the nominees, re-sorted by ``rank``, then the rest as it comes."""
+    prefix: list[JobState] = []
+    for job in order:
+        if job.job_id not in rank:
+            yield from sorted(prefix, key=lambda j: rank[j.job_id])
+            yield job
+            yield from order
+            return
+        prefix.append(job)
+    yield from sorted(prefix, key=lambda j: rank[j.job_id])
 
 
 @contextmanager

@@ -14,6 +14,7 @@ from gpusched.core import events as ev
 from gpusched.policies.preemption.decisions import victims_for
 from gpusched.policies.preemption.victim_rules import PreemptionConfig
 from gpusched.policies.queueing.fairshare import tier_of
+from gpusched.policies.queueing.keys import QueueKeys
 from gpusched.policies.queueing.parking import ParkedJobs
 from gpusched.policies.queueing.quota import OrgQuota, QueueTree, TeamQuota, claims_guarantee
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig, Unplaced
@@ -121,6 +122,26 @@ def test_a_nominee_that_its_nodes_do_not_take_goes_elsewhere():
     c.log.stopped(victim)
     decisions = {d.job_id: d for d in Scheduler(SchedulerConfig(queue="fifo")).cycle(c.state, c.log.now)}
     assert {w.node for w in decisions["nominee"].workers} == {"n0"}
+
+
+@pytest.mark.parametrize("queue, keys", [("fifo", None), ("fair-share", None), ("fair-share", QueueKeys)])
+def test_nominees_are_placed_in_the_order_they_were_nominated(queue, keys):
+    # One preemptor pass freed n0 for "big" (3 GPUs), then n0's last GPU and n1's for
+    # "pair" (2 x 1 GPU), booking "big" first. "pair" is first in the queue; placed first,
+    # it would pack onto n0 and leave "big" 2 GPUs: nominees go in the preemptor's order.
+    c = Cluster(nodes=2, gpus=4)
+    for_big = c.hold("c", 3, node="n0")
+    for_pair = [c.hold("c", 1, node="n0"), c.hold("c", 1, node="n1")]
+    c.hold("c", 3, node="n1")
+    c.submit("pair", "a", gpus=1, workers=2)
+    c.submit("big", "a", gpus=3)
+    for victim, beneficiary in [(for_big, "big"), *((v, "pair") for v in for_pair)]:
+        assert c.log(ev.JobPreempted, job_id=victim, attempt=0, for_job=beneficiary, reason="priority: test").accepted
+        c.log.stopped(victim)
+    cycle = Scheduler(SchedulerConfig(queue=queue)).cycle(c.state, c.log.now, keys=keys() if keys else None)
+    decisions = {d.job_id: d for d in cycle}
+    assert {w.node for w in decisions["big"].workers} == {"n0"}
+    assert sorted(w.node for w in decisions["pair"].workers) == ["n0", "n1"]
 
 
 # --- the guarantee hold ------------------------------------------------------------------
