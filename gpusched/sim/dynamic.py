@@ -85,6 +85,11 @@ class DynamicSimulator:
         self._first_start: dict[str, float] = {}    # job -> when its first attempt started
         self._preempted: dict[str, tuple[int, float]] = {}   # job -> (preemptions, GPU-seconds lost)
         self._checkpointing: set[str] = set()       # running jobs with a checkpoint interval
+        # When a running job's exempt time (or reclaim min runtime) ends: a job may become a
+        # victim then with nothing else happening, so the preemptor runs again (as the
+        # preemptor service does on its own), at most once per cycle_interval_s.
+        self._wakes: list[float] = []
+        self._last_preempt = -math.inf
 
     def run(self) -> SimResult:
         started = time.perf_counter()
@@ -101,8 +106,15 @@ class DynamicSimulator:
             while self._finishes and self._finishes[0][0] <= now:
                 _, _, job_id, attempt = heapq.heappop(self._finishes)
                 self._finish(job_id, attempt, now)
+            woken = False
+            while self._wakes and self._wakes[0] <= now:
+                heapq.heappop(self._wakes)
+                woken = True
             if state.version != self._cycled_version and now >= self._last_cycle + self.cycle_interval_s:
                 self._cycle(now, result)
+            elif woken and state.pending and now >= self._last_preempt + self.cycle_interval_s:
+                self._log_checkpoints(now)
+                self._preempt(now)
             result.samples.append(self._sample(now))
             if now >= next_probe:
                 result.fragmentation.append((now, *probe.measure(state)))
@@ -120,6 +132,8 @@ class DynamicSimulator:
             times.append(self._finishes[0][0])
         if self.state.version != self._cycled_version:
             times.append(self._last_cycle + self.cycle_interval_s)   # a cycle is owed
+        if self._wakes and self.state.pending:
+            times.append(max(self._wakes[0], self._last_preempt + self.cycle_interval_s))
         return max(min(times), self._clock) if times else None
 
     def _arrive(self, now: float) -> None:
@@ -149,6 +163,7 @@ class DynamicSimulator:
         """The preemptor's decisions, applied; each victim leaves at once and is requeued
         (its workers' WorkerFinished make the reducer send it back to pending). The state
         changed, so the next cycle (at ``cycle_interval_s``) places the beneficiaries."""
+        self._last_preempt = now
         for decision in preemption_decisions(self.state, now, self.preemption):
             for e in preemption_events(self.state, decision, now, producer="sim"):
                 victim = self.state.jobs[e.job_id]
@@ -206,8 +221,12 @@ class DynamicSimulator:
             self._apply(ev.WorkerStarted(event_id=f"start:{d.job_id}:{d.attempt}:{w.worker}", time=now,
                                          job_id=d.job_id, attempt=d.attempt, worker=w.worker, node=w.node))
         duration = self._remaining.get(d.job_id, self.state.jobs[d.job_id].spec.simulated_duration_s)
-        if self.state.jobs[d.job_id].spec.checkpoint_interval_s > 0:
+        job = self.state.jobs[d.job_id]
+        if job.spec.checkpoint_interval_s > 0:
             self._checkpointing.add(d.job_id)
+        if self.preemption is not None:
+            heapq.heappush(self._wakes, now + self.preemption.exempt_s(job))
+            heapq.heappush(self._wakes, now + self.preemption.reclaim_min_runtime_s)
         self._first_start.setdefault(d.job_id, now)
         heapq.heappush(self._finishes, (now + duration, self._seq, d.job_id, d.attempt))
         self._seq += 1

@@ -254,3 +254,22 @@ def test_victims_on_a_node_are_those_that_lose_least(data):
     losses = sorted(lost_gpu_s(c.job(f"r{g}"), NOW) for g in range(8))
     assert victims is not None and len(victims) == k
     assert sum(lost_gpu_s(c.job(v), NOW) for v in victims) == pytest.approx(sum(losses[:k]))
+
+
+# --- a gang is delayed by exempt times, not starved -------------------------------------------
+@pytest.mark.parametrize("preempted", [0, 2, 5, 50])
+def test_a_gang_waits_at_most_the_bounded_exempt_time(preempted):
+    """4 nodes full of 32 one-GPU best-effort jobs, each preempted ``preempted`` times and
+    restarted at NOW (no budget: only exempt times hold them). The 4 x 8-GPU gang finds its
+    32 victims once their exempt time ends, never later than ``max_min_runtime_s``."""
+    config = PreemptionConfig(preemption_budget=0)
+    c = Cluster(nodes=4, gpus=8)
+    for n in range(4):
+        for g in range(8):
+            running_after(c, f"be-{n}-{g}", (f"n{n + 1}", (g,)), preempted=preempted, started=NOW,
+                          priority_class=BE)
+    c.pending("gang", gpus=8, workers=4, priority_class="production-inference", at=NOW)
+    wait = config.exempt_s(c.job("be-0-0"))
+    assert wait == min(600.0 * 2 ** preempted, 3600.0) <= config.max_min_runtime_s
+    assert c.victims("gang", config, now=NOW + wait - 1) is None
+    assert len(c.victims("gang", config, now=NOW + wait)) == 32
