@@ -89,6 +89,7 @@ class DynamicSimulator:
         # victim then with nothing else happening, so the preemptor runs again (as the
         # preemptor service does on its own), at most once per cycle_interval_s.
         self._wakes: list[float] = []
+        self._guarantees = any(config.quotas.team_quota(t).guaranteed_milli for t in self.teams)
         self._last_preempt = -math.inf
 
     def run(self) -> SimResult:
@@ -226,7 +227,8 @@ class DynamicSimulator:
             self._checkpointing.add(d.job_id)
         if self.preemption is not None:
             heapq.heappush(self._wakes, now + self.preemption.exempt_s(job))
-            heapq.heappush(self._wakes, now + self.preemption.reclaim_min_runtime_s)
+            if self._guarantees:   # without guarantees nothing is reclaimed
+                heapq.heappush(self._wakes, now + self.preemption.reclaim_min_runtime_s)
         self._first_start.setdefault(d.job_id, now)
         heapq.heappush(self._finishes, (now + duration, self._seq, d.job_id, d.attempt))
         self._seq += 1
