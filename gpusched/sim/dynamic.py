@@ -14,12 +14,11 @@ events go through the reducer and each victim's workers report finished at once,
 node agent would after the checkpoint signal, so the job goes back to the queue. The
 work since its last checkpoint (every ``spec.checkpoint_interval_s`` of its run; none
 when 0) is lost: its record counts the preemption and those seconds times its GPUs, and
-its next attempt runs only what was not saved; the checkpoints are in the log too
-(``CheckpointSaved`` before each cycle), so the preemptor ranks victims by the work they
-would lose as it would in a cluster. The preemptor's rules are ``PreemptionConfig``'s
-defaults unless a config names others (``+min-runtime=S``, ``+growth=F``,
-``+max-min-runtime=S``, ``+budget=N``). The command line runs the preemptor
-unless told not to (``--no-preemption``, or a config ending in ``+no-preemption``);
+its next attempt runs only what was not saved; checkpoints go to the log too
+(``CheckpointSaved``), where the preemptor reads them. Its rules are ``PreemptionConfig``'s
+unless a config names others (``+min-runtime=S``, ``+growth=F``, ``+max-min-runtime=S``,
+``+budget=N``); it also runs when an exempt time ends. The command line runs the
+preemptor unless told not to (``--no-preemption``, or a config ending in ``+no-preemption``);
 ``DynamicSimulator`` runs it with ``preemption=True`` only, so the properties of the
 scheduling cycle alone (the aging and starvation bounds, which assume no job is ever
 stopped) are checked on the cycle alone.
@@ -85,9 +84,8 @@ class DynamicSimulator:
         self._first_start: dict[str, float] = {}    # job -> when its first attempt started
         self._preempted: dict[str, tuple[int, float]] = {}   # job -> (preemptions, GPU-seconds lost)
         self._checkpointing: set[str] = set()       # running jobs with a checkpoint interval
-        # When a running job's exempt time (or reclaim min runtime) ends: a job may become a
-        # victim then with nothing else happening, so the preemptor runs again (as the
-        # preemptor service does on its own), at most once per cycle_interval_s.
+        # When running jobs' exempt times end: they may become victims with nothing else
+        # happening, so the preemptor runs again then, at most once per cycle_interval_s.
         self._wakes: list[float] = []
         self._guarantees = any(config.quotas.team_quota(t).guaranteed_milli for t in self.teams)
         self._last_preempt = -math.inf
@@ -107,10 +105,9 @@ class DynamicSimulator:
             while self._finishes and self._finishes[0][0] <= now:
                 _, _, job_id, attempt = heapq.heappop(self._finishes)
                 self._finish(job_id, attempt, now)
-            woken = False
+            woken = bool(self._wakes) and self._wakes[0] <= now
             while self._wakes and self._wakes[0] <= now:
                 heapq.heappop(self._wakes)
-                woken = True
             if state.version != self._cycled_version and now >= self._last_cycle + self.cycle_interval_s:
                 self._cycle(now, result)
             elif woken and state.pending and now >= self._last_preempt + self.cycle_interval_s:
@@ -179,9 +176,8 @@ class DynamicSimulator:
                 self._waiting_milli += victim.milli
 
     def _log_checkpoints(self, now: float) -> None:
-        """The latest checkpoint of each running checkpointing job, as a ``CheckpointSaved``
-        at the time it was taken (the one ``_charge_preemption`` counts as saved), so the
-        preemptor's ranking by work lost sees what a cluster's log would."""
+        """Each running job's latest checkpoint (the one ``_charge_preemption`` counts) as a
+        ``CheckpointSaved`` at its time: the preemptor ranks victims by what the log says."""
         for job_id in sorted(self._checkpointing):
             job = self.state.jobs[job_id]
             interval = job.spec.checkpoint_interval_s
