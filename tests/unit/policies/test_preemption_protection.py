@@ -273,3 +273,42 @@ def test_a_gang_waits_at_most_the_bounded_exempt_time(preempted):
     assert wait == min(600.0 * 2 ** preempted, 3600.0) <= config.max_min_runtime_s
     assert c.victims("gang", config, now=NOW + wait - 1) is None
     assert len(c.victims("gang", config, now=NOW + wait)) == 32
+
+
+# --- the preemptor's flags ----------------------------------------------------------------------
+def _settings(argv: list[str]):
+    import argparse
+
+    from gpusched.config import PreemptorSettings
+    parser = argparse.ArgumentParser()
+    PreemptorSettings.add_args(parser, {})
+    return PreemptorSettings.from_args(parser.parse_args(argv), {})
+
+
+def test_the_flags_default_to_the_policys_defaults_and_reach_it():
+    from gpusched_preemptor.main import preemption_config
+    default = preemption_config(_settings([]))
+    fields = ("min_runtime_s", "min_runtime_growth", "max_min_runtime_s", "pool_min_runtime_s",
+              "preemption_budget", "reclaim_min_runtime_s", "reclaim_window_s")
+    assert {f: getattr(default, f) for f in fields} == {f: getattr(PreemptionConfig(), f) for f in fields}
+    config = preemption_config(_settings([
+        "--min-runtime", "300", "--min-runtime-growth", "3", "--max-min-runtime", "7200",
+        "--pool-min-runtime", "a100=60", "--pool-min-runtime", "l40s=900", "--preemption-budget", "0",
+        "--reclaim-min-runtime", "5"]))
+    assert (config.min_runtime_s, config.min_runtime_growth, config.max_min_runtime_s, config.preemption_budget,
+            config.reclaim_min_runtime_s) == (300.0, 3.0, 7200.0, 0, 5.0)
+    assert config.pool_min_runtime_s == {"a100": 60.0, "l40s": 900.0}
+
+
+@pytest.mark.parametrize("argv, named", [
+    (["--pool-min-runtime", "a100"], "--pool-min-runtime"),
+    (["--pool-min-runtime", "a100=-1"], "--pool-min-runtime"),
+    (["--pool-min-runtime", "a100=inf"], "--pool-min-runtime"),
+    (["--min-runtime-growth", "0.5"], "--min-runtime-growth"),
+    (["--preemption-budget", "-1"], "--preemption-budget"),
+    (["--reclaim-min-runtime", "-3"], "--reclaim-min-runtime"),
+])
+def test_bad_flags_name_the_flag(argv, named):
+    from gpusched.config import SettingsError
+    with pytest.raises(SettingsError, match=named):
+        _settings(argv)
