@@ -11,7 +11,8 @@ is stopped again, and its work is lost each time. Three rules bound that, as Slu
   ``max_min_runtime_s``. It is bounded, so a job that needs victims waits at most that
   long for one to become eligible.
 * **Budget** (``preemption_budget``): a job preempted that many times is not preempted
-  for priority any more; it runs to its end.
+  for priority any more; it runs to its end. Growth and budget count every preemption of
+  the job (``JobState.preemptions``: for priority, reclaim or a defragmenting move).
 * Quota *reclaim* is held by neither: it takes a job running on capacity borrowed above
   its team's guarantee once the job ran ``reclaim_min_runtime_s``, whatever its history.
   A guarantee is a promise to the other team, which a job's history does not revoke (as
