@@ -327,8 +327,26 @@ class PreemptorSettings(Settings):
     listen: str = setting("127.0.0.1:0", flag="--listen", help="health endpoint")
     heartbeat_timeout: float = setting(10.0, flag="--heartbeat-timeout", help="seconds of silence before NodeLost",
                                        gt=0, allow_inf_nan=False)
-    min_runtime: float = setting(30.0, flag="--min-runtime", help="jobs younger than this (seconds) are not preempted",
+    min_runtime: float = setting(600.0, flag="--min-runtime",
+                                 help="an attempt younger than this (seconds) is not preempted for priority (Slurm's "
+                                      "PreemptExemptTime), times --min-runtime-growth per earlier preemption",
                                  ge=0, allow_inf_nan=False)
+    min_runtime_growth: float = setting(2.0, flag="--min-runtime-growth",
+                                        help="factor on the min runtime for each time the job was already preempted",
+                                        ge=1, allow_inf_nan=False)
+    max_min_runtime: float = setting(3600.0, flag="--max-min-runtime",
+                                     help="the grown min runtime is at most this (seconds): the longest a job "
+                                          "that needs victims waits for one to become eligible", ge=0,
+                                     allow_inf_nan=False)
+    pool_min_runtime: dict[str, float] = setting({}, flag="--pool-min-runtime",
+                                                 help="--min-runtime for one pool, as POOL=SECONDS")
+    reclaim_min_runtime: float = setting(30.0, flag="--reclaim-min-runtime",
+                                         help="a job on borrowed capacity younger than this (seconds) is not "
+                                              "reclaimed; neither --min-runtime nor the budget holds a reclaim",
+                                         ge=0, allow_inf_nan=False)
+    preemption_budget: int = setting(3, flag="--preemption-budget",
+                                     help="a job preempted this many times is not preempted for priority any "
+                                          "more; quota reclaim still may (0: no budget)", ge=0)
     reclaim_window: float = setting(600.0, flag="--reclaim-window",
                                     help="a job preempted for quota reclaim is not reclaimed again for this "
                                          "long (seconds), so reclaims between teams settle", ge=0,
@@ -342,6 +360,19 @@ class PreemptorSettings(Settings):
     actions: str = setting("nodes,attempts,preempt,defrag", flag="--actions", env="GPUSCHED_PREEMPTOR_ACTIONS",
                            help="what the preemptor judges each time, in order, comma-separated: nodes, attempts, "
                                 "preempt, defrag (docs/extending.md, 'A preemptor action')")
+
+    @field_validator("pool_min_runtime", mode="before")
+    @classmethod
+    def _pool_values(cls, value: Any) -> Any:
+        return PlacerSettings._key_values(value)
+
+    @field_validator("pool_min_runtime")
+    @classmethod
+    def _runtimes(cls, value: dict[str, float]) -> dict[str, float]:
+        bad = {pool: seconds for pool, seconds in value.items() if not 0 <= seconds < float("inf")}
+        if bad:
+            raise ValueError(f"a pool's min runtime is finite seconds >= 0, not {bad}")
+        return value
 
     @property
     def action_names(self) -> tuple[str, ...]:

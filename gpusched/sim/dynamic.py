@@ -14,8 +14,11 @@ events go through the reducer and each victim's workers report finished at once,
 node agent would after the checkpoint signal, so the job goes back to the queue. The
 work since its last checkpoint (every ``spec.checkpoint_interval_s`` of its run; none
 when 0) is lost: its record counts the preemption and those seconds times its GPUs, and
-its next attempt runs only what was not saved. The command line runs the preemptor
-unless told not to (``--no-preemption``, or a config ending in ``+no-preemption``);
+its next attempt runs only what was not saved; checkpoints go to the log too
+(``CheckpointSaved``), where the preemptor reads them. Its rules are ``PreemptionConfig``'s
+unless a config names others (``+min-runtime=S``, ``+growth=F``, ``+max-min-runtime=S``,
+``+budget=N``); it also runs when an exempt time ends. The command line runs the
+preemptor unless told not to (``--no-preemption``, or a config ending in ``+no-preemption``);
 ``DynamicSimulator`` runs it with ``preemption=True`` only, so the properties of the
 scheduling cycle alone (the aging and starvation bounds, which assume no job is ever
 stopped) are checked on the cycle alone.
@@ -28,7 +31,9 @@ from __future__ import annotations
 import heapq
 import math
 import time
+from dataclasses import replace
 from pathlib import Path
+from typing import Mapping
 
 from gpusched.core import events as ev
 from gpusched.core.model import JobPhase
@@ -48,13 +53,15 @@ from gpusched.sim.workload import Workload
 class DynamicSimulator:
     def __init__(self, workload: Workload, config: SchedulerConfig, label: str = "",
                  cycle_interval_s: float = 0.0, fragmentation_every_s: float | None = None,
-                 preemption: bool = False) -> None:
+                 preemption: bool = False, preemption_rules: Mapping[str, float] | None = None) -> None:
         self.workload = workload
         self.scheduler = Scheduler(config)
-        # The preemptor sees the cycle's quota tree and scores placements as the placer does.
-        self.preemption = PreemptionConfig(
+        # The preemptor sees the cycle's quota tree and scores placements as the placer does;
+        # ``preemption_rules``: PreemptionConfig fields other than their defaults.
+        self.preemption = replace(PreemptionConfig(
             quotas=config.quotas,
-            placement=config.placement if config.placement in PLACEMENTS else "best-fit") if preemption else None
+            placement=config.placement if config.placement in PLACEMENTS else "best-fit"),
+            **(preemption_rules or {})) if preemption else None
         # every decision is applied at once, so parking changes no decision (policies.queueing.parking)
         self._parked = ParkedJobs()
         self._keys = QueueKeys()
@@ -76,6 +83,12 @@ class DynamicSimulator:
         self._remaining: dict[str, float] = {}      # job -> run time its next attempt needs
         self._first_start: dict[str, float] = {}    # job -> when its first attempt started
         self._preempted: dict[str, tuple[int, float]] = {}   # job -> (preemptions, GPU-seconds lost)
+        self._checkpointing: set[str] = set()       # running jobs with a checkpoint interval
+        # When running jobs' exempt times end: they may become victims with nothing else
+        # happening, so the preemptor runs again then, at most once per cycle_interval_s.
+        self._wakes: list[float] = []
+        self._guarantees = any(config.quotas.team_quota(t).guaranteed_milli for t in self.teams)
+        self._last_preempt = -math.inf
 
     def run(self) -> SimResult:
         started = time.perf_counter()
@@ -92,8 +105,14 @@ class DynamicSimulator:
             while self._finishes and self._finishes[0][0] <= now:
                 _, _, job_id, attempt = heapq.heappop(self._finishes)
                 self._finish(job_id, attempt, now)
+            woken = bool(self._wakes) and self._wakes[0] <= now
+            while self._wakes and self._wakes[0] <= now:
+                heapq.heappop(self._wakes)
             if state.version != self._cycled_version and now >= self._last_cycle + self.cycle_interval_s:
                 self._cycle(now, result)
+            elif woken and state.pending and now >= self._last_preempt + self.cycle_interval_s:
+                self._log_checkpoints(now)
+                self._preempt(now)
             result.samples.append(self._sample(now))
             if now >= next_probe:
                 result.fragmentation.append((now, *probe.measure(state)))
@@ -111,6 +130,8 @@ class DynamicSimulator:
             times.append(self._finishes[0][0])
         if self.state.version != self._cycled_version:
             times.append(self._last_cycle + self.cycle_interval_s)   # a cycle is owed
+        if self._wakes and self.state.pending:
+            times.append(max(self._wakes[0], self._last_preempt + self.cycle_interval_s))
         return max(min(times), self._clock) if times else None
 
     def _arrive(self, now: float) -> None:
@@ -124,6 +145,8 @@ class DynamicSimulator:
 
     def _cycle(self, now: float, result: SimResult) -> None:
         result.cycles += 1
+        if self.preemption is not None:
+            self._log_checkpoints(now)
         for d in self.scheduler.cycle(self.state, now, self._parked, self._keys):
             self._start(d, now)
             job = self.state.jobs[d.job_id]
@@ -138,10 +161,12 @@ class DynamicSimulator:
         """The preemptor's decisions, applied; each victim leaves at once and is requeued
         (its workers' WorkerFinished make the reducer send it back to pending). The state
         changed, so the next cycle (at ``cycle_interval_s``) places the beneficiaries."""
+        self._last_preempt = now
         for decision in preemption_decisions(self.state, now, self.preemption):
             for e in preemption_events(self.state, decision, now, producer="sim"):
                 victim = self.state.jobs[e.job_id]
                 self._charge_preemption(e.job_id, now)
+                self._checkpointing.discard(e.job_id)
                 self._apply(e)
                 for w in victim.workers:
                     self._apply(ev.WorkerFinished(event_id=f"stop:{e.job_id}:{e.attempt}:{w.worker}", time=now,
@@ -149,6 +174,18 @@ class DynamicSimulator:
                                                   node=w.node, exit_code=0))
                 self._waiting[self._team_index[victim.team]] += 1
                 self._waiting_milli += victim.milli
+
+    def _log_checkpoints(self, now: float) -> None:
+        """Each running job's latest checkpoint (the one ``_charge_preemption`` counts) as a
+        ``CheckpointSaved`` at its time: the preemptor ranks victims by what the log says."""
+        for job_id in sorted(self._checkpointing):
+            job = self.state.jobs[job_id]
+            interval = job.spec.checkpoint_interval_s
+            saved_at = job.started_at + math.floor((now - job.started_at) / interval) * interval
+            if saved_at > max(job.started_at, job.checkpoint_at):
+                self._apply(ev.CheckpointSaved(event_id=f"ckpt:{job_id}:{job.attempt}:{saved_at}", time=saved_at,
+                                               job_id=job_id, attempt=job.attempt, checkpoint=f"sim://{job_id}",
+                                               progress_s=saved_at - job.started_at))
 
     def _charge_preemption(self, job_id: str, now: float) -> None:
         """Count the preemption and the work it loses: what ran since the attempt's last
@@ -181,6 +218,13 @@ class DynamicSimulator:
             self._apply(ev.WorkerStarted(event_id=f"start:{d.job_id}:{d.attempt}:{w.worker}", time=now,
                                          job_id=d.job_id, attempt=d.attempt, worker=w.worker, node=w.node))
         duration = self._remaining.get(d.job_id, self.state.jobs[d.job_id].spec.simulated_duration_s)
+        job = self.state.jobs[d.job_id]
+        if job.spec.checkpoint_interval_s > 0:
+            self._checkpointing.add(d.job_id)
+        if self.preemption is not None:
+            heapq.heappush(self._wakes, now + self.preemption.exempt_s(job))
+            if self._guarantees:   # without guarantees nothing is reclaimed
+                heapq.heappush(self._wakes, now + self.preemption.reclaim_min_runtime_s)
         self._first_start.setdefault(d.job_id, now)
         heapq.heappush(self._finishes, (now + duration, self._seq, d.job_id, d.attempt))
         self._seq += 1
@@ -189,6 +233,7 @@ class DynamicSimulator:
         job = self.state.jobs[job_id]
         if job.attempt != attempt or job.phase is not JobPhase.RUNNING:
             return   # the attempt was preempted: its end is no longer due
+        self._checkpointing.discard(job_id)
         for w in job.workers:
             self._apply(ev.WorkerFinished(event_id=f"finish:{job_id}:{attempt}:{w.worker}", time=now,
                                           job_id=job_id, attempt=attempt, worker=w.worker, node=w.node,
@@ -217,11 +262,29 @@ def _entitlements(wl: Workload, teams: tuple[str, ...], capacity: int) -> tuple[
 NO_PREEMPTION = "+no-preemption"
 
 
+# Flags of a config that set the preemptor's rules: flag -> (PreemptionConfig field, type).
+PREEMPTION_RULES = {"min-runtime": ("min_runtime_s", float), "growth": ("min_runtime_growth", float),
+                    "max-min-runtime": ("max_min_runtime_s", float), "budget": ("preemption_budget", int)}
+
+
 def split_preemption(text: str) -> tuple[str, bool]:
     """``CONFIG+no-preemption`` -> (``CONFIG``, False): the run without a preemptor."""
     if text.endswith(NO_PREEMPTION):
         return text[: -len(NO_PREEMPTION)], False
     return text, True
+
+
+def split_preemption_rules(text: str) -> tuple[str, dict]:
+    """``CONFIG+min-runtime=30+budget=0`` -> (``CONFIG``, the PreemptionConfig fields they set)."""
+    kept, rules = [], {}
+    for flag in text.split("+"):
+        name, _, value = flag.partition("=")
+        if name in PREEMPTION_RULES and value:
+            field_name, kind = PREEMPTION_RULES[name]
+            rules[field_name] = kind(value)
+        else:
+            kept.append(flag)
+    return "+".join(kept), rules
 
 
 def parse_config(text: str, quotas, half_life_s: float, aging_s: float) -> tuple[str, SchedulerConfig]:
@@ -267,8 +330,9 @@ def build_parser():
     p.add_argument("--workload", choices=("synthetic", "openb"), default="synthetic")
     p.add_argument("--configs", default="fifo+best-fit,priority+best-fit,fair-share+best-fit+backfill",
                    help="comma-separated defaults[+quotas] or queue+placement[:ARG=VALUE...][+backfill[=MINUTES]]"
-                        "[+reserve=MINUTES][+depth=N][+quotas], each maybe ending in +no-preemption "
-                        "(no preemptor runs)")
+                        "[+reserve=MINUTES][+depth=N][+quotas], with the preemptor's rules maybe "
+                        "[+min-runtime=S][+growth=F][+max-min-runtime=S][+budget=N], each maybe ending in "
+                        "+no-preemption (no preemptor runs)")
     p.add_argument("--seed", type=int, default=0, help="synthetic: workload seed")
     p.add_argument("--horizon-h", type=float, default=48.0, help="synthetic: hours of arrivals")
     p.add_argument("--load", type=float, default=1.0, help="synthetic: scale of every team's load")
@@ -305,12 +369,14 @@ def main(argv: list[str] | None = None) -> int:
     configs = []
     for text in args.configs.split(","):
         base, preemption = split_preemption(text)
+        base, rules = split_preemption_rules(base)
         _, config = parse_config(base, wl.quotas, args.half_life_h * 3600, args.aging_h * 3600)
-        configs.append((text, config, preemption and not args.no_preemption))
+        configs.append((text, config, preemption and not args.no_preemption, rules))
     print(f"# {wl.name}: {len(wl.arrivals)} jobs; {wl.note}", flush=True)
     results, summaries = [], []
-    for label, config, preemption in configs:
-        result = DynamicSimulator(wl, config, label, args.cycle_interval, preemption=preemption).run()
+    for label, config, preemption, rules in configs:
+        result = DynamicSimulator(wl, config, label, args.cycle_interval, preemption=preemption,
+                                  preemption_rules=rules).run()
         results.append(result)
         summaries.append(summarize(result))
         print(f"  {label}: {result.wall_s:.0f} s", file=sys.stderr, flush=True)

@@ -28,6 +28,14 @@ from gpusched_preemptor.spans import traced
 BUSY_SHARE = 0.25
 
 
+def preemption_config(own: PreemptorSettings) -> PreemptionConfig:
+    """The preemption rules of the settings (the quota tree comes from the log)."""
+    return PreemptionConfig(min_runtime_s=own.min_runtime, min_runtime_growth=own.min_runtime_growth,
+                            max_min_runtime_s=own.max_min_runtime, pool_min_runtime_s=dict(own.pool_min_runtime),
+                            preemption_budget=own.preemption_budget, reclaim_min_runtime_s=own.reclaim_min_runtime,
+                            reclaim_window_s=own.reclaim_window)
+
+
 async def run(args: argparse.Namespace) -> None:
     settings = kafka_settings(args)
     conn, topics = KafkaConnection.from_settings(settings), TopicNames(settings.topic_prefix)
@@ -45,7 +53,7 @@ async def run(args: argparse.Namespace) -> None:
         lambda value, key: publisher.send_raw(topics.heartbeats, value, key=key))
     await monitor.start()
     decider = PreemptorDecider(
-        me, PreemptionConfig(min_runtime_s=own.min_runtime, reclaim_window_s=own.reclaim_window),   # quotas: the log's
+        me, preemption_config(own),   # quotas: the log's
         SupervisionConfig(heartbeat_timeout_s=own.heartbeat_timeout, hang_intervals=own.hang_intervals,
                           hang_grace_s=own.hang_grace),
         lambda now: (monitor.last_seen, monitor.since, monitor.hearing(now)), actions)

@@ -11,12 +11,16 @@ defragmentation.
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
+from typing import Mapping
 
 from gpusched.core import events as ev
+from gpusched.core.priority import priority_value
 from gpusched.core.state import ClusterState, JobState
 from gpusched.policies.queueing.quota import within_limits
 from gpusched.policies.statement import tentative
+from gpusched.policies.preemption.protection import Shield, running_since
 from gpusched.policies.preemption.victim_rules import Found, PreemptionConfig, SearchContext
 
 REASON_DEFRAG = "defragmentation"
@@ -59,6 +63,51 @@ def victims_for(state: ClusterState, job: JobState, now: float,
     if found is None:
         return None
     return tuple(v.job_id for v in found.victims)
+
+
+@dataclass(frozen=True, slots=True)
+class Shields:
+    """Why the running jobs of a pending job's pool are, or are not, its victims."""
+
+    shielded: Mapping[Shield, int]       # jobs kept from being victims, by the rule that keeps them
+    eligible: int                        # jobs that may be victims now
+    next_eligible_at: float | None       # when the first exempt job's exempt time ends
+
+    def summary(self) -> str:
+        parts = [f"{n} {reason.value}" for reason, n in sorted(self.shielded.items(), key=lambda kv: kv[0].value)]
+        line = f"{self.eligible} eligible" + (f"; {', '.join(parts)}" if parts else "")
+        if self.next_eligible_at is not None:
+            line += f"; next exempt time ends at {self.next_eligible_at:.0f}"
+        return line
+
+
+def why_no_victims(state: ClusterState, job: JobState, now: float,
+                   config: PreemptionConfig = PreemptionConfig()) -> Shields:
+    """What keeps the running jobs of ``job``'s pool from being its victims, as typed reasons
+    (``Shield``): the preemptor's explanation when it finds none for ``job``."""
+    ctx = SearchContext(state, now, config)
+    reclaim = ctx.may_reclaim(job)
+    shielded: Counter[Shield] = Counter()
+    eligible, next_at = 0, None
+    seen: set[str] = set()
+    for node in state.nodes.values():
+        if node.info.pool != job.spec.pool:
+            continue
+        for jid in node.jobs:
+            if jid in seen or jid == job.job_id:
+                continue
+            seen.add(jid)
+            victim = state.jobs[jid]
+            reason = ctx.shield(victim, job, reclaim)
+            if reason is None:
+                eligible += 1
+                continue
+            shielded[reason] += 1
+            if reason is Shield.EXEMPT:
+                lower = priority_value(victim.spec.priority_class) < priority_value(job.spec.priority_class)
+                until = running_since(victim) + (config.exempt_s(victim) if lower else config.reclaim_min_runtime_s)
+                next_at = until if next_at is None else min(next_at, until)
+    return Shields(dict(shielded), eligible, next_at)
 
 
 def preemption_decisions(state: ClusterState, now: float,

@@ -7,7 +7,9 @@ jobs to *move*: preempt them (they checkpoint and requeue, uncharged) so their G
 consolidate with free ones, on the condition that
 
 * each moved job is preemptible, checkpointable (``checkpoint_interval_s > 0``), has run
-  ``min_runtime_s``, and is of a priority class no higher than the pending job's;
+  its exempt time (as for preemption: ``protection``), and is of a priority class no
+  higher than the pending job's (its preemption budget does not apply: a move loses at
+  most ``defrag_max_work_lost_s``);
 * the pending job then fits (``place_gang``, the placer's default scoring), and after
   booking it, every moved job fits again elsewhere in what is left *right now* (each
   checked with ``place_gang`` on the tentative state, booked in turn);
@@ -36,7 +38,7 @@ from gpusched.core.state import ClusterState, JobState
 from gpusched.policies.preemption.decisions import REASON_DEFRAG, Preemption
 from gpusched.policies.queueing.quota import within_limits
 from gpusched.policies.statement import Statement, tentative
-from gpusched.policies.preemption.victim_rules import PreemptionConfig, SearchContext, running_since
+from gpusched.policies.preemption.victim_rules import PreemptionConfig, SearchContext
 from gpusched.policies.preemption.victim_search import VictimSearch
 
 
@@ -101,7 +103,7 @@ def _movable(ctx: SearchContext, victim: JobState, job: JobState) -> bool:
     spec = victim.spec
     if victim.phase not in (JobPhase.RUNNING, JobPhase.PLACED) or not spec.preemptible:
         return False
-    if spec.checkpoint_interval_s <= 0 or ctx.now - running_since(victim) < ctx.config.min_runtime_s:
+    if spec.checkpoint_interval_s <= 0 or ctx.now < ctx.config.exempt_until(victim):
         return False
     if victim.work_at_risk(ctx.now) > ctx.config.defrag_max_work_lost_s:
         return False

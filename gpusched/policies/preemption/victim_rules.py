@@ -5,13 +5,21 @@ preemption (``gpusched.policies.preemption.decisions``) and defragmentation
 
 Who may be a victim of a pending job ``J`` for preemption (``SearchContext.eligible``):
 
-* it holds GPUs and is running (RUNNING or PLACED, not already PREEMPTING), is
-  ``preemptible`` and has run at least ``min_runtime_s`` (since it started, or since it was
-  placed when it never started);
-* and either its priority class is strictly lower than ``J``'s (reason ``priority``), or
-  *quota reclaim*: ``J``'s team still fits in its guarantee with ``J``
-  (used + J <= guaranteed) and the victim is *borrowed* capacity of another team, whose
-  priority may then equal ``J``'s (reason ``reclaim``; never higher).
+* it holds GPUs and is running (RUNNING or PLACED, not already PREEMPTING) and is
+  ``preemptible``;
+* and either *priority*: its class is strictly lower than ``J``'s, it has run at least its
+  *exempt time* (since it started, or since it was placed when it never started):
+  ``min_runtime_s`` (or its pool's), doubled (``min_runtime_growth``) for each time it was
+  already preempted, at most ``max_min_runtime_s``, and it was preempted fewer than
+  ``preemption_budget`` times (``gpusched.policies.preemption.protection``); or *quota
+  reclaim*: ``J``'s team still fits in its guarantee with ``J`` (used + J <= guaranteed),
+  the victim is *borrowed* capacity of another team, of ``J``'s class or lower (never
+  higher), and has run ``reclaim_min_runtime_s`` (reason ``reclaim``). A reclaim is not
+  held up by the exempt time nor the budget: the guarantee is owed to the other team now,
+  and the reclaim window (below) keeps a job from being reclaimed again and again.
+
+``SearchContext.shield`` says which of these rules keeps a job from being a victim (a
+``Shield``), None when none does.
 
 A team's jobs above its guarantee count as borrowed: the team's running jobs are ranked
 (priority class high to low, then oldest first), and a job whose cumulative GPU milli
@@ -25,13 +33,14 @@ would take capacity back and forth); and a job preempted for reclaim (its latest
 price: a team's guarantee is met to within the size of another team's job that straddles
 its own guarantee, until that job ends.
 
-Cost. Candidates are ranked one by one by ``(priority, borrowed first, work at risk,
-larger first, submission order)``, except reclaimed ones (of ``J``'s own class), ranked
-``(priority, borrowed first, smaller first, work at risk, ...)``; a *set* of victims is ranked
-by ``(highest priority in it, non-borrowed milli at that priority, milli reclaimed, total
-work at risk, number of jobs)`` — lowest priority first, then borrowed capacity first, then
-(for a reclaim) the least capacity taken, then least work lost since the last checkpoint,
-then fewest jobs. A reclaim thus frees no more than its beneficiary needs, as far as the
+Cost. *Work lost* is GPU-seconds: run time since the last checkpoint (since the start
+without one) times the job's GPUs. Candidates are ranked one by one by ``(priority,
+borrowed first, work lost, larger first, submission order)``, except reclaimed ones (of
+``J``'s own class), ranked ``(priority, borrowed first, smaller first, work lost, ...)``; a
+*set* of victims is ranked by ``(highest priority in it, non-borrowed milli at that
+priority, milli reclaimed, total work lost, number of jobs)`` — lowest priority first, then
+borrowed capacity first, then (for a reclaim) the least capacity taken, then the least
+GPU-seconds lost, then fewest jobs. A reclaim thus frees no more than its beneficiary needs, as far as the
 node-local search sees: capacity freed beyond it would be lent to a borrower again and
 reclaimed back, the oscillation between teams that sharing must not show.
 
@@ -41,7 +50,7 @@ The search itself, shared with defragmentation's own rule, is
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from gpusched.core.model import JobPhase, WorkerAssignment
 from gpusched.core.priority import priority_value
@@ -50,6 +59,7 @@ from gpusched.policies.placement.gang import Placement, place_gang
 from gpusched.policies.placement.registry import PLACEMENTS, make_placement
 from gpusched.policies.queueing.quota import QueueTree, claims_guarantee
 from gpusched.policies.statement import Statement, tentative
+from gpusched.policies.preemption.protection import Shield, budget_spent, exempt_s, lost_gpu_s, running_since
 from gpusched.policies.preemption.victim_search import VictimSearch
 
 REASON_PRIORITY = "priority"
@@ -58,7 +68,20 @@ REASON_RECLAIM = "reclaim"
 
 @dataclass(frozen=True, slots=True)
 class PreemptionConfig:
-    min_runtime_s: float = 30.0          # a job runs at least this long before it may be a victim
+    # Exempt time (``protection``): an attempt runs at least min_runtime_s (its pool's, when
+    # named) x min_runtime_growth per earlier preemption of the job, at most max_min_runtime_s,
+    # before it may be a victim; 10 min, then 20, 40, bounded by an hour.
+    min_runtime_s: float = 600.0
+    min_runtime_growth: float = 2.0
+    max_min_runtime_s: float = 3600.0
+    pool_min_runtime_s: Mapping[str, float] = field(default_factory=dict)
+    # A job preempted this often is not preempted for priority any more (reclaim still may);
+    # 0: no budget.
+    preemption_budget: int = 3
+    # A reclaim takes borrowed capacity that ran this long, whatever the job's history: a
+    # team's guarantee is not held up by the exempt time; the reclaim window keeps a job
+    # from being reclaimed again and again.
+    reclaim_min_runtime_s: float = 30.0
     # Victims per pending job: None (the default) is no cap. The search's work is bounded by
     # the job's worker count (``victim_search``), so a cap only limits disruption, and one
     # below what a large gang needs (32 one-GPU jobs for 4 x 8 GPUs) makes it wait forever.
@@ -78,17 +101,25 @@ class PreemptionConfig:
     def __post_init__(self) -> None:
         if self.placement not in PLACEMENTS:
             raise ValueError(f"unknown placement policy {self.placement!r}; known: {sorted(PLACEMENTS)}")
-        if self.min_runtime_s < 0 or self.nomination_ttl_s < 0 or self.reclaim_window_s < 0:
-            raise ValueError("min_runtime_s, nomination_ttl_s and reclaim_window_s must be >= 0")
+        if min(self.min_runtime_s, self.nomination_ttl_s, self.reclaim_window_s, self.reclaim_min_runtime_s) < 0:
+            raise ValueError("min_runtime_s, nomination_ttl_s, reclaim_window_s and reclaim_min_runtime_s must be >= 0")
+        if self.min_runtime_growth < 1 or self.max_min_runtime_s < 0 or self.preemption_budget < 0:
+            raise ValueError("min_runtime_growth must be >= 1, max_min_runtime_s and preemption_budget >= 0")
+        if any(not v >= 0 for v in self.pool_min_runtime_s.values()):
+            raise ValueError(f"a pool's min runtime is seconds >= 0, not {dict(self.pool_min_runtime_s)}")
         if self.max_victims is not None and self.max_victims < 1:
             raise ValueError("max_victims must be >= 1 (or None: no cap)")
 
     def guaranteed_milli(self, team: str) -> float:
         return self.quotas.team_quota(team).guaranteed_milli
 
+    def exempt_s(self, job: JobState) -> float:
+        """How long ``job``'s attempt runs before it may be a victim."""
+        base = self.pool_min_runtime_s.get(job.spec.pool, self.min_runtime_s)
+        return exempt_s(job.preemptions, base, self.min_runtime_growth, self.max_min_runtime_s)
 
-def running_since(job: JobState) -> float:
-    return job.started_at or job.placed_at
+    def exempt_until(self, job: JobState) -> float:
+        return running_since(job) + self.exempt_s(job)
 
 
 @dataclass(slots=True)
@@ -105,6 +136,7 @@ class SearchContext:
         self.state, self.now, self.config = state, now, config
         self.score: Placement = make_placement(config.placement)
         self.taken: set[str] = set()               # victims chosen earlier in this call
+        self.via_reclaim: set[str] = set()         # victims eligible only as quota reclaim
         self.extra: dict[str, int] = {}            # team -> milli booked for beneficiaries
         self._team_jobs: dict[str, list[JobState]] | None = None
         self._borrowed: dict[str, tuple[set[str], set[str]]] = {}   # team -> (borrowed, wholly above)
@@ -175,13 +207,18 @@ class SearchContext:
         return job.job_id in self._ranked(job.team)[0]
 
     def reclaimable(self, victim: JobState) -> bool:
+        return self.reclaim_shield(victim) is None
+
+    def reclaim_shield(self, victim: JobState) -> Shield | None:
         """A reclaim never takes a team below its guarantee (a job straddling it stays: else
         the reclaimed team falls short, reclaims in turn, and the two teams flip), nor takes
         a job it reclaimed less than ``reclaim_window_s`` ago."""
         if victim.job_id not in self._ranked(victim.team)[1]:
-            return False
+            return Shield.GUARANTEED
         recent = self.now - victim.preempted_at < self.config.reclaim_window_s
-        return not (recent and victim.preempted_reason.startswith(REASON_RECLAIM + ":"))
+        if recent and victim.preempted_reason.startswith(REASON_RECLAIM + ":"):
+            return Shield.RECLAIM_WINDOW
+        return None
 
     def may_reclaim(self, job: JobState) -> bool:
         return claims_guarantee(self.used(job.team), job.milli, self.config.guaranteed_milli(job.team))
@@ -190,14 +227,35 @@ class SearchContext:
     def eligible(self, victim: JobState, job: JobState, reclaim: bool) -> bool:
         if victim.job_id == job.job_id or victim.job_id in self.taken:
             return False
-        if victim.phase not in (JobPhase.RUNNING, JobPhase.PLACED) or not victim.spec.preemptible:
-            return False
-        if self.now - running_since(victim) < self.config.min_runtime_s:
-            return False
+        return self.shield(victim, job, reclaim) is None
+
+    def shield(self, victim: JobState, job: JobState, reclaim: bool) -> Shield | None:
+        """Which rule keeps ``victim`` from being preempted for ``job`` (``reclaim``: ``job``
+        may reclaim its team's guarantee), None when it may be. Notes the victims eligible as
+        reclaim only (a lower class past its budget) in ``via_reclaim``."""
+        if not victim.spec.preemptible:
+            return Shield.NOT_PREEMPTIBLE
+        if victim.phase not in (JobPhase.RUNNING, JobPhase.PLACED):
+            return Shield.NOT_RUNNING
         mine, theirs = priority_value(job.spec.priority_class), priority_value(victim.spec.priority_class)
-        if theirs < mine:
-            return True
-        return reclaim and theirs == mine and victim.team != job.team and self.reclaimable(victim)
+        lower, across = theirs < mine, reclaim and victim.team != job.team
+        if not lower and (theirs > mine or not across):
+            return Shield.NOT_LOWER
+        age = self.now - running_since(victim)
+        exempt = age < self.config.exempt_s(victim)
+        if lower and not exempt and not budget_spent(victim, self.config.preemption_budget):
+            return None
+        # Past here only a reclaim may take it; for a lower class, the priority rule that
+        # keeps it is the reason given.
+        priority_reason = Shield.EXEMPT if exempt else Shield.BUDGET_SPENT
+        if not across:
+            return priority_reason
+        held = Shield.EXEMPT if age < self.config.reclaim_min_runtime_s else self.reclaim_shield(victim)
+        if held is not None:
+            return priority_reason if lower else held
+        if lower:
+            self.via_reclaim.add(victim.job_id)
+        return None
 
     def cost(self, victim: JobState, mine: int | None = None) -> tuple:
         """A victim's rank; ``mine``: the beneficiary's priority. Reclaimed capacity (a
@@ -205,9 +263,9 @@ class SearchContext:
         beyond its need, a borrower takes again and the next reclaim takes back."""
         theirs = priority_value(victim.spec.priority_class)
         if theirs == mine:
-            return (theirs, not self.borrowed(victim), victim.milli, victim.work_at_risk(self.now),
+            return (theirs, not self.borrowed(victim), victim.milli, lost_gpu_s(victim, self.now),
                     victim.seq, victim.job_id)
-        return (theirs, not self.borrowed(victim), victim.work_at_risk(self.now), -victim.milli,
+        return (theirs, not self.borrowed(victim), lost_gpu_s(victim, self.now), -victim.milli,
                 victim.seq, victim.job_id)
 
     def set_key(self, victims: Sequence[JobState], mine: int | None = None) -> tuple:
@@ -215,8 +273,8 @@ class SearchContext:
         at_top = [v for v in victims if priority_value(v.spec.priority_class) == top]
         guaranteed = sum(v.milli for v in at_top if not self.borrowed(v))
         reclaimed = sum(v.milli for v in at_top) if top == mine else 0
-        work = sum(v.work_at_risk(self.now) for v in victims)
-        return (top, guaranteed, reclaimed, round(work, 6), len(victims))
+        lost = sum(lost_gpu_s(v, self.now) for v in victims)
+        return (top, guaranteed, reclaimed, round(lost, 6), len(victims))
 
     # --- placement --------------------------------------------------------------------------
     def place(self, job: JobState) -> tuple[WorkerAssignment, ...] | None:
@@ -256,8 +314,9 @@ class SearchContext:
             scratch.rollback(mark)
         if placed is None:
             return None   # the slot count and the placer disagree (MIG corner): do nothing
-        reason = REASON_RECLAIM if any(priority_value(v.spec.priority_class) >= mine for v in victims) \
-            else REASON_PRIORITY
+        reclaimed = any(priority_value(v.spec.priority_class) >= mine or v.job_id in self.via_reclaim
+                        for v in victims)
+        reason = REASON_RECLAIM if reclaimed else REASON_PRIORITY
         return Found(victims, placed, reason)
 
     def take(self, job: JobState, found: Found, scratch: Statement) -> None:

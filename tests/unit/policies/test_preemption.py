@@ -167,13 +167,13 @@ def test_only_the_victims_needed_on_the_node():
 # --- eligibility ------------------------------------------------------------------------------
 @pytest.mark.parametrize("blocker, expected", [
     ({"preemptible": False}, None),
-    ({"started": NOW - 10}, None),            # younger than min_runtime_s = 30
-    ({"started": NOW - 30}, ("x",)),          # exactly min_runtime_s
+    ({"started": NOW - 599}, None),           # younger than min_runtime_s = 600
+    ({"started": NOW - 600}, ("x",)),         # exactly min_runtime_s
     ({"priority_class": TR}, None),           # equal priority, no reclaim
     ({"priority_class": HI}, None),           # higher priority
     ({"priority_class": PROD}, None),
     ({"priority_class": BE}, ("x",)),
-    ({"start": False, "started": NOW - 60}, ("x",)),   # PLACED, not started: placed 60 s ago
+    ({"start": False, "started": NOW - 700}, ("x",)),  # PLACED, not started: placed 700 s ago
     ({"start": False, "started": NOW - 5}, None),
 ])
 def test_eligibility(blocker, expected):
@@ -395,11 +395,11 @@ def test_gpu_share_victims():
     c = Cluster(nodes=1, gpus=1)
     log = c.log
     for jid, milli in (("s1", 600), ("s2", 300)):
-        assert log(ev.JobSubmitted, job_id=jid, time=NOW - 500,
+        assert log(ev.JobSubmitted, job_id=jid, time=NOW - 1000,
                    spec=make_spec(name=jid, milli=milli, cpu=0, mem=0, priority_class=BE)).accepted
-        assert log(ev.JobPlaced, job_id=jid, attempt=0, time=NOW - 500,
+        assert log(ev.JobPlaced, job_id=jid, attempt=0, time=NOW - 1000,
                    workers=(ev.WorkerAssignment(0, "n1", (GpuSlot(0, milli),)),)).accepted
-        assert log(ev.WorkerStarted, job_id=jid, attempt=0, worker=0, node="n1", time=NOW - 500).accepted
+        assert log(ev.WorkerStarted, job_id=jid, attempt=0, worker=0, node="n1", time=NOW - 1000).accepted
     c.pending("half", milli=500, priority_class=TR)
     assert c.victims("half") == ("s1",)
     c.pending("tiny", milli=100, priority_class=TR)

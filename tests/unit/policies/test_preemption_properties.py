@@ -131,8 +131,13 @@ def test_victims_make_the_job_placeable(data):
     jobs = [state.jobs[v] for v in victims]
     for v in jobs:
         assert v.phase in (JobPhase.RUNNING, JobPhase.PLACED) and v.spec.preemptible
-        assert now - (v.started_at or v.placed_at) >= config.min_runtime_s
+        age = now - (v.started_at or v.placed_at)
         theirs = priority_value(v.spec.priority_class)
+        # Priority waits the exempt time (no job here was preempted before: min_runtime_s);
+        # a reclaim, of borrowed capacity, reclaim_min_runtime_s.
+        if theirs >= mine or age < config.min_runtime_s:
+            assert age >= config.reclaim_min_runtime_s
+            assert v.team != job.team and state.usage[v.team].gpu_milli > config.guaranteed_milli(v.team)
         if theirs >= mine:          # only quota reclaim, from a borrowing team, same class
             assert theirs == mine and v.team != job.team
             used = state.usage[job.team].gpu_milli if job.team in state.usage else 0

@@ -192,8 +192,9 @@ def test_a_reclaimed_job_is_not_reclaimed_again_within_the_window(window, later,
 
 
 def test_a_reclaimed_job_may_still_be_preempted_by_priority_within_the_window():
+    from dataclasses import replace
     from tests.unit.policies.test_preemption import quotas
-    cfg = quotas(a=4, b=0)
+    cfg = replace(quotas(a=4, b=0), reclaim_window_s=3600.0)
     c = Cluster(nodes=1)
     c.running("b1", ("n1", (0, 1, 2, 3)), team="b")
     c.pending("a1", gpus=4, team="a")
@@ -201,7 +202,11 @@ def test_a_reclaimed_job_may_still_be_preempted_by_priority_within_the_window():
     c.preempt(d)
     restart(c, "b1", "n1", (0, 1, 2, 3), at=NOW + 1)
     c.pending("prod", gpus=4, team="c", priority_class=PROD, at=NOW + 100)
-    assert c.victims("prod", cfg, now=NOW + 100) == ("b1",)
+    # Preempted once: its exempt time is 2 x 600 s; past it, within the reclaim window.
+    exempt = cfg.exempt_s(c.job("b1"))
+    assert exempt == 1200.0
+    assert c.victims("prod", cfg, now=NOW + 1 + exempt - 1) is None
+    assert c.victims("prod", cfg, now=NOW + 1 + exempt) == ("b1",)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

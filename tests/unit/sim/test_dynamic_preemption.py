@@ -8,7 +8,7 @@ import pytest
 
 from gpusched.core.model import JobSpec, WorkerResources
 from gpusched.policies.scheduler import SchedulerConfig
-from gpusched.sim.dynamic import DynamicSimulator, split_preemption
+from gpusched.sim.dynamic import DynamicSimulator, split_preemption, split_preemption_rules
 from gpusched.sim.metrics import summarize
 from gpusched.sim.synthetic import synthetic_workload
 from gpusched.sim.workload import Arrival, Workload, gpu_node
@@ -73,3 +73,29 @@ def test_preempting_runs_are_deterministic():
 def test_no_preemption_suffix():
     assert split_preemption("defaults+no-preemption") == ("defaults", False)
     assert split_preemption("fair-share+best-fit+backfill") == ("fair-share+best-fit+backfill", True)
+
+
+def test_the_log_holds_the_checkpoints_so_the_victim_is_the_one_that_loses_least():
+    """Two 8-GPU nodes: ``plain`` (no checkpoints) and ``saver`` (a checkpoint every 300 s),
+    both from 1 s; the high-priority job at 1,000 s stops ``saver`` (99 s lost since its
+    checkpoint at 901 s) rather than ``plain`` (999 s): the simulator writes each
+    checkpoint to the log (CheckpointSaved), where the preemptor reads it."""
+    base = one_node()
+    low = base.arrivals[0].spec
+    plain = dataclasses.replace(low, name="plain")
+    saver = dataclasses.replace(low, name="saver", checkpoint_interval_s=300.0)
+    high = base.arrivals[1].spec
+    nodes = (base.nodes[0], gpu_node("n1", "H100-80GB", 8, 128_000, 1_048_576))
+    wl = Workload("two-nodes", nodes, (Arrival(1.0, "plain", plain), Arrival(1.0, "saver", saver),
+                                       Arrival(HIGH_AT_S, "high", high)))
+    jobs = _records(DynamicSimulator(wl, CONFIG, preemption=True).run())
+    assert (jobs["plain"].preemptions, jobs["saver"].preemptions) == (0, 1)
+    assert jobs["saver"].lost_gpu_s == 8 * 99.0
+
+
+def test_a_config_sets_the_preemptors_rules():
+    assert split_preemption_rules("defaults+min-runtime=30+growth=1+budget=0") == (
+        "defaults", {"min_runtime_s": 30.0, "min_runtime_growth": 1.0, "preemption_budget": 0})
+    sim = DynamicSimulator(one_node(), CONFIG, preemption=True, preemption_rules={"min_runtime_s": 2000.0})
+    jobs = _records(sim.run())
+    assert jobs["low"].preemptions == 1 and jobs["high"].started_at == 2000.0   # low ran its 2,000 s first
