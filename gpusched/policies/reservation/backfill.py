@@ -135,24 +135,57 @@ def _sweep(statement: Statement, job: JobState, now: float, booked: Mapping[str,
         t = min(ends.next_time(), kept[0][0] if kept else math.inf)
         if t == math.inf:
             break
-        touched = set()
+        freed: dict[str, list[tuple[JobState, tuple[WorkerAssignment, ...]]]] = {}
         while ends.next_time() == t:   # everything ending at t frees at once
             name, holder, here = ends.pop()
-            statement.release(holder, here)
-            touched.add(name)
+            freed.setdefault(name, []).append((holder, here))
+        touched = set(freed)
         while kept and kept[0][0] <= t:   # an earlier reserved job ends: its hold goes
             hold = kept.pop(0)[2]
             hold.lift()
             touched.update(hold.nodes)
-        for _, _, hold in kept:
-            if not touched.isdisjoint(hold.nodes):
-                hold.lift()
-                hold.apply()
-        for name in sorted(touched & hosts):
-            sweep.offer(state.nodes[name], t)
+        _free_and_offer(statement, sweep, t, freed, touched, hosts, [hold for _, _, hold in kept])
         if sweep.done:
             return sweep.reservation(t)
     return None
+
+
+def _free_and_offer(statement: Statement, sweep: "_Sweep", t: float,
+                    freed: Mapping[str, list[tuple[JobState, tuple[WorkerAssignment, ...]]]],
+                    touched: set[str], hosts: set[str], holds: list["ReservationHold"]) -> None:
+    """Release what ends at ``t``, hold again what the earlier reservations need on the
+    ``touched`` nodes, and offer those the job can use, in name order.
+
+    With at most one earlier reservation held this goes node by node, each released just
+    before it is offered, and stops at the node that gives the job its last worker: a
+    node's fit, and the one hold's share of it, depend on that node alone, and jobs placed
+    in one cycle end at one time, so on a large pool thousands of them would be released
+    (and rolled back) for the few nodes the job needs. With several holds one's share of
+    a node depends on the others', as last computed: everything is released and held
+    again before any offer."""
+    nodes = statement.state.nodes
+    if len(holds) <= 1:
+        for name in sorted(touched):
+            for holder, here in freed.get(name, ()):
+                statement.release(holder, here)
+            for hold in holds:
+                if name in hold.nodes:
+                    hold.lift()
+                    hold.apply()
+            if name in hosts:
+                sweep.offer(nodes[name], t)
+                if sweep.done:
+                    return
+        return
+    for jobs in freed.values():
+        for holder, here in jobs:
+            statement.release(holder, here)
+    for hold in holds:
+        if not touched.isdisjoint(hold.nodes):
+            hold.lift()
+            hold.apply()
+    for name in sorted(touched & hosts):
+        sweep.offer(nodes[name], t)
 
 
 class _Sweep:
