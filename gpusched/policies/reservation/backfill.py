@@ -20,7 +20,6 @@ again as the cycle needs.
 """
 from __future__ import annotations
 
-import heapq
 import math
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
@@ -29,6 +28,7 @@ from gpusched.core.mig import FULL_MASK, parse_profile
 from gpusched.core.model import JobPhase, WorkerAssignment
 from gpusched.core.state import ClusterState, GpuState, JobState, NodeState
 from gpusched.policies.gpu_fit import fits_node, pick_gpus
+from gpusched.policies.reservation.ends import EndIndex, EndWalk
 from gpusched.policies.statement import Change, Statement
 
 
@@ -90,6 +90,7 @@ def reserve_for_head_of_line(statement: Statement, job: JobState, now: float,
                              booked: Mapping[str, tuple[WorkerAssignment, ...]] = {},
                              estimate: Estimate = _time_limit,
                              earlier: Sequence[tuple[Reservation, float]] = (),
+                             index: EndIndex | None = None,
                              ) -> Reservation | None:
     """The earliest slots where every worker of ``job`` fits once running jobs end, or
     None when that never happens (it fits no node, or it waits on jobs of unknown
@@ -97,20 +98,24 @@ def reserve_for_head_of_line(statement: Statement, job: JobState, now: float,
     ``earlier``: reservations made before this one, each with when its job is expected
     to end: what they need stays held for them until then (conservative backfill), and
     they must not be held on the statement already (the sweep holds them itself).
+    ``index``: the ends of the running jobs of ``job``'s pool at ``now`` with ``estimate``
+    (``ends.EndIndex``), built for an earlier sweep of this cycle; built here when None.
 
     Sweeps the expected ends in time order, releasing each on ``statement`` and offering
     its node another worker, until every worker has a slot: the work is proportional to
-    the ends before the shadow time, not to the cluster. The statement is back at its
-    checkpoint on return."""
+    the ends before the shadow time, not to the cluster (but for building the index). The
+    statement is back at its checkpoint on return."""
+    if index is None:
+        index = EndIndex(statement.state, job.spec.pool, now, estimate)
     mark = statement.checkpoint()
     try:
-        return _sweep(statement, job, now, booked, estimate, earlier)
+        return _sweep(statement, job, now, booked, estimate, earlier, index)
     finally:
         statement.rollback(mark)
 
 
 def _sweep(statement: Statement, job: JobState, now: float, booked: Mapping[str, tuple[WorkerAssignment, ...]],
-           estimate: Estimate, earlier: Sequence[tuple[Reservation, float]]) -> Reservation | None:
+           estimate: Estimate, earlier: Sequence[tuple[Reservation, float]], index: EndIndex) -> Reservation | None:
     state = statement.state
     # Earlier reservations keep what they need until their jobs end: held here, and held
     # again after every release on their nodes, so this job is never given their slots.
@@ -125,30 +130,62 @@ def _sweep(statement: Statement, job: JobState, now: float, booked: Mapping[str,
         sweep.offer(node, now)
         if sweep.done:
             return sweep.reservation(now)
-    ends = _ends(state, candidates, booked, now, estimate)
-    heapq.heapify(ends)
-    while ends or kept:
-        t = min(ends[0][0] if ends else math.inf, kept[0][0] if kept else math.inf)
+    ends = EndWalk(index, state, hosts, booked, now, estimate)
+    while True:
+        t = min(ends.next_time(), kept[0][0] if kept else math.inf)
         if t == math.inf:
             break
-        touched = set()
-        while ends and ends[0][0] == t:   # everything ending at t frees at once
-            _, _, name, holder, here = heapq.heappop(ends)
-            statement.release(holder, here)
-            touched.add(name)
+        freed: dict[str, list[tuple[JobState, tuple[WorkerAssignment, ...]]]] = {}
+        while ends.next_time() == t:   # everything ending at t frees at once
+            name, holder, here = ends.pop()
+            freed.setdefault(name, []).append((holder, here))
+        touched = set(freed)
         while kept and kept[0][0] <= t:   # an earlier reserved job ends: its hold goes
             hold = kept.pop(0)[2]
             hold.lift()
             touched.update(hold.nodes)
-        for _, _, hold in kept:
-            if not touched.isdisjoint(hold.nodes):
-                hold.lift()
-                hold.apply()
-        for name in sorted(touched & hosts):
-            sweep.offer(state.nodes[name], t)
+        _free_and_offer(statement, sweep, t, freed, touched, hosts, [hold for _, _, hold in kept])
         if sweep.done:
             return sweep.reservation(t)
     return None
+
+
+def _free_and_offer(statement: Statement, sweep: "_Sweep", t: float,
+                    freed: Mapping[str, list[tuple[JobState, tuple[WorkerAssignment, ...]]]],
+                    touched: set[str], hosts: set[str], holds: list["ReservationHold"]) -> None:
+    """Release what ends at ``t``, hold again what the earlier reservations need on the
+    ``touched`` nodes, and offer those the job can use, in name order.
+
+    With at most one earlier reservation held this goes node by node, each released just
+    before it is offered, and stops at the node that gives the job its last worker: a
+    node's fit, and the one hold's share of it, depend on that node alone, and jobs placed
+    in one cycle end at one time, so on a large pool thousands of them would be released
+    (and rolled back) for the few nodes the job needs. With several holds one's share of
+    a node depends on the others', as last computed: everything is released and held
+    again before any offer."""
+    nodes = statement.state.nodes
+    if len(holds) <= 1:
+        for name in sorted(touched):
+            for holder, here in freed.get(name, ()):
+                statement.release(holder, here)
+            for hold in holds:
+                if name in hold.nodes:
+                    hold.lift()
+                    hold.apply()
+            if name in hosts:
+                sweep.offer(nodes[name], t)
+                if sweep.done:
+                    return
+        return
+    for jobs in freed.values():
+        for holder, here in jobs:
+            statement.release(holder, here)
+    for hold in holds:
+        if not touched.isdisjoint(hold.nodes):
+            hold.lift()
+            hold.apply()
+    for name in sorted(touched & hosts):
+        sweep.offer(nodes[name], t)
 
 
 class _Sweep:
@@ -183,43 +220,6 @@ def _could_ever_host(node: NodeState, job: JobState) -> bool:
     return (node.schedulable and node.info.pool == job.spec.pool and res.allows(node.model)
             and node.info.cpu_milli >= res.cpu_milli and node.info.memory_mib >= res.memory_mib
             and sum(1 for g in node.gpus if g.healthy) >= max(res.gpus, 1 if res.milli else 0))
-
-
-def _ends(state: ClusterState, candidates: list[NodeState], booked: Mapping[str, tuple[WorkerAssignment, ...]],
-          now: float, estimate: Estimate) -> list[tuple]:
-    """``(end, i, node, holder, its workers there)`` for every job on ``candidates`` that is
-    expected to end, ``i`` numbering a node's jobs (ties in time go by node, then by it).
-    One pass over every running job of the pool, each sweep: written out flat, as it is
-    most of a sweep's cost on a large pool (a single worker's job, the usual one, needs no
-    filtering of its workers)."""
-    jobs, inf = state.jobs, math.inf
-    ends = []
-    append = ends.append
-    for node in candidates:
-        name, i = node.name, 0
-        for job_id in node.jobs:
-            holder = jobs[job_id]
-            workers = booked.get(job_id, holder.workers)
-            if len(workers) == 1:
-                here = workers if workers[0].node == name else ()
-            else:
-                here = tuple(w for w in workers if w.node == name)
-            if here:
-                phase = holder.phase   # expected_end, inlined
-                if phase is _PREEMPTING or phase is _STOPPING:
-                    end = now
-                else:
-                    runtime = estimate(holder)
-                    start = holder.started_at if phase is _RUNNING else \
-                        holder.placed_at if phase is _PLACED else now
-                    end = max(now, start + runtime) if runtime > 0 else inf
-                if end < inf:
-                    append((end, i, name, holder, here))
-                i += 1
-    return ends
-
-
-_PREEMPTING, _STOPPING, _RUNNING, _PLACED = JobPhase.PREEMPTING, JobPhase.STOPPING, JobPhase.RUNNING, JobPhase.PLACED
 
 
 class ReservationHold:

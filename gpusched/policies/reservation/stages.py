@@ -27,6 +27,7 @@ from gpusched.core.state import JobState
 from gpusched.policies.reservation.backfill import (
     DEFAULT_ESTIMATE_S, Reservation, ReservationHold, ends_before, reserve_for_head_of_line, runtime_estimate,
 )
+from gpusched.policies.reservation.ends import EndIndex
 from gpusched.policies.statement import Statement
 
 
@@ -130,6 +131,9 @@ class _BackfillRun:
         # Shapes that cannot be reserved for (they never fit): holding capacity for them
         # would block the queue for nothing, so the next blocked job is the head.
         self.unreservable: set = set()
+        # Each pool's running jobs' ends, listed at its first sweep and read by every later
+        # one of this cycle: they do not change within it (``ends``).
+        self._ends: dict[str, EndIndex] = {}
 
     @property
     def reservation(self) -> Reservation | None:
@@ -172,8 +176,12 @@ class _BackfillRun:
         booked = {job_id: d.workers for job_id, d in decided.items()}
         pool = job.spec.pool
         earlier = [(r, r.shadow_s + self.estimate(r.job)) for r in self.reservations if r.job.spec.pool == pool]
+        index = self._ends.get(pool)
+        if index is None:
+            index = self._ends[pool] = EndIndex(self.statement.state, pool, self.now, self.estimate)
         with self.lifted():   # the sweep holds the earlier reservations itself, as time goes
-            reservation = reserve_for_head_of_line(self.statement, job, self.now, booked, self.estimate, earlier)
+            reservation = reserve_for_head_of_line(self.statement, job, self.now, booked, self.estimate, earlier,
+                                                   index)
         if reservation is None:
             self.unreservable.add(shape)
             return

@@ -1,0 +1,129 @@
+"""The running jobs' expected ends of a pool, read in time order by every sweep of a cycle.
+
+A reservation sweep (``backfill.reserve_for_head_of_line``) releases running jobs in
+the order they are expected to end until the reserved job fits, and usually stops after
+the first few ends. On a large pool most of its cost was listing every running job's end
+(tens of thousands) to find those few, and a cycle sweeps once per reservation it makes.
+So the ends are listed once per cycle and pool, as a binary heap (``EndIndex``), and each
+sweep reads that heap in order without consuming it (``EndWalk``: a second, small heap
+of the positions whose parents were read), which costs a logarithm per end read and
+nothing for the ends after the shadow time.
+
+Within one cycle an end does not change: it depends on the job's phase and start (only
+the log changes those), its estimate and ``now``. What does change between two sweeps of
+a cycle is what the cycle booked (``booked``: jobs placed earlier in the cycle, whose
+workers are not in the state yet): their ends are read beside the index, each sweep. The
+index holds the jobs whose workers are in the state; a waiting job holds none (the
+reducer clears them when it requeues), and the cycle books only waiting jobs for good and
+releases none, so the two together are every end the sweep would list itself at its start
+(``tests/unit/policies/test_sweep_index.py`` checks that against the sweep that did).
+"""
+from __future__ import annotations
+
+import heapq
+import math
+from typing import Mapping
+
+from gpusched.core.model import JobPhase, WorkerAssignment
+from gpusched.core.state import ClusterState, JobState
+
+_PREEMPTING, _STOPPING, _RUNNING, _PLACED = JobPhase.PREEMPTING, JobPhase.STOPPING, JobPhase.RUNNING, JobPhase.PLACED
+
+# An end: (time, number, node, job, its workers on that node); numbers are unique, so
+# ties in time never compare jobs. Which of the ends of one time comes first does not
+# matter: a sweep releases them all before it offers any node.
+End = tuple
+
+
+def end_of(holder: JobState, now: float, estimate) -> float:
+    """``backfill.expected_end``, inlined for the index's loop."""
+    phase = holder.phase
+    if phase is _PREEMPTING or phase is _STOPPING:
+        return now
+    runtime = estimate(holder)
+    if runtime <= 0:
+        return math.inf
+    start = holder.started_at if phase is _RUNNING else holder.placed_at if phase is _PLACED else now
+    return max(now, start + runtime)
+
+
+class EndIndex:
+    """Every finite end of the jobs on ``pool``'s nodes at ``now``, as a heap."""
+
+    __slots__ = ("heap",)
+
+    def __init__(self, state: ClusterState, pool: str, now: float, estimate) -> None:
+        jobs, inf = state.jobs, math.inf
+        heap: list[End] = []
+        append = heap.append
+        # Written out flat: one pass over every running job of the pool is this index's
+        # whole cost (a single worker's job, the usual one, needs no filtering).
+        for node in state.nodes.values():
+            if node.info.pool != pool:
+                continue
+            name = node.name
+            for job_id in node.jobs:
+                holder = jobs[job_id]
+                workers = holder.workers
+                if len(workers) == 1:
+                    here = workers if workers[0].node == name else ()
+                else:
+                    here = tuple(w for w in workers if w.node == name)
+                if here:
+                    end = end_of(holder, now, estimate)
+                    if end < inf:
+                        append((end, len(heap), name, holder, here))
+        heapq.heapify(heap)
+        self.heap = heap
+
+
+class EndWalk:
+    """One sweep's ends in time order: the index's merged with the ends of the jobs
+    booked in the cycle, on ``hosts`` only."""
+
+    __slots__ = ("index", "frontier", "hosts")
+
+    def __init__(self, index: EndIndex, state: ClusterState, hosts: set[str],
+                 booked: Mapping[str, tuple[WorkerAssignment, ...]], now: float, estimate) -> None:
+        self.index, self.hosts = index, hosts
+        heap = index.heap
+        number = len(heap)
+        # (end, number, node, job, workers there, position in the index or -1)
+        frontier = [(*heap[0], 0)] if heap else []
+        jobs = state.jobs
+        for job_id, workers in booked.items():
+            holder = jobs[job_id]
+            for name in sorted({w.node for w in workers} & hosts):
+                end = end_of(holder, now, estimate)
+                if end < math.inf:
+                    here = tuple(w for w in workers if w.node == name)
+                    frontier.append((end, number, name, holder, here, -1))
+                    number += 1
+        heapq.heapify(frontier)
+        self.frontier = frontier
+
+    def next_time(self) -> float:
+        """When the next end is (``inf``: none left)."""
+        frontier = self.frontier
+        hosts = self.hosts
+        # An end on a node the job cannot use is skipped: releasing there changes nothing it reads.
+        while frontier and frontier[0][2] not in hosts:
+            self._pop()
+        return frontier[0][0] if frontier else math.inf
+
+    def pop(self) -> tuple[str, JobState, tuple[WorkerAssignment, ...]]:
+        """The next end (``next_time`` said there is one): node, job, its workers there."""
+        entry = self._pop()
+        return entry[2], entry[3], entry[4]
+
+    def _pop(self) -> tuple:
+        """Take the frontier's first entry, putting its children in the index in its place."""
+        frontier = self.frontier
+        entry = heapq.heappop(frontier)
+        at = entry[5]
+        if at >= 0:
+            heap = self.index.heap
+            for child in (2 * at + 1, 2 * at + 2):
+                if child < len(heap):
+                    heapq.heappush(frontier, (*heap[child], child))
+        return entry
