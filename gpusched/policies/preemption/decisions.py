@@ -19,7 +19,6 @@ from gpusched.core import events as ev
 from gpusched.core.priority import priority_value
 from gpusched.core.state import ClusterState, JobState
 from gpusched.policies.queueing.quota import within_limits
-from gpusched.policies.statement import tentative
 from gpusched.policies.preemption.protection import Shield, running_since
 from gpusched.policies.preemption.victim_rules import Found, PreemptionConfig, SearchContext
 
@@ -58,7 +57,7 @@ def victims_for(state: ClusterState, job: JobState, now: float,
     """The cheapest set of running jobs to preempt so ``job`` becomes placeable: ``()`` when
     it is placeable already, ``None`` when no set of eligible victims makes it placeable."""
     ctx = SearchContext(state, now, config)
-    with tentative(state) as scratch:
+    with ctx.tentative() as scratch:
         found = ctx.find(job, scratch)
     if found is None:
         return None
@@ -128,7 +127,7 @@ def preemption_decisions(state: ClusterState, now: float,
     out: list[Preemption] = []
     failed: set[tuple] = set()        # shapes no victim set helps, this call
     unplaceable: set[tuple] = set()   # shapes that do not fit as is, since the last booking
-    with tentative(state) as scratch:
+    with ctx.tentative() as scratch:
         for job in ctx.pending_in_order()[: config.max_examined]:
             if len(out) >= limit:
                 break

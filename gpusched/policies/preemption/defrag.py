@@ -30,14 +30,15 @@ placed) so later plans of the same call build on them, and leaves the state unto
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections import Counter
+from typing import Iterable, Mapping, Sequence
 
 from gpusched.core.model import JobPhase
 from gpusched.core.priority import priority_value
-from gpusched.core.state import ClusterState, JobState
+from gpusched.core.state import ClusterState, JobState, NodeState
 from gpusched.policies.preemption.decisions import REASON_DEFRAG, Preemption
 from gpusched.policies.queueing.quota import within_limits
-from gpusched.policies.statement import Statement, tentative
+from gpusched.policies.statement import Statement
 from gpusched.policies.preemption.victim_rules import PreemptionConfig, SearchContext
 from gpusched.policies.preemption.victim_search import VictimSearch
 
@@ -58,6 +59,45 @@ def blocked_by_fragmentation(state: ClusterState, job: JobState) -> bool:
     return False
 
 
+class FreeWholeGpus:
+    """Free whole GPUs of a pool's schedulable nodes, by GPU model, kept for a call through
+    its tentative changes: ``blocked_by_fragmentation`` for each pending job without a
+    scan of the pool's nodes."""
+
+    def __init__(self, nodes: Mapping[str, NodeState], pool: str) -> None:
+        self.nodes, self.pool = nodes, pool
+        self.on: dict[str, int] = {}                # node -> its free whole GPUs
+        self.by_model: Counter[str] = Counter()
+        self.touch([name for name, node in nodes.items() if node.info.pool == pool])
+
+    def touch(self, names: Iterable[str]) -> None:
+        for name in names:
+            node = self.nodes.get(name)
+            if node is None or node.info.pool != self.pool:
+                continue
+            self.by_model[node.model] -= self.on.pop(name, 0)
+            if node.schedulable:   # a cordoned node's GPUs are not free to the placer
+                free = self.on[name] = node.free_whole_gpus()
+                self.by_model[node.model] += free
+
+    def blocked(self, job: JobState) -> bool:
+        """``blocked_by_fragmentation`` on the nodes as they are now."""
+        res = job.spec.resources
+        if res.is_share or res.is_mig or res.gpus <= 0:
+            return False
+        free = sum(n for model, n in self.by_model.items() if res.allows(model))
+        return free >= job.spec.workers * res.gpus
+
+
+def _blocked(ctx: SearchContext, job: JobState) -> bool:
+    pool = job.spec.pool
+    view = ctx.kept_view((FreeWholeGpus, pool), lambda nodes: FreeWholeGpus(nodes, pool))
+    if view is None:
+        return blocked_by_fragmentation(ctx.state, job)
+    assert isinstance(view, FreeWholeGpus)
+    return view.blocked(job)
+
+
 def defrag_decisions(state: ClusterState, now: float,
                      config: PreemptionConfig = PreemptionConfig(),
                      limit: int = 4) -> list[Preemption]:
@@ -66,7 +106,7 @@ def defrag_decisions(state: ClusterState, now: float,
         return []
     ctx = SearchContext(state, now, config)
     out: list[Preemption] = []
-    with tentative(state) as scratch:
+    with ctx.tentative() as scratch:
         for job in ctx.pending_in_order()[: config.max_examined]:
             if len(out) >= limit:
                 break
@@ -76,7 +116,7 @@ def defrag_decisions(state: ClusterState, now: float,
             if placed is not None:
                 scratch.book(job, placed)   # the scheduler places it: hold its GPUs
                 continue
-            if job.job_id in ctx.in_flight or not blocked_by_fragmentation(state, job):
+            if job.job_id in ctx.in_flight or not _blocked(ctx, job):
                 continue
             plan = _plan(ctx, job, scratch)   # booked on the scratch when found
             if plan is not None:
@@ -89,7 +129,7 @@ def defrag_plan(state: ClusterState, job: JobState, now: float,
     """The jobs to move so ``job`` fits, or None (not fragmentation-blocked, or no plan
     within the caps). The state is left untouched."""
     ctx = SearchContext(state, now, config)
-    with tentative(state) as scratch:
+    with ctx.tentative() as scratch:
         if ctx.place(job) is not None or not blocked_by_fragmentation(state, job):
             return None
         plan = _plan(ctx, job, scratch)

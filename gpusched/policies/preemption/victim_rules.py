@@ -49,16 +49,17 @@ The search itself, shared with defragmentation's own rule, is
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
 from gpusched.core.model import JobPhase, WorkerAssignment
 from gpusched.core.priority import priority_value
-from gpusched.core.state import ClusterState, JobState
+from gpusched.core.state import ClusterState, JobState, NodeState
 from gpusched.policies.placement.gang import Placement, place_gang
 from gpusched.policies.placement.registry import PLACEMENTS, make_placement
 from gpusched.policies.queueing.quota import QueueTree, claims_guarantee
-from gpusched.policies.statement import Statement, tentative
+from gpusched.policies.statement import NodeView, Statement, tentative
 from gpusched.policies.preemption.protection import Shield, budget_spent, exempt_s, lost_gpu_s, running_since
 from gpusched.policies.preemption.victim_search import VictimSearch
 
@@ -129,6 +130,18 @@ class Found:
     reason: str
 
 
+class TouchedNodes:
+    """A view of the call's scratch statement that only notes which nodes it changed: the
+    placer's views hear of them at the next ``place``, not at every slot count's take and
+    give (a victim search touches the same few nodes many times over)."""
+
+    def __init__(self) -> None:
+        self.names: set[str] = set()
+
+    def touch(self, names: Iterable[str]) -> None:
+        self.names.update(names)
+
+
 class SearchContext:
     """One call's view: eligibility, borrowing, projected usage and the victim search."""
 
@@ -141,6 +154,26 @@ class SearchContext:
         self._team_jobs: dict[str, list[JobState]] | None = None
         self._borrowed: dict[str, tuple[set[str], set[str]]] = {}   # team -> (borrowed, wholly above)
         self.in_flight = self._in_flight()
+        # The placer's statement and views (free-capacity indexes), kept for the whole
+        # call while a scratch is watched (``tentative``); None: built afresh per job.
+        self._placer: Statement | None = None
+        self._touched = TouchedNodes()
+
+    @contextmanager
+    def tentative(self) -> Iterator[Statement]:
+        """The call's scratch statement (``statement.tentative``), watched: the placer's
+        views are built once for the call and told of the nodes the scratch changes
+        (bookings, released victims), rather than rebuilt from every node of the pool for
+        each pending job ``place`` is asked about."""
+        with tentative(self.state) as scratch:
+            scratch.views[TouchedNodes] = self._touched
+            self._placer = Statement(ClusterState(nodes=self.state.nodes))
+            try:
+                yield scratch
+            finally:
+                self._placer.close()
+                self._placer = None
+                self._touched.names.clear()
 
     # --- what is already under way ------------------------------------------------------
     def _in_flight(self) -> set[str]:
@@ -281,9 +314,38 @@ class SearchContext:
         """Where the placer would put ``job`` on the state as it is now (booked or not)."""
         # The nodes shared (so tentative releases show), the usage table private (so its
         # own tentative bookings never touch the state's): all place_gang reads.
-        view = ClusterState(nodes=self.state.nodes)
-        with tentative(view) as statement:
-            return place_gang(view, job, self.score, statement)
+        placer = self._placer
+        if placer is None:   # no watched scratch: nothing would tell kept views of changes
+            view = ClusterState(nodes=self.state.nodes)
+            with tentative(view) as statement:
+                return place_gang(view, job, self.score, statement)
+        self._catch_up(placer)
+        mark = placer.checkpoint()
+        try:
+            return place_gang(placer.state, job, self.score, placer)
+        finally:
+            placer.rollback(mark)
+
+    def kept_view(self, key: object, build: Callable[[Mapping[str, NodeState]], NodeView]) -> NodeView | None:
+        """A view of the nodes kept for the call beside the placer's (built by ``build`` on
+        first use, told of the scratch's changes); None without a watched scratch."""
+        placer = self._placer
+        if placer is None:
+            return None
+        self._catch_up(placer)
+        view = placer.views.get(key)
+        if view is None:
+            view = placer.views[key] = build(self.state.nodes)
+        return view
+
+    def _catch_up(self, placer: Statement) -> None:
+        """Tell the kept views of the nodes the scratch changed since they last heard."""
+        touched = self._touched.names
+        if touched and placer.views:
+            names = tuple(touched)
+            for kept in placer.views.values():
+                kept.touch(names)
+        touched.clear()
 
     def shape(self, job: JobState) -> tuple:
         spec = job.spec
