@@ -206,7 +206,7 @@ async def test_quota_reclaim_gives_a_team_its_guarantee_back(kafka_bootstrap, to
     try:
         admission = await cluster.admission("admission", 0, "--quotas", str(quotas))   # a bootstrap
         await cluster.placer("placer")
-        await cluster.preemptor("preemptor", "--min-runtime", "0")
+        await cluster.preemptor("preemptor", "--min-runtime", "0", "--reclaim-min-runtime", "0")
         await asyncio.gather(*(cluster.agent(f"node-{i}", "8xH100-80GB", "--grace", str(grace)) for i in range(2)))
         client = Client(f"127.0.0.1:{admission.port}")
         # Team A takes the whole cluster while B is idle: 8 GPUs of it are borrowed.
