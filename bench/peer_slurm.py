@@ -306,8 +306,8 @@ async def gpusched_cluster(work: Path, args: argparse.Namespace):
 
     topics = TopicNames(f"peer-{int(time.time())}.")
     cluster = LocalCluster(KafkaConnection.from_env(), topics, work / "gpusched-logs")
-    views = args.agent_source == "view"   # admission's relay writes each node's work view
-    admission = await cluster.admission("admission", 0, *(["--work-views"] if views else []))
+    # The relay writes each node's work view by default; agents on the log need none.
+    admission = await cluster.admission("admission", 0, *(["--no-work-views"] if args.agent_source == "log" else []))
     await cluster.placer()
     await cluster.preemptor()
     await asyncio.gather(*(cluster.agent(f"peer-n{i + 1}", f"{args.gpus}xH100-80GB", "--run-processes",
@@ -375,8 +375,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--gpus", type=int, default=8, help="GPUs per node")
     parser.add_argument("--slurm-port", type=int, default=0,
                         help="slurmctld's port, the slurmds' the next ones (0: a free run of ports)")
-    parser.add_argument("--agent-source", choices=("log", "view"), default="log",
-                        help="what gpusched's node-agents read: the pool's log (their default) or their work view")
+    parser.add_argument("--agent-source", choices=("log", "view"), default="view",
+                        help="what gpusched's node-agents read: their work view (their default) or the pool's log")
     parser.add_argument("--gpusched-only", action="store_true",
                         help="leave Slurm out: gpusched's figures alone (to profile it; no ratios)")
     parser.add_argument("--keep", action="store_true", help="keep the run's folder (logs, stamps, Slurm files)")
