@@ -9,6 +9,7 @@ the end each worker's shim recorded after reaping it, never the log's own releas
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import os
 import signal
@@ -306,6 +307,7 @@ async def test_a_clean_stop_ends_and_reaps_the_agents_launcher(kafka_bootstrap, 
     runs in this process, so its launcher is seen right as its run returns."""
     from gpusched_node_agent import launcher, main as agent_main
     cluster = LocalCluster(kafka_bootstrap, topics, tmp_path / "logs")
+    callbacks = list(gc.callbacks)
     try:
         admission = await cluster.admission()
         await cluster.placer()
@@ -326,4 +328,8 @@ async def test_a_clean_stop_ends_and_reaps_the_agents_launcher(kafka_bootstrap, 
         await asyncio.wait_for(agent, 30)
     finally:
         await cluster.stop_all()
+        # The agent ran in this process: its GC pacer and what its follower froze
+        # (adapters.gc_pacing, adapters.follower) must not outlive the test.
+        gc.callbacks[:] = callbacks
+        gc.unfreeze()
     assert forked_it.process.returncode == 0 and launcher._current is None
