@@ -45,7 +45,6 @@ reservations (``bound_to_fail`` says why), not with nominations.
 """
 from __future__ import annotations
 
-import enum
 import math
 from itertools import chain
 from dataclasses import dataclass, field
@@ -68,7 +67,10 @@ from gpusched.policies.reservation.nomination import (
     hold_nominated_nodes, live_nominations, nominees_first, only_nominated_nodes,
 )
 from gpusched.policies.reservation.stages import RESERVATIONS, NomineeHold, ReservationRun, ReservationStage
+from gpusched.policies.outcomes import CycleResult, Decision, Unplaced
 from gpusched.policies.statement import Statement, tentative
+
+__all__ = ["CycleResult", "Decision", "Scheduler", "SchedulerConfig", "Unplaced", "job_shape"]
 
 # A job blocked this long gets a reservation whatever the settings of backfill: short
 # enough that a gang's wait is bounded by it plus the runtimes of what it waits on, long
@@ -121,56 +123,6 @@ class SchedulerConfig:
     guarantee_hold_s: float = DEFAULT_GUARANTEE_HOLD_S
 
 
-@dataclass(frozen=True, slots=True)
-class Decision:
-    job_id: str
-    attempt: int
-    workers: tuple[WorkerAssignment, ...]
-    policy: str
-    backfilled: bool = False        # placed behind a reservation it cannot delay
-
-
-class Unplaced(enum.Enum):
-    """Why a job offered in a cycle was not placed (or, ``PARKED``, not offered)."""
-
-    QUOTA = "quota"                                  # its team or org would go over a limit
-    NO_FIT = "no-fit"                                # no nodes take it now
-    HELD_FOR_RESERVATION = "held-for-reservation"    # failed while capacity was held for the
-                                                     # blocked head of line (may fit without)
-    HELD_FOR_NOMINEE = "held-for-nominee"            # failed while nodes were kept for a
-                                                     # preemption's beneficiary (may fit without)
-    HELD_FOR_GUARANTEE = "held-for-guarantee"        # would borrow what a team waiting below
-                                                     # its guarantee keeps back (guarantee_hold)
-    SKIPPED_SAME_SHAPE = "skipped-same-shape"        # a job of its shape failed earlier this cycle
-    PARKED = "parked"                                # did not fit at this capacity: not offered again
-
-
-@dataclass(slots=True)
-class CycleResult:
-    decisions: list[Decision]
-    offered: dict[str, Unplaced]          # offered this cycle and not placed, with why
-    skipped: list[str]                    # not offered: a job of their shape failed (SKIPPED_SAME_SHAPE)
-    # Not offered (``Unplaced.PARKED``): the caller's parked set, as this cycle left it;
-    # valid until the next cycle on that set.
-    parked: AbstractSet[str] = frozenset()
-    reservation: Reservation | None = None        # the first of ``reservations``
-    reservations: tuple[Reservation, ...] = ()    # every reservation held, in the order made
-    quotas: QueueTree = field(default_factory=QueueTree)   # the policy the cycle ran under
-
-    @property
-    def unplaced(self) -> dict[str, Unplaced]:
-        """Every job this cycle reached and did not place, with why (parked jobs aside).
-        Built when asked: the cycle itself only appends a skipped job's id."""
-        return {**dict.fromkeys(self.skipped, Unplaced.SKIPPED_SAME_SHAPE), **self.offered}
-
-    def reason(self, job_id: str) -> Unplaced | None:
-        """Why ``job_id`` was not placed by this cycle; None if placed or not reached."""
-        why = self.offered.get(job_id)
-        if why is None and job_id in self.skipped:
-            return Unplaced.SKIPPED_SAME_SHAPE
-        return Unplaced.PARKED if why is None and job_id in self.parked else why
-
-
 class Scheduler:
     def __init__(self, config: SchedulerConfig = SchedulerConfig()) -> None:
         if config.queue not in QUEUE_ORDERS:
@@ -215,8 +167,12 @@ class Scheduler:
         # for a waiting job, and in a full pool nearly all of them fail.
         skim = keys is not None and not nominated
         capacity_only = self._reservations.capacity_only
+        # Once every shape still waiting has failed and none can get a reservation, the
+        # rest of the queue would only be skipped: the cycle stops (``_Cycle.exhausted``).
+        stoppable = skim and not parking and self.config.queue == FAIR_SHARE
         with tentative(state) as statement:
-            run = _Cycle(self, state, now, statement, quotas, NomineeHold(nominated) if nominated else None, held)
+            run = _Cycle(self, state, now, statement, quotas, NomineeHold(nominated) if nominated else None, held,
+                         keys.kept if keys is not None else None)
             # The loop runs once per waiting job, thousands a cycle: what it reads is bound once.
             decisions, failed, skipped = run.decisions, run.failed, run.skipped
             max_decisions, max_job_test = self.config.max_decisions, self.config.max_job_test
@@ -233,6 +189,8 @@ class Scheduler:
                     skipped.append(job.job_id)   # 7. record, inlined: in a full pool most jobs end here
                     continue
                 run.record(job, run.offer(job, shape))   # 4-7
+                if stoppable and run.exhausted(keys.waiting_shapes()):
+                    break
         # 8. park
         if parking:
             # A refusal by the guarantee hold is not about capacity: that job is offered again.
@@ -295,12 +253,13 @@ class _Cycle:
     """One cycle's stages 4-7 over the state, through its statement."""
 
     def __init__(self, scheduler: Scheduler, state: ClusterState, now: float, statement: Statement,
-                 quotas: QueueTree, nominees: NomineeHold | None, guarantee: GuaranteeHold | None) -> None:
+                 quotas: QueueTree, nominees: NomineeHold | None, guarantee: GuaranteeHold | None,
+                 kept: dict | None) -> None:
         self.config = scheduler.config
         self.placement = scheduler._placement
         self.state, self.now, self.statement, self.quotas = state, now, statement, quotas
         self.nominees, self.guarantee = nominees, guarantee
-        self.reservations: ReservationRun = scheduler._reservations.start(statement, now)
+        self.reservations: ReservationRun = scheduler._reservations.start(statement, now, kept)
         self.decisions: dict[str, Decision] = {}      # written by record only
         self.unplaced: dict[str, Unplaced] = {}       # written by record only
         self.skipped: list[str] = []                  # SKIPPED_SAME_SHAPE, written by the gate only
@@ -384,6 +343,15 @@ class _Cycle:
                 (shape, True) in failed and reservations.hold is not None and not reservations.spares(job)):
             return False
         return not reservations.reserves(job, shape)
+
+    def exhausted(self, waiting: Iterable[tuple[int, str]]) -> bool:
+        """Whether every job still in the queue is bound to fail (``bound_to_fail``), from
+        the (shape, pool) of every job waiting: each shape failed without the hold, and
+        none can be reserved for. Failed shapes and reservations only grow within a cycle,
+        so that stays true to its end; the cycle's decisions are those of a cycle that
+        went on skipping."""
+        failed, reservations = self.failed, self.reservations
+        return all((shape, False) in failed and not reservations.may_reserve(shape, pool) for shape, pool in waiting)
 
     def known_to_fail(self, shape, held: bool) -> bool:
         # What fails without the hold fails with it too.

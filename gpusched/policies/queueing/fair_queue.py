@@ -45,7 +45,7 @@ class TeamQueues:
     behind never comes back to life if the job returns (it gets a new one)."""
 
     __slots__ = ("_state", "_jobs", "_aging_s", "_now", "_watermark", "_members", "_aged", "_young",
-                 "_ageing", "_dead", "_rank", "_ready_only")
+                 "_ageing", "_dead", "_rank", "_ready_only", "_shape_of", "_census")
 
     def __init__(self) -> None:
         self._state: ClusterState | None = None
@@ -60,6 +60,10 @@ class TeamQueues:
         self._dead = 0                            # list entries no longer live
         self._rank: dict[str, int] | None = None  # team -> first appearance (fill only)
         self._ready_only = True
+        # The shapes (pool, workers, per-worker resources) of the live jobs, counted: what
+        # the cycle needs to know that every job left in the queue is bound to fail.
+        self._shape_of: dict[str, tuple] = {}
+        self._census: dict[tuple, int] = {}
 
     # --- keeping the queues -------------------------------------------------------------
     def fill(self, jobs: Iterable[JobState], now: float, aging_s: float) -> None:
@@ -84,6 +88,7 @@ class TeamQueues:
         gone = members.keys() - pending.keys()
         for job_id in gone:
             del members[job_id]
+            self._uncount(job_id)
         self._dead += len(gone)
         new = pending.keys() - members.keys()
         if state.next_seq != self._watermark:
@@ -97,6 +102,7 @@ class TeamQueues:
                 entry = members.get(job_id)
                 if entry is not None and entry[-2] != seq:
                     del members[job_id]
+                    self._uncount(job_id)
                     self._dead += 1
                     new.add(job_id)
             self._watermark = state.next_seq
@@ -112,13 +118,30 @@ class TeamQueues:
         self._state, self._jobs, self._aging_s, self._now = state, jobs, aging_s, now
         self._members, self._aged, self._young, self._ageing = {}, {}, {}, []
         self._dead, self._rank, self._ready_only = 0, None, True
+        self._shape_of, self._census = {}, {}
+
+    def _uncount(self, job_id: str) -> None:
+        shape = self._shape_of.pop(job_id)
+        left = self._census[shape] - 1
+        if left:
+            self._census[shape] = left
+        else:
+            del self._census[shape]
+
+    def shapes(self) -> Iterable[tuple]:
+        """The shapes of the jobs in the queues (ready or not): (pool, workers, resources)."""
+        return self._census.keys()
 
     def _insert(self, jobs: Iterable[JobState]) -> None:
         """Enter ``jobs`` (not yet live) into their teams' lists."""
         now, aging_s, members = self._now, self._aging_s, self._members
+        shape_of, census = self._shape_of, self._census
         aged: dict[str, list] = {}
         young: dict[str, list] = {}
         for job in jobs:
+            spec = job.spec
+            shape = shape_of[job.job_id] = (spec.pool, spec.workers, spec.resources)
+            census[shape] = census.get(shape, 0) + 1
             if is_aged(job, now, aging_s):
                 entry = members[job.job_id] = (job.seq, job.job_id)
                 aged.setdefault(job.team, []).append(entry)

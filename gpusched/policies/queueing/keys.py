@@ -31,13 +31,16 @@ MAX_SHAPES = 65_536
 
 
 class QueueKeys:
-    __slots__ = ("_key", "_entries", "_shapes", "_fair")
+    __slots__ = ("_key", "_entries", "_shapes", "_fair", "kept")
 
     def __init__(self) -> None:
         self._key: QueueKey | None = None
         self._entries: dict[str, tuple[int, Any, int]] = {}   # job id -> (seq, key, shape)
         self._shapes: dict[tuple, int] = {}
         self._fair: TeamQueues | None = None
+        # What other stages of the cycle keep for this state between cycles, by their own
+        # keys (the reservation stage: each pool's index of ends, ``reservation.kept_ends``).
+        self.kept: dict = {}
 
     def bind(self, key: QueueKey | None, state: ClusterState) -> None:
         """Start a cycle ordered by ``key`` (None: an order with no per-job key)."""
@@ -66,6 +69,15 @@ class QueueKeys:
 
     def shape(self, job: JobState) -> int:
         return self._entry(job)[2]
+
+    def waiting_shapes(self) -> list[tuple[int, str]] | None:
+        """(shape, pool) of every job in fair share's queues (``fair_queues``, as last
+        synced); a shape not numbered yet is -1, which no cycle has seen fail. None
+        without those queues."""
+        if self._fair is None:
+            return None
+        shapes = self._shapes
+        return [(shapes.get(shape, -1), shape[0]) for shape in self._fair.shapes()]
 
     def fair_queues(self) -> TeamQueues:
         """Fair share's per-team queues of this pool state, kept between cycles."""

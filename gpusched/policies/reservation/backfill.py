@@ -124,12 +124,15 @@ def _sweep(statement: Statement, job: JobState, now: float, booked: Mapping[str,
     for _, _, hold in kept:
         hold.apply()
     sweep = _Sweep(job, statement)
-    candidates = [node for node in state.nodes.values() if _could_ever_host(node, job)]
-    hosts = {node.name for node in candidates}
-    for node in candidates:
-        sweep.offer(node, now)
-        if sweep.done:
-            return sweep.reservation(now)
+    hosts: set[str] = set()
+    # Each node that could ever host a worker is offered at ``now``, in one pass: a pool's
+    # every node is read once a sweep, so the pass is kept to the checks themselves.
+    for node in state.nodes.values():
+        if _could_ever_host(node, job):
+            hosts.add(node.name)
+            sweep.offer(node, now)
+            if sweep.done:
+                return sweep.reservation(now)
     ends = EndWalk(index, state, hosts, booked, now, estimate)
     while True:
         t = min(ends.next_time(), kept[0][0] if kept else math.inf)
@@ -216,10 +219,10 @@ class _Sweep:
 
 
 def _could_ever_host(node: NodeState, job: JobState) -> bool:
-    res = job.spec.resources
-    return (node.schedulable and node.info.pool == job.spec.pool and res.allows(node.model)
-            and node.info.cpu_milli >= res.cpu_milli and node.info.memory_mib >= res.memory_mib
-            and sum(1 for g in node.gpus if g.healthy) >= max(res.gpus, 1 if res.milli else 0))
+    res, info = job.spec.resources, node.info
+    return (info.pool == job.spec.pool and node.schedulable and res.allows(node.model)
+            and info.cpu_milli >= res.cpu_milli and info.memory_mib >= res.memory_mib
+            and len([g for g in node.gpus if g.healthy]) >= max(res.gpus, 1 if res.milli else 0))
 
 
 class ReservationHold:

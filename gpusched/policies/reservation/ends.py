@@ -50,9 +50,11 @@ def end_of(holder: JobState, now: float, estimate) -> float:
 class EndIndex:
     """Every finite end of the jobs on ``pool``'s nodes at ``now``, as a heap."""
 
-    __slots__ = ("heap",)
+    __slots__ = ("heap", "live", "numbered")
 
     def __init__(self, state: ClusterState, pool: str, now: float, estimate) -> None:
+        # Every entry is live (``live`` None); numbers below ``numbered`` are taken.
+        self.live: dict[tuple[str, str], int] | None = None
         jobs, inf = state.jobs, math.inf
         heap: list[End] = []
         append = heap.append
@@ -75,21 +77,24 @@ class EndIndex:
                         append((end, len(heap), name, holder, here))
         heapq.heapify(heap)
         self.heap = heap
+        self.numbered = len(heap)
 
 
 class EndWalk:
     """One sweep's ends in time order: the index's merged with the ends of the jobs
     booked in the cycle, on ``hosts`` only."""
 
-    __slots__ = ("index", "frontier", "hosts")
+    __slots__ = ("index", "frontier", "hosts", "now")
 
     def __init__(self, index: EndIndex, state: ClusterState, hosts: set[str],
                  booked: Mapping[str, tuple[WorkerAssignment, ...]], now: float, estimate) -> None:
         self.index, self.hosts = index, hosts
         heap = index.heap
-        number = len(heap)
-        # (end, number, node, job, workers there, position in the index or -1)
-        frontier = [(*heap[0], 0)] if heap else []
+        number = index.numbered
+        self.now = now
+        # (end, number, node, job, workers there, position in the index or -1); an end of
+        # the index is clamped to ``now`` here (a kept index holds them unclamped).
+        frontier = [(max(now, heap[0][0]), *heap[0][1:], 0)] if heap else []
         jobs = state.jobs
         for job_id, workers in booked.items():
             holder = jobs[job_id]
@@ -106,8 +111,12 @@ class EndWalk:
         """When the next end is (``inf``: none left)."""
         frontier = self.frontier
         hosts = self.hosts
-        # An end on a node the job cannot use is skipped: releasing there changes nothing it reads.
-        while frontier and frontier[0][2] not in hosts:
+        live = self.index.live
+        # An end on a node the job cannot use is skipped: releasing there changes nothing it
+        # reads; so is an end a kept index has replaced since (``KeptEnds``).
+        while frontier and (frontier[0][2] not in hosts or (
+                live is not None and frontier[0][5] >= 0 and live.get((frontier[0][2], frontier[0][3].job_id))
+                != frontier[0][1])):
             self._pop()
         return frontier[0][0] if frontier else math.inf
 
@@ -122,8 +131,9 @@ class EndWalk:
         entry = heapq.heappop(frontier)
         at = entry[5]
         if at >= 0:
-            heap = self.index.heap
+            heap, now = self.index.heap, self.now
             for child in (2 * at + 1, 2 * at + 2):
                 if child < len(heap):
-                    heapq.heappush(frontier, (*heap[child], child))
+                    end = heap[child]
+                    heapq.heappush(frontier, (max(now, end[0]), *end[1:], child))
         return entry

@@ -28,6 +28,7 @@ from gpusched.policies.reservation.backfill import (
     DEFAULT_ESTIMATE_S, Reservation, ReservationHold, ends_before, reserve_for_head_of_line, runtime_estimate,
 )
 from gpusched.policies.reservation.ends import EndIndex
+from gpusched.policies.reservation.kept_ends import KeptEnds
 from gpusched.policies.statement import Statement
 
 
@@ -55,12 +56,18 @@ class ReservationRun(Protocol):
     def reserves(self, job: JobState, shape: object) -> bool:
         """Whether ``blocked`` would try to reserve for ``job`` now."""
 
+    def may_reserve(self, shape: object, pool: str) -> bool:
+        """Whether ``blocked`` may yet reserve for some job of ``shape`` in ``pool`` this
+        cycle (False: for none, whatever its wait)."""
+
 
 class ReservationStage(Protocol):
     name: str
     capacity_only: bool   # whether a failure under this stage depends on free capacity alone
 
-    def start(self, statement: Statement, now: float) -> ReservationRun: ...
+    def start(self, statement: Statement, now: float, kept: dict | None = None) -> ReservationRun:
+        """One cycle's run. ``kept``: what the stage keeps for this state between cycles
+        (``QueueKeys.kept``), or None to keep nothing."""
 
 
 class NoReservation:
@@ -69,7 +76,7 @@ class NoReservation:
     name = "none"
     capacity_only = True
 
-    def start(self, statement: Statement, now: float) -> "NoReservation":
+    def start(self, statement: Statement, now: float, kept: dict | None = None) -> "NoReservation":
         return self
 
     reservation = None
@@ -80,6 +87,9 @@ class NoReservation:
         pass
 
     def reserves(self, job, shape) -> bool:
+        return False
+
+    def may_reserve(self, shape, pool) -> bool:
         return False
 
 
@@ -117,13 +127,13 @@ class Backfill:
         """How long a job of ``pool`` waits before it gets a reservation."""
         return self.pool_reserve_after_s.get(pool, self.reserve_after_s)
 
-    def start(self, statement: Statement, now: float) -> "_BackfillRun":
-        return _BackfillRun(self, statement, now)
+    def start(self, statement: Statement, now: float, kept: dict | None = None) -> "_BackfillRun":
+        return _BackfillRun(self, statement, now, kept)
 
 
 class _BackfillRun:
-    def __init__(self, stage: Backfill, statement: Statement, now: float) -> None:
-        self.stage, self.statement, self.now = stage, statement, now
+    def __init__(self, stage: Backfill, statement: Statement, now: float, kept: dict | None) -> None:
+        self.stage, self.statement, self.now, self.kept = stage, statement, now, kept
         self.estimate = runtime_estimate(statement.state, stage.default_estimate_s)
         self.reservations: list[Reservation] = []   # in the order made
         self.holds: list[ReservationHold] = []      # one per reservation, applied in that order
@@ -170,6 +180,9 @@ class _BackfillRun:
     def reserves(self, job: JobState, shape: object) -> bool:
         return shape not in self.unreservable and self.wants(job)
 
+    def may_reserve(self, shape: object, pool: str) -> bool:
+        return shape not in self.unreservable and self._per_pool.get(pool, 0) < self.stage.depth
+
     def blocked(self, job: JobState, shape: object, decided: Mapping[str, Decided]) -> None:
         if not self.reserves(job, shape):
             return
@@ -178,7 +191,7 @@ class _BackfillRun:
         earlier = [(r, r.shadow_s + self.estimate(r.job)) for r in self.reservations if r.job.spec.pool == pool]
         index = self._ends.get(pool)
         if index is None:
-            index = self._ends[pool] = EndIndex(self.statement.state, pool, self.now, self.estimate)
+            index = self._ends[pool] = self._index(pool)
         with self.lifted():   # the sweep holds the earlier reservations itself, as time goes
             reservation = reserve_for_head_of_line(self.statement, job, self.now, booked, self.estimate, earlier,
                                                    index)
@@ -190,6 +203,19 @@ class _BackfillRun:
         hold = ReservationHold(self.statement, reservation)
         hold.apply()
         self.holds.append(hold)
+
+
+    def _index(self, pool: str) -> EndIndex:
+        """``pool``'s ends for this cycle: kept between cycles where the caller keeps them."""
+        state = self.statement.state
+        if self.kept is None:
+            return EndIndex(state, pool, self.now, self.estimate)
+        kept = self.kept.get(("ends", pool))
+        if kept is None:
+            kept = self.kept[("ends", pool)] = KeptEnds()
+        # What the estimate reads besides the job: the pools' default time limits, the default.
+        setting = (dict(state.pool_limits), self.stage.default_estimate_s)
+        return kept.current(state, pool, self.now, self.estimate, setting)
 
 
 # The reservation stages by name: one explicit map; constructor keywords are their arguments.

@@ -1,0 +1,174 @@
+"""The index of running jobs' ends (``ends.EndIndex``) kept from one cycle to the next.
+
+Listing every running job's end of a pool is one pass over its running jobs, tens of
+thousands on a large pool, and a cycle that reserves paid it every time although between
+two cycles only a few jobs start, end or change. ``KeptEnds`` keeps the index for one
+pool of one state and, at each cycle's first sweep, brings it in step with the state:
+
+* a node whose set of jobs changed (a job placed there or gone), that is new, or whose
+  registration changed (``node.info``), has its ends listed again;
+* a job whose end may have moved (its phase, start, time limit or workers changed: it
+  started, is being stopped, ended, was requeued) has its nodes listed again;
+* a change of what estimates a runtime (the pool's default time limit, the stage's
+  default estimate) lists everything again.
+
+That check still reads every running job, but as a comparison of a few fields, not the
+computation of its end and a heap entry (about a tenth of the build). An end is kept
+unclamped (``raw_end``: a job being stopped ends at ``-inf``): ``max(now, end)`` keeps
+the order, so the walk clamps what it reads (``EndWalk``). Ends that changed are pushed
+as new entries and the old ones left in the heap, dead: ``live`` maps each (node, job)
+to the number of its one live entry, and the walk skips the others. When the dead
+outnumber the live the heap is rebuilt from the live ones.
+
+``tests/unit/policies/test_kept_ends.py`` holds the kept index against one built afresh
+after random changes to the state, and whole cycles with it against cycles without.
+"""
+from __future__ import annotations
+
+import heapq
+import math
+from typing import Callable
+
+from gpusched.core.model import JobPhase
+from gpusched.core.state import ClusterState, JobState, NodeState
+from gpusched.policies.reservation.ends import EndIndex
+
+_PREEMPTING, _STOPPING, _RUNNING, _PLACED = JobPhase.PREEMPTING, JobPhase.STOPPING, JobPhase.RUNNING, JobPhase.PLACED
+
+
+class _Unkeepable(Exception):
+    """A job on a node in a phase whose end moves with ``now`` (none in practice): the
+    index is built for this cycle alone."""
+
+
+def raw_end(holder: JobState, estimate: Callable[[JobState], float]) -> float:
+    """``ends.end_of`` before it is clamped to ``now``: ``-inf`` for a job being stopped."""
+    phase = holder.phase
+    if phase is _PREEMPTING or phase is _STOPPING:
+        return -math.inf
+    runtime = estimate(holder)
+    if runtime <= 0:
+        return math.inf
+    if phase is _RUNNING:
+        return holder.started_at + runtime
+    if phase is _PLACED:
+        return holder.placed_at + runtime
+    raise _Unkeepable(holder.job_id)
+
+
+def _signature(holder: JobState) -> tuple:
+    """What a job's end depends on, besides the pool's estimate."""
+    return (holder.phase, holder.placed_at, holder.started_at, holder.time_limit_s, holder.workers)
+
+
+class KeptEnds:
+    """One pool's ends, kept for one state between cycles (by ``QueueKeys.ends``)."""
+
+    __slots__ = ("state", "setting", "index", "nodes", "jobs", "number")
+
+    def __init__(self) -> None:
+        self.state: ClusterState | None = None
+        self.setting: object = None
+        self.index: EndIndex | None = None
+        # node -> (its state, its info, its job set, the jobs it has entries for)
+        self.nodes: dict[str, tuple[NodeState, object, frozenset[str], tuple[str, ...]]] = {}
+        self.jobs: dict[str, tuple[JobState, tuple]] = {}   # job on the pool's nodes -> (state, signature)
+        self.number = 0
+
+    def current(self, state: ClusterState, pool: str, now: float, estimate, setting: object) -> EndIndex:
+        """The index of ``pool``'s ends in ``state``, for this cycle's sweeps.
+        ``setting``: what ``estimate`` reads besides the job (compared, not interpreted)."""
+        try:
+            if state is not self.state or setting != self.setting or self.index is None:
+                self._rebuild(state, pool, estimate, setting)
+            else:
+                self._refresh(state, pool, estimate)
+        except _Unkeepable:
+            self.state = self.index = None
+            return EndIndex(state, pool, now, estimate)
+        index = self.index
+        if len(index.heap) > 2 * len(index.live) + 1024:
+            self._compact()
+        index.numbered = self.number
+        return index
+
+    def _rebuild(self, state: ClusterState, pool: str, estimate, setting: object) -> None:
+        self.state, self.setting = state, setting
+        index = EndIndex.__new__(EndIndex)
+        index.heap, index.live = [], {}
+        self.index, self.nodes, self.jobs = index, {}, {}
+        for node in state.nodes.values():
+            if node.info.pool == pool:
+                self._list(node, estimate, index.heap)
+        heapq.heapify(index.heap)
+
+    def _refresh(self, state: ClusterState, pool: str, estimate) -> None:
+        nodes, jobs = self.nodes, self.jobs
+        dirty: set[str] = set()
+        seen = 0
+        for name, node in state.nodes.items():
+            kept = nodes.get(name)
+            if kept is None:
+                if node.info.pool == pool:
+                    dirty.add(name)
+                continue
+            seen += 1
+            if kept[0] is not node or kept[1] is not node.info or kept[2] != node.jobs:
+                dirty.add(name)
+        if seen != len(nodes):   # a node gone from the state
+            dirty.update(n for n in nodes if n not in state.nodes)
+        # ``_signature``, inlined: this comparison is the refresh's whole cost on a quiet pool.
+        changed = [(job_id, h, signature) for job_id, (h, signature) in jobs.items()
+                   if (h.phase, h.placed_at, h.started_at, h.time_limit_s, h.workers) != signature]
+        for job_id, holder, signature in changed:
+            # Listed again with the nodes that hold it now, if any does.
+            del jobs[job_id]
+            dirty.update(w.node for w in signature[4])
+            dirty.update(w.node for w in holder.workers)
+        if not dirty:
+            return
+        heap, push = self.index.heap, heapq.heappush
+        added: list = []
+        for name in dirty:
+            self._forget(name)
+            node = state.nodes.get(name)
+            if node is not None and node.info.pool == pool:
+                self._list(node, estimate, added)
+        for entry in added:
+            push(heap, entry)
+
+    def _forget(self, name: str) -> None:
+        """Drop ``name``'s entries: they stay in the heap, dead."""
+        kept = self.nodes.pop(name, None)
+        if kept is None:
+            return
+        live = self.index.live
+        for job_id in kept[3]:
+            del live[(name, job_id)]
+
+    def _list(self, node: NodeState, estimate, out: list) -> None:
+        """Append ``node``'s ends to ``out`` and record them live (as ``EndIndex`` lists them)."""
+        jobs, live, name, inf = self.state.jobs, self.index.live, node.name, math.inf
+        members = frozenset(node.jobs)
+        listed = []
+        for job_id in members:
+            holder = jobs.get(job_id)
+            if holder is None:
+                continue
+            here = tuple(w for w in holder.workers if w.node == name)
+            self.jobs[job_id] = (holder, _signature(holder))
+            if not here:
+                continue
+            end = raw_end(holder, estimate)
+            if end < inf:
+                live[(name, job_id)] = self.number
+                out.append((end, self.number, name, holder, here))
+                self.number += 1
+                listed.append(job_id)
+        self.nodes[name] = (node, node.info, members, tuple(listed))
+
+    def _compact(self) -> None:
+        index = self.index
+        live = index.live
+        index.heap = [e for e in index.heap if live.get((e[2], e[3].job_id)) == e[1]]
+        heapq.heapify(index.heap)
