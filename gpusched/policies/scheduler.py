@@ -259,7 +259,8 @@ class _Cycle:
         self.placement = scheduler._placement
         self.state, self.now, self.statement, self.quotas = state, now, statement, quotas
         self.nominees, self.guarantee = nominees, guarantee
-        self.reservations: ReservationRun = scheduler._reservations.start(statement, now, kept)
+        self.reservations: ReservationRun = scheduler._reservations.start(statement, now, kept,
+                                                                          nominees=nominees is not None)
         self.decisions: dict[str, Decision] = {}      # written by record only
         self.unplaced: dict[str, Unplaced] = {}       # written by record only
         self.skipped: list[str] = []                  # SKIPPED_SAME_SHAPE, written by the gate only

@@ -91,6 +91,7 @@ def reserve_for_head_of_line(statement: Statement, job: JobState, now: float,
                              estimate: Estimate = _time_limit,
                              earlier: Sequence[tuple[Reservation, float]] = (),
                              index: EndIndex | None = None,
+                             at_now: dict | None = None,
                              ) -> Reservation | None:
     """The earliest slots where every worker of ``job`` fits once running jobs end, or
     None when that never happens (it fits no node, or it waits on jobs of unknown
@@ -100,6 +101,8 @@ def reserve_for_head_of_line(statement: Statement, job: JobState, now: float,
     they must not be held on the statement already (the sweep holds them itself).
     ``index``: the ends of the running jobs of ``job``'s pool at ``now`` with ``estimate``
     (``ends.EndIndex``), built for an earlier sweep of this cycle; built here when None.
+    ``at_now``: what earlier sweeps of this cycle found at ``now`` (``_offer_at_now``),
+    only where nothing but the cycle's bookings and reservations changed the state since.
 
     Sweeps the expected ends in time order, releasing each on ``statement`` and offering
     its node another worker, until every worker has a slot: the work is proportional to
@@ -109,13 +112,14 @@ def reserve_for_head_of_line(statement: Statement, job: JobState, now: float,
         index = EndIndex(statement.state, job.spec.pool, now, estimate)
     mark = statement.checkpoint()
     try:
-        return _sweep(statement, job, now, booked, estimate, earlier, index)
+        return _sweep(statement, job, now, booked, estimate, earlier, index, at_now)
     finally:
         statement.rollback(mark)
 
 
 def _sweep(statement: Statement, job: JobState, now: float, booked: Mapping[str, tuple[WorkerAssignment, ...]],
-           estimate: Estimate, earlier: Sequence[tuple[Reservation, float]], index: EndIndex) -> Reservation | None:
+           estimate: Estimate, earlier: Sequence[tuple[Reservation, float]], index: EndIndex,
+           at_now: dict | None) -> Reservation | None:
     state = statement.state
     # Earlier reservations keep what they need until their jobs end: held here, and held
     # again after every release on their nodes, so this job is never given their slots.
@@ -124,15 +128,9 @@ def _sweep(statement: Statement, job: JobState, now: float, booked: Mapping[str,
     for _, _, hold in kept:
         hold.apply()
     sweep = _Sweep(job, statement)
-    hosts: set[str] = set()
-    # Each node that could ever host a worker is offered at ``now``, in one pass: a pool's
-    # every node is read once a sweep, so the pass is kept to the checks themselves.
-    for node in state.nodes.values():
-        if _could_ever_host(node, job):
-            hosts.add(node.name)
-            sweep.offer(node, now)
-            if sweep.done:
-                return sweep.reservation(now)
+    hosts = _offer_at_now(state, sweep, now, at_now)
+    if sweep.done:
+        return sweep.reservation(now)
     ends = EndWalk(index, state, hosts, booked, now, estimate)
     while True:
         t = min(ends.next_time(), kept[0][0] if kept else math.inf)
@@ -151,6 +149,45 @@ def _sweep(statement: Statement, job: JobState, now: float, booked: Mapping[str,
         if sweep.done:
             return sweep.reservation(t)
     return None
+
+
+def _offer_at_now(state: ClusterState, sweep: "_Sweep", now: float, at_now: dict | None) -> set[str]:
+    """Offer every node that could ever host a worker of the job at ``now``, in the state's
+    order, until the job has every worker; the names of those nodes (complete only when
+    it has not).
+
+    ``at_now`` (per cycle, by pool and resources): the nodes and, of them, those that took
+    a worker, from an earlier sweep that offered every one. Within a cycle capacity at
+    ``now`` only shrinks (bookings, and holds, which keep what is free up to a need), so
+    a node that took no worker then takes none now: only the others are offered again."""
+    job = sweep.job
+    key = (job.spec.pool, job.spec.resources)
+    memo = at_now.get(key) if at_now is not None else None
+    took: list[NodeState] = []
+    if memo is not None:
+        hosts, nodes = memo
+        for node in nodes:
+            before = len(sweep.found)
+            sweep.offer(node, now)
+            if len(sweep.found) > before:
+                took.append(node)
+            if sweep.done:
+                return hosts
+    else:
+        hosts = set()
+        # One pass: a pool's every node is read once a sweep, so it is kept to the checks.
+        for node in state.nodes.values():
+            if _could_ever_host(node, job):
+                hosts.add(node.name)
+                before = len(sweep.found)
+                sweep.offer(node, now)
+                if len(sweep.found) > before:
+                    took.append(node)
+                if sweep.done:
+                    return hosts
+    if at_now is not None:
+        at_now[key] = (hosts, took)
+    return hosts
 
 
 def _free_and_offer(statement: Statement, sweep: "_Sweep", t: float,

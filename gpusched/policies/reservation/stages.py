@@ -65,9 +65,11 @@ class ReservationStage(Protocol):
     name: str
     capacity_only: bool   # whether a failure under this stage depends on free capacity alone
 
-    def start(self, statement: Statement, now: float, kept: dict | None = None) -> ReservationRun:
+    def start(self, statement: Statement, now: float, kept: dict | None = None,
+              nominees: bool = True) -> ReservationRun:
         """One cycle's run. ``kept``: what the stage keeps for this state between cycles
-        (``QueueKeys.kept``), or None to keep nothing."""
+        (``QueueKeys.kept``), or None to keep nothing; ``nominees``: whether nodes may be
+        kept for nominees in this cycle."""
 
 
 class NoReservation:
@@ -76,7 +78,8 @@ class NoReservation:
     name = "none"
     capacity_only = True
 
-    def start(self, statement: Statement, now: float, kept: dict | None = None) -> "NoReservation":
+    def start(self, statement: Statement, now: float, kept: dict | None = None,
+              nominees: bool = True) -> "NoReservation":
         return self
 
     reservation = None
@@ -127,12 +130,14 @@ class Backfill:
         """How long a job of ``pool`` waits before it gets a reservation."""
         return self.pool_reserve_after_s.get(pool, self.reserve_after_s)
 
-    def start(self, statement: Statement, now: float, kept: dict | None = None) -> "_BackfillRun":
-        return _BackfillRun(self, statement, now, kept)
+    def start(self, statement: Statement, now: float, kept: dict | None = None,
+              nominees: bool = True) -> "_BackfillRun":
+        return _BackfillRun(self, statement, now, kept, nominees)
 
 
 class _BackfillRun:
-    def __init__(self, stage: Backfill, statement: Statement, now: float, kept: dict | None) -> None:
+    def __init__(self, stage: Backfill, statement: Statement, now: float, kept: dict | None,
+                 nominees: bool = True) -> None:
         self.stage, self.statement, self.now, self.kept = stage, statement, now, kept
         self.estimate = runtime_estimate(statement.state, stage.default_estimate_s)
         self.reservations: list[Reservation] = []   # in the order made
@@ -144,6 +149,10 @@ class _BackfillRun:
         # Each pool's running jobs' ends, listed at its first sweep and read by every later
         # one of this cycle: they do not change within it (``ends``).
         self._ends: dict[str, EndIndex] = {}
+        # What the sweeps found at ``now`` (``backfill._offer_at_now``), while only this
+        # cycle's bookings and holds change capacity: not with nominations, whose holds
+        # (``NomineeHold``) depend on the job offered.
+        self.at_now: dict | None = None if nominees else {}
 
     @property
     def reservation(self) -> Reservation | None:
@@ -194,7 +203,7 @@ class _BackfillRun:
             index = self._ends[pool] = self._index(pool)
         with self.lifted():   # the sweep holds the earlier reservations itself, as time goes
             reservation = reserve_for_head_of_line(self.statement, job, self.now, booked, self.estimate, earlier,
-                                                   index)
+                                                   index, self.at_now)
         if reservation is None:
             self.unreservable.add(shape)
             return

@@ -112,11 +112,12 @@ def test_indexed_sweep_reserves_as_the_full_sweep(nodes, running, waiting, pool_
     before = digest(log.state)
 
     indexes: list[EndIndex] = []
+    at_now: dict = {}
 
-    def shared(statement, job, booked, estimate, earlier):   # one index for the cycle, as the stage keeps
+    def shared(statement, job, booked, estimate, earlier):   # one index and memo for the cycle, as the stage keeps
         if not indexes:
             indexes.append(EndIndex(statement.state, "default", NOW, estimate))
-        return reserve_for_head_of_line(statement, job, NOW, booked, estimate, earlier, indexes[0])
+        return reserve_for_head_of_line(statement, job, NOW, booked, estimate, earlier, indexes[0], at_now)
 
     def own(statement, job, booked, estimate, earlier):      # an index built by each sweep
         return reserve_for_head_of_line(statement, job, NOW, booked, estimate, earlier)
@@ -165,7 +166,7 @@ def test_cycles_decide_and_reserve_as_with_the_full_sweep(nodes, running, waitin
         if sweep is None:
             runs.append(two_cycles(log, config))
         else:   # the stage's call, its index left out
-            def full(statement, job, now, booked, estimate, earlier, index):
+            def full(statement, job, now, booked, estimate, earlier, *_):
                 return oracle_reserve(statement, job, now, booked, estimate, earlier)
             with patch.object(stages, "reserve_for_head_of_line", full):
                 runs.append(two_cycles(log, config))
