@@ -136,19 +136,55 @@ def _sweep(statement: Statement, job: JobState, now: float, booked: Mapping[str,
         t = min(ends.next_time(), kept[0][0] if kept else math.inf)
         if t == math.inf:
             break
-        freed: dict[str, list[tuple[JobState, tuple[WorkerAssignment, ...]]]] = {}
-        while ends.next_time() == t:   # everything ending at t frees at once
-            name, holder, here = ends.pop()
-            freed.setdefault(name, []).append((holder, here))
-        touched = set(freed)
+        lifted: set[str] = set()
         while kept and kept[0][0] <= t:   # an earlier reserved job ends: its hold goes
             hold = kept.pop(0)[2]
             hold.lift()
-            touched.update(hold.nodes)
-        _free_and_offer(statement, sweep, t, freed, touched, hosts, [hold for _, _, hold in kept])
+            lifted.update(hold.nodes)
+        holds = [hold for _, _, hold in kept]
+        if len(holds) <= 1 and t > now:
+            _release_by_node(statement, sweep, t, ends, sorted(lifted), hosts, holds)
+        else:
+            freed: dict[str, list[tuple[JobState, tuple[WorkerAssignment, ...]]]] = {}
+            while ends.next_time() == t:   # everything ending at t frees at once
+                name, holder, here = ends.pop()
+                freed.setdefault(name, []).append((holder, here))
+            _free_and_offer(statement, sweep, t, freed, lifted | set(freed), hosts, holds)
         if sweep.done:
             return sweep.reservation(t)
     return None
+
+
+def _release_by_node(statement: Statement, sweep: "_Sweep", t: float, ends: EndWalk, lifted: list[str],
+                     hosts: set[str], holds: list["ReservationHold"]) -> None:
+    """``_free_and_offer`` with at most one hold, reading the ends at ``t`` as it goes:
+    they come in node order (``ends.End``), so the nodes are released and offered in name
+    order, each when its last end at ``t`` is read, and what ends at ``t`` on the nodes
+    after the one that completes the job is never read. On a pool where thousands of
+    jobs end at one time (placed in one cycle) that is most of a sweep's work saved.
+    Only past ``now``: an index kept between cycles clamps ends before ``now`` to it,
+    and those come in its order, not in node order."""
+    nodes = statement.state.nodes
+    i = 0
+    while True:
+        at_t = ends.next_time() == t
+        if not at_t and i == len(lifted):
+            return
+        name = ends.next_node() if at_t else lifted[i]
+        if i < len(lifted) and lifted[i] <= name:
+            name = lifted[i]
+            i += 1
+        while ends.next_time() == t and ends.next_node() == name:
+            _, holder, here = ends.pop()
+            statement.release(holder, here)
+        for hold in holds:
+            if name in hold.nodes:
+                hold.lift()
+                hold.apply()
+        if name in hosts:
+            sweep.offer(nodes[name], t)
+            if sweep.done:
+                return
 
 
 def _offer_at_now(state: ClusterState, sweep: "_Sweep", now: float, at_now: dict | None) -> set[str]:

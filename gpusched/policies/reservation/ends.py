@@ -29,9 +29,9 @@ from gpusched.core.state import ClusterState, JobState
 
 _PREEMPTING, _STOPPING, _RUNNING, _PLACED = JobPhase.PREEMPTING, JobPhase.STOPPING, JobPhase.RUNNING, JobPhase.PLACED
 
-# An end: (time, number, node, job, its workers on that node); numbers are unique, so
-# ties in time never compare jobs. Which of the ends of one time comes first does not
-# matter: a sweep releases them all before it offers any node.
+# An end: (time, node, number, job, its workers on that node); numbers are unique, so
+# ties never compare jobs. Ends of one time come in node order: a sweep may then release
+# and offer node by node (``backfill._release_by_node``) without reading the others.
 End = tuple
 
 
@@ -74,7 +74,7 @@ class EndIndex:
                 if here:
                     end = end_of(holder, now, estimate)
                     if end < inf:
-                        append((end, len(heap), name, holder, here))
+                        append((end, name, len(heap), holder, here))
         heapq.heapify(heap)
         self.heap = heap
         self.numbered = len(heap)
@@ -92,7 +92,7 @@ class EndWalk:
         heap = index.heap
         number = index.numbered
         self.now = now
-        # (end, number, node, job, workers there, position in the index or -1); an end of
+        # (end, node, number, job, workers there, position in the index or -1); an end of
         # the index is clamped to ``now`` here (a kept index holds them unclamped).
         frontier = [(max(now, heap[0][0]), *heap[0][1:], 0)] if heap else []
         jobs = state.jobs
@@ -102,7 +102,7 @@ class EndWalk:
                 end = end_of(holder, now, estimate)
                 if end < math.inf:
                     here = tuple(w for w in workers if w.node == name)
-                    frontier.append((end, number, name, holder, here, -1))
+                    frontier.append((end, name, number, holder, here, -1))
                     number += 1
         heapq.heapify(frontier)
         self.frontier = frontier
@@ -114,16 +114,20 @@ class EndWalk:
         live = self.index.live
         # An end on a node the job cannot use is skipped: releasing there changes nothing it
         # reads; so is an end a kept index has replaced since (``KeptEnds``).
-        while frontier and (frontier[0][2] not in hosts or (
-                live is not None and frontier[0][5] >= 0 and live.get((frontier[0][2], frontier[0][3].job_id))
-                != frontier[0][1])):
+        while frontier and (frontier[0][1] not in hosts or (
+                live is not None and frontier[0][5] >= 0 and live.get((frontier[0][1], frontier[0][3].job_id))
+                != frontier[0][2])):
             self._pop()
         return frontier[0][0] if frontier else math.inf
+
+    def next_node(self) -> str:
+        """The node of the next end (``next_time`` said there is one)."""
+        return self.frontier[0][1]
 
     def pop(self) -> tuple[str, JobState, tuple[WorkerAssignment, ...]]:
         """The next end (``next_time`` said there is one): node, job, its workers there."""
         entry = self._pop()
-        return entry[2], entry[3], entry[4]
+        return entry[1], entry[3], entry[4]
 
     def _pop(self) -> tuple:
         """Take the frontier's first entry, putting its children in the index in its place."""

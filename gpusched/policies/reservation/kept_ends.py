@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from typing import Callable
+from typing import AbstractSet, Callable
 
 from gpusched.core.model import JobPhase
 from gpusched.core.state import ClusterState, JobState, NodeState
@@ -127,27 +127,31 @@ class KeptEnds:
             dirty.update(w.node for w in holder.workers)
         if not dirty:
             return
-        heap, push = self.index.heap, heapq.heappush
-        added: list = []
+        moved = {job_id for job_id, _, _ in changed}
+        live, added = self.index.live, []
         for name in dirty:
-            self._forget(name)
+            kept = nodes.pop(name, None)
             node = state.nodes.get(name)
+            listed = kept[3] if kept is not None else ()
+            # An unchanged job still there keeps its entry: only what moved is dead.
+            same = {j for j in listed if j not in moved and j in node.jobs} \
+                if node is not None and node.info.pool == pool else set()
+            for job_id in listed:
+                if job_id not in same:
+                    del live[(name, job_id)]
             if node is not None and node.info.pool == pool:
-                self._list(node, estimate, added)
+                self._list(node, estimate, added, same)
+        heap, push, pop = self.index.heap, heapq.heappush, heapq.heappop
         for entry in added:
             push(heap, entry)
+        # The jobs that end first are the oldest, those that ended first: their dead
+        # entries gather at the top, where every sweep would read past them.
+        while heap and live.get((heap[0][1], heap[0][3].job_id)) != heap[0][2]:
+            pop(heap)
 
-    def _forget(self, name: str) -> None:
-        """Drop ``name``'s entries: they stay in the heap, dead."""
-        kept = self.nodes.pop(name, None)
-        if kept is None:
-            return
-        live = self.index.live
-        for job_id in kept[3]:
-            del live[(name, job_id)]
-
-    def _list(self, node: NodeState, estimate, out: list) -> None:
-        """Append ``node``'s ends to ``out`` and record them live (as ``EndIndex`` lists them)."""
+    def _list(self, node: NodeState, estimate, out: list, same: AbstractSet[str] = frozenset()) -> None:
+        """Append ``node``'s ends to ``out`` and record them live (as ``EndIndex`` lists
+        them), but for the jobs in ``same``, whose live entries stand."""
         jobs, live, name, inf = self.state.jobs, self.index.live, node.name, math.inf
         members = frozenset(node.jobs)
         listed = []
@@ -155,14 +159,17 @@ class KeptEnds:
             holder = jobs.get(job_id)
             if holder is None:
                 continue
-            here = tuple(w for w in holder.workers if w.node == name)
             self.jobs[job_id] = (holder, _signature(holder))
+            if job_id in same:
+                listed.append(job_id)
+                continue
+            here = tuple(w for w in holder.workers if w.node == name)
             if not here:
                 continue
             end = raw_end(holder, estimate)
             if end < inf:
                 live[(name, job_id)] = self.number
-                out.append((end, self.number, name, holder, here))
+                out.append((end, name, self.number, holder, here))
                 self.number += 1
                 listed.append(job_id)
         self.nodes[name] = (node, node.info, members, tuple(listed))
@@ -170,5 +177,5 @@ class KeptEnds:
     def _compact(self) -> None:
         index = self.index
         live = index.live
-        index.heap = [e for e in index.heap if live.get((e[2], e[3].job_id)) == e[1]]
+        index.heap = [e for e in index.heap if live.get((e[1], e[3].job_id)) == e[2]]
         heapq.heapify(index.heap)
