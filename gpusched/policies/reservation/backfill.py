@@ -142,7 +142,7 @@ def _sweep(statement: Statement, job: JobState, now: float, booked: Mapping[str,
             hold.lift()
             lifted.update(hold.nodes)
         holds = [hold for _, _, hold in kept]
-        if len(holds) <= 1 and t > now:
+        if len(holds) <= 1:
             _release_by_node(statement, sweep, t, ends, sorted(lifted), hosts, holds)
         else:
             freed: dict[str, list[tuple[JobState, tuple[WorkerAssignment, ...]]]] = {}
@@ -161,9 +161,8 @@ def _release_by_node(statement: Statement, sweep: "_Sweep", t: float, ends: EndW
     they come in node order (``ends.End``), so the nodes are released and offered in name
     order, each when its last end at ``t`` is read, and what ends at ``t`` on the nodes
     after the one that completes the job is never read. On a pool where thousands of
-    jobs end at one time (placed in one cycle) that is most of a sweep's work saved.
-    Only past ``now``: an index kept between cycles clamps ends before ``now`` to it,
-    and those come in its order, not in node order."""
+    jobs end at one time (placed in one cycle, or all past their estimates: at ``now``)
+    that is most of a sweep's work saved."""
     nodes = statement.state.nodes
     i = 0
     while True:

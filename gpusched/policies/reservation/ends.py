@@ -50,11 +50,13 @@ def end_of(holder: JobState, now: float, estimate) -> float:
 class EndIndex:
     """Every finite end of the jobs on ``pool``'s nodes at ``now``, as a heap."""
 
-    __slots__ = ("heap", "live", "numbered")
+    __slots__ = ("heap", "live", "numbered", "overdue")
 
     def __init__(self, state: ClusterState, pool: str, now: float, estimate) -> None:
         # Every entry is live (``live`` None); numbers below ``numbered`` are taken.
         self.live: dict[tuple[str, str], int] | None = None
+        # Ends at ``now`` kept apart in node order (``kept_ends``); here they are in the heap.
+        self.overdue: list[End] = []
         jobs, inf = state.jobs, math.inf
         heap: list[End] = []
         append = heap.append
@@ -95,6 +97,10 @@ class EndWalk:
         # (end, node, number, job, workers there, position in the index or -1); an end of
         # the index is clamped to ``now`` here (a kept index holds them unclamped).
         frontier = [(max(now, heap[0][0]), *heap[0][1:], 0)] if heap else []
+        # The overdue ends, all at ``now`` and in node order, enter one at a time
+        # (position -2 - i in ``index.overdue``), each as the one before is read.
+        if index.overdue:
+            frontier.append((now, *index.overdue[0][1:], -2))
         jobs = state.jobs
         for job_id, workers in booked.items():
             holder = jobs[job_id]
@@ -115,7 +121,7 @@ class EndWalk:
         # An end on a node the job cannot use is skipped: releasing there changes nothing it
         # reads; so is an end a kept index has replaced since (``KeptEnds``).
         while frontier and (frontier[0][1] not in hosts or (
-                live is not None and frontier[0][5] >= 0 and live.get((frontier[0][1], frontier[0][3].job_id))
+                live is not None and frontier[0][5] != -1 and live.get((frontier[0][1], frontier[0][3].job_id))
                 != frontier[0][2])):
             self._pop()
         return frontier[0][0] if frontier else math.inf
@@ -140,4 +146,8 @@ class EndWalk:
                 if child < len(heap):
                     end = heap[child]
                     heapq.heappush(frontier, (max(now, end[0]), *end[1:], child))
+        elif at <= -2:
+            overdue, following = self.index.overdue, -at - 1
+            if following < len(overdue):
+                heapq.heappush(frontier, (self.now, *overdue[following][1:], -2 - following))
         return entry

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from bisect import insort
 from typing import AbstractSet, Callable
 
 from gpusched.core.model import JobPhase
@@ -56,6 +57,10 @@ def raw_end(holder: JobState, estimate: Callable[[JobState], float]) -> float:
     raise _Unkeepable(holder.job_id)
 
 
+def _node_order(entry: tuple) -> tuple:
+    return entry[1], entry[2]
+
+
 def _signature(holder: JobState) -> tuple:
     """What a job's end depends on, besides the pool's estimate."""
     return (holder.phase, holder.placed_at, holder.started_at, holder.time_limit_s, holder.workers)
@@ -64,7 +69,7 @@ def _signature(holder: JobState) -> tuple:
 class KeptEnds:
     """One pool's ends, kept for one state between cycles (by ``QueueKeys.ends``)."""
 
-    __slots__ = ("state", "setting", "index", "nodes", "jobs", "number")
+    __slots__ = ("state", "setting", "index", "nodes", "jobs", "number", "now")
 
     def __init__(self) -> None:
         self.state: ClusterState | None = None
@@ -74,28 +79,50 @@ class KeptEnds:
         self.nodes: dict[str, tuple[NodeState, object, frozenset[str], tuple[str, ...]]] = {}
         self.jobs: dict[str, tuple[JobState, tuple]] = {}   # job on the pool's nodes -> (state, signature)
         self.number = 0
+        self.now = -math.inf   # the latest cycle's: ends before it are overdue
 
     def current(self, state: ClusterState, pool: str, now: float, estimate, setting: object) -> EndIndex:
         """The index of ``pool``'s ends in ``state``, for this cycle's sweeps.
         ``setting``: what ``estimate`` reads besides the job (compared, not interpreted)."""
         try:
-            if state is not self.state or setting != self.setting or self.index is None:
+            if state is not self.state or setting != self.setting or self.index is None or now < self.now:
                 self._rebuild(state, pool, estimate, setting)
             else:
                 self._refresh(state, pool, estimate)
         except _Unkeepable:
             self.state = self.index = None
             return EndIndex(state, pool, now, estimate)
+        self.now = now
+        self._move_overdue(now)
         index = self.index
-        if len(index.heap) > 2 * len(index.live) + 1024:
+        if len(index.heap) + len(index.overdue) > 2 * len(index.live) + 1024:
             self._compact()
         index.numbered = self.number
         return index
 
+    def _move_overdue(self, now: float) -> None:
+        """Move the ends at or before ``now`` from the heap to ``overdue``, kept in node
+        order: every one of them is read at ``now``, where a sweep reads ends in node
+        order, and the heap orders them by their unclamped time. They stay overdue, as
+        time only goes on (a cycle at an earlier time rebuilds)."""
+        index = self.index
+        heap, live, pop = index.heap, index.live, heapq.heappop
+        moved = []
+        while heap and heap[0][0] <= now:
+            entry = pop(heap)
+            if live.get((entry[1], entry[3].job_id)) == entry[2]:
+                moved.append(entry)
+        if len(moved) > 16:   # many at once: one sort beats as many insertions
+            index.overdue.extend(moved)
+            index.overdue.sort(key=_node_order)
+        else:
+            for entry in moved:
+                insort(index.overdue, entry, key=_node_order)
+
     def _rebuild(self, state: ClusterState, pool: str, estimate, setting: object) -> None:
         self.state, self.setting = state, setting
         index = EndIndex.__new__(EndIndex)
-        index.heap, index.live = [], {}
+        index.heap, index.live, index.overdue = [], {}, []
         self.index, self.nodes, self.jobs = index, {}, {}
         for node in state.nodes.values():
             if node.info.pool == pool:
@@ -179,3 +206,4 @@ class KeptEnds:
         live = index.live
         index.heap = [e for e in index.heap if live.get((e[1], e[3].job_id)) == e[2]]
         heapq.heapify(index.heap)
+        index.overdue = [e for e in index.overdue if live.get((e[1], e[3].job_id)) == e[2]]

@@ -67,15 +67,16 @@ def apply_step(log: Log, s: tuple, made: list[str]) -> None:
 
 
 def ends(index: EndIndex, state, now: float) -> list[tuple]:
-    """Every end a sweep over all nodes reads from ``index``, in the order read, each
-    time's ends sorted (their order within a time does not matter to a sweep)."""
+    """Every end a sweep over all nodes reads from ``index``: in time order and, within a
+    time, in node order (a sweep releases and offers node by node); the ends of one node
+    at one time sorted (their order does not matter to a sweep)."""
     walk = EndWalk(index, state, set(state.nodes), {}, now, lambda job: 0.0)
     read: list[tuple] = []
     while walk.next_time() < math.inf:
         t = walk.next_time()
         node, job, here = walk.pop()
         read.append((t, node, job.job_id, here))
-    assert [r[0] for r in read] == sorted(r[0] for r in read)
+    assert [r[:2] for r in read] == sorted(r[:2] for r in read)
     return sorted(read)
 
 
