@@ -10,7 +10,8 @@ by configuration when the scheduler is built, from an explicit map of names:
                  live nominations, the parked set, the guarantee hold.
   2. queue sort  the ready jobs in the configured order (``queue``: ``QUEUE_ORDERS``),
                  nominees first (fair share charges them before ranking the rest).
-  Then for each job in that order, until ``max_decisions`` or ``max_job_test``:
+  Then for each job in that order, until ``max_decisions`` or ``max_job_test``, or
+  (fair share with ``keys``) until every job left is bound to fail (``_Cycle.exhausted``):
   3. gate        not offered: parked jobs, and jobs bound to fail: of a shape that
                  failed earlier in this cycle, which no reservation would be made for
                  (``_Cycle.bound_to_fail``).
