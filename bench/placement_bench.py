@@ -5,12 +5,13 @@ A pool of 1,250 nodes x 8 GPUs (128 cores, 1 TiB each; 50 racks under 5 spines) 
 whole GPUs, CPU-only). One ``Scheduler.cycle`` per policy, as the placer runs it (the
 placer's queue policy unless ``--queue`` names another, at most ``--max-decisions``
 placements, default the placer's 10,000), on the same state each time; a decision is one
-placement returned. The target is >= 10,000 decisions/s for the default policy. Rates
+placement returned. ``--queue all`` runs every queue policy in turn, and each policy's
+rate is also given as a share of the first policy's (best-fit by default) in that queue. The target is >= 10,000 decisions/s for the default policy. Rates
 are per CPU second of the benchmark process (the cycle is single-threaded; wall time is
 printed too). The state is frozen for the cyclic GC once built, as the placer freezes
 what it folded (``gc_pacing``), so a collection does not rescan 50,000 jobs.
 
-    .venv/bin/python bench/placement_bench.py [--policies best-fit,fgd] [--queue priority] [--nodes 1250] [--jobs 50000]
+    .venv/bin/python bench/placement_bench.py [--policies best-fit,fgd] [--queue priority|all] [--nodes 1250] [--jobs 50000]
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from gpusched.core.model import GpuInfo, JobSpec, NodeInfo, WorkerResources
 from gpusched.core.reducer import apply
 from gpusched.core.state import ClusterState
 from gpusched.policies.placement.registry import PLACEMENTS
+from gpusched.policies.queueing.order import QUEUE_ORDERS
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig
 
 MODEL = "A100-80GB"
@@ -68,7 +70,8 @@ def main() -> None:
     parser.add_argument("--policies", default=",".join(PLACEMENTS))
     parser.add_argument("--nodes", type=int, default=1250)
     parser.add_argument("--jobs", type=int, default=50_000)
-    parser.add_argument("--queue", default=SchedulerConfig().queue, help="queue policy (default: the placer's)")
+    parser.add_argument("--queue", default=SchedulerConfig().queue,
+                        help="queue policy, comma-separated ones, or 'all' (default: the placer's)")
     parser.add_argument("--max-decisions", type=int, default=10_000)
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
@@ -76,18 +79,29 @@ def main() -> None:
     submit(state, args.jobs, args.seed)
     gc.collect()
     gc.freeze()
-    print(f"{args.nodes} nodes x 8 GPUs, {len(state.pending)} pending jobs, {args.queue} queue, "
-          f"cycle capped at {args.max_decisions} decisions\n")
+    queues = sorted(QUEUE_ORDERS) if args.queue == "all" else args.queue.split(",")
+    print(f"{args.nodes} nodes x 8 GPUs, {len(state.pending)} pending jobs, "
+          f"cycle capped at {args.max_decisions} decisions")
+    for queue in queues:
+        cycles(state, queue, args.policies.split(","), args.max_decisions)
+
+
+def cycles(state: ClusterState, queue: str, policies: list[str], max_decisions: int) -> None:
     # CPU seconds of this process next to wall seconds: the machine is shared, and a
     # cycle is single-threaded, so CPU time is what the policy costs.
-    print(f"{'policy':<16}{'decisions':>10}{'GPUs placed':>13}{'wall s':>8}{'CPU s':>7}{'decisions/s (CPU)':>19}")
-    for name in args.policies.split(","):
-        scheduler = Scheduler(SchedulerConfig(queue=args.queue, placement=name, max_decisions=args.max_decisions))
+    print(f"\n{queue} queue")
+    print(f"{'policy':<16}{'decisions':>10}{'GPUs placed':>13}{'wall s':>8}{'CPU s':>7}{'decisions/s (CPU)':>19}"
+          f"{'share of ' + policies[0]:>22}")
+    first = None
+    for name in policies:
+        scheduler = Scheduler(SchedulerConfig(queue=queue, placement=name, max_decisions=max_decisions))
         wall, cpu = time.perf_counter(), time.process_time()
         decisions = scheduler.cycle(state, now=0.0)
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
         gpus = sum(state.jobs[d.job_id].milli for d in decisions) / 1000
-        print(f"{name:<16}{len(decisions):>10}{gpus:>13,.0f}{wall:>8.2f}{cpu:>7.2f}{len(decisions) / cpu:>19,.0f}")
+        rate = len(decisions) / cpu
+        first = first or rate
+        print(f"{name:<16}{len(decisions):>10}{gpus:>13,.0f}{wall:>8.2f}{cpu:>7.2f}{rate:>19,.0f}{rate / first:>22.2f}")
 
 
 if __name__ == "__main__":

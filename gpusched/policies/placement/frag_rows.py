@@ -13,7 +13,7 @@ order; sums over a row follow numpy's pairwise summation of a contiguous row
 """
 from __future__ import annotations
 
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from math import floor
 from typing import Callable, NamedTuple, Sequence
 
@@ -65,6 +65,8 @@ class Row(NamedTuple):
     gmem: tuple[int, ...]    # free memory MiB per GPU (a share's GPU-memory request)
 
 
+# A request's candidates on one row: (packed key, free milli of the GPU taken, or -1), least first.
+Found = tuple[tuple[int, int], ...]
 # A request's scorer: the (packed key, GPU index) of a row's least candidate, or None
 # when no candidate of the row has the GPU memory the request asks for.
 Score = Callable[[Row], "tuple[int, int] | None"]
@@ -84,31 +86,37 @@ class RowScorer:
         self._waste: list[float] | None = None
         self._score: dict[float, int] = {}
         self._usable: dict[tuple, float] = {}
-        self._tallies: dict[tuple, tuple[list[int], list[int]]] = {}
-        self._memo: dict[tuple[int, int], dict[tuple, list[tuple[int, int]]]] = {}
+        self._tallies: dict[tuple, tuple[tuple[int, ...], tuple[int, ...]]] = {}
+        self._memo: dict[tuple[int, int], dict[object, Found]] = {}
         self._kinds: dict[tuple, int] = {}     # signature -> its number
         self._rows: dict[tuple, tuple[float, int, int, tuple, int]] = {}   # by (GPUs, CPU level, model, idle)
         self._requests: dict[WorkerResources, Score] = {}
 
-    def tallies(self, gpu: Sequence[int]) -> tuple[list[int], list[int]]:
-        """Per combination: how many GPUs are big enough, and their free milli."""
+    def tallies(self, gpu: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """Per combination: how many GPUs are big enough, and their free milli. Kept by
+        the exact GPUs (how rows ask) and by their multiset (what the tallies depend on)."""
         key = tuple(gpu)
         found = self._tallies.get(key)
         if found is None:
-            found = self._tallies[key] = self._count(gpu)
+            ascending = tuple(sorted(key))
+            found = self._tallies.get(ascending)
+            if found is None:
+                found = self._tallies[ascending] = self._count(ascending)
+            self._tallies[key] = found
         return found
 
-    def _count(self, gpu: Sequence[int]) -> tuple[list[int], list[int]]:
+    def _count(self, ascending: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The tallies of GPUs sorted by free milli: those with ``f >= m`` are a suffix."""
+        n = len(ascending)
+        suffix = [0] * (n + 1)   # suffix[j]: the free milli of ascending[j:] (integers: exact)
+        for j in range(n - 1, -1, -1):
+            suffix[j] = suffix[j + 1] + ascending[j]
         cnt, room = [], []
         for m in self.milli:
-            c = r = 0
-            for f in gpu:
-                if f >= m:
-                    c += 1
-                    r += f
-            cnt.append(c)
-            room.append(r)
-        return cnt, room
+            j = bisect_left(ascending, m)
+            cnt.append(n - j)
+            room.append(suffix[j])
+        return tuple(cnt), tuple(room)   # tuples: the cyclic GC stops tracking them
 
     def usable(self, cnt: list[int], room: list[int], cpu: int, model: int) -> float:
         """``fragmentation.usable`` of one row from its tallies."""
@@ -140,10 +148,11 @@ class RowScorer:
         memo = (gpu, level, model, idle)
         known = self._rows.get(memo)
         if known is None:
-            signature = (tuple(sorted(gpu)), level, model, idle and self.lookahead)
+            ascending = tuple(sorted(gpu))   # U and the keys depend on the multiset only
+            signature = (ascending, level, model, idle and self.lookahead)
             kind = self._kinds.setdefault(signature, len(self._kinds))
-            known = self._rows[memo] = (self.usable_row(gpu, cpu, model), max(gpu, default=0), gpu.count(1000),
-                                        signature, kind)
+            known = self._rows[memo] = (self.usable_row(ascending, cpu, model), max(gpu, default=0),
+                                        gpu.count(1000), signature, kind)
         u, largest, whole, signature, kind = known
         return Row(gpu, cpu, mem, model, idle, u, largest, whole, signature, kind, gmem)
 
@@ -171,15 +180,18 @@ class RowScorer:
         levels, need_cpu, candidates = self.levels, res.cpu_milli, self._candidates
 
         if self.lookahead and res.gpus > 1:
-            def found_of(row: Row) -> list[tuple[int, int]]:
+            def found_of(row: Row) -> Found:
                 at = (row.gpu, row.signature, bisect_right(levels, row.cpu - need_cpu))
                 found = memo.get(at)
                 if found is None:
                     found = memo[at] = candidates(row, res)
                 return found
         else:
-            def found_of(row: Row) -> list[tuple[int, int]]:
-                at = (row.kind, bisect_right(levels, row.cpu - need_cpu))
+            # One int a key (no tuple to build, hash, and keep for the cyclic GC to scan).
+            stride = len(levels) + 1
+
+            def found_of(row: Row) -> Found:
+                at = row.kind * stride + bisect_right(levels, row.cpu - need_cpu)
                 found = memo.get(at)
                 if found is None:
                     found = memo[at] = candidates(row, res)
@@ -201,7 +213,7 @@ class RowScorer:
             return low, min(gpu.index(free) for key, free in found if key == low)
         return share
 
-    def _candidates(self, row: Row, res: WorkerResources) -> list[tuple[int, int]]:
+    def _candidates(self, row: Row, res: WorkerResources) -> Found:
         """(packed key, free milli of the GPU taken, or -1) of each candidate, least first.
         A candidate's U after placing comes from the row's tallies and the GPUs it
         changes, term by term as ``usable`` computes it."""
@@ -231,7 +243,7 @@ class RowScorer:
             terms = [w * r if c >= need else 0.0 for w, c, r, need, m in parts]
             found.append((self._key(u - pairwise(terms), waste, bound, idle, lambda: 0.0), -1))
         found.sort()
-        return found
+        return tuple(found)   # a tuple: the cyclic GC stops tracking it (memos keep thousands)
 
     def _key(self, growth: float, waste, bound: int, idle: bool, waste_growth: Callable[[], float]) -> int:
         key = self.score(growth)

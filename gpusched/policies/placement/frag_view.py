@@ -81,12 +81,11 @@ class FragView:
         self.u = usable(self.mix, arrays.gpu, arrays.cpu, arrays.model)
         self._waste: np.ndarray | None = None
         self.stale: set[int] = set()          # rows changed since the last ``sync``
-        # Changes are numbered (``clock``); each row's latest change, oldest first (what a
-        # Best has seen is a number), and each row's latest change that gained capacity
-        # (CPU, memory, a GPU's free milli or memory): only those can start to fit.
-        self.clock = 0
-        self.changed: dict[int, int] = {}
-        self.grew: dict[int, int] = {}
+        # Every row change in order (what a Best has seen is a length of it), and the
+        # changes that gained capacity (CPU, memory, a GPU's free milli or memory): only
+        # those can start to fit. Lists, so a Best catches up with set operations in C.
+        self.changed: list[int] = []
+        self.grew: list[int] = []
         self.initial = list(arrays.plain)     # (GPUs, CPU, memory, idle, GPU memory) before any change
         self.best: dict[WorkerResources, Best] = {}   # oldest first
         self._scorer: RowScorer | None = None
@@ -130,21 +129,21 @@ class FragView:
             self.u[at] = usable(self.mix, a.gpu[at], a.cpu[at], a.model[at])
         scorer, u, moved, model, plain, initial = self.scorer, self.u, self.moved, self.models, self.plain, self.initial
         one_by_one = len(rows) <= FEW_ROWS
-        changed, grew = self.changed, self.grew
+        grew = self.grew
+        self.changed += rows
         for i in rows:
             gpu, cpu, mem, idle, gmem = a.plain[i]
             was = plain.get(i) or initial[i]
             row = plain[i] = scorer.row(gpu, cpu, mem, model[i], idle, gmem)   # its U: bit for bit numpy's
-            if one_by_one:
+            if one_by_one:   # numpy's cost is per call: one element at a time for a few rows
                 u[i] = row.u
+                moved[i] = True
             # Capacity that grew (CPU, memory, a GPU's free milli or memory) may let a
             # request fit where it did not.
-            self.clock += 1
             if cpu > was[1] or mem > was[2] or any(map(gt, gpu, was[0])) or any(map(gt, gmem, was[-1])):
-                grew[i] = self.clock
-            changed.pop(i, None)   # to the end: the newest
-            changed[i] = self.clock
-        moved[rows] = True
+                grew.append(i)
+        if not one_by_one:
+            moved[rows] = True
 
     @property
     def scorer(self) -> RowScorer:
@@ -169,7 +168,8 @@ class Best:
     as much free has it; once the first fills further, the later one is the candidate.
     So ``fits`` leaves GPU memory aside (the rows that take the request but for it)."""
 
-    seen: int              # the view's ``clock`` when last brought up to date
+    seen: int              # entries of the view's ``changed`` seen
+    grown: int             # entries of the view's ``grew`` seen
     key: np.ndarray
     gpu: np.ndarray
     fits: set[int]         # rows that take the request, GPU memory aside

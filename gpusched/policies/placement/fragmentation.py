@@ -136,10 +136,10 @@ class Fgd:
             if len(view.best) >= CACHED_REQUESTS:
                 del view.best[next(iter(view.best))]   # the oldest
             count = len(view.arrays.nodes)
-            best = view.best[res] = Best(view.clock, np.full(count, NONE, dtype=np.int64),
+            best = view.best[res] = Best(len(view.changed), len(view.grew), np.full(count, NONE, dtype=np.int64),
                                          np.zeros(count, np.int64), set(), view.scorer.scorer(res))
             best.fits.update(self.fill(view, best, res).tolist())
-        elif best.seen < view.clock:
+        elif best.seen < len(view.changed):
             self.catch_up(view, best, res)
         if not best.key.size:        # a pool without nodes
             return None
@@ -150,14 +150,11 @@ class Fgd:
         """Rescore the rows changed since ``best`` last saw the view: those that fitted,
         and those that grew (capacity that only shrank cannot make a node fit; GPU memory
         aside, which ``Best.fits`` leaves aside)."""
-        seen, fits, grew = best.seen, best.fits, view.grew
-        rows = []
-        for i, stamp in reversed(view.changed.items()):   # the latest change of each row, newest first
-            if stamp <= seen:
-                break
-            if i in fits or grew.get(i, 0) > seen:
-                rows.append(i)
-        best.seen = view.clock
+        fits, changed, grew = best.fits, view.changed, view.grew
+        rows = fits.intersection(changed[best.seen:])
+        if best.grown < len(grew):
+            rows.update(grew[best.grown:])
+        best.seen, best.grown = len(changed), len(grew)
         if len(rows) <= FEW_ROWS:
             self.rescore(view, best, rows, res)
             return
@@ -199,8 +196,9 @@ class Fgd:
         for i in rows:
             row = plain[i]
             if row.cpu < need_cpu or row.mem < need_mem or not allowed[row.model] or row.largest < share or row.whole < gpus:
-                key[i] = NONE
-                fits.discard(i)
+                if i in fits:   # a row out of ``fits`` has no key already
+                    fits.remove(i)
+                    key[i] = NONE
                 continue
             fits.add(i)
             found = score(row)

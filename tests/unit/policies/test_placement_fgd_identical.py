@@ -183,7 +183,9 @@ def test_pairwise_sums_as_numpy_does(values):
                                st.integers(-1, 64_000)), min_size=1, max_size=20))
 def test_row_scores_equal_numpy_to_the_bit(shares, rows):
     """U of single rows (``RowScorer``) is numpy's ``usable``, float for float, with
-    mixes of many (milli, GPUs) combinations (numpy sums 8 or more pairwise)."""
+    mixes of many (milli, GPUs) combinations (numpy sums 8 or more pairwise), whether
+    asked by the row's GPUs in their order or as a multiset (``row`` asks by the sorted
+    GPUs: U and the tallies depend on the multiset only)."""
     mix: dict = {}
     for cpu, milli, gpus, p in shares:
         shape = (cpu, milli if gpus == 1 else 1000, gpus, ())
@@ -197,3 +199,6 @@ def test_row_scores_equal_numpy_to_the_bit(shares, rows):
     scorer = RowScorer(compiled, lambda: final_waste(mix), lookahead=True)
     for i, (free, c) in enumerate(rows):
         assert scorer.usable_row(tuple(free), c, 0) == expected[i]
+        assert scorer.row(tuple(free), c, 0, 0, False, (0,) * len(free)).u == expected[i]
+        for m, cnt, room in zip(compiled.milli.tolist(), *scorer.tallies(free)):
+            assert (cnt, room) == (sum(f >= m for f in free), sum(f for f in free if f >= m))
