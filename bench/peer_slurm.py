@@ -205,7 +205,7 @@ class GpuschedSide(Side):
 
     async def stages(self, sent: dict[str, float], stamps: dict[str, float]) -> list[str]:
         from peer_stages import breakdown
-        return breakdown(await self.client.list_all(team="peer"), sent, stamps, self.work)
+        return breakdown(await self.client.list_all(team="peer"), sent, stamps, self.work, pct)
 
 
 async def drained(side: Side, timeout: float = 600.0) -> None:

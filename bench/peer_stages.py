@@ -21,7 +21,6 @@ this machine's):
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 STAGES = (("submit call", "sent", "accepted"), ("log -> placed", "accepted", "placed"),
@@ -29,13 +28,6 @@ STAGES = (("submit call", "sent", "accepted"), ("log -> placed", "accepted", "pl
           ("spawned -> workload's stamp", "spawned", "stamp"), ("spawned -> agent's WorkerStarted", "spawned", "running"),
           ("total: sent -> workload's stamp", "sent", "stamp"),
           ("then: spawned -> shim saw the end", "spawned", "exited"), ("shim saw the end -> WorkerFinished", "exited", "ended"))
-
-
-def _pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered), max(1, math.ceil(q * len(ordered) - 1e-9))) - 1]
 
 
 def birth_time(path: Path) -> float | None:
@@ -67,14 +59,15 @@ def job_stamps(job, sent: float, stamp: float | None, agent_dirs: list[Path]) ->
     return stamps if all(isinstance(v, float) and v > 0 for v in stamps.values()) else None
 
 
-def breakdown(jobs, sent: dict[str, float], stamps: dict[str, float], work: Path) -> list[str]:
-    """Lines: p50 and p99 (ms) of each stage over the jobs of one stream."""
+def breakdown(jobs, sent: dict[str, float], stamps: dict[str, float], work: Path, pct) -> list[str]:
+    """Lines: p50 and p99 (ms; ``pct(values, q)``, the quantile) of each stage over the
+    jobs of one stream."""
     agent_dirs = sorted(p for p in work.glob("agent-n*") if p.is_dir())
     rows = [s for j in jobs if j.job_id in sent
             if (s := job_stamps(j, sent[j.job_id], stamps.get(j.job_id), agent_dirs)) is not None]
     lines = [f"    stages over {len(rows)} jobs (ms):       p50      p99"]
     for label, start, end in STAGES:
         values = [1000 * (r[end] - r[start]) for r in rows]
-        lines.append(f"    {label:34s} {_pct(values, .5):8.1f} {_pct(values, .99):8.1f}")
+        lines.append(f"    {label:34s} {pct(values, .5):8.1f} {pct(values, .99):8.1f}")
     return lines
 
