@@ -226,7 +226,8 @@ class ProcessRun:
                 return status
             # the launcher's word that the shim wrote it, or the shim's end; the file is
             # read again after at most START_POLL_S in case no word can come any more
-            waits = [self._proc.wait()] + ([] if self._proc.written.done() else [self._proc.written])
+            ended = asyncio.ensure_future(self._proc.wait())
+            waits = [ended] + ([] if self._proc.written.done() else [self._proc.written])
             await asyncio.wait(waits, timeout=min(left, self.START_POLL_S), return_when=asyncio.FIRST_COMPLETED)
         self._proc.kill()
         raise OSError(f"the worker shim did not start {self.command[0]} within {self.START_TIMEOUT_S:g}s")
