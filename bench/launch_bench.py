@@ -34,6 +34,7 @@ class _InterpreterShim:
 
     def __init__(self, proc: asyncio.subprocess.Process) -> None:
         self.proc, self.pid = proc, proc.pid
+        self.written = asyncio.get_running_loop().create_future()   # no launcher tells: never done
 
     @property
     def returncode(self) -> int | None:
@@ -54,7 +55,10 @@ class _InterpreterShim:
 
 
 class InterpreterRun(ProcessRun):
-    """The shim started as a new interpreter per launch (the path the launcher replaced)."""
+    """The shim started as a new interpreter per launch (the path the launcher replaced),
+    whose status file the agent polled every 10 ms."""
+
+    START_POLL_S = 0.01
 
     async def _launch_shim(self):
         return _InterpreterShim(await asyncio.create_subprocess_exec(

@@ -156,6 +156,9 @@ class Side:
     async def running_ms(self, sent: dict[str, float]) -> list[float]:
         return []
 
+    async def stages(self, sent: dict[str, float], stamps: dict[str, float]) -> list[str]:
+        return []
+
 
 class SlurmSide(Side):
     id_var = "SLURM_JOB_ID"
@@ -179,8 +182,10 @@ UNENDED = (1, 2, 3, 4, 8)   # types_pb2.JOB_PHASE_ PENDING, PLACED, RUNNING, PRE
 class GpuschedSide(Side):
     name, id_var = "gpusched", "GPUSCHED_JOB_ID"
 
-    def __init__(self, client, pids: dict[str, list[int]], elsewhere: frozenset[int] = frozenset()) -> None:
+    def __init__(self, client, pids: dict[str, list[int]], elsewhere: frozenset[int] = frozenset(),
+                 work: Path | None = None) -> None:
         self.client = client
+        self.work = work   # the agents' state folders are under it (their worker folders)
         self.pids = pids   # service name -> pid, for the CPU each spends per job
         self.elsewhere = elsewhere
 
@@ -197,6 +202,10 @@ class GpuschedSide(Side):
         jobs = await self.client.list_all(team="peer")
         return [1000 * (seconds(j.started_at) - sent[j.job_id]) for j in jobs
                 if j.job_id in sent and j.started_at.seconds]
+
+    async def stages(self, sent: dict[str, float], stamps: dict[str, float]) -> list[str]:
+        from peer_stages import breakdown
+        return breakdown(await self.client.list_all(team="peer"), sent, stamps, self.work, pct)
 
 
 async def drained(side: Side, timeout: float = 600.0) -> None:
@@ -247,6 +256,8 @@ async def steady(side: Side, out: Path, rate: float, seconds: float) -> tuple[li
     await asyncio.gather(*tasks)
     await drained(side)
     stamps = read_stamps(out)
+    if lines := await side.stages(sent, stamps):
+        print(f"  {side.name} at {rate:g} jobs/s, " + "\n".join(lines).lstrip(), flush=True)
     return [1000 * (stamps[j] - t) for j, t in sent.items() if j in stamps], await side.running_ms(sent)
 
 
@@ -347,7 +358,7 @@ async def main(args: argparse.Namespace) -> None:
                         slurm.reconfigure(tuned)
                     results.append(await measure(SlurmSide(slurm, tuned, elsewhere=ours), work, args))
                 theirs = frozenset(pid for group in slurm.pids().values() for pid in group)
-                results.append(await measure(GpuschedSide(client, pids, elsewhere=theirs), work, args))
+                results.append(await measure(GpuschedSide(client, pids, elsewhere=theirs, work=work), work, args))
         print("medians over the rounds:")
         print("\n".join(summary(results)))
     finally:

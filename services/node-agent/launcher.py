@@ -13,8 +13,10 @@ forks; the child does what ``python -S shim.py ARGS`` would in a process of its 
 session, ``cwd``, exactly the environment asked for, ``shim.run(**shim)``, and exits with
 its code. The launcher answers ``{"id", "pid", "start"}`` (the shim's pid and
 its start in clock ticks, which tells it from a later process with the same pid), or
-``{"id", "error"}``, and ``{"id", "code"}`` once it reaped that shim (``code`` as
-``waitstatus_to_exitcode``: negative for a signal).
+``{"id", "error"}``; ``{"id", "written"}`` once the shim wrote its first status file (or
+ended before: the agent reads the file then, instead of polling for it), and
+``{"id", "code"}`` once it reaped that shim (``code`` as ``waitstatus_to_exitcode``:
+negative for a signal).
 
 Nothing depends on the launcher staying alive: each shim is in a session of its own and
 fences its workload by the lease alone. When the agent goes (end of file on the socket;
@@ -66,12 +68,14 @@ def serve(conn: socket.socket) -> None:
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     children: dict[int, int] = {}         # shim pid -> launch id
+    starting: dict[int, int] = {}         # read end of a shim's "status written" pipe -> launch id
     pending = b""
     try:
         while True:
-            ready = select.select([conn, wake_r], [], [])[0]
+            ready = select.select([conn, wake_r, *starting], [], [])[0]
             if wake_r in ready:
                 os.read(wake_r, 512)
+            _tell_written(conn, starting, ready)
             _reap(conn, children)
             if conn in ready:
                 data = conn.recv(1 << 16)
@@ -80,28 +84,41 @@ def serve(conn: socket.socket) -> None:
                 pending += data
                 *lines, pending = pending.split(b"\n")
                 for line in lines:
-                    _launch(conn, json.loads(line), children, (wake_r, wake_w))
+                    _launch(conn, json.loads(line), children, starting, (wake_r, wake_w))
     except BrokenPipeError:
         return
 
 
-def _launch(conn: socket.socket, request: dict, children: dict[int, int], fds: tuple[int, int]) -> None:
+def _tell_written(conn: socket.socket, starting: dict[int, int], ready: list) -> None:
+    """A shim wrote its first status (or ended before it could: end of file): the agent
+    reads the status file now, rather than polling for it."""
+    for fd in [fd for fd in starting if fd in ready]:
+        os.close(fd)
+        _send(conn, {"id": starting.pop(fd), "written": True})
+
+
+def _launch(conn: socket.socket, request: dict, children: dict[int, int], starting: dict[int, int],
+            fds: tuple[int, int]) -> None:
     # The shim starts its workload only once the agent was told its pid ("go" below): a
     # launcher that dies in between closes the pipe, and the shim exits without starting
     # anything, so no workload runs that the agent has not heard of.
     go_r, go_w = os.pipe()
+    written_r, written_w = os.pipe()      # the shim writes one byte once its status is written
     try:
         pid = os.fork()
     except OSError as exc:
-        os.close(go_r)
-        os.close(go_w)
+        for fd in (go_r, go_w, written_r, written_w):
+            os.close(fd)
         _send(conn, {"id": request["id"], "error": f"cannot fork the worker shim: {exc}"})
         return
     if pid == 0:
         conn.close()
-        os.close(go_w)
-        _run_shim(request, (*fds, go_r))
+        for fd in (go_w, written_r, *starting):
+            os.close(fd)
+        _run_shim(request, (*fds, go_r), written_w)
     os.close(go_r)
+    os.close(written_w)
+    starting[written_r] = request["id"]
     children[pid] = request["id"]
     try:
         _send(conn, {"id": request["id"], "pid": pid, "start": shim.proc_start(pid)})
@@ -110,9 +127,10 @@ def _launch(conn: socket.socket, request: dict, children: dict[int, int], fds: t
         os.close(go_w)
 
 
-def _run_shim(request: dict, fds: tuple[int, int, int]) -> None:
+def _run_shim(request: dict, fds: tuple[int, int, int], written: int) -> None:
     """In the forked child: become what ``python -S shim.py ARGV`` was, once the launcher
-    says go; never returns."""
+    says go; never returns. ``written``: the pipe that tells the launcher the shim wrote
+    its first status."""
     code = EXIT_NO_GO
     try:
         *inherited, go = fds
@@ -129,7 +147,7 @@ def _run_shim(request: dict, fds: tuple[int, int, int]) -> None:
         for name in request["unset"]:
             os.environ.pop(name, None)
         os.environ.update(request["env"])
-        code = shim.run(**request["shim"])
+        code = shim.run(**request["shim"], written=_telling(written))
     except BaseException:
         traceback.print_exc()
     finally:
@@ -139,6 +157,18 @@ def _run_shim(request: dict, fds: tuple[int, int, int]) -> None:
             except (OSError, ValueError):
                 pass
         os._exit(code)
+
+
+def _telling(fd: int):
+    """What a forked shim calls once its first status is written: one byte to the launcher."""
+    def tell() -> None:
+        try:
+            os.write(fd, b"w")
+        except OSError:
+            pass   # the launcher is gone: the agent reads the status file on its own
+        finally:
+            os.close(fd)
+    return tell
 
 
 def _reap(conn: socket.socket, children: dict[int, int]) -> None:
@@ -162,8 +192,11 @@ def _send(conn: socket.socket, message: dict) -> None:
 class ShimProcess:
     """A shim the launcher forked: its pid, and its end as the launcher reports it."""
 
-    def __init__(self, pid: int, start: int | None, ended: asyncio.Future) -> None:
+    def __init__(self, pid: int, start: int | None, ended: asyncio.Future, written: asyncio.Future | None = None) -> None:
         self.pid, self.start = pid, start
+        # Done once the shim wrote its first status file (or ended before that, or its
+        # launcher went: then nothing more will tell it).
+        self.written = written if written is not None else ended
         self.returncode: int | None = None    # once reaped; None too when only its absence is known
         self.ended = False
         self._reported = ended
@@ -211,6 +244,7 @@ class Launcher:
         self._sock: socket.socket | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._started: dict[int, asyncio.Future] = {}
+        self._written: dict[int, asyncio.Future] = {}
         self._ended: dict[int, asyncio.Future] = {}
         self._ids = itertools.count(1)
         self.base_env = dict(os.environ)     # the launcher's: each launch sends what differs
@@ -239,8 +273,8 @@ class Launcher:
         if self.dead:
             raise OSError("the shim launcher is gone")
         launch = next(self._ids)
-        started, ended = self.loop.create_future(), self.loop.create_future()
-        self._started[launch], self._ended[launch] = started, ended
+        started, written, ended = self.loop.create_future(), self.loop.create_future(), self.loop.create_future()
+        self._started[launch], self._written[launch], self._ended[launch] = started, written, ended
         base = self.base_env
         changed = {name: value for name, value in env.items() if base.get(name) != value}
         unset = [name for name in base if name not in env]
@@ -249,8 +283,9 @@ class Launcher:
         reply = await started
         if "error" in reply:
             self._ended.pop(launch, None)
+            self._written.pop(launch, None)
             raise OSError(reply["error"])
-        return ShimProcess(reply["pid"], reply.get("start"), ended)
+        return ShimProcess(reply["pid"], reply.get("start"), ended, written)
 
     async def _read(self, reader: asyncio.StreamReader) -> None:
         try:
@@ -261,6 +296,10 @@ class Launcher:
                     future = self._ended.pop(launch, None)
                     if future is not None and not future.done():
                         future.set_result(message["code"])
+                elif "written" in message:
+                    future = self._written.pop(launch, None)
+                    if future is not None and not future.done():
+                        future.set_result(True)
                 else:
                     future = self._started.pop(launch, None)
                     if future is not None and not future.done():
@@ -279,7 +318,11 @@ class Launcher:
         for future in self._ended.values():
             if not future.done():
                 future.set_result(LOST)
+        for future in self._written.values():
+            if not future.done():
+                future.set_result(False)
         self._started.clear()
+        self._written.clear()
         self._ended.clear()
         if self.process is not None:
             asyncio.ensure_future(self.process.wait())   # reap it

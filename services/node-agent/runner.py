@@ -128,7 +128,9 @@ class ProcessRun:
     before ``wait`` returns."""
 
     POLL_S = 0.5            # checkpoint file
-    START_POLL_S = 0.01     # status file, while the shim starts the workload
+    # status file, while the shim starts the workload: the launcher tells when it is
+    # written, so this poll only serves when the launcher went meanwhile
+    START_POLL_S = 0.1
     START_TIMEOUT_S = 30.0
     STOP_MARGIN_S = 3.0     # past the shim's own kill deadline before the agent steps in
     GONE_TIMEOUT_S = 10.0
@@ -218,15 +220,15 @@ class ProcessRun:
 
     async def _started_status(self) -> dict | None:
         deadline = time.monotonic() + self.START_TIMEOUT_S
-        while time.monotonic() < deadline:
+        while (left := deadline - time.monotonic()) > 0:
             status = read_status(self.status_file)
-            if status is not None:
+            if status is not None or self._proc.ended:
                 return status
-            try:   # the status file is a cross-process fact: poll it while watching the shim
-                await asyncio.wait_for(asyncio.shield(self._proc.wait()), self.START_POLL_S)
-            except asyncio.TimeoutError:
-                continue
-            return read_status(self.status_file)
+            # the launcher's word that the shim wrote it, or the shim's end; the file is
+            # read again after at most START_POLL_S in case no word can come any more
+            ended = asyncio.ensure_future(self._proc.wait())
+            waits = [ended] + ([] if self._proc.written.done() else [self._proc.written])
+            await asyncio.wait(waits, timeout=min(left, self.START_POLL_S), return_when=asyncio.FIRST_COMPLETED)
         self._proc.kill()
         raise OSError(f"the worker shim did not start {self.command[0]} within {self.START_TIMEOUT_S:g}s")
 

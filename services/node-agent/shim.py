@@ -45,6 +45,10 @@ import signal
 import sys
 import time
 
+TYPE_CHECKING = False   # typing is not imported at run time: the shim starts fast
+if TYPE_CHECKING:
+    from typing import Callable
+
 if __package__:
     from .lease import read_expiry
 else:   # run as a file (the package need not be installed): lease.py sits beside it
@@ -122,8 +126,12 @@ def _become_subreaper() -> None:
 
 
 class Shim:
-    def __init__(self, command: list[str], status: str, lease: str | None, kill_wait: float, poll: float) -> None:
+    def __init__(self, command: list[str], status: str, lease: str | None, kill_wait: float, poll: float,
+                 written: Callable[[], None] | None = None) -> None:
         self.command, self.status_path, self.lease = command, status, lease
+        # Told once the first status is written (the launcher passes the news on to the
+        # agent, which then reads the file instead of polling for it).
+        self.written = written
         self.kill_wait, self.poll = kill_wait, poll
         self.status: dict = {"shim_pid": os.getpid(), "pid": None, "pgid": None, "command": command,
                              "lease": lease, "kill_wait": kill_wait, "poll": poll, "boot_id": boot_id(),
@@ -176,13 +184,18 @@ class Shim:
             self._not_started(f"cannot start: {exc}", fenced=False)
             return False
         self.status.update(pid=pid, pgid=pid, started_at=now, pid_start=proc_start(pid))
-        write_json(self.status_path, self.status)
+        self._write_first()
         return True
+
+    def _write_first(self) -> None:
+        write_json(self.status_path, self.status)
+        if self.written is not None:
+            self.written()
 
     def _not_started(self, reason: str, fenced: bool) -> None:
         self.status.update(started_at=None, ended_at=time.time(), exit_code=EXIT_NOT_STARTED, signal=0,
                            fenced=fenced, reason=reason)
-        write_json(self.status_path, self.status)
+        self._write_first()
 
     def _on_term(self, signum, frame) -> None:
         self.term_requested = True
@@ -293,10 +306,12 @@ def main(argv: list[str] | None = None) -> int:
     return run(args.command, args.status, args.lease, args.kill_wait, args.poll)
 
 
-def run(command: list[str], status: str, lease: str | None, kill_wait: float, poll: float) -> int:
+def run(command: list[str], status: str, lease: str | None, kill_wait: float, poll: float,
+        written: Callable[[], None] | None = None) -> int:
     """What ``main`` does with its arguments parsed (the launcher's forked shims start here,
-    with settings the agent checked); the exit code."""
-    return Shim(command, status, lease, kill_wait, poll).run()
+    with settings the agent checked, and ``written``: called once the first status is
+    written); the exit code."""
+    return Shim(command, status, lease, kill_wait, poll, written).run()
 
 
 if __name__ == "__main__":

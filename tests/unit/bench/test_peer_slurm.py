@@ -115,3 +115,32 @@ def test_cpu_seconds_counts_live_descendants_once():
     finally:
         parent.stdin.close()
         parent.wait()
+
+
+def test_stage_breakdown_reads_each_jobs_stamps_and_skips_a_job_without_its_folder(tmp_path):
+    import json
+    import os
+    import time
+
+    from peer_stages import STAGES, breakdown, job_stamps
+    from gpusched.v1 import types_pb2
+
+    folder = tmp_path / "agent-n1" / "j1-0-0"
+    folder.mkdir(parents=True)
+    created = time.time()
+    (folder / "shim.json").write_text(json.dumps({"started_at": created + 0.010, "ended_at": created + 0.030}))
+    job = types_pb2.Job(job_id="j1", attempt=0)
+    for field, at in (("submitted_at", created - 0.050), ("placed_at", created - 0.020),
+                      ("started_at", created + 0.015), ("ended_at", created + 0.040)):
+        getattr(job, field).FromNanoseconds(int(at * 1e9))
+    stamps = job_stamps(job, created - 0.060, created + 0.012, [tmp_path / "agent-n1"])
+    assert stamps is not None, "the folder's birth time, the shim's status and the job's times were all found"
+    assert abs(stamps["agent"] - os.stat(folder).st_mtime) < 1.0   # the folder's own creation
+    assert stamps["sent"] < stamps["accepted"] < stamps["placed"] < stamps["spawned"] < stamps["stamp"]
+    other = types_pb2.Job(job_id="j2", attempt=0)   # its agent folder is missing: left out
+    lines = breakdown([job, other], {"j1": created - 0.060, "j2": created}, {"j1": created + 0.012, "j2": created},
+                      tmp_path, pct)
+    assert lines[0].split()[2] == "1"   # "stages over 1 jobs"
+    assert len(lines) == 1 + len(STAGES)
+    total = lines[STAGES.index(("total: sent -> workload's stamp", "sent", "stamp")) + 1].split()
+    assert float(total[-1]) == pytest.approx(72.0, abs=0.01)   # 12 ms after creation minus 60 ms before
