@@ -39,6 +39,7 @@ BEATS_PER_RECORD = 4096
 # Wire tags (field number << 3 | wire type) of what a beats record sets each interval:
 # HostBeats.beats (3, length-delimited), Heartbeat.time (4, 64-bit) and HostBeats.time (2, 64-bit).
 _BEATS_TAG, _BEAT_TIME_TAG, _HOST_TIME_TAG = b"\x1a", b"\x21", b"\x11"
+_TIME_FIELD_BYTES = 9   # a time field: its tag and a little-endian double
 
 
 class HostedNode(NodeAgent):
@@ -97,11 +98,13 @@ class NodeHost:
         self.jobs_of: dict[str, set[str]] = {}
         self.follower = None
         self.beats_sent = 0
-        # Each node's beat without its time, encoded once: a beat differs from the last only
-        # in its time, so an interval's records are these bytes joined, not thousands of
-        # messages built and encoded again (a field repeated on the wire is read as set).
-        self._beat_bodies = [events_pb2.Heartbeat(node=n.name, pool=n.info.pool, agent_id=n.info.agent_id)
-                             .SerializeToString() for n in self.nodes.values()]
+        # Each node's beat up to its time, encoded once with the beats field's tag and length
+        # (the time's 9 bytes included): a beat differs from the last only in its time, so an
+        # interval's records are these bytes joined, each followed by the time (protobuf
+        # reads fields in any order), not thousands of messages built and encoded again.
+        self._beat_heads = [_BEATS_TAG + _varint(len(body) + _TIME_FIELD_BYTES) + body for body in (
+            events_pb2.Heartbeat(node=n.name, pool=n.info.pool, agent_id=n.info.agent_id).SerializeToString()
+            for n in self.nodes.values())]
 
     # --- the shared follower --------------------------------------------------------
     def index(self, states) -> None:
@@ -165,10 +168,9 @@ class NodeHost:
         stamp = struct.pack("<d", now)
         beat_time = _BEAT_TIME_TAG + stamp
         head = events_pb2.HostBeats(host=self.name).SerializeToString() + _HOST_TIME_TAG + stamp
-        bodies = self._beat_bodies
-        return [head + b"".join(_BEATS_TAG + _varint(len(body) + len(beat_time)) + body + beat_time
-                                for body in bodies[i:i + BEATS_PER_RECORD])
-                for i in range(0, len(bodies), BEATS_PER_RECORD)]
+        heads = self._beat_heads
+        return [head + beat_time.join(heads[i:i + BEATS_PER_RECORD]) + beat_time
+                for i in range(0, len(heads), BEATS_PER_RECORD)]
 
     async def beat(self) -> bool:
         try:
