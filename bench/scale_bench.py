@@ -17,8 +17,8 @@ Reported, from the pool log itself and the processes:
   /metrics: bucket bounds, not interpolations);
 - heartbeat load on the broker: the host beats topics' records/s and bytes/s over 10 s;
 - RSS of each service process and of the broker;
-- placer takeover: kill -9 the placer, start another, seconds until a job submitted then
-  is placed (its first decision).
+- placer takeover: kill -9 the placer, start another, seconds until it is ready, until its
+  first cycle ended, and until a job submitted then is placed (where there is room).
 
     .venv/bin/python bench/scale_bench.py --nodes 1000 --backlog 5000 [--hosts 1]
     .venv/bin/python bench/scale_bench.py --nodes 5000 --backlog 50000 --hosts 4
@@ -253,19 +253,25 @@ def broker_pid() -> int | None:
         return None
 
 
-async def takeover(cluster: LocalCluster, client: Client) -> tuple[float, float]:
-    """kill -9 the placer, start another, submit one job: (seconds from the kill until the
-    job is placed -- the new placer's first decision, the old one is gone -- and seconds
-    the new placer took to print ready)."""
+async def takeover(cluster: LocalCluster, client: Client, wait_placed_s: float = 30.0) -> tuple[float, float, float | None]:
+    """kill -9 the placer, start another, submit one job: seconds from the kill until the
+    new placer was ready, until its first cycle ended (its first decisions, the old one
+    is gone), and until the job was placed (None when it was not within ``wait_placed_s``
+    of that cycle: a full cluster has no room for it)."""
     old = next(s for s in cluster.services if s.name == "placer")
     await old.kill9()
     killed = time.perf_counter()
-    await cluster.start("placer-2", "gpusched-placer", timeout=1200)
+    new = await cluster.start("placer-2", "gpusched-placer", timeout=1200)
     ready = time.perf_counter() - killed
     job = (await client.submit(spec("after-takeover", "t", gpus=1, duration=HOUR))).job.job_id
+    while not histogram(await scrape(new.metrics_port), CYCLE).get(float("inf"), 0.0):
+        await asyncio.sleep(0.2)
+    cycled = time.perf_counter() - killed
     while (await client.get(job)).phase == types_pb2.JOB_PHASE_PENDING:
+        if time.perf_counter() - killed > cycled + wait_placed_s:
+            return ready, cycled, None
         await asyncio.sleep(0.2)   # polling one job: cheap next to reading the whole log
-    return time.perf_counter() - killed, ready
+    return ready, cycled, time.perf_counter() - killed
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -319,9 +325,10 @@ async def main(args: argparse.Namespace) -> None:
         procs = service_pids(cluster)
         print("RSS MiB: " + ", ".join(f"{n} {rss_mib(p):,.0f}" for n, p in procs.items()))
         if not args.no_takeover:
-            gone, ready = await takeover(cluster, client)
-            print(f"placer takeover: kill -9, a new placer ready {ready:.1f}s and its first decision {gone:.1f}s "
-                  f"after the kill")
+            ready, cycled, placed = await takeover(cluster, client)
+            print(f"placer takeover: kill -9, a new placer ready {ready:.1f}s, its first cycle over {cycled:.1f}s, "
+                  f"a job submitted then placed " + (f"{placed:.1f}s" if placed is not None else "never (no room)")
+                  + " after the kill")
         await client.close()
     finally:
         await cluster.stop_all()

@@ -14,6 +14,7 @@ trace context of the event (``traceparent``, ``tracestate``), the same as its en
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections import deque
@@ -60,9 +61,12 @@ def raw_schema(prefix: str, topic: str) -> bytes | None:
         (schema for start, schema in RAW_SCHEMAS.items() if start.endswith(".") and name.startswith(start)), None)
 
 
+@functools.lru_cache(maxsize=4096)
 def partition_for(pool: str, partitions: int) -> int:
     """Kafka's default partitioner (murmur2 of the key), computed here so consumers
-    can find their pool's partition without producing first."""
+    can find their pool's partition without producing first. Cached: aiokafka's murmur2
+    is pure Python (several microseconds a call), and every event appended and every report relayed
+    asks (pools are few)."""
     return (murmur2(pool.encode()) & 0x7FFFFFFF) % partitions
 
 

@@ -86,6 +86,9 @@ class Diagnosis:
         placed = {job.job_id for job, _ in self._decisions}
         self._nominated = {j: nodes for j, nodes in live_nominations(state, now).items() if j not in placed}
         self._by_shape: dict[tuple, PendingReason] = {}
+        # Nodes checked so far (each shape's answer is a scan of its pool's nodes, most of
+        # a diagnosis's cost): what a caller with a budget reads between questions.
+        self.node_checks = 0
         self._statement: Statement | None = None
         self._context = None
 
@@ -133,6 +136,7 @@ class Diagnosis:
     def _nodes(self, job: JobState, blocking: tuple[Reservation, ...], nominee: str) -> PendingReason:
         spec, res = job.spec, job.spec.resources
         nodes = [n for n in self.state.nodes.values() if n.info.pool == spec.pool]
+        self.node_checks += len(nodes)
         counts: Counter[str] = Counter()
         free: list[NodeState] = []
         for node in nodes:

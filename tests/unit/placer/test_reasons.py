@@ -64,6 +64,23 @@ def test_a_pass_looks_at_a_bounded_number_of_jobs_new_ones_first():
     assert not decider.reasons.due(0, log.state, 103.5)
 
 
+def test_a_pass_checks_a_bounded_number_of_nodes_the_rest_first_next_time():
+    log, decider = cluster(jobs=5)   # a shape each, 2 nodes: a scan of 2 nodes each
+    decider.reasons = PendingReasons("placer-test", per_pass=3, node_checks_per_pass=4)
+    assert [e.job_id for e in round_(log, decider, 100.0)] == ["j0", "j1"]   # j2 chosen, not reached
+    assert decider.reasons.due(0, log.state, 100.0)
+    log(ev.JobSubmitted, job_id="j5", spec=make_spec(gpus=20))   # new: after those not reached
+    assert [e.job_id for e in round_(log, decider, 100.5)] == ["j2", "j3"]
+    assert [e.job_id for e in round_(log, decider, 101.0)] == ["j4", "j5"]
+
+
+def test_a_pass_over_the_node_budget_still_looks_at_one_shape():
+    log, decider = cluster(jobs=2)
+    decider.reasons = PendingReasons("placer-test", node_checks_per_pass=1)
+    assert [e.job_id for e in round_(log, decider, 100.0)] == ["j0"]
+    assert [e.job_id for e in round_(log, decider, 100.5)] == ["j1"]
+
+
 def test_events_per_second_are_bounded():
     log, decider = cluster(jobs=5)
     decider.reasons = PendingReasons("placer-test", rate_per_s=2.0)
