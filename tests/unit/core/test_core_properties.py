@@ -279,7 +279,9 @@ def act_preempt(h: History, r: Rnd) -> None:
     if picked:
         job, _, _, attempt = picked
         beneficiary = r.pick(list(h.state.pending) + ["vip"])
-        h.emit(ev.JobPreempted, job_id=job.job_id, attempt=attempt, for_job=beneficiary)
+        # with a plan (a node per worker, any nodes: the reducer only records them) or not
+        planned = tuple(r.pick(list(h.state.nodes) + ["gone"]) for _ in range(r.int(0, 3)))
+        h.emit(ev.JobPreempted, job_id=job.job_id, attempt=attempt, for_job=beneficiary, planned_nodes=planned)
 
 
 def act_attempt_failed(h: History, r: Rnd) -> None:
