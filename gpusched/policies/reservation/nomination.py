@@ -95,8 +95,9 @@ def only_nominated_nodes(statement: Statement, nodes: tuple[str, ...]) -> Iterat
 def place_nominee(state: StateLike, job: JobState, placement: Placement, statement: Statement,
                   nodes: tuple[str, ...]) -> tuple[WorkerAssignment, ...] | None:
     """Where a nominee goes when its nominated ``nodes`` take it (the nomination binds):
-    each worker on its planned node, else anywhere on those nodes by ``placement``; None
-    when they do not take it (it is then offered as any job)."""
+    each worker on its planned node (``place_as_planned``), else anywhere on those nodes
+    by ``placement`` (the plan no longer fits, or there is none); None when they do not
+    take it (it is then offered as any job)."""
     planned = place_as_planned(state, job, statement, nodes)
     if planned is not None:
         return planned
@@ -113,9 +114,11 @@ def place_as_planned(state: StateLike, job: JobState, statement: Statement,
     planned each beneficiary before the victims of the next were released. Once all are
     gone a gang would pack onto the fewest nodes (the topology planner), taking from a
     node it shares with a later beneficiary what was freed for that one. Workers on the
-    planned nodes in the planned numbers take on each node what the plan gave them, so
-    every beneficiary of one pass fits. Inside a node, GPUs are picked as the gang
-    planner does (``fit``)."""
+    planned nodes in the planned numbers take on each node the GPUs, CPU and memory the
+    plan gave them, so every beneficiary of one pass fits. Inside a node, GPUs are picked
+    as the gang planner does (``fit``): a share or MIG slice may land on another GPU of
+    the node than the plan's. A nomination without a plan (a record of the victims'
+    nodes, one per node) is taken as one only when it names as many nodes as workers."""
     if len(nodes) != job.spec.workers:
         return None
     spec, known = job.spec, state.nodes
