@@ -776,9 +776,15 @@ def test_preemption_nominates_the_planned_nodes_when_given():
     # a later plan replaces it (a nomination is one plan, not a union of plans)
     assert log(ev.JobPreempted, job_id="w", attempt=0, for_job="vip", planned_nodes=("n1", "n2", "n3")).accepted
     assert log.state.nominations["vip"] == (("n1", "n2", "n3"), log.now)
+    # a plan naming a node the log does not know is not taken: the victim's node is nominated
+    log.submit("other")
+    log.run("other", ("n3", whole(0)))
+    log.submit("vip2")
+    assert log(ev.JobPreempted, job_id="other", attempt=0, for_job="vip2", planned_nodes=("n9",)).accepted
+    assert log.state.nominations["vip2"] == (("n3",), log.now)
     log.finish("v", 0, 0)
     log.finish("w", 0, 0)
-    assert log.place("vip", ("n1", whole(0)), ("n2", whole(0)), ("n3", whole(0))).accepted
+    assert log.place("vip", ("n1", whole(0)), ("n2", whole(0)), ("n3", whole(1))).accepted
     assert "vip" not in log.state.nominations
 
 
