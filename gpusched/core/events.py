@@ -137,7 +137,8 @@ class JobPreempted(Event):
     ``planned_nodes``: where the preemptor planned ``for_job``, the node of each of its
     workers in worker order (a node repeats when it takes several): the victims' nodes
     and any free capacity the plan adds. Nominated for it; empty in records written
-    before the field existed, whose nomination is the victims' nodes."""
+    before the field existed, whose nomination is the victims' nodes (as is that of a
+    plan naming a node the log does not know)."""
 
     job_id: str
     attempt: int
