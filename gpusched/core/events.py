@@ -132,12 +132,19 @@ class CheckpointSaved(Event):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class JobPreempted(Event):
-    """Proposal: stop these jobs (checkpoint first) so ``for_job`` can run."""
+    """Proposal: stop these jobs (checkpoint first) so ``for_job`` can run.
+
+    ``planned_nodes``: where the preemptor planned ``for_job``, the node of each of its
+    workers in worker order (a node repeats when it takes several): the victims' nodes
+    and any free capacity the plan adds. Nominated for it; empty in records written
+    before the field existed, whose nomination is the victims' nodes (as is that of a
+    plan naming a node the log does not know)."""
 
     job_id: str
     attempt: int
     for_job: str = ""
     reason: str = ""
+    planned_nodes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -398,8 +398,14 @@ def _job_preempted(e: ev.JobPreempted, state: ClusterState) -> Outcome:
     job.preempted_at, job.preempted_reason = e.time, job.reason
     beneficiary = state.jobs.get(e.for_job)
     if beneficiary is not None and beneficiary.phase is _PENDING:
-        nodes, _ = state.nominations.get(e.for_job, ((), 0.0))
-        state.nominations[e.for_job] = (tuple(sorted({*nodes, *(w.node for w in job.workers)})), e.time)
+        known = state.nodes
+        if e.planned_nodes and all(n in known for n in e.planned_nodes):
+            # Where the preemptor planned the beneficiary, one node per worker: it may add
+            # free capacity beside the victims' nodes. The latest plan replaces any other.
+            state.nominations[e.for_job] = (e.planned_nodes, e.time)
+        else:   # no plan (an older record), or one naming unknown nodes: the victims' nodes
+            nodes, _ = state.nominations.get(e.for_job, ((), 0.0))
+            state.nominations[e.for_job] = (tuple(sorted({*nodes, *(w.node for w in job.workers)})), e.time)
     return _changed(job.job_id)
 
 

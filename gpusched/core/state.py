@@ -257,8 +257,10 @@ class ClusterState:
     pending: dict[str, None] = field(default_factory=dict)   # ordered set of job ids
     usage: dict[str, Usage] = field(default_factory=dict)    # team -> usage
     idempotency: dict[str, str] = field(default_factory=dict)  # team/key -> job id
-    # Preemptions in flight: the job they free capacity for -> (victims' nodes, when).
-    # Schedulers keep those nodes for that job until it is placed or the hold expires.
+    # Preemptions in flight: the job they free capacity for -> (nodes, when). The nodes:
+    # its planned worker nodes, one per worker (JobPreempted.planned_nodes), or the
+    # victims' nodes, sorted and distinct, from records without a plan. Schedulers keep
+    # those nodes for that job until it is placed or the hold expires.
     nominations: dict[str, tuple[tuple[str, ...], float]] = field(default_factory=dict)
     # pool -> (default, max) time limit in seconds (PoolTimeLimitsSet); 0: none
     pool_limits: dict[str, tuple[float, float]] = field(default_factory=dict)

@@ -21,8 +21,8 @@ by configuration when the scheduler is built, from an explicit map of names:
   5. filter, score, reserve
                  the placement policy (``placement``, with ``placement_args``) chooses
                  every worker's node and GPUs (``place_gang``), booked on the
-                 cycle's ``Statement``; a nominee on its nominated nodes when they take
-                 it (the nomination binds), else anywhere.
+                 cycle's ``Statement``; a nominee on its nominated nodes (each worker
+                 where the preemptor planned it) when they take it, else anywhere.
   6. post-filter capacity kept for other jobs while this one is offered: the nodes
                  nominated for a preemption's beneficiary (``NomineeHold``) and the
                  reservation stage (``RESERVATIONS``: ``backfill`` reserves for the
@@ -65,7 +65,7 @@ from gpusched.policies.queueing.quota import QueueTree, within_limits
 from gpusched.policies.queueing.usage import folded_decay
 from gpusched.policies.reservation.backfill import DEFAULT_ESTIMATE_S, Reservation
 from gpusched.policies.reservation.nomination import (
-    hold_nominated_nodes, live_nominations, nominees_first, only_nominated_nodes,
+    hold_nominated_nodes, live_nominations, nominees_first, place_nominee,
 )
 from gpusched.policies.reservation.stages import RESERVATIONS, NomineeHold, ReservationRun, ReservationStage
 from gpusched.policies.outcomes import CycleResult, Decision, Unplaced
@@ -306,10 +306,7 @@ class _Cycle:
         """5 for a nominee, on the nodes nominated for it only (the nomination binds); None
         when it is no nominee or they do not take it (it is then offered as any job)."""
         nodes = self.nominees.nominated.get(job.job_id)
-        if not nodes:
-            return None
-        with only_nominated_nodes(self.statement, nodes):
-            return place_gang(self.state, job, self.placement, self.statement)
+        return place_nominee(self.state, job, self.placement, self.statement, nodes) if nodes else None
 
     def around_reservation(self, job: JobState, shape) -> Workers | Unplaced:
         """5 under the reservation stage: free (nothing reserved yet), with the holds

@@ -164,7 +164,7 @@ def run(wl: ReclaimWorkload, preemption: PreemptionConfig | None = None) -> Recl
                 report.preemptions.append(Preempted(now, e.job_id, victim.team, state.jobs[decision.for_job].team,
                                                     decision.reason))
                 put(ev.JobPreempted, time=now, job_id=e.job_id, attempt=e.attempt, for_job=e.for_job,
-                    reason=e.reason)
+                    reason=e.reason, planned_nodes=e.planned_nodes)
                 for w in victim.workers:     # checkpoint and leave at once
                     put(ev.WorkerFinished, time=now, job_id=victim.job_id, attempt=victim.attempt,
                         worker=w.worker, node=w.node, exit_code=0)

@@ -33,6 +33,7 @@ class Preemption:
     victims: tuple[str, ...]
     reason: str                    # "priority" | "reclaim" | "defragmentation"
     nodes: tuple[str, ...] = ()    # nodes the victims free
+    planned_nodes: tuple[str, ...] = ()   # each worker's node in ``for_job``'s plan: its nomination
 
 
 def preemption_events(state: ClusterState, decision: Preemption, now: float,
@@ -47,6 +48,7 @@ def preemption_events(state: ClusterState, decision: Preemption, now: float,
             event_id=f"preempt:{vid}:{victim.attempt}:{decision.for_job}:{beneficiary.attempt}",
             time=now, producer=producer, job_id=vid, attempt=victim.attempt,
             for_job=decision.for_job, reason=f"{decision.reason}: preempted for {decision.for_job}",
+            planned_nodes=decision.planned_nodes,
         ))
     return out
 
@@ -158,4 +160,5 @@ def preemption_decisions(state: ClusterState, now: float,
 
 def _decision(job: JobState, found: Found) -> Preemption:
     nodes = sorted({w.node for v in found.victims for w in v.workers})
-    return Preemption(job.job_id, tuple(v.job_id for v in found.victims), found.reason, tuple(nodes))
+    planned = tuple(w.node for w in found.workers)
+    return Preemption(job.job_id, tuple(v.job_id for v in found.victims), found.reason, tuple(nodes), planned)

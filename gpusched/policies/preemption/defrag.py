@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Iterable, Mapping, Sequence
 
-from gpusched.core.model import JobPhase
+from gpusched.core.model import JobPhase, WorkerAssignment
 from gpusched.core.priority import priority_value
 from gpusched.core.state import ClusterState, JobState, NodeState
 from gpusched.policies.preemption.decisions import REASON_DEFRAG, Preemption
@@ -175,30 +175,33 @@ def _plan(ctx: SearchContext, job: JobState, scratch: Statement) -> Preemption |
             continue
         if sum(v.work_at_risk(now) for v in moved) > config.defrag_max_work_lost_s:
             continue
-        if _relocate(ctx, job, moved, scratch):
+        placed = _relocate(ctx, job, moved, scratch)
+        if placed is not None:
             for v in moved:
                 ctx.taken.add(v.job_id)
             nodes = sorted({w.node for v in moved for w in v.workers})
             return Preemption(job.job_id, tuple(v.job_id for v in sorted(moved, key=cost)),
-                              REASON_DEFRAG, tuple(nodes))
+                              REASON_DEFRAG, tuple(nodes), tuple(w.node for w in placed))
     return None
 
 
-def _relocate(ctx: SearchContext, job: JobState, moved: Sequence[JobState], scratch: Statement) -> bool:
+def _relocate(ctx: SearchContext, job: JobState, moved: Sequence[JobState],
+              scratch: Statement) -> tuple[WorkerAssignment, ...] | None:
     """Tentatively: release ``moved``, place ``job``, then place every moved job again
-    (higher priority first). Kept booked on the scratch when it all fits, undone otherwise."""
+    (higher priority first). Kept booked on the scratch, and ``job``'s workers returned,
+    when it all fits; undone (None) otherwise."""
     mark = scratch.checkpoint()
     for v in moved:
         scratch.release(v)
     placed = ctx.place(job)
     if placed is None:
         scratch.rollback(mark)
-        return False
+        return None
     scratch.book(job, placed)
     for v in sorted(moved, key=lambda v: (-priority_value(v.spec.priority_class), v.seq)):
         again = ctx.place(v)
         if again is None:
             scratch.rollback(mark)
-            return False
+            return None
         scratch.book(v, again)
-    return True
+    return placed

@@ -1,24 +1,32 @@
 """Nominations: capacity a preemption frees is kept for the job it was made for.
 
-When the preemptor evicts victims for a job, the reducer records the victims' nodes as
-nominated for it (``ClusterState.nominations``). Until that job is placed, or the
+When the preemptor evicts victims for a job, the reducer records the nodes the preemptor
+planned the job on (``JobPreempted.planned_nodes``: the node of each worker, the victims'
+nodes and any free capacity its plan adds; the victims' nodes for a record without them)
+as nominated for it (``ClusterState.nominations``). Until that job is placed, or the
 nomination grows older than its TTL, a scheduling cycle offers the nominee first and
 keeps the nominated nodes out of reach of every other job — otherwise an earlier or
 equal-priority job (a requeued victim, say) could take the freed GPUs first.
 
 The nomination binds: a nominee is placed on its nominated nodes when it fits there
-(``only_nominated_nodes``), and elsewhere only when it does not. The placement policy
-alone may prefer another node (best fit: a tighter gap elsewhere), and the capacity the
-preemption freed would then go to the next job in the queue — a borrower, whom the next
-reclaim takes back from.
+(``place_nominee``), and elsewhere only when it does not. The placement policy alone may
+prefer another node (best fit: a tighter gap elsewhere), and the capacity the preemption
+freed would then go to the next job in the queue — a borrower, whom the next reclaim
+takes back from. The nominated nodes are the plan, not only the victims' nodes, and each
+worker goes to its planned node (``place_as_planned``): bound to a victim's node alone,
+or left to the gang planner over the planned nodes, a beneficiary planned partly on free
+GPUs elsewhere could take the victim's node whole, and with it what was freed there for
+the next beneficiary of the same preemptor pass.
 """
 from __future__ import annotations
 
 from contextlib import contextmanager
 from typing import Iterable, Iterator, Mapping
 
-from gpusched.core.model import JobPhase
+from gpusched.core.model import JobPhase, WorkerAssignment
 from gpusched.core.state import ClusterState, JobState
+from gpusched.policies.gpu_fit import StateLike, fit
+from gpusched.policies.placement.gang import Placement, place_gang
 from gpusched.policies.statement import Statement
 
 NOMINATION_TTL_S = 120.0
@@ -82,3 +90,50 @@ def only_nominated_nodes(statement: Statement, nodes: tuple[str, ...]) -> Iterat
         yield
     finally:
         statement.unnominate(held)
+
+
+def place_nominee(state: StateLike, job: JobState, placement: Placement, statement: Statement,
+                  nodes: tuple[str, ...]) -> tuple[WorkerAssignment, ...] | None:
+    """Where a nominee goes when its nominated ``nodes`` take it (the nomination binds):
+    each worker on its planned node (``place_as_planned``), else anywhere on those nodes
+    by ``placement`` (the plan no longer fits, or there is none); None when they do not
+    take it (it is then offered as any job)."""
+    planned = place_as_planned(state, job, statement, nodes)
+    if planned is not None:
+        return planned
+    with only_nominated_nodes(statement, nodes):
+        return place_gang(state, job, placement, statement)
+
+
+def place_as_planned(state: StateLike, job: JobState, statement: Statement,
+                     nodes: tuple[str, ...]) -> tuple[WorkerAssignment, ...] | None:
+    """``job``'s workers each on its node of ``nodes`` (one per worker: the preemptor's
+    plan), booked as one unit; None, with nothing booked, when any does not fit there.
+
+    Why the plan and not the placement policy over the nominated nodes: the preemptor
+    planned each beneficiary before the victims of the next were released. Once all are
+    gone a gang would pack onto the fewest nodes (the topology planner), taking from a
+    node it shares with a later beneficiary what was freed for that one. Workers on the
+    planned nodes in the planned numbers take on each node the GPUs, CPU and memory the
+    plan gave them, so every beneficiary of one pass fits. Inside a node, GPUs are picked
+    as the gang planner does (``fit``): a share or MIG slice may land on another GPU of
+    the node than the plan's. A nomination without a plan (a record of the victims'
+    nodes, one per node) is taken as one only when it names as many nodes as workers."""
+    if len(nodes) != job.spec.workers:
+        return None
+    spec, known = job.spec, state.nodes
+    mark = statement.checkpoint()
+    placed: list[WorkerAssignment] = []
+    for name in nodes:
+        node = known.get(name)
+        slots = fit(node, spec.pool, spec.resources) if node is not None else None
+        if slots is None:
+            statement.rollback(mark)
+            return None
+        worker = WorkerAssignment(len(placed), name, slots)
+        statement.book(job, (worker,))   # so the next worker sees this one's GPUs taken
+        placed.append(worker)
+    statement.rollback(mark)   # booked again as one unit, as the reducer applies JobPlaced
+    gang = tuple(placed)
+    statement.book(job, gang)
+    return gang

@@ -77,7 +77,8 @@ EVENTS = {
     ev.WorkerFinished: _event(ev.WorkerFinished, job_id=text, attempt=i32, worker=i32, node=text,
                               exit_code=i32, reason=text, signal=i32),
     ev.CheckpointSaved: _event(ev.CheckpointSaved, job_id=text, attempt=i32, checkpoint=text, progress_s=f64),
-    ev.JobPreempted: _event(ev.JobPreempted, job_id=text, attempt=i32, for_job=text, reason=text),
+    ev.JobPreempted: _event(ev.JobPreempted, job_id=text, attempt=i32, for_job=text, reason=text,
+                            planned_nodes=words),
     ev.AttemptFailed: _event(ev.AttemptFailed, job_id=text, attempt=i32, reason=text, charge=st.booleans()),
     ev.JobRetentionSet: _event(ev.JobRetentionSet, job_retention_s=f64),
     ev.NodeFenced: _event(ev.NodeFenced, node=text),
@@ -140,6 +141,19 @@ def test_max_restarts_absent_means_the_default():
     blob = codec.encode(dataclasses.replace(decoded, spec=dataclasses.replace(decoded.spec, max_restarts=0)), "p")
     env2 = events_pb2.EventEnvelope.FromString(blob)
     assert env2.job_submitted.spec.HasField("max_restarts") and env2.job_submitted.spec.max_restarts == 0
+
+
+def test_planned_nodes_round_trip_and_are_empty_in_older_records():
+    event = ev.JobPreempted(event_id="p1", job_id="v", attempt=2, for_job="b", reason="priority: x",
+                            planned_nodes=("n0", "n1"))
+    blob = codec.encode(event, "p")
+    assert list(events_pb2.EventEnvelope.FromString(blob).job_preempted.planned_nodes) == ["n0", "n1"]
+    assert codec.decode(blob)[0] == codec.decode_slow(blob)[0] == event
+    # a record written before the field existed: fields 1-4 only
+    env = events_pb2.EventEnvelope(event_id="p0", type="JobPreempted")
+    env.job_preempted.job_id, env.job_preempted.attempt, env.job_preempted.for_job = "v", 0, "b"
+    old, _ = codec.decode(env.SerializeToString())
+    assert old.planned_nodes == () and old.for_job == "b"
 
 
 @FAST

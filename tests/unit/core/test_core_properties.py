@@ -279,7 +279,9 @@ def act_preempt(h: History, r: Rnd) -> None:
     if picked:
         job, _, _, attempt = picked
         beneficiary = r.pick(list(h.state.pending) + ["vip"])
-        h.emit(ev.JobPreempted, job_id=job.job_id, attempt=attempt, for_job=beneficiary)
+        # with a plan (a node per worker, any nodes: the reducer only records them) or not
+        planned = tuple(r.pick(list(h.state.nodes) + ["gone"]) for _ in range(r.int(0, 3)))
+        h.emit(ev.JobPreempted, job_id=job.job_id, attempt=attempt, for_job=beneficiary, planned_nodes=planned)
 
 
 def act_attempt_failed(h: History, r: Rnd) -> None:
@@ -402,10 +404,10 @@ def check_invariants(state: ClusterState, terminal: dict[str, tuple]) -> None:
     else:
         assert state.pruned == 0 and not state.ended
     # nominations (capacity held for a preemption's beneficiary) exist only for pending
-    # jobs, and name real nodes
+    # jobs, and name real nodes (a plan's one per worker, so a node may repeat)
     for jid, (nodes, _) in state.nominations.items():
         assert jid in state.pending, f"nomination for {jid} which is not pending"
-        assert set(nodes) <= set(state.nodes) and list(nodes) == sorted(set(nodes))
+        assert nodes and set(nodes) <= set(state.nodes)
     for jid, job in state.jobs.items():
         # (3) exactly one phase; terminal phases never change
         assert isinstance(job.phase, JobPhase)

@@ -744,6 +744,7 @@ def test_uncordon_restores_gpu_health():
 
 # --- nominations: capacity freed by preemption is kept for its beneficiary ---------------
 def test_preemption_nominates_victim_nodes_for_a_pending_beneficiary():
+    """Records without ``planned_nodes`` (written before the field existed)."""
     log = Log(make_node("n1", 1), make_node("n2", 1), make_node("n3", 1))
     for jid in ("v1", "v2"):
         log.submit(jid)
@@ -759,6 +760,32 @@ def test_preemption_nominates_victim_nodes_for_a_pending_beneficiary():
     assert "vip" in log.state.nominations            # still pending: the hold stays
     assert log.place("vip", ("n1", whole(0)), ("n2", whole(0))).accepted
     assert "vip" not in log.state.nominations        # placed: the hold is gone
+
+
+def test_preemption_nominates_the_planned_nodes_when_given():
+    # vip (3 x 1 GPU) planned on v's node n2 and on n3's two free GPUs: the plan is its
+    # nomination, one node per worker, not v's node alone.
+    log = Log(make_node("n1", 1), make_node("n2", 1), make_node("n3", 2))
+    for jid in ("v", "w"):
+        log.submit(jid)
+    log.run("v", ("n2", whole(0)))
+    log.run("w", ("n1", whole(0)))
+    log.submit("vip", workers=3)
+    assert log(ev.JobPreempted, job_id="v", attempt=0, for_job="vip", planned_nodes=("n3", "n2", "n3")).accepted
+    assert log.state.nominations["vip"] == (("n3", "n2", "n3"), log.now)
+    # a later plan replaces it (a nomination is one plan, not a union of plans)
+    assert log(ev.JobPreempted, job_id="w", attempt=0, for_job="vip", planned_nodes=("n1", "n2", "n3")).accepted
+    assert log.state.nominations["vip"] == (("n1", "n2", "n3"), log.now)
+    # a plan naming a node the log does not know is not taken: the victim's node is nominated
+    log.submit("other")
+    log.run("other", ("n3", whole(0)))
+    log.submit("vip2")
+    assert log(ev.JobPreempted, job_id="other", attempt=0, for_job="vip2", planned_nodes=("n9",)).accepted
+    assert log.state.nominations["vip2"] == (("n3",), log.now)
+    log.finish("v", 0, 0)
+    log.finish("w", 0, 0)
+    assert log.place("vip", ("n1", whole(0)), ("n2", whole(0)), ("n3", whole(1))).accepted
+    assert "vip" not in log.state.nominations
 
 
 @pytest.mark.parametrize("beneficiary", ["unknown", "running", "cancelled"])

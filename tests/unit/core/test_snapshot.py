@@ -188,8 +188,9 @@ class Gen:
                               checkpoint=f"s3://ck/{self.n}", progress_s=float(self.int(0, 500)))
         if kind == "preempt":
             beneficiary = self.pick(list(state.pending) or jobs)
+            planned = tuple(self.pick(list(state.nodes)) for _ in range(self.int(0, 2)))
             return self.event(ev.JobPreempted, job_id=job.job_id, attempt=job.attempt,
-                              for_job=beneficiary, reason=self.pick(["", "priority"]))
+                              for_job=beneficiary, reason=self.pick(["", "priority"]), planned_nodes=planned)
         return self.event(ev.AttemptFailed, job_id=job.job_id, attempt=job.attempt,
                           reason="hung", charge=self.pick([True, False]))
 

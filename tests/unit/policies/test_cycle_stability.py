@@ -124,6 +124,35 @@ def test_a_nominee_that_its_nodes_do_not_take_goes_elsewhere():
     assert {w.node for w in decisions["nominee"].workers} == {"n0"}
 
 
+def planned_pair(n1_taken_since: bool) -> dict:
+    """n0, n1 and n2 have 4 GPUs each. On n0 two are free and a victim frees a third, on n1
+    one is free: the preemptor planned "pair" (2 x 1 GPU) one worker on each. n2 has two
+    free GPUs, the tightest gap that takes the whole gang: where the gang planner and best
+    fit would put it. ``n1_taken_since``: a job took n1's free GPU after the plan. The
+    cycle's decisions by job."""
+    c = Cluster(nodes=3, gpus=4)
+    victim = c.hold("c", 1, node="n0")
+    c.hold("c", 1, node="n0")
+    c.hold("c", 3, node="n1")
+    c.hold("c", 2, node="n2")
+    c.submit("pair", "a", gpus=1, workers=2)
+    assert c.log(ev.JobPreempted, job_id=victim, attempt=0, for_job="pair", reason="priority: test",
+                 planned_nodes=("n0", "n1")).accepted
+    c.log.stopped(victim)
+    if n1_taken_since:
+        c.hold("c", 1, node="n1")
+    return {d.job_id: d for d in Scheduler(SchedulerConfig(queue="fifo")).cycle(c.state, c.log.now)}
+
+
+def test_a_nominee_goes_worker_by_worker_where_it_was_planned():
+    assert sorted(w.node for w in planned_pair(n1_taken_since=False)["pair"].workers) == ["n0", "n1"]
+
+
+def test_a_nominee_whose_plan_no_longer_fits_goes_where_its_nominated_nodes_take_it():
+    # Not as planned (n1 is full), still bound: both workers on n0, not on n2's tighter gap.
+    assert sorted(w.node for w in planned_pair(n1_taken_since=True)["pair"].workers) == ["n0", "n0"]
+
+
 @pytest.mark.parametrize("queue, keys", [("fifo", None), ("fair-share", None), ("fair-share", QueueKeys)])
 def test_nominees_are_placed_in_the_order_they_were_nominated(queue, keys):
     # One preemptor pass freed n0 for "big" (3 GPUs), then n0's last GPU and n1's for

@@ -74,7 +74,7 @@ def test_fragmented_pool_gets_a_plan_whose_moved_jobs_fit_elsewhere():
     (d,) = c.decisions()
     assert d.for_job == "big" and d.reason == "defragmentation"
     assert d.victims == ("a",)           # least work at risk (60 s against 120 s)
-    assert d.nodes == ("n1",)
+    assert d.nodes == d.planned_nodes == ("n1",)   # n1 freed, and "big" planned there
     # Carry it out through the reducer: the moved job and the pending one both fit now.
     for e in preemption_events(c.state, d, NOW):
         assert c.log.replay(e).accepted

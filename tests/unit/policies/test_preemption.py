@@ -217,7 +217,7 @@ def test_reclaim_equal_priority_from_a_borrower():
     assert c.victims("a1") is None                               # no quotas: equal priority is safe
     assert c.victims("a1", cfg) == ("b1",)
     (d,) = c.decisions(cfg)
-    assert d == Preemption("a1", ("b1",), "reclaim", ("n1",))
+    assert d == Preemption("a1", ("b1",), "reclaim", ("n1",), ("n1",))
 
 
 def test_no_reclaim_when_over_guarantee_or_from_a_guaranteed_job_or_higher_class():

@@ -7,9 +7,9 @@ nothing pending outranks it); the set is minimal (each victim is needed); a recl
 every team it takes from at or above its guarantee. When it returns
 None, even stopping every job of a lower priority class that may be preempted does not
 make room. The policy never changes the state. When one preemptor pass decides for
-several jobs, the next scheduler cycle places all of them (nominees first, each kept
-from the others' nodes): placing them one by one anywhere the policy likes need not, as
-one may take what was freed for another.
+several jobs, the next scheduler cycle places all of them (nominees first, each bound to
+the nodes the preemptor planned it on): placing them one by one anywhere the policy likes
+need not, as one may take what was freed for another.
 """
 from __future__ import annotations
 
@@ -194,23 +194,21 @@ def test_decisions_are_disjoint_and_leave_the_state_alone(data):
             for w in victim.workers:
                 assert log(ev.WorkerFinished, job_id=v, attempt=victim.attempt, worker=w.worker, node=w.node,
                            exit_code=0, time=now).accepted
-    # The next cycle places the first beneficiary, on what was freed for it, nominees
-    # being offered in the order they were nominated (docs/scheduling-fairness.md). That it
-    # places every one is not kept where nominations share nodes: a nomination records the
-    # victims' nodes, not where the preemptor planned its beneficiary (a plan may add free
-    # capacity elsewhere), so one beneficiary may pack onto another's: the known gap of
-    # test_beneficiaries_sharing_a_node_can_crowd_each_other_out below.
-    placed = {d.job_id for d in Scheduler().cycle(state, now)}
-    assert not decisions or decisions[0].for_job in placed
+    # The next cycle places every beneficiary, each on the nodes the preemptor planned it
+    # on (its nomination), nominees being offered in the order they were nominated
+    # (docs/scheduling-fairness.md).
+    placed = {d.job_id: d.workers for d in Scheduler().cycle(state, now)}
+    for d in decisions:
+        assert d.for_job in placed
+        assert {w.node for w in placed[d.for_job]} <= set(d.planned_nodes)
 
 
-def test_beneficiaries_sharing_a_node_can_crowd_each_other_out():
-    """Known gap (found by the property above): n0 has 5 GPUs, one free; the preemptor
-    frees a 1-GPU job there for "pair" (2 x 2 GPUs), planned on n0 and on n1's free GPUs,
-    then a 3-GPU job on n0 for "big". Both are nominated n0 only, and the cycle binds
-    "pair" to n0 whole, so "big" does not fit. Recording each beneficiary's planned nodes
-    in its nomination would close it; until then this test fails as expected."""
-    import pytest
+def test_beneficiaries_sharing_a_node_are_both_placed():
+    """Found by the property above: n0 has 5 GPUs, one free; the preemptor frees a 1-GPU
+    job there for "pair" (2 x 2 GPUs), planned on n0 and on n1's free GPUs, then a 3-GPU
+    job on n0 for "big". Were "pair" nominated the victims' node only (n0), the cycle would
+    bind it to n0 whole, and "big" would not fit; nominated where it was planned, each
+    beneficiary is placed."""
     log = Log(make_node("n0", gpus=5), make_node("n1", gpus=3))
     for job_id, node, gpus, first in [("small", "n0", 1, 0), ("triple", "n0", 3, 1), ("fill", "n1", 1, 0)]:
         log.submit(job_id, gpus=gpus, priority_class="best-effort")
@@ -219,13 +217,14 @@ def test_beneficiaries_sharing_a_node_can_crowd_each_other_out():
     log.submit("big", gpus=3, priority_class="production-inference")
     now = log.now + 1.0
     decisions = preemption_decisions(log.state, now, PreemptionConfig(min_runtime_s=0.0))
-    assert [(d.for_job, d.victims) for d in decisions] == [("pair", ("small",)), ("big", ("triple",))]
+    assert [(d.for_job, d.victims, d.planned_nodes) for d in decisions] == [
+        ("pair", ("small",), ("n0", "n1")), ("big", ("triple",), ("n0",))]
     for d in decisions:
         for e in preemption_events(log.state, d, now):
             assert log.replay(e).accepted
         for v in d.victims:
             log.stopped(v)
-    placed = {d.job_id for d in Scheduler().cycle(log.state, log.now)}
-    if placed >= {"pair", "big"}:
-        pytest.fail("both beneficiaries placed: the gap is closed, make this an ordinary test")
-    pytest.xfail("a nomination records the victims' nodes, not the planned ones")
+    assert {j: nodes for j, (nodes, _) in log.state.nominations.items()} == {"pair": ("n0", "n1"), "big": ("n0",)}
+    placed = {d.job_id: d.workers for d in Scheduler().cycle(log.state, log.now)}
+    assert sorted(w.node for w in placed["pair"]) == ["n0", "n1"]
+    assert [w.node for w in placed["big"]] == ["n0"]
