@@ -301,17 +301,21 @@ class VictimSearch:
                     return None
                 touched = self._refresh(step.victims)
                 stale = touched | {best[1]}
-            # Drop victims a later step made unnecessary, most expensive first.
-            for v in sorted(self.released, key=self.cost, reverse=True):
-                self.scratch.book(v, v.workers)
-                self._refresh((v,))
-                if self.total() >= self.need:
-                    self.released.remove(v)
-                else:
-                    self.scratch.release(v)
-                    self._refresh((v,))
-            if self.max_victims is not None and len(self.released) > self.max_victims:
-                return None
-            return sorted(self.released, key=self.cost)
+            return self._drop_unneeded()
         finally:
             self.scratch.rollback(mark)
+
+    def _drop_unneeded(self) -> list[JobState] | None:
+        """Drop victims a later step made unnecessary, most expensive first; the victims
+        left, cheapest first (None: more than ``max_victims``)."""
+        for v in sorted(self.released, key=self.cost, reverse=True):
+            self.scratch.book(v, v.workers)
+            self._refresh((v,))
+            if self.total() >= self.need:
+                self.released.remove(v)
+            else:
+                self.scratch.release(v)
+                self._refresh((v,))
+        if self.max_victims is not None and len(self.released) > self.max_victims:
+            return None
+        return sorted(self.released, key=self.cost)
