@@ -45,7 +45,8 @@ node-local search sees: capacity freed beyond it would be lent to a borrower aga
 reclaimed back, the oscillation between teams that sharing must not show.
 
 The search itself, shared with defragmentation's own rule, is
-``gpusched.policies.preemption.victim_search``.
+``gpusched.policies.preemption.victim_search``; preemption runs it on the call's index of
+candidate victims (``victim_index``, ``indexed_search``): the same answer, a few nodes read.
 """
 from __future__ import annotations
 

@@ -27,6 +27,11 @@ count), each recomputing only the nodes the last step touched. The victims of a 
 A cap on the victim count (``max_victims``) is an opt-in of the caller (defragmentation
 moves at most ``defrag_max_moves`` jobs); preemption has none by default, since a cap below
 what a large request needs would leave a placeable job waiting forever.
+
+This class computes every candidate node's step before the first pick, so one search
+costs about the pool's size; preemption's searches run the same steps on a per-call index
+instead (``indexed_search.IndexedSearch``), which reads only the nodes that can hold the
+cheapest step.
 """
 from __future__ import annotations
 

@@ -96,8 +96,9 @@ def random_rules(data) -> PreemptionConfig:
     d = data.draw
     teams = {t: TeamQuota(guaranteed_gpus=d(st.sampled_from([0, 0, 1, 2, 4, 8]))) for t in TEAMS}
     return PreemptionConfig(
-        min_runtime_s=d(st.sampled_from([0.0, 300.0, 600.0])), min_runtime_growth=d(st.sampled_from([1.0, 2.0])),
-        max_min_runtime_s=d(st.sampled_from([600.0, 3600.0])), preemption_budget=d(st.sampled_from([0, 1, 3])),
+        # No exempt time nor budget, often: many equal costs, the search's tie-breaks.
+        min_runtime_s=d(st.sampled_from([0.0, 0.0, 300.0, 600.0])), min_runtime_growth=d(st.sampled_from([1.0, 2.0])),
+        max_min_runtime_s=d(st.sampled_from([600.0, 3600.0])), preemption_budget=d(st.sampled_from([0, 0, 1, 3])),
         reclaim_min_runtime_s=d(st.sampled_from([0.0, 30.0, 1000.0])),
         reclaim_window_s=d(st.sampled_from([0.0, 600.0, 10_000.0])),
         max_victims=d(st.sampled_from([None, None, 2, 64])), placement=d(st.sampled_from(sorted(PLACEMENTS))),
