@@ -158,3 +158,51 @@ def test_each_decision_looks_at_a_few_nodes_of_a_large_pool(monkeypatch):
     got = preemption_decisions(c.state, NOW)
     assert got == oracle.preemption_decisions(c.state, NOW) and len(got) == 4
     assert len(looked) <= 2 * len(got)
+
+
+# (job, class, team, (node, GPUs) per worker, started (None: placed, not started), checkpoint, preemptible)
+TIES = [
+    ("r0", BE, "a", [("n1", (0,))], 9990.0, None, True),
+    ("r1", BE, "a", [("n1", (1,))], 9990.0, 9995.0, True),
+    ("r2", BE, "a", [("n1", (2,)), ("n2", (0,))], 9990.0, 9995.0, True),
+    ("r3", BE, "a", [("n1", (3,))], 9990.0, None, True),
+    ("r4", BE, "a", [("n1", (4,))], 9990.0, None, True),
+    ("r5", BE, "a", [("n1", (5,)), ("n2", (1,))], 8500.0, None, True),
+    ("r6", BE, "a", [("n1", (6, 7))], 9990.0, 9995.0, False),
+    ("r7", BE, "a", [("n2", (2, 3))], 9990.0, None, True),
+    ("r8", BE, "a", [("n2", (4, 5))], 9990.0, 9995.0, False),
+    ("r9", TR, "a", [("n2", (6,))], 9990.0, None, True),
+    ("r10", BE, "a", [("n2", (7,)), ("n3", (0,))], None, None, True),
+    ("r11", BE, "a", [("n3", (1,))], None, None, True),
+    ("r12", BE, "a", [("n3", (3,))], 9990.0, None, True),
+    ("r13", BE, "a", [("n3", (5,))], 9990.0, None, False),
+    ("r14", BE, "a", [("n3", (6,))], 9990.0, None, True),
+    ("r15", BE, "a", [("n3", (7,))], 9990.0, None, True),
+    ("r16", BE, "a", [("n4", (0,))], None, None, False),
+    ("r17", BE, "a", [("n4", (2,)), ("n5", (0,))], 9990.0, None, False),
+    ("r18", BE, "c", [("n4", (3, 4))], 9990.0, 9950.0, True),
+    ("r19", BE, "b", [("n4", (5,)), ("n5", (1,))], 9990.0, None, True),
+    ("r20", BE, "c", [("n4", (6,)), ("n5", (2,))], 9900.0, 9950.0, True),
+    ("r21", BE, "a", [("n5", (3, 4))], 9990.0, None, True),
+    ("r22", TR, "c", [("n5", (5,))], 5000.0, 9950.0, True),
+    ("r23", TR, "a", [("n5", (6,))], 9990.0, None, True),
+    ("r24", BE, "b", [("n5", (7,))], None, None, True),
+]
+
+
+def test_equal_bounds_are_broken_as_the_full_scan_breaks_them():
+    """Many victims lose the same GPU-seconds (no exempt time, no budget): the walk must
+    not stop at the first equal bound (a node further on may gain more slots, or rank its
+    step lower); found by hypothesis when the search stopped at equal bounds."""
+    c = Cluster(nodes=5, gpus=8)
+    for job_id, cls, team, placements, started, ckpt, preemptible in TIES:
+        c.running(job_id, *placements, started=started or 9990.0, ckpt=ckpt, start=started is not None,
+                  priority_class=cls, team=team, preemptible=preemptible)
+    c.pending("p0", gpus=2, priority_class=TR, team="c")
+    c.pending("p1", gpus=2, workers=3, priority_class=HI, team="a")
+    c.pending("p2", gpus=1, priority_class=HI, team="b")
+    c.pending("p3", gpus=2, priority_class=HI, team="c")
+    config = PreemptionConfig(min_runtime_s=0.0, preemption_budget=0)
+    got = preemption_decisions(c.state, NOW, config)
+    assert got == oracle.preemption_decisions(c.state, NOW, config)
+    assert [d.for_job for d in got] == ["p1", "p3", "p0"]
