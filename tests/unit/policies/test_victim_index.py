@@ -160,7 +160,7 @@ def test_each_decision_looks_at_a_few_nodes_of_a_large_pool(monkeypatch):
     assert len(looked) <= 2 * len(got)
 
 
-# (job, class, team, (node, GPUs) per worker, started (None: placed, not started), checkpoint, preemptible)
+# Many equal costs (``_cluster`` reads the rows).
 TIES = [
     ("r0", BE, "a", [("n1", (0,))], 9990.0, None, True),
     ("r1", BE, "a", [("n1", (1,))], 9990.0, 9995.0, True),
@@ -190,14 +190,57 @@ TIES = [
 ]
 
 
+# A gang's search for which a node's step must be taken before another node of its
+# spread victim changes (``IndexedSearch._before_change``); placed jobs: placed then.
+SPREAD = [
+    ("r0", BE, "a", [("n1", (2,))], None, None, False), ("r1", BE, "a", [("n1", (3,))], None, None, False),
+    ("r2", BE, "a", [("n1", (4, 5))], 9990.0, None, True), ("r3", BE, "a", [("n1", (6, 7))], 9990.0, 9995.0, False),
+    ("r4", BE, "a", [("n2", (0, 1))], None, None, False), ("r5", BE, "a", [("n2", (3,))], None, None, False),
+    ("r6", BE, "a", [("n2", (4,))], None, None, False), ("r7", BE, "a", [("n2", (5,))], None, None, True),
+    ("r8", BE, "a", [("n2", (6, 7))], None, None, False), ("r9", BE, "a", [("n3", (0,))], None, None, False),
+    ("r10", BE, "a", [("n3", (1,))], None, None, False), ("r11", BE, "a", [("n3", (2,))], 9990.0, None, False),
+    ("r12", BE, "a", [("n3", (3,))], None, None, True), ("r13", BE, "a", [("n3", (4, 5))], None, None, False),
+    ("r14", BE, "a", [("n3", (6,)), ("n4", (0,))], None, None, True),
+    ("r15", BE, "a", [("n3", (7,)), ("n4", (1,))], None, None, False),
+    ("r16", BE, "a", [("n4", (2,))], None, None, False), ("r17", BE, "a", [("n4", (3,))], None, None, False),
+    ("r18", TR, "a", [("n4", (4, 5))], 9990.0, 9995.0, True), ("r19", BE, "a", [("n4", (6, 7))], None, None, False),
+    ("r20", BE, "a", [("n5", (0,)), ("n6", (0,))], 9990.0, 9950.0, True),
+    ("r21", TR, "a", [("n5", (2,))], None, None, True), ("r22", BE, "a", [("n5", (3,))], None, None, False),
+    ("r23", BE, "a", [("n5", (4,))], None, None, False), ("r24", BE, "a", [("n5", (5, 6))], None, None, False),
+    ("r25", BE, "a", [("n5", (7,)), ("n6", (1,))], None, None, False),
+    ("r26", BE, "a", [("n6", (2,))], None, None, False), ("r27", TR, "a", [("n6", (3, 4))], None, None, True),
+    ("r28", HI, "a", [("n6", (6,))], None, None, False), ("r29", BE, "a", [("n6", (7,))], -9300.0, None, True),
+]
+
+
+def _cluster(nodes: int, jobs: list) -> Cluster:
+    """``jobs``: (job, class, team, (node, GPUs) per worker, started (None: placed at 9990
+    and not started; -t: placed at t and not started), checkpoint, preemptible)."""
+    c = Cluster(nodes=nodes, gpus=8)
+    for job_id, cls, team, placements, started, ckpt, preemptible in jobs:
+        at = 9990.0 if started is None else abs(started)
+        c.running(job_id, *placements, started=at, ckpt=ckpt, start=started is not None and started > 0,
+                  priority_class=cls, team=team, preemptible=preemptible)
+    return c
+
+
+def test_a_spread_victims_other_node_keeps_the_step_the_full_scan_saw():
+    """The full scan computed every node's step before the first release; a node first
+    looked at later must see its spread victims' other nodes as they were then."""
+    c = _cluster(6, SPREAD)
+    c.pending("p0", gpus=2, workers=3, priority_class=TR, team="a")
+    c.pending("p1", gpus=1, workers=3, priority_class=HI, team="a")
+    config = PreemptionConfig(min_runtime_s=0.0, preemption_budget=0)
+    got = preemption_decisions(c.state, NOW, config)
+    assert got == oracle.preemption_decisions(c.state, NOW, config)
+    assert [d.for_job for d in got] == ["p0"]
+
+
 def test_equal_bounds_are_broken_as_the_full_scan_breaks_them():
     """Many victims lose the same GPU-seconds (no exempt time, no budget): the walk must
     not stop at the first equal bound (a node further on may gain more slots, or rank its
     step lower); found by hypothesis when the search stopped at equal bounds."""
-    c = Cluster(nodes=5, gpus=8)
-    for job_id, cls, team, placements, started, ckpt, preemptible in TIES:
-        c.running(job_id, *placements, started=started or 9990.0, ckpt=ckpt, start=started is not None,
-                  priority_class=cls, team=team, preemptible=preemptible)
+    c = _cluster(5, TIES)
     c.pending("p0", gpus=2, priority_class=TR, team="c")
     c.pending("p1", gpus=2, workers=3, priority_class=HI, team="a")
     c.pending("p2", gpus=1, priority_class=HI, team="b")
