@@ -213,10 +213,10 @@ SPREAD = [
 ]
 
 
-def _cluster(nodes: int, jobs: list) -> Cluster:
+def _cluster(nodes: int, jobs: list, gpus: int = 8) -> Cluster:
     """``jobs``: (job, class, team, (node, GPUs) per worker, started (None: placed at 9990
     and not started; -t: placed at t and not started), checkpoint, preemptible)."""
-    c = Cluster(nodes=nodes, gpus=8)
+    c = Cluster(nodes=nodes, gpus=gpus)
     for job_id, cls, team, placements, started, ckpt, preemptible in jobs:
         at = 9990.0 if started is None else abs(started)
         c.running(job_id, *placements, started=at, ckpt=ckpt, start=started is not None and started > 0,
@@ -249,3 +249,21 @@ def test_equal_bounds_are_broken_as_the_full_scan_breaks_them():
     got = preemption_decisions(c.state, NOW, config)
     assert got == oracle.preemption_decisions(c.state, NOW, config)
     assert [d.for_job for d in got] == ["p1", "p3", "p0"]
+
+
+def test_a_spread_victim_gaining_slots_on_two_nodes_wins_a_tie():
+    """Two steps of equal rank: the one whose victim frees a slot on each of its two nodes
+    wins (it gains more), as in the full scan, though its first node sorts after the other
+    step's; the walk looks at spread nodes first among equal bounds."""
+    c = _cluster(2, [
+        ("r0", BE, "a", [("n1", (0,))], None, None, False),
+        ("r1", BE, "a", [("n1", (1, 2))], None, None, True),
+        ("r2", BE, "a", [("n1", (3,)), ("n2", (0,))], None, None, True),
+        ("r3", BE, "a", [("n2", (1,))], None, None, False),
+        ("r4", BE, "a", [("n2", (2, 3))], None, None, False),
+    ], gpus=4)
+    c.pending("p0", gpus=1, priority_class=HI, team="a")
+    config = PreemptionConfig(min_runtime_s=0.0, preemption_budget=0)
+    got = preemption_decisions(c.state, NOW, config)
+    assert got == oracle.preemption_decisions(c.state, NOW, config)
+    assert [d.victims for d in got] == [("r2",)]
