@@ -1,19 +1,30 @@
-"""CPU time of one preemptor round on a full pool, with the placer's views kept for the
-round (the code as it is) and built afresh for every pending job (the test oracle
-``tests/unit/policies/preemption_oracle.py``, the code as it was), alternated in one run.
+"""CPU time of one preemptor round on a full pool, the code as it is against the code as
+it was, alternated in one run.
 
 A pool of N nodes with 8 GPUs each runs one 1-GPU ``training`` job per GPU (past its
 exempt time, checkpointable); P ``training-high`` 1-GPU jobs wait, of a few CPU sizes (so
 the placer is asked about several shapes). Timed per round (CPU seconds, best of
-``--repeats``): ``preemption_decisions`` (which stops after 8 decisions) and
-``defrag_decisions`` (which looks at every pending job: none is blocked by fragmentation
-only, the pool being full). Both versions' decisions are checked to be equal.
+``--repeats``, after ``gc.freeze()`` as the services do once the state is read):
 
-    python bench/preemptor_bench.py --nodes 1000 4000 --pending 64 --repeats 5
+* ``preemption_decisions`` (which stops after 8 decisions), with the victim search on the
+  round's index against the full scan of the pool per decision
+  (``tests/unit/policies/victim_search_oracle.py``); and, in the same runs, the CPU of one
+  decision's search (``find``, its mean over the round), less what is built once per round
+  inside the searches and shown apart: the index of candidate victims (``VictimIndex``),
+  the kept worker slots of each job shape (``SlotCounts``) and the teams' sums
+  (``SearchContext.team_jobs``, ``TeamRanking``);
+* ``defrag_decisions`` (which looks at every pending job: none is blocked by
+  fragmentation only, the pool being full), with the placer's views kept for the round
+  against views built afresh per pending job (``tests/unit/policies/preemption_oracle.py``).
+
+Both versions' decisions are checked to be equal.
+
+    python bench/preemptor_bench.py --nodes 1000 5000 --pending 64 --repeats 3
 """
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 import time
 from pathlib import Path
@@ -26,7 +37,11 @@ from gpusched.core.reducer import apply  # noqa: E402
 from gpusched.core.state import ClusterState  # noqa: E402
 from gpusched.policies.preemption.decisions import preemption_decisions  # noqa: E402
 from gpusched.policies.preemption.defrag import defrag_decisions  # noqa: E402
+from gpusched.policies.preemption.borrowing import TeamRanking  # noqa: E402
+from gpusched.policies.preemption.victim_index import SlotCounts, VictimIndex  # noqa: E402
+from gpusched.policies.preemption.victim_rules import SearchContext  # noqa: E402
 from tests.unit.policies import preemption_oracle as oracle  # noqa: E402
+from tests.unit.policies import victim_search_oracle as scan  # noqa: E402
 
 NOW = 10_000.0
 
@@ -68,29 +83,89 @@ def cpu(fn) -> tuple[float, object]:
     return time.process_time() - t0, out
 
 
+class Timed:
+    """CPU seconds and calls spent in some methods while entered (wrapped on their
+    classes, put back on exit); ``nested``: the seconds of the others spent inside the
+    first."""
+
+    def __init__(self, *methods: tuple[type, str]) -> None:
+        self.methods = methods
+        self.spent = {m: 0.0 for m in methods}
+        self.calls = {m: 0 for m in methods}
+        self.nested = 0.0
+        self._inside = 0
+        self._saved: dict[tuple[type, str], object] = {}
+
+    def _wrap(self, key: tuple[type, str], inner):
+        outer = key == self.methods[0]
+
+        def timed(*a, **kw):
+            t0 = time.process_time()
+            self._inside += outer
+            try:
+                return inner(*a, **kw)
+            finally:
+                self._inside -= outer
+                spent = time.process_time() - t0
+                self.spent[key] += spent
+                self.calls[key] += 1
+                if not outer and self._inside:
+                    self.nested += spent
+        return timed
+
+    def __enter__(self) -> "Timed":
+        for key in self.methods:
+            cls, name = key
+            self._saved[key] = cls.__dict__[name]
+            setattr(cls, name, self._wrap(key, self._saved[key]))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for (cls, name), inner in self._saved.items():
+            setattr(cls, name, inner)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--nodes", type=int, nargs="+", default=[1000, 4000])
+    p.add_argument("--nodes", type=int, nargs="+", default=[1000, 5000])
     p.add_argument("--pending", type=int, default=64)
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--repeats", type=int, default=3)
     args = p.parse_args()
     pools = {n: full_pool(n, args.pending) for n in args.nodes}
-    rounds = {"preemption": (preemption_decisions, oracle.preemption_decisions),
-              "defrag": (defrag_decisions, oracle.defrag_decisions)}
-    best = {(n, r, v): float("inf") for n in pools for r in rounds for v in ("kept", "fresh")}
+    gc.freeze()
+    find_was, find_is = (scan.FrozenSearchContext, "find"), (SearchContext, "find")
+    built = [(VictimIndex, "__init__"), (SlotCounts, "__init__"), (SearchContext, "team_jobs"),
+             (TeamRanking, "__init__")]
+    # round -> (as it was, as it is)
+    rounds = {"preemption": (lambda s: scan.preemption_decisions(s, NOW), lambda s: preemption_decisions(s, NOW)),
+              "defrag": (lambda s: oracle.defrag_decisions(s, NOW), lambda s: defrag_decisions(s, NOW))}
+    best: dict[tuple, float] = {}
+
+    def keep(key: tuple, value: float) -> None:
+        best[key] = min(best.get(key, float("inf")), value)
+
     for _ in range(args.repeats):
         for n, state in pools.items():
-            for r, (kept, fresh) in rounds.items():
-                t_fresh, want = cpu(lambda: fresh(state, NOW))
-                t_kept, got = cpu(lambda: kept(state, NOW))
+            for r, (was, now) in rounds.items():
+                with Timed(find_was) as timed_was:
+                    t_was, want = cpu(lambda: was(state))
+                with Timed(find_is, *built) as timed_is:
+                    t_is, got = cpu(lambda: now(state))
                 assert got == want, (n, r)
-                best[n, r, "fresh"] = min(best[n, r, "fresh"], t_fresh)
-                best[n, r, "kept"] = min(best[n, r, "kept"], t_kept)
-    print(f"{'nodes':>6} {'round':>11} {'fresh views ms':>15} {'kept views ms':>14} {'speed-up':>9}")
+                keep((n, r, "was"), t_was)
+                keep((n, r, "is"), t_is)
+                if r == "preemption":
+                    keep((n, "search", "was"), timed_was.spent[find_was] / max(1, timed_was.calls[find_was]))
+                    keep((n, "search", "is"), (timed_is.spent[find_is] - timed_is.nested)
+                         / max(1, timed_is.calls[find_is]))
+                    keep((n, "built", "is"), sum(timed_is.spent[m] for m in built))
+    print(f"{'nodes':>6} {'':>28} {'as it was ms':>13} {'as it is ms':>12} {'ratio':>7}")
+    rows = [("preemption", "preemption round"), ("search", "one decision's search"), ("defrag", "defrag round")]
     for n in pools:
-        for r in rounds:
-            fresh, kept = best[n, r, "fresh"], best[n, r, "kept"]
-            print(f"{n:>6} {r:>11} {fresh * 1000:>15.1f} {kept * 1000:>14.1f} {fresh / kept:>8.1f}x")
+        for r, label in rows:
+            was, now = best[n, r, "was"], best[n, r, "is"]
+            print(f"{n:>6} {label:>28} {was * 1000:>13.2f} {now * 1000:>12.2f} {was / now:>6.1f}x")
+        print(f"{n:>6} {'(built once a round)':>28} {'':>13} {best[n, 'built', 'is'] * 1000:>12.2f}")
 
 
 if __name__ == "__main__":

@@ -45,7 +45,8 @@ node-local search sees: capacity freed beyond it would be lent to a borrower aga
 reclaimed back, the oscillation between teams that sharing must not show.
 
 The search itself, shared with defragmentation's own rule, is
-``gpusched.policies.preemption.victim_search``.
+``gpusched.policies.preemption.victim_search``; preemption runs it on the call's index of
+candidate victims (``victim_index``, ``indexed_search``): the same answer, a few nodes read.
 """
 from __future__ import annotations
 
@@ -61,7 +62,9 @@ from gpusched.policies.placement.registry import PLACEMENTS, make_placement
 from gpusched.policies.queueing.quota import QueueTree, claims_guarantee
 from gpusched.policies.statement import NodeView, Statement, tentative
 from gpusched.policies.preemption.protection import Shield, budget_spent, exempt_s, lost_gpu_s, running_since
-from gpusched.policies.preemption.victim_search import VictimSearch
+from gpusched.policies.preemption.borrowing import TeamLedger
+from gpusched.policies.preemption.indexed_search import IndexedSearch
+from gpusched.policies.preemption.victim_index import SlotCounts, VictimIndex
 
 REASON_PRIORITY = "priority"
 REASON_RECLAIM = "reclaim"
@@ -152,7 +155,8 @@ class SearchContext:
         self.via_reclaim: set[str] = set()         # victims eligible only as quota reclaim
         self.extra: dict[str, int] = {}            # team -> milli booked for beneficiaries
         self._team_jobs: dict[str, list[JobState]] | None = None
-        self._borrowed: dict[str, tuple[set[str], set[str]]] = {}   # team -> (borrowed, wholly above)
+        self._ledger: TeamLedger | None = None     # teams' usage and borrowing, built on first use
+        self._index: VictimIndex | None = None     # candidate victims, built on first search
         self.in_flight = self._in_flight()
         # The placer's statement and views (free-capacity indexes), kept for the whole
         # call while a scratch is watched (``tentative``); None: built afresh per job.
@@ -210,34 +214,21 @@ class SearchContext:
     def used(self, team: str) -> int:
         """GPU milli the team holds (not counting jobs being preempted), plus what this call
         booked for it and what its in-flight beneficiaries will take."""
-        held = sum(j.milli for j in self.team_jobs().get(team, ()) if j.job_id not in self.taken)
+        held = self.ledger().held(team)
         coming = sum(self.state.jobs[j].milli for j in self.in_flight
                      if j in self.state.jobs and self.state.jobs[j].team == team
                      and self.state.jobs[j].phase is JobPhase.PENDING)
         return held + coming + self.extra.get(team, 0)
 
-    def _ranked(self, team: str) -> tuple[set[str], set[str]]:
-        """The team's jobs that are borrowed (their milli crosses the guarantee, or comes
-        after it) and those wholly above the guarantee (the team keeps its guarantee
-        without them, all of them together)."""
-        sets = self._borrowed.get(team)
-        if sets is None:
-            guarantee = self.config.guaranteed_milli(team)
-            mine = [j for j in self.team_jobs().get(team, ()) if j.job_id not in self.taken]
-            mine.sort(key=lambda j: (-priority_value(j.spec.priority_class), running_since(j), j.seq))
-            cumulative = self.extra.get(team, 0)   # beneficiaries booked here come first
-            sets = (set(), set())
-            for j in mine:
-                if cumulative >= guarantee:
-                    sets[1].add(j.job_id)
-                cumulative += j.milli
-                if cumulative > guarantee:
-                    sets[0].add(j.job_id)
-            self._borrowed[team] = sets
-        return sets
+    def ledger(self) -> TeamLedger:
+        """Borrowing (above): a team's jobs ranked once per call, read through the victims
+        taken and the beneficiaries booked since (``borrowing``)."""
+        if self._ledger is None:
+            self._ledger = TeamLedger(self.team_jobs(), self.config.guaranteed_milli, self.taken, self.extra)
+        return self._ledger
 
     def borrowed(self, job: JobState) -> bool:
-        return job.job_id in self._ranked(job.team)[0]
+        return self.ledger().borrowed(job)
 
     def reclaimable(self, victim: JobState) -> bool:
         return self.reclaim_shield(victim) is None
@@ -246,12 +237,13 @@ class SearchContext:
         """A reclaim never takes a team below its guarantee (a job straddling it stays: else
         the reclaimed team falls short, reclaims in turn, and the two teams flip), nor takes
         a job it reclaimed less than ``reclaim_window_s`` ago."""
-        if victim.job_id not in self._ranked(victim.team)[1]:
+        if not self.ledger().wholly_above(victim):
             return Shield.GUARANTEED
+        return Shield.RECLAIM_WINDOW if self.reclaimed_recently(victim) else None
+
+    def reclaimed_recently(self, victim: JobState) -> bool:
         recent = self.now - victim.preempted_at < self.config.reclaim_window_s
-        if recent and victim.preempted_reason.startswith(REASON_RECLAIM + ":"):
-            return Shield.RECLAIM_WINDOW
-        return None
+        return recent and victim.preempted_reason.startswith(REASON_RECLAIM + ":")
 
     def may_reclaim(self, job: JobState) -> bool:
         return claims_guarantee(self.used(job.team), job.milli, self.config.guaranteed_milli(job.team))
@@ -361,10 +353,7 @@ class SearchContext:
             return Found([], placed, REASON_PRIORITY)
         reclaim = self.may_reclaim(job)
         mine = priority_value(job.spec.priority_class)
-        search = VictimSearch(self.state, job, scratch, lambda v: self.eligible(v, job, reclaim),
-                              lambda v: self.cost(v, mine), lambda vs: self.set_key(vs, mine),
-                              self.config.max_victims)
-        victims = search.run()
+        victims = self._search(job, scratch, reclaim, mine).run()
         if victims is None:
             return None
         mark = scratch.checkpoint()
@@ -381,6 +370,22 @@ class SearchContext:
         reason = REASON_RECLAIM if reclaimed else REASON_PRIORITY
         return Found(victims, placed, reason)
 
+    def _search(self, job: JobState, scratch: Statement, reclaim: bool, mine: int) -> IndexedSearch:
+        """The victim search for ``job`` on the call's index (``indexed_search``)."""
+        if self._index is None:
+            jobs = (j for team in self.team_jobs().values() for j in team)
+            self._index = VictimIndex(self.state, jobs, self.now, self.config, self.reclaimed_recently)
+        spec = job.spec
+        shape = (SlotCounts, spec.pool, spec.resources, spec.workers)
+        slots = self.kept_view(shape, lambda nodes: SlotCounts(nodes, spec.pool, spec.resources, spec.workers))
+        if slots is None:   # no watched scratch: nothing would keep counts true
+            slots = SlotCounts(self.state.nodes, spec.pool, spec.resources, spec.workers)
+        assert isinstance(slots, SlotCounts)
+        return IndexedSearch(self.state, job, scratch, lambda v: self.eligible(v, job, reclaim),
+                             lambda v: self.cost(v, mine), lambda vs: self.set_key(vs, mine),
+                             self.config.max_victims, self._index.candidates(spec.pool, mine, job.team, reclaim),
+                             slots.on, slots.total, self._index.spread)
+
     def take(self, job: JobState, found: Found, scratch: Statement) -> None:
         """Release the victims and book the job, tentatively, for the rest of this call:
         later searches of the call neither choose those victims again nor count their
@@ -390,4 +395,3 @@ class SearchContext:
             self.taken.add(v.job_id)
         scratch.book(job, found.workers)
         self.extra[job.team] = self.extra.get(job.team, 0) + job.milli
-        self._borrowed.clear()

@@ -27,6 +27,11 @@ count), each recomputing only the nodes the last step touched. The victims of a 
 A cap on the victim count (``max_victims``) is an opt-in of the caller (defragmentation
 moves at most ``defrag_max_moves`` jobs); preemption has none by default, since a cap below
 what a large request needs would leave a placeable job waiting forever.
+
+This class computes every candidate node's step before the first pick, so one search
+costs about the pool's size; preemption's searches run the same steps on a per-call index
+instead (``indexed_search.IndexedSearch``), which reads only the nodes that can hold the
+cheapest step.
 """
 from __future__ import annotations
 
@@ -301,17 +306,21 @@ class VictimSearch:
                     return None
                 touched = self._refresh(step.victims)
                 stale = touched | {best[1]}
-            # Drop victims a later step made unnecessary, most expensive first.
-            for v in sorted(self.released, key=self.cost, reverse=True):
-                self.scratch.book(v, v.workers)
-                self._refresh((v,))
-                if self.total() >= self.need:
-                    self.released.remove(v)
-                else:
-                    self.scratch.release(v)
-                    self._refresh((v,))
-            if self.max_victims is not None and len(self.released) > self.max_victims:
-                return None
-            return sorted(self.released, key=self.cost)
+            return self._drop_unneeded()
         finally:
             self.scratch.rollback(mark)
+
+    def _drop_unneeded(self) -> list[JobState] | None:
+        """Drop victims a later step made unnecessary, most expensive first; the victims
+        left, cheapest first (None: more than ``max_victims``)."""
+        for v in sorted(self.released, key=self.cost, reverse=True):
+            self.scratch.book(v, v.workers)
+            self._refresh((v,))
+            if self.total() >= self.need:
+                self.released.remove(v)
+            else:
+                self.scratch.release(v)
+                self._refresh((v,))
+        if self.max_victims is not None and len(self.released) > self.max_victims:
+            return None
+        return sorted(self.released, key=self.cost)
