@@ -186,13 +186,9 @@ class IndexedSearch(VictimSearch):
                     return None
                 step = best[2]
                 self._before_change(steps, step.victims)
-                for v in step.victims:
-                    self.scratch.release(v)
-                    self.released.append(v)
-                    self.released_ids.add(v.job_id)
-                if self.max_victims is not None and len(self.released) > 4 * self.max_victims:
+                touched = self._take(step)
+                if touched is None:
                     return None
-                touched = self._refresh(step.victims)
                 stale = touched | {best[1]}
             return self._drop_unneeded()
         finally:

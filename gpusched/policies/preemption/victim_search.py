@@ -298,17 +298,24 @@ class VictimSearch:
                 if best is None:
                     return None
                 step = best[2]
-                for v in step.victims:
-                    self.scratch.release(v)
-                    self.released.append(v)
-                    self.released_ids.add(v.job_id)
-                if self.max_victims is not None and len(self.released) > 4 * self.max_victims:
+                touched = self._take(step)
+                if touched is None:
                     return None
-                touched = self._refresh(step.victims)
                 stale = touched | {best[1]}
             return self._drop_unneeded()
         finally:
             self.scratch.rollback(mark)
+
+    def _take(self, step: Step) -> set[str] | None:
+        """Release ``step``'s victims on the scratch state; the nodes whose steps that
+        changed (None: far past ``max_victims``, the search gives up)."""
+        for v in step.victims:
+            self.scratch.release(v)
+            self.released.append(v)
+            self.released_ids.add(v.job_id)
+        if self.max_victims is not None and len(self.released) > 4 * self.max_victims:
+            return None
+        return self._refresh(step.victims)
 
     def _drop_unneeded(self) -> list[JobState] | None:
         """Drop victims a later step made unnecessary, most expensive first; the victims
