@@ -399,7 +399,7 @@ def _job_preempted(e: ev.JobPreempted, state: ClusterState) -> Outcome:
     beneficiary = state.jobs.get(e.for_job)
     if beneficiary is not None and beneficiary.phase is _PENDING:
         known = state.nodes
-        if e.planned_nodes and all(n in known for n in e.planned_nodes):
+        if e.planned_nodes and set(e.planned_nodes) <= known.keys():
             # Where the preemptor planned the beneficiary, one node per worker: it may add
             # free capacity beside the victims' nodes. The latest plan replaces any other.
             state.nominations[e.for_job] = (e.planned_nodes, e.time)
