@@ -230,26 +230,43 @@ class RowScorer:
         found: list[tuple[int, int]] = []
         if res.is_share:
             share = res.gpu_milli
-            for f in set(gpu):   # one candidate per free amount
-                if f < share:
-                    continue
-                g = f - share
-                terms = [w * (r - (f if f >= m else 0) + (g if g >= m else 0))
-                         if c - (f >= m) + (g >= m) >= need else 0.0 for w, c, r, need, m in parts]
+            for f, terms in self._share_terms(parts, [f for f in set(gpu) if f >= share], share):
                 found.append((self._key(u - pairwise(terms) - share, waste, bound, idle,
-                                        lambda: waste[g] - waste[f]), f))
+                                        lambda: waste[f - share] - waste[f]), f))
         elif res.gpus:   # the lowest-index free GPUs, each from 1000 free to 0
             n = res.gpus
             terms = [w * (r - 1000 * n) if c - n >= need else 0.0 for w, c, r, need, m in parts]
             found.append((self._key(u - pairwise(terms) - 1000 * n, waste, bound, idle,
                                     lambda: self._whole_waste(gpu, n, waste)), -1))
-        else:
-            terms = [w * r if c >= need else 0.0 for w, c, r, need, m in parts]
-            found.append((self._key(u - pairwise(terms), waste, bound, idle, lambda: 0.0), -1))
+        else:   # U after is U at the CPU level after: the memo's, shared by rows alike
+            after = self.usable_row(row.signature[0], cpu - res.cpu_milli, model)
+            found.append((self._key(u - after, waste, bound, idle, lambda: 0.0), -1))
         if len(found) == 1:
             return found[0]
         found.sort()
         return tuple(x for pair in found for x in pair)   # a tuple of ints: the cyclic GC stops tracking it
+
+    def _share_terms(self, parts: tuple, frees: list[int], share: int):
+        """Per free amount ``f`` a share can take, the terms of ``usable`` after it takes
+        ``share`` of a GPU with ``f`` free (``g`` left): a combination of ``m`` milli
+        counts that GPU before if ``f >= m`` and after if ``g >= m``. The combinations are
+        sorted by milli, so those with ``m <= g`` (before and after), ``g < m <= f``
+        (before only) and ``f < m`` (neither) are three runs; the first and last runs'
+        terms do not depend on ``f`` and are computed once for the row. Each term is the
+        same float operation as ``w * (r - [f >= m] f + [g >= m] g)``."""
+        if len(frees) == 1:   # nothing to share between free amounts
+            f = frees[0]
+            g = f - share
+            yield f, [w * (r - (f if f >= m else 0) + (g if g >= m else 0))
+                      if c - (f >= m) + (g >= m) >= need else 0.0 for w, c, r, need, m in parts]
+            return
+        both = [w * (r - share) if c >= need else 0.0 for w, c, r, need, m in parts]
+        neither = [w * r if c >= need else 0.0 for w, c, r, need, m in parts]
+        milli = self.milli
+        for f in frees:
+            low, high = bisect_right(milli, f - share), bisect_right(milli, f)
+            yield f, (both[:low] + [w * (r - f) if c > need else 0.0 for w, c, r, need, m in parts[low:high]]
+                      + neither[high:])
 
     def _key(self, growth: float, waste, bound: int, idle: bool, waste_growth: Callable[[], float]) -> int:
         key = self.score(growth)

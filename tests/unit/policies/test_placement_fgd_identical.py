@@ -202,3 +202,30 @@ def test_row_scores_equal_numpy_to_the_bit(shares, rows):
         assert scorer.row(tuple(free), c, 0, 0, False, (0,) * len(free)).u == expected[i]
         for m, cnt, room in zip(compiled.milli.tolist(), *scorer.tallies(free)):
             assert (cnt, room) == (sum(f >= m for f in free), sum(f for f in free if f >= m))
+
+
+_FREE, _SHARE = [0, 10, 90, 110, 230, 470, 530, 770, 1000], [10, 110, 230, 460, 470, 999]
+# What a share leaves on a GPU: combinations of exactly that many milli sit on a run's edge.
+_SHARES_LEFT = sorted({f - s for f in _FREE for s in _SHARE if f > s})
+
+
+@settings(max_examples=100, deadline=None)
+@given(milli=st.lists(st.integers(1, 1000) | st.sampled_from(_SHARES_LEFT), min_size=0, max_size=20), whole=st.sets(st.sampled_from([1, 2, 4, 8])),
+       free=st.lists(st.sampled_from(_FREE), min_size=1, max_size=8),
+       share=st.sampled_from(_SHARE), level=st.integers(1, 4))
+def test_share_terms_by_runs_equal_the_terms_one_by_one(milli, whole, free, share, level):
+    """``RowScorer._share_terms`` computes the terms of U after a share in three runs of
+    combinations (before and after, before only, neither); every term, for every free
+    amount, is the float the term-by-term formula gives."""
+    shapes = [(2000 * (i % 4), m, 1, ()) for i, m in enumerate(milli)] + [(0, 1000, n, ()) for n in sorted(whole)]
+    mix = {shape: 1 / len(shapes) for shape in shapes} or {(0, 0, 0, ()): 1.0}
+    compiled = compile_mix(mix, ["A100-80GB"])
+    scorer = RowScorer(compiled, lambda: final_waste(mix), lookahead=False)
+    cnt, room = scorer.tallies(tuple(free))
+    weight = scorer.weight[0][min(level, len(scorer.levels))] if scorer.milli else ()   # level 0: no weight
+    parts = tuple(zip(weight, cnt, room, scorer.count, scorer.milli))
+    frees = [f for f in set(free) if f >= share]
+    for f, terms in scorer._share_terms(parts, frees, share):
+        g = f - share
+        assert terms == [w * (r - (f if f >= m else 0) + (g if g >= m else 0))
+                         if c - (f >= m) + (g >= m) >= need else 0.0 for w, c, r, need, m in parts]
