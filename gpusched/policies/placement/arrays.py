@@ -25,14 +25,18 @@ class NodeArrays:
         self.models = sorted({n.model for n in self.nodes})
         width = max((len(n.gpus) for n in self.nodes), default=0)
         count = len(self.nodes)
-        self.cpu = np.zeros(count, dtype=np.int64)       # free CPU milli (-1: not ready)
-        self.mem = np.zeros(count, dtype=np.int64)       # free memory MiB
-        self.gpu = np.zeros((count, width), dtype=np.int64)   # free milli of each GPU
+        # The columns, written for changed rows only when next read (``_flush``): FGD
+        # rescores the rows a booking changes from ``plain`` and reads the columns for a
+        # new request only, so most bookings never pay numpy's per-call cost.
+        self._cpu = np.zeros(count, dtype=np.int64)       # free CPU milli (-1: not ready)
+        self._mem = np.zeros(count, dtype=np.int64)       # free memory MiB
+        self._gpu = np.zeros((count, width), dtype=np.int64)   # free milli of each GPU
         # Free memory MiB of each GPU, for shares that ask for GPU memory (0 where the GPU
         # offers nothing): what ``GpuState.fits_share`` checks besides the milli.
-        self.gmem = np.zeros((count, width), dtype=np.int64)
+        self._gmem = np.zeros((count, width), dtype=np.int64)
+        self._idle = np.zeros(count, dtype=bool)          # nothing runs or is booked on it
+        self._dirty: set[int] = set()                     # rows whose columns lag ``plain``
         self.ngpu = np.array([len(n.gpus) for n in self.nodes], dtype=np.int64)
-        self.idle = np.zeros(count, dtype=bool)          # nothing runs or is booked on it
         self.model = np.array([self.models.index(n.model) for n in self.nodes], dtype=np.int64)
         self._allowed: dict[tuple[str, ...], np.ndarray] = {}
         self._models_allowed: dict[tuple[str, ...], list[bool]] = {}
@@ -43,6 +47,37 @@ class NodeArrays:
         self.plain: list[tuple[tuple[int, ...], int, int, bool, tuple[int, ...]]] = [((), 0, 0, False, ())] * count
         for i in range(count):
             self._refresh(i)
+        self._flush()
+
+    @property
+    def cpu(self) -> np.ndarray:
+        if self._dirty:
+            self._flush()
+        return self._cpu
+
+    @property
+    def mem(self) -> np.ndarray:
+        if self._dirty:
+            self._flush()
+        return self._mem
+
+    @property
+    def gpu(self) -> np.ndarray:
+        if self._dirty:
+            self._flush()
+        return self._gpu
+
+    @property
+    def gmem(self) -> np.ndarray:
+        if self._dirty:
+            self._flush()
+        return self._gmem
+
+    @property
+    def idle(self) -> np.ndarray:
+        if self._dirty:
+            self._flush()
+        return self._idle
 
     def touch(self, names: Iterable[str]) -> None:
         for name in names:
@@ -52,14 +87,23 @@ class NodeArrays:
 
     def _refresh(self, i: int) -> None:
         node = self.nodes[i]
-        cpu, mem, idle = node.free_cpu if node.schedulable else -1, node.free_mem, not node.jobs
         gpu, gmem = list(self._pad), list(self._pad)
         for j, g in enumerate(node.gpus):
             if g.healthy and not g.mig_mask and g.whole_ok:
                 gpu[j], gmem[j] = 1000 - g.used_milli, g.info.memory_mib - g.used_memory_mib
-        self.cpu[i], self.mem[i], self.idle[i] = cpu, mem, idle
-        self.gpu[i], self.gmem[i] = gpu, gmem   # one write a row: numpy's cost is per call
-        self.plain[i] = (tuple(gpu), cpu, mem, idle, tuple(gmem))
+        self.plain[i] = (tuple(gpu), node.free_cpu if node.schedulable else -1, node.free_mem, not node.jobs,
+                         tuple(gmem))
+        self._dirty.add(i)
+
+    def _flush(self) -> None:
+        """Write the changed rows' ``plain`` values into the columns, one call a column."""
+        rows = sorted(self._dirty)
+        self._dirty.clear()
+        if not rows:
+            return
+        gpu, cpu, mem, idle, gmem = zip(*[self.plain[i] for i in rows])
+        self._cpu[rows], self._mem[rows], self._idle[rows] = cpu, mem, idle
+        self._gpu[rows], self._gmem[rows] = gpu, gmem
 
     def allowed_models(self, res: WorkerResources) -> list[bool]:
         """Per model (``models``), whether ``res`` accepts it."""

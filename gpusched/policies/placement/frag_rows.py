@@ -65,8 +65,10 @@ class Row(NamedTuple):
     gmem: tuple[int, ...]    # free memory MiB per GPU (a share's GPU-memory request)
 
 
-# A request's candidates on one row: (packed key, free milli of the GPU taken, or -1), least first.
-Found = tuple[tuple[int, int], ...]
+# A request's candidates on one row: (packed key, free milli of the GPU taken, or -1) by
+# pair, least first, flat (key, free, key, free, ...): one object a memo entry, so the
+# memos, thousands of entries a cycle, give the cyclic GC fewer allocations to count.
+Found = tuple[int, ...]
 # A request's scorer: the (packed key, GPU index) of a row's least candidate, or None
 # when no candidate of the row has the GPU memory the request asks for.
 Score = Callable[[Row], "tuple[int, int] | None"]
@@ -198,19 +200,21 @@ class RowScorer:
                 return found
 
         if not res.is_share:
-            return lambda row: found_of(row)[0]
+            return found_of     # one candidate: (key, -1)
         need_mem = res.gpu_memory_mib
 
         def share(row: Row) -> tuple[int, int] | None:
             found, gpu = found_of(row), row.gpu
             if need_mem:   # candidates whose GPU has the memory asked for
-                found = [(key, free) for key, free in found if row.gmem[gpu.index(free)] >= need_mem]
+                gmem = row.gmem
+                found = tuple(x for j in range(0, len(found), 2) if gmem[gpu.index(found[j + 1])] >= need_mem
+                              for x in found[j:j + 2])
                 if not found:
                     return None
-            low = found[0][0]
-            if len(found) == 1 or found[1][0] != low:
-                return low, gpu.index(found[0][1])
-            return low, min(gpu.index(free) for key, free in found if key == low)
+            low = found[0]
+            if len(found) == 2 or found[2] != low:
+                return low, gpu.index(found[1])
+            return low, min(gpu.index(found[j + 1]) for j in range(0, len(found), 2) if found[j] == low)
         return share
 
     def _candidates(self, row: Row, res: WorkerResources) -> Found:
@@ -226,24 +230,43 @@ class RowScorer:
         found: list[tuple[int, int]] = []
         if res.is_share:
             share = res.gpu_milli
-            for f in set(gpu):   # one candidate per free amount
-                if f < share:
-                    continue
-                g = f - share
-                terms = [w * (r - (f if f >= m else 0) + (g if g >= m else 0))
-                         if c - (f >= m) + (g >= m) >= need else 0.0 for w, c, r, need, m in parts]
+            for f, terms in self._share_terms(parts, [f for f in set(gpu) if f >= share], share):
                 found.append((self._key(u - pairwise(terms) - share, waste, bound, idle,
-                                        lambda: waste[g] - waste[f]), f))
+                                        lambda: waste[f - share] - waste[f]), f))
         elif res.gpus:   # the lowest-index free GPUs, each from 1000 free to 0
             n = res.gpus
             terms = [w * (r - 1000 * n) if c - n >= need else 0.0 for w, c, r, need, m in parts]
             found.append((self._key(u - pairwise(terms) - 1000 * n, waste, bound, idle,
                                     lambda: self._whole_waste(gpu, n, waste)), -1))
-        else:
-            terms = [w * r if c >= need else 0.0 for w, c, r, need, m in parts]
-            found.append((self._key(u - pairwise(terms), waste, bound, idle, lambda: 0.0), -1))
+        else:   # U after is U at the CPU level after: the memo's, shared by rows alike
+            after = self.usable_row(row.signature[0], cpu - res.cpu_milli, model)
+            found.append((self._key(u - after, waste, bound, idle, lambda: 0.0), -1))
+        if len(found) == 1:
+            return found[0]
         found.sort()
-        return tuple(found)   # a tuple: the cyclic GC stops tracking it (memos keep thousands)
+        return tuple(x for pair in found for x in pair)   # a tuple of ints: the cyclic GC stops tracking it
+
+    def _share_terms(self, parts: tuple, frees: list[int], share: int):
+        """Per free amount ``f`` a share can take, the terms of ``usable`` after it takes
+        ``share`` of a GPU with ``f`` free (``g`` left): a combination of ``m`` milli
+        counts that GPU before if ``f >= m`` and after if ``g >= m``. The combinations are
+        sorted by milli, so those with ``m <= g`` (before and after), ``g < m <= f``
+        (before only) and ``f < m`` (neither) are three runs; the first and last runs'
+        terms do not depend on ``f`` and are computed once for the row. Each term is the
+        same float operation as ``w * (r - [f >= m] f + [g >= m] g)``."""
+        if len(frees) == 1:   # nothing to share between free amounts
+            f = frees[0]
+            g = f - share
+            yield f, [w * (r - (f if f >= m else 0) + (g if g >= m else 0))
+                      if c - (f >= m) + (g >= m) >= need else 0.0 for w, c, r, need, m in parts]
+            return
+        both = [w * (r - share) if c >= need else 0.0 for w, c, r, need, m in parts]
+        neither = [w * r if c >= need else 0.0 for w, c, r, need, m in parts]
+        milli = self.milli
+        for f in frees:
+            low, high = bisect_right(milli, f - share), bisect_right(milli, f)
+            yield f, (both[:low] + [w * (r - f) if c > need else 0.0 for w, c, r, need, m in parts[low:high]]
+                      + neither[high:])
 
     def _key(self, growth: float, waste, bound: int, idle: bool, waste_growth: Callable[[], float]) -> int:
         key = self.score(growth)

@@ -25,6 +25,8 @@ what the arrays offered and for gangs (``rank``).
 """
 from __future__ import annotations
 
+from collections import Counter
+from operator import attrgetter
 from typing import Iterable, Mapping, Sequence
 
 import numpy as np
@@ -53,26 +55,36 @@ def shape_of(res: WorkerResources) -> Shape | None:
     return (res.cpu_milli, 1000 if res.gpus else 0, res.gpus, res.gpu_models)
 
 
+_FIELDS = attrgetter("cpu_milli", "gpu_milli", "gpus", "gpu_models", "mig_profile")
+_RESOURCES, _WORKERS = attrgetter("resources"), attrgetter("workers")
+
+
 def typical_shapes(state: StateLike, pool: str, popularity: float = POPULARITY) -> dict[Shape, float]:
     """The pool's current workload (pending jobs and jobs holding GPUs), one count per
     worker, reduced to the most frequent shapes covering ``popularity`` of them, with
     their frequencies (summing to 1). Empty when the state has no jobs to look at."""
     jobs: Mapping[str, JobState] = getattr(state, "jobs", {})
-    ids = list(getattr(state, "pending", ()))
-    ids += [j for node in state.nodes.values() if node.info.pool == pool for j in node.jobs]
+    pending = getattr(state, "pending", ())
+    if not isinstance(pending, (dict, set, frozenset)):
+        pending = dict.fromkeys(pending)
+    # Each job once: a gang's workers share nodes, and a job may be both pending and placed.
+    ids = list(pending)
+    ids += dict.fromkeys(j for node in state.nodes.values() if node.info.pool == pool
+                         for j in node.jobs if j not in pending)
+    # Every pending job passes here each cycle: the loop is C's (map, attrgetter, Counter),
+    # over the requests' raw fields, and only the few distinct ones become shapes.
+    specs = [job.spec for job in map(jobs.get, ids) if job is not None]
+    specs = [spec for spec in specs if spec.pool == pool]
+    raw = Counter(zip(map(_FIELDS, map(_RESOURCES, specs)), map(_WORKERS, specs)))
     counts: dict[Shape, int] = {}
-    for job_id in dict.fromkeys(ids):
-        job = jobs.get(job_id)
-        if job is None or (spec := job.spec).pool != pool:
+    for ((cpu, milli, gpus, models, mig), workers), n in raw.items():
+        if mig:
             continue
-        res = spec.resources    # shape_of, inlined: this loop sees every pending job
-        if res.mig_profile:
-            continue
-        if res.gpu_milli > 0 and res.gpus == 0:
-            shape = (res.cpu_milli, res.gpu_milli, 1, res.gpu_models)
+        if milli > 0 and gpus == 0:
+            shape = (cpu, milli, 1, models)
         else:
-            shape = (res.cpu_milli, 1000 if res.gpus else 0, res.gpus, res.gpu_models)
-        counts[shape] = counts.get(shape, 0) + spec.workers
+            shape = (cpu, 1000 if gpus else 0, gpus, models)
+        counts[shape] = counts.get(shape, 0) + workers * n
     total = sum(counts.values())
     chosen, covered = {}, 0
     # Most frequent first; equal counts in a fixed order, so the mix is deterministic.

@@ -27,7 +27,9 @@ import numpy as np
 from gpusched.policies.placement.frag_rows import RowScorer, pairwise
 from gpusched.policies.placement.fragmentation import Fgd, compile_mix, final_waste, usable
 from gpusched.policies.placement.registry import PLACEMENTS
+from gpusched.policies.gpu_fit import pick_gpus
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig
+from gpusched.policies.statement import Statement
 from gpusched.sim import traces
 from gpusched.sim.static import workload
 from tests.unit.policies import placement_reference as reference
@@ -202,3 +204,68 @@ def test_row_scores_equal_numpy_to_the_bit(shares, rows):
         assert scorer.row(tuple(free), c, 0, 0, False, (0,) * len(free)).u == expected[i]
         for m, cnt, room in zip(compiled.milli.tolist(), *scorer.tallies(free)):
             assert (cnt, room) == (sum(f >= m for f in free), sum(f for f in free if f >= m))
+
+
+_FREE, _SHARE = [0, 10, 90, 110, 230, 470, 530, 770, 1000], [10, 110, 230, 460, 470, 999]
+# What a share leaves on a GPU: combinations of exactly that many milli sit on a run's edge.
+_SHARES_LEFT = sorted({f - s for f in _FREE for s in _SHARE if f > s})
+
+
+@settings(max_examples=100, deadline=None)
+@given(milli=st.lists(st.integers(1, 1000) | st.sampled_from(_SHARES_LEFT), min_size=0, max_size=20), whole=st.sets(st.sampled_from([1, 2, 4, 8])),
+       free=st.lists(st.sampled_from(_FREE), min_size=1, max_size=8),
+       share=st.sampled_from(_SHARE), level=st.integers(1, 4))
+def test_share_terms_by_runs_equal_the_terms_one_by_one(milli, whole, free, share, level):
+    """``RowScorer._share_terms`` computes the terms of U after a share in three runs of
+    combinations (before and after, before only, neither); every term, for every free
+    amount, is the float the term-by-term formula gives."""
+    shapes = [(2000 * (i % 4), m, 1, ()) for i, m in enumerate(milli)] + [(0, 1000, n, ()) for n in sorted(whole)]
+    mix = {shape: 1 / len(shapes) for shape in shapes} or {(0, 0, 0, ()): 1.0}
+    compiled = compile_mix(mix, ["A100-80GB"])
+    scorer = RowScorer(compiled, lambda: final_waste(mix), lookahead=False)
+    cnt, room = scorer.tallies(tuple(free))
+    weight = scorer.weight[0][min(level, len(scorer.levels))] if scorer.milli else ()   # level 0: no weight
+    parts = tuple(zip(weight, cnt, room, scorer.count, scorer.milli))
+    frees = [f for f in set(free) if f >= share]
+    for f, terms in scorer._share_terms(parts, frees, share):
+        g = f - share
+        assert terms == [w * (r - (f if f >= m else 0) + (g if g >= m else 0))
+                         if c - (f >= m) + (g >= m) >= need else 0.0 for w, c, r, need, m in parts]
+
+
+# --- capacity that grows mid-cycle ---------------------------------------------------------
+def _take_all(statement: Statement, node_state):
+    """Make every GPU of the node look taken: booked (``take``) or held for a reservation."""
+    res = WorkerResources(gpus=len(node_state.gpus), cpu_milli=1000, memory_mib=1000)
+    slots = pick_gpus(node_state, res)
+    statement.take(node_state, res, slots)
+    return lambda: statement.give(node_state, res, slots)
+
+
+def _hold_all(statement: Statement, node_state):
+    changes = tuple((g, "used_milli", 1000) for g in node_state.gpus)
+    statement.hold(changes, (node_state.name,))
+    return lambda: statement.lift(changes, (node_state.name,))
+
+
+@pytest.mark.parametrize("free_again", [_take_all, _hold_all], ids=["released", "hold-lifted"])
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_a_row_whose_capacity_grew_is_scored_again(policy, free_again):
+    """A request scored while a node was full keeps no candidate there; once the node's
+    GPUs are free again (a booking released, a reservation's hold lifted) the next
+    decision must see it: three equal idle nodes, so the first registered wins."""
+    log = Log(*(node(f"n{i}", gpus=8, cpu=128_000, mem=1_048_576) for i in range(3)))
+    for job_id, res in [("share", _resources(cpu=1000, milli=470)), ("whole", _resources(cpu=1000, gpus=2))]:
+        assert log.submit(job_id, JobSpec(name=job_id, team="t", resources=res)).accepted
+    for job_id in ("share", "whole"):
+        job = log.state.jobs[job_id]
+        res = job.spec.resources
+        chosen = []
+        for placement in (PLACEMENTS[policy](), PLACEMENTS[POLICIES[policy]]()):
+            statement = Statement(log.state)
+            undo = free_again(statement, log.state.nodes["n0"])
+            assert placement.choose(log.state, statement, job, res)[0].name == "n1"   # n0 is full
+            undo()
+            chosen.append(placement.choose(log.state, statement, job, res)[0].name)
+            statement.close()
+        assert chosen == ["n0", "n0"]
