@@ -130,6 +130,9 @@ def main() -> None:
     p.add_argument("--job-gpus", type=int, default=0, help="whole GPUs a job (0: 100-milli shares)")
     p.add_argument("--mix", choices=("same", "openb"), default="same",
                    help="the waiting jobs: all alike, or drawn from the openb trace's GPU tasks")
+    p.add_argument("--max-job-test", type=int, default=None, help="SchedulerConfig.max_job_test (default: its default)")
+    p.add_argument("--job-test-head", type=int, default=None,
+                   help="SchedulerConfig.job_test_head (default: its default; >= --max-job-test: no cursor)")
     p.add_argument("--no-keys", action="store_true", help="without the QueueKeys memo (as before it)")
     p.add_argument("--reasons", action="store_true", help="also the placer's pending-reason pass after each cycle")
     p.add_argument("--cold", action="store_true", help="measure the first cycle after the backlog arrived too "
@@ -139,7 +142,9 @@ def main() -> None:
     if args.policy == "defaults":
         args.queue, args.reservations = "fair-share", True
     reserve = {} if args.reservations else {"backfill": False, "reserve_after_s": math.inf}
-    scheduler = Scheduler(SchedulerConfig(queue=args.queue, **reserve))
+    budget = {name: value for name, value in (("max_job_test", args.max_job_test),
+                                              ("job_test_head", args.job_test_head)) if value is not None}
+    scheduler = Scheduler(SchedulerConfig(queue=args.queue, **reserve, **budget))
     parked, keys = ParkedJobs(), (None if args.no_keys else QueueKeys())
     per_node = 8 // args.job_gpus if args.job_gpus else 80   # 80 shares fill a node
     pool.submit(args.nodes * per_node, args.job_gpus)

@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpusched.core.state import ClusterState, JobState
+from gpusched.policies.queueing.cursor import JobTestCursor
 from gpusched.policies.queueing.fair_queue import TeamQueues
 from gpusched.policies.queueing.order import QueueKey
 
@@ -31,7 +32,7 @@ MAX_SHAPES = 65_536
 
 
 class QueueKeys:
-    __slots__ = ("_key", "_entries", "_shapes", "_fair", "kept")
+    __slots__ = ("_key", "_entries", "_shapes", "_fair", "kept", "cursor")
 
     def __init__(self) -> None:
         self._key: QueueKey | None = None
@@ -41,6 +42,8 @@ class QueueKeys:
         # What other stages of the cycle keep for this state between cycles, by their own
         # keys (the reservation stage: each pool's index of ends, ``reservation.kept_ends``).
         self.kept: dict = {}
+        # Where a cycle stopped on its budget of jobs tested, for the next to continue.
+        self.cursor = JobTestCursor()
 
     def bind(self, key: QueueKey | None, state: ClusterState) -> None:
         """Start a cycle ordered by ``key`` (None: an order with no per-job key)."""
