@@ -85,12 +85,14 @@ DEFAULT_RESERVE_AFTER_S = 300.0
 # costs a sweep a cycle.
 DEFAULT_RESERVATION_DEPTH = 2
 FAIR_SHARE = "fair-share"
-# Jobs a cycle takes from the queue (see ``max_job_test``): a cycle on a full pool skips
-# most of them by shape at ~1-3 µs each, so this many keep it within tens of
-# milliseconds; more than the simulated workloads ever queue.
-DEFAULT_MAX_JOB_TEST = 10_000
-# Jobs from the head of the queue that a continued cycle tests again (``queueing.cursor``).
-DEFAULT_JOB_TEST_HEAD = 500
+# Jobs a cycle takes from the queue (see ``max_job_test``): each costs ~8 µs on a full
+# pool of many shapes (fair share's charge, the gate, offers of shapes not yet failed),
+# so this many add ~16 ms to a cycle; a longer queue is tested over several cycles
+# (``job_test_head``), a job at position p within 1 + ceil((p - 2,000) / 1,750) cycles.
+DEFAULT_MAX_JOB_TEST = 2_000
+# Jobs from the head of the queue that a continued cycle tests again (``queueing.cursor``):
+# what is about to be placed is looked at every cycle.
+DEFAULT_JOB_TEST_HEAD = 250
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +109,7 @@ class SchedulerConfig:
     max_decisions: int = 10_000     # per cycle, to bound a cycle's latency
     # Jobs taken from the queue per cycle, offered or skipped (Slurm's default_queue_depth
     # and bf_max_job_test): bounds a cycle's work on a long queue; jobs past it are reached
-    # by a later cycle, as those ahead are placed or age to the front.
+    # by the cycles that continue it (``job_test_head``).
     max_job_test: int = DEFAULT_MAX_JOB_TEST
     # A cycle that stopped on ``max_job_test`` is continued by the next (Slurm's
     # bf_continue, ``queueing.cursor``): that one takes the first ``job_test_head`` jobs of
@@ -172,7 +174,7 @@ class Scheduler:
         passed: set[str] | None = set() if cursor is not None else None
         order = self._queue(state, now, context, keys, skip, nominated, passed)
         if cursor is not None:
-            order = cursor.order(state, order, self.config.job_test_head, passed)
+            order = cursor.order(state, order, self.config.job_test_head, passed, nominated.keys())
         shape_of = keys.shape if keys is not None else job_shape
         # Where an offer can only place a job or fail its shape (no stage holds capacity
         # for another job), a job whose shape failed earlier in this cycle would fail

@@ -5,9 +5,9 @@ tested in the following cycles instead of never, while the queue stays longer th
 A *round* is the run of cycles from one that starts at the head of the queue to the first
 that does not stop on the budget. Each cycle of a round takes, in queue order:
 
-* the head: the first ``head`` jobs of the whole queue (nominees first, as always),
-  whether or not the round tested them already: what is about to be placed is looked at
-  every cycle;
+* the head: the first ``head`` jobs of the whole queue (nominees first, as always, and
+  tested every cycle however many), whether or not the round tested them already: what
+  is about to be placed is looked at every cycle;
 * then only jobs the round has not tested yet, still in queue order (fair share charging
   only the jobs it hands out), plus the jobs that held a reservation in the last cycle:
   they are tested again in their place, so their reservations are made every cycle.
@@ -24,12 +24,12 @@ decisions are those of an unlimited budget.
 
 The cursor is kept with the pool state's ``QueueKeys`` (the placer: one per owned
 partition); a replica that takes a partition over starts a round at the head, which is
-where any round may start. Jobs that leave the queue leave the tested set, and a job id
-submitted again (retention frees ids) is a new job, untested.
+where any round may start. A job id submitted again (retention frees ids) is a new job,
+untested.
 """
 from __future__ import annotations
 
-from typing import Iterable, Iterator
+from typing import AbstractSet, Iterable, Iterator
 
 from gpusched.core.state import ClusterState, JobState
 
@@ -55,13 +55,16 @@ class JobTestCursor:
         self.reserved = frozenset()
 
     def order(self, state: ClusterState, order: Iterable[JobState], head: int,
-              passed: set[str] | None = None) -> Iterator[JobState]:
+              passed: set[str] | None = None, always: AbstractSet[str] = frozenset()) -> Iterator[JobState]:
         """``order`` as this cycle takes it: its first ``head`` jobs, then those the round
-        has not tested (or that held a reservation). ``passed``: the set a lazy order
+        has not tested (or that held a reservation, or are in ``always``: the nominees,
+        first in any order). ``passed``: the set a lazy order
         (``TeamQueues.order``) leaves out as it goes; it is filled once the head is taken,
         so the jobs left out are never produced (nor charged)."""
         self._taken = taken = []
         done = self._untested_from(state)
+        if always:
+            done -= always
         it = iter(order)
         if done and head > 0:
             for job in it:
@@ -80,8 +83,9 @@ class JobTestCursor:
             taken.append(job.job_id)
 
     def _untested_from(self, state: ClusterState) -> set[str]:
-        """The jobs this cycle leaves out past the head: the round's tested jobs still
-        waiting, less those that held a reservation; the tested set forgets the rest."""
+        """The jobs this cycle leaves out past the head: the round's tested jobs, less those
+        that held a reservation (a copy). Ids of jobs that left the queue are left in: they
+        leave nothing out, and a round is bounded by the queue's length."""
         if state is not self._state or state.next_seq < self._watermark:
             self._state = state
             self.reset()
@@ -93,7 +97,6 @@ class JobTestCursor:
             if jobs[job_id].seq < self._watermark:
                 break
             self.tested.discard(job_id)
-        self.tested &= state.pending.keys()
         return self.tested - self.reserved
 
     def ended(self, state: ClusterState, on_budget: bool, reserved: Iterable[str]) -> None:

@@ -141,7 +141,8 @@ def test_the_cursor_keeps_its_place_while_jobs_end_and_arrive():
         log.submit(f"new{i}", spec("a", (1, 2, 0), f"new{i}", priority_class="training-high"))
     assert run_cycle(log, scheduler, keys, None) == []
     # The head (new0, new1) tested again, then the untested in order: new2-4, b010-b014.
-    assert keys.cursor.tested == {f"b{i:03d}" for i in range(3, 15)} | {f"new{i}" for i in range(5)}
+    assert keys.cursor.tested & log.state.pending.keys() == \
+        {f"b{i:03d}" for i in range(3, 15)} | {f"new{i}" for i in range(5)}
     # Untested now: b015-b039 ahead of "deep"; each continued cycle tests BUDGET - HEAD of them.
     ahead = BLOCKED - 15
     assert cycles_to_place(log, config, keys, 3 * BOUND) == math.ceil((ahead + 1) / (BUDGET - HEAD))
@@ -156,6 +157,9 @@ def test_a_continued_cycle_takes_the_head_then_the_untested_in_order():
     cursor.ended(log.state, True, ["b005"])   # b005 held a reservation: tested again
     taken = [j.job_id for j, _ in zip(cursor.order(log.state, order, 3), range(10))]
     assert taken == [j.job_id for j in order[:3]] + ["b005"] + [j.job_id for j in order[10:16]]
+    # A nominee (``always``) is tested every cycle, wherever the order has it.
+    taken = [j.job_id for j, _ in zip(cursor.order(log.state, order, 3, always={"b007"}), range(10))]
+    assert taken == [j.job_id for j in order[:3]] + ["b005", "b007"] + [j.job_id for j in order[10:15]]
     cursor.ended(log.state, False, [])   # the round ends: the next starts at the head
     assert not cursor.continuing
     assert [j.job_id for j in cursor.order(log.state, order, 3)] == [j.job_id for j in order]
