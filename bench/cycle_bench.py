@@ -14,6 +14,7 @@ whose CPU time is printed apart.
     .venv/bin/python bench/cycle_bench.py [--nodes 2] [--pending 3000] [--cycles 300] [--queue priority]
                                           [--reservations] [--reasons] [--policy defaults]
                                           [--job-gpus 1] [--mix openb] [--cold]
+                                          [--max-job-test N] [--job-test-head N]
 
 Without ``--reservations`` the scheduler reserves nothing (``--no-backfill --reserve-after
 inf``), the placer's defaults of earlier versions; with it, the reservation settings are
@@ -22,7 +23,10 @@ inf``), the placer's defaults of earlier versions; with it, the reservation sett
 reservations: ``SchedulerConfig()``). Jobs are 100-milli shares (80 fill a node), or
 ``--job-gpus`` whole GPUs each; with ``--mix openb`` the waiting jobs are drawn from the
 openb trace's GPU tasks (many shapes), the running ones as before. The cycle's CPU time
-is printed as mean, p50, p99 and max over the measured cycles.
+is printed as mean, p50, p99 and max over the measured cycles. ``--max-job-test`` and
+``--job-test-head`` set the budget of jobs a cycle tests and the head a continued cycle
+tests again (``policies.queueing.cursor``; a head >= the budget: no cursor, every cycle
+from the head of the queue).
 
 The backlog is submitted at once, between two cycles; the placer meets it as it arrives,
 each cycle entering the jobs submitted since the one before into its queues (and the

@@ -163,3 +163,21 @@ def test_a_continued_cycle_takes_the_head_then_the_untested_in_order():
     cursor.ended(log.state, False, [])   # the round ends: the next starts at the head
     assert not cursor.continuing
     assert [j.job_id for j in cursor.order(log.state, order, 3)] == [j.job_id for j in order]
+
+
+def test_a_job_id_back_as_another_job_is_untested():
+    """Retention dropped a tested job and freed its id: the new job with that id is tested."""
+    log = Log(make_node("n0", gpus=8, cpu=64_000, mem=512_000), retention_s=10.0)
+    for i in range(6):
+        log.submit(f"j{i}", make_spec(name=f"j{i}"), key=f"k{i}")
+    cursor = JobTestCursor()
+    order = [log.state.jobs[j] for j in log.state.pending]
+    assert [j.job_id for j, _ in zip(cursor.order(log.state, order, 1), range(4))] == ["j0", "j1", "j2", "j3"]
+    cursor.ended(log.state, True, [])
+    assert log(ev.JobCancelled, job_id="j2", reason="user").accepted
+    log.now += 20.0
+    log.submit("other", make_spec(name="other"))   # moves the clock: "j2" is pruned
+    assert "j2" not in log.state.jobs
+    log.submit("j2", make_spec(name="again"), key="k2")
+    order = [log.state.jobs[j] for j in log.state.pending]
+    assert [j.job_id for j in cursor.order(log.state, order, 1)] == ["j0", "j4", "j5", "other", "j2"]
