@@ -281,7 +281,7 @@ class PlacerSettings(Settings):
                                     help="seconds a team waiting below its guarantee keeps free GPUs back from "
                                          "borrowers after its usage last changed (0: lent at once)",
                                     ge=0, allow_inf_nan=False)
-    max_job_test: int = setting(2_000, flag="--max-job-test",
+    max_job_test: int = setting(2_500, flag="--max-job-test",
                                 help="jobs a scheduling cycle takes from a pool's queue, offered or skipped "
                                      "(Slurm's bf_max_job_test); a cycle that stops on it is continued by the "
                                      "next (--job-test-head)", ge=1)

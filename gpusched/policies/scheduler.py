@@ -87,9 +87,11 @@ DEFAULT_RESERVATION_DEPTH = 2
 FAIR_SHARE = "fair-share"
 # Jobs a cycle takes from the queue (see ``max_job_test``): each costs ~8 µs on a full
 # pool of many shapes (fair share's charge, the gate, offers of shapes not yet failed),
-# so this many add ~16 ms to a cycle; a longer queue is tested over several cycles
-# (``job_test_head``), a job at position p within 1 + ceil((p - 2,000) / 1,750) cycles.
-DEFAULT_MAX_JOB_TEST = 2_000
+# so this many add ~20 ms to a cycle; a longer queue is tested over several cycles
+# (``job_test_head``), a job at position p within 1 + ceil((p - 2,500) / 2,250) cycles.
+# Above the simulated workloads' longest queue (openb: ~2,100 jobs), whose decisions it
+# thus leaves as an unlimited budget makes them.
+DEFAULT_MAX_JOB_TEST = 2_500
 # Jobs from the head of the queue that a continued cycle tests again (``queueing.cursor``):
 # what is about to be placed is looked at every cycle.
 DEFAULT_JOB_TEST_HEAD = 250
