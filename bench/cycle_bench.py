@@ -14,6 +14,7 @@ whose CPU time is printed apart.
     .venv/bin/python bench/cycle_bench.py [--nodes 2] [--pending 3000] [--cycles 300] [--queue priority]
                                           [--reservations] [--reasons] [--policy defaults]
                                           [--job-gpus 1] [--mix openb] [--cold]
+                                          [--max-job-test N] [--job-test-head N]
 
 Without ``--reservations`` the scheduler reserves nothing (``--no-backfill --reserve-after
 inf``), the placer's defaults of earlier versions; with it, the reservation settings are
@@ -22,7 +23,10 @@ inf``), the placer's defaults of earlier versions; with it, the reservation sett
 reservations: ``SchedulerConfig()``). Jobs are 100-milli shares (80 fill a node), or
 ``--job-gpus`` whole GPUs each; with ``--mix openb`` the waiting jobs are drawn from the
 openb trace's GPU tasks (many shapes), the running ones as before. The cycle's CPU time
-is printed as mean, p50, p99 and max over the measured cycles.
+is printed as mean, p50, p99 and max over the measured cycles. ``--max-job-test`` and
+``--job-test-head`` set the budget of jobs a cycle tests and the head a continued cycle
+tests again (``policies.queueing.cursor``; a head >= the budget: no cursor, every cycle
+from the head of the queue).
 
 The backlog is submitted at once, between two cycles; the placer meets it as it arrives,
 each cycle entering the jobs submitted since the one before into its queues (and the
@@ -130,6 +134,9 @@ def main() -> None:
     p.add_argument("--job-gpus", type=int, default=0, help="whole GPUs a job (0: 100-milli shares)")
     p.add_argument("--mix", choices=("same", "openb"), default="same",
                    help="the waiting jobs: all alike, or drawn from the openb trace's GPU tasks")
+    p.add_argument("--max-job-test", type=int, default=None, help="SchedulerConfig.max_job_test (default: its default)")
+    p.add_argument("--job-test-head", type=int, default=None,
+                   help="SchedulerConfig.job_test_head (default: its default; >= --max-job-test: no cursor)")
     p.add_argument("--no-keys", action="store_true", help="without the QueueKeys memo (as before it)")
     p.add_argument("--reasons", action="store_true", help="also the placer's pending-reason pass after each cycle")
     p.add_argument("--cold", action="store_true", help="measure the first cycle after the backlog arrived too "
@@ -139,7 +146,9 @@ def main() -> None:
     if args.policy == "defaults":
         args.queue, args.reservations = "fair-share", True
     reserve = {} if args.reservations else {"backfill": False, "reserve_after_s": math.inf}
-    scheduler = Scheduler(SchedulerConfig(queue=args.queue, **reserve))
+    budget = {name: value for name, value in (("max_job_test", args.max_job_test),
+                                              ("job_test_head", args.job_test_head)) if value is not None}
+    scheduler = Scheduler(SchedulerConfig(queue=args.queue, **reserve, **budget))
     parked, keys = ParkedJobs(), (None if args.no_keys else QueueKeys())
     per_node = 8 // args.job_gpus if args.job_gpus else 80   # 80 shares fill a node
     pool.submit(args.nodes * per_node, args.job_gpus)

@@ -281,9 +281,15 @@ class PlacerSettings(Settings):
                                     help="seconds a team waiting below its guarantee keeps free GPUs back from "
                                          "borrowers after its usage last changed (0: lent at once)",
                                     ge=0, allow_inf_nan=False)
-    max_job_test: int = setting(10_000, flag="--max-job-test",
+    max_job_test: int = setting(2_500, flag="--max-job-test",
                                 help="jobs a scheduling cycle takes from a pool's queue, offered or skipped "
-                                     "(Slurm's default_queue_depth); later ones wait for a later cycle", ge=1)
+                                     "(Slurm's bf_max_job_test); a cycle that stops on it is continued by the "
+                                     "next (--job-test-head)", ge=1)
+    job_test_head: int = setting(250, flag="--job-test-head",
+                                 help="jobs from the head of the queue that a cycle continuing where the last "
+                                      "stopped on --max-job-test tests again before the jobs not yet tested "
+                                      "(Slurm's bf_continue; >= --max-job-test: every cycle starts at the head)",
+                                 ge=0)
     snapshot_every_events: int = setting(50_000, flag="--snapshot-every-events",
                                          help="snapshot an owned pool after this many new events (0: never by count)",
                                          ge=0)

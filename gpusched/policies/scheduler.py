@@ -11,7 +11,9 @@ by configuration when the scheduler is built, from an explicit map of names:
   2. queue sort  the ready jobs in the configured order (``queue``: ``QUEUE_ORDERS``),
                  nominees first (fair share charges them before ranking the rest).
   Then for each job in that order, until ``max_decisions`` or ``max_job_test``, or
-  (fair share with ``keys``) until every job left is bound to fail (``_Cycle.exhausted``):
+  (fair share with ``keys``) until every job left is bound to fail (``_Cycle.exhausted``);
+  a cycle that stopped on ``max_job_test`` is continued by the next (with ``keys``): past
+  the first ``job_test_head`` jobs it takes those not yet tested (``queueing.cursor``):
   3. gate        not offered: parked jobs, and jobs bound to fail: of a shape that
                  failed earlier in this cycle, which no reservation would be made for
                  (``_Cycle.bound_to_fail``).
@@ -83,10 +85,16 @@ DEFAULT_RESERVE_AFTER_S = 300.0
 # costs a sweep a cycle.
 DEFAULT_RESERVATION_DEPTH = 2
 FAIR_SHARE = "fair-share"
-# Jobs a cycle takes from the queue (see ``max_job_test``): a cycle on a full pool skips
-# most of them by shape at ~1-3 µs each, so this many keep it within tens of
-# milliseconds; more than the simulated workloads ever queue.
-DEFAULT_MAX_JOB_TEST = 10_000
+# Jobs a cycle takes from the queue (see ``max_job_test``): each costs ~8 µs on a full
+# pool of many shapes (fair share's charge, the gate, offers of shapes not yet failed),
+# so this many add ~20 ms to a cycle; a longer queue is tested over several cycles
+# (``job_test_head``), a job at position p within 1 + ceil((p - 2,500) / 2,250) cycles.
+# Above the simulated workloads' longest queue (openb: ~2,100 jobs), whose decisions it
+# thus leaves as an unlimited budget makes them.
+DEFAULT_MAX_JOB_TEST = 2_500
+# Jobs from the head of the queue that a continued cycle tests again (``queueing.cursor``):
+# what is about to be placed is looked at every cycle.
+DEFAULT_JOB_TEST_HEAD = 250
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,8 +111,12 @@ class SchedulerConfig:
     max_decisions: int = 10_000     # per cycle, to bound a cycle's latency
     # Jobs taken from the queue per cycle, offered or skipped (Slurm's default_queue_depth
     # and bf_max_job_test): bounds a cycle's work on a long queue; jobs past it are reached
-    # by a later cycle, as those ahead are placed or age to the front.
+    # by the cycles that continue it (``job_test_head``).
     max_job_test: int = DEFAULT_MAX_JOB_TEST
+    # A cycle that stopped on ``max_job_test`` is continued by the next (Slurm's
+    # bf_continue, ``queueing.cursor``): that one takes the first ``job_test_head`` jobs of
+    # the queue, then only jobs not yet tested. >= max_job_test: every cycle starts at the head.
+    job_test_head: int = DEFAULT_JOB_TEST_HEAD
     # Reservations (stage ``backfill``): the first blocked job of a pool gets one at once
     # (``backfill``, EASY), and any blocked job once it has waited ``reserve_after_s``
     # (per pool: ``pool_reserve_after_s``; inf: never), up to ``reservation_depth`` a pool
@@ -160,7 +172,11 @@ class Scheduler:
         # Tiers are computed with the beneficiaries of preemptions counted (``nominees``).
         context = QueueContext(quotas, folded_decay(state, now), self.config.aging_s, frozenset(nominated))
         # 2. queue sort
-        order = self._queue(state, now, context, keys, skip, nominated)
+        cursor = keys.cursor if keys is not None and self.config.job_test_head < self.config.max_job_test else None
+        passed: set[str] | None = set() if cursor is not None else None
+        order = self._queue(state, now, context, keys, skip, nominated, passed)
+        if cursor is not None:
+            order = cursor.order(state, order, self.config.job_test_head, passed, nominated.keys())
         shape_of = keys.shape if keys is not None else job_shape
         # Where an offer can only place a job or fail its shape (no stage holds capacity
         # for another job), a job whose shape failed earlier in this cycle would fail
@@ -192,6 +208,9 @@ class Scheduler:
                 run.record(job, run.offer(job, shape))   # 4-7
                 if stoppable and run.exhausted(keys.waiting_shapes()):
                     break
+        if cursor is not None:
+            cursor.ended(state, taken >= max_job_test and len(decisions) < max_decisions,
+                         (r.job.job_id for r in run.reservations.reservations))
         # 8. park
         if parking:
             # A refusal by the guarantee hold is not about capacity: that job is offered again.
@@ -204,15 +223,17 @@ class Scheduler:
                            self.reservations, quotas)
 
     def _queue(self, state: ClusterState, now: float, context: QueueContext, keys: QueueKeys | None,
-               parked: AbstractSet[str], nominated: Mapping[str, object]) -> Iterable[JobState]:
+               parked: AbstractSet[str], nominated: Mapping[str, object],
+               passed: set[str] | None = None) -> Iterable[JobState]:
         """The ready jobs in queue order, nominees first. Fair share with ``keys``: taken
         lazily from the per-team queues ``keys`` keeps (``fair_queue``), so a cycle pays
-        for the jobs it reaches, not for the whole queue; nominees are first in it."""
+        for the jobs it reaches, not for the whole queue; nominees are first in it. The
+        lazy order leaves out the jobs in ``passed`` (``queueing.cursor``)."""
         if keys is not None and self.config.queue == FAIR_SHARE:
             keys.bind(None, state)
             queues = keys.fair_queues()
             queues.sync(state, now, context.aging_s if context.aging_s > 0 else math.inf)
-            return nominees_first(queues.order(state, now, context), nominated)
+            return nominees_first(queues.order(state, now, context, passed), nominated)
         jobs = state.jobs
         unsorted = parked if self.config.queue in KEYED_ORDERS else ()   # see KEYED_ORDERS
         ready = [jobs[j] for j in state.pending if j not in unsorted and jobs[j].not_before <= now]

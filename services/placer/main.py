@@ -29,7 +29,7 @@ def scheduler_config(own: PlacerSettings) -> SchedulerConfig:
         reserve_after_s=own.reserve_after, pool_reserve_after_s=own.pool_reserve_after,
         reservation_depth=own.reservation_depth, default_estimate_s=own.default_estimate,
         guarantee_hold_s=own.guarantee_hold,
-        max_job_test=own.max_job_test)
+        max_job_test=own.max_job_test, job_test_head=own.job_test_head)
 
 
 async def run(args: argparse.Namespace) -> None:

@@ -117,6 +117,19 @@ def test_the_guarantee_hold_is_a_placer_flag_with_the_schedulers_default():
             _parse(PlacerSettings, ["--guarantee-hold", bad], {})
 
 
+def test_the_budget_of_jobs_tested_and_its_cursor_are_placer_flags_with_the_schedulers_defaults():
+    from gpusched.policies.scheduler import DEFAULT_JOB_TEST_HEAD, DEFAULT_MAX_JOB_TEST
+    from gpusched_placer.main import scheduler_config
+
+    config = scheduler_config(_parse(PlacerSettings, [], {}))
+    assert (config.max_job_test, config.job_test_head) == (DEFAULT_MAX_JOB_TEST, DEFAULT_JOB_TEST_HEAD)
+    config = scheduler_config(_parse(PlacerSettings, ["--max-job-test", "300", "--job-test-head", "20"], {}))
+    assert (config.max_job_test, config.job_test_head) == (300, 20)
+    for argv, named in ((["--max-job-test", "0"], "--max-job-test"), (["--job-test-head", "-1"], "--job-test-head")):
+        with pytest.raises(SettingsError, match=named):
+            _parse(PlacerSettings, argv, {})
+
+
 @pytest.mark.parametrize("cls, argv, env, named", [
     (KafkaSettings, [], {"GPUSCHED_PARTITIONS": "x"}, "--partitions / env GPUSCHED_PARTITIONS"),
     (KafkaSettings, ["--parallel-replay-min", "-1"], {}, "--parallel-replay-min / env GPUSCHED_PARALLEL_REPLAY_MIN"),

@@ -28,7 +28,7 @@ from __future__ import annotations
 import heapq
 import math
 from bisect import bisect_left, insort
-from typing import Iterable, Iterator, Mapping
+from typing import AbstractSet, Iterable, Iterator, Mapping
 
 from gpusched.core.priority import priority_value
 from gpusched.core.state import ClusterState, JobState
@@ -202,22 +202,28 @@ class TeamQueues:
                     self._dead -= n
 
     # --- the order ----------------------------------------------------------------------
-    def order(self, state: ClusterState, now: float, context: QueueContext) -> Iterator[JobState]:
+    def order(self, state: ClusterState, now: float, context: QueueContext,
+              passed: set[str] | None = None) -> Iterator[JobState]:
         """Fair share's order of the live jobs (after ``sync``: those ready at ``now``),
         nominees first. The projection is read from ``state`` now, before the caller books
-        anything; the rest is produced as the caller asks for it."""
+        anything; the rest is produced as the caller asks for it. ``passed``: jobs the
+        caller may add to while it takes the order, left out from then on (neither
+        produced nor charged; ``queueing.cursor``); a team's next job, drawn when its
+        last was produced, may still come once."""
         aging_s = context.aging_s if context.aging_s > 0 else math.inf
         teams = [t for t in (*self._aged, *self._young)]
         projection = _Projection(state, context, teams)
         nominees = context.nominees
         rank = self._rank if self._rank is not None else self._ready_rank(state, now, nominees)
         first = self._nominees(nominees, rank, now) if nominees else []
-        return self._merge(projection, first, rank, now, aging_s, nominees)
+        if passed is not None:
+            passed.update(nominees)
+        return self._merge(projection, first, rank, now, aging_s, nominees if passed is None else passed)
 
     def _ready(self, job: JobState, now: float) -> bool:
         return not self._ready_only or job.not_before <= now
 
-    def _live(self, team: str, now: float, skip: frozenset[str]) -> Iterator[JobState]:
+    def _live(self, team: str, now: float, skip: AbstractSet[str]) -> Iterator[JobState]:
         """``team``'s live, ready jobs in within-team order."""
         members, jobs, ready_only = self._members, self._jobs, self._ready_only
         for entries in (self._aged.get(team, ()), self._young.get(team, ())):
@@ -260,7 +266,7 @@ class TeamQueues:
         return sorted(chosen, key=key)
 
     def _merge(self, projection: _Projection, first: list[JobState], rank: dict[str, int], now: float,
-               aging_s: float, nominees: frozenset[str]) -> Iterator[JobState]:
+               aging_s: float, skip: AbstractSet[str]) -> Iterator[JobState]:
         charge, claim = projection.charge, projection.claim
         for job in first:
             charge(job, job_demand(job))
@@ -269,7 +275,7 @@ class TeamQueues:
         heap = []
         teams = sorted({*self._aged, *self._young}, key=lambda t: (rank.get(t, math.inf), t))
         for index, team in enumerate(teams):
-            live = self._live(team, now, nominees)
+            live = self._live(team, now, skip)
             head = next(live, None)
             if head is not None:
                 heads[team] = [live, head, 0, index]

@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpusched.core.state import ClusterState, JobState
+from gpusched.policies.queueing.cursor import JobTestCursor
 from gpusched.policies.queueing.fair_queue import TeamQueues
 from gpusched.policies.queueing.order import QueueKey
 
@@ -31,16 +32,19 @@ MAX_SHAPES = 65_536
 
 
 class QueueKeys:
-    __slots__ = ("_key", "_entries", "_shapes", "_fair", "kept")
+    __slots__ = ("_key", "_entries", "_shapes", "_fair", "_waiting", "kept", "cursor")
 
     def __init__(self) -> None:
         self._key: QueueKey | None = None
         self._entries: dict[str, tuple[int, Any, int]] = {}   # job id -> (seq, key, shape)
         self._shapes: dict[tuple, int] = {}
         self._fair: TeamQueues | None = None
+        self._waiting: tuple[int, list[tuple[int, str]]] | None = None   # (shapes numbered, waiting_shapes)
         # What other stages of the cycle keep for this state between cycles, by their own
         # keys (the reservation stage: each pool's index of ends, ``reservation.kept_ends``).
         self.kept: dict = {}
+        # Where a cycle stopped on its budget of jobs tested, for the next to continue.
+        self.cursor = JobTestCursor()
 
     def bind(self, key: QueueKey | None, state: ClusterState) -> None:
         """Start a cycle ordered by ``key`` (None: an order with no per-job key)."""
@@ -76,11 +80,16 @@ class QueueKeys:
         without those queues."""
         if self._fair is None:
             return None
+        # Asked after every offer: kept until the queues are synced again (``fair_queues``)
+        # or a shape is numbered (a job of it taken), as nothing else changes it.
         shapes = self._shapes
-        return [(shapes.get(shape, -1), shape[0]) for shape in self._fair.shapes()]
+        if self._waiting is None or self._waiting[0] != len(shapes):
+            self._waiting = (len(shapes), [(shapes.get(shape, -1), shape[0]) for shape in self._fair.shapes()])
+        return self._waiting[1]
 
     def fair_queues(self) -> TeamQueues:
         """Fair share's per-team queues of this pool state, kept between cycles."""
+        self._waiting = None   # the caller syncs them
         if self._fair is None:
             self._fair = TeamQueues()
         return self._fair
