@@ -97,10 +97,19 @@ def on_loop(loop: asyncio.AbstractEventLoop | None, compute: Callable[[], list])
     except RuntimeError:
         pass   # a thread without a loop: Prometheus's server
 
-    async def run() -> list:
-        return compute()
+    # A plain callback, not a coroutine: a scrape given up on is cancelled before it runs,
+    # and nothing is left unawaited on a loop that stops meanwhile.
+    future: concurrent.futures.Future = concurrent.futures.Future()
 
-    future = asyncio.run_coroutine_threadsafe(run(), loop)
+    def run() -> None:
+        if not future.set_running_or_notify_cancel():
+            return
+        try:
+            future.set_result(compute())
+        except BaseException as exc:   # the scrape's thread raises it
+            future.set_exception(exc)
+
+    loop.call_soon_threadsafe(run)
     try:
         return future.result(SCRAPE_WAIT_S)
     except concurrent.futures.TimeoutError:
