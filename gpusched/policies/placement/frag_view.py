@@ -96,6 +96,7 @@ class FragView:
         # the start: ``Fgd.fill`` scores one row of each group.
         self.group = _groups(arrays.gpu, arrays.cpu, arrays.model, arrays.idle)
         self._memory_group: np.ndarray | None = None
+        self._representatives: dict[bool, list[Row]] = {}
 
     @property
     def memory_group(self) -> np.ndarray:
@@ -104,6 +105,19 @@ class FragView:
             a = self.arrays
             self._memory_group = _groups(a.gpu, a.gmem, a.cpu, a.model, a.idle)
         return self._memory_group
+
+    def representatives(self, memory: bool = False) -> list[Row]:
+        """One row of each group (``group``, or ``memory_group``), by group number, on
+        its values when the view was built."""
+        reps = self._representatives.get(memory)
+        if reps is None:
+            group = self.memory_group if memory else self.group
+            first = np.unique(group, return_index=True)[1].tolist() if len(group) else []
+            row = self.scorer.row
+            reps = self._representatives[memory] = [
+                row(gpu, cpu, mem, self.models[i], idle, gmem)
+                for i in first for gpu, cpu, mem, idle, gmem in (self.initial[i],)]
+        return reps
 
     def final_waste(self) -> np.ndarray:
         if self._waste is None:

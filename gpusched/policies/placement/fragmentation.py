@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections import Counter
 from operator import attrgetter
-from typing import Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -40,6 +40,7 @@ from gpusched.policies.placement.arrays import NodeArrays, arrays_for
 # The view and its numbers; compile_mix, usable and final_waste are read from here too.
 from gpusched.policies.placement.frag_view import (  # noqa: F401
     NONE, FEW_ROWS, CACHED_REQUESTS, PATIENCE, Best, FragView, Shape, compile_mix, final_waste, usable)
+from gpusched.policies.placement.frag_rows import Row
 from gpusched.policies.placement.heuristics import choose_mig, rank_mig
 
 # Defaults of the policies' arguments (``Fgd(popularity=...)``, ``FgdLookahead(patience=...)``;
@@ -150,7 +151,7 @@ class Fgd:
             count = len(view.arrays.nodes)
             best = view.best[res] = Best(len(view.changed), len(view.grew), np.full(count, NONE, dtype=np.int64),
                                          np.zeros(count, np.int64), set(), view.scorer.scorer(res))
-            best.fits.update(self.fill(view, best, res).tolist())
+            best.fits.update(self.fill(view, best, res))
         elif best.seen < len(view.changed):
             self.catch_up(view, best, res)
         if not best.key.size:        # a pool without nodes
@@ -177,16 +178,52 @@ class Fgd:
         fits.difference_update(rows)
         fits.update(feasible.tolist())
 
-    def fill(self, view: FragView, best: Best, res: WorkerResources) -> np.ndarray:
+    def fill(self, view: FragView, best: Best, res: WorkerResources) -> list[int]:
         """``best`` of a request asked for the first time in the cycle: rows that have
         not changed since the view was built score alike within a group of equal rows,
-        so one row of each group is scored; the changed ones are scored one by one.
-        Returns the feasible rows."""
+        so one row of each group is scored, on its values when the view was built (in
+        plain Python when the groups are few); the changed ones are scored one by one.
+        Returns the feasible rows but the changed ones ``rescore`` added to ``fits``."""
+        if not len(view.moved):   # a pool without nodes
+            return []
+        memory = bool(res.is_share and res.gpu_memory_mib)
+        reps = view.representatives(memory)
+        if len(reps) > FEW_ROWS:
+            return self.fill_numpy(view, best, res, memory).tolist()
+        fits = self.fill_groups(view, best, reps, res, memory)
+        changed = list(view.plain)   # the rows changed since the view was built
+        if len(changed) > FEW_ROWS:
+            at = view.arrays.feasible(res, np.array(sorted(changed), dtype=np.int64))
+            self.refresh(view, best, at, res)
+            return fits + at.tolist()
+        self.rescore(view, best, changed, res)
+        return fits
+
+    def fill_groups(self, view: FragView, best: Best, reps: list[Row], res: WorkerResources,
+                    memory: bool) -> list[int]:
+        """``fill``'s unchanged rows: each group's best candidate scored on one row,
+        as ``rescore`` scores it. Returns the unchanged rows that take ``res``."""
+        key = np.full(len(reps) + 1, NONE, dtype=np.int64)   # the last: changed rows
+        gpu = np.zeros(len(reps) + 1, dtype=np.int64)
+        taken = np.zeros(len(reps) + 1, dtype=bool)
+        takes, score = self.takes(view.arrays, res), best.score
+        for g, row in enumerate(reps):
+            if takes(row):
+                taken[g] = True
+                found = score(row)
+                if found is not None:
+                    key[g], gpu[g] = found
+        group = np.where(view.moved, len(reps), view.memory_group if memory else view.group)
+        best.key[:], best.gpu[:] = key[group], gpu[group]
+        return np.flatnonzero(taken[group]).tolist()
+
+    def fill_numpy(self, view: FragView, best: Best, res: WorkerResources, memory: bool) -> np.ndarray:
+        """``fill`` with numpy, one row of each group at once (many groups)."""
         rows = view.arrays.feasible(res)
         moved = view.moved[rows]
         fresh = rows[~moved]
         if fresh.size:
-            group = view.memory_group if res.is_share and res.gpu_memory_mib else view.group
+            group = view.memory_group if memory else view.group
             _, first, inverse = np.unique(group[fresh], return_index=True, return_inverse=True)
             scored = fresh[first]
             self.refresh(view, best, scored, res)
@@ -198,6 +235,16 @@ class Fgd:
         elif changed.size:
             self.rescore(view, best, changed.tolist(), res)
         return rows
+
+    @staticmethod
+    def takes(arrays: NodeArrays, res: WorkerResources) -> Callable[[Row], bool]:
+        """Whether a row has room for one worker of ``res`` (GPU memory aside), as
+        ``NodeArrays.feasible`` decides it (``rescore`` checks the same inline)."""
+        need_cpu, need_mem, gpus = res.cpu_milli, res.memory_mib, res.gpus
+        share = res.gpu_milli if res.is_share else 0
+        allowed = arrays.allowed_models(res)
+        return lambda row: (row.cpu >= need_cpu and row.mem >= need_mem and allowed[row.model]
+                            and row.largest >= share and row.whole >= gpus)
 
     def rescore(self, view: FragView, best: Best, rows: Iterable[int], res: WorkerResources) -> None:
         """``refresh`` of a few changed rows, one by one (``frag_rows``: the same numbers)."""

@@ -25,6 +25,7 @@ from gpusched.core.state import ClusterState
 import numpy as np
 
 from gpusched.policies.placement.frag_rows import RowScorer, pairwise
+from gpusched.policies.placement import fragmentation
 from gpusched.policies.placement.fragmentation import Fgd, compile_mix, final_waste, usable
 from gpusched.policies.placement.registry import PLACEMENTS
 from gpusched.policies.gpu_fit import pick_gpus
@@ -119,8 +120,21 @@ def test_same_decisions_on_random_clusters(policy, templates, rounds, backfill, 
                 log.stopped(job.job_id)
 
 
-def test_many_equal_nodes_fill_in_registration_order():
+# How many rows (groups of equal rows, changed rows) the fast policies score one by one in
+# plain Python before numpy takes over: the default, and low bounds that send a pass of a
+# few rows to numpy, so that both paths decide alike.
+FEW_ROWS = pytest.mark.parametrize("few_rows", [None, 0, 3])
+
+
+def with_few_rows(monkeypatch, few_rows: int | None) -> None:
+    if few_rows is not None:
+        monkeypatch.setattr(fragmentation, "FEW_ROWS", few_rows)
+
+
+@FEW_ROWS
+def test_many_equal_nodes_fill_in_registration_order(monkeypatch, few_rows):
     """The bench's shape in small: 40 equal nodes, a long queue of the openb mix."""
+    with_few_rows(monkeypatch, few_rows)
     rng = random.Random(5)
     log = Log(*(node(f"n{i:02d}", gpus=8, cpu=128_000, mem=1_048_576) for i in range(40)))
     for i in range(600):
@@ -138,12 +152,14 @@ def test_many_equal_nodes_fill_in_registration_order():
         assert 200 < len(placed) < 600
 
 
-def test_shares_asking_for_gpu_memory_take_the_first_candidate(monkeypatch):
+@FEW_ROWS
+def test_shares_asking_for_gpu_memory_take_the_first_candidate(monkeypatch, few_rows):
     """Shares that ask for GPU memory, on equal nodes: GPUs end up with equal free milli
     but unequal free memory. The oracle walks past candidates whose GPU lacks the memory
     (the node refuses them); the fast policies see GPU memory in their arrays, so their
     first candidate is taken, never a walk over every candidate (``scan``), and they
     decide the same."""
+    with_few_rows(monkeypatch, few_rows)
     refused = []
     oracle_take = reference.take
 
@@ -165,6 +181,29 @@ def test_shares_asking_for_gpu_memory_take_the_first_candidate(monkeypatch):
         placed = assert_same(log.state, policy, queue="fifo", max_decisions=300)
         assert 50 < len(placed) < 300
     assert refused   # the case is met: a candidate's GPU lacked the memory
+
+
+@FEW_ROWS
+def test_shares_asking_for_gpu_memory_on_a_used_cluster(monkeypatch, few_rows):
+    """The cycle's view starts on nodes whose GPUs are equal in free milli but not in
+    free GPU memory: shares that ask for GPU memory score one node of each group alike
+    in both (``FragView.memory_group``), the others one of each group alike in milli."""
+    with_few_rows(monkeypatch, few_rows)
+    rng = random.Random(11)
+    log = Log(*(node(f"n{i:02d}", gpus=4, cpu=128_000, mem=1_048_576) for i in range(12)))
+    for i in range(24):   # a first round: the same milli, different GPU memory
+        res = WorkerResources(gpu_milli=500, gpu_memory_mib=rng.choice((1_000, 40_000)), cpu_milli=1000,
+                              memory_mib=1000)
+        assert log.submit(f"a{i:03d}", JobSpec(name=f"a{i}", team="t", resources=res)).accepted
+    for job_id, attempt, workers, _ in decided(log.state, SchedulerConfig(placement="fgd", queue="fifo")):
+        assert log(ev.JobPlaced, job_id=job_id, attempt=attempt, workers=workers).accepted
+    for i in range(200):
+        res = WorkerResources(gpu_milli=rng.choice((250, 500)), gpu_memory_mib=rng.choice((0, 20_000, 38_000)),
+                              cpu_milli=1000, memory_mib=1000)
+        assert log.submit(f"j{i:04d}", JobSpec(name=f"j{i}", team="t", resources=res)).accepted
+    for policy in sorted(POLICIES):
+        placed = assert_same(log.state, policy, queue="fifo", max_decisions=200)
+        assert 20 < len(placed) < 200
 
 
 def _resources(cpu: int, gpus: int = 0, milli: int = 0) -> WorkerResources:
