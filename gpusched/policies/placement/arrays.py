@@ -87,12 +87,16 @@ class NodeArrays:
 
     def _refresh(self, i: int) -> None:
         node = self.nodes[i]
-        gpu, gmem = list(self._pad), list(self._pad)
-        for j, g in enumerate(node.gpus):
-            if g.healthy and not g.mig_mask and g.whole_ok:
-                gpu[j], gmem[j] = 1000 - g.used_milli, g.info.memory_mib - g.used_memory_mib
-        self.plain[i] = (tuple(gpu), node.free_cpu if node.schedulable else -1, node.free_mem, not node.jobs,
-                         tuple(gmem))
+        gpus = node.gpus
+        pad = self._pad[len(gpus):]
+        offered = [g.healthy and not g.mig_mask and g.whole_ok for g in gpus]
+        if all(offered):   # the usual case: one pass a column
+            gpu = (*[1000 - g.used_milli for g in gpus], *pad)
+            gmem = (*[g.info.memory_mib - g.used_memory_mib for g in gpus], *pad)
+        else:
+            gpu = (*[1000 - g.used_milli if ok else 0 for g, ok in zip(gpus, offered)], *pad)
+            gmem = (*[g.info.memory_mib - g.used_memory_mib if ok else 0 for g, ok in zip(gpus, offered)], *pad)
+        self.plain[i] = (gpu, node.free_cpu if node.schedulable else -1, node.free_mem, not node.jobs, gmem)
         self._dirty.add(i)
 
     def _flush(self) -> None:

@@ -57,7 +57,7 @@ def shape_of(res: WorkerResources) -> Shape | None:
 
 
 _FIELDS = attrgetter("cpu_milli", "gpu_milli", "gpus", "gpu_models", "mig_profile")
-_RESOURCES, _WORKERS = attrgetter("resources"), attrgetter("workers")
+_RESOURCES = attrgetter("resources")
 
 
 def typical_shapes(state: StateLike, pool: str, popularity: float = POPULARITY) -> dict[Shape, float]:
@@ -74,18 +74,21 @@ def typical_shapes(state: StateLike, pool: str, popularity: float = POPULARITY) 
                          for j in node.jobs if j not in pending)
     # Every pending job passes here each cycle: the loop is C's (map, attrgetter, Counter),
     # over the requests' raw fields, and only the few distinct ones become shapes.
-    specs = [job.spec for job in map(jobs.get, ids) if job is not None]
-    specs = [spec for spec in specs if spec.pool == pool]
-    raw = Counter(zip(map(_FIELDS, map(_RESOURCES, specs)), map(_WORKERS, specs)))
+    specs = [spec for job in map(jobs.get, ids) if job is not None and (spec := job.spec).pool == pool]
+    # Jobs of one worker counted by their fields alone (a tuple less to build and hash
+    # per job), the workers beyond the first of the others added after.
+    raw = Counter(map(_FIELDS, map(_RESOURCES, specs)))
+    for spec in [spec for spec in specs if spec.workers != 1]:
+        raw[_FIELDS(spec.resources)] += spec.workers - 1
     counts: dict[Shape, int] = {}
-    for ((cpu, milli, gpus, models, mig), workers), n in raw.items():
+    for (cpu, milli, gpus, models, mig), n in raw.items():
         if mig:
             continue
         if milli > 0 and gpus == 0:
             shape = (cpu, milli, 1, models)
         else:
             shape = (cpu, 1000 if gpus else 0, gpus, models)
-        counts[shape] = counts.get(shape, 0) + workers * n
+        counts[shape] = counts.get(shape, 0) + n
     total = sum(counts.values())
     chosen, covered = {}, 0
     # Most frequent first; equal counts in a fixed order, so the mix is deterministic.
