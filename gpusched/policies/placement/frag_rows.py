@@ -71,7 +71,7 @@ class Row(NamedTuple):
 Found = tuple[int, ...]
 # A request's scorer: the (packed key, GPU index) of a row's least candidate, or None
 # when no candidate of the row has the GPU memory the request asks for.
-Score = Callable[[Row], "tuple[int, int] | None"]
+Score = Callable[[Row], "tuple[int, ...] | None"]
 
 
 class RowScorer:
@@ -120,7 +120,7 @@ class RowScorer:
             room.append(suffix[j])
         return tuple(cnt), tuple(room)   # tuples: the cyclic GC stops tracking them
 
-    def usable(self, cnt: list[int], room: list[int], cpu: int, model: int) -> float:
+    def usable(self, cnt: Sequence[int], room: Sequence[int], cpu: int, model: int) -> float:
         """``fragmentation.usable`` of one row from its tallies."""
         if not self.milli:
             return 0.0
@@ -225,19 +225,20 @@ class RowScorer:
         cnt, room = self.tallies(gpu)
         weight = self.weight[model][bisect_right(self.levels, cpu - res.cpu_milli)] if self.milli else ()
         parts = tuple(zip(weight, cnt, room, self.count, self.milli))
-        waste = self.waste() if self.lookahead else None
+        waste = self.waste() if self.lookahead else None   # None: FGD's keys
+        table: list[float] = waste or []
         bound = 1000 * len(gpu)
         found: list[tuple[int, int]] = []
         if res.is_share:
             share = res.gpu_milli
             for f, terms in self._share_terms(parts, [f for f in set(gpu) if f >= share], share):
                 found.append((self._key(u - pairwise(terms) - share, waste, bound, idle,
-                                        lambda: waste[f - share] - waste[f]), f))
+                                        lambda: table[f - share] - table[f]), f))
         elif res.gpus:   # the lowest-index free GPUs, each from 1000 free to 0
             n = res.gpus
             terms = [w * (r - 1000 * n) if c - n >= need else 0.0 for w, c, r, need, m in parts]
             found.append((self._key(u - pairwise(terms) - 1000 * n, waste, bound, idle,
-                                    lambda: self._whole_waste(gpu, n, waste)), -1))
+                                    lambda: self._whole_waste(gpu, n, table)), -1))
         else:   # U after is U at the CPU level after: the memo's, shared by rows alike
             after = self.usable_row(row.signature[0], cpu - res.cpu_milli, model)
             found.append((self._key(u - after, waste, bound, idle, lambda: 0.0), -1))
