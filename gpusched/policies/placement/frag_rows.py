@@ -16,6 +16,7 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from math import floor
 from typing import Callable, NamedTuple, Sequence
+from weakref import WeakValueDictionary
 
 import numpy as np
 
@@ -74,6 +75,16 @@ Found = tuple[int, ...]
 Score = Callable[[Row], "tuple[int, ...] | None"]
 
 
+def row_takes(res: WorkerResources, allowed: list[bool]) -> Callable[[Row], bool]:
+    """Whether a row has room for one worker of ``res`` (GPU memory aside; ``allowed``:
+    per model, whether ``res`` accepts it), as ``NodeArrays.feasible`` decides it
+    (``Fgd.rescore`` checks the same inline)."""
+    need_cpu, need_mem, gpus = res.cpu_milli, res.memory_mib, res.gpus
+    share = res.gpu_milli if res.is_share else 0
+    return lambda row: (row.cpu >= need_cpu and row.mem >= need_mem and allowed[row.model]
+                        and row.largest >= share and row.whole >= gpus)
+
+
 class RowScorer:
     """Scores one node's candidates under a compiled mix (``fragmentation.Compiled``)."""
 
@@ -92,7 +103,9 @@ class RowScorer:
         self._memo: dict[tuple[int, int], dict[object, Found]] = {}
         self._kinds: dict[tuple, int] = {}     # signature -> its number
         self._rows: dict[tuple, tuple[float, int, int, tuple, int]] = {}   # by (GPUs, CPU level, model, idle)
-        self._requests: dict[WorkerResources, Score] = {}
+        # Weakly: the scorers refer to this object, which holding them would make a
+        # reference cycle, left to the cyclic GC (each Best holds its scorer).
+        self._requests: WeakValueDictionary[WorkerResources, Score] = WeakValueDictionary()
 
     def tallies(self, gpu: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """Per combination: how many GPUs are big enough, and their free milli. Kept by

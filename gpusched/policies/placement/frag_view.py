@@ -79,7 +79,10 @@ class FragView:
         self.patience = patience
         self.mix = compile_mix(mix, arrays.models)
         self.u = usable(self.mix, arrays.gpu, arrays.cpu, arrays.model)
-        self._waste: np.ndarray | None = None
+        # Shared with the row scorer: neither refers to the other, so no reference cycle
+        # keeps a cycle's view (its memos, thousands of objects) for the cyclic GC to find;
+        # it is freed when the statement drops it.
+        self._waste = WasteTable(mix, patience)
         self.stale: set[int] = set()          # rows changed since the last ``sync``
         # Every row change in order (what a Best has seen is a length of it), and the
         # changes that gained capacity (CPU, memory, a GPU's free milli or memory): only
@@ -120,9 +123,7 @@ class FragView:
         return reps
 
     def final_waste(self) -> np.ndarray:
-        if self._waste is None:
-            self._waste = final_waste(self.shapes, self.patience)
-        return self._waste
+        return self._waste()
 
     def touch(self, names: Iterable[str]) -> None:
         for name in names:
@@ -162,7 +163,7 @@ class FragView:
     @property
     def scorer(self) -> RowScorer:
         if self._scorer is None:
-            self._scorer = RowScorer(self.mix, self.final_waste, self.lookahead)
+            self._scorer = RowScorer(self.mix, self._waste, self.lookahead)
         return self._scorer
 
 
@@ -188,6 +189,21 @@ class Best:
     gpu: np.ndarray
     fits: set[int]         # rows that take the request, GPU memory aside
     score: Score           # the request's scorer of one row (``RowScorer.scorer``)
+
+
+class WasteTable:
+    """``final_waste`` of one mix, computed when first asked."""
+
+    __slots__ = ("shapes", "patience", "_table")
+
+    def __init__(self, shapes: dict[Shape, float], patience: float) -> None:
+        self.shapes, self.patience = shapes, patience
+        self._table: np.ndarray | None = None
+
+    def __call__(self) -> np.ndarray:
+        if self._table is None:
+            self._table = final_waste(self.shapes, self.patience)
+        return self._table
 
 
 NONE = np.iinfo(np.int64).max

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections import Counter
 from operator import attrgetter
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -40,7 +40,7 @@ from gpusched.policies.placement.arrays import NodeArrays, arrays_for
 # The view and its numbers; compile_mix, usable and final_waste are read from here too.
 from gpusched.policies.placement.frag_view import (  # noqa: F401
     NONE, FEW_ROWS, CACHED_REQUESTS, PATIENCE, Best, FragView, Shape, compile_mix, final_waste, usable)
-from gpusched.policies.placement.frag_rows import Row
+from gpusched.policies.placement.frag_rows import Row, row_takes
 from gpusched.policies.placement.heuristics import choose_mig, rank_mig
 
 # Defaults of the policies' arguments (``Fgd(popularity=...)``, ``FgdLookahead(patience=...)``;
@@ -209,7 +209,7 @@ class Fgd:
         key = np.full(len(reps) + 1, NONE, dtype=np.int64)   # the last: changed rows
         gpu = np.zeros(len(reps) + 1, dtype=np.int64)
         taken = np.zeros(len(reps) + 1, dtype=bool)
-        takes, score = self.takes(view.arrays, res), best.score
+        takes, score = row_takes(res, view.arrays.allowed_models(res)), best.score
         for g, row in enumerate(reps):
             if takes(row):
                 taken[g] = True
@@ -238,16 +238,6 @@ class Fgd:
         elif changed.size:
             self.rescore(view, best, changed.tolist(), res)
         return rows
-
-    @staticmethod
-    def takes(arrays: NodeArrays, res: WorkerResources) -> Callable[[Row], bool]:
-        """Whether a row has room for one worker of ``res`` (GPU memory aside), as
-        ``NodeArrays.feasible`` decides it (``rescore`` checks the same inline)."""
-        need_cpu, need_mem, gpus = res.cpu_milli, res.memory_mib, res.gpus
-        share = res.gpu_milli if res.is_share else 0
-        allowed = arrays.allowed_models(res)
-        return lambda row: (row.cpu >= need_cpu and row.mem >= need_mem and allowed[row.model]
-                            and row.largest >= share and row.whole >= gpus)
 
     def rescore(self, view: FragView, best: Best, rows: Iterable[int], res: WorkerResources) -> None:
         """``refresh`` of a few changed rows, one by one (``frag_rows``: the same numbers)."""

@@ -12,7 +12,9 @@ MIG, model restrictions, GPU-memory limits on shares, reservations with backfill
 """
 from __future__ import annotations
 
+import gc
 import random
+import weakref
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -308,3 +310,27 @@ def test_a_row_whose_capacity_grew_is_scored_again(policy, free_again):
             chosen.append(placement.choose(log.state, statement, job, res)[0].name)
             statement.close()
         assert chosen == ["n0", "n0"]
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_a_cycles_view_is_freed_when_the_statement_drops_it(policy):
+    """The view, its row scorer and its memos are freed when the statement closes, by
+    reference counting: none is left in a reference cycle for the cyclic GC to find
+    (a full collection then paid, in some later cycle, for every object of them)."""
+    log = Log(*(node(f"n{i}", gpus=8, cpu=128_000, mem=1_048_576) for i in range(3)))
+    for i, res in enumerate([_resources(cpu=1000, milli=470), _resources(cpu=1000, gpus=2), _resources(cpu=2000)]):
+        assert log.submit(f"j{i}", JobSpec(name=f"j{i}", team="t", resources=res)).accepted
+    placement = PLACEMENTS[policy]()
+    gc.disable()
+    try:
+        statement = Statement(log.state)
+        for job in log.state.jobs.values():
+            node_state, slots = placement.choose(log.state, statement, job, job.spec.resources)
+        views = [weakref.ref(view) for view in statement.views.values()]
+        views += [weakref.ref(view.scorer) for view in statement.views.values() if hasattr(view, "scorer")]
+        assert len(views) == 3   # the arrays, the FGD view and its scorer
+        del node_state, slots
+        statement.close()
+        assert [view() for view in views] == [None] * 3
+    finally:
+        gc.enable()
