@@ -4,7 +4,8 @@ A pool of 1,250 nodes x 8 GPUs (128 cores, 1 TiB each; 50 racks under 5 spines) 
 50,000 pending one-worker jobs shaped like the openb trace's mix (GPU shares, 1/2/4/8
 whole GPUs, CPU-only). One ``Scheduler.cycle`` per policy, as the placer runs it (the
 placer's queue policy unless ``--queue`` names another, at most ``--max-decisions``
-placements, default the placer's 10,000), on the same state each time; a decision is one
+placements, default the placer's 10,000, and the placer's budget of jobs tested,
+``max_job_test``, 2,500 by default), on the same state each time; a decision is one
 placement returned. ``--queue all`` runs every queue policy in turn, and each policy's
 rate is also given as a share of the first policy's (best-fit by default) in that queue. The target is >= 10,000 decisions/s for the default policy. Rates
 are per CPU second of the benchmark process (the cycle is single-threaded; wall time is
@@ -81,7 +82,7 @@ def main() -> None:
     gc.freeze()
     queues = sorted(QUEUE_ORDERS) if args.queue == "all" else args.queue.split(",")
     print(f"{args.nodes} nodes x 8 GPUs, {len(state.pending)} pending jobs, "
-          f"cycle capped at {args.max_decisions} decisions")
+          f"cycle capped at {args.max_decisions} decisions and {SchedulerConfig().max_job_test} jobs tested")
     for queue in queues:
         cycles(state, queue, args.policies.split(","), args.max_decisions)
 
