@@ -46,10 +46,14 @@ def test_a_workload_that_ignores_sigterm_is_killed_after_the_kill_wait(tmp_path)
 @pytest.mark.parametrize("ignore_term", [False, True])
 def test_an_expired_lease_fences_the_workload_within_expiry_plus_kill_wait_plus_poll(tmp_path, ignore_term):
     lease = NodeLease(tmp_path / "lease")
-    expiry = time.time() + 0.5
-    lease.renew(expiry)
+    lease.renew(time.time() + 30)                # a slow machine may take a while to start Python
     shim = start_shim(tmp_path / "w", recorder(*(["--ignore-term"] if ignore_term else [])), lease=lease.path,
                       kill_wait=KILL_WAIT, poll=POLL)
+    # The lease runs out only once the workload ticks, so it has set up its SIGTERM handling:
+    # an expiry during its start would end it by the default SIGTERM action, whatever it asked.
+    wait_for(lambda: ticking(tmp_path / "w"), "the workload's first tick", timeout=30)
+    expiry = time.time() + 0.5
+    lease.renew(expiry)
     assert shim.wait(10) == (137 if ignore_term else 143)
     status = ended_status(tmp_path / "w")
     assert status["fenced"] is True and status["reason"].startswith("fenced: lease expired at")
