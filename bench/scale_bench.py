@@ -287,6 +287,7 @@ class Broker:
         """Stopped, its data deleted."""
         if not self.external:
             self._kafka_sh("clean")
+            self.run_dir.rmdir()
 
     def pid(self) -> int | None:
         if self.external:
@@ -353,7 +354,7 @@ async def run(args: argparse.Namespace, broker: Broker, bootstrap: str) -> None:
 
         def sample() -> None:
             cpu_then.update((n, cpu_seconds(p)) for n, p in procs.items())
-        await settle(client, placer.metrics_port, args.settle, sample)
+        await settle(client, cycles_path, args.settle, sample)
         cpu = {n: cpu_then[n] - cpu_before[n] for n in procs}
         await stop_profiles(spies)
         cycles = [c for c in cycle_log.read(cycles_path) if c["time"] >= burst]
@@ -384,26 +385,28 @@ async def run(args: argparse.Namespace, broker: Broker, bootstrap: str) -> None:
         await delete_report_topics(bootstrap, topics)   # the hosts' report and beats topics
 
 
-async def settle(client: Client, placer_port: int, quiet_s: float, moved) -> None:
+async def settle(client: Client, cycles_path: str, quiet_s: float, moved) -> None:
     """Wait until nothing is pending and the running count rests, or the pending and
-    running counts stayed the same through ``quiet_s`` seconds and two placer cycles (a
-    cycle over a full cluster can take longer than ``quiet_s``). ``moved()`` is called
-    whenever the counts change."""
+    running counts stayed the same through ``quiet_s`` seconds and the placer either
+    ended two cycles since or ended none for ``quiet_s`` (a cycle over a full cluster can
+    take longer than ``quiet_s``; a placer whose state moved only by its own pending
+    reasons runs none). ``moved()`` is called whenever the counts change."""
     last, since, cycles_then = (-1, -1), time.monotonic(), None
     while True:
         summary = await client.summary()
         now = (summary.pending_jobs, summary.running_jobs)   # placed, then running: both must rest
-        if now != last:   # the placer's /metrics are scraped only while the counts rest: a
-            last, since, cycles_then = now, time.monotonic(), None   # scrape walks every node
+        if now != last:
+            last, since, cycles_then = now, time.monotonic(), None
             moved()
             await asyncio.sleep(1.0)
             continue
         if summary.pending_jobs == 0 and time.monotonic() - since >= 3.0:
             return   # all placed, and every placed job's start is in
-        cycles = histogram(await scrape(placer_port), CYCLE).get(float("inf"), 0.0)
+        cycles = len(cycle_log.read(cycles_path))
         if cycles_then is None:
             cycles_then = cycles
-        elif time.monotonic() - since >= quiet_s and cycles >= cycles_then + 2:
+        elif time.monotonic() - since >= quiet_s and (
+                cycles >= cycles_then + 2 or time.time() - os.path.getmtime(cycles_path) >= quiet_s):
             return
         await asyncio.sleep(1.0)
 
@@ -417,7 +420,7 @@ if __name__ == "__main__":
     parser.add_argument("--mig", type=float, default=0.01, help=f"fraction of MIG {MIG_PROFILE} jobs")
     parser.add_argument("--duration", type=float, default=HOUR, help="each job's simulated run, seconds")
     parser.add_argument("--settle", type=float, default=10.0,
-                        help="seconds (and two placer cycles) without new starts that end the run")
+                        help="seconds without new starts (and two placer cycles, or none in that time) that end the run")
     parser.add_argument("--heartbeat-timeout", type=float, default=30.0)
     parser.add_argument("--profile", type=Path, default=None,
                         help="write each service's py-spy profile of the burst (raw stacks) into this folder")
