@@ -47,7 +47,8 @@ def test_pending_reasons_alone_start_no_cycle():
     assert {type(e) for e in round_(log, decider, 100.0)} == {ev.JobPendingReason}
     assert scheduler.cycles == 1
     assert round_(log, decider, 100.5) == [] and scheduler.cycles == 1   # only its own reasons moved the state
-    log(ev.JobSubmitted, job_id="small", spec=make_spec(gpus=1))        # anything else starts one
+    submitted = ev.JobSubmitted(event_id="s", job_id="small", spec=make_spec(gpus=1))   # anything else starts one,
+    decider.on_event(0, 0, submitted, apply(log.state, submitted), log.state)          # the hook told of it too
     assert [type(e) for e in round_(log, decider, 101.0)][0] is ev.JobPlaced
     assert scheduler.cycles == 2
 
