@@ -42,6 +42,7 @@ class PlacementDecider:
         self._last_version: dict[int, int] = {}
         self._reason_bumps: dict[int, int] = {}   # partition -> pending reasons folded (each bumped its version)
         self._reasons_at: dict[int, float] = {}   # partition -> when its last reasons pass ran
+        self._cycled_at: dict[int, float] = {}    # partition -> the ``now`` of its last cycle
         self._parked: dict[int, ParkedJobs] = {}   # partition -> jobs known not to fit
         self._keys: dict[int, QueueKeys] = {}      # partition -> its waiting jobs' keys and shapes
         self.reasons = PendingReasons(me, default_estimate_s=scheduler.config.default_estimate_s)
@@ -53,6 +54,7 @@ class PlacementDecider:
             self._keys.pop(p, None)
             self._last_version.pop(p, None)
             self._reasons_at.pop(p, None)
+            self._cycled_at.pop(p, None)
         self.reasons.forget(partitions)
 
     def on_event(self, partition: int, offset: int, event: ev.Event, outcome, state: ClusterState) -> None:
@@ -72,15 +74,15 @@ class PlacementDecider:
             return self._decide(partition, state, now)
 
     def _decide(self, partition: int, state: ClusterState, now: float) -> list[tuple[ev.Event, str]]:
-        # Nothing a cycle reads changed since the last cycle and no retry back-off is expiring: skip.
+        # Nothing a cycle reads changed since the last cycle and no retry back-off ended: skip.
         version = self.scheduling_version(partition, state)
         idle = self._last_version.get(partition) == version
-        if idle and not any(state.jobs[j].not_before > 0 for j in state.pending):
+        if idle and not self._backoff_ended(partition, state, now):
             # The same state: only pending reasons the last pass could not reach or held back.
             if not self.reasons.due(partition, state, now):
                 return []
             return [(e, state.jobs[e.job_id].spec.pool) for e in self.reasons.idle_pass(partition, state, now)]
-        self._last_version[partition] = version
+        self._last_version[partition], self._cycled_at[partition] = version, now
         if self.cycle_log is not None:
             self.cycle_log.start()
         started = time.perf_counter()
@@ -103,6 +105,13 @@ class PlacementDecider:
             self.cycle_log.done(partition, cycle_s, len(state.pending), len(placed),
                                 time.perf_counter() - started - cycle_s)
         return placed + [(e, state.jobs[e.job_id].spec.pool) for e in why]
+
+    def _backoff_ended(self, partition: int, state: ClusterState, now: float) -> bool:
+        """Whether a pending job's retry back-off ended since the last cycle: the only job
+        that cycle could not offer and this one can. (Any back-off at all, even one ended
+        long ago or hours away, used to start a cycle every round.)"""
+        since, jobs = self._cycled_at.get(partition, -math.inf), state.jobs
+        return any(since < jobs[j].not_before <= now for j in state.pending)
 
     def _placed(self, d, state: ClusterState, now: float, cycle) -> tuple[ev.Event, str]:
         """The decision as a ``JobPlaced``, with its span in the job's trace (linked to the cycle)."""

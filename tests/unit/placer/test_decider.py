@@ -53,6 +53,19 @@ def test_pending_reasons_alone_start_no_cycle():
     assert scheduler.cycles == 2
 
 
+def test_an_idle_state_cycles_again_only_once_a_back_off_ended():
+    log = Log(make_node("n1", gpus=4))
+    log(ev.JobSubmitted, job_id="big", spec=make_spec(gpus=8))     # never fits: the queue is never empty
+    log(ev.JobSubmitted, job_id="retry", spec=make_spec(gpus=1))
+    log.state.jobs["retry"].not_before = 105.0                       # as a charged requeue leaves it
+    decider, scheduler = decider_on(log)
+    assert ev.JobPlaced not in {type(e) for e in round_(log, decider, 100.0)}
+    assert [round_(log, decider, t) for t in (101.0, 102.0, 104.9)] == [[], [], []]
+    assert scheduler.cycles == 1
+    assert [e.job_id for e in round_(log, decider, 105.5) if type(e) is ev.JobPlaced] == ["retry"]
+    assert scheduler.cycles == 2
+
+
 def test_a_reason_folded_without_the_hook_still_starts_a_cycle():
     log = Log(make_node("n1", gpus=4))
     log(ev.JobSubmitted, job_id="big", spec=make_spec(gpus=8))
