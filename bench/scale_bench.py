@@ -33,6 +33,7 @@ import asyncio
 import os
 import random
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -336,7 +337,7 @@ async def run(args: argparse.Namespace, broker: Broker, bootstrap: str) -> None:
     per_host = [args.nodes // args.hosts + (1 if i < args.nodes % args.hosts else 0) for i in range(args.hosts)]
     try:
         admission = await cluster.admission()
-        placer = await cluster.placer("placer", "--cycle-log", cycles_path)
+        placer = await cluster.placer("placer", "--cycle-log", cycles_path, *shlex.split(args.placer_args))
         await cluster.preemptor("preemptor", "--heartbeat-timeout", str(args.heartbeat_timeout))
         t0 = time.perf_counter()
         await asyncio.gather(*(cluster.node_host(h, n, "8xH100-80GB", timeout=1800) for h, n in zip(hosts, per_host)))
@@ -424,5 +425,6 @@ if __name__ == "__main__":
     parser.add_argument("--heartbeat-timeout", type=float, default=30.0)
     parser.add_argument("--profile", type=Path, default=None,
                         help="write each service's py-spy profile of the burst (raw stacks) into this folder")
+    parser.add_argument("--placer-args", default="", help="more flags for the placer, e.g. '--max-job-test 500'")
     parser.add_argument("--no-takeover", action="store_true", help="skip the placer takeover step")
     asyncio.run(main(parser.parse_args()))
