@@ -2,8 +2,10 @@
 then why the jobs it left pending wait, as ``JobPendingReason`` where that changed
 (``reasons``, docs/why-pending.md).
 
-Three things keep the cycles few and short in a burst (docs/benchmarks.md, scale_bench):
+What keeps the cycles few and short in a burst (docs/benchmarks.md, scale_bench):
 
+* An unchanged pool cycles again only once a waiting job's retry back-off ended since
+  its last cycle (``_backoff_ended``).
 * A pool whose state moved only by pending reasons (the placer's own writes; no policy
   reads them) is idle for scheduling: no new cycle, only the reasons pass it still owes.
   Otherwise each pass's writes would start another full cycle, and with thousands of
