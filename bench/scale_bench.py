@@ -13,10 +13,13 @@ Reported, from the pool log itself and the processes:
 - placements/s from submit to running: jobs running (every worker's WorkerStarted in the
   log) over the time from the first submission to the last start, and over the middle
   80 % of the starts (sustained);
-- the placer's cycle time p50/p99 (its ``gpusched.placer.cycle.duration`` histogram from
-  /metrics: bucket bounds, not interpolations);
+- the placer's cycles in the burst from its ``--cycle-log`` (each cycle's exact wall time,
+  its CPU and GC time, jobs pending and placed; ``gpusched_placer.cycle_log``): count, mean,
+  p50, p99, max, and the longest few;
 - heartbeat load on the broker: the host beats topics' records/s and bytes/s over 10 s;
-- RSS of each service process and of the broker;
+- RSS of each service process and of the broker, which the bench starts for itself on
+  free ports (``deploy/kafka.sh``, data in ``.run/scale-kafka-PORT``, wiped at the end;
+  a broker in ``KAFKA_BOOTSTRAP_SERVERS`` is used instead, and not counted);
 - placer takeover: kill -9 the placer, start another, seconds until it is ready, until its
   first cycle ended, and until a job submitted then is placed (where there is room).
 
@@ -30,7 +33,9 @@ import asyncio
 import os
 import random
 import re
+import shlex
 import signal
+import subprocess
 import sys
 from collections import Counter
 import tempfile
@@ -50,15 +55,17 @@ from gpusched.adapters.node_access import delete_report_topics   # noqa: E402
 from gpusched.adapters.reports import host_beats_topic   # noqa: E402
 from gpusched.client import Client, spec   # noqa: E402
 from gpusched.core import events as ev   # noqa: E402
-from gpusched.demo import ensure_broker   # noqa: E402
 from gpusched.local_cluster import LocalCluster   # noqa: E402
+from gpusched.ports import free_ports   # noqa: E402
 from gpusched.sim import traces   # noqa: E402
 from gpusched.v1 import types_pb2   # noqa: E402
+from gpusched_placer import cycle_log   # noqa: E402
 
 HOUR = 3600.0
 BATCH = 500
 MIG_PROFILE = "1g.10gb"
 CYCLE = "gpusched_placer_cycle_duration_seconds"
+REPO = Path(__file__).resolve().parents[1]
 
 
 def openb_specs(count: int, gangs: float, mig: float, duration: float, seed: int = 7) -> list[types_pb2.JobSpec]:
@@ -154,18 +161,30 @@ def histogram(text: str, name: str) -> dict[float, float]:
     return buckets
 
 
-def total(text: str, name: str) -> float:
-    """A Prometheus sample summed over its label sets."""
-    return sum(float(m.group(1)) for m in re.finditer(rf"^{name}(?:{{[^}}]*}})? ([0-9.e+]+)$", text, re.M))
+def quantile(values: list[float], q: float) -> float:
+    """The nearest-rank quantile ``q`` of ``values`` (nan when there are none)."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
-def bucket_quantile(buckets: dict[float, float], q: float) -> float:
-    """The upper bound of the bucket holding quantile ``q``."""
-    total = buckets.get(float("inf"), 0.0)
-    for bound in sorted(buckets):
-        if total and buckets[bound] >= q * total:
-            return bound
-    return float("nan")
+def cycle_report(cycles: list[dict[str, float]], longest: int = 5) -> str:
+    """The burst's cycles from the placer's cycle log: exact wall-time quantiles, CPU and
+    GC beside them, and the longest few with what they held."""
+    if not cycles:
+        return "placer cycles: none logged"
+    wall = [c["wall_ms"] for c in cycles]
+    cpu = [c["cpu_ms"] for c in cycles]
+    lines = [f"placer cycles: {len(cycles)}, wall ms mean {sum(wall) / len(wall):,.0f}, p50 {quantile(wall, .5):,.0f}, "
+             f"p99 {quantile(wall, .99):,.0f}, max {max(wall):,.0f}; CPU ms p50 {quantile(cpu, .5):,.0f}, "
+             f"p99 {quantile(cpu, .99):,.0f}; GC {sum(c['gc_ms'] for c in cycles):,.0f} ms in all; after a cycle, "
+             f"before its append, the pending-reasons pass (where it ran) and the rest: p50 "
+             f"{quantile([c['reasons_ms'] for c in cycles], .5):,.0f} ms, max {max(c['reasons_ms'] for c in cycles):,.0f} "
+             f"(exact, --cycle-log)"]
+    t0 = cycles[0]["time"]
+    for c in sorted(cycles, key=lambda c: -c["wall_ms"])[:longest]:
+        lines.append(f"  at +{c['time'] - t0:.1f}s: wall {c['wall_ms']:,.0f} ms, CPU {c['cpu_ms']:,.0f}, "
+                     f"GC {c['gc_ms']:,.0f}; {int(c['pending'])} pending, {int(c['placed'])} placed")
+    return "\n".join(lines)
 
 
 async def scrape(port: int) -> str:
@@ -220,10 +239,10 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def service_pids(cluster: LocalCluster) -> dict[str, int]:
-    """Every live service's pid, and the broker's."""
+def service_pids(cluster: LocalCluster, broker: "Broker") -> dict[str, int]:
+    """Every live service's pid, and the broker's (when the bench started it)."""
     procs = {s.name: s.proc.pid for s in cluster.services if s.alive}
-    if (pid := broker_pid()) is not None:
+    if (pid := broker.pid()) is not None:
         procs["broker"] = pid
     return procs
 
@@ -246,11 +265,40 @@ async def stop_profiles(spies: list[asyncio.subprocess.Process]) -> None:
     await asyncio.gather(*(spy.wait() for spy in spies))
 
 
-def broker_pid() -> int | None:
-    try:
-        return int((Path(__file__).resolve().parents[1] / ".run/kafka/kafka.pid").read_text())
-    except (OSError, ValueError):
-        return None
+class Broker:
+    """The bench's own broker on free ports (``deploy/kafka.sh`` with a run dir of its own),
+    so its CPU and RSS are this broker's and a broker already answering elsewhere is left
+    alone; or the one in ``KAFKA_BOOTSTRAP_SERVERS`` (not started, stopped nor counted)."""
+
+    def __init__(self) -> None:
+        self.external = os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "")
+        self.port = 0 if self.external else free_ports(2, "the bench's broker")
+        self.run_dir = REPO / ".run" / f"scale-kafka-{self.port}"
+        self._env = {**os.environ, "GPUSCHED_KAFKA_PORT": str(self.port), "GPUSCHED_RUN_DIR": str(self.run_dir)}
+
+    def _kafka_sh(self, action: str) -> str:
+        return subprocess.run(["bash", str(REPO / "deploy" / "kafka.sh"), action], env=self._env, check=True,
+                              stdout=subprocess.PIPE, text=True).stdout
+
+    def start(self) -> str:
+        """The bootstrap address."""
+        if self.external:
+            return self.external
+        return self._kafka_sh("start").strip().splitlines()[-1]
+
+    def stop(self) -> None:
+        """Stopped, its data deleted."""
+        if not self.external:
+            self._kafka_sh("clean")
+            self.run_dir.rmdir()
+
+    def pid(self) -> int | None:
+        if self.external:
+            return None
+        try:
+            return int((self.run_dir / "kafka" / "kafka.pid").read_text())
+        except (OSError, ValueError):
+            return None
 
 
 async def takeover(cluster: LocalCluster, client: Client, wait_placed_s: float = 30.0) -> tuple[float, float, float | None]:
@@ -275,25 +323,33 @@ async def takeover(cluster: LocalCluster, client: Client, wait_placed_s: float =
 
 
 async def main(args: argparse.Namespace) -> None:
-    bootstrap, _ = ensure_broker()
+    broker = Broker()
+    try:
+        await run(args, broker, await asyncio.to_thread(broker.start))
+    finally:
+        await asyncio.to_thread(broker.stop)
+
+
+async def run(args: argparse.Namespace, broker: Broker, bootstrap: str) -> None:
     topics = TopicNames(f"scale-{int(time.time())}.")
-    cluster = LocalCluster(bootstrap, topics, Path(tempfile.mkdtemp(prefix="gpusched-scale-")), metrics=True)
+    logs = Path(tempfile.mkdtemp(prefix="gpusched-scale-"))
+    cycles_path = str(logs / "cycles.txt")
+    cluster = LocalCluster(bootstrap, topics, logs, metrics=True)
     hosts = [f"host{i}" for i in range(args.hosts)]
     per_host = [args.nodes // args.hosts + (1 if i < args.nodes % args.hosts else 0) for i in range(args.hosts)]
     try:
         admission = await cluster.admission()
-        placer = await cluster.placer()
+        placer = await cluster.placer("placer", "--cycle-log", cycles_path, *shlex.split(args.placer_args))
         await cluster.preemptor("preemptor", "--heartbeat-timeout", str(args.heartbeat_timeout))
         t0 = time.perf_counter()
         await asyncio.gather(*(cluster.node_host(h, n, "8xH100-80GB", timeout=1800) for h, n in zip(hosts, per_host)))
         print(f"{args.nodes} nodes x 8 H100 on {args.hosts} node host(s): registered in {time.perf_counter() - t0:.1f}s")
         client = Client(f"127.0.0.1:{admission.port}")
         specs = openb_specs(args.backlog, args.gangs, args.mig, args.duration)
-        text = await scrape(placer.metrics_port)
-        before, sum_before = histogram(text, CYCLE), total(text, CYCLE + "_sum")
-        procs = service_pids(cluster)
+        procs = service_pids(cluster, broker)
         cpu_before = {n: cpu_seconds(p) for n, p in procs.items()}
         spies = await start_profiles(procs, args.profile)
+        burst = time.time()
         rate = await submit_backlog(client, specs)
         print(f"backlog: {args.backlog} jobs ({sum(s.workers > 1 for s in specs)} gangs of 2-8 nodes, "
               f"{sum(bool(s.resources.mig_profile) for s in specs)} MIG {MIG_PROFILE}) submitted at {rate:,.0f}/s")
@@ -301,28 +357,23 @@ async def main(args: argparse.Namespace) -> None:
 
         def sample() -> None:
             cpu_then.update((n, cpu_seconds(p)) for n, p in procs.items())
-        await settle(client, placer.metrics_port, args.settle, sample)
+        await settle(client, cycles_path, args.settle, sample)
         cpu = {n: cpu_then[n] - cpu_before[n] for n in procs}
         await stop_profiles(spies)
-        text = await scrape(placer.metrics_port)
-        after = histogram(text, CYCLE)
-        cycles = {b: after.get(b, 0) - before.get(b, 0) for b in after}
-        count = cycles.get(float("inf"), 0)
-        mean = (total(text, CYCLE + "_sum") - sum_before) / count if count else float("nan")
+        cycles = [c for c in cycle_log.read(cycles_path) if c["time"] >= burst]
         submitted, started, kind = running_times(await read_events(bootstrap, topics))
         whole, middle, running = placement_rates(submitted, started)
         kinds = {k: sum(1 for j in started if kind.get(j) == k) for k in ("openb", "gang", "mig")}
         print(f"running: {running} of {args.backlog} ({kinds}); placements/s submit->running: {whole:,.0f} "
               f"(first submission to last start), {middle:,.0f} sustained (middle 80 % of starts)")
-        print(f"placer cycles: {int(count)}, mean {mean * 1000:,.0f} ms, p50 <= {bucket_quantile(cycles, .5) * 1000:g} ms, "
-              f"p99 <= {bucket_quantile(cycles, .99) * 1000:g} ms (histogram bucket bounds; inf: over 2.5 s)")
+        print(cycle_report(cycles))
         await why_pending(client)
         print(f"CPU ms per job running, from the first submission until the counts last moved (/proc): total {sum(cpu.values()) * 1000 / max(1, running):.2f}; "
               + ", ".join(f"{n} {c * 1000 / max(1, running):.2f}" for n, c in cpu.items()))
         records, size = await beat_load(bootstrap, topics, hosts)
         print(f"heartbeats: {records:.1f} records/s, {size / 1024:.1f} KiB/s on the broker for {args.nodes} nodes "
               f"(one node-agent each would be {args.nodes} records/s)")
-        procs = service_pids(cluster)
+        procs = service_pids(cluster, broker)
         print("RSS MiB: " + ", ".join(f"{n} {rss_mib(p):,.0f}" for n, p in procs.items()))
         if not args.no_takeover:
             ready, cycled, placed = await takeover(cluster, client)
@@ -337,26 +388,28 @@ async def main(args: argparse.Namespace) -> None:
         await delete_report_topics(bootstrap, topics)   # the hosts' report and beats topics
 
 
-async def settle(client: Client, placer_port: int, quiet_s: float, moved) -> None:
+async def settle(client: Client, cycles_path: str, quiet_s: float, moved) -> None:
     """Wait until nothing is pending and the running count rests, or the pending and
-    running counts stayed the same through ``quiet_s`` seconds and two placer cycles (a
-    cycle over a full cluster can take longer than ``quiet_s``). ``moved()`` is called
-    whenever the counts change."""
+    running counts stayed the same through ``quiet_s`` seconds and the placer either
+    ended two cycles since or ended none for ``quiet_s`` (a cycle over a full cluster can
+    take longer than ``quiet_s``; a placer whose state moved only by its own pending
+    reasons runs none). ``moved()`` is called whenever the counts change."""
     last, since, cycles_then = (-1, -1), time.monotonic(), None
     while True:
         summary = await client.summary()
         now = (summary.pending_jobs, summary.running_jobs)   # placed, then running: both must rest
-        if now != last:   # the placer's /metrics are scraped only while the counts rest: a
-            last, since, cycles_then = now, time.monotonic(), None   # scrape walks every node
+        if now != last:
+            last, since, cycles_then = now, time.monotonic(), None
             moved()
             await asyncio.sleep(1.0)
             continue
         if summary.pending_jobs == 0 and time.monotonic() - since >= 3.0:
             return   # all placed, and every placed job's start is in
-        cycles = histogram(await scrape(placer_port), CYCLE).get(float("inf"), 0.0)
+        cycles = len(cycle_log.read(cycles_path))
         if cycles_then is None:
             cycles_then = cycles
-        elif time.monotonic() - since >= quiet_s and cycles >= cycles_then + 2:
+        elif time.monotonic() - since >= quiet_s and (
+                cycles >= cycles_then + 2 or time.time() - os.path.getmtime(cycles_path) >= quiet_s):
             return
         await asyncio.sleep(1.0)
 
@@ -370,9 +423,10 @@ if __name__ == "__main__":
     parser.add_argument("--mig", type=float, default=0.01, help=f"fraction of MIG {MIG_PROFILE} jobs")
     parser.add_argument("--duration", type=float, default=HOUR, help="each job's simulated run, seconds")
     parser.add_argument("--settle", type=float, default=10.0,
-                        help="seconds (and two placer cycles) without new starts that end the run")
+                        help="seconds without new starts (and two placer cycles, or none in that time) that end the run")
     parser.add_argument("--heartbeat-timeout", type=float, default=30.0)
     parser.add_argument("--profile", type=Path, default=None,
                         help="write each service's py-spy profile of the burst (raw stacks) into this folder")
+    parser.add_argument("--placer-args", default="", help="more flags for the placer, e.g. '--max-job-test 500'")
     parser.add_argument("--no-takeover", action="store_true", help="skip the placer takeover step")
     asyncio.run(main(parser.parse_args()))

@@ -301,6 +301,9 @@ class PlacerSettings(Settings):
                                             "encoding it in a forked child (the default where fork exists)")
     no_snapshots: bool = setting(False, flag="--no-snapshots",
                                  help="rebuild newly owned pools from offset 0 instead of their latest snapshot")
+    cycle_log: str = setting("", flag="--cycle-log",
+                             help="append a line per scheduling cycle to this file: its wall, CPU and GC "
+                                  "milliseconds, jobs pending and placed (benchmarks; empty: none)")
 
 
     @field_validator("placement_args", "pool_reserve_after", mode="before")

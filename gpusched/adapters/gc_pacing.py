@@ -92,3 +92,31 @@ def gc_paused(pause: bool = True) -> Iterator[None]:
     finally:
         if paused:
             gc.enable()
+
+
+# --- measuring ------------------------------------------------------------------------
+class GcClock:
+    """Seconds the cyclic GC has held this process so far (``paused_s``), to tell a
+    long scheduling cycle's collections from its own work (the placer's cycle log)."""
+
+    def __init__(self, clock=time.perf_counter) -> None:
+        self._clock = clock
+        self._began: float | None = None
+        self.paused_s = 0.0
+        self.full_collections = 0
+
+    def install(self) -> "GcClock":
+        gc.callbacks.append(self._on_gc)
+        return self
+
+    def uninstall(self) -> None:
+        if self._on_gc in gc.callbacks:
+            gc.callbacks.remove(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._began = self._clock()
+        elif self._began is not None:
+            self.paused_s += self._clock() - self._began
+            self._began = None
+            self.full_collections += info["generation"] == OLDEST

@@ -1,25 +1,50 @@
 """The placer's decision: one scheduling cycle per owned pool, as ``JobPlaced`` proposals,
 then why the jobs it left pending wait, as ``JobPendingReason`` where that changed
-(``reasons``, docs/why-pending.md)."""
+(``reasons``, docs/why-pending.md).
+
+What keeps the cycles few and short in a burst (docs/benchmarks.md, scale_bench):
+
+* An unchanged pool cycles again only once a waiting job's retry back-off ended since
+  its last cycle (``_backoff_ended``).
+* A pool whose state moved only by pending reasons (the placer's own writes; no policy
+  reads them) is idle for scheduling: no new cycle, only the reasons pass it still owes.
+  Otherwise each pass's writes would start another full cycle, and with thousands of
+  jobs waiting on a full cluster the placer would cycle until every reason was written.
+* After a cycle that placed jobs the reasons pass is skipped, unless the last pass is
+  ``REASONS_EVERY_S`` old: it would run between the cycle and the append of its
+  placements, with every placement booked first (as long as the cycle itself after a
+  cycle of 2,500 placements). The jobs left waiting are looked at by the next pass.
+* The cyclic GC is paused across the cycle and the pass: what they allocate dies by
+  reference count when they end, and a collection in the middle would only rescan it.
+"""
 from __future__ import annotations
 
+import math
 import time
 import uuid
 
 from gpusched.adapters import metrics, tracing
+from gpusched.adapters.gc_pacing import gc_paused
 from gpusched.core import events as ev
 from gpusched.core.state import ClusterState
 from gpusched.policies.queueing.parking import ParkedJobs
 from gpusched.policies.queueing.keys import QueueKeys
 from gpusched.policies.scheduler import Scheduler
-from gpusched_placer.reasons import PendingReasons
+from gpusched_placer.cycle_log import CycleLog
+from gpusched_placer.reasons import MIN_INTERVAL_S, PendingReasons
+
+REASONS_EVERY_S = MIN_INTERVAL_S   # while cycles place jobs: a job's reason is not written more often anyway
 
 
 class PlacementDecider:
-    def __init__(self, scheduler: Scheduler, me: str) -> None:
+    def __init__(self, scheduler: Scheduler, me: str, cycle_log: CycleLog | None = None) -> None:
         self.scheduler = scheduler
         self.me = me
+        self.cycle_log = cycle_log   # --cycle-log: a line per cycle (benchmarks)
         self._last_version: dict[int, int] = {}
+        self._reason_bumps: dict[int, int] = {}   # partition -> pending reasons folded (each bumped its version)
+        self._reasons_at: dict[int, float] = {}   # partition -> when its last reasons pass ran
+        self._cycled_at: dict[int, float] = {}    # partition -> the ``now`` of its last cycle
         self._parked: dict[int, ParkedJobs] = {}   # partition -> jobs known not to fit
         self._keys: dict[int, QueueKeys] = {}      # partition -> its waiting jobs' keys and shapes
         self.reasons = PendingReasons(me, default_estimate_s=scheduler.config.default_estimate_s)
@@ -30,19 +55,38 @@ class PlacementDecider:
             self._parked.pop(p, None)
             self._keys.pop(p, None)
             self._last_version.pop(p, None)
+            self._reasons_at.pop(p, None)
+            self._cycled_at.pop(p, None)
         self.reasons.forget(partitions)
+
+    def on_event(self, partition: int, offset: int, event: ev.Event, outcome, state: ClusterState) -> None:
+        """The follower's hook: counts the pending reasons folded. An accepted event bumps
+        the version by one, so the version less these moves only with what a cycle reads
+        (a reason the hook missed moves it too: a cycle too many, never one too few)."""
+        if outcome.accepted and type(event) is ev.JobPendingReason:
+            self._reason_bumps[partition] = self._reason_bumps.get(partition, 0) + 1
+
+    def scheduling_version(self, partition: int, state: ClusterState) -> int:
+        return state.version - self._reason_bumps.get(partition, 0)
 
     def __call__(self, partition: int, state: ClusterState, now: float) -> list[tuple[ev.Event, str]]:
         if not state.pending:
             return []
-        # Nothing changed since the last cycle and no retry back-off is expiring: skip.
-        idle = self._last_version.get(partition) == state.version
-        if idle and not any(state.jobs[j].not_before > 0 for j in state.pending):
+        with gc_paused():
+            return self._decide(partition, state, now)
+
+    def _decide(self, partition: int, state: ClusterState, now: float) -> list[tuple[ev.Event, str]]:
+        # Nothing a cycle reads changed since the last cycle and no retry back-off ended: skip.
+        version = self.scheduling_version(partition, state)
+        idle = self._last_version.get(partition) == version
+        if idle and not self._backoff_ended(partition, state, now):
             # The same state: only pending reasons the last pass could not reach or held back.
             if not self.reasons.due(partition, state, now):
                 return []
             return [(e, state.jobs[e.job_id].spec.pool) for e in self.reasons.idle_pass(partition, state, now)]
-        self._last_version[partition] = state.version
+        self._last_version[partition], self._cycled_at[partition] = version, now
+        if self.cycle_log is not None:
+            self.cycle_log.start()
         started = time.perf_counter()
         with tracing.tracer().start_as_current_span("schedule-cycle") as span:
             cycle = self.scheduler.schedule(state, now, self._parked.setdefault(partition, ParkedJobs()),
@@ -51,9 +95,25 @@ class PlacementDecider:
             span.set_attribute("gpusched.partition", partition)
             span.set_attribute("gpusched.decisions", len(decisions))
         placed = [self._placed(d, state, now, span) for d in decisions]
-        metrics.cycle_done(partition, time.perf_counter() - started, placed)
-        why = self.reasons.after_cycle(partition, state, now, cycle)   # what the cycle found, reused
+        cycle_s = time.perf_counter() - started
+        metrics.cycle_done(partition, cycle_s, placed)
+        if self.cycle_log is not None:
+            self.cycle_log.ended()
+        why = []
+        if not placed or now - self._reasons_at.get(partition, -math.inf) >= REASONS_EVERY_S:
+            self._reasons_at[partition] = now
+            why = self.reasons.after_cycle(partition, state, now, cycle)   # what the cycle found, reused
+        if self.cycle_log is not None:
+            self.cycle_log.done(partition, cycle_s, len(state.pending), len(placed),
+                                time.perf_counter() - started - cycle_s)
         return placed + [(e, state.jobs[e.job_id].spec.pool) for e in why]
+
+    def _backoff_ended(self, partition: int, state: ClusterState, now: float) -> bool:
+        """Whether a pending job's retry back-off ended since the last cycle: the only job
+        that cycle could not offer and this one can. (Any back-off at all, even one ended
+        long ago or hours away, used to start a cycle every round.)"""
+        since, jobs = self._cycled_at.get(partition, -math.inf), state.jobs
+        return any(since < jobs[j].not_before <= now for j in state.pending)
 
     def _placed(self, d, state: ClusterState, now: float, cycle) -> tuple[ev.Event, str]:
         """The decision as a ``JobPlaced``, with its span in the job's trace (linked to the cycle)."""

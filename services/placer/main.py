@@ -17,6 +17,7 @@ from gpusched.config import KafkaSettings, PlacerSettings, SecuritySettings, kaf
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig
 from gpusched.adapters.proposer import PartitionProposer
 from gpusched.adapters.snapshots import SnapshotStore, SnapshotWriter
+from gpusched_placer.cycle_log import CycleLog
 from gpusched_placer.loop import PlacementDecider
 
 log = logging.getLogger("gpusched.placer")
@@ -62,11 +63,12 @@ async def run(args: argparse.Namespace) -> None:
 
     options = FollowerOptions(group_id=f"{settings.topic_prefix}placer", use_snapshots=not own.no_snapshots,
                               freeze_state=True, parallel_replay_min=settings.parallel_replay_min)
-    follower = LogFollower(conn, topics, me, dead_letters, options,
+    cycle_log = CycleLog.open(own.cycle_log)
+    decider = holder["decider"] = PlacementDecider(scheduler, me, cycle_log)
+    follower = LogFollower(conn, topics, me, dead_letters, options, on_event=decider.on_event,
                            on_assigned=assigned, on_revoked=revoked, snapshots=snapshots)
     writer = holder["snapshots"] = SnapshotWriter(follower, snapshots, own.snapshot_every_events,
                                                   own.snapshot_every_s, fork=not own.snapshot_in_thread)
-    decider = holder["decider"] = PlacementDecider(scheduler, me)
     loop = holder["loop"] = PartitionProposer(follower, publisher, decider, me)
     server, port, health = await start_server(own.listen, [], [], security)
     setup_metrics("gpusched-placer", follower)
@@ -86,6 +88,8 @@ async def run(args: argparse.Namespace) -> None:
     await snapshots.stop()
     await dead_letters.stop()
     await publisher.stop()
+    if cycle_log is not None:
+        cycle_log.close()
 
 
 def main(argv: list[str] | None = None) -> None:

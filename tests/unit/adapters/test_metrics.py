@@ -68,6 +68,18 @@ def test_outcomes_cycles_and_rpcs_are_counted_by_their_labels(reader):
         (("code", "INVALID_ARGUMENT"), ("method", "/gpusched.v1.AdmissionService/SubmitJob")): 1}
 
 
+def test_the_cycle_histogram_tells_a_slow_cycle_from_a_very_slow_one(reader):
+    """Around the 100 ms target the buckets are fine: 90 ms, 150 ms and 900 ms cycles land in
+    three different buckets, under, just over and far over."""
+    for seconds in (0.09, 0.15, 0.9):
+        metrics.cycle_done(7, seconds, [])
+    point = next(p for rm in reader.get_metrics_data().resource_metrics for sm in rm.scope_metrics
+                 for m in sm.metrics if m.name == "gpusched.placer.cycle.duration"
+                 for p in m.data.data_points if p.attributes == {"partition": "7"})
+    filled = [bound for bound, count in zip([*point.explicit_bounds, float("inf")], point.bucket_counts) if count]
+    assert filled == [0.1, 0.15, 1]
+
+
 def test_a_scrape_computes_the_gauges_on_the_loop_that_folds_the_states():
     """Prometheus scrapes from its server's thread while the fold mutates the states on the
     event loop: the gauge is computed on the loop's thread, between two events."""
