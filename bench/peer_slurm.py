@@ -316,14 +316,20 @@ async def gpusched_cluster(work: Path, args: argparse.Namespace):
     from gpusched.local_cluster import LocalCluster
 
     topics = TopicNames(f"peer-{int(time.time())}.")
+    from gpusched.adapters.kafka_admin import delete_topics
     cluster = LocalCluster(KafkaConnection.from_env(), topics, work / "gpusched-logs")
-    # The relay writes each node's work view by default; agents on the log need none.
-    admission = await cluster.admission("admission", 0, *(["--no-work-views"] if args.agent_source == "log" else []))
-    await cluster.placer()
-    await cluster.preemptor()
-    await asyncio.gather(*(cluster.agent(f"peer-n{i + 1}", f"{args.gpus}xH100-80GB", "--run-processes",
-                                         "--state-dir", str(work / f"agent-n{i + 1}"), "--source", args.agent_source)
-                           for i in range(args.nodes)))
+    try:
+        # The relay writes each node's work view by default; agents on the log need none.
+        admission = await cluster.admission("admission", 0, *["--no-work-views"][:args.agent_source == "log"])
+        await cluster.placer()
+        await cluster.preemptor()
+        agent = ("--run-processes", "--source", args.agent_source, "--state-dir")
+        await asyncio.gather(*(cluster.agent(f"peer-n{i}", f"{args.gpus}xH100-80GB", *agent, str(work / f"agent-n{i}"))
+                               for i in range(1, args.nodes + 1)))
+    except BaseException:   # one did not start: stop those that did, which would outlive the run
+        await cluster.stop_all()
+        await delete_topics(cluster.connection, cluster.topics)
+        raise
     return cluster, admission
 
 

@@ -10,8 +10,11 @@ the retained log touched (the same content at the same or a newer source offset:
 skip or re-apply it, and the agent starts nothing twice) and ends, with a tombstone, every
 record of work that ended while it was down.
 
-Records go out in batches: each batch is sent in order and its acknowledgements awaited;
-a failed batch is sent again whole (readers skip what they already applied).
+Records go out in batches, several in flight (``gpusched.adapters.ordered_sender``): on a
+failure every batch in flight is sent again, in order, so the newest record of each key
+still lands last (readers skip what they already applied). A batch is encoded once: a
+batch sent again carries the same records, those that had waited for their node's topic
+included.
 
 Whether a node's work topic exists is read from the broker's metadata, fetched after the
 node's registration was folded (its agent makes the topic before it registers): one fetch
@@ -33,12 +36,14 @@ import asyncio
 import logging
 import math
 import time
+from typing import NamedTuple
 
 from aiokafka import AIOKafkaConsumer
 
 from gpusched.adapters import tracing
 from gpusched.adapters.kafka_admin import TopicNames
 from gpusched.adapters.kafka_security import Where, client_args
+from gpusched.adapters.ordered_sender import OrderedSender
 from gpusched.adapters.publisher import EventPublisher
 from gpusched.adapters.reports import HOST_REPORTS, hosted_by
 from gpusched.adapters.work_view import NODE_KEY, ViewBuilder, ViewRecord, work_topic
@@ -46,6 +51,14 @@ from gpusched.core.state import ClusterState
 
 log = logging.getLogger("gpusched.work_view")
 BATCH = 500
+
+
+class Message(NamedTuple):
+    """One record as it goes to a node's work topic (encoded once, sent again as is)."""
+    topic: str
+    key: bytes
+    value: bytes | None
+    headers: list[tuple[str, bytes]]
 
 
 class WorkViewWriter:
@@ -65,6 +78,7 @@ class WorkViewWriter:
         self._started_at = math.inf
         self._hosts: set[str] = set()                           # node hosts whose report topic exists
         self._queue: asyncio.Queue[ViewRecord] = asyncio.Queue()
+        self._sender: OrderedSender[Message] = OrderedSender(self._publish, self._acked, name)
         self._meta: AIOKafkaConsumer | None = None
         self._task: asyncio.Task | None = None
 
@@ -108,32 +122,40 @@ class WorkViewWriter:
         await self._queue.join()
 
     async def _run(self) -> None:
-        while True:
-            batch = [await self._queue.get()]
-            while len(batch) < BATCH and not self._queue.empty():
-                batch.append(self._queue.get_nowait())
-            try:
-                await self._write(batch)
-            finally:
-                for _ in batch:
-                    self._queue.task_done()
+        acks = asyncio.create_task(self._sender.run(), name=f"work-view-acks-{self.name}")
+        try:
+            while True:
+                batch = [await self._queue.get()]
+                while len(batch) < BATCH and not self._queue.empty():
+                    batch.append(self._queue.get_nowait())
+                out = [message for record in batch for message in await self._route_retrying(record)]
+                await self._sender.put(out, len(batch))
+        finally:
+            acks.cancel()
+            await asyncio.gather(acks, return_exceptions=True)
 
-    async def _write(self, batch: list[ViewRecord]) -> None:
+    def _acked(self, records: int) -> None:
+        for _ in range(records):
+            self._queue.task_done()
+
+    async def _route_retrying(self, record: ViewRecord) -> list[Message]:
+        """``_route``, again until the metadata it may need could be fetched."""
         delay = 0.2
         while True:
             try:
-                acks = [ack for record in batch if (ack := await self._send(record)) is not None]
-                await asyncio.gather(*acks)
-                return
+                return await self._route(record)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                log.warning("%s: writing %d work-view records failed (%r); again in %.1fs",
-                            self.name, len(batch), exc, delay)
+                log.warning("%s: looking up the work topic of %s failed (%r); again in %.1fs",
+                            self.name, record.node, exc, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
 
-    async def _send(self, record: ViewRecord) -> asyncio.Future | None:
+    async def _route(self, record: ViewRecord) -> list[Message]:
+        """The messages that carry ``record``: none for a node served by a node host or
+        whose topic does not exist yet (the record waits, parked), else the records that
+        waited for its node (in log order, but one of the same key) and it."""
         node = record.node
         registered = record.key == NODE_KEY and not record.value.get("lost")
         has_topic = await self._has_topic(node, registered)
@@ -143,7 +165,7 @@ class WorkViewWriter:
             self.builder.skip_node(node)
             self._parked.pop(node, None)
         if node in self.builder.skip:   # records built before its registration was sent
-            return None
+            return []
         if not has_topic:
             parked = self._parked.setdefault(node, {})
             if record.gone:   # no reader has read the key (no topic): nothing to end
@@ -151,33 +173,34 @@ class WorkViewWriter:
             else:
                 parked[record.key] = record
                 self.counts["parked"] += 1
-            return None
-        acks = []
+            return []
         parked = self._parked.pop(node, {})
-        for earlier in sorted(parked.values(), key=lambda r: r.value["offset"]):
-            if earlier.key != record.key:
-                acks.append(await self._send_now(earlier))
-        acks.append(await self._send_now(record))
-        return asyncio.gather(*acks)
+        earlier = sorted((r for r in parked.values() if r.key != record.key), key=lambda r: r.value["offset"])
+        return [self._message(r) for r in (*earlier, record)]
 
-    async def _send_now(self, record: ViewRecord) -> asyncio.Future:
+    def _message(self, record: ViewRecord) -> Message:
         key, value, headers = record.encode()
         self.counts["written"] += 1
-        return await self.publisher.send_raw_later(work_topic(self.topics.prefix, record.node), value, key=key,
-                                                   headers=headers)
+        return Message(work_topic(self.topics.prefix, record.node), key, value, headers)
+
+    async def _publish(self, message: Message) -> asyncio.Future:
+        return await self.publisher.send_raw_later(message.topic, message.value, key=message.key,
+                                                   headers=message.headers)
 
     async def _has_topic(self, node: str, registered: bool = False) -> bool:
         """Whether ``node``'s work topic exists. A registration asks again (its agent may
         have made the topic since), answered by metadata fetched after the registration
         was folded; a node whose registration this writer did not fold, by metadata
         fetched after the writer started."""
-        since = self._registered_at.pop(node, self._started_at) if registered else self._started_at
+        since = self._registered_at.get(node, self._started_at) if registered else self._started_at
         known = None if registered else self._topics.get(node)
         if known is None:
             topic = work_topic(self.topics.prefix, node)
             if topic not in self._metadata_topics and self._metadata_at <= since:
                 await self._fetch_metadata()
             known = self._topics[node] = topic in self._metadata_topics
+        if registered:   # answered (a failed fetch leaves it, for the next try)
+            self._registered_at.pop(node, None)
         return known
 
     async def _fetch_metadata(self) -> None:

@@ -220,15 +220,22 @@ class ProcessRun:
 
     async def _started_status(self) -> dict | None:
         deadline = time.monotonic() + self.START_TIMEOUT_S
+        word = self._proc.written
+        # Before the launcher's word the file is not there yet: no read (an open that
+        # fails costs an exception), unless the wait for the word timed out.
+        waited_out = word is None or word.done()
         while (left := deadline - time.monotonic()) > 0:
-            status = read_status(self.status_file)
-            if status is not None or self._proc.ended:
-                return status
+            if waited_out or word.done() or self._proc.ended:
+                status = read_status(self.status_file)
+                if status is not None or self._proc.ended:
+                    return status
             # the launcher's word that the shim wrote it, or the shim's end; the file is
             # read again after at most START_POLL_S in case no word can come any more
             ended = asyncio.ensure_future(self._proc.wait())
-            waits = [ended] + ([] if self._proc.written.done() else [self._proc.written])
-            await asyncio.wait(waits, timeout=min(left, self.START_POLL_S), return_when=asyncio.FIRST_COMPLETED)
+            waits = [ended] + ([] if word is None or word.done() else [word])
+            done, _ = await asyncio.wait(waits, timeout=min(left, self.START_POLL_S),
+                                         return_when=asyncio.FIRST_COMPLETED)
+            waited_out = waited_out or not done
         self._proc.kill()
         raise OSError(f"the worker shim did not start {self.command[0]} within {self.START_TIMEOUT_S:g}s")
 

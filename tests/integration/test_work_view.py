@@ -223,3 +223,66 @@ async def test_the_writer_builds_nothing_for_the_nodes_of_a_node_host(kafka_boot
     finally:
         await writer.stop()
         await publisher.stop()
+
+
+class AckLostOnce(EventPublisher):
+    """The real broker, but the first record sent with key ``key`` is never written and
+    its acknowledgement fails only once a record sent after it is acknowledged: a send
+    that timed out while the batches behind it went through."""
+
+    def __init__(self, *args, key: bytes) -> None:
+        super().__init__(*args)
+        self.key = key
+        self.held: asyncio.Future | None = None
+
+    async def send_raw_later(self, topic, value, key=None, partition=None, headers=None) -> asyncio.Future:
+        if key == self.key and self.held is None:
+            self.held = asyncio.get_running_loop().create_future()
+            return self.held
+        ack = await super().send_raw_later(topic, value, key, partition, headers)
+        held = self.held
+        if held is not None and not held.done():
+            ack.add_done_callback(lambda _: held.done() or held.set_exception(TimeoutError("no acknowledgement")))
+        return ack
+
+
+async def test_a_failure_mid_pipeline_leaves_the_newest_record_of_each_key_last(kafka_bootstrap, topics,
+                                                                                monkeypatch):
+    """A job's placement record fails after its end's tombstone, sent in a later batch,
+    was written: the writer sends every batch in flight again, in order, so the view's
+    last record of the job is the tombstone (not the placement, which would start it
+    again), and every batch is acknowledged in the end."""
+    from gpusched.adapters import work_writer
+    monkeypatch.setattr(work_writer, "BATCH", 1)   # one record a batch: several batches in flight
+    await ensure_node_topics(kafka_bootstrap, topics, "n1")
+    publisher = AckLostOnce(kafka_bootstrap, topics, 1, key=b"job:j")
+    await publisher.start()
+    writer = WorkViewWriter(kafka_bootstrap, topics, publisher, "writer-test")
+    log = Log(make_node("n1"))
+    state, fed = ClusterState(), 0
+
+    def feed() -> None:
+        nonlocal fed
+        for offset in range(fed, len(log.events)):
+            writer.on_event(0, offset, log.events[offset], apply(state, log.events[offset]), state)
+        fed = len(log.events)
+    try:
+        await writer.start({})
+        feed()                                   # the node's registration
+        log.submit("j", gpus=1)
+        log.place("j", ("n1", whole(0)))
+        log.start_all("j")
+        log.finish("j", 0, 0)
+        log.submit("k", gpus=1)
+        log.place("k", ("n1", whole(0)))
+        feed()
+        await asyncio.wait_for(writer.idle(), 60)
+        assert publisher.held is not None and publisher.held.done() and writer._sender.resends >= 1
+        records = await _read(kafka_bootstrap, work_topic(topics.prefix, "n1"))
+        last = {r.key: r for r in records}
+        assert last[b"job:j"].value is None                  # the tombstone, after the placement sent again
+        assert [r.value is None for r in records if r.key == b"job:j"][-2:] == [False, True]
+        assert last[b"job:k"].value is not None and last[b"node"].value is not None
+    finally:
+        await writer.stop()
+        await publisher.stop()
