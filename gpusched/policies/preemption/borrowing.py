@@ -46,10 +46,13 @@ class TeamLedger:
     call's own (``SearchContext``), read as they are at each question."""
 
     def __init__(self, team_jobs: Mapping[str, list[JobState]], guaranteed: Callable[[str], float],
-                 taken: AbstractSet[str], extra: Mapping[str, int]) -> None:
+                 taken: AbstractSet[str], extra: Mapping[str, int],
+                 rankings: dict | None = None) -> None:
         self._team_jobs, self._guaranteed = team_jobs, guaranteed
         self._taken, self._extra = taken, extra
-        self._teams: dict[str, TeamRanking] = {}
+        # Rankings depend on the state alone: ``rankings`` keeps them between calls (the
+        # ``VictimIndex`` drops a team's when its jobs change).
+        self._teams: dict[str, TeamRanking] = {} if rankings is None else rankings
         # team -> [(job id, milli)] of its taken jobs, rebuilt when ``taken`` grows
         self._taken_by_team: dict[str, list[tuple[str, int]]] = {}
         self._taken_seen = -1

@@ -90,26 +90,22 @@ class IndexedSearch(VictimSearch):
                  eligible: Callable[[JobState], bool], cost: Callable[[JobState], tuple],
                  set_key: Callable[[Sequence[JobState]], tuple], max_victims: int | None,
                  candidates: Iterator[Entry], slots: Mapping[str, int], total_slots: int,
-                 spread: AbstractSet[str]) -> None:
+                 spread: AbstractSet[str], most_freeable: int | None = None) -> None:
         # Not VictimSearch.__init__: it scans the pool.
-        self.job, self.scratch, self.state = job, scratch, state
-        self.res, self.need = job.spec.resources, job.spec.workers
-        self._cost, self._costs = cost, {}
-        self.set_key, self.max_victims = set_key, max_victims
-        self._eligible, self._verdict = eligible, {}
+        self._begin(state, job, scratch, eligible, cost, set_key, max_victims)
         self.nodes = CandidateNodes(state.nodes, job.spec.pool, self.res)    # type: ignore[assignment]
         self.victims_on = NodeVictims(self)    # type: ignore[assignment]
         self.slots = Slots(slots, total_slots)    # type: ignore[assignment]
         self._candidates, self._spread = candidates, spread
+        self._most_freeable = most_freeable
         self._next: Entry | None = None
-        self.released: list[JobState] = []
-        self.released_ids: set[str] = set()
 
-    def eligible(self, victim: JobState) -> bool:
-        ok = self._verdict.get(victim.job_id)
-        if ok is None:
-            ok = self._verdict[victim.job_id] = self._eligible(victim)
-        return ok
+    def _cannot_gain(self) -> bool:
+        """No node can take one more worker whatever is released: for a whole-GPU job,
+        when the most GPUs any node could free (``VictimIndex.most_freeable``) are fewer
+        than a worker's. Every step would then be None, as the walk would find node by node."""
+        res, most = self.res, self._most_freeable
+        return most is not None and res.gpus > 0 and not res.is_share and not res.is_mig and most < res.gpus
 
     def total(self) -> int:
         return self.slots.total    # type: ignore[attr-defined]
@@ -167,6 +163,8 @@ class IndexedSearch(VictimSearch):
     def run(self) -> list[JobState] | None:
         if self.total() >= self.need:
             return []
+        if self._cannot_gain():
+            return None
         steps: dict[str, Step | None] = {}
         stale: set[str] = set()
         mark = self.scratch.checkpoint()
