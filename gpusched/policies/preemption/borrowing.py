@@ -20,19 +20,33 @@ from gpusched.policies.preemption.protection import running_since
 
 class TeamRanking:
     """One team's running jobs (``milli``: each one's) and their total; in borrowing order
-    with the milli ranked before each (``rank``, ``before``) once asked."""
+    with the milli ranked before each (``rank``, ``before``) once asked. Kept between calls
+    (``VictimIndex``), it is told of the jobs that join or leave (``add``, ``drop``)."""
 
     def __init__(self, jobs: Sequence[JobState]) -> None:
-        self._jobs = jobs
+        self._jobs = {j.job_id: j for j in jobs}
         self.milli = {j.job_id: j.milli for j in jobs}
         self.total = sum(self.milli.values())
         self._rank: dict[str, int] | None = None
         self.before: list[int] = []
 
+    def add(self, job: JobState) -> None:
+        self.drop(job.job_id)
+        self._jobs[job.job_id] = job
+        self.total += self.milli.setdefault(job.job_id, job.milli)
+        self._rank = None
+
+    def drop(self, job_id: str) -> None:
+        if self._jobs.pop(job_id, None) is not None:
+            self.total -= self.milli.pop(job_id)
+            self._rank = None
+
     @property
     def rank(self) -> dict[str, int]:
         if self._rank is None:
-            ordered = sorted(self._jobs, key=lambda j: (-priority_value(j.spec.priority_class), running_since(j), j.seq))
+            ordered = sorted(self._jobs.values(),
+                             key=lambda j: (-priority_value(j.spec.priority_class), running_since(j), j.seq))
+            self.before = []
             self._rank = {j.job_id: i for i, j in enumerate(ordered)}
             total = 0
             for j in ordered:

@@ -32,7 +32,7 @@ passes it. A change of the rules, another state or a clock that went back rebuil
 The comparison reads every job on a node, a few fields each: a tenth of a rebuild.
 
 The index also keeps what the round would otherwise sum over the pool: the teams' running
-jobs and their rankings (``borrowing``), and for each node the most GPUs it could have
+jobs and their rankings (``borrowing``, told of the jobs that join or leave), and for each node the most GPUs it could have
 free with every listed job of a class below a given one gone (``most_freeable``), so that
 a search which no victim set can satisfy ends at once.
 """
@@ -42,12 +42,14 @@ import heapq
 import math
 from bisect import bisect_left, insort
 from collections import Counter
-from typing import Iterator
+from typing import Iterable, Iterator
 
 from gpusched.core.model import JobPhase
 from gpusched.core.priority import PRIORITY_CLASSES, priority_value
 from gpusched.core.state import ClusterState, JobState, NodeState
+from gpusched.policies.preemption.borrowing import TeamRanking
 from gpusched.policies.preemption.protection import budget_spent, lost_gpu_s, reclaimed_within, running_since
+from gpusched.policies.preemption.slot_counts import SlotCounts
 
 # (bound, 0 when the node runs a spread job else 1, node, seq, job)
 Entry = tuple[tuple, int, str, int, JobState]
@@ -97,7 +99,8 @@ class VictimIndex:
     def _reset(self, state, config, now: float) -> None:
         self.state, self.config, self.now = state, config, now
         self._rules = _rules(config) if config is not None else None
-        self._nodes: dict[str, tuple[NodeState, object, frozenset[str]]] = {}
+        self._nodes: dict[str, tuple] = {}   # node -> what it was (``_looks``)
+        self._slots: dict[tuple, SlotCounts] = {}   # job shape -> its worker slots
         self._jobs: dict[str, tuple[JobState, JobPhase, int, float]] = {}   # job on a node -> what it was
         self._job_nodes: dict[str, tuple[str, ...]] = {}
         self._listed: dict[str, list[bool]] = {}    # job -> [for priority, for reclaim]
@@ -110,7 +113,7 @@ class VictimIndex:
         self.spread: set[str] = set()
         self.teams: dict[str, dict[str, JobState]] = {}      # team -> its RUNNING or PLACED jobs
         self._team_lists: dict[str, list[JobState]] = {}
-        self.rankings: dict[str, object] = {}   # team -> ``TeamRanking``, kept by ``TeamLedger``
+        self.rankings: dict[str, TeamRanking] = {}   # team -> its ranking, made by ``TeamLedger``
         self._freeable: dict[str, tuple[str, tuple[int, ...]]] = {}   # node -> (pool, vector)
         self._most: dict[str, list[Counter]] = {}     # pool -> per threshold: vector values
 
@@ -138,6 +141,22 @@ class VictimIndex:
             return 0
         return max(counts[CLASSES.index(mine) * 2 + reclaim], default=0)
 
+    def slot_counts(self, shape: tuple, changed: Iterable[str]) -> SlotCounts:
+        """The worker slots of ``shape`` (``SlotCounts``, pool, resources, workers), kept
+        between rounds; ``changed``: the nodes the round's scratch changed so far."""
+        counts = self._slots.get(shape)
+        if counts is None:
+            _, pool, res, workers = shape
+            counts = self._slots[shape] = SlotCounts(self.state.nodes, pool, res, workers)
+        else:
+            counts.touch(changed)
+        return counts
+
+    def count_again(self, names: Iterable[str]) -> None:
+        """The round's scratch changed ``names`` and is undone: count them again."""
+        for counts in self._slots.values():
+            counts.touch(names)
+
     def team_jobs(self) -> dict[str, list[JobState]]:
         """Each team's RUNNING or PLACED jobs: its usage, its borrowing."""
         lists = self._team_lists
@@ -158,13 +177,16 @@ class VictimIndex:
             relist = self._changed_nodes(state)
         self._come_due(now, relist)
         self._relist(relist, state)
+        for counts in self._slots.values():
+            counts.touch(relist, registered=True)
         return self
 
     def _changed_nodes(self, state: ClusterState) -> set[str]:
         nodes, kept = state.nodes, self._nodes
         relist = {name for name, node in nodes.items()
                   if (was := kept.get(name)) is None or was[0] is not node or was[1] is not node.info
-                  or was[2] != node.jobs}
+                  or was[2] != node.jobs or was[3] is not node.status or was[4] != node.faults
+                  or (node.faults and was[5] != _health(node))}
         if len(nodes) != len(kept):
             relist.update(name for name in kept if name not in nodes)
         changed = [holder for holder, phase, attempt, checkpoint in self._jobs.values()
@@ -178,9 +200,11 @@ class VictimIndex:
     def _take_in(self, job: JobState) -> None:
         """Note ``job`` as it is now: on nodes or gone from them, its team, its lists."""
         jid, team = job.job_id, job.team
-        mates = self.teams.get(team)
+        mates, ranking = self.teams.get(team), self.rankings.get(team)
         if mates is not None and mates.pop(jid, None) is not None:
-            self._team_changed(team)
+            self._team_lists.pop(team, None)
+            if ranking is not None:
+                ranking.drop(jid)
             if not mates:
                 del self.teams[team]
         self._listed.pop(jid, None)
@@ -194,13 +218,11 @@ class VictimIndex:
         if job.phase is not _RUNNING and job.phase is not _PLACED:
             return
         self.teams.setdefault(team, {})[jid] = job
-        self._team_changed(team)
+        self._team_lists.pop(team, None)
+        if ranking is not None:
+            ranking.add(job)
         if job.spec.preemptible:
             self._list_by_time(job)
-
-    def _team_changed(self, team: str) -> None:
-        self._team_lists.pop(team, None)
-        self.rankings.pop(team, None)
 
     def _list_by_time(self, job: JobState) -> None:
         """Whether ``job`` is listed now for priority and for reclaim; when not, when it will be."""
@@ -261,7 +283,7 @@ class VictimIndex:
                 self._nodes.pop(name, None)
                 self._count_freeable(name, None)
                 continue
-            self._nodes[name] = (node, node.info, frozenset(node.jobs))
+            self._nodes[name] = _looks(node)
             self._list_node(node, state, added)
         for group, keys in removed.values():
             if len(keys) * 8 > len(group):
@@ -342,6 +364,19 @@ class VictimIndex:
             counts = self._most.setdefault(now_is[0], [Counter() for _ in range(2 * len(CLASSES))])
             for i, v in enumerate(now_is[1]):
                 counts[i][v] += 1
+
+
+def _looks(node: NodeState) -> tuple:
+    """What of a node its entries and worker slots depend on. Its GPUs' health is compared
+    only once it had a fault: a GPU turns unhealthy only with a fault counted
+    (``GpuHealthChanged``), and faults go back to 0 only with every GPU healthy again
+    (``NodeUncordoned``)."""
+    return (node, node.info, frozenset(node.jobs), node.status, node.faults,
+            _health(node) if node.faults else None)
+
+
+def _health(node: NodeState) -> tuple[bool, ...]:
+    return tuple(g.healthy for g in node.gpus)
 
 
 def _rules(config) -> tuple:

@@ -65,7 +65,7 @@ from gpusched.policies.preemption.protection import (
     Shield, budget_spent, exempt_s, lost_gpu_s, reclaimed_within, running_since)
 from gpusched.policies.preemption.borrowing import TeamLedger
 from gpusched.policies.preemption.indexed_search import IndexedSearch
-from gpusched.policies.preemption.slot_counts import SlotCounts
+from gpusched.policies.preemption.slot_counts import SlotCounts, TouchedNodes
 from gpusched.policies.preemption.victim_index import VictimIndex
 
 REASON_PRIORITY = "priority"
@@ -135,18 +135,6 @@ class Found:
     reason: str
 
 
-class TouchedNodes:
-    """A view of the call's scratch statement that only notes which nodes it changed: the
-    placer's views hear of them at the next ``place``, not at every slot count's take and
-    give (a victim search touches the same few nodes many times over)."""
-
-    def __init__(self) -> None:
-        self.names: set[str] = set()
-
-    def touch(self, names: Iterable[str]) -> None:
-        self.names.update(names)
-
-
 class SearchContext:
     """One call's view: eligibility, borrowing, projected usage and the victim search.
     ``victims``: the index of candidate victims kept from the caller's last call (brought
@@ -176,15 +164,20 @@ class SearchContext:
         step first: it must never take a tentative booking for the state's own."""
         if self._kept is not None:
             self.victim_index()
-        with tentative(self.state) as scratch:
-            scratch.views[TouchedNodes] = self._touched
-            self._placer = Statement(ClusterState(nodes=self.state.nodes))
-            try:
-                yield scratch
-            finally:
-                self._placer.close()
-                self._placer = None
-                self._touched.names.clear()
+        try:
+            with tentative(self.state) as scratch:
+                scratch.views[TouchedNodes] = self._touched
+                self._placer = Statement(ClusterState(nodes=self.state.nodes))
+                try:
+                    yield scratch
+                finally:
+                    self._placer.close()
+                    self._placer = None
+                    self._touched.names.clear()
+        finally:   # the scratch undone: the index's kept slot counts count its nodes again
+            if self._index is not None:
+                self._index.count_again(self._touched.ever)
+            self._touched.ever.clear()
 
     # --- what is already under way ------------------------------------------------------
     def _in_flight(self) -> set[str]:
@@ -378,7 +371,7 @@ class SearchContext:
         """The victim search for ``job`` on the call's index (``indexed_search``)."""
         index, spec = self.victim_index(), job.spec
         shape = (SlotCounts, spec.pool, spec.resources, spec.workers)
-        slots = self.kept_view(shape, lambda nodes: SlotCounts(nodes, spec.pool, spec.resources, spec.workers))
+        slots = self.kept_view(shape, lambda _: index.slot_counts(shape, self._touched.ever))
         if slots is None:   # no watched scratch: nothing would keep counts true
             slots = SlotCounts(self.state.nodes, spec.pool, spec.resources, spec.workers)
         assert isinstance(slots, SlotCounts)

@@ -1,6 +1,7 @@
 """The index of candidate victims kept between the preemptor's rounds (``victim_index``):
-after any sequence of events and clock steps it reads exactly as one built afresh, and
-rounds decided on it are those of the full scan (``victim_search_oracle``). A search that
+after any sequence of events and clock steps it reads exactly as one built afresh, its
+kept worker slots are those counted afresh, and rounds decided on it are those of the
+full scan (``victim_search_oracle``). A search that
 no victim set can satisfy ends on the index's bound without reading the pool's nodes.
 """
 from __future__ import annotations
@@ -14,6 +15,7 @@ from gpusched.core import events as ev
 from gpusched.core.digest import digest
 from gpusched.core.model import JobPhase
 from gpusched.policies.preemption.decisions import preemption_decisions, preemption_events
+from gpusched.policies.preemption.slot_counts import SlotCounts
 from gpusched.policies.preemption.victim_index import CLASSES, VictimIndex
 from gpusched.policies.scheduler import Scheduler
 from tests.unit.policies import victim_search_oracle as oracle
@@ -107,6 +109,9 @@ def test_the_kept_index_reads_as_one_built_afresh_after_any_events(data):
         assert preemption_decisions(c.state, now, config, victims=kept) \
             == oracle.preemption_decisions(c.state, now, config)
         assert digest(c.state) == before
+        for shape, counts in kept._slots.items():   # the worker slots kept, as counted afresh
+            fresh = SlotCounts(c.state.nodes, *shape[1:])
+            assert (counts.on, counts.total) == (fresh.on, fresh.total)
 
 
 def test_a_clock_that_goes_back_lists_afresh():
@@ -150,3 +155,18 @@ def test_a_search_no_victim_set_can_satisfy_reads_no_node(monkeypatch):
     assert got == oracle.preemption_decisions(c.state, NOW)
     assert [d.for_job for d in got] == ["one"]
     assert len(looked) <= 2   # the 1-GPU job's: the 8-GPU job's search read none
+
+
+def test_kept_worker_slots_count_a_gpu_healthy_again():
+    """A GPU back in health changes no job and no fault count: the index compares the
+    GPUs' health of a node that had a fault."""
+    c = Cluster(nodes=1, gpus=1)
+    config, kept = oracle.PreemptionConfig(), VictimIndex()
+    c.pending("p", gpus=1, priority_class=HI)
+    shape = (SlotCounts, "default", c.job("p").spec.resources, 1)
+    counts = kept.refresh(c.state, NOW, config).slot_counts(shape, ())
+    assert counts.total == 1
+    for healthy, slots in ((False, 0), (True, 1)):
+        assert c.log(ev.GpuHealthChanged, node="n1", gpu_index=0, healthy=healthy, time=NOW).accepted
+        kept.refresh(c.state, NOW, config)
+        assert (counts.total, counts.on) == (slots, SlotCounts(c.state.nodes, *shape[1:]).on)
