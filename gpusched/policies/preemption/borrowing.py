@@ -1,13 +1,16 @@
 """Teams' usage and borrowing during one preemptor call, without re-ranking a team's jobs
 for every question.
 
-A team's running jobs are ranked once per call (priority class high to low, then oldest
-first, then submission order: ``victim_rules``' borrowing order) with the sums of GPU milli
-before each. What a call changes afterwards is small: the victims it already took
-(``taken``, dropped from the ranking) and the milli it booked for the team's beneficiaries
-(``extra``, counted before every job). So the milli ranked before a job is its prefix sum,
-plus ``extra``, less the taken jobs ranked before it: the cost of a question grows with the
-victims taken in the call, not with the team's jobs.
+A team's running jobs are ranked once (priority class high to low, then oldest first,
+then submission order: ``victim_rules``' borrowing order) with the sums of GPU milli before
+each; the ranking is kept between calls with the index of candidate victims
+(``victim_index``), which tells it of the jobs that join or leave the team, and sorted
+again only when a call asks for the order after such a change. What a call changes
+afterwards is small: the victims it already took (``taken``, dropped from the ranking) and
+the milli it booked for the team's beneficiaries (``extra``, counted before every job). So
+the milli ranked before a job is its prefix sum, plus ``extra``, less the taken jobs ranked
+before it: the cost of a question grows with the victims taken in the call, not with the
+team's jobs.
 """
 from __future__ import annotations
 

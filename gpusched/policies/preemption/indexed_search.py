@@ -1,5 +1,6 @@
-"""The victim search of ``victim_search`` on a per-call index: the same steps and the same
-answer, without looking at every node of the pool.
+"""The victim search of ``victim_search`` on the preemptor's index of candidate victims
+(kept between rounds): the same steps and the same answer, without looking at every node
+of the pool.
 
 ``VictimSearch`` decides every running job's eligibility and cost, counts every node's
 worker slots and computes every node's step before it picks the cheapest, which makes
@@ -9,7 +10,9 @@ each decision cost about the pool's size. ``IndexedSearch`` reads instead:
 * candidate victims in order of a lower bound of the rank of a set they top
   (``victim_index``): a node is looked at (its victims' eligibility and cost, its step) when
   the walk first meets an eligible victim on it, and the walk stops once the next bound is
-  above the best step found — every node not yet looked at would rank at or above it.
+  above the best step found — every node not yet looked at would rank at or above it;
+* for a whole-GPU job, the most GPUs any node could free (``VictimIndex.most_freeable``):
+  below a worker's GPUs, no node can gain a slot and the search ends before any node.
 
 The steps are those ``VictimSearch`` would have cached, so the choice is the same: a
 node's step changes only when its own jobs or capacity change (then it is recomputed, as

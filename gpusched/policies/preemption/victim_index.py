@@ -14,9 +14,9 @@ has it): each once per node it runs on, in two kinds of lists:
 ``candidates`` merges the lists a pending job may take from by ``bound``, a lower bound of
 the rank (``set_key``) of any victim set in which the job is of the highest class: the
 search (``indexed_search``) looks at nodes in that order and stops at the first bound
-above the best set found. Nodes running a listed-or-not running preemptible job spread
-over several nodes come first among equal bounds (``spread``: a step there may gain slots
-on the other nodes too), then by name.
+above the best set found. Among equal bounds, nodes running a preemptible job spread over
+several nodes (listed or not yet) come first (``spread``: a step there may gain slots on
+the other nodes too), then by name.
 
 A bound is the job's class and the GPU-seconds it would lose, which grow with ``now``,
 at a rate of its GPUs: so each list is kept in groups of one class and one size, each
@@ -32,9 +32,11 @@ passes it. A change of the rules, another state or a clock that went back rebuil
 The comparison reads every job on a node, a few fields each: a tenth of a rebuild.
 
 The index also keeps what the round would otherwise sum over the pool: the teams' running
-jobs and their rankings (``borrowing``, told of the jobs that join or leave), and for each node the most GPUs it could have
-free with every listed job of a class below a given one gone (``most_freeable``), so that
-a search which no victim set can satisfy ends at once.
+jobs and their rankings (``borrowing``, told of the jobs that join or leave), the worker
+slots of each job shape searched (``SlotCounts``, told of the nodes that changed, and of
+those a round's scratch changed once it is undone: ``count_again``), and for each node the
+most GPUs it could have free with every listed job of a class below a given one gone
+(``most_freeable``), so that a search which no victim set can satisfy ends at once.
 """
 from __future__ import annotations
 

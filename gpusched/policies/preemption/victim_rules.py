@@ -45,8 +45,9 @@ node-local search sees: capacity freed beyond it would be lent to a borrower aga
 reclaimed back, the oscillation between teams that sharing must not show.
 
 The search itself, shared with defragmentation's own rule, is
-``gpusched.policies.preemption.victim_search``; preemption runs it on the call's index of
-candidate victims (``victim_index``, ``indexed_search``): the same answer, a few nodes read.
+``gpusched.policies.preemption.victim_search``; preemption runs it on an index of candidate
+victims kept between rounds (``victim_index``, ``indexed_search``): the same answer, a few
+nodes read.
 """
 from __future__ import annotations
 
@@ -218,8 +219,8 @@ class SearchContext:
         return held + coming + self.extra.get(team, 0)
 
     def ledger(self) -> TeamLedger:
-        """Borrowing (above): a team's jobs ranked once per call, read through the victims
-        taken and the beneficiaries booked since (``borrowing``)."""
+        """Borrowing (above): a team's jobs ranked once (kept by the index), read through the
+        victims taken and the beneficiaries booked since (``borrowing``)."""
         if self._ledger is None:
             self._ledger = TeamLedger(self.team_jobs(), self.config.guaranteed_milli, self.taken, self.extra,
                                       self.victim_index().rankings)
@@ -368,7 +369,7 @@ class SearchContext:
         return Found(victims, placed, reason)
 
     def _search(self, job: JobState, scratch: Statement, reclaim: bool, mine: int) -> IndexedSearch:
-        """The victim search for ``job`` on the call's index (``indexed_search``)."""
+        """The victim search for ``job`` on the index of candidate victims (``indexed_search``)."""
         index, spec = self.victim_index(), job.spec
         shape = (SlotCounts, spec.pool, spec.resources, spec.workers)
         slots = self.kept_view(shape, lambda _: index.slot_counts(shape, self._touched.ever))

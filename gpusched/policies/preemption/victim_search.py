@@ -29,8 +29,8 @@ moves at most ``defrag_max_moves`` jobs); preemption has none by default, since 
 what a large request needs would leave a placeable job waiting forever.
 
 This class computes every candidate node's step before the first pick, so one search
-costs about the pool's size; preemption's searches run the same steps on a per-call index
-instead (``indexed_search.IndexedSearch``), which reads only the nodes that can hold the
+costs about the pool's size; preemption's searches run the same steps on an index kept
+between rounds instead (``indexed_search.IndexedSearch``), which reads only the nodes that can hold the
 cheapest step.
 """
 from __future__ import annotations

@@ -170,3 +170,17 @@ def test_kept_worker_slots_count_a_gpu_healthy_again():
         assert c.log(ev.GpuHealthChanged, node="n1", gpu_index=0, healthy=healthy, time=NOW).accepted
         kept.refresh(c.state, NOW, config)
         assert (counts.total, counts.on) == (slots, SlotCounts(c.state.nodes, *shape[1:]).on)
+
+
+def test_the_preemptor_keeps_one_index_per_partition_between_rounds():
+    from gpusched.policies.supervision import SupervisionConfig
+    from gpusched_preemptor.decide import PreemptorDecider
+    c = Cluster(nodes=1, gpus=1)
+    c.running("r", ("n1", (0,)), priority_class=BE)
+    c.pending("p", gpus=1, priority_class=HI)
+    decider = PreemptorDecider("me", oracle.PreemptionConfig(), SupervisionConfig(), lambda now: ({}, 0.0, False))
+    assert [e.job_id for e, _ in decider(0, c.state, NOW)] == ["r"]
+    index = decider.victims[0]
+    assert index.state is c.state and index.now == NOW
+    decider(0, c.state, NOW + 1)
+    assert decider.victims[0] is index and index.now == NOW + 1
