@@ -41,7 +41,6 @@ from gpusched.core.reducer import apply
 from gpusched.core.state import ClusterState
 from gpusched.policies.placement.registry import PLACEMENTS
 from gpusched.policies.preemption.decisions import preemption_decisions, preemption_events
-from gpusched.policies.preemption.victim_index import VictimIndex
 from gpusched.policies.preemption.victim_rules import PreemptionConfig
 from gpusched.policies.queueing.parking import ParkedJobs
 from gpusched.policies.queueing.keys import QueueKeys
@@ -66,7 +65,6 @@ class DynamicSimulator:
         # every decision is applied at once, so parking changes no decision (policies.queueing.parking)
         self._parked = ParkedJobs()
         self._keys = QueueKeys()
-        self._victims = VictimIndex()   # the preemptor's candidate victims, kept as the service keeps them
         self.label = label or f"{config.queue}+{config.placement}" + ("+backfill" if config.backfill else "")
         self.cycle_interval_s = cycle_interval_s
         span = workload.arrivals[-1].time - workload.arrivals[0].time if workload.arrivals else 0.0
@@ -164,7 +162,7 @@ class DynamicSimulator:
         (its workers' WorkerFinished make the reducer send it back to pending). The state
         changed, so the next cycle (at ``cycle_interval_s``) places the beneficiaries."""
         self._last_preempt = now
-        for decision in preemption_decisions(self.state, now, self.preemption, victims=self._victims):
+        for decision in preemption_decisions(self.state, now, self.preemption):
             for e in preemption_events(self.state, decision, now, producer="sim"):
                 victim = self.state.jobs[e.job_id]
                 self._charge_preemption(e.job_id, now)
