@@ -1,18 +1,24 @@
-"""CPU time of one preemptor round on a full pool, the code as it is against the code as
+"""CPU time of the preemptor's rounds on a full pool, the code as it is against the code as
 it was, alternated in one run.
 
-A pool of N nodes with 8 GPUs each runs one 1-GPU ``training`` job per GPU (past its
-exempt time, checkpointable); P ``training-high`` 1-GPU jobs wait, of a few CPU sizes (so
-the placer is asked about several shapes). Timed per round (CPU seconds, best of
-``--repeats``, after ``gc.freeze()`` as the services do once the state is read):
+A pool of N nodes with 8 GPUs each: GPU 0 of every node runs a ``production-inference``
+job (no pending job's victim), the others one 1-GPU ``training`` job each (past its exempt
+time, checkpointable). Waiting: one 8-GPU ``training-high`` job, which no victim set can
+place (every node keeps its GPU 0), then P ``training-high`` 1-GPU jobs of a few CPU sizes
+(so the placer is asked about several shapes). Timed per round (CPU seconds, after
+``gc.freeze()`` as the services do once the state is read):
 
 * ``preemption_decisions`` (which stops after 8 decisions), with the victim search on the
-  round's index against the full scan of the pool per decision
-  (``tests/unit/policies/victim_search_oracle.py``); and, in the same runs, the CPU of one
-  decision's search (``find``, its mean over the round), less what is built once per round
-  inside the searches and shown apart: the index of candidate victims (``VictimIndex``),
-  the kept worker slots of each job shape (``SlotCounts``) and the teams' sums
-  (``SearchContext.team_jobs``, ``TeamRanking``);
+  index of candidate victims against the full scan of the pool per decision
+  (``tests/unit/policies/victim_search_oracle.py``): the first round, which builds the
+  index, and then rounds after the changes a round brings (its decisions applied: victims
+  preempted and requeued, beneficiaries nominated; 0.5 % of the running jobs checkpointed;
+  the clock 5 s on), where the index kept from the round before is brought in step (best
+  of ``--repeats`` such rounds);
+* in those rounds, the CPU of one decision's search (``find``, its mean over the rounds)
+  and of the search that finds no victims (the 8-GPU job's), less what is built once per
+  round and shown apart: the index of candidate victims (built, or brought in step), the
+  kept worker slots of each job shape (``SlotCounts``) and the teams' rankings;
 * ``defrag_decisions`` (which looks at every pending job: none is blocked by
   fragmentation only, the pool being full), with the placer's views kept for the round
   against views built afresh per pending job (``tests/unit/policies/preemption_oracle.py``).
@@ -25,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import inspect
 import sys
 import time
 from pathlib import Path
@@ -35,46 +42,79 @@ from gpusched.core import events as ev  # noqa: E402
 from gpusched.core.model import GpuInfo, GpuSlot, JobSpec, NodeInfo, WorkerAssignment, WorkerResources  # noqa: E402
 from gpusched.core.reducer import apply  # noqa: E402
 from gpusched.core.state import ClusterState  # noqa: E402
-from gpusched.policies.preemption.decisions import preemption_decisions  # noqa: E402
+from gpusched.policies.preemption.decisions import preemption_decisions, preemption_events  # noqa: E402
 from gpusched.policies.preemption.defrag import defrag_decisions  # noqa: E402
 from gpusched.policies.preemption.borrowing import TeamRanking  # noqa: E402
-from gpusched.policies.preemption.victim_index import SlotCounts, VictimIndex  # noqa: E402
+from gpusched.policies.preemption.victim_index import VictimIndex  # noqa: E402
 from gpusched.policies.preemption.victim_rules import SearchContext  # noqa: E402
 from tests.unit.policies import preemption_oracle as oracle  # noqa: E402
 from tests.unit.policies import victim_search_oracle as scan  # noqa: E402
 
+try:
+    from gpusched.policies.preemption.slot_counts import SlotCounts  # noqa: E402
+except ImportError:   # the code as it was before slot counts had a module of their own
+    from gpusched.policies.preemption.victim_index import SlotCounts  # type: ignore[no-redef]  # noqa: E402
+
 NOW = 10_000.0
+# Whether this code keeps its index between rounds (else every round builds one).
+KEEPS = "victims" in inspect.signature(preemption_decisions).parameters
 
 
-def full_pool(nodes: int, pending: int) -> ClusterState:
-    state = ClusterState()
-    n = 0
+class Log:
+    """Events applied to one state, numbered."""
 
-    def put(cls, at: float, **kw) -> None:
-        nonlocal n
-        n += 1
-        outcome = apply(state, cls(event_id=f"e{n}", time=at, **kw))
+    def __init__(self) -> None:
+        self.state, self.n = ClusterState(), 0
+
+    def put(self, cls, at: float, **kw) -> None:
+        self.n += 1
+        outcome = apply(self.state, cls(event_id=f"e{self.n}", time=at, **kw))
         assert outcome.accepted, outcome
 
+
+def full_pool(nodes: int, pending: int) -> Log:
+    log = Log()
     for i in range(nodes):
         gpus = tuple(GpuInfo(g, f"n{i}-g{g}", "H100-80GB", 81_920) for g in range(8))
-        put(ev.NodeRegistered, NOW - 3000, node=NodeInfo(
+        log.put(ev.NodeRegistered, NOW - 3000, node=NodeInfo(
             name=f"n{i:05d}", pool="default", cpu_milli=128_000, memory_mib=1_000_000, gpus=gpus))
     for i in range(nodes):
         for g in range(8):
             job_id = f"r{i}-{g}"
-            spec = JobSpec(name=job_id, team=f"t{(i + g) % 5}", priority_class="training",
+            spec = JobSpec(name=job_id, team=f"t{(i + g) % 5}",
+                           priority_class="production-inference" if g == 0 else "training",
                            resources=WorkerResources(gpus=1, cpu_milli=4000), checkpoint_interval_s=300.0)
-            put(ev.JobSubmitted, NOW - 2000, job_id=job_id, spec=spec)
-            put(ev.JobPlaced, NOW - 2000, job_id=job_id, attempt=0,
-                workers=(WorkerAssignment(0, f"n{i:05d}", (GpuSlot(g),)),))
-            put(ev.WorkerStarted, NOW - 1900 + (i * 8 + g) % 500, job_id=job_id, attempt=0, worker=0,
-                node=f"n{i:05d}")
+            log.put(ev.JobSubmitted, NOW - 2000, job_id=job_id, spec=spec)
+            log.put(ev.JobPlaced, NOW - 2000, job_id=job_id, attempt=0,
+                    workers=(WorkerAssignment(0, f"n{i:05d}", (GpuSlot(g),)),))
+            log.put(ev.WorkerStarted, NOW - 1900 + (i * 8 + g) % 500, job_id=job_id, attempt=0, worker=0,
+                    node=f"n{i:05d}")
+    wide = JobSpec(name="wide", team="t0", priority_class="training-high", resources=WorkerResources(gpus=8))
+    log.put(ev.JobSubmitted, NOW - 11, job_id="wide", spec=wide)
     for k in range(pending):
         spec = JobSpec(name=f"p{k}", team=f"t{k % 5}", priority_class="training-high",
                        resources=WorkerResources(gpus=1, cpu_milli=1000 * (1 + k % 4)))
-        put(ev.JobSubmitted, NOW - 10, job_id=f"p{k}", spec=spec)
-    return state
+        log.put(ev.JobSubmitted, NOW - 10, job_id=f"p{k}", spec=spec)
+    return log
+
+
+def a_round_later(log: Log, decisions, now: float, round_no: int) -> float:
+    """What the log brings between two rounds: the decisions' preemptions (each victim's
+    worker then finishes: requeued), checkpoints of 0.5 % of the running jobs; the clock 5 s on."""
+    state = log.state
+    for decision in decisions:
+        for e in preemption_events(state, decision, now):
+            log.put(type(e), now, **{f: getattr(e, f) for f in ("job_id", "attempt", "for_job", "reason",
+                                                                  "planned_nodes")})
+        for vid in decision.victims:
+            victim = state.jobs[vid]
+            for w in victim.workers:
+                log.put(ev.WorkerFinished, now, job_id=vid, attempt=victim.attempt, worker=w.worker,
+                        node=w.node, exit_code=0)
+    running = [j for j in state.jobs.values() if j.phase.value == "running"]
+    for job in running[round_no % 200::200]:
+        log.put(ev.CheckpointSaved, now, job_id=job.job_id, attempt=job.attempt, checkpoint="c")
+    return now + 5.0
 
 
 def cpu(fn) -> tuple[float, object]:
@@ -84,45 +124,56 @@ def cpu(fn) -> tuple[float, object]:
 
 
 class Timed:
-    """CPU seconds and calls spent in some methods while entered (wrapped on their
-    classes, put back on exit); ``nested``: the seconds of the others spent inside the
-    first."""
+    """CPU seconds spent in some methods while entered (wrapped on their classes, put back
+    on exit). The first, ``find``: each call's seconds less those of the others inside it
+    (``finds``: (seconds, found nothing)); the others: ``built``, their outermost calls' sum."""
 
-    def __init__(self, *methods: tuple[type, str]) -> None:
-        self.methods = methods
-        self.spent = {m: 0.0 for m in methods}
-        self.calls = {m: 0 for m in methods}
-        self.nested = 0.0
-        self._inside = 0
+    def __init__(self, find: tuple[type, str], *built: tuple[type, str]) -> None:
+        self.methods = (find, *built)
+        self.finds: list[tuple[float, bool]] = []
+        self.built = 0.0
+        self._nested = [0.0]   # per open find: built seconds inside it
+        self._depth = 0        # open calls of built methods
         self._saved: dict[tuple[type, str], object] = {}
 
-    def _wrap(self, key: tuple[type, str], inner):
-        outer = key == self.methods[0]
-
+    def _wrap_find(self, inner):
         def timed(*a, **kw):
             t0 = time.process_time()
-            self._inside += outer
+            self._nested.append(0.0)
+            out = inner(*a, **kw)
+            spent = time.process_time() - t0
+            self.finds.append((spent - self._nested.pop(), out is None))
+            return out
+        return timed
+
+    def _wrap_built(self, inner):
+        def timed(*a, **kw):
+            t0 = time.process_time()
+            self._depth += 1
             try:
                 return inner(*a, **kw)
             finally:
-                self._inside -= outer
-                spent = time.process_time() - t0
-                self.spent[key] += spent
-                self.calls[key] += 1
-                if not outer and self._inside:
-                    self.nested += spent
+                self._depth -= 1
+                if not self._depth:
+                    spent = time.process_time() - t0
+                    self.built += spent
+                    self._nested[-1] += spent
         return timed
 
     def __enter__(self) -> "Timed":
-        for key in self.methods:
+        for i, key in enumerate(self.methods):
             cls, name = key
             self._saved[key] = cls.__dict__[name]
-            setattr(cls, name, self._wrap(key, self._saved[key]))
+            setattr(cls, name, (self._wrap_built if i else self._wrap_find)(self._saved[key]))
         return self
 
     def __exit__(self, *exc) -> None:
         for (cls, name), inner in self._saved.items():
             setattr(cls, name, inner)
+
+    def search(self, failed: bool) -> float | None:
+        spent = [t for t, none in self.finds if none == failed]
+        return sum(spent) / len(spent) if spent else None
 
 
 def main() -> None:
@@ -131,41 +182,54 @@ def main() -> None:
     p.add_argument("--pending", type=int, default=64)
     p.add_argument("--repeats", type=int, default=3)
     args = p.parse_args()
-    pools = {n: full_pool(n, args.pending) for n in args.nodes}
+    logs = {n: full_pool(n, args.pending) for n in args.nodes}
     gc.freeze()
     find_was, find_is = (scan.FrozenSearchContext, "find"), (SearchContext, "find")
-    built = [(VictimIndex, "__init__"), (SlotCounts, "__init__"), (SearchContext, "team_jobs"),
-             (TeamRanking, "__init__")]
-    # round -> (as it was, as it is)
-    rounds = {"preemption": (lambda s: scan.preemption_decisions(s, NOW), lambda s: preemption_decisions(s, NOW)),
-              "defrag": (lambda s: oracle.defrag_decisions(s, NOW), lambda s: defrag_decisions(s, NOW))}
+    index_built = (VictimIndex, "refresh") if hasattr(VictimIndex, "refresh") else (VictimIndex, "__init__")
+    built = [index_built, (SlotCounts, "__init__"), (SearchContext, "team_jobs"), (TeamRanking, "__init__")]
     best: dict[tuple, float] = {}
 
-    def keep(key: tuple, value: float) -> None:
-        best[key] = min(best.get(key, float("inf")), value)
+    def keep(key: tuple, value: float | None) -> None:
+        if value is not None:
+            best[key] = min(best.get(key, float("inf")), value)
 
-    for _ in range(args.repeats):
-        for n, state in pools.items():
-            for r, (was, now) in rounds.items():
-                with Timed(find_was) as timed_was:
-                    t_was, want = cpu(lambda: was(state))
-                with Timed(find_is, *built) as timed_is:
-                    t_is, got = cpu(lambda: now(state))
-                assert got == want, (n, r)
-                keep((n, r, "was"), t_was)
-                keep((n, r, "is"), t_is)
-                if r == "preemption":
-                    keep((n, "search", "was"), timed_was.spent[find_was] / max(1, timed_was.calls[find_was]))
-                    keep((n, "search", "is"), (timed_is.spent[find_is] - timed_is.nested)
-                         / max(1, timed_is.calls[find_is]))
-                    keep((n, "built", "is"), sum(timed_is.spent[m] for m in built))
-    print(f"{'nodes':>6} {'':>28} {'as it was ms':>13} {'as it is ms':>12} {'ratio':>7}")
-    rows = [("preemption", "preemption round"), ("search", "one decision's search"), ("defrag", "defrag round")]
-    for n in pools:
+    for n, log in logs.items():
+        kept = VictimIndex() if KEEPS else None
+        now = NOW
+        for r in range(args.repeats + 1):
+            row = "first" if r == 0 else "kept"
+            state = log.state
+            with Timed(find_was) as timed_was:
+                t_was, want = cpu(lambda: scan.preemption_decisions(state, now))
+            with Timed(find_is, *built) as timed_is:
+                t_is, got = cpu(lambda: preemption_decisions(state, now, victims=kept) if KEEPS
+                                else preemption_decisions(state, now))
+            assert got == want, (n, r)
+            decided = got
+            keep((n, row, "was"), t_was)
+            keep((n, row, "is"), t_is)
+            keep((n, row + " built", "is"), timed_is.built)
+            for failed, label in ((False, "search"), (True, "none")):
+                keep((n, label, "was"), timed_was.search(failed))
+                keep((n, label, "is"), timed_is.search(failed))
+            if r == 0:
+                t_was, want = cpu(lambda: oracle.defrag_decisions(state, now))
+                t_is, got = cpu(lambda: defrag_decisions(state, now))
+                assert got == want, (n, "defrag")
+                keep((n, "defrag", "was"), t_was)
+                keep((n, "defrag", "is"), t_is)
+            now = a_round_later(log, decided, now, r)
+    print(f"index kept between rounds: {KEEPS}")
+    print(f"{'nodes':>6} {'':>40} {'as it was ms':>13} {'as it is ms':>12} {'ratio':>7}")
+    rows = [("first", "preemption round, first"), ("kept", "preemption round, a round later"),
+            ("search", "one decision's search"), ("none", "a search that finds none"),
+            ("defrag", "defrag round")]
+    for n in logs:
         for r, label in rows:
-            was, now = best[n, r, "was"], best[n, r, "is"]
-            print(f"{n:>6} {label:>28} {was * 1000:>13.2f} {now * 1000:>12.2f} {was / now:>6.1f}x")
-        print(f"{n:>6} {'(built once a round)':>28} {'':>13} {best[n, 'built', 'is'] * 1000:>12.2f}")
+            was, now_is = best[n, r, "was"], best[n, r, "is"]
+            print(f"{n:>6} {label:>40} {was * 1000:>13.2f} {now_is * 1000:>12.3f} {was / now_is:>6.1f}x")
+        for r in ("first", "kept"):
+            print(f"{n:>6} {'(built in the ' + r + ' round)':>40} {'':>13} {best[n, r + ' built', 'is'] * 1000:>12.2f}")
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ from gpusched.core.model import GpuInfo, JobPhase, JobSpec, NodeInfo, WorkerReso
 from gpusched.core.reducer import apply
 from gpusched.core.state import ClusterState
 from gpusched.policies.preemption.decisions import preemption_decisions, preemption_events
+from gpusched.policies.preemption.victim_index import VictimIndex
 from gpusched.policies.preemption.victim_rules import PreemptionConfig
 from gpusched.policies.queueing.guarantee_hold import DEFAULT_GUARANTEE_HOLD_S
 from gpusched.policies.queueing.quota import OrgQuota, QueueTree, TeamQuota
@@ -138,6 +139,7 @@ def run(wl: ReclaimWorkload, preemption: PreemptionConfig | None = None) -> Recl
     busy = {t: True for t in teams}
     k = 0
     now = 0.0
+    victims = VictimIndex()   # the preemptor's candidate victims, kept as the service keeps them
     while now < wl.hours * 3600:
         if now < report.steady_from_s and now % 3600 < wl.step_s:
             busy = {t: rng.random() < 0.6 for t in teams}
@@ -158,7 +160,7 @@ def run(wl: ReclaimWorkload, preemption: PreemptionConfig | None = None) -> Recl
             put(ev.JobPlaced, time=now, job_id=d.job_id, attempt=d.attempt, workers=d.workers, policy=d.policy)
             for w in d.workers:
                 put(ev.WorkerStarted, time=now, job_id=d.job_id, attempt=d.attempt, worker=w.worker, node=w.node)
-        for decision in preemption_decisions(state, now, config):
+        for decision in preemption_decisions(state, now, config, victims=victims):
             for e in preemption_events(state, decision, now):
                 victim = state.jobs[e.job_id]
                 report.preemptions.append(Preempted(now, e.job_id, victim.team, state.jobs[decision.for_job].team,

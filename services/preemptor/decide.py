@@ -14,6 +14,7 @@ from gpusched.policies.actions import (
 )
 from gpusched.policies.queueing.policy_tree import policy_tree
 from gpusched.policies.preemption.decisions import preemption_events
+from gpusched.policies.preemption.victim_index import VictimIndex
 from gpusched.policies.preemption.victim_rules import PreemptionConfig
 from gpusched.policies.supervision import SupervisionConfig
 
@@ -31,6 +32,9 @@ class PreemptorDecider:
         # node's beats topic is found by a metadata refresh, which can come after its
         # registration went through the relay: its timeout runs from then, not from ``since``.
         self.unheard: dict[str, float] = {}
+        # Each partition's candidate victims, kept between rounds: brought in step with
+        # what changed rather than listed afresh (``victim_index``).
+        self.victims: dict[int, VictimIndex] = {}
 
     def _config(self, state: ClusterState) -> PreemptionConfig:
         """The preemption settings with the quotas of the log at this state's position."""
@@ -53,7 +57,8 @@ class PreemptorDecider:
     def __call__(self, partition: int, state: ClusterState, now: float) -> list[tuple[ev.Event, str]]:
         last_seen, since, hearing = self.heard(now)
         situation = Situation(state, now, self.supervision, self._config,
-                              self._with_unheard(state, last_seen, now), since, hearing)
+                              self._with_unheard(state, last_seen, now), since, hearing,
+                              self.victims.setdefault(partition, VictimIndex()))
         return [out for p in run_actions(self.actions, situation) for out in self._events(state, p, now)]
 
     def _events(self, state: ClusterState, proposal: Proposal, now: float) -> list[tuple[ev.Event, str]]:

@@ -1,13 +1,16 @@
 """Teams' usage and borrowing during one preemptor call, without re-ranking a team's jobs
 for every question.
 
-A team's running jobs are ranked once per call (priority class high to low, then oldest
-first, then submission order: ``victim_rules``' borrowing order) with the sums of GPU milli
-before each. What a call changes afterwards is small: the victims it already took
-(``taken``, dropped from the ranking) and the milli it booked for the team's beneficiaries
-(``extra``, counted before every job). So the milli ranked before a job is its prefix sum,
-plus ``extra``, less the taken jobs ranked before it: the cost of a question grows with the
-victims taken in the call, not with the team's jobs.
+A team's running jobs are ranked once (priority class high to low, then oldest first,
+then submission order: ``victim_rules``' borrowing order) with the sums of GPU milli before
+each; the ranking is kept between calls with the index of candidate victims
+(``victim_index``), which tells it of the jobs that join or leave the team, and sorted
+again only when a call asks for the order after such a change. What a call changes
+afterwards is small: the victims it already took (``taken``, dropped from the ranking) and
+the milli it booked for the team's beneficiaries (``extra``, counted before every job). So
+the milli ranked before a job is its prefix sum, plus ``extra``, less the taken jobs ranked
+before it: the cost of a question grows with the victims taken in the call, not with the
+team's jobs.
 """
 from __future__ import annotations
 
@@ -20,19 +23,33 @@ from gpusched.policies.preemption.protection import running_since
 
 class TeamRanking:
     """One team's running jobs (``milli``: each one's) and their total; in borrowing order
-    with the milli ranked before each (``rank``, ``before``) once asked."""
+    with the milli ranked before each (``rank``, ``before``) once asked. Kept between calls
+    (``VictimIndex``), it is told of the jobs that join or leave (``add``, ``drop``)."""
 
     def __init__(self, jobs: Sequence[JobState]) -> None:
-        self._jobs = jobs
+        self._jobs = {j.job_id: j for j in jobs}
         self.milli = {j.job_id: j.milli for j in jobs}
         self.total = sum(self.milli.values())
         self._rank: dict[str, int] | None = None
         self.before: list[int] = []
 
+    def add(self, job: JobState) -> None:
+        self.drop(job.job_id)
+        self._jobs[job.job_id] = job
+        self.total += self.milli.setdefault(job.job_id, job.milli)
+        self._rank = None
+
+    def drop(self, job_id: str) -> None:
+        if self._jobs.pop(job_id, None) is not None:
+            self.total -= self.milli.pop(job_id)
+            self._rank = None
+
     @property
     def rank(self) -> dict[str, int]:
         if self._rank is None:
-            ordered = sorted(self._jobs, key=lambda j: (-priority_value(j.spec.priority_class), running_since(j), j.seq))
+            ordered = sorted(self._jobs.values(),
+                             key=lambda j: (-priority_value(j.spec.priority_class), running_since(j), j.seq))
+            self.before = []
             self._rank = {j.job_id: i for i, j in enumerate(ordered)}
             total = 0
             for j in ordered:
@@ -46,10 +63,13 @@ class TeamLedger:
     call's own (``SearchContext``), read as they are at each question."""
 
     def __init__(self, team_jobs: Mapping[str, list[JobState]], guaranteed: Callable[[str], float],
-                 taken: AbstractSet[str], extra: Mapping[str, int]) -> None:
+                 taken: AbstractSet[str], extra: Mapping[str, int],
+                 rankings: dict | None = None) -> None:
         self._team_jobs, self._guaranteed = team_jobs, guaranteed
         self._taken, self._extra = taken, extra
-        self._teams: dict[str, TeamRanking] = {}
+        # Rankings depend on the state alone: ``rankings`` keeps them between calls (the
+        # ``VictimIndex`` drops a team's when its jobs change).
+        self._teams: dict[str, TeamRanking] = {} if rankings is None else rankings
         # team -> [(job id, milli)] of its taken jobs, rebuilt when ``taken`` grows
         self._taken_by_team: dict[str, list[tuple[str, int]]] = {}
         self._taken_seen = -1

@@ -20,6 +20,7 @@ from gpusched.core.priority import priority_value
 from gpusched.core.state import ClusterState, JobState
 from gpusched.policies.queueing.quota import within_limits
 from gpusched.policies.preemption.protection import Shield, running_since
+from gpusched.policies.preemption.victim_index import VictimIndex
 from gpusched.policies.preemption.victim_rules import Found, PreemptionConfig, SearchContext
 
 REASON_DEFRAG = "defragmentation"
@@ -113,7 +114,7 @@ def why_no_victims(state: ClusterState, job: JobState, now: float,
 
 def preemption_decisions(state: ClusterState, now: float,
                          config: PreemptionConfig = PreemptionConfig(),
-                         limit: int = 8) -> list[Preemption]:
+                         limit: int = 8, victims: VictimIndex | None = None) -> list[Preemption]:
     """Preemptions for the pending jobs the scheduler cannot place, highest priority first.
 
     Pending jobs are walked in priority order (then submission order). One that fits now
@@ -122,10 +123,11 @@ def preemption_decisions(state: ClusterState, now: float,
     ``nomination_ttl_s``, or victims already PREEMPTING for it) is skipped; otherwise its
     cheapest victims are chosen, released and the job booked, all tentatively — so two
     decisions of one call never share victims or count the same freed GPUs twice. The
-    state is left exactly as it was."""
+    state is left exactly as it was. ``victims``: the index of candidate victims kept
+    from the caller's last call on this state (``victim_index``), brought in step here."""
     if not state.pending:   # the common case of a quiet cluster, every round: nothing to search
         return []
-    ctx = SearchContext(state, now, config)
+    ctx = SearchContext(state, now, config, victims)
     out: list[Preemption] = []
     failed: set[tuple] = set()        # shapes no victim set helps, this call
     unplaceable: set[tuple] = set()   # shapes that do not fit as is, since the last booking

@@ -1,5 +1,6 @@
-"""The victim search of ``victim_search`` on a per-call index: the same steps and the same
-answer, without looking at every node of the pool.
+"""The victim search of ``victim_search`` on the preemptor's index of candidate victims
+(kept between rounds): the same steps and the same answer, without looking at every node
+of the pool.
 
 ``VictimSearch`` decides every running job's eligibility and cost, counts every node's
 worker slots and computes every node's step before it picks the cheapest, which makes
@@ -9,7 +10,9 @@ each decision cost about the pool's size. ``IndexedSearch`` reads instead:
 * candidate victims in order of a lower bound of the rank of a set they top
   (``victim_index``): a node is looked at (its victims' eligibility and cost, its step) when
   the walk first meets an eligible victim on it, and the walk stops once the next bound is
-  above the best step found — every node not yet looked at would rank at or above it.
+  above the best step found — every node not yet looked at would rank at or above it;
+* for a whole-GPU job, the most GPUs any node could free (``VictimIndex.most_freeable``):
+  below a worker's GPUs, no node can gain a slot and the search ends before any node.
 
 The steps are those ``VictimSearch`` would have cached, so the choice is the same: a
 node's step changes only when its own jobs or capacity change (then it is recomputed, as
@@ -90,26 +93,22 @@ class IndexedSearch(VictimSearch):
                  eligible: Callable[[JobState], bool], cost: Callable[[JobState], tuple],
                  set_key: Callable[[Sequence[JobState]], tuple], max_victims: int | None,
                  candidates: Iterator[Entry], slots: Mapping[str, int], total_slots: int,
-                 spread: AbstractSet[str]) -> None:
+                 spread: AbstractSet[str], most_freeable: int | None = None) -> None:
         # Not VictimSearch.__init__: it scans the pool.
-        self.job, self.scratch, self.state = job, scratch, state
-        self.res, self.need = job.spec.resources, job.spec.workers
-        self._cost, self._costs = cost, {}
-        self.set_key, self.max_victims = set_key, max_victims
-        self._eligible, self._verdict = eligible, {}
+        self._begin(state, job, scratch, eligible, cost, set_key, max_victims)
         self.nodes = CandidateNodes(state.nodes, job.spec.pool, self.res)    # type: ignore[assignment]
         self.victims_on = NodeVictims(self)    # type: ignore[assignment]
         self.slots = Slots(slots, total_slots)    # type: ignore[assignment]
         self._candidates, self._spread = candidates, spread
+        self._most_freeable = most_freeable
         self._next: Entry | None = None
-        self.released: list[JobState] = []
-        self.released_ids: set[str] = set()
 
-    def eligible(self, victim: JobState) -> bool:
-        ok = self._verdict.get(victim.job_id)
-        if ok is None:
-            ok = self._verdict[victim.job_id] = self._eligible(victim)
-        return ok
+    def _cannot_gain(self) -> bool:
+        """No node can take one more worker whatever is released: for a whole-GPU job,
+        when the most GPUs any node could free (``VictimIndex.most_freeable``) are fewer
+        than a worker's. Every step would then be None, as the walk would find node by node."""
+        res, most = self.res, self._most_freeable
+        return most is not None and res.gpus > 0 and not res.is_share and not res.is_mig and most < res.gpus
 
     def total(self) -> int:
         return self.slots.total    # type: ignore[attr-defined]
@@ -167,6 +166,8 @@ class IndexedSearch(VictimSearch):
     def run(self) -> list[JobState] | None:
         if self.total() >= self.need:
             return []
+        if self._cannot_gain():
+            return None
         steps: dict[str, Step | None] = {}
         stale: set[str] = set()
         mark = self.scratch.checkpoint()

@@ -32,6 +32,9 @@ from enum import Enum
 
 from gpusched.core.state import JobState
 
+# How a reclaim's JobPreempted reason begins (``victim_rules.REASON_RECLAIM``, then ":").
+RECLAIM_PREFIX = "reclaim:"
+
 
 class Shield(str, Enum):
     """Why a running job is not a victim of a given pending job."""
@@ -69,6 +72,11 @@ def lost_gpu_s(job: JobState, now: float) -> float:
     """GPU-seconds lost if ``job`` were stopped at ``now``: its work since the last
     checkpoint (its start without one) on all its GPUs."""
     return job.work_at_risk(now) * job.milli / 1000.0
+
+
+def reclaimed_within(job: JobState, now: float, window_s: float) -> bool:
+    """``job`` was preempted for quota reclaim less than ``window_s`` before ``now``."""
+    return now - job.preempted_at < window_s and job.preempted_reason.startswith(RECLAIM_PREFIX)
 
 
 def budget_spent(job: JobState, budget: int) -> bool:

@@ -1,44 +1,65 @@
-"""The preemptor's per-call index of candidate victims and worker slots, so that one
-decision's search does not scan the pool.
+"""The preemptor's index of candidate victims, kept from one round to the next, so that
+neither a decision's search nor a round's start reads the whole pool.
 
-``VictimIndex``: the running jobs that may be victims at all in this call, with what about
-them is fixed for the call (``now`` is): their class, their exempt time, budget and reclaim
-protection (``protection``) and the GPU-seconds they would lose. Each job is listed once
-per node it runs on, ordered by ``bound`` — a lower bound of the rank (``set_key``) of
-any victim set in which it is of the highest class — in two kinds of lists:
+``VictimIndex`` lists the running jobs that may be victims at all (``now`` as the round
+has it): each once per node it runs on, in two kinds of lists:
 
 * for priority: jobs past their exempt time and within their budget (victims of any
   pending job of a higher class);
 * for quota reclaim, one list per team: jobs past ``reclaim_min_runtime_s`` and not
   reclaimed within ``reclaim_window_s`` (victims of a reclaiming job of another team, of
   its class or lower, when wholly above their team's guarantee: decided at the question,
-  as borrowing changes with the call's decisions).
+  as borrowing changes with the round's decisions).
 
-``candidates`` merges the lists a pending job may take from, cheapest bound first: the
-search (``indexed_search``) looks at nodes in that order and stops at the first bound above
-the best set found, as no node further on can hold a cheaper one. Victims taken earlier in
-the call stay listed and are skipped by eligibility; beneficiaries booked are not running
-jobs and are never listed.
+``candidates`` merges the lists a pending job may take from by ``bound``, a lower bound of
+the rank (``set_key``) of any victim set in which the job is of the highest class: the
+search (``indexed_search``) looks at nodes in that order and stops at the first bound
+above the best set found. Among equal bounds, nodes running a preemptible job spread over
+several nodes (listed or not yet) come first (``spread``: a step there may gain slots on
+the other nodes too), then by name.
 
-``SlotCounts``: the worker slots of one job shape (pool, resources, worker count) on every
-node of its pool that has any, kept through the call's changes like the placer's views, so
-that a search knows the pool's total without counting every node.
+A bound is the job's class and the GPU-seconds it would lose, which grow with ``now``,
+at a rate of its GPUs: so each list is kept in groups of one class and one size, each
+ordered by the time its work began (later first, a job never started first), an order
+``now`` does not change; ``candidates`` merges the groups by their bounds at ``now``.
+
+Kept between rounds (``refresh``), the index is brought in step with the state by
+comparing, as the placer's index of ends (``reservation.kept_ends``) is: a node whose job
+set or registration changed, and the nodes of a job whose phase, attempt or checkpoint
+changed, have their entries listed again; a job younger than its exempt time (or recently
+reclaimed) waits in a heap by the time it becomes a victim and is listed once ``now``
+passes it. A change of the rules, another state or a clock that went back rebuilds it.
+The comparison reads every job on a node, a few fields each: a tenth of a rebuild.
+
+The index also keeps what the round would otherwise sum over the pool: the teams' running
+jobs and their rankings (``borrowing``, told of the jobs that join or leave), the worker
+slots of each job shape searched (``SlotCounts``, told of the nodes that changed, and of
+those a round's scratch changed once it is undone: ``count_again``), and for each node the
+most GPUs it could have free with every listed job of a class below a given one gone
+(``most_freeable``), so that a search which no victim set can satisfy ends at once.
 """
 from __future__ import annotations
 
 import heapq
-from itertools import takewhile
-from typing import Iterable, Iterator, Mapping
+import math
+from bisect import bisect_left, insort
+from collections import Counter
+from typing import Iterable, Iterator
 
-from gpusched.core.model import JobPhase, WorkerResources
-from gpusched.core.priority import priority_value
+from gpusched.core.model import JobPhase
+from gpusched.core.priority import PRIORITY_CLASSES, priority_value
 from gpusched.core.state import ClusterState, JobState, NodeState
-from gpusched.policies.preemption.protection import budget_spent, lost_gpu_s, running_since
-from gpusched.policies.preemption.victim_search import could_host, worker_slots
-from gpusched.policies.statement import Statement
+from gpusched.policies.preemption.borrowing import TeamRanking
+from gpusched.policies.preemption.protection import budget_spent, lost_gpu_s, reclaimed_within, running_since
+from gpusched.policies.preemption.slot_counts import SlotCounts
 
-# (bound, 0 when the node runs a listed job spread over several nodes else 1, node, seq, job)
+# (bound, 0 when the node runs a spread job else 1, node, seq, job)
 Entry = tuple[tuple, int, str, int, JobState]
+_RUNNING, _PLACED = JobPhase.RUNNING, JobPhase.PLACED
+# Class thresholds of ``most_freeable``: every class a job can have.
+CLASSES = tuple(sorted(set(PRIORITY_CLASSES.values()) | {0}))
+# Due times are sums of floats; the rule itself is checked when one comes due.
+_SLACK_S = 1e-3
 
 
 def bound(job: JobState, now: float) -> tuple:
@@ -48,112 +69,320 @@ def bound(job: JobState, now: float) -> tuple:
     return (priority_value(job.spec.priority_class), 0, 0, round(lost_gpu_s(job, now), 6), 1)
 
 
+def _work_began(job: JobState) -> float:
+    """Minus when the work a preemption would lose began: the later, the less lost."""
+    return -max(job.started_at, job.checkpoint_at) if job.started_at else -math.inf
+
+
+def _walk(group: list, now: float) -> Iterator[Entry]:
+    """A group's entries by bound at ``now``: its order, but for equal bounds (rounded),
+    which go spread nodes first, then by node."""
+    i, n = 0, len(group)
+    while i < n:
+        key = bound(group[i][4], now)
+        run = [group[i]]
+        i += 1
+        while i < n and bound(group[i][4], now) == key:
+            run.append(group[i])
+            i += 1
+        if len(run) > 1:
+            run.sort(key=lambda e: (e[1], e[2], e[3]))
+        for e in run:
+            yield (key, e[1], e[2], e[3], e[4])
+
+
 class VictimIndex:
-    """Candidate victims of one call, by pool (see the module doc)."""
+    """Candidate victims of every pool of one state, kept between rounds (see the module doc)."""
 
-    def __init__(self, state: ClusterState, jobs: Iterable[JobState], now: float, config, recent_reclaim) -> None:
-        # ``config``: the call's PreemptionConfig; ``recent_reclaim(job)``: reclaimed
-        # within the reclaim window (``victim_rules``).
-        for_priority: dict[str, list[Entry]] = {}
-        for_reclaim: dict[str, dict[str, list[Entry]]] = {}
-        # Nodes running a listed job that spans nodes: a step there may gain slots on the
-        # other nodes too (``IndexedSearch`` cannot bound its gain by the job's workers).
+    def __init__(self) -> None:
+        self.state: ClusterState | None = None
+        self._reset(None, None, -math.inf)
+
+    def _reset(self, state, config, now: float) -> None:
+        self.state, self.config, self.now = state, config, now
+        self._rules = _rules(config) if config is not None else None
+        self._nodes: dict[str, tuple] = {}   # node -> what it was (``_looks``)
+        self._slots: dict[tuple, SlotCounts] = {}   # job shape -> its worker slots
+        self._jobs: dict[str, tuple[JobState, JobPhase, int, float]] = {}   # job on a node -> what it was
+        self._job_nodes: dict[str, tuple[str, ...]] = {}
+        self._listed: dict[str, list[bool]] = {}    # job -> [for priority, for reclaim]
+        self._stamp: dict[str, int] = {}             # job -> its latest waiting entries' stamp
+        self._stamps = 0
+        self._waiting: list[tuple[float, int, str, int]] = []   # (due, stamp, job, kind)
+        # pool -> team (None: priority) -> (class, milli) -> entries (work began, flag, node, seq, job)
+        self._groups: dict[str, dict[str | None, dict[tuple[int, int], list]]] = {}
+        self._on: dict[str, list[tuple[list, tuple]]] = {}   # node -> its entries' (group, key)
         self.spread: set[str] = set()
-        listed: list[tuple[JobState, tuple, list[str], bool, bool]] = []
-        running, placed, budget = JobPhase.RUNNING, JobPhase.PLACED, config.preemption_budget
-        for job in jobs:   # every running job of the call: kept lean
-            phase = job.phase
-            if (phase is not running and phase is not placed) or not job.spec.preemptible:
-                continue
-            age = now - running_since(job)
-            by_priority = age >= config.exempt_s(job) and not budget_spent(job, budget)
-            by_reclaim = age >= config.reclaim_min_runtime_s and not recent_reclaim(job)
-            if not by_priority and not by_reclaim:
-                continue
-            workers = job.workers
-            if len(workers) == 1:
-                names = [workers[0].node]
-            else:
-                names = sorted({w.node for w in workers})
-                if len(names) > 1:
-                    self.spread.update(names)
-            listed.append((job, bound(job, now), names, by_priority, by_reclaim))
-        pool_of = {name: node.info.pool for name, node in state.nodes.items()}
-        spread = self.spread
-        for job, key, names, by_priority, by_reclaim in listed:
-            for name in names:
-                pool = pool_of.get(name)
-                if pool is None:
-                    continue
-                entry = (key, 0 if name in spread else 1, name, job.seq, job)
-                if by_priority:
-                    for_priority.setdefault(pool, []).append(entry)
-                if by_reclaim:
-                    for_reclaim.setdefault(pool, {}).setdefault(job.team, []).append(entry)
-        self.for_priority = {pool: InOrder(entries) for pool, entries in for_priority.items()}
-        self.for_reclaim = {pool: {team: InOrder(entries) for team, entries in teams.items()}
-                            for pool, teams in for_reclaim.items()}
+        self.teams: dict[str, dict[str, JobState]] = {}      # team -> its RUNNING or PLACED jobs
+        self._team_lists: dict[str, list[JobState]] = {}
+        self.rankings: dict[str, TeamRanking] = {}   # team -> its ranking, made by ``TeamLedger``
+        self._freeable: dict[str, tuple[str, tuple[int, ...]]] = {}   # node -> (pool, vector)
+        self._most: dict[str, list[Counter]] = {}     # pool -> per threshold: vector values
 
+    # --- the round's questions ------------------------------------------------------------
     def candidates(self, pool: str, mine: int, team: str, reclaim: bool) -> Iterator[Entry]:
         """Entries a pending job of class ``mine`` and ``team`` may take victims from
         (``reclaim``: it may reclaim its guarantee), by bound; a superset of its eligible
         victims on their nodes."""
-        lists: list[Iterator[Entry]] = []
-        if pool in self.for_priority:
-            lists.append(takewhile(lambda e: e[0][0] < mine, self.for_priority[pool]))
+        lists = self._groups.get(pool, {})
+        walks = [_walk(g, self.now) for (cls, _), g in lists.get(None, {}).items() if cls < mine and g]
         if reclaim:
-            lists += [takewhile(lambda e: e[0][0] <= mine, entries)
-                      for other, entries in self.for_reclaim.get(pool, {}).items() if other != team]
-        return lists[0] if len(lists) == 1 else heapq.merge(*lists)
+            walks += [_walk(g, self.now) for other, groups in lists.items() if other is not None and other != team
+                      for (cls, _), g in groups.items() if cls <= mine and g]
+        if len(walks) == 1:
+            return walks[0]
+        return heapq.merge(*walks)
 
+    def most_freeable(self, pool: str, mine: int, reclaim: bool) -> int | None:
+        """The most GPUs any node of ``pool`` could have free once every job a pending job
+        of class ``mine`` may take from (``candidates``) were gone; None when unknown."""
+        if mine not in CLASSES:
+            return None
+        counts = self._most.get(pool)
+        if counts is None:
+            return 0
+        return max(counts[CLASSES.index(mine) * 2 + reclaim], default=0)
 
-class InOrder:
-    """Entries in order (by bound, then nodes running spread jobs first, then by node name:
-    the search's tie-break among equal bounds; (node, seq) is unique, so a job is never
-    compared), sorted as far as some walk has read: a decision reads only the head."""
+    def slot_counts(self, shape: tuple, changed: Iterable[str]) -> SlotCounts:
+        """The worker slots of ``shape`` (``SlotCounts``, pool, resources, workers), kept
+        between rounds; ``changed``: the nodes the round's scratch changed so far."""
+        counts = self._slots.get(shape)
+        if counts is None:
+            _, pool, res, workers = shape
+            counts = self._slots[shape] = SlotCounts(self.state.nodes, pool, res, workers)
+        else:
+            counts.touch(changed)
+        return counts
 
-    def __init__(self, entries: list[Entry]) -> None:
-        heapq.heapify(entries)
-        self._heap, self._sorted = entries, []
+    def count_again(self, names: Iterable[str]) -> None:
+        """The round's scratch changed ``names`` and is undone: count them again."""
+        for counts in self._slots.values():
+            counts.touch(names)
 
-    def __iter__(self) -> Iterator[Entry]:
-        i, done, heap = 0, self._sorted, self._heap
-        while True:
-            if i == len(done):
-                if not heap:
-                    return
-                done.append(heapq.heappop(heap))
-            yield done[i]
-            i += 1
+    def team_jobs(self) -> dict[str, list[JobState]]:
+        """Each team's RUNNING or PLACED jobs: its usage, its borrowing."""
+        lists = self._team_lists
+        for team, jobs in self.teams.items():
+            if team not in lists:
+                lists[team] = list(jobs.values())
+        return {team: lists[team] for team in self.teams}
 
+    # --- keeping it in step ---------------------------------------------------------------
+    def refresh(self, state: ClusterState, now: float, config) -> "VictimIndex":
+        """Bring the index in step with ``state`` at ``now`` under ``config`` (the round's
+        ``PreemptionConfig``)."""
+        if state is not self.state or now < self.now or _rules(config) != self._rules:
+            self._reset(state, config, now)
+            relist: set[str] = set(state.nodes)
+        else:
+            self.config, self.now = config, now
+            relist = self._changed_nodes(state)
+        self._come_due(now, relist)
+        self._relist(relist, state)
+        for counts in self._slots.values():
+            counts.touch(relist, registered=True)
+        return self
 
-class SlotCounts:
-    """Worker slots of ``res`` (at most ``cap`` a node) on the nodes of ``pool`` that could
-    host it, as ``VictimSearch`` counts them; ``on`` holds the nodes with any, ``total``
-    their sum. Told of changed nodes (``touch``) like any view of the placer."""
+    def _changed_nodes(self, state: ClusterState) -> set[str]:
+        nodes, kept = state.nodes, self._nodes
+        relist = {name for name, node in nodes.items()
+                  if (was := kept.get(name)) is None or was[0] is not node or was[1] is not node.info
+                  or was[2] != node.jobs or was[3] is not node.status or was[4] != node.faults
+                  or (node.faults and was[5] != _health(node))}
+        if len(nodes) != len(kept):
+            relist.update(name for name in kept if name not in nodes)
+        changed = [holder for holder, phase, attempt, checkpoint in self._jobs.values()
+                   if holder.phase is not phase or holder.attempt != attempt or holder.checkpoint_at != checkpoint]
+        for holder in changed:
+            relist.update(self._job_nodes[holder.job_id])
+            self._take_in(holder)
+            relist.update(self._job_nodes.get(holder.job_id, ()))
+        return relist
 
-    def __init__(self, nodes: Mapping[str, NodeState], pool: str, res: WorkerResources, cap: int) -> None:
-        self.nodes, self.pool, self.res, self.cap = nodes, pool, res, cap
-        # Slots are counted by taking them on the nodes, then undone: on a statement of
-        # its own, which tells no view.
-        self._counter = Statement(ClusterState(nodes=nodes))
-        self._hosts: dict[str, bool] = {}
-        self.on: dict[str, int] = {}
-        self.total = 0
-        self.touch([name for name, node in nodes.items() if node.info.pool == pool])
+    def _take_in(self, job: JobState) -> None:
+        """Note ``job`` as it is now: on nodes or gone from them, its team, its lists."""
+        jid, team = job.job_id, job.team
+        mates, ranking = self.teams.get(team), self.rankings.get(team)
+        if mates is not None and mates.pop(jid, None) is not None:
+            self._team_lists.pop(team, None)
+            if ranking is not None:
+                ranking.drop(jid)
+            if not mates:
+                del self.teams[team]
+        self._listed.pop(jid, None)
+        self._stamp.pop(jid, None)
+        if not job.phase.holds_gpus:
+            self._jobs.pop(jid, None)
+            self._job_nodes.pop(jid, None)
+            return
+        self._jobs[jid] = (job, job.phase, job.attempt, job.checkpoint_at)
+        self._job_nodes[jid] = tuple(dict.fromkeys(w.node for w in job.workers))
+        if job.phase is not _RUNNING and job.phase is not _PLACED:
+            return
+        self.teams.setdefault(team, {})[jid] = job
+        self._team_lists.pop(team, None)
+        if ranking is not None:
+            ranking.add(job)
+        if job.spec.preemptible:
+            self._list_by_time(job)
 
-    def touch(self, names: Iterable[str]) -> None:
+    def _list_by_time(self, job: JobState) -> None:
+        """Whether ``job`` is listed now for priority and for reclaim; when not, when it will be."""
+        config, now, jid = self.config, self.now, job.job_id
+        since = running_since(job)
+        age = now - since
+        if budget_spent(job, config.preemption_budget):
+            by_priority, priority_due = False, math.inf
+        else:
+            exempt = config.exempt_s(job)
+            by_priority, priority_due = age >= exempt, since + exempt
+        recent = reclaimed_within(job, now, config.reclaim_window_s)
+        by_reclaim = age >= config.reclaim_min_runtime_s and not recent
+        reclaim_due = max(since + config.reclaim_min_runtime_s,
+                          job.preempted_at + config.reclaim_window_s if recent else -math.inf)
+        self._listed[jid] = [by_priority, by_reclaim]
+        self._stamps += 1
+        self._stamp[jid] = stamp = self._stamps
+        if not by_priority and priority_due < math.inf:
+            heapq.heappush(self._waiting, (priority_due, stamp, jid, 0))
+        if not by_reclaim:
+            heapq.heappush(self._waiting, (reclaim_due, stamp, jid, 1))
+
+    def _come_due(self, now: float, relist: set[str]) -> None:
+        """List the jobs whose exempt time or reclaim window ended by ``now``."""
+        waiting, early = self._waiting, []
+        config, jobs = self.config, self.state.jobs
+        while waiting and waiting[0][0] <= now + _SLACK_S:
+            entry = heapq.heappop(waiting)
+            _, stamp, jid, kind = entry
+            if self._stamp.get(jid) != stamp:
+                continue   # the job changed since: listed afresh then
+            job = jobs[jid]
+            age = now - running_since(job)
+            if kind == 0:
+                due = age >= config.exempt_s(job)
+            else:
+                due = age >= config.reclaim_min_runtime_s and not reclaimed_within(job, now, config.reclaim_window_s)
+            if not due:
+                early.append(entry)
+                continue
+            self._listed[jid][kind] = True
+            relist.update(self._job_nodes[jid])
+        for entry in early:
+            heapq.heappush(waiting, entry)
+
+    def _relist(self, names: set[str], state: ClusterState) -> None:
+        """List again every entry of the nodes ``names``: removals first, then additions,
+        each group sorted once when it changes much."""
+        removed: dict[int, tuple[list, list]] = {}
+        added: dict[int, tuple[list, list]] = {}
         for name in names:
-            node = self.nodes.get(name)
-            if node is None or node.info.pool != self.pool:
+            for group, key in self._on.pop(name, ()):
+                removed.setdefault(id(group), (group, []))[1].append(key)
+            self.spread.discard(name)
+            node = state.nodes.get(name)
+            if node is None:
+                self._nodes.pop(name, None)
+                self._count_freeable(name, None)
                 continue
-            self.total -= self.on.pop(name, 0)
-            if not node.schedulable:
+            self._nodes[name] = _looks(node)
+            self._list_node(node, state, added)
+        for group, keys in removed.values():
+            if len(keys) * 8 > len(group):
+                gone = set(keys)
+                group[:] = [e for e in group if e[:4] not in gone]
+            else:
+                for key in keys:
+                    del group[bisect_left(group, key)]
+        for group, entries in added.values():
+            if len(entries) * 8 > len(group):
+                group.extend(entries)
+                group.sort()
+            else:
+                for entry in entries:
+                    insort(group, entry)
+
+    def _list_node(self, node: NodeState, state: ClusterState, added: dict) -> None:
+        name, pool, jobs = node.name, node.info.pool, state.jobs
+        here: list[JobState] = []
+        for jid in node.jobs:
+            job = jobs[jid]
+            if jid not in self._jobs:
+                self._take_in(job)
+            here.append(job)
+        spread = any(len(self._job_nodes[j.job_id]) > 1 for j in here if j.job_id in self._listed)
+        if spread:
+            self.spread.add(name)
+        flag, on = 0 if spread else 1, []
+        groups = self._groups.setdefault(pool, {})
+        for job in here:
+            listed = self._listed.get(job.job_id)
+            if listed is None:
                 continue
-            hosts = self._hosts.get(name)    # static capacity: asked only of nodes with slots
-            n = worker_slots(self._counter, node, self.res, self.cap)
-            if n and hosts is None:
-                hosts = self._hosts[name] = could_host(node, self.res)
-            if n and hosts:
-                self.on[name] = n
-                self.total += n
+            cls, key = priority_value(job.spec.priority_class), (_work_began(job), flag, name, job.seq)
+            for team, yes in ((None, listed[0]), (job.team, listed[1])):
+                if yes:
+                    group = groups.setdefault(team, {}).setdefault((cls, job.milli), [])
+                    added.setdefault(id(group), (group, []))[1].append((*key, job))
+                    on.append((group, key))
+        self._on[name] = on
+        self._count_freeable(name, (pool, self._freeable_vector(node, here)))
+
+    def _freeable_vector(self, node: NodeState, here: list[JobState]) -> tuple[int, ...]:
+        """For each class threshold c (and reclaim or not): the node's GPUs less those held
+        by jobs a pending job of class c may not take (``candidates``' rule, all teams)."""
+        name, fixed, movable = node.name, 0, []
+        for job in here:
+            mask = 0
+            for w in job.workers:
+                if w.node == name:
+                    for slot in w.gpus:
+                        mask |= 1 << slot.index
+            listed = self._listed.get(job.job_id)
+            if listed is None or not (listed[0] or listed[1]):
+                fixed |= mask
+            else:
+                movable.append((priority_value(job.spec.priority_class), listed[0], listed[1], mask))
+        total, out = len(node.gpus), []
+        for c in CLASSES:
+            for reclaim in (False, True):
+                held = fixed
+                for cls, by_priority, by_reclaim, mask in movable:
+                    if not ((by_priority and cls < c) or (reclaim and by_reclaim and cls <= c)):
+                        held |= mask
+                out.append(total - held.bit_count())
+        return tuple(out)
+
+    def _count_freeable(self, name: str, now_is: tuple[str, tuple[int, ...]] | None) -> None:
+        was = self._freeable.pop(name, None)
+        if was is not None:
+            counts = self._most[was[0]]
+            for i, v in enumerate(was[1]):
+                counts[i][v] -= 1
+                if not counts[i][v]:
+                    del counts[i][v]
+        if now_is is not None:
+            self._freeable[name] = now_is
+            counts = self._most.setdefault(now_is[0], [Counter() for _ in range(2 * len(CLASSES))])
+            for i, v in enumerate(now_is[1]):
+                counts[i][v] += 1
+
+
+def _looks(node: NodeState) -> tuple:
+    """What of a node its entries and worker slots depend on. Its GPUs' health is compared
+    only once it had a fault: a GPU turns unhealthy only with a fault counted
+    (``GpuHealthChanged``), and faults go back to 0 only with every GPU healthy again
+    (``NodeUncordoned``)."""
+    return (node, node.info, frozenset(node.jobs), node.status, node.faults,
+            _health(node) if node.faults else None)
+
+
+def _health(node: NodeState) -> tuple[bool, ...]:
+    return tuple(g.healthy for g in node.gpus)
+
+
+def _rules(config) -> tuple:
+    """What in a ``PreemptionConfig`` decides who is listed."""
+    return (config.min_runtime_s, config.min_runtime_growth, config.max_min_runtime_s,
+            tuple(sorted(config.pool_min_runtime_s.items())), config.preemption_budget,
+            config.reclaim_min_runtime_s, config.reclaim_window_s)

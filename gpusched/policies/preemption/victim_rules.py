@@ -45,8 +45,9 @@ node-local search sees: capacity freed beyond it would be lent to a borrower aga
 reclaimed back, the oscillation between teams that sharing must not show.
 
 The search itself, shared with defragmentation's own rule, is
-``gpusched.policies.preemption.victim_search``; preemption runs it on the call's index of
-candidate victims (``victim_index``, ``indexed_search``): the same answer, a few nodes read.
+``gpusched.policies.preemption.victim_search``; preemption runs it on an index of candidate
+victims kept between rounds (``victim_index``, ``indexed_search``): the same answer, a few
+nodes read.
 """
 from __future__ import annotations
 
@@ -61,10 +62,12 @@ from gpusched.policies.placement.gang import Placement, place_gang
 from gpusched.policies.placement.registry import PLACEMENTS, make_placement
 from gpusched.policies.queueing.quota import QueueTree, claims_guarantee
 from gpusched.policies.statement import NodeView, Statement, tentative
-from gpusched.policies.preemption.protection import Shield, budget_spent, exempt_s, lost_gpu_s, running_since
+from gpusched.policies.preemption.protection import (
+    Shield, budget_spent, exempt_s, lost_gpu_s, reclaimed_within, running_since)
 from gpusched.policies.preemption.borrowing import TeamLedger
 from gpusched.policies.preemption.indexed_search import IndexedSearch
-from gpusched.policies.preemption.victim_index import SlotCounts, VictimIndex
+from gpusched.policies.preemption.slot_counts import SlotCounts, TouchedNodes
+from gpusched.policies.preemption.victim_index import VictimIndex
 
 REASON_PRIORITY = "priority"
 REASON_RECLAIM = "reclaim"
@@ -133,30 +136,20 @@ class Found:
     reason: str
 
 
-class TouchedNodes:
-    """A view of the call's scratch statement that only notes which nodes it changed: the
-    placer's views hear of them at the next ``place``, not at every slot count's take and
-    give (a victim search touches the same few nodes many times over)."""
-
-    def __init__(self) -> None:
-        self.names: set[str] = set()
-
-    def touch(self, names: Iterable[str]) -> None:
-        self.names.update(names)
-
-
 class SearchContext:
-    """One call's view: eligibility, borrowing, projected usage and the victim search."""
+    """One call's view: eligibility, borrowing, projected usage and the victim search.
+    ``victims``: the index of candidate victims kept from the caller's last call (brought
+    in step on first use); None: one built for this call."""
 
-    def __init__(self, state: ClusterState, now: float, config: PreemptionConfig) -> None:
+    def __init__(self, state: ClusterState, now: float, config: PreemptionConfig,
+                 victims: VictimIndex | None = None) -> None:
         self.state, self.now, self.config = state, now, config
         self.score: Placement = make_placement(config.placement)
         self.taken: set[str] = set()               # victims chosen earlier in this call
         self.via_reclaim: set[str] = set()         # victims eligible only as quota reclaim
         self.extra: dict[str, int] = {}            # team -> milli booked for beneficiaries
-        self._team_jobs: dict[str, list[JobState]] | None = None
         self._ledger: TeamLedger | None = None     # teams' usage and borrowing, built on first use
-        self._index: VictimIndex | None = None     # candidate victims, built on first search
+        self._kept, self._index = victims, None    # candidate victims, in step on first use
         self.in_flight = self._in_flight()
         # The placer's statement and views (free-capacity indexes), kept for the whole
         # call while a scratch is watched (``tentative``); None: built afresh per job.
@@ -168,16 +161,24 @@ class SearchContext:
         """The call's scratch statement (``statement.tentative``), watched: the placer's
         views are built once for the call and told of the nodes the scratch changes
         (bookings, released victims), rather than rebuilt from every node of the pool for
-        each pending job ``place`` is asked about."""
-        with tentative(self.state) as scratch:
-            scratch.views[TouchedNodes] = self._touched
-            self._placer = Statement(ClusterState(nodes=self.state.nodes))
-            try:
-                yield scratch
-            finally:
-                self._placer.close()
-                self._placer = None
-                self._touched.names.clear()
+        each pending job ``place`` is asked about. A kept index of victims is brought in
+        step first: it must never take a tentative booking for the state's own."""
+        if self._kept is not None:
+            self.victim_index()
+        try:
+            with tentative(self.state) as scratch:
+                scratch.views[TouchedNodes] = self._touched
+                self._placer = Statement(ClusterState(nodes=self.state.nodes))
+                try:
+                    yield scratch
+                finally:
+                    self._placer.close()
+                    self._placer = None
+                    self._touched.names.clear()
+        finally:   # the scratch undone: the index's kept slot counts count its nodes again
+            if self._index is not None:
+                self._index.count_again(self._touched.ever)
+            self._touched.ever.clear()
 
     # --- what is already under way ------------------------------------------------------
     def _in_flight(self) -> set[str]:
@@ -197,19 +198,16 @@ class SearchContext:
         return sorted(ready, key=lambda j: (-priority_value(j.spec.priority_class), j.seq))
 
     # --- quota accounting -----------------------------------------------------------------
+    def victim_index(self) -> VictimIndex:
+        """The candidate victims (and the teams' running jobs), in step with the call's state."""
+        if self._index is None:
+            self._index = (self._kept or VictimIndex()).refresh(self.state, self.now, self.config)
+        return self._index
+
     def team_jobs(self) -> dict[str, list[JobState]]:
-        if self._team_jobs is None:
-            teams: dict[str, dict[str, JobState]] = {}
-            for node in self.state.nodes.values():
-                for jid in node.jobs:
-                    job = self.state.jobs[jid]
-                    # Jobs already on their way out (preempted, stopping) are neither
-                    # victims nor usage to reclaim: their GPUs are about to be free.
-                    if job.phase.holds_gpus and job.phase is not JobPhase.PREEMPTING \
-                            and job.phase is not JobPhase.STOPPING:
-                        teams.setdefault(job.team, {})[jid] = job
-            self._team_jobs = {t: list(js.values()) for t, js in teams.items()}
-        return self._team_jobs
+        """Each team's RUNNING or PLACED jobs: those already on their way out (preempted,
+        stopping) are neither victims nor usage to reclaim, their GPUs about to be free."""
+        return self.victim_index().team_jobs()
 
     def used(self, team: str) -> int:
         """GPU milli the team holds (not counting jobs being preempted), plus what this call
@@ -221,10 +219,11 @@ class SearchContext:
         return held + coming + self.extra.get(team, 0)
 
     def ledger(self) -> TeamLedger:
-        """Borrowing (above): a team's jobs ranked once per call, read through the victims
-        taken and the beneficiaries booked since (``borrowing``)."""
+        """Borrowing (above): a team's jobs ranked once (kept by the index), read through the
+        victims taken and the beneficiaries booked since (``borrowing``)."""
         if self._ledger is None:
-            self._ledger = TeamLedger(self.team_jobs(), self.config.guaranteed_milli, self.taken, self.extra)
+            self._ledger = TeamLedger(self.team_jobs(), self.config.guaranteed_milli, self.taken, self.extra,
+                                      self.victim_index().rankings)
         return self._ledger
 
     def borrowed(self, job: JobState) -> bool:
@@ -242,8 +241,7 @@ class SearchContext:
         return Shield.RECLAIM_WINDOW if self.reclaimed_recently(victim) else None
 
     def reclaimed_recently(self, victim: JobState) -> bool:
-        recent = self.now - victim.preempted_at < self.config.reclaim_window_s
-        return recent and victim.preempted_reason.startswith(REASON_RECLAIM + ":")
+        return reclaimed_within(victim, self.now, self.config.reclaim_window_s)
 
     def may_reclaim(self, job: JobState) -> bool:
         return claims_guarantee(self.used(job.team), job.milli, self.config.guaranteed_milli(job.team))
@@ -371,20 +369,17 @@ class SearchContext:
         return Found(victims, placed, reason)
 
     def _search(self, job: JobState, scratch: Statement, reclaim: bool, mine: int) -> IndexedSearch:
-        """The victim search for ``job`` on the call's index (``indexed_search``)."""
-        if self._index is None:
-            jobs = (j for team in self.team_jobs().values() for j in team)
-            self._index = VictimIndex(self.state, jobs, self.now, self.config, self.reclaimed_recently)
-        spec = job.spec
+        """The victim search for ``job`` on the index of candidate victims (``indexed_search``)."""
+        index, spec = self.victim_index(), job.spec
         shape = (SlotCounts, spec.pool, spec.resources, spec.workers)
-        slots = self.kept_view(shape, lambda nodes: SlotCounts(nodes, spec.pool, spec.resources, spec.workers))
+        slots = self.kept_view(shape, lambda _: index.slot_counts(shape, self._touched.ever))
         if slots is None:   # no watched scratch: nothing would keep counts true
             slots = SlotCounts(self.state.nodes, spec.pool, spec.resources, spec.workers)
         assert isinstance(slots, SlotCounts)
         return IndexedSearch(self.state, job, scratch, lambda v: self.eligible(v, job, reclaim),
                              lambda v: self.cost(v, mine), lambda vs: self.set_key(vs, mine),
-                             self.config.max_victims, self._index.candidates(spec.pool, mine, job.team, reclaim),
-                             slots.on, slots.total, self._index.spread)
+                             self.config.max_victims, index.candidates(spec.pool, mine, job.team, reclaim),
+                             slots.on, slots.total, index.spread, index.most_freeable(spec.pool, mine, reclaim))
 
     def take(self, job: JobState, found: Found, scratch: Statement) -> None:
         """Release the victims and book the job, tentatively, for the rest of this call:

@@ -29,8 +29,8 @@ moves at most ``defrag_max_moves`` jobs); preemption has none by default, since 
 what a large request needs would leave a placeable job waiting forever.
 
 This class computes every candidate node's step before the first pick, so one search
-costs about the pool's size; preemption's searches run the same steps on a per-call index
-instead (``indexed_search.IndexedSearch``), which reads only the nodes that can hold the
+costs about the pool's size; preemption's searches run the same steps on an index kept
+between rounds instead (``indexed_search.IndexedSearch``), which reads only the nodes that can hold the
 cheapest step.
 """
 from __future__ import annotations
@@ -96,34 +96,39 @@ class VictimSearch:
     def __init__(self, state: ClusterState, job: JobState, scratch: Statement,
                  eligible: Callable[[JobState], bool], cost: Callable[[JobState], tuple],
                  set_key: Callable[[Sequence[JobState]], tuple], max_victims: int | None = None) -> None:
-        self.job, self.scratch = job, scratch
-        self.state = state
-        self.res = job.spec.resources
-        self.need = job.spec.workers
-        self._cost = cost
-        self._costs: dict[str, tuple] = {}
-        self.set_key, self.max_victims = set_key, max_victims
+        self._begin(state, job, scratch, eligible, cost, set_key, max_victims)
         self.nodes: dict[str, NodeState] = {
             n.name: n for n in self.state.nodes.values()
             if n.info.pool == job.spec.pool and n.schedulable and could_host(n, self.res)
         }
-        # Eligible victims per candidate node, cheapest first; decided once per search.
-        verdict: dict[str, bool] = {}
+        # Eligible victims per candidate node, cheapest first.
         self.victims_on: dict[str, list[JobState]] = {}
+        jobs = self.state.jobs
         for name, node in self.nodes.items():
-            found = []
-            for jid in node.jobs:
-                ok = verdict.get(jid)
-                if ok is None:
-                    ok = verdict[jid] = eligible(self.state.jobs[jid])
-                if ok:
-                    found.append(self.state.jobs[jid])
+            found = [jobs[jid] for jid in node.jobs if self.eligible(jobs[jid])]
             if found:
                 found.sort(key=self.cost)
                 self.victims_on[name] = found
         self.slots = {name: worker_slots(scratch, node, self.res, self.need) for name, node in self.nodes.items()}
+
+    def _begin(self, state: ClusterState, job: JobState, scratch: Statement,
+               eligible: Callable[[JobState], bool], cost: Callable[[JobState], tuple],
+               set_key: Callable[[Sequence[JobState]], tuple], max_victims: int | None) -> None:
+        """What every search of ``job`` starts with, however it finds its nodes: the rules
+        (eligibility and cost, each decided once per job and search) and no victim released."""
+        self.job, self.scratch, self.state = job, scratch, state
+        self.res, self.need = job.spec.resources, job.spec.workers
+        self._eligible, self._verdict = eligible, {}
+        self._cost, self._costs = cost, {}
+        self.set_key, self.max_victims = set_key, max_victims
         self.released: list[JobState] = []
         self.released_ids: set[str] = set()
+
+    def eligible(self, victim: JobState) -> bool:
+        ok = self._verdict.get(victim.job_id)
+        if ok is None:
+            ok = self._verdict[victim.job_id] = self._eligible(victim)
+        return ok
 
     def cost(self, victim: JobState) -> tuple:
         key = self._costs.get(victim.job_id)

@@ -2,9 +2,10 @@
 test oracle, not used by the project. Every search scans all nodes of the job's pool: it
 decides each running job's eligibility and cost, counts every node's worker slots and
 computes every node's step; a team's borrowing is ranked afresh after every decision and
-its usage summed over its jobs. ``test_victim_index`` checks that ``preemption_decisions``
-and ``victims_for`` decide exactly as these do (``preemption_decisions`` here keeps the
-placer's views for the call, as the project does, so only the victim search differs);
+its usage summed over its jobs, found on the nodes for every call. ``test_victim_index``
+checks that ``preemption_decisions`` and ``victims_for`` decide exactly as these do
+(``preemption_decisions`` here keeps the placer's views for the call, as the project
+does, so only the victim search differs);
 ``bench/preemptor_bench.py`` times both.
 """
 from __future__ import annotations
@@ -269,6 +270,20 @@ class FrozenSearchContext(SearchContext):
     def __init__(self, state: ClusterState, now: float, config: PreemptionConfig) -> None:
         super().__init__(state, now, config)
         self._borrowed: dict[str, tuple[set[str], set[str]]] = {}
+        self._found: dict[str, list[JobState]] | None = None
+
+    def team_jobs(self) -> dict[str, list[JobState]]:
+        """Each team's running jobs, found on the nodes once for the call."""
+        if self._found is None:
+            teams: dict[str, dict[str, JobState]] = {}
+            for node in self.state.nodes.values():
+                for jid in node.jobs:
+                    job = self.state.jobs[jid]
+                    if job.phase.holds_gpus and job.phase is not JobPhase.PREEMPTING \
+                            and job.phase is not JobPhase.STOPPING:
+                        teams.setdefault(job.team, {})[jid] = job
+            self._found = {t: list(js.values()) for t, js in teams.items()}
+        return self._found
 
     def used(self, team: str) -> int:
         """GPU milli the team holds (not counting jobs being preempted), plus what this call

@@ -1,0 +1,186 @@
+"""The index of candidate victims kept between the preemptor's rounds (``victim_index``):
+after any sequence of events and clock steps it reads exactly as one built afresh, its
+kept worker slots are those counted afresh, and rounds decided on it are those of the
+full scan (``victim_search_oracle``). A search that
+no victim set can satisfy ends on the index's bound without reading the pool's nodes.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gpusched.core import events as ev
+from gpusched.core.digest import digest
+from gpusched.core.model import JobPhase
+from gpusched.policies.preemption.decisions import preemption_decisions, preemption_events
+from gpusched.policies.preemption.slot_counts import SlotCounts
+from gpusched.policies.preemption.victim_index import CLASSES, VictimIndex
+from gpusched.policies.scheduler import Scheduler
+from tests.unit.policies import victim_search_oracle as oracle
+from tests.unit.policies.test_preemption import BE, HI, NOW, TR, Cluster
+from tests.unit.policies.test_preemption_properties import SETTINGS
+from tests.unit.policies.test_victim_index import TEAMS, packed_cluster, random_rules
+
+
+def reading(index: VictimIndex, state) -> dict:
+    """Everything a round reads of the index."""
+    out: dict = {"spread": sorted(index.spread),
+                 "teams": {t: sorted(j.job_id for j in js) for t, js in index.team_jobs().items() if js}}
+    for pool in {n.info.pool for n in state.nodes.values()}:
+        for mine in CLASSES:
+            for reclaim in (False, True):
+                out["most", pool, mine, reclaim] = index.most_freeable(pool, mine, reclaim)
+                for team in TEAMS:
+                    out[pool, mine, team, reclaim] = [(*e[:4], e[4].job_id)
+                                                      for e in index.candidates(pool, mine, team, reclaim)]
+    return out
+
+
+def _running(state) -> list:
+    return sorted((j for j in state.jobs.values() if j.phase in (JobPhase.RUNNING, JobPhase.PLACED)),
+                  key=lambda j: j.seq)
+
+
+def _finish(c: Cluster, job, now: float, code: int = 0) -> None:
+    for w in job.workers:
+        c.log(ev.WorkerFinished, job_id=job.job_id, attempt=job.attempt, worker=w.worker, node=w.node,
+              exit_code=code, time=now)
+
+
+def _change(c: Cluster, data, now: float, config, kept: VictimIndex) -> None:
+    """One random change of the state: what the log brings between two rounds."""
+    d, state = data.draw, c.state
+    running = _running(state)
+    kind = d(st.sampled_from(["checkpoint", "preempt", "decide", "place", "finish", "gpu", "cordon", "start"]))
+    if kind == "checkpoint" and running:
+        job = d(st.sampled_from(running))
+        c.log(ev.CheckpointSaved, job_id=job.job_id, attempt=job.attempt, checkpoint="c", time=now)
+    elif kind == "preempt" and running:
+        job = d(st.sampled_from(running))
+        why = d(st.sampled_from(["priority", "reclaim"]))
+        c.log(ev.JobPreempted, job_id=job.job_id, attempt=job.attempt, for_job="x",
+              reason=f"{why}: preempted for x", time=now)
+        if d(st.booleans()):
+            _finish(c, job, now)
+    elif kind == "decide":
+        for decision in preemption_decisions(state, now, config, victims=kept)[:2]:
+            for e in preemption_events(state, decision, now):
+                c.log.replay(e)
+            if d(st.booleans()):
+                for vid in decision.victims:
+                    _finish(c, state.jobs[vid], now)
+    elif kind == "place":
+        for dec in Scheduler().cycle(state, now)[:3]:
+            c.log(ev.JobPlaced, job_id=dec.job_id, attempt=dec.attempt, workers=dec.workers, time=now)
+    elif kind == "start":
+        for job in [j for j in running if j.phase is JobPhase.PLACED][:2]:
+            for w in job.workers:
+                c.log(ev.WorkerStarted, job_id=job.job_id, attempt=job.attempt, worker=w.worker, node=w.node,
+                      time=now)
+    elif kind == "finish" and running:
+        _finish(c, d(st.sampled_from(running)), now, d(st.sampled_from([0, 1])))
+    elif kind == "gpu":
+        node = d(st.sampled_from(sorted(state.nodes)))
+        gpu = d(st.integers(0, len(state.nodes[node].gpus) - 1))
+        c.log(ev.GpuHealthChanged, node=node, gpu_index=gpu, healthy=not state.nodes[node].gpus[gpu].healthy,
+              time=now)
+    elif kind == "cordon":
+        node = state.nodes[d(st.sampled_from(sorted(state.nodes)))]
+        c.log(ev.NodeUncordoned if node.cordoned else ev.NodeCordoned, node=node.name, time=now)
+
+
+@SETTINGS
+@given(st.data())
+def test_the_kept_index_reads_as_one_built_afresh_after_any_events(data):
+    c, now = packed_cluster(data)
+    config = random_rules(data)
+    kept = VictimIndex()
+    for _ in range(data.draw(st.integers(1, 8))):
+        now += data.draw(st.sampled_from([0.0, 0.0005, 1.0, 40.0, 400.0, 700.0]))
+        if data.draw(st.integers(0, 9)) == 0:   # another rule set: listed afresh
+            config = replace(config, min_runtime_s=data.draw(st.sampled_from([0.0, 300.0, 900.0])))
+        for _ in range(data.draw(st.integers(0, 3))):
+            _change(c, data, now, config, kept)
+        before = digest(c.state)
+        assert reading(kept.refresh(c.state, now, config), c.state) \
+            == reading(VictimIndex().refresh(c.state, now, config), c.state)
+        assert preemption_decisions(c.state, now, config, victims=kept) \
+            == oracle.preemption_decisions(c.state, now, config)
+        assert digest(c.state) == before
+        for shape, counts in kept._slots.items():   # the worker slots kept, as counted afresh
+            fresh = SlotCounts(c.state.nodes, *shape[1:])
+            assert (counts.on, counts.total) == (fresh.on, fresh.total)
+
+
+def test_a_clock_that_goes_back_lists_afresh():
+    """Exempt jobs are listed as time passes them: a round at an earlier time (another
+    replica's clock) must not see them listed."""
+    c = Cluster(nodes=1, gpus=2)
+    c.running("old", ("n1", (0,)), started=NOW - 1000, priority_class=BE)
+    c.running("young", ("n1", (1,)), started=NOW - 100, priority_class=BE)   # exempt until NOW + 500
+    kept = VictimIndex()
+    later = reading(kept.refresh(c.state, NOW + 600, oracle.PreemptionConfig()), c.state)
+    assert [e[4] for e in later["default", 500, "a", False]] == ["young", "old"]
+    earlier = reading(kept.refresh(c.state, NOW, oracle.PreemptionConfig()), c.state)
+    assert [e[4] for e in earlier["default", 500, "a", False]] == ["old"]
+
+
+def test_a_job_past_its_exempt_time_is_listed_without_any_event():
+    c = Cluster(nodes=1, gpus=2)
+    c.running("young", ("n1", (0,)), started=NOW - 100, priority_class=TR)
+    kept = VictimIndex()
+    config = oracle.PreemptionConfig()
+    assert list(kept.refresh(c.state, NOW, config).candidates("default", 500, "a", False)) == []
+    assert [e[4].job_id for e in kept.refresh(c.state, NOW + 500, config).candidates("default", 500, "a", False)] \
+        == ["young"]
+
+
+def test_a_search_no_victim_set_can_satisfy_reads_no_node(monkeypatch):
+    """Every node keeps one GPU of a job no pending job may take: an 8-GPU job can have
+    no node, and its search ends on the index's bound, before any node's step."""
+    from gpusched.policies.preemption.indexed_search import IndexedSearch
+    c = Cluster(nodes=6, gpus=8)
+    for n in range(6):
+        for g in range(8):
+            c.running(f"r{n}-{g}", (f"n{n + 1}", (g,)), started=NOW - 1000,
+                      priority_class=HI if g == 0 else BE)
+    c.pending("wide", gpus=8, priority_class=HI)
+    c.pending("one", gpus=1, priority_class=HI)
+    looked: list[str] = []
+    step = IndexedSearch.node_step
+    monkeypatch.setattr(IndexedSearch, "node_step", lambda self, name: looked.append(name) or step(self, name))
+    got = preemption_decisions(c.state, NOW)
+    assert got == oracle.preemption_decisions(c.state, NOW)
+    assert [d.for_job for d in got] == ["one"]
+    assert len(looked) <= 2   # the 1-GPU job's: the 8-GPU job's search read none
+
+
+def test_kept_worker_slots_count_a_gpu_healthy_again():
+    """A GPU back in health changes no job and no fault count: the index compares the
+    GPUs' health of a node that had a fault."""
+    c = Cluster(nodes=1, gpus=1)
+    config, kept = oracle.PreemptionConfig(), VictimIndex()
+    c.pending("p", gpus=1, priority_class=HI)
+    shape = (SlotCounts, "default", c.job("p").spec.resources, 1)
+    counts = kept.refresh(c.state, NOW, config).slot_counts(shape, ())
+    assert counts.total == 1
+    for healthy, slots in ((False, 0), (True, 1)):
+        assert c.log(ev.GpuHealthChanged, node="n1", gpu_index=0, healthy=healthy, time=NOW).accepted
+        kept.refresh(c.state, NOW, config)
+        assert (counts.total, counts.on) == (slots, SlotCounts(c.state.nodes, *shape[1:]).on)
+
+
+def test_the_preemptor_keeps_one_index_per_partition_between_rounds():
+    from gpusched.policies.supervision import SupervisionConfig
+    from gpusched_preemptor.decide import PreemptorDecider
+    c = Cluster(nodes=1, gpus=1)
+    c.running("r", ("n1", (0,)), priority_class=BE)
+    c.pending("p", gpus=1, priority_class=HI)
+    decider = PreemptorDecider("me", oracle.PreemptionConfig(), SupervisionConfig(), lambda now: ({}, 0.0, False))
+    assert [e.job_id for e, _ in decider(0, c.state, NOW)] == ["r"]
+    index = decider.victims[0]
+    assert index.state is c.state and index.now == NOW
+    decider(0, c.state, NOW + 1)
+    assert decider.victims[0] is index and index.now == NOW + 1
