@@ -26,6 +26,9 @@ DEFAULT_JOB_RETENTION_S = 3600.0
 # in parallel (gpusched.adapters.parallel_catchup); below it, starting the reader (~0.3 s)
 # costs more than it saves.
 PARALLEL_REPLAY_MIN = 100_000
+# The placer's placement policy unless --placement names another: the one that packs best
+# (docs/scheduling-placement.md); the simulator's ``defaults`` configuration reads it too.
+DEFAULT_PLACEMENT = "fgd-lookahead"
 
 # The environment a service (or the catch-up reader process) reads its Kafka connection from.
 ENV_BOOTSTRAP = "KAFKA_BOOTSTRAP_SERVERS"
@@ -259,7 +262,7 @@ class PlacerSettings(Settings):
 
     listen: str = setting("127.0.0.1:0", flag="--listen", help="health endpoint")
     queue: str = setting("fair-share", flag="--queue", help="queue-sort policy name")
-    placement: str = setting("best-fit", flag="--placement", help="placement policy name")
+    placement: str = setting(DEFAULT_PLACEMENT, flag="--placement", help="placement policy name")
     placement_args: dict[str, float] = setting({}, flag="--placement-arg",
                                                help="an argument of the placement policy, e.g. patience=0.2 for "
                                                     "fgd-lookahead (docs/scheduling-placement.md)")

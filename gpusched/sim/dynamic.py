@@ -35,16 +35,16 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Mapping
 
+from gpusched.config import DEFAULT_PLACEMENT
 from gpusched.core import events as ev
 from gpusched.core.model import JobPhase
 from gpusched.core.reducer import apply
 from gpusched.core.state import ClusterState
-from gpusched.policies.placement.registry import PLACEMENTS
+from gpusched.policies.placement.registry import PLACEMENTS, parse_placement
 from gpusched.policies.preemption.decisions import preemption_decisions, preemption_events
 from gpusched.policies.preemption.victim_rules import PreemptionConfig
 from gpusched.policies.queueing.parking import ParkedJobs
 from gpusched.policies.queueing.keys import QueueKeys
-from gpusched.policies.placement.registry import parse_placement
 from gpusched.policies.scheduler import Decision, Scheduler, SchedulerConfig
 from gpusched.sim.metrics import FragmentationProbe, JobRecord, Sample, SimResult
 from gpusched.sim.workload import Workload
@@ -288,8 +288,8 @@ def split_preemption_rules(text: str) -> tuple[str, dict]:
 
 
 def parse_config(text: str, quotas, half_life_s: float, aging_s: float) -> tuple[str, SchedulerConfig]:
-    """``defaults[+quotas]``: ``SchedulerConfig``'s defaults (fair share, backfill,
-    reservations after 5 minutes, depth 2). Else
+    """``defaults[+quotas]``: the placer's defaults: ``SchedulerConfig``'s (fair share, backfill,
+    reservations after 5 minutes, depth 2) with ``gpusched.config.DEFAULT_PLACEMENT``. Else
     ``queue+placement[+backfill[=MINUTES]][+reserve=MINUTES][+depth=N][+quotas]``, e.g.
     ``fair-share+fgd+backfill+quotas``, with no reservation unless named: ``backfill``
     reserves for the first blocked job at once (EASY); ``backfill=60`` only for the first
@@ -300,7 +300,7 @@ def parse_config(text: str, quotas, half_life_s: float, aging_s: float) -> tuple
     common: dict = {"half_life_s": half_life_s, "aging_s": aging_s}
     first, *flags = text.split("+")
     if first == "defaults":
-        options = common
+        options = {**common, "placement": DEFAULT_PLACEMENT}
     else:
         queue, placement, *flags = text.split("+")
         name, args = parse_placement(placement)

@@ -106,6 +106,15 @@ def test_reservation_settings_of_the_placer():
             _parse(PlacerSettings, argv, {})
 
 
+def test_the_placer_places_with_the_best_packing_policy_unless_told():
+    # fgd-lookahead packs best on the openb lists (docs/scheduling-placement.md); best-fit,
+    # the cheapest per decision, stays one flag away.
+    from gpusched_placer.main import scheduler_config
+
+    assert scheduler_config(_parse(PlacerSettings, [], {})).placement == "fgd-lookahead"
+    assert scheduler_config(_parse(PlacerSettings, ["--placement", "best-fit"], {})).placement == "best-fit"
+
+
 def test_the_guarantee_hold_is_a_placer_flag_with_the_schedulers_default():
     from gpusched.policies.queueing.guarantee_hold import DEFAULT_GUARANTEE_HOLD_S
     from gpusched_placer.main import scheduler_config

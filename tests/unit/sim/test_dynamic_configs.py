@@ -1,23 +1,30 @@
 """The dynamic simulator's configurations by name, and its waits by job size."""
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
 
+from gpusched.config import DEFAULT_PLACEMENT, PlacerSettings
 from gpusched.policies.queueing.quota import QueueTree
 from gpusched.policies.scheduler import SchedulerConfig
 from gpusched.sim import dynamic_report
 from gpusched.sim.dynamic import parse_config
 from gpusched.sim.metrics import JobRecord, SimResult, size_of, summarize
+from gpusched_placer.main import scheduler_config
 
 
 def config(text: str) -> SchedulerConfig:
     return parse_config(text, QueueTree(), 1800.0, 7200.0)[1]
 
 
-def test_defaults_are_the_schedulers_defaults():
-    assert config("defaults") == SchedulerConfig(half_life_s=1800.0, aging_s=7200.0)
+def test_defaults_are_what_the_placer_runs_with_unless_told():
+    # The placer's settings with nothing given, the queue's half-life and aging being the
+    # simulator's own options: the placement too, so that a new default reaches both.
+    placer = scheduler_config(PlacerSettings())
+    assert config("defaults") == dataclasses.replace(placer, half_life_s=1800.0, aging_s=7200.0)
+    assert config("defaults").placement == DEFAULT_PLACEMENT == "fgd-lookahead"
     assert config("defaults+depth=4").reservation_depth == 4
 
 
