@@ -20,7 +20,8 @@ Without ``--reservations`` the scheduler reserves nothing (``--no-backfill --res
 inf``), the placer's defaults of earlier versions; with it, the reservation settings are
 ``SchedulerConfig``'s defaults (backfill, reservations after 5 minutes, depth 2).
 ``--policy defaults`` is the placer's defaults whole (fair share, backfill and
-reservations: ``SchedulerConfig()``). Jobs are 100-milli shares (80 fill a node), or
+reservations of ``SchedulerConfig()``, the placer's default placement
+``gpusched.config.DEFAULT_PLACEMENT``); without it the placement is best-fit. Jobs are 100-milli shares (80 fill a node), or
 ``--job-gpus`` whole GPUs each; with ``--mix openb`` the waiting jobs are drawn from the
 openb trace's GPU tasks (many shapes), the running ones as before. The cycle's CPU time
 is printed as mean, p50, p99 and max over the measured cycles. ``--max-job-test`` and
@@ -43,6 +44,7 @@ import random
 import time
 from dataclasses import replace
 
+from gpusched.config import DEFAULT_PLACEMENT
 from gpusched.core import events as ev
 from gpusched.core.model import GpuInfo, JobPhase, JobSpec, NodeInfo, WorkerResources
 from gpusched.core.reducer import apply
@@ -129,8 +131,8 @@ def main() -> None:
     p.add_argument("--queue", default="priority")
     p.add_argument("--reservations", action="store_true",
                    help="the default reservation settings (backfill, after 5 minutes, depth 2) instead of none")
-    p.add_argument("--policy", choices=("defaults",), help="defaults: SchedulerConfig() whole (fair share, "
-                   "backfill, reservations); overrides --queue and --reservations")
+    p.add_argument("--policy", choices=("defaults",), help="defaults: the placer's defaults whole (fair share, "
+                   "backfill, reservations, its default placement); overrides --queue and --reservations")
     p.add_argument("--job-gpus", type=int, default=0, help="whole GPUs a job (0: 100-milli shares)")
     p.add_argument("--mix", choices=("same", "openb"), default="same",
                    help="the waiting jobs: all alike, or drawn from the openb trace's GPU tasks")
@@ -143,12 +145,13 @@ def main() -> None:
                    "(it enters every waiting job into the queues and builds what cycles keep)")
     args = p.parse_args()
     pool = Pool(args.nodes)
+    placement = {"placement": DEFAULT_PLACEMENT} if args.policy == "defaults" else {}
     if args.policy == "defaults":
         args.queue, args.reservations = "fair-share", True
     reserve = {} if args.reservations else {"backfill": False, "reserve_after_s": math.inf}
     budget = {name: value for name, value in (("max_job_test", args.max_job_test),
                                               ("job_test_head", args.job_test_head)) if value is not None}
-    scheduler = Scheduler(SchedulerConfig(queue=args.queue, **reserve, **budget))
+    scheduler = Scheduler(SchedulerConfig(queue=args.queue, **reserve, **budget, **placement))
     parked, keys = ParkedJobs(), (None if args.no_keys else QueueKeys())
     per_node = 8 // args.job_gpus if args.job_gpus else 80   # 80 shares fill a node
     pool.submit(args.nodes * per_node, args.job_gpus)
@@ -190,7 +193,7 @@ def main() -> None:
                 apply(pool.state, e)
         pool.place(decisions)
     ms = [t * 1e3 for t in times]
-    what = "defaults (fair share, backfill, reservations)" if args.policy else \
+    what = f"defaults (fair share, {DEFAULT_PLACEMENT}, backfill, reservations)" if args.policy else \
         f"{args.queue} queue{' with reservations' if args.reservations else ''}"
     print(f"{what}, {args.nodes:,} full 8-GPU nodes, {len(pool.state.pending):,} pending ({args.mix}), "
           f"{args.ends} jobs ending before each cycle: {sum(ms) / len(ms):.2f} ms CPU per cycle "
