@@ -23,13 +23,14 @@ async def test_defrag_before_preempt_moves_a_job_where_the_default_order_would_s
         await cluster.agent("node-0", "8xH100-80GB", "--grace", "2")
         client = Client(f"127.0.0.1:{admission.port}")
         work = {"duration": 20.0, "checkpoint_interval": 1.0, "priority": "training"}
+        # Each job placed while only one node fits it, whatever the placement policy.
         a = (await client.submit(spec("a", "ops", gpus=4, **work))).job.job_id
         await all_running(client, {a})
-        await cluster.agent("node-1", "8xH100-80GB", "--grace", "2")
         hog = (await client.submit(spec("hog", "ops", gpus=4, duration=60.0, preemptible=False))).job.job_id
-        await all_running(client, {hog})                          # best-fit: beside a, on node-0
+        await all_running(client, {hog})                          # beside a, on node-0 (the only node)
+        await cluster.agent("node-1", "8xH100-80GB", "--grace", "2")
         b = (await client.submit(spec("b", "ops", gpus=4, **work))).job.job_id
-        await all_running(client, {b})                            # node-1
+        await all_running(client, {b})                            # node-1 (node-0 is full)
         await client.jobs.CancelJob(admission_pb2.CancelJobRequest(job_id=hog))
         await client.wait_terminal({hog}, timeout=30)   # its GPUs free: 4 on each node
         big = (await client.submit(spec("big", "ops", gpus=8, duration=1.0, priority="training-high"))).job
