@@ -89,7 +89,10 @@ async def test_a_killed_host_has_each_node_declared_lost_and_its_work_placed_aga
         assert {j.phase for j in done} == {SUCCEEDED}
         moved = {j.job_id for j in done if j.attempt >= 1}
         assert moved == on_host
-        assert all(j.workers[0].node.startswith("h2-") for j in done if j.job_id in moved)
+        # Placed again on the second host, or on r1 once its own job ended: never on a
+        # lost node, whatever the placement policy or how soon r1 freed.
+        placed_again = [j.workers[0].node for j in done if j.job_id in moved]
+        assert all(n.startswith("h2-") or n == "r1" for n in placed_again), placed_again
         nodes = {n.info.name: n.status for n in await client.nodes()}
         assert {s for n, s in nodes.items() if n.startswith("h1-")} == {types_pb2.NODE_STATUS_LOST}
         assert nodes["r1"] == types_pb2.NODE_STATUS_READY
