@@ -26,9 +26,11 @@ DEFAULT_JOB_RETENTION_S = 3600.0
 # in parallel (gpusched.adapters.parallel_catchup); below it, starting the reader (~0.3 s)
 # costs more than it saves.
 PARALLEL_REPLAY_MIN = 100_000
-# The placer's placement policy unless --placement names another: the one that packs best
-# (docs/scheduling-placement.md); the simulator's ``defaults`` configuration reads it too.
-DEFAULT_PLACEMENT = "fgd-lookahead"
+# The placer's placement policy unless --placement names another; the simulator's ``defaults``
+# configuration reads it too. best-fit, not fgd-lookahead (which packs best on the openb lists):
+# fgd-lookahead's cycle costs about twice as much and it waits longer for whole-GPU and gang
+# jobs on the synthetic workload (docs/scheduling-placement.md, "Not done / limits").
+DEFAULT_PLACEMENT = "best-fit"
 
 # The environment a service (or the catch-up reader process) reads its Kafka connection from.
 ENV_BOOTSTRAP = "KAFKA_BOOTSTRAP_SERVERS"

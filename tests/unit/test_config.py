@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpusched.config import (AccountingSettings, AdmissionSettings, ConsumerSettings, KafkaSettings, NodeAgentSettings,
+from gpusched.config import (DEFAULT_PLACEMENT, AccountingSettings, AdmissionSettings, ConsumerSettings, KafkaSettings, NodeAgentSettings,
                              NodeHostSettings, PlacerSettings, PreemptorSettings, ProcessSettings, SecuritySettings, Settings,
                              SettingsError, kafka_settings)
 
@@ -106,13 +106,14 @@ def test_reservation_settings_of_the_placer():
             _parse(PlacerSettings, argv, {})
 
 
-def test_the_placer_places_with_the_best_packing_policy_unless_told():
-    # fgd-lookahead packs best on the openb lists (docs/scheduling-placement.md); best-fit,
-    # the cheapest per decision, stays one flag away.
+def test_the_placer_places_with_the_default_policy_unless_told():
+    # best-fit, the cheapest per decision (config.DEFAULT_PLACEMENT says why not fgd-lookahead);
+    # fgd-lookahead is one flag away.
     from gpusched_placer.main import scheduler_config
 
-    assert scheduler_config(_parse(PlacerSettings, [], {})).placement == "fgd-lookahead"
-    assert scheduler_config(_parse(PlacerSettings, ["--placement", "best-fit"], {})).placement == "best-fit"
+    assert scheduler_config(_parse(PlacerSettings, [], {})).placement == DEFAULT_PLACEMENT == "best-fit"
+    argv = ["--placement", "fgd-lookahead"]
+    assert scheduler_config(_parse(PlacerSettings, argv, {})).placement == "fgd-lookahead"
 
 
 def test_the_guarantee_hold_is_a_placer_flag_with_the_schedulers_default():

@@ -24,7 +24,7 @@ def test_defaults_are_what_the_placer_runs_with_unless_told():
     # simulator's own options: the placement too, so that a new default reaches both.
     placer = scheduler_config(PlacerSettings())
     assert config("defaults") == dataclasses.replace(placer, half_life_s=1800.0, aging_s=7200.0)
-    assert config("defaults").placement == DEFAULT_PLACEMENT == "fgd-lookahead"
+    assert config("defaults").placement == DEFAULT_PLACEMENT == "best-fit"
     assert config("defaults+depth=4").reservation_depth == 4
 
 
