@@ -214,7 +214,8 @@ def _offer_at_now(state: ClusterState, sweep: "_Sweep", now: float, at_now: dict
     a worker, from an earlier sweep that offered every one. Within a cycle capacity at
     ``now`` only shrinks (bookings, and holds, which keep what is free up to a need), so
     a node that took no worker then takes none now: only the others are offered again.
-    ``kept``: the nodes that could ever host each shape, kept between cycles (``hosts``)."""
+    ``kept``: the nodes that could ever host each shape, and those open, kept between
+    cycles (``hosts``): a node not open takes no worker that needs a GPU."""
     job = sweep.job
     key = (job.spec.pool, job.spec.resources)
     memo = at_now.get(key) if at_now is not None else None
@@ -231,7 +232,7 @@ def _offer_at_now(state: ClusterState, sweep: "_Sweep", now: float, at_now: dict
     else:
         # A pool's every node is read once a sweep (or once while nodes stay, ``kept``),
         # so the pass is kept to the checks.
-        nodes, hosts = kept.hosts(state, job) if kept is not None else find_hosts(state, job)
+        nodes, hosts = kept.offered_at_now(state, job) if kept is not None else find_hosts(state, job)
         for node in nodes:
             before = len(sweep.found)
             sweep.offer(node, now)

@@ -10,8 +10,16 @@ reducer for every registration, status or GPU health change). The tentative chan
 cycle's ``Statement`` include node status (nominee holds cordon nodes): the caller keeps
 hosts only in cycles without those (as ``at_now``).
 
+Of those hosts, a sweep offers at ``now`` only the nodes with a GPU not wholly taken
+(``OpenNodes``): on a full pool that is a few, and a node with none cannot take a worker
+that needs a GPU, the more so later in the cycle, whose bookings and holds only take
+capacity. Which nodes are open is kept between cycles too, from the committed state
+(before the cycle books anything): a node's allocations change only with an event that
+the reducer journals a job for (``ClusterState.changes``), so only the nodes that those
+jobs held before or hold now are looked at again.
+
 ``tests/unit/policies/test_kept_hosts.py`` holds what is kept against a fresh pass after
-random node changes.
+random node and job changes.
 """
 from __future__ import annotations
 
@@ -40,12 +48,22 @@ def find_hosts(state: ClusterState, job: JobState) -> Hosts:
 class KeptHosts:
     """``find_hosts`` by (pool, resources), for one state while its nodes stay as they were."""
 
-    __slots__ = ("state", "version", "found")
+    __slots__ = ("state", "version", "found", "open")
 
     def __init__(self) -> None:
         self.state: ClusterState | None = None
         self.version = -1
         self.found: dict[tuple[str, WorkerResources], Hosts] = {}
+        self.open = OpenNodes()   # refreshed by the caller at the start of each cycle
+
+    def offered_at_now(self, state: ClusterState, job: JobState) -> tuple[list[NodeState], set[str]]:
+        """The hosts of ``job``'s shape that a sweep offers at ``now``, in the state's
+        order (the open ones, for a worker that needs a GPU), and the names of all hosts."""
+        nodes, names = self.hosts(state, job)
+        if needs_gpu(job.spec.resources):
+            closed = self.open.closed
+            nodes = [node for node in nodes if node.info.name not in closed]
+        return nodes, names
 
     def hosts(self, state: ClusterState, job: JobState) -> Hosts:
         if state is not self.state or state.nodes_version != self.version or len(self.found) >= MAX_KEPT:
@@ -55,3 +73,64 @@ class KeptHosts:
         if found is None:
             found = self.found[key] = find_hosts(state, job)
         return found
+
+
+def is_open(node: NodeState) -> bool:
+    """Whether some GPU of ``node`` might take a worker: one healthy, whole GPUs allowed,
+    not cut into MIG and not wholly taken, or one that takes a MIG slice. What every fit
+    of a worker that needs a GPU needs (``gpu_fit.pick_gpus``)."""
+    return any((g.healthy and g.whole_ok and g.mig_mask == 0 and g.used_milli < 1000) or g.takes_mig()
+               for g in node.gpus)
+
+
+def needs_gpu(res: WorkerResources) -> bool:
+    return res.gpus > 0 or res.gpu_milli > 0 or res.is_mig
+
+
+class OpenNodes:
+    """The names of the nodes that are not open (``is_open``), kept for one state between
+    cycles: brought in step at the start of each cycle (``refresh``), while the state is
+    the log's, from the jobs the reducer journalled since."""
+
+    __slots__ = ("state", "version", "read", "closed", "held_on")
+
+    def __init__(self) -> None:
+        self.state: ClusterState | None = None
+        self.version = -1
+        self.read = 0
+        self.closed: set[str] = set()
+        self.held_on: dict[str, set[str]] = {}   # job -> the nodes its workers were on when last looked at
+
+    def refresh(self, state: ClusterState) -> None:
+        """Call with no tentative change on ``state`` (the cycle has booked nothing yet)."""
+        changes = state.changes_since(self.read)
+        if state is not self.state or state.nodes_version != self.version or changes is None:
+            self._rebuild(state)
+            return
+        self.read = state.changes_end()
+        nodes, jobs, held_on = state.nodes, state.jobs, self.held_on
+        touched: set[str] = set()
+        for job_id in dict.fromkeys(changes):
+            touched.update(held_on.pop(job_id, ()))
+            holder = jobs.get(job_id)
+            if holder is not None and holder.workers:
+                on = {w.node for w in holder.workers}
+                touched.update(on)
+                if any(job_id in nodes[n].jobs for n in on if n in nodes):
+                    held_on[job_id] = on
+        closed = self.closed
+        for name in touched:
+            node = nodes.get(name)
+            if node is None or is_open(node):
+                closed.discard(name)
+            else:
+                closed.add(name)
+
+    def _rebuild(self, state: ClusterState) -> None:
+        self.state, self.version, self.read = state, state.nodes_version, state.changes_end()
+        self.closed = {node.name for node in state.nodes.values() if not is_open(node)}
+        held_on: dict[str, set[str]] = {}
+        for node in state.nodes.values():
+            for job_id in node.jobs:
+                held_on.setdefault(job_id, set()).add(node.name)
+        self.held_on = held_on

@@ -159,6 +159,8 @@ class _BackfillRun:
         self.hosts: KeptHosts | None = None
         if kept is not None and not nominees:
             self.hosts = kept.get("hosts") or kept.setdefault("hosts", KeptHosts())
+            # Which nodes are open, from the log's state: the cycle has booked nothing yet.
+            self.hosts.open.refresh(statement.state)
 
     @property
     def reservation(self) -> Reservation | None:
