@@ -40,21 +40,63 @@ def could_ever_host(node: NodeState, job: JobState) -> bool:
             and len([g for g in node.gpus if g.healthy]) >= max(res.gpus, 1 if res.milli else 0))
 
 
+def _classes(state: ClusterState) -> dict[tuple, list[tuple[int, NodeState]]]:
+    classes: dict[tuple, list[tuple[int, NodeState]]] = {}
+    for i, node in enumerate(state.nodes.values()):
+        info = node.info
+        key = (info.pool, node.schedulable, node.model, info.cpu_milli, info.memory_mib,
+               len([g for g in node.gpus if g.healthy]))
+        classes.setdefault(key, []).append((i, node))
+    return classes
+
+
+def _position(member: tuple[int, NodeState]) -> int:
+    return member[0]
+
+
 def find_hosts(state: ClusterState, job: JobState) -> Hosts:
     nodes = [node for node in state.nodes.values() if could_ever_host(node, job)]
     return nodes, {node.name for node in nodes}
 
 
 class KeptHosts:
-    """``find_hosts`` by (pool, resources), for one state while its nodes stay as they were."""
+    """``find_hosts`` by (pool, resources), for one state while its nodes stay as they were.
 
-    __slots__ = ("state", "version", "found", "open")
+    What ``could_ever_host`` reads of a node is its class (pool, readiness, model, CPU,
+    memory, healthy GPUs): the nodes are grouped by class once while they stay, so a shape
+    not seen before is answered from the few classes, not from every node."""
+
+    __slots__ = ("state", "version", "found", "classes", "open")
 
     def __init__(self) -> None:
         self.state: ClusterState | None = None
         self.version = -1
         self.found: dict[tuple[str, WorkerResources], Hosts] = {}
+        # (pool, ready, model, cpu, memory, healthy GPUs) -> [(position in the state, node)]
+        self.classes: dict[tuple, list[tuple[int, NodeState]]] = {}
         self.open = OpenNodes()   # refreshed by the caller at the start of each cycle
+
+    def hosts(self, state: ClusterState, job: JobState) -> Hosts:
+        if state is not self.state or state.nodes_version != self.version:
+            self.state, self.version, self.found = state, state.nodes_version, {}
+            self.classes = _classes(state)
+        elif len(self.found) >= MAX_KEPT:
+            self.found = {}
+        spec = job.spec
+        key = (spec.pool, spec.resources)
+        found = self.found.get(key)
+        if found is None:
+            res = spec.resources
+            need = max(res.gpus, 1 if res.milli else 0)
+            taken = [members for (pool, ready, model, cpu, memory, healthy), members in self.classes.items()
+                     if pool == spec.pool and ready and res.allows(model) and cpu >= res.cpu_milli
+                     and memory >= res.memory_mib and healthy >= need]
+            if len(taken) == 1:
+                nodes = [node for _, node in taken[0]]
+            else:   # several classes: back in the state's order
+                nodes = [node for _, node in sorted((m for members in taken for m in members), key=_position)]
+            found = self.found[key] = (nodes, {node.name for node in nodes})
+        return found
 
     def offered_at_now(self, state: ClusterState, job: JobState) -> tuple[list[NodeState], set[str]]:
         """The hosts of ``job``'s shape that a sweep offers at ``now``, in the state's
@@ -65,14 +107,6 @@ class KeptHosts:
             nodes = [node for node in nodes if node.info.name not in closed]
         return nodes, names
 
-    def hosts(self, state: ClusterState, job: JobState) -> Hosts:
-        if state is not self.state or state.nodes_version != self.version or len(self.found) >= MAX_KEPT:
-            self.state, self.version, self.found = state, state.nodes_version, {}
-        key = (job.spec.pool, job.spec.resources)
-        found = self.found.get(key)
-        if found is None:
-            found = self.found[key] = find_hosts(state, job)
-        return found
 
 
 def is_open(node: NodeState) -> bool:

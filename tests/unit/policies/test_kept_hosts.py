@@ -100,3 +100,11 @@ def test_a_node_freed_by_a_requeued_job_is_open_again():
     assert log.job("a").workers == ()
     kept.refresh(log.state)
     assert kept.closed == set()
+
+
+def test_hosts_of_several_classes_come_in_the_state_order():
+    """Nodes of two models, interleaved: a sweep offers hosts in the state's order, as a
+    pass over the nodes would (breaking it, e.g. listing class after class, fails here)."""
+    log = Log(make_node("n0"), make_node("n1", model="A100-80GB"), make_node("n2"))
+    nodes, _ = KeptHosts().hosts(log.state, job(SHAPES[0]))
+    assert [n.name for n in nodes] == ["n0", "n1", "n2"]
