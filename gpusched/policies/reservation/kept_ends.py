@@ -12,8 +12,11 @@ pool of one state and, at each cycle's first sweep, brings it in step with the s
 * a change of what estimates a runtime (the pool's default time limit, the stage's
   default estimate) lists everything again.
 
-That check still reads every running job, but as a comparison of a few fields, not the
-computation of its end and a heap entry (about a tenth of the build). An end is kept
+Which jobs and nodes to look at the reducer says: it journals the jobs each event changed
+(``ClusterState.changes``) and counts node changes (``nodes_version``), so a refresh
+compares only the jobs journalled since the last and the nodes they held or hold. Where
+the journal was overrun or a node changed it compares every node and every running job
+(a comparison of a few fields, about a tenth of the build). An end is kept
 unclamped (``raw_end``: a job being stopped ends at ``-inf``): ``max(now, end)`` keeps
 the order, so the walk clamps what it reads (``EndWalk``). Ends that changed are pushed
 as new entries and the old ones left in the heap, dead: ``live`` maps each (node, job)
