@@ -108,7 +108,6 @@ class KeptHosts:
         return nodes, names
 
 
-
 def is_open(node: NodeState) -> bool:
     """Whether some GPU of ``node`` might take a worker: one healthy, whole GPUs allowed,
     not cut into MIG and not wholly taken, or one that takes a MIG slice. What every fit

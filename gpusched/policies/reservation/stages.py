@@ -158,9 +158,12 @@ class _BackfillRun:
         # the same condition: nominee holds change node status tentatively.
         self.hosts: KeptHosts | None = None
         if kept is not None and not nominees:
-            self.hosts = kept.get("hosts") or kept.setdefault("hosts", KeptHosts())
+            hosts = kept.get("hosts")
+            if hosts is None:
+                hosts = kept["hosts"] = KeptHosts()
+            self.hosts = hosts
             # Which nodes are open, from the log's state: the cycle has booked nothing yet.
-            self.hosts.open.refresh(statement.state)
+            hosts.open.refresh(statement.state)
 
     @property
     def reservation(self) -> Reservation | None:
