@@ -14,7 +14,7 @@ whose CPU time is printed apart.
     .venv/bin/python bench/cycle_bench.py [--nodes 2] [--pending 3000] [--cycles 300] [--queue priority]
                                           [--reservations] [--reasons] [--policy defaults]
                                           [--job-gpus 1] [--mix openb] [--cold]
-                                          [--max-job-test N] [--job-test-head N]
+                                          [--max-job-test N] [--job-test-head N] [--freeze]
 
 Without ``--reservations`` the scheduler reserves nothing (``--no-backfill --reserve-after
 inf``), the placer's defaults of earlier versions; with it, the reservation settings are
@@ -34,6 +34,12 @@ each cycle entering the jobs submitted since the one before into its queues (and
 reservation stage building its index of ends once). So the first cycle after the
 backlog, which does that for all of it, is run and not measured; every measured cycle
 still enters the ``--ends`` jobs submitted before it. ``--cold`` measures it too.
+
+A cycle's CPU time includes the cyclic GC's collections that fall in it; a full one scans
+the whole state (hundreds of thousands of objects here). The services freeze what
+survives each full collection (``gpusched.adapters.gc_pacing``), so theirs scan only what
+came since: ``--freeze`` does that once before the measured cycles (with ``--cold``,
+before the backlog's first cycle).
 """
 from __future__ import annotations
 
@@ -141,6 +147,9 @@ def main() -> None:
                    help="SchedulerConfig.job_test_head (default: its default; >= --max-job-test: no cursor)")
     p.add_argument("--no-keys", action="store_true", help="without the QueueKeys memo (as before it)")
     p.add_argument("--reasons", action="store_true", help="also the placer's pending-reason pass after each cycle")
+    p.add_argument("--freeze", action="store_true", help="gc.freeze() once the backlog is in, as a service's "
+                   "GC pacing (gpusched.adapters.gc_pacing) does after each full collection: the cycles' "
+                   "figures then leave out full collections of the whole state")
     p.add_argument("--cold", action="store_true", help="measure the first cycle after the backlog arrived too "
                    "(it enters every waiting job into the queues and builds what cycles keep)")
     args = p.parse_args()
@@ -172,6 +181,8 @@ def main() -> None:
         from gpusched_placer.reasons import PendingReasons   # the service's module: installed with the package
         reasons = PendingReasons("bench")
     gc.collect()
+    if args.freeze:
+        gc.freeze()
     why_cpu = 0.0
     times: list[float] = []
     decided = written = 0

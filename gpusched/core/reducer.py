@@ -17,7 +17,7 @@ from gpusched.core.capacity import check_placement, commit, release, settle_ledg
 from gpusched.core.model import EXIT_LOST, NO_PENDING_REASON, JobPhase, NodeStatus, PendingKind
 from gpusched.core.policy import DEFAULT_TEAM, allowed, check_quota, check_team_policy
 from gpusched.core.retention import note_ended, prune_finished, set_retention
-from gpusched.core.state import ClusterState, JobState, NodeState, gpu_state, set_gpu_info
+from gpusched.core.state import CHANGES_KEPT, ClusterState, JobState, NodeState, gpu_state, set_gpu_info
 from gpusched.core.validation import check_known_pool, check_pool_name, check_spec_alone
 
 # A node with this many GPU faults is cordoned until an operator clears it.
@@ -72,9 +72,21 @@ def apply(state: ClusterState, event: ev.Event) -> Outcome:
     outcome = handler(event, state)
     if outcome.accepted:
         state.version += 1
+        if outcome.jobs:
+            note_changes(state, outcome.jobs)
     else:
         state.rejected += 1
     return outcome
+
+
+def note_changes(state: ClusterState, jobs: tuple[str, ...]) -> None:
+    """Journal the jobs an event changed (``ClusterState.changes``), bounded."""
+    changes = state.changes
+    changes.extend(jobs)
+    if len(changes) > CHANGES_KEPT:
+        dropped = len(changes) // 2
+        del changes[:dropped]
+        state.changes_base += dropped
 
 
 # One handler per event type, looked up by the event's exact type: a plain dict is
@@ -113,6 +125,7 @@ def _node_registered(e: ev.NodeRegistered, state: ClusterState) -> Outcome:
     if old is None:
         state.nodes[info.name] = NodeState(info=info, gpus=[gpu_state(g, info.dynamic_mig) for g in info.gpus])
         state.capacity_epoch += 1
+        state.nodes_version += 1
         state.pools[info.pool] = None
         return ACCEPTED
     if len(old.gpus) != len(info.gpus):
@@ -124,6 +137,7 @@ def _node_registered(e: ev.NodeRegistered, state: ClusterState) -> Outcome:
     # A restarted agent: keep allocations (the log still assigns that work here), take
     # the fresh inventory, and bring a lost node back. A cordon survives restarts.
     old.info = info
+    state.nodes_version += 1
     for gpu, fresh in zip(old.gpus, info.gpus):
         set_gpu_info(gpu, fresh, info.dynamic_mig)
     if old.status is _LOST:
@@ -146,6 +160,7 @@ def _node_lost(e: ev.NodeLost, state: ClusterState) -> Outcome:
     if node is None or node.status is _LOST:
         return _reject(f"node {e.node} unknown or already lost")
     node.status = _LOST
+    state.nodes_version += 1
     node.fence_at = e.time + node.info.lease_s + node.info.kill_wait_s + FENCE_MARGIN_S
     reason = f"node {e.node} lost"
     moved = [_begin_stop(state, state.jobs[j], "requeue", reason, e.time) for j in sorted(node.jobs)]
@@ -185,6 +200,7 @@ def _node_cordoned(e: ev.NodeCordoned, state: ClusterState) -> Outcome:
     node.cordoned = True
     if node.status is _READY:
         node.status = _CORDONED
+    state.nodes_version += 1
     return ACCEPTED
 
 
@@ -197,6 +213,7 @@ def _node_uncordoned(e: ev.NodeUncordoned, state: ClusterState) -> Outcome:
     if node.status is _CORDONED:
         node.status = _READY
     state.capacity_epoch += 1
+    state.nodes_version += 1
     node.faults = 0
     for gpu in node.gpus:   # the operator vouches for the repaired hardware
         gpu.healthy = True
@@ -212,6 +229,7 @@ def _gpu_health_changed(e: ev.GpuHealthChanged, state: ClusterState) -> Outcome:
     if gpu.healthy == e.healthy:
         return _reject("health unchanged")
     gpu.healthy = e.healthy
+    state.nodes_version += 1
     if e.healthy:
         state.capacity_epoch += 1
         return ACCEPTED

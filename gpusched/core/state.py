@@ -207,6 +207,10 @@ class TeamLedger:
     memory_mib: float = 0.0
 
 
+# Entries of ``ClusterState.changes`` kept: a placer reads them every cycle, a few
+# thousand apart at most; a state nobody reads keeps this many (a few MB) at most.
+CHANGES_KEPT = 1 << 17
+
 DEFAULT_HALF_LIFE_S = 3600.0   # fair share: the half-life of the usage teams are charged for
 
 
@@ -295,6 +299,29 @@ class ClusterState:
     ended_head: int = 0   # ended[:ended_head] are pruned already
     prune_at: float = 0.0  # clock at which the oldest of them may go; 0 when none waits
     pruned: int = 0       # jobs dropped so far
+    # The jobs each accepted event changed (its ``Outcome.jobs``), in the order applied:
+    # what a policy keeps beside the state between cycles (the reservation stage's index of
+    # ends) reads the entries past its last position instead of comparing every job.
+    # ``changes[0]`` is entry number ``changes_base``: past ``CHANGES_KEPT`` entries the older
+    # half is dropped (``note_changes``), and a reader whose position is below the base
+    # compares everything, as it would without this journal.
+    changes: list[str] = field(default_factory=list)
+    changes_base: int = 0
+    # Bumps whenever a node is added or its registration, status or a GPU's health changes:
+    # what policies derive from the nodes alone (which could ever host a shape) holds while
+    # it stays.
+    nodes_version: int = 0
+
+    def changes_since(self, position: int) -> list[str] | None:
+        """The jobs changed from entry ``position`` on (a job may repeat), or None when
+        those entries were dropped."""
+        if position < self.changes_base:
+            return None
+        return self.changes[position - self.changes_base:]
+
+    def changes_end(self) -> int:
+        """The number the next entry will get: a reader's position once it has read all."""
+        return self.changes_base + len(self.changes)
 
     def team_usage(self, team: str) -> Usage:
         usage = self.usage.get(team)

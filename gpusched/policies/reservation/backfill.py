@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
 from gpusched.core.mig import FULL_MASK, parse_profile
 from gpusched.core.model import JobPhase, WorkerAssignment
 from gpusched.core.state import ClusterState, GpuState, JobState, NodeState
 from gpusched.policies.gpu_fit import fits_node, pick_gpus
 from gpusched.policies.reservation.ends import EndIndex, EndWalk
+from gpusched.policies.reservation.hosts import KeptHosts, find_hosts
 from gpusched.policies.statement import Change, Statement
 
 
@@ -92,6 +93,7 @@ def reserve_for_head_of_line(statement: Statement, job: JobState, now: float,
                              earlier: Sequence[tuple[Reservation, float]] = (),
                              index: EndIndex | None = None,
                              at_now: dict | None = None,
+                             hosts: KeptHosts | None = None,
                              ) -> Reservation | None:
     """The earliest slots where every worker of ``job`` fits once running jobs end, or
     None when that never happens (it fits no node, or it waits on jobs of unknown
@@ -103,6 +105,8 @@ def reserve_for_head_of_line(statement: Statement, job: JobState, now: float,
     (``ends.EndIndex``), built for an earlier sweep of this cycle; built here when None.
     ``at_now``: what earlier sweeps of this cycle found at ``now`` (``_offer_at_now``),
     only where nothing but the cycle's bookings and reservations changed the state since.
+    ``hosts``: the nodes that could ever host each shape, kept between cycles (``hosts``),
+    likewise only where no tentative change of node status was made.
 
     Sweeps the expected ends in time order, releasing each on ``statement`` and offering
     its node another worker, until every worker has a slot: the work is proportional to
@@ -112,14 +116,14 @@ def reserve_for_head_of_line(statement: Statement, job: JobState, now: float,
         index = EndIndex(statement.state, job.spec.pool, now, estimate)
     mark = statement.checkpoint()
     try:
-        return _sweep(statement, job, now, booked, estimate, earlier, index, at_now)
+        return _sweep(statement, job, now, booked, estimate, earlier, index, at_now, hosts)
     finally:
         statement.rollback(mark)
 
 
 def _sweep(statement: Statement, job: JobState, now: float, booked: Mapping[str, tuple[WorkerAssignment, ...]],
            estimate: Estimate, earlier: Sequence[tuple[Reservation, float]], index: EndIndex,
-           at_now: dict | None) -> Reservation | None:
+           at_now: dict | None, kept_hosts: KeptHosts | None = None) -> Reservation | None:
     state = statement.state
     # Earlier reservations keep what they need until their jobs end: held here, and held
     # again after every release on their nodes, so this job is never given their slots.
@@ -128,7 +132,7 @@ def _sweep(statement: Statement, job: JobState, now: float, booked: Mapping[str,
     for _, _, hold in kept:
         hold.apply()
     sweep = _Sweep(job, statement)
-    hosts = _offer_at_now(state, sweep, now, at_now)
+    hosts = _offer_at_now(state, sweep, now, at_now, kept_hosts)
     if sweep.done:
         return sweep.reservation(now)
     ends = EndWalk(index, state, hosts, booked, now, estimate)
@@ -157,13 +161,12 @@ def _sweep(statement: Statement, job: JobState, now: float, booked: Mapping[str,
 
 def _release_by_node(statement: Statement, sweep: "_Sweep", t: float, ends: EndWalk, lifted: list[str],
                      hosts: set[str], holds: list["ReservationHold"]) -> None:
-    """``_free_and_offer`` with at most one hold, reading the ends at ``t`` as it goes:
-    they come in node order (``ends.End``), so the nodes are released and offered in name
+    """A sweep's step at ``t`` with at most one hold, node by node (``_release_and_offer``),
+    reading the ends at ``t`` as it goes: they come in node order (``ends.End``), so the nodes are released and offered in name
     order, each when its last end at ``t`` is read, and what ends at ``t`` on the nodes
     after the one that completes the job is never read. On a pool where thousands of
     jobs end at one time (placed in one cycle, or all past their estimates: at ``now``)
     that is most of a sweep's work saved."""
-    nodes = statement.state.nodes
     i = 0
     while True:
         at_t = ends.next_time() == t
@@ -173,20 +176,36 @@ def _release_by_node(statement: Statement, sweep: "_Sweep", t: float, ends: EndW
         if i < len(lifted) and lifted[i] <= name:
             name = lifted[i]
             i += 1
-        while ends.next_time() == t and ends.next_node() == name:
-            _, holder, here = ends.pop()
-            statement.release(holder, here)
-        for hold in holds:
-            if name in hold.nodes:
-                hold.lift()
-                hold.apply()
-        if name in hosts:
-            sweep.offer(nodes[name], t)
-            if sweep.done:
-                return
+        _release_and_offer(statement, sweep, t, name, _ends_at(ends, t, name), hosts, holds)
+        if sweep.done:
+            return
 
 
-def _offer_at_now(state: ClusterState, sweep: "_Sweep", now: float, at_now: dict | None) -> set[str]:
+def _ends_at(ends: EndWalk, t: float, name: str) -> Iterator[tuple[JobState, tuple[WorkerAssignment, ...]]]:
+    """The ends at ``t`` on node ``name`` that come next in ``ends``, read as they are taken."""
+    while ends.next_time() == t and ends.next_node() == name:
+        _, holder, here = ends.pop()
+        yield holder, here
+
+
+def _release_and_offer(statement: Statement, sweep: "_Sweep", t: float, name: str,
+                       freed: Iterable[tuple[JobState, tuple[WorkerAssignment, ...]]],
+                       hosts: set[str], holds: list["ReservationHold"]) -> None:
+    """One node's step of a sweep with at most one hold: release what ends there at ``t``,
+    hold again what the earlier reservation needs of it (its share of a node depends on
+    that node alone), and offer it the job's remaining workers if it could host one."""
+    for holder, here in freed:
+        statement.release(holder, here)
+    for hold in holds:
+        if name in hold.nodes:
+            hold.lift()
+            hold.apply()
+    if name in hosts:
+        sweep.offer(statement.state.nodes[name], t)
+
+
+def _offer_at_now(state: ClusterState, sweep: "_Sweep", now: float, at_now: dict | None,
+                  kept: KeptHosts | None = None) -> set[str]:
     """Offer every node that could ever host a worker of the job at ``now``, in the state's
     order, until the job has every worker; the names of those nodes (complete only when
     it has not).
@@ -194,7 +213,9 @@ def _offer_at_now(state: ClusterState, sweep: "_Sweep", now: float, at_now: dict
     ``at_now`` (per cycle, by pool and resources): the nodes and, of them, those that took
     a worker, from an earlier sweep that offered every one. Within a cycle capacity at
     ``now`` only shrinks (bookings, and holds, which keep what is free up to a need), so
-    a node that took no worker then takes none now: only the others are offered again."""
+    a node that took no worker then takes none now: only the others are offered again.
+    ``kept``: the nodes that could ever host each shape, and those open, kept between
+    cycles (``hosts``): a node not open takes no worker that needs a GPU."""
     job = sweep.job
     key = (job.spec.pool, job.spec.resources)
     memo = at_now.get(key) if at_now is not None else None
@@ -209,17 +230,16 @@ def _offer_at_now(state: ClusterState, sweep: "_Sweep", now: float, at_now: dict
             if sweep.done:
                 return hosts
     else:
-        hosts = set()
-        # One pass: a pool's every node is read once a sweep, so it is kept to the checks.
-        for node in state.nodes.values():
-            if _could_ever_host(node, job):
-                hosts.add(node.name)
-                before = len(sweep.found)
-                sweep.offer(node, now)
-                if len(sweep.found) > before:
-                    took.append(node)
-                if sweep.done:
-                    return hosts
+        # A pool's every node is read once a sweep (or once while nodes stay, ``kept``),
+        # so the pass is kept to the checks.
+        nodes, hosts = kept.offered_at_now(state, job) if kept is not None else find_hosts(state, job)
+        for node in nodes:
+            before = len(sweep.found)
+            sweep.offer(node, now)
+            if len(sweep.found) > before:
+                took.append(node)
+            if sweep.done:
+                return hosts
     if at_now is not None:
         at_now[key] = (hosts, took)
     return hosts
@@ -229,29 +249,11 @@ def _free_and_offer(statement: Statement, sweep: "_Sweep", t: float,
                     freed: Mapping[str, list[tuple[JobState, tuple[WorkerAssignment, ...]]]],
                     touched: set[str], hosts: set[str], holds: list["ReservationHold"]) -> None:
     """Release what ends at ``t``, hold again what the earlier reservations need on the
-    ``touched`` nodes, and offer those the job can use, in name order.
-
-    With at most one earlier reservation held this goes node by node, each released just
-    before it is offered, and stops at the node that gives the job its last worker: a
-    node's fit, and the one hold's share of it, depend on that node alone, and jobs placed
-    in one cycle end at one time, so on a large pool thousands of them would be released
-    (and rolled back) for the few nodes the job needs. With several holds one's share of
-    a node depends on the others', as last computed: everything is released and held
-    again before any offer."""
+    ``touched`` nodes, and offer those the job can use, in name order: with several holds
+    one's share of a node depends on the others', as last computed, so everything is
+    released and held again before any offer. (With at most one hold a sweep goes node
+    by node: ``_release_by_node``.)"""
     nodes = statement.state.nodes
-    if len(holds) <= 1:
-        for name in sorted(touched):
-            for holder, here in freed.get(name, ()):
-                statement.release(holder, here)
-            for hold in holds:
-                if name in hold.nodes:
-                    hold.lift()
-                    hold.apply()
-            if name in hosts:
-                sweep.offer(nodes[name], t)
-                if sweep.done:
-                    return
-        return
     for jobs in freed.values():
         for holder, here in jobs:
             statement.release(holder, here)
@@ -288,13 +290,6 @@ class _Sweep:
 
     def reservation(self, shadow: float) -> Reservation:
         return Reservation(self.job, shadow, tuple(self.found))
-
-
-def _could_ever_host(node: NodeState, job: JobState) -> bool:
-    res, info = job.spec.resources, node.info
-    return (info.pool == job.spec.pool and node.schedulable and res.allows(node.model)
-            and info.cpu_milli >= res.cpu_milli and info.memory_mib >= res.memory_mib
-            and len([g for g in node.gpus if g.healthy]) >= max(res.gpus, 1 if res.milli else 0))
 
 
 class ReservationHold:

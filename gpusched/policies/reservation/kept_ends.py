@@ -12,8 +12,11 @@ pool of one state and, at each cycle's first sweep, brings it in step with the s
 * a change of what estimates a runtime (the pool's default time limit, the stage's
   default estimate) lists everything again.
 
-That check still reads every running job, but as a comparison of a few fields, not the
-computation of its end and a heap entry (about a tenth of the build). An end is kept
+Which jobs and nodes to look at the reducer says: it journals the jobs each event changed
+(``ClusterState.changes``) and counts node changes (``nodes_version``), so a refresh
+compares only the jobs journalled since the last and the nodes they held or hold. Where
+the journal was overrun or a node changed it compares every node and every running job
+(a comparison of a few fields, about a tenth of the build). An end is kept
 unclamped (``raw_end``: a job being stopped ends at ``-inf``): ``max(now, end)`` keeps
 the order, so the walk clamps what it reads (``EndWalk``). Ends that changed are pushed
 as new entries and the old ones left in the heap, dead: ``live`` maps each (node, job)
@@ -69,7 +72,7 @@ def _signature(holder: JobState) -> tuple:
 class KeptEnds:
     """One pool's ends, kept for one state between cycles (by ``QueueKeys.ends``)."""
 
-    __slots__ = ("state", "setting", "index", "nodes", "jobs", "number", "now")
+    __slots__ = ("state", "setting", "index", "nodes", "jobs", "number", "now", "read", "nodes_version")
 
     def __init__(self) -> None:
         self.state: ClusterState | None = None
@@ -80,6 +83,10 @@ class KeptEnds:
         self.jobs: dict[str, tuple[JobState, tuple]] = {}   # job on the pool's nodes -> (state, signature)
         self.number = 0
         self.now = -math.inf   # the latest cycle's: ends before it are overdue
+        # Where the state's journal of changed jobs was read up to, and its count of node
+        # changes then (``_compare_changed``).
+        self.read = 0
+        self.nodes_version = -1
 
     def current(self, state: ClusterState, pool: str, now: float, estimate, setting: object) -> EndIndex:
         """The index of ``pool``'s ends in ``state``, for this cycle's sweeps.
@@ -121,6 +128,7 @@ class KeptEnds:
 
     def _rebuild(self, state: ClusterState, pool: str, estimate, setting: object) -> None:
         self.state, self.setting = state, setting
+        self.read, self.nodes_version = state.changes_end(), state.nodes_version
         index = EndIndex.__new__(EndIndex)
         index.heap, index.live, index.overdue = [], {}, []
         self.index, self.nodes, self.jobs = index, {}, {}
@@ -130,23 +138,13 @@ class KeptEnds:
         heapq.heapify(index.heap)
 
     def _refresh(self, state: ClusterState, pool: str, estimate) -> None:
-        nodes, jobs = self.nodes, self.jobs
-        dirty: set[str] = set()
-        seen = 0
-        for name, node in state.nodes.items():
-            kept = nodes.get(name)
-            if kept is None:
-                if node.info.pool == pool:
-                    dirty.add(name)
-                continue
-            seen += 1
-            if kept[0] is not node or kept[1] is not node.info or kept[2] != node.jobs:
-                dirty.add(name)
-        if seen != len(nodes):   # a node gone from the state
-            dirty.update(n for n in nodes if n not in state.nodes)
-        # ``_signature``, inlined: this comparison is the refresh's whole cost on a quiet pool.
-        changed = [(job_id, h, signature) for job_id, (h, signature) in jobs.items()
-                   if (h.phase, h.placed_at, h.started_at, h.time_limit_s, h.workers) != signature]
+        changes = state.changes_since(self.read)
+        if changes is None or state.nodes_version != self.nodes_version:
+            dirty, changed = self._compare_all(state, pool)
+        else:
+            dirty, changed = self._compare_changed(state, pool, changes)
+        self.read, self.nodes_version = state.changes_end(), state.nodes_version
+        jobs = self.jobs
         for job_id, holder, signature in changed:
             # Listed again with the nodes that hold it now, if any does.
             del jobs[job_id]
@@ -154,6 +152,7 @@ class KeptEnds:
             dirty.update(w.node for w in holder.workers)
         if not dirty:
             return
+        nodes = self.nodes
         moved = {job_id for job_id, _, _ in changed}
         live, added = self.index.live, []
         for name in dirty:
@@ -175,6 +174,54 @@ class KeptEnds:
         # entries gather at the top, where every sweep would read past them.
         while heap and live.get((heap[0][1], heap[0][3].job_id)) != heap[0][2]:
             pop(heap)
+
+    def _compare_all(self, state: ClusterState, pool: str) -> tuple[set[str], list[tuple]]:
+        """The nodes whose listing is stale and the jobs whose end may have moved, by
+        comparing every node and every kept job (when the journal cannot say)."""
+        nodes, jobs = self.nodes, self.jobs
+        dirty: set[str] = set()
+        seen = 0
+        for name, node in state.nodes.items():
+            kept = nodes.get(name)
+            if kept is None:
+                if node.info.pool == pool:
+                    dirty.add(name)
+                continue
+            seen += 1
+            if kept[0] is not node or kept[1] is not node.info or kept[2] != node.jobs:
+                dirty.add(name)
+        if seen != len(nodes):   # a node gone from the state
+            dirty.update(n for n in nodes if n not in state.nodes)
+        # ``_signature``, inlined: this comparison is the whole cost on a quiet pool.
+        changed = [(job_id, h, signature) for job_id, (h, signature) in jobs.items()
+                   if (h.phase, h.placed_at, h.started_at, h.time_limit_s, h.workers) != signature]
+        return dirty, changed
+
+    def _compare_changed(self, state: ClusterState, pool: str, changes: list[str]) -> tuple[set[str], list[tuple]]:
+        """``_compare_all`` on what the reducer's journal says changed since the last
+        cycle (``ClusterState.changes``), no node having changed (``nodes_version``): a
+        node's jobs change only with a job that the journal names, and that held it
+        before (kept) or holds it now."""
+        nodes, jobs, state_nodes, state_jobs = self.nodes, self.jobs, state.nodes, state.jobs
+        dirty: set[str] = set()
+        changed = []
+        for job_id in dict.fromkeys(changes):
+            entry = jobs.get(job_id)
+            holder = state_jobs.get(job_id)
+            touched = {w.node for w in holder.workers} if holder is not None else set()
+            if entry is not None:
+                h, signature = entry
+                touched.update(w.node for w in signature[4])
+                if h is not holder or (h.phase, h.placed_at, h.started_at, h.time_limit_s, h.workers) != signature:
+                    changed.append((job_id, h, signature))
+            for name in touched:
+                kept, node = nodes.get(name), state_nodes.get(name)
+                if kept is None:
+                    if node is not None and node.info.pool == pool:
+                        dirty.add(name)
+                elif node is None or kept[0] is not node or kept[1] is not node.info or kept[2] != node.jobs:
+                    dirty.add(name)
+        return dirty, changed
 
     def _list(self, node: NodeState, estimate, out: list, same: AbstractSet[str] = frozenset()) -> None:
         """Append ``node``'s ends to ``out`` and record them live (as ``EndIndex`` lists

@@ -28,6 +28,7 @@ from gpusched.policies.reservation.backfill import (
     DEFAULT_ESTIMATE_S, Reservation, ReservationHold, ends_before, reserve_for_head_of_line, runtime_estimate,
 )
 from gpusched.policies.reservation.ends import EndIndex
+from gpusched.policies.reservation.hosts import KeptHosts
 from gpusched.policies.reservation.kept_ends import KeptEnds
 from gpusched.policies.statement import Statement
 
@@ -153,6 +154,16 @@ class _BackfillRun:
         # cycle's bookings and holds change capacity: not with nominations, whose holds
         # (``NomineeHold``) depend on the job offered.
         self.at_now: dict | None = None if nominees else {}
+        # The nodes that could ever host each shape (``hosts``), kept between cycles, on
+        # the same condition: nominee holds change node status tentatively.
+        self.hosts: KeptHosts | None = None
+        if kept is not None and not nominees:
+            hosts = kept.get("hosts")
+            if hosts is None:
+                hosts = kept["hosts"] = KeptHosts()
+            self.hosts = hosts
+            # Which nodes are open, from the log's state: the cycle has booked nothing yet.
+            hosts.open.refresh(statement.state)
 
     @property
     def reservation(self) -> Reservation | None:
@@ -203,7 +214,7 @@ class _BackfillRun:
             index = self._ends[pool] = self._index(pool)
         with self.lifted():   # the sweep holds the earlier reservations itself, as time goes
             reservation = reserve_for_head_of_line(self.statement, job, self.now, booked, self.estimate, earlier,
-                                                   index, self.at_now)
+                                                   index, self.at_now, self.hosts)
         if reservation is None:
             self.unreservable.add(shape)
             return

@@ -12,8 +12,9 @@ from typing import Mapping, Sequence
 from gpusched.core.model import JobPhase, WorkerAssignment
 from gpusched.core.state import ClusterState, JobState, NodeState
 from gpusched.policies.reservation.backfill import (
-    Estimate, Reservation, ReservationHold, _could_ever_host, _Sweep, _time_limit,
+    Estimate, Reservation, ReservationHold, _Sweep, _time_limit,
 )
+from gpusched.policies.reservation.hosts import could_ever_host
 from gpusched.policies.statement import Statement
 
 
@@ -50,7 +51,7 @@ def _sweep(statement: Statement, job: JobState, now: float, booked: Mapping[str,
     for _, _, hold in kept:
         hold.apply()
     sweep = _Sweep(job, statement)
-    candidates = [node for node in state.nodes.values() if _could_ever_host(node, job)]
+    candidates = [node for node in state.nodes.values() if could_ever_host(node, job)]
     hosts = {node.name for node in candidates}
     for node in candidates:
         sweep.offer(node, now)

@@ -28,20 +28,29 @@ step = st.one_of(
     st.tuples(st.just("stopped"), st.integers(0, 30)),
     st.tuples(st.just("limit"), st.sampled_from((0.0, 20.0, 60.0))),
     st.tuples(st.just("wait"), st.sampled_from((1.0, 40.0))),
+    st.tuples(st.just("finish"), st.integers(0, 30), st.integers(0, 1)),
+    st.tuples(st.just("preempt"), st.integers(0, 30)),
+    st.tuples(st.just("gpu"), st.integers(0, 2), st.integers(0, 5), st.booleans()),
+    st.tuples(st.just("lost"), st.integers(0, 2)),
+    st.tuples(st.just("register"), st.integers(0, 3)),
+    st.just(("drop",)),
 )
 
 
 def apply_step(log: Log, s: tuple, made: list[str]) -> None:
     """One change to the state: a job placed (a gang on two nodes if asked), started,
-    cancelled (it stops), its workers gone, the pool's default time limit, time passing."""
+    cancelled or preempted (it stops), its workers gone, one worker ended, the pool's default time
+    limit, time passing, a GPU failed or back, a node lost or (re-)registered, the
+    reducer's journal of changed jobs overrun."""
     kind = s[0]
     if kind == "place":
         _, at, gpus, limit, gang = s
         names = [NODES[at], NODES[(at + 1) % len(NODES)]][:1 + gang]
         spots = []
         for name in names:
-            free = [g.info.index for g in log.node(name).gpus if not g.used_milli]
-            if len(free) < gpus:
+            node = log.node(name)
+            free = [g.info.index for g in node.gpus if not g.used_milli and g.healthy]
+            if len(free) < gpus or not node.schedulable:
                 return
             spots.append((name, whole(*free[:gpus])))
         job_id = f"j{len(made)}"
@@ -63,6 +72,28 @@ def apply_step(log: Log, s: tuple, made: list[str]) -> None:
         assert log(ev.PoolTimeLimitsSet, pool="default", default_s=s[1]).accepted
     elif kind == "wait":
         log.now += s[1]
+    elif kind == "finish" and made:   # one worker of a job ends (a gang's other may run on)
+        job = log.job(made[s[1] % len(made)])
+        if job.phase is JobPhase.RUNNING and s[2] < len(job.workers):
+            log.finish(job.job_id, s[2], 0)
+    elif kind == "preempt" and made:   # stopped to be requeued: its workers go once it stopped
+        job = log.job(made[s[1] % len(made)])
+        if job.phase in (JobPhase.PLACED, JobPhase.RUNNING):
+            assert log(ev.JobPreempted, job_id=job.job_id, attempt=job.attempt, for_job="other").accepted
+    elif kind == "gpu":   # a GPU fails (its jobs stop) or comes back
+        log(ev.GpuHealthChanged, node=NODES[s[1]], gpu_index=s[2], healthy=s[3])
+    elif kind == "lost":
+        log(ev.NodeLost, node=NODES[s[1]])
+    elif kind == "register":   # an agent (re-)registers: a lost node comes back, or a new node
+        name = (*NODES, "n3")[s[1]]
+        log(ev.NodeRegistered, node=make_node(name, gpus=6, cpu=64_000, mem=512_000))
+    elif kind == "drop":
+        # The journal of changed jobs ran over its bound (``CHANGES_KEPT``): its entries so
+        # far are dropped, as ``note_changes`` drops the older half.
+        state = log.state
+        dropped = len(state.changes)
+        del state.changes[:dropped]
+        state.changes_base += dropped
     # ("check",): nothing changes
 
 
