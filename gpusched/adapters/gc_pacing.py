@@ -24,13 +24,28 @@ import asyncio
 import gc
 import time
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Iterator, Self
 
 THAW_EVERY_S = 3600.0
 OLDEST = 2   # CPython's generations: 0, 1, 2
 
 
-class GcPacer:
+class _GcCallback:
+    """Hooked into ``gc.callbacks`` from ``install`` until ``uninstall``."""
+
+    def install(self) -> Self:
+        gc.callbacks.append(self._on_gc)
+        return self
+
+    def uninstall(self) -> None:
+        if self._on_gc in gc.callbacks:
+            gc.callbacks.remove(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict) -> None:
+        raise NotImplementedError
+
+
+class GcPacer(_GcCallback):
     def __init__(self, loop: asyncio.AbstractEventLoop, thaw_every_s: float = THAW_EVERY_S,
                  clock=time.monotonic) -> None:
         self._loop = loop
@@ -39,14 +54,6 @@ class GcPacer:
         self._thawed_at = clock()
         self.freezes = 0
         self.thaws = 0
-
-    def install(self) -> "GcPacer":
-        gc.callbacks.append(self._on_gc)
-        return self
-
-    def uninstall(self) -> None:
-        if self._on_gc in gc.callbacks:
-            gc.callbacks.remove(self._on_gc)
 
     def _on_gc(self, phase: str, info: dict) -> None:
         if phase != "stop" or info["generation"] != OLDEST:
@@ -95,7 +102,7 @@ def gc_paused(pause: bool = True) -> Iterator[None]:
 
 
 # --- measuring ------------------------------------------------------------------------
-class GcClock:
+class GcClock(_GcCallback):
     """Seconds the cyclic GC has held this process so far (``paused_s``), to tell a
     long scheduling cycle's collections from its own work (the placer's cycle log)."""
 
@@ -104,14 +111,6 @@ class GcClock:
         self._began: float | None = None
         self.paused_s = 0.0
         self.full_collections = 0
-
-    def install(self) -> "GcClock":
-        gc.callbacks.append(self._on_gc)
-        return self
-
-    def uninstall(self) -> None:
-        if self._on_gc in gc.callbacks:
-            gc.callbacks.remove(self._on_gc)
 
     def _on_gc(self, phase: str, info: dict) -> None:
         if phase == "start":

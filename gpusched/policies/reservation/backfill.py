@@ -222,24 +222,17 @@ def _offer_at_now(state: ClusterState, sweep: "_Sweep", now: float, at_now: dict
     took: list[NodeState] = []
     if memo is not None:
         hosts, nodes = memo
-        for node in nodes:
-            before = len(sweep.found)
-            sweep.offer(node, now)
-            if len(sweep.found) > before:
-                took.append(node)
-            if sweep.done:
-                return hosts
     else:
         # A pool's every node is read once a sweep (or once while nodes stay, ``kept``),
         # so the pass is kept to the checks.
         nodes, hosts = kept.offered_at_now(state, job) if kept is not None else find_hosts(state, job)
-        for node in nodes:
-            before = len(sweep.found)
-            sweep.offer(node, now)
-            if len(sweep.found) > before:
-                took.append(node)
-            if sweep.done:
-                return hosts
+    for node in nodes:
+        before = len(sweep.found)
+        sweep.offer(node, now)
+        if len(sweep.found) > before:
+            took.append(node)
+        if sweep.done:
+            return hosts
     if at_now is not None:
         at_now[key] = (hosts, took)
     return hosts
