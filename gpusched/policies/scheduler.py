@@ -72,6 +72,7 @@ from gpusched.policies.reservation.nomination import (
 from gpusched.policies.reservation.stages import RESERVATIONS, NomineeHold, ReservationRun, ReservationStage
 from gpusched.policies.outcomes import CycleResult, Decision, Unplaced
 from gpusched.policies.statement import Statement, tentative
+from gpusched.policies.placement.kept_index import install as keep_indexes
 
 __all__ = ["CycleResult", "Decision", "Scheduler", "SchedulerConfig", "Unplaced", "job_shape"]
 
@@ -188,6 +189,8 @@ class Scheduler:
         # rest of the queue would only be skipped: the cycle stops (``_Cycle.exhausted``).
         stoppable = skim and not parking and self.config.queue == FAIR_SHARE
         with tentative(state) as statement:
+            if keys is not None:   # the placement indexes, kept by the caller like the keys
+                keep_indexes(keys.kept, state, statement)
             run = _Cycle(self, state, now, statement, quotas, NomineeHold(nominated) if nominated else None, held,
                          keys.kept if keys is not None else None)
             # The loop runs once per waiting job, thousands a cycle: what it reads is bound once.

@@ -28,6 +28,7 @@ from gpusched.policies.gpu_fit import StateLike, fit
 from gpusched.policies.placement.gang import Choice
 from gpusched.policies.placement.arrays import NodeArrays, arrays_for
 from gpusched.policies.placement.index import FreeIndex, first_fit
+from gpusched.policies.placement.kept_index import view
 from gpusched.policies.placement.mig_index import MigIndex
 
 # The reference simulator's normalisers: the largest node has 128 cores and 8 GPUs.
@@ -52,11 +53,15 @@ def choose_mig(statement: Statement, nodes: Mapping[str, NodeState], pool: str,
     profile = parse_profile(res.mig_profile)
     if profile is None:
         return None   # a profile no GPU offers
-    index = statement.views.get(("mig", pool, profile.name))
-    if index is None:
-        index = statement.views[("mig", pool, profile.name)] = MigIndex(nodes, pool, profile, GPU_WEIGHT)
+    index = view(statement, ("mig", pool, profile.name), lambda: MigIndex(nodes, pool, profile, GPU_WEIGHT))
     # The key is at least the node's free CPU: nodes below the request's CPU cannot take it.
     return first_fit(index, res, res.cpu_milli, fit)
+
+
+def free_index(statement: Statement, state: StateLike, pool: str) -> FreeIndex:
+    """The statement's ``FreeIndex`` of ``pool``: kept between cycles where the cycle keeps
+    indexes (``kept_index``), else built at its first use in the call."""
+    return view(statement, ("free", pool), lambda: FreeIndex(state.nodes, pool, GPU_WEIGHT))  # type: ignore[return-value]
 
 
 def ranks_by(nodes: Sequence[NodeState], key: Callable[[NodeState], object]) -> dict[str, int]:
@@ -80,9 +85,7 @@ class BestFit:
         pool = job.spec.pool
         if res.is_mig:
             return choose_mig(statement, state.nodes, pool, res)
-        index = statement.views.get(("free", pool))
-        if index is None:
-            index = statement.views[("free", pool)] = FreeIndex(state.nodes, pool, GPU_WEIGHT)
+        index = free_index(statement, state, pool)
         return first_fit(index, res, res.cpu_milli + GPU_WEIGHT * res.milli, fit)
 
     def rank(self, state: StateLike, statement: Statement, job: JobState, res: WorkerResources,
@@ -99,9 +102,7 @@ class BestFit:
         if res.is_mig:
             return None
         pool = job.spec.pool
-        index = statement.views.get(("free", pool))
-        if index is None:
-            index = statement.views[("free", pool)] = FreeIndex(state.nodes, pool, GPU_WEIGHT)
+        index = free_index(statement, state, pool)
         where = index.where
         return lambda node: where[node.name][0]
 

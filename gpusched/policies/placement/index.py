@@ -8,8 +8,9 @@ key's lower bound up, and stops at the first node that really fits (ready, CPU, 
 healthy GPUs: checked on the node itself), so the answer is the same as scanning every
 node in key order.
 
-The index lives on a ``Statement`` for one cycle: built from the nodes once, then told
-by the statement about each node it changes (a booking, a hold, a nomination's cordon).
+The index lives on a ``Statement``: built from the nodes once, then told by the
+statement about each node it changes (a booking, a hold, a nomination's cordon). A
+scheduler cycle with ``QueueKeys`` keeps it for the next cycle (``kept_index``).
 """
 from __future__ import annotations
 

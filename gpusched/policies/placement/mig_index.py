@@ -14,8 +14,9 @@ lower bound up (the key is at least the free CPU, so at least the request's CPU)
 stops at the first node that really fits (CPU, memory: checked on the node itself): the
 same answer as scanning every node in preference order.
 
-One index per pool and profile lives on a ``Statement`` for one cycle: built from the
-nodes once, then told by the statement about each node it changes, as ``FreeIndex`` is.
+One index per pool and profile lives on a ``Statement``: built from the nodes once,
+then told by the statement about each node it changes, and kept between cycles
+(``kept_index``), as ``FreeIndex`` is.
 Only nodes with a MIG-capable GPU are kept; a touch of any other node costs one lookup.
 """
 from __future__ import annotations

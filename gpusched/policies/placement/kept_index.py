@@ -1,0 +1,108 @@
+"""The placement indexes (``FreeIndex``, ``MigIndex``) kept from one cycle to the next.
+
+Building a pool's free-capacity index and its MIG indexes reads every node; at thousands
+of nodes that was a sixth of a busy cycle, though between two cycles only the nodes of
+the few jobs placed, ended or moved changed. ``KeptIndexes`` keeps them for one state
+(in the caller's ``QueueKeys.kept``, per partition) and, at each cycle's start, while
+the state is the log's (the cycle has booked nothing yet), brings them in step:
+
+* the nodes the last cycle's statement changed tentatively (bookings, holds, nominees'
+  cordons: it tells every view, this one included) are looked at again, since the
+  statement rolled those changes back after the indexes last heard of them;
+* so are the nodes held before, or held now, by a job the reducer journalled since
+  (``ClusterState.changes``): a node's allocations change only with such a job;
+* a node registered, lost, cordoned or a GPU's health changed (``nodes_version``), the
+  journal overrun, or another state: every index is dropped and built again when asked.
+
+So at each cycle's start a kept index is what a fresh build from the state would be
+(``tests/unit/policies/test_kept_index.py``), and the cycle decides as one without it.
+"""
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+from gpusched.core.state import ClusterState
+from gpusched.policies.statement import NodeView, Statement
+
+KEPT = "placement-indexes"     # the entry in ``QueueKeys.kept``, and this view's key in a statement
+
+
+class KeptIndexes:
+    """The indexes of one state by their key in ``Statement.views``, and the nodes that
+    must be looked at again before the next cycle reads them."""
+
+    __slots__ = ("state", "version", "read", "indexes", "held_on", "dirty")
+
+    def __init__(self) -> None:
+        self.state: ClusterState | None = None
+        self.version = -1
+        self.read = 0
+        self.indexes: dict[object, NodeView] = {}
+        self.held_on: dict[str, set[str]] = {}   # job -> the nodes its workers held when last looked at
+        self.dirty: set[str] = set()             # nodes the statement changed since the last refresh
+
+    def touch(self, names: Iterable[str]) -> None:
+        """A view of the statement: what it changed, to look at again at the next refresh."""
+        self.dirty.update(names)
+
+    def install(self, state: ClusterState, statement: Statement) -> None:
+        """Refresh (call before the cycle changes anything) and lend the indexes to
+        ``statement``; from then on it tells this object, too, of every node it changes."""
+        self.refresh(state)
+        statement.views[KEPT] = self
+        statement.views.update(self.indexes)
+
+    def keep(self, key: object, index: NodeView) -> None:
+        """An index first built this cycle (from the tentative state: the nodes changed
+        before it was built are in ``dirty``, looked at again at the next refresh)."""
+        self.indexes[key] = index
+
+    def refresh(self, state: ClusterState) -> None:
+        changes = state.changes_since(self.read)
+        if state is not self.state or state.nodes_version != self.version or changes is None:
+            self._reset(state)
+            return
+        self.read = state.changes_end()
+        touched, self.dirty = self.dirty, set()
+        nodes, jobs, held_on = state.nodes, state.jobs, self.held_on
+        for job_id in dict.fromkeys(changes):
+            touched.update(held_on.pop(job_id, ()))
+            holder = jobs.get(job_id)
+            if holder is not None and holder.workers:
+                on = {w.node for w in holder.workers}
+                touched.update(on)
+                if any(job_id in nodes[n].jobs for n in on if n in nodes):
+                    held_on[job_id] = on
+        if touched:
+            names = tuple(touched)
+            for index in self.indexes.values():
+                index.touch(names)
+
+    def _reset(self, state: ClusterState) -> None:
+        self.state, self.version, self.read = state, state.nodes_version, state.changes_end()
+        self.indexes, self.dirty = {}, set()
+        held_on: dict[str, set[str]] = {}
+        for node in state.nodes.values():
+            for job_id in node.jobs:
+                held_on.setdefault(job_id, set()).add(node.name)
+        self.held_on = held_on
+
+
+def view(statement: Statement, key: object, build: Callable[[], NodeView]) -> NodeView:
+    """The statement's view ``key``, built (and kept, in a cycle that keeps indexes) if
+    it has none yet."""
+    index = statement.views.get(key)
+    if index is None:
+        index = statement.views[key] = build()
+        kept = statement.views.get(KEPT)
+        if kept is not None:
+            kept.keep(key, index)   # type: ignore[attr-defined]
+    return index
+
+
+def install(kept: dict, state: ClusterState, statement: Statement) -> None:
+    """Lend ``statement`` the indexes kept in ``kept`` (a caller's ``QueueKeys.kept``)."""
+    indexes = kept.get(KEPT)
+    if indexes is None:
+        indexes = kept[KEPT] = KeptIndexes()
+    indexes.install(state, statement)
