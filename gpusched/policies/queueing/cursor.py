@@ -37,7 +37,7 @@ from gpusched.core.state import ClusterState, JobState
 class JobTestCursor:
     """Where the round of cycles over one pool state's queue stands."""
 
-    __slots__ = ("_state", "_watermark", "tested", "reserved", "_taken")
+    __slots__ = ("_state", "_watermark", "tested", "reserved", "_taken", "round", "done", "skimming")
 
     def __init__(self) -> None:
         self._state: ClusterState | None = None
@@ -45,12 +45,18 @@ class JobTestCursor:
         self.tested: set[str] = set()        # taken by an earlier cycle of this round
         self.reserved: frozenset[str] = frozenset()   # held a reservation in the last cycle
         self._taken: list[str] = []          # taken by this cycle
+        # For a lazy order that jumps over the tested jobs (``tested_prefix``): the round
+        # (a count of resets), and, once this cycle leaves them out, the jobs it leaves out.
+        self.round = 0
+        self.done: AbstractSet[str] = frozenset()
+        self.skimming = False
 
     @property
     def continuing(self) -> bool:
         return bool(self.tested)
 
     def reset(self) -> None:
+        self.round += 1
         self.tested = set()
         self.reserved = frozenset()
 
@@ -62,6 +68,7 @@ class JobTestCursor:
         (``TeamQueues.order``) leaves out as it goes; it is filled once the head is taken,
         so the jobs left out are never produced (nor charged)."""
         self._taken = taken = []
+        self.skimming = False
         done = self._untested_from(state)
         if always:
             done -= always
@@ -76,6 +83,7 @@ class JobTestCursor:
                     break
         if done and passed is not None:
             passed.update(done)
+            self.done, self.skimming = done, True
         for job in it:
             if job.job_id in done:   # a lazy order's one job a team had drawn before ``passed`` was filled
                 continue
@@ -102,6 +110,7 @@ class JobTestCursor:
     def ended(self, state: ClusterState, on_budget: bool, reserved: Iterable[str]) -> None:
         """After the cycle: continue the round (it stopped on the budget) or end it."""
         self._watermark = state.next_seq
+        self.skimming, self.done = False, frozenset()
         if on_budget:
             self.tested.update(self._taken)
             self.reserved = frozenset(reserved)
