@@ -34,7 +34,7 @@ from gpusched.core.priority import priority_value
 from gpusched.core.state import ClusterState, JobState
 from gpusched.policies.queueing.cursor import JobTestCursor
 from gpusched.policies.queueing.shares import QueueContext, _Projection, is_aged, job_demand
-from gpusched.policies.queueing.tested_prefix import END, TestedPrefix
+from gpusched.policies.queueing.tested_prefix import TestedPrefix
 
 
 class TeamQueues:
@@ -240,10 +240,9 @@ class TeamQueues:
         for young, lists in ((False, self._aged), (True, self._young)):
             entries = lists.get(team, ())
             i, n, deciding, bound = 0, len(entries), cursor is not None, None
-            done: AbstractSet[str] = frozenset()
             while i < n:
-                if deciding and (d := self._prefix.done(cursor, members, jobs)) is not None:
-                    deciding, done = False, d
+                if deciding and cursor.skimming and (d := self._prefix.done(cursor, members, jobs)) is not None:
+                    deciding = False
                     i, bound, exceptions = self._prefix.enter(young, team, entries, i, members, d)
                     for entry in exceptions:
                         job = jobs[entry[-1]]
@@ -254,14 +253,10 @@ class TeamQueues:
                 entry = entries[i]
                 i += 1
                 job_id = entry[-1]
+                if bound is not None:   # at the bound: it moves over dead and tested entries
+                    bound = self._prefix.step(bound, entries, i, members, cursor.tested)
                 if members.get(job_id) is not entry or job_id in skip:
-                    if bound is not None:   # at the bound: it moves over dead and tested entries
-                        if members.get(job_id) is entry and job_id not in done:
-                            bound = None
-                        else:
-                            bound[0] = entries[i] if i < n else END
                     continue
-                bound = None
                 job = jobs[job_id]
                 if ready_only and job.not_before > now:
                     continue

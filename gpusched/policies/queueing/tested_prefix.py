@@ -87,3 +87,15 @@ class TestedPrefix:
             at += 1
         bound[0] = entries[i] if i < len(entries) else END
         return i, bound, []
+
+    @staticmethod
+    def step(bound: list, entries: list, i: int, members: Mapping[str, tuple], tested: AbstractSet[str]) -> list | None:
+        """A walk at the bound passed ``entries[i - 1]``: the bound moves over it if it is dead
+        or tested (a reserved job's is an exception each cycle it is, see ``done``; a
+        nominee is left out anyway), else stays there for the rest of the cycle (None)."""
+        entry = entries[i - 1]
+        job_id = entry[-1]
+        if members.get(job_id) is entry and job_id not in tested:
+            return None
+        bound[0] = entries[i] if i < len(entries) else END
+        return bound
