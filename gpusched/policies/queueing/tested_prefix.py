@@ -30,16 +30,16 @@ END = (float("inf"),)   # above any entry: every entry of the list is below
 class TestedPrefix:
     """The bounds of one ``TeamQueues``' lists: (young, team) -> [bound, exceptions]."""
 
-    __slots__ = ("_round", "_done", "_bounds")
+    __slots__ = ("_round", "_cycle", "_bounds")
 
     def __init__(self) -> None:
         self._round = -1
-        self._done: AbstractSet[str] | None = None   # the cycle whose reservations are exceptions
+        self._cycle = -1   # the cycle whose reserved jobs are exceptions
         self._bounds: dict[tuple[bool, str], list] = {}
 
     def clear(self) -> None:
         self._bounds = {}
-        self._done = None
+        self._cycle = -1
 
     def done(self, cursor: JobTestCursor, members: Mapping[str, tuple],
              jobs: Mapping[str, JobState]) -> AbstractSet[str] | None:
@@ -47,16 +47,15 @@ class TestedPrefix:
         call, the bounds of a new round are dropped and the reserved jobs made exceptions."""
         if not cursor.skimming:
             return None
-        done = cursor.done
-        if done is not self._done:
-            self._done = done
+        if cursor.cycle != self._cycle:
+            self._cycle = cursor.cycle
             if cursor.round != self._round:
                 self._round, self._bounds = cursor.round, {}
             for job_id in cursor.reserved:
                 entry = members.get(job_id)
                 if entry is not None:
                     self.entered(len(entry) == 3, jobs[job_id].team, entry)
-        return done
+        return cursor.done
 
     def entered(self, young: bool, team: str, entry: tuple) -> None:
         """``entry`` is in its list now (or tested again): an exception if below the bound."""
@@ -89,13 +88,12 @@ class TestedPrefix:
         return i, bound, []
 
     @staticmethod
-    def step(bound: list, entries: list, i: int, members: Mapping[str, tuple], tested: AbstractSet[str]) -> list | None:
+    def step(bound: list, entries: list, i: int, members: Mapping[str, tuple], done: AbstractSet[str]) -> list | None:
         """A walk at the bound passed ``entries[i - 1]``: the bound moves over it if it is dead
-        or tested (a reserved job's is an exception each cycle it is, see ``done``; a
-        nominee is left out anyway), else stays there for the rest of the cycle (None)."""
+        or left out as tested, else stays there for the rest of the cycle (None)."""
         entry = entries[i - 1]
         job_id = entry[-1]
-        if members.get(job_id) is entry and job_id not in tested:
+        if members.get(job_id) is entry and job_id not in done:
             return None
         bound[0] = entries[i] if i < len(entries) else END
         return bound

@@ -13,7 +13,7 @@ from gpusched.policies.queueing import tested_prefix
 from gpusched.policies.queueing.keys import QueueKeys
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig
 from tests.unit.core.builders import Log, make_node
-from tests.unit.policies.test_job_test_cursor import SETTINGS, SHAPES, spec
+from tests.unit.policies.test_job_test_cursor import SETTINGS, SHAPES, deep_queue, spec
 
 CLASSES = ("best-effort", "training", "training-high")
 
@@ -36,10 +36,10 @@ def play(scenario, jump: bool) -> list:
     for i, (team, shape, cls) in enumerate(waiting):
         log.submit(f"w{i}", spec(team, shape, f"w{i}", 100.0, priority_class=cls))
     config = SchedulerConfig(queue="fair-share", max_job_test=budget, job_test_head=head,
-                             aging_s=60.0, reserve_after_s=30.0, reservation_depth=2)
+                             aging_s=60.0, reserve_after_s=0.0, reservation_depth=2)
     scheduler, keys = Scheduler(config), QueueKeys()
     if not jump:
-        keys.fair_queues().cursor = None   # the walk checks every entry
+        keys.fair_queues().jump = False   # the walk checks every entry
     seen = []
     for ends, arrivals, wait in [(0, [], 0.0)] + between:
         log.now += wait
@@ -87,3 +87,25 @@ def test_a_continued_cycle_jumps_over_what_its_round_tested():
     # Cycles 3 to 5 start past the head and jump over 8, 16, 24 tested jobs: the bound
     # kept its place from one cycle to the next.
     assert passed[-3:] == [8, 16, 24], passed
+
+
+def reservations_of_three_cycles(jump: bool) -> list:
+    """A job tested at the head gets a reservation, then leaves the head: the next cycle
+    tests it again in its place, below the bound (an exception for that cycle)."""
+    log = deep_queue(12, "fair-share")
+    config = SchedulerConfig(queue="fair-share", max_job_test=4, job_test_head=1, reserve_after_s=0.0,
+                             reservation_depth=2)
+    scheduler, keys = Scheduler(config), QueueKeys()
+    keys.fair_queues().jump = jump
+    reserved = [[r.job.job_id for r in scheduler.schedule(log.state, log.now, None, keys).reservations]]
+    for job_id in ("b000", "b001"):   # the reserved leave: the next head, b002, gets a reservation
+        assert log(ev.JobCancelled, job_id=job_id, reason="user").accepted
+    reserved.append([r.job.job_id for r in scheduler.schedule(log.state, log.now, None, keys).reservations])
+    log.submit("high", spec("a", (1, 2, 0), "high", priority_class="training-high"))   # takes the head
+    reserved.append([r.job.job_id for r in scheduler.schedule(log.state, log.now, None, keys).reservations])
+    return reserved
+
+
+def test_a_reserved_job_out_of_the_head_is_tested_again_in_its_place():
+    assert reservations_of_three_cycles(jump=True) == reservations_of_three_cycles(jump=False) == \
+        [["b000", "b001"], ["b002", "b004"], ["high", "b002"]]
