@@ -37,7 +37,8 @@ from gpusched.core.state import ClusterState, JobState
 class JobTestCursor:
     """Where the round of cycles over one pool state's queue stands."""
 
-    __slots__ = ("_state", "_watermark", "tested", "reserved", "_taken")
+    __slots__ = ("_state", "_watermark", "tested", "reserved", "_taken", "_lent", "round", "cycle", "done",
+                 "skimming")
 
     def __init__(self) -> None:
         self._state: ClusterState | None = None
@@ -45,26 +46,34 @@ class JobTestCursor:
         self.tested: set[str] = set()        # taken by an earlier cycle of this round
         self.reserved: frozenset[str] = frozenset()   # held a reservation in the last cycle
         self._taken: list[str] = []          # taken by this cycle
+        self._lent: set[str] = set()         # tested, but tested again by this cycle (out of ``tested`` meanwhile)
+        # For a lazy order (``TeamQueues``): the round (a count of resets) and the cycle,
+        # and, once this cycle leaves them out (``skimming``), the jobs it leaves out.
+        self.round = self.cycle = 0
+        self.done: AbstractSet[str] = frozenset()
+        self.skimming = False
 
     @property
     def continuing(self) -> bool:
         return bool(self.tested)
 
     def reset(self) -> None:
+        self.round += 1
         self.tested = set()
         self.reserved = frozenset()
+        self._lent = set()
 
     def order(self, state: ClusterState, order: Iterable[JobState], head: int,
               passed: set[str] | None = None, always: AbstractSet[str] = frozenset()) -> Iterator[JobState]:
         """``order`` as this cycle takes it: its first ``head`` jobs, then those the round
         has not tested (or that held a reservation, or are in ``always``: the nominees,
-        first in any order). ``passed``: the set a lazy order
-        (``TeamQueues.order``) leaves out as it goes; it is filled once the head is taken,
-        so the jobs left out are never produced (nor charged)."""
+        first in any order). ``passed`` (given with a lazy order, ``TeamQueues.order``):
+        the jobs it leaves out as it goes; the round's tested jobs are left out from when
+        the head is taken (``skimming``: ``done``), so they are never produced (nor charged)."""
         self._taken = taken = []
-        done = self._untested_from(state)
-        if always:
-            done -= always
+        self.cycle += 1
+        self.skimming = False
+        done = self._untested_from(state, always)
         it = iter(order)
         if done and head > 0:
             for job in it:
@@ -72,36 +81,42 @@ class JobTestCursor:
                 taken.append(job.job_id)   # once asked for the next: the caller took it
                 if len(taken) >= head:
                     break
-                if len(taken) >= head:
-                    break
         if done and passed is not None:
-            passed.update(done)
+            self.done, self.skimming = done, True
         for job in it:
-            if job.job_id in done:   # a lazy order's one job a team had drawn before ``passed`` was filled
+            if job.job_id in done:   # a lazy order's one job a team had drawn before ``skimming``
                 continue
             yield job
             taken.append(job.job_id)
 
-    def _untested_from(self, state: ClusterState) -> set[str]:
+    def _untested_from(self, state: ClusterState, always: AbstractSet[str]) -> set[str]:
         """The jobs this cycle leaves out past the head: the round's tested jobs, less those
-        that held a reservation (a copy). Ids of jobs that left the queue are left in: they
-        leave nothing out, and a round is bounded by the queue's length."""
+        that held a reservation and those in ``always`` (lent out of ``tested`` until the
+        cycle ends: no copy of a set as long as the queue). Ids of jobs that left the queue
+        are left in: they leave nothing out, and a round is bounded by the queue's length."""
         if state is not self._state or state.next_seq < self._watermark:
             self._state = state
             self.reset()
-        if not self.tested:
-            return set()
+        tested = self.tested
+        tested |= self._lent   # a cycle that did not end (``ended``) lent them
+        if not tested:
+            return tested
         jobs = state.jobs
         # Ids submitted since the last cycle are new jobs, even where a tested job had the id.
         for job_id in reversed(jobs):
             if jobs[job_id].seq < self._watermark:
                 break
-            self.tested.discard(job_id)
-        return self.tested - self.reserved
+            tested.discard(job_id)
+        self._lent = {j for j in (*self.reserved, *always) if j in tested}
+        tested -= self._lent
+        return tested
 
     def ended(self, state: ClusterState, on_budget: bool, reserved: Iterable[str]) -> None:
         """After the cycle: continue the round (it stopped on the budget) or end it."""
         self._watermark = state.next_seq
+        self.skimming, self.done = False, frozenset()
+        self.tested |= self._lent
+        self._lent = set()
         if on_budget:
             self.tested.update(self._taken)
             self.reserved = frozenset(reserved)

@@ -32,7 +32,9 @@ from typing import AbstractSet, Iterable, Iterator, Mapping
 
 from gpusched.core.priority import priority_value
 from gpusched.core.state import ClusterState, JobState
+from gpusched.policies.queueing.cursor import JobTestCursor
 from gpusched.policies.queueing.shares import QueueContext, _Projection, is_aged, job_demand
+from gpusched.policies.queueing.tested_prefix import TestedPrefix
 
 
 class TeamQueues:
@@ -45,7 +47,7 @@ class TeamQueues:
     behind never comes back to life if the job returns (it gets a new one)."""
 
     __slots__ = ("_state", "_jobs", "_aging_s", "_now", "_watermark", "_members", "_aged", "_young",
-                 "_ageing", "_dead", "_rank", "_ready_only", "_shape_of", "_census")
+                 "_ageing", "_dead", "_rank", "_ready_only", "_shape_of", "_census", "_prefix", "cursor", "jump")
 
     def __init__(self) -> None:
         self._state: ClusterState | None = None
@@ -64,6 +66,11 @@ class TeamQueues:
         # the cycle needs to know that every job left in the queue is bound to fail.
         self._shape_of: dict[str, tuple] = {}
         self._census: dict[tuple, int] = {}
+        # The round of cycles whose tested jobs a walk leaves out (set by ``QueueKeys``),
+        # and how far each list holds only those (``tested_prefix``).
+        self.cursor: JobTestCursor | None = None
+        self._prefix = TestedPrefix()
+        self.jump = True   # False: every entry is walked (the tests' reference)
 
     # --- keeping the queues -------------------------------------------------------------
     def fill(self, jobs: Iterable[JobState], now: float, aging_s: float) -> None:
@@ -119,6 +126,7 @@ class TeamQueues:
         self._members, self._aged, self._young, self._ageing = {}, {}, {}, []
         self._dead, self._rank, self._ready_only = 0, None, True
         self._shape_of, self._census = {}, {}
+        self._prefix.clear()
 
     def _uncount(self, job_id: str) -> None:
         shape = self._shape_of.pop(job_id)
@@ -153,6 +161,8 @@ class TeamQueues:
         for added, lists in ((aged, self._aged), (young, self._young)):
             for team, entries in added.items():
                 target = lists.setdefault(team, [])
+                for entry in entries:
+                    self._prefix.entered(lists is self._young, team, entry)
                 if len(entries) > 16:   # many at once: one sort beats as many insertions
                     target.extend(entries)
                     target.sort()
@@ -176,6 +186,7 @@ class TeamQueues:
             del young[i]
             aged = members[job_id] = (seq, job_id)
             insort(self._aged.setdefault(jobs[job_id].team, []), aged)
+            self._prefix.entered(False, jobs[job_id].team, aged)
         if len(ageing) > 2 * len(members) + 64:   # entries of jobs gone long ago
             self._ageing = [a for a in ageing if (e := members.get(a[2])) is not None and len(e) == 3]
             heapq.heapify(self._ageing)
@@ -208,7 +219,8 @@ class TeamQueues:
         nominees first. The projection is read from ``state`` now, before the caller books
         anything; the rest is produced as the caller asks for it. ``passed``: jobs the
         caller may add to while it takes the order, left out from then on (neither
-        produced nor charged; ``queueing.cursor``); a team's next job, drawn when its
+        produced nor charged); so are the tested jobs of ``self.cursor``'s round once it
+        says so (``skimming``, ``queueing.cursor``). A team's next job, drawn when its
         last was produced, may still come once."""
         aging_s = context.aging_s if context.aging_s > 0 else math.inf
         teams = [t for t in (*self._aged, *self._young)]
@@ -224,12 +236,32 @@ class TeamQueues:
         return not self._ready_only or job.not_before <= now
 
     def _live(self, team: str, now: float, skip: AbstractSet[str]) -> Iterator[JobState]:
-        """``team``'s live, ready jobs in within-team order."""
-        members, jobs, ready_only = self._members, self._jobs, self._ready_only
-        for entries in (self._aged.get(team, ()), self._young.get(team, ())):
-            for entry in entries:
+        """``team``'s live, ready jobs in within-team order, but those in ``skip`` and, once the
+        cursor leaves them out, its round's tested jobs: each list is then taken from its
+        bound on (``tested_prefix``)."""
+        members, jobs, ready_only, cursor = self._members, self._jobs, self._ready_only, self.cursor
+        for young, lists in ((False, self._aged), (True, self._young)):
+            entries = lists.get(team, ())
+            i, n, deciding, bound = 0, len(entries), cursor is not None, None
+            done: AbstractSet[str] = frozenset()
+            while i < n:
+                if deciding and cursor.skimming and (d := self._prefix.done(cursor, members, jobs)) is not None:
+                    deciding, done = False, d
+                    if not self.jump:
+                        continue
+                    i, bound, exceptions = self._prefix.enter(young, team, entries, i, members, d)
+                    for entry in exceptions:
+                        job = jobs[entry[-1]]
+                        if members.get(job.job_id) is entry and job.job_id not in skip and job.job_id not in d \
+                                and not (ready_only and job.not_before > now):
+                            yield job
+                    continue
+                entry = entries[i]
+                i += 1
                 job_id = entry[-1]
-                if members.get(job_id) is not entry or job_id in skip:
+                if bound is not None:   # at the bound: it moves over dead and tested entries
+                    bound = self._prefix.step(bound, entries, i, members, done)
+                if members.get(job_id) is not entry or job_id in skip or job_id in done:
                     continue
                 job = jobs[job_id]
                 if ready_only and job.not_before > now:

@@ -92,4 +92,5 @@ class QueueKeys:
         self._waiting = None   # the caller syncs them
         if self._fair is None:
             self._fair = TeamQueues()
+            self._fair.cursor = self.cursor
         return self._fair
