@@ -23,6 +23,7 @@ from typing import Callable, Iterable
 
 from gpusched.core.state import ClusterState
 from gpusched.policies.statement import NodeView, Statement
+from gpusched.policies.touched_nodes import TouchedNodes
 
 KEPT = "placement-indexes"     # the entry in ``QueueKeys.kept``, and this view's key in a statement
 
@@ -31,14 +32,11 @@ class KeptIndexes:
     """The indexes of one state by their key in ``Statement.views``, and the nodes that
     must be looked at again before the next cycle reads them."""
 
-    __slots__ = ("state", "version", "read", "indexes", "held_on", "dirty")
+    __slots__ = ("journal", "indexes", "dirty")
 
     def __init__(self) -> None:
-        self.state: ClusterState | None = None
-        self.version = -1
-        self.read = 0
+        self.journal = TouchedNodes()
         self.indexes: dict[object, NodeView] = {}
-        self.held_on: dict[str, set[str]] = {}   # job -> the nodes its workers held when last looked at
         self.dirty: set[str] = set()             # nodes the statement changed since the last refresh
 
     def touch(self, names: Iterable[str]) -> None:
@@ -58,34 +56,16 @@ class KeptIndexes:
         self.indexes[key] = index
 
     def refresh(self, state: ClusterState) -> None:
-        changes = state.changes_since(self.read)
-        if state is not self.state or state.nodes_version != self.version or changes is None:
-            self._reset(state)
+        journalled = self.journal.since_last(state)
+        if journalled is None:   # another state, a node change or an overrun journal
+            self.indexes, self.dirty = {}, set()
             return
-        self.read = state.changes_end()
         touched, self.dirty = self.dirty, set()
-        nodes, jobs, held_on = state.nodes, state.jobs, self.held_on
-        for job_id in dict.fromkeys(changes):
-            touched.update(held_on.pop(job_id, ()))
-            holder = jobs.get(job_id)
-            if holder is not None and holder.workers:
-                on = {w.node for w in holder.workers}
-                touched.update(on)
-                if any(job_id in nodes[n].jobs for n in on if n in nodes):
-                    held_on[job_id] = on
+        touched |= journalled
         if touched:
             names = tuple(touched)
             for index in self.indexes.values():
                 index.touch(names)
-
-    def _reset(self, state: ClusterState) -> None:
-        self.state, self.version, self.read = state, state.nodes_version, state.changes_end()
-        self.indexes, self.dirty = {}, set()
-        held_on: dict[str, set[str]] = {}
-        for node in state.nodes.values():
-            for job_id in node.jobs:
-                held_on.setdefault(job_id, set()).add(node.name)
-        self.held_on = held_on
 
 
 def view(statement: Statement, key: object, build: Callable[[], NodeView]) -> NodeView:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from gpusched.core.model import WorkerResources
 from gpusched.core.state import ClusterState, JobState, NodeState
+from gpusched.policies.touched_nodes import TouchedNodes
 
 # Shapes kept at most: past it they are forgotten and found again as cycles need them.
 MAX_KEPT = 4096
@@ -125,32 +126,19 @@ class OpenNodes:
     cycles: brought in step at the start of each cycle (``refresh``), while the state is
     the log's, from the jobs the reducer journalled since."""
 
-    __slots__ = ("state", "version", "read", "closed", "held_on")
+    __slots__ = ("journal", "closed")
 
     def __init__(self) -> None:
-        self.state: ClusterState | None = None
-        self.version = -1
-        self.read = 0
+        self.journal = TouchedNodes()
         self.closed: set[str] = set()
-        self.held_on: dict[str, set[str]] = {}   # job -> the nodes its workers were on when last looked at
 
     def refresh(self, state: ClusterState) -> None:
         """Call with no tentative change on ``state`` (the cycle has booked nothing yet)."""
-        changes = state.changes_since(self.read)
-        if state is not self.state or state.nodes_version != self.version or changes is None:
-            self._rebuild(state)
+        touched = self.journal.since_last(state)
+        nodes = state.nodes
+        if touched is None:   # another state, a node change or an overrun journal
+            self.closed = {node.name for node in nodes.values() if not is_open(node)}
             return
-        self.read = state.changes_end()
-        nodes, jobs, held_on = state.nodes, state.jobs, self.held_on
-        touched: set[str] = set()
-        for job_id in dict.fromkeys(changes):
-            touched.update(held_on.pop(job_id, ()))
-            holder = jobs.get(job_id)
-            if holder is not None and holder.workers:
-                on = {w.node for w in holder.workers}
-                touched.update(on)
-                if any(job_id in nodes[n].jobs for n in on if n in nodes):
-                    held_on[job_id] = on
         closed = self.closed
         for name in touched:
             node = nodes.get(name)
@@ -158,12 +146,3 @@ class OpenNodes:
                 closed.discard(name)
             else:
                 closed.add(name)
-
-    def _rebuild(self, state: ClusterState) -> None:
-        self.state, self.version, self.read = state, state.nodes_version, state.changes_end()
-        self.closed = {node.name for node in state.nodes.values() if not is_open(node)}
-        held_on: dict[str, set[str]] = {}
-        for node in state.nodes.values():
-            for job_id in node.jobs:
-                held_on.setdefault(job_id, set()).add(node.name)
-        self.held_on = held_on

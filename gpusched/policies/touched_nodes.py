@@ -1,0 +1,50 @@
+"""Which nodes changed since the last look, read from the reducer's journal.
+
+What a policy keeps beside one state between cycles (``placement.kept_index``,
+``reservation.hosts``) must look again at the nodes held before, or held now, by a job
+journalled since (``ClusterState.changes``): a node's allocations change only with such
+a job. ``TouchedNodes`` remembers where each job's workers were and answers that, or
+None when the kept structure must be rebuilt: another state, a node change
+(``nodes_version``) or an overrun journal.
+"""
+from __future__ import annotations
+
+from gpusched.core.state import ClusterState
+
+
+class TouchedNodes:
+    __slots__ = ("state", "version", "read", "held_on")
+
+    def __init__(self) -> None:
+        self.state: ClusterState | None = None
+        self.version = -1
+        self.read = 0
+        self.held_on: dict[str, set[str]] = {}   # job -> the nodes its workers held when last looked at
+
+    def since_last(self, state: ClusterState) -> set[str] | None:
+        """The nodes to look at again since the last call, or None (then this reader has
+        started over from ``state``: rebuild from it)."""
+        changes = state.changes_since(self.read)
+        if state is not self.state or state.nodes_version != self.version or changes is None:
+            self._start(state)
+            return None
+        self.read = state.changes_end()
+        nodes, jobs, held_on = state.nodes, state.jobs, self.held_on
+        touched: set[str] = set()
+        for job_id in dict.fromkeys(changes):
+            touched.update(held_on.pop(job_id, ()))
+            holder = jobs.get(job_id)
+            if holder is not None and holder.workers:
+                on = {w.node for w in holder.workers}
+                touched.update(on)
+                if any(job_id in nodes[n].jobs for n in on if n in nodes):
+                    held_on[job_id] = on
+        return touched
+
+    def _start(self, state: ClusterState) -> None:
+        self.state, self.version, self.read = state, state.nodes_version, state.changes_end()
+        held_on: dict[str, set[str]] = {}
+        for node in state.nodes.values():
+            for job_id in node.jobs:
+                held_on.setdefault(job_id, set()).add(node.name)
+        self.held_on = held_on
