@@ -1,7 +1,7 @@
 """``SlotCounts``: the worker slots of one job shape (pool, resources, worker count) on
 every node of its pool that has any, kept through a round's changes like the placer's
 views (and between rounds by ``VictimIndex``, told of the nodes that changed), so that a
-victim search knows the pool's total without counting every node. ``TouchedNodes``: the
+victim search knows the pool's total without counting every node. ``ScratchChanges``: the
 nodes a round's scratch statement changed."""
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ class SlotCounts:
                 self.total += n
 
 
-class TouchedNodes:
+class ScratchChanges:
     """A view of a round's scratch statement that only notes which nodes it changed: the
     placer's views hear of them at the next ``place``, not at every slot count's take and
     give (a victim search touches the same few nodes many times over); ``ever``: every

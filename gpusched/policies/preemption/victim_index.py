@@ -133,15 +133,17 @@ class VictimIndex:
             return walks[0]
         return heapq.merge(*walks)
 
-    def most_freeable(self, pool: str, mine: int, reclaim: bool) -> int | None:
+    def most_freeable(self, pool: str, mine: int, reclaim: bool, changed: Iterable[str] = ()) -> int | None:
         """The most GPUs any node of ``pool`` could have free once every job a pending job
-        of class ``mine`` may take from (``candidates``) were gone; None when unknown."""
+        of class ``mine`` may take from (``candidates``) were gone; None when unknown.
+        ``changed``: the nodes a round's scratch changed, counted here with all their GPUs,
+        as an earlier decision's victims may have freed GPUs the job could not take itself."""
         if mine not in CLASSES:
             return None
         counts = self._most.get(pool)
-        if counts is None:
-            return 0
-        return max(counts[CLASSES.index(mine) * 2 + reclaim], default=0)
+        most = max(counts[CLASSES.index(mine) * 2 + reclaim], default=0) if counts is not None else 0
+        nodes = self.state.nodes if self.state is not None else {}
+        return max(most, max((len(nodes[name].gpus) for name in changed if name in nodes), default=0))
 
     def slot_counts(self, shape: tuple, changed: Iterable[str]) -> SlotCounts:
         """The worker slots of ``shape`` (``SlotCounts``, pool, resources, workers), kept

@@ -66,7 +66,7 @@ from gpusched.policies.preemption.protection import (
     Shield, budget_spent, exempt_s, lost_gpu_s, reclaimed_within, running_since)
 from gpusched.policies.preemption.borrowing import TeamLedger
 from gpusched.policies.preemption.indexed_search import IndexedSearch
-from gpusched.policies.preemption.slot_counts import SlotCounts, TouchedNodes
+from gpusched.policies.preemption.slot_counts import ScratchChanges, SlotCounts
 from gpusched.policies.preemption.victim_index import VictimIndex
 
 REASON_PRIORITY = "priority"
@@ -154,7 +154,7 @@ class SearchContext:
         # The placer's statement and views (free-capacity indexes), kept for the whole
         # call while a scratch is watched (``tentative``); None: built afresh per job.
         self._placer: Statement | None = None
-        self._touched = TouchedNodes()
+        self._touched = ScratchChanges()
 
     @contextmanager
     def tentative(self) -> Iterator[Statement]:
@@ -167,7 +167,7 @@ class SearchContext:
             self.victim_index()
         try:
             with tentative(self.state) as scratch:
-                scratch.views[TouchedNodes] = self._touched
+                scratch.views[ScratchChanges] = self._touched
                 self._placer = Statement(ClusterState(nodes=self.state.nodes))
                 try:
                     yield scratch
@@ -373,13 +373,14 @@ class SearchContext:
         index, spec = self.victim_index(), job.spec
         shape = (SlotCounts, spec.pool, spec.resources, spec.workers)
         slots = self.kept_view(shape, lambda _: index.slot_counts(shape, self._touched.ever))
-        if slots is None:   # no watched scratch: nothing would keep counts true
-            slots = SlotCounts(self.state.nodes, spec.pool, spec.resources, spec.workers)
+        most = index.most_freeable(spec.pool, mine, reclaim, self._touched.ever)
+        if slots is None:   # no watched scratch: nothing would keep counts true, nor the bound
+            slots, most = SlotCounts(self.state.nodes, spec.pool, spec.resources, spec.workers), None
         assert isinstance(slots, SlotCounts)
         return IndexedSearch(self.state, job, scratch, lambda v: self.eligible(v, job, reclaim),
                              lambda v: self.cost(v, mine), lambda vs: self.set_key(vs, mine),
                              self.config.max_victims, index.candidates(spec.pool, mine, job.team, reclaim),
-                             slots.on, slots.total, index.spread, index.most_freeable(spec.pool, mine, reclaim))
+                             slots.on, slots.total, index.spread, most)
 
     def take(self, job: JobState, found: Found, scratch: Statement) -> None:
         """Release the victims and book the job, tentatively, for the rest of this call:

@@ -267,3 +267,25 @@ def test_a_spread_victim_gaining_slots_on_two_nodes_wins_a_tie():
     got = preemption_decisions(c.state, NOW, config)
     assert got == oracle.preemption_decisions(c.state, NOW, config)
     assert [d.victims for d in got] == [("r2",)]
+
+
+# A gang whose preemption frees GPUs the next pending job could not have freed itself.
+FREED_BY_AN_EARLIER_DECISION = [
+    ("g", TR, "a", [("n1", (0, 1)), ("n2", (0, 1))], 9990.0, None, True),
+    ("b1", BE, "a", [("n1", (2,))], 9990.0, None, True), ("u1", BE, "a", [("n1", (3,))], 9990.0, None, False),
+    ("b2", BE, "a", [("n2", (2,))], 9990.0, None, True), ("u2", BE, "a", [("n2", (3,))], 9990.0, None, False),
+]
+
+
+def test_a_later_decision_counts_the_gpus_an_earlier_one_freed():
+    """p0 preempts the gang g, which leaves two GPUs free on the node p0 does not take; p1
+    (a class no higher than g's) then needs only that node's best-effort job. As the round
+    began no node could free three GPUs for p1, so a bound taken from then alone
+    (``VictimIndex.most_freeable``) ended its search at once; found by hypothesis."""
+    c = _cluster(2, FREED_BY_AN_EARLIER_DECISION, gpus=4)
+    c.pending("p0", gpus=2, priority_class=HI, team="a")
+    c.pending("p1", gpus=3, priority_class=TR, team="a")
+    config = PreemptionConfig(min_runtime_s=0.0, preemption_budget=0)
+    got = preemption_decisions(c.state, NOW, config)
+    assert got == oracle.preemption_decisions(c.state, NOW, config)
+    assert [d.for_job for d in got] == ["p0", "p1"]
