@@ -15,6 +15,7 @@ whose CPU time is printed apart.
                                           [--reservations] [--reasons] [--policy defaults]
                                           [--job-gpus 1] [--mix openb] [--cold]
                                           [--max-job-test N] [--job-test-head N] [--freeze]
+                                          [--max-cycle-ms MS] [--min-job-test N]
 
 Without ``--reservations`` the scheduler reserves nothing (``--no-backfill --reserve-after
 inf``), the placer's defaults of earlier versions; with it, the reservation settings are
@@ -27,7 +28,9 @@ openb trace's GPU tasks (many shapes), the running ones as before. The cycle's C
 is printed as mean, p50, p99 and max over the measured cycles. ``--max-job-test`` and
 ``--job-test-head`` set the budget of jobs a cycle tests and the head a continued cycle
 tests again (``policies.queueing.cursor``; a head >= the budget: no cursor, every cycle
-from the head of the queue).
+from the head of the queue); ``--max-cycle-ms`` and ``--min-job-test`` the bound on a
+cycle's time (the placer's flags of the same names; its CPU time here includes the jobs
+it takes before the bound may stop it).
 
 The backlog is submitted at once, between two cycles; the placer meets it as it arrives,
 each cycle entering the jobs submitted since the one before into its queues (and the
@@ -145,6 +148,10 @@ def main() -> None:
     p.add_argument("--max-job-test", type=int, default=None, help="SchedulerConfig.max_job_test (default: its default)")
     p.add_argument("--job-test-head", type=int, default=None,
                    help="SchedulerConfig.job_test_head (default: its default; >= --max-job-test: no cursor)")
+    p.add_argument("--max-cycle-ms", type=float, default=None,
+                   help="SchedulerConfig.max_cycle_s in ms: the bound on a cycle's time (default: none)")
+    p.add_argument("--min-job-test", type=int, default=None,
+                   help="SchedulerConfig.min_job_test: jobs a cycle takes before the bound may stop it")
     p.add_argument("--no-keys", action="store_true", help="without the QueueKeys memo (as before it)")
     p.add_argument("--reasons", action="store_true", help="also the placer's pending-reason pass after each cycle")
     p.add_argument("--freeze", action="store_true", help="gc.freeze() once the backlog is in, as a service's "
@@ -159,7 +166,10 @@ def main() -> None:
         args.queue, args.reservations = "fair-share", True
     reserve = {} if args.reservations else {"backfill": False, "reserve_after_s": math.inf}
     budget = {name: value for name, value in (("max_job_test", args.max_job_test),
-                                              ("job_test_head", args.job_test_head)) if value is not None}
+                                              ("job_test_head", args.job_test_head),
+                                              ("min_job_test", args.min_job_test)) if value is not None}
+    if args.max_cycle_ms is not None:
+        budget["max_cycle_s"] = args.max_cycle_ms / 1e3
     scheduler = Scheduler(SchedulerConfig(queue=args.queue, **reserve, **budget, **placement))
     parked, keys = ParkedJobs(), (None if args.no_keys else QueueKeys())
     per_node = 8 // args.job_gpus if args.job_gpus else 80   # 80 shares fill a node

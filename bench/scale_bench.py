@@ -427,6 +427,6 @@ if __name__ == "__main__":
     parser.add_argument("--heartbeat-timeout", type=float, default=30.0)
     parser.add_argument("--profile", type=Path, default=None,
                         help="write each service's py-spy profile of the burst (raw stacks) into this folder")
-    parser.add_argument("--placer-args", default="", help="more flags for the placer, e.g. '--max-job-test 500'")
+    parser.add_argument("--placer-args", default="", help="more flags for the placer, e.g. '--max-job-test 500' or '--max-cycle-ms 50'")
     parser.add_argument("--no-takeover", action="store_true", help="skip the placer takeover step")
     asyncio.run(main(parser.parse_args()))

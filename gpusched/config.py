@@ -295,6 +295,14 @@ class PlacerSettings(Settings):
                                       "stopped on --max-job-test tests again before the jobs not yet tested "
                                       "(Slurm's bf_continue; >= --max-job-test: every cycle starts at the head)",
                                  ge=0)
+    max_cycle_ms: float = setting(0.0, flag="--max-cycle-ms",
+                                  help="milliseconds after which a scheduling cycle that took --min-job-test jobs "
+                                       "stops taking more, continued by the next as on --max-job-test (Slurm's "
+                                       "max_sched_time; 0: no bound)", ge=0, allow_inf_nan=False)
+    min_job_test: int = setting(500, flag="--min-job-test",
+                                help="jobs a scheduling cycle takes from the queue before --max-cycle-ms may stop "
+                                     "it: more than --job-test-head, so that a continued cycle reaches jobs not "
+                                     "yet tested", ge=1)
     snapshot_every_events: int = setting(50_000, flag="--snapshot-every-events",
                                          help="snapshot an owned pool after this many new events (0: never by count)",
                                          ge=0)
@@ -333,6 +341,15 @@ class PlacerSettings(Settings):
         if bad:
             raise ValueError(f"a pool's wait is seconds >= 0 (inf: never), not {bad}")
         return value
+
+    @model_validator(mode="after")
+    def _cycle_moves_on(self) -> "PlacerSettings":
+        """A cycle stopped on --max-cycle-ms must reach past the head it tests again, or a
+        continued round would never get to the jobs behind it."""
+        if self.max_cycle_ms > 0 and self.job_test_head < self.max_job_test and self.min_job_test <= self.job_test_head:
+            raise ValueError(f"--min-job-test ({self.min_job_test}) must be above --job-test-head "
+                             f"({self.job_test_head}) when --max-cycle-ms bounds a cycle")
+        return self
 
 
 class PreemptorSettings(Settings):

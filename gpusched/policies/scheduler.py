@@ -10,9 +10,10 @@ by configuration when the scheduler is built, from an explicit map of names:
                  live nominations, the parked set, the guarantee hold.
   2. queue sort  the ready jobs in the configured order (``queue``: ``QUEUE_ORDERS``),
                  nominees first (fair share charges them before ranking the rest).
-  Then for each job in that order, until ``max_decisions`` or ``max_job_test``, or
-  (fair share with ``keys``) until every job left is bound to fail (``_Cycle.exhausted``);
-  a cycle that stopped on ``max_job_test`` is continued by the next (with ``keys``): past
+  Then for each job in that order, until ``max_decisions``, ``max_job_test`` or, once it
+  took ``min_job_test`` jobs, ``max_cycle_s``, or (fair share with ``keys``) until every
+  job left is bound to fail (``_Cycle.exhausted``); a cycle that stopped on
+  ``max_job_test`` or ``max_cycle_s`` is continued by the next (with ``keys``): past
   the first ``job_test_head`` jobs it takes those not yet tested (``queueing.cursor``):
   3. gate        not offered: parked jobs, and jobs bound to fail: of a shape that
                  failed earlier in this cycle, which no reservation would be made for
@@ -49,9 +50,10 @@ reservations (``bound_to_fail`` says why), not with nominations.
 from __future__ import annotations
 
 import math
+import time
 from itertools import chain
 from dataclasses import dataclass, field
-from typing import AbstractSet, Iterable, Mapping
+from typing import AbstractSet, Callable, Iterable, Mapping
 
 from gpusched.core.model import WorkerAssignment
 from gpusched.core.state import ClusterState, JobState
@@ -69,7 +71,7 @@ from gpusched.policies.reservation.backfill import DEFAULT_ESTIMATE_S, Reservati
 from gpusched.policies.reservation.nomination import (
     hold_nominated_nodes, live_nominations, nominees_first, place_nominee,
 )
-from gpusched.policies.reservation.stages import RESERVATIONS, NomineeHold, ReservationRun, ReservationStage
+from gpusched.policies.reservation.stages import NomineeHold, ReservationRun, reservation_stage
 from gpusched.policies.outcomes import CycleResult, Decision, Unplaced
 from gpusched.policies.statement import Statement, tentative
 from gpusched.policies.placement.kept_index import install as keep_indexes
@@ -96,6 +98,9 @@ DEFAULT_MAX_JOB_TEST = 2_500
 # Jobs from the head of the queue that a continued cycle tests again (``queueing.cursor``):
 # what is about to be placed is looked at every cycle.
 DEFAULT_JOB_TEST_HEAD = 250
+# Jobs a cycle takes however long it runs (``max_cycle_s``): twice the head, so that a
+# continued round still moves on by at least a head's worth of untested jobs a cycle.
+DEFAULT_MIN_JOB_TEST = 2 * DEFAULT_JOB_TEST_HEAD
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +123,11 @@ class SchedulerConfig:
     # bf_continue, ``queueing.cursor``): that one takes the first ``job_test_head`` jobs of
     # the queue, then only jobs not yet tested. >= max_job_test: every cycle starts at the head.
     job_test_head: int = DEFAULT_JOB_TEST_HEAD
+    # A cycle that took ``min_job_test`` jobs stops once it has run this long, seconds (Slurm's
+    # max_sched_time), and is continued as on ``max_job_test``: a round moves on by at least
+    # ``min_job_test - job_test_head`` jobs a cycle. inf: decisions that depend on no clock.
+    max_cycle_s: float = math.inf
+    min_job_test: int = DEFAULT_MIN_JOB_TEST
     # Reservations (stage ``backfill``): the first blocked job of a pool gets one at once
     # (``backfill``, EASY), and any blocked job once it has waited ``reserve_after_s``
     # (per pool: ``pool_reserve_after_s``; inf: never), up to ``reservation_depth`` a pool
@@ -138,13 +148,17 @@ class SchedulerConfig:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig = SchedulerConfig()) -> None:
+    def __init__(self, config: SchedulerConfig = SchedulerConfig(),
+                 clock: Callable[[], float] = time.perf_counter) -> None:
         if config.queue not in QUEUE_ORDERS:
             raise ValueError(f"unknown queue policy {config.queue!r}; known: {sorted(QUEUE_ORDERS)}")
+        if not (config.max_cycle_s > 0 and config.min_job_test >= 1):
+            raise ValueError(f"need max_cycle_s > 0, min_job_test >= 1: {config.max_cycle_s}, {config.min_job_test}")
         self.config = config
+        self.clock = clock   # what ``max_cycle_s`` is measured with
         self._order = QUEUE_ORDERS[config.queue]
         self._placement = make_placement(config.placement, **config.placement_args)
-        self._reservations = _reservation_stage(config)
+        self._reservations = reservation_stage(config)
         self.reservation: Reservation | None = None   # the last cycle's first, for reports
         self.reservations: tuple[Reservation, ...] = ()   # the last cycle's, in the order made
 
@@ -159,6 +173,7 @@ class Scheduler:
         jobs known not to fit are not offered again (policies.queueing.parking); with
         ``keys`` (kept likewise) the waiting jobs' queue keys and shapes are computed
         once, not every cycle (policies.queueing.keys). Neither changes a decision."""
+        deadline = self.clock() + self.config.max_cycle_s
         # 1. snapshot
         quotas = policy_tree(state, self.config.quotas)   # the log's, at this state's position
         jobs = state.jobs
@@ -196,9 +211,14 @@ class Scheduler:
             # The loop runs once per waiting job, thousands a cycle: what it reads is bound once.
             decisions, failed, skipped = run.decisions, run.failed, run.skipped
             max_decisions, max_job_test = self.config.max_decisions, self.config.max_job_test
-            taken = 0
+            # From ``timed`` jobs taken on, the budget is checked: jobs and (if bounded) time.
+            timed = min(self.config.min_job_test, max_job_test) if deadline < math.inf else max_job_test
+            clock, taken, late = self.clock, 0, False
             for job in order:
-                if len(decisions) >= max_decisions or taken >= max_job_test:
+                if len(decisions) >= max_decisions:
+                    break
+                if taken >= timed and (taken >= max_job_test or clock() >= deadline):
+                    late = taken < max_job_test
                     break
                 taken += 1
                 # 3. gate
@@ -212,7 +232,7 @@ class Scheduler:
                 if stoppable and run.exhausted(keys.waiting_shapes()):
                     break
         if cursor is not None:
-            cursor.ended(state, taken >= max_job_test and len(decisions) < max_decisions,
+            cursor.ended(state, late or (taken >= max_job_test and len(decisions) < max_decisions),
                          (r.job.job_id for r in run.reservations.reservations))
         # 8. park
         if parking:
@@ -252,18 +272,6 @@ class Scheduler:
         if key is None:   # an order that looks at the whole queue (fair share)
             return self._order(state, ready, now, context)
         return sorted(ready, key=keys.key)   # what the order does, with the keys kept
-
-
-def _reservation_stage(config: SchedulerConfig) -> ReservationStage:
-    """``backfill`` when any job may get a reservation, else ``none``."""
-    bounds = (config.reserve_after_s, *config.pool_reserve_after_s.values())
-    if config.reservation_depth < 0:
-        raise ValueError(f"reservation_depth must be >= 0, not {config.reservation_depth!r}")
-    if config.reservation_depth == 0 or not (config.backfill or any(b < math.inf for b in bounds)):
-        return RESERVATIONS["none"]()
-    return RESERVATIONS["backfill"](reserve_first=config.backfill, reserve_after_s=config.reserve_after_s,
-                                    pool_reserve_after_s=config.pool_reserve_after_s,
-                                    depth=config.reservation_depth, default_estimate_s=config.default_estimate_s)
 
 
 def job_shape(job: JobState) -> tuple:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import math
 
 from gpusched.adapters.follower import FollowerOptions, LogFollower
 from gpusched.adapters.grpc_server import set_serving, start_server
@@ -30,7 +31,8 @@ def scheduler_config(own: PlacerSettings) -> SchedulerConfig:
         reserve_after_s=own.reserve_after, pool_reserve_after_s=own.pool_reserve_after,
         reservation_depth=own.reservation_depth, default_estimate_s=own.default_estimate,
         guarantee_hold_s=own.guarantee_hold,
-        max_job_test=own.max_job_test, job_test_head=own.job_test_head)
+        max_job_test=own.max_job_test, job_test_head=own.job_test_head,
+        max_cycle_s=own.max_cycle_ms / 1e3 if own.max_cycle_ms > 0 else math.inf, min_job_test=own.min_job_test)
 
 
 async def run(args: argparse.Namespace) -> None:

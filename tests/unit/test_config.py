@@ -140,6 +140,19 @@ def test_the_budget_of_jobs_tested_and_its_cursor_are_placer_flags_with_the_sche
             _parse(PlacerSettings, argv, {})
 
 
+def test_the_bound_on_a_cycles_time_is_a_placer_flag_off_by_default():
+    import math
+    from gpusched_placer.main import scheduler_config
+
+    assert scheduler_config(_parse(PlacerSettings, [], {})).max_cycle_s == math.inf
+    config = scheduler_config(_parse(PlacerSettings, ["--max-cycle-ms", "40", "--min-job-test", "600"], {}))
+    assert (config.max_cycle_s, config.min_job_test) == (0.04, 600)
+    for argv, named in ((["--max-cycle-ms", "-1"], "--max-cycle-ms"), (["--min-job-test", "0"], "--min-job-test"),
+                        (["--max-cycle-ms", "40", "--min-job-test", "250"], "--min-job-test")):
+        with pytest.raises(SettingsError, match=named):
+            _parse(PlacerSettings, argv, {})
+
+
 @pytest.mark.parametrize("cls, argv, env, named", [
     (KafkaSettings, [], {"GPUSCHED_PARTITIONS": "x"}, "--partitions / env GPUSCHED_PARTITIONS"),
     (KafkaSettings, ["--parallel-replay-min", "-1"], {}, "--parallel-replay-min / env GPUSCHED_PARALLEL_REPLAY_MIN"),

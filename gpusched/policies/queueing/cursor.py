@@ -22,6 +22,10 @@ queue that stays put, within ``1 + ceil((p - max_job_test) / (max_job_test - hea
 cycles. A cycle that never stops on the budget never continues: while none does, the
 decisions are those of an unlimited budget.
 
+A cycle stopped by the bound on its time (``max_cycle_s``, once it took ``min_job_test``
+jobs) is continued alike, as one stopped on the budget: the bounds above hold with
+``min_job_test`` in place of ``max_job_test`` (a cycle takes at least that many).
+
 The cursor is kept with the pool state's ``QueueKeys`` (the placer: one per owned
 partition); a replica that takes a partition over starts a round at the head, which is
 where any round may start. A job id submitted again (retention frees ids) is a new job,

@@ -47,7 +47,8 @@ class TeamQueues:
     behind never comes back to life if the job returns (it gets a new one)."""
 
     __slots__ = ("_state", "_jobs", "_aging_s", "_now", "_watermark", "_members", "_aged", "_young",
-                 "_ageing", "_dead", "_rank", "_ready_only", "_shape_of", "_census", "_prefix", "cursor", "jump")
+                 "_ageing", "_dead", "_rank", "_ready_only", "_shape_of", "_census", "_prefix", "cursor", "jump",
+                 "_read")
 
     def __init__(self) -> None:
         self._state: ClusterState | None = None
@@ -55,6 +56,7 @@ class TeamQueues:
         self._aging_s = math.inf
         self._now = -math.inf
         self._watermark = 0                       # state.next_seq at the last sync
+        self._read = 0                            # state.changes_end() at the last sync
         self._members: dict[str, tuple] = {}      # job id -> its live entry
         self._aged: dict[str, list] = {}          # team -> [(seq, job id)], ascending
         self._young: dict[str, list] = {}         # team -> [(-priority, seq, job id)], ascending
@@ -89,15 +91,14 @@ class TeamQueues:
         if state is not self._state or aging_s != self._aging_s or now < self._now:
             self._reset(state, state.jobs, now, aging_s)   # a new state, or time went back: start over
             self._insert(state.jobs[j] for j in state.pending)
-            self._watermark = state.next_seq
+            self._watermark, self._read = state.next_seq, state.changes_end()
             return
         pending, members, jobs = state.pending, self._members, state.jobs
-        gone = members.keys() - pending.keys()
+        gone, new = self._moved(state)
         for job_id in gone:
             del members[job_id]
             self._uncount(job_id)
         self._dead += len(gone)
-        new = pending.keys() - members.keys()
         if state.next_seq != self._watermark:
             # Retention may free a job's id and a new job take it: the new one has a new seq.
             # Submissions since the last sync are the tail of ``state.jobs`` (a dict, in
@@ -120,6 +121,23 @@ class TeamQueues:
             self._compact()
         else:
             self._trim()
+
+    def _moved(self, state: ClusterState) -> tuple[list[str] | set[str], set[str]]:
+        """The jobs that left the queue and those that came since the last sync: from the
+        jobs the reducer journalled since (a job enters or leaves ``pending`` only by an
+        event that journals it), not by comparing the whole queue with the members (10-14
+        ms at 50,000 waiting). Where the journal was overrun, or the counts disagree
+        after it (a state changed by other means than the reducer), the whole queue."""
+        pending, members = state.pending, self._members
+        changes = state.changes_since(self._read)
+        self._read = state.changes_end()
+        if changes is not None:
+            changed = dict.fromkeys(changes)
+            gone = [j for j in changed if j in members and j not in pending]
+            new = {j for j in changed if j in pending and j not in members}
+            if len(members) - len(gone) + len(new) == len(pending):
+                return gone, new
+        return members.keys() - pending.keys(), pending.keys() - members.keys()
 
     def _reset(self, state: ClusterState | None, jobs: Mapping[str, JobState], now: float, aging_s: float) -> None:
         self._state, self._jobs, self._aging_s, self._now = state, jobs, aging_s, now

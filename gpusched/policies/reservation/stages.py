@@ -245,6 +245,19 @@ RESERVATIONS: dict[str, Callable[..., ReservationStage]] = {
 }
 
 
+def reservation_stage(config) -> ReservationStage:
+    """``backfill`` when any job may get a reservation, else ``none``: the stage a
+    ``SchedulerConfig`` describes."""
+    bounds = (config.reserve_after_s, *config.pool_reserve_after_s.values())
+    if config.reservation_depth < 0:
+        raise ValueError(f"reservation_depth must be >= 0, not {config.reservation_depth!r}")
+    if config.reservation_depth == 0 or not (config.backfill or any(b < math.inf for b in bounds)):
+        return RESERVATIONS["none"]()
+    return RESERVATIONS["backfill"](reserve_first=config.backfill, reserve_after_s=config.reserve_after_s,
+                                    pool_reserve_after_s=config.pool_reserve_after_s,
+                                    depth=config.reservation_depth, default_estimate_s=config.default_estimate_s)
+
+
 class NomineeHold:
     """The nodes nominated for preemption beneficiaries that are still waiting, kept from
     every other job (``nomination``). Nominees are offered first, so by the time other

@@ -66,6 +66,32 @@ def test_an_idle_state_cycles_again_only_once_a_back_off_ended():
     assert scheduler.cycles == 2
 
 
+class UnlistedQueue(dict):
+    """A pending set that may not be walked: an idle round that scans the queue fails."""
+
+    def __iter__(self):
+        raise AssertionError("the queue was scanned")
+
+
+def test_an_idle_state_scans_the_queue_for_back_offs_once_not_every_round():
+    log = Log(make_node("n1", gpus=4))
+    log(ev.JobSubmitted, job_id="big", spec=make_spec(gpus=8))
+    log(ev.JobSubmitted, job_id="retry", spec=make_spec(gpus=6))    # does not fit either: no cycle moves the state
+    log.state.jobs["retry"].not_before = 105.0
+    decider, scheduler = decider_on(log)
+    round_(log, decider, 100.0)
+    assert round_(log, decider, 101.0) == []   # the first idle round finds the back-off's end
+    pending, log.state.pending = log.state.pending, UnlistedQueue(log.state.pending)
+    assert [round_(log, decider, t) for t in (102.0, 104.9)] == [[], []] and scheduler.cycles == 1
+    log.state.pending = pending
+    round_(log, decider, 105.5)
+    assert scheduler.cycles == 2   # the back-off ended: a cycle, at the same state
+    # After that cycle the back-off that started it is behind: idle rounds cycle no more.
+    for t in (106.0, 107.0, 200.0):
+        round_(log, decider, t)
+    assert scheduler.cycles == 2
+
+
 def test_a_reason_folded_without_the_hook_still_starts_a_cycle():
     log = Log(make_node("n1", gpus=4))
     log(ev.JobSubmitted, job_id="big", spec=make_spec(gpus=8))

@@ -165,3 +165,43 @@ def test_a_job_that_ages_between_cycles_moves_ahead_of_its_team():
         queues.sync(world.state, now, 100.0)
         assert [j.job_id for j in queues.order(world.state, now, context)] == expected
         assert oracle(world.state, now, context) == expected
+
+
+class WholeQueueForbidden(dict):
+    """A pending set whose keys may not be listed: a sync that compares the whole queue fails."""
+
+    def keys(self):
+        raise AssertionError("the whole queue was compared")
+
+
+def test_a_sync_reads_the_journal_not_the_whole_queue():
+    world = World()
+    world.submit("a", "training", 1, 6)
+    world.submit("b", "training", 2, 3)
+    queues, now = TeamQueues(), world.log.now + 1.0
+    queues.sync(world.state, now, math.inf)   # the first sync loads the queue whole
+    world.place(0)
+    world.cancel(1)
+    world.submit("c", "training", 1, 2)
+    world.state.pending = WholeQueueForbidden(world.state.pending)
+    queues.sync(world.state, now, math.inf)
+    world.state.pending = dict(world.state.pending)
+    assert [j.job_id for j in queues.order(world.state, now, QueueContext())] == \
+        oracle(world.state, now, QueueContext())
+
+
+def test_a_sync_past_an_overrun_journal_or_a_state_changed_behind_it_compares_the_whole_queue():
+    world = World()
+    world.submit("a", "training", 1, 6)
+    queues, now = TeamQueues(), world.log.now + 1.0
+    queues.sync(world.state, now, math.inf)
+    world.place(0)
+    world.submit("b", "training", 1, 1)   # as many waiting as before: only the journal tells
+    world.state.changes_base += len(world.state.changes) + 10   # the entries since were dropped
+    queues.sync(world.state, now, math.inf)
+    assert [j.job_id for j in queues.order(world.state, now, QueueContext())] == \
+        oracle(world.state, now, QueueContext())
+    del world.state.pending["j3"]   # not through the reducer: the journal does not know
+    queues.sync(world.state, now, math.inf)
+    assert [j.job_id for j in queues.order(world.state, now, QueueContext())] == \
+        oracle(world.state, now, QueueContext())
