@@ -7,8 +7,9 @@ this machine's):
 * ``sent``: the client's clock just before its ``SubmitJob`` call;
 * ``accepted``: the job's ``submitted_at`` (admission's clock when it took the job);
 * ``placed``: ``placed_at`` (the placer's ``JobPlaced``);
-* ``agent``: the birth time of the worker's folder, which the node-agent creates when it
-  starts the launch (``ProcessRun.start``): the agent has read the placement;
+* ``agent``: the birth time of the worker's folder, which the node-agent's launcher
+  creates when it gets the launch (``launcher.py``): the agent has read the placement and
+  asked its launcher for the shim;
 * ``spawned``: ``started_at`` in the shim's status file: the shim the launcher forked has
   spawned the workload;
 * ``stamp``: the workload's own record of its start;
@@ -24,7 +25,8 @@ import json
 from pathlib import Path
 
 STAGES = (("submit call", "sent", "accepted"), ("log -> placed", "accepted", "placed"),
-          ("placed -> agent reads it", "placed", "agent"), ("agent -> shim spawned workload", "agent", "spawned"),
+          ("placed -> agent's launcher has it", "placed", "agent"),
+          ("launcher -> shim spawned workload", "agent", "spawned"),
           ("spawned -> workload's stamp", "spawned", "stamp"), ("spawned -> agent's WorkerStarted", "spawned", "running"),
           ("total: sent -> workload's stamp", "sent", "stamp"),
           ("then: spawned -> shim saw the end", "spawned", "exited"), ("shim saw the end -> WorkerFinished", "exited", "ended"))
