@@ -136,7 +136,7 @@ def test_stage_breakdown_reads_each_jobs_stamps_and_skips_a_job_without_its_fold
         getattr(job, field).FromNanoseconds(int(at * 1e9))
     stamps = job_stamps(job, created - 0.060, created + 0.012, [tmp_path / "agent-n1"])
     assert stamps is not None, "the folder's birth time, the shim's status and the job's times were all found"
-    assert abs(stamps["agent"] - os.stat(folder).st_mtime) < 1.0   # the folder's own creation
+    assert abs(stamps["forked"] - os.stat(folder).st_mtime) < 1.0   # the folder's own creation
     assert stamps["sent"] < stamps["accepted"] < stamps["placed"] < stamps["spawned"] < stamps["stamp"]
     other = types_pb2.Job(job_id="j2", attempt=0)   # its agent folder is missing: left out
     lines = breakdown([job, other], {"j1": created - 0.060, "j2": created}, {"j1": created + 0.012, "j2": created},

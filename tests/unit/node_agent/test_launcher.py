@@ -119,7 +119,7 @@ async def test_the_launcher_tells_when_the_status_is_written_so_a_start_waits_fo
 
 async def test_the_launcher_makes_the_workers_folder_and_clears_an_earlier_status(tmp_path, monkeypatch):
     """The agent's process does no file system work for a launch (it would block its
-    event loop): the launcher makes the folder and removes an earlier run's status."""
+    event loop): the launcher removes an earlier run's status, its shim makes the folder."""
     await launcher.launcher()   # started before the agent's file calls fail below
     earlier = tmp_path / "earlier"
     earlier.mkdir()
