@@ -61,6 +61,7 @@ class InterpreterRun(ProcessRun):
     START_POLL_S = 0.01
 
     async def _launch_shim(self):
+        self.workdir.mkdir(parents=True, exist_ok=True)   # the launcher's part, done here
         return _InterpreterShim(await asyncio.create_subprocess_exec(
             sys.executable, "-S", str(SHIM), *self.shim_args(), env=self.env, cwd=self.workdir,
             start_new_session=True))

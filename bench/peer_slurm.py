@@ -38,6 +38,7 @@ os.environ.setdefault("GPUSCHED_SUBMIT_RATE", "0")
 os.environ.setdefault("GPUSCHED_MAX_PENDING_PER_TEAM", "0")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from peer_cpu import cpu_seconds  # noqa: E402
 from slurm_cluster import TUNED, SlurmCluster, SlurmLayout  # noqa: E402
 
 from gpusched.ports import free_ports  # noqa: E402
@@ -95,46 +96,6 @@ class Result:
                 f"completed jobs/s ({self.ran} ran); steady: {lat}\n"
                 f"  {'':14s} calm: submit->start p50 {pct(self.calm_ms, .5):.1f} ms p99 {pct(self.calm_ms, .99):.1f} ms\n"
                 f"  {'':14s} burst CPU ms/job: {cpu}; total {sum(self.cpu_ms.values()):.1f}")
-
-
-_TICK = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(*pids: int, others: frozenset[int] = frozenset()) -> float:
-    """CPU so far of processes and of all their live descendants (a node-agent's launcher
-    and its shims, which live through the run; a slurmd's slurmsteps in flight), each with
-    that of the children it has reaped (the jobs); every process counted once, one gone
-    counts 0, and the subtrees of ``others`` (counted on their own: the services this
-    process started) left out. A child reaped between two readings moves from its own
-    figure into its parent's, so a difference of two readings counts it once."""
-    table = _proc_table()
-    children: dict[int, list[int]] = {}
-    for pid, (ppid, _) in table.items():
-        children.setdefault(ppid, []).append(pid)
-    seen: set[int] = set()
-    stack, total = list(pids), 0
-    while stack:
-        pid = stack.pop()
-        if pid in seen or pid not in table or (pid in others and pid not in pids):
-            continue
-        seen.add(pid)
-        total += table[pid][1]
-        stack.extend(children.get(pid, ()))
-    return total / _TICK
-
-
-def _proc_table() -> dict[int, tuple[int, int]]:
-    """pid -> (parent pid, CPU ticks: its own and its reaped children's) of every process."""
-    table = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            fields = Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue   # gone meanwhile
-        table[int(name)] = (int(fields[1]), sum(int(f) for f in fields[11:15]))
-    return table
 
 
 class Side:

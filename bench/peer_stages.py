@@ -7,8 +7,9 @@ this machine's):
 * ``sent``: the client's clock just before its ``SubmitJob`` call;
 * ``accepted``: the job's ``submitted_at`` (admission's clock when it took the job);
 * ``placed``: ``placed_at`` (the placer's ``JobPlaced``);
-* ``agent``: the birth time of the worker's folder, which the node-agent creates when it
-  starts the launch (``ProcessRun.start``): the agent has read the placement;
+* ``forked``: the birth time of the worker's folder, which the shim the node-agent's
+  launcher forked makes first (``launcher.py``): the agent has read the placement, its
+  launcher has forked the shim;
 * ``spawned``: ``started_at`` in the shim's status file: the shim the launcher forked has
   spawned the workload;
 * ``stamp``: the workload's own record of its start;
@@ -24,7 +25,8 @@ import json
 from pathlib import Path
 
 STAGES = (("submit call", "sent", "accepted"), ("log -> placed", "accepted", "placed"),
-          ("placed -> agent reads it", "placed", "agent"), ("agent -> shim spawned workload", "agent", "spawned"),
+          ("placed -> agent's shim forked", "placed", "forked"),
+          ("shim forked -> workload spawned", "forked", "spawned"),
           ("spawned -> workload's stamp", "spawned", "stamp"), ("spawned -> agent's WorkerStarted", "spawned", "running"),
           ("total: sent -> workload's stamp", "sent", "stamp"),
           ("then: spawned -> shim saw the end", "spawned", "exited"), ("shim saw the end -> WorkerFinished", "exited", "ended"))
@@ -54,7 +56,7 @@ def job_stamps(job, sent: float, stamp: float | None, agent_dirs: list[Path]) ->
     except (OSError, ValueError):
         return None
     stamps = {"sent": sent, "accepted": seconds(job.submitted_at), "placed": seconds(job.placed_at),
-              "agent": birth_time(folder), "spawned": status.get("started_at"), "stamp": stamp,
+              "forked": birth_time(folder), "spawned": status.get("started_at"), "stamp": stamp,
               "running": seconds(job.started_at), "exited": status.get("ended_at"), "ended": seconds(job.ended_at)}
     return stamps if all(isinstance(v, float) and v > 0 for v in stamps.values()) else None
 

@@ -20,12 +20,16 @@ the relay waits until its fold covers the log as it was when the batch was read
 At least once, idempotent: a batch's offsets are committed only after the pool log
 acknowledged every event of it. A relay killed before that leaves them uncommitted and
 the next one (or another replica) reads them again; an event whose id the fold has seen
-is skipped, and one appended twice anyway is dropped by the reducer (same id).
+is skipped, and one appended twice anyway is dropped by the reducer (same id). So the
+commit may trail: the offsets of every batch relayed within ``COMMIT_INTERVAL_S`` go in
+one commit (a stop commits what is left), not one commit request per batch, which at a
+few reports a second meant one per report.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import NamedTuple
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -52,6 +56,9 @@ MAX_RECORDS = 500
 # (a WorkerStarted, then its WorkerFinished) would wait that long; 20 ms bounds the wait
 # at the cost of at most 50 empty fetches a second when no node reports.
 FETCH_MAX_WAIT_MS = 20
+# The most a commit trails the reports relayed: what a relay killed -9 makes its successor
+# read again (each skipped as seen, or dropped by the reducer as a duplicate).
+COMMIT_INTERVAL_S = 0.5
 
 
 class Relay:
@@ -63,7 +70,7 @@ class Relay:
         self.publisher = publisher
         self.dead_letters = dead_letters
         self.name = name
-        self.counts = {"relayed": 0, "refused": 0, "seen": 0, "usage": 0}
+        self.counts = {"relayed": 0, "refused": 0, "seen": 0, "usage": 0, "commits": 0}
         self._bootstrap = bootstrap
         self._consumer: AIOKafkaConsumer | None = None
         # Asks the pool log's end offsets. A client of its own: on a connection that also
@@ -71,7 +78,9 @@ class Relay:
         # answer it only after that fetch returns.
         self._ends: AIOKafkaConsumer | None = None
         self._task: asyncio.Task | None = None
-        self._committing: asyncio.Task | None = None
+        self._committing: asyncio.Task | None = None   # commits what is relayed, one at a time
+        self._uncommitted: dict[TopicPartition, int] = {}   # relayed, acknowledged, not committed
+        self._committed_at = 0.0                           # time.monotonic() of the last commit
 
     async def start(self) -> None:
         self._consumer = AIOKafkaConsumer(
@@ -91,8 +100,11 @@ class Relay:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
-        if self._committing is not None:
+        if self._committing is not None:   # no wait for the interval: commit what is left now
+            self._committing.cancel()
             await asyncio.gather(self._committing, return_exceptions=True)
+        if self._uncommitted and self._consumer is not None:
+            await self._commit_relayed()
         for client in (self._consumer, self._ends):
             if client is not None:
                 await client.stop()
@@ -123,8 +135,8 @@ class Relay:
                 await self.follower.wait_applied(Position(tp.partition, end - 1), timeout)
 
     async def _relay_batches(self, batches: dict) -> None:
-        """Relay every record fetched, then commit all of them in one request once the
-        pool log acknowledged every event appended."""
+        """Relay every record fetched; once the pool log acknowledged every event appended,
+        their offsets are committed (with those of the other batches of the interval)."""
         acks = []
         for tp, records in batches.items():
             host = node_of_topic(self.topics.prefix, tp.topic, HOST_REPORTS)
@@ -134,17 +146,28 @@ class Relay:
                 if ack is not None:
                     acks.append(ack)
         await asyncio.gather(*acks)
-        # The commit goes on while the next batch is read and relayed; commits stay in order.
-        offsets = {tp: records[-1].offset + 1 for tp, records in batches.items()}
-        self._committing = asyncio.create_task(self._commit(self._committing, offsets))
+        # The commit goes on while the next batches are read and relayed.
+        self._uncommitted.update((tp, records[-1].offset + 1) for tp, records in batches.items())
+        if self._committing is None or self._committing.done():
+            self._committing = asyncio.create_task(self._commit_soon())
 
-    async def _commit(self, previous: asyncio.Task | None, offsets: dict) -> None:
-        if previous is not None:
-            await previous
+    async def _commit_soon(self) -> None:
+        """Commit what is relayed, at most once per ``COMMIT_INTERVAL_S``, until all is."""
+        while self._uncommitted:
+            await asyncio.sleep(max(0.0, self._committed_at + COMMIT_INTERVAL_S - time.monotonic()))
+            await self._commit_relayed()
+
+    async def _commit_relayed(self) -> None:
+        offsets = dict(self._uncommitted)
+        self._committed_at = time.monotonic()
+        self.counts["commits"] += 1
         try:
             await self._consumer.commit(offsets)
         except Exception as exc:   # revoked meanwhile: their new owner reads them again
             log.warning("%s: could not commit the reports relayed (%r)", self.name, exc)
+        for tp, offset in offsets.items():   # those relayed meanwhile wait for the next commit
+            if self._uncommitted.get(tp) == offset:
+                del self._uncommitted[tp]
 
     async def _relay(self, node: str, record) -> asyncio.Future | None:
         """Append one report (the future of its acknowledgement), or dead-letter it."""

@@ -9,14 +9,15 @@ one JSON line per launch: ``{"id", "shim", "env", "unset", "cwd"}`` (``shim``: t
 shim's settings, ``shim.run``'s arguments, which the agent has checked; ``env`` and
 ``unset``: how the shim's environment differs from the one the launcher was started with,
 so a launch carries a few variables, not the agent's whole environment). The launcher
-forks; the child does what ``python -S shim.py ARGS`` would in a process of its own: a new
-session, ``cwd``, exactly the environment asked for, ``shim.run(**shim)``, and exits with
-its code. The launcher answers ``{"id", "pid", "start"}`` (the shim's pid and
-its start in clock ticks, which tells it from a later process with the same pid), or
-``{"id", "error"}``; ``{"id", "written"}`` once the shim wrote its first status file (or
-ended before: the agent reads the file then, instead of polling for it), and
-``{"id", "code"}`` once it reaped that shim (``code`` as ``waitstatus_to_exitcode``:
-negative for a signal).
+removes an earlier run's status file and forks; the child does what ``python -S shim.py
+ARGS`` would in a process of its own: a new session, ``cwd`` (made: a busy file system
+journal can block a mkdir for milliseconds, in no event loop here), exactly the
+environment asked for, ``shim.run(**shim)``, and exits with its code.
+The launcher answers ``{"id", "pid", "start"}`` (the shim's pid and its start in clock
+ticks, which tells it from a later process with the same pid), or ``{"id", "error"}``;
+``{"id", "written"}`` once the shim wrote its first status file (or ended before: the
+agent reads the file then, instead of polling for it), and ``{"id", "code"}`` once it
+reaped that shim (``code`` as ``waitstatus_to_exitcode``: negative for a signal).
 
 Nothing depends on the launcher staying alive: each shim is in a session of its own and
 fences its workload by the lease alone. When the agent goes (end of file on the socket;
@@ -102,6 +103,12 @@ def _launch(conn: socket.socket, request: dict, children: dict[int, int], starti
     # The shim starts its workload only once the agent was told its pid ("go" below): a
     # launcher that dies in between closes the pipe, and the shim exits without starting
     # anything, so no workload runs that the agent has not heard of.
+    try:   # gone before the agent hears of the shim: it must not read an earlier run's
+        if os.path.lexists(status := request["shim"]["status"]):
+            os.unlink(status)
+    except OSError as exc:
+        _send(conn, {"id": request["id"], "error": f"cannot remove an earlier status file: {exc}"})
+        return
     go_r, go_w = os.pipe()
     written_r, written_w = os.pipe()      # the shim writes one byte once its status is written
     try:
@@ -143,6 +150,7 @@ def _run_shim(request: dict, fds: tuple[int, int, int], written: int) -> None:
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         os.setsid()                       # its own session: signals to the agent's group miss it
+        os.makedirs(request["cwd"], exist_ok=True)
         os.chdir(request["cwd"])
         for name in request["unset"]:
             os.environ.pop(name, None)
@@ -315,15 +323,12 @@ class Launcher:
         for future in self._started.values():
             if not future.done():
                 future.set_exception(OSError("the shim launcher died before starting the worker shim"))
-        for future in self._ended.values():
-            if not future.done():
-                future.set_result(LOST)
-        for future in self._written.values():
-            if not future.done():
-                future.set_result(False)
-        self._started.clear()
-        self._written.clear()
-        self._ended.clear()
+        for futures, result in ((self._ended, LOST), (self._written, False)):
+            for future in futures.values():
+                if not future.done():
+                    future.set_result(result)
+        for futures in (self._started, self._written, self._ended):
+            futures.clear()
         if self.process is not None:
             asyncio.ensure_future(self.process.wait())   # reap it
 

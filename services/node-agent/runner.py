@@ -174,9 +174,8 @@ class ProcessRun:
                 "--status", str(self.status_file), "--", *self.command]
 
     async def start(self) -> None:
-        """Start the shim and return once it started the workload; OSError when it could not."""
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        self.status_file.unlink(missing_ok=True)
+        """Start the shim and return once it started the workload; OSError when it could not.
+        The launcher makes the worker's folder (and removes an earlier status file)."""
         if self.devices is not None:
             self.env.update(self.devices.acquire())
         try:

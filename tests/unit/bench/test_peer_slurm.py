@@ -13,6 +13,7 @@ from hypothesis import given, strategies as st
 BENCH = Path(__file__).resolve().parents[3] / "bench"
 sys.path.insert(0, str(BENCH))
 
+import peer_cpu  # noqa: E402
 import peer_slurm  # noqa: E402
 from peer_slurm import Result, job_script, pct, ratio, summary  # noqa: E402
 from slurm_cluster import SlurmLayout, render_gres_conf, render_slurm_conf  # noqa: E402
@@ -105,12 +106,12 @@ def test_cpu_seconds_counts_live_descendants_once():
     try:
         child_pid, word = parent.stdout.readline().decode().split()
         assert word == "burnt"
-        child = peer_slurm.cpu_seconds(int(child_pid))
+        child = peer_cpu.cpu_seconds(int(child_pid))
         assert child >= 0.35
-        tree = peer_slurm.cpu_seconds(parent.pid)
+        tree = peer_cpu.cpu_seconds(parent.pid)
         assert tree >= child                                     # the child's CPU is in the parent's tree
-        assert peer_slurm.cpu_seconds(parent.pid, int(child_pid)) == tree   # listed twice, counted once
-        alone = peer_slurm.cpu_seconds(parent.pid, others=frozenset({int(child_pid)}))
+        assert peer_cpu.cpu_seconds(parent.pid, int(child_pid)) == tree   # listed twice, counted once
+        alone = peer_cpu.cpu_seconds(parent.pid, others=frozenset({int(child_pid)}))
         assert alone == pytest.approx(tree - child)              # a subtree counted on its own is left out
     finally:
         parent.stdin.close()
@@ -135,7 +136,7 @@ def test_stage_breakdown_reads_each_jobs_stamps_and_skips_a_job_without_its_fold
         getattr(job, field).FromNanoseconds(int(at * 1e9))
     stamps = job_stamps(job, created - 0.060, created + 0.012, [tmp_path / "agent-n1"])
     assert stamps is not None, "the folder's birth time, the shim's status and the job's times were all found"
-    assert abs(stamps["agent"] - os.stat(folder).st_mtime) < 1.0   # the folder's own creation
+    assert abs(stamps["forked"] - os.stat(folder).st_mtime) < 1.0   # the folder's own creation
     assert stamps["sent"] < stamps["accepted"] < stamps["placed"] < stamps["spawned"] < stamps["stamp"]
     other = types_pb2.Job(job_id="j2", attempt=0)   # its agent folder is missing: left out
     lines = breakdown([job, other], {"j1": created - 0.060, "j2": created}, {"j1": created + 0.012, "j2": created},

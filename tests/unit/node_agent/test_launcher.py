@@ -117,6 +117,29 @@ async def test_the_launcher_tells_when_the_status_is_written_so_a_start_waits_fo
     assert (await asyncio.wait_for(run.wait(), 20)).signal == signal.SIGTERM
 
 
+async def test_the_launcher_makes_the_workers_folder_and_clears_an_earlier_status(tmp_path, monkeypatch):
+    """The agent's process does no file system work for a launch (it would block its
+    event loop): the launcher removes an earlier run's status, its shim makes the folder."""
+    await launcher.launcher()   # started before the agent's file calls fail below
+    earlier = tmp_path / "earlier"
+    earlier.mkdir()
+    (earlier / "shim.json").write_text(json.dumps({"pid": 1, "ended_at": 1.0, "exit_code": 7}))
+
+    def no_file_work(*args, **kwargs):
+        raise AssertionError("the agent's process touched the file system")
+    monkeypatch.setattr(os, "mkdir", no_file_work)
+    monkeypatch.setattr(os, "unlink", no_file_work)
+    fresh = ProcessRun(("sh", "-c", "pwd > here"), {}, tmp_path / "a" / "b" / "w", kill_wait=0.3)
+    again = ProcessRun(("sh", "-c", "exit 3"), {}, earlier, kill_wait=0.3)
+    for run in (fresh, again):
+        run.START_POLL_S = 0.0   # a status file read before the shim's word would be the earlier one
+        await asyncio.wait_for(run.start(), 15)
+    assert [(await asyncio.wait_for(run.wait(), 20)).exit_code for run in (fresh, again)] == [0, 3]
+    monkeypatch.undo()
+    assert (fresh.workdir / "here").read_text().strip() == str(fresh.workdir)
+    assert read_status(again.status_file)["exit_code"] == 3
+
+
 # A launcher (the real serve loop) that dies right after forking a shim, before the agent
 # hears its pid: run under a subreaper, so the orphaned shim comes back here to be reaped.
 DYING_LAUNCHER = """

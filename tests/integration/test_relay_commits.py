@@ -1,0 +1,65 @@
+"""The relay's commits of the reports it handled (gpusched/adapters/relay.py): the
+offsets of every batch relayed within ``COMMIT_INTERVAL_S`` go in one commit, not one
+commit request per report, and a stop commits what is left, so a relay that stops
+cleanly leaves nothing for its successor to read again."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from gpusched.adapters import relay as relay_module
+from gpusched.adapters.follower import FollowerOptions, LogFollower
+from gpusched.adapters.kafka_security import client_args
+from gpusched.adapters.node_access import ensure_node_topics
+from gpusched.adapters.publisher import DeadLetters, EventPublisher
+from gpusched.adapters.relay import Relay
+
+REPORTS = 12
+
+
+async def _until(predicate, timeout: float = 30.0) -> None:
+    """Wait until ``predicate()`` holds: the relay's counters have no event to await."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.01)
+
+
+async def test_reports_handled_one_by_one_share_commits_and_a_stop_commits_the_rest(kafka_bootstrap, topics):
+    report_topic = await ensure_node_topics(kafka_bootstrap, topics, "n1")
+    publisher = EventPublisher(kafka_bootstrap, topics, 4)
+    await publisher.start()
+    dead_letters = DeadLetters(publisher, "relay-test")
+    follower = LogFollower(kafka_bootstrap, topics, "relay-test", dead_letters, FollowerOptions())
+    await follower.start()
+    relay = Relay(kafka_bootstrap, topics, 4, follower, publisher, dead_letters, "relay-test")
+    producer = AIOKafkaProducer(**client_args(kafka_bootstrap), acks="all")
+    await producer.start()
+    try:
+        await follower.caught_up()
+        await relay.start()
+        # Records that are no event: each is refused (dead-lettered) and committed like any
+        # report. One at a time, each handled before the next is written: one batch each.
+        began = time.monotonic()
+        for i in range(REPORTS):
+            await producer.send_and_wait(report_topic, b"not an event", key=b"default")
+            await _until(lambda: relay.counts["refused"] == i + 1)
+        took = time.monotonic() - began
+        commits = relay.counts["commits"]
+        assert commits < REPORTS
+        assert commits <= 2 + took / relay_module.COMMIT_INTERVAL_S, (commits, took)
+        await relay.stop()
+    finally:
+        await producer.stop()
+        await follower.stop()
+        await publisher.stop()
+
+    reader = AIOKafkaConsumer(**client_args(kafka_bootstrap), group_id=topics.prefix + "relay",
+                              enable_auto_commit=False)
+    await reader.start()
+    try:
+        assert await reader.committed(TopicPartition(report_topic, 0)) == REPORTS
+    finally:
+        await reader.stop()
