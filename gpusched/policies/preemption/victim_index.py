@@ -217,12 +217,23 @@ class VictimIndex:
             self._jobs.pop(jid, None)
             self._job_nodes.pop(jid, None)
             return
-        self._jobs[jid] = (job, job.phase, job.attempt, job.checkpoint_at)
-        self._job_nodes[jid] = tuple(dict.fromkeys(w.node for w in job.workers))
-        if job.phase is not _RUNNING and job.phase is not _PLACED:
+        self._note(job)
+
+    def _note(self, job: JobState) -> None:
+        """Note ``job``, which holds GPUs and is not noted (or was forgotten by ``_take_in``):
+        where it runs, its team, its lists."""
+        jid, phase, workers = job.job_id, job.phase, job.workers
+        self._jobs[jid] = (job, phase, job.attempt, job.checkpoint_at)
+        self._job_nodes[jid] = (workers[0].node,) if len(workers) == 1 else tuple(dict.fromkeys(w.node for w in workers))
+        if phase is not _RUNNING and phase is not _PLACED:
             return
-        self.teams.setdefault(team, {})[jid] = job
+        team = job.team
+        mates = self.teams.get(team)
+        if mates is None:
+            mates = self.teams[team] = {}
+        mates[jid] = job
         self._team_lists.pop(team, None)
+        ranking = self.rankings.get(team)
         if ranking is not None:
             ranking.add(job)
         if job.spec.preemptible:
@@ -277,7 +288,7 @@ class VictimIndex:
         """List again every entry of the nodes ``names``: removals first, then additions,
         each group sorted once when it changes much."""
         removed: dict[int, tuple[list, list]] = {}
-        added: dict[int, tuple[list, list]] = {}
+        added: list[tuple[list, tuple]] = []    # (group, entry)
         for name in names:
             for group, key in self._on.pop(name, ()):
                 removed.setdefault(id(group), (group, []))[1].append(key)
@@ -296,7 +307,13 @@ class VictimIndex:
             else:
                 for key in keys:
                     del group[bisect_left(group, key)]
-        for group, entries in added.values():
+        by_group: dict[int, tuple[list, list]] = {}
+        for group, entry in added:
+            found = by_group.get(id(group))
+            if found is None:
+                found = by_group[id(group)] = (group, [])
+            found[1].append(entry)
+        for group, entries in by_group.values():
             if len(entries) * 8 > len(group):
                 group.extend(entries)
                 group.sort()
@@ -304,28 +321,40 @@ class VictimIndex:
                 for entry in entries:
                     insort(group, entry)
 
-    def _list_node(self, node: NodeState, state: ClusterState, added: dict) -> None:
+    def _list_node(self, node: NodeState, state: ClusterState, added: list) -> None:
         name, pool, jobs = node.name, node.info.pool, state.jobs
+        known, job_nodes, listed = self._jobs, self._job_nodes, self._listed
         here: list[JobState] = []
+        spread = False
         for jid in node.jobs:
             job = jobs[jid]
-            if jid not in self._jobs:
-                self._take_in(job)
+            if jid not in known:
+                self._note(job)
             here.append(job)
-        spread = any(len(self._job_nodes[j.job_id]) > 1 for j in here if j.job_id in self._listed)
+            if not spread and jid in listed and len(job_nodes[jid]) > 1:
+                spread = True
         if spread:
             self.spread.add(name)
         flag, on = 0 if spread else 1, []
-        groups = self._groups.setdefault(pool, {})
+        groups = self._groups.get(pool)
+        if groups is None:
+            groups = self._groups[pool] = {}
         for job in here:
-            listed = self._listed.get(job.job_id)
-            if listed is None:
+            yes = listed.get(job.job_id)
+            if yes is None:
                 continue
-            cls, key = priority_value(job.spec.priority_class), (_work_began(job), flag, name, job.seq)
-            for team, yes in ((None, listed[0]), (job.team, listed[1])):
-                if yes:
-                    group = groups.setdefault(team, {}).setdefault((cls, job.milli), [])
-                    added.setdefault(id(group), (group, []))[1].append((*key, job))
+            cls, milli = priority_value(job.spec.priority_class), job.milli
+            key = (_work_began(job), flag, name, job.seq)
+            entry = (*key, job)
+            for team, wanted in ((None, yes[0]), (job.team, yes[1])):
+                if wanted:
+                    by_size = groups.get(team)
+                    if by_size is None:
+                        by_size = groups[team] = {}
+                    group = by_size.get((cls, milli))
+                    if group is None:
+                        group = by_size[(cls, milli)] = []
+                    added.append((group, entry))
                     on.append((group, key))
         self._on[name] = on
         self._count_freeable(name, (pool, self._freeable_vector(node, here)))
@@ -365,7 +394,9 @@ class VictimIndex:
                     del counts[i][v]
         if now_is is not None:
             self._freeable[name] = now_is
-            counts = self._most.setdefault(now_is[0], [Counter() for _ in range(2 * len(CLASSES))])
+            counts = self._most.get(now_is[0])
+            if counts is None:
+                counts = self._most[now_is[0]] = [Counter() for _ in range(2 * len(CLASSES))]
             for i, v in enumerate(now_is[1]):
                 counts[i][v] += 1
 
