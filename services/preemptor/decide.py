@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from collections import ChainMap
 from dataclasses import replace
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 from gpusched.core import events as ev
 from gpusched.core.state import ClusterState
@@ -35,6 +35,14 @@ class PreemptorDecider:
         # Each partition's candidate victims, kept between rounds: brought in step with
         # what changed rather than listed afresh (``victim_index``).
         self.victims: dict[int, VictimIndex] = {}
+
+    def revoked(self, partitions: Iterable[int]) -> None:
+        """Partitions this preemptor no longer owns (its consumer group gave them to
+        another): their kept indexes go with them, else each holds a pool's candidate
+        victims (and the state they read) until the process ends. A partition assigned
+        again is replayed into a new state, which an index would rebuild from anyway."""
+        for partition in partitions:
+            self.victims.pop(partition, None)
 
     def _config(self, state: ClusterState) -> PreemptionConfig:
         """The preemption settings with the quotas of the log at this state's position."""

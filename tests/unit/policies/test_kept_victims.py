@@ -184,3 +184,24 @@ def test_the_preemptor_keeps_one_index_per_partition_between_rounds():
     assert index.state is c.state and index.now == NOW
     decider(0, c.state, NOW + 1)
     assert decider.victims[0] is index and index.now == NOW + 1
+
+
+def test_a_revoked_partition_s_index_is_dropped_by_the_service_s_revoke_path():
+    """The consumer group takes a partition away: the preemptor's revoke hook (what
+    ``gpusched-preemptor`` hands the follower) drops that partition's kept index and
+    keeps the others'."""
+    from gpusched.adapters.proposer import PartitionProposer
+    from gpusched.policies.supervision import SupervisionConfig
+    from gpusched_preemptor.decide import PreemptorDecider
+    from gpusched_preemptor.main import revoked
+    c = Cluster(nodes=1, gpus=1)
+    c.running("r", ("n1", (0,)), priority_class=BE)
+    c.pending("p", gpus=1, priority_class=HI)
+    decider = PreemptorDecider("me", oracle.PreemptionConfig(), SupervisionConfig(), lambda now: ({}, 0.0, False))
+    decider(0, c.state, NOW)
+    decider(1, c.state, NOW)
+    kept = decider.victims[1]
+    loop = PartitionProposer(None, None, decider, "me")   # type: ignore[arg-type]
+    loop.ready_at.update({0: 5, 1: 5})
+    revoked(decider, loop, {0})
+    assert decider.victims == {1: kept} and loop.ready_at == {1: 5}
