@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from gpusched.core import events as ev
 from gpusched.core.digest import digest
 from gpusched.core.model import JobPhase
-from gpusched.policies.preemption.decisions import preemption_decisions, preemption_events
+from gpusched.policies.preemption.decisions import preemption_decisions, preemption_events, victims_for, why_no_victims
 from gpusched.policies.preemption.slot_counts import SlotCounts
 from gpusched.policies.preemption.victim_index import CLASSES, VictimIndex
 from gpusched.policies.scheduler import Scheduler
@@ -112,6 +112,41 @@ def test_the_kept_index_reads_as_one_built_afresh_after_any_events(data):
         for shape, counts in kept._slots.items():   # the worker slots kept, as counted afresh
             fresh = SlotCounts(c.state.nodes, *shape[1:])
             assert (counts.on, counts.total) == (fresh.on, fresh.total)
+
+
+@SETTINGS
+@given(st.data())
+def test_questions_on_the_kept_index_answer_as_the_full_scan(data):
+    """``victims_for`` and ``why_no_victims`` asked with the preemptor's kept index (in
+    step with rounds and events before) answer as the full scan and as a fresh index do,
+    and leave the index reading as one built afresh."""
+    c, now = packed_cluster(data)
+    config = random_rules(data)
+    kept = VictimIndex()
+    for _ in range(data.draw(st.integers(1, 4))):
+        now += data.draw(st.sampled_from([0.0, 1.0, 40.0, 700.0]))
+        for _ in range(data.draw(st.integers(0, 3))):
+            _change(c, data, now, config, kept)
+        before = digest(c.state)
+        for job_id in sorted(c.state.pending):
+            job = c.state.jobs[job_id]
+            assert victims_for(c.state, job, now, config, victims=kept) == oracle.victims_for(c.state, job, now, config)
+            assert why_no_victims(c.state, job, now, config, victims=kept) == why_no_victims(c.state, job, now, config)
+        assert digest(c.state) == before
+        assert reading(kept.refresh(c.state, now, config), c.state) \
+            == reading(VictimIndex().refresh(c.state, now, config), c.state)
+
+
+def test_the_questions_are_asked_of_the_kept_index():
+    c = Cluster(nodes=1, gpus=1)
+    c.running("r", ("n1", (0,)), started=NOW - 1000, priority_class=BE)
+    c.pending("p", gpus=1, priority_class=HI)
+    config, kept = oracle.PreemptionConfig(), VictimIndex()
+    kept.refresh(c.state, NOW, config)
+    assert victims_for(c.state, c.job("p"), NOW + 1, config, victims=kept) == ("r",)
+    assert kept.now == NOW + 1
+    assert why_no_victims(c.state, c.job("p"), NOW + 2, config, victims=kept).eligible == 1
+    assert kept.now == NOW + 2
 
 
 def test_a_clock_that_goes_back_lists_afresh():
