@@ -100,6 +100,9 @@ class VictimIndex:
 
     def _reset(self, state, config, now: float) -> None:
         self.state, self.config, self.now = state, config, now
+        # Where in the state's journal of changed jobs the index is, and the nodes' version
+        # it saw: while no node changed but through its jobs, the journal says what to relist.
+        self._read, self._nodes_version = -1, -1
         self._rules = _rules(config) if config is not None else None
         self._nodes: dict[str, tuple] = {}   # node -> what it was (``_looks``)
         self._slots: dict[tuple, SlotCounts] = {}   # job shape -> its worker slots
@@ -178,12 +181,33 @@ class VictimIndex:
             relist: set[str] = set(state.nodes)
         else:
             self.config, self.now = config, now
-            relist = self._changed_nodes(state)
+            journalled = state.changes_since(self._read)
+            if journalled is None or state.nodes_version != self._nodes_version:
+                relist = self._changed_nodes(state)
+            else:
+                relist = self._journalled_nodes(state, journalled)
+        self._read, self._nodes_version = state.changes_end(), state.nodes_version
         self._come_due(now, relist)
         self._relist(relist, state)
         for counts in self._slots.values():
             counts.touch(relist, registered=True)
         return self
+
+    def _journalled_nodes(self, state: ClusterState, journalled: list[str]) -> set[str]:
+        """The nodes to list again when no node changed but through its jobs: those held
+        before, or held now, by a job the reducer journalled since the last refresh (each
+        noted again), as ``touched_nodes`` reads them for the placer's kept indexes."""
+        relist: set[str] = set()
+        known, jobs = self._jobs, state.jobs
+        for jid in dict.fromkeys(journalled):
+            was = known.get(jid)
+            if was is not None:
+                relist.update(self._job_nodes[jid])
+                self._take_in(was[0])
+                relist.update(self._job_nodes.get(jid, ()))
+            elif (job := jobs.get(jid)) is not None and job.phase.holds_gpus:
+                relist.update(w.node for w in job.workers if w.node in state.nodes)
+        return relist
 
     def _changed_nodes(self, state: ClusterState) -> set[str]:
         nodes, kept = state.nodes, self._nodes
