@@ -58,6 +58,7 @@ Entry = tuple[tuple, int, str, int, JobState]
 _RUNNING, _PLACED = JobPhase.RUNNING, JobPhase.PLACED
 # Class thresholds of ``most_freeable``: every class a job can have.
 CLASSES = tuple(sorted(set(PRIORITY_CLASSES.values()) | {0}))
+_PLACE = {c: i for i, c in enumerate(CLASSES)}
 # Due times are sums of floats; the rule itself is checked when one comes due.
 _SLACK_S = 1e-3
 
@@ -385,8 +386,12 @@ class VictimIndex:
 
     def _freeable_vector(self, node: NodeState, here: list[JobState]) -> tuple[int, ...]:
         """For each class threshold c (and reclaim or not): the node's GPUs less those held
-        by jobs a pending job of class c may not take (``candidates``' rule, all teams)."""
-        name, fixed, movable = node.name, 0, []
+        by jobs a pending job of class c may not take (``candidates``' rule, all teams).
+        A job may be taken from some threshold on (a class above its own for priority, its
+        own for reclaim): its GPUs are bucketed by that threshold's place in ``CLASSES``,
+        and what is held at a threshold is what the buckets above it hold."""
+        name, last = node.name, len(CLASSES)
+        by_priority, by_reclaim = [0] * (last + 1), [0] * (last + 1)   # bucket: from that place on
         for job in here:
             mask = 0
             for w in job.workers:
@@ -394,18 +399,21 @@ class VictimIndex:
                     for slot in w.gpus:
                         mask |= 1 << slot.index
             listed = self._listed.get(job.job_id)
-            if listed is None or not (listed[0] or listed[1]):
-                fixed |= mask
-            else:
-                movable.append((priority_value(job.spec.priority_class), listed[0], listed[1], mask))
-        total, out = len(node.gpus), []
-        for c in CLASSES:
-            for reclaim in (False, True):
-                held = fixed
-                for cls, by_priority, by_reclaim, mask in movable:
-                    if not ((by_priority and cls < c) or (reclaim and by_reclaim and cls <= c)):
-                        held |= mask
-                out.append(total - held.bit_count())
+            if listed is None:
+                by_priority[last] |= mask
+                by_reclaim[last] |= mask
+                continue
+            place = _PLACE[priority_value(job.spec.priority_class)]
+            priority_from = place + 1 if listed[0] else last
+            by_priority[priority_from] |= mask
+            by_reclaim[place if listed[1] else priority_from] |= mask
+        total, out = len(node.gpus), [0] * (2 * last)
+        held, held_reclaim = by_priority[last], by_reclaim[last]
+        for place in range(last - 1, -1, -1):
+            out[2 * place] = total - held.bit_count()
+            out[2 * place + 1] = total - held_reclaim.bit_count()
+            held |= by_priority[place]
+            held_reclaim |= by_reclaim[place]
         return tuple(out)
 
     def _count_freeable(self, name: str, now_is: tuple[str, tuple[int, ...]] | None) -> None:
