@@ -70,11 +70,6 @@ def bound(job: JobState, now: float) -> tuple:
     return (priority_value(job.spec.priority_class), 0, 0, round(lost_gpu_s(job, now), 6), 1)
 
 
-def _work_began(job: JobState) -> float:
-    """Minus when the work a preemption would lose began: the later, the less lost."""
-    return -max(job.started_at, job.checkpoint_at) if job.started_at else -math.inf
-
-
 def _walk(group: list, now: float) -> Iterator[Entry]:
     """A group's entries by bound at ``now``: its order, but for equal bounds (rounded),
     which go spread nodes first, then by node."""
@@ -252,7 +247,7 @@ class VictimIndex:
         self._job_nodes[jid] = (workers[0].node,) if len(workers) == 1 else tuple(dict.fromkeys(w.node for w in workers))
         if phase is not _RUNNING and phase is not _PLACED:
             return
-        team = job.team
+        team = job.spec.team
         mates = self.teams.get(team)
         if mates is None:
             mates = self.teams[team] = {}
@@ -267,14 +262,14 @@ class VictimIndex:
     def _list_by_time(self, job: JobState) -> None:
         """Whether ``job`` is listed now for priority and for reclaim; when not, when it will be."""
         config, now, jid = self.config, self.now, job.job_id
-        since = running_since(job)
+        since = job.started_at or job.placed_at    # running_since, inlined: every job of a build
         age = now - since
-        if budget_spent(job, config.preemption_budget):
+        if config.preemption_budget and budget_spent(job, config.preemption_budget):
             by_priority, priority_due = False, math.inf
         else:
             exempt = config.exempt_s(job)
             by_priority, priority_due = age >= exempt, since + exempt
-        recent = reclaimed_within(job, now, config.reclaim_window_s)
+        recent = job.preempted_reason and reclaimed_within(job, now, config.reclaim_window_s)
         by_reclaim = age >= config.reclaim_min_runtime_s and not recent
         reclaim_due = max(since + config.reclaim_min_runtime_s,
                           job.preempted_at + config.reclaim_window_s if recent else -math.inf)
@@ -360,7 +355,7 @@ class VictimIndex:
                 spread = True
         if spread:
             self.spread.add(name)
-        flag, on = 0 if spread else 1, []
+        flag, on, classes = 0 if spread else 1, [], PRIORITY_CLASSES
         groups = self._groups.get(pool)
         if groups is None:
             groups = self._groups[pool] = {}
@@ -368,10 +363,13 @@ class VictimIndex:
             yes = listed.get(job.job_id)
             if yes is None:
                 continue
-            cls, milli = priority_value(job.spec.priority_class), job.milli
-            key = (_work_began(job), flag, name, job.seq)
+            spec = job.spec
+            cls, milli = classes.get(spec.priority_class, 0), spec.total_milli   # priority_value, milli
+            # Minus when the work a preemption would lose began: the later, the less lost.
+            began = -max(job.started_at, job.checkpoint_at) if job.started_at else -math.inf
+            key = (began, flag, name, job.seq)
             entry = (*key, job)
-            for team, wanted in ((None, yes[0]), (job.team, yes[1])):
+            for team, wanted in ((None, yes[0]), (spec.team, yes[1])):
                 if wanted:
                     by_size = groups.get(team)
                     if by_size is None:
