@@ -7,6 +7,7 @@ from collections import ChainMap
 from dataclasses import replace
 from typing import Callable, Iterable, Mapping, Sequence
 
+from gpusched.adapters.gc_pacing import gc_paused
 from gpusched.core import events as ev
 from gpusched.core.state import ClusterState
 from gpusched.policies.actions import (
@@ -63,6 +64,14 @@ class PreemptorDecider:
         return ChainMap(last_seen, self.unheard)
 
     def __call__(self, partition: int, state: ClusterState, now: float) -> list[tuple[ev.Event, str]]:
+        # The cyclic GC paused for the round, as the placer's cycle (``gc_pacing``): a round
+        # allocates much (the first builds a pool's index of candidate victims), all of which
+        # dies by reference count or is kept, and the GC, with the state frozen, would run
+        # full collections over the growing index again and again.
+        with gc_paused():
+            return self._decide(partition, state, now)
+
+    def _decide(self, partition: int, state: ClusterState, now: float) -> list[tuple[ev.Event, str]]:
         last_seen, since, hearing = self.heard(now)
         situation = Situation(state, now, self.supervision, self._config,
                               self._with_unheard(state, last_seen, now), since, hearing,

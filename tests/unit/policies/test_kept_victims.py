@@ -240,3 +240,20 @@ def test_a_revoked_partition_s_index_is_dropped_by_the_service_s_revoke_path():
     loop.ready_at.update({0: 5, 1: 5})
     revoked(decider, loop, {0})
     assert decider.victims == {1: kept} and loop.ready_at == {1: 5}
+
+
+def test_the_preemptor_s_round_runs_with_the_cyclic_gc_paused():
+    """A round's allocations (a first round builds the pool's index) are not scanned by
+    the cyclic GC again and again; it is on again after the round."""
+    import gc
+
+    from gpusched.policies.actions import Action
+    from gpusched.policies.supervision import SupervisionConfig
+    from gpusched_preemptor.decide import PreemptorDecider
+    seen: list[bool] = []
+    probe = Action("probe", lambda s: seen.append(gc.isenabled()) or [], stops=False, help="")
+    decider = PreemptorDecider("me", oracle.PreemptionConfig(), SupervisionConfig(), lambda now: ({}, 0.0, False),
+                               (probe,))
+    assert gc.isenabled()
+    decider(0, Cluster(nodes=1, gpus=1).state, NOW)
+    assert seen == [False] and gc.isenabled()
