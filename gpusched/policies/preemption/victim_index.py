@@ -110,7 +110,7 @@ class VictimIndex:
         self._waiting: list[tuple[float, int, str, int]] = []   # (due, stamp, job, kind)
         # pool -> team (None: priority) -> (class, milli) -> entries (work began, flag, node, seq, job)
         self._groups: dict[str, dict[str | None, dict[tuple[int, int], list]]] = {}
-        self._on: dict[str, list[tuple[list, tuple]]] = {}   # node -> its entries' (group, key)
+        self._on: dict[str, list[tuple[list, Entry]]] = {}   # node -> its (group, entry) pairs
         self.spread: set[str] = set()
         self.teams: dict[str, dict[str, JobState]] = {}      # team -> its RUNNING or PLACED jobs
         self._team_lists: dict[str, list[JobState]] = {}
@@ -175,8 +175,9 @@ class VictimIndex:
         if state is not self.state or now < self.now or _rules(config) != self._rules:
             self._reset(state, config, now)
             relist: set[str] = set(state.nodes)
+            fresh = True
         else:
-            self.config, self.now = config, now
+            self.config, self.now, fresh = config, now, False
             journalled = state.changes_since(self._read)
             if journalled is None or state.nodes_version != self._nodes_version:
                 relist = self._changed_nodes(state)
@@ -184,7 +185,7 @@ class VictimIndex:
                 relist = self._journalled_nodes(state, journalled)
         self._read, self._nodes_version = state.changes_end(), state.nodes_version
         self._come_due(now, relist)
-        self._relist(relist, state)
+        self._relist(relist, state, fresh)
         for counts in self._slots.values():
             counts.touch(relist, registered=True)
         return self
@@ -304,14 +305,15 @@ class VictimIndex:
         for entry in early:
             heapq.heappush(waiting, entry)
 
-    def _relist(self, names: set[str], state: ClusterState) -> None:
+    def _relist(self, names: set[str], state: ClusterState, fresh: bool = False) -> None:
         """List again every entry of the nodes ``names``: removals first, then additions,
-        each group sorted once when it changes much."""
+        each group sorted once when it changes much (``fresh``: the index was reset, every
+        node is listed into empty groups)."""
         removed: dict[int, tuple[list, list]] = {}
         added: list[tuple[list, tuple]] = []    # (group, entry)
         for name in names:
-            for group, key in self._on.pop(name, ()):
-                removed.setdefault(id(group), (group, []))[1].append(key)
+            for group, entry in self._on.pop(name, ()):
+                removed.setdefault(id(group), (group, []))[1].append(entry[:4])
             self.spread.discard(name)
             node = state.nodes.get(name)
             if node is None:
@@ -327,6 +329,14 @@ class VictimIndex:
             else:
                 for key in keys:
                     del group[bisect_left(group, key)]
+        if fresh:   # every group new: filled, then sorted once each
+            for group, entry in added:
+                group.append(entry)
+            for teams in self._groups.values():
+                for groups in teams.values():
+                    for group in groups.values():
+                        group.sort()
+            return
         by_group: dict[int, tuple[list, list]] = {}
         for group, entry in added:
             found = by_group.get(id(group))
@@ -367,8 +377,7 @@ class VictimIndex:
             cls, milli = classes.get(spec.priority_class, 0), spec.total_milli   # priority_value, milli
             # Minus when the work a preemption would lose began: the later, the less lost.
             began = -max(job.started_at, job.checkpoint_at) if job.started_at else -math.inf
-            key = (began, flag, name, job.seq)
-            entry = (*key, job)
+            entry = (began, flag, name, job.seq, job)
             for team, wanted in ((None, yes[0]), (spec.team, yes[1])):
                 if wanted:
                     by_size = groups.get(team)
@@ -377,8 +386,9 @@ class VictimIndex:
                     group = by_size.get((cls, milli))
                     if group is None:
                         group = by_size[(cls, milli)] = []
-                    added.append((group, entry))
-                    on.append((group, key))
+                    pair = (group, entry)
+                    added.append(pair)
+                    on.append(pair)
         self._on[name] = on
         self._count_freeable(name, (pool, self._freeable_vector(node, here)))
 
