@@ -23,13 +23,15 @@ at a rate of its GPUs: so each list is kept in groups of one class and one size,
 ordered by the time its work began (later first, a job never started first), an order
 ``now`` does not change; ``candidates`` merges the groups by their bounds at ``now``.
 
-Kept between rounds (``refresh``), the index is brought in step with the state by
-comparing, as the placer's index of ends (``reservation.kept_ends``) is: a node whose job
-set or registration changed, and the nodes of a job whose phase, attempt or checkpoint
-changed, have their entries listed again; a job younger than its exempt time (or recently
-reclaimed) waits in a heap by the time it becomes a victim and is listed once ``now``
-passes it. A change of the rules, another state or a clock that went back rebuilds it.
-The comparison reads every job on a node, a few fields each: a tenth of a rebuild.
+Kept between rounds (``refresh``), the index is brought in step with the state through
+the reducer's journal of changed jobs (``ClusterState.changes``), as the placer's kept
+indexes are (``touched_nodes``): the nodes a journalled job held before or holds now have
+their entries listed again, and, when ``nodes_version`` moved, so have the nodes whose
+registration, status or GPU health changed (compared node by node); a job younger than its
+exempt time (or recently reclaimed) waits in a heap by the time it becomes a victim and is
+listed once ``now`` passes it. A change of the rules, another state, a clock that went back
+or a journal that dropped entries the index had not read rebuilds it. A round after a few
+changes thus reads a few nodes, not the pool.
 
 The index also keeps what the round would otherwise sum over the pool: the teams' running
 jobs and their rankings (``borrowing``, told of the jobs that join or leave), the worker
@@ -102,7 +104,7 @@ class VictimIndex:
         self._rules = _rules(config) if config is not None else None
         self._nodes: dict[str, tuple] = {}   # node -> what it was (``_looks``)
         self._slots: dict[tuple, SlotCounts] = {}   # job shape -> its worker slots
-        self._jobs: dict[str, tuple[JobState, JobPhase, int, float]] = {}   # job on a node -> what it was
+        self._jobs: dict[str, JobState] = {}   # every job noted on a node
         self._job_nodes: dict[str, tuple[str, ...]] = {}
         self._listed: dict[str, list[bool]] = {}    # job -> [for priority, for reclaim]
         self._stamp: dict[str, int] = {}             # job -> its latest waiting entries' stamp
@@ -172,17 +174,16 @@ class VictimIndex:
     def refresh(self, state: ClusterState, now: float, config) -> "VictimIndex":
         """Bring the index in step with ``state`` at ``now`` under ``config`` (the round's
         ``PreemptionConfig``)."""
-        if state is not self.state or now < self.now or _rules(config) != self._rules:
+        journalled = state.changes_since(self._read) if state is self.state else None
+        if journalled is None or now < self.now or _rules(config) != self._rules:
             self._reset(state, config, now)
             relist: set[str] = set(state.nodes)
             fresh = True
         else:
             self.config, self.now, fresh = config, now, False
-            journalled = state.changes_since(self._read)
-            if journalled is None or state.nodes_version != self._nodes_version:
-                relist = self._changed_nodes(state)
-            else:
-                relist = self._journalled_nodes(state, journalled)
+            relist = self._journalled_nodes(state, journalled)
+            if state.nodes_version != self._nodes_version:
+                relist |= self._changed_nodes(state)
         self._read, self._nodes_version = state.changes_end(), state.nodes_version
         self._come_due(now, relist)
         self._relist(relist, state, fresh)
@@ -191,35 +192,31 @@ class VictimIndex:
         return self
 
     def _journalled_nodes(self, state: ClusterState, journalled: list[str]) -> set[str]:
-        """The nodes to list again when no node changed but through its jobs: those held
-        before, or held now, by a job the reducer journalled since the last refresh (each
-        noted again), as ``touched_nodes`` reads them for the placer's kept indexes."""
+        """The nodes whose jobs changed: those held before, or held now, by a job the
+        reducer journalled since the last refresh (``ClusterState.changes``; each noted
+        again), as ``touched_nodes`` reads them for the placer's kept indexes."""
         relist: set[str] = set()
         known, jobs = self._jobs, state.jobs
         for jid in dict.fromkeys(journalled):
             was = known.get(jid)
             if was is not None:
                 relist.update(self._job_nodes[jid])
-                self._take_in(was[0])
+                self._take_in(was)
                 relist.update(self._job_nodes.get(jid, ()))
             elif (job := jobs.get(jid)) is not None and job.phase.holds_gpus:
                 relist.update(w.node for w in job.workers if w.node in state.nodes)
         return relist
 
     def _changed_nodes(self, state: ClusterState) -> set[str]:
+        """The nodes changed by themselves (``nodes_version`` moved): registered, gone,
+        re-registered, of another status or GPU health."""
         nodes, kept = state.nodes, self._nodes
         relist = {name for name, node in nodes.items()
                   if (was := kept.get(name)) is None or was[0] is not node or was[1] is not node.info
-                  or was[2] != node.jobs or was[3] is not node.status or was[4] != node.faults
-                  or (node.faults and was[5] != _health(node))}
+                  or was[2] is not node.status or was[3] != node.faults
+                  or (node.faults and was[4] != _health(node))}
         if len(nodes) != len(kept):
             relist.update(name for name in kept if name not in nodes)
-        changed = [holder for holder, phase, attempt, checkpoint in self._jobs.values()
-                   if holder.phase is not phase or holder.attempt != attempt or holder.checkpoint_at != checkpoint]
-        for holder in changed:
-            relist.update(self._job_nodes[holder.job_id])
-            self._take_in(holder)
-            relist.update(self._job_nodes.get(holder.job_id, ()))
         return relist
 
     def _take_in(self, job: JobState) -> None:
@@ -244,7 +241,7 @@ class VictimIndex:
         """Note ``job``, which holds GPUs and is not noted (or was forgotten by ``_take_in``):
         where it runs, its team, its lists."""
         jid, phase, workers = job.job_id, job.phase, job.workers
-        self._jobs[jid] = (job, phase, job.attempt, job.checkpoint_at)
+        self._jobs[jid] = job
         self._job_nodes[jid] = (workers[0].node,) if len(workers) == 1 else tuple(dict.fromkeys(w.node for w in workers))
         if phase is not _RUNNING and phase is not _PLACED:
             return
@@ -437,8 +434,8 @@ class VictimIndex:
             counts = self._most.get(now_is[0])
             if counts is None:
                 counts = self._most[now_is[0]] = [Counter() for _ in range(2 * len(CLASSES))]
-            for i, v in enumerate(now_is[1]):
-                counts[i][v] += 1
+            for count, v in zip(counts, now_is[1]):
+                count[v] = count.get(v, 0) + 1
 
 
 def _looks(node: NodeState) -> tuple:
@@ -446,8 +443,7 @@ def _looks(node: NodeState) -> tuple:
     only once it had a fault: a GPU turns unhealthy only with a fault counted
     (``GpuHealthChanged``), and faults go back to 0 only with every GPU healthy again
     (``NodeUncordoned``)."""
-    return (node, node.info, frozenset(node.jobs), node.status, node.faults,
-            _health(node) if node.faults else None)
+    return node, node.info, node.status, node.faults, _health(node) if node.faults else None
 
 
 def _health(node: NodeState) -> tuple[bool, ...]:
