@@ -23,15 +23,12 @@ at a rate of its GPUs: so each list is kept in groups of one class and one size,
 ordered by the time its work began (later first, a job never started first), an order
 ``now`` does not change; ``candidates`` merges the groups by their bounds at ``now``.
 
-Kept between rounds (``refresh``), the index is brought in step with the state through
-the reducer's journal of changed jobs (``ClusterState.changes``), as the placer's kept
-indexes are (``touched_nodes``): the nodes a journalled job held before or holds now have
-their entries listed again, and, when ``nodes_version`` moved, so have the nodes whose
-registration, status or GPU health changed (compared node by node); a job younger than its
-exempt time (or recently reclaimed) waits in a heap by the time it becomes a victim and is
-listed once ``now`` passes it. A change of the rules, another state, a clock that went back
-or a journal that dropped entries the index had not read rebuilds it. A round after a few
-changes thus reads a few nodes, not the pool.
+Kept between rounds (``refresh``), the index follows the reducer's journal of changed jobs
+(``ClusterState.changes``) as the placer's kept indexes do (``touched_nodes``): the nodes a
+journalled job held or holds are listed again, and, when ``nodes_version`` moved, those
+whose registration, status or GPU health changed; a job younger than its exempt time (or
+recently reclaimed) waits in a heap by when it becomes a victim. Other rules, another
+state, a clock gone back or a journal dropped unread rebuild it.
 
 The index also keeps what the round would otherwise sum over the pool: the teams' running
 jobs and their rankings (``borrowing``, told of the jobs that join or leave), the worker
@@ -45,22 +42,19 @@ from __future__ import annotations
 import heapq
 import math
 from bisect import bisect_left, insort
-from collections import Counter
 from typing import Iterable, Iterator
 
 from gpusched.core.model import JobPhase
 from gpusched.core.priority import PRIORITY_CLASSES, priority_value
 from gpusched.core.state import ClusterState, JobState, NodeState
 from gpusched.policies.preemption.borrowing import TeamRanking
+from gpusched.policies.preemption.freeable import CLASSES, MostFreeable, freeable_vector
 from gpusched.policies.preemption.protection import budget_spent, lost_gpu_s, reclaimed_within, running_since
 from gpusched.policies.preemption.slot_counts import SlotCounts
 
 # (bound, 0 when the node runs a spread job else 1, node, seq, job)
 Entry = tuple[tuple, int, str, int, JobState]
 _RUNNING, _PLACED = JobPhase.RUNNING, JobPhase.PLACED
-# Class thresholds of ``most_freeable``: every class a job can have.
-CLASSES = tuple(sorted(set(PRIORITY_CLASSES.values()) | {0}))
-_PLACE = {c: i for i, c in enumerate(CLASSES)}
 # Due times are sums of floats; the rule itself is checked when one comes due.
 _SLACK_S = 1e-3
 
@@ -117,8 +111,7 @@ class VictimIndex:
         self.teams: dict[str, dict[str, JobState]] = {}      # team -> its RUNNING or PLACED jobs
         self._team_lists: dict[str, list[JobState]] = {}
         self.rankings: dict[str, TeamRanking] = {}   # team -> its ranking, made by ``TeamLedger``
-        self._freeable: dict[str, tuple[str, tuple[int, ...]]] = {}   # node -> (pool, vector)
-        self._most: dict[str, list[Counter]] = {}     # pool -> per threshold: vector values
+        self._freeable = MostFreeable()
 
     # --- the round's questions ------------------------------------------------------------
     def candidates(self, pool: str, mine: int, team: str, reclaim: bool) -> Iterator[Entry]:
@@ -139,10 +132,9 @@ class VictimIndex:
         of class ``mine`` may take from (``candidates``) were gone; None when unknown.
         ``changed``: the nodes a round's scratch changed, counted here with all their GPUs,
         as an earlier decision's victims may have freed GPUs the job could not take itself."""
-        if mine not in CLASSES:
+        most = self._freeable.most(pool, mine, reclaim)
+        if most is None:
             return None
-        counts = self._most.get(pool)
-        most = max(counts[CLASSES.index(mine) * 2 + reclaim], default=0) if counts is not None else 0
         nodes = self.state.nodes if self.state is not None else {}
         return max(most, max((len(nodes[name].gpus) for name in changed if name in nodes), default=0))
 
@@ -315,7 +307,7 @@ class VictimIndex:
             node = state.nodes.get(name)
             if node is None:
                 self._nodes.pop(name, None)
-                self._count_freeable(name, None)
+                self._freeable.count(name, None)
                 continue
             self._nodes[name] = _looks(node)
             self._list_node(node, state, added)
@@ -387,56 +379,7 @@ class VictimIndex:
                     added.append(pair)
                     on.append(pair)
         self._on[name] = on
-        self._count_freeable(name, (pool, self._freeable_vector(node, here)))
-
-    def _freeable_vector(self, node: NodeState, here: list[JobState]) -> tuple[int, ...]:
-        """For each class threshold c (and reclaim or not): the node's GPUs less those held
-        by jobs a pending job of class c may not take (``candidates``' rule, all teams).
-        A job may be taken from some threshold on (a class above its own for priority, its
-        own for reclaim): its GPUs are bucketed by that threshold's place in ``CLASSES``,
-        and what is held at a threshold is what the buckets above it hold."""
-        name, last = node.name, len(CLASSES)
-        by_priority, by_reclaim = [0] * (last + 1), [0] * (last + 1)   # bucket: from that place on
-        for job in here:
-            mask = 0
-            for w in job.workers:
-                if w.node == name:
-                    for slot in w.gpus:
-                        mask |= 1 << slot.index
-            listed = self._listed.get(job.job_id)
-            if listed is None:
-                by_priority[last] |= mask
-                by_reclaim[last] |= mask
-                continue
-            place = _PLACE[priority_value(job.spec.priority_class)]
-            priority_from = place + 1 if listed[0] else last
-            by_priority[priority_from] |= mask
-            by_reclaim[place if listed[1] else priority_from] |= mask
-        total, out = len(node.gpus), [0] * (2 * last)
-        held, held_reclaim = by_priority[last], by_reclaim[last]
-        for place in range(last - 1, -1, -1):
-            out[2 * place] = total - held.bit_count()
-            out[2 * place + 1] = total - held_reclaim.bit_count()
-            held |= by_priority[place]
-            held_reclaim |= by_reclaim[place]
-        return tuple(out)
-
-    def _count_freeable(self, name: str, now_is: tuple[str, tuple[int, ...]] | None) -> None:
-        was = self._freeable.pop(name, None)
-        if was is not None:
-            counts = self._most[was[0]]
-            for i, v in enumerate(was[1]):
-                counts[i][v] -= 1
-                if not counts[i][v]:
-                    del counts[i][v]
-        if now_is is not None:
-            self._freeable[name] = now_is
-            counts = self._most.get(now_is[0])
-            if counts is None:
-                counts = self._most[now_is[0]] = [Counter() for _ in range(2 * len(CLASSES))]
-            for count, v in zip(counts, now_is[1]):
-                count[v] = count.get(v, 0) + 1
-
+        self._freeable.count(name, (pool, freeable_vector(node, here, listed)))
 
 def _looks(node: NodeState) -> tuple:
     """What of a node its entries and worker slots depend on. Its GPUs' health is compared
