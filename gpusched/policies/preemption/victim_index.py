@@ -92,9 +92,7 @@ class VictimIndex:
 
     def _reset(self, state, config, now: float) -> None:
         self.state, self.config, self.now = state, config, now
-        # Where in the state's journal of changed jobs the index is, and the nodes' version
-        # it saw: while no node changed but through its jobs, the journal says what to relist.
-        self._read, self._nodes_version = -1, -1
+        self._read, self._nodes_version = -1, -1   # the journal read so far, the nodes' version seen
         self._rules = _rules(config) if config is not None else None
         self._nodes: dict[str, tuple] = {}   # node -> what it was (``_looks``)
         self._slots: dict[tuple, SlotCounts] = {}   # job shape -> its worker slots
@@ -108,6 +106,7 @@ class VictimIndex:
         self._groups: dict[str, dict[str | None, dict[tuple[int, int], list]]] = {}
         self._on: dict[str, list[tuple[list, Entry]]] = {}   # node -> its (group, entry) pairs
         self.spread: set[str] = set()
+        self.preempting: dict[str, str] = {}   # PREEMPTING job on a node -> the job it is preempted for
         self.teams: dict[str, dict[str, JobState]] = {}      # team -> its RUNNING or PLACED jobs
         self._team_lists: dict[str, list[JobState]] = {}
         self.rankings: dict[str, TeamRanking] = {}   # team -> its ranking, made by ``TeamLedger``
@@ -123,9 +122,7 @@ class VictimIndex:
         if reclaim:
             walks += [_walk(g, self.now) for other, groups in lists.items() if other is not None and other != team
                       for (cls, _), g in groups.items() if cls <= mine and g]
-        if len(walks) == 1:
-            return walks[0]
-        return heapq.merge(*walks)
+        return walks[0] if len(walks) == 1 else heapq.merge(*walks)
 
     def most_freeable(self, pool: str, mine: int, reclaim: bool, changed: Iterable[str] = ()) -> int | None:
         """The most GPUs any node of ``pool`` could have free once every job a pending job
@@ -222,6 +219,7 @@ class VictimIndex:
             if not mates:
                 del self.teams[team]
         self._listed.pop(jid, None)
+        self.preempting.pop(jid, None)
         self._stamp.pop(jid, None)
         if not job.phase.holds_gpus:
             self._jobs.pop(jid, None)
@@ -236,6 +234,8 @@ class VictimIndex:
         self._jobs[jid] = job
         self._job_nodes[jid] = (workers[0].node,) if len(workers) == 1 else tuple(dict.fromkeys(w.node for w in workers))
         if phase is not _RUNNING and phase is not _PLACED:
+            if phase is JobPhase.PREEMPTING and job.nominated_by:
+                self.preempting[jid] = job.nominated_by
             return
         team = job.spec.team
         mates = self.teams.get(team)
