@@ -6,7 +6,8 @@ job (no pending job's victim), the others one 1-GPU ``training`` job each (past 
 time, checkpointable). Waiting: one 8-GPU ``training-high`` job, which no victim set can
 place (every node keeps its GPU 0), then P ``training-high`` 1-GPU jobs of a few CPU sizes
 (so the placer is asked about several shapes). Timed per round (CPU seconds, after
-``gc.freeze()`` as the services do once the state is read):
+``gc.freeze()`` as the services do once the state is read, and with the cyclic GC paused
+for the round as the preemptor service runs it; ``--gc-on`` leaves it on):
 
 * ``preemption_decisions`` (which stops after 8 decisions), with the victim search on the
   index of candidate victims against the full scan of the pool per decision
@@ -117,10 +118,22 @@ def a_round_later(log: Log, decisions, now: float, round_no: int) -> float:
     return now + 5.0
 
 
+# Whether rounds run with the cyclic GC paused, as the preemptor service runs them
+# (``--gc-on``: not, as the service did before).
+GC_PAUSED = True
+
+
 def cpu(fn) -> tuple[float, object]:
-    t0 = time.process_time()
-    out = fn()
-    return time.process_time() - t0, out
+    paused = GC_PAUSED and gc.isenabled()
+    if paused:
+        gc.disable()
+    try:
+        t0 = time.process_time()
+        out = fn()
+        return time.process_time() - t0, out
+    finally:
+        if paused:
+            gc.enable()
 
 
 class Timed:
@@ -181,7 +194,10 @@ def main() -> None:
     p.add_argument("--nodes", type=int, nargs="+", default=[1000, 5000])
     p.add_argument("--pending", type=int, default=64)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--gc-on", action="store_true", help="time rounds with the cyclic GC on (the service pauses it)")
     args = p.parse_args()
+    global GC_PAUSED
+    GC_PAUSED = not args.gc_on
     logs = {n: full_pool(n, args.pending) for n in args.nodes}
     gc.freeze()
     find_was, find_is = (scan.FrozenSearchContext, "find"), (SearchContext, "find")
@@ -219,7 +235,7 @@ def main() -> None:
                 keep((n, "defrag", "was"), t_was)
                 keep((n, "defrag", "is"), t_is)
             now = a_round_later(log, decided, now, r)
-    print(f"index kept between rounds: {KEEPS}")
+    print(f"index kept between rounds: {KEEPS}; cyclic GC paused in rounds: {GC_PAUSED}")
     print(f"{'nodes':>6} {'':>40} {'as it was ms':>13} {'as it is ms':>12} {'ratio':>7}")
     rows = [("first", "preemption round, first"), ("kept", "preemption round, a round later"),
             ("search", "one decision's search"), ("none", "a search that finds none"),

@@ -5,8 +5,9 @@ from __future__ import annotations
 import uuid
 from collections import ChainMap
 from dataclasses import replace
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
+from gpusched.adapters.gc_pacing import gc_paused
 from gpusched.core import events as ev
 from gpusched.core.state import ClusterState
 from gpusched.policies.actions import (
@@ -36,6 +37,14 @@ class PreemptorDecider:
         # what changed rather than listed afresh (``victim_index``).
         self.victims: dict[int, VictimIndex] = {}
 
+    def revoked(self, partitions: Iterable[int]) -> None:
+        """Partitions this preemptor no longer owns (its consumer group gave them to
+        another): their kept indexes go with them, else each holds a pool's candidate
+        victims (and the state they read) until the process ends. A partition assigned
+        again is replayed into a new state, which an index would rebuild from anyway."""
+        for partition in partitions:
+            self.victims.pop(partition, None)
+
     def _config(self, state: ClusterState) -> PreemptionConfig:
         """The preemption settings with the quotas of the log at this state's position."""
         tree = policy_tree(state, self.preemption.quotas)
@@ -55,6 +64,14 @@ class PreemptorDecider:
         return ChainMap(last_seen, self.unheard)
 
     def __call__(self, partition: int, state: ClusterState, now: float) -> list[tuple[ev.Event, str]]:
+        # The cyclic GC paused for the round, as the placer's cycle (``gc_pacing``): a round
+        # allocates much (the first builds a pool's index of candidate victims), all of which
+        # dies by reference count or is kept, and the GC, with the state frozen, would run
+        # full collections over the growing index again and again.
+        with gc_paused():
+            return self._decide(partition, state, now)
+
+    def _decide(self, partition: int, state: ClusterState, now: float) -> list[tuple[ev.Event, str]]:
         last_seen, since, hearing = self.heard(now)
         situation = Situation(state, now, self.supervision, self._config,
                               self._with_unheard(state, last_seen, now), since, hearing,

@@ -36,6 +36,13 @@ def preemption_config(own: PreemptorSettings) -> PreemptionConfig:
                             reclaim_window_s=own.reclaim_window)
 
 
+def revoked(decider: PreemptorDecider, loop: PartitionProposer, partitions: set[int]) -> None:
+    """The consumer group took ``partitions`` away: the loop stops deciding on them and the
+    decider drops what it kept for them (``PreemptorDecider.revoked``)."""
+    loop.on_revoked(partitions)
+    decider.revoked(partitions)
+
+
 async def run(args: argparse.Namespace) -> None:
     settings = kafka_settings(args)
     conn, topics = KafkaConnection.from_settings(settings), TopicNames(settings.topic_prefix)
@@ -62,7 +69,7 @@ async def run(args: argparse.Namespace) -> None:
                               parallel_replay_min=settings.parallel_replay_min)
     follower = LogFollower(conn, topics, me, dead_letters, options,
                            on_assigned=lambda parts: holder["loop"].on_assigned(parts),
-                           on_revoked=lambda parts: holder["loop"].on_revoked(parts))
+                           on_revoked=lambda parts: revoked(decider, holder["loop"], parts))
     loop = holder["loop"] = PartitionProposer(follower, publisher, traced(decider), me, busy_share=BUSY_SHARE)
     server, port, health = await start_server(own.listen, [], [], security)
     setup_metrics("gpusched-preemptor", follower)

@@ -56,10 +56,13 @@ def preemption_events(state: ClusterState, decision: Preemption, now: float,
 
 # --- public entry points ------------------------------------------------------------------
 def victims_for(state: ClusterState, job: JobState, now: float,
-                config: PreemptionConfig = PreemptionConfig()) -> tuple[str, ...] | None:
+                config: PreemptionConfig = PreemptionConfig(),
+                victims: VictimIndex | None = None) -> tuple[str, ...] | None:
     """The cheapest set of running jobs to preempt so ``job`` becomes placeable: ``()`` when
-    it is placeable already, ``None`` when no set of eligible victims makes it placeable."""
-    ctx = SearchContext(state, now, config)
+    it is placeable already, ``None`` when no set of eligible victims makes it placeable.
+    ``victims``: the caller's kept index of candidate victims (the preemptor's, of this
+    state), brought in step here rather than one built for the question."""
+    ctx = SearchContext(state, now, config, victims)
     with ctx.tentative() as scratch:
         found = ctx.find(job, scratch)
     if found is None:
@@ -84,10 +87,12 @@ class Shields:
 
 
 def why_no_victims(state: ClusterState, job: JobState, now: float,
-                   config: PreemptionConfig = PreemptionConfig()) -> Shields:
+                   config: PreemptionConfig = PreemptionConfig(),
+                   victims: VictimIndex | None = None) -> Shields:
     """What keeps the running jobs of ``job``'s pool from being its victims, as typed reasons
-    (``Shield``): the preemptor's explanation when it finds none for ``job``."""
-    ctx = SearchContext(state, now, config)
+    (``Shield``): the preemptor's explanation when it finds none for ``job``. ``victims``:
+    as for ``victims_for`` (the teams' borrowing is read from it)."""
+    ctx = SearchContext(state, now, config, victims)
     reclaim = ctx.may_reclaim(job)
     shielded: Counter[Shield] = Counter()
     eligible, next_at = 0, None

@@ -23,13 +23,12 @@ at a rate of its GPUs: so each list is kept in groups of one class and one size,
 ordered by the time its work began (later first, a job never started first), an order
 ``now`` does not change; ``candidates`` merges the groups by their bounds at ``now``.
 
-Kept between rounds (``refresh``), the index is brought in step with the state by
-comparing, as the placer's index of ends (``reservation.kept_ends``) is: a node whose job
-set or registration changed, and the nodes of a job whose phase, attempt or checkpoint
-changed, have their entries listed again; a job younger than its exempt time (or recently
-reclaimed) waits in a heap by the time it becomes a victim and is listed once ``now``
-passes it. A change of the rules, another state or a clock that went back rebuilds it.
-The comparison reads every job on a node, a few fields each: a tenth of a rebuild.
+Kept between rounds (``refresh``), the index follows the reducer's journal of changed jobs
+(``ClusterState.changes``) as the placer's kept indexes do (``touched_nodes``): the nodes a
+journalled job held or holds are listed again, and, when ``nodes_version`` moved, those
+whose registration, status or GPU health changed; a job younger than its exempt time (or
+recently reclaimed) waits in a heap by when it becomes a victim. Other rules, another
+state, a clock gone back or a journal dropped unread rebuild it.
 
 The index also keeps what the round would otherwise sum over the pool: the teams' running
 jobs and their rankings (``borrowing``, told of the jobs that join or leave), the worker
@@ -43,21 +42,19 @@ from __future__ import annotations
 import heapq
 import math
 from bisect import bisect_left, insort
-from collections import Counter
 from typing import Iterable, Iterator
 
 from gpusched.core.model import JobPhase
 from gpusched.core.priority import PRIORITY_CLASSES, priority_value
 from gpusched.core.state import ClusterState, JobState, NodeState
 from gpusched.policies.preemption.borrowing import TeamRanking
+from gpusched.policies.preemption.freeable import CLASSES, MostFreeable, freeable_vector
 from gpusched.policies.preemption.protection import budget_spent, lost_gpu_s, reclaimed_within, running_since
 from gpusched.policies.preemption.slot_counts import SlotCounts
 
 # (bound, 0 when the node runs a spread job else 1, node, seq, job)
 Entry = tuple[tuple, int, str, int, JobState]
 _RUNNING, _PLACED = JobPhase.RUNNING, JobPhase.PLACED
-# Class thresholds of ``most_freeable``: every class a job can have.
-CLASSES = tuple(sorted(set(PRIORITY_CLASSES.values()) | {0}))
 # Due times are sums of floats; the rule itself is checked when one comes due.
 _SLACK_S = 1e-3
 
@@ -67,11 +64,6 @@ def bound(job: JobState, now: float) -> tuple:
     ``job``'s and which holds ``job``: that class; non-borrowed and reclaimed milli at least
     0; work lost at least ``job``'s own (every job's is >= 0); at least one job."""
     return (priority_value(job.spec.priority_class), 0, 0, round(lost_gpu_s(job, now), 6), 1)
-
-
-def _work_began(job: JobState) -> float:
-    """Minus when the work a preemption would lose began: the later, the less lost."""
-    return -max(job.started_at, job.checkpoint_at) if job.started_at else -math.inf
 
 
 def _walk(group: list, now: float) -> Iterator[Entry]:
@@ -100,10 +92,11 @@ class VictimIndex:
 
     def _reset(self, state, config, now: float) -> None:
         self.state, self.config, self.now = state, config, now
+        self._read, self._nodes_version = -1, -1   # the journal read so far, the nodes' version seen
         self._rules = _rules(config) if config is not None else None
         self._nodes: dict[str, tuple] = {}   # node -> what it was (``_looks``)
         self._slots: dict[tuple, SlotCounts] = {}   # job shape -> its worker slots
-        self._jobs: dict[str, tuple[JobState, JobPhase, int, float]] = {}   # job on a node -> what it was
+        self._jobs: dict[str, JobState] = {}   # every job noted on a node
         self._job_nodes: dict[str, tuple[str, ...]] = {}
         self._listed: dict[str, list[bool]] = {}    # job -> [for priority, for reclaim]
         self._stamp: dict[str, int] = {}             # job -> its latest waiting entries' stamp
@@ -111,13 +104,13 @@ class VictimIndex:
         self._waiting: list[tuple[float, int, str, int]] = []   # (due, stamp, job, kind)
         # pool -> team (None: priority) -> (class, milli) -> entries (work began, flag, node, seq, job)
         self._groups: dict[str, dict[str | None, dict[tuple[int, int], list]]] = {}
-        self._on: dict[str, list[tuple[list, tuple]]] = {}   # node -> its entries' (group, key)
+        self._on: dict[str, list[tuple[list, Entry]]] = {}   # node -> its (group, entry) pairs
         self.spread: set[str] = set()
+        self.preempting: dict[str, str] = {}   # PREEMPTING job on a node -> the job it is preempted for
         self.teams: dict[str, dict[str, JobState]] = {}      # team -> its RUNNING or PLACED jobs
         self._team_lists: dict[str, list[JobState]] = {}
         self.rankings: dict[str, TeamRanking] = {}   # team -> its ranking, made by ``TeamLedger``
-        self._freeable: dict[str, tuple[str, tuple[int, ...]]] = {}   # node -> (pool, vector)
-        self._most: dict[str, list[Counter]] = {}     # pool -> per threshold: vector values
+        self._freeable = MostFreeable()
 
     # --- the round's questions ------------------------------------------------------------
     def candidates(self, pool: str, mine: int, team: str, reclaim: bool) -> Iterator[Entry]:
@@ -129,19 +122,16 @@ class VictimIndex:
         if reclaim:
             walks += [_walk(g, self.now) for other, groups in lists.items() if other is not None and other != team
                       for (cls, _), g in groups.items() if cls <= mine and g]
-        if len(walks) == 1:
-            return walks[0]
-        return heapq.merge(*walks)
+        return walks[0] if len(walks) == 1 else heapq.merge(*walks)
 
     def most_freeable(self, pool: str, mine: int, reclaim: bool, changed: Iterable[str] = ()) -> int | None:
         """The most GPUs any node of ``pool`` could have free once every job a pending job
         of class ``mine`` may take from (``candidates``) were gone; None when unknown.
         ``changed``: the nodes a round's scratch changed, counted here with all their GPUs,
         as an earlier decision's victims may have freed GPUs the job could not take itself."""
-        if mine not in CLASSES:
+        most = self._freeable.most(pool, mine, reclaim)
+        if most is None:
             return None
-        counts = self._most.get(pool)
-        most = max(counts[CLASSES.index(mine) * 2 + reclaim], default=0) if counts is not None else 0
         nodes = self.state.nodes if self.state is not None else {}
         return max(most, max((len(nodes[name].gpus) for name in changed if name in nodes), default=0))
 
@@ -173,32 +163,49 @@ class VictimIndex:
     def refresh(self, state: ClusterState, now: float, config) -> "VictimIndex":
         """Bring the index in step with ``state`` at ``now`` under ``config`` (the round's
         ``PreemptionConfig``)."""
-        if state is not self.state or now < self.now or _rules(config) != self._rules:
+        journalled = state.changes_since(self._read) if state is self.state else None
+        if journalled is None or now < self.now or _rules(config) != self._rules:
             self._reset(state, config, now)
             relist: set[str] = set(state.nodes)
+            fresh = True
         else:
-            self.config, self.now = config, now
-            relist = self._changed_nodes(state)
+            self.config, self.now, fresh = config, now, False
+            relist = self._journalled_nodes(state, journalled)
+            if state.nodes_version != self._nodes_version:
+                relist |= self._changed_nodes(state)
+        self._read, self._nodes_version = state.changes_end(), state.nodes_version
         self._come_due(now, relist)
-        self._relist(relist, state)
+        self._relist(relist, state, fresh)
         for counts in self._slots.values():
             counts.touch(relist, registered=True)
         return self
 
+    def _journalled_nodes(self, state: ClusterState, journalled: list[str]) -> set[str]:
+        """The nodes whose jobs changed: those held before, or held now, by a job the
+        reducer journalled since the last refresh (``ClusterState.changes``; each noted
+        again), as ``touched_nodes`` reads them for the placer's kept indexes."""
+        relist: set[str] = set()
+        known, jobs = self._jobs, state.jobs
+        for jid in dict.fromkeys(journalled):
+            was = known.get(jid)
+            if was is not None:
+                relist.update(self._job_nodes[jid])
+                self._take_in(was)
+                relist.update(self._job_nodes.get(jid, ()))
+            elif (job := jobs.get(jid)) is not None and job.phase.holds_gpus:
+                relist.update(w.node for w in job.workers if w.node in state.nodes)
+        return relist
+
     def _changed_nodes(self, state: ClusterState) -> set[str]:
+        """The nodes changed by themselves (``nodes_version`` moved): registered, gone,
+        re-registered, of another status or GPU health."""
         nodes, kept = state.nodes, self._nodes
         relist = {name for name, node in nodes.items()
                   if (was := kept.get(name)) is None or was[0] is not node or was[1] is not node.info
-                  or was[2] != node.jobs or was[3] is not node.status or was[4] != node.faults
-                  or (node.faults and was[5] != _health(node))}
+                  or was[2] is not node.status or was[3] != node.faults
+                  or (node.faults and was[4] != _health(node))}
         if len(nodes) != len(kept):
             relist.update(name for name in kept if name not in nodes)
-        changed = [holder for holder, phase, attempt, checkpoint in self._jobs.values()
-                   if holder.phase is not phase or holder.attempt != attempt or holder.checkpoint_at != checkpoint]
-        for holder in changed:
-            relist.update(self._job_nodes[holder.job_id])
-            self._take_in(holder)
-            relist.update(self._job_nodes.get(holder.job_id, ()))
         return relist
 
     def _take_in(self, job: JobState) -> None:
@@ -212,17 +219,31 @@ class VictimIndex:
             if not mates:
                 del self.teams[team]
         self._listed.pop(jid, None)
+        self.preempting.pop(jid, None)
         self._stamp.pop(jid, None)
         if not job.phase.holds_gpus:
             self._jobs.pop(jid, None)
             self._job_nodes.pop(jid, None)
             return
-        self._jobs[jid] = (job, job.phase, job.attempt, job.checkpoint_at)
-        self._job_nodes[jid] = tuple(dict.fromkeys(w.node for w in job.workers))
-        if job.phase is not _RUNNING and job.phase is not _PLACED:
+        self._note(job)
+
+    def _note(self, job: JobState) -> None:
+        """Note ``job``, which holds GPUs and is not noted (or was forgotten by ``_take_in``):
+        where it runs, its team, its lists."""
+        jid, phase, workers = job.job_id, job.phase, job.workers
+        self._jobs[jid] = job
+        self._job_nodes[jid] = (workers[0].node,) if len(workers) == 1 else tuple(dict.fromkeys(w.node for w in workers))
+        if phase is not _RUNNING and phase is not _PLACED:
+            if phase is JobPhase.PREEMPTING and job.nominated_by:
+                self.preempting[jid] = job.nominated_by
             return
-        self.teams.setdefault(team, {})[jid] = job
+        team = job.spec.team
+        mates = self.teams.get(team)
+        if mates is None:
+            mates = self.teams[team] = {}
+        mates[jid] = job
         self._team_lists.pop(team, None)
+        ranking = self.rankings.get(team)
         if ranking is not None:
             ranking.add(job)
         if job.spec.preemptible:
@@ -231,14 +252,14 @@ class VictimIndex:
     def _list_by_time(self, job: JobState) -> None:
         """Whether ``job`` is listed now for priority and for reclaim; when not, when it will be."""
         config, now, jid = self.config, self.now, job.job_id
-        since = running_since(job)
+        since = job.started_at or job.placed_at    # running_since, inlined: every job of a build
         age = now - since
-        if budget_spent(job, config.preemption_budget):
+        if config.preemption_budget and budget_spent(job, config.preemption_budget):
             by_priority, priority_due = False, math.inf
         else:
             exempt = config.exempt_s(job)
             by_priority, priority_due = age >= exempt, since + exempt
-        recent = reclaimed_within(job, now, config.reclaim_window_s)
+        recent = job.preempted_reason and reclaimed_within(job, now, config.reclaim_window_s)
         by_reclaim = age >= config.reclaim_min_runtime_s and not recent
         reclaim_due = max(since + config.reclaim_min_runtime_s,
                           job.preempted_at + config.reclaim_window_s if recent else -math.inf)
@@ -273,19 +294,20 @@ class VictimIndex:
         for entry in early:
             heapq.heappush(waiting, entry)
 
-    def _relist(self, names: set[str], state: ClusterState) -> None:
+    def _relist(self, names: set[str], state: ClusterState, fresh: bool = False) -> None:
         """List again every entry of the nodes ``names``: removals first, then additions,
-        each group sorted once when it changes much."""
+        each group sorted once when it changes much (``fresh``: the index was reset, every
+        node is listed into empty groups)."""
         removed: dict[int, tuple[list, list]] = {}
-        added: dict[int, tuple[list, list]] = {}
+        added: list[tuple[list, tuple]] = []    # (group, entry)
         for name in names:
-            for group, key in self._on.pop(name, ()):
-                removed.setdefault(id(group), (group, []))[1].append(key)
+            for group, entry in self._on.pop(name, ()):
+                removed.setdefault(id(group), (group, []))[1].append(entry[:4])
             self.spread.discard(name)
             node = state.nodes.get(name)
             if node is None:
                 self._nodes.pop(name, None)
-                self._count_freeable(name, None)
+                self._freeable.count(name, None)
                 continue
             self._nodes[name] = _looks(node)
             self._list_node(node, state, added)
@@ -296,7 +318,21 @@ class VictimIndex:
             else:
                 for key in keys:
                     del group[bisect_left(group, key)]
-        for group, entries in added.values():
+        if fresh:   # every group new: filled, then sorted once each
+            for group, entry in added:
+                group.append(entry)
+            for teams in self._groups.values():
+                for groups in teams.values():
+                    for group in groups.values():
+                        group.sort()
+            return
+        by_group: dict[int, tuple[list, list]] = {}
+        for group, entry in added:
+            found = by_group.get(id(group))
+            if found is None:
+                found = by_group[id(group)] = (group, [])
+            found[1].append(entry)
+        for group, entries in by_group.values():
             if len(entries) * 8 > len(group):
                 group.extend(entries)
                 group.sort()
@@ -304,79 +340,53 @@ class VictimIndex:
                 for entry in entries:
                     insort(group, entry)
 
-    def _list_node(self, node: NodeState, state: ClusterState, added: dict) -> None:
+    def _list_node(self, node: NodeState, state: ClusterState, added: list) -> None:
         name, pool, jobs = node.name, node.info.pool, state.jobs
+        known, job_nodes, listed = self._jobs, self._job_nodes, self._listed
         here: list[JobState] = []
+        spread = False
         for jid in node.jobs:
             job = jobs[jid]
-            if jid not in self._jobs:
-                self._take_in(job)
+            if jid not in known:
+                self._note(job)
             here.append(job)
-        spread = any(len(self._job_nodes[j.job_id]) > 1 for j in here if j.job_id in self._listed)
+            if not spread and jid in listed and len(job_nodes[jid]) > 1:
+                spread = True
         if spread:
             self.spread.add(name)
-        flag, on = 0 if spread else 1, []
-        groups = self._groups.setdefault(pool, {})
+        flag, on, classes = 0 if spread else 1, [], PRIORITY_CLASSES
+        groups = self._groups.get(pool)
+        if groups is None:
+            groups = self._groups[pool] = {}
         for job in here:
-            listed = self._listed.get(job.job_id)
-            if listed is None:
+            yes = listed.get(job.job_id)
+            if yes is None:
                 continue
-            cls, key = priority_value(job.spec.priority_class), (_work_began(job), flag, name, job.seq)
-            for team, yes in ((None, listed[0]), (job.team, listed[1])):
-                if yes:
-                    group = groups.setdefault(team, {}).setdefault((cls, job.milli), [])
-                    added.setdefault(id(group), (group, []))[1].append((*key, job))
-                    on.append((group, key))
+            spec = job.spec
+            cls, milli = classes.get(spec.priority_class, 0), spec.total_milli   # priority_value, milli
+            # Minus when the work a preemption would lose began: the later, the less lost.
+            began = -max(job.started_at, job.checkpoint_at) if job.started_at else -math.inf
+            entry = (began, flag, name, job.seq, job)
+            for team, wanted in ((None, yes[0]), (spec.team, yes[1])):
+                if wanted:
+                    by_size = groups.get(team)
+                    if by_size is None:
+                        by_size = groups[team] = {}
+                    group = by_size.get((cls, milli))
+                    if group is None:
+                        group = by_size[(cls, milli)] = []
+                    pair = (group, entry)
+                    added.append(pair)
+                    on.append(pair)
         self._on[name] = on
-        self._count_freeable(name, (pool, self._freeable_vector(node, here)))
-
-    def _freeable_vector(self, node: NodeState, here: list[JobState]) -> tuple[int, ...]:
-        """For each class threshold c (and reclaim or not): the node's GPUs less those held
-        by jobs a pending job of class c may not take (``candidates``' rule, all teams)."""
-        name, fixed, movable = node.name, 0, []
-        for job in here:
-            mask = 0
-            for w in job.workers:
-                if w.node == name:
-                    for slot in w.gpus:
-                        mask |= 1 << slot.index
-            listed = self._listed.get(job.job_id)
-            if listed is None or not (listed[0] or listed[1]):
-                fixed |= mask
-            else:
-                movable.append((priority_value(job.spec.priority_class), listed[0], listed[1], mask))
-        total, out = len(node.gpus), []
-        for c in CLASSES:
-            for reclaim in (False, True):
-                held = fixed
-                for cls, by_priority, by_reclaim, mask in movable:
-                    if not ((by_priority and cls < c) or (reclaim and by_reclaim and cls <= c)):
-                        held |= mask
-                out.append(total - held.bit_count())
-        return tuple(out)
-
-    def _count_freeable(self, name: str, now_is: tuple[str, tuple[int, ...]] | None) -> None:
-        was = self._freeable.pop(name, None)
-        if was is not None:
-            counts = self._most[was[0]]
-            for i, v in enumerate(was[1]):
-                counts[i][v] -= 1
-                if not counts[i][v]:
-                    del counts[i][v]
-        if now_is is not None:
-            self._freeable[name] = now_is
-            counts = self._most.setdefault(now_is[0], [Counter() for _ in range(2 * len(CLASSES))])
-            for i, v in enumerate(now_is[1]):
-                counts[i][v] += 1
-
+        self._freeable.count(name, (pool, freeable_vector(node, here, listed)))
 
 def _looks(node: NodeState) -> tuple:
     """What of a node its entries and worker slots depend on. Its GPUs' health is compared
     only once it had a fault: a GPU turns unhealthy only with a fault counted
     (``GpuHealthChanged``), and faults go back to 0 only with every GPU healthy again
     (``NodeUncordoned``)."""
-    return (node, node.info, frozenset(node.jobs), node.status, node.faults,
-            _health(node) if node.faults else None)
+    return node, node.info, node.status, node.faults, _health(node) if node.faults else None
 
 
 def _health(node: NodeState) -> tuple[bool, ...]:

@@ -185,6 +185,8 @@ class SearchContext:
         """Pending jobs with a live preemption: a young nomination or PREEMPTING victims."""
         live = {j for j, (_, at) in self.state.nominations.items()
                 if self.now - at < self.config.nomination_ttl_s}
+        if self._kept is not None:   # the kept index knows them: no scan of the pool
+            return live | set(self.victim_index().preempting.values())
         for node in self.state.nodes.values():
             for jid in node.jobs:
                 job = self.state.jobs[jid]

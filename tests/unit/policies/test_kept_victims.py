@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from gpusched.core import events as ev
 from gpusched.core.digest import digest
 from gpusched.core.model import JobPhase
-from gpusched.policies.preemption.decisions import preemption_decisions, preemption_events
+from gpusched.policies.preemption.decisions import preemption_decisions, preemption_events, victims_for, why_no_victims
 from gpusched.policies.preemption.slot_counts import SlotCounts
 from gpusched.policies.preemption.victim_index import CLASSES, VictimIndex
 from gpusched.policies.scheduler import Scheduler
@@ -114,6 +114,41 @@ def test_the_kept_index_reads_as_one_built_afresh_after_any_events(data):
             assert (counts.on, counts.total) == (fresh.on, fresh.total)
 
 
+@SETTINGS
+@given(st.data())
+def test_questions_on_the_kept_index_answer_as_the_full_scan(data):
+    """``victims_for`` and ``why_no_victims`` asked with the preemptor's kept index (in
+    step with rounds and events before) answer as the full scan and as a fresh index do,
+    and leave the index reading as one built afresh."""
+    c, now = packed_cluster(data)
+    config = random_rules(data)
+    kept = VictimIndex()
+    for _ in range(data.draw(st.integers(1, 4))):
+        now += data.draw(st.sampled_from([0.0, 1.0, 40.0, 700.0]))
+        for _ in range(data.draw(st.integers(0, 3))):
+            _change(c, data, now, config, kept)
+        before = digest(c.state)
+        for job_id in sorted(c.state.pending):
+            job = c.state.jobs[job_id]
+            assert victims_for(c.state, job, now, config, victims=kept) == oracle.victims_for(c.state, job, now, config)
+            assert why_no_victims(c.state, job, now, config, victims=kept) == why_no_victims(c.state, job, now, config)
+        assert digest(c.state) == before
+        assert reading(kept.refresh(c.state, now, config), c.state) \
+            == reading(VictimIndex().refresh(c.state, now, config), c.state)
+
+
+def test_the_questions_are_asked_of_the_kept_index():
+    c = Cluster(nodes=1, gpus=1)
+    c.running("r", ("n1", (0,)), started=NOW - 1000, priority_class=BE)
+    c.pending("p", gpus=1, priority_class=HI)
+    config, kept = oracle.PreemptionConfig(), VictimIndex()
+    kept.refresh(c.state, NOW, config)
+    assert victims_for(c.state, c.job("p"), NOW + 1, config, victims=kept) == ("r",)
+    assert kept.now == NOW + 1
+    assert why_no_victims(c.state, c.job("p"), NOW + 2, config, victims=kept).eligible == 1
+    assert kept.now == NOW + 2
+
+
 def test_a_clock_that_goes_back_lists_afresh():
     """Exempt jobs are listed as time passes them: a round at an earlier time (another
     replica's clock) must not see them listed."""
@@ -184,3 +219,41 @@ def test_the_preemptor_keeps_one_index_per_partition_between_rounds():
     assert index.state is c.state and index.now == NOW
     decider(0, c.state, NOW + 1)
     assert decider.victims[0] is index and index.now == NOW + 1
+
+
+def test_a_revoked_partition_s_index_is_dropped_by_the_service_s_revoke_path():
+    """The consumer group takes a partition away: the preemptor's revoke hook (what
+    ``gpusched-preemptor`` hands the follower) drops that partition's kept index and
+    keeps the others'."""
+    from gpusched.adapters.proposer import PartitionProposer
+    from gpusched.policies.supervision import SupervisionConfig
+    from gpusched_preemptor.decide import PreemptorDecider
+    from gpusched_preemptor.main import revoked
+    c = Cluster(nodes=1, gpus=1)
+    c.running("r", ("n1", (0,)), priority_class=BE)
+    c.pending("p", gpus=1, priority_class=HI)
+    decider = PreemptorDecider("me", oracle.PreemptionConfig(), SupervisionConfig(), lambda now: ({}, 0.0, False))
+    decider(0, c.state, NOW)
+    decider(1, c.state, NOW)
+    kept = decider.victims[1]
+    loop = PartitionProposer(None, None, decider, "me")   # type: ignore[arg-type]
+    loop.ready_at.update({0: 5, 1: 5})
+    revoked(decider, loop, {0})
+    assert decider.victims == {1: kept} and loop.ready_at == {1: 5}
+
+
+def test_the_preemptor_s_round_runs_with_the_cyclic_gc_paused():
+    """A round's allocations (a first round builds the pool's index) are not scanned by
+    the cyclic GC again and again; it is on again after the round."""
+    import gc
+
+    from gpusched.policies.actions import Action
+    from gpusched.policies.supervision import SupervisionConfig
+    from gpusched_preemptor.decide import PreemptorDecider
+    seen: list[bool] = []
+    probe = Action("probe", lambda s: seen.append(gc.isenabled()) or [], stops=False, help="")
+    decider = PreemptorDecider("me", oracle.PreemptionConfig(), SupervisionConfig(), lambda now: ({}, 0.0, False),
+                               (probe,))
+    assert gc.isenabled()
+    decider(0, Cluster(nodes=1, gpus=1).state, NOW)
+    assert seen == [False] and gc.isenabled()
