@@ -8,6 +8,11 @@ that tests 2,500 jobs, though between two cycles only the jobs the reducer journ
 those; a node change (``nodes_version``), an overrun journal or another state count
 everything again. The mix it gives is the one counting afresh gives
 (``tests/unit/policies/test_kept_mix.py``), so FGD decides alike.
+
+A row's scores depend on the mix and the row alone, so while the mix stays the same
+(jobs placed count as they did waiting; a submission or an end changes it) the row
+scorer and its memos are kept too (``KeptScorer``): a cycle then scores for the first
+time only the rows no earlier cycle scored.
 """
 from __future__ import annotations
 
@@ -17,11 +22,13 @@ from typing import Iterable, Mapping
 
 from gpusched.core.state import ClusterState, JobState
 from gpusched.policies.gpu_fit import StateLike
-from gpusched.policies.placement.frag_view import Shape
+from gpusched.policies.placement.frag_rows import RowScorer
+from gpusched.policies.placement.frag_view import Shape, WasteTable, compile_mix
 from gpusched.policies.placement.kept_index import KEPT, view
 from gpusched.policies.statement import Statement
 
 POPULARITY = 0.95    # the most frequent shapes covering this share of tasks are "typical"
+MAX_KINDS = 65_536   # row signatures a kept scorer memoizes before it starts over
 
 _FIELDS = attrgetter("cpu_milli", "gpu_milli", "gpus", "gpu_models", "mig_profile")
 _RESOURCES = attrgetter("resources")
@@ -156,3 +163,37 @@ def pool_mix(state: StateLike, statement: Statement, pool: str, popularity: floa
         kept = view(statement, ("fgd-mix", pool), lambda: KeptMix(pool))
         return typical_of(kept.counts(state), popularity)   # type: ignore[attr-defined]
     return typical_of(raw_counts(state, pool), popularity)
+
+
+class KeptScorer:
+    """FGD's row scorer of one policy and pool, kept between cycles while its mix, the
+    pool's models, patience and keys stay the same (a statement view, as ``KeptMix``)."""
+
+    __slots__ = ("shapes", "models", "scorer")
+
+    def __init__(self) -> None:
+        self.shapes: list[tuple[Shape, float]] = []
+        self.models: list[str] = []
+        self.scorer: RowScorer | None = None
+
+    def touch(self, names: Iterable[str]) -> None:
+        """Bookings change rows, not how a row scores."""
+
+    def scorer_for(self, mix: dict[Shape, float], models: list[str], patience: float, lookahead: bool) -> RowScorer:
+        # The mix in order: the waste table and compiled weights sum in it.
+        shapes = list(mix.items())
+        scorer = self.scorer
+        if scorer is None or shapes != self.shapes or models != self.models or scorer.kinds() > MAX_KINDS:
+            scorer = self.scorer = RowScorer(compile_mix(mix, models), WasteTable(mix, patience), lookahead)
+            self.shapes, self.models = shapes, list(models)
+        return scorer
+
+
+def kept_scorer(statement: Statement, key: tuple, mix: dict[Shape, float], models: list[str], patience: float,
+                lookahead: bool) -> RowScorer | None:
+    """The scorer kept for ``key`` (the policy's view key) in a cycle that keeps its
+    indexes, None in one that keeps nothing."""
+    if KEPT not in statement.views:
+        return None
+    kept = view(statement, ("fgd-scorer", *key), KeptScorer)
+    return kept.scorer_for(mix, models, patience, lookahead)   # type: ignore[attr-defined]

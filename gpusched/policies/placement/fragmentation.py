@@ -41,7 +41,7 @@ from gpusched.policies.placement.frag_view import (  # noqa: F401
 from gpusched.policies.placement.frag_rows import Row, row_takes
 from gpusched.policies.placement.heuristics import choose_mig, rank_mig
 # The typical-task mix and the default of ``Fgd(popularity=...)`` (``FgdLookahead(patience=...)``'s: frag_view).
-from gpusched.policies.placement.frag_mix import POPULARITY, pool_mix, raw_counts, typical_of
+from gpusched.policies.placement.frag_mix import POPULARITY, kept_scorer, pool_mix, raw_counts, typical_of
 
 
 def shape_of(res: WorkerResources) -> Shape | None:
@@ -270,8 +270,9 @@ class Fgd:
         view = statement.views.get(key)
         if view is None:
             arrays = arrays_for(statement, state.nodes, pool)
-            view = statement.views[key] = FragView(arrays, pool_mix(state, statement, pool, self.popularity),
-                                                   self.patience, self.lookahead)
+            mix = pool_mix(state, statement, pool, self.popularity)
+            scorer = kept_scorer(statement, key, mix, arrays.models, self.patience, self.lookahead)
+            view = statement.views[key] = FragView(arrays, mix, self.patience, self.lookahead, scorer)
         return view
 
     def keys(self, view: FragView, rows: np.ndarray, after: np.ndarray, growth: np.ndarray) -> list[np.ndarray]:

@@ -113,3 +113,41 @@ def test_a_count_kept_for_one_state_is_not_read_for_another():
     mix = KeptMix("default")
     assert +mix.counts(one.state) == raw_counts(one.state, "default")
     assert +mix.counts(other.state) == raw_counts(other.state, "default")
+
+
+def kept_scorer_of(keys: QueueKeys, placement: str = "fgd"):
+    kept = keys.kept["placement-indexes"].indexes
+    return next(v for k, v in kept.items() if k[:2] == ("fgd-scorer", placement)).scorer
+
+
+def test_the_row_scorer_is_kept_while_the_mix_stays_and_replaced_when_it_changes():
+    """Placements leave the mix as it was (a placed job counts as it did waiting): the
+    next cycle scores with the same scorer, its memos warm. A submission of another
+    request changes the mix: the next cycle scores with a new one."""
+    log = cluster()
+    for k in range(3):
+        assert log.submit(f"a{k}", make_spec(milli=300, cpu=0, mem=0)).accepted
+    assert log.submit("g", make_spec(gpus=2, cpu=0, mem=0)).accepted
+    keys, scheduler = QueueKeys(), Scheduler(SchedulerConfig(placement="fgd"))
+    first = scheduler.schedule(log.state, log.now, None, keys)
+    scorer = kept_scorer_of(keys)
+    for d in first.decisions[:2]:
+        assert log(ev.JobPlaced, job_id=d.job_id, attempt=d.attempt, workers=d.workers).accepted
+    scheduler.schedule(log.state, log.now, None, keys)
+    assert kept_scorer_of(keys) is scorer
+    assert log.submit("b", make_spec(milli=700, cpu=0, mem=0)).accepted
+    scheduler.schedule(log.state, log.now, None, keys)
+    assert kept_scorer_of(keys) is not scorer
+
+
+def test_a_scorer_memoizing_too_many_rows_starts_over(monkeypatch):
+    from gpusched.policies.placement import frag_mix
+    log = cluster()
+    assert log.submit("a", make_spec(milli=300, cpu=0, mem=0)).accepted
+    keys, scheduler = QueueKeys(), Scheduler(SchedulerConfig(placement="fgd-lookahead"))
+    scheduler.schedule(log.state, log.now, None, keys)
+    scorer = kept_scorer_of(keys, "fgd-lookahead")
+    assert scorer.kinds() > 0
+    monkeypatch.setattr(frag_mix, "MAX_KINDS", scorer.kinds() - 1)
+    scheduler.schedule(log.state, log.now, None, keys)
+    assert kept_scorer_of(keys, "fgd-lookahead") is not scorer
