@@ -9,7 +9,10 @@ from hypothesis import given, strategies as st
 
 from gpusched.core import events as ev
 from gpusched.core.state import ClusterState
-from gpusched.policies.placement.frag_mix import KeptMix, raw_counts, typical_of
+from gpusched.policies.placement.arrays import NodeArrays
+from gpusched.policies.placement.frag_mix import KeptMix, KeptScorer, raw_counts, typical_of
+from gpusched.policies.placement.frag_rows import RowScorer, row_takes
+from gpusched.policies.placement.frag_view import PATIENCE, WasteTable, compile_mix
 from gpusched.policies.queueing.keys import QueueKeys
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig
 from tests.unit.core.builders import Log, make_node, make_spec
@@ -82,12 +85,42 @@ def test_fgd_cycles_that_keep_the_count_decide_as_cycles_that_keep_nothing(steps
         mixes = {k[1]: v for k, v in (kept.indexes.items() if kept else ()) if isinstance(v, KeptMix)}
         assert_counts_as_fresh(mixes, log.state)
         now = log.now
+        mix = typical_of(raw_counts(log.state, "default"))
         result = keeping.schedule(log.state, now, None, keys)
         assert decided(result) == decided(fresh.schedule(log.state, now, None, None))
+        offered = [log.state.jobs[j] for j in [d.job_id for d in result.decisions] + list(result.unplaced)]
+        scored = any(j.spec.pool == "default" and not j.spec.resources.is_mig for j in offered)
+        assert_scorer_as_fresh(keys, log.state, mix if scored else None, placement == "fgd-lookahead")
         for d in result.decisions[:apply]:
             assert log(ev.JobPlaced, job_id=d.job_id, attempt=d.attempt, workers=d.workers).accepted
         for s in later[r::rounds]:
             act(log, s, made, queued)
+
+
+def assert_scorer_as_fresh(keys: QueueKeys, state: ClusterState, mix: dict | None, lookahead: bool) -> None:
+    """The scorer kept is for the mix at the start of the cycle (``mix``; None when the
+    cycle scored no request of the pool, and so did not look at the scorer), and scores
+    every node of the pool, for every request waiting, as a scorer made afresh for its
+    mix does (its memos, from earlier cycles, included)."""
+    kept = keys.kept.get("placement-indexes")
+    scorers = [v for k, v in (kept.indexes.items() if kept else ()) if isinstance(v, KeptScorer) and k[-1] == "default"]
+    if not scorers or scorers[0].scorer is None:
+        return
+    held = scorers[0]
+    if mix is not None:
+        assert held.shapes == list(mix.items())
+    mix = dict(held.shapes)
+    arrays = NodeArrays(state.nodes, "default")
+    assert held.models == arrays.models
+    new = RowScorer(compile_mix(mix, arrays.models), WasteTable(mix, PATIENCE), lookahead)
+    requests = {state.jobs[j].spec.resources for j in state.pending if state.jobs[j].spec.pool == "default"}
+    for res in [r for r in requests if not r.is_mig]:
+        takes = row_takes(res, arrays.allowed_models(res))
+        for i, (gpu, cpu, mem, idle, gmem) in enumerate(arrays.plain):
+            model = int(arrays.model[i])
+            row, fresh_row = (s.row(gpu, cpu, mem, model, idle, gmem) for s in (held.scorer, new))
+            if takes(row):
+                assert held.scorer.scorer(res)(row) == new.scorer(res)(fresh_row), (res, i)
 
 
 def test_a_cycle_keeps_the_count_and_the_next_reads_the_journal():
