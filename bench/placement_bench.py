@@ -12,7 +12,13 @@ are per CPU second of the benchmark process (the cycle is single-threaded; wall 
 printed too). The state is frozen for the cyclic GC once built, as the placer freezes
 what it folded (``gc_pacing``), so a collection does not rescan 50,000 jobs.
 
-    .venv/bin/python bench/placement_bench.py [--policies best-fit,fgd] [--queue priority|all] [--nodes 1250] [--jobs 50000]
+``--kept`` measures the cycle the placer runs once warm: with what it keeps for a state
+between cycles (``QueueKeys``: queue keys, the cursor, the placement indexes and FGD's
+task count), after one cycle whose decisions the log accepted (each policy on its own
+copy of the state, built alike), so the kept structures are brought in step from 2,500
+placements, as between two placer cycles.
+
+    .venv/bin/python bench/placement_bench.py [--policies best-fit,fgd] [--queue priority|all] [--nodes 1250] [--jobs 50000] [--kept]
 """
 from __future__ import annotations
 
@@ -26,6 +32,8 @@ from gpusched.core.model import GpuInfo, JobSpec, NodeInfo, WorkerResources
 from gpusched.core.reducer import apply
 from gpusched.core.state import ClusterState
 from gpusched.policies.placement.registry import PLACEMENTS
+from gpusched.policies.queueing.keys import QueueKeys
+from gpusched.policies.queueing.parking import ParkedJobs
 from gpusched.policies.queueing.order import QUEUE_ORDERS
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig
 
@@ -75,19 +83,40 @@ def main() -> None:
                         help="queue policy, comma-separated ones, or 'all' (default: the placer's)")
     parser.add_argument("--max-decisions", type=int, default=10_000)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--kept", action="store_true",
+                        help="time the cycle after one whose decisions were applied, with the kept QueueKeys")
     args = parser.parse_args()
-    state = cluster(args.nodes)
-    submit(state, args.jobs, args.seed)
-    gc.collect()
-    gc.freeze()
+    state = build(args.nodes, args.jobs, args.seed)
     queues = sorted(QUEUE_ORDERS) if args.queue == "all" else args.queue.split(",")
     print(f"{args.nodes} nodes x 8 GPUs, {len(state.pending)} pending jobs, "
-          f"cycle capped at {args.max_decisions} decisions and {SchedulerConfig().max_job_test} jobs tested")
+          f"cycle capped at {args.max_decisions} decisions and {SchedulerConfig().max_job_test} jobs tested"
+          + (", the cycle after one applied, with kept QueueKeys" if args.kept else ""))
+    fresh = (lambda: build(args.nodes, args.jobs, args.seed)) if args.kept else None
     for queue in queues:
-        cycles(state, queue, args.policies.split(","), args.max_decisions)
+        cycles(state, queue, args.policies.split(","), args.max_decisions, fresh)
 
 
-def cycles(state: ClusterState, queue: str, policies: list[str], max_decisions: int) -> None:
+def build(nodes: int, jobs: int, seed: int) -> ClusterState:
+    state = cluster(nodes)
+    submit(state, jobs, seed)
+    gc.collect()
+    gc.freeze()
+    return state
+
+
+def warm(state: ClusterState, scheduler: Scheduler) -> tuple[ParkedJobs, QueueKeys]:
+    """One cycle with kept structures, its decisions accepted by the log: the placer's
+    state and keys before its next cycle."""
+    parked, keys = ParkedJobs(), QueueKeys()
+    for d in scheduler.cycle(state, 0.0, parked, keys):
+        apply(state, ev.JobPlaced(event_id=f"place-{d.job_id}", job_id=d.job_id, attempt=d.attempt,
+                                  workers=d.workers))
+    gc.collect()
+    gc.freeze()
+    return parked, keys
+
+
+def cycles(state: ClusterState, queue: str, policies: list[str], max_decisions: int, fresh=None) -> None:
     # CPU seconds of this process next to wall seconds: the machine is shared, and a
     # cycle is single-threaded, so CPU time is what the policy costs.
     print(f"\n{queue} queue")
@@ -96,8 +125,12 @@ def cycles(state: ClusterState, queue: str, policies: list[str], max_decisions: 
     first = None
     for name in policies:
         scheduler = Scheduler(SchedulerConfig(queue=queue, placement=name, max_decisions=max_decisions))
+        kept: tuple = ()
+        if fresh is not None:   # each policy on its own copy, one cycle applied
+            state = fresh()
+            kept = warm(state, scheduler)
         wall, cpu = time.perf_counter(), time.process_time()
-        decisions = scheduler.cycle(state, now=0.0)
+        decisions = scheduler.cycle(state, 0.0, *kept)
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
         gpus = sum(state.jobs[d.job_id].milli for d in decisions) / 1000
         rate = len(decisions) / cpu

@@ -95,7 +95,7 @@ class RowScorer:
         self.levels: list[int] = mix.cpu_levels.tolist()
         # weight[model][level]: the combinations' weights, as usable() reads them
         self.weight: list[list[list[float]]] = mix.weight.transpose(1, 2, 0).tolist()
-        self._final_waste = final_waste     # fgd-lookahead's, computed when first needed
+        self.final_waste = final_waste      # fgd-lookahead's, computed when first needed
         self._waste: list[float] | None = None
         self._score: dict[float, int] = {}
         self._usable: dict[tuple, float] = {}
@@ -106,6 +106,10 @@ class RowScorer:
         # Weakly: the scorers refer to this object, which holding them would make a
         # reference cycle, left to the cyclic GC (each Best holds its scorer).
         self._requests: WeakValueDictionary[WorkerResources, Score] = WeakValueDictionary()
+
+    def kinds(self) -> int:
+        """Row signatures memoized: what the memos grow with."""
+        return len(self._kinds)
 
     def tallies(self, gpu: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """Per combination: how many GPUs are big enough, and their free milli. Kept by
@@ -299,5 +303,5 @@ class RowScorer:
 
     def waste(self) -> list[float]:
         if self._waste is None:
-            self._waste = self._final_waste().tolist()
+            self._waste = self.final_waste().tolist()
         return self._waste

@@ -72,7 +72,7 @@ class FragView:
     and a request's per-node best (``Best``, refreshed from the ``changed`` rows)."""
 
     def __init__(self, arrays: NodeArrays, mix: dict[Shape, float], patience: float = PATIENCE,
-                 lookahead: bool = False) -> None:
+                 lookahead: bool = False, scorer: RowScorer | None = None) -> None:
         self.arrays = arrays
         self.lookahead = lookahead   # whose keys ``scorer`` packs: fgd-lookahead's, or FGD's
         self.shapes = mix
@@ -82,7 +82,9 @@ class FragView:
         # Shared with the row scorer: neither refers to the other, so no reference cycle
         # keeps a cycle's view (its memos, thousands of objects) for the cyclic GC to find;
         # it is freed when the statement drops it.
-        self._waste = WasteTable(mix, patience)
+        # A scorer kept from an earlier cycle (``frag_mix.kept_scorer``: same mix, models,
+        # patience and keys) brings its memos and its waste table.
+        self._waste = scorer.final_waste if scorer is not None else WasteTable(mix, patience)
         self.stale: set[int] = set()          # rows changed since the last ``sync``
         # Every row change in order (what a Best has seen is a length of it), and the
         # changes that gained capacity (CPU, memory, a GPU's free milli or memory): only
@@ -91,7 +93,7 @@ class FragView:
         self.grew: list[int] = []
         self.initial = list(arrays.plain)     # (GPUs, CPU, memory, idle, GPU memory) before any change
         self.best: dict[WorkerResources, Best] = {}   # oldest first
-        self._scorer: RowScorer | None = None
+        self._scorer: RowScorer | None = scorer
         self.plain: dict[int, Row] = {}   # changed rows as plain Python values
         self.moved = np.zeros(len(arrays.nodes), dtype=bool)   # changed since the view was built
         self.models: list[int] = arrays.model.tolist()

@@ -25,9 +25,7 @@ what the arrays offered and for gangs (``rank``).
 """
 from __future__ import annotations
 
-from collections import Counter
-from operator import attrgetter
-from typing import Iterable, Mapping, Sequence
+from typing import Iterable, Sequence
 
 import numpy as np
 
@@ -42,10 +40,8 @@ from gpusched.policies.placement.frag_view import (  # noqa: F401
     NONE, FEW_ROWS, CACHED_REQUESTS, PATIENCE, Best, FragView, Shape, compile_mix, final_waste, usable)
 from gpusched.policies.placement.frag_rows import Row, row_takes
 from gpusched.policies.placement.heuristics import choose_mig, rank_mig
-
-# Defaults of the policies' arguments (``Fgd(popularity=...)``, ``FgdLookahead(patience=...)``;
-# PATIENCE: frag_view).
-POPULARITY = 0.95    # the most frequent shapes covering this share of tasks are "typical"
+# The typical-task mix and the default of ``Fgd(popularity=...)`` (``FgdLookahead(patience=...)``'s: frag_view).
+from gpusched.policies.placement.frag_mix import POPULARITY, kept_scorer, pool_mix, raw_counts, typical_of
 
 
 def shape_of(res: WorkerResources) -> Shape | None:
@@ -56,48 +52,11 @@ def shape_of(res: WorkerResources) -> Shape | None:
     return (res.cpu_milli, 1000 if res.gpus else 0, res.gpus, res.gpu_models)
 
 
-_FIELDS = attrgetter("cpu_milli", "gpu_milli", "gpus", "gpu_models", "mig_profile")
-_RESOURCES = attrgetter("resources")
-
-
 def typical_shapes(state: StateLike, pool: str, popularity: float = POPULARITY) -> dict[Shape, float]:
     """The pool's current workload (pending jobs and jobs holding GPUs), one count per
     worker, reduced to the most frequent shapes covering ``popularity`` of them, with
     their frequencies (summing to 1). Empty when the state has no jobs to look at."""
-    jobs: Mapping[str, JobState] = getattr(state, "jobs", {})
-    pending = getattr(state, "pending", ())
-    if not isinstance(pending, (dict, set, frozenset)):
-        pending = dict.fromkeys(pending)
-    # Each job once: a gang's workers share nodes, and a job may be both pending and placed.
-    ids = list(pending)
-    ids += dict.fromkeys(j for node in state.nodes.values() if node.info.pool == pool
-                         for j in node.jobs if j not in pending)
-    # Every pending job passes here each cycle: the loop is C's (map, attrgetter, Counter),
-    # over the requests' raw fields, and only the few distinct ones become shapes.
-    specs = [spec for job in map(jobs.get, ids) if job is not None and (spec := job.spec).pool == pool]
-    # Jobs of one worker counted by their fields alone (a tuple less to build and hash
-    # per job), the workers beyond the first of the others added after.
-    raw = Counter(map(_FIELDS, map(_RESOURCES, specs)))
-    for spec in [spec for spec in specs if spec.workers != 1]:
-        raw[_FIELDS(spec.resources)] += spec.workers - 1
-    counts: dict[Shape, int] = {}
-    for (cpu, milli, gpus, models, mig), n in raw.items():
-        if mig:
-            continue
-        if milli > 0 and gpus == 0:
-            shape = (cpu, milli, 1, models)
-        else:
-            shape = (cpu, 1000 if gpus else 0, gpus, models)
-        counts[shape] = counts.get(shape, 0) + n
-    total = sum(counts.values())
-    chosen, covered = {}, 0
-    # Most frequent first; equal counts in a fixed order, so the mix is deterministic.
-    for shape, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
-        if covered >= popularity * total:
-            break
-        chosen[shape] = n
-        covered += n
-    return {shape: n / covered for shape, n in chosen.items()}
+    return typical_of(raw_counts(state, pool), popularity)
 
 
 class Fgd:
@@ -311,8 +270,9 @@ class Fgd:
         view = statement.views.get(key)
         if view is None:
             arrays = arrays_for(statement, state.nodes, pool)
-            view = statement.views[key] = FragView(arrays, typical_shapes(state, pool, self.popularity),
-                                                   self.patience, self.lookahead)
+            mix = pool_mix(state, statement, pool, self.popularity)
+            scorer = kept_scorer(statement, key, mix, arrays.models, self.patience, self.lookahead)
+            view = statement.views[key] = FragView(arrays, mix, self.patience, self.lookahead, scorer)
         return view
 
     def keys(self, view: FragView, rows: np.ndarray, after: np.ndarray, growth: np.ndarray) -> list[np.ndarray]:

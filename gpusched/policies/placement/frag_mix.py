@@ -1,0 +1,199 @@
+"""FGD's typical-task mix (``typical_shapes``): the pool's pending and running jobs
+counted by request, and that count kept from one cycle to the next (``KeptMix``).
+
+Counting reads every pending job: at 50,000 pending that is a tenth of an FGD cycle
+that tests 2,500 jobs, though between two cycles only the jobs the reducer journalled
+(``ClusterState.changes``: submitted, placed, ended, requeued) can count differently.
+``KeptMix`` keeps each counted job's request and, at a cycle's start, recounts only
+those; a node change (``nodes_version``), an overrun journal or another state count
+everything again. The mix it gives is the one counting afresh gives
+(``tests/unit/policies/test_kept_mix.py``), so FGD decides alike.
+
+A row's scores depend on the mix and the row alone, so while the mix stays the same
+(jobs placed count as they did waiting; a submission or an end changes it) the row
+scorer and its memos are kept too (``KeptScorer``): a cycle then scores for the first
+time only the rows no earlier cycle scored.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from operator import attrgetter
+from typing import Iterable, Mapping
+
+from gpusched.core.state import ClusterState, JobState
+from gpusched.policies.gpu_fit import StateLike
+from gpusched.policies.placement.frag_rows import RowScorer
+from gpusched.policies.placement.frag_view import Shape, WasteTable, compile_mix
+from gpusched.policies.placement.kept_index import KEPT, view
+from gpusched.policies.statement import Statement
+
+POPULARITY = 0.95    # the most frequent shapes covering this share of tasks are "typical"
+MAX_KINDS = 65_536   # row signatures a kept scorer memoizes before it starts over
+
+_FIELDS = attrgetter("cpu_milli", "gpu_milli", "gpus", "gpu_models", "mig_profile")
+_RESOURCES = attrgetter("resources")
+Fields = tuple   # ``_FIELDS`` of a request: (CPU milli, GPU milli, GPUs, models, MIG profile)
+
+
+def counted_ids(state: StateLike, pool: str) -> list[str]:
+    """The jobs the mix counts (those of another pool aside): pending, then holding a
+    node of ``pool``; each once (a gang's workers share nodes, and a job may be both
+    pending and placed)."""
+    pending = getattr(state, "pending", ())
+    if not isinstance(pending, (dict, set, frozenset)):
+        pending = dict.fromkeys(pending)
+    ids = list(pending)
+    ids += dict.fromkeys(j for node in state.nodes.values() if node.info.pool == pool
+                         for j in node.jobs if j not in pending)
+    return ids
+
+
+def raw_counts(state: StateLike, pool: str) -> Counter[Fields]:
+    """Workers of the counted jobs by request fields (``_FIELDS``)."""
+    jobs: Mapping[str, JobState] = getattr(state, "jobs", {})
+    # Every pending job passes here: the loop is C's (map, attrgetter, Counter), over the
+    # requests' raw fields, and only the few distinct ones become shapes.
+    specs = [spec for job in map(jobs.get, counted_ids(state, pool))
+             if job is not None and (spec := job.spec).pool == pool]
+    # Jobs of one worker counted by their fields alone (a tuple less to build and hash
+    # per job), the workers beyond the first of the others added after.
+    raw = Counter(map(_FIELDS, map(_RESOURCES, specs)))
+    for spec in [spec for spec in specs if spec.workers != 1]:
+        raw[_FIELDS(spec.resources)] += spec.workers - 1
+    return raw
+
+
+def typical_of(raw: Mapping[Fields, int], popularity: float = POPULARITY) -> dict[Shape, float]:
+    """The most frequent shapes of ``raw`` covering ``popularity`` of the workers, with
+    their frequencies (summing to 1); MIG requests left out."""
+    counts: dict[Shape, int] = {}
+    for (cpu, milli, gpus, models, mig), n in raw.items():
+        if mig:
+            continue
+        if milli > 0 and gpus == 0:
+            shape = (cpu, milli, 1, models)
+        else:
+            shape = (cpu, 1000 if gpus else 0, gpus, models)
+        counts[shape] = counts.get(shape, 0) + n
+    total = sum(counts.values())
+    chosen, covered = {}, 0
+    # Most frequent first; equal counts in a fixed order, so the mix is deterministic.
+    for shape, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
+        if covered >= popularity * total:
+            break
+        chosen[shape] = n
+        covered += n
+    return {shape: n / covered for shape, n in chosen.items()}
+
+
+class KeptMix:
+    """``raw_counts`` of one pool of one state, kept between cycles and brought in step
+    from the reducer's journal. A statement view (``kept_index.view`` keeps it with the
+    placement indexes): the nodes a statement touches change no count, so ``touch`` is
+    nothing."""
+
+    __slots__ = ("pool", "state", "version", "read", "raw", "counted")
+
+    def __init__(self, pool: str) -> None:
+        self.pool = pool
+        self.state: ClusterState | None = None
+        self.version = -1
+        self.read = 0
+        self.raw: Counter[Fields] = Counter()
+        self.counted: dict[str, tuple[Fields, int]] = {}   # job -> (its fields, its workers) counted
+
+    def touch(self, names: Iterable[str]) -> None:
+        """Bookings, holds and cordons count no job differently."""
+
+    def counts(self, state: ClusterState) -> Counter[Fields]:
+        """``raw_counts(state, pool)``: call while ``state`` is the log's (no tentative
+        change made yet), as a cycle's start is."""
+        changes = state.changes_since(self.read)
+        if state is not self.state or state.nodes_version != self.version or changes is None:
+            self._start(state)
+        else:
+            self.read = state.changes_end()
+            for job_id in dict.fromkeys(changes):
+                self._recount(state, job_id)
+        return self.raw
+
+    def _recount(self, state: ClusterState, job_id: str) -> None:
+        raw, counted = self.raw, self.counted
+        was = counted.pop(job_id, None)
+        if was is not None:
+            fields, n = was
+            left = raw[fields] - n
+            if left:
+                raw[fields] = left
+            else:
+                del raw[fields]   # a shape no job asks for any more is no shape of the mix
+        job = state.jobs.get(job_id)
+        if job is None or job.spec.pool != self.pool or not self._counts(state, job):
+            return
+        fields, n = _FIELDS(job.spec.resources), job.spec.workers
+        counted[job_id] = (fields, n)
+        raw[fields] += n
+
+    def _counts(self, state: ClusterState, job: JobState) -> bool:
+        """Whether ``counted_ids`` has ``job``: pending, or on a node of the pool."""
+        if job.job_id in state.pending:
+            return True
+        nodes = state.nodes
+        return any(job.job_id in nodes[w.node].jobs and nodes[w.node].info.pool == self.pool
+                   for w in job.workers if w.node in nodes)
+
+    def _start(self, state: ClusterState) -> None:
+        self.state, self.version, self.read = state, state.nodes_version, state.changes_end()
+        jobs, pool = state.jobs, self.pool
+        counted: dict[str, tuple[Fields, int]] = {}
+        for job in map(jobs.get, counted_ids(state, pool)):
+            if job is not None and (spec := job.spec).pool == pool:
+                counted[job.job_id] = (_FIELDS(spec.resources), spec.workers)
+        self.counted = counted
+        raw: Counter[Fields] = Counter()
+        for fields, n in counted.values():
+            raw[fields] += n
+        self.raw = raw
+
+
+def pool_mix(state: StateLike, statement: Statement, pool: str, popularity: float) -> dict[Shape, float]:
+    """``typical_shapes`` of ``pool``: from the count kept between cycles where the cycle
+    keeps its indexes and has changed nothing yet, else counted afresh."""
+    if KEPT in statement.views and statement.checkpoint() == 0 and isinstance(state, ClusterState):
+        kept = view(statement, ("fgd-mix", pool), lambda: KeptMix(pool))
+        return typical_of(kept.counts(state), popularity)   # type: ignore[attr-defined]
+    return typical_of(raw_counts(state, pool), popularity)
+
+
+class KeptScorer:
+    """FGD's row scorer of one policy and pool, kept between cycles while its mix, the
+    pool's models, patience and keys stay the same (a statement view, as ``KeptMix``)."""
+
+    __slots__ = ("shapes", "models", "scorer")
+
+    def __init__(self) -> None:
+        self.shapes: list[tuple[Shape, float]] = []
+        self.models: list[str] = []
+        self.scorer: RowScorer | None = None
+
+    def touch(self, names: Iterable[str]) -> None:
+        """Bookings change rows, not how a row scores."""
+
+    def scorer_for(self, mix: dict[Shape, float], models: list[str], patience: float, lookahead: bool) -> RowScorer:
+        # The mix in order: the waste table and compiled weights sum in it.
+        shapes = list(mix.items())
+        scorer = self.scorer
+        if scorer is None or shapes != self.shapes or models != self.models or scorer.kinds() > MAX_KINDS:
+            scorer = self.scorer = RowScorer(compile_mix(mix, models), WasteTable(mix, patience), lookahead)
+            self.shapes, self.models = shapes, list(models)
+        return scorer
+
+
+def kept_scorer(statement: Statement, key: tuple, mix: dict[Shape, float], models: list[str], patience: float,
+                lookahead: bool) -> RowScorer | None:
+    """The scorer kept for ``key`` (the policy's view key) in a cycle that keeps its
+    indexes, None in one that keeps nothing."""
+    if KEPT not in statement.views:
+        return None
+    kept = view(statement, ("fgd-scorer", *key), KeptScorer)
+    return kept.scorer_for(mix, models, patience, lookahead)   # type: ignore[attr-defined]
