@@ -6,6 +6,10 @@ reducer change, save the events once and fold the same file with both builds.
 
     .venv/bin/python bench/fold_bench.py --count 200000 --save /tmp/events.pkl
     .venv/bin/python bench/fold_bench.py --events /tmp/events.pkl
+
+With ``--snapshot``, also the end state's snapshot: its size, the time to write and to
+restore it, side by side with the same state's snapshot carrying the reducer's journal of
+changed jobs, as snapshots did before it was left out (``gpusched.core.snapshot``).
 """
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.replay_bench import PoolSim  # noqa: E402
 from gpusched import native  # noqa: E402
 from gpusched.core.digest import digest  # noqa: E402
+from gpusched.core import snapshot as snap  # noqa: E402
 from gpusched.core.reducer import apply  # noqa: E402
 from gpusched.core.state import ClusterState  # noqa: E402
 
@@ -44,6 +49,7 @@ def main() -> None:
     p.add_argument("--events", default="", help="fold these (a pickle from --save) instead of generating")
     p.add_argument("--save", default="", help="write the generated events here")
     p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--snapshot", action="store_true", help="also time the end state's snapshot")
     args = p.parse_args()
     if args.events:
         events = pickle.loads(Path(args.events).read_bytes())
@@ -57,6 +63,39 @@ def main() -> None:
     print(f"reducer ({native.status}): {len(events)} events, {1e6 * best / len(events):.3f} µs/event "
           f"(best of {args.repeat}); applied {state.applied}, rejected {state.rejected}; "
           f"digest {digest(state)[:16]}")
+    if args.snapshot:
+        snapshot_figures(state, args.repeat)
+
+
+def with_journal(state: ClusterState) -> bytes:
+    """``state``'s snapshot as written while snapshots carried the journal's entries."""
+    doc = snap.snapshot_doc(state)
+    journal = snap._column(list[str])
+    doc["schema"]["ClusterState"].append("changes")
+    doc["state"]["changes"] = journal.render(journal.capture([state.changes]))
+    doc["state"]["changes_base"] = [state.changes_base]
+    return snap.encode_doc(doc)
+
+
+def best_of(repeat: int, work) -> tuple[float, object]:
+    times, result = [], None
+    for _ in range(repeat):
+        gc.disable()
+        started = time.perf_counter()
+        result = work()
+        times.append(time.perf_counter() - started)
+        gc.enable()
+    return min(times), result
+
+
+def snapshot_figures(state: ClusterState, repeat: int) -> None:
+    print(f"end state: {len(state.jobs):,} jobs, journal of {len(state.changes):,} entries")
+    for name, write in (("journal left out", snap.snapshot_bytes), ("journal written", with_journal)):
+        t_write, blob = best_of(repeat, lambda: write(state))
+        t_read, restored = best_of(repeat, lambda: snap.state_from_snapshot(blob))
+        assert digest(restored) == digest(state)
+        print(f"  {name}: {len(blob) / 2**20:.2f} MiB, write {1e3 * t_write:.0f} ms, "
+              f"restore {1e3 * t_read:.0f} ms (best of {repeat})")
 
 
 if __name__ == "__main__":
