@@ -1,5 +1,5 @@
 """Benchmark: the reducer stage of a replay (``replay_stages.py``'s third stage) without a
-broker: ``replay_bench.py``'s pool workload is generated in memory (or loaded from
+broker: the pool workload (``pool_workload.py``) is generated in memory (or loaded from
 ``--events``, a pickle written by ``--save``), then folded into fresh states with the
 cyclic GC off, best of ``--repeat``. Per event, in µs. For a before/after comparison of a
 reducer change, save the events once and fold the same file with both builds.
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import math
 import pickle
 import sys
 import time
@@ -22,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.replay_bench import PoolSim  # noqa: E402
+from bench.pool_workload import PoolSim  # noqa: E402
 from gpusched import native  # noqa: E402
 from gpusched.core.digest import digest  # noqa: E402
 from gpusched.core import snapshot as snap  # noqa: E402
@@ -77,25 +78,32 @@ def with_journal(state: ClusterState) -> bytes:
     return snap.encode_doc(doc)
 
 
-def best_of(repeat: int, work) -> tuple[float, object]:
-    times, result = [], None
-    for _ in range(repeat):
-        gc.disable()
-        started = time.perf_counter()
-        result = work()
-        times.append(time.perf_counter() - started)
-        gc.enable()
-    return min(times), result
+def timed(work) -> tuple[float, object]:
+    gc.disable()
+    started = time.perf_counter()
+    result = work()
+    elapsed = time.perf_counter() - started
+    gc.enable()
+    return elapsed, result
 
 
 def snapshot_figures(state: ClusterState, repeat: int) -> None:
+    """Both kinds written and restored in turn, ``repeat`` rounds (a load change hits
+    both alike); best of each."""
     print(f"end state: {len(state.jobs):,} jobs, journal of {len(state.changes):,} entries")
-    for name, write in (("journal left out", snap.snapshot_bytes), ("journal written", with_journal)):
-        t_write, blob = best_of(repeat, lambda: write(state))
-        t_read, restored = best_of(repeat, lambda: snap.state_from_snapshot(blob))
-        assert digest(restored) == digest(state)
-        print(f"  {name}: {len(blob) / 2**20:.2f} MiB, write {1e3 * t_write:.0f} ms, "
-              f"restore {1e3 * t_read:.0f} ms (best of {repeat})")
+    kinds = (("journal left out", snap.snapshot_bytes), ("journal written", with_journal))
+    best: dict[str, list[float]] = {name: [math.inf, math.inf] for name, _ in kinds}
+    size: dict[str, int] = {}
+    for _ in range(repeat):
+        for name, write in kinds:
+            t_write, blob = timed(lambda: write(state))
+            t_read, restored = timed(lambda: snap.state_from_snapshot(blob))
+            assert digest(restored) == digest(state)
+            size[name] = len(blob)
+            best[name] = [min(best[name][0], t_write), min(best[name][1], t_read)]
+    for name, _ in kinds:
+        print(f"  {name}: {size[name] / 2**20:.2f} MiB, write {1e3 * best[name][0]:.0f} ms, "
+              f"restore {1e3 * best[name][1]:.0f} ms (best of {repeat}, alternated)")
 
 
 if __name__ == "__main__":
