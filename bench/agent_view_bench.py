@@ -1,7 +1,7 @@
 """Benchmark: a node-agent's CPU per pool event, folding its pool's whole log (``--source
 log``) or reading its node's work view (``--source view``), side by side, without a broker.
 
-``replay_bench.py``'s pool workload (``--nodes`` nodes) is generated in memory and encoded
+the pool workload (``pool_workload.py``) (``--nodes`` nodes) is generated in memory and encoded
 as the pool log holds it. Log: one agent decodes every record, folds it with the reducer
 and looks at the jobs it touched for its own workers — the same for every agent of the
 pool. View: the writer (once, for the whole pool) folds the log and builds each node's
@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.replay_bench import POOL, PoolSim  # noqa: E402
+from bench.pool_workload import POOL, PoolSim  # noqa: E402
 from gpusched.adapters import codec  # noqa: E402
 from gpusched.adapters.work_view import NodeView, ViewBuilder, decode_record, job_content  # noqa: E402
 from gpusched.core.reducer import apply  # noqa: E402

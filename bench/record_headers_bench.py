@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from aiokafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder  # noqa: E402
 
-from bench.replay_bench import PoolSim  # noqa: E402
+from bench.pool_workload import PoolSim  # noqa: E402
 from gpusched.adapters import codec  # noqa: E402
 from gpusched.adapters.publisher import event_headers  # noqa: E402
 

@@ -1,5 +1,5 @@
 """Benchmark: what tracing costs the fold (``gpusched.adapters.fold.fold_records``), side by
-side in one process: ``replay_bench.py``'s pool workload encoded as records whose job
+side in one process: the pool workload (``pool_workload.py``) encoded as records whose job
 events carry a W3C context (as admission writes them), folded into fresh states with
 tracing off, then on while replaying (contexts noted, no spans), then on live (a span per
 record about a job; a recording provider with no exporter: the span work itself). The
@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.replay_bench import PoolSim  # noqa: E402
+from bench.pool_workload import PoolSim  # noqa: E402
 from gpusched.adapters import codec, tracing  # noqa: E402
 from gpusched.adapters.fold import fold_records  # noqa: E402
 from gpusched.adapters.publisher import DeadLetters  # noqa: E402

@@ -16,7 +16,13 @@ instance is its lengths plus the flattened items (or keys and values) as columns
 their values, sets sorted. So *every* field of the state is covered — nodes, GPUs, jobs,
 specs, pending order, usage, idempotency map, nominations, the dedupe window (size and
 ids in order), counters (``applied``, ``rejected``, ``next_seq``, ``offset``,
-``version``) — and a field added later is covered without touching this file. Columns
+``version``) — and a field added later is covered without touching this file. One
+exception (``_WRITTEN_AS``): of the reducer's journal of changed jobs
+(``ClusterState.changes``, up to ``CHANGES_KEPT`` ids) only where it ends is written, as
+``changes_base``. Its readers keep positions beside one state object in one process
+(``gpusched.policies.touched_nodes``), so no reader of a restored state could use the
+entries; a restored journal starts empty at that position, and a reader holding an
+earlier position is told to rebuild (``ClusterState.changes_since`` gives None). Columns
 keep restore fast (instances are built with ``map(cls, *columns)``, type checks run per
 column) and compress well (like values sit together).
 
@@ -124,6 +130,9 @@ def state_from_snapshot(data: bytes) -> ClusterState:
         raise SnapshotError(f"malformed snapshot: {type(exc).__name__}: {exc}") from None
     del doc
     _check_consistent(state)
+    # A snapshot written before the journal was left out carries its entries: dropped, so
+    # that every restored journal starts empty where the snapshotted one ended.
+    state.changes_base, state.changes = state.changes_end(), []
     return state
 
 
@@ -212,6 +221,13 @@ class Column:
     decoder: Callable[[dict], Decode]
     immutable: bool
 
+
+# Fields written otherwise than as they are: (class, field) -> what is written instead,
+# computed from the instance, or None for nothing (it restores with its default).
+_WRITTEN_AS: dict[tuple[type, str], Callable[[Any], Any] | None] = {
+    (ClusterState, "changes"): None,
+    (ClusterState, "changes_base"): ClusterState.changes_end,
+}
 
 _COLUMNS: dict[Any, Column] = {}
 _CLASSES: dict[type, tuple[str, ...]] = {}   # dataclasses met, in order: the schema
@@ -365,22 +381,25 @@ def _enum_column(cls: type[enum.Enum]) -> Column:
 
 
 def _dataclass_column(cls: type) -> Column:
-    fields = dataclasses.fields(cls)
-    if any(not f.init or f.kw_only for f in fields):
+    every = dataclasses.fields(cls)
+    if any(not f.init or f.kw_only for f in every):
         raise TypeError(f"{cls.__name__}: snapshots build dataclasses from positional fields only")
-    names = tuple(f.name for f in fields)
+    known = tuple(f.name for f in every)
     hints = field_hints(cls)   # typing.get_type_hints, also for a class compiled by mypyc
+    # Every field can be read (a snapshot from before a field was left out has it); only
+    # these are written.
+    fields = [f for f in every if _WRITTEN_AS.get((cls, f.name), attrgetter(f.name)) is not None]
+    names = tuple(f.name for f in fields)
     _CLASSES.setdefault(cls, names)
-    parts = [_column(hints[f.name], f"{cls.__name__}.{f.name}") for f in fields]
+    readers = {f.name: _column(hints[f.name], f"{cls.__name__}.{f.name}") for f in every}
+    parts = [readers[name] for name in names]
     immutable = cls.__dataclass_params__.frozen and all(p.immutable for p in parts)
-    get = attrgetter(*names)
-    width = len(names)
+    get = _row_getter(cls, names)
 
     def columns(values: list) -> list:
         if not values:
             return [[] for _ in names]
-        rows = map(get, values) if width > 1 else ((get(v),) for v in values)
-        return [list(col) for col in zip(*rows)]
+        return [list(col) for col in zip(*map(get, values))]
 
     def capture(values: list) -> Any:
         if immutable:
@@ -395,14 +414,14 @@ def _dataclass_column(cls: type) -> Column:
         written = schema.get(cls.__name__)
         if type(written) is not list or not all(type(n) is str for n in written):
             raise SnapshotError(f"malformed snapshot: no field list for {cls.__name__}")
-        unknown = [n for n in written if n not in names]
+        unknown = [n for n in written if n not in known]
         if unknown or len(set(written)) != len(written):
             raise SnapshotError(f"snapshot has fields of {cls.__name__} this code does not know: {unknown} "
                                 "(written by newer code?)")
         plan = []
-        for f, part in zip(fields, parts):
+        for f in every:
             if f.name in written:
-                plan.append((f.name, part.decoder(schema), None))
+                plan.append((f.name, readers[f.name].decoder(schema), None))
             elif f.default is not dataclasses.MISSING:
                 plan.append((f.name, None, lambda n, d=f.default: [d] * n))
             elif f.default_factory is not dataclasses.MISSING:
@@ -417,6 +436,17 @@ def _dataclass_column(cls: type) -> Column:
             return list(map(cls, *cols)) if cols else [cls() for _ in range(n)]
         return decode
     return Column(capture, render, make_decoder, immutable)
+
+
+def _row_getter(cls: type, names: tuple[str, ...]) -> Callable[[Any], tuple]:
+    """The values an instance writes, one per field of ``names``, as a tuple."""
+    if any((cls, name) in _WRITTEN_AS for name in names):
+        getters = [_WRITTEN_AS.get((cls, name)) or attrgetter(name) for name in names]
+        return lambda value: tuple(g(value) for g in getters)
+    if len(names) > 1:
+        return attrgetter(*names)
+    one = attrgetter(*names)
+    return lambda value: (one(value),)
 
 
 def _counts(col: Any, n: int, what: str) -> tuple[list[int], int]:

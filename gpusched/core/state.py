@@ -304,7 +304,9 @@ class ClusterState:
     # ends) reads the entries past its last position instead of comparing every job.
     # ``changes[0]`` is entry number ``changes_base``: past ``CHANGES_KEPT`` entries the older
     # half is dropped (``note_changes``), and a reader whose position is below the base
-    # compares everything, as it would without this journal.
+    # compares everything, as it would without this journal. Readers keep positions beside
+    # this very object only, so a snapshot writes where the journal ends, not its entries:
+    # a restored state's journal starts empty there (``gpusched.core.snapshot``).
     changes: list[str] = field(default_factory=list)
     changes_base: int = 0
     # Bumps whenever a node is added or its registration, status or a GPU's health changes:
@@ -314,8 +316,9 @@ class ClusterState:
 
     def changes_since(self, position: int) -> list[str] | None:
         """The jobs changed from entry ``position`` on (a job may repeat), or None when
-        those entries were dropped."""
-        if position < self.changes_base:
+        those entries were dropped, or ``position`` is past the end (it came from another
+        journal: one this state was restored from, or which went on further)."""
+        if position < self.changes_base or position > self.changes_base + len(self.changes):
             return None
         return self.changes[position - self.changes_base:]
 

@@ -24,7 +24,8 @@ scheduling cycle alone (the aging and starvation bounds, which assume no job is 
 stopped) are checked on the cycle alone.
 
 ``python -m gpusched.sim.dynamic --help``: compare configurations on a workload; the
-report (table, JSON/CSV, plots) is ``gpusched.sim.dynamic_report``.
+configurations' text is read by ``gpusched.sim.dynamic_configs``, the report (table,
+JSON/CSV, plots) is ``gpusched.sim.dynamic_report``.
 """
 from __future__ import annotations
 
@@ -35,17 +36,17 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Mapping
 
-from gpusched.config import DEFAULT_PLACEMENT
 from gpusched.core import events as ev
 from gpusched.core.model import JobPhase
 from gpusched.core.reducer import apply
 from gpusched.core.state import ClusterState
-from gpusched.policies.placement.registry import PLACEMENTS, parse_placement
+from gpusched.policies.placement.registry import PLACEMENTS
 from gpusched.policies.preemption.decisions import preemption_decisions, preemption_events
 from gpusched.policies.preemption.victim_rules import PreemptionConfig
 from gpusched.policies.queueing.parking import ParkedJobs
 from gpusched.policies.queueing.keys import QueueKeys
 from gpusched.policies.scheduler import Decision, Scheduler, SchedulerConfig
+from gpusched.sim.dynamic_configs import parse_config, split_preemption, split_preemption_rules
 from gpusched.sim.metrics import FragmentationProbe, JobRecord, Sample, SimResult
 from gpusched.sim.workload import Workload
 
@@ -259,70 +260,6 @@ def _entitlements(wl: Workload, teams: tuple[str, ...], capacity: int) -> tuple[
 
 
 # --- command line --------------------------------------------------------------------
-NO_PREEMPTION = "+no-preemption"
-
-
-# Flags of a config that set the preemptor's rules: flag -> (PreemptionConfig field, type).
-PREEMPTION_RULES = {"min-runtime": ("min_runtime_s", float), "growth": ("min_runtime_growth", float),
-                    "max-min-runtime": ("max_min_runtime_s", float), "budget": ("preemption_budget", int)}
-
-
-def split_preemption(text: str) -> tuple[str, bool]:
-    """``CONFIG+no-preemption`` -> (``CONFIG``, False): the run without a preemptor."""
-    if text.endswith(NO_PREEMPTION):
-        return text[: -len(NO_PREEMPTION)], False
-    return text, True
-
-
-def split_preemption_rules(text: str) -> tuple[str, dict]:
-    """``CONFIG+min-runtime=30+budget=0`` -> (``CONFIG``, the PreemptionConfig fields they set)."""
-    kept, rules = [], {}
-    for flag in text.split("+"):
-        name, _, value = flag.partition("=")
-        if name in PREEMPTION_RULES and value:
-            field_name, kind = PREEMPTION_RULES[name]
-            rules[field_name] = kind(value)
-        else:
-            kept.append(flag)
-    return "+".join(kept), rules
-
-
-def parse_config(text: str, quotas, half_life_s: float, aging_s: float) -> tuple[str, SchedulerConfig]:
-    """``defaults[+quotas]``: the placer's defaults: ``SchedulerConfig``'s (fair share, backfill,
-    reservations after 5 minutes, depth 2) with ``gpusched.config.DEFAULT_PLACEMENT``. Else
-    ``queue+placement[+backfill[=MINUTES]][+reserve=MINUTES][+depth=N][+quotas]``, e.g.
-    ``fair-share+fgd+backfill+quotas``, with no reservation unless named: ``backfill``
-    reserves for the first blocked job at once (EASY); ``backfill=60`` only for the first
-    blocked job that waited 60 minutes; ``reserve=5`` for any blocked job that waited 5
-    minutes, up to ``depth`` (default 2) a pool. ``placement`` may carry the policy's
-    arguments (``fgd-lookahead:patience=0.2``); ``quotas`` enforces the workload's quota
-    tree (guarantees, limits, weights)."""
-    common: dict = {"half_life_s": half_life_s, "aging_s": aging_s}
-    first, *flags = text.split("+")
-    if first == "defaults":
-        options = {**common, "placement": DEFAULT_PLACEMENT}
-    else:
-        queue, placement, *flags = text.split("+")
-        name, args = parse_placement(placement)
-        options = {**common, "queue": queue, "placement": name, "placement_args": args, "backfill": False,
-                   "reserve_after_s": math.inf}
-    for flag in flags:
-        name, _, value = flag.partition("=")
-        if name == "backfill" and not value:
-            options.update(backfill=True)
-        elif name == "backfill":   # the first blocked job once it waited: a wait bound of depth 1
-            options.update(backfill=False, reserve_after_s=float(value) * 60, reservation_depth=1)
-        elif name == "reserve" and value:
-            options.update(reserve_after_s=float(value) * 60)
-        elif name == "depth" and value:
-            options.update(reservation_depth=int(value))
-        elif flag == "quotas":
-            options["quotas"] = quotas
-        else:
-            raise ValueError(f"unknown flag {flag!r} in {text!r}")
-    return text, SchedulerConfig(**options)
-
-
 def build_parser():
     import argparse
 

@@ -15,6 +15,11 @@ _PHASES = {value: JobPhase[name[len("JOB_PHASE_"):]]
            for name, value in types_pb2.JobPhase.items() if value != types_pb2.JOB_PHASE_UNSPECIFIED}
 
 
+async def abort_invalid(context, errors: list[FieldError]) -> None:
+    """End the call with INVALID_ARGUMENT naming each field."""
+    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "; ".join(map(str, errors)))
+
+
 def refuse_invalid(errors: list[FieldError]) -> None:
     if errors:
         raise RequestRefused(grpc.StatusCode.INVALID_ARGUMENT, "; ".join(map(str, errors)))

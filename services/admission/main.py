@@ -23,7 +23,9 @@ from gpusched.core import events as ev
 from gpusched.v1 import admission_pb2_grpc, cluster_pb2_grpc
 from gpusched_admission.limits import SubmissionLimits
 from gpusched_admission.policy_api import bootstrap_policy
-from gpusched_admission.servicer import AdmissionServicer, ClusterServicer, ReadModel, Submitters
+from gpusched_admission.cluster_rpcs import ClusterServicer
+from gpusched_admission.read_model import ReadModel, Submitters
+from gpusched_admission.servicer import AdmissionServicer
 from gpusched_admission.watch import Watchers
 
 log = logging.getLogger("gpusched.admission")

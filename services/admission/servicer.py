@@ -1,5 +1,6 @@
-"""gRPC handlers of AdmissionService and ClusterService. No policy here: validation is
-``gpusched.core.validation``, state is the log follower's, writes are events."""
+"""gRPC handlers of AdmissionService (ClusterService's are ``cluster_rpcs``). No policy
+here: validation is ``gpusched.core.validation``, state is the log follower's (read
+through ``read_model``), writes are events."""
 from __future__ import annotations
 
 import asyncio
@@ -13,21 +14,19 @@ import grpc
 
 from gpusched.adapters import permissions as perm
 from gpusched.adapters import tracing
-from gpusched.adapters.api_time import span_seconds
 from gpusched.adapters.auth import current_access, deny
-from gpusched.adapters.follower import LogFollower
-from gpusched.adapters.publisher import EventPublisher, partition_for
-from gpusched.adapters.views import job_message, node_message, summary_message
+from gpusched.adapters.publisher import EventPublisher
+from gpusched.adapters.views import job_message
 from gpusched.core import events as ev
-from gpusched.core.queries import pool_summary
-from gpusched.core.state import ClusterState, JobState, NodeState
+from gpusched.core.state import JobState
 from gpusched.core import validation as limits
-from gpusched.core.validation import FieldError, PoolShape, check_pool_limits, check_pool_name, check_time_limit, validate_spec
-from gpusched.v1 import admission_pb2, admission_pb2_grpc, cluster_pb2, cluster_pb2_grpc
-from gpusched_admission.checks import check_lengths, check_same_spec, phases_of, pool_errors
+from gpusched.core.validation import FieldError, check_time_limit, validate_spec
+from gpusched.v1 import admission_pb2, admission_pb2_grpc
+from gpusched_admission.checks import abort_invalid, check_lengths, check_same_spec, phases_of, pool_errors
 from gpusched_admission.convert import api_error, spec_from_request
 from gpusched_admission.limits import SubmissionLimits
-from gpusched_admission.policy_api import PolicyRpcs, denied_field
+from gpusched_admission.policy_api import denied_field
+from gpusched_admission.read_model import ReadModel
 from gpusched_admission.watch import Watchers
 
 _KEY_NAMESPACE = uuid.UUID("6f1c2a8e-0d4b-4d59-9a51-7e2f0c3b9d10")
@@ -39,82 +38,6 @@ def job_id_for(team: str, key: str) -> str:
     if key:
         return "job-" + uuid.uuid5(_KEY_NAMESPACE, f"{team}/{key}").hex[:20]
     return "job-" + uuid.uuid4().hex[:20]
-
-
-class Submitters:
-    """Who submitted each live job (``JobSubmitted.principal``): a member may cancel only
-    its own jobs. Kept here, from the events admission folds, not in the folded state:
-    only this API needs it. A job leaves when it ends (it cannot be cancelled then), so
-    this holds only live jobs."""
-
-    def __init__(self) -> None:
-        self.by_job: dict[str, str] = {}
-
-    def on_event(self, event: ev.Event, outcome, state: ClusterState) -> None:
-        if not outcome.accepted:
-            return
-        if type(event) is ev.JobSubmitted:
-            self.by_job[event.job_id] = event.principal
-        for job_id in outcome.jobs:
-            job = state.jobs.get(job_id)
-            if job is None or job.phase.terminal:
-                self.by_job.pop(job_id, None)
-
-
-class ReadModel:
-    """Queries over the follower's per-partition states."""
-
-    def __init__(self, follower: LogFollower, partitions: int, submitters: Submitters | None = None) -> None:
-        self.follower = follower
-        self.partitions = partitions
-        self.submitters = submitters or Submitters()
-        # Bumped by the service for every node registration folded (a node's inventory
-        # changes only then): the pool shapes kept below are valid until it moves.
-        self.inventory_changes = 0
-        self._shapes: dict[str, tuple[ClusterState, int, PoolShape]] = {}
-
-    def state_for_pool(self, pool: str) -> ClusterState | None:
-        return self.follower.states.get(partition_for(pool, self.partitions))
-
-    def job(self, job_id: str) -> JobState | None:
-        for state in self.follower.states.values():
-            job = state.jobs.get(job_id)
-            if job is not None:
-                return job
-        return None
-
-    def node(self, name: str) -> NodeState | None:
-        for state in self.follower.states.values():
-            if name in state.nodes:
-                return state.nodes[name]
-        return None
-
-    def pool_nodes(self, pool: str) -> list[NodeState]:
-        state = self.state_for_pool(pool)
-        return state.pool_nodes(pool) if state else []
-
-    def pool_shape(self, pool: str) -> PoolShape:
-        """What submissions to ``pool`` are validated against; rebuilt (a scan of the
-        pool's nodes) only after a node registered or the partition's state was replaced."""
-        state = self.state_for_pool(pool)
-        kept = self._shapes.get(pool)
-        if kept is not None and kept[0] is state and kept[1] == self.inventory_changes:
-            return kept[2]
-        shape = PoolShape.of(state.pool_nodes(pool)) if state is not None else PoolShape()
-        if state is not None:
-            self._shapes[pool] = (state, self.inventory_changes, shape)
-        return shape
-
-    def pool_limits(self, pool: str) -> tuple[float, float]:
-        state = self.state_for_pool(pool)
-        return state.pool_limits.get(pool, (0.0, 0.0)) if state is not None else (0.0, 0.0)
-
-    def jobs(self):
-        for state in self.follower.states.values():
-            yield from state.jobs.values()
-
-    def known_pools(self) -> set[str]:
-        return {pool for state in self.follower.states.values() for pool in state.pools}
 
 
 MAX_BATCH = 1000   # jobs per SubmitJobs call
@@ -138,10 +61,6 @@ class _Submission(NamedTuple):
     pool: str
 
 
-async def _abort_invalid(context, errors: list[FieldError]) -> None:
-    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "; ".join(map(str, errors)))
-
-
 class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
     def __init__(self, model: ReadModel, publisher: EventPublisher, producer: str, watchers: Watchers,
                  limits: SubmissionLimits | None = None) -> None:
@@ -161,7 +80,7 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
             if isinstance(item, _Denied):
                 await deny(context, grpc.StatusCode.PERMISSION_DENIED, _API + "SubmitJob", item.message)
             if isinstance(item, list):
-                await _abort_invalid(context, item)
+                await abort_invalid(context, item)
             span.set_attribute("gpusched.job_id", item.job_id)
             self._check_limits([item])
             [response] = await self._submit([item], context)
@@ -170,9 +89,9 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
     async def SubmitJobs(self, request, context):
         with tracing.server_span("SubmitJobs", context, _SERVICE) as span:
             if not request.jobs:
-                await _abort_invalid(context, [FieldError("jobs", "must not be empty")])
+                await abort_invalid(context, [FieldError("jobs", "must not be empty")])
             if len(request.jobs) > MAX_BATCH:
-                await _abort_invalid(context, [FieldError("jobs", f"at most {MAX_BATCH} per request")])
+                await abort_invalid(context, [FieldError("jobs", f"at most {MAX_BATCH} per request")])
             span.set_attribute("gpusched.jobs", len(request.jobs))
             await self._fold_unknown_pools(request.jobs)
             items, errors = [], []
@@ -186,7 +105,7 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
                 else:
                     items.append(item)
             if errors:
-                await _abort_invalid(context, errors)
+                await abort_invalid(context, errors)
             self._check_limits(items)
             # Each new job a trace of its own, linked to this batch's span: one trace per
             # job whether it came alone or in a batch.
@@ -279,7 +198,7 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
 
     async def GetJob(self, request, context):
         if not request.job_id:
-            await _abort_invalid(context, [FieldError("job_id", "must not be empty")])
+            await abort_invalid(context, [FieldError("job_id", "must not be empty")])
         check_lengths(("job_id", request.job_id, limits.MAX_ID))
         job = self.model.job(request.job_id)
         if job is None:
@@ -293,13 +212,13 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
     async def ListJobs(self, request, context):
         size = request.page_size or 100
         if not 1 <= size <= 1000:
-            await _abort_invalid(context, [FieldError("page_size", "must be 1..1000")])
+            await abort_invalid(context, [FieldError("page_size", "must be 1..1000")])
         check_lengths(("page_token", request.page_token, limits.MAX_PAGE_TOKEN),
                       ("team", request.team, limits.MAX_NAME), ("pool", request.pool, limits.MAX_NAME))
         try:
             after = _decode_token(request.page_token)
         except ValueError:
-            await _abort_invalid(context, [FieldError("page_token", "not a token from a previous page")])
+            await abort_invalid(context, [FieldError("page_token", "not a token from a previous page")])
         phases = phases_of(request.phases, limits.MAX_FILTERS)
         teams = await _readable_teams(context, _API + "ListJobs", request.team)
         matching = sorted(
@@ -393,83 +312,3 @@ def _decode_token(token: str) -> tuple[float, str] | None:
         return float(at), job_id
     except Exception as exc:
         raise ValueError(token) from exc
-
-
-class ClusterServicer(PolicyRpcs, cluster_pb2_grpc.ClusterServiceServicer):
-    def __init__(self, model: ReadModel, publisher: EventPublisher, producer: str) -> None:
-        self.model = model
-        self.publisher = publisher
-        self.producer = producer
-
-    async def ListNodes(self, request, context):
-        nodes = (self.model.pool_nodes(request.pool) if request.pool else
-                 [n for s in self.model.follower.states.values() for n in s.nodes.values()])
-        return cluster_pb2.ListNodesResponse(nodes=[node_message(n) for n in sorted(nodes, key=lambda n: n.name)])
-
-    async def GetNode(self, request, context):
-        node = await self._node_or_abort(request.name, context)
-        return node_message(node)
-
-    async def GetPoolSummary(self, request, context):
-        pool = request.pool or "default"
-        state = self.model.state_for_pool(pool)
-        if state is None:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"pool: no pool {pool!r}")
-        return summary_message(pool_summary(state, pool))
-
-    async def CordonNode(self, request, context):
-        check_lengths(("reason", request.reason, limits.MAX_REASON))
-        node = await self._node_or_abort(request.name, context)
-        event = ev.NodeCordoned(event_id=uuid.uuid4().hex, time=time.time(), producer=self.producer,
-                                node=node.name, reason=request.reason or "cordoned by operator",
-                                principal=current_access().principal)
-        return await self._apply(event, node, context)
-
-    async def UncordonNode(self, request, context):
-        node = await self._node_or_abort(request.name, context)
-        event = ev.NodeUncordoned(event_id=uuid.uuid4().hex, time=time.time(), producer=self.producer,
-                                  node=node.name, principal=current_access().principal)
-        return await self._apply(event, node, context)
-
-    async def CreatePool(self, request, context):
-        """Idempotent: a pool that exists is answered with its summary."""
-        pool = request.pool
-        errors = check_pool_name(pool)
-        if errors:
-            await _abort_invalid(context, errors)
-        if pool not in self.model.known_pools():
-            event = ev.PoolCreated(event_id=uuid.uuid4().hex, time=time.time(), producer=self.producer, pool=pool,
-                                   principal=current_access().principal)
-            await self.model.follower.wait_applied(await self.publisher.publish(event, pool))
-        return summary_message(pool_summary(self.model.state_for_pool(pool), pool))
-
-    async def SetPoolTimeLimits(self, request, context):
-        pool = request.pool
-        default_s = span_seconds(request.default_time_limit, "default_time_limit")
-        max_s = span_seconds(request.max_time_limit, "max_time_limit")
-        errors = [s for s in (default_s, max_s) if isinstance(s, FieldError)]
-        if not errors:
-            errors = [api_error(e) for e in check_pool_limits(pool, default_s, max_s)]
-        errors += check_pool_name(pool) if pool else []
-        if errors:
-            await _abort_invalid(context, errors)
-        event = ev.PoolTimeLimitsSet(event_id=uuid.uuid4().hex, time=time.time(), producer=self.producer, pool=pool,
-                                     default_s=default_s, max_s=max_s,
-                                     principal=current_access().principal)
-        pos = await self.publisher.publish(event, pool)
-        await self.model.follower.wait_applied(pos)
-        return summary_message(pool_summary(self.model.state_for_pool(pool), pool))
-
-    async def _apply(self, event, node: NodeState, context):
-        pos = await self.publisher.publish(event, node.info.pool)
-        await self.model.follower.wait_applied(pos)
-        return node_message(self.model.node(node.name))
-
-    async def _node_or_abort(self, name: str, context) -> NodeState:
-        if not name:
-            await _abort_invalid(context, [FieldError("name", "must not be empty")])
-        check_lengths(("name", name, limits.MAX_ID))
-        node = self.model.node(name)
-        if node is None:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"name: no node {name!r}")
-        return node

@@ -22,18 +22,17 @@ from pathlib import Path
 from gpusched.adapters.follower import LogFollower
 from gpusched.adapters import tracing
 from gpusched.adapters.publisher import EventPublisher
-from gpusched.adapters.reports import beats_topic, send_report
-from gpusched.adapters.service import every
+from gpusched.adapters.reports import send_report
 from gpusched.core import events as ev
-from gpusched.core.model import EXIT_LOST, JobPhase, NodeInfo, NodeStatus, WorkerAssignment
+from gpusched.core.model import EXIT_LOST, JobPhase, NodeInfo, WorkerAssignment
 from gpusched.core.state import ClusterState, JobState
 from gpusched.adapters.work_view import JOB_KEY, NODE_KEY
 from gpusched.ports import free_port
-from gpusched.v1 import events_pb2
 from gpusched_node_agent.devices import WorkerDevices
 from gpusched_node_agent.launch_env import node_addresses, worker_env
 from gpusched_node_agent.lease import NodeLease
 from gpusched_node_agent.leftovers import kill_leftovers, worker_dir_name
+from gpusched_node_agent.liveness import NodeLiveness
 from gpusched_node_agent.runner import ProcessRun, SimulatedRun, WorkerExit, group_alive
 
 log = logging.getLogger("gpusched.node_agent")
@@ -48,7 +47,7 @@ class RelayTimeout(RuntimeError):
     """The node's registration did not come back into the pool log through the relay."""
 
 
-class NodeAgent:
+class NodeAgent(NodeLiveness):
     mig = None   # devices.MigManager on a node with dynamic MIG (set by main)
     # Whether a process group still runs: how leftovers are judged gone (tests stand in
     # for a process that outlives SIGKILL, which only the kernel can make).
@@ -354,45 +353,6 @@ class NodeAgent:
             await self._register()
         finally:
             self._returning = None
-
-    # --- GPU health -----------------------------------------------------------------
-    async def watch_health(self, backend) -> None:
-        await backend.start()
-        while True:
-            fault = await backend.faults.get()
-            if not 0 <= fault.gpu_index < len(self.info.gpus):
-                log.warning("fault on unknown GPU %s: %s", fault.gpu_index, fault.reason)
-                continue
-            self.health[fault.gpu_index] = fault.reason
-            await self.publish(self._event(ev.GpuHealthChanged, node=self.name, gpu_index=fault.gpu_index,
-                                           healthy=False, reason=fault.reason, xid=fault.xid))
-
-    # --- liveness -------------------------------------------------------------------
-    async def beat(self) -> bool:
-        """Send one heartbeat; once the broker has it, the lease runs ``lease_s`` from
-        when it was sent, which is no later than when the supervisor can have seen it."""
-        sent = time.time()
-        beat = events_pb2.Heartbeat(node=self.name, pool=self.info.pool, agent_id=self.info.agent_id,
-                                    time=sent, running=[f"{j}/{a}/{w}" for j, a, w in self.running])
-        try:
-            await self.publisher.send_raw(beats_topic(self.publisher.topics.prefix, self.name),
-                                          beat.SerializeToString(), key=self.name.encode())
-        except Exception:
-            log.warning("heartbeat not sent", exc_info=True)
-            return False
-        if self.lease is not None:
-            self.lease.renew(sent + self.info.lease_s)
-        return True
-
-    async def heartbeats(self, interval: float, stop: asyncio.Event) -> None:
-        await every(interval, stop, self.beat)
-
-    def node_status(self) -> NodeStatus | None:
-        for state in self.follower.states.values():
-            node = state.nodes.get(self.name)
-            if node is not None:
-                return node.status
-        return None
 
 
 def note_in_log(in_log: dict[str, asyncio.Future], event, state: ClusterState) -> None:

@@ -22,7 +22,7 @@ NATIVE_OFF = os.environ.get("GPUSCHED_NATIVE") == "0"
 FOLD = """
 import hashlib, sys
 sys.path.insert(0, "bench")
-from replay_bench import PoolSim
+from pool_workload import PoolSim
 from gpusched import native
 from gpusched.core.digest import digest
 from gpusched.core.reducer import apply

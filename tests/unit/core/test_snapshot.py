@@ -293,7 +293,9 @@ def test_every_state_field_has_a_place_in_the_snapshot():
     schema = snap._schema()
     for cls in (ClusterState, NodeState, GpuState, JobState, Usage, NodeInfo, GpuInfo, JobSpec,
                 WorkerResources, WorkerAssignment, GpuSlot):
-        assert schema[cls.__name__] == [f.name for f in dataclasses.fields(cls)], cls.__name__
+        # the journal's entries are left out (tests/unit/core/test_snapshot_journal.py)
+        expected = [f.name for f in dataclasses.fields(cls) if (cls, f.name) != (ClusterState, "changes")]
+        assert schema[cls.__name__] == expected, cls.__name__
 
 
 def _doc(state: ClusterState) -> dict:

@@ -10,7 +10,7 @@ from gpusched.config import DEFAULT_PLACEMENT, PlacerSettings
 from gpusched.policies.queueing.quota import QueueTree
 from gpusched.policies.scheduler import SchedulerConfig
 from gpusched.sim import dynamic_report
-from gpusched.sim.dynamic import parse_config
+from gpusched.sim.dynamic_configs import parse_config
 from gpusched.sim.metrics import JobRecord, SimResult, size_of, summarize
 from gpusched_placer.main import scheduler_config
 

@@ -8,7 +8,8 @@ import pytest
 
 from gpusched.core.model import JobSpec, WorkerResources
 from gpusched.policies.scheduler import SchedulerConfig
-from gpusched.sim.dynamic import DynamicSimulator, split_preemption, split_preemption_rules
+from gpusched.sim.dynamic import DynamicSimulator
+from gpusched.sim.dynamic_configs import split_preemption, split_preemption_rules
 from gpusched.sim.metrics import summarize
 from gpusched.sim.synthetic import synthetic_workload
 from gpusched.sim.workload import Arrival, Workload, gpu_node

@@ -1,0 +1,62 @@
+"""What tells the cluster that a node agent is alive and its GPUs healthy, apart from
+the work it runs: heartbeats (each one the broker acknowledged renews the node's
+workload lease), GPU faults reported as ``GpuHealthChanged``, and the node's status as
+the log has it. ``NodeAgent`` (``agent.py``) has these; a node host's nodes
+(``host.py``) send their heartbeats together instead."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from gpusched.adapters.reports import beats_topic
+from gpusched.adapters.service import every
+from gpusched.core import events as ev
+from gpusched.core.model import NodeStatus
+from gpusched.v1 import events_pb2
+
+log = logging.getLogger("gpusched.node_agent")
+
+
+class NodeLiveness:
+    """Part of ``NodeAgent``: reads its ``info``, ``publisher``, ``lease``, ``running``,
+    ``follower`` and ``health``, and reports through its ``publish``."""
+
+    # --- GPU health -----------------------------------------------------------------
+    async def watch_health(self, backend) -> None:
+        await backend.start()
+        while True:
+            fault = await backend.faults.get()
+            if not 0 <= fault.gpu_index < len(self.info.gpus):
+                log.warning("fault on unknown GPU %s: %s", fault.gpu_index, fault.reason)
+                continue
+            self.health[fault.gpu_index] = fault.reason
+            await self.publish(self._event(ev.GpuHealthChanged, node=self.name, gpu_index=fault.gpu_index,
+                                           healthy=False, reason=fault.reason, xid=fault.xid))
+
+    # --- liveness -------------------------------------------------------------------
+    async def beat(self) -> bool:
+        """Send one heartbeat; once the broker has it, the lease runs ``lease_s`` from
+        when it was sent, which is no later than when the supervisor can have seen it."""
+        sent = time.time()
+        beat = events_pb2.Heartbeat(node=self.name, pool=self.info.pool, agent_id=self.info.agent_id,
+                                    time=sent, running=[f"{j}/{a}/{w}" for j, a, w in self.running])
+        try:
+            await self.publisher.send_raw(beats_topic(self.publisher.topics.prefix, self.name),
+                                          beat.SerializeToString(), key=self.name.encode())
+        except Exception:
+            log.warning("heartbeat not sent", exc_info=True)
+            return False
+        if self.lease is not None:
+            self.lease.renew(sent + self.info.lease_s)
+        return True
+
+    async def heartbeats(self, interval: float, stop: asyncio.Event) -> None:
+        await every(interval, stop, self.beat)
+
+    def node_status(self) -> NodeStatus | None:
+        for state in self.follower.states.values():
+            node = state.nodes.get(self.name)
+            if node is not None:
+                return node.status
+        return None
