@@ -75,11 +75,11 @@ Found = tuple[int, ...]
 Score = Callable[[Row], "tuple[int, ...] | None"]
 
 
-def row_takes(res: WorkerResources, allowed: list[bool]) -> Callable[[Row], bool]:
+def row_takes(res: WorkerResources, allowed: list[bool], memory: bool = True) -> Callable[[Row], bool]:
     """Whether a row has room for one worker of ``res`` (GPU memory aside; ``allowed``:
     per model, whether ``res`` accepts it), as ``NodeArrays.feasible`` decides it
-    (``Fgd.rescore`` checks the same inline)."""
-    need_cpu, need_mem, gpus = res.cpu_milli, res.memory_mib, res.gpus
+    (``Fgd.rescore`` checks the same inline); without ``memory``, host memory aside too."""
+    need_cpu, need_mem, gpus = res.cpu_milli, res.memory_mib if memory else 0, res.gpus
     share = res.gpu_milli if res.is_share else 0
     return lambda row: (row.cpu >= need_cpu and row.mem >= need_mem and allowed[row.model]
                         and row.largest >= share and row.whole >= gpus)

@@ -6,7 +6,8 @@ recent request's best candidate on every node, true as the cycle's statement boo
 How it stays cheap: the statement tells the view which nodes it changes (``touch``);
 only those are recomputed, when next asked, and in plain Python (``frag_rows``, bit for
 bit the numpy numbers) since they are few. A request asked for the first time scores
-one node of each group of equal nodes (equal free milli per GPU, CPU, model, idleness).
+one node of each group of equal nodes (equal free milli per GPU, CPU, model, idleness;
+free host memory, which no score reads, is checked node by node).
 """
 from __future__ import annotations
 

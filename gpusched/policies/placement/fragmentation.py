@@ -164,11 +164,13 @@ class Fgd:
     def fill_groups(self, view: FragView, best: Best, reps: list[Row], res: WorkerResources,
                     memory: bool) -> list[int]:
         """``fill``'s unchanged rows: each group's best candidate scored on one row,
-        as ``rescore`` scores it. Returns the unchanged rows that take ``res``."""
+        as ``rescore`` scores it. Returns the unchanged rows that take ``res``. A group's
+        rows may differ in free host memory, which no score reads: each row's own is
+        checked, not its group's."""
         key = np.full(len(reps) + 1, NONE, dtype=np.int64)   # the last: changed rows
         gpu = np.zeros(len(reps) + 1, dtype=np.int64)
         taken = np.zeros(len(reps) + 1, dtype=bool)
-        takes, score = row_takes(res, view.arrays.allowed_models(res)), best.score
+        takes, score = row_takes(res, view.arrays.allowed_models(res), memory=False), best.score
         for g, row in enumerate(reps):
             if takes(row):
                 taken[g] = True
@@ -176,8 +178,9 @@ class Fgd:
                 if found is not None:
                     key[g], gpu[g] = found
         group = np.where(view.moved, len(reps), view.memory_group if memory else view.group)
-        best.key[:], best.gpu[:] = key[group], gpu[group]
-        return np.flatnonzero(taken[group]).tolist()
+        ok = taken[group] & (view.arrays.mem >= res.memory_mib)
+        best.key[:], best.gpu[:] = np.where(ok, key[group], NONE), gpu[group]
+        return np.flatnonzero(ok).tolist()
 
     def fill_numpy(self, view: FragView, best: Best, res: WorkerResources, memory: bool) -> np.ndarray:
         """``fill`` with numpy, one row of each group at once (many groups)."""

@@ -334,3 +334,17 @@ def test_a_cycles_view_is_freed_when_the_statement_drops_it(policy):
         assert [view() for view in views] == [None] * 3
     finally:
         gc.enable()
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_nodes_alike_but_for_free_memory_are_each_checked_for_it(policy):
+    """Two T4 nodes equal in what a score reads (free GPU, CPU, model, idleness) but not in
+    free memory: the first scoring of a request scores one node of the group, and must
+    not let that node's lack of memory stand for the other's; found by hypothesis."""
+    templates = [(1, "H100-80GB", 8000, 16_000, "mixed", 1), (1, "T4-16GB", 32_000, 16_000, "mixed", 1),
+                 (1, "T4-16GB", 32_000, 128_000, "mixed", 1)]
+    log = alike_cluster(templates, random.Random(1))
+    res = WorkerResources(gpus=1, cpu_milli=16_000, memory_mib=32_000)
+    assert log.submit("j0", JobSpec(name="j0", team="t0", workers=1, resources=res)).accepted
+    placed = assert_same(log.state, policy, queue="fifo")
+    assert [w.node for _, _, workers, _ in placed for w in workers] == ["t2-0"]
