@@ -47,8 +47,10 @@ before the backlog's first cycle).
 from __future__ import annotations
 
 import argparse
+import cProfile
 import gc
 import math
+import pstats
 import random
 import time
 from dataclasses import replace
@@ -157,6 +159,8 @@ def main() -> None:
     p.add_argument("--freeze", action="store_true", help="gc.freeze() once the backlog is in, as a service's "
                    "GC pacing (gpusched.adapters.gc_pacing) does after each full collection: the cycles' "
                    "figures then leave out full collections of the whole state")
+    p.add_argument("--profile", metavar="PATH", help="cProfile the measured cycles (not the pending-reason "
+                   "pass) and write the stats to PATH (pstats; the top 25 by cumulative time are printed)")
     p.add_argument("--cold", action="store_true", help="measure the first cycle after the backlog arrived too "
                    "(it enters every waiting job into the queues and builds what cycles keep)")
     args = p.parse_args()
@@ -193,6 +197,7 @@ def main() -> None:
     gc.collect()
     if args.freeze:
         gc.freeze()
+    profile = cProfile.Profile() if args.profile else None
     why_cpu = 0.0
     times: list[float] = []
     decided = written = 0
@@ -200,10 +205,14 @@ def main() -> None:
         pool.end_some(args.ends)
         pool.submit(args.ends, args.job_gpus, tasks)   # the queue keeps its length
         now = float(pool.n)
+        if profile is not None:
+            profile.enable()
         c0 = time.process_time()
         cycle = scheduler.schedule(pool.state, now, parked, keys)
         decisions = cycle.decisions
         c1 = time.process_time()
+        if profile is not None:
+            profile.disable()
         times.append(c1 - c0)
         decided += len(decisions)
         if reasons is not None:
@@ -220,6 +229,9 @@ def main() -> None:
           f"{args.ends} jobs ending before each cycle: {sum(ms) / len(ms):.2f} ms CPU per cycle "
           f"(p50 {percentile(ms, 0.5):.2f}, p99 {percentile(ms, 0.99):.2f}, max {max(ms):.2f}; "
           f"{decided / args.cycles:.1f} decisions per cycle, {args.cycles} cycles)")
+    if profile is not None:
+        profile.dump_stats(args.profile)
+        pstats.Stats(args.profile).sort_stats("cumulative").print_stats(25)
     if reasons is not None:
         print(f"pending-reason pass: {why_cpu / args.cycles * 1e3:.2f} ms CPU per cycle, "
               f"{written / args.cycles:.1f} reasons written per cycle")
