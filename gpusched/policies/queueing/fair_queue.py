@@ -201,7 +201,10 @@ class TeamQueues:
                 target = lists.setdefault(team, [])
                 for entry in entries:
                     self._prefix.entered(lists is self._young, team, entry)
-                if len(entries) > 16:   # many at once: one sort beats as many insertions
+                # Many at once into a list not much longer: one sort beats as many insertions.
+                # Into a long one (jobs arriving during a burst) it does not: the sort compares
+                # every entry of the list, an insertion ~log n of them and moves the rest.
+                if len(entries) > 16 and len(entries) * 64 > len(target):
                     target.extend(entries)
                     target.sort()
                 else:
