@@ -204,7 +204,7 @@ class TeamQueues:
                 # Many at once into a list not much longer: one sort beats as many insertions.
                 # Into a long one (jobs arriving during a burst) it does not: the sort compares
                 # every entry of the list, an insertion ~log n of them and moves the rest.
-                if len(entries) > 16 and len(entries) * 64 > len(target):
+                if len(entries) > 16 and len(entries) * 32 > len(target):
                     target.extend(entries)
                     target.sort()
                 else:
