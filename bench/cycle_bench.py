@@ -16,6 +16,7 @@ whose CPU time is printed apart.
                                           [--job-gpus 1] [--mix openb] [--cold]
                                           [--max-job-test N] [--job-test-head N] [--freeze]
                                           [--max-cycle-ms MS] [--min-job-test N]
+                                          [--burst N [--gangs F]] [--profile PATH]
 
 Without ``--reservations`` the scheduler reserves nothing (``--no-backfill --reserve-after
 inf``), the placer's defaults of earlier versions; with it, the reservation settings are
@@ -38,6 +39,14 @@ reservation stage building its index of ends once). So the first cycle after the
 backlog, which does that for all of it, is run and not measured; every measured cycle
 still enters the ``--ends`` jobs submitted before it. ``--cold`` measures it too.
 
+With ``--burst N`` it is scale_bench's burst instead (``burst``): the pool starts empty with
+``--pending`` jobs waiting, openb tasks and a fraction ``--gangs`` of gangs of 2-8 whole
+nodes of 8 teams (the ``--policy``/``--queue`` settings as above); each cycle's placements
+are applied and their workers started, and N more jobs arrive before the next. Since the
+pool has room, each cycle places until a bound stops it (``--max-cycle-ms``): what a cycle
+costs beyond that bound is what this measures. ``--profile PATH`` cProfiles the measured
+cycles.
+
 A cycle's CPU time includes the cyclic GC's collections that fall in it; a full one scans
 the whole state (hundreds of thousands of objects here). The services freeze what
 survives each full collection (``gpusched.adapters.gc_pacing``), so theirs scan only what
@@ -47,8 +56,10 @@ before the backlog's first cycle).
 from __future__ import annotations
 
 import argparse
+import cProfile
 import gc
 import math
+import pstats
 import random
 import time
 from dataclasses import replace
@@ -68,9 +79,10 @@ PRIORITIES = ("training", "training", "training", "best-effort", "training-high"
 class Pool:
     """A pool state driven through the reducer, as the placer's follower folds it."""
 
-    def __init__(self, nodes: int) -> None:
+    def __init__(self, nodes: int, tick: float = 1.0) -> None:
         self.state = ClusterState()
         self.n = 0
+        self.tick = tick   # seconds of the log's clock per event
         for i in range(nodes):
             gpus = tuple(GpuInfo(g, f"n{i}-g{g}", "H100-80GB", 81_920) for g in range(8))
             info = NodeInfo(name=f"node-{i:04d}", pool="default", cpu_milli=1_000_000, memory_mib=4_000_000,
@@ -79,7 +91,10 @@ class Pool:
 
     def apply(self, cls, **kw) -> None:
         self.n += 1
-        apply(self.state, cls(event_id=f"e{self.n}", time=float(self.n), **kw))
+        apply(self.state, cls(event_id=f"e{self.n}", time=self.now(), **kw))
+
+    def now(self) -> float:
+        return self.n * self.tick
 
     def submit(self, count: int, job_gpus: int = 0, tasks: list[WorkerResources] | None = None) -> None:
         """``count`` jobs: 100-milli shares (the submit bench's job), ``job_gpus`` whole GPUs,
@@ -99,6 +114,23 @@ class Pool:
     def place(self, decisions) -> None:
         for d in decisions:
             self.apply(ev.JobPlaced, job_id=d.job_id, attempt=d.attempt, workers=d.workers)
+
+    def arrive(self, count: int, tasks: list[WorkerResources], gangs: float, rng: random.Random) -> None:
+        """``count`` jobs of 8 teams as scale_bench submits them: openb tasks, and a
+        fraction ``gangs`` of gangs of 2-8 whole nodes."""
+        for _ in range(count):
+            i = self.n
+            if rng.random() < gangs:
+                spec = JobSpec(name=f"gang-{i}", team=f"team-{i % 8}", workers=rng.randint(2, 8),
+                               resources=WorkerResources(gpus=8, cpu_milli=8000, memory_mib=32768))
+            else:
+                spec = JobSpec(name=f"job-{i}", team=f"team-{i % 8}", resources=tasks[i % len(tasks)])
+            self.apply(ev.JobSubmitted, job_id=f"job-{i}", spec=spec)
+
+    def start(self, decisions) -> None:
+        for d in decisions:
+            for w in d.workers:
+                self.apply(ev.WorkerStarted, job_id=d.job_id, attempt=d.attempt, worker=w.worker, node=w.node)
 
     def end_some(self, count: int) -> None:
         """Cancel ``count`` placed jobs and report their workers' ends, as their node-agent
@@ -131,6 +163,42 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+def burst(args: argparse.Namespace, scheduler: Scheduler) -> None:
+    """``--burst``: what a placer's cycles do while it places a backlog into a pool with room,
+    jobs still arriving (scale_bench without the broker). The log's clock moves a
+    millisecond an event, so no job ages (fair share's aging: hours) in the run."""
+    pool, rng, tasks = Pool(args.nodes, tick=1e-3), random.Random(7), openb_tasks()
+    parked, keys = ParkedJobs(), QueueKeys()
+    pool.arrive(args.pending, tasks, args.gangs, rng)
+    first = scheduler.cycle(pool.state, pool.now(), parked, keys)   # enters the backlog: not measured
+    pool.place(first)
+    pool.start(first)
+    gc.collect()
+    if args.freeze:
+        gc.freeze()
+    profile = cProfile.Profile() if args.profile else None
+    times, placed = [], 0
+    for _ in range(args.cycles):
+        if profile is not None:
+            profile.enable()
+        c0 = time.process_time()
+        decisions = scheduler.schedule(pool.state, pool.now(), parked, keys).decisions
+        times.append((time.process_time() - c0) * 1e3)
+        if profile is not None:
+            profile.disable()
+        placed += len(decisions)
+        pool.place(decisions)
+        pool.start(decisions)
+        pool.arrive(args.burst, tasks, args.gangs, rng)
+    print(f"burst: {args.nodes:,} 8-GPU nodes, {args.pending:,} waiting at first (openb, {args.gangs:g} gangs), "
+          f"{args.burst} arriving after each cycle, {len(pool.state.pending):,} left: {sum(times) / len(times):.2f} "
+          f"ms CPU per cycle (p50 {percentile(times, 0.5):.2f}, p99 {percentile(times, 0.99):.2f}, max "
+          f"{max(times):.2f}; {placed / args.cycles:.1f} decisions per cycle, {args.cycles} cycles)")
+    if profile is not None:
+        profile.dump_stats(args.profile)
+        pstats.Stats(args.profile).sort_stats("cumulative").print_stats(25)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--nodes", type=int, default=2)
@@ -157,6 +225,12 @@ def main() -> None:
     p.add_argument("--freeze", action="store_true", help="gc.freeze() once the backlog is in, as a service's "
                    "GC pacing (gpusched.adapters.gc_pacing) does after each full collection: the cycles' "
                    "figures then leave out full collections of the whole state")
+    p.add_argument("--burst", type=int, metavar="N", default=None,
+                   help="scale_bench's burst instead: an empty pool, --pending jobs waiting (openb tasks and "
+                        "--gangs), each cycle's placements applied and started, then N more jobs arrive")
+    p.add_argument("--gangs", type=float, default=0.002, help="--burst: the fraction of gangs of 2-8 whole nodes")
+    p.add_argument("--profile", metavar="PATH", help="cProfile the measured cycles (not the pending-reason "
+                   "pass) and write the stats to PATH (pstats; the top 25 by cumulative time are printed)")
     p.add_argument("--cold", action="store_true", help="measure the first cycle after the backlog arrived too "
                    "(it enters every waiting job into the queues and builds what cycles keep)")
     args = p.parse_args()
@@ -171,11 +245,13 @@ def main() -> None:
     if args.max_cycle_ms is not None:
         budget["max_cycle_s"] = args.max_cycle_ms / 1e3
     scheduler = Scheduler(SchedulerConfig(queue=args.queue, **reserve, **budget, **placement))
+    if args.burst is not None:
+        return burst(args, scheduler)
     parked, keys = ParkedJobs(), (None if args.no_keys else QueueKeys())
     per_node = 8 // args.job_gpus if args.job_gpus else 80   # 80 shares fill a node
     pool.submit(args.nodes * per_node, args.job_gpus)
     while pool.state.pending:   # fill the pool (a cycle decides up to max_decisions)
-        decisions = scheduler.cycle(pool.state, float(pool.n), parked, keys)
+        decisions = scheduler.cycle(pool.state, pool.now(), parked, keys)
         if not decisions:
             break
         pool.place(decisions)
@@ -185,7 +261,7 @@ def main() -> None:
         # The placer enters jobs into its queues as they arrive (each cycle enters those
         # submitted since the one before) and builds what it keeps between cycles once:
         # one cycle, not measured, does both for the backlog submitted at once here.
-        pool.place(scheduler.cycle(pool.state, float(pool.n), parked, keys))
+        pool.place(scheduler.cycle(pool.state, pool.now(), parked, keys))
     reasons = None
     if args.reasons:
         from gpusched_placer.reasons import PendingReasons   # the service's module: installed with the package
@@ -193,17 +269,22 @@ def main() -> None:
     gc.collect()
     if args.freeze:
         gc.freeze()
+    profile = cProfile.Profile() if args.profile else None
     why_cpu = 0.0
     times: list[float] = []
     decided = written = 0
     for _ in range(args.cycles):
         pool.end_some(args.ends)
         pool.submit(args.ends, args.job_gpus, tasks)   # the queue keeps its length
-        now = float(pool.n)
+        now = pool.now()
+        if profile is not None:
+            profile.enable()
         c0 = time.process_time()
         cycle = scheduler.schedule(pool.state, now, parked, keys)
         decisions = cycle.decisions
         c1 = time.process_time()
+        if profile is not None:
+            profile.disable()
         times.append(c1 - c0)
         decided += len(decisions)
         if reasons is not None:
@@ -220,6 +301,9 @@ def main() -> None:
           f"{args.ends} jobs ending before each cycle: {sum(ms) / len(ms):.2f} ms CPU per cycle "
           f"(p50 {percentile(ms, 0.5):.2f}, p99 {percentile(ms, 0.99):.2f}, max {max(ms):.2f}; "
           f"{decided / args.cycles:.1f} decisions per cycle, {args.cycles} cycles)")
+    if profile is not None:
+        profile.dump_stats(args.profile)
+        pstats.Stats(args.profile).sort_stats("cumulative").print_stats(25)
     if reasons is not None:
         print(f"pending-reason pass: {why_cpu / args.cycles * 1e3:.2f} ms CPU per cycle, "
               f"{written / args.cycles:.1f} reasons written per cycle")

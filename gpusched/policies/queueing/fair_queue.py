@@ -16,6 +16,10 @@ it may. Here the order is produced lazily, the job the cycle asks for next and n
   team's, and those of its org's other teams (as ``fair_share`` re-ranks them). Older
   heap entries of a re-keyed team are recognised by a version and dropped.
 
+The cluster's capacity, which the teams' dominant shares are fractions of, is kept too
+(``capacity``): summed over every node and GPU it was a third of a cycle's fixed cost at
+5,000 nodes, though it changes only with a node (``ClusterState.nodes_version``).
+
 So a cycle costs O(jobs taken x log teams) plus the queue's changes, and the order is
 the one ``fair_share`` builds: the same charges in the same order, so the same floats.
 Claims end with the head's submission number, unique within a log, so two teams never
@@ -33,7 +37,9 @@ from typing import AbstractSet, Iterable, Iterator, Mapping
 from gpusched.core.priority import priority_value
 from gpusched.core.state import ClusterState, JobState
 from gpusched.policies.queueing.cursor import JobTestCursor
-from gpusched.policies.queueing.shares import QueueContext, _Projection, is_aged, job_demand
+from gpusched.policies.queueing.shares import (
+    QueueContext, Vector, _Projection, cluster_capacity, is_aged, job_demand,
+)
 from gpusched.policies.queueing.tested_prefix import TestedPrefix
 
 
@@ -48,7 +54,7 @@ class TeamQueues:
 
     __slots__ = ("_state", "_jobs", "_aging_s", "_now", "_watermark", "_members", "_aged", "_young",
                  "_ageing", "_dead", "_rank", "_ready_only", "_shape_of", "_census", "_prefix", "cursor", "jump",
-                 "_read")
+                 "_read", "_capacity")
 
     def __init__(self) -> None:
         self._state: ClusterState | None = None
@@ -57,6 +63,7 @@ class TeamQueues:
         self._now = -math.inf
         self._watermark = 0                       # state.next_seq at the last sync
         self._read = 0                            # state.changes_end() at the last sync
+        self._capacity: tuple[int, Vector] | None = None   # (state.nodes_version, cluster_capacity)
         self._members: dict[str, tuple] = {}      # job id -> its live entry
         self._aged: dict[str, list] = {}          # team -> [(seq, job id)], ascending
         self._young: dict[str, list] = {}         # team -> [(-priority, seq, job id)], ascending
@@ -144,6 +151,7 @@ class TeamQueues:
         self._members, self._aged, self._young, self._ageing = {}, {}, {}, []
         self._dead, self._rank, self._ready_only = 0, None, True
         self._shape_of, self._census = {}, {}
+        self._capacity = None
         self._prefix.clear()
 
     def _uncount(self, job_id: str) -> None:
@@ -153,6 +161,18 @@ class TeamQueues:
             self._census[shape] = left
         else:
             del self._census[shape]
+
+    def capacity(self, state: ClusterState) -> Vector:
+        """``cluster_capacity(state)``, kept while the synced state's nodes stay: it reads
+        only their status, GPUs' health and CPU and memory, each change of which bumps
+        ``nodes_version`` (the reducer's; a cycle's statement changes them only
+        tentatively, after the order's projection read this)."""
+        if state is not self._state:
+            return cluster_capacity(state)
+        kept = self._capacity
+        if kept is None or kept[0] != state.nodes_version:
+            kept = self._capacity = (state.nodes_version, cluster_capacity(state))
+        return kept[1]
 
     def shapes(self) -> Iterable[tuple]:
         """The shapes of the jobs in the queues (ready or not): (pool, workers, resources)."""
@@ -181,7 +201,10 @@ class TeamQueues:
                 target = lists.setdefault(team, [])
                 for entry in entries:
                     self._prefix.entered(lists is self._young, team, entry)
-                if len(entries) > 16:   # many at once: one sort beats as many insertions
+                # Many at once into a list not much longer: one sort beats as many insertions.
+                # Into a long one (jobs arriving during a burst) it does not: the sort compares
+                # every entry of the list, an insertion ~log n of them and moves the rest.
+                if len(entries) > 16 and len(entries) * 32 > len(target):
                     target.extend(entries)
                     target.sort()
                 else:
@@ -242,7 +265,7 @@ class TeamQueues:
         last was produced, may still come once."""
         aging_s = context.aging_s if context.aging_s > 0 else math.inf
         teams = [t for t in (*self._aged, *self._young)]
-        projection = _Projection(state, context, teams)
+        projection = _Projection(state, context, teams, self.capacity(state))
         nominees = context.nominees
         rank = self._rank if self._rank is not None else self._ready_rank(state, now, nominees)
         first = self._nominees(nominees, rank, now) if nominees else []

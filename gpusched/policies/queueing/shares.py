@@ -82,9 +82,11 @@ class _Org:
 class _Projection:
     """What each team and org holds, plus what the order built so far gave it."""
 
-    def __init__(self, state: ClusterState, context: QueueContext, teams: Iterable[str]) -> None:
+    def __init__(self, state: ClusterState, context: QueueContext, teams: Iterable[str],
+                 capacity: Vector | None = None) -> None:
         tree = context.tree
-        self.capacity = cluster_capacity(state)
+        # ``capacity``: the caller's ``cluster_capacity(state)``, if it keeps one.
+        self.capacity = cluster_capacity(state) if capacity is None else capacity
         self.teams: dict[str, _Team] = {}
         self.orgs: dict[str, _Org] = {}
         for team in sorted(set(teams) | set(state.usage) | set(tree.teams())):

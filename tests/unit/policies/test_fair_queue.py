@@ -205,3 +205,23 @@ def test_a_sync_past_an_overrun_journal_or_a_state_changed_behind_it_compares_th
     queues.sync(world.state, now, math.inf)
     assert [j.job_id for j in queues.order(world.state, now, QueueContext())] == \
         oracle(world.state, now, QueueContext())
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(batches=st.lists(st.lists(st.tuples(st.sampled_from(TEAMS[:2]), st.sampled_from(sorted(PRIORITY_CLASSES)),
+                                           st.integers(0, 90)), max_size=4), min_size=2, max_size=6),
+       take=st.integers(0, 40), tree=st.sampled_from(TREES))
+def test_jobs_arriving_in_batches_into_long_queues_keep_the_order(batches, take, tree):
+    """Batches of many jobs of a team at once, into team queues short and long: whether
+    they are inserted one by one or the list is sorted again (``_insert`` chooses by the
+    lengths), the order is the one built whole."""
+    world, queues = World(), TeamQueues()
+    for batch in batches:
+        for team, priority, count in batch:
+            world.submit(team, priority, 1, count)
+        for _ in range(take):   # some jobs leave the queue's head
+            world.place(0)
+        now = world.log.now
+        queues.sync(world.state, now, math.inf)
+        context = QueueContext(tree)
+        assert [j.job_id for j in queues.order(world.state, now, context)] == oracle(world.state, now, context)
