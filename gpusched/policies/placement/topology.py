@@ -10,7 +10,9 @@ plans or nodes are alike by those criteria, the placement policy's preference de
 a node, a worker's GPUs are picked by ``fit``, as for every policy's chosen node.
 
 The plan is made from how many workers each node takes right now (``node_capacity``,
-kept per call by ``GangCapacities`` and recomputed only for nodes changed since), then
+kept per call by ``GangCapacities`` and recomputed only for nodes changed since; for
+whole GPUs, asked first only of the nodes the statement's ``FreeIndex`` lists with
+enough free whole GPUs, where the call has one, not of every node of the pool), then
 booked worker by worker with the placer's own ``fit``; the gang is booked as one unit at
 the end, or not at all. A policy with a ``rank_key`` is asked only about the nodes the
 plan compares, not every candidate.
@@ -27,6 +29,7 @@ from gpusched.core.model import WorkerAssignment, WorkerResources
 from gpusched.core.state import GpuState, JobState, NodeState
 from gpusched.policies.statement import Statement
 from gpusched.policies.gpu_fit import StateLike, fit
+from gpusched.policies.placement.index import FreeIndex, holding
 
 
 Prefer = Callable[[Sequence[NodeState]], Mapping[str, int]]
@@ -42,7 +45,7 @@ def place_spread(state: StateLike, job: JobState, statement: Statement,
     spec, res = job.spec, job.spec.resources
     view = statement.views.get(("gang", spec.pool))
     if view is None:
-        view = statement.views[("gang", spec.pool)] = GangCapacities(state.nodes, spec.pool)
+        view = statement.views[("gang", spec.pool)] = GangCapacities(state.nodes, spec.pool, statement.views)
     plan = plan_gang(view, res, spec.workers, prefer, rank_key)
     if plan is None:
         return None
@@ -70,8 +73,9 @@ class GangCapacities:
     notes the node; a shape refreshes the nodes noted since it last looked, so a booking
     costs nothing here and a gang reads no node that did not change."""
 
-    def __init__(self, nodes: Mapping[str, NodeState], pool: str) -> None:
-        self.nodes = nodes
+    def __init__(self, nodes: Mapping[str, NodeState], pool: str,
+                 views: Mapping[object, object] | None = None) -> None:
+        self.nodes, self.pool, self.views = nodes, pool, views
         self.seq = {n.name: i for i, n in enumerate(nodes.values()) if n.info.pool == pool}
         self.rack = {name: (nodes[name].info.label("spine"), nodes[name].info.label("rack"))
                      for name in self.seq}
@@ -85,7 +89,7 @@ class GangCapacities:
         """{node: workers of ``res`` it takes now, uncapped} of the pool's nodes taking one."""
         known = self.shapes.get(res)
         if known is None:
-            caps = {n: c for n in self.seq if (c := node_capacity(self.nodes[n], res, UNBOUNDED))}
+            caps = {n: c for n in self._holders(res) if (c := node_capacity(self.nodes[n], res, UNBOUNDED))}
         else:
             caps, seen = known
             for name in set(self.changed[seen:]):
@@ -97,6 +101,18 @@ class GangCapacities:
                         caps.pop(name, None)
         self.shapes[res] = (caps, len(self.changed))
         return caps
+
+
+    def _holders(self, res: WorkerResources) -> Iterable[str]:
+        """Nodes that may take a worker of ``res``: for whole GPUs, those the statement's
+        free-capacity index (best-fit's, kept between cycles; told of every change, so as
+        true as the nodes) lists with enough free whole GPUs; else every node of the pool.
+        Which nodes take a worker, and how many, is the same either way: ties are broken by
+        rank and registration order, never by the order read here."""
+        index = self.views.get(("free", self.pool)) if self.views is not None else None
+        if isinstance(index, FreeIndex) and res.gpus and not res.is_share and not res.is_mig:
+            return holding(index, res)
+        return self.seq
 
 
 def plan_gang(view: GangCapacities, res: WorkerResources, workers: int,
