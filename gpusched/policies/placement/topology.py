@@ -30,6 +30,7 @@ from gpusched.core.state import GpuState, JobState, NodeState
 from gpusched.policies.statement import Statement
 from gpusched.policies.gpu_fit import StateLike, fit
 from gpusched.policies.placement.index import FreeIndex, holding
+from gpusched.policies.placement.kept_index import view as kept_view
 
 
 Prefer = Callable[[Sequence[NodeState]], Mapping[str, int]]
@@ -43,9 +44,9 @@ def place_spread(state: StateLike, job: JobState, statement: Statement,
                  prefer: Prefer | None = None, rank_key: RankKey | None = None,
                  ) -> tuple[WorkerAssignment, ...] | None:
     spec, res = job.spec, job.spec.resources
-    view = statement.views.get(("gang", spec.pool))
-    if view is None:
-        view = statement.views[("gang", spec.pool)] = GangCapacities(state.nodes, spec.pool, statement.views)
+    view: GangCapacities = kept_view(statement, ("gang", spec.pool),   # type: ignore[assignment]
+                                     lambda: GangCapacities(state.nodes, spec.pool))
+    view.views = statement.views      # this call's indexes: a kept view outlives its statement
     plan = plan_gang(view, res, spec.workers, prefer, rank_key)
     if plan is None:
         return None
@@ -68,10 +69,14 @@ def place_spread(state: StateLike, job: JobState, statement: Statement,
 
 
 class GangCapacities:
-    """A statement's view of a pool for gangs: how many workers of each shape asked for in
-    the call each node takes (only nodes taking some), kept true lazily. A change only
-    notes the node; a shape refreshes the nodes noted since it last looked, so a booking
-    costs nothing here and a gang reads no node that did not change."""
+    """A statement's view of a pool for gangs: how many workers of each shape asked for
+    each node takes (only nodes taking some), kept true lazily. A change only notes the
+    node; a shape refreshes the nodes noted since it last looked, so a booking costs
+    nothing here and a gang reads no node that did not change. A cycle that keeps indexes
+    (``kept_index``) keeps this view too, told of the nodes changed between cycles: a
+    gang then reads only the nodes changed since the last gang, not the whole pool."""
+
+    MAX_SHAPES = 8     # shapes kept (the most recently asked); another is read afresh
 
     def __init__(self, nodes: Mapping[str, NodeState], pool: str,
                  views: Mapping[object, object] | None = None) -> None:
@@ -84,12 +89,16 @@ class GangCapacities:
 
     def touch(self, names: Iterable[str]) -> None:
         self.changed.extend(names)
+        if len(self.changed) > len(self.seq) + 1024:   # reading the pool afresh costs less now
+            self.changed, self.shapes = [], {}
 
     def capacities(self, res: WorkerResources) -> dict[str, int]:
         """{node: workers of ``res`` it takes now, uncapped} of the pool's nodes taking one."""
-        known = self.shapes.get(res)
+        known = self.shapes.pop(res, None)
         if known is None:
             caps = {n: c for n in self._holders(res) if (c := node_capacity(self.nodes[n], res, UNBOUNDED))}
+            if len(self.shapes) >= self.MAX_SHAPES:
+                del self.shapes[next(iter(self.shapes))]   # the least recently asked
         else:
             caps, seen = known
             for name in set(self.changed[seen:]):
@@ -100,8 +109,10 @@ class GangCapacities:
                     else:
                         caps.pop(name, None)
         self.shapes[res] = (caps, len(self.changed))
+        if all(seen == len(self.changed) for _, seen in self.shapes.values()):
+            self.changed = []                              # every shape has read them
+            self.shapes = {r: (c, 0) for r, (c, _) in self.shapes.items()}
         return caps
-
 
     def _holders(self, res: WorkerResources) -> Iterable[str]:
         """Nodes that may take a worker of ``res``: for whole GPUs, those the statement's
