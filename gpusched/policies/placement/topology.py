@@ -10,9 +10,9 @@ plans or nodes are alike by those criteria, the placement policy's preference de
 a node, a worker's GPUs are picked by ``fit``, as for every policy's chosen node.
 
 The plan is made from how many workers each node takes right now (``node_capacity``,
-kept per call by ``GangCapacities`` and recomputed only for nodes changed since; for
-whole GPUs, asked first only of the nodes the statement's ``FreeIndex`` lists with
-enough free whole GPUs, where the call has one, not of every node of the pool), then
+kept by ``GangCapacities`` per call, and from cycle to cycle with the placement indexes,
+and recomputed only for nodes changed since; for whole GPUs, a shape's first read asks
+only the nodes the call's ``FreeIndex`` lists with enough free whole GPUs), then
 booked worker by worker with the placer's own ``fit``; the gang is booked as one unit at
 the end, or not at all. A policy with a ``rank_key`` is asked only about the nodes the
 plan compares, not every candidate.

@@ -2,7 +2,8 @@
 free whole GPUs (``topology.GangCapacities``): the same gangs on the same nodes and GPUs
 as the full computation over every node of the pool, on random clusters (racks, spines,
 two GPU models, cordoned nodes, unhealthy GPUs, busy GPUs and shares), after bookings
-of the same statement."""
+of the same statement; and, kept from one cycle to the next with the placement indexes,
+the same decisions as cycles that read them afresh."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -12,8 +13,11 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from gpusched.core import events as ev
 from gpusched.policies.placement.gang import place_gang
 from gpusched.policies.placement.heuristics import free_index
+from gpusched.policies.placement.kept_index import KEPT
 from gpusched.policies.placement.registry import make_placement
 from gpusched.policies.placement.topology import GangCapacities
+from gpusched.policies.queueing.keys import QueueKeys
+from gpusched.policies.scheduler import Scheduler, SchedulerConfig
 from gpusched.policies.statement import tentative
 from tests.unit.core.builders import Log, make_node, make_spec, share, whole
 
@@ -51,12 +55,12 @@ def build(nodes: list[tuple]) -> Log:
     return log
 
 
-def submit(log: Log, jobs: list[tuple]) -> list[str]:
+def submit(log: Log, jobs: list[tuple], prefix: str = "j") -> list[str]:
     ids = []
     for i, (workers, gpus, milli, models, cpu) in enumerate(jobs):
         spec = make_spec(workers=workers, gpus=0 if milli else gpus, milli=milli, models=models, cpu=cpu, mem=1000)
-        assert log.submit(f"j{i}", spec).accepted
-        ids.append(f"j{i}")
+        assert log.submit(f"{prefix}{i}", spec).accepted
+        ids.append(f"{prefix}{i}")
     return ids
 
 
@@ -100,3 +104,36 @@ def test_the_index_is_read_for_whole_gpus():
         entry, wkey, skey = index.where["n1"]
         index.whole[wkey].remove(entry)    # the index forgets n1: the gang no longer sees it
         assert sorted(GangCapacities(log.state.nodes, POOL, statement.views).capacities(res)) == ["n0", "n2"]
+
+
+# Between two cycles: (how many of the cycle's decisions are applied, a node cordoned or
+# uncordoned (index, cordon) or None, more gangs arriving).
+between = st.tuples(st.integers(0, 3), st.none() | st.tuples(st.integers(0, 11), st.booleans()),
+                    st.lists(job, max_size=3))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(cluster_node, min_size=2, max_size=12), st.lists(job, min_size=1, max_size=8),
+       st.lists(between, min_size=1, max_size=4))
+def test_cycles_that_keep_gang_capacities_decide_as_cycles_that_keep_nothing(nodes, jobs, rounds):
+    """Capacities kept from one cycle to the next (with the placement indexes) are those
+    of the state at the next cycle's start: the same decisions as a cycle that reads them
+    afresh, after some decisions applied, cordons and new gangs between the cycles."""
+    log = build(nodes)
+    submit(log, jobs)
+    config = SchedulerConfig(placement="best-fit", reserve_after_s=0.0, default_estimate_s=100.0)
+    keeping, fresh, keys = Scheduler(config), Scheduler(config), QueueKeys()
+    for r, (apply, cordon, arriving) in enumerate(rounds):
+        now = log.now
+        kept = keeping.schedule(log.state, now, None, keys)
+        assert decided(kept) == decided(fresh.schedule(log.state, now, None, None))
+        for d in kept.decisions[:apply]:
+            assert log(ev.JobPlaced, job_id=d.job_id, attempt=d.attempt, workers=d.workers).accepted
+        if cordon is not None and cordon[0] < len(nodes):
+            log(ev.NodeCordoned if cordon[1] else ev.NodeUncordoned, node=f"n{cordon[0]}")
+        submit(log, arriving, prefix=f"r{r}-")
+    assert KEPT in keys.kept
+
+
+def decided(result) -> list:
+    return sorted((d.job_id, d.workers) for d in result.decisions)
