@@ -137,3 +137,18 @@ def test_cycles_that_keep_gang_capacities_decide_as_cycles_that_keep_nothing(nod
 
 def decided(result) -> list:
     return sorted((d.job_id, d.workers) for d in result.decisions)
+
+
+def test_past_its_bound_of_changes_a_shape_is_read_afresh():
+    """More changes noted than the pool has nodes (and some): the kept shapes are dropped,
+    not left without the changes they did not read."""
+    log = build([(8, MODELS[0], 0, 0, False, None, 0, 0, 64_000)] * 3)
+    res = make_spec(workers=2, gpus=8).resources
+    view = GangCapacities(log.state.nodes, POOL)
+    assert sorted(view.capacities(res)) == ["n0", "n1", "n2"]
+    view.capacities(make_spec(workers=2, gpus=4).resources)   # another shape, up to date too
+    assert log.submit("busy", make_spec(gpus=8, cpu=0, mem=0)).accepted
+    assert log.place("busy", ("n1", whole(*range(8)))).accepted
+    view.touch(["n1"] + ["n0"] * (len(view.seq) + 1024))
+    assert view.changed == [] and view.shapes == {}
+    assert sorted(view.capacities(res)) == ["n0", "n2"]
