@@ -96,6 +96,16 @@ class FreeIndex:
             yield self.nodes[name]
 
 
+def holding(index: FreeIndex, res: WorkerResources) -> Iterator[str]:
+    """Names of the schedulable nodes with at least ``res.gpus`` free whole GPUs of a model
+    ``res`` allows (a whole-GPU request), in no particular order: every node that may take
+    one worker of ``res`` is among them."""
+    for (model, free), bucket in index.whole.items():
+        if free >= res.gpus and bucket and res.allows(model):
+            for _, _, name in bucket:
+                yield name
+
+
 def first_fit(index: FreeIndex, res: WorkerResources, low: int,
               fit: Callable[[NodeState, str, WorkerResources], tuple[GpuSlot, ...] | None],
               ) -> tuple[NodeState, tuple[GpuSlot, ...]] | None:

@@ -10,7 +10,9 @@ plans or nodes are alike by those criteria, the placement policy's preference de
 a node, a worker's GPUs are picked by ``fit``, as for every policy's chosen node.
 
 The plan is made from how many workers each node takes right now (``node_capacity``,
-kept per call by ``GangCapacities`` and recomputed only for nodes changed since), then
+kept by ``GangCapacities`` per call, and from cycle to cycle with the placement indexes,
+and recomputed only for nodes changed since; for whole GPUs, a shape's first read asks
+only the nodes the call's ``FreeIndex`` lists with enough free whole GPUs), then
 booked worker by worker with the placer's own ``fit``; the gang is booked as one unit at
 the end, or not at all. A policy with a ``rank_key`` is asked only about the nodes the
 plan compares, not every candidate.
@@ -27,6 +29,8 @@ from gpusched.core.model import WorkerAssignment, WorkerResources
 from gpusched.core.state import GpuState, JobState, NodeState
 from gpusched.policies.statement import Statement
 from gpusched.policies.gpu_fit import StateLike, fit
+from gpusched.policies.placement.index import FreeIndex, holding
+from gpusched.policies.placement.kept_index import view as kept_view
 
 
 Prefer = Callable[[Sequence[NodeState]], Mapping[str, int]]
@@ -40,9 +44,9 @@ def place_spread(state: StateLike, job: JobState, statement: Statement,
                  prefer: Prefer | None = None, rank_key: RankKey | None = None,
                  ) -> tuple[WorkerAssignment, ...] | None:
     spec, res = job.spec, job.spec.resources
-    view = statement.views.get(("gang", spec.pool))
-    if view is None:
-        view = statement.views[("gang", spec.pool)] = GangCapacities(state.nodes, spec.pool)
+    view: GangCapacities = kept_view(statement, ("gang", spec.pool),   # type: ignore[assignment]
+                                     lambda: GangCapacities(state.nodes, spec.pool))
+    view.views = statement.views      # this call's indexes: a kept view outlives its statement
     plan = plan_gang(view, res, spec.workers, prefer, rank_key)
     if plan is None:
         return None
@@ -65,13 +69,18 @@ def place_spread(state: StateLike, job: JobState, statement: Statement,
 
 
 class GangCapacities:
-    """A statement's view of a pool for gangs: how many workers of each shape asked for in
-    the call each node takes (only nodes taking some), kept true lazily. A change only
-    notes the node; a shape refreshes the nodes noted since it last looked, so a booking
-    costs nothing here and a gang reads no node that did not change."""
+    """A statement's view of a pool for gangs: how many workers of each shape asked for
+    each node takes (only nodes taking some), kept true lazily. A change only notes the
+    node; a shape refreshes the nodes noted since it last looked, so a booking costs
+    nothing here and a gang reads no node that did not change. A cycle that keeps indexes
+    (``kept_index``) keeps this view too, told of the nodes changed between cycles: a
+    gang then reads only the nodes changed since the last gang, not the whole pool."""
 
-    def __init__(self, nodes: Mapping[str, NodeState], pool: str) -> None:
-        self.nodes = nodes
+    MAX_SHAPES = 8     # shapes kept (the most recently asked); another is read afresh
+
+    def __init__(self, nodes: Mapping[str, NodeState], pool: str,
+                 views: Mapping[object, object] | None = None) -> None:
+        self.nodes, self.pool, self.views = nodes, pool, views
         self.seq = {n.name: i for i, n in enumerate(nodes.values()) if n.info.pool == pool}
         self.rack = {name: (nodes[name].info.label("spine"), nodes[name].info.label("rack"))
                      for name in self.seq}
@@ -80,12 +89,16 @@ class GangCapacities:
 
     def touch(self, names: Iterable[str]) -> None:
         self.changed.extend(names)
+        if len(self.changed) > len(self.seq) + 1024:   # reading the pool afresh costs less now
+            self.changed, self.shapes = [], {}
 
     def capacities(self, res: WorkerResources) -> dict[str, int]:
         """{node: workers of ``res`` it takes now, uncapped} of the pool's nodes taking one."""
-        known = self.shapes.get(res)
+        known = self.shapes.pop(res, None)
         if known is None:
-            caps = {n: c for n in self.seq if (c := node_capacity(self.nodes[n], res, UNBOUNDED))}
+            caps = {n: c for n in self._holders(res) if (c := node_capacity(self.nodes[n], res, UNBOUNDED))}
+            if len(self.shapes) >= self.MAX_SHAPES:
+                del self.shapes[next(iter(self.shapes))]   # the least recently asked
         else:
             caps, seen = known
             for name in set(self.changed[seen:]):
@@ -96,7 +109,21 @@ class GangCapacities:
                     else:
                         caps.pop(name, None)
         self.shapes[res] = (caps, len(self.changed))
+        if all(seen == len(self.changed) for _, seen in self.shapes.values()):
+            self.changed = []                              # every shape has read them
+            self.shapes = {r: (c, 0) for r, (c, _) in self.shapes.items()}
         return caps
+
+    def _holders(self, res: WorkerResources) -> Iterable[str]:
+        """Nodes that may take a worker of ``res``: for whole GPUs, those the statement's
+        free-capacity index (best-fit's, kept between cycles; told of every change, so as
+        true as the nodes) lists with enough free whole GPUs; else every node of the pool.
+        Which nodes take a worker, and how many, is the same either way: ties are broken by
+        rank and registration order, never by the order read here."""
+        index = self.views.get(("free", self.pool)) if self.views is not None else None
+        if isinstance(index, FreeIndex) and res.gpus and not res.is_share and not res.is_mig:
+            return holding(index, res)
+        return self.seq
 
 
 def plan_gang(view: GangCapacities, res: WorkerResources, workers: int,

@@ -14,6 +14,7 @@ from gpusched.core.model import JobPhase
 from gpusched.policies.placement.index import FreeIndex
 from gpusched.policies.placement.kept_index import KEPT
 from gpusched.policies.placement.mig_index import MigIndex
+from gpusched.policies.placement.topology import GangCapacities
 from gpusched.policies.queueing.keys import QueueKeys
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig
 from tests.unit.core.builders import Log, make_node, make_spec, mig, whole
@@ -67,12 +68,18 @@ def change(log: Log, s: tuple, made: list[str]) -> None:
 
 
 def fresh_like(index, state):
+    if isinstance(index, GangCapacities):   # the same capacities of every shape it keeps
+        fresh = GangCapacities(state.nodes, index.pool)
+        fresh.shapes = {res: (fresh.capacities(res), 0) for res in index.shapes}
+        return fresh
     if isinstance(index, FreeIndex):
         return FreeIndex(state.nodes, index.pool, index.gpu_weight)
     return MigIndex(state.nodes, index.pool, index.profile, index.gpu_weight)
 
 
 def contents(index) -> tuple:
+    if isinstance(index, GangCapacities):
+        return {res: index.capacities(res) for res in list(index.shapes)}
     buckets = [index.whole, index.share] if isinstance(index, FreeIndex) else [index.buckets]
     return index.where, [{k: b for k, b in kind.items() if b} for kind in buckets]
 
