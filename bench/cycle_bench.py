@@ -16,7 +16,7 @@ whose CPU time is printed apart.
                                           [--job-gpus 1] [--mix openb] [--cold]
                                           [--max-job-test N] [--job-test-head N] [--freeze]
                                           [--max-cycle-ms MS] [--min-job-test N]
-                                          [--burst N [--gangs F]] [--profile PATH]
+                                          [--burst N [--gangs F]] [--profile PATH] [--pause-gc]
 
 Without ``--reservations`` the scheduler reserves nothing (``--no-backfill --reserve-after
 inf``), the placer's defaults of earlier versions; with it, the reservation settings are
@@ -52,6 +52,10 @@ the whole state (hundreds of thousands of objects here). The services freeze wha
 survives each full collection (``gpusched.adapters.gc_pacing``), so theirs scan only what
 came since: ``--freeze`` does that once before the measured cycles (with ``--cold``,
 before the backlog's first cycle).
+The placer pauses the cyclic GC across each cycle (``gpusched_placer.loop``): with
+``--pause-gc`` the measured cycles run so too, and a collection the cycle's allocations
+owe runs after it, outside its time, as in the placer. Each mode prints the three longest
+cycles with their decisions and gangs.
 """
 from __future__ import annotations
 
@@ -64,6 +68,7 @@ import random
 import time
 from dataclasses import replace
 
+from gpusched.adapters.gc_pacing import gc_paused
 from gpusched.config import DEFAULT_PLACEMENT
 from gpusched.core import events as ev
 from gpusched.core.model import GpuInfo, JobPhase, JobSpec, NodeInfo, WorkerResources
@@ -71,7 +76,7 @@ from gpusched.core.reducer import apply
 from gpusched.core.state import ClusterState
 from gpusched.policies.queueing.parking import ParkedJobs
 from gpusched.policies.queueing.keys import QueueKeys
-from gpusched.policies.scheduler import Scheduler, SchedulerConfig
+from gpusched.policies.scheduler import CycleResult, Scheduler, SchedulerConfig
 
 PRIORITIES = ("training", "training", "training", "best-effort", "training-high")
 
@@ -163,6 +168,47 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+class Measured:
+    """The measured cycles, each ``Scheduler.schedule`` timed in CPU, cProfiled with
+    ``--profile``, and with ``--pause-gc`` run as the placer runs it: the cyclic GC paused
+    across the cycle (``gpusched_placer.loop``), so no collection of the growing state
+    falls inside one. ``report`` prints what both modes print."""
+
+    def __init__(self, scheduler: Scheduler, args: argparse.Namespace) -> None:
+        self.scheduler, self.path, self.pause = scheduler, args.profile, args.pause_gc
+        self.profile = cProfile.Profile() if args.profile else None
+        self.ms: list[float] = []
+        self.decided = 0
+        self.longest: list[tuple[float, int, int]] = []   # (ms, decisions, gangs) of each cycle
+
+    def schedule(self, state: ClusterState, now: float, parked: ParkedJobs, keys: QueueKeys | None) -> CycleResult:
+        profile = self.profile
+        with gc_paused(self.pause):
+            if profile is not None:
+                profile.enable()
+            c0 = time.process_time()
+            cycle = self.scheduler.schedule(state, now, parked, keys)
+            c1 = time.process_time()
+            if profile is not None:
+                profile.disable()
+        ms, decisions = (c1 - c0) * 1e3, cycle.decisions
+        self.ms.append(ms)
+        self.decided += len(decisions)
+        self.longest.append((ms, len(decisions), sum(len(d.workers) > 1 for d in decisions)))
+        return cycle
+
+    def report(self, what: str) -> None:
+        ms, cycles = self.ms, len(self.ms)
+        print(f"{what}: {sum(ms) / cycles:.2f} ms CPU per cycle (p50 {percentile(ms, 0.5):.2f}, p99 "
+              f"{percentile(ms, 0.99):.2f}, max {max(ms):.2f}; {self.decided / cycles:.1f} decisions per cycle, "
+              f"{cycles} cycles{', GC paused' if self.pause else ''})")
+        print("longest: " + ", ".join(f"{t:.1f} ms ({n} decisions, {g} gangs)"
+                                      for t, n, g in sorted(self.longest, reverse=True)[:3]))
+        if self.profile is not None:
+            self.profile.dump_stats(self.path)
+            pstats.Stats(self.path).sort_stats("cumulative").print_stats(25)
+
+
 def burst(args: argparse.Namespace, scheduler: Scheduler) -> None:
     """``--burst``: what a placer's cycles do while it places a backlog into a pool with room,
     jobs still arriving (scale_bench without the broker). The log's clock moves a
@@ -176,27 +222,14 @@ def burst(args: argparse.Namespace, scheduler: Scheduler) -> None:
     gc.collect()
     if args.freeze:
         gc.freeze()
-    profile = cProfile.Profile() if args.profile else None
-    times, placed = [], 0
+    measured = Measured(scheduler, args)
     for _ in range(args.cycles):
-        if profile is not None:
-            profile.enable()
-        c0 = time.process_time()
-        decisions = scheduler.schedule(pool.state, pool.now(), parked, keys).decisions
-        times.append((time.process_time() - c0) * 1e3)
-        if profile is not None:
-            profile.disable()
-        placed += len(decisions)
+        decisions = measured.schedule(pool.state, pool.now(), parked, keys).decisions
         pool.place(decisions)
         pool.start(decisions)
         pool.arrive(args.burst, tasks, args.gangs, rng)
-    print(f"burst: {args.nodes:,} 8-GPU nodes, {args.pending:,} waiting at first (openb, {args.gangs:g} gangs), "
-          f"{args.burst} arriving after each cycle, {len(pool.state.pending):,} left: {sum(times) / len(times):.2f} "
-          f"ms CPU per cycle (p50 {percentile(times, 0.5):.2f}, p99 {percentile(times, 0.99):.2f}, max "
-          f"{max(times):.2f}; {placed / args.cycles:.1f} decisions per cycle, {args.cycles} cycles)")
-    if profile is not None:
-        profile.dump_stats(args.profile)
-        pstats.Stats(args.profile).sort_stats("cumulative").print_stats(25)
+    measured.report(f"burst: {args.nodes:,} 8-GPU nodes, {args.pending:,} waiting at first (openb, {args.gangs:g} "
+                    f"gangs), {args.burst} arriving after each cycle, {len(pool.state.pending):,} left")
 
 
 def main() -> None:
@@ -225,6 +258,8 @@ def main() -> None:
     p.add_argument("--freeze", action="store_true", help="gc.freeze() once the backlog is in, as a service's "
                    "GC pacing (gpusched.adapters.gc_pacing) does after each full collection: the cycles' "
                    "figures then leave out full collections of the whole state")
+    p.add_argument("--pause-gc", action="store_true", help="the cyclic GC paused across each measured cycle, "
+                   "as the placer pauses it (gpusched_placer.loop): no collection inside a cycle")
     p.add_argument("--burst", type=int, metavar="N", default=None,
                    help="scale_bench's burst instead: an empty pool, --pending jobs waiting (openb tasks and "
                         "--gangs), each cycle's placements applied and started, then N more jobs arrive")
@@ -269,41 +304,25 @@ def main() -> None:
     gc.collect()
     if args.freeze:
         gc.freeze()
-    profile = cProfile.Profile() if args.profile else None
-    why_cpu = 0.0
-    times: list[float] = []
-    decided = written = 0
+    measured = Measured(scheduler, args)
+    why_cpu, written = 0.0, 0
     for _ in range(args.cycles):
         pool.end_some(args.ends)
         pool.submit(args.ends, args.job_gpus, tasks)   # the queue keeps its length
         now = pool.now()
-        if profile is not None:
-            profile.enable()
-        c0 = time.process_time()
-        cycle = scheduler.schedule(pool.state, now, parked, keys)
-        decisions = cycle.decisions
-        c1 = time.process_time()
-        if profile is not None:
-            profile.disable()
-        times.append(c1 - c0)
-        decided += len(decisions)
+        cycle = measured.schedule(pool.state, now, parked, keys)
         if reasons is not None:
+            c1 = time.process_time()
             why = reasons.after_cycle(0, pool.state, now, cycle)
             why_cpu += time.process_time() - c1
             written += len(why)
             for e in why:
                 apply(pool.state, e)
-        pool.place(decisions)
-    ms = [t * 1e3 for t in times]
+        pool.place(cycle.decisions)
     what = f"defaults (fair share, {DEFAULT_PLACEMENT}, backfill, reservations)" if args.policy else \
         f"{args.queue} queue{' with reservations' if args.reservations else ''}"
-    print(f"{what}, {args.nodes:,} full 8-GPU nodes, {len(pool.state.pending):,} pending ({args.mix}), "
-          f"{args.ends} jobs ending before each cycle: {sum(ms) / len(ms):.2f} ms CPU per cycle "
-          f"(p50 {percentile(ms, 0.5):.2f}, p99 {percentile(ms, 0.99):.2f}, max {max(ms):.2f}; "
-          f"{decided / args.cycles:.1f} decisions per cycle, {args.cycles} cycles)")
-    if profile is not None:
-        profile.dump_stats(args.profile)
-        pstats.Stats(args.profile).sort_stats("cumulative").print_stats(25)
+    measured.report(f"{what}, {args.nodes:,} full 8-GPU nodes, {len(pool.state.pending):,} pending ({args.mix}), "
+                    f"{args.ends} jobs ending before each cycle")
     if reasons is not None:
         print(f"pending-reason pass: {why_cpu / args.cycles * 1e3:.2f} ms CPU per cycle, "
               f"{written / args.cycles:.1f} reasons written per cycle")
