@@ -15,7 +15,8 @@ Reported, from the pool log itself and the processes:
   80 % of the starts (sustained);
 - the placer's cycles in the burst from its ``--cycle-log`` (each cycle's exact wall time,
   its CPU and GC time, jobs pending and placed; ``gpusched_placer.cycle_log``): count, mean,
-  p50, p99, max, and the longest few;
+  p50, p99, max, the first (cold) cycle apart from the rest's p99, the wall time spent
+  waiting for a core (wall less CPU), and the longest few; the load average beside them;
 - heartbeat load on the broker: the host beats topics' records/s and bytes/s over 10 s;
 - RSS of each service process and of the broker, which the bench starts for itself on
   free ports (``deploy/kafka.sh``, data in ``.run/scale-kafka-PORT``, wiped at the end;
@@ -179,6 +180,13 @@ def cycle_report(cycles: list[dict[str, float]], longest: int = 5) -> str:
              f"before its append, the pending-reasons pass (where it ran) and the rest: p50 "
              f"{quantile([c['reasons_ms'] for c in cycles], .5):,.0f} ms, max {max(c['reasons_ms'] for c in cycles):,.0f} "
              f"(exact, --cycle-log)"]
+    rest = cycles[1:]   # the replica's first cycle builds what later cycles keep (cold)
+    if rest:
+        waited = [c["wall_ms"] - c["cpu_ms"] for c in cycles]
+        lines.append(f"  the first cycle (cold) wall {cycles[0]['wall_ms']:,.0f} ms, CPU {cycles[0]['cpu_ms']:,.0f}; "
+                     f"the {len(rest)} after it: wall p99 {quantile([c['wall_ms'] for c in rest], .99):,.0f}, "
+                     f"CPU p99 {quantile([c['cpu_ms'] for c in rest], .99):,.0f}; wall less CPU (the placer waiting "
+                     f"for a core) p50 {quantile(waited, .5):,.0f} ms, p99 {quantile(waited, .99):,.0f}")
     t0 = cycles[0]["time"]
     for c in sorted(cycles, key=lambda c: -c["wall_ms"])[:longest]:
         lines.append(f"  at +{c['time'] - t0:.1f}s: wall {c['wall_ms']:,.0f} ms, CPU {c['cpu_ms']:,.0f}, "
@@ -270,14 +278,17 @@ async def run(args: argparse.Namespace, broker: Broker, bootstrap: str) -> None:
         procs = service_pids(cluster, broker)
         cpu_before = {n: cpu_seconds(p) for n, p in procs.items()}
         spies = await start_profiles(procs, args.profile)
-        burst = time.time()
+        burst, load_before = time.time(), os.getloadavg()[0]
         rate = await submit_backlog(client, specs)
         print(f"backlog: {args.backlog} jobs ({sum(s.workers > 1 for s in specs)} gangs of 2-8 nodes, "
               f"{sum(bool(s.resources.mig_profile) for s in specs)} MIG {MIG_PROFILE}) submitted at {rate:,.0f}/s")
         cpu_then: dict[str, float] = {}   # each service's CPU when the counts last moved: the burst's end
 
+        load_then = [load_before]
+
         def sample() -> None:
             cpu_then.update((n, cpu_seconds(p)) for n, p in procs.items())
+            load_then[0] = os.getloadavg()[0]
         await settle(client, cycles_path, args.settle, sample)
         cpu = {n: cpu_then[n] - cpu_before[n] for n in procs}
         await stop_profiles(spies)
@@ -288,6 +299,8 @@ async def run(args: argparse.Namespace, broker: Broker, bootstrap: str) -> None:
         print(f"running: {running} of {args.backlog} ({kinds}); placements/s submit->running: {whole:,.0f} "
               f"(first submission to last start), {middle:,.0f} sustained (middle 80 % of starts)")
         print(cycle_report(cycles))
+        print(f"load average (1 min) at the first submission {load_before:.1f}, when the counts last moved "
+              f"{load_then[0]:.1f}: the cycles' wall time grows with it")
         await why_pending(client)
         print(f"CPU ms per job running, from the first submission until the counts last moved (/proc): total {sum(cpu.values()) * 1000 / max(1, running):.2f}; "
               + ", ".join(f"{n} {c * 1000 / max(1, running):.2f}" for n, c in cpu.items()))

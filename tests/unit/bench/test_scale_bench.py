@@ -1,0 +1,43 @@
+"""bench/scale_bench.py's report of the placer's cycles (``cycle_report``): exact
+nearest-rank quantiles over the cycle log, the replica's first (cold) cycle apart from the
+rest's p99, and the wall time the placer waited for a core (wall less CPU)."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[3] / "bench"
+sys.path.insert(0, str(BENCH))
+
+_environ = dict(os.environ)
+import scale_bench  # noqa: E402  (sets the admission limits it benchmarks without: undone below)
+os.environ.clear()
+os.environ.update(_environ)
+
+
+def cycle(t: float, wall: float, cpu: float, placed: int = 300) -> dict[str, float]:
+    return {"time": t, "partition": 0, "wall_ms": wall, "cpu_ms": cpu, "gc_ms": 0.0, "pending": 1000.0,
+            "placed": float(placed), "reasons_ms": 1.0}
+
+
+def test_the_first_cycle_is_reported_apart_from_the_p99_of_the_rest():
+    cycles = [cycle(100.0, 900.0, 400.0)] + [cycle(100.0 + i, 60.0 + i, 30.0) for i in range(1, 100)]
+    lines = scale_bench.cycle_report(cycles, longest=2).splitlines()
+    assert lines[0].startswith("placer cycles: 100, wall ms mean 118, p50 111, p99 900, max 900; CPU ms p50 30, "
+                               "p99 400;")
+    # the 99 after it: walls 61..159, nearest-rank p99 the 98th (0-based): 159; waited: 500, then 31..129
+    assert lines[1] == ("  the first cycle (cold) wall 900 ms, CPU 400; the 99 after it: wall p99 159, CPU p99 30; "
+                        "wall less CPU (the placer waiting for a core) p50 81 ms, p99 500")
+    assert lines[2].startswith("  at +0.0s: wall 900 ms, CPU 400")
+    assert lines[3].startswith("  at +99.0s: wall 159 ms")
+    assert len(lines) == 4
+
+
+def test_one_cycle_has_no_rest_to_report_apart():
+    lines = scale_bench.cycle_report([cycle(5.0, 70.0, 35.0)]).splitlines()
+    assert len(lines) == 2 and lines[1].startswith("  at +0.0s: wall 70 ms")
+
+
+def test_no_cycles():
+    assert scale_bench.cycle_report([]) == "placer cycles: none logged"
