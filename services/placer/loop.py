@@ -20,8 +20,8 @@ What keeps the cycles few and short in a burst (docs/benchmarks.md, scale_bench)
 from __future__ import annotations
 
 import math
+import os
 import time
-import uuid
 
 from gpusched.adapters import metrics, tracing
 from gpusched.adapters.gc_pacing import gc_paused
@@ -130,5 +130,7 @@ class PlacementDecider:
         pool = state.jobs[d.job_id].spec.pool
         attributes = {"gpusched.pool": pool, "gpusched.attempt": d.attempt, "gpusched.policy": d.policy}
         with tracing.job_span("place", d.job_id, attributes, link=cycle):
-            return (ev.JobPlaced(event_id=uuid.uuid4().hex, time=now, producer=self.me, job_id=d.job_id,
+            # 32 random hex digits as uuid4().hex, without building a UUID: a sixth of its
+            # CPU, paid for every placement inside the cycle's time.
+            return (ev.JobPlaced(event_id=os.urandom(16).hex(), time=now, producer=self.me, job_id=d.job_id,
                                  attempt=d.attempt, workers=d.workers, policy=d.policy), pool)

@@ -132,3 +132,13 @@ def test_the_gc_is_off_while_deciding_and_on_again_after():
     assert gc.isenabled()
     round_(log, decider, 100.0)
     assert scheduler.gc_on == [False] and gc.isenabled()
+
+
+def test_placements_carry_distinct_ids_of_32_hex_digits():
+    log = Log(make_node("n1", gpus=8), make_node("n2", gpus=8))
+    for i in range(16):
+        log(ev.JobSubmitted, job_id=f"j{i}", spec=make_spec(gpus=1))
+    decider, _ = decider_on(log)
+    ids = [e.event_id for e in round_(log, decider, 100.0) if type(e) is ev.JobPlaced]
+    assert len(ids) == 16 and len(set(ids)) == 16
+    assert all(len(i) == 32 and int(i, 16) >= 0 for i in ids)
