@@ -13,9 +13,15 @@ by their ``KIND_HEADER``) go to ``<prefix>usage`` instead, if they are about the
 topic they came on. What fails goes to the dead-letter topic with the reason; the relay
 goes on.
 
-Ordering: an agent reports only about what it saw in the log, so before checking a batch
-the relay waits until its fold covers the log as it was when the batch was read
-(``_fold_caught_up``): a WorkerStarted never meets a state without its JobPlaced.
+Ordering: an agent reports only about what it saw in the log, so before refusing a report
+the relay waits until its fold covers the log as it was when the report's batch was read
+(``_fold_caught_up``, one ListOffsets request for the batch) and checks it again: a
+WorkerStarted is never refused for a state without its JobPlaced. A report that passes on
+the fold as it is goes on without that wait: the check is about ownership only (a node's
+worker of an attempt, a registered node), which a later event never makes untrue of an
+earlier log, and whether the report is still current is the reducer's call once it is
+appended after everything before it. Reports on the jobs the fold already placed (the
+agents read them from work views written from this same fold) cost no request.
 
 At least once, idempotent: a batch's offsets are committed only after the pool log
 acknowledged every event of it. A relay killed before that leaves them uncommitted and
@@ -70,7 +76,7 @@ class Relay:
         self.publisher = publisher
         self.dead_letters = dead_letters
         self.name = name
-        self.counts = {"relayed": 0, "refused": 0, "seen": 0, "usage": 0, "commits": 0}
+        self.counts = {"relayed": 0, "refused": 0, "seen": 0, "usage": 0, "commits": 0, "end_asks": 0}
         self._bootstrap = bootstrap
         self._consumer: AIOKafkaConsumer | None = None
         # Asks the pool log's end offsets. A client of its own: on a connection that also
@@ -81,6 +87,7 @@ class Relay:
         self._committing: asyncio.Task | None = None   # commits what is relayed, one at a time
         self._uncommitted: dict[TopicPartition, int] = {}   # relayed, acknowledged, not committed
         self._committed_at = 0.0                           # time.monotonic() of the last commit
+        self._batch_covered = False   # the fold covers the log as it was when this batch was read
 
     async def start(self) -> None:
         self._consumer = AIOKafkaConsumer(
@@ -116,7 +123,6 @@ class Relay:
                 batches = await consumer.getmany(timeout_ms=200, max_records=MAX_RECORDS)
                 if not batches:
                     continue
-                await self._fold_caught_up()
                 await self._relay_batches(batches)
             except asyncio.CancelledError:
                 raise
@@ -130,6 +136,7 @@ class Relay:
     async def _fold_caught_up(self, timeout: float = 120.0) -> None:
         """Wait until the fold covers every partition of the pool log as it is now."""
         tps = [TopicPartition(self.topics.events, p) for p in self.follower.states]
+        self.counts["end_asks"] += 1
         for tp, end in (await self._ends.end_offsets(tps)).items():
             if end > 0:
                 await self.follower.wait_applied(Position(tp.partition, end - 1), timeout)
@@ -138,6 +145,7 @@ class Relay:
         """Relay every record fetched; once the pool log acknowledged every event appended,
         their offsets are committed (with those of the other batches of the interval)."""
         acks = []
+        self._batch_covered = False
         for tp, records in batches.items():
             host = node_of_topic(self.topics.prefix, tp.topic, HOST_REPORTS)
             node = "" if host else node_of_topic(self.topics.prefix, tp.topic)
@@ -174,6 +182,10 @@ class Relay:
         if (KIND_HEADER, USAGE_KIND) in (record.headers or ()):
             return await self._relay_usage(node, record)
         verdict = triage(node, record.value, self.follower.states, self.partitions)
+        if verdict.reason and not self._batch_covered:   # maybe the fold lags what the agent saw
+            await self._fold_caught_up()
+            self._batch_covered = True
+            verdict = triage(node, record.value, self.follower.states, self.partitions)
         if verdict.seen:
             self.counts["seen"] += 1   # relayed before a restart: already in the log
             return None
