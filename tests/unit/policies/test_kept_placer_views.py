@@ -9,6 +9,7 @@ from types import SimpleNamespace
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gpusched.core import events as ev
 from gpusched.core.digest import digest
 from gpusched.policies.placement.index import FreeIndex
 from gpusched.policies.placement.kept_index import KEPT
@@ -16,6 +17,7 @@ from gpusched.policies.placement.mig_index import MigIndex
 from gpusched.policies.placement.topology import GangCapacities
 from gpusched.policies.preemption.decisions import preemption_decisions, victims_for
 from gpusched.policies.preemption.victim_index import VictimIndex
+from tests.unit.core.builders import make_spec
 from tests.unit.policies.test_kept_index import contents, fresh_like
 from tests.unit.policies.test_kept_victims import _change
 from tests.unit.policies.test_preemption import BE, HI, NOW, Cluster
@@ -39,10 +41,15 @@ def assert_kept_as_fresh(views: dict, state) -> None:
 
 def a_cluster(data):
     """A pool packed with victims (``packed_cluster``), or one filled by the scheduler with
-    whole GPUs, shares and gangs on two GPU models (``busy_cluster``)."""
+    whole GPUs, shares and gangs on two GPU models (``busy_cluster``), with MIG slices
+    waiting (placed by the scheduler between rounds, or their victims found)."""
     if data.draw(st.booleans()):
         return packed_cluster(data)
     log, now = busy_cluster(data)
+    for k in range(data.draw(st.integers(0, 3))):
+        spec = make_spec(f"t{k % 2}", mig=data.draw(st.sampled_from(["1g", "3g", "7g"])), cpu=0, mem=0,
+                         name=f"m{k}", priority_class=data.draw(st.sampled_from([BE, HI])))
+        assert log(ev.JobSubmitted, job_id=f"m{k}", spec=spec, time=now).accepted
     return SimpleNamespace(log=log, state=log.state), now
 
 
