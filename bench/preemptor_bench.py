@@ -14,8 +14,9 @@ for the round as the preemptor service runs it; ``--gc-on`` leaves it on):
   (``tests/unit/policies/victim_search_oracle.py``): the first round, which builds the
   index, and then rounds after the changes a round brings (its decisions applied: victims
   preempted and requeued, beneficiaries nominated; 0.5 % of the running jobs checkpointed;
-  the clock 5 s on), where the index kept from the round before is brought in step (best
-  of ``--repeats`` such rounds);
+  the clock 5 s on), where the index kept from the round before, and the placer's views
+  kept beside it (free capacity: ``placer_views``), are brought in step (best of
+  ``--repeats`` such rounds);
 * in those rounds, the CPU of one decision's search (``find``, its mean over the rounds)
   and of the search that finds no victims (the 8-GPU job's), less what is built once per
   round and shown apart: the index of candidate victims (built, or brought in step), the
@@ -57,8 +58,10 @@ except ImportError:   # the code as it was before slot counts had a module of th
     from gpusched.policies.preemption.victim_index import SlotCounts  # type: ignore[no-redef]  # noqa: E402
 
 NOW = 10_000.0
-# Whether this code keeps its index between rounds (else every round builds one).
+# Whether this code keeps its index between rounds (else every round builds one), and
+# the placer's views beside it (else every round builds them).
 KEEPS = "victims" in inspect.signature(preemption_decisions).parameters
+KEEPS_VIEWS = "kept" in inspect.signature(preemption_decisions).parameters
 
 
 class Log:
@@ -211,6 +214,7 @@ def main() -> None:
 
     for n, log in logs.items():
         kept = VictimIndex() if KEEPS else None
+        views: dict | None = {} if KEEPS_VIEWS else None
         now = NOW
         for r in range(args.repeats + 1):
             row = "first" if r == 0 else "kept"
@@ -218,7 +222,8 @@ def main() -> None:
             with Timed(find_was) as timed_was:
                 t_was, want = cpu(lambda: scan.preemption_decisions(state, now))
             with Timed(find_is, *built) as timed_is:
-                t_is, got = cpu(lambda: preemption_decisions(state, now, victims=kept) if KEEPS
+                t_is, got = cpu(lambda: preemption_decisions(state, now, victims=kept, kept=views) if KEEPS_VIEWS
+                                else preemption_decisions(state, now, victims=kept) if KEEPS
                                 else preemption_decisions(state, now))
             assert got == want, (n, r)
             decided = got
@@ -235,7 +240,8 @@ def main() -> None:
                 keep((n, "defrag", "was"), t_was)
                 keep((n, "defrag", "is"), t_is)
             now = a_round_later(log, decided, now, r)
-    print(f"index kept between rounds: {KEEPS}; cyclic GC paused in rounds: {GC_PAUSED}")
+    print(f"index kept between rounds: {KEEPS}; placer's views kept: {KEEPS_VIEWS}; "
+          f"cyclic GC paused in rounds: {GC_PAUSED}")
     print(f"{'nodes':>6} {'':>40} {'as it was ms':>13} {'as it is ms':>12} {'ratio':>7}")
     rows = [("first", "preemption round, first"), ("kept", "preemption round, a round later"),
             ("search", "one decision's search"), ("none", "a search that finds none"),

@@ -73,9 +73,10 @@ class Situation:
     def __init__(self, state: ClusterState, now: float, supervision: SupervisionConfig,
                  preemption: Callable[[ClusterState], PreemptionConfig],
                  last_seen: Mapping[str, float] | None = None, since: float = 0.0, hearing: bool = False,
-                 victims: VictimIndex | None = None) -> None:
+                 victims: VictimIndex | None = None, kept: dict | None = None) -> None:
         self.state, self.now, self.supervision = state, now, supervision
         self.victims = victims      # candidate victims kept between calls on this state, if any
+        self.kept = kept            # the placer's views kept likewise (``placer_views``), if any
         self._preemption = preemption
         self.last_seen = last_seen if last_seen is not None else {}
         self.since = since          # when listening began: a node never heard gets that long
@@ -111,7 +112,7 @@ def judge_attempts(s: Situation) -> list[Proposal]:
 
 
 def preempt(s: Situation) -> list[Proposal]:
-    return list(preemption_decisions(s.state, s.now, s.preemption, victims=s.victims))
+    return list(preemption_decisions(s.state, s.now, s.preemption, victims=s.victims, kept=s.kept))
 
 
 def defrag(s: Situation) -> list[Proposal]:

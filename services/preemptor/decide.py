@@ -36,14 +36,19 @@ class PreemptorDecider:
         # Each partition's candidate victims, kept between rounds: brought in step with
         # what changed rather than listed afresh (``victim_index``).
         self.victims: dict[int, VictimIndex] = {}
+        # And beside them the placer's views of each partition's nodes (free capacity),
+        # kept likewise (``placer_views``).
+        self.kept: dict[int, dict] = {}
 
     def revoked(self, partitions: Iterable[int]) -> None:
         """Partitions this preemptor no longer owns (its consumer group gave them to
         another): their kept indexes go with them, else each holds a pool's candidate
-        victims (and the state they read) until the process ends. A partition assigned
-        again is replayed into a new state, which an index would rebuild from anyway."""
+        victims and free capacity (and the state they read) until the process ends. A
+        partition assigned again is replayed into a new state, which an index would
+        rebuild from anyway."""
         for partition in partitions:
             self.victims.pop(partition, None)
+            self.kept.pop(partition, None)
 
     def _config(self, state: ClusterState) -> PreemptionConfig:
         """The preemption settings with the quotas of the log at this state's position."""
@@ -75,7 +80,8 @@ class PreemptorDecider:
         last_seen, since, hearing = self.heard(now)
         situation = Situation(state, now, self.supervision, self._config,
                               self._with_unheard(state, last_seen, now), since, hearing,
-                              self.victims.setdefault(partition, VictimIndex()))
+                              self.victims.setdefault(partition, VictimIndex()),
+                              self.kept.setdefault(partition, {}))
         return [out for p in run_actions(self.actions, situation) for out in self._events(state, p, now)]
 
     def _events(self, state: ClusterState, proposal: Proposal, now: float) -> list[tuple[ev.Event, str]]:

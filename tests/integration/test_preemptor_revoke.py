@@ -1,6 +1,7 @@
-"""The preemptor drops what it kept for a partition its consumer group takes away: the
-revoke hook ``gpusched-preemptor`` hands its follower (``gpusched_preemptor.main.revoked``),
-driven by a real rebalance on the broker."""
+"""The preemptor drops what it kept for a partition its consumer group takes away (its
+index of candidate victims and the placer's views beside it): the revoke hook
+``gpusched-preemptor`` hands its follower (``gpusched_preemptor.main.revoked``), driven by
+a real rebalance on the broker."""
 from __future__ import annotations
 
 import asyncio
@@ -14,7 +15,7 @@ from gpusched_preemptor.decide import PreemptorDecider
 from gpusched_preemptor.main import revoked
 
 
-async def test_a_partition_the_group_takes_away_loses_its_kept_victim_index(kafka_bootstrap, topics):
+async def test_a_partition_the_group_takes_away_loses_its_kept_indexes(kafka_bootstrap, topics):
     publisher = EventPublisher(kafka_bootstrap, topics, 4)
     await publisher.start()
     group = f"{topics.prefix}preemptor"
@@ -38,12 +39,12 @@ async def test_a_partition_the_group_takes_away_loses_its_kept_victim_index(kafk
         assert owned == {0, 1, 2, 3}
         for partition, state in a.states.items():    # a round on each: an index kept for each
             decider(partition, state, 1000.0)
-        assert set(decider.victims) == owned
+        assert set(decider.victims) == set(decider.kept) == owned
         await b.start()                               # the group rebalances: a gives some up
         await asyncio.wait_for(b_owns.wait(), 60)
         gone = set(b.states)
-        assert gone and not gone & set(decider.victims)   # b's partitions: a keeps nothing of them
-        assert set(decider.victims) <= set(a.states)
+        assert gone and not gone & (set(decider.victims) | set(decider.kept))   # b's: a keeps nothing of them
+        assert set(decider.victims) | set(decider.kept) <= set(a.states)
     finally:
         await asyncio.gather(a.stop(), b.stop())
         await publisher.stop()

@@ -57,12 +57,13 @@ def preemption_events(state: ClusterState, decision: Preemption, now: float,
 # --- public entry points ------------------------------------------------------------------
 def victims_for(state: ClusterState, job: JobState, now: float,
                 config: PreemptionConfig = PreemptionConfig(),
-                victims: VictimIndex | None = None) -> tuple[str, ...] | None:
+                victims: VictimIndex | None = None, kept: dict | None = None) -> tuple[str, ...] | None:
     """The cheapest set of running jobs to preempt so ``job`` becomes placeable: ``()`` when
     it is placeable already, ``None`` when no set of eligible victims makes it placeable.
     ``victims``: the caller's kept index of candidate victims (the preemptor's, of this
-    state), brought in step here rather than one built for the question."""
-    ctx = SearchContext(state, now, config, victims)
+    state), brought in step here rather than one built for the question; ``kept``: its
+    placer views likewise (``placer_views``)."""
+    ctx = SearchContext(state, now, config, victims, kept)
     with ctx.tentative() as scratch:
         found = ctx.find(job, scratch)
     if found is None:
@@ -119,7 +120,8 @@ def why_no_victims(state: ClusterState, job: JobState, now: float,
 
 def preemption_decisions(state: ClusterState, now: float,
                          config: PreemptionConfig = PreemptionConfig(),
-                         limit: int = 8, victims: VictimIndex | None = None) -> list[Preemption]:
+                         limit: int = 8, victims: VictimIndex | None = None,
+                         kept: dict | None = None) -> list[Preemption]:
     """Preemptions for the pending jobs the scheduler cannot place, highest priority first.
 
     Pending jobs are walked in priority order (then submission order). One that fits now
@@ -129,10 +131,11 @@ def preemption_decisions(state: ClusterState, now: float,
     cheapest victims are chosen, released and the job booked, all tentatively — so two
     decisions of one call never share victims or count the same freed GPUs twice. The
     state is left exactly as it was. ``victims``: the index of candidate victims kept
-    from the caller's last call on this state (``victim_index``), brought in step here."""
+    from the caller's last call on this state (``victim_index``), brought in step here;
+    ``kept``: the placer's views kept likewise, in the caller's dict (``placer_views``)."""
     if not state.pending:   # the common case of a quiet cluster, every round: nothing to search
         return []
-    ctx = SearchContext(state, now, config, victims)
+    ctx = SearchContext(state, now, config, victims, kept)
     out: list[Preemption] = []
     failed: set[tuple] = set()        # shapes no victim set helps, this call
     unplaceable: set[tuple] = set()   # shapes that do not fit as is, since the last booking

@@ -58,7 +58,7 @@ from typing import Callable, Iterable, Iterator, Mapping, Sequence
 from gpusched.core.model import JobPhase, WorkerAssignment
 from gpusched.core.priority import priority_value
 from gpusched.core.state import ClusterState, JobState, NodeState
-from gpusched.policies.placement.gang import Placement, place_gang
+from gpusched.policies.placement.gang import Placement
 from gpusched.policies.placement.registry import PLACEMENTS, make_placement
 from gpusched.policies.queueing.quota import QueueTree, claims_guarantee
 from gpusched.policies.statement import NodeView, Statement, tentative
@@ -66,6 +66,7 @@ from gpusched.policies.preemption.protection import (
     Shield, budget_spent, exempt_s, lost_gpu_s, reclaimed_within, running_since)
 from gpusched.policies.preemption.borrowing import TeamLedger
 from gpusched.policies.preemption.indexed_search import IndexedSearch
+from gpusched.policies.preemption.placer_views import PlacerViews
 from gpusched.policies.preemption.slot_counts import ScratchChanges, SlotCounts
 from gpusched.policies.preemption.victim_index import VictimIndex
 
@@ -139,10 +140,11 @@ class Found:
 class SearchContext:
     """One call's view: eligibility, borrowing, projected usage and the victim search.
     ``victims``: the index of candidate victims kept from the caller's last call (brought
-    in step on first use); None: one built for this call."""
+    in step on first use); None: one built for this call. ``kept``: the caller's dict of
+    placer views kept between calls on this state (``placer_views``); None: built for it."""
 
     def __init__(self, state: ClusterState, now: float, config: PreemptionConfig,
-                 victims: VictimIndex | None = None) -> None:
+                 victims: VictimIndex | None = None, kept: dict | None = None) -> None:
         self.state, self.now, self.config = state, now, config
         self.score: Placement = make_placement(config.placement)
         self.taken: set[str] = set()               # victims chosen earlier in this call
@@ -151,30 +153,29 @@ class SearchContext:
         self._ledger: TeamLedger | None = None     # teams' usage and borrowing, built on first use
         self._kept, self._index = victims, None    # candidate victims, in step on first use
         self.in_flight = self._in_flight()
-        # The placer's statement and views (free-capacity indexes), kept for the whole
-        # call while a scratch is watched (``tentative``); None: built afresh per job.
-        self._placer: Statement | None = None
+        # The placer's views (free-capacity indexes), held for the whole call while a
+        # scratch is watched (``tentative``), and between calls in ``kept`` if given.
         self._touched = ScratchChanges()
+        self._placer = PlacerViews(state, self._touched, kept)
 
     @contextmanager
     def tentative(self) -> Iterator[Statement]:
         """The call's scratch statement (``statement.tentative``), watched: the placer's
         views are built once for the call and told of the nodes the scratch changes
         (bookings, released victims), rather than rebuilt from every node of the pool for
-        each pending job ``place`` is asked about. A kept index of victims is brought in
-        step first: it must never take a tentative booking for the state's own."""
+        each pending job ``place`` is asked about (``placer_views``). A kept index of
+        victims is brought in step first: it must never take a tentative booking for the
+        state's own."""
         if self._kept is not None:
             self.victim_index()
         try:
             with tentative(self.state) as scratch:
                 scratch.views[ScratchChanges] = self._touched
-                self._placer = Statement(ClusterState(nodes=self.state.nodes))
+                self._placer.open()
                 try:
                     yield scratch
                 finally:
                     self._placer.close()
-                    self._placer = None
-                    self._touched.names.clear()
         finally:   # the scratch undone: the index's kept slot counts count its nodes again
             if self._index is not None:
                 self._index.count_again(self._touched.ever)
@@ -304,40 +305,12 @@ class SearchContext:
     # --- placement --------------------------------------------------------------------------
     def place(self, job: JobState) -> tuple[WorkerAssignment, ...] | None:
         """Where the placer would put ``job`` on the state as it is now (booked or not)."""
-        # The nodes shared (so tentative releases show), the usage table private (so its
-        # own tentative bookings never touch the state's): all place_gang reads.
-        placer = self._placer
-        if placer is None:   # no watched scratch: nothing would tell kept views of changes
-            view = ClusterState(nodes=self.state.nodes)
-            with tentative(view) as statement:
-                return place_gang(view, job, self.score, statement)
-        self._catch_up(placer)
-        mark = placer.checkpoint()
-        try:
-            return place_gang(placer.state, job, self.score, placer)
-        finally:
-            placer.rollback(mark)
+        return self._placer.place(job, self.score)
 
     def kept_view(self, key: object, build: Callable[[Mapping[str, NodeState]], NodeView]) -> NodeView | None:
-        """A view of the nodes kept for the call beside the placer's (built by ``build`` on
-        first use, told of the scratch's changes); None without a watched scratch."""
-        placer = self._placer
-        if placer is None:
-            return None
-        self._catch_up(placer)
-        view = placer.views.get(key)
-        if view is None:
-            view = placer.views[key] = build(self.state.nodes)
-        return view
-
-    def _catch_up(self, placer: Statement) -> None:
-        """Tell the kept views of the nodes the scratch changed since they last heard."""
-        touched = self._touched.names
-        if touched and placer.views:
-            names = tuple(touched)
-            for kept in placer.views.values():
-                kept.touch(names)
-        touched.clear()
+        """A view of the nodes kept for the call beside the placer's (``PlacerViews.view``);
+        None without a watched scratch."""
+        return self._placer.view(key, build)
 
     def shape(self, job: JobState) -> tuple:
         spec = job.spec

@@ -1,0 +1,91 @@
+"""The placer's views of the nodes in one preemption call, and, where the caller keeps
+them, between calls.
+
+A call asks where the placer would put each pending job it examines (``place_gang``),
+on the state as the call's scratch statement left it. The placer reads the pool through
+views (``FreeIndex``, ``MigIndex``, gang capacities: ``Statement.views``), which cost a
+read of every node of the pool to build. ``PlacerViews`` holds them for the call on a
+statement of their own (the scratch's bookings and releases show through the shared
+nodes; a placement tried is rolled back on it) and tells them, before each question, of
+the nodes the scratch changed since the last (``ScratchChanges``).
+
+The preemptor keeps them between rounds as the placer keeps its own between cycles
+(``kept_index``, in the caller's ``kept`` dict, per partition): at the call's start,
+while the nodes are the log's, the kept views are brought in step with the reducer's
+journal and with the nodes the last call's scratch changed (undone since: every node it
+ever changed is noted at the end of the call); a node change, an overrun journal or
+another state drops them. So at each call's start a kept view is what a fresh build
+from the state would be, and the call decides as one without it
+(``tests/unit/policies/test_kept_placer_views.py``).
+"""
+from __future__ import annotations
+
+from typing import Callable, Mapping
+
+from gpusched.core.model import WorkerAssignment
+from gpusched.core.state import ClusterState, JobState, NodeState
+from gpusched.policies.placement.gang import Placement, place_gang
+from gpusched.policies.placement.kept_index import KEPT, install
+from gpusched.policies.preemption.slot_counts import ScratchChanges
+from gpusched.policies.statement import NodeView, Statement, tentative
+
+
+class PlacerViews:
+    """The placer's statement and views of one call on ``state``; ``kept``: the caller's
+    dict that keeps them between calls on this state (None: built for the call)."""
+
+    def __init__(self, state: ClusterState, touched: ScratchChanges, kept: dict | None = None) -> None:
+        self.state, self.touched, self.kept = state, touched, kept
+        self.statement: Statement | None = None
+
+    def open(self) -> None:
+        """Call while the nodes are the log's (the scratch has changed nothing yet)."""
+        # The nodes shared (so tentative releases show), the usage table private (so its
+        # own tentative bookings never touch the state's): all place_gang reads.
+        statement = self.statement = Statement(ClusterState(nodes=self.state.nodes))
+        if self.kept is not None:
+            install(self.kept, self.state, statement)
+
+    def close(self) -> None:
+        statement, self.statement = self.statement, None
+        if statement is not None:
+            statement.close()
+        kept = self.kept.get(KEPT) if self.kept is not None else None
+        if kept is not None:   # every node the scratch changed, undone since: looked at again
+            kept.touch(self.touched.ever)
+        self.touched.names.clear()
+
+    def place(self, job: JobState, score: Placement) -> tuple[WorkerAssignment, ...] | None:
+        """Where the placer would put ``job`` on the nodes as they are now."""
+        placer = self.statement
+        if placer is None:   # no call open: nothing would tell kept views of changes
+            view = ClusterState(nodes=self.state.nodes)
+            with tentative(view) as statement:
+                return place_gang(view, job, score, statement)
+        self._catch_up(placer)
+        mark = placer.checkpoint()
+        try:
+            return place_gang(placer.state, job, score, placer)
+        finally:
+            placer.rollback(mark)
+
+    def view(self, key: object, build: Callable[[Mapping[str, NodeState]], NodeView]) -> NodeView | None:
+        """A view of the nodes for the call beside the placer's (built by ``build`` on first
+        use, told of the scratch's changes); None with no call open."""
+        placer = self.statement
+        if placer is None:
+            return None
+        self._catch_up(placer)
+        view = placer.views.get(key)
+        if view is None:
+            view = placer.views[key] = build(self.state.nodes)
+        return view
+
+    def _catch_up(self, placer: Statement) -> None:
+        """Tell the views of the nodes the scratch changed since they last heard."""
+        touched = self.touched.names
+        if touched and placer.views:
+            names = tuple(touched)
+            for kept in placer.views.values():
+                kept.touch(names)
+        touched.clear()
