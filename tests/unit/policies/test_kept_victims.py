@@ -216,7 +216,7 @@ def test_the_preemptor_keeps_one_index_per_partition_between_rounds():
     decider = PreemptorDecider("me", oracle.PreemptionConfig(), SupervisionConfig(), lambda now: ({}, 0.0, False))
     assert [e.job_id for e, _ in decider(0, c.state, NOW)] == ["r"]
     index = decider.victims[0]
-    assert index.state is c.state and index.now == NOW
+    assert index.journal.state is c.state and index.now == NOW
     decider(0, c.state, NOW + 1)
     assert decider.victims[0] is index and index.now == NOW + 1
 
