@@ -10,25 +10,23 @@ None when the kept structure must be rebuilt: another state, a node change
 from __future__ import annotations
 
 from gpusched.core.state import ClusterState
+from gpusched.policies.journal_cursor import JournalCursor
 
 
 class TouchedNodes:
-    __slots__ = ("state", "version", "read", "held_on")
+    __slots__ = ("journal", "held_on")
 
     def __init__(self) -> None:
-        self.state: ClusterState | None = None
-        self.version = -1
-        self.read = 0
+        self.journal = JournalCursor()
         self.held_on: dict[str, set[str]] = {}   # job -> the nodes its workers held when last looked at
 
     def since_last(self, state: ClusterState) -> set[str] | None:
         """The nodes to look at again since the last call, or None (then this reader has
         started over from ``state``: rebuild from it)."""
-        changes = state.changes_since(self.read)
-        if state is not self.state or state.nodes_version != self.version or changes is None:
+        changes = self.journal.read(state)
+        if changes is None:
             self._start(state)
             return None
-        self.read = state.changes_end()
         nodes, jobs, held_on = state.nodes, state.jobs, self.held_on
         touched: set[str] = set()
         for job_id in dict.fromkeys(changes):
@@ -42,7 +40,6 @@ class TouchedNodes:
         return touched
 
     def _start(self, state: ClusterState) -> None:
-        self.state, self.version, self.read = state, state.nodes_version, state.changes_end()
         held_on: dict[str, set[str]] = {}
         for node in state.nodes.values():
             for job_id in node.jobs:

@@ -22,6 +22,7 @@ from typing import Iterable, Mapping
 
 from gpusched.core.state import ClusterState, JobState
 from gpusched.policies.gpu_fit import StateLike
+from gpusched.policies.journal_cursor import JournalCursor
 from gpusched.policies.placement.frag_rows import RowScorer
 from gpusched.policies.placement.frag_view import Shape, WasteTable, compile_mix
 from gpusched.policies.placement.kept_index import KEPT, view
@@ -92,13 +93,11 @@ class KeptMix:
     placement indexes): the nodes a statement touches change no count, so ``touch`` is
     nothing."""
 
-    __slots__ = ("pool", "state", "version", "read", "raw", "counted")
+    __slots__ = ("pool", "journal", "raw", "counted")
 
     def __init__(self, pool: str) -> None:
         self.pool = pool
-        self.state: ClusterState | None = None
-        self.version = -1
-        self.read = 0
+        self.journal = JournalCursor()
         self.raw: Counter[Fields] = Counter()
         self.counted: dict[str, tuple[Fields, int]] = {}   # job -> (its fields, its workers) counted
 
@@ -108,11 +107,10 @@ class KeptMix:
     def counts(self, state: ClusterState) -> Counter[Fields]:
         """``raw_counts(state, pool)``: call while ``state`` is the log's (no tentative
         change made yet), as a cycle's start is."""
-        changes = state.changes_since(self.read)
-        if state is not self.state or state.nodes_version != self.version or changes is None:
+        changes = self.journal.read(state)
+        if changes is None:
             self._start(state)
         else:
-            self.read = state.changes_end()
             for job_id in dict.fromkeys(changes):
                 self._recount(state, job_id)
         return self.raw
@@ -143,7 +141,6 @@ class KeptMix:
                    for w in job.workers if w.node in nodes)
 
     def _start(self, state: ClusterState) -> None:
-        self.state, self.version, self.read = state, state.nodes_version, state.changes_end()
         jobs, pool = state.jobs, self.pool
         counted: dict[str, tuple[Fields, int]] = {}
         for job in map(jobs.get, counted_ids(state, pool)):

@@ -47,6 +47,7 @@ from typing import Iterable, Iterator
 from gpusched.core.model import JobPhase
 from gpusched.core.priority import PRIORITY_CLASSES, priority_value
 from gpusched.core.state import ClusterState, JobState, NodeState
+from gpusched.policies.journal_cursor import JournalCursor
 from gpusched.policies.preemption.borrowing import TeamRanking
 from gpusched.policies.preemption.freeable import CLASSES, MostFreeable, freeable_vector
 from gpusched.policies.preemption.protection import budget_spent, lost_gpu_s, reclaimed_within, running_since
@@ -87,12 +88,11 @@ class VictimIndex:
     """Candidate victims of every pool of one state, kept between rounds (see the module doc)."""
 
     def __init__(self) -> None:
-        self.state: ClusterState | None = None
-        self._reset(None, None, -math.inf)
+        self.journal = JournalCursor()   # the state indexed, its journal read up to where
+        self._reset(None, -math.inf)
 
-    def _reset(self, state, config, now: float) -> None:
-        self.state, self.config, self.now = state, config, now
-        self._read, self._nodes_version = -1, -1   # the journal read so far, the nodes' version seen
+    def _reset(self, config, now: float) -> None:
+        self.config, self.now = config, now
         self._rules = _rules(config) if config is not None else None
         self._nodes: dict[str, tuple] = {}   # node -> what it was (``_looks``)
         self._slots: dict[tuple, SlotCounts] = {}   # job shape -> its worker slots
@@ -132,7 +132,7 @@ class VictimIndex:
         most = self._freeable.most(pool, mine, reclaim)
         if most is None:
             return None
-        nodes = self.state.nodes if self.state is not None else {}
+        nodes = self.journal.state.nodes if self.journal.state is not None else {}
         return max(most, max((len(nodes[name].gpus) for name in changed if name in nodes), default=0))
 
     def slot_counts(self, shape: tuple, changed: Iterable[str]) -> SlotCounts:
@@ -141,7 +141,7 @@ class VictimIndex:
         counts = self._slots.get(shape)
         if counts is None:
             _, pool, res, workers = shape
-            counts = self._slots[shape] = SlotCounts(self.state.nodes, pool, res, workers)
+            counts = self._slots[shape] = SlotCounts(self.journal.state.nodes, pool, res, workers)
         else:
             counts.touch(changed)
         return counts
@@ -163,17 +163,17 @@ class VictimIndex:
     def refresh(self, state: ClusterState, now: float, config) -> "VictimIndex":
         """Bring the index in step with ``state`` at ``now`` under ``config`` (the round's
         ``PreemptionConfig``)."""
-        journalled = state.changes_since(self._read) if state is self.state else None
+        nodes_moved = self.journal.nodes_moved(state)
+        journalled = self.journal.read(state, nodes=False)   # None: another state, or overrun
         if journalled is None or now < self.now or _rules(config) != self._rules:
-            self._reset(state, config, now)
+            self._reset(config, now)
             relist: set[str] = set(state.nodes)
             fresh = True
         else:
             self.config, self.now, fresh = config, now, False
             relist = self._journalled_nodes(state, journalled)
-            if state.nodes_version != self._nodes_version:
+            if nodes_moved:
                 relist |= self._changed_nodes(state)
-        self._read, self._nodes_version = state.changes_end(), state.nodes_version
         self._come_due(now, relist)
         self._relist(relist, state, fresh)
         for counts in self._slots.values():
@@ -274,7 +274,7 @@ class VictimIndex:
     def _come_due(self, now: float, relist: set[str]) -> None:
         """List the jobs whose exempt time or reclaim window ended by ``now``."""
         waiting, early = self._waiting, []
-        config, jobs = self.config, self.state.jobs
+        config, jobs = self.config, self.journal.state.jobs
         while waiting and waiting[0][0] <= now + _SLACK_S:
             entry = heapq.heappop(waiting)
             _, stamp, jid, kind = entry

@@ -36,6 +36,7 @@ from typing import AbstractSet, Iterable, Iterator, Mapping
 
 from gpusched.core.priority import priority_value
 from gpusched.core.state import ClusterState, JobState
+from gpusched.policies.journal_cursor import JournalCursor
 from gpusched.policies.queueing.cursor import JobTestCursor
 from gpusched.policies.queueing.shares import (
     QueueContext, Vector, _Projection, cluster_capacity, is_aged, job_demand,
@@ -52,17 +53,16 @@ class TeamQueues:
     queue is dropped from ``_members`` at once and from the lists lazily, and an entry left
     behind never comes back to life if the job returns (it gets a new one)."""
 
-    __slots__ = ("_state", "_jobs", "_aging_s", "_now", "_watermark", "_members", "_aged", "_young",
+    __slots__ = ("_journal", "_jobs", "_aging_s", "_now", "_watermark", "_members", "_aged", "_young",
                  "_ageing", "_dead", "_rank", "_ready_only", "_shape_of", "_census", "_prefix", "cursor", "jump",
-                 "_read", "_capacity")
+                 "_capacity")
 
     def __init__(self) -> None:
-        self._state: ClusterState | None = None
+        self._journal = JournalCursor()           # the state synced, its journal read up to where
         self._jobs: Mapping[str, JobState] = {}
         self._aging_s = math.inf
         self._now = -math.inf
         self._watermark = 0                       # state.next_seq at the last sync
-        self._read = 0                            # state.changes_end() at the last sync
         self._capacity: tuple[int, Vector] | None = None   # (state.nodes_version, cluster_capacity)
         self._members: dict[str, tuple] = {}      # job id -> its live entry
         self._aged: dict[str, list] = {}          # team -> [(seq, job id)], ascending
@@ -86,7 +86,7 @@ class TeamQueues:
         """Exactly ``jobs`` (in the caller's order, which ranks the teams), whatever their
         readiness: ``fair_share``'s input."""
         listed = {job.job_id: job for job in jobs}
-        self._reset(None, listed, now, aging_s)
+        self._reset(listed, now, aging_s)
         self._rank = {}
         for job in listed.values():
             self._rank.setdefault(job.team, len(self._rank))
@@ -95,10 +95,11 @@ class TeamQueues:
 
     def sync(self, state: ClusterState, now: float, aging_s: float) -> None:
         """Bring the queues in step with ``state.pending`` at ``now``."""
-        if state is not self._state or aging_s != self._aging_s or now < self._now:
-            self._reset(state, state.jobs, now, aging_s)   # a new state, or time went back: start over
+        if state is not self._journal.state or aging_s != self._aging_s or now < self._now:
+            self._reset(state.jobs, now, aging_s)   # a new state, or time went back: start over
             self._insert(state.jobs[j] for j in state.pending)
-            self._watermark, self._read = state.next_seq, state.changes_end()
+            self._watermark = state.next_seq
+            self._journal.start(state)
             return
         pending, members, jobs = state.pending, self._members, state.jobs
         gone, new = self._moved(state)
@@ -136,8 +137,7 @@ class TeamQueues:
         ms at 50,000 waiting). Where the journal was overrun, or the counts disagree
         after it (a state changed by other means than the reducer), the whole queue."""
         pending, members = state.pending, self._members
-        changes = state.changes_since(self._read)
-        self._read = state.changes_end()
+        changes = self._journal.read(state, nodes=False)   # None: overrun
         if changes is not None:
             changed = dict.fromkeys(changes)
             gone = [j for j in changed if j in members and j not in pending]
@@ -146,8 +146,9 @@ class TeamQueues:
                 return gone, new
         return members.keys() - pending.keys(), pending.keys() - members.keys()
 
-    def _reset(self, state: ClusterState | None, jobs: Mapping[str, JobState], now: float, aging_s: float) -> None:
-        self._state, self._jobs, self._aging_s, self._now = state, jobs, aging_s, now
+    def _reset(self, jobs: Mapping[str, JobState], now: float, aging_s: float) -> None:
+        self._jobs, self._aging_s, self._now = jobs, aging_s, now
+        self._journal.forget()
         self._members, self._aged, self._young, self._ageing = {}, {}, {}, []
         self._dead, self._rank, self._ready_only = 0, None, True
         self._shape_of, self._census = {}, {}
@@ -167,7 +168,7 @@ class TeamQueues:
         only their status, GPUs' health and CPU and memory, each change of which bumps
         ``nodes_version`` (the reducer's; a cycle's statement changes them only
         tentatively, after the order's projection read this)."""
-        if state is not self._state:
+        if state is not self._journal.state:
             return cluster_capacity(state)
         kept = self._capacity
         if kept is None or kept[0] != state.nodes_version:

@@ -35,6 +35,7 @@ from typing import AbstractSet, Callable
 
 from gpusched.core.model import JobPhase
 from gpusched.core.state import ClusterState, JobState, NodeState
+from gpusched.policies.journal_cursor import JournalCursor
 from gpusched.policies.reservation.ends import EndIndex
 
 _PREEMPTING, _STOPPING, _RUNNING, _PLACED = JobPhase.PREEMPTING, JobPhase.STOPPING, JobPhase.RUNNING, JobPhase.PLACED
@@ -72,10 +73,11 @@ def _signature(holder: JobState) -> tuple:
 class KeptEnds:
     """One pool's ends, kept for one state between cycles (by ``QueueKeys.ends``)."""
 
-    __slots__ = ("state", "setting", "index", "nodes", "jobs", "number", "now", "read", "nodes_version")
+    __slots__ = ("journal", "setting", "index", "nodes", "jobs", "number", "now")
 
     def __init__(self) -> None:
-        self.state: ClusterState | None = None
+        # The state kept for, and where its journal was read up to (``_compare_changed``).
+        self.journal = JournalCursor()
         self.setting: object = None
         self.index: EndIndex | None = None
         # node -> (its state, its info, its job set, the jobs it has entries for)
@@ -83,21 +85,18 @@ class KeptEnds:
         self.jobs: dict[str, tuple[JobState, tuple]] = {}   # job on the pool's nodes -> (state, signature)
         self.number = 0
         self.now = -math.inf   # the latest cycle's: ends before it are overdue
-        # Where the state's journal of changed jobs was read up to, and its count of node
-        # changes then (``_compare_changed``).
-        self.read = 0
-        self.nodes_version = -1
 
     def current(self, state: ClusterState, pool: str, now: float, estimate, setting: object) -> EndIndex:
         """The index of ``pool``'s ends in ``state``, for this cycle's sweeps.
         ``setting``: what ``estimate`` reads besides the job (compared, not interpreted)."""
         try:
-            if state is not self.state or setting != self.setting or self.index is None or now < self.now:
+            if state is not self.journal.state or setting != self.setting or self.index is None or now < self.now:
                 self._rebuild(state, pool, estimate, setting)
             else:
                 self._refresh(state, pool, estimate)
         except _Unkeepable:
-            self.state = self.index = None
+            self.journal.forget()
+            self.index = None
             return EndIndex(state, pool, now, estimate)
         self.now = now
         self._move_overdue(now)
@@ -127,8 +126,8 @@ class KeptEnds:
                 insort(index.overdue, entry, key=_node_order)
 
     def _rebuild(self, state: ClusterState, pool: str, estimate, setting: object) -> None:
-        self.state, self.setting = state, setting
-        self.read, self.nodes_version = state.changes_end(), state.nodes_version
+        self.journal.start(state)
+        self.setting = setting
         index = EndIndex.__new__(EndIndex)
         index.heap, index.live, index.overdue = [], {}, []
         self.index, self.nodes, self.jobs = index, {}, {}
@@ -138,12 +137,11 @@ class KeptEnds:
         heapq.heapify(index.heap)
 
     def _refresh(self, state: ClusterState, pool: str, estimate) -> None:
-        changes = state.changes_since(self.read)
-        if changes is None or state.nodes_version != self.nodes_version:
+        changes = self.journal.read(state)   # None: overrun, or a node changed
+        if changes is None:
             dirty, changed = self._compare_all(state, pool)
         else:
             dirty, changed = self._compare_changed(state, pool, changes)
-        self.read, self.nodes_version = state.changes_end(), state.nodes_version
         jobs = self.jobs
         for job_id, holder, signature in changed:
             # Listed again with the nodes that hold it now, if any does.
@@ -226,7 +224,7 @@ class KeptEnds:
     def _list(self, node: NodeState, estimate, out: list, same: AbstractSet[str] = frozenset()) -> None:
         """Append ``node``'s ends to ``out`` and record them live (as ``EndIndex`` lists
         them), but for the jobs in ``same``, whose live entries stand."""
-        jobs, live, name, inf = self.state.jobs, self.index.live, node.name, math.inf
+        jobs, live, name, inf = self.journal.state.jobs, self.index.live, node.name, math.inf
         members = frozenset(node.jobs)
         listed = []
         for job_id in members:

@@ -216,7 +216,7 @@ def test_the_preemptor_keeps_one_index_per_partition_between_rounds():
     decider = PreemptorDecider("me", oracle.PreemptionConfig(), SupervisionConfig(), lambda now: ({}, 0.0, False))
     assert [e.job_id for e, _ in decider(0, c.state, NOW)] == ["r"]
     index = decider.victims[0]
-    assert index.state is c.state and index.now == NOW
+    assert index.journal.state is c.state and index.now == NOW
     decider(0, c.state, NOW + 1)
     assert decider.victims[0] is index and index.now == NOW + 1
 
@@ -257,3 +257,17 @@ def test_the_preemptor_s_round_runs_with_the_cyclic_gc_paused():
     assert gc.isenabled()
     decider(0, Cluster(nodes=1, gpus=1).state, NOW)
     assert seen == [False] and gc.isenabled()
+
+
+def test_an_index_kept_for_one_state_is_not_read_for_another():
+    """Positions in a journal hold for that state only: another state whose journal is
+    longer would otherwise be read from the first one's position on."""
+    config, kept = oracle.PreemptionConfig(), VictimIndex()
+    one, other = Cluster(nodes=1, gpus=2), Cluster(nodes=1, gpus=2)
+    one.running("a", ("n1", (0,)), started=NOW - 1000, priority_class=BE)
+    other.running("b", ("n1", (0,)), started=NOW - 1000, priority_class=BE)
+    other.running("c", ("n1", (1,)), started=NOW - 1000, priority_class=BE)
+    assert other.state.changes_end() > one.state.changes_end()
+    kept.refresh(one.state, NOW, config)
+    assert reading(kept.refresh(other.state, NOW, config), other.state) \
+        == reading(VictimIndex().refresh(other.state, NOW, config), other.state)

@@ -1,0 +1,130 @@
+"""The reader's place in the reducer's journal (``policies.journal_cursor.JournalCursor``)
+against a model that remembers what was journalled since the last read: after random
+appends, overruns (the older entries dropped), node changes, restored and other states,
+a read answers exactly the jobs journalled since, or None exactly when it must."""
+from __future__ import annotations
+
+from hypothesis import given, settings, strategies as st
+
+from gpusched.core.reducer import note_changes
+from gpusched.core.state import ClusterState
+from gpusched.policies.journal_cursor import JournalCursor
+
+# (what happens, a number it takes), changes within one state drawn more often:
+# append 1 + n % 4 entries; drop the oldest 1 + n (as ``note_changes`` drops); a node
+# changed; the state restored (a new object, its journal's end); another state with n
+# entries; a read (n even: a node change is a rebuild too); start; forget.
+KINDS = ("append",) * 3 + ("drop",) * 2 + ("read",) * 3 + ("nodes", "restore", "other", "start", "forget")
+step = st.tuples(st.sampled_from(KINDS), st.integers(0, 7))
+
+
+class Model:
+    """What a read must answer: the state last read, and since then the jobs journalled to
+    it, whether any of them was dropped unread, whether a node changed."""
+
+    def __init__(self) -> None:
+        self.state: ClusterState | None = None
+        self.unread: list[str] = []
+        self.lost = self.moved = False
+
+    def start(self, state: ClusterState | None) -> None:
+        self.state, self.unread, self.lost, self.moved = state, [], False, False
+
+    def answer(self, state: ClusterState, nodes: bool) -> list[str] | None:
+        if state is not self.state or self.lost or (nodes and self.moved):
+            return None
+        return self.unread
+
+
+def _restored(state: ClusterState) -> ClusterState:
+    """As ``gpusched.core.snapshot`` restores one: its journal empty, at the same end."""
+    return ClusterState(changes_base=state.changes_end(), nodes_version=state.nodes_version)
+
+
+@settings(max_examples=400, deadline=None)
+@given(steps=st.lists(step, min_size=4, max_size=60))
+def test_a_read_answers_the_jobs_journalled_since_or_none_exactly_when_it_must(steps):
+    state, cursor, model, made = ClusterState(), JournalCursor(), Model(), 0
+    for kind, arg in steps:
+        mine = state is model.state
+        if kind == "append":
+            jobs = tuple(f"j{made + i}" for i in range(1 + arg % 4))
+            made += len(jobs)
+            note_changes(state, jobs)
+            if mine:
+                model.unread.extend(jobs)
+        elif kind == "drop":
+            dropped = min(1 + arg, len(state.changes))
+            del state.changes[:dropped]
+            state.changes_base += dropped
+            # Fewer entries left than were unread: some went unread.
+            model.lost |= mine and len(state.changes) < len(model.unread)
+        elif kind == "nodes":
+            state.nodes_version += 1
+            model.moved |= mine
+        elif kind == "restore":
+            state = _restored(state)
+        elif kind == "other":
+            state = ClusterState()
+            note_changes(state, tuple(f"o{i}" for i in range(arg)))
+        elif kind == "read":
+            if mine:
+                assert cursor.nodes_moved(state) == model.moved
+            nodes = arg % 2 == 0
+            expected = model.answer(state, nodes)
+            assert cursor.read(state, nodes=nodes) == expected
+            model.start(state)
+        elif kind == "start":
+            cursor.start(state)
+            model.start(state)
+        else:
+            cursor.forget()
+            model.start(None)
+        assert (cursor.state is state) == (model.state is state)
+
+
+def test_after_a_rebuild_the_cursor_stands_at_the_journals_end():
+    """None says: start over from the state as it is. The next read answers only what
+    came after."""
+    state, cursor = ClusterState(), JournalCursor()
+    note_changes(state, ("a",))
+    assert cursor.read(state) is None   # never read: another state
+    assert cursor.read(state) == []
+    state.nodes_version += 1
+    note_changes(state, ("b",))
+    assert cursor.read(state) is None
+    note_changes(state, ("c", "c"))
+    assert cursor.read(state) == ["c", "c"]
+
+
+def test_entries_dropped_unread_are_a_rebuild():
+    state, cursor = ClusterState(), JournalCursor()
+    note_changes(state, ("a",))
+    cursor.start(state)
+    note_changes(state, ("b", "c"))
+    del state.changes[:2]   # "a" and "b": "b" was not read
+    state.changes_base += 2
+    assert cursor.read(state, nodes=False) is None
+    note_changes(state, ("d",))
+    assert cursor.read(state, nodes=False) == ["d"]
+
+
+def test_a_reader_that_follows_the_nodes_itself_still_reads_the_journal():
+    state, cursor = ClusterState(), JournalCursor()
+    cursor.start(state)
+    state.nodes_version += 1
+    note_changes(state, ("a",))
+    assert cursor.nodes_moved(state)
+    assert cursor.read(state, nodes=False) == ["a"]
+    assert not cursor.nodes_moved(state)
+
+
+def test_a_restored_state_is_read_afresh_though_its_journal_ends_where_the_first_did():
+    state, cursor = ClusterState(), JournalCursor()
+    note_changes(state, ("a", "b"))
+    cursor.start(state)
+    restored = _restored(state)
+    assert restored.changes_since(cursor.position) == []   # the numbers alone would not tell
+    assert cursor.read(restored) is None
+    cursor.forget()
+    assert cursor.read(restored) is None and cursor.read(restored) == []
