@@ -11,6 +11,7 @@ free host memory, which no score reads, is checked node by node).
 """
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import Counter
 from dataclasses import dataclass
 from operator import gt
@@ -231,9 +232,17 @@ def final_waste(mix: dict[Shape, float], patience: float = PATIENCE) -> np.ndarr
             whole += p
     sizes = np.array(sorted(shares), dtype=np.int64)
     p = np.array([shares[s] for s in sizes])
+    # What depends on the shares that fit alone, once per count k of them (sizes[:k]):
+    # their frequencies, and the sum of those, each the very numpy operation it was when
+    # computed anew for each f; and the free milli each leaves of every f.
+    heads = [(p[:k], p[:k].sum()) for k in range(len(sizes) + 1)]
+    left = np.arange(1001)[:, None] - sizes[None, :]
+    bounds = sizes.tolist()
     w = np.zeros(1001)
     for f in range(1, 1001):
-        k = int(np.searchsorted(sizes, f, side="right"))     # shares that fit: sizes[:k]
-        reach = p[:k].sum() + (whole if f == 1000 else 0.0)
-        w[f] = (patience * f + p[:k] @ w[f - sizes[:k]]) / (patience + reach)
+        k = bisect_right(bounds, f)     # shares that fit: sizes[:k]
+        fit, reach = heads[k]
+        if f == 1000:
+            reach = reach + whole
+        w[f] = (patience * f + fit @ w[left[f, :k]]) / (patience + reach)
     return w
