@@ -80,7 +80,12 @@ class FragView:
         self.shapes = mix
         self.patience = patience
         self.mix = compile_mix(mix, arrays.models)
-        self.u = usable(self.mix, arrays.gpu, arrays.cpu, arrays.model)
+        # Rows alike in what a score reads (free milli per GPU, CPU, model, idleness) at
+        # the start: ``Fgd.fill`` scores one row of each group, and U, a row's own
+        # function, is computed on one row of each group.
+        self.group = _groups(arrays.gpu, arrays.cpu, arrays.model, arrays.idle)
+        first = _firsts(self.group)
+        self.u = usable(self.mix, arrays.gpu[first], arrays.cpu[first], arrays.model[first])[self.group]
         # Shared with the row scorer: neither refers to the other, so no reference cycle
         # keeps a cycle's view (its memos, thousands of objects) for the cyclic GC to find;
         # it is freed when the statement drops it.
@@ -99,9 +104,6 @@ class FragView:
         self.plain: dict[int, Row] = {}   # changed rows as plain Python values
         self.moved = np.zeros(len(arrays.nodes), dtype=bool)   # changed since the view was built
         self.models: list[int] = arrays.model.tolist()
-        # Rows alike in what a score reads (free milli per GPU, CPU, model, idleness) at
-        # the start: ``Fgd.fill`` scores one row of each group.
-        self.group = _groups(arrays.gpu, arrays.cpu, arrays.model, arrays.idle)
         self._memory_group: np.ndarray | None = None
         self._representatives: dict[bool, list[Row]] = {}
 
@@ -118,8 +120,7 @@ class FragView:
         its values when the view was built."""
         reps = self._representatives.get(memory)
         if reps is None:
-            group = self.memory_group if memory else self.group
-            first = np.unique(group, return_index=True)[1].tolist() if len(group) else []
+            first = _firsts(self.memory_group if memory else self.group).tolist()
             row = self.scorer.row
             reps = self._representatives[memory] = [
                 row(gpu, cpu, mem, self.models[i], idle, gmem)
@@ -172,9 +173,17 @@ class FragView:
 
 
 def _groups(*columns: np.ndarray) -> np.ndarray:
-    """Each row's group number: rows equal in every column share one."""
-    alike = np.column_stack(columns)
-    return np.unique(alike, axis=0, return_inverse=True)[1].reshape(-1) if len(alike) else alike
+    """Each row's group number: rows equal in every column share one, numbered in the
+    order of their first rows (a dict of the rows' values: numpy's ``unique`` over rows
+    sorts them, many times slower at a pool's size)."""
+    number: dict[tuple, int] = {}
+    rows = map(tuple, np.column_stack(columns).tolist())
+    return np.array([number.setdefault(row, len(number)) for row in rows], dtype=np.int64)
+
+
+def _firsts(group: np.ndarray) -> np.ndarray:
+    """The first row of each group, by group number."""
+    return np.unique(group, return_index=True)[1]
 
 
 @dataclass(slots=True)
