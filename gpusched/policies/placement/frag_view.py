@@ -19,7 +19,6 @@ from typing import Iterable
 
 import numpy as np
 
-from gpusched.core.model import WorkerResources
 from gpusched.policies.placement.arrays import NodeArrays
 from gpusched.policies.placement.frag_rows import Row, RowScorer, Score
 
@@ -99,7 +98,7 @@ class FragView:
         self.changed: list[int] = []
         self.grew: list[int] = []
         self.initial = list(arrays.plain)     # (GPUs, CPU, memory, idle, GPU memory) before any change
-        self.best: dict[WorkerResources, Best] = {}   # oldest first
+        self.best: dict[tuple, Best] = {}   # by the request's fields, oldest first
         self._scorer: RowScorer | None = scorer
         self.plain: dict[int, Row] = {}   # changed rows as plain Python values
         self.moved = np.zeros(len(arrays.nodes), dtype=bool)   # changed since the view was built
@@ -202,6 +201,8 @@ class Best:
     gpu: np.ndarray
     fits: set[int]         # rows that take the request, GPU memory aside
     score: Score           # the request's scorer of one row (``RowScorer.scorer``)
+    need: tuple            # what a row needs to take the request: (CPU, memory, largest free
+                           # milli of one GPU, free whole GPUs, per model whether it is accepted)
 
 
 class WasteTable:
