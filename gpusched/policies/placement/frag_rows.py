@@ -85,6 +85,14 @@ def row_takes(res: WorkerResources, allowed: list[bool], memory: bool = True) ->
                         and row.largest >= share and row.whole >= gpus)
 
 
+def _flat(found: list[tuple[int, int]]) -> Found:
+    """Candidates as ``Found``: least first, flat."""
+    if len(found) == 1:
+        return found[0]
+    found.sort()
+    return tuple(x for pair in found for x in pair)   # a tuple of ints: the cyclic GC stops tracking it
+
+
 class RowScorer:
     """Scores one node's candidates under a compiled mix (``fragmentation.Compiled``)."""
 
@@ -241,28 +249,44 @@ class RowScorer:
         gpu, cpu, _, model, idle, u = row[:6]
         cnt, room = self.tallies(gpu)
         weight = self.weight[model][bisect_right(self.levels, cpu - res.cpu_milli)] if self.milli else ()
-        parts = tuple(zip(weight, cnt, room, self.count, self.milli))
-        waste = self.waste() if self.lookahead else None   # None: FGD's keys
-        table: list[float] = waste or []
+        if not self.lookahead:   # FGD's keys: the score alone (no waste, no closure to build)
+            return self._fgd_candidates(row, res, weight, cnt, room)
+        waste = self.waste()
         bound = 1000 * len(gpu)
         found: list[tuple[int, int]] = []
         if res.is_share:
             share = res.gpu_milli
+            parts = tuple(zip(weight, cnt, room, self.count, self.milli))
             for f, terms in self._share_terms(parts, [f for f in set(gpu) if f >= share], share):
                 found.append((self._key(u - pairwise(terms) - share, waste, bound, idle,
-                                        lambda: table[f - share] - table[f]), f))
+                                        lambda: waste[f - share] - waste[f]), f))
         elif res.gpus:   # the lowest-index free GPUs, each from 1000 free to 0
             n = res.gpus
-            terms = [w * (r - 1000 * n) if c - n >= need else 0.0 for w, c, r, need, m in parts]
-            found.append((self._key(u - pairwise(terms) - 1000 * n, waste, bound, idle,
-                                    lambda: self._whole_waste(gpu, n, table)), -1))
+            taken = 1000 * n
+            terms = [w * (r - taken) if c - n >= need else 0.0 for w, c, r, need in zip(weight, cnt, room, self.count)]
+            found.append((self._key(u - pairwise(terms) - taken, waste, bound, idle,
+                                    lambda: self._whole_waste(gpu, n, waste)), -1))
         else:   # U after is U at the CPU level after: the memo's, shared by rows alike
             after = self.usable_row(row.signature[0], cpu - res.cpu_milli, model)
             found.append((self._key(u - after, waste, bound, idle, lambda: 0.0), -1))
-        if len(found) == 1:
-            return found[0]
-        found.sort()
-        return tuple(x for pair in found for x in pair)   # a tuple of ints: the cyclic GC stops tracking it
+        return _flat(found)
+
+    def _fgd_candidates(self, row: Row, res: WorkerResources, weight: Sequence[float], cnt: Sequence[int],
+                        room: Sequence[int]) -> Found:
+        """``_candidates`` with FGD's keys (``score`` of the growth), the same numbers."""
+        u, score = row.u, self.score
+        if res.is_share:
+            share = res.gpu_milli
+            parts = tuple(zip(weight, cnt, room, self.count, self.milli))
+            return _flat([(score(u - pairwise(terms) - share), f)
+                          for f, terms in self._share_terms(parts, [f for f in set(row.gpu) if f >= share], share)])
+        if res.gpus:   # the lowest-index free GPUs, each from 1000 free to 0
+            n = res.gpus
+            taken = 1000 * n
+            terms = [w * (r - taken) if c - n >= need else 0.0 for w, c, r, need in zip(weight, cnt, room, self.count)]
+            return score(u - pairwise(terms) - taken), -1
+        # U after is U at the CPU level after: the memo's, shared by rows alike
+        return score(u - self.usable_row(row.signature[0], row.cpu - res.cpu_milli, row.model)), -1
 
     def _share_terms(self, parts: tuple, frees: list[int], share: int):
         """Per free amount ``f`` a share can take, the terms of ``usable`` after it takes

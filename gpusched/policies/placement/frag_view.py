@@ -11,6 +11,7 @@ free host memory, which no score reads, is checked node by node).
 """
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import Counter
 from dataclasses import dataclass
 from operator import gt
@@ -18,7 +19,6 @@ from typing import Iterable
 
 import numpy as np
 
-from gpusched.core.model import WorkerResources
 from gpusched.policies.placement.arrays import NodeArrays
 from gpusched.policies.placement.frag_rows import Row, RowScorer, Score
 
@@ -79,7 +79,12 @@ class FragView:
         self.shapes = mix
         self.patience = patience
         self.mix = compile_mix(mix, arrays.models)
-        self.u = usable(self.mix, arrays.gpu, arrays.cpu, arrays.model)
+        # Rows alike in what a score reads (free milli per GPU, CPU, model, idleness) at
+        # the start: ``Fgd.fill`` scores one row of each group, and U, a row's own
+        # function, is computed on one row of each group.
+        self.group = _groups(arrays.gpu, arrays.cpu, arrays.model, arrays.idle)
+        first = _firsts(self.group)
+        self.u = usable(self.mix, arrays.gpu[first], arrays.cpu[first], arrays.model[first])[self.group]
         # Shared with the row scorer: neither refers to the other, so no reference cycle
         # keeps a cycle's view (its memos, thousands of objects) for the cyclic GC to find;
         # it is freed when the statement drops it.
@@ -93,14 +98,11 @@ class FragView:
         self.changed: list[int] = []
         self.grew: list[int] = []
         self.initial = list(arrays.plain)     # (GPUs, CPU, memory, idle, GPU memory) before any change
-        self.best: dict[WorkerResources, Best] = {}   # oldest first
+        self.best: dict[tuple, Best] = {}   # by the request's fields, oldest first
         self._scorer: RowScorer | None = scorer
         self.plain: dict[int, Row] = {}   # changed rows as plain Python values
         self.moved = np.zeros(len(arrays.nodes), dtype=bool)   # changed since the view was built
         self.models: list[int] = arrays.model.tolist()
-        # Rows alike in what a score reads (free milli per GPU, CPU, model, idleness) at
-        # the start: ``Fgd.fill`` scores one row of each group.
-        self.group = _groups(arrays.gpu, arrays.cpu, arrays.model, arrays.idle)
         self._memory_group: np.ndarray | None = None
         self._representatives: dict[bool, list[Row]] = {}
 
@@ -117,8 +119,7 @@ class FragView:
         its values when the view was built."""
         reps = self._representatives.get(memory)
         if reps is None:
-            group = self.memory_group if memory else self.group
-            first = np.unique(group, return_index=True)[1].tolist() if len(group) else []
+            first = _firsts(self.memory_group if memory else self.group).tolist()
             row = self.scorer.row
             reps = self._representatives[memory] = [
                 row(gpu, cpu, mem, self.models[i], idle, gmem)
@@ -171,9 +172,17 @@ class FragView:
 
 
 def _groups(*columns: np.ndarray) -> np.ndarray:
-    """Each row's group number: rows equal in every column share one."""
-    alike = np.column_stack(columns)
-    return np.unique(alike, axis=0, return_inverse=True)[1].reshape(-1) if len(alike) else alike
+    """Each row's group number: rows equal in every column share one, numbered in the
+    order of their first rows (a dict of the rows' values: numpy's ``unique`` over rows
+    sorts them, many times slower at a pool's size)."""
+    number: dict[tuple, int] = {}
+    rows = map(tuple, np.column_stack(columns).tolist())
+    return np.array([number.setdefault(row, len(number)) for row in rows], dtype=np.int64)
+
+
+def _firsts(group: np.ndarray) -> np.ndarray:
+    """The first row of each group, by group number."""
+    return np.unique(group, return_index=True)[1]
 
 
 @dataclass(slots=True)
@@ -192,6 +201,8 @@ class Best:
     gpu: np.ndarray
     fits: set[int]         # rows that take the request, GPU memory aside
     score: Score           # the request's scorer of one row (``RowScorer.scorer``)
+    need: tuple            # what a row needs to take the request: (CPU, memory, largest free
+                           # milli of one GPU, free whole GPUs, per model whether it is accepted)
 
 
 class WasteTable:
@@ -231,9 +242,17 @@ def final_waste(mix: dict[Shape, float], patience: float = PATIENCE) -> np.ndarr
             whole += p
     sizes = np.array(sorted(shares), dtype=np.int64)
     p = np.array([shares[s] for s in sizes])
+    # What depends on the shares that fit alone, once per count k of them (sizes[:k]):
+    # their frequencies, and the sum of those, each the very numpy operation it was when
+    # computed anew for each f; and the free milli each leaves of every f.
+    heads = [(p[:k], p[:k].sum()) for k in range(len(sizes) + 1)]
+    left = np.arange(1001)[:, None] - sizes[None, :]
+    bounds = sizes.tolist()
     w = np.zeros(1001)
     for f in range(1, 1001):
-        k = int(np.searchsorted(sizes, f, side="right"))     # shares that fit: sizes[:k]
-        reach = p[:k].sum() + (whole if f == 1000 else 0.0)
-        w[f] = (patience * f + p[:k] @ w[f - sizes[:k]]) / (patience + reach)
+        k = bisect_right(bounds, f)     # shares that fit: sizes[:k]
+        fit, reach = heads[k]
+        if f == 1000:
+            reach = reach + whole
+        w[f] = (patience * f + fit @ w[left[f, :k]]) / (patience + reach)
     return w

@@ -25,6 +25,8 @@ what the arrays offered and for gangs (``rank``).
 """
 from __future__ import annotations
 
+from dataclasses import fields
+from operator import attrgetter
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -42,6 +44,10 @@ from gpusched.policies.placement.frag_rows import Row, row_takes
 from gpusched.policies.placement.heuristics import choose_mig, rank_mig
 # The typical-task mix and the default of ``Fgd(popularity=...)`` (``FgdLookahead(patience=...)``'s: frag_view).
 from gpusched.policies.placement.frag_mix import POPULARITY, kept_scorer, pool_mix, raw_counts, typical_of
+
+
+# Every field of a request: the key of its ``Best`` in the view.
+_FIELDS = attrgetter(*(f.name for f in fields(WorkerResources)))
 
 
 def shape_of(res: WorkerResources) -> Shape | None:
@@ -106,13 +112,16 @@ class Fgd:
         feasible row, or None: from each node's best candidate, kept per request and
         recomputed only for the nodes changed since it was last asked."""
         view.sync()
-        best = view.best.get(res)
+        request = _FIELDS(res)   # hashed and compared in C, not by the dataclass's methods
+        best = view.best.get(request)
         if best is None:
             if len(view.best) >= CACHED_REQUESTS:
                 del view.best[next(iter(view.best))]   # the oldest
             count = len(view.arrays.nodes)
-            best = view.best[res] = Best(len(view.changed), len(view.grew), np.full(count, NONE, dtype=np.int64),
-                                         np.zeros(count, np.int64), set(), view.scorer.scorer(res))
+            need = (res.cpu_milli, res.memory_mib, res.gpu_milli if res.is_share else 0, res.gpus,
+                    view.arrays.allowed_models(res))
+            best = view.best[request] = Best(len(view.changed), len(view.grew), np.full(count, NONE, dtype=np.int64),
+                                             np.zeros(count, np.int64), set(), view.scorer.scorer(res), need)
             best.fits.update(self.fill(view, best, res))
         elif best.seen < len(view.changed):
             self.catch_up(view, best, res)
@@ -204,9 +213,7 @@ class Fgd:
     def rescore(self, view: FragView, best: Best, rows: Iterable[int], res: WorkerResources) -> None:
         """``refresh`` of a few changed rows, one by one (``frag_rows``: the same numbers)."""
         plain, key, index, fits, score = view.plain, best.key, best.gpu, best.fits, best.score
-        need_cpu, need_mem, gpus = res.cpu_milli, res.memory_mib, res.gpus
-        share = res.gpu_milli if res.is_share else 0
-        allowed = view.arrays.allowed_models(res)
+        need_cpu, need_mem, share, gpus, allowed = best.need
         for i in rows:
             row = plain[i]
             if row.cpu < need_cpu or row.mem < need_mem or not allowed[row.model] or row.largest < share or row.whole < gpus:

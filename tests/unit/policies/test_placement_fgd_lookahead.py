@@ -4,8 +4,10 @@ then first fit."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from gpusched.policies.placement.fragmentation import final_waste
+from tests.unit.policies import placement_reference as reference
 from tests.unit.core.builders import make_spec, share, whole
 from tests.unit.policies.placement_cases import Case, check, choose, cpu_job, node
 
@@ -61,3 +63,20 @@ def test_final_waste_ranks_holes_by_what_will_fill_them():
     assert waste[530] < 200                    # a common 470 fills it to 60
     assert waste[360] < waste[210]             # a 320 fills it to 40
     assert all(waste[f] <= f + 1e-9 for f in range(1001))
+
+
+# Typical mixes: shares of any size, whole-GPU and CPU-only shapes, any frequencies.
+_SHAPES = st.one_of(st.builds(lambda m: (1000, m, 1, ()), st.integers(1, 999)),
+                    st.builds(lambda n: (1000, 1000, n, ()), st.sampled_from((1, 2, 4, 8))),
+                    st.just((1000, 0, 0, ())))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.dictionaries(_SHAPES, st.floats(0.001, 1.0), min_size=1, max_size=20),
+       st.floats(0.01, 2.0))
+def test_final_waste_is_the_references_bit_for_bit(mix, patience):
+    """The table's every bit as the reference computes it anew for each f: fgd-lookahead
+    rounds its growth of waste, so a last-bit difference could change a decision."""
+    total = sum(mix.values())
+    mix = {shape: p / total for shape, p in mix.items()}
+    assert final_waste(mix, patience).tobytes() == reference.final_waste(mix, patience).tobytes()
