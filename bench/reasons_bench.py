@@ -9,7 +9,9 @@ ask about the state it left, one after the other in alternating order: one readi
 nodes through the index kept between passes (the placer's), one scanning every node of
 the pool for every shape (``keep_indexes=False``). Their events must be the same (job,
 attempt, reason: checked every pass); the first's are applied, as the placer's would be.
-Prints the CPU time of a pass, mean, p50, p99 and max, for each, and their ratio.
+Prints the CPU time of a pass for each, the first apart (the kept pass builds its index
+and journal reader there, as after a node change), then mean, p50, p99 and max, and the
+ratio of the means.
 
     .venv/bin/python bench/reasons_bench.py [--nodes 5000] [--pending 45000] [--passes 40] [--ends 2]
 """
@@ -55,7 +57,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--nodes", type=int, default=5000)
     p.add_argument("--pending", type=int, default=45000)
-    p.add_argument("--passes", type=int, default=40)
+    p.add_argument("--passes", type=int, default=40, help="passes measured, the first included (at least 2)")
     p.add_argument("--ends", type=int, default=2, help="running jobs that end (and jobs submitted) before each cycle")
     args = p.parse_args()
     scheduler = Scheduler(SchedulerConfig(queue="fair-share", placement=DEFAULT_PLACEMENT))
@@ -84,11 +86,12 @@ def main() -> None:
         pool.place(cycle.decisions)
     print(f"{args.nodes:,} full 8-GPU nodes, {len(pool.state.pending):,} pending (openb), {args.ends} ending "
           f"before each cycle; {written / args.passes:.1f} reasons written per pass, the same both ways")
-    for name, ms in times.items():
-        print(f"  pass, {name}: {sum(ms) / len(ms):.2f} ms CPU (p50 {percentile(ms, 0.5):.2f}, "
-              f"p99 {percentile(ms, 0.99):.2f}, max {max(ms):.2f}; {len(ms)} passes)")
-    mean = {name: sum(ms) / len(ms) for name, ms in times.items()}
-    print(f"  ratio kept index / every node: {mean['kept index'] / mean['every node']:.2f}x the mean")
+    for name, ms in times.items():   # the first pass builds what the kept one keeps: apart
+        rest = ms[1:]
+        print(f"  pass, {name}: first {ms[0]:.1f} ms CPU, then {sum(rest) / len(rest):.2f} (p50 "
+              f"{percentile(rest, 0.5):.2f}, p99 {percentile(rest, 0.99):.2f}, max {max(rest):.2f}; {len(rest)} passes)")
+    mean = {name: sum(ms[1:]) / len(ms[1:]) for name, ms in times.items()}
+    print(f"  ratio kept index / every node after the first pass: {mean['kept index'] / mean['every node']:.3f}x the mean")
 
 
 if __name__ == "__main__":

@@ -92,7 +92,7 @@ class Diagnosis:
         self.state, self.now, self.quotas = state, now, quotas
         self._kept = kept   # a store of kept placement indexes, or None: every node is checked
         self.reservations: tuple[Reservation, ...] = cycle.reservations if cycle is not None else ()
-        self._verdict = cycle.reason if cycle is not None else (lambda job_id: None)
+        self._verdict = _verdicts(cycle) if cycle is not None else (lambda job_id: None)
         self._estimate = runtime_estimate(state, default_estimate_s)
         self._decisions = list(decisions)
         placed = {job.job_id for job, _ in self._decisions}
@@ -247,6 +247,19 @@ class Diagnosis:
             left, room = still, room_now
         statement.rollback(mark)
         return left, room, taken
+
+
+def _verdicts(cycle: CycleResult):
+    """``cycle.reason``, with the cycle's skipped jobs (a list, up to ``max_job_test`` long)
+    looked up in a set made once, not scanned for every job asked about."""
+    offered, parked, skipped = cycle.offered, cycle.parked, set(cycle.skipped)
+
+    def verdict(job_id: str) -> Unplaced | None:
+        why = offered.get(job_id)
+        if why is None and job_id in skipped:
+            return Unplaced.SKIPPED_SAME_SHAPE
+        return Unplaced.PARKED if why is None and job_id in parked else why
+    return verdict
 
 
 def _guarantee(job: JobState, found: PendingReason) -> PendingReason:

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from gpusched.core import events as ev
 from gpusched.core.model import JobPhase
 from gpusched.core.reducer import apply
-from gpusched.policies.placement.diagnosis import reasons
+from gpusched.policies.placement.diagnosis import _verdicts, reasons
 from gpusched.policies.queueing.keys import QueueKeys
 from gpusched.policies.queueing.parking import ParkedJobs
 from gpusched.policies.queueing.quota import QueueTree
@@ -141,7 +141,8 @@ def test_a_pass_that_keeps_writes_what_a_fresh_pass_writes(nodes, reserve_after_
 @given(nodes_st, st.lists(spec_st, min_size=1, max_size=10), st.lists(step_st, min_size=1, max_size=8))
 def test_every_pending_job_gets_the_reason_of_a_scan_of_every_node(nodes, first, steps):
     """The diagnosis alone, for every pending job after each cycle, the cycle's decisions
-    booked, one kept index across the cycles."""
+    booked, one kept index across the cycles; the cycle's verdicts it reads are the
+    cycle's own."""
     case = Scenario(nodes, 0.0)
     case.submit(first)
     kept: dict = {}
@@ -152,6 +153,8 @@ def test_every_pending_job_gets_the_reason_of_a_scan_of_every_node(nodes, first,
         waiting = [case.state.jobs[j] for j in case.state.pending]
         args = (case.state, waiting, case.log.now, cycle.quotas or QueueTree(), cycle, booked)
         assert reasons(*args, kept=kept) == reasons(*args)
+        verdict = _verdicts(cycle)
+        assert [verdict(j) for j in case.state.jobs] == [cycle.reason(j) for j in case.state.jobs]
         case.place(cycle.decisions)
         case.mutate(kind, pick)
         case.submit(specs)
