@@ -6,7 +6,7 @@ The pool of ``bench/cycle_bench.py``: ``--nodes`` 8-GPU nodes full of 1-GPU jobs
 defaults (fair share, backfill, reservations, its default placement). Per iteration,
 ``--ends`` running jobs end and as many are submitted, a cycle runs, then two passes
 ask about the state it left, one after the other in alternating order: one reading the
-nodes through the index kept between passes (the placer's), one scanning every node of
+nodes through the index it keeps between passes (as the placer's pass does), one scanning every node of
 the pool for every shape (``keep_indexes=False``). Their events must be the same (job,
 attempt, reason: checked every pass); the first's are applied, as the placer's would be.
 Prints the CPU time of a pass for each, the first apart (the kept pass builds its index
@@ -14,6 +14,7 @@ and journal reader there, as after a node change), then mean, p50, p99 and max, 
 ratio of the means.
 
     .venv/bin/python bench/reasons_bench.py [--nodes 5000] [--pending 45000] [--passes 40] [--ends 2]
+                                            [--big-ends N]
 """
 from __future__ import annotations
 
@@ -59,6 +60,9 @@ def main() -> None:
     p.add_argument("--pending", type=int, default=45000)
     p.add_argument("--passes", type=int, default=40, help="passes measured, the first included (at least 2)")
     p.add_argument("--ends", type=int, default=2, help="running jobs that end (and jobs submitted) before each cycle")
+    p.add_argument("--big-ends", type=int, default=0, metavar="N",
+                   help="before every other cycle N jobs end instead (the cycle places up to max_job_test of the "
+                        "waiting, and the pass after it books them all)")
     args = p.parse_args()
     scheduler = Scheduler(SchedulerConfig(queue="fair-share", placement=DEFAULT_PLACEMENT))
     parked, keys = ParkedJobs(), QueueKeys()
@@ -69,13 +73,14 @@ def main() -> None:
     times: dict[str, list[float]] = {"kept index": [], "every node": []}
     written = 0
     for i in range(args.passes):
-        pool.end_some(args.ends)
-        pool.submit(args.ends, 1, tasks)
+        ends = args.big_ends if args.big_ends and i % 2 else args.ends
+        pool.end_some(ends)
+        pool.submit(ends, 1, tasks)
         now = pool.now()
         cycle = scheduler.schedule(pool.state, now, parked, keys)
         order = [("kept index", kept), ("every node", scan)]
         found = {}
-        for name, reasons in (order if i % 2 == 0 else order[::-1]):
+        for name, reasons in (order if i // 2 % 2 == 0 else order[::-1]):   # not in step with --big-ends
             ms, found[name] = timed(reasons, pool, now, cycle)
             times[name].append(ms)
         same = [(e.job_id, e.attempt, e.reason) for e in found["kept index"]]
@@ -84,8 +89,9 @@ def main() -> None:
         for e in found["kept index"]:
             apply(pool.state, e)
         pool.place(cycle.decisions)
+    every = f", {args.big_ends} before every other" if args.big_ends else ""
     print(f"{args.nodes:,} full 8-GPU nodes, {len(pool.state.pending):,} pending (openb), {args.ends} ending "
-          f"before each cycle; {written / args.passes:.1f} reasons written per pass, the same both ways")
+          f"before each cycle{every}; {written / args.passes:.1f} reasons written per pass, the same both ways")
     for name, ms in times.items():   # the first pass builds what the kept one keeps: apart
         rest = ms[1:]
         print(f"  pass, {name}: first {ms[0]:.1f} ms CPU, then {sum(rest) / len(rest):.2f} (p50 "
