@@ -6,8 +6,8 @@ The pool of ``bench/cycle_bench.py``: ``--nodes`` 8-GPU nodes full of 1-GPU jobs
 defaults (fair share, backfill, reservations, its default placement). Per iteration,
 ``--ends`` running jobs end and as many are submitted, a cycle runs, then two passes
 ask about the state it left, one after the other in alternating order: one reading the
-nodes through the index it keeps between passes (as the placer's pass does), one scanning every node of
-the pool for every shape (``keep_indexes=False``). Their events must be the same (job,
+nodes through the index it keeps between passes (as the placer's pass does), one
+scanning every node of the pool for every shape (``keep_indexes=False``). Their events must be the same (job,
 attempt, reason: checked every pass); the first's are applied, as the placer's would be.
 Prints the CPU time of a pass for each, the first apart (the kept pass builds its index
 and journal reader there, as after a node change), then mean, p50, p99 and max, and the
