@@ -14,7 +14,7 @@ whose CPU time is printed apart.
     .venv/bin/python bench/cycle_bench.py [--nodes 2] [--pending 3000] [--cycles 300] [--queue priority]
                                           [--reservations] [--reasons] [--policy defaults]
                                           [--job-gpus 1] [--mix openb] [--cold]
-                                          [--max-job-test N] [--job-test-head N] [--freeze]
+                                          [--max-job-test N] [--job-test-head N] [--freeze] [--no-parking]
                                           [--max-cycle-ms MS] [--min-job-test N]
                                           [--burst N [--gangs F]] [--profile PATH] [--pause-gc]
 
@@ -140,6 +140,8 @@ class Pool:
     def end_some(self, count: int) -> None:
         """Cancel ``count`` placed jobs and report their workers' ends, as their node-agent
         does: only then does the reducer release their GPUs (docs/workloads.md)."""
+        if count <= 0:   # --ends 0: capacity never grows, parking skips the waiting jobs
+            return
         running = []
         for job in self.state.jobs.values():   # the oldest placed first: the dict is in submission order
             if job.phase is JobPhase.PLACED:
@@ -254,6 +256,7 @@ def main() -> None:
     p.add_argument("--min-job-test", type=int, default=None,
                    help="SchedulerConfig.min_job_test: jobs a cycle takes before the bound may stop it")
     p.add_argument("--no-keys", action="store_true", help="without the QueueKeys memo (as before it)")
+    p.add_argument("--no-parking", action="store_true", help="without the parked set: every cycle offers every job")
     p.add_argument("--reasons", action="store_true", help="also the placer's pending-reason pass after each cycle")
     p.add_argument("--freeze", action="store_true", help="gc.freeze() once the backlog is in, as a service's "
                    "GC pacing (gpusched.adapters.gc_pacing) does after each full collection: the cycles' "
@@ -282,7 +285,7 @@ def main() -> None:
     scheduler = Scheduler(SchedulerConfig(queue=args.queue, **reserve, **budget, **placement))
     if args.burst is not None:
         return burst(args, scheduler)
-    parked, keys = ParkedJobs(), (None if args.no_keys else QueueKeys())
+    parked, keys = (None if args.no_parking else ParkedJobs()), (None if args.no_keys else QueueKeys())
     per_node = 8 // args.job_gpus if args.job_gpus else 80   # 80 shares fill a node
     pool.submit(args.nodes * per_node, args.job_gpus)
     while pool.state.pending:   # fill the pool (a cycle decides up to max_decisions)

@@ -6,11 +6,13 @@ Four limits keep it cheap for a long queue and a busy pool:
 
 * a pass looks at ``per_pass`` jobs at most: jobs never looked at first (queue order),
   then those whose last look is oldest; jobs of one shape cost one look;
-* a pass checks about ``node_checks_per_pass`` nodes at most (each shape's answer is a
-  scan of its pool's nodes): a pass runs between the cycle and the append of its
-  placements, and at 5,000 nodes a pass of 64 shapes took about half as long as the
-  cycle; the jobs it did not reach come first in the next pass, and at least one shape
-  is looked at a pass;
+* a pass asks about ``node_checks_per_pass`` nodes at most (each shape's answer is about
+  its pool's nodes): a pass runs between the cycle and the append of its placements, and
+  at 5,000 nodes a pass of 64 shapes that scanned every node took about half as long as
+  the cycle; the jobs it did not reach come first in the next pass, and at least one
+  shape is looked at a pass. A pass reads the nodes through a free-capacity index kept
+  between passes (``Diagnosis``'s ``kept``), so it checks only the nodes with room for
+  a worker's GPUs, but counts the budget in the pool's nodes, as a scan would;
 * a job's reason is written at most once every ``min_interval_s``: a changed reason
   within that time is held back and written when the time is up;
 * a partition writes at most ``rate_per_s`` reasons a second (a token bucket).
@@ -23,6 +25,7 @@ cycle's result (its verdicts, reservations and quotas: docs/why-pending.md).
 from __future__ import annotations
 
 import uuid
+from itertools import chain
 from dataclasses import dataclass, field
 
 from gpusched.core import events as ev
@@ -33,8 +36,9 @@ from gpusched.policies.reservation.backfill import DEFAULT_ESTIMATE_S
 from gpusched.policies.scheduler import CycleResult
 
 PER_PASS = 64
-# About 20-30 ms of first_failing (~0.6-0.9 us a node): 6 shapes a pass at 5,000 nodes, the
-# whole PER_PASS up to 500.
+# In the pool's nodes a scan would check (about 20-30 ms of first_failing at ~0.6-0.9 us a
+# node): 6 shapes a pass at 5,000 nodes, the whole PER_PASS up to 500. Through the kept index
+# a shape checks only the nodes with room for a worker, so a pass costs far less than that.
 NODE_CHECKS_PER_PASS = 32_768
 MIN_INTERVAL_S = 5.0
 RATE_PER_S = 50.0
@@ -51,19 +55,24 @@ class _Partition:
     held: dict[str, float] = field(default_factory=dict)   # job -> when its held-back reason may be written
     complete: bool = True    # the last pass reached every job
     unlooked: dict[str, None] = field(default_factory=dict)   # jobs never looked at, in queue order
+    front: dict[str, None] = field(default_factory=dict)      # never looked at, deferred: before ``unlooked``
     seq_seen: int = 0        # jobs submitted before this were seen by ``_unlooked``
     epoch_checked: int = -1  # the capacity epoch of the last comparison of the whole queue
     checked_at: float = -FULL_CHECK_S
+    journal_of: ClusterState | None = None   # the state whose journal ``journal_at`` is a position in
+    journal_at: int = 0      # the reducer's journal (``ClusterState.changes``) at the last comparison
     tokens: float = RATE_PER_S
     tokens_at: float = 0.0
     cycle: CycleResult | None = None   # the last cycle's result
+    kept: dict = field(default_factory=dict)   # the free-capacity indexes kept between passes
 
 
 class PendingReasons:
     def __init__(self, producer: str, per_pass: int = PER_PASS, min_interval_s: float = MIN_INTERVAL_S,
                  rate_per_s: float = RATE_PER_S, default_estimate_s: float = DEFAULT_ESTIMATE_S,
-                 node_checks_per_pass: int = NODE_CHECKS_PER_PASS) -> None:
+                 node_checks_per_pass: int = NODE_CHECKS_PER_PASS, keep_indexes: bool = True) -> None:
         self.producer = producer
+        self.keep_indexes = keep_indexes   # False: every node checked for every shape (the tests' reference)
         self.node_checks_per_pass = node_checks_per_pass
         self.default_estimate_s = default_estimate_s   # the scheduler's: who delays a reservation
         self.per_pass, self.min_interval_s, self.rate_per_s = per_pass, min_interval_s, rate_per_s
@@ -98,7 +107,8 @@ class PendingReasons:
         if not chosen:
             return []
         cycle, out = part.cycle, []
-        with Diagnosis(state, now, cycle.quotas, cycle, booked, self.default_estimate_s) as diagnosis:
+        kept = part.kept if self.keep_indexes else None
+        with Diagnosis(state, now, cycle.quotas, cycle, booked, self.default_estimate_s, kept) as diagnosis:
             for i, job_id in enumerate(chosen):
                 if i and diagnosis.node_checks >= self.node_checks_per_pass:
                     self._defer(part, chosen[i:])
@@ -116,11 +126,11 @@ class PendingReasons:
     def _defer(part: _Partition, rest: list[str]) -> None:
         """Jobs a pass chose but its node budget did not reach. Held-back ones stay held and
         stale looks stay in ``looked``; those never looked at go back to the front of
-        ``unlooked``, in their order."""
+        ``unlooked`` (in ``front``), in their order."""
         part.complete = False
         fresh = [j for j in rest if j not in part.looked and j not in part.held]
         if fresh:
-            part.unlooked = dict.fromkeys(fresh) | part.unlooked
+            part.front = dict.fromkeys(fresh) | part.front   # a few jobs: ``unlooked`` is not copied
 
     def _choose(self, part: _Partition, state: ClusterState, placed: set[str], now: float) -> list[str]:
         """Held-back reasons that are due, jobs never looked at, then stale looks, oldest first."""
@@ -128,9 +138,9 @@ class PendingReasons:
         for job_id in [j for j in part.held if j not in pending or j in placed]:
             del part.held[job_id]
         chosen = [j for j, t in part.held.items() if t <= now][:budget]
-        unlooked = self._unlooked(part, state, now)
+        unlooked, front = self._unlooked(part, state, now), part.front
         taken = []
-        for job_id in unlooked:
+        for job_id in chain(front, unlooked):
             if len(chosen) >= budget:
                 break
             taken.append(job_id)
@@ -138,7 +148,7 @@ class PendingReasons:
                 chosen.append(job_id)
         for job_id in taken:
             if job_id not in placed:
-                del unlooked[job_id]
+                del (front if job_id in front else unlooked)[job_id]
         if len(chosen) >= budget:
             part.complete = False
             return chosen
@@ -160,28 +170,43 @@ class PendingReasons:
         return chosen
 
     def _unlooked(self, part: _Partition, state: ClusterState, now: float) -> dict[str, None]:
-        """Pending jobs never looked at, in queue order. New submissions are found from the
-        end of ``state.jobs`` (jobs join it in submission order) back to the last one
-        seen, without a pass over the queue. Requeued jobs come back to the queue with a
-        new attempt; each requeue releases capacity (``capacity_epoch``), so once the epoch
-        moved the whole queue is compared again, at most every ``FULL_CHECK_S``."""
-        jobs, unlooked = state.jobs, part.unlooked
+        """Pending jobs never looked at, in queue order (those a pass deferred, ``front``,
+        come before ``unlooked``). New submissions are found from the end of
+        ``state.jobs`` (jobs join it in submission order) back to the last one seen,
+        without a pass over the queue. Requeued jobs come back to the queue with a new
+        attempt; each requeue releases capacity (``capacity_epoch``), so once the epoch
+        moved the queue is compared again, at most every ``FULL_CHECK_S``."""
+        jobs, unlooked, front = state.jobs, part.unlooked, part.front
+        new = []
+        for job_id in reversed(jobs):
+            if jobs[job_id].seq < part.seq_seen:
+                break
+            new.append(job_id)
+        part.seq_seen = state.next_seq
         if self._full_check_due(part, state, now):
-            missing = state.pending.keys() - part.looked.keys() - unlooked.keys()
+            missing = [j for j in self._changed(part, state, new) if j not in unlooked and j not in front]
             for job_id in sorted(missing, key=lambda j: jobs[j].seq):
                 unlooked[job_id] = None
             part.epoch_checked, part.checked_at = state.capacity_epoch, now
         else:
-            new = []
-            for job_id in reversed(jobs):
-                if jobs[job_id].seq < part.seq_seen:
-                    break
-                new.append(job_id)
             for job_id in reversed(new):
-                if job_id not in part.looked:
+                if job_id not in part.looked and job_id not in front:
                     unlooked[job_id] = None
-        part.seq_seen = state.next_seq
         return unlooked
+
+    @staticmethod
+    def _changed(part: _Partition, state: ClusterState, new: list[str]) -> set[str]:
+        """Pending jobs not looked at: among the jobs the reducer journalled since the last
+        comparison, and ``new``. A job leaves ``looked`` and ``unlooked`` only when it is
+        not pending, and comes back to the queue only with an event that journals it, so
+        these are all of them; the whole queue is compared where the journal cannot say
+        (the first comparison, another state, entries dropped)."""
+        since = state.changes_since(part.journal_at) if part.journal_of is state else None
+        part.journal_of, part.journal_at = state, state.changes_end()
+        pending, looked = state.pending, part.looked
+        if since is None:
+            return pending.keys() - looked.keys()
+        return {j for j in (*since, *new) if j in pending and j not in looked}
 
     def _full_check_due(self, part: _Partition, state: ClusterState, now: float) -> bool:
         return part.epoch_checked != state.capacity_epoch and now - part.checked_at >= FULL_CHECK_S

@@ -21,6 +21,14 @@ from it, not worked out again. The checks, in the order the cycle meets them:
 
 Jobs of one shape (pool, workers, resources) get the same answer from step 3, so it is
 computed once per shape (and reservation/nomination situation) in a ``Diagnosis``.
+
+Step 4 need not call ``first_failing`` on every node of the pool. Given ``kept`` (a
+caller's store of placement indexes, as a cycle's ``QueueKeys.kept``), a ``Diagnosis``
+lends the kept free-capacity index (``FreeIndex``, ``kept_index``) to its statement: a
+node outside the index's buckets with room for a worker's whole GPUs or share, and not
+lost, cordoned or of a model refused, fails at "gpus" or "share", so only the nodes in
+those buckets are checked. On a full pool that is a handful of nodes instead of
+thousands; the counts are those of the scan (``tests/unit/placer/test_reasons_kept.py``).
 Nothing here decides anything: the reason is only shown (docs/why-pending.md).
 """
 from __future__ import annotations
@@ -30,11 +38,14 @@ from collections import Counter
 from dataclasses import replace
 from typing import Iterable, Mapping
 
-from gpusched.core.model import NodeCount, PendingKind, PendingReason, WorkerResources
+from gpusched.core.model import NodeCount, NodeStatus, PendingKind, PendingReason, WorkerResources
 from gpusched.core.state import ClusterState, JobState, NodeState
 from gpusched.policies.gpu_fit import (
     CORDONED, CPU, GPUS, LOST, MEMORY, MIG, MODEL, POOL, SHARE, first_failing,
 )
+from gpusched.policies.placement.heuristics import free_index
+from gpusched.policies.placement.index import SHARE_STEP, FreeIndex
+from gpusched.policies.placement.kept_index import install
 from gpusched.policies.placement.topology import node_capacity
 from gpusched.policies.queueing.quota import QueueTree, limit_reached
 from gpusched.policies.reservation.backfill import (
@@ -77,24 +88,29 @@ class Diagnosis:
 
     def __init__(self, state: ClusterState, now: float, quotas: QueueTree, cycle: CycleResult | None = None,
                  decisions: Iterable[tuple[JobState, tuple]] = (),
-                 default_estimate_s: float = DEFAULT_ESTIMATE_S) -> None:
+                 default_estimate_s: float = DEFAULT_ESTIMATE_S, kept: dict | None = None) -> None:
         self.state, self.now, self.quotas = state, now, quotas
+        self._kept = kept   # a store of kept placement indexes, or None: every node is checked
         self.reservations: tuple[Reservation, ...] = cycle.reservations if cycle is not None else ()
-        self._verdict = cycle.reason if cycle is not None else (lambda job_id: None)
+        self._verdict = _verdicts(cycle) if cycle is not None else (lambda job_id: None)
         self._estimate = runtime_estimate(state, default_estimate_s)
         self._decisions = list(decisions)
         placed = {job.job_id for job, _ in self._decisions}
         self._nominated = {j: nodes for j, nodes in live_nominations(state, now).items() if j not in placed}
         self._by_shape: dict[tuple, PendingReason] = {}
-        # Nodes checked so far (each shape's answer is a scan of its pool's nodes, most of
-        # a diagnosis's cost): what a caller with a budget reads between questions.
+        # The pool's nodes of each shape asked so far (what a scan of every node checks):
+        # what a caller with a budget reads between questions. Counted alike with or without
+        # the kept index, so a budgeted caller reaches the same jobs either way.
         self.node_checks = 0
+        self._pools: dict[str, tuple[int, Counter, Counter]] = {}
         self._statement: Statement | None = None
         self._context = None
 
     def __enter__(self) -> "Diagnosis":
         self._context = tentative(self.state)
         self._statement = self._context.__enter__()
+        if self._kept is not None:
+            install(self._kept, self.state, self._statement)   # before any booking: the log's state
         for job, workers in self._decisions:
             self._statement.book(job, workers)
         return self
@@ -135,24 +151,81 @@ class Diagnosis:
 
     def _nodes(self, job: JobState, blocking: tuple[Reservation, ...], nominee: str) -> PendingReason:
         spec, res = job.spec, job.spec.resources
-        nodes = [n for n in self.state.nodes.values() if n.info.pool == spec.pool]
-        self.node_checks += len(nodes)
-        counts: Counter[str] = Counter()
-        free: list[NodeState] = []
-        for node in nodes:
-            failing = first_failing(node, spec.pool, res)
-            if failing:
-                counts[failing] += 1
-            else:
-                free.append(node)
+        if self._kept is not None and not res.is_mig and (res.gpus or res.is_share):
+            total, counts, free = self._indexed(spec.pool, res)
+        else:
+            total, counts, free = self._scanned(spec.pool, res)
+        self.node_checks += total
         kept = {n for j, names in self._nominated.items() if j != nominee for n in names}
         open_nodes = [n for n in free if n.name not in kept]
         counts[NOMINATED] = len(free) - len(open_nodes)
         room_all, room_open = _room(free, res, spec.workers), _room(open_nodes, res, spec.workers)
         left, room, taken = self._held(job, open_nodes, blocking, room_open)
         counts[RESERVED] = len(open_nodes) - len(left)
-        return _verdict(job, len(nodes), counts, len(left), (room, room_open, room_all), taken,
+        return _verdict(job, total, counts, len(left), (room, room_open, room_all), taken,
                         sorted(j for j in self._nominated if j != nominee))
+
+    def _scanned(self, pool: str, res: WorkerResources) -> tuple[int, Counter, list[NodeState]]:
+        """Every node of ``pool``: its count, the nodes refused by each filter, those that pass."""
+        nodes = [n for n in self.state.nodes.values() if n.info.pool == pool]
+        counts: Counter[str] = Counter()
+        free: list[NodeState] = []
+        for node in nodes:
+            failing = first_failing(node, pool, res)
+            if failing:
+                counts[failing] += 1
+            else:
+                free.append(node)
+        return len(nodes), counts, free
+
+    def _indexed(self, pool: str, res: WorkerResources) -> tuple[int, Counter, list[NodeState]]:
+        """What ``_scanned`` finds, from the kept index: ``first_failing`` only on the nodes
+        of the buckets that may take a worker; every other schedulable node of a model the
+        request allows fails at the GPU check (free whole GPUs, or the largest free share)."""
+        index = free_index(self._statement, self.state, pool)   # type: ignore[arg-type]
+        total, down, models = self._pool(pool, index)
+        counts: Counter[str] = Counter(down)
+        allowed = 0
+        for model, n in models.items():
+            if res.allows(model):
+                allowed += n
+            else:
+                counts[MODEL] += n
+        if res.is_share:
+            need, buckets, check = res.gpu_milli // SHARE_STEP, index.share, SHARE
+        else:
+            need, buckets, check = res.gpus, index.whole, GPUS
+        nodes, free = index.nodes, []
+        candidates = 0
+        for (model, level), bucket in buckets.items():
+            if level >= need and bucket and res.allows(model):
+                candidates += len(bucket)
+                for _, _, name in bucket:
+                    node = nodes[name]
+                    failing = first_failing(node, pool, res)
+                    if failing:
+                        counts[failing] += 1
+                    else:
+                        free.append(node)
+        counts[check] += allowed - candidates
+        return total, counts, free
+
+    def _pool(self, pool: str, index: FreeIndex) -> tuple[int, Counter, Counter]:
+        """The pool's node count, its lost and cordoned nodes, its schedulable nodes by
+        model: once per diagnosis (its bookings and holds change no node's status)."""
+        found = self._pools.get(pool)
+        if found is None:
+            down: Counter[str] = Counter()
+            if len(index.where) < len(index.seq):
+                nodes = self.state.nodes
+                for name in index.seq:
+                    if name not in index.where:
+                        down[LOST if nodes[name].status is NodeStatus.LOST else CORDONED] += 1
+            models: Counter[str] = Counter()
+            for (model, _), bucket in index.whole.items():
+                models[model] += len(bucket)
+            found = self._pools[pool] = (len(index.seq), down, models)
+        return found
 
     def _held(self, job: JobState, open_nodes: list[NodeState], blocking: tuple[Reservation, ...],
               room: int) -> tuple[list[NodeState], int, list[tuple[str, int]]]:
@@ -174,6 +247,19 @@ class Diagnosis:
             left, room = still, room_now
         statement.rollback(mark)
         return left, room, taken
+
+
+def _verdicts(cycle: CycleResult):
+    """``cycle.reason``, with the cycle's skipped jobs (a list, up to ``max_job_test`` long)
+    looked up in a set made once, not scanned for every job asked about."""
+    offered, parked, skipped = cycle.offered, cycle.parked, set(cycle.skipped)
+
+    def verdict(job_id: str) -> Unplaced | None:
+        why = offered.get(job_id)
+        if why is None and job_id in skipped:
+            return Unplaced.SKIPPED_SAME_SHAPE
+        return Unplaced.PARKED if why is None and job_id in parked else why
+    return verdict
 
 
 def _guarantee(job: JobState, found: PendingReason) -> PendingReason:
@@ -237,7 +323,7 @@ def diagnose(state: ClusterState, job: JobState, now: float, quotas: QueueTree =
 
 def reasons(state: ClusterState, jobs: Iterable[JobState], now: float, quotas: QueueTree,
             cycle: CycleResult | None = None, decisions: Iterable[tuple[JobState, tuple]] = (),
-            default_estimate_s: float = DEFAULT_ESTIMATE_S) -> Mapping[str, PendingReason]:
+            default_estimate_s: float = DEFAULT_ESTIMATE_S, kept: dict | None = None) -> Mapping[str, PendingReason]:
     """Several jobs' pending reasons, against one booking of the cycle's decisions."""
-    with Diagnosis(state, now, quotas, cycle, decisions, default_estimate_s) as diagnosis:
+    with Diagnosis(state, now, quotas, cycle, decisions, default_estimate_s, kept) as diagnosis:
         return {job.job_id: diagnosis.diagnose(job) for job in jobs}
