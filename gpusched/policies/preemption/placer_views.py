@@ -17,6 +17,13 @@ ever changed is noted at the end of the call); a node change, an overrun journal
 another state drops them. So at each call's start a kept view is what a fresh build
 from the state would be, and the call decides as one without it
 (``tests/unit/policies/test_kept_placer_views.py``).
+
+The placer's statement is on a copy of the state holding the nodes only (its usage table
+its own). FGD weighs fragmentation by the pool's mix of waiting and running jobs, which
+the copy lacks: under FGD the pools' counts are taken from the state at the call's start
+(``frag_mix.fix_mixes``, brought in step from kept counts where views are kept), so the
+question is scored as the placer's cycle scores it
+(``tests/unit/policies/test_preemption_fgd_mix.py``).
 """
 from __future__ import annotations
 
@@ -24,6 +31,8 @@ from typing import Callable, Mapping
 
 from gpusched.core.model import WorkerAssignment
 from gpusched.core.state import ClusterState, JobState, NodeState
+from gpusched.policies.placement.frag_mix import fix_mixes
+from gpusched.policies.placement.fragmentation import Fgd
 from gpusched.policies.placement.gang import Placement, place_gang
 from gpusched.policies.placement.kept_index import KEPT, install
 from gpusched.policies.preemption.slot_counts import ScratchChanges
@@ -32,10 +41,14 @@ from gpusched.policies.statement import NodeView, Statement, tentative
 
 class PlacerViews:
     """The placer's statement and views of one call on ``state``; ``kept``: the caller's
-    dict that keeps them between calls on this state (None: built for the call)."""
+    dict that keeps them between calls on this state (None: built for the call);
+    ``score``: the call's placement policy, if known at the call's start (FGD's mix is
+    then counted there, see ``open``)."""
 
-    def __init__(self, state: ClusterState, touched: ScratchChanges, kept: dict | None = None) -> None:
+    def __init__(self, state: ClusterState, touched: ScratchChanges, kept: dict | None = None,
+                 score: Placement | None = None) -> None:
         self.state, self.touched, self.kept = state, touched, kept
+        self.mixes = isinstance(score, Fgd)
         self.statement: Statement | None = None
 
     def open(self) -> None:
@@ -45,6 +58,8 @@ class PlacerViews:
         statement = self.statement = Statement(ClusterState(nodes=self.state.nodes))
         if self.kept is not None:
             install(self.kept, self.state, statement)
+        if self.mixes:   # the copy has no jobs: FGD weighs by the log's mix, as the placer does
+            fix_mixes(statement, self.state)
 
     def close(self) -> None:
         statement, self.statement = self.statement, None
@@ -61,6 +76,8 @@ class PlacerViews:
         if placer is None:   # no call open: nothing would tell kept views of changes
             view = ClusterState(nodes=self.state.nodes)
             with tentative(view) as statement:
+                if isinstance(score, Fgd):
+                    fix_mixes(statement, self.state)
                 return place_gang(view, job, score, statement)
         self._catch_up(placer)
         mark = placer.checkpoint()

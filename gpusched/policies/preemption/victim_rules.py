@@ -156,7 +156,7 @@ class SearchContext:
         # The placer's views (free-capacity indexes), held for the whole call while a
         # scratch is watched (``tentative``), and between calls in ``kept`` if given.
         self._touched = ScratchChanges()
-        self._placer = PlacerViews(state, self._touched, kept)
+        self._placer = PlacerViews(state, self._touched, kept, self.score)
 
     @contextmanager
     def tentative(self) -> Iterator[Statement]:

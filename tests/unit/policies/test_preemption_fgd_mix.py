@@ -1,0 +1,83 @@
+"""The preemptor's placer questions under FGD (``preemption.placer_views``) weigh
+fragmentation by the pool's real mix of waiting and running jobs, as the placer's own
+cycle does: asked on the hand-built clusters of the FGD tests, where the mix decides the
+node, the preemptor's question answers what the placer chooses, with a call open (its
+views kept between calls or not) and with none; and the node a preemption plans for its
+beneficiary (its nomination) is the one the placer then gives it."""
+from __future__ import annotations
+
+import pytest
+
+from gpusched.core.digest import digest
+from gpusched.policies.placement.gang import place_gang
+from gpusched.policies.placement.registry import make_placement
+from gpusched.policies.preemption.placer_views import PlacerViews
+from gpusched.policies.preemption.slot_counts import ScratchChanges
+from gpusched.policies.preemption.victim_rules import PreemptionConfig
+from gpusched.policies.statement import tentative
+from tests.unit.policies import preemption_oracle
+from tests.unit.policies.placement_cases import build, choose
+from tests.unit.policies.test_placement_fgd import CASES
+from tests.unit.policies.test_preemption import BE, HI, NOW, Cluster
+
+# The cases whose node the mix decides: with no mix every candidate scores alike and the
+# first registered wins (``equal growth``), so there the answers could not differ.
+MIXED = [case for case in CASES if case.expect is not None and case.expect != case.nodes[0].name]
+
+
+def ask(state, policy: str, path: str):
+    """The preemptor's answer for the pending ``job``: inside a call (``SearchContext.
+    tentative``'s order: scratch, then the placer's statement) or with none open."""
+    score = make_placement(policy)
+    touched = ScratchChanges()
+    views = PlacerViews(state, touched, {} if path == "kept" else None, score)
+    if path == "closed":
+        placed = views.place(state.jobs["job"], score)
+    else:
+        with tentative(state) as scratch:
+            scratch.views[ScratchChanges] = touched
+            views.open()
+            try:
+                placed = views.place(state.jobs["job"], score)
+            finally:
+                views.close()
+    return None if placed is None else (placed[0].node, tuple(s.index for s in placed[0].gpus))
+
+
+@pytest.mark.parametrize("path", ["open", "kept", "closed"])
+@pytest.mark.parametrize("policy", ["fgd", "fgd-lookahead"])
+@pytest.mark.parametrize("case", MIXED, ids=str)
+def test_the_preemptors_question_answers_the_placers_choice(case, policy, path):
+    state = build(case).state
+    before = digest(state)
+    assert ask(state, policy, path) == choose(case, policy)
+    assert digest(state) == before
+
+
+def test_the_cases_are_ones_the_mix_decides():
+    assert len(MIXED) >= 4
+    for case in MIXED:
+        assert choose(case, "fgd")[0] == case.expect != case.nodes[0].name
+
+
+@pytest.mark.parametrize("policy", ["fgd", "fgd-lookahead"])
+def test_the_planned_node_is_the_one_the_placer_gives_after_the_preemption(policy):
+    # One victim frees a GPU on each node. n2's CPU is short of the mix's 8 cores, so its
+    # free GPU is useless to the waiting jobs: FGD takes it and keeps n1's GPU for them.
+    # With no mix both score alike and n1 (registered first) would be planned.
+    c = Cluster(nodes=2, gpus=4)
+    c.running("v", ("n1", (3,)), ("n2", (3,)), priority_class=BE, cpu=1000)
+    c.running("k1", ("n1", (0, 1, 2)), priority_class=HI, cpu=1000)
+    c.running("k2", ("n2", (0, 1, 2)), priority_class=HI, cpu=16_000 - 2000 - 3000)
+    for i in range(100):
+        c.pending(f"t{i}", gpus=1, cpu=8000, priority_class=BE, at=NOW - 1)
+    c.pending("job", gpus=1, cpu=1000, priority_class=HI, at=NOW - 100)
+    config = PreemptionConfig(placement=policy)
+    decisions = c.decisions(config)
+    assert decisions == preemption_oracle.preemption_decisions(c.state, NOW, config)
+    [decision] = [d for d in decisions if d.for_job == "job"]
+    assert decision.victims == ("v",)
+    c.preempt(decision)
+    with tentative(c.state) as statement:
+        placed = place_gang(c.state, c.job("job"), make_placement(policy), statement)
+    assert [w.node for w in placed] == list(decision.planned_nodes) == ["n2"]
