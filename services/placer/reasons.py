@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from gpusched.core import events as ev
 from gpusched.core.model import PendingReason
 from gpusched.core.state import ClusterState, JobState
+from gpusched.policies.journal_cursor import JournalCursor
 from gpusched.policies.placement.diagnosis import Diagnosis
 from gpusched.policies.reservation.backfill import DEFAULT_ESTIMATE_S
 from gpusched.policies.scheduler import CycleResult
@@ -59,8 +60,7 @@ class _Partition:
     seq_seen: int = 0        # jobs submitted before this were seen by ``_unlooked``
     epoch_checked: int = -1  # the capacity epoch of the last comparison of the whole queue
     checked_at: float = -FULL_CHECK_S
-    journal_of: ClusterState | None = None   # the state whose journal ``journal_at`` is a position in
-    journal_at: int = 0      # the reducer's journal (``ClusterState.changes``) at the last comparison
+    journal: JournalCursor = field(default_factory=JournalCursor)   # the reducer's journal at the last comparison
     tokens: float = RATE_PER_S
     tokens_at: float = 0.0
     cycle: CycleResult | None = None   # the last cycle's result
@@ -201,8 +201,7 @@ class PendingReasons:
         not pending, and comes back to the queue only with an event that journals it, so
         these are all of them; the whole queue is compared where the journal cannot say
         (the first comparison, another state, entries dropped)."""
-        since = state.changes_since(part.journal_at) if part.journal_of is state else None
-        part.journal_of, part.journal_at = state, state.changes_end()
+        since = part.journal.read(state, nodes=False)
         pending, looked = state.pending, part.looked
         if since is None:
             return pending.keys() - looked.keys()
