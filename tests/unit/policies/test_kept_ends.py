@@ -124,6 +124,22 @@ def test_the_kept_index_reads_as_one_built_afresh(steps):
         assert ends(index, state, now) == ends(EndIndex(state, "default", now, estimate), state, now)
 
 
+
+@SETTINGS
+@given(steps=st.lists(step, max_size=40))
+def test_a_first_build_reads_as_one_built_afresh(steps):
+    """The index built at once on a state that many changes made (gangs on two nodes, one
+    of a gang's workers ended, jobs being stopped): the build's own path, not a refresh."""
+    log = Log(*(make_node(n, gpus=6, cpu=64_000, mem=512_000) for n in NODES), make_node("o0", gpus=4, pool="other"))
+    made: list[str] = []
+    for s in steps:
+        apply_step(log, s, made)
+    state, now = log.state, log.now
+    estimate = runtime_estimate(state, 50.0)
+    index = KeptEnds().current(state, "default", now, estimate, (dict(state.pool_limits), 50.0))
+    assert ends(index, state, now) == ends(EndIndex(state, "default", now, estimate), state, now)
+
+
 def test_an_end_that_moved_earlier_is_read_at_its_new_time():
     """A job cancelled after the index was kept ends now, not at its time limit: the
     refresh must notice (breaking it, e.g. skipping changed jobs, fails here)."""
