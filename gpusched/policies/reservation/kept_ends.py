@@ -137,7 +137,8 @@ class KeptEnds:
     def _build(self, nodes: list[NodeState], estimate) -> None:
         """``_list`` of every node in ``nodes``, into the heap, with nothing listed yet: a
         job's signature and end worked out once, not once per node of its gang, and a
-        single worker's ``here`` taken as is (a build lists ~41,000 jobs at 5,000 nodes)."""
+        single worker's ``here`` taken as is (a build lists ~41,000 jobs at 5,000 nodes).
+        Ends as ``raw_end`` gives them, which raises where the index cannot be kept."""
         jobs, live, kept_jobs, kept_nodes = self.journal.state.jobs, self.index.live, self.jobs, self.nodes
         out, inf, number = self.index.heap, math.inf, self.number
         ends: dict[str, float] = {}
@@ -152,14 +153,21 @@ class KeptEnds:
                     kept_jobs[job_id] = (holder, (holder.phase, holder.placed_at, holder.started_at,
                                                   holder.time_limit_s, workers))
                 if len(workers) == 1:
-                    here = workers if workers[0].node == name else ()
-                else:
+                    if workers[0].node != name:
+                        continue
+                    here = workers
+                    if holder.phase is _RUNNING:   # ``raw_end``, inlined for the usual case
+                        runtime = estimate(holder)
+                        end = holder.started_at + runtime if runtime > 0 else inf
+                    else:
+                        end = raw_end(holder, estimate)
+                else:   # a gang: its end once, for its first node
                     here = tuple(w for w in workers if w.node == name)
-                if not here:
-                    continue
-                end = ends.get(job_id)
-                if end is None:
-                    end = ends[job_id] = raw_end(holder, estimate)
+                    if not here:
+                        continue
+                    end = ends.get(job_id)
+                    if end is None:
+                        end = ends[job_id] = raw_end(holder, estimate)
                 if end < inf:
                     live[(name, job_id)] = number
                     out.append((end, name, number, holder, here))
