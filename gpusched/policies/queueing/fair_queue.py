@@ -35,7 +35,7 @@ from bisect import bisect_left, insort
 from typing import AbstractSet, Iterable, Iterator, Mapping
 
 from gpusched.core.model import JobSpec
-from gpusched.core.priority import priority_value
+from gpusched.core.priority import PRIORITY_CLASSES, priority_value
 from gpusched.core.state import ClusterState, JobState
 from gpusched.policies.journal_cursor import JournalCursor
 from gpusched.policies.queueing.cursor import JobTestCursor
@@ -195,6 +195,7 @@ class TeamQueues:
         """Enter ``jobs`` (not yet live) into their teams' lists."""
         now, aging_s, members = self._now, self._aging_s, self._members
         shape_of, census, shapes = self._shape_of, self._census, self._shapes
+        priority = PRIORITY_CLASSES.get   # ``priority_value`` and ``is_aged`` inlined: once per arrival
         aged: dict[str, list] = {}
         young: dict[str, list] = {}
         for job in jobs:
@@ -203,11 +204,11 @@ class TeamQueues:
             count = census[flat] = census.get(flat, 0) + 1
             if count == 1:
                 shapes[flat] = (spec.pool, spec.workers, spec.resources)
-            if is_aged(job, now, aging_s):
+            if now - job.submitted_at >= aging_s:
                 entry = members[job.job_id] = (job.seq, job.job_id)
                 aged.setdefault(job.team, []).append(entry)
             else:
-                entry = members[job.job_id] = (-priority_value(job.spec.priority_class), job.seq, job.job_id)
+                entry = members[job.job_id] = (-priority(spec.priority_class, 0), job.seq, job.job_id)
                 young.setdefault(job.team, []).append(entry)
                 if aging_s < math.inf:
                     heapq.heappush(self._ageing, (job.submitted_at, job.seq, job.job_id))
