@@ -34,7 +34,8 @@ import math
 from bisect import bisect_left, insort
 from typing import AbstractSet, Iterable, Iterator, Mapping
 
-from gpusched.core.priority import priority_value
+from gpusched.core.model import JobSpec
+from gpusched.core.priority import PRIORITY_CLASSES, priority_value
 from gpusched.core.state import ClusterState, JobState
 from gpusched.policies.journal_cursor import JournalCursor
 from gpusched.policies.queueing.cursor import JobTestCursor
@@ -42,6 +43,13 @@ from gpusched.policies.queueing.shares import (
     QueueContext, Vector, _Projection, cluster_capacity, is_aged, job_demand,
 )
 from gpusched.policies.queueing.tested_prefix import TestedPrefix
+
+
+def _flat(spec: JobSpec) -> tuple:
+    """``spec``'s shape (pool, workers, resources) in plain values: equal when the shapes are."""
+    r = spec.resources
+    return (spec.pool, spec.workers, r.gpus, r.gpu_milli, r.mig_profile, r.cpu_milli, r.memory_mib,
+            r.gpu_models, r.gpu_memory_mib)
 
 
 class TeamQueues:
@@ -54,8 +62,8 @@ class TeamQueues:
     behind never comes back to life if the job returns (it gets a new one)."""
 
     __slots__ = ("_journal", "_jobs", "_aging_s", "_now", "_watermark", "_members", "_aged", "_young",
-                 "_ageing", "_dead", "_rank", "_ready_only", "_shape_of", "_census", "_prefix", "cursor", "jump",
-                 "_capacity")
+                 "_ageing", "_dead", "_rank", "_ready_only", "_shape_of", "_census", "_shapes", "_prefix", "cursor",
+                 "jump", "_capacity")
 
     def __init__(self) -> None:
         self._journal = JournalCursor()           # the state synced, its journal read up to where
@@ -72,9 +80,12 @@ class TeamQueues:
         self._rank: dict[str, int] | None = None  # team -> first appearance (fill only)
         self._ready_only = True
         # The shapes (pool, workers, per-worker resources) of the live jobs, counted: what
-        # the cycle needs to know that every job left in the queue is bound to fail.
+        # the cycle needs to know that every job left in the queue is bound to fail. Keyed by
+        # ``_flat``, hashed in C (the dataclass's hash and eq, Python calls, were most of a
+        # cold cycle); ``_shapes``: each key's shape, as ``shapes`` reports it.
         self._shape_of: dict[str, tuple] = {}
         self._census: dict[tuple, int] = {}
+        self._shapes: dict[tuple, tuple] = {}
         # The round of cycles whose tested jobs a walk leaves out (set by ``QueueKeys``),
         # and how far each list holds only those (``tested_prefix``).
         self.cursor: JobTestCursor | None = None
@@ -151,7 +162,7 @@ class TeamQueues:
         self._journal.forget()
         self._members, self._aged, self._young, self._ageing = {}, {}, {}, []
         self._dead, self._rank, self._ready_only = 0, None, True
-        self._shape_of, self._census = {}, {}
+        self._shape_of, self._census, self._shapes = {}, {}, {}
         self._capacity = None
         self._prefix.clear()
 
@@ -162,6 +173,7 @@ class TeamQueues:
             self._census[shape] = left
         else:
             del self._census[shape]
+            del self._shapes[shape]
 
     def capacity(self, state: ClusterState) -> Vector:
         """``cluster_capacity(state)``, kept while the synced state's nodes stay: it reads
@@ -177,23 +189,26 @@ class TeamQueues:
 
     def shapes(self) -> Iterable[tuple]:
         """The shapes of the jobs in the queues (ready or not): (pool, workers, resources)."""
-        return self._census.keys()
+        return self._shapes.values()
 
     def _insert(self, jobs: Iterable[JobState]) -> None:
         """Enter ``jobs`` (not yet live) into their teams' lists."""
         now, aging_s, members = self._now, self._aging_s, self._members
-        shape_of, census = self._shape_of, self._census
+        shape_of, census, shapes = self._shape_of, self._census, self._shapes
+        priority = PRIORITY_CLASSES.get   # ``priority_value`` and ``is_aged`` inlined: once per arrival
         aged: dict[str, list] = {}
         young: dict[str, list] = {}
         for job in jobs:
             spec = job.spec
-            shape = shape_of[job.job_id] = (spec.pool, spec.workers, spec.resources)
-            census[shape] = census.get(shape, 0) + 1
-            if is_aged(job, now, aging_s):
+            flat = shape_of[job.job_id] = _flat(spec)
+            count = census[flat] = census.get(flat, 0) + 1
+            if count == 1:
+                shapes[flat] = (spec.pool, spec.workers, spec.resources)
+            if now - job.submitted_at >= aging_s:
                 entry = members[job.job_id] = (job.seq, job.job_id)
                 aged.setdefault(job.team, []).append(entry)
             else:
-                entry = members[job.job_id] = (-priority_value(job.spec.priority_class), job.seq, job.job_id)
+                entry = members[job.job_id] = (-priority(spec.priority_class, 0), job.seq, job.job_id)
                 young.setdefault(job.team, []).append(entry)
                 if aging_s < math.inf:
                     heapq.heappush(self._ageing, (job.submitted_at, job.seq, job.job_id))

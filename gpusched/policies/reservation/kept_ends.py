@@ -131,10 +131,50 @@ class KeptEnds:
         index = EndIndex.__new__(EndIndex)
         index.heap, index.live, index.overdue = [], {}, []
         self.index, self.nodes, self.jobs = index, {}, {}
-        for node in state.nodes.values():
-            if node.info.pool == pool:
-                self._list(node, estimate, index.heap)
+        self._build([node for node in state.nodes.values() if node.info.pool == pool], estimate)
         heapq.heapify(index.heap)
+
+    def _build(self, nodes: list[NodeState], estimate) -> None:
+        """``_list`` of every node in ``nodes``, into the heap, with nothing listed yet: a
+        job's signature and end worked out once, not once per node of its gang, and a
+        single worker's ``here`` taken as is (a build lists ~41,000 jobs at 5,000 nodes).
+        Ends as ``raw_end`` gives them, which raises where the index cannot be kept."""
+        jobs, live, kept_jobs, kept_nodes = self.journal.state.jobs, self.index.live, self.jobs, self.nodes
+        out, inf, number = self.index.heap, math.inf, self.number
+        ends: dict[str, float] = {}
+        for node in nodes:
+            name, members, listed = node.name, frozenset(node.jobs), []
+            for job_id in members:
+                holder = jobs.get(job_id)
+                if holder is None:
+                    continue
+                workers = holder.workers
+                if job_id not in kept_jobs:
+                    kept_jobs[job_id] = (holder, (holder.phase, holder.placed_at, holder.started_at,
+                                                  holder.time_limit_s, workers))
+                if len(workers) == 1:
+                    if workers[0].node != name:
+                        continue
+                    here = workers
+                    if holder.phase is _RUNNING:   # ``raw_end``, inlined for the usual case
+                        runtime = estimate(holder)
+                        end = holder.started_at + runtime if runtime > 0 else inf
+                    else:
+                        end = raw_end(holder, estimate)
+                else:   # a gang: its end once, for its first node
+                    here = tuple(w for w in workers if w.node == name)
+                    if not here:
+                        continue
+                    end = ends.get(job_id)
+                    if end is None:
+                        end = ends[job_id] = raw_end(holder, estimate)
+                if end < inf:
+                    live[(name, job_id)] = number
+                    out.append((end, name, number, holder, here))
+                    number += 1
+                    listed.append(job_id)
+            kept_nodes[name] = (node, node.info, members, tuple(listed))
+        self.number = number
 
     def _refresh(self, state: ClusterState, pool: str, estimate) -> None:
         changes = self.journal.read(state)   # None: overrun, or a node changed

@@ -5,16 +5,17 @@ moving on (and back); quotas with orgs, decayed usage, aging and nominees; and a
 that takes only a prefix of the order before the next one syncs the queues."""
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpusched.core import events as ev
-from gpusched.core.model import JobPhase
+from gpusched.core.model import JobPhase, WorkerResources
 from gpusched.core.priority import PRIORITY_CLASSES
 from gpusched.core.state import ClusterState
-from gpusched.policies.queueing.fair_queue import TeamQueues
+from gpusched.policies.queueing.fair_queue import TeamQueues, _flat
 from gpusched.policies.queueing.fairshare import QueueContext, fair_share
 from gpusched.policies.queueing.keys import QueueKeys
 from gpusched.policies.queueing.quota import OrgQuota, QueueTree, TeamQuota
@@ -111,6 +112,11 @@ def test_the_kept_order_is_the_order_built_whole(steps, tree, aging_s, decayed, 
             context = QueueContext(tree, ledger, aging_s, nominees)
             expected = oracle(world.state, now, context)
             queues.sync(world.state, now, aging_s if aging_s > 0 else math.inf)
+            # The census of shapes: each waiting job's (pool, workers, resources), once.
+            specs = [world.state.jobs[j].spec for j in world.state.pending]
+            waiting = {(spec.pool, spec.workers, spec.resources) for spec in specs}
+            shapes = list(queues.shapes())
+            assert len(shapes) == len(waiting) and set(shapes) == waiting
             order = queues.order(world.state, now, context)
             got = [next(order).job_id for _ in range(min(take, len(expected)))]
             assert got == expected[:take]
@@ -225,3 +231,12 @@ def test_jobs_arriving_in_batches_into_long_queues_keep_the_order(batches, take,
         queues.sync(world.state, now, math.inf)
         context = QueueContext(tree)
         assert [j.job_id for j in queues.order(world.state, now, context)] == oracle(world.state, now, context)
+
+
+def test_the_census_key_holds_every_field_of_a_shape():
+    """The census counts by ``_flat``: a field of ``WorkerResources`` it left out would
+    count two shapes as one (a field added to the dataclass must be added there)."""
+    resources = WorkerResources(gpus=2, gpu_milli=0, mig_profile="", cpu_milli=3, memory_mib=4,
+                                gpu_models=("a",), gpu_memory_mib=5)
+    spec = dataclasses.replace(make_spec("a"), resources=resources, workers=3, pool="p")
+    assert _flat(spec) == ("p", 3, *dataclasses.astuple(resources))

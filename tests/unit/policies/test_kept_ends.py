@@ -124,6 +124,24 @@ def test_the_kept_index_reads_as_one_built_afresh(steps):
         assert ends(index, state, now) == ends(EndIndex(state, "default", now, estimate), state, now)
 
 
+
+@SETTINGS
+@given(steps=st.lists(step, max_size=40), unknown=st.booleans())
+def test_a_first_build_reads_as_one_built_afresh(steps, unknown):
+    """The index built at once on a state that many changes made (gangs on two nodes, one
+    of a gang's workers ended, jobs being stopped): the build's own path, not a refresh.
+    ``unknown``: every third job's runtime is not known (it never ends)."""
+    log = Log(*(make_node(n, gpus=6, cpu=64_000, mem=512_000) for n in NODES), make_node("o0", gpus=4, pool="other"))
+    made: list[str] = []
+    for s in steps:
+        apply_step(log, s, made)
+    state, now = log.state, log.now
+    known = runtime_estimate(state, 50.0)
+    estimate = (lambda job: 0.0 if int(job.job_id[1:]) % 3 == 0 else known(job)) if unknown else known
+    index = KeptEnds().current(state, "default", now, estimate, (dict(state.pool_limits), 50.0))
+    assert ends(index, state, now) == ends(EndIndex(state, "default", now, estimate), state, now)
+
+
 def test_an_end_that_moved_earlier_is_read_at_its_new_time():
     """A job cancelled after the index was kept ends now, not at its time limit: the
     refresh must notice (breaking it, e.g. skipping changed jobs, fails here)."""
