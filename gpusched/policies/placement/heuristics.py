@@ -203,7 +203,9 @@ class GpuClustering(ScoredPlacement):
             return np.zeros(rows.size)
         tags = statement.views.get(("tags", job.spec.pool))
         if tags is None:
-            tags = statement.views[("tags", job.spec.pool)] = NodeTags(arrays, getattr(state, "jobs", {}))
+            at = statement.views.get(JOBS_AT)
+            jobs = at.jobs if at is not None else getattr(state, "jobs", {})   # type: ignore[attr-defined]
+            tags = statement.views[("tags", job.spec.pool)] = NodeTags(arrays, jobs)
         fuller = 25 * (MAX_GPU_MILLI - arrays.gpu[rows].sum(axis=1)) // MAX_GPU_MILLI
         has, count = tags.has(tag)[rows], tags.count[rows]
         klass = np.where(has, np.where(count == 1, 75, 50), np.where(count == 0, 25, 0))
@@ -216,6 +218,23 @@ def shape_tag(res: WorkerResources) -> str:
     if res.is_share:
         return "share"
     return f"{res.gpus}-gpu" if res.gpus else ""
+
+
+JOBS_AT = "clustering-jobs-at"   # a statement's view key of the jobs lent to it (``JobsAt``)
+
+
+class JobsAt:
+    """The log state's jobs, lent to a statement whose own state lacks them: the
+    preemptor's placer questions run on a copy holding the nodes only, and the node tags
+    are read from these jobs as the placer's cycle reads them from its state."""
+
+    __slots__ = ("jobs",)
+
+    def __init__(self, jobs: Mapping[str, JobState]) -> None:
+        self.jobs = jobs
+
+    def touch(self, names: Iterable[str]) -> None:
+        """The tags themselves (``NodeTags``) are told of changed nodes."""
 
 
 class NodeTags:

@@ -23,7 +23,9 @@ its own). FGD weighs fragmentation by the pool's mix of waiting and running jobs
 the copy lacks: under FGD the pools' counts are taken from the state at the call's start
 (``frag_mix.fix_mixes``, brought in step from kept counts where views are kept), so the
 question is scored as the placer's cycle scores it
-(``tests/unit/policies/test_preemption_fgd_mix.py``).
+(``tests/unit/policies/test_preemption_fgd_mix.py``). Likewise gpu-clustering's node
+tags (the shapes of the jobs on each node) are read from the state's jobs (``JobsAt``;
+``tests/unit/policies/test_preemption_clustering_tags.py``).
 """
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ from gpusched.core.state import ClusterState, JobState, NodeState
 from gpusched.policies.placement.frag_mix import fix_mixes
 from gpusched.policies.placement.fragmentation import Fgd
 from gpusched.policies.placement.gang import Placement, place_gang
+from gpusched.policies.placement.heuristics import JOBS_AT, GpuClustering, JobsAt
 from gpusched.policies.placement.kept_index import KEPT, install
 from gpusched.policies.preemption.slot_counts import ScratchChanges
 from gpusched.policies.statement import NodeView, Statement, tentative
@@ -42,13 +45,13 @@ from gpusched.policies.statement import NodeView, Statement, tentative
 class PlacerViews:
     """The placer's statement and views of one call on ``state``; ``kept``: the caller's
     dict that keeps them between calls on this state (None: built for the call);
-    ``score``: the call's placement policy, if known at the call's start (FGD's mix is
-    then counted there, see ``open``)."""
+    ``score``: the call's placement policy, if known at the call's start (what it reads
+    of the state's jobs is then lent there, see ``lend_jobs``)."""
 
     def __init__(self, state: ClusterState, touched: ScratchChanges, kept: dict | None = None,
                  score: Placement | None = None) -> None:
         self.state, self.touched, self.kept = state, touched, kept
-        self.mixes = isinstance(score, Fgd)
+        self.score = score
         self.statement: Statement | None = None
 
     def open(self) -> None:
@@ -58,8 +61,7 @@ class PlacerViews:
         statement = self.statement = Statement(ClusterState(nodes=self.state.nodes))
         if self.kept is not None:
             install(self.kept, self.state, statement)
-        if self.mixes:   # the copy has no jobs: FGD weighs by the log's mix, as the placer does
-            fix_mixes(statement, self.state)
+        lend_jobs(statement, self.state, self.score)
 
     def close(self) -> None:
         statement, self.statement = self.statement, None
@@ -76,8 +78,7 @@ class PlacerViews:
         if placer is None:   # no call open: nothing would tell kept views of changes
             view = ClusterState(nodes=self.state.nodes)
             with tentative(view) as statement:
-                if isinstance(score, Fgd):
-                    fix_mixes(statement, self.state)
+                lend_jobs(statement, self.state, score)
                 return place_gang(view, job, score, statement)
         self._catch_up(placer)
         mark = placer.checkpoint()
@@ -106,3 +107,13 @@ class PlacerViews:
             for kept in placer.views.values():
                 kept.touch(names)
         touched.clear()
+
+
+def lend_jobs(statement: Statement, state: ClusterState, score: Placement | None) -> None:
+    """The copy has no jobs: lend ``statement`` what ``score`` reads of the log state's
+    (FGD's mix, counted now; gpu-clustering's jobs for its node tags), as the placer
+    reads them. Call while ``state`` is the log's."""
+    if isinstance(score, Fgd):
+        fix_mixes(statement, state)
+    elif isinstance(score, GpuClustering):
+        statement.views[JOBS_AT] = JobsAt(state.jobs)

@@ -2,18 +2,18 @@
 a whole call: a test oracle, not used by the project. Every ``place`` builds its views
 (the free-capacity index and the like) afresh from every node of the pool, and the
 scratch statement is a plain ``tentative``; FGD's mix is the state's, counted when the
-call starts (``frag_mix.fix_mixes``), as the project's questions count it. ``test_preemption_index``
+call starts, and gpu-clustering's node tags read the state's jobs (``placer_views.lend_jobs``),
+as the project's questions do. ``test_preemption_index``
 checks that ``preemption_decisions`` and ``defrag_decisions`` decide exactly as these do.
 """
 from __future__ import annotations
 
 from gpusched.core.model import WorkerAssignment
 from gpusched.core.state import ClusterState, JobState
-from gpusched.policies.placement.frag_mix import fix_mixes
-from gpusched.policies.placement.fragmentation import Fgd
 from gpusched.policies.placement.gang import place_gang
 from gpusched.policies.preemption.decisions import Preemption, _decision
 from gpusched.policies.preemption.defrag import _plan, blocked_by_fragmentation
+from gpusched.policies.preemption.placer_views import lend_jobs
 from gpusched.policies.preemption.victim_rules import PreemptionConfig, SearchContext
 from gpusched.policies.queueing.quota import within_limits
 from gpusched.policies.statement import Statement, tentative
@@ -25,8 +25,7 @@ class FreshViewsContext(SearchContext):
     def __init__(self, state: ClusterState, now: float, config: PreemptionConfig) -> None:
         super().__init__(state, now, config)
         mixes = Statement(ClusterState())   # the state is the log's here: no scratch yet
-        if isinstance(self.score, Fgd):
-            fix_mixes(mixes, state)
+        lend_jobs(mixes, state, self.score)
         self.mixes = mixes.views
 
     def place(self, job: JobState) -> tuple[WorkerAssignment, ...] | None:
