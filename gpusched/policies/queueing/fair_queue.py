@@ -34,22 +34,15 @@ import math
 from bisect import bisect_left, insort
 from typing import AbstractSet, Iterable, Iterator, Mapping
 
-from gpusched.core.model import JobSpec
 from gpusched.core.priority import PRIORITY_CLASSES, priority_value
 from gpusched.core.state import ClusterState, JobState
 from gpusched.policies.journal_cursor import JournalCursor
 from gpusched.policies.queueing.cursor import JobTestCursor
+from gpusched.policies.queueing.shape_key import shape_key
 from gpusched.policies.queueing.shares import (
     QueueContext, Vector, _Projection, cluster_capacity, is_aged, job_demand,
 )
 from gpusched.policies.queueing.tested_prefix import TestedPrefix
-
-
-def _flat(spec: JobSpec) -> tuple:
-    """``spec``'s shape (pool, workers, resources) in plain values: equal when the shapes are."""
-    r = spec.resources
-    return (spec.pool, spec.workers, r.gpus, r.gpu_milli, r.mig_profile, r.cpu_milli, r.memory_mib,
-            r.gpu_models, r.gpu_memory_mib)
 
 
 class TeamQueues:
@@ -81,7 +74,7 @@ class TeamQueues:
         self._ready_only = True
         # The shapes (pool, workers, per-worker resources) of the live jobs, counted: what
         # the cycle needs to know that every job left in the queue is bound to fail. Keyed by
-        # ``_flat``, hashed in C (the dataclass's hash and eq, Python calls, were most of a
+        # ``shape_key``, hashed in C (the dataclass's hash and eq, Python calls, were most of a
         # cold cycle); ``_shapes``: each key's shape, as ``shapes`` reports it.
         self._shape_of: dict[str, tuple] = {}
         self._census: dict[tuple, int] = {}
@@ -200,7 +193,7 @@ class TeamQueues:
         young: dict[str, list] = {}
         for job in jobs:
             spec = job.spec
-            flat = shape_of[job.job_id] = _flat(spec)
+            flat = shape_of[job.job_id] = shape_key(spec.pool, spec.workers, spec.resources)
             count = census[flat] = census.get(flat, 0) + 1
             if count == 1:
                 shapes[flat] = (spec.pool, spec.workers, spec.resources)

@@ -25,6 +25,7 @@ from gpusched.core.state import ClusterState, JobState
 from gpusched.policies.queueing.cursor import JobTestCursor
 from gpusched.policies.queueing.fair_queue import TeamQueues
 from gpusched.policies.queueing.order import QueueKey
+from gpusched.policies.queueing.shape_key import shape_key
 
 # Bounds, whatever the log holds: entries of jobs that left the queue are dropped once
 # they outnumber the queue; shapes are forgotten (and renumbered) past this many.
@@ -37,7 +38,7 @@ class QueueKeys:
     def __init__(self) -> None:
         self._key: QueueKey | None = None
         self._entries: dict[str, tuple[int, Any, int]] = {}   # job id -> (seq, key, shape)
-        self._shapes: dict[tuple, int] = {}
+        self._shapes: dict[tuple, int] = {}   # ``shape_key`` -> number
         self._fair: TeamQueues | None = None
         self._waiting: tuple[int, list[tuple[int, str]]] | None = None   # (shapes numbered, waiting_shapes)
         # What other stages of the cycle keep for this state between cycles, by their own
@@ -60,7 +61,7 @@ class QueueKeys:
         entry = self._entries.get(job.job_id)
         if entry is None or entry[0] != job.seq:
             spec = job.spec
-            shape = (spec.pool, spec.workers, spec.resources)
+            shape = shape_key(spec.pool, spec.workers, spec.resources)
             number = self._shapes.get(shape)
             if number is None:
                 number = self._shapes[shape] = len(self._shapes)
@@ -84,7 +85,9 @@ class QueueKeys:
         # or a shape is numbered (a job of it taken), as nothing else changes it.
         shapes = self._shapes
         if self._waiting is None or self._waiting[0] != len(shapes):
-            self._waiting = (len(shapes), [(shapes.get(shape, -1), shape[0]) for shape in self._fair.shapes()])
+            # (keyed as ``_entry`` numbers them; rebuilt only when one is numbered, so rarely)
+            self._waiting = (len(shapes), [(shapes.get(shape_key(*shape), -1), shape[0])
+                                           for shape in self._fair.shapes()])
         return self._waiting[1]
 
     def fair_queues(self) -> TeamQueues:

@@ -15,8 +15,9 @@ from gpusched.core import events as ev
 from gpusched.core.model import JobPhase, WorkerResources
 from gpusched.core.priority import PRIORITY_CLASSES
 from gpusched.core.state import ClusterState
-from gpusched.policies.queueing.fair_queue import TeamQueues, _flat
+from gpusched.policies.queueing.fair_queue import TeamQueues
 from gpusched.policies.queueing.fairshare import QueueContext, fair_share
+from gpusched.policies.queueing.shape_key import shape_key
 from gpusched.policies.queueing.keys import QueueKeys
 from gpusched.policies.queueing.quota import OrgQuota, QueueTree, TeamQuota
 from gpusched.policies.queueing.usage import Demand
@@ -234,9 +235,9 @@ def test_jobs_arriving_in_batches_into_long_queues_keep_the_order(batches, take,
 
 
 def test_the_census_key_holds_every_field_of_a_shape():
-    """The census counts by ``_flat``: a field of ``WorkerResources`` it left out would
-    count two shapes as one (a field added to the dataclass must be added there)."""
+    """The census and the shape numbers key by ``shape_key``: a field of ``WorkerResources``
+    it left out would count two shapes as one (a field added to the dataclass must be added there)."""
     resources = WorkerResources(gpus=2, gpu_milli=0, mig_profile="", cpu_milli=3, memory_mib=4,
                                 gpu_models=("a",), gpu_memory_mib=5)
     spec = dataclasses.replace(make_spec("a"), resources=resources, workers=3, pool="p")
-    assert _flat(spec) == ("p", 3, *dataclasses.astuple(resources))
+    assert shape_key(spec.pool, spec.workers, spec.resources) == ("p", 3, *dataclasses.astuple(resources))

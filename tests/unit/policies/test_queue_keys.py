@@ -3,11 +3,16 @@ cycle orders and decides as without them, offers only the first job of a shape t
 failed, and never serves a key made for another job of the same id."""
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpusched.core import events as ev
+from gpusched.core.model import WorkerResources
 from gpusched.policies.queueing.order import priority_key
 from gpusched.policies.queueing.keys import QueueKeys
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig, _Cycle
@@ -108,3 +113,32 @@ def test_another_key_function_starts_afresh():
     assert keys.key(log.job("j")) == priority_key(log.job("j"))
     keys.bind(lambda job: job.seq, log.state)
     assert keys.key(log.job("j")) == log.job("j").seq
+
+
+GPU_FORMS = ({"gpus": 1}, {"gpus": 2}, {"gpu_milli": 500}, {"gpu_milli": 500, "gpu_memory_mib": 5},
+             {"mig_profile": "1g.10gb"})
+resources_st = st.builds(lambda form, cpu, mem, models: WorkerResources(cpu_milli=cpu, memory_mib=mem,
+                                                                        gpu_models=models, **form),
+                         st.sampled_from(GPU_FORMS), st.sampled_from([0, 1000]), st.sampled_from([0, 1000]),
+                         st.sampled_from([(), ("H100-80GB",)]))
+shape_st = st.tuples(st.sampled_from(["default", "p"]), st.integers(1, 2), resources_st)
+
+
+@settings(max_examples=100, deadline=None)
+@given(shapes=st.lists(shape_st, min_size=1, max_size=12), numbered=st.integers(0, 12))
+def test_equal_shapes_get_equal_numbers_and_fair_share_sees_them(shapes, numbered):
+    """Two jobs get one shape number exactly when their (pool, workers, resources) are
+    equal; ``waiting_shapes`` reports each waiting shape by that number (-1: none yet)."""
+    log = Log(make_node("n1", 1), make_node("n2", 1, pool="p"))
+    for i, (pool, workers, resources) in enumerate(shapes):
+        spec = dataclasses.replace(make_spec(), pool=pool, workers=workers, resources=resources)
+        assert log.submit(f"j{i}", spec).accepted
+    keys = QueueKeys()
+    keys.bind(None, log.state)
+    keys.fair_queues().sync(log.state, log.now, math.inf)
+    assert sorted(keys.waiting_shapes()) == sorted((-1, pool) for pool, _, _ in set(shapes))
+    number = {i: keys.shape(log.job(f"j{i}")) for i in range(min(numbered, len(shapes)))}
+    for i, j in itertools.combinations(number, 2):
+        assert (number[i] == number[j]) == (shapes[i] == shapes[j])
+    by_shape = {shapes[i]: n for i, n in number.items()}
+    assert sorted(keys.waiting_shapes()) == sorted((by_shape.get(s, -1), s[0]) for s in set(shapes))
