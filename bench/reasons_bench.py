@@ -5,13 +5,14 @@ The pool of ``bench/cycle_bench.py``: ``--nodes`` 8-GPU nodes full of 1-GPU jobs
 ``--pending`` jobs waiting (the openb trace's GPU tasks: many shapes), the placer's
 defaults (fair share, backfill, reservations, its default placement). Per iteration,
 ``--ends`` running jobs end and as many are submitted, a cycle runs, then two passes
-ask about the state it left, one after the other in alternating order: one reading the
-nodes through the index it keeps between passes (as the placer's pass does), one
-scanning every node of the pool for every shape (``keep_indexes=False``). Their events must be the same (job,
-attempt, reason: checked every pass); the first's are applied, as the placer's would be.
-Prints the CPU time of a pass for each, the first apart (the kept pass builds its index
-and journal reader there, as after a node change), then mean, p50, p99 and max, and the
-ratio of the means.
+ask about the state it left, one after the other in rotating order: one reading the
+nodes through the cycle's own kept index (``QueueKeys.kept``, as the placer's pass does),
+one through an index it keeps between passes itself, one scanning every node of the pool
+for every shape (``keep_indexes=False``). Their events must be the same (job, attempt,
+reason: checked every pass); the first's are applied, as the placer's would be.
+Prints the CPU time of a pass for each, the first apart (a pass keeping its own index
+builds it and its journal reader there, as after a node change), then mean, p50, p99 and
+max, and the ratios of the means.
 
     .venv/bin/python bench/reasons_bench.py [--nodes 5000] [--pending 45000] [--passes 40] [--ends 2]
                                             [--big-ends N]
@@ -48,9 +49,9 @@ def full_pool(nodes: int, pending: int, scheduler: Scheduler, parked: ParkedJobs
     return pool, tasks
 
 
-def timed(reasons: PendingReasons, pool: Pool, now: float, cycle) -> tuple[float, list]:
+def timed(reasons: PendingReasons, pool: Pool, now: float, cycle, kept: dict | None) -> tuple[float, list]:
     c0 = time.process_time()
-    events = reasons.after_cycle(0, pool.state, now, cycle)
+    events = reasons.after_cycle(0, pool.state, now, cycle, kept)
     return (time.process_time() - c0) * 1e3, events
 
 
@@ -67,10 +68,12 @@ def main() -> None:
     scheduler = Scheduler(SchedulerConfig(queue="fair-share", placement=DEFAULT_PLACEMENT))
     parked, keys = ParkedJobs(), QueueKeys()
     pool, tasks = full_pool(args.nodes, args.pending, scheduler, parked, keys)
-    kept, scan = PendingReasons("bench"), PendingReasons("bench", keep_indexes=False)
+    passes = {"cycle's index": (PendingReasons("bench"), keys.kept), "own index": (PendingReasons("bench"), None),
+              "every node": (PendingReasons("bench", keep_indexes=False), None)}
+    names = list(passes)
     gc.collect()
     gc.freeze()   # as the services' GC pacing: the state is not rescanned by every collection
-    times: dict[str, list[float]] = {"kept index": [], "every node": []}
+    times: dict[str, list[float]] = {name: [] for name in names}
     written = 0
     for i in range(args.passes):
         ends = args.big_ends if args.big_ends and i % 2 else args.ends
@@ -78,26 +81,30 @@ def main() -> None:
         pool.submit(ends, 1, tasks)
         now = pool.now()
         cycle = scheduler.schedule(pool.state, now, parked, keys)
-        order = [("kept index", kept), ("every node", scan)]
+        turn = i // 2 % len(names)   # not in step with --big-ends
         found = {}
-        for name, reasons in (order if i // 2 % 2 == 0 else order[::-1]):   # not in step with --big-ends
-            ms, found[name] = timed(reasons, pool, now, cycle)
+        for name in names[turn:] + names[:turn]:
+            ms, found[name] = timed(*passes[name][:1], pool, now, cycle, passes[name][1])
             times[name].append(ms)
-        same = [(e.job_id, e.attempt, e.reason) for e in found["kept index"]]
-        assert same == [(e.job_id, e.attempt, e.reason) for e in found["every node"]], "the passes differ"
+        same = [(e.job_id, e.attempt, e.reason) for e in found["cycle's index"]]
+        for name in names[1:]:
+            assert same == [(e.job_id, e.attempt, e.reason) for e in found[name]], "the passes differ"
         written += len(same)
-        for e in found["kept index"]:
+        for e in found["cycle's index"]:
             apply(pool.state, e)
         pool.place(cycle.decisions)
     every = f", {args.big_ends} before every other" if args.big_ends else ""
     print(f"{args.nodes:,} full 8-GPU nodes, {len(pool.state.pending):,} pending (openb), {args.ends} ending "
-          f"before each cycle{every}; {written / args.passes:.1f} reasons written per pass, the same both ways")
+          f"before each cycle{every}; {written / args.passes:.1f} reasons written per pass, the same every way")
     for name, ms in times.items():   # the first pass builds what the kept one keeps: apart
         rest = ms[1:]
         print(f"  pass, {name}: first {ms[0]:.1f} ms CPU, then {sum(rest) / len(rest):.2f} (p50 "
               f"{percentile(rest, 0.5):.2f}, p99 {percentile(rest, 0.99):.2f}, max {max(rest):.2f}; {len(rest)} passes)")
     mean = {name: sum(ms[1:]) / len(ms[1:]) for name, ms in times.items()}
-    print(f"  ratio kept index / every node after the first pass: {mean['kept index'] / mean['every node']:.3f}x the mean")
+    for name in names[:2]:
+        print(f"  ratio {name} / every node after the first pass: {mean[name] / mean['every node']:.3f}x the mean")
+    print(f"  ratio cycle's index / own index after the first pass: "
+          f"{mean[names[0]] / mean[names[1]]:.3f}x the mean")
 
 
 if __name__ == "__main__":

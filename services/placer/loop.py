@@ -85,15 +85,16 @@ class PlacementDecider:
             # The same state: only pending reasons the last pass could not reach or held back.
             if not self.reasons.due(partition, state, now):
                 return []
-            return [(e, state.jobs[e.job_id].spec.pool) for e in self.reasons.idle_pass(partition, state, now)]
+            kept = self._keys[partition].kept if partition in self._keys else None
+            return [(e, state.jobs[e.job_id].spec.pool) for e in self.reasons.idle_pass(partition, state, now, kept)]
         self._last_version[partition], self._cycled_at[partition] = version, now
         self._wake.pop(partition, None)
         if self.cycle_log is not None:
             self.cycle_log.start()
         started = time.perf_counter()
         with tracing.tracer().start_as_current_span("schedule-cycle") as span:
-            cycle = self.scheduler.schedule(state, now, self._parked.setdefault(partition, ParkedJobs()),
-                                            self._keys.setdefault(partition, QueueKeys()))
+            keys = self._keys.setdefault(partition, QueueKeys())
+            cycle = self.scheduler.schedule(state, now, self._parked.setdefault(partition, ParkedJobs()), keys)
             decisions = cycle.decisions
             span.set_attribute("gpusched.partition", partition)
             span.set_attribute("gpusched.decisions", len(decisions))
@@ -105,7 +106,8 @@ class PlacementDecider:
         why = []
         if not placed or now - self._reasons_at.get(partition, -math.inf) >= REASONS_EVERY_S:
             self._reasons_at[partition] = now
-            why = self.reasons.after_cycle(partition, state, now, cycle)   # what the cycle found, reused
+            # What the cycle found, and its placement indexes (closed, in step again at the pass), reused.
+            why = self.reasons.after_cycle(partition, state, now, cycle, keys.kept)
         if self.cycle_log is not None:
             self.cycle_log.done(partition, cycle_s, len(state.pending), len(placed),
                                 time.perf_counter() - started - cycle_s)

@@ -64,7 +64,7 @@ class _Partition:
     tokens: float = RATE_PER_S
     tokens_at: float = 0.0
     cycle: CycleResult | None = None   # the last cycle's result
-    kept: dict = field(default_factory=dict)   # the free-capacity indexes kept between passes
+    kept: dict = field(default_factory=dict)   # the free-capacity indexes kept between passes (or the cycle's)
 
 
 class PendingReasons:
@@ -83,9 +83,12 @@ class PendingReasons:
             self._parts.pop(p, None)
 
     def after_cycle(self, partition: int, state: ClusterState, now: float,
-                    cycle: CycleResult) -> list[ev.JobPendingReason]:
-        """The reasons to write after ``cycle`` (its decisions are not in the log yet)."""
+                    cycle: CycleResult, kept: dict | None = None) -> list[ev.JobPendingReason]:
+        """The reasons to write after ``cycle`` (its decisions are not in the log yet).
+        ``kept``: the cycle's own store of placement indexes (its ``QueueKeys.kept``), to
+        read instead of one kept here (see ``_share``)."""
         part = self._parts.setdefault(partition, _Partition(tokens=self.rate_per_s, tokens_at=now))
+        self._share(part, kept)
         part.generation += 1
         part.cycle = cycle
         booked = [(state.jobs[d.job_id], d.workers) for d in cycle.decisions]
@@ -97,9 +100,26 @@ class PendingReasons:
         return part is not None and (not part.complete or any(t <= now for t in part.held.values())
                                      or self._full_check_due(part, state, now))
 
-    def idle_pass(self, partition: int, state: ClusterState, now: float) -> list[ev.JobPendingReason]:
+    def idle_pass(self, partition: int, state: ClusterState, now: float,
+                  kept: dict | None = None) -> list[ev.JobPendingReason]:
         part = self._parts.get(partition)
-        return self._pass(part, state, now, []) if part is not None else []
+        if part is None:
+            return []
+        self._share(part, kept)
+        return self._pass(part, state, now, [])
+
+    @staticmethod
+    def _share(part: _Partition, kept: dict | None) -> None:
+        """Read the cycle's kept placement indexes rather than keep a second copy: after a
+        big placing cycle, bringing a copy of its own in step with the log was half of a
+        pass, work the cycle had just done for its copy. Safe because the pass runs after
+        the cycle's statement closed and before anything changes the state, and a
+        ``Diagnosis`` refreshes the indexes before it reads them (``kept_index.install``):
+        the nodes that statement changed are looked at again, so the pass reads what a
+        fresh build would be; its own tentative changes are likewise left for the next
+        reader's refresh."""
+        if kept is not None:
+            part.kept = kept
 
     def _pass(self, part: _Partition, state: ClusterState, now: float, booked: list) -> list[ev.JobPendingReason]:
         placed = {job.job_id for job, _ in booked}

@@ -112,9 +112,15 @@ def written(events) -> list[tuple]:
 
 @SETTINGS
 @given(nodes_st, st.sampled_from((0.0, 300.0, math.inf)), st.lists(spec_st, min_size=1, max_size=8),
-       st.lists(step_st, min_size=1, max_size=12), st.sampled_from((1, 3, 64)), st.sampled_from((1, 6, 32_768)))
-def test_a_pass_that_keeps_writes_what_a_fresh_pass_writes(nodes, reserve_after_s, first, steps, per_pass, checks):
+       st.lists(step_st, min_size=1, max_size=12), st.sampled_from((1, 3, 64)), st.sampled_from((1, 6, 32_768)),
+       st.booleans())
+def test_a_pass_that_keeps_writes_what_a_fresh_pass_writes(nodes, reserve_after_s, first, steps, per_pass, checks,
+                                                           shared):
+    """``shared``: the pass reads the cycle's own kept indexes (``QueueKeys.kept``), as the
+    placer's loop passes them; the cycles then decide as cycles whose indexes no pass read."""
     case = Scenario(nodes, reserve_after_s)
+    alone = (ParkedJobs(), QueueKeys())   # a cycle's own, never lent to a pass
+    share = case.keys.kept if shared else None
     case.submit(first)
     kept = PendingReasons("placer-test", per_pass=per_pass, node_checks_per_pass=checks)
     fresh = FreshPass(per_pass=per_pass, node_checks_per_pass=checks)
@@ -123,11 +129,14 @@ def test_a_pass_that_keeps_writes_what_a_fresh_pass_writes(nodes, reserve_after_
         now = case.log.now
         if kind == "idle":
             assert kept.due(0, case.state, now) == fresh.due(0, case.state, now)
-            ours, theirs = kept.idle_pass(0, case.state, now), fresh.idle_pass(0, case.state, now)
+            ours, theirs = kept.idle_pass(0, case.state, now, share), fresh.idle_pass(0, case.state, now)
             decisions = []
         else:
             cycle = case.scheduler.schedule(case.state, now, case.parked, case.keys)
-            ours, theirs = kept.after_cycle(0, case.state, now, cycle), fresh.after_cycle(0, case.state, now, cycle)
+            reference = case.scheduler.schedule(case.state, now, *alone)
+            assert cycle.decisions == reference.decisions
+            ours = kept.after_cycle(0, case.state, now, cycle, share)
+            theirs = fresh.after_cycle(0, case.state, now, cycle)
             decisions = cycle.decisions
         assert written(ours) == written(theirs)
         for e in ours:
