@@ -11,7 +11,7 @@ Four limits keep it cheap for a long queue and a busy pool:
   at 5,000 nodes a pass of 64 shapes that scanned every node took about half as long as
   the cycle; the jobs it did not reach come first in the next pass, and at least one
   shape is looked at a pass. A pass reads the nodes through a free-capacity index kept
-  between passes (``Diagnosis``'s ``kept``), so it checks only the nodes with room for
+  between passes (``Diagnosis``'s ``kept``; the placer lends its cycle's), so it checks only the nodes with room for
   a worker's GPUs, but counts the budget in the pool's nodes, as a scan would;
 * a job's reason is written at most once every ``min_interval_s``: a changed reason
   within that time is held back and written when the time is up;
