@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import heapq
 import math
-from bisect import bisect_left, insort
 from typing import Iterable, Iterator
 
 from gpusched.core.model import JobPhase
@@ -52,6 +51,7 @@ from gpusched.policies.preemption.borrowing import TeamRanking
 from gpusched.policies.preemption.freeable import CLASSES, MostFreeable, freeable_vector
 from gpusched.policies.preemption.protection import budget_spent, lost_gpu_s, reclaimed_within, running_since
 from gpusched.policies.preemption.slot_counts import SlotCounts
+from gpusched.policies.preemption.sorted_groups import edit
 
 # (bound, 0 when the node runs a spread job else 1, node, seq, job)
 Entry = tuple[tuple, int, str, int, JobState]
@@ -295,29 +295,26 @@ class VictimIndex:
             heapq.heappush(waiting, entry)
 
     def _relist(self, names: set[str], state: ClusterState, fresh: bool = False) -> None:
-        """List again every entry of the nodes ``names``: removals first, then additions,
-        each group sorted once when it changes much (``fresh``: the index was reset, every
-        node is listed into empty groups)."""
-        removed: dict[int, tuple[list, list]] = {}
+        """List again every entry of the nodes ``names``: an entry as it was stays, the
+        others leave or join their groups, each group edited once (``fresh``: the index
+        was reset, every node is listed into empty groups, each sorted once)."""
+        gone: list[tuple[list, Entry]] = []
         added: list[tuple[list, tuple]] = []    # (group, entry)
         for name in names:
-            for group, entry in self._on.pop(name, ()):
-                removed.setdefault(id(group), (group, []))[1].append(entry[:4])
+            # Keyed by group, the entry's fields and its job object (a job changed is listed anew).
+            was: dict[tuple, list] = {}   # a job with two workers on the node has two entries
+            for g, e in self._on.pop(name, ()):
+                was.setdefault((id(g), e[0], e[1], e[3], id(e[4])), []).append((g, e))
             self.spread.discard(name)
             node = state.nodes.get(name)
             if node is None:
                 self._nodes.pop(name, None)
                 self._freeable.count(name, None)
-                continue
-            self._nodes[name] = _looks(node)
-            self._list_node(node, state, added)
-        for group, keys in removed.values():
-            if len(keys) * 8 > len(group):
-                gone = set(keys)
-                group[:] = [e for e in group if e[:4] not in gone]
             else:
-                for key in keys:
-                    del group[bisect_left(group, key)]
+                self._nodes[name] = _looks(node)
+                self._list_node(node, state, added, was)
+            for pairs in was.values():
+                gone.extend(pairs)
         if fresh:   # every group new: filled, then sorted once each
             for group, entry in added:
                 group.append(entry)
@@ -326,21 +323,19 @@ class VictimIndex:
                     for group in groups.values():
                         group.sort()
             return
-        by_group: dict[int, tuple[list, list]] = {}
-        for group, entry in added:
-            found = by_group.get(id(group))
-            if found is None:
-                found = by_group[id(group)] = (group, [])
-            found[1].append(entry)
-        for group, entries in by_group.values():
-            if len(entries) * 8 > len(group):
-                group.extend(entries)
-                group.sort()
-            else:
-                for entry in entries:
-                    insort(group, entry)
+        edits: dict[int, tuple[list, list, list]] = {}   # group -> (group, keys gone, entries new)
+        for pairs, at in ((gone, 1), (added, 2)):
+            for group, entry in pairs:
+                found = edits.get(id(group))
+                if found is None:
+                    found = edits[id(group)] = (group, [], [])
+                found[at].append(entry[:4] if at == 1 else entry)
+        for group, keys, entries in edits.values():
+            edit(group, keys, entries)
 
-    def _list_node(self, node: NodeState, state: ClusterState, added: list) -> None:
+    def _list_node(self, node: NodeState, state: ClusterState, added: list, was: dict) -> None:
+        """List ``node``'s entries; those not in ``was`` (its entries before, which keeps
+        those that are gone) are ``added``."""
         name, pool, jobs = node.name, node.info.pool, state.jobs
         known, job_nodes, listed = self._jobs, self._job_nodes, self._listed
         here: list[JobState] = []
@@ -376,8 +371,12 @@ class VictimIndex:
                     if group is None:
                         group = by_size[(cls, milli)] = []
                     pair = (group, entry)
-                    added.append(pair)
                     on.append(pair)
+                    same = was.get((id(group), began, flag, job.seq, id(job)))
+                    if same:
+                        same.pop()
+                    else:
+                        added.append(pair)
         self._on[name] = on
         self._freeable.count(name, (pool, freeable_vector(node, here, listed)))
 
