@@ -186,3 +186,42 @@ def tentative(state: ClusterState) -> Iterator[Statement]:
         yield statement
     finally:
         statement.close()
+
+
+LENT = "lent-state"   # a statement's view key of the state lent to it (``LentState``)
+
+
+class LentState:
+    """The log state lent to a statement whose own state holds the nodes only (the
+    preemptor's placer questions run on such a copy): a policy reads the jobs and the
+    pending queue here (``lent_state``), as the placer's cycle reads them from its state.
+    ``memo``: what a policy counted of them once for the statement, while the state was
+    the log's (FGD's pool mixes). A statement view: nothing a statement changes on the
+    shared nodes changes the log's jobs, so ``touch`` does nothing."""
+
+    __slots__ = ("state", "memo")
+
+    def __init__(self, state: ClusterState) -> None:
+        self.state = state
+        self.memo: dict[object, object] = {}
+
+    def touch(self, names: Iterable[str]) -> None:
+        """Bookings, releases and holds change no job of the log's state."""
+
+
+def lend(statement: Statement, state: ClusterState, policy: object = None) -> LentState:
+    """Lend ``statement`` the jobs of ``state``; call while ``state`` is the log's. The
+    placement ``policy``'s optional ``lend(lent, statement)`` then counts what it must
+    count of the log's state before anything changes it."""
+    lent = LentState(state)
+    statement.views[LENT] = lent
+    hook = getattr(policy, "lend", None)
+    if hook is not None:
+        hook(lent, statement)
+    return lent
+
+
+def lent_state(statement: Statement) -> ClusterState | None:
+    """The state lent to ``statement`` (``lend``), None where its own has the jobs."""
+    lent = statement.views.get(LENT)
+    return None if lent is None else lent.state   # type: ignore[attr-defined]

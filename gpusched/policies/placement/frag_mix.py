@@ -26,7 +26,7 @@ from gpusched.policies.journal_cursor import JournalCursor
 from gpusched.policies.placement.frag_rows import RowScorer
 from gpusched.policies.placement.frag_view import Shape, WasteTable, compile_mix
 from gpusched.policies.placement.kept_index import KEPT, view
-from gpusched.policies.statement import Statement
+from gpusched.policies.statement import LENT, LentState, Statement
 
 POPULARITY = 0.95    # the most frequent shapes covering this share of tasks are "typical"
 MAX_KINDS = 65_536   # row signatures a kept scorer memoizes before it starts over
@@ -153,28 +153,12 @@ class KeptMix:
         self.raw = raw
 
 
-MIX_AT = "fgd-mix-at"   # a statement's view key (with the pool) of a count fixed for it (``MixAt``)
-
-
-class MixAt:
-    """A pool's ``raw_counts`` fixed for one statement whose own state lacks the jobs:
-    the preemptor's placer questions run on a copy holding the nodes only, and FGD reads
-    the log state's mix from here as the placer's cycle reads it from the state. A
-    statement view: nothing a statement changes recounts it."""
-
-    __slots__ = ("raw",)
-
-    def __init__(self, raw: Counter[Fields]) -> None:
-        self.raw = raw
-
-    def touch(self, names: Iterable[str]) -> None:
-        """Bookings, releases and holds change no count of the log's state."""
-
-
-def fix_mixes(statement: Statement, state: ClusterState) -> None:
-    """Lend ``statement`` every pool's count of ``state`` as it is now (``MixAt``); call
-    while ``state`` is the log's. Brought in step from the count kept (``KeptMix``)
-    where ``statement`` keeps indexes, else counted afresh."""
+def fix_mixes(lent: LentState, statement: Statement) -> None:
+    """Count every pool's mix of the lent state as it is now, once for ``statement``
+    (``lent.memo``, read by ``pool_mix``); call while the lent state is the log's.
+    Brought in step from the count kept (``KeptMix``) where ``statement`` keeps
+    indexes, else counted afresh."""
+    state = lent.state
     pools = dict.fromkeys(state.pools)
     pools.update(dict.fromkeys(node.info.pool for node in state.nodes.values()))
     for pool in pools:
@@ -183,16 +167,20 @@ def fix_mixes(statement: Statement, state: ClusterState) -> None:
             raw = kept.counts(state)   # type: ignore[attr-defined]
         else:
             raw = raw_counts(state, pool)
-        statement.views[(MIX_AT, pool)] = MixAt(raw)
+        lent.memo[("fgd-mix", pool)] = raw
 
 
 def pool_mix(state: StateLike, statement: Statement, pool: str, popularity: float) -> dict[Shape, float]:
-    """``typical_shapes`` of ``pool``: the count fixed for the statement (``MixAt``), or
-    the count kept between cycles where the cycle keeps its indexes and has changed
-    nothing yet, else counted afresh."""
-    fixed = statement.views.get((MIX_AT, pool))
-    if fixed is not None:
-        return typical_of(fixed.raw, popularity)   # type: ignore[attr-defined]
+    """``typical_shapes`` of ``pool``: the count of the state lent to the statement
+    (``fix_mixes``), or the count kept between cycles where the cycle keeps its indexes
+    and has changed nothing yet, else counted afresh."""
+    lent = statement.views.get(LENT)
+    if lent is not None:
+        memo = lent.memo   # type: ignore[attr-defined]
+        raw = memo.get(("fgd-mix", pool))
+        if raw is None:   # a pool counted after the lending (no policy counted it then)
+            raw = memo[("fgd-mix", pool)] = raw_counts(lent.state, pool)   # type: ignore[attr-defined]
+        return typical_of(raw, popularity)
     if KEPT in statement.views and statement.checkpoint() == 0 and isinstance(state, ClusterState):
         kept = view(statement, ("fgd-mix", pool), lambda: KeptMix(pool))
         return typical_of(kept.counts(state), popularity)   # type: ignore[attr-defined]

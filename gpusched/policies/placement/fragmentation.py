@@ -33,7 +33,7 @@ import numpy as np
 
 from gpusched.core.model import GpuSlot, WorkerResources
 from gpusched.core.state import JobState, NodeState
-from gpusched.policies.statement import Statement
+from gpusched.policies.statement import LentState, Statement
 from gpusched.policies.gpu_fit import StateLike, fits_node, pick_gpus
 from gpusched.policies.placement.gang import Choice
 from gpusched.policies.placement.arrays import NodeArrays, arrays_for
@@ -43,7 +43,9 @@ from gpusched.policies.placement.frag_view import (  # noqa: F401
 from gpusched.policies.placement.frag_rows import Row, row_takes
 from gpusched.policies.placement.heuristics import choose_mig, rank_mig
 # The typical-task mix and the default of ``Fgd(popularity=...)`` (``FgdLookahead(patience=...)``'s: frag_view).
-from gpusched.policies.placement.frag_mix import POPULARITY, kept_scorer, pool_mix, raw_counts, typical_of
+from gpusched.policies.placement.frag_mix import (
+    POPULARITY, fix_mixes, kept_scorer, pool_mix, raw_counts, typical_of,
+)
 
 
 # Every field of a request: the key of its ``Best`` in the view.
@@ -76,6 +78,10 @@ class Fgd:
             raise ValueError(f"popularity must be in (0, 1], not {popularity!r}")
         self.popularity = popularity
         self.patience = PATIENCE   # what the view's final waste uses; FGD itself never asks
+
+    def lend(self, lent: LentState, statement: Statement) -> None:
+        """The pools' mixes of a state lent to ``statement``, counted while it is the log's."""
+        fix_mixes(lent, statement)
 
     def choose(self, state: StateLike, statement: Statement, job: JobState, res: WorkerResources) -> Choice | None:
         pool = job.spec.pool

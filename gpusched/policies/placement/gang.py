@@ -39,6 +39,8 @@ class Placement(Protocol):
     # the job's pool that each take one worker of ``res`` now. Scores a gang's nodes.
     # Optional: rank_key(state, statement, job, res) -> a sort key of one node (or None):
     # the order ``rank`` gives, for a gang that needs to rank only some of its nodes.
+    # Optional: lend(lent, statement): what it counts of a state lent to the statement
+    # (``statement.lend``), counted while that state is the log's (FGD's mixes).
 
 
 def node_ranks(policy: Placement, state: StateLike, statement: Statement, job: JobState,

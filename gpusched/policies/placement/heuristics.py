@@ -23,7 +23,7 @@ import numpy as np
 from gpusched.core.mig import parse_profile
 from gpusched.core.model import WorkerResources
 from gpusched.core.state import JobState, NodeState
-from gpusched.policies.statement import Statement
+from gpusched.policies.statement import Statement, lent_state
 from gpusched.policies.gpu_fit import StateLike, fit
 from gpusched.policies.placement.gang import Choice
 from gpusched.policies.placement.arrays import NodeArrays, arrays_for
@@ -202,9 +202,9 @@ class GpuClustering(ScoredPlacement):
         if not tag:
             return np.zeros(rows.size)
         tags = statement.views.get(("tags", job.spec.pool))
-        if tags is None:
-            at = statement.views.get(JOBS_AT)
-            jobs = at.jobs if at is not None else getattr(state, "jobs", {})   # type: ignore[attr-defined]
+        if tags is None:   # the jobs of the state lent to the statement, where it has one
+            lent = lent_state(statement)
+            jobs = getattr(state if lent is None else lent, "jobs", {})
             tags = statement.views[("tags", job.spec.pool)] = NodeTags(arrays, jobs)
         fuller = 25 * (MAX_GPU_MILLI - arrays.gpu[rows].sum(axis=1)) // MAX_GPU_MILLI
         has, count = tags.has(tag)[rows], tags.count[rows]
@@ -218,23 +218,6 @@ def shape_tag(res: WorkerResources) -> str:
     if res.is_share:
         return "share"
     return f"{res.gpus}-gpu" if res.gpus else ""
-
-
-JOBS_AT = "clustering-jobs-at"   # a statement's view key of the jobs lent to it (``JobsAt``)
-
-
-class JobsAt:
-    """The log state's jobs, lent to a statement whose own state lacks them: the
-    preemptor's placer questions run on a copy holding the nodes only, and the node tags
-    are read from these jobs as the placer's cycle reads them from its state."""
-
-    __slots__ = ("jobs",)
-
-    def __init__(self, jobs: Mapping[str, JobState]) -> None:
-        self.jobs = jobs
-
-    def touch(self, names: Iterable[str]) -> None:
-        """The tags themselves (``NodeTags``) are told of changed nodes."""
 
 
 class NodeTags:

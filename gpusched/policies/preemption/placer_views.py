@@ -19,12 +19,12 @@ from the state would be, and the call decides as one without it
 (``tests/unit/policies/test_kept_placer_views.py``).
 
 The placer's statement is on a copy of the state holding the nodes only (its usage table
-its own). FGD weighs fragmentation by the pool's mix of waiting and running jobs, which
-the copy lacks: under FGD the pools' counts are taken from the state at the call's start
-(``frag_mix.fix_mixes``, brought in step from kept counts where views are kept), so the
+its own). What a placement policy reads of the state's jobs is lent to it (the log state,
+``statement.lend``): FGD's pool mixes of waiting and running jobs, counted once at the
+call's start (``frag_mix.fix_mixes``, brought in step from kept counts where views are
+kept), and gpu-clustering's node tags (the shapes of the jobs on each node), so the
 question is scored as the placer's cycle scores it
-(``tests/unit/policies/test_preemption_fgd_mix.py``). Likewise gpu-clustering's node
-tags (the shapes of the jobs on each node) are read from the state's jobs (``JobsAt``;
+(``tests/unit/policies/test_preemption_fgd_mix.py``,
 ``tests/unit/policies/test_preemption_clustering_tags.py``).
 """
 from __future__ import annotations
@@ -33,20 +33,17 @@ from typing import Callable, Mapping
 
 from gpusched.core.model import WorkerAssignment
 from gpusched.core.state import ClusterState, JobState, NodeState
-from gpusched.policies.placement.frag_mix import fix_mixes
-from gpusched.policies.placement.fragmentation import Fgd
 from gpusched.policies.placement.gang import Placement, place_gang
-from gpusched.policies.placement.heuristics import JOBS_AT, GpuClustering, JobsAt
 from gpusched.policies.placement.kept_index import KEPT, install
 from gpusched.policies.preemption.slot_counts import ScratchChanges
-from gpusched.policies.statement import NodeView, Statement, tentative
+from gpusched.policies.statement import NodeView, Statement, lend, tentative
 
 
 class PlacerViews:
     """The placer's statement and views of one call on ``state``; ``kept``: the caller's
     dict that keeps them between calls on this state (None: built for the call);
-    ``score``: the call's placement policy, if known at the call's start (what it reads
-    of the state's jobs is then lent there, see ``lend_jobs``)."""
+    ``score``: the call's placement policy, if known at the call's start (what it counts
+    of the state's jobs is then counted there, see ``statement.lend``)."""
 
     def __init__(self, state: ClusterState, touched: ScratchChanges, kept: dict | None = None,
                  score: Placement | None = None) -> None:
@@ -61,7 +58,7 @@ class PlacerViews:
         statement = self.statement = Statement(ClusterState(nodes=self.state.nodes))
         if self.kept is not None:
             install(self.kept, self.state, statement)
-        lend_jobs(statement, self.state, self.score)
+        lend(statement, self.state, self.score)
 
     def close(self) -> None:
         statement, self.statement = self.statement, None
@@ -78,7 +75,7 @@ class PlacerViews:
         if placer is None:   # no call open: nothing would tell kept views of changes
             view = ClusterState(nodes=self.state.nodes)
             with tentative(view) as statement:
-                lend_jobs(statement, self.state, score)
+                lend(statement, self.state, score)
                 return place_gang(view, job, score, statement)
         self._catch_up(placer)
         mark = placer.checkpoint()
@@ -107,13 +104,3 @@ class PlacerViews:
             for kept in placer.views.values():
                 kept.touch(names)
         touched.clear()
-
-
-def lend_jobs(statement: Statement, state: ClusterState, score: Placement | None) -> None:
-    """The copy has no jobs: lend ``statement`` what ``score`` reads of the log state's
-    (FGD's mix, counted now; gpu-clustering's jobs for its node tags), as the placer
-    reads them. Call while ``state`` is the log's."""
-    if isinstance(score, Fgd):
-        fix_mixes(statement, state)
-    elif isinstance(score, GpuClustering):
-        statement.views[JOBS_AT] = JobsAt(state.jobs)

@@ -2,7 +2,7 @@
 a whole call: a test oracle, not used by the project. Every ``place`` builds its views
 (the free-capacity index and the like) afresh from every node of the pool, and the
 scratch statement is a plain ``tentative``; FGD's mix is the state's, counted when the
-call starts, and gpu-clustering's node tags read the state's jobs (``placer_views.lend_jobs``),
+call starts, and gpu-clustering's node tags read the state's jobs (both lent: ``statement.lend``),
 as the project's questions do. ``test_preemption_index``
 checks that ``preemption_decisions`` and ``defrag_decisions`` decide exactly as these do.
 """
@@ -13,10 +13,9 @@ from gpusched.core.state import ClusterState, JobState
 from gpusched.policies.placement.gang import place_gang
 from gpusched.policies.preemption.decisions import Preemption, _decision
 from gpusched.policies.preemption.defrag import _plan, blocked_by_fragmentation
-from gpusched.policies.preemption.placer_views import lend_jobs
 from gpusched.policies.preemption.victim_rules import PreemptionConfig, SearchContext
 from gpusched.policies.queueing.quota import within_limits
-from gpusched.policies.statement import Statement, tentative
+from gpusched.policies.statement import Statement, lend, tentative
 
 
 class FreshViewsContext(SearchContext):
@@ -24,14 +23,14 @@ class FreshViewsContext(SearchContext):
 
     def __init__(self, state: ClusterState, now: float, config: PreemptionConfig) -> None:
         super().__init__(state, now, config)
-        mixes = Statement(ClusterState())   # the state is the log's here: no scratch yet
-        lend_jobs(mixes, state, self.score)
-        self.mixes = mixes.views
+        lent = Statement(ClusterState())   # the state is the log's here: no scratch yet
+        lend(lent, state, self.score)
+        self.lent = lent.views
 
     def place(self, job: JobState) -> tuple[WorkerAssignment, ...] | None:
         view = ClusterState(nodes=self.state.nodes)
         with tentative(view) as statement:
-            statement.views.update(self.mixes)
+            statement.views.update(self.lent)
             return place_gang(view, job, self.score, statement)
 
 

@@ -9,12 +9,16 @@ from __future__ import annotations
 import pytest
 
 from gpusched.core.digest import digest
+from gpusched.core.state import ClusterState
+from gpusched.policies.placement.frag_mix import POPULARITY, pool_mix
+from gpusched.policies.placement.fragmentation import typical_shapes
 from gpusched.policies.placement.gang import place_gang
+from gpusched.policies.placement.kept_index import install
 from gpusched.policies.placement.registry import make_placement
 from gpusched.policies.preemption.placer_views import PlacerViews
 from gpusched.policies.preemption.slot_counts import ScratchChanges
 from gpusched.policies.preemption.victim_rules import PreemptionConfig
-from gpusched.policies.statement import tentative
+from gpusched.policies.statement import Statement, lend, tentative
 from tests.unit.policies import preemption_oracle
 from tests.unit.policies.placement_cases import build, choose
 from tests.unit.policies.test_placement_fgd import CASES
@@ -81,3 +85,22 @@ def test_the_planned_node_is_the_one_the_placer_gives_after_the_preemption(polic
     with tentative(c.state) as statement:
         placed = place_gang(c.state, c.job("job"), make_placement(policy), statement)
     assert [w.node for w in placed] == list(decision.planned_nodes) == ["n2"]
+
+
+@pytest.mark.parametrize("kept", [False, True])
+def test_the_mix_lent_is_counted_at_the_lending_not_after_the_scratch_changed_the_nodes(kept):
+    # The call's scratch may release victims before a pool's first FGD question (one for a
+    # MIG job, which FGD places without the mix): the mix is still the log state's.
+    c = Cluster(nodes=1, gpus=4)
+    c.running("v", ("n1", (0, 1)), priority_class=BE)
+    c.pending("t", gpus=1, priority_class=BE)
+    state = c.state
+    log_mix = typical_shapes(state, "default")
+    statement = Statement(ClusterState(nodes=state.nodes))
+    if kept:
+        install({}, state, statement)
+    lend(statement, state, make_placement("fgd"))
+    with tentative(state) as scratch:
+        scratch.release(state.jobs["v"])
+        assert typical_shapes(state, "default") != log_mix
+        assert pool_mix(statement.state, statement, "default", POPULARITY) == log_mix
