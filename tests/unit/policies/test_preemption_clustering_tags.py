@@ -12,14 +12,12 @@ from gpusched.core.digest import digest
 from gpusched.core.state import ClusterState
 from gpusched.policies.placement.gang import place_gang
 from gpusched.policies.placement.registry import make_placement
-from gpusched.policies.preemption.victim_rules import PreemptionConfig
 from gpusched.policies.statement import tentative
 from tests.unit.core.builders import make_spec, share, whole
 from tests.unit.policies.placement_cases import Case, build, choose, node
+from tests.unit.policies.placer_questions import ask, planned_nodes
 from tests.unit.policies.test_placement_baselines import GPU_CLUSTERING
-from tests.unit.policies import preemption_oracle
 from tests.unit.policies.test_preemption import BE, HI, NOW, Cluster
-from tests.unit.policies.test_preemption_fgd_mix import ask
 
 POLICY = "gpu-clustering"
 # Where the tags decide: seen without them every node is idle to the policy and the
@@ -69,12 +67,4 @@ def test_the_planned_node_is_the_one_the_placer_gives_after_the_preemption():
     for i in range(3):
         c.running(f"k2{i}", ("n2", (i,)), priority_class=HI)
     c.pending("job", gpus=1, priority_class=HI, at=NOW - 100)
-    config = PreemptionConfig(placement=POLICY)
-    decisions = c.decisions(config)
-    assert decisions == preemption_oracle.preemption_decisions(c.state, NOW, config)
-    [decision] = [d for d in decisions if d.for_job == "job"]
-    assert decision.victims == ("v",)
-    c.preempt(decision)
-    with tentative(c.state) as statement:
-        placed = place_gang(c.state, c.job("job"), make_placement(POLICY), statement)
-    assert [w.node for w in placed] == list(decision.planned_nodes) == ["n2"]
+    assert planned_nodes(c, POLICY) == ["n2"]

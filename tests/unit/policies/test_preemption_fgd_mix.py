@@ -12,40 +12,17 @@ from gpusched.core.digest import digest
 from gpusched.core.state import ClusterState
 from gpusched.policies.placement.frag_mix import POPULARITY, pool_mix
 from gpusched.policies.placement.fragmentation import typical_shapes
-from gpusched.policies.placement.gang import place_gang
 from gpusched.policies.placement.kept_index import install
 from gpusched.policies.placement.registry import make_placement
-from gpusched.policies.preemption.placer_views import PlacerViews
-from gpusched.policies.preemption.slot_counts import ScratchChanges
-from gpusched.policies.preemption.victim_rules import PreemptionConfig
 from gpusched.policies.statement import Statement, lend, tentative
-from tests.unit.policies import preemption_oracle
 from tests.unit.policies.placement_cases import build, choose
+from tests.unit.policies.placer_questions import ask, planned_nodes
 from tests.unit.policies.test_placement_fgd import CASES
 from tests.unit.policies.test_preemption import BE, HI, NOW, Cluster
 
 # The cases whose node the mix decides: with no mix every candidate scores alike and the
 # first registered wins (``equal growth``), so there the answers could not differ.
 MIXED = [case for case in CASES if case.expect is not None and case.expect != case.nodes[0].name]
-
-
-def ask(state, policy: str, path: str):
-    """The preemptor's answer for the pending ``job``: inside a call (``SearchContext.
-    tentative``'s order: scratch, then the placer's statement) or with none open."""
-    score = make_placement(policy)
-    touched = ScratchChanges()
-    views = PlacerViews(state, touched, {} if path == "kept" else None, score)
-    if path == "closed":
-        placed = views.place(state.jobs["job"], score)
-    else:
-        with tentative(state) as scratch:
-            scratch.views[ScratchChanges] = touched
-            views.open()
-            try:
-                placed = views.place(state.jobs["job"], score)
-            finally:
-                views.close()
-    return None if placed is None else (placed[0].node, tuple(s.index for s in placed[0].gpus))
 
 
 @pytest.mark.parametrize("path", ["open", "kept", "closed"])
@@ -76,15 +53,7 @@ def test_the_planned_node_is_the_one_the_placer_gives_after_the_preemption(polic
     for i in range(100):
         c.pending(f"t{i}", gpus=1, cpu=8000, priority_class=BE, at=NOW - 1)
     c.pending("job", gpus=1, cpu=1000, priority_class=HI, at=NOW - 100)
-    config = PreemptionConfig(placement=policy)
-    decisions = c.decisions(config)
-    assert decisions == preemption_oracle.preemption_decisions(c.state, NOW, config)
-    [decision] = [d for d in decisions if d.for_job == "job"]
-    assert decision.victims == ("v",)
-    c.preempt(decision)
-    with tentative(c.state) as statement:
-        placed = place_gang(c.state, c.job("job"), make_placement(policy), statement)
-    assert [w.node for w in placed] == list(decision.planned_nodes) == ["n2"]
+    assert planned_nodes(c, policy) == ["n2"]
 
 
 @pytest.mark.parametrize("kept", [False, True])
