@@ -21,6 +21,10 @@ Reported, from the pool log itself and the processes:
 - RSS of each service process and of the broker, which the bench starts for itself on
   free ports (``deploy/kafka.sh``, data in ``.run/scale-kafka-PORT``, wiped at the end;
   a broker in ``KAFKA_BOOTSTRAP_SERVERS`` is used instead, and not counted);
+- with ``--sim-nice N``, the node hosts and the bench's submitter (which stand for other
+  machines: the nodes' agents and the clients) run at nice N through the burst, so the
+  scheduler's services and the broker have the cores first; 0 (the default) leaves every
+  process at the same priority;
 - placer takeover: kill -9 the placer, start another, seconds until it is ready, until its
   first cycle ended, and until a job submitted then is placed (where there is room).
 
@@ -60,7 +64,8 @@ from gpusched.v1 import types_pb2   # noqa: E402
 from gpusched_placer import cycle_log   # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from scale_processes import Broker, cpu_seconds, rss_mib, service_pids, start_profiles, stop_profiles  # noqa: E402
+from scale_processes import (Broker, cpu_seconds, restore_priority, rss_mib, service_pids,  # noqa: E402
+                             sim_priority, start_profiles, stop_profiles)
 
 HOUR = 3600.0
 BATCH = 500
@@ -278,6 +283,7 @@ async def run(args: argparse.Namespace, broker: Broker, bootstrap: str) -> None:
         procs = service_pids(cluster, broker)
         cpu_before = {n: cpu_seconds(p) for n, p in procs.items()}
         spies = await start_profiles(procs, args.profile)
+        simulated = sim_priority(cluster, args.sim_nice)
         burst, load_before = time.time(), os.getloadavg()[0]
         rate = await submit_backlog(client, specs)
         print(f"backlog: {args.backlog} jobs ({sum(s.workers > 1 for s in specs)} gangs of 2-8 nodes, "
@@ -291,6 +297,9 @@ async def run(args: argparse.Namespace, broker: Broker, bootstrap: str) -> None:
             load_then[0] = os.getloadavg()[0]
         await settle(client, cycles_path, args.settle, sample)
         cpu = {n: cpu_then[n] - cpu_before[n] for n in procs}
+        restore_priority(args.sim_nice)   # a takeover's placer is started by this process: not at its nice
+        if simulated:
+            print(f"node hosts and the submitter at nice {args.sim_nice} through the burst: {simulated}")
         await stop_profiles(spies)
         cycles = [c for c in cycle_log.read(cycles_path) if c["time"] >= burst]
         submitted, started, kind = running_times(await read_events(bootstrap, topics))
@@ -362,5 +371,8 @@ if __name__ == "__main__":
     parser.add_argument("--profile", type=Path, default=None,
                         help="write each service's py-spy profile of the burst (raw stacks) into this folder")
     parser.add_argument("--placer-args", default="", help="more flags for the placer, e.g. '--max-job-test 500' or '--max-cycle-ms 50'")
+    parser.add_argument("--sim-nice", type=int, default=0,
+                        help="nice value of the node hosts and the submitter through the burst (they stand for other "
+                             "machines); 0: every process at the same priority")
     parser.add_argument("--no-takeover", action="store_true", help="skip the placer takeover step")
     asyncio.run(main(parser.parse_args()))

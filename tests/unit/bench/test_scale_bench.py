@@ -41,3 +41,51 @@ def test_one_cycle_has_no_rest_to_report_apart():
 
 def test_no_cycles():
     assert scale_bench.cycle_report([]) == "placer cycles: none logged"
+
+
+# --sim-nice: every thread of the processes that stand for other machines, and only theirs.
+import subprocess  # noqa: E402
+from types import SimpleNamespace  # noqa: E402
+
+import pytest  # noqa: E402
+import scale_processes  # noqa: E402
+
+# A process with a second thread already running when it is reniced (as gRPC's and Kafka's are).
+CHILD = ("import sys, threading; done = threading.Event(); threading.Thread(target=done.wait).start(); "
+         "print('ready', flush=True); sys.stdin.read(); done.set()")
+
+
+class Child:
+    def __enter__(self):
+        self.proc = subprocess.Popen([sys.executable, "-c", CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     text=True)
+        assert self.proc.stdout.readline() == "ready\n"
+        return self.proc
+
+    def __exit__(self, *exc):
+        self.proc.stdin.close()
+        self.proc.wait()
+
+
+def test_renice_reaches_every_thread_of_the_process():
+    mine = os.getpriority(os.PRIO_PROCESS, 0)
+    with Child() as child:
+        assert len(os.listdir(f"/proc/{child.pid}/task")) == 2
+        scale_processes.renice(child.pid, min(19, mine + 3))
+        assert scale_processes.niceness(child.pid) == {min(19, mine + 3)}
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="lowering the test's nice value back takes CAP_SYS_NICE")
+def test_the_node_hosts_and_the_submitter_are_reniced_and_the_services_not():
+    mine = os.getpriority(os.PRIO_PROCESS, 0)
+    with Child() as host, Child() as placer:
+        services = [SimpleNamespace(name="host-h0", proc=host, alive=True),
+                    SimpleNamespace(name="placer", proc=placer, alive=True)]
+        try:
+            got = scale_processes.sim_priority(SimpleNamespace(services=services), 5)
+            assert got == {"host-h0": [5], "submitter": [5]}
+            assert scale_processes.niceness(placer.pid) == {mine}
+        finally:
+            scale_processes.restore_priority(5)
+        assert scale_processes.niceness(os.getpid()) == {0}
+    assert scale_processes.sim_priority(SimpleNamespace(services=services), 0) == {}
