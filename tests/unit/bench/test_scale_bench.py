@@ -89,3 +89,14 @@ def test_the_node_hosts_and_the_submitter_are_reniced_and_the_services_not():
             scale_processes.restore_priority(5)
         assert scale_processes.niceness(os.getpid()) == {0}
     assert scale_processes.sim_priority(SimpleNamespace(services=services), 0) == {}
+
+
+def placed(job: str, t: float, attempt: int = 1):
+    return scale_bench.ev.JobPlaced(event_id=f"{job}-{t}", time=t, producer="placer", job_id=job, attempt=attempt,
+                                    workers=())
+
+
+def test_placed_times_are_of_the_running_jobs_and_their_last_placement():
+    events = [placed("a", 1.0), placed("b", 1.5), placed("a", 2.0), placed("c", 3.0)]
+    assert scale_bench.placed_times(events, {"a": 5.0, "c": 4.0}) == {"a": 2.0, "c": 3.0}
+    assert scale_bench.placement_rates({"a": 0.0, "c": 0.0}, {"a": 2.0, "c": 3.0})[2] == 2
