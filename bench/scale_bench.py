@@ -23,8 +23,10 @@ Reported, from the pool log itself and the processes:
   a broker in ``KAFKA_BOOTSTRAP_SERVERS`` is used instead, and not counted);
 - with ``--sim-nice N``, the node hosts and the bench's submitter (which stand for other
   machines: the nodes' agents and the clients) run at nice N through the burst, so the
-  scheduler's services and the broker have the cores first; 0 (the default) leaves every
-  process at the same priority;
+  scheduler's services and the broker have the cores first (other work on the machine at
+  nice 0 gains as much); 0 (the default) leaves every process at the same priority. The
+  hosts then report starts later: submit->placed (each running job's ``JobPlaced``) is
+  given beside submit->running;
 - placer takeover: kill -9 the placer, start another, seconds until it is ready, until its
   first cycle ended, and until a job submitted then is placed (where there is room).
 
