@@ -1,6 +1,7 @@
 """bench/scale_bench.py's report of the placer's cycles (``cycle_report``): exact
 nearest-rank quantiles over the cycle log, the replica's first (cold) cycle apart from the
-rest's p99, and the wall time the placer waited for a core (wall less CPU)."""
+rest's p99, and the wall time the placer waited for a core (wall less CPU); ``--sim-nice``'s
+renicing of every thread of the node hosts and the submitter only; the submit->placed times."""
 from __future__ import annotations
 
 import os
