@@ -16,7 +16,8 @@ Reported, from the pool log itself and the processes:
 - the placer's cycles in the burst from its ``--cycle-log`` (each cycle's exact wall time,
   its CPU and GC time, jobs pending and placed; ``gpusched_placer.cycle_log``): count, mean,
   p50, p99, max, the first (cold) cycle apart from the rest's p99, the wall time spent
-  waiting for a core (wall less CPU), and the longest few; the load average beside them;
+  waiting for a core (wall less CPU), the time between cycles (the append and its round
+  trip through the log), and the longest few; the load average beside them;
 - heartbeat load on the broker: the host beats topics' records/s and bytes/s over 10 s;
 - RSS of each service process and of the broker, which the bench starts for itself on
   free ports (``deploy/kafka.sh``, data in ``.run/scale-kafka-PORT``, wiped at the end;
@@ -200,10 +201,14 @@ def cycle_report(cycles: list[dict[str, float]], longest: int = 5) -> str:
     rest = cycles[1:]   # the replica's first cycle builds what later cycles keep (cold)
     if rest:
         waited = [c["wall_ms"] - c["cpu_ms"] for c in cycles]
+        # A line is written after the cycle and its pass: the next cycle started wall + pass before its line.
+        between = [(c["time"] - b["time"]) * 1e3 - c["wall_ms"] - c["reasons_ms"] for b, c in zip(cycles, rest)]
         lines.append(f"  the first cycle (cold) wall {cycles[0]['wall_ms']:,.0f} ms, CPU {cycles[0]['cpu_ms']:,.0f}; "
                      f"the {len(rest)} after it: wall p99 {quantile([c['wall_ms'] for c in rest], .99):,.0f}, "
                      f"CPU p99 {quantile([c['cpu_ms'] for c in rest], .99):,.0f}; wall less CPU (the placer waiting "
-                     f"for a core) p50 {quantile(waited, .5):,.0f} ms, p99 {quantile(waited, .99):,.0f}")
+                     f"for a core) p50 {quantile(waited, .5):,.0f} ms, p99 {quantile(waited, .99):,.0f}; between "
+                     f"cycles (the append, its round trip through the log, rest) p50 {quantile(between, .5):,.0f} ms, "
+                     f"p99 {quantile(between, .99):,.0f}")
     t0 = cycles[0]["time"]
     for c in sorted(cycles, key=lambda c: -c["wall_ms"])[:longest]:
         lines.append(f"  at +{c['time'] - t0:.1f}s: wall {c['wall_ms']:,.0f} ms, CPU {c['cpu_ms']:,.0f}, "

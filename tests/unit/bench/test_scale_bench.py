@@ -27,9 +27,11 @@ def test_the_first_cycle_is_reported_apart_from_the_p99_of_the_rest():
     lines = scale_bench.cycle_report(cycles, longest=2).splitlines()
     assert lines[0].startswith("placer cycles: 100, wall ms mean 118, p50 111, p99 900, max 900; CPU ms p50 30, "
                                "p99 400;")
-    # the 99 after it: walls 61..159, nearest-rank p99 the 98th (0-based): 159; waited: 500, then 31..129
+    # the 99 after it: walls 61..159, nearest-rank p99 the 98th (0-based): 159; waited: 500, then 31..129;
+    # between cycles: 1 s apart less the next's wall and 1 ms pass: 938, 937 .. 840, p50 the 49th of 840..938
     assert lines[1] == ("  the first cycle (cold) wall 900 ms, CPU 400; the 99 after it: wall p99 159, CPU p99 30; "
-                        "wall less CPU (the placer waiting for a core) p50 81 ms, p99 500")
+                        "wall less CPU (the placer waiting for a core) p50 81 ms, p99 500; between cycles (the "
+                        "append, its round trip through the log, rest) p50 889 ms, p99 938")
     assert lines[2].startswith("  at +0.0s: wall 900 ms, CPU 400")
     assert lines[3].startswith("  at +99.0s: wall 159 ms")
     assert len(lines) == 4
