@@ -16,11 +16,18 @@ Reported, from the pool log itself and the processes:
 - the placer's cycles in the burst from its ``--cycle-log`` (each cycle's exact wall time,
   its CPU and GC time, jobs pending and placed; ``gpusched_placer.cycle_log``): count, mean,
   p50, p99, max, the first (cold) cycle apart from the rest's p99, the wall time spent
-  waiting for a core (wall less CPU), and the longest few; the load average beside them;
+  waiting for a core (wall less CPU), the time between cycles (the append and its round
+  trip through the log), and the longest few; the load average beside them;
 - heartbeat load on the broker: the host beats topics' records/s and bytes/s over 10 s;
 - RSS of each service process and of the broker, which the bench starts for itself on
   free ports (``deploy/kafka.sh``, data in ``.run/scale-kafka-PORT``, wiped at the end;
   a broker in ``KAFKA_BOOTSTRAP_SERVERS`` is used instead, and not counted);
+- with ``--sim-nice N``, the node hosts and the bench's submitter (which stand for other
+  machines: the nodes' agents and the clients) run at nice N through the burst, so the
+  scheduler's services and the broker have the cores first (other work on the machine at
+  nice 0 gains as much); 0 (the default) leaves every process at the same priority. The
+  hosts then report starts later: submit->placed (each running job's ``JobPlaced``) is
+  given beside submit->running;
 - placer takeover: kill -9 the placer, start another, seconds until it is ready, until its
   first cycle ended, and until a job submitted then is placed (where there is room).
 
@@ -60,7 +67,8 @@ from gpusched.v1 import types_pb2   # noqa: E402
 from gpusched_placer import cycle_log   # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from scale_processes import Broker, cpu_seconds, rss_mib, service_pids, start_profiles, stop_profiles  # noqa: E402
+from scale_processes import (Broker, cpu_seconds, restore_priority, rss_mib, service_pids,  # noqa: E402
+                             sim_priority, start_profiles, stop_profiles)
 
 HOUR = 3600.0
 BATCH = 500
@@ -138,6 +146,16 @@ def running_times(events: list[ev.Event]) -> tuple[dict[str, float], dict[str, f
     return submitted, started, kinds
 
 
+def placed_times(events: list[ev.Event], started: dict[str, float]) -> dict[str, float]:
+    """When each running job's attempt was placed (its ``JobPlaced``: the cycle's clock),
+    so that the scheduler's rate can be told from the node hosts' reports of the starts."""
+    placed: dict[str, float] = {}
+    for e in events:
+        if isinstance(e, ev.JobPlaced) and e.job_id in started:
+            placed[e.job_id] = e.time   # the last: an attempt placed again (a proposal refused) counts once
+    return placed
+
+
 def placement_rates(submitted: dict[str, float], started: dict[str, float]) -> tuple[float, float, int]:
     """(jobs running / (last start - first submission), the same over the middle 80 % of
     the starts, jobs running)."""
@@ -183,10 +201,14 @@ def cycle_report(cycles: list[dict[str, float]], longest: int = 5) -> str:
     rest = cycles[1:]   # the replica's first cycle builds what later cycles keep (cold)
     if rest:
         waited = [c["wall_ms"] - c["cpu_ms"] for c in cycles]
+        # A line is written after the cycle and its pass: the next cycle started wall + pass before its line.
+        between = [(c["time"] - b["time"]) * 1e3 - c["wall_ms"] - c["reasons_ms"] for b, c in zip(cycles, rest)]
         lines.append(f"  the first cycle (cold) wall {cycles[0]['wall_ms']:,.0f} ms, CPU {cycles[0]['cpu_ms']:,.0f}; "
                      f"the {len(rest)} after it: wall p99 {quantile([c['wall_ms'] for c in rest], .99):,.0f}, "
                      f"CPU p99 {quantile([c['cpu_ms'] for c in rest], .99):,.0f}; wall less CPU (the placer waiting "
-                     f"for a core) p50 {quantile(waited, .5):,.0f} ms, p99 {quantile(waited, .99):,.0f}")
+                     f"for a core) p50 {quantile(waited, .5):,.0f} ms, p99 {quantile(waited, .99):,.0f}; between "
+                     f"cycles (the append, its round trip through the log, rest) p50 {quantile(between, .5):,.0f} ms, "
+                     f"p99 {quantile(between, .99):,.0f}")
     t0 = cycles[0]["time"]
     for c in sorted(cycles, key=lambda c: -c["wall_ms"])[:longest]:
         lines.append(f"  at +{c['time'] - t0:.1f}s: wall {c['wall_ms']:,.0f} ms, CPU {c['cpu_ms']:,.0f}, "
@@ -278,6 +300,7 @@ async def run(args: argparse.Namespace, broker: Broker, bootstrap: str) -> None:
         procs = service_pids(cluster, broker)
         cpu_before = {n: cpu_seconds(p) for n, p in procs.items()}
         spies = await start_profiles(procs, args.profile)
+        simulated = sim_priority(cluster, args.sim_nice)
         burst, load_before = time.time(), os.getloadavg()[0]
         rate = await submit_backlog(client, specs)
         print(f"backlog: {args.backlog} jobs ({sum(s.workers > 1 for s in specs)} gangs of 2-8 nodes, "
@@ -291,13 +314,19 @@ async def run(args: argparse.Namespace, broker: Broker, bootstrap: str) -> None:
             load_then[0] = os.getloadavg()[0]
         await settle(client, cycles_path, args.settle, sample)
         cpu = {n: cpu_then[n] - cpu_before[n] for n in procs}
+        restore_priority(args.sim_nice)   # a takeover's placer is started by this process: not at its nice
+        if simulated:
+            print(f"node hosts and the submitter at nice {args.sim_nice} through the burst: {simulated}")
         await stop_profiles(spies)
         cycles = [c for c in cycle_log.read(cycles_path) if c["time"] >= burst]
-        submitted, started, kind = running_times(await read_events(bootstrap, topics))
+        events = await read_events(bootstrap, topics)
+        submitted, started, kind = running_times(events)
         whole, middle, running = placement_rates(submitted, started)
+        placed_whole, placed_middle, _ = placement_rates(submitted, placed_times(events, started))
         kinds = {k: sum(1 for j in started if kind.get(j) == k) for k in ("openb", "gang", "mig")}
         print(f"running: {running} of {args.backlog} ({kinds}); placements/s submit->running: {whole:,.0f} "
-              f"(first submission to last start), {middle:,.0f} sustained (middle 80 % of starts)")
+              f"(first submission to last start), {middle:,.0f} sustained (middle 80 % of starts); submit->placed "
+              f"(the same jobs): {placed_whole:,.0f}, {placed_middle:,.0f} sustained")
         print(cycle_report(cycles))
         print(f"load average (1 min) at the first submission {load_before:.1f}, when the counts last moved "
               f"{load_then[0]:.1f}: the cycles' wall time grows with it")
@@ -362,5 +391,8 @@ if __name__ == "__main__":
     parser.add_argument("--profile", type=Path, default=None,
                         help="write each service's py-spy profile of the burst (raw stacks) into this folder")
     parser.add_argument("--placer-args", default="", help="more flags for the placer, e.g. '--max-job-test 500' or '--max-cycle-ms 50'")
+    parser.add_argument("--sim-nice", type=int, default=0,
+                        help="nice value of the node hosts and the submitter through the burst (they stand for other "
+                             "machines); 0: every process at the same priority")
     parser.add_argument("--no-takeover", action="store_true", help="skip the placer takeover step")
     asyncio.run(main(parser.parse_args()))

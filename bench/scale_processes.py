@@ -1,5 +1,6 @@
-"""The processes of bench/scale_bench.py: the bench's own broker, and each service's CPU,
-RSS and py-spy profile, read from /proc."""
+"""The processes of bench/scale_bench.py: the bench's own broker, each service's CPU, RSS
+and py-spy profile, read from /proc, and the CPU priority of the processes that stand for
+other machines."""
 from __future__ import annotations
 
 import asyncio
@@ -29,6 +30,48 @@ def cpu_seconds(pid: int) -> float:
     except OSError:
         return float("nan")
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def renice(pid: int, niceness: int) -> None:
+    """Every thread of ``pid`` at ``niceness``. Linux keeps a nice value per thread (a
+    thread started later takes its starter's), so the process's own call would leave the
+    threads it already runs (gRPC's, the Kafka client's) at their old priority."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            os.setpriority(os.PRIO_PROCESS, int(tid), niceness)
+        except ProcessLookupError:
+            pass   # the thread ended meanwhile
+
+
+def niceness(pid: int) -> set[int]:
+    """The nice values of ``pid``'s threads."""
+    values = set()
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            values.add(os.getpriority(os.PRIO_PROCESS, int(tid)))
+        except ProcessLookupError:
+            pass
+    return values
+
+
+def sim_priority(cluster: LocalCluster, nice: int) -> dict[str, list[int]]:
+    """The node hosts and this process (the submitter) at ``nice``; each one's threads'
+    nice values, read back."""
+    if not nice:
+        return {}
+    sims = {s.name: s.proc.pid for s in cluster.services if s.alive and s.name.startswith("host-")}
+    sims["submitter"] = os.getpid()
+    for pid in sims.values():
+        renice(pid, nice)
+    return {name: sorted(niceness(pid)) for name, pid in sims.items()}
+
+
+def restore_priority(nice: int) -> None:
+    if nice:
+        try:
+            renice(os.getpid(), 0)
+        except PermissionError:   # lowering a nice value takes CAP_SYS_NICE
+            print(f"the bench stays at nice {nice}: a takeover's placer starts at it too")
 
 
 def service_pids(cluster: LocalCluster, broker: "Broker") -> dict[str, int]:
