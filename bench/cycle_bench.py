@@ -9,13 +9,15 @@ parked set and queue cache), and its decisions are applied as ``JobPlaced`` even
 Prints the mean CPU time of a cycle and the decisions it made. With ``--reasons``, each
 cycle is followed by the placer's pending-reason pass (``gpusched_placer.reasons``: the
 jobs left pending diagnosed, a reason written where it changed, those events applied),
-whose CPU time is printed apart.
+whose CPU time is printed apart. With ``--node-event cordon`` (``health``) each cycle
+follows one node event too: a node cordoned, the next cycle uncordoned (a GPU of it
+failing, then healthy again), the next node after that.
 
     .venv/bin/python bench/cycle_bench.py [--nodes 2] [--pending 3000] [--cycles 300] [--queue priority]
                                           [--reservations] [--reasons] [--policy defaults]
                                           [--job-gpus 1] [--mix openb] [--cold]
                                           [--max-job-test N] [--job-test-head N] [--freeze] [--no-parking]
-                                          [--max-cycle-ms MS] [--min-job-test N]
+                                          [--max-cycle-ms MS] [--min-job-test N] [--node-event cordon|health]
                                           [--burst N [--gangs F]] [--profile PATH] [--pause-gc]
 
 Without ``--reservations`` the scheduler reserves nothing (``--no-backfill --reserve-after
@@ -116,6 +118,15 @@ class Pool:
             spec = JobSpec(name=f"job-{i}", team=f"team-{i % 4}", priority_class=PRIORITIES[i % len(PRIORITIES)],
                            resources=resources)
             self.apply(ev.JobSubmitted, job_id=f"job-{i}", spec=spec)
+
+    def node_event(self, kind: str, i: int) -> None:
+        """Event ``i`` of a cordon then uncordon (``cordon``), or a GPU failing then healthy
+        again (``health``), of node ``i // 2``."""
+        node = f"node-{i // 2 % len(self.state.nodes):04d}"
+        if kind == "cordon":
+            self.apply(ev.NodeUncordoned if i % 2 else ev.NodeCordoned, node=node)
+        else:
+            self.apply(ev.GpuHealthChanged, node=node, gpu_index=0, healthy=bool(i % 2))
 
     def place(self, decisions) -> None:
         for d in decisions:
@@ -266,6 +277,8 @@ def main() -> None:
     p.add_argument("--no-keys", action="store_true", help="without the QueueKeys memo (as before it)")
     p.add_argument("--no-parking", action="store_true", help="without the parked set: every cycle offers every job")
     p.add_argument("--reasons", action="store_true", help="also the placer's pending-reason pass after each cycle")
+    p.add_argument("--node-event", choices=("cordon", "health"), help="one node event before each cycle: a cordon "
+                   "or an uncordon, a GPU failing or healthy again")
     p.add_argument("--freeze", action="store_true", help="gc.freeze() once the backlog is in, as a service's "
                    "GC pacing (gpusched.adapters.gc_pacing) does after each full collection: the cycles' "
                    "figures then leave out full collections of the whole state")
@@ -317,9 +330,11 @@ def main() -> None:
         gc.freeze()
     measured = Measured(scheduler, args)
     why_cpu, written = 0.0, 0
-    for _ in range(args.cycles):
+    for i in range(args.cycles):
         pool.end_some(args.ends)
         pool.submit(args.ends, args.job_gpus, tasks)   # the queue keeps its length
+        if args.node_event:
+            pool.node_event(args.node_event, i)
         now = pool.now()
         cycle = measured.schedule(pool.state, now, parked, keys)
         if reasons is not None:
@@ -333,7 +348,8 @@ def main() -> None:
     what = f"defaults (fair share, {DEFAULT_PLACEMENT}, backfill, reservations)" if args.policy else \
         f"{args.queue} queue{' with reservations' if args.reservations else ''}"
     measured.report(f"{what}, {args.nodes:,} full 8-GPU nodes, {len(pool.state.pending):,} pending ({args.mix}), "
-                    f"{args.ends} jobs ending before each cycle")
+                    f"{args.ends} jobs ending{f' and a {args.node_event} event' if args.node_event else ''} "
+                    f"before each cycle")
     if reasons is not None:
         print(f"pending-reason pass: {why_cpu / args.cycles * 1e3:.2f} ms CPU per cycle, "
               f"{written / args.cycles:.1f} reasons written per cycle")

@@ -12,10 +12,11 @@ for every shape (``keep_indexes=False``). Their events must be the same (job, at
 reason: checked every pass); the first's are applied, as the placer's would be.
 Prints the CPU time of a pass for each, the first apart (a pass keeping its own index
 builds it and its journal reader there, as after a node change), then mean, p50, p99 and
-max, and the ratios of the means.
+max, and the ratios of the means. With ``--node-event`` each cycle follows one node event
+too (``cycle_bench.Pool.node_event``: a cordon or uncordon, a GPU failing or healthy again).
 
     .venv/bin/python bench/reasons_bench.py [--nodes 5000] [--pending 45000] [--passes 40] [--ends 2]
-                                            [--big-ends N]
+                                            [--big-ends N] [--node-event cordon|health]
 """
 from __future__ import annotations
 
@@ -64,6 +65,7 @@ def main() -> None:
     p.add_argument("--big-ends", type=int, default=0, metavar="N",
                    help="before every other cycle N jobs end instead (the cycle places up to max_job_test of the "
                         "waiting, and the pass after it books them all)")
+    p.add_argument("--node-event", choices=("cordon", "health"), help="one node event before each cycle")
     args = p.parse_args()
     scheduler = Scheduler(SchedulerConfig(queue="fair-share", placement=DEFAULT_PLACEMENT))
     parked, keys = ParkedJobs(), QueueKeys()
@@ -79,6 +81,8 @@ def main() -> None:
         ends = args.big_ends if args.big_ends and i % 2 else args.ends
         pool.end_some(ends)
         pool.submit(ends, 1, tasks)
+        if args.node_event:
+            pool.node_event(args.node_event, i)
         now = pool.now()
         cycle = scheduler.schedule(pool.state, now, parked, keys)
         turn = i // 2 % len(names)   # not in step with --big-ends
@@ -94,6 +98,7 @@ def main() -> None:
             apply(pool.state, e)
         pool.place(cycle.decisions)
     every = f", {args.big_ends} before every other" if args.big_ends else ""
+    every += f", a {args.node_event} event before each" if args.node_event else ""
     print(f"{args.nodes:,} full 8-GPU nodes, {len(pool.state.pending):,} pending (openb), {args.ends} ending "
           f"before each cycle{every}; {written / args.passes:.1f} reasons written per pass, the same every way")
     for name, ms in times.items():   # the first pass builds what the kept one keeps: apart

@@ -79,6 +79,21 @@ def apply(state: ClusterState, event: ev.Event) -> Outcome:
     return outcome
 
 
+def note_node(state: ClusterState, name: str, registered: bool = False) -> None:
+    """Count and journal a change of node ``name``'s registration, status or GPU health
+    (``nodes_version``, ``ClusterState.node_changes``), bounded as ``note_changes``;
+    ``registered``: a registration, which may change a reader's set of rows."""
+    state.nodes_version += 1
+    if registered:
+        state.nodes_registered += 1
+    changes = state.node_changes
+    changes.append(name)
+    if len(changes) > CHANGES_KEPT:
+        dropped = len(changes) // 2
+        del changes[:dropped]
+        state.node_changes_base += dropped
+
+
 def note_changes(state: ClusterState, jobs: tuple[str, ...]) -> None:
     """Journal the jobs an event changed (``ClusterState.changes``), bounded."""
     changes = state.changes
@@ -125,7 +140,7 @@ def _node_registered(e: ev.NodeRegistered, state: ClusterState) -> Outcome:
     if old is None:
         state.nodes[info.name] = NodeState(info=info, gpus=[gpu_state(g, info.dynamic_mig) for g in info.gpus])
         state.capacity_epoch += 1
-        state.nodes_version += 1
+        note_node(state, info.name, registered=True)
         state.pools[info.pool] = None
         return ACCEPTED
     if len(old.gpus) != len(info.gpus):
@@ -137,7 +152,7 @@ def _node_registered(e: ev.NodeRegistered, state: ClusterState) -> Outcome:
     # A restarted agent: keep allocations (the log still assigns that work here), take
     # the fresh inventory, and bring a lost node back. A cordon survives restarts.
     old.info = info
-    state.nodes_version += 1
+    note_node(state, info.name, registered=True)
     for gpu, fresh in zip(old.gpus, info.gpus):
         set_gpu_info(gpu, fresh, info.dynamic_mig)
     if old.status is _LOST:
@@ -160,7 +175,7 @@ def _node_lost(e: ev.NodeLost, state: ClusterState) -> Outcome:
     if node is None or node.status is _LOST:
         return _reject(f"node {e.node} unknown or already lost")
     node.status = _LOST
-    state.nodes_version += 1
+    note_node(state, e.node)
     node.fence_at = e.time + node.info.lease_s + node.info.kill_wait_s + FENCE_MARGIN_S
     reason = f"node {e.node} lost"
     moved = [_begin_stop(state, state.jobs[j], "requeue", reason, e.time) for j in sorted(node.jobs)]
@@ -200,7 +215,7 @@ def _node_cordoned(e: ev.NodeCordoned, state: ClusterState) -> Outcome:
     node.cordoned = True
     if node.status is _READY:
         node.status = _CORDONED
-    state.nodes_version += 1
+    note_node(state, e.node)
     return ACCEPTED
 
 
@@ -213,7 +228,7 @@ def _node_uncordoned(e: ev.NodeUncordoned, state: ClusterState) -> Outcome:
     if node.status is _CORDONED:
         node.status = _READY
     state.capacity_epoch += 1
-    state.nodes_version += 1
+    note_node(state, e.node)
     node.faults = 0
     for gpu in node.gpus:   # the operator vouches for the repaired hardware
         gpu.healthy = True
@@ -229,7 +244,7 @@ def _gpu_health_changed(e: ev.GpuHealthChanged, state: ClusterState) -> Outcome:
     if gpu.healthy == e.healthy:
         return _reject("health unchanged")
     gpu.healthy = e.healthy
-    state.nodes_version += 1
+    note_node(state, e.node)
     if e.healthy:
         state.capacity_epoch += 1
         return ACCEPTED

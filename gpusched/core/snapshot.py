@@ -133,6 +133,7 @@ def state_from_snapshot(data: bytes) -> ClusterState:
     # A snapshot written before the journal was left out carries its entries: dropped, so
     # that every restored journal starts empty where the snapshotted one ended.
     state.changes_base, state.changes = state.changes_end(), []
+    state.node_changes_base, state.node_changes = state.node_changes_end(), []
     return state
 
 
@@ -227,6 +228,8 @@ class Column:
 _WRITTEN_AS: dict[tuple[type, str], Callable[[Any], Any] | None] = {
     (ClusterState, "changes"): None,
     (ClusterState, "changes_base"): ClusterState.changes_end,
+    (ClusterState, "node_changes"): None,
+    (ClusterState, "node_changes_base"): ClusterState.node_changes_end,
 }
 
 _COLUMNS: dict[Any, Column] = {}

@@ -313,6 +313,14 @@ class ClusterState:
     # what policies derive from the nodes alone (which could ever host a shape) holds while
     # it stays.
     nodes_version: int = 0
+    # The node of each such change, in the order applied (``note_node``): a reader that
+    # keeps rows per node refreshes those instead of rebuilding. Bounded and left out of
+    # snapshots as ``changes`` is. ``nodes_registered`` bumps with every registration (a
+    # node added, or its inventory taken again: pool, GPUs, MIG mode), where a reader's
+    # set of rows may change: it rebuilds then.
+    node_changes: list[str] = field(default_factory=list)
+    node_changes_base: int = 0
+    nodes_registered: int = 0
 
     def changes_since(self, position: int) -> list[str] | None:
         """The jobs changed from entry ``position`` on (a job may repeat), or None when
@@ -325,6 +333,15 @@ class ClusterState:
     def changes_end(self) -> int:
         """The number the next entry will get: a reader's position once it has read all."""
         return self.changes_base + len(self.changes)
+
+    def node_changes_since(self, position: int) -> list[str] | None:
+        """``changes_since`` of the journal of changed nodes (``node_changes``)."""
+        if position < self.node_changes_base or position > self.node_changes_base + len(self.node_changes):
+            return None
+        return self.node_changes[position - self.node_changes_base:]
+
+    def node_changes_end(self) -> int:
+        return self.node_changes_base + len(self.node_changes)
 
     def team_usage(self, team: str) -> Usage:
         usage = self.usage.get(team)

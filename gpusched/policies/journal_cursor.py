@@ -10,8 +10,11 @@ node changes (``nodes_version``) then.
 
 ``read`` answers the jobs journalled since, or None where the journal cannot say:
 another state, entries dropped unread (``reducer.note_changes``) or, for a reader that
-derives from the nodes too, a node changed. Either way the cursor then stands at the
-journal's end: the reader has read all, or starts over from the state as it is.
+derives from the nodes too, a node changed. ``read_nodes`` answers the nodes changed by
+themselves as well (the reducer's journal of them, ``ClusterState.node_changes``), for a
+reader that refreshes rows per node: None only where a node registered (its set of rows
+may change) or a journal cannot say. Either way the cursor then stands at the journals'
+ends: the reader has read all, or starts over from the state as it is.
 """
 from __future__ import annotations
 
@@ -19,16 +22,19 @@ from gpusched.core.state import ClusterState
 
 
 class JournalCursor:
-    __slots__ = ("state", "position", "nodes_version")
+    __slots__ = ("state", "position", "nodes_version", "node_position", "registered")
 
     def __init__(self) -> None:
         self.state: ClusterState | None = None
         self.position = 0
         self.nodes_version = -1
+        self.node_position = 0   # in ``state.node_changes``
+        self.registered = -1     # ``state.nodes_registered`` then
 
     def start(self, state: ClusterState) -> None:
         """Stand at the end of ``state``'s journal: the reader has taken ``state`` in whole."""
         self.state, self.position, self.nodes_version = state, state.changes_end(), state.nodes_version
+        self.node_position, self.registered = state.node_changes_end(), state.nodes_registered
 
     def forget(self) -> None:
         """Read no state: the next ``read`` answers None."""
@@ -47,3 +53,16 @@ class JournalCursor:
             changes = None
         self.start(state)
         return changes
+
+    def read_nodes(self, state: ClusterState, jobs: bool = True) -> tuple[list[str], list[str]] | None:
+        """The jobs and the nodes journalled since the last read or start (either may
+        repeat), or None: ``state`` is not the state read then, entries of either journal
+        were dropped unread, or a node registered (added, or its inventory taken again).
+        Without ``jobs`` the jobs are not read (an empty list). Afterwards the cursor
+        stands at both journals' ends."""
+        changes = nodes = None
+        if state is self.state and state.nodes_registered == self.registered:
+            changes = state.changes_since(self.position) if jobs else []
+            nodes = state.node_changes_since(self.node_position)
+        self.start(state)
+        return None if changes is None or nodes is None else (changes, nodes)

@@ -3,9 +3,10 @@
 What a policy keeps beside one state between cycles (``placement.kept_index``,
 ``reservation.hosts``) must look again at the nodes held before, or held now, by a job
 journalled since (``ClusterState.changes``): a node's allocations change only with such
-a job. ``TouchedNodes`` remembers where each job's workers were and answers that, or
-None when the kept structure must be rebuilt: another state, a node change
-(``nodes_version``) or an overrun journal.
+a job; and at the nodes that changed by themselves (cordoned, lost, a GPU's health:
+``ClusterState.node_changes``). ``TouchedNodes`` remembers where each job's workers were
+and answers those, or None when the kept structure must be rebuilt: another state, a
+node registered (``nodes_registered``) or an overrun journal.
 """
 from __future__ import annotations
 
@@ -23,12 +24,13 @@ class TouchedNodes:
     def since_last(self, state: ClusterState) -> set[str] | None:
         """The nodes to look at again since the last call, or None (then this reader has
         started over from ``state``: rebuild from it)."""
-        changes = self.journal.read(state)
-        if changes is None:
+        read = self.journal.read_nodes(state)
+        if read is None:
             self._start(state)
             return None
+        changes, changed_nodes = read
         nodes, jobs, held_on = state.nodes, state.jobs, self.held_on
-        touched: set[str] = set()
+        touched: set[str] = set(changed_nodes)
         for job_id in dict.fromkeys(changes):
             touched.update(held_on.pop(job_id, ()))
             holder = jobs.get(job_id)

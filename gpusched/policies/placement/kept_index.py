@@ -11,7 +11,10 @@ the state is the log's (the cycle has booked nothing yet), brings them in step:
   statement rolled those changes back after the indexes last heard of them;
 * so are the nodes held before, or held now, by a job the reducer journalled since
   (``ClusterState.changes``): a node's allocations change only with such a job;
-* a node registered, lost, cordoned or a GPU's health changed (``nodes_version``), the
+* and the nodes lost, cordoned, uncordoned or with a GPU's health changed since
+  (``ClusterState.node_changes``): an index's rows (the pool's nodes, its MIG nodes) stay,
+  a node's place among them is looked at again;
+* a node registered (added, or its inventory taken again: ``nodes_registered``), the
   journal overrun, or another state: every index is dropped and built again when asked.
 
 So at each cycle's start a kept index is what a fresh build from the state would be
@@ -57,7 +60,7 @@ class KeptIndexes:
 
     def refresh(self, state: ClusterState) -> None:
         journalled = self.journal.since_last(state)
-        if journalled is None:   # another state, a node change or an overrun journal
+        if journalled is None:   # another state, a registration or an overrun journal
             self.indexes, self.dirty = {}, set()
             return
         touched, self.dirty = self.dirty, set()

@@ -5,10 +5,11 @@ the cluster, to learn which could ever host a worker of the job (its pool, model
 healthy GPUs: ``could_ever_host``) and offer those at ``now``; on a pool of thousands of
 nodes that pass was a third of a busy cycle, though what it finds depends on the nodes
 alone, and nodes change rarely. So it is kept by (pool, per-worker resources) for one
-state while no node was added or changed (``ClusterState.nodes_version``, bumped by the
-reducer for every registration, status or GPU health change). The tentative changes of a
-cycle's ``Statement`` include node status (nominee holds cordon nodes): the caller keeps
-hosts only in cycles without those (as ``at_now``).
+state while no node registered (``ClusterState.nodes_registered``); a node cordoned,
+uncordoned, lost or with a GPU's health changed (the reducer journals it,
+``ClusterState.node_changes``) moves to its new class and in or out of each shape's hosts.
+The tentative changes of a cycle's ``Statement`` include node status (nominee holds
+cordon nodes): the caller keeps hosts only in cycles without those (as ``at_now``).
 
 Of those hosts, a sweep offers at ``now`` only the nodes with a GPU not wholly taken
 (``OpenNodes``): on a full pool that is a few, and a node with none cannot take a worker
@@ -23,8 +24,11 @@ random node and job changes.
 """
 from __future__ import annotations
 
+from bisect import bisect_left
+
 from gpusched.core.model import WorkerResources
 from gpusched.core.state import ClusterState, JobState, NodeState
+from gpusched.policies.journal_cursor import JournalCursor
 from gpusched.policies.touched_nodes import TouchedNodes
 
 # Shapes kept at most: past it they are forgotten and found again as cycles need them.
@@ -41,14 +45,25 @@ def could_ever_host(node: NodeState, job: JobState) -> bool:
             and len([g for g in node.gpus if g.healthy]) >= max(res.gpus, 1 if res.milli else 0))
 
 
+def _class_of(node: NodeState) -> tuple:
+    info = node.info
+    return (info.pool, node.schedulable, node.model, info.cpu_milli, info.memory_mib,
+            len([g for g in node.gpus if g.healthy]))
+
+
 def _classes(state: ClusterState) -> dict[tuple, list[tuple[int, NodeState]]]:
     classes: dict[tuple, list[tuple[int, NodeState]]] = {}
     for i, node in enumerate(state.nodes.values()):
-        info = node.info
-        key = (info.pool, node.schedulable, node.model, info.cpu_milli, info.memory_mib,
-               len([g for g in node.gpus if g.healthy]))
-        classes.setdefault(key, []).append((i, node))
+        classes.setdefault(_class_of(node), []).append((i, node))
     return classes
+
+
+def _hosts_shape(key: tuple, pool: str, res: WorkerResources) -> bool:
+    """Whether the nodes of class ``key`` could ever host a worker of ``res`` in ``pool``
+    (``could_ever_host``, from the class)."""
+    node_pool, ready, model, cpu, memory, healthy = key
+    return (node_pool == pool and ready and res.allows(model) and cpu >= res.cpu_milli
+            and memory >= res.memory_mib and healthy >= max(res.gpus, 1 if res.milli else 0))
 
 
 def _position(member: tuple[int, NodeState]) -> int:
@@ -67,31 +82,66 @@ class KeptHosts:
     memory, healthy GPUs): the nodes are grouped by class once while they stay, so a shape
     not seen before is answered from the few classes, not from every node."""
 
-    __slots__ = ("state", "version", "found", "classes", "open")
+    __slots__ = ("journal", "found", "classes", "where", "open")
 
     def __init__(self) -> None:
-        self.state: ClusterState | None = None
-        self.version = -1
+        self.journal = JournalCursor()   # the state kept for; only its node journal is read
         self.found: dict[tuple[str, WorkerResources], Hosts] = {}
         # (pool, ready, model, cpu, memory, healthy GPUs) -> [(position in the state, node)]
         self.classes: dict[tuple, list[tuple[int, NodeState]]] = {}
+        self.where: dict[str, tuple[int, tuple]] = {}   # node -> (its position, its class)
         self.open = OpenNodes()   # refreshed by the caller at the start of each cycle
 
-    def hosts(self, state: ClusterState, job: JobState) -> Hosts:
-        if state is not self.state or state.nodes_version != self.version:
-            self.state, self.version, self.found = state, state.nodes_version, {}
-            self.classes = _classes(state)
-        elif len(self.found) >= MAX_KEPT:
+    def _refresh(self, state: ClusterState) -> None:
+        """In step with ``state``'s nodes: rebuilt where the journal cannot say (another
+        state, a registration, an overrun), else the nodes journalled moved."""
+        read = self.journal.read_nodes(state, jobs=False)
+        if read is None:
+            self.found, self.classes = {}, _classes(state)
+            self.where = {node.name: (i, key) for key, members in self.classes.items() for i, node in members}
+            return
+        if len(self.found) >= MAX_KEPT:
             self.found = {}
+        for name in set(read[1]):
+            self._move(state.nodes[name])
+
+    def _move(self, node: NodeState) -> None:
+        """``node`` to its class now, and in or out of each kept shape's hosts."""
+        name, classes = node.name, self.classes
+        i, was = self.where[name]
+        key = _class_of(node)
+        if key == was:
+            return
+        members = classes[was]
+        del members[bisect_left(members, (i,))]
+        if not members:
+            del classes[was]
+        members = classes.setdefault(key, [])
+        members.insert(bisect_left(members, (i,)), (i, node))
+        self.where[name] = (i, key)
+        order = self._order_of
+        for shape, (nodes, names) in self.found.items():
+            hosts = _hosts_shape(key, *shape)
+            if hosts != (name in names):   # a new list: a cycle may still hold the old one
+                if hosts:
+                    at = bisect_left(nodes, i, key=order)
+                    self.found[shape] = (nodes[:at] + [node] + nodes[at:], names | {name})
+                else:
+                    self.found[shape] = ([n for n in nodes if n is not node], names - {name})
+
+    def _order_of(self, node: NodeState) -> int:
+        return self.where[node.name][0]
+
+    def hosts(self, state: ClusterState, job: JobState) -> Hosts:
+        if state is not self.journal.state or state.node_changes_end() != self.journal.node_position \
+                or state.nodes_registered != self.journal.registered:
+            self._refresh(state)
         spec = job.spec
         key = (spec.pool, spec.resources)
         found = self.found.get(key)
         if found is None:
             res = spec.resources
-            need = max(res.gpus, 1 if res.milli else 0)
-            taken = [members for (pool, ready, model, cpu, memory, healthy), members in self.classes.items()
-                     if pool == spec.pool and ready and res.allows(model) and cpu >= res.cpu_milli
-                     and memory >= res.memory_mib and healthy >= need]
+            taken = [members for klass, members in self.classes.items() if _hosts_shape(klass, spec.pool, res)]
             if len(taken) == 1:
                 nodes = [node for _, node in taken[0]]
             else:   # several classes: back in the state's order

@@ -13,10 +13,12 @@ pool of one state and, at each cycle's first sweep, brings it in step with the s
   default estimate) lists everything again.
 
 Which jobs and nodes to look at the reducer says: it journals the jobs each event changed
-(``ClusterState.changes``) and counts node changes (``nodes_version``), so a refresh
-compares only the jobs journalled since the last and the nodes they held or hold. Where
-the journal was overrun or a node changed it compares every node and every running job
-(a comparison of a few fields, about a tenth of the build). An end is kept
+(``ClusterState.changes``), so a refresh compares only the jobs journalled since the last
+and the nodes they held or hold. A node cordoned, lost or with a GPU's health changed
+(``node_changes``) lists no end differently: what it held changes only with a journalled
+job. Where a journal was overrun or a node registered (its registration is listed) it
+compares every node and every running job (a comparison of a few fields, about a tenth
+of the build). An end is kept
 unclamped (``raw_end``: a job being stopped ends at ``-inf``): ``max(now, end)`` keeps
 the order, so the walk clamps what it reads (``EndWalk``). Ends that changed are pushed
 as new entries and the old ones left in the heap, dead: ``live`` maps each (node, job)
@@ -177,11 +179,11 @@ class KeptEnds:
         self.number = number
 
     def _refresh(self, state: ClusterState, pool: str, estimate) -> None:
-        changes = self.journal.read(state)   # None: overrun, or a node changed
-        if changes is None:
+        read = self.journal.read_nodes(state)   # None: overrun, or a node registered
+        if read is None:
             dirty, changed = self._compare_all(state, pool)
         else:
-            dirty, changed = self._compare_changed(state, pool, changes)
+            dirty, changed = self._compare_changed(state, pool, read[0])
         jobs = self.jobs
         for job_id, holder, signature in changed:
             # Listed again with the nodes that hold it now, if any does.
@@ -237,8 +239,8 @@ class KeptEnds:
 
     def _compare_changed(self, state: ClusterState, pool: str, changes: list[str]) -> tuple[set[str], list[tuple]]:
         """``_compare_all`` on what the reducer's journal says changed since the last
-        cycle (``ClusterState.changes``), no node having changed (``nodes_version``): a
-        node's jobs change only with a job that the journal names, and that held it
+        cycle (``ClusterState.changes``), no node having registered (``nodes_registered``):
+        a node's jobs change only with a job that the journal names, and that held it
         before (kept) or holds it now."""
         nodes, jobs, state_nodes, state_jobs = self.nodes, self.jobs, state.nodes, state.jobs
         dirty: set[str] = set()

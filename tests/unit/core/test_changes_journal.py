@@ -1,12 +1,14 @@
-"""The reducer's journal of changed jobs (``ClusterState.changes``) and its count of node
-changes (``nodes_version``), which policies trust instead of comparing every job and node
-between cycles: every job whose state an event changed is journalled, every change of a
-node's registration, status or GPU health is counted, and the journal stays bounded."""
+"""The reducer's journal of changed jobs (``ClusterState.changes``), its journal and count
+of node changes (``node_changes``, ``nodes_version``, ``nodes_registered``), which
+policies trust instead of comparing every job and node between cycles: every job whose
+state an event changed is journalled, every change of a node's registration, status or
+GPU health is journalled and counted (a registration apart), and the journals stay
+bounded."""
 from __future__ import annotations
 
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from gpusched.core.reducer import note_changes
+from gpusched.core.reducer import note_changes, note_node
 from gpusched.core.state import CHANGES_KEPT, ClusterState
 from tests.unit.core.builders import Log, make_node
 from tests.unit.policies.test_kept_ends import NODES, apply_step, step
@@ -28,16 +30,23 @@ def test_every_changed_job_is_journalled_and_every_node_change_counted(steps):
     made: list[str] = []
     for s in steps:
         state = log.state
-        if s == ("drop",):
-            continue   # the journal's own bound: tested below
+        if s in (("drop",), ("drop-nodes",)):
+            continue   # the journals' own bound: tested below
         jobs_before, nodes_before = jobs_seen(state), nodes_seen(state)
         position, version = state.changes_end(), state.nodes_version
+        node_position, registered = state.node_changes_end(), state.nodes_registered
         apply_step(log, s, made)
         journalled = set(state.changes_since(position))
         after = jobs_seen(state)
         assert {j for j, seen in after.items() if jobs_before.get(j) != seen} <= journalled
-        if nodes_seen(state) != nodes_before:
+        nodes_after = nodes_seen(state)
+        changed = {n for n, seen in nodes_after.items() if nodes_before.get(n) != seen}
+        assert changed <= set(state.node_changes_since(node_position))
+        if changed:
             assert state.nodes_version > version
+        # A node added or its inventory taken again: what readers keep rows by may differ.
+        if any(nodes_before.get(n, (None,))[0] != seen[0] for n, seen in nodes_after.items()):
+            assert state.nodes_registered > registered
 
 
 def test_the_journal_drops_its_older_half_past_its_bound():
@@ -54,3 +63,17 @@ def test_the_journal_drops_its_older_half_past_its_bound():
     note_changes(state, ("x", "y"))
     assert state.changes_since(late) == ["x", "y"]
     assert state.changes_since(state.changes_end()) == []
+
+
+def test_the_journal_of_nodes_drops_its_older_half_past_its_bound():
+    state = ClusterState()
+    note_node(state, "n0")
+    early = state.node_changes_end()
+    for i in range(CHANGES_KEPT + 1):
+        note_node(state, f"n{i % 7}")
+    assert len(state.node_changes) <= CHANGES_KEPT
+    assert state.node_changes_since(early) is None
+    late = state.node_changes_end()
+    note_node(state, "x", registered=True)
+    assert state.node_changes_since(late) == ["x"] and state.nodes_registered == 1
+    assert state.nodes_version == CHANGES_KEPT + 3

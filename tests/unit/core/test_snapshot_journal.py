@@ -10,7 +10,7 @@ import zlib
 from gpusched.core import events as ev
 from gpusched.core import snapshot as snap
 from gpusched.core.model import JobSpec, WorkerResources
-from gpusched.core.reducer import apply, note_changes
+from gpusched.core.reducer import apply, note_changes, note_node
 from gpusched.core.snapshot import snapshot_bytes, snapshot_doc, state_from_snapshot
 from gpusched.core.state import ClusterState
 from gpusched.policies.touched_nodes import TouchedNodes
@@ -70,3 +70,15 @@ def test_a_snapshot_that_still_carries_the_journal_restores_it_empty_at_its_end(
     restored = state_from_snapshot(old)
     assert restored.changes == [] and restored.changes_end() == state.changes_end()
     assert restored.changes_since(state.changes_base) is None
+
+
+def test_the_journal_of_nodes_is_left_out_too():
+    state = _sample_state()
+    for i in range(300):
+        note_node(state, f"n{i % 5}")
+    doc = snapshot_doc(state)
+    assert "node_changes" not in doc["schema"]["ClusterState"] and "node_changes" not in doc["state"]
+    assert doc["state"]["node_changes_base"] == [state.node_changes_end()]
+    restored = state_from_snapshot(snapshot_bytes(state))
+    assert restored.node_changes == [] and restored.node_changes_end() == state.node_changes_end()
+    assert restored.node_changes_since(state.node_changes_base) is None

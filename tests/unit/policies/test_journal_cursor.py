@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from hypothesis import given, settings, strategies as st
 
-from gpusched.core.reducer import note_changes
+from gpusched.core.reducer import note_changes, note_node
 from gpusched.core.state import ClusterState
 from gpusched.policies.journal_cursor import JournalCursor
 
@@ -128,3 +128,70 @@ def test_a_restored_state_is_read_afresh_though_its_journal_ends_where_the_first
     assert cursor.read(restored) is None
     cursor.forget()
     assert cursor.read(restored) is None and cursor.read(restored) == []
+
+
+# For ``read_nodes``: jobs journalled; a node's status changed (journalled, n picks it) or
+# registered; entries of either journal dropped; reads with and without the jobs.
+NODE_KINDS = ("append", "node", "node", "register", "drop", "drop-nodes", "read-nodes", "read-nodes",
+              "restore", "other", "start")
+node_step = st.tuples(st.sampled_from(NODE_KINDS), st.integers(0, 7))
+
+
+def _drop(journal: list[str], count: int) -> int:
+    dropped = min(count, len(journal))
+    del journal[:dropped]
+    return dropped
+
+
+@settings(max_examples=400, deadline=None)
+@given(steps=st.lists(node_step, min_size=4, max_size=60))
+def test_a_read_of_the_nodes_answers_both_journals_since_or_none_exactly_when_it_must(steps):
+    """``read_nodes`` against a model: the jobs and nodes journalled since the last read,
+    or None exactly when another state is read, a node registered, or an entry was dropped
+    unread (of the jobs' journal only where the jobs are read)."""
+    state, cursor = ClusterState(), JournalCursor()
+    model_state, jobs, nodes, lost_jobs, lost_nodes, registered = None, [], [], False, False, False
+    for kind, arg in steps:
+        mine = state is model_state
+        if kind == "append":
+            note_changes(state, (f"j{arg}",))
+            jobs.append(f"j{arg}")
+        elif kind in ("node", "register"):
+            note_node(state, f"n{arg}", registered=kind == "register")
+            nodes.append(f"n{arg}")
+            registered |= kind == "register"
+        elif kind == "drop":
+            state.changes_base += _drop(state.changes, 1 + arg)
+            lost_jobs |= len(state.changes) < len(jobs)
+        elif kind == "drop-nodes":
+            state.node_changes_base += _drop(state.node_changes, 1 + arg)
+            lost_nodes |= len(state.node_changes) < len(nodes)
+        elif kind == "restore":
+            state = ClusterState(changes_base=state.changes_end(), node_changes_base=state.node_changes_end(),
+                                 nodes_registered=state.nodes_registered)
+        elif kind == "other":
+            state = ClusterState()
+        if kind == "read-nodes":
+            with_jobs = arg % 2 == 0
+            expected = None if not mine or registered or lost_nodes or (with_jobs and lost_jobs) else \
+                (jobs if with_jobs else [], nodes)
+            assert cursor.read_nodes(state, jobs=with_jobs) == expected
+        elif kind == "start":
+            cursor.start(state)
+        else:
+            continue
+        model_state, jobs, nodes, lost_jobs, lost_nodes, registered = state, [], [], False, False, False
+
+
+def test_a_cordon_is_read_as_a_node_and_a_registration_as_a_rebuild():
+    state, cursor = ClusterState(), JournalCursor()
+    cursor.start(state)
+    note_node(state, "n0")
+    note_changes(state, ("a",))
+    assert cursor.nodes_moved(state)
+    assert cursor.read(state) is None   # a reader of the jobs alone still rebuilds on it
+    note_node(state, "n1")
+    assert cursor.read_nodes(state) == ([], ["n1"])
+    note_node(state, "n2", registered=True)
+    assert cursor.read_nodes(state) is None
+    assert cursor.read_nodes(state) == ([], [])

@@ -34,6 +34,7 @@ step = st.one_of(
     st.tuples(st.just("lost"), st.integers(0, 2)),
     st.tuples(st.just("register"), st.integers(0, 3)),
     st.just(("drop",)),
+    st.just(("drop-nodes",)),
 )
 
 
@@ -41,7 +42,7 @@ def apply_step(log: Log, s: tuple, made: list[str]) -> None:
     """One change to the state: a job placed (a gang on two nodes if asked), started,
     cancelled or preempted (it stops), its workers gone, one worker ended, the pool's default time
     limit, time passing, a GPU failed or back, a node lost or (re-)registered, the
-    reducer's journal of changed jobs overrun."""
+    reducer's journal of changed jobs or of changed nodes overrun."""
     kind = s[0]
     if kind == "place":
         _, at, gpus, limit, gang = s
@@ -94,6 +95,11 @@ def apply_step(log: Log, s: tuple, made: list[str]) -> None:
         dropped = len(state.changes)
         del state.changes[:dropped]
         state.changes_base += dropped
+    elif kind == "drop-nodes":   # the same, of the journal of changed nodes
+        state = log.state
+        dropped = len(state.node_changes)
+        del state.node_changes[:dropped]
+        state.node_changes_base += dropped
     # ("check",): nothing changes
 
 
@@ -218,3 +224,25 @@ def test_a_cycle_stops_once_every_waiting_shape_failed_and_no_reservation_is_due
     assert summary(kept) == summary(every)
     assert len(kept.offered) == 2 and kept.skipped == []
     assert len(every.offered) == 30
+
+
+def test_a_cordon_compares_only_what_the_journal_names(monkeypatch):
+    """A node cordoned or a GPU failing lists no end differently: the refresh reads the
+    journals instead of comparing every node and job (breaking it, e.g. reading a node
+    change as a rebuild, fails here); a registration compares everything."""
+    log = Log(*(make_node(n, gpus=6, cpu=64_000, mem=512_000) for n in NODES))
+    made: list[str] = []
+    apply_step(log, ("place", 0, 1, 90.0, False), made)
+    kept, setting, estimate = KeptEnds(), (dict(log.state.pool_limits), 50.0), runtime_estimate(log.state, 50.0)
+    kept.current(log.state, "default", log.now, estimate, setting)
+    compared = []
+    monkeypatch.setattr(KeptEnds, "_compare_all", lambda self, *a: compared.append(a) or (set(), []))
+    assert log(ev.NodeCordoned, node="n0").accepted
+    assert log(ev.GpuHealthChanged, node="n1", gpu_index=0, healthy=False).accepted
+    index = kept.current(log.state, "default", log.now, estimate, setting)
+    assert compared == []
+    assert ends(index, log.state, log.now) == ends(EndIndex(log.state, "default", log.now, estimate), log.state,
+                                                   log.now)
+    assert log(ev.NodeRegistered, node=make_node("n3", gpus=6, cpu=64_000, mem=512_000)).accepted
+    kept.current(log.state, "default", log.now, estimate, setting)
+    assert len(compared) == 1

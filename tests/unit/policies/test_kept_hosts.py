@@ -62,8 +62,8 @@ def test_kept_hosts_are_those_a_fresh_pass_finds(changes):
 
 
 def test_a_cordoned_node_is_no_host_at_the_next_look():
-    """Kept hosts are dropped when a node changes (breaking ``nodes_version``, e.g. not
-    bumping it on a cordon, fails here)."""
+    """A cordoned node leaves the kept hosts (breaking the reducer's journal of nodes,
+    e.g. not journalling a cordon, fails here)."""
     log = Log(make_node("n0"), make_node("n1"))
     kept = KeptHosts()
     assert [n.name for n in kept.hosts(log.state, job(SHAPES[0]))[0]] == ["n0", "n1"]
@@ -108,3 +108,28 @@ def test_hosts_of_several_classes_come_in_the_state_order():
     log = Log(make_node("n0"), make_node("n1", model="A100-80GB"), make_node("n2"))
     nodes, _ = KeptHosts().hosts(log.state, job(SHAPES[0]))
     assert [n.name for n in nodes] == ["n0", "n1", "n2"]
+
+
+def test_a_cordon_moves_the_node_instead_of_finding_every_host_again():
+    """The classes and the hosts kept survive a cordon, a GPU failing and a node lost (the
+    reducer journals those nodes) and read as a fresh pass (breaking the move, e.g.
+    skipping the journalled nodes, fails here); a registration finds them again."""
+    log = Log(make_node("n0"), make_node("n1", model="A100-80GB"), make_node("n2"), make_node("n3"))
+    kept = KeptHosts()
+    for spec in SHAPES:
+        kept.hosts(log.state, job(spec))
+    classes = kept.classes
+    assert log(ev.NodeCordoned, node="n0").accepted
+    assert log(ev.GpuHealthChanged, node="n2", gpu_index=0, healthy=False).accepted
+    assert log(ev.NodeLost, node="n3").accepted
+    for spec in SHAPES:
+        nodes, names = kept.hosts(log.state, job(spec))
+        fresh_nodes, fresh_names = find_hosts(log.state, job(spec))
+        assert [n.name for n in nodes] == [n.name for n in fresh_nodes] and names == fresh_names
+    assert kept.classes is classes
+    assert [n.name for n in kept.hosts(log.state, job(SHAPES[1]))[0]] == ["n1"]   # 4 GPUs
+    assert log(ev.NodeUncordoned, node="n0").accepted
+    assert [n.name for n in kept.hosts(log.state, job(SHAPES[1]))[0]] == ["n0", "n1"]
+    assert log(ev.NodeRegistered, node=make_node("n4")).accepted
+    assert [n.name for n in kept.hosts(log.state, job(SHAPES[1]))[0]] == ["n0", "n1", "n4"]
+    assert kept.classes is not classes

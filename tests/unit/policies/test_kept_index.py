@@ -180,3 +180,29 @@ def test_indexes_kept_for_one_state_are_not_read_for_another():
     keys, scheduler = QueueKeys(), Scheduler()
     assert scheduler.schedule(full.state, full.now, None, keys).decisions == []
     assert [d.workers[0].node for d in scheduler.schedule(empty.state, empty.now, None, keys).decisions] == ["n0"]
+
+
+def test_a_cordon_or_a_gpu_failing_refreshes_the_kept_index_instead_of_rebuilding_it():
+    """A node cordoned, a GPU failing on another, a node lost: the kept indexes survive
+    (the reducer journals those nodes: ``ClusterState.node_changes``) and read as fresh
+    ones, those nodes out of them (breaking the refresh, e.g. skipping the journalled
+    nodes, fails here); a node registered rebuilds them."""
+    log = Log(*(make_node(n, gpus=6, cpu=64_000, mem=512_000) for n in NODES))
+    assert log.submit("w", make_spec(gpus=6, cpu=0, mem=0)).accepted
+    keys, scheduler = QueueKeys(), Scheduler()
+    scheduler.schedule(log.state, log.now, None, keys)
+    kept = keys.kept[KEPT]
+    indexes = dict(kept.indexes)
+    assert indexes
+    assert log(ev.NodeCordoned, node="n0").accepted
+    assert log(ev.GpuHealthChanged, node="n1", gpu_index=2, healthy=False).accepted
+    assert log(ev.NodeLost, node="n2").accepted
+    assert assert_kept_as_fresh(keys, log.state) == len(indexes)
+    assert kept.indexes == indexes   # the same objects
+    assert all(set(index.where) == {"n1"} for index in indexes.values() if isinstance(index, FreeIndex))
+    assert scheduler.schedule(log.state, log.now, None, keys).decisions == []
+    assert log(ev.NodeUncordoned, node="n0").accepted
+    assert [d.workers[0].node for d in scheduler.schedule(log.state, log.now, None, keys).decisions] == ["n0"]
+    assert log(ev.NodeRegistered, node=make_node("n3", gpus=6, cpu=64_000, mem=512_000)).accepted
+    kept.refresh(log.state)
+    assert kept.indexes == {}
