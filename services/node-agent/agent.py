@@ -257,22 +257,29 @@ class NodeAgent(NodeLiveness):
                 self.rendezvous_offered.add((job.job_id, job.attempt))
                 asyncio.create_task(self._offer_rendezvous(job))
             return
-        rendezvous = job.rendezvous or f"{self._address()}:{free_port('')}"
-        env = worker_env(job, worker.worker, addresses, rendezvous)
-        if job.checkpoint:
-            env["GPUSCHED_RESUME_FROM"] = job.checkpoint
         spec = job.spec
         report = self._checkpoint_reporter(key) if worker.worker == 0 else None
         if not self.real_processes or not spec.command:
+            # nothing reads a worker environment here: no env built, no rendezvous port bound
             run = SimulatedRun(spec.simulated_duration_s, job.checkpoint_progress_s, spec.checkpoint_interval_s,
                                report, location=f"sim://{job.job_id}")
         else:
             devices = WorkerDevices(self.info, worker.gpus, spec.resources, self.info.mps, self.mig)
-            run = ProcessRun(spec.command, env, self.state_dir / worker_dir_name(*key), report, devices=devices,
+            run = ProcessRun(spec.command, self._worker_env(job, worker, addresses),
+                             self.state_dir / worker_dir_name(*key), report, devices=devices,
                              lease_path=self.lease.path if self.lease else None, kill_wait=self.grace_s)
         self.launched.add(key)
         self.runs[key] = run
         self.running[key] = asyncio.create_task(self._run(key, run))
+
+    def _worker_env(self, job: JobState, worker: WorkerAssignment, addresses: dict[str, str]) -> dict[str, str]:
+        """A real worker's environment (``launch_env``); a single worker's rendezvous is a
+        port free on this node now."""
+        rendezvous = job.rendezvous or f"{self._address()}:{free_port('')}"
+        env = worker_env(job, worker.worker, addresses, rendezvous)
+        if job.checkpoint:
+            env["GPUSCHED_RESUME_FROM"] = job.checkpoint
+        return env
 
     async def _offer_rendezvous(self, job: JobState) -> None:
         await self.publish(self._event(ev.RendezvousSet, job_id=job.job_id, attempt=job.attempt, node=self.name,

@@ -15,9 +15,9 @@ journal can block a mkdir for milliseconds, in no event loop here), exactly the
 environment asked for, ``shim.run(**shim)``, and exits with its code.
 The launcher answers ``{"id", "pid", "start"}`` (the shim's pid and its start in clock
 ticks, which tells it from a later process with the same pid), or ``{"id", "error"}``;
-``{"id", "written"}`` once the shim wrote its first status file (or ended before: the
-agent reads the file then, instead of polling for it), and ``{"id", "code"}`` once it
-reaped that shim (``code`` as ``waitstatus_to_exitcode``: negative for a signal).
+``{"id", "written", "pid"}`` once the shim wrote its first status file, with the workload's
+pid (null when not started or the shim ended first: the agent reads the file then), and
+``{"id", "code"}`` once it reaped that shim (``code``: negative for a signal).
 
 Nothing depends on the launcher staying alive: each shim is in a session of its own and
 fences its workload by the lease alone. When the agent goes (end of file on the socket;
@@ -91,11 +91,11 @@ def serve(conn: socket.socket) -> None:
 
 
 def _tell_written(conn: socket.socket, starting: dict[int, int], ready: list) -> None:
-    """A shim wrote its first status (or ended before it could: end of file): the agent
-    reads the status file now, rather than polling for it."""
+    """A shim wrote its first status and its workload's pid (or ended first): tell the agent."""
     for fd in [fd for fd in starting if fd in ready]:
+        pid = os.read(fd, 32)             # written at once (under PIPE_BUF): all of it or nothing
         os.close(fd)
-        _send(conn, {"id": starting.pop(fd), "written": True})
+        _send(conn, {"id": starting.pop(fd), "written": True, "pid": int(pid) if pid.isdigit() else None})
 
 
 def _launch(conn: socket.socket, request: dict, children: dict[int, int], starting: dict[int, int],
@@ -110,7 +110,7 @@ def _launch(conn: socket.socket, request: dict, children: dict[int, int], starti
         _send(conn, {"id": request["id"], "error": f"cannot remove an earlier status file: {exc}"})
         return
     go_r, go_w = os.pipe()
-    written_r, written_w = os.pipe()      # the shim writes one byte once its status is written
+    written_r, written_w = os.pipe()      # the shim's word (its workload's pid) once its status is written
     try:
         pid = os.fork()
     except OSError as exc:
@@ -168,10 +168,10 @@ def _run_shim(request: dict, fds: tuple[int, int, int], written: int) -> None:
 
 
 def _telling(fd: int):
-    """What a forked shim calls once its first status is written: one byte to the launcher."""
-    def tell() -> None:
+    """What a forked shim calls once its first status is written: its workload's pid, if any."""
+    def tell(pid: int | None) -> None:
         try:
-            os.write(fd, b"w")
+            os.write(fd, b"" if pid is None else str(pid).encode())
         except OSError:
             pass   # the launcher is gone: the agent reads the status file on its own
         finally:
@@ -202,8 +202,8 @@ class ShimProcess:
 
     def __init__(self, pid: int, start: int | None, ended: asyncio.Future, written: asyncio.Future | None = None) -> None:
         self.pid, self.start = pid, start
-        # Done once the shim wrote its first status file (or ended before that, or its
-        # launcher went: then nothing more will tell it).
+        # Done once the shim wrote its first status: {"pid": its workload's} when the launcher
+        # passed one on, else True (False: the launcher went, nothing more will tell).
         self.written = written if written is not None else ended
         self.returncode: int | None = None    # once reaped; None too when only its absence is known
         self.ended = False
@@ -307,7 +307,7 @@ class Launcher:
                 elif "written" in message:
                     future = self._written.pop(launch, None)
                     if future is not None and not future.done():
-                        future.set_result(True)
+                        future.set_result({"pid": message["pid"]} if message.get("pid") else True)
                 else:
                     future = self._started.pop(launch, None)
                     if future is not None and not future.done():

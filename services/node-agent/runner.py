@@ -224,6 +224,8 @@ class ProcessRun:
         # fails costs an exception), unless the wait for the word timed out.
         waited_out = word is None or word.done()
         while (left := deadline - time.monotonic()) > 0:
+            if word is not None and word.done() and isinstance(word.result(), dict):
+                return word.result()      # the workload's pid, as the launcher passed it on: no read
             if waited_out or word.done() or self._proc.ended:
                 status = read_status(self.status_file)
                 if status is not None or self._proc.ended:

@@ -127,10 +127,11 @@ def _become_subreaper() -> None:
 
 class Shim:
     def __init__(self, command: list[str], status: str, lease: str | None, kill_wait: float, poll: float,
-                 written: Callable[[], None] | None = None) -> None:
+                 written: Callable[[int | None], None] | None = None) -> None:
         self.command, self.status_path, self.lease = command, status, lease
-        # Told once the first status is written (the launcher passes the news on to the
-        # agent, which then reads the file instead of polling for it).
+        # Told the workload's pid (None: not started) once the first status is written: the
+        # launcher passes it on to the agent, which then neither polls for the file nor,
+        # once the workload started, reads it.
         self.written = written
         self.kill_wait, self.poll = kill_wait, poll
         self.status: dict = {"shim_pid": os.getpid(), "pid": None, "pgid": None, "command": command,
@@ -190,7 +191,7 @@ class Shim:
     def _write_first(self) -> None:
         write_json(self.status_path, self.status)
         if self.written is not None:
-            self.written()
+            self.written(self.status["pid"])
 
     def _not_started(self, reason: str, fenced: bool) -> None:
         self.status.update(started_at=None, ended_at=time.time(), exit_code=EXIT_NOT_STARTED, signal=0,
@@ -307,10 +308,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(command: list[str], status: str, lease: str | None, kill_wait: float, poll: float,
-        written: Callable[[], None] | None = None) -> int:
+        written: Callable[[int | None], None] | None = None) -> int:
     """What ``main`` does with its arguments parsed (the launcher's forked shims start here,
-    with settings the agent checked, and ``written``: called once the first status is
-    written); the exit code."""
+    with settings the agent checked, and ``written``: called with the workload's pid, None
+    when it did not start, once the first status is written); the exit code."""
     return Shim(command, status, lease, kill_wait, poll, written).run()
 
 

@@ -18,6 +18,7 @@ from gpusched.policies.preemption.decisions import preemption_events
 from gpusched.policies.preemption.victim_index import VictimIndex
 from gpusched.policies.preemption.victim_rules import PreemptionConfig
 from gpusched.policies.supervision import SupervisionConfig
+from gpusched_preemptor.gate import SEARCHES, PossibleVictims, has_guarantees
 
 
 class PreemptorDecider:
@@ -29,6 +30,9 @@ class PreemptorDecider:
         self.supervision = supervision
         self.heard = heard          # now -> (last beat per node, listening since, hearing at all)
         self.actions = tuple(actions)
+        # The actions of a round whose searches can propose nothing (``gate``).
+        self.without_searches = tuple(a for a in self.actions if a.name not in SEARCHES)
+        self.possible: dict[int, PossibleVictims] = {}   # per partition, kept between rounds
         # Nodes of the log not heard from yet: when this preemptor first saw them there. A
         # node's beats topic is found by a metadata refresh, which can come after its
         # registration went through the relay: its timeout runs from then, not from ``since``.
@@ -49,6 +53,7 @@ class PreemptorDecider:
         for partition in partitions:
             self.victims.pop(partition, None)
             self.kept.pop(partition, None)
+            self.possible.pop(partition, None)
 
     def _config(self, state: ClusterState) -> PreemptionConfig:
         """The preemption settings with the quotas of the log at this state's position."""
@@ -82,7 +87,14 @@ class PreemptorDecider:
                               self._with_unheard(state, last_seen, now), since, hearing,
                               self.victims.setdefault(partition, VictimIndex()),
                               self.kept.setdefault(partition, {}))
-        return [out for p in run_actions(self.actions, situation) for out in self._events(state, p, now)]
+        return [out for p in run_actions(self._actions(partition, situation), situation)
+                for out in self._events(state, p, now)]
+
+    def _actions(self, partition: int, situation: Situation) -> tuple[Action, ...]:
+        possible = self.possible.setdefault(partition, PossibleVictims())
+        if possible.searches_can_propose(situation.state, has_guarantees(situation.preemption.quotas)):
+            return self.actions
+        return self.without_searches
 
     def _events(self, state: ClusterState, proposal: Proposal, now: float) -> list[tuple[ev.Event, str]]:
         """A proposal as events, each with the pool whose log it goes to."""

@@ -111,7 +111,7 @@ async def test_the_launcher_tells_when_the_status_is_written_so_a_start_waits_fo
     run = ProcessRun(("sleep", "5"), {}, tmp_path / "w", kill_wait=0.3)
     run.START_POLL_S = 60.0   # a start that had to poll the status file would take a minute
     await asyncio.wait_for(run.start(), 15)
-    assert run._proc.written.done() and run._proc.written.result() is True
+    assert run._proc.written.done() and run._proc.written.result() == {"pid": run.pid}
     assert read_status(run.status_file)["pid"] == run.pid   # the word comes after the file
     await run.stop(0.3)
     assert (await asyncio.wait_for(run.wait(), 20)).signal == signal.SIGTERM

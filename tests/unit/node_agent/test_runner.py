@@ -166,14 +166,17 @@ def test_bad_parameters_are_refused_naming_the_field(tmp_path, change, field):
         ProcessRun(**args, **{k: v for k, v in change.items() if k != "command"})
 
 
-async def test_a_start_reads_the_status_file_only_once_the_launcher_says_it_is_written(tmp_path, monkeypatch):
+async def test_a_run_reads_the_status_file_once_at_its_end_and_never_to_start(tmp_path, monkeypatch):
     """A read before the launcher's word finds no file (a failed open: an exception, on
-    every launch): the start reads the file once, after the word."""
+    every launch), and the word carries the workload's pid: the start reads nothing, the
+    end reads the file once."""
     from gpusched_node_agent import runner
     reads: list[bool] = []
     real = runner.read_status
     monkeypatch.setattr(runner, "read_status", lambda path: reads.append(real(path) is not None) or real(path))
     run = process_run(tmp_path, "--duration", "0.1", "--exit", "0")
     await run.start()
-    assert reads == [True]
+    assert reads == []
+    assert run.pid == real(run.status_file)["pid"]
     assert (await asyncio.wait_for(run.wait(), 10)).exit_code == 0
+    assert reads == [True]
