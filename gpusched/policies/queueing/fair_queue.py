@@ -40,7 +40,7 @@ from gpusched.policies.journal_cursor import JournalCursor
 from gpusched.policies.queueing.cursor import JobTestCursor
 from gpusched.policies.queueing.shape_key import shape_key
 from gpusched.policies.queueing.shares import (
-    QueueContext, Vector, _Projection, cluster_capacity, is_aged, job_demand,
+    KeptCapacity, QueueContext, Vector, _Projection, cluster_capacity, is_aged, job_demand,
 )
 from gpusched.policies.queueing.tested_prefix import TestedPrefix
 
@@ -64,7 +64,7 @@ class TeamQueues:
         self._aging_s = math.inf
         self._now = -math.inf
         self._watermark = 0                       # state.next_seq at the last sync
-        self._capacity: tuple[int, Vector] | None = None   # (state.nodes_version, cluster_capacity)
+        self._capacity = KeptCapacity()
         self._members: dict[str, tuple] = {}      # job id -> its live entry
         self._aged: dict[str, list] = {}          # team -> [(seq, job id)], ascending
         self._young: dict[str, list] = {}         # team -> [(-priority, seq, job id)], ascending
@@ -156,7 +156,7 @@ class TeamQueues:
         self._members, self._aged, self._young, self._ageing = {}, {}, {}, []
         self._dead, self._rank, self._ready_only = 0, None, True
         self._shape_of, self._census, self._shapes = {}, {}, {}
-        self._capacity = None
+        self._capacity = KeptCapacity()
         self._prefix.clear()
 
     def _uncount(self, job_id: str) -> None:
@@ -169,16 +169,12 @@ class TeamQueues:
             del self._shapes[shape]
 
     def capacity(self, state: ClusterState) -> Vector:
-        """``cluster_capacity(state)``, kept while the synced state's nodes stay: it reads
-        only their status, GPUs' health and CPU and memory, each change of which bumps
-        ``nodes_version`` (the reducer's; a cycle's statement changes them only
-        tentatively, after the order's projection read this)."""
+        """``cluster_capacity(state)``, kept for the synced state (``KeptCapacity``; a
+        cycle's statement changes nodes only tentatively, after the order's projection
+        read this)."""
         if state is not self._journal.state:
             return cluster_capacity(state)
-        kept = self._capacity
-        if kept is None or kept[0] != state.nodes_version:
-            kept = self._capacity = (state.nodes_version, cluster_capacity(state))
-        return kept[1]
+        return self._capacity.of(state)
 
     def shapes(self) -> Iterable[tuple]:
         """The shapes of the jobs in the queues (ready or not): (pool, workers, resources)."""

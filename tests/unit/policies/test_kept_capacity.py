@@ -10,6 +10,7 @@ import math
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from gpusched.core import events as ev
+from gpusched.policies.queueing import shares
 from gpusched.policies.queueing.fair_queue import TeamQueues
 from gpusched.policies.queueing.shares import QueueContext, cluster_capacity
 from tests.unit.core.builders import Log, make_node, make_spec
@@ -65,3 +66,21 @@ def test_the_capacity_kept_for_one_state_is_not_read_for_another():
     assert queues.capacity(large.state)[0] == 8_000   # not synced to it: summed afresh
     queues.sync(large.state, large.now, math.inf)
     assert queues.capacity(large.state)[0] == 8_000
+
+
+def test_a_cordon_or_a_failed_gpu_re_adds_only_that_node(monkeypatch):
+    """Node events other than a registration change the kept sum by the nodes the reducer
+    journalled: no sum over every node (at 5,000 nodes most of what such an event added
+    to a cycle)."""
+    log, queues = new_log(), TeamQueues()
+    queues.sync(log.state, log.now, math.inf)
+    queues.capacity(log.state)
+    assert log(ev.NodeCordoned, node="n0").accepted
+    assert log(ev.GpuHealthChanged, node="n1", gpu_index=2, healthy=False).accepted
+    queues.sync(log.state, log.now, math.inf)
+    expected = cluster_capacity(log.state)
+
+    def summed(state):
+        raise AssertionError("summed over every node")
+    monkeypatch.setattr(shares, "cluster_capacity", summed)
+    assert queues.capacity(log.state) == expected
