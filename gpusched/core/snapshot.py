@@ -62,7 +62,7 @@ from operator import attrgetter
 from typing import Any, Callable
 
 from gpusched.core.model import JobPhase
-from gpusched.core.state import ClusterState, DedupeWindow
+from gpusched.core.state import ClusterState, DedupeWindow, recount_pending
 from gpusched.native import field_hints
 
 MAGIC = b"GSNP"
@@ -133,6 +133,7 @@ def state_from_snapshot(data: bytes) -> ClusterState:
     # A snapshot written before the journal was left out carries its entries: dropped, so
     # that every restored journal starts empty where the snapshotted one ended.
     state.changes_base, state.changes = state.changes_end(), []
+    recount_pending(state)
     return state
 
 
@@ -227,6 +228,7 @@ class Column:
 _WRITTEN_AS: dict[tuple[type, str], Callable[[Any], Any] | None] = {
     (ClusterState, "changes"): None,
     (ClusterState, "changes_base"): ClusterState.changes_end,
+    (ClusterState, "pending_counts"): None,   # rebuilt from the pending jobs (recount_pending)
 }
 
 _COLUMNS: dict[Any, Column] = {}
