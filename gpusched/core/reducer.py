@@ -17,7 +17,9 @@ from gpusched.core.capacity import check_placement, commit, release, settle_ledg
 from gpusched.core.model import EXIT_LOST, NO_PENDING_REASON, JobPhase, NodeStatus, PendingKind
 from gpusched.core.policy import DEFAULT_TEAM, allowed, check_quota, check_team_policy
 from gpusched.core.retention import note_ended, prune_finished, set_retention
-from gpusched.core.state import CHANGES_KEPT, ClusterState, JobState, NodeState, gpu_state, set_gpu_info
+from gpusched.core.state import (
+    CHANGES_KEPT, ClusterState, JobState, NodeState, count_pending, gpu_state, set_gpu_info,
+)
 from gpusched.core.validation import check_known_pool, check_pool_name, check_spec_alone
 
 # A node with this many GPU faults is cordoned until an operator clears it.
@@ -291,6 +293,7 @@ def _job_submitted(e: ev.JobSubmitted, state: ClusterState) -> Outcome:
     state.next_seq += 1
     state.jobs[e.job_id] = job
     state.pending[e.job_id] = None
+    count_pending(state, e.spec, 1)
     if key:
         state.idempotency[key] = e.job_id
     return _changed(e.job_id)
@@ -347,6 +350,7 @@ def _job_placed(e: ev.JobPlaced, state: ClusterState) -> Outcome:
     job.started.clear()
     job.finished.clear()
     del state.pending[job.job_id]
+    count_pending(state, job.spec, -1)
     state.nominations.pop(job.job_id, None)
     return _changed(job.job_id)
 
@@ -538,7 +542,9 @@ def _pool_created(e: ev.PoolCreated, state: ClusterState) -> Outcome:
 # --- transitions shared by several events --------------------------------------------
 def _end(state: ClusterState, job: JobState, phase: JobPhase, reason: str, time: float) -> None:
     _stop(state, job, time)
-    state.pending.pop(job.job_id, None)
+    if job.job_id in state.pending:
+        del state.pending[job.job_id]
+        count_pending(state, job.spec, -1)
     state.nominations.pop(job.job_id, None)
     job.pending_reason = NO_PENDING_REASON
     job.phase = phase
@@ -575,7 +581,9 @@ def _requeue(state: ClusterState, job: JobState, reason: str, time: float, charg
         job.restarts += 1
         backoff = min(RETRY_BACKOFF_MAX_S, RETRY_BACKOFF_BASE_S * 2 ** (job.restarts - 1))
         job.not_before = time + backoff
-    state.pending[job.job_id] = None
+    if job.job_id not in state.pending:
+        state.pending[job.job_id] = None
+        count_pending(state, job.spec, 1)
     return job.job_id
 
 

@@ -62,7 +62,7 @@ from operator import attrgetter
 from typing import Any, Callable
 
 from gpusched.core.model import JobPhase
-from gpusched.core.state import ClusterState, DedupeWindow
+from gpusched.core.state import ClusterState, DedupeWindow, recount_pending
 from gpusched.native import field_hints
 
 MAGIC = b"GSNP"
@@ -134,6 +134,7 @@ def state_from_snapshot(data: bytes) -> ClusterState:
     # that every restored journal starts empty where the snapshotted one ended.
     state.changes_base, state.changes = state.changes_end(), []
     state.node_changes_base, state.node_changes = state.node_changes_end(), []
+    recount_pending(state)
     return state
 
 
@@ -230,6 +231,7 @@ _WRITTEN_AS: dict[tuple[type, str], Callable[[Any], Any] | None] = {
     (ClusterState, "changes_base"): ClusterState.changes_end,
     (ClusterState, "node_changes"): None,
     (ClusterState, "node_changes_base"): ClusterState.node_changes_end,
+    (ClusterState, "pending_counts"): None,   # rebuilt from the pending jobs (recount_pending)
 }
 
 _COLUMNS: dict[Any, Column] = {}

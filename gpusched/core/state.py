@@ -254,11 +254,26 @@ class DedupeWindow:
         return list(self._order)
 
 
+# A pending job's request as ``pending_counts`` counts it: (pool, workers, CPU milli,
+# GPU milli, GPUs, GPU models, MIG profile).
+PendingKey = tuple[str, int, int, int, int, tuple[str, ...], str]
+
+
+def pending_key(spec: JobSpec) -> PendingKey:
+    res = spec.resources
+    return (spec.pool, spec.workers, res.cpu_milli, res.gpu_milli, res.gpus, res.gpu_models, res.mig_profile)
+
+
 @dataclass(slots=True)
 class ClusterState:
     nodes: dict[str, NodeState] = field(default_factory=dict)
     jobs: dict[str, JobState] = field(default_factory=dict)
     pending: dict[str, None] = field(default_factory=dict)   # ordered set of job ids
+    # The pending jobs counted by request (``pending_key``), kept by the reducer as jobs
+    # enter and leave ``pending``: FGD's task mix reads these few counts instead of every
+    # pending job (``policies.placement.frag_mix.raw_counts``). Not written to snapshots:
+    # rebuilt from ``pending`` on restore (``recount_pending``).
+    pending_counts: dict[PendingKey, int] = field(default_factory=dict)
     usage: dict[str, Usage] = field(default_factory=dict)    # team -> usage
     idempotency: dict[str, str] = field(default_factory=dict)  # team/key -> job id
     # Preemptions in flight: the job they free capacity for -> (nodes, when). The nodes:
@@ -351,3 +366,24 @@ class ClusterState:
 
     def pool_nodes(self, pool: str) -> list[NodeState]:
         return [n for n in self.nodes.values() if n.info.pool == pool]
+
+
+def count_pending(state: ClusterState, spec: JobSpec, n: int) -> None:
+    """Add ``n`` (1: the job entered ``pending``, -1: it left) to its request's count."""
+    counts = state.pending_counts
+    key = pending_key(spec)
+    left = counts.get(key, 0) + n
+    if left:
+        counts[key] = left
+    else:
+        del counts[key]   # a request no pending job makes is no request of the count
+
+
+def recount_pending(state: ClusterState) -> None:
+    """``pending_counts`` counted afresh from ``pending`` (a restored state's)."""
+    counts: dict[PendingKey, int] = {}
+    jobs = state.jobs
+    for job_id in state.pending:
+        key = pending_key(jobs[job_id].spec)
+        counts[key] = counts.get(key, 0) + 1
+    state.pending_counts = counts

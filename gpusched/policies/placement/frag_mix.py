@@ -51,6 +51,9 @@ def counted_ids(state: StateLike, pool: str) -> list[str]:
 
 def raw_counts(state: StateLike, pool: str) -> Counter[Fields]:
     """Workers of the counted jobs by request fields (``_FIELDS``)."""
+    kept = _kept_pending(state)
+    if kept is not None:
+        return _from_kept(state, pool, kept)
     jobs: Mapping[str, JobState] = getattr(state, "jobs", {})
     # Every pending job passes here: the loop is C's (map, attrgetter, Counter), over the
     # requests' raw fields, and only the few distinct ones become shapes.
@@ -61,6 +64,35 @@ def raw_counts(state: StateLike, pool: str) -> Counter[Fields]:
     raw = Counter(map(_FIELDS, map(_RESOURCES, specs)))
     for spec in [spec for spec in specs if spec.workers != 1]:
         raw[_FIELDS(spec.resources)] += spec.workers - 1
+    return raw
+
+
+def _kept_pending(state: StateLike) -> dict | None:
+    """The reducer's count of the pending jobs by request (``ClusterState.pending_counts``),
+    or None where the state keeps none, or one that does not cover ``pending`` (a state
+    whose pending jobs were set by hand, not folded)."""
+    kept = getattr(state, "pending_counts", None)
+    pending = getattr(state, "pending", None)
+    if kept is None or not isinstance(pending, dict) or sum(kept.values()) != len(pending):
+        return None
+    return kept
+
+
+def _from_kept(state: StateLike, pool: str, kept: dict) -> Counter[Fields]:
+    """``raw_counts`` from the reducer's count of pending jobs, and the jobs on the pool's
+    nodes that are not pending read one by one: a pass over the running jobs, not over
+    every pending one (at 50,000 pending that pass was a tenth of an FGD cycle)."""
+    raw: Counter[Fields] = Counter()
+    for (job_pool, workers, *fields), n in kept.items():
+        if job_pool == pool:
+            raw[tuple(fields)] += n * workers
+    jobs: Mapping[str, JobState] = state.jobs   # type: ignore[attr-defined]
+    pending = state.pending   # type: ignore[attr-defined]
+    held = dict.fromkeys(j for node in state.nodes.values() if node.info.pool == pool
+                         for j in node.jobs if j not in pending)
+    for job in map(jobs.get, held):
+        if job is not None and (spec := job.spec).pool == pool:
+            raw[_FIELDS(spec.resources)] += spec.workers
     return raw
 
 
