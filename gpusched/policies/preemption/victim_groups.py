@@ -67,24 +67,29 @@ class VictimGroups:
                       for (cls, _), g in groups.items() if cls <= mine and g]
         return walks[0] if len(walks) == 1 else heapq.merge(*walks)
 
-    def take_off(self, name: str) -> dict[tuple, list[Pair]]:
-        """Node ``name``'s pairs, keyed by group, the entry's fields and its job object
-        (a job changed is listed anew); a job with two workers on the node has two."""
+    def take_off(self, name: str, only: set[str] | None = None) -> tuple[dict[tuple, list[Pair]], list[Pair]]:
+        """Node ``name``'s pairs of the jobs ``only`` (None: all), keyed by group, the
+        entry's fields and its job object (a job changed is listed anew; a job with two
+        workers on the node has two); and its other pairs, which stay as they are."""
         was: dict[tuple, list[Pair]] = {}
+        kept: list[Pair] = []
         for g, e in self.on.pop(name, ()):
-            was.setdefault((id(g), e[0], e[1], e[3], id(e[4])), []).append((g, e))
+            if only is None or e[4].job_id in only:
+                was.setdefault((id(g), e[0], e[1], e[3], id(e[4])), []).append((g, e))
+            else:
+                kept.append((g, e))
         self.spread.discard(name)
-        return was
+        return was, kept
 
     def put_on(self, node: NodeState, here: list[JobState], listed: Mapping[str, list[bool]], spread: bool,
-               was: dict[tuple, list[Pair]], added: list[Pair]) -> None:
+               was: dict[tuple, list[Pair]], added: list[Pair], kept: list[Pair] | None = None) -> None:
         """List the entries of ``here`` (jobs on ``node``; ``spread``: one of its listed
-        jobs runs on other nodes too); those not in ``was`` (taken from it: what is left
-        there is gone) are ``added``."""
+        jobs runs on other nodes too) beside its ``kept`` pairs; those not in ``was``
+        (taken from it: what is left there is gone) are ``added``."""
         name, pool = node.name, node.info.pool
         if spread:
             self.spread.add(name)
-        flag, on, classes = 0 if spread else 1, [], PRIORITY_CLASSES
+        flag, on, classes = 0 if spread else 1, kept if kept is not None else [], PRIORITY_CLASSES
         groups = self.groups.get(pool)
         if groups is None:
             groups = self.groups[pool] = {}

@@ -24,8 +24,9 @@ ordered by the time its work began (later first, a job never started first), an 
 ``now`` does not change; ``candidates`` merges the groups by their bounds at ``now``.
 
 Kept between rounds (``refresh``), the index follows the reducer's journal of changed jobs
-(``ClusterState.changes``) as the placer's kept indexes do (``touched_nodes``): the nodes a
-journalled job held or holds are listed again, and, when ``nodes_version`` moved, those
+(``ClusterState.changes``) as the placer's kept indexes do (``touched_nodes``): on the
+nodes a journalled job held or holds, its entries are listed again (all the node's where
+its spread flag changed), and, when ``nodes_version`` moved, every entry of the nodes
 whose registration, status or GPU health changed; a job younger than its exempt time (or
 recently reclaimed) waits in a heap by when it becomes a victim (``victim_timing``). Other
 rules, another state, a clock gone back or a journal dropped unread rebuild it. The groups
@@ -33,8 +34,9 @@ and each node's entries in them are ``victim_groups``'.
 
 The index also keeps what the round would otherwise sum over the pool: the teams' running
 jobs and their rankings (``borrowing``, told of the jobs that join or leave), the worker
-slots of each job shape searched (``SlotCounts``, told of the nodes that changed, and of
-those a round's scratch changed once it is undone: ``count_again``), and for each node the
+slots of each job shape searched (``SlotCounts``, told of the nodes that changed or whose
+bookings did, and of those a round's scratch changed once it is undone: ``count_again``;
+a checkpoint, a start or a preemption notice books nothing), and for each node the
 most GPUs it could have free with every listed job of a class below a given one gone
 (``most_freeable``), so that a search which no victim set can satisfy ends at once.
 """
@@ -70,6 +72,7 @@ class VictimIndex:
         self._slots: dict[tuple, SlotCounts] = {}   # job shape -> its worker slots
         self._jobs: dict[str, JobState] = {}   # every job noted on a node
         self._job_nodes: dict[str, tuple[str, ...]] = {}
+        self._booked: dict[str, tuple] = {}   # job -> (attempt, workers) as noted
         self._listed: dict[str, list[bool]] = {}    # job -> [for priority, for reclaim]
         self._waiting = Waiting()   # jobs not yet listed, by when they will be
         self._lists = VictimGroups()
@@ -130,34 +133,56 @@ class VictimIndex:
         journalled = self.journal.read(state, nodes=False)   # None: another state, or overrun
         if journalled is None or now < self.now or rules(config) != self._rules:
             self._reset(config, now)
-            relist: set[str] = set(state.nodes)
-            fresh = True
+            relist: dict[str, set[str] | None] = dict.fromkeys(state.nodes)
+            fresh, recount, refree = True, set(), set()
         else:
             self.config, self.now, fresh = config, now, False
-            relist = self._journalled_nodes(state, journalled)
+            relist, recount, refree = self._journalled_nodes(state, journalled)
             if nodes_moved:
-                relist |= self._changed_nodes(state)
-        self._come_due(now, relist)
-        self._relist(relist, state, fresh)
+                changed = self._changed_nodes(state)
+                relist.update(dict.fromkeys(changed))
+                recount |= changed
+        self._come_due(now, relist, refree)
+        self._relist(relist, refree, state, fresh)
         for counts in self._slots.values():
-            counts.touch(relist, registered=True)
+            counts.touch(recount, registered=True)
         return self
 
-    def _journalled_nodes(self, state: ClusterState, journalled: list[str]) -> set[str]:
-        """The nodes whose jobs changed: those held before, or held now, by a job the
-        reducer journalled since the last refresh (``ClusterState.changes``; each noted
-        again), as ``touched_nodes`` reads them for the placer's kept indexes."""
-        relist: set[str] = set()
-        known, jobs = self._jobs, state.jobs
+    def _journalled_nodes(self, state: ClusterState, journalled: list[str]) -> tuple[dict, set[str], set[str]]:
+        """The nodes whose jobs changed, each with those jobs: the nodes held before, or
+        held now, by a job the reducer journalled since the last refresh
+        (``ClusterState.changes``; each noted again), as ``touched_nodes`` reads them for
+        the placer's kept indexes. And of those, the nodes whose bookings changed (a job
+        booked, released or booked again: the reducer books and releases only then), the
+        only ones whose worker slots may have; and those where besides a job's lists
+        changed, the only ones whose freeable GPUs may have (``freeable_vector``)."""
+        relist: dict[str, set[str] | None] = {}
+        recount: set[str] = set()
+        refree: set[str] = set()
+        known, jobs, booked, listed = self._jobs, state.jobs, self._booked, self._listed
         for jid in dict.fromkeys(journalled):
             was = known.get(jid)
             if was is not None:
-                relist.update(self._job_nodes[jid])
-                self._take_in(was)
-                relist.update(self._job_nodes.get(jid, ()))
+                nodes, held, lists = self._job_nodes[jid], booked.get(jid), listed.get(jid)
+                self._take_in(was)   # lists a job anew: its list of flags a new one
+                nodes += self._job_nodes.get(jid, ())
+                if booked.get(jid) != held:
+                    recount.update(nodes)
+                    refree.update(nodes)
+                elif listed.get(jid) != lists:
+                    refree.update(nodes)
             elif (job := jobs.get(jid)) is not None and job.phase.holds_gpus:
-                relist.update(w.node for w in job.workers if w.node in state.nodes)
-        return relist
+                nodes = tuple(w.node for w in job.workers if w.node in state.nodes)
+                recount.update(nodes)
+                refree.update(nodes)
+            else:
+                continue
+            for name in nodes:
+                only = relist.get(name)
+                if only is None:
+                    only = relist[name] = set()
+                only.add(jid)
+        return relist, recount, refree
 
     def _changed_nodes(self, state: ClusterState) -> set[str]:
         """The nodes changed by themselves (``nodes_version`` moved): registered, gone,
@@ -187,6 +212,7 @@ class VictimIndex:
         if not job.phase.holds_gpus:
             self._jobs.pop(jid, None)
             self._job_nodes.pop(jid, None)
+            self._booked.pop(jid, None)
             return
         self._note(job)
 
@@ -195,6 +221,7 @@ class VictimIndex:
         where it runs, its team, its lists."""
         jid, phase, workers = job.job_id, job.phase, job.workers
         self._jobs[jid] = job
+        self._booked[jid] = (job.attempt, workers)
         self._job_nodes[jid] = (workers[0].node,) if len(workers) == 1 else tuple(dict.fromkeys(w.node for w in workers))
         if phase is not _RUNNING and phase is not _PLACED:
             if phase is JobPhase.PREEMPTING and job.nominated_by:
@@ -218,28 +245,42 @@ class VictimIndex:
         self._listed[job.job_id] = yes
         self._waiting.wait(job.job_id, yes, priority_due, reclaim_due)
 
-    def _come_due(self, now: float, relist: set[str]) -> None:
+    def _come_due(self, now: float, relist: dict[str, set[str] | None], refree: set[str]) -> None:
         """List the jobs whose exempt time or reclaim window ended by ``now``."""
         for jid, kind in self._waiting.come_due(now, self.config, self.journal.state.jobs):
             self._listed[jid][kind] = True
-            relist.update(self._job_nodes[jid])
+            refree.update(self._job_nodes[jid])
+            for name in self._job_nodes[jid]:
+                if name not in relist:
+                    relist[name] = {jid}
+                elif (only := relist[name]) is not None:
+                    only.add(jid)
 
-    def _relist(self, names: set[str], state: ClusterState, fresh: bool = False) -> None:
-        """List again every entry of the nodes ``names``: an entry as it was stays, the
-        others leave or join their groups, each group edited once (``fresh``: the index
-        was reset, every node is listed into empty groups, each sorted once)."""
+    def _relist(self, names: dict[str, set[str] | None], refree: set[str], state: ClusterState,
+                fresh: bool = False) -> None:
+        """List again the entries of the nodes ``names``: of the jobs named with a node,
+        or all where None (or where the node's spread flag, which every entry holds,
+        changed); an entry as it was stays, the others leave or join their groups, each
+        group edited once (``fresh``: the index was reset, every node is listed into
+        empty groups, each sorted once). A node's freeable GPUs are counted again where
+        all its entries are, or it is in ``refree``."""
         lists, gone, added = self._lists, [], []
-        for name in names:
-            was = lists.take_off(name)
+        for name, only in names.items():
             node = state.nodes.get(name)
             if node is None:
+                was, _ = lists.take_off(name)
                 self._nodes.pop(name, None)
                 self._freeable.count(name, None)
             else:
                 self._nodes[name] = looks(node)
                 here, spread = self._here(node, state)
-                lists.put_on(node, here, self._listed, spread, was, added)
-                self._freeable.count(name, (node.info.pool, freeable_vector(node, here, self._listed)))
+                if only is not None and spread != (name in lists.spread):
+                    only = None
+                was, kept = lists.take_off(name, only)
+                lists.put_on(node, here if only is None else [j for j in here if j.job_id in only],
+                             self._listed, spread, was, added, kept)
+                if only is None or name in refree:
+                    self._freeable.count(name, (node.info.pool, freeable_vector(node, here, self._listed)))
             for pairs in was.values():
                 gone.extend(pairs)
         lists.settle(gone, added, fresh)
