@@ -24,64 +24,38 @@ ordered by the time its work began (later first, a job never started first), an 
 ``now`` does not change; ``candidates`` merges the groups by their bounds at ``now``.
 
 Kept between rounds (``refresh``), the index follows the reducer's journal of changed jobs
-(``ClusterState.changes``) as the placer's kept indexes do (``touched_nodes``): the nodes a
-journalled job held or holds are listed again, and, when ``nodes_version`` moved, those
+(``ClusterState.changes``) as the placer's kept indexes do (``touched_nodes``): on the
+nodes a journalled job held or holds, its entries are listed again (all the node's where
+its spread flag changed), and, when ``nodes_version`` moved, every entry of the nodes
 whose registration, status or GPU health changed; a job younger than its exempt time (or
-recently reclaimed) waits in a heap by when it becomes a victim. Other rules, another
-state, a clock gone back or a journal dropped unread rebuild it.
+recently reclaimed) waits in a heap by when it becomes a victim (``victim_timing``). Other
+rules, another state, a clock gone back or a journal dropped unread rebuild it. The groups
+and each node's entries in them are ``victim_groups``'.
 
 The index also keeps what the round would otherwise sum over the pool: the teams' running
 jobs and their rankings (``borrowing``, told of the jobs that join or leave), the worker
-slots of each job shape searched (``SlotCounts``, told of the nodes that changed, and of
-those a round's scratch changed once it is undone: ``count_again``), and for each node the
+slots of each job shape searched (``SlotCounts``, told of the nodes that changed or whose
+bookings did, and of those a round's scratch changed once it is undone: ``count_again``;
+a checkpoint, a start or a preemption notice books nothing), and for each node the
 most GPUs it could have free with every listed job of a class below a given one gone
 (``most_freeable``), so that a search which no victim set can satisfy ends at once.
 """
 from __future__ import annotations
 
-import heapq
 import math
 from typing import Iterable, Iterator
 
 from gpusched.core.model import JobPhase
-from gpusched.core.priority import PRIORITY_CLASSES, priority_value
 from gpusched.core.state import ClusterState, JobState, NodeState
 from gpusched.policies.journal_cursor import JournalCursor
 from gpusched.policies.preemption.borrowing import TeamRanking
 from gpusched.policies.preemption.freeable import CLASSES, MostFreeable, freeable_vector
-from gpusched.policies.preemption.protection import budget_spent, lost_gpu_s, reclaimed_within, running_since
 from gpusched.policies.preemption.slot_counts import SlotCounts
-from gpusched.policies.preemption.sorted_groups import edit
+from gpusched.policies.preemption.victim_groups import Entry, VictimGroups, bound
+from gpusched.policies.preemption.victim_timing import Waiting, listing, rules
 
-# (bound, 0 when the node runs a spread job else 1, node, seq, job)
-Entry = tuple[tuple, int, str, int, JobState]
+__all__ = ["CLASSES", "Entry", "VictimIndex", "bound"]
 _RUNNING, _PLACED = JobPhase.RUNNING, JobPhase.PLACED
-# Due times are sums of floats; the rule itself is checked when one comes due.
-_SLACK_S = 1e-3
-
-
-def bound(job: JobState, now: float) -> tuple:
-    """A lower bound of ``SearchContext.set_key`` for any set whose highest class is
-    ``job``'s and which holds ``job``: that class; non-borrowed and reclaimed milli at least
-    0; work lost at least ``job``'s own (every job's is >= 0); at least one job."""
-    return (priority_value(job.spec.priority_class), 0, 0, round(lost_gpu_s(job, now), 6), 1)
-
-
-def _walk(group: list, now: float) -> Iterator[Entry]:
-    """A group's entries by bound at ``now``: its order, but for equal bounds (rounded),
-    which go spread nodes first, then by node."""
-    i, n = 0, len(group)
-    while i < n:
-        key = bound(group[i][4], now)
-        run = [group[i]]
-        i += 1
-        while i < n and bound(group[i][4], now) == key:
-            run.append(group[i])
-            i += 1
-        if len(run) > 1:
-            run.sort(key=lambda e: (e[1], e[2], e[3]))
-        for e in run:
-            yield (key, e[1], e[2], e[3], e[4])
 
 
 class VictimIndex:
@@ -93,19 +67,16 @@ class VictimIndex:
 
     def _reset(self, config, now: float) -> None:
         self.config, self.now = config, now
-        self._rules = _rules(config) if config is not None else None
-        self._nodes: dict[str, tuple] = {}   # node -> what it was (``_looks``)
+        self._rules = rules(config) if config is not None else None
+        self._nodes: dict[str, tuple] = {}   # node -> what it was (``looks``)
         self._slots: dict[tuple, SlotCounts] = {}   # job shape -> its worker slots
         self._jobs: dict[str, JobState] = {}   # every job noted on a node
         self._job_nodes: dict[str, tuple[str, ...]] = {}
+        self._booked: dict[str, tuple] = {}   # job -> (attempt, workers) as noted
         self._listed: dict[str, list[bool]] = {}    # job -> [for priority, for reclaim]
-        self._stamp: dict[str, int] = {}             # job -> its latest waiting entries' stamp
-        self._stamps = 0
-        self._waiting: list[tuple[float, int, str, int]] = []   # (due, stamp, job, kind)
-        # pool -> team (None: priority) -> (class, milli) -> entries (work began, flag, node, seq, job)
-        self._groups: dict[str, dict[str | None, dict[tuple[int, int], list]]] = {}
-        self._on: dict[str, list[tuple[list, Entry]]] = {}   # node -> its (group, entry) pairs
-        self.spread: set[str] = set()
+        self._waiting = Waiting()   # jobs not yet listed, by when they will be
+        self._lists = VictimGroups()
+        self.spread = self._lists.spread   # nodes running a listed job spread over several
         self.preempting: dict[str, str] = {}   # PREEMPTING job on a node -> the job it is preempted for
         self.teams: dict[str, dict[str, JobState]] = {}      # team -> its RUNNING or PLACED jobs
         self._team_lists: dict[str, list[JobState]] = {}
@@ -117,12 +88,7 @@ class VictimIndex:
         """Entries a pending job of class ``mine`` and ``team`` may take victims from
         (``reclaim``: it may reclaim its guarantee), by bound; a superset of its eligible
         victims on their nodes."""
-        lists = self._groups.get(pool, {})
-        walks = [_walk(g, self.now) for (cls, _), g in lists.get(None, {}).items() if cls < mine and g]
-        if reclaim:
-            walks += [_walk(g, self.now) for other, groups in lists.items() if other is not None and other != team
-                      for (cls, _), g in groups.items() if cls <= mine and g]
-        return walks[0] if len(walks) == 1 else heapq.merge(*walks)
+        return self._lists.candidates(pool, mine, team, reclaim, self.now)
 
     def most_freeable(self, pool: str, mine: int, reclaim: bool, changed: Iterable[str] = ()) -> int | None:
         """The most GPUs any node of ``pool`` could have free once every job a pending job
@@ -165,36 +131,58 @@ class VictimIndex:
         ``PreemptionConfig``)."""
         nodes_moved = self.journal.nodes_moved(state)
         journalled = self.journal.read(state, nodes=False)   # None: another state, or overrun
-        if journalled is None or now < self.now or _rules(config) != self._rules:
+        if journalled is None or now < self.now or rules(config) != self._rules:
             self._reset(config, now)
-            relist: set[str] = set(state.nodes)
-            fresh = True
+            relist: dict[str, set[str] | None] = dict.fromkeys(state.nodes)
+            fresh, recount, refree = True, set(), set()
         else:
             self.config, self.now, fresh = config, now, False
-            relist = self._journalled_nodes(state, journalled)
+            relist, recount, refree = self._journalled_nodes(state, journalled)
             if nodes_moved:
-                relist |= self._changed_nodes(state)
-        self._come_due(now, relist)
-        self._relist(relist, state, fresh)
+                changed = self._changed_nodes(state)
+                relist.update(dict.fromkeys(changed))
+                recount |= changed
+        self._come_due(now, relist, refree)
+        self._relist(relist, refree, state, fresh)
         for counts in self._slots.values():
-            counts.touch(relist, registered=True)
+            counts.touch(recount, registered=True)
         return self
 
-    def _journalled_nodes(self, state: ClusterState, journalled: list[str]) -> set[str]:
-        """The nodes whose jobs changed: those held before, or held now, by a job the
-        reducer journalled since the last refresh (``ClusterState.changes``; each noted
-        again), as ``touched_nodes`` reads them for the placer's kept indexes."""
-        relist: set[str] = set()
-        known, jobs = self._jobs, state.jobs
+    def _journalled_nodes(self, state: ClusterState, journalled: list[str]) -> tuple[dict, set[str], set[str]]:
+        """The nodes whose jobs changed, each with those jobs: the nodes held before, or
+        held now, by a job the reducer journalled since the last refresh
+        (``ClusterState.changes``; each noted again), as ``touched_nodes`` reads them for
+        the placer's kept indexes. And of those, the nodes whose bookings changed (a job
+        booked, released or booked again: the reducer books and releases only then), the
+        only ones whose worker slots may have; and those where besides a job's lists
+        changed, the only ones whose freeable GPUs may have (``freeable_vector``)."""
+        relist: dict[str, set[str] | None] = {}
+        recount: set[str] = set()
+        refree: set[str] = set()
+        known, jobs, booked, listed = self._jobs, state.jobs, self._booked, self._listed
         for jid in dict.fromkeys(journalled):
             was = known.get(jid)
             if was is not None:
-                relist.update(self._job_nodes[jid])
-                self._take_in(was)
-                relist.update(self._job_nodes.get(jid, ()))
+                nodes, held, lists = self._job_nodes[jid], booked.get(jid), listed.get(jid)
+                self._take_in(was)   # lists a job anew: its list of flags a new one
+                nodes += self._job_nodes.get(jid, ())
+                if booked.get(jid) != held:
+                    recount.update(nodes)
+                    refree.update(nodes)
+                elif listed.get(jid) != lists:
+                    refree.update(nodes)
             elif (job := jobs.get(jid)) is not None and job.phase.holds_gpus:
-                relist.update(w.node for w in job.workers if w.node in state.nodes)
-        return relist
+                nodes = tuple(w.node for w in job.workers if w.node in state.nodes)
+                recount.update(nodes)
+                refree.update(nodes)
+            else:
+                continue
+            for name in nodes:
+                only = relist.get(name)
+                if only is None:
+                    only = relist[name] = set()
+                only.add(jid)
+        return relist, recount, refree
 
     def _changed_nodes(self, state: ClusterState) -> set[str]:
         """The nodes changed by themselves (``nodes_version`` moved): registered, gone,
@@ -203,7 +191,7 @@ class VictimIndex:
         relist = {name for name, node in nodes.items()
                   if (was := kept.get(name)) is None or was[0] is not node or was[1] is not node.info
                   or was[2] is not node.status or was[3] != node.faults
-                  or (node.faults and was[4] != _health(node))}
+                  or (node.faults and was[4] != health(node))}
         if len(nodes) != len(kept):
             relist.update(name for name in kept if name not in nodes)
         return relist
@@ -220,10 +208,11 @@ class VictimIndex:
                 del self.teams[team]
         self._listed.pop(jid, None)
         self.preempting.pop(jid, None)
-        self._stamp.pop(jid, None)
+        self._waiting.forget(jid)
         if not job.phase.holds_gpus:
             self._jobs.pop(jid, None)
             self._job_nodes.pop(jid, None)
+            self._booked.pop(jid, None)
             return
         self._note(job)
 
@@ -232,6 +221,7 @@ class VictimIndex:
         where it runs, its team, its lists."""
         jid, phase, workers = job.job_id, job.phase, job.workers
         self._jobs[jid] = job
+        self._booked[jid] = (job.attempt, workers)
         self._job_nodes[jid] = (workers[0].node,) if len(workers) == 1 else tuple(dict.fromkeys(w.node for w in workers))
         if phase is not _RUNNING and phase is not _PLACED:
             if phase is JobPhase.PREEMPTING and job.nominated_by:
@@ -251,93 +241,53 @@ class VictimIndex:
 
     def _list_by_time(self, job: JobState) -> None:
         """Whether ``job`` is listed now for priority and for reclaim; when not, when it will be."""
-        config, now, jid = self.config, self.now, job.job_id
-        since = job.started_at or job.placed_at    # running_since, inlined: every job of a build
-        age = now - since
-        if config.preemption_budget and budget_spent(job, config.preemption_budget):
-            by_priority, priority_due = False, math.inf
-        else:
-            exempt = config.exempt_s(job)
-            by_priority, priority_due = age >= exempt, since + exempt
-        recent = job.preempted_reason and reclaimed_within(job, now, config.reclaim_window_s)
-        by_reclaim = age >= config.reclaim_min_runtime_s and not recent
-        reclaim_due = max(since + config.reclaim_min_runtime_s,
-                          job.preempted_at + config.reclaim_window_s if recent else -math.inf)
-        self._listed[jid] = [by_priority, by_reclaim]
-        self._stamps += 1
-        self._stamp[jid] = stamp = self._stamps
-        if not by_priority and priority_due < math.inf:
-            heapq.heappush(self._waiting, (priority_due, stamp, jid, 0))
-        if not by_reclaim:
-            heapq.heappush(self._waiting, (reclaim_due, stamp, jid, 1))
+        yes, priority_due, reclaim_due = listing(job, self.config, self.now)
+        self._listed[job.job_id] = yes
+        self._waiting.wait(job.job_id, yes, priority_due, reclaim_due)
 
-    def _come_due(self, now: float, relist: set[str]) -> None:
+    def _come_due(self, now: float, relist: dict[str, set[str] | None], refree: set[str]) -> None:
         """List the jobs whose exempt time or reclaim window ended by ``now``."""
-        waiting, early = self._waiting, []
-        config, jobs = self.config, self.journal.state.jobs
-        while waiting and waiting[0][0] <= now + _SLACK_S:
-            entry = heapq.heappop(waiting)
-            _, stamp, jid, kind = entry
-            if self._stamp.get(jid) != stamp:
-                continue   # the job changed since: listed afresh then
-            job = jobs[jid]
-            age = now - running_since(job)
-            if kind == 0:
-                due = age >= config.exempt_s(job)
-            else:
-                due = age >= config.reclaim_min_runtime_s and not reclaimed_within(job, now, config.reclaim_window_s)
-            if not due:
-                early.append(entry)
-                continue
+        for jid, kind in self._waiting.come_due(now, self.config, self.journal.state.jobs):
             self._listed[jid][kind] = True
-            relist.update(self._job_nodes[jid])
-        for entry in early:
-            heapq.heappush(waiting, entry)
+            refree.update(self._job_nodes[jid])
+            for name in self._job_nodes[jid]:
+                if name not in relist:
+                    relist[name] = {jid}
+                elif (only := relist[name]) is not None:
+                    only.add(jid)
 
-    def _relist(self, names: set[str], state: ClusterState, fresh: bool = False) -> None:
-        """List again every entry of the nodes ``names``: an entry as it was stays, the
-        others leave or join their groups, each group edited once (``fresh``: the index
-        was reset, every node is listed into empty groups, each sorted once)."""
-        gone: list[tuple[list, Entry]] = []
-        added: list[tuple[list, tuple]] = []    # (group, entry)
-        for name in names:
-            # Keyed by group, the entry's fields and its job object (a job changed is listed anew).
-            was: dict[tuple, list] = {}   # a job with two workers on the node has two entries
-            for g, e in self._on.pop(name, ()):
-                was.setdefault((id(g), e[0], e[1], e[3], id(e[4])), []).append((g, e))
-            self.spread.discard(name)
+    def _relist(self, names: dict[str, set[str] | None], refree: set[str], state: ClusterState,
+                fresh: bool = False) -> None:
+        """List again the entries of the nodes ``names``: of the jobs named with a node,
+        or all where None (or where the node's spread flag, which every entry holds,
+        changed); an entry as it was stays, the others leave or join their groups, each
+        group edited once (``fresh``: the index was reset, every node is listed into
+        empty groups, each sorted once). A node's freeable GPUs are counted again where
+        all its entries are, or it is in ``refree``."""
+        lists, gone, added = self._lists, [], []
+        for name, only in names.items():
             node = state.nodes.get(name)
             if node is None:
+                was, _ = lists.take_off(name)
                 self._nodes.pop(name, None)
                 self._freeable.count(name, None)
             else:
-                self._nodes[name] = _looks(node)
-                self._list_node(node, state, added, was)
+                self._nodes[name] = looks(node)
+                here, spread = self._here(node, state)
+                if only is not None and spread != (name in lists.spread):
+                    only = None
+                was, kept = lists.take_off(name, only)
+                lists.put_on(node, here if only is None else [j for j in here if j.job_id in only],
+                             self._listed, spread, was, added, kept)
+                if only is None or name in refree:
+                    self._freeable.count(name, (node.info.pool, freeable_vector(node, here, self._listed)))
             for pairs in was.values():
                 gone.extend(pairs)
-        if fresh:   # every group new: filled, then sorted once each
-            for group, entry in added:
-                group.append(entry)
-            for teams in self._groups.values():
-                for groups in teams.values():
-                    for group in groups.values():
-                        group.sort()
-            return
-        edits: dict[int, tuple[list, list, list]] = {}   # group -> (group, keys gone, entries new)
-        for pairs, at in ((gone, 1), (added, 2)):
-            for group, entry in pairs:
-                found = edits.get(id(group))
-                if found is None:
-                    found = edits[id(group)] = (group, [], [])
-                found[at].append(entry[:4] if at == 1 else entry)
-        for group, keys, entries in edits.values():
-            edit(group, keys, entries)
+        lists.settle(gone, added, fresh)
 
-    def _list_node(self, node: NodeState, state: ClusterState, added: list, was: dict) -> None:
-        """List ``node``'s entries; those not in ``was`` (its entries before, which keeps
-        those that are gone) are ``added``."""
-        name, pool, jobs = node.name, node.info.pool, state.jobs
-        known, job_nodes, listed = self._jobs, self._job_nodes, self._listed
+    def _here(self, node: NodeState, state: ClusterState) -> tuple[list[JobState], bool]:
+        """The jobs on ``node`` (noted if new), and whether a listed one runs on other nodes too."""
+        jobs, known, job_nodes, listed = state.jobs, self._jobs, self._job_nodes, self._listed
         here: list[JobState] = []
         spread = False
         for jid in node.jobs:
@@ -347,53 +297,16 @@ class VictimIndex:
             here.append(job)
             if not spread and jid in listed and len(job_nodes[jid]) > 1:
                 spread = True
-        if spread:
-            self.spread.add(name)
-        flag, on, classes = 0 if spread else 1, [], PRIORITY_CLASSES
-        groups = self._groups.get(pool)
-        if groups is None:
-            groups = self._groups[pool] = {}
-        for job in here:
-            yes = listed.get(job.job_id)
-            if yes is None:
-                continue
-            spec = job.spec
-            cls, milli = classes.get(spec.priority_class, 0), spec.total_milli   # priority_value, milli
-            # Minus when the work a preemption would lose began: the later, the less lost.
-            began = -max(job.started_at, job.checkpoint_at) if job.started_at else -math.inf
-            entry = (began, flag, name, job.seq, job)
-            for team, wanted in ((None, yes[0]), (spec.team, yes[1])):
-                if wanted:
-                    by_size = groups.get(team)
-                    if by_size is None:
-                        by_size = groups[team] = {}
-                    group = by_size.get((cls, milli))
-                    if group is None:
-                        group = by_size[(cls, milli)] = []
-                    pair = (group, entry)
-                    on.append(pair)
-                    same = was.get((id(group), began, flag, job.seq, id(job)))
-                    if same:
-                        same.pop()
-                    else:
-                        added.append(pair)
-        self._on[name] = on
-        self._freeable.count(name, (pool, freeable_vector(node, here, listed)))
+        return here, spread
 
-def _looks(node: NodeState) -> tuple:
+
+def looks(node: NodeState) -> tuple:
     """What of a node its entries and worker slots depend on. Its GPUs' health is compared
     only once it had a fault: a GPU turns unhealthy only with a fault counted
     (``GpuHealthChanged``), and faults go back to 0 only with every GPU healthy again
     (``NodeUncordoned``)."""
-    return node, node.info, node.status, node.faults, _health(node) if node.faults else None
+    return node, node.info, node.status, node.faults, health(node) if node.faults else None
 
 
-def _health(node: NodeState) -> tuple[bool, ...]:
+def health(node: NodeState) -> tuple[bool, ...]:
     return tuple(g.healthy for g in node.gpus)
-
-
-def _rules(config) -> tuple:
-    """What in a ``PreemptionConfig`` decides who is listed."""
-    return (config.min_runtime_s, config.min_runtime_growth, config.max_min_runtime_s,
-            tuple(sorted(config.pool_min_runtime_s.items())), config.preemption_budget,
-            config.reclaim_min_runtime_s, config.reclaim_window_s)
