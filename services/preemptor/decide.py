@@ -18,7 +18,7 @@ from gpusched.policies.preemption.decisions import preemption_events
 from gpusched.policies.preemption.victim_index import VictimIndex
 from gpusched.policies.preemption.victim_rules import PreemptionConfig
 from gpusched.policies.supervision import SupervisionConfig
-from gpusched_preemptor.gate import SEARCHES, PossibleVictims, has_guarantees
+from gpusched.policies.preemption.gate import SEARCHES, PossibleVictims, has_guarantees
 
 
 class PreemptorDecider:

@@ -1,4 +1,4 @@
-"""The preemptor's gate (``gpusched_preemptor.gate``): a round skips its searches for
+"""The preemptor's gate (``gpusched.policies.preemption.gate``): a round skips its searches for
 victims only where they would propose nothing, so its decisions are those of a round that
 runs them all, round after round as the log moves; and a burst of one class of jobs,
 where nothing can be preempted, runs no search."""
@@ -16,7 +16,7 @@ from gpusched.policies.scheduler import Scheduler
 from gpusched.policies.supervision import SupervisionConfig
 from gpusched_preemptor import decide as decide_module
 from gpusched_preemptor.decide import PreemptorDecider
-from gpusched_preemptor.gate import PossibleVictims
+from gpusched.policies.preemption.gate import PossibleVictims
 from tests.unit.policies.test_defrag import BE, HI, NOW, TR, Cluster
 from tests.unit.policies.test_preemption_properties import SETTINGS
 
