@@ -88,22 +88,24 @@ def note_node(state: ClusterState, name: str, registered: bool = False) -> None:
     state.nodes_version += 1
     if registered:
         state.nodes_registered += 1
-    changes = state.node_changes
-    changes.append(name)
-    if len(changes) > CHANGES_KEPT:
-        dropped = len(changes) // 2
-        del changes[:dropped]
-        state.node_changes_base += dropped
+    state.node_changes.append(name)
+    state.node_changes_base += _bounded(state.node_changes)
 
 
 def note_changes(state: ClusterState, jobs: tuple[str, ...]) -> None:
     """Journal the jobs an event changed (``ClusterState.changes``), bounded."""
-    changes = state.changes
-    changes.extend(jobs)
-    if len(changes) > CHANGES_KEPT:
-        dropped = len(changes) // 2
-        del changes[:dropped]
-        state.changes_base += dropped
+    state.changes.extend(jobs)
+    state.changes_base += _bounded(state.changes)
+
+
+def _bounded(journal: list[str]) -> int:
+    """Drop the older half of ``journal`` once it holds over ``CHANGES_KEPT`` entries (a
+    reader that far behind starts over): how many were dropped."""
+    if len(journal) <= CHANGES_KEPT:
+        return 0
+    dropped = len(journal) // 2
+    del journal[:dropped]
+    return dropped
 
 
 # One handler per event type, looked up by the event's exact type: a plain dict is

@@ -36,7 +36,7 @@ def fresh(state: ClusterState) -> dict:
 
 def apply_pending_step(log: Log, s: tuple, submitted: list[str]) -> None:
     """A job submitted (and left pending), a pending job placed on the first node with
-    room, or a pending job cancelled."""
+    room (GPUs free, of a model it takes), or a pending job cancelled."""
     kind = s[0]
     if kind == "submit":
         job_id = f"p{len(submitted)}"
@@ -54,7 +54,8 @@ def apply_pending_step(log: Log, s: tuple, submitted: list[str]) -> None:
     if job.spec.workers != 1 or not res.gpus or job.spec.pool != "default":
         return
     for node in log.state.nodes.values():
-        free = [g.info.index for g in node.gpus if not g.used_milli and g.healthy]
+        free = [g.info.index for g in node.gpus if not g.used_milli and g.healthy and not g.mig_mask
+                and (not res.gpu_models or g.info.model in res.gpu_models)]
         if node.schedulable and len(free) >= res.gpus:
             assert log.place(job.job_id, (node.name, whole(*free[:res.gpus]))).accepted
             return
