@@ -121,6 +121,20 @@ def _full_pool() -> Cluster:
     return c
 
 
+def test_what_a_call_changed_and_undid_does_not_stay_in_the_kept_views():
+    """A call releases a job tentatively and asks the placer (which then hears of the
+    freed GPU) about a job that still does not fit, so the placer books nothing there; the
+    release undone, the kept views must not keep the freed GPU."""
+    from gpusched.policies.preemption.victim_rules import PreemptionConfig, SearchContext
+    c = _full_pool()
+    views: dict = {}
+    ctx = SearchContext(c.state, NOW, PreemptionConfig(), None, views)
+    with ctx.tentative() as scratch:
+        scratch.release(c.state.jobs["r1-0"])
+        assert ctx.place(c.state.jobs["p1"]) is None
+    assert_kept_as_fresh(views, c.state)
+
+
 def test_a_later_round_builds_no_free_index(monkeypatch):
     """The second round reads the first round's ``FreeIndex`` (brought in step), not one
     built from every node again; the decisions are those of a fresh build."""
