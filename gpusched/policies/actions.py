@@ -116,7 +116,7 @@ def preempt(s: Situation) -> list[Proposal]:
 
 
 def defrag(s: Situation) -> list[Proposal]:
-    return list(defrag_decisions(s.state, s.now, s.preemption))
+    return list(defrag_decisions(s.state, s.now, s.preemption, victims=s.victims, kept=s.kept))
 
 
 # The registry: every action the preemptor can be configured with, by name.

@@ -27,6 +27,10 @@ pack inside a GPU and are not blocked by spreading GPUs across nodes).
 Decisions are ``Preemption`` with reason ``"defragmentation"``. Like preemption, a call
 books its plans tentatively (moved jobs released, the pending job and the moved jobs
 placed) so later plans of the same call build on them, and leaves the state untouched.
+Like preemption, too, a call may read the placer's views kept between the caller's calls
+(``kept``: ``placer_views``) and the kept index of candidate victims (``victims``: what
+is in flight), brought in step with the log at its start: it then decides as a call
+that builds them afresh (``tests/unit/policies/test_kept_placer_views.py``).
 """
 from __future__ import annotations
 
@@ -37,6 +41,7 @@ from gpusched.core.model import JobPhase, WorkerAssignment
 from gpusched.core.priority import priority_value
 from gpusched.core.state import ClusterState, JobState, NodeState
 from gpusched.policies.preemption.decisions import REASON_DEFRAG, Preemption
+from gpusched.policies.preemption.victim_index import VictimIndex
 from gpusched.policies.queueing.quota import within_limits
 from gpusched.policies.statement import Statement
 from gpusched.policies.preemption.victim_rules import PreemptionConfig, SearchContext
@@ -100,11 +105,14 @@ def _blocked(ctx: SearchContext, job: JobState) -> bool:
 
 def defrag_decisions(state: ClusterState, now: float,
                      config: PreemptionConfig = PreemptionConfig(),
-                     limit: int = 4) -> list[Preemption]:
-    """Move plans for pending jobs blocked by fragmentation only, highest priority first."""
+                     limit: int = 4, victims: VictimIndex | None = None,
+                     kept: dict | None = None) -> list[Preemption]:
+    """Move plans for pending jobs blocked by fragmentation only, highest priority first.
+    ``victims`` and ``kept``: the caller's kept index of candidate victims and placer
+    views of this state, as for ``preemption_decisions`` (None: built for the call)."""
     if not state.pending:   # the common case of a quiet cluster, every round: nothing to search
         return []
-    ctx = SearchContext(state, now, config)
+    ctx = SearchContext(state, now, config, victims, kept)
     out: list[Preemption] = []
     with ctx.tentative() as scratch:
         for job in ctx.pending_in_order()[: config.max_examined]:

@@ -10,7 +10,8 @@ nodes; a placement tried is rolled back on it) and tells them, before each quest
 the nodes the scratch changed since the last (``ScratchChanges``).
 
 The preemptor keeps them between rounds as the placer keeps its own between cycles
-(``kept_index``, in the caller's ``kept`` dict, per partition): at the call's start,
+(``kept_index``, in the caller's ``kept`` dict, per partition; its preempt and defrag
+actions read the same dict, one call after the other): at the call's start,
 while the nodes are the log's, the kept views are brought in step with the reducer's
 journal and with the nodes the last call's scratch changed (undone since: every node it
 ever changed is noted at the end of the call); a node change, an overrun journal or

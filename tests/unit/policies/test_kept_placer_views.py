@@ -1,7 +1,8 @@
 """The placer's views kept between the preemptor's rounds beside its index of candidate
 victims (``preemption.placer_views``): after any sequence of events and rounds, each
 kept view reads, at a round's start, as one built afresh from the state, and rounds (and
-questions) that keep them decide as rounds that build them afresh."""
+questions) that keep them decide as rounds that build them afresh: the preempt action's
+and defragmentation's, on pools fragmented so that defragmentation moves jobs."""
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -15,13 +16,14 @@ from gpusched.policies.placement.index import FreeIndex
 from gpusched.policies.placement.kept_index import KEPT
 from gpusched.policies.placement.mig_index import MigIndex
 from gpusched.policies.placement.topology import GangCapacities
-from gpusched.policies.preemption.decisions import preemption_decisions, victims_for
+from gpusched.policies.preemption.decisions import preemption_decisions, preemption_events, victims_for
+from gpusched.policies.preemption.defrag import defrag_decisions
 from gpusched.policies.preemption.victim_index import VictimIndex
 from tests.unit.core.builders import make_spec
 from tests.unit.policies.test_kept_index import contents, fresh_like
-from tests.unit.policies.test_kept_victims import _change
+from tests.unit.policies.test_kept_victims import _change, _finish
 from tests.unit.policies.test_preemption import BE, HI, NOW, Cluster
-from tests.unit.policies.test_preemption_index import busy_cluster
+from tests.unit.policies.test_preemption_index import busy_cluster, config_for, fragmented_cluster
 from tests.unit.policies.test_preemption_properties import SETTINGS
 from tests.unit.policies.test_victim_index import packed_cluster, random_rules
 
@@ -74,6 +76,41 @@ def test_rounds_that_keep_placer_views_decide_as_rounds_that_build_them(data):
         assert_kept_as_fresh(views, state)
 
 
+def _moved(c, data, decisions, now: float) -> None:
+    """The log's answer to some defragmentation plans: the moved jobs preempted, and
+    (often) their workers finished, so they wait again and the pool's holes move."""
+    for decision in decisions[: data.draw(st.integers(0, 2))]:
+        for e in preemption_events(c.state, decision, now):
+            c.log.replay(e)
+        if data.draw(st.booleans()):
+            for vid in decision.victims:
+                _finish(c, c.state.jobs[vid], now)
+
+
+@SETTINGS
+@given(st.data())
+def test_defrag_rounds_that_keep_placer_views_decide_as_rounds_that_build_them(data):
+    """Rounds as the preemptor runs them (preempt, then defragmentation, on one kept dict
+    of views) on fragmented pools, the plans of one round carried out before the next."""
+    log, now = fragmented_cluster(data)
+    c = SimpleNamespace(log=log, state=log.state)
+    config = config_for(data) if data.draw(st.booleans()) else random_rules(data)
+    victims, views = VictimIndex(), {}
+    for _ in range(data.draw(st.integers(2, 5))):
+        now += data.draw(st.sampled_from([0.0, 1.0, 40.0, 700.0]))
+        for _ in range(data.draw(st.integers(0, 2))):
+            _change(c, data, now, config, victims)
+        state, before = c.state, digest(c.state)
+        if data.draw(st.booleans()):   # the preempt action ran first this round
+            assert preemption_decisions(state, now, config, victims=victims, kept=views) \
+                == preemption_decisions(state, now, config)
+        plans = defrag_decisions(state, now, config, victims=victims, kept=views)
+        assert plans == defrag_decisions(state, now, config)
+        assert digest(state) == before
+        assert_kept_as_fresh(views, state)
+        _moved(c, data, plans, now)
+
+
 def _full_pool() -> Cluster:
     c = Cluster(nodes=3, gpus=2)
     for n in range(3):
@@ -82,6 +119,20 @@ def _full_pool() -> Cluster:
     c.pending("p0", gpus=1, priority_class=HI)
     c.pending("p1", gpus=2, priority_class=HI)
     return c
+
+
+def test_what_a_call_changed_and_undid_does_not_stay_in_the_kept_views():
+    """A call releases a job tentatively and asks the placer (which then hears of the
+    freed GPU) about a job that still does not fit, so the placer books nothing there; the
+    release undone, the kept views must not keep the freed GPU."""
+    from gpusched.policies.preemption.victim_rules import PreemptionConfig, SearchContext
+    c = _full_pool()
+    views: dict = {}
+    ctx = SearchContext(c.state, NOW, PreemptionConfig(), None, views)
+    with ctx.tentative() as scratch:
+        scratch.release(c.state.jobs["r1-0"])
+        assert ctx.place(c.state.jobs["p1"]) is None
+    assert_kept_as_fresh(views, c.state)
 
 
 def test_a_later_round_builds_no_free_index(monkeypatch):
@@ -118,3 +169,52 @@ def test_the_preemptor_keeps_placer_views_per_partition_and_drops_them_on_revoke
     loop = PartitionProposer(None, None, decider, "me")   # type: ignore[arg-type]
     revoked(decider, loop, {0})
     assert list(decider.kept) == [1]
+
+
+def _fragmented_rounds() -> tuple[list, list]:
+    """Two defragmentation rounds on kept views, the first's plan carried out between
+    them; the FreeIndex pools built in each round."""
+    from tests.unit.policies import preemption_oracle as oracle
+    from tests.unit.policies.test_defrag import NOW as AT, fragmented
+    c = fragmented()
+    c.pending("big2", gpus=8)
+    victims, views, built, rounds = VictimIndex(), {}, [], []
+    init = FreeIndex.__init__
+    FreeIndex.__init__ = lambda self, *a: built.append(a[1]) or init(self, *a)   # type: ignore[method-assign]
+    try:
+        for now in (AT, AT + 1):
+            built.clear()
+            plans = defrag_decisions(c.state, now, victims=victims, kept=views)
+            rounds.append((plans, list(built)))   # before the oracle's builds
+            assert plans == oracle.defrag_decisions(c.state, now)
+            for e in preemption_events(c.state, plans[0], now):
+                assert c.log.replay(e).accepted
+    finally:
+        FreeIndex.__init__ = init   # type: ignore[method-assign]
+    return rounds
+
+
+def test_a_later_defrag_round_builds_no_free_index():
+    """The second round reads the first round's kept ``FreeIndex`` (brought in step with
+    the moves the log took), not one built from every node again, and plans again."""
+    (first, built_first), (second, built_second) = _fragmented_rounds()
+    assert [p.for_job for p in first] == ["big"] and first[0].reason == "defragmentation"
+    assert built_first == ["default"] and built_second == []
+    assert [p.for_job for p in second] == ["big2"]
+
+
+def test_the_preemptors_defrag_action_reads_the_rounds_kept_views(monkeypatch):
+    """In the preemptor's round the preempt action finds nothing to preempt and builds the
+    pool's ``FreeIndex``; defragmentation then reads that one (the partition's kept dict)."""
+    from gpusched.policies.supervision import SupervisionConfig
+    from gpusched_preemptor.decide import PreemptorDecider
+    from tests.unit.policies import victim_search_oracle as oracle
+    from tests.unit.policies.test_defrag import NOW as AT, fragmented
+    c = fragmented()
+    built: list[str] = []
+    init = FreeIndex.__init__
+    monkeypatch.setattr(FreeIndex, "__init__", lambda self, *a: built.append(a[1]) or init(self, *a))
+    decider = PreemptorDecider("me", oracle.PreemptionConfig(), SupervisionConfig(), lambda now: ({}, 0.0, False))
+    proposals = decider(0, c.state, AT)
+    assert [(e.job_id, e.reason) for e, _ in proposals] == [("a", "defragmentation: preempted for big")]
+    assert built == ["default"]
