@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 from mypy_extensions import mypyc_attr
 
@@ -127,8 +128,9 @@ class NodeState:
 
 
 # A pending job's request as ``pending_counts`` counts it: (pool, workers, CPU milli,
-# GPU milli, GPUs, GPU models, MIG profile).
-PendingKey = tuple[str, int, int, int, int, tuple[str, ...], str]
+# GPU milli, GPUs, GPU models, MIG profile). Typed as any tuple: mypyc keeps a fixed-length
+# tuple unboxed and boxes it again (a new tuple) at each dict operation.
+PendingKey = tuple[Any, ...]
 
 
 def pending_key(spec: JobSpec) -> PendingKey:
