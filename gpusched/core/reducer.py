@@ -295,7 +295,7 @@ def _job_submitted(e: ev.JobSubmitted, state: ClusterState) -> Outcome:
     state.next_seq += 1
     state.jobs[e.job_id] = job
     state.pending[e.job_id] = None
-    count_pending(state, e.spec, 1)
+    count_pending(state, job, 1)
     if key:
         state.idempotency[key] = e.job_id
     return _changed(e.job_id)
@@ -352,7 +352,7 @@ def _job_placed(e: ev.JobPlaced, state: ClusterState) -> Outcome:
     job.started.clear()
     job.finished.clear()
     del state.pending[job.job_id]
-    count_pending(state, job.spec, -1)
+    count_pending(state, job, -1)
     state.nominations.pop(job.job_id, None)
     return _changed(job.job_id)
 
@@ -546,7 +546,7 @@ def _end(state: ClusterState, job: JobState, phase: JobPhase, reason: str, time:
     _stop(state, job, time)
     if job.job_id in state.pending:
         del state.pending[job.job_id]
-        count_pending(state, job.spec, -1)
+        count_pending(state, job, -1)
     state.nominations.pop(job.job_id, None)
     job.pending_reason = NO_PENDING_REASON
     job.phase = phase
@@ -585,7 +585,7 @@ def _requeue(state: ClusterState, job: JobState, reason: str, time: float, charg
         job.not_before = time + backoff
     if job.job_id not in state.pending:
         state.pending[job.job_id] = None
-        count_pending(state, job.spec, 1)
+        count_pending(state, job, 1)
     return job.job_id
 
 

@@ -62,7 +62,7 @@ from operator import attrgetter
 from typing import Any, Callable
 
 from gpusched.core.model import JobPhase
-from gpusched.core.state import ClusterState, DedupeWindow, recount_pending
+from gpusched.core.state import ClusterState, DedupeWindow, JobState, recount_pending
 from gpusched.native import field_hints
 
 MAGIC = b"GSNP"
@@ -232,6 +232,7 @@ _WRITTEN_AS: dict[tuple[type, str], Callable[[Any], Any] | None] = {
     (ClusterState, "node_changes"): None,
     (ClusterState, "node_changes_base"): ClusterState.node_changes_end,
     (ClusterState, "pending_counts"): None,   # rebuilt from the pending jobs (recount_pending)
+    (JobState, "pending_key"): None,          # built again where counted (count_pending)
 }
 
 _COLUMNS: dict[Any, Column] = {}
@@ -396,8 +397,11 @@ def _dataclass_column(cls: type) -> Column:
     fields = [f for f in every if _WRITTEN_AS.get((cls, f.name), attrgetter(f.name)) is not None]
     names = tuple(f.name for f in fields)
     _CLASSES.setdefault(cls, names)
-    readers = {f.name: _column(hints[f.name], f"{cls.__name__}.{f.name}") for f in every}
-    parts = [readers[name] for name in names]
+    # A left-out field's reader is built only for a snapshot that has it (one written
+    # before it was left out): a field never written needs no encoding.
+    def reader(name: str) -> Column:
+        return _column(hints[name], f"{cls.__name__}.{name}")
+    parts = [reader(name) for name in names]
     immutable = cls.__dataclass_params__.frozen and all(p.immutable for p in parts)
     get = _row_getter(cls, names)
 
@@ -426,7 +430,7 @@ def _dataclass_column(cls: type) -> Column:
         plan = []
         for f in every:
             if f.name in written:
-                plan.append((f.name, readers[f.name].decoder(schema), None))
+                plan.append((f.name, reader(f.name).decoder(schema), None))
             elif f.default is not dataclasses.MISSING:
                 plan.append((f.name, None, lambda n, d=f.default: [d] * n))
             elif f.default_factory is not dataclasses.MISSING:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 from mypy_extensions import mypyc_attr
 
@@ -126,6 +127,17 @@ class NodeState:
         return sum(1 for g in self.gpus if g.fits_whole())
 
 
+# A pending job's request as ``pending_counts`` counts it: (pool, workers, CPU milli,
+# GPU milli, GPUs, GPU models, MIG profile). Typed as any tuple: mypyc keeps a fixed-length
+# tuple unboxed and boxes it again (a new tuple) at each dict operation.
+PendingKey = tuple[Any, ...]
+
+
+def pending_key(spec: JobSpec) -> PendingKey:
+    res = spec.resources
+    return (spec.pool, spec.workers, res.cpu_milli, res.gpu_milli, res.gpus, res.gpu_models, res.mig_profile)
+
+
 # A plain Python class even when this module is compiled (gpusched.native): the
 # interpreted policies read jobs' fields in tight loops, and reading a compiled class's
 # field from interpreted code costs ~14 ns instead of ~4 (the placer's cycle got 10 %
@@ -169,6 +181,9 @@ class JobState:
     # ("reclaim: preempted for X"...), so preemption can hold a reclaimed job back a while.
     preempted_at: float = 0.0
     preempted_reason: str = ""
+    # Its ``pending_key``, built once (at submission) for the reducer's count of pending
+    # jobs; not written to snapshots (``count_pending`` builds it again where missing).
+    pending_key: PendingKey | None = field(default=None, compare=False, repr=False)
 
     @property
     def team(self) -> str:
@@ -252,16 +267,6 @@ class DedupeWindow:
 
     def ids(self) -> list[str]:
         return list(self._order)
-
-
-# A pending job's request as ``pending_counts`` counts it: (pool, workers, CPU milli,
-# GPU milli, GPUs, GPU models, MIG profile).
-PendingKey = tuple[str, int, int, int, int, tuple[str, ...], str]
-
-
-def pending_key(spec: JobSpec) -> PendingKey:
-    res = spec.resources
-    return (spec.pool, spec.workers, res.cpu_milli, res.gpu_milli, res.gpus, res.gpu_models, res.mig_profile)
 
 
 @dataclass(slots=True)
@@ -368,10 +373,12 @@ class ClusterState:
         return [n for n in self.nodes.values() if n.info.pool == pool]
 
 
-def count_pending(state: ClusterState, spec: JobSpec, n: int) -> None:
+def count_pending(state: ClusterState, job: JobState, n: int) -> None:
     """Add ``n`` (1: the job entered ``pending``, -1: it left) to its request's count."""
     counts = state.pending_counts
-    key = pending_key(spec)
+    key = job.pending_key
+    if key is None:   # its first count (submitted), restored from a snapshot, or made by hand
+        key = job.pending_key = pending_key(job.spec)
     left = counts.get(key, 0) + n
     if left:
         counts[key] = left
@@ -381,9 +388,7 @@ def count_pending(state: ClusterState, spec: JobSpec, n: int) -> None:
 
 def recount_pending(state: ClusterState) -> None:
     """``pending_counts`` counted afresh from ``pending`` (a restored state's)."""
-    counts: dict[PendingKey, int] = {}
+    state.pending_counts = {}
     jobs = state.jobs
     for job_id in state.pending:
-        key = pending_key(jobs[job_id].spec)
-        counts[key] = counts.get(key, 0) + 1
-    state.pending_counts = counts
+        count_pending(state, jobs[job_id], 1)

@@ -4,8 +4,9 @@ counted by request, and that count kept from one cycle to the next (``KeptMix``)
 Counting reads every pending job: at 50,000 pending that is a tenth of an FGD cycle
 that tests 2,500 jobs, though between two cycles only the jobs the reducer journalled
 (``ClusterState.changes``: submitted, placed, ended, requeued) can count differently.
-``KeptMix`` keeps each counted job's request and, at a cycle's start, recounts only
-those; a node change (``nodes_version``), an overrun journal or another state count
+``KeptMix`` keeps each counted job's request (those pending when it counted everything
+read from the reducer's count, ``ClusterState.pending_counts``, and from the job when the
+journal names one) and, at a cycle's start, recounts only those; a node change (``nodes_version``), an overrun journal or another state count
 everything again. The mix it gives is the one counting afresh gives
 (``tests/unit/policies/test_kept_mix.py``), so FGD decides alike.
 
@@ -43,10 +44,13 @@ def counted_ids(state: StateLike, pool: str) -> list[str]:
     pending = getattr(state, "pending", ())
     if not isinstance(pending, (dict, set, frozenset)):
         pending = dict.fromkeys(pending)
-    ids = list(pending)
-    ids += dict.fromkeys(j for node in state.nodes.values() if node.info.pool == pool
+    return [*pending, *held_ids(state, pool, pending)]
+
+
+def held_ids(state: StateLike, pool: str, pending) -> dict[str, None]:
+    """The jobs on ``pool``'s nodes that are not ``pending``, each once."""
+    return dict.fromkeys(j for node in state.nodes.values() if node.info.pool == pool
                          for j in node.jobs if j not in pending)
-    return ids
 
 
 def raw_counts(state: StateLike, pool: str) -> Counter[Fields]:
@@ -82,17 +86,20 @@ def _from_kept(state: StateLike, pool: str, kept: dict) -> Counter[Fields]:
     """``raw_counts`` from the reducer's count of pending jobs, and the jobs on the pool's
     nodes that are not pending read one by one: a pass over the running jobs, not over
     every pending one (at 50,000 pending that pass was a tenth of an FGD cycle)."""
+    raw = _pending_of(pool, kept)
+    jobs: Mapping[str, JobState] = state.jobs   # type: ignore[attr-defined]
+    for job in map(jobs.get, held_ids(state, pool, state.pending)):   # type: ignore[attr-defined]
+        if job is not None and (spec := job.spec).pool == pool:
+            raw[_FIELDS(spec.resources)] += spec.workers
+    return raw
+
+
+def _pending_of(pool: str, kept: dict) -> Counter[Fields]:
+    """Workers of ``pool``'s pending jobs by request fields, from the reducer's count."""
     raw: Counter[Fields] = Counter()
     for (job_pool, workers, *fields), n in kept.items():
         if job_pool == pool:
             raw[tuple(fields)] += n * workers
-    jobs: Mapping[str, JobState] = state.jobs   # type: ignore[attr-defined]
-    pending = state.pending   # type: ignore[attr-defined]
-    held = dict.fromkeys(j for node in state.nodes.values() if node.info.pool == pool
-                         for j in node.jobs if j not in pending)
-    for job in map(jobs.get, held):
-        if job is not None and (spec := job.spec).pool == pool:
-            raw[_FIELDS(spec.resources)] += spec.workers
     return raw
 
 
@@ -125,13 +132,17 @@ class KeptMix:
     placement indexes): the nodes a statement touches change no count, so ``touch`` is
     nothing."""
 
-    __slots__ = ("pool", "journal", "raw", "counted")
+    __slots__ = ("pool", "journal", "raw", "counted", "unlisted")
 
     def __init__(self, pool: str) -> None:
         self.pool = pool
         self.journal = JournalCursor()
         self.raw: Counter[Fields] = Counter()
         self.counted: dict[str, tuple[Fields, int]] = {}   # job -> (its fields, its workers) counted
+        # Jobs pending at the last ``_start`` and counted there from the reducer's count
+        # (``ClusterState.pending_counts``), not listed in ``counted``: a job's request
+        # never changes, so its fields are read from the job when the journal names it.
+        self.unlisted: set[str] = set()
 
     def touch(self, names: Iterable[str]) -> None:
         """Bookings, holds and cordons count no job differently."""
@@ -150,6 +161,14 @@ class KeptMix:
     def _recount(self, state: ClusterState, job_id: str) -> None:
         raw, counted = self.raw, self.counted
         was = counted.pop(job_id, None)
+        if was is None and job_id in self.unlisted:
+            self.unlisted.discard(job_id)
+            gone = state.jobs.get(job_id)
+            if gone is None:   # pruned: what it counted for is not known; count all again
+                self._start(state)
+                return
+            if gone.spec.pool == self.pool:
+                was = _FIELDS(gone.spec.resources), gone.spec.workers
         if was is not None:
             fields, n = was
             left = raw[fields] - n
@@ -173,13 +192,18 @@ class KeptMix:
                    for w in job.workers if w.node in nodes)
 
     def _start(self, state: ClusterState) -> None:
+        """Count everything: the pending jobs from the reducer's count where it covers
+        them (a few requests, not 50,000 jobs read one by one), else one by one too."""
         jobs, pool = state.jobs, self.pool
+        kept = _kept_pending(state)
+        self.unlisted = set() if kept is None else set(state.pending)
+        ids = counted_ids(state, pool) if kept is None else held_ids(state, pool, state.pending)
         counted: dict[str, tuple[Fields, int]] = {}
-        for job in map(jobs.get, counted_ids(state, pool)):
+        for job in map(jobs.get, ids):
             if job is not None and (spec := job.spec).pool == pool:
                 counted[job.job_id] = (_FIELDS(spec.resources), spec.workers)
         self.counted = counted
-        raw: Counter[Fields] = Counter()
+        raw: Counter[Fields] = Counter() if kept is None else _pending_of(pool, kept)
         for fields, n in counted.values():
             raw[fields] += n
         self.raw = raw

@@ -54,9 +54,8 @@ def apply_pending_step(log: Log, s: tuple, submitted: list[str]) -> None:
     if job.spec.workers != 1 or not res.gpus or job.spec.pool != "default":
         return
     for node in log.state.nodes.values():
-        free = [g.info.index for g in node.gpus if not g.used_milli and g.healthy and not g.mig_mask
-                and (not res.gpu_models or g.info.model in res.gpu_models)]
-        if node.schedulable and len(free) >= res.gpus:
+        free = [g.info.index for g in node.gpus if not g.used_milli and g.healthy and not g.mig_mask]
+        if node.schedulable and len(free) >= res.gpus and res.allows(node.model):
             assert log.place(job.job_id, (node.name, whole(*free[:res.gpus]))).accepted
             return
 
@@ -92,6 +91,23 @@ def test_a_requeued_job_counts_again_and_an_ended_one_not():
     assert log.state.pending_counts == {pending_key(log.job("a").spec): 1}
     assert log(ev.JobCancelled, job_id="a").accepted
     assert log.state.pending_counts == {}
+
+
+def test_a_jobs_key_is_built_once_and_kept_on_it():
+    """The key is built at submission and the same object counts the job out and in
+    again; a restored job, which carries none, gets it again where it is counted."""
+    log = Log(make_node("n0", gpus=2))
+    log.submit("a", make_spec(gpus=1))
+    key = log.job("a").pending_key
+    assert key == pending_key(log.job("a").spec)
+    assert next(iter(log.state.pending_counts)) is key
+    log.place("a", ("n0", whole(0)))
+    log.start_all("a")
+    assert log(ev.JobPreempted, job_id="a", attempt=0, for_job="b").accepted
+    log.stopped("a")
+    assert log.job("a").pending_key is key and next(iter(log.state.pending_counts)) is key
+    restored = state_from_snapshot(snapshot_bytes(log.state))
+    assert restored.jobs["a"].pending_key == key and restored.pending_counts == {key: 1}
 
 
 def test_the_mix_reads_the_kept_count_as_it_would_count_afresh():

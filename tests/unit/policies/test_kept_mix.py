@@ -137,8 +137,26 @@ def test_a_cycle_keeps_the_count_and_the_next_reads_the_journal():
     counted = mix.counted
     assert log.submit("b", make_spec(gpus=2, cpu=0, mem=0)).accepted
     scheduler.schedule(log.state, log.now, None, keys)
-    assert mix.counted is counted and set(counted) == {"a", "b"}   # brought in step, not rebuilt
+    # brought in step, not rebuilt; "a", pending at the first count, counted from the
+    # reducer's count of pending jobs, not listed
+    assert mix.counted is counted and set(counted) == {"b"} and mix.unlisted == {"a"}
     assert typical_of(mix.raw) == typical_of(raw_counts(log.state, "default"))
+
+
+def test_the_first_count_reads_the_pending_jobs_from_the_reducers_count():
+    """Counting everything lists the jobs on the pool's nodes only; a pending job the
+    journal names later is counted out from its own request, and one pruned since (its
+    request unknown) has everything counted again."""
+    log = cluster()
+    for i, request in enumerate(({"gpus": 1}, {"milli": 300}, {"gpus": 2, "workers": 2})):
+        assert log.submit(f"j{i}", make_spec(cpu=0, mem=0, **request)).accepted
+    mix = KeptMix("default")
+    assert +mix.counts(log.state) == +raw_counts(log.state, "default") and mix.counted == {}
+    assert log(ev.JobCancelled, job_id="j0").accepted
+    assert +mix.counts(log.state) == +raw_counts(log.state, "default") and mix.unlisted == {"j1", "j2"}
+    assert log(ev.JobCancelled, job_id="j1").accepted
+    del log.state.jobs["j1"]   # as retention prunes a finished job
+    assert +mix.counts(log.state) == +raw_counts(log.state, "default") and mix.unlisted == {"j2"}
 
 
 def test_a_count_kept_for_one_state_is_not_read_for_another():
