@@ -65,7 +65,9 @@ def test_an_expired_lease_fences_the_workload_within_expiry_plus_kill_wait_plus_
 
 
 def test_renewing_keeps_the_workload_alive_past_several_lease_periods(tmp_path):
-    lease, period = NodeLease(tmp_path / "lease"), 0.2
+    # Renewed every quarter period: a period long enough that a pause of this process (a
+    # full collection late in a long test run) cannot let the lease run out between two.
+    lease, period = NodeLease(tmp_path / "lease"), 1.0
     lease.renew(time.time() + 30)                # a slow machine may take a while to start Python
     shim = start_shim(tmp_path / "w", recorder(), lease=lease.path, poll=POLL)
     wait_for(lambda: ticking(tmp_path / "w"), "the workload's first tick", timeout=30)
