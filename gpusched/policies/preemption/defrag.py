@@ -21,7 +21,11 @@ Candidate moves come from the same node-local search as preemption
 (``gpusched.policies.preemption.victim_search``), with the cost of a move set being
 ``(work at risk, jobs moved, GPU milli moved)``. For a one-worker job every node's minimal
 move set is a candidate, cheapest first (up to ``defrag_max_plans`` tried); a gang gets
-the greedy multi-node set. Only whole-GPU jobs are defragmented (shares and MIG slices
+the greedy multi-node set. As for preemption, the search reads the nodes in order of a
+lower bound of their move set's cost (``indexed_search``: here, the least work at risk of
+a movable job on the node) and stops once no node left can come among the cheapest;
+it decides as the search that steps every node (``stepped_search``,
+``tests/unit/policies/test_kept_placer_views.py``). Only whole-GPU jobs are defragmented (shares and MIG slices
 pack inside a GPU and are not blocked by spreading GPUs across nodes).
 
 Decisions are ``Preemption`` with reason ``"defragmentation"``. Like preemption, a call
@@ -35,13 +39,15 @@ that builds them afresh (``tests/unit/policies/test_kept_placer_views.py``).
 from __future__ import annotations
 
 from collections import Counter
-from typing import Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 from gpusched.core.model import JobPhase, WorkerAssignment
 from gpusched.core.priority import priority_value
 from gpusched.core.state import ClusterState, JobState, NodeState
 from gpusched.policies.preemption.decisions import REASON_DEFRAG, Preemption
-from gpusched.policies.preemption.victim_index import VictimIndex
+from gpusched.policies.preemption.indexed_search import IndexedSearch
+from gpusched.policies.preemption.slot_counts import SlotCounts
+from gpusched.policies.preemption.victim_index import Entry, VictimIndex
 from gpusched.policies.queueing.quota import within_limits
 from gpusched.policies.statement import Statement
 from gpusched.policies.preemption.victim_rules import PreemptionConfig, SearchContext
@@ -148,17 +154,71 @@ def defrag_plan(state: ClusterState, job: JobState, now: float,
 def _movable(ctx: SearchContext, victim: JobState, job: JobState) -> bool:
     if victim.job_id == job.job_id or victim.job_id in ctx.taken:
         return False
+    if not _may_move(victim, ctx.now, ctx.config):
+        return False
+    return priority_value(victim.spec.priority_class) <= priority_value(job.spec.priority_class)
+
+
+def _may_move(victim: JobState, now: float, config: PreemptionConfig) -> bool:
+    """What of ``_movable`` holds for any pending job."""
     spec = victim.spec
     if victim.phase not in (JobPhase.RUNNING, JobPhase.PLACED) or not spec.preemptible:
         return False
-    if spec.checkpoint_interval_s <= 0 or ctx.now < ctx.config.exempt_until(victim):
+    if spec.checkpoint_interval_s <= 0 or now < config.exempt_until(victim):
         return False
-    if victim.work_at_risk(ctx.now) > ctx.config.defrag_max_work_lost_s:
-        return False
-    return priority_value(spec.priority_class) <= priority_value(job.spec.priority_class)
+    return victim.work_at_risk(now) <= config.defrag_max_work_lost_s
 
 
-def _plan(ctx: SearchContext, job: JobState, scratch: Statement) -> Preemption | None:
+class MovableEntries:
+    """The jobs of a pool's nodes that any pending job may move (``_may_move``), one entry
+    per node they run on, by a lower bound of the key of any move set holding them (their
+    own work at risk, rounded as ``set_key`` rounds the sum): ``IndexedSearch``'s
+    candidates. Built once per call, at the first plan: what a call's scratch changes
+    after that never makes a job movable (it books pending jobs and moved ones, taken),
+    and a job it released stays listed but is no victim (taken, or released back)."""
+
+    def __init__(self, nodes: Mapping[str, NodeState], jobs: Mapping[str, JobState], pool: str,
+                 now: float, config: PreemptionConfig) -> None:
+        self.entries: list[Entry] = []
+        for name, node in nodes.items():
+            if node.info.pool != pool:
+                continue
+            for jid in node.jobs:
+                victim = jobs[jid]
+                if _may_move(victim, now, config):
+                    bound = (round(victim.work_at_risk(now), 6),)
+                    self.entries.append((bound, 1, name, victim.seq, victim))
+        self.entries.sort(key=lambda e: e[:4])
+
+    def touch(self, names: Iterable[str]) -> None:
+        """Nothing to do (see the class doc)."""
+
+
+def indexed_search(ctx: SearchContext, job: JobState, scratch: Statement, eligible: Callable,
+                   cost: Callable, set_key: Callable) -> VictimSearch:
+    """The search of a plan on the call's movable jobs (``MovableEntries``) and worker
+    slots (``SlotCounts``), views kept for the call; the nodes' own (``VictimSearch``)
+    where no call is open to keep them."""
+    spec, pool, config = job.spec, job.spec.pool, ctx.config
+    movable = ctx.kept_view((MovableEntries, pool),
+                            lambda nodes: MovableEntries(nodes, ctx.state.jobs, pool, ctx.now, config))
+    shape = (SlotCounts, pool, spec.resources, spec.workers)
+    slots = ctx.kept_view(shape, lambda nodes: SlotCounts(nodes, pool, spec.resources, spec.workers))
+    if movable is None or slots is None:
+        return stepped_search(ctx, job, scratch, eligible, cost, set_key)
+    assert isinstance(movable, MovableEntries) and isinstance(slots, SlotCounts)
+    return IndexedSearch(ctx.state, job, scratch, eligible, cost, set_key, config.defrag_max_moves,
+                         iter(movable.entries), slots.on, slots.total, frozenset())
+
+
+def stepped_search(ctx: SearchContext, job: JobState, scratch: Statement, eligible: Callable,
+                   cost: Callable, set_key: Callable) -> VictimSearch:
+    """The search of a plan stepping every candidate node of the pool."""
+    return VictimSearch(ctx.state, job, scratch, eligible, cost, set_key, ctx.config.defrag_max_moves)
+
+
+def _plan(ctx: SearchContext, job: JobState, scratch: Statement,
+          searcher: Callable[..., VictimSearch] = indexed_search) -> Preemption | None:
     now, config = ctx.now, ctx.config
 
     def cost(v: JobState) -> tuple:
@@ -168,13 +228,9 @@ def _plan(ctx: SearchContext, job: JobState, scratch: Statement) -> Preemption |
         return (round(sum(v.work_at_risk(now) for v in victims), 6), len(victims),
                 sum(v.milli for v in victims))
 
-    search = VictimSearch(ctx.state, job, scratch, lambda v: _movable(ctx, v, job), cost, set_key,
-                     config.defrag_max_moves)
+    search = searcher(ctx, job, scratch, lambda v: _movable(ctx, v, job), cost, set_key)
     if job.spec.workers == 1:
-        steps = [(step.key, name, step.victims) for name in search.nodes
-                 if (step := search.node_step(name)) is not None]
-        steps.sort(key=lambda s: (s[0], s[1]))
-        candidates = [victims for _, _, victims in steps[: config.defrag_max_plans]]
+        candidates = [victims for _, _, victims in search.cheapest_steps(config.defrag_max_plans)]
     else:
         victims = search.run()
         candidates = [victims] if victims else []

@@ -1,6 +1,6 @@
 """The victim search of ``victim_search`` on the preemptor's index of candidate victims
-(kept between rounds): the same steps and the same answer, without looking at every node
-of the pool.
+(kept between rounds), or on defragmentation's movable jobs (``defrag.MovableEntries``):
+the same steps and the same answer, without looking at every node of the pool.
 
 ``VictimSearch`` decides every running job's eligibility and cost, counts every node's
 worker slots and computes every node's step before it picks the cheapest, which makes
@@ -10,7 +10,8 @@ each decision cost about the pool's size. ``IndexedSearch`` reads instead:
 * candidate victims in order of a lower bound of the rank of a set they top
   (``victim_index``): a node is looked at (its victims' eligibility and cost, its step) when
   the walk first meets an eligible victim on it, and the walk stops once the next bound is
-  above the best step found — every node not yet looked at would rank at or above it;
+  above the best step found — every node not yet looked at would rank at or above it
+  (``cheapest_steps``: above the k-th best, for defragmentation's candidate plans);
 * for a whole-GPU job, the most GPUs any node could free (``VictimIndex.most_freeable``):
   below a worker's GPUs, no node can gain a slot and the search ends before any node.
 
@@ -23,6 +24,7 @@ the state as it still is.
 """
 from __future__ import annotations
 
+from bisect import insort
 from typing import AbstractSet, Callable, Iterator, Mapping, Sequence
 
 from gpusched.core.state import ClusterState, JobState, NodeState
@@ -150,6 +152,25 @@ class IndexedSearch(VictimSearch):
         if bound != best[0]:
             return bound > best[0]
         return name not in self._spread and (-self.need, name) > best[1:]
+
+    def cheapest_steps(self, k: int) -> list[tuple[tuple, str, list[JobState]]]:
+        """``VictimSearch.cheapest_steps``: nodes looked at by bound until ``k`` steps are
+        found and the next bound is above the ``k``-th key (a node's key is at least its
+        first entry's bound, so no node left could come before it)."""
+        found: list[tuple[tuple, str, list[JobState]]] = []
+        if k <= 0:
+            return found
+        steps: dict[str, Step | None] = {}
+        while (entry := self._bound_of_next(steps)) is not None:
+            if len(found) >= k and entry[0] > found[-1][0]:
+                break
+            self._next = None
+            name = entry[2]
+            step = steps[name] = self.node_step(name)
+            if step is not None:
+                insort(found, (step.key, name, step.victims), key=lambda s: (s[0], s[1]))
+                del found[k:]
+        return found
 
     def _before_change(self, steps: dict[str, Step | None], victims: Sequence[JobState]) -> None:
         """Compute, on the state as it still is, the steps of the nodes not looked at that

@@ -29,9 +29,10 @@ moves at most ``defrag_max_moves`` jobs); preemption has none by default, since 
 what a large request needs would leave a placeable job waiting forever.
 
 This class computes every candidate node's step before the first pick, so one search
-costs about the pool's size; preemption's searches run the same steps on an index kept
-between rounds instead (``indexed_search.IndexedSearch``), which reads only the nodes that can hold the
-cheapest step.
+costs about the pool's size; preemption's and defragmentation's searches run the same
+steps on candidate victims ordered by a lower bound of a step's key instead
+(``indexed_search.IndexedSearch``), which reads only the nodes that can hold the cheapest
+steps.
 """
 from __future__ import annotations
 
@@ -278,6 +279,14 @@ class VictimSearch:
         finally:
             self.scratch.rollback(mark)
         return Step(self.set_key(chosen), chosen, gain)
+
+    def cheapest_steps(self, k: int) -> list[tuple[tuple, str, list[JobState]]]:
+        """The ``k`` cheapest node steps (key, node, victims), by key then node name:
+        defragmentation's candidate plans for a one-worker job."""
+        steps = [(step.key, name, step.victims) for name in self.nodes
+                 if (step := self.node_step(name)) is not None]
+        steps.sort(key=lambda s: (s[0], s[1]))
+        return steps[:k]
 
     def run(self) -> list[JobState] | None:
         if self.total() >= self.need:

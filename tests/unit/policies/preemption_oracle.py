@@ -3,7 +3,8 @@ a whole call: a test oracle, not used by the project. Every ``place`` builds its
 (the free-capacity index and the like) afresh from every node of the pool, and the
 scratch statement is a plain ``tentative``; FGD's mix is the state's, counted when the
 call starts, and gpu-clustering's node tags read the state's jobs (both lent: ``statement.lend``),
-as the project's questions do. ``test_preemption_index``
+as the project's questions do. Defragmentation's plans step every node of the pool
+(``defrag.stepped_search``). ``test_preemption_index``
 checks that ``preemption_decisions`` and ``defrag_decisions`` decide exactly as these do.
 """
 from __future__ import annotations
@@ -12,7 +13,7 @@ from gpusched.core.model import WorkerAssignment
 from gpusched.core.state import ClusterState, JobState
 from gpusched.policies.placement.gang import place_gang
 from gpusched.policies.preemption.decisions import Preemption, _decision
-from gpusched.policies.preemption.defrag import _plan, blocked_by_fragmentation
+from gpusched.policies.preemption.defrag import _plan, blocked_by_fragmentation, stepped_search
 from gpusched.policies.preemption.victim_rules import PreemptionConfig, SearchContext
 from gpusched.policies.queueing.quota import within_limits
 from gpusched.policies.statement import Statement, lend, tentative
@@ -89,7 +90,7 @@ def defrag_decisions(state: ClusterState, now: float,
                 continue
             if job.job_id in ctx.in_flight or not blocked_by_fragmentation(state, job):
                 continue
-            plan = _plan(ctx, job, scratch)
+            plan = _plan(ctx, job, scratch, stepped_search)
             if plan is not None:
                 out.append(plan)
     return out

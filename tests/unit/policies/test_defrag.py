@@ -192,3 +192,38 @@ def test_work_cap_is_on_the_sum_of_the_moved_jobs():
     assert c.plan("big") is None
     assert c.decisions() == []
     assert len(c.plan("big", PreemptionConfig(defrag_max_work_lost_s=800))) == 4
+
+
+def test_a_plan_looks_at_the_nodes_by_work_at_risk_and_stops(monkeypatch):
+    """Twenty nodes each with a hole of 4 GPUs beside a movable 4-GPU job, the jobs'
+    work at risk growing with the node: the cheapest plan is read off the first node in
+    order of work at risk, and (one plan tried) the search stops at the next, whose least
+    work at risk is above the plan's; stepping every node plans the same."""
+    from gpusched.policies.preemption.indexed_search import IndexedSearch
+    from tests.unit.policies import preemption_oracle as oracle
+    c = Cluster(gpus=(8,) * 20)
+    for i in range(20):
+        c.running(f"a{i}", f"n{i + 1}", (0, 1, 2, 3), ckpt=NOW - 10 * (20 - i))
+    c.pending("big", gpus=8)
+    looked: list[str] = []
+    step = IndexedSearch.node_step
+    monkeypatch.setattr(IndexedSearch, "node_step", lambda self, name: looked.append(name) or step(self, name))
+    cfg = PreemptionConfig(defrag_max_plans=1)
+    (d,) = c.decisions(cfg)
+    assert d.victims == ("a19",) and looked == ["n20"]
+    assert [d] == oracle.defrag_decisions(c.state, NOW, cfg)
+    looked.clear()
+    assert c.decisions(PreemptionConfig(defrag_max_plans=3)) == [d] and looked == ["n20", "n19", "n18"]
+
+
+def test_a_node_met_first_is_not_taken_for_the_cheapest():
+    """n1's least work at risk comes first (10 s), but its plan must move both its jobs
+    (310 s); n2's one job (50 s) is the cheaper plan, found though met later."""
+    c = Cluster(gpus=(8, 8))
+    c.running("x", "n1", (0, 1), ckpt=NOW - 10)
+    c.running("y", "n1", (2, 3), ckpt=NOW - 300)
+    c.running("z", "n2", (0, 1, 2, 3), ckpt=NOW - 50)
+    c.pending("big", gpus=8)
+    cfg = PreemptionConfig(defrag_max_plans=1)
+    assert c.plan("big", cfg) == ("z",)
+    assert c.decisions(cfg)[0].victims == ("z",)
