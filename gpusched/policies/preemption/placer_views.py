@@ -13,8 +13,8 @@ The preemptor keeps them between rounds as the placer keeps its own between cycl
 (``kept_index``, in the caller's ``kept`` dict, per partition; its preempt and defrag
 actions read the same dict, one call after the other): at the call's start,
 while the nodes are the log's, the kept views are brought in step with the reducer's
-journal and with the nodes the last call's scratch changed (undone since: every node it
-ever changed is noted at the end of the call); a node change, an overrun journal or
+journal and with the nodes the last call's scratch changed that they were told of (undone
+since: each is noted as it is told); a node change, an overrun journal or
 another state drops them. So at each call's start a kept view is what a fresh build
 from the state would be, and the call decides as one without it
 (``tests/unit/policies/test_kept_placer_views.py``).
@@ -35,7 +35,7 @@ from typing import Callable, Mapping
 from gpusched.core.model import WorkerAssignment
 from gpusched.core.state import ClusterState, JobState, NodeState
 from gpusched.policies.placement.gang import Placement, place_gang
-from gpusched.policies.placement.kept_index import KEPT, install
+from gpusched.policies.placement.kept_index import install
 from gpusched.policies.preemption.slot_counts import ScratchChanges
 from gpusched.policies.statement import NodeView, Statement, lend, tentative
 
@@ -62,12 +62,14 @@ class PlacerViews:
         lend(statement, self.state, self.score)
 
     def close(self) -> None:
+        """End the call. The kept views need not hear of the scratch's undoing here: every
+        node a view was told of is noted by the kept set at that catch-up (it is one of
+        the statement's views) and looked at again at the next call's start; a node
+        changed since the last catch-up no view saw changed, and undone it is as they
+        have it."""
         statement, self.statement = self.statement, None
         if statement is not None:
             statement.close()
-        kept = self.kept.get(KEPT) if self.kept is not None else None
-        if kept is not None:   # every node the scratch changed, undone since: looked at again
-            kept.touch(self.touched.ever)
         self.touched.names.clear()
 
     def place(self, job: JobState, score: Placement) -> tuple[WorkerAssignment, ...] | None:
@@ -98,7 +100,8 @@ class PlacerViews:
         return view
 
     def _catch_up(self, placer: Statement) -> None:
-        """Tell the views of the nodes the scratch changed since they last heard."""
+        """Tell the views of the nodes the scratch changed since they last heard (the kept
+        set among them: it notes them, to be looked at again at the next call's start)."""
         touched = self.touched.names
         if touched and placer.views:
             names = tuple(touched)

@@ -127,7 +127,8 @@ def _full_pool() -> Cluster:
 def test_what_a_call_changed_and_undid_does_not_stay_in_the_kept_views():
     """A call releases a job tentatively and asks the placer (which then hears of the
     freed GPU) about a job that still does not fit, so the placer books nothing there; the
-    release undone, the kept views must not keep the freed GPU."""
+    release undone, the kept views must not keep the freed GPU: the kept set noted the
+    node when the placer's views heard of it (``PlacerViews._catch_up``)."""
     from gpusched.policies.preemption.victim_rules import PreemptionConfig, SearchContext
     c = _full_pool()
     views: dict = {}
