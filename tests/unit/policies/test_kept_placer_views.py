@@ -56,6 +56,14 @@ def a_cluster(data):
     return SimpleNamespace(log=log, state=log.state), now
 
 
+def _next_round(c, data, now: float, config, victims, most: int) -> float:
+    """The clock of the next round, and up to ``most`` changes of the log before it."""
+    now += data.draw(st.sampled_from([0.0, 1.0, 40.0, 700.0]))
+    for _ in range(data.draw(st.integers(0, most))):
+        _change(c, data, now, config, victims)
+    return now
+
+
 @SETTINGS
 @given(st.data())
 def test_rounds_that_keep_placer_views_decide_as_rounds_that_build_them(data):
@@ -63,9 +71,7 @@ def test_rounds_that_keep_placer_views_decide_as_rounds_that_build_them(data):
     config = random_rules(data)
     victims, views = VictimIndex(), {}
     for _ in range(data.draw(st.integers(2, 6))):
-        now += data.draw(st.sampled_from([0.0, 1.0, 40.0, 700.0]))
-        for _ in range(data.draw(st.integers(0, 3))):
-            _change(c, data, now, config, victims)
+        now = _next_round(c, data, now, config, victims, 3)
         state, before = c.state, digest(c.state)
         assert preemption_decisions(state, now, config, victims=victims, kept=views) \
             == preemption_decisions(state, now, config)
@@ -98,9 +104,7 @@ def test_defrag_rounds_that_keep_placer_views_decide_as_rounds_that_build_them(d
     config = config_for(data) if data.draw(st.booleans()) else random_rules(data)
     victims, views = VictimIndex(), {}
     for _ in range(data.draw(st.integers(2, 5))):
-        now += data.draw(st.sampled_from([0.0, 1.0, 40.0, 700.0]))
-        for _ in range(data.draw(st.integers(0, 2))):
-            _change(c, data, now, config, victims)
+        now = _next_round(c, data, now, config, victims, 2)
         state, before = c.state, digest(c.state)
         if data.draw(st.booleans()):   # the preempt action ran first this round
             assert preemption_decisions(state, now, config, victims=victims, kept=views) \
