@@ -89,23 +89,34 @@ class Log:
         assert outcome.accepted, outcome
 
 
-def full_pool(nodes: int, pending: int) -> Log:
+def registered(nodes: int) -> Log:
+    """A log of N 8-GPU nodes, registered."""
     log = Log()
     for i in range(nodes):
         gpus = tuple(GpuInfo(g, f"n{i}-g{g}", "H100-80GB", 81_920) for g in range(8))
         log.put(ev.NodeRegistered, NOW - 3000, node=NodeInfo(
             name=f"n{i:05d}", pool="default", cpu_milli=128_000, memory_mib=1_000_000, gpus=gpus))
+    return log
+
+
+def run_on(log: Log, node: int, gpu: int, started: float, team: str, priority_class: str) -> str:
+    """A 1-GPU job on GPU ``gpu`` of node ``node``, placed and started; its id."""
+    job_id = f"r{node}-{gpu}"
+    spec = JobSpec(name=job_id, team=team, priority_class=priority_class,
+                   resources=WorkerResources(gpus=1, cpu_milli=4000), checkpoint_interval_s=300.0)
+    log.put(ev.JobSubmitted, NOW - 2000, job_id=job_id, spec=spec)
+    log.put(ev.JobPlaced, NOW - 2000, job_id=job_id, attempt=0,
+            workers=(WorkerAssignment(0, f"n{node:05d}", (GpuSlot(gpu),)),))
+    log.put(ev.WorkerStarted, started, job_id=job_id, attempt=0, worker=0, node=f"n{node:05d}")
+    return job_id
+
+
+def full_pool(nodes: int, pending: int) -> Log:
+    log = registered(nodes)
     for i in range(nodes):
         for g in range(8):
-            job_id = f"r{i}-{g}"
-            spec = JobSpec(name=job_id, team=f"t{(i + g) % 5}",
-                           priority_class="production-inference" if g == 0 else "training",
-                           resources=WorkerResources(gpus=1, cpu_milli=4000), checkpoint_interval_s=300.0)
-            log.put(ev.JobSubmitted, NOW - 2000, job_id=job_id, spec=spec)
-            log.put(ev.JobPlaced, NOW - 2000, job_id=job_id, attempt=0,
-                    workers=(WorkerAssignment(0, f"n{i:05d}", (GpuSlot(g),)),))
-            log.put(ev.WorkerStarted, NOW - 1900 + (i * 8 + g) % 500, job_id=job_id, attempt=0, worker=0,
-                    node=f"n{i:05d}")
+            run_on(log, i, g, NOW - 1900 + (i * 8 + g) % 500, f"t{(i + g) % 5}",
+                   "production-inference" if g == 0 else "training")
     wide = JobSpec(name="wide", team="t0", priority_class="training-high", resources=WorkerResources(gpus=8))
     log.put(ev.JobSubmitted, NOW - 11, job_id="wide", spec=wide)
     for k in range(pending):
@@ -117,20 +128,10 @@ def full_pool(nodes: int, pending: int) -> Log:
 
 def fragmented_pool(nodes: int, pending: int) -> Log:
     """Three 1-GPU jobs on every node (``--defrag``), P 8-GPU jobs of their class waiting."""
-    log = Log()
-    for i in range(nodes):
-        gpus = tuple(GpuInfo(g, f"n{i}-g{g}", "H100-80GB", 81_920) for g in range(8))
-        log.put(ev.NodeRegistered, NOW - 3000, node=NodeInfo(
-            name=f"n{i:05d}", pool="default", cpu_milli=128_000, memory_mib=1_000_000, gpus=gpus))
+    log = registered(nodes)
     for i in range(nodes):
         for g in (0, 3, 6):
-            job_id = f"r{i}-{g}"
-            spec = JobSpec(name=job_id, team="t0", priority_class="training",
-                           resources=WorkerResources(gpus=1, cpu_milli=4000), checkpoint_interval_s=300.0)
-            log.put(ev.JobSubmitted, NOW - 2000, job_id=job_id, spec=spec)
-            log.put(ev.JobPlaced, NOW - 2000, job_id=job_id, attempt=0,
-                    workers=(WorkerAssignment(0, f"n{i:05d}", (GpuSlot(g),)),))
-            log.put(ev.WorkerStarted, NOW - 1900, job_id=job_id, attempt=0, worker=0, node=f"n{i:05d}")
+            job_id = run_on(log, i, g, NOW - 1900, "t0", "training")
             log.put(ev.CheckpointSaved, NOW - 1 - (i * 3 + g) % 400, job_id=job_id, attempt=0, checkpoint="c")
     for k in range(pending):
         spec = JobSpec(name=f"w{k}", team="t0", priority_class="training", resources=WorkerResources(gpus=8))
