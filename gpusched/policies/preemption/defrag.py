@@ -164,9 +164,9 @@ def _may_move(victim: JobState, now: float, config: PreemptionConfig) -> bool:
     spec = victim.spec
     if victim.phase not in (JobPhase.RUNNING, JobPhase.PLACED) or not spec.preemptible:
         return False
-    if spec.checkpoint_interval_s <= 0 or now < config.exempt_until(victim):
+    if spec.checkpoint_interval_s <= 0 or victim.work_at_risk(now) > config.defrag_max_work_lost_s:
         return False
-    return victim.work_at_risk(now) <= config.defrag_max_work_lost_s
+    return now >= config.exempt_until(victim)
 
 
 class MovableEntries:
@@ -188,7 +188,7 @@ class MovableEntries:
                 if _may_move(victim, now, config):
                     bound = (round(victim.work_at_risk(now), 6),)
                     self.entries.append((bound, 1, name, victim.seq, victim))
-        self.entries.sort(key=lambda e: e[:4])
+        self.entries.sort()   # (bound, 1, node, seq) differ: a node lists a job once
 
     def touch(self, names: Iterable[str]) -> None:
         """Nothing to do (see the class doc)."""
