@@ -11,13 +11,16 @@ cycle is followed by the placer's pending-reason pass (``gpusched_placer.reasons
 jobs left pending diagnosed, a reason written where it changed, those events applied),
 whose CPU time is printed apart. With ``--node-event cordon`` (``health``) each cycle
 follows one node event too: a node cordoned, the next cycle uncordoned (a GPU of it
-failing, then healthy again), the next node after that.
+failing, then healthy again), the next node after that. With ``--node-event register``
+a node's agent registers again with the same inventory (a rolling restart), the next
+cycle a new node joins (an empty one, in another pool: the cycle's placements stay
+those of the others), the next node after that.
 
     .venv/bin/python bench/cycle_bench.py [--nodes 2] [--pending 3000] [--cycles 300] [--queue priority]
                                           [--reservations] [--reasons] [--policy defaults]
                                           [--job-gpus 1] [--mix openb] [--cold]
                                           [--max-job-test N] [--job-test-head N] [--freeze] [--no-parking]
-                                          [--max-cycle-ms MS] [--min-job-test N] [--node-event cordon|health]
+                                          [--max-cycle-ms MS] [--min-job-test N] [--node-event cordon|health|register]
                                           [--burst N [--gangs F]] [--profile PATH] [--pause-gc]
 
 Without ``--reservations`` the scheduler reserves nothing (``--no-backfill --reserve-after
@@ -84,6 +87,12 @@ from gpusched.policies.scheduler import CycleResult, Scheduler, SchedulerConfig
 PRIORITIES = ("training", "training", "training", "best-effort", "training-high")
 
 
+def node_info(name: str, pool: str) -> NodeInfo:
+    """A node of 8 H100s, as its agent registers it (a fresh object each time)."""
+    gpus = tuple(GpuInfo(g, f"{name}-g{g}", "H100-80GB", 81_920) for g in range(8))
+    return NodeInfo(name=name, pool=pool, cpu_milli=1_000_000, memory_mib=4_000_000, gpus=gpus, simulated=True)
+
+
 class Pool:
     """A pool state driven through the reducer, as the placer's follower folds it."""
 
@@ -91,11 +100,9 @@ class Pool:
         self.state = ClusterState()
         self.n = 0
         self.tick = tick   # seconds of the log's clock per event
+        self.size = nodes   # the nodes the pool started with
         for i in range(nodes):
-            gpus = tuple(GpuInfo(g, f"n{i}-g{g}", "H100-80GB", 81_920) for g in range(8))
-            info = NodeInfo(name=f"node-{i:04d}", pool="default", cpu_milli=1_000_000, memory_mib=4_000_000,
-                            gpus=gpus, simulated=True)
-            self.apply(ev.NodeRegistered, node=info)
+            self.apply(ev.NodeRegistered, node=node_info(f"node-{i:04d}", "default"))
 
     def apply(self, cls, **kw) -> None:
         self.n += 1
@@ -121,10 +128,14 @@ class Pool:
 
     def node_event(self, kind: str, i: int) -> None:
         """Event ``i`` of a cordon then uncordon (``cordon``), or a GPU failing then healthy
-        again (``health``), of node ``i // 2``."""
-        node = f"node-{i // 2 % len(self.state.nodes):04d}"
+        again (``health``), of node ``i // 2``; or (``register``) node ``i // 2`` registering
+        again as it was, then a new node joining another pool."""
+        node = f"node-{i // 2 % self.size:04d}"
         if kind == "cordon":
             self.apply(ev.NodeUncordoned if i % 2 else ev.NodeCordoned, node=node)
+        elif kind == "register":
+            info = node_info(f"spare-{i:06d}", "spare") if i % 2 else node_info(node, "default")
+            self.apply(ev.NodeRegistered, node=info)
         else:
             self.apply(ev.GpuHealthChanged, node=node, gpu_index=0, healthy=bool(i % 2))
 
@@ -277,8 +288,9 @@ def main() -> None:
     p.add_argument("--no-keys", action="store_true", help="without the QueueKeys memo (as before it)")
     p.add_argument("--no-parking", action="store_true", help="without the parked set: every cycle offers every job")
     p.add_argument("--reasons", action="store_true", help="also the placer's pending-reason pass after each cycle")
-    p.add_argument("--node-event", choices=("cordon", "health"), help="one node event before each cycle: a cordon "
-                   "or an uncordon, a GPU failing or healthy again")
+    p.add_argument("--node-event", choices=("cordon", "health", "register"), help="one node event before each "
+                   "cycle: a cordon or an uncordon, a GPU failing or healthy again, a node registering again or a "
+                   "new one joining")
     p.add_argument("--freeze", action="store_true", help="gc.freeze() once the backlog is in, as a service's "
                    "GC pacing (gpusched.adapters.gc_pacing) does after each full collection: the cycles' "
                    "figures then leave out full collections of the whole state")

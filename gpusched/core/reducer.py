@@ -82,10 +82,9 @@ def apply(state: ClusterState, event: ev.Event) -> Outcome:
 
 
 def note_node(state: ClusterState, name: str, registered: bool = False) -> None:
-    """Count and journal a change of node ``name``'s registration, status or GPU health
-    (``nodes_version``, ``ClusterState.node_changes``), bounded as ``note_changes``;
-    ``registered``: a registration, which may change a reader's set of rows."""
-    state.nodes_version += 1
+    """Journal a change of node ``name``'s registration, status or GPU health
+    (``ClusterState.node_changes``), bounded as ``note_changes``; ``registered``: a
+    registration (counted: ``nodes_registered``)."""
     if registered:
         state.nodes_registered += 1
     state.node_changes.append(name)

@@ -235,6 +235,9 @@ _WRITTEN_AS: dict[tuple[type, str], Callable[[Any], Any] | None] = {
     (JobState, "pending_key"): None,          # built again where counted (count_pending)
 }
 
+# Fields this code no longer has, which a snapshot written before may carry: read past.
+_RETIRED: dict[type, frozenset[str]] = {ClusterState: frozenset({"nodes_version"})}
+
 _COLUMNS: dict[Any, Column] = {}
 _CLASSES: dict[type, tuple[str, ...]] = {}   # dataclasses met, in order: the schema
 
@@ -423,7 +426,7 @@ def _dataclass_column(cls: type) -> Column:
         written = schema.get(cls.__name__)
         if type(written) is not list or not all(type(n) is str for n in written):
             raise SnapshotError(f"malformed snapshot: no field list for {cls.__name__}")
-        unknown = [n for n in written if n not in known]
+        unknown = [n for n in written if n not in known and n not in _RETIRED.get(cls, ())]
         if unknown or len(set(written)) != len(written):
             raise SnapshotError(f"snapshot has fields of {cls.__name__} this code does not know: {unknown} "
                                 "(written by newer code?)")

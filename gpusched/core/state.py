@@ -329,15 +329,11 @@ class ClusterState:
     # a restored state's journal starts empty there (``gpusched.core.snapshot``).
     changes: list[str] = field(default_factory=list)
     changes_base: int = 0
-    # Bumps whenever a node is added or its registration, status or a GPU's health changes:
-    # what policies derive from the nodes alone (which could ever host a shape) holds while
-    # it stays.
-    nodes_version: int = 0
-    # The node of each such change, in the order applied (``note_node``): a reader that
-    # keeps rows per node refreshes those instead of rebuilding. Bounded and left out of
-    # snapshots as ``changes`` is. ``nodes_registered`` bumps with every registration (a
-    # node added, or its inventory taken again: pool, GPUs, MIG mode), where a reader's
-    # set of rows may change: it rebuilds then.
+    # The node of each change of a node by itself (added, its registration, status or a
+    # GPU's health), in the order applied (``note_node``): a reader that keeps rows per
+    # node refreshes those instead of rebuilding. Bounded and left out of snapshots as
+    # ``changes`` is. ``nodes_registered`` counts the registrations (a node added, or its
+    # inventory taken again: pool, GPUs, MIG mode), for a reader that rebuilds then.
     node_changes: list[str] = field(default_factory=list)
     node_changes_base: int = 0
     nodes_registered: int = 0

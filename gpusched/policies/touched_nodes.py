@@ -5,8 +5,10 @@ What a policy keeps beside one state between cycles (``placement.kept_index``,
 journalled since (``ClusterState.changes``): a node's allocations change only with such
 a job; and at the nodes that changed by themselves (cordoned, lost, a GPU's health:
 ``ClusterState.node_changes``). ``TouchedNodes`` remembers where each job's workers were
-and answers those, or None when the kept structure must be rebuilt: another state, a
-node registered (``nodes_registered``) or an overrun journal.
+and answers those, or None when the kept structure must be rebuilt: another state, an
+overrun journal, or (for a reader that does not add or refresh a registered node's rows
+itself: ``registered=False``) a node registered (``nodes_registered``). ``nodes``: the
+nodes changed by themselves of the last answer, those a registration may have changed.
 """
 from __future__ import annotations
 
@@ -15,20 +17,24 @@ from gpusched.policies.journal_cursor import JournalCursor
 
 
 class TouchedNodes:
-    __slots__ = ("journal", "held_on")
+    __slots__ = ("journal", "held_on", "registered", "nodes")
 
-    def __init__(self) -> None:
+    def __init__(self, registered: bool = False) -> None:
         self.journal = JournalCursor()
         self.held_on: dict[str, set[str]] = {}   # job -> the nodes its workers held when last looked at
+        self.registered = registered
+        self.nodes: list[str] = []
 
     def since_last(self, state: ClusterState) -> set[str] | None:
         """The nodes to look at again since the last call, or None (then this reader has
         started over from ``state``: rebuild from it)."""
-        read = self.journal.read_nodes(state)
+        read = self.journal.read_nodes(state, registered=self.registered)
         if read is None:
+            self.nodes = []
             self._start(state)
             return None
         changes, changed_nodes = read
+        self.nodes = changed_nodes
         nodes, jobs, held_on = state.nodes, state.jobs, self.held_on
         touched: set[str] = set(changed_nodes)
         for job_id in dict.fromkeys(changes):

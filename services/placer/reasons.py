@@ -221,7 +221,7 @@ class PendingReasons:
         not pending, and comes back to the queue only with an event that journals it, so
         these are all of them; the whole queue is compared where the journal cannot say
         (the first comparison, another state, entries dropped)."""
-        since = part.journal.read(state, nodes=False)
+        since = part.journal.read(state)
         pending, looked = state.pending, part.looked
         if since is None:
             return pending.keys() - looked.keys()

@@ -6,8 +6,11 @@ that tests 2,500 jobs, though between two cycles only the jobs the reducer journ
 (``ClusterState.changes``: submitted, placed, ended, requeued) can count differently.
 ``KeptMix`` keeps each counted job's request (those pending when it counted everything
 read from the reducer's count, ``ClusterState.pending_counts``, and from the job when the
-journal names one) and, at a cycle's start, recounts only those; a node change (``nodes_version``), an overrun journal or another state count
-everything again. The mix it gives is the one counting afresh gives
+journal names one) and, at a cycle's start, recounts only those; an overrun journal or
+another state count everything again. A node event counts no job differently by itself:
+a running job counts where its node is of the pool, and a node changes pool only while it
+runs nothing (the reducer refuses it otherwise); what a node's loss ends is journalled
+as the jobs it ends. The mix it gives is the one counting afresh gives
 (``tests/unit/policies/test_kept_mix.py``), so FGD decides alike.
 
 A row's scores depend on the mix and the row alone, so while the mix stays the same
@@ -147,14 +150,17 @@ class KeptMix:
     def touch(self, names: Iterable[str]) -> None:
         """Bookings, holds and cordons count no job differently."""
 
+    def renew(self, names: Iterable[str]) -> None:
+        """Nor do registrations (see the module doc)."""
+
     def counts(self, state: ClusterState) -> Counter[Fields]:
         """``raw_counts(state, pool)``: call while ``state`` is the log's (no tentative
         change made yet), as a cycle's start is."""
-        changes = self.journal.read(state)
-        if changes is None:
+        read = self.journal.read_nodes(state, registered=True)   # the nodes: see the module doc
+        if read is None:
             self._start(state)
         else:
-            for job_id in dict.fromkeys(changes):
+            for job_id in dict.fromkeys(read[0]):
                 self._recount(state, job_id)
         return self.raw
 
@@ -256,6 +262,9 @@ class KeptScorer:
 
     def touch(self, names: Iterable[str]) -> None:
         """Bookings change rows, not how a row scores."""
+
+    def renew(self, names: Iterable[str]) -> None:
+        """Nor do registrations: the pool's models are compared at ``scorer_for``."""
 
     def scorer_for(self, mix: dict[Shape, float], models: list[str], patience: float, lookahead: bool) -> RowScorer:
         # The mix in order: the waste table and compiled weights sum in it.

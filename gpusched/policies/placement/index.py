@@ -22,6 +22,7 @@ from typing import Callable, Iterable, Iterator, Mapping
 
 from gpusched.core.model import GpuSlot, WorkerResources
 from gpusched.core.state import NodeState
+from gpusched.policies.journal_cursor import registration_order
 
 SHARE_STEP = 100                 # milli per share bucket; 11 buckets, 0..1000
 Entry = tuple[int, int, str]     # (key, registration order, node name)
@@ -43,6 +44,19 @@ def gpu_free(node: NodeState) -> tuple[int, int, int]:
     return whole, largest, total
 
 
+def renew_members(seq: dict[str, int], nodes: Mapping[str, NodeState], names: Iterable[str],
+                  member: Callable[[NodeState], bool]) -> None:
+    """An index's rows (``seq``: member -> registration order) after ``names`` may have
+    registered: a node that is a ``member`` now joins, one that is not leaves."""
+    for name in names:
+        node = nodes.get(name)
+        if node is not None and member(node):
+            if name not in seq:
+                seq[name] = registration_order(nodes, name)
+        else:
+            seq.pop(name, None)
+
+
 class FreeIndex:
     def __init__(self, nodes: Mapping[str, NodeState], pool: str, gpu_weight: int) -> None:
         self.nodes, self.pool, self.gpu_weight = nodes, pool, gpu_weight
@@ -58,6 +72,11 @@ class FreeIndex:
                     self._place(node, seq, insert=list.append)
         for bucket in (*self.whole.values(), *self.share.values()):
             bucket.sort()
+
+    def renew(self, names: Iterable[str]) -> None:
+        """``names`` may have registered (added, or into or out of the pool): their
+        membership again; ``touch`` them next to place them."""
+        renew_members(self.seq, self.nodes, names, lambda node: node.info.pool == self.pool)
 
     def touch(self, names: Iterable[str]) -> None:
         for name in names:

@@ -11,11 +11,14 @@ the state is the log's (the cycle has booked nothing yet), brings them in step:
   statement rolled those changes back after the indexes last heard of them;
 * so are the nodes held before, or held now, by a job the reducer journalled since
   (``ClusterState.changes``): a node's allocations change only with such a job;
-* and the nodes lost, cordoned, uncordoned or with a GPU's health changed since
-  (``ClusterState.node_changes``): an index's rows (the pool's nodes, its MIG nodes) stay,
-  a node's place among them is looked at again;
-* a node registered (added, or its inventory taken again: ``nodes_registered``), the
-  journal overrun, or another state: every index is dropped and built again when asked.
+* and the nodes registered, lost, cordoned, uncordoned or with a GPU's health changed
+  since (``ClusterState.node_changes``): a node's place among an index's rows is looked
+  at again; where a node registered since (added, or its inventory taken again:
+  ``nodes_registered`` moved), each index first takes those nodes into its rows or out
+  of them (``renew``: the pool's nodes, its MIG nodes, their racks), and an index
+  without ``renew`` is dropped, built again when asked;
+* the journal overrun, or another state: every index is dropped and built again when
+  asked.
 
 So at each cycle's start a kept index is what a fresh build from the state would be
 (``tests/unit/policies/test_kept_index.py``), and the cycle decides as one without it.
@@ -35,12 +38,13 @@ class KeptIndexes:
     """The indexes of one state by their key in ``Statement.views``, and the nodes that
     must be looked at again before the next cycle reads them."""
 
-    __slots__ = ("journal", "indexes", "dirty")
+    __slots__ = ("journal", "indexes", "dirty", "registrations")
 
     def __init__(self) -> None:
-        self.journal = TouchedNodes()
+        self.journal = TouchedNodes(registered=True)
         self.indexes: dict[object, NodeView] = {}
         self.dirty: set[str] = set()             # nodes the statement changed since the last refresh
+        self.registrations = 0                   # ``state.nodes_registered`` at the last refresh
 
     def touch(self, names: Iterable[str]) -> None:
         """A view of the statement: what it changed, to look at again at the next refresh."""
@@ -60,15 +64,27 @@ class KeptIndexes:
 
     def refresh(self, state: ClusterState) -> None:
         journalled = self.journal.since_last(state)
-        if journalled is None:   # another state, a registration or an overrun journal
+        registered, self.registrations = state.nodes_registered != self.registrations, state.nodes_registered
+        if journalled is None:   # another state or an overrun journal
             self.indexes, self.dirty = {}, set()
             return
+        if registered:
+            self._renew(tuple(dict.fromkeys(self.journal.nodes)))
         touched, self.dirty = self.dirty, set()
         touched |= journalled
         if touched:
             names = tuple(touched)
             for index in self.indexes.values():
                 index.touch(names)
+
+    def _renew(self, names: tuple[str, ...]) -> None:
+        """Nodes that may have registered: into or out of each index's rows."""
+        for key, index in list(self.indexes.items()):
+            renew = getattr(index, "renew", None)
+            if renew is None:
+                del self.indexes[key]   # rows it cannot renew: built again when asked
+            else:
+                renew(names)
 
 
 def view(statement: Statement, key: object, build: Callable[[], NodeView]) -> NodeView:

@@ -17,7 +17,7 @@ same answer as scanning every node in preference order.
 One index per pool and profile lives on a ``Statement``: built from the nodes once,
 then told by the statement about each node it changes, and kept between cycles
 (``kept_index``), as ``FreeIndex`` is.
-Only nodes with a MIG-capable GPU are kept; a touch of any other node costs one lookup.
+Only nodes with a MIG-capable GPU are kept; a touch of any other node costs two lookups.
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ from typing import Callable, Iterable, Iterator, Mapping
 from gpusched.core.mig import MigProfile
 from gpusched.core.model import WorkerResources
 from gpusched.core.state import NodeState
-from gpusched.policies.placement.index import gpu_free
+from gpusched.policies.placement.index import gpu_free, renew_members
 
 CUT, UNCUT = 0, 1                # a node's class for a profile: where its slice would go
 Entry = tuple[int, int, str]     # (key, registration order, node name)
@@ -56,23 +56,30 @@ class MigIndex:
         self.where: dict[str, tuple[Entry, Bucket]] = {}
         self.seq: dict[str, int] = {}   # the pool's MIG nodes' registration order
         for seq, node in enumerate(nodes.values()):
-            if node.info.pool == pool and any(g.info.mig_capable for g in node.gpus):
+            if self._member(node):
                 self.seq[node.name] = seq
                 self._place(node, seq, insert=list.append)
         for bucket in self.buckets.values():
             bucket.sort()
 
+    def renew(self, names: Iterable[str]) -> None:
+        """``names`` may have registered: which are MIG nodes of the pool again (``touch``
+        them next)."""
+        renew_members(self.seq, self.nodes, names, self._member)
+
+    def _member(self, node: NodeState) -> bool:
+        return node.info.pool == self.pool and any(g.info.mig_capable for g in node.gpus)
+
     def touch(self, names: Iterable[str]) -> None:
         for name in names:
-            seq = self.seq.get(name)
-            if seq is None:
-                continue   # not a MIG node of this pool: never in the index
             old = self.where.pop(name, None)
             if old is not None:
                 entry, bucket = old
                 entries = self.buckets[bucket]
                 del entries[bisect_left(entries, entry)]
-            self._place(self.nodes[name], seq, insert=insort)
+            seq = self.seq.get(name)
+            if seq is not None:   # else not a MIG node of this pool (or no longer): not in the index
+                self._place(self.nodes[name], seq, insert=insort)
 
     def _place(self, node: NodeState, seq: int, insert: Callable) -> None:
         if not node.schedulable:

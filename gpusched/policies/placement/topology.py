@@ -29,7 +29,7 @@ from gpusched.core.model import WorkerAssignment, WorkerResources
 from gpusched.core.state import GpuState, JobState, NodeState
 from gpusched.policies.statement import Statement
 from gpusched.policies.gpu_fit import StateLike, fit
-from gpusched.policies.placement.index import FreeIndex, holding
+from gpusched.policies.placement.index import FreeIndex, holding, renew_members
 from gpusched.policies.placement.kept_index import view as kept_view
 
 
@@ -87,6 +87,17 @@ class GangCapacities:
         self.changed: list[str] = []
         self.shapes: dict[WorkerResources, tuple[dict[str, int], int]] = {}
 
+    def renew(self, names: Iterable[str]) -> None:
+        """``names`` may have registered: the pool's nodes and their racks again (``touch``
+        them next, so each shape counts them again)."""
+        nodes = self.nodes
+        renew_members(self.seq, nodes, names, lambda node: node.info.pool == self.pool)
+        for name in names:
+            if name in self.seq:
+                self.rack[name] = (nodes[name].info.label("spine"), nodes[name].info.label("rack"))
+            else:
+                self.rack.pop(name, None)
+
     def touch(self, names: Iterable[str]) -> None:
         self.changed.extend(names)
         if len(self.changed) > len(self.seq) + 1024:   # reading the pool afresh costs less now
@@ -102,12 +113,11 @@ class GangCapacities:
         else:
             caps, seen = known
             for name in set(self.changed[seen:]):
-                if name in self.seq:
-                    c = node_capacity(self.nodes[name], res, UNBOUNDED)
-                    if c:
-                        caps[name] = c
-                    else:
-                        caps.pop(name, None)
+                c = node_capacity(self.nodes[name], res, UNBOUNDED) if name in self.seq else 0
+                if c:
+                    caps[name] = c
+                else:
+                    caps.pop(name, None)   # takes none now, or left the pool
         self.shapes[res] = (caps, len(self.changed))
         if all(seen == len(self.changed) for _, seen in self.shapes.values()):
             self.changed = []                              # every shape has read them

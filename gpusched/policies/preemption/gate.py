@@ -40,7 +40,7 @@ class PossibleVictims:
         self.movable: Counter[int] = Counter()        # the same, checkpointable ones only
 
     def refresh(self, state: ClusterState) -> None:
-        changed = self.cursor.read(state, nodes=False)
+        changed = self.cursor.read(state)
         if changed is None:   # another state, or changes dropped unread: count afresh
             self.jobs.clear()
             self.classes.clear()

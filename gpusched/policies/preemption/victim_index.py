@@ -26,8 +26,9 @@ ordered by the time its work began (later first, a job never started first), an 
 Kept between rounds (``refresh``), the index follows the reducer's journal of changed jobs
 (``ClusterState.changes``) as the placer's kept indexes do (``touched_nodes``): on the
 nodes a journalled job held or holds, its entries are listed again (all the node's where
-its spread flag changed), and, when ``nodes_version`` moved, every entry of the nodes
-whose registration, status or GPU health changed; a job younger than its exempt time (or
+its spread flag changed), and every entry of the nodes the reducer journalled as
+changed by themselves (``ClusterState.node_changes``: registered, lost, cordoned,
+uncordoned, a GPU's health; a node added joins there); a job younger than its exempt time (or
 recently reclaimed) waits in a heap by when it becomes a victim (``victim_timing``). Other
 rules, another state, a clock gone back or a journal dropped unread rebuild it. The groups
 and each node's entries in them are ``victim_groups``'.
@@ -68,7 +69,6 @@ class VictimIndex:
     def _reset(self, config, now: float) -> None:
         self.config, self.now = config, now
         self._rules = rules(config) if config is not None else None
-        self._nodes: dict[str, tuple] = {}   # node -> what it was (``looks``)
         self._slots: dict[tuple, SlotCounts] = {}   # job shape -> its worker slots
         self._jobs: dict[str, JobState] = {}   # every job noted on a node
         self._job_nodes: dict[str, tuple[str, ...]] = {}
@@ -129,19 +129,16 @@ class VictimIndex:
     def refresh(self, state: ClusterState, now: float, config) -> "VictimIndex":
         """Bring the index in step with ``state`` at ``now`` under ``config`` (the round's
         ``PreemptionConfig``)."""
-        nodes_moved = self.journal.nodes_moved(state)
-        journalled = self.journal.read(state, nodes=False)   # None: another state, or overrun
-        if journalled is None or now < self.now or rules(config) != self._rules:
+        read = self.journal.read_nodes(state, registered=True)   # None: another state, or overrun
+        if read is None or now < self.now or rules(config) != self._rules:
             self._reset(config, now)
             relist: dict[str, set[str] | None] = dict.fromkeys(state.nodes)
             fresh, recount, refree = True, set(), set()
         else:
             self.config, self.now, fresh = config, now, False
-            relist, recount, refree = self._journalled_nodes(state, journalled)
-            if nodes_moved:
-                changed = self._changed_nodes(state)
-                relist.update(dict.fromkeys(changed))
-                recount |= changed
+            relist, recount, refree = self._journalled_nodes(state, read[0])
+            relist.update(dict.fromkeys(read[1]))   # every entry of a node changed by itself
+            recount.update(read[1])
         self._come_due(now, relist, refree)
         self._relist(relist, refree, state, fresh)
         for counts in self._slots.values():
@@ -183,18 +180,6 @@ class VictimIndex:
                     only = relist[name] = set()
                 only.add(jid)
         return relist, recount, refree
-
-    def _changed_nodes(self, state: ClusterState) -> set[str]:
-        """The nodes changed by themselves (``nodes_version`` moved): registered, gone,
-        re-registered, of another status or GPU health."""
-        nodes, kept = state.nodes, self._nodes
-        relist = {name for name, node in nodes.items()
-                  if (was := kept.get(name)) is None or was[0] is not node or was[1] is not node.info
-                  or was[2] is not node.status or was[3] != node.faults
-                  or (node.faults and was[4] != health(node))}
-        if len(nodes) != len(kept):
-            relist.update(name for name in kept if name not in nodes)
-        return relist
 
     def _take_in(self, job: JobState) -> None:
         """Note ``job`` as it is now: on nodes or gone from them, its team, its lists."""
@@ -269,10 +254,8 @@ class VictimIndex:
             node = state.nodes.get(name)
             if node is None:
                 was, _ = lists.take_off(name)
-                self._nodes.pop(name, None)
                 self._freeable.count(name, None)
             else:
-                self._nodes[name] = looks(node)
                 here, spread = self._here(node, state)
                 if only is not None and spread != (name in lists.spread):
                     only = None
@@ -299,14 +282,3 @@ class VictimIndex:
                 spread = True
         return here, spread
 
-
-def looks(node: NodeState) -> tuple:
-    """What of a node its entries and worker slots depend on. Its GPUs' health is compared
-    only once it had a fault: a GPU turns unhealthy only with a fault counted
-    (``GpuHealthChanged``), and faults go back to 0 only with every GPU healthy again
-    (``NodeUncordoned``)."""
-    return node, node.info, node.status, node.faults, health(node) if node.faults else None
-
-
-def health(node: NodeState) -> tuple[bool, ...]:
-    return tuple(g.healthy for g in node.gpus)

@@ -18,7 +18,8 @@ it may. Here the order is produced lazily, the job the cycle asks for next and n
 
 The cluster's capacity, which the teams' dominant shares are fractions of, is kept too
 (``capacity``): summed over every node and GPU it was a third of a cycle's fixed cost at
-5,000 nodes, though it changes only with a node (``ClusterState.nodes_version``).
+5,000 nodes, though it changes only with the nodes the reducer journals
+(``ClusterState.node_changes``: ``shares.KeptCapacity`` re-adds just those).
 
 So a cycle costs O(jobs taken x log teams) plus the queue's changes, and the order is
 the one ``fair_share`` builds: the same charges in the same order, so the same floats.
@@ -141,9 +142,9 @@ class TeamQueues:
         ms at 50,000 waiting). Where the journal was overrun, or the counts disagree
         after it (a state changed by other means than the reducer), the whole queue."""
         pending, members = state.pending, self._members
-        changes = self._journal.read(state, nodes=False)   # None: overrun
-        if changes is not None:
-            changed = dict.fromkeys(changes)
+        read = self._journal.read_nodes(state, registered=True)   # None: overrun
+        if read is not None:   # the nodes change no job's place in the queue; ``capacity`` reads them
+            changed = dict.fromkeys(read[0])
             gone = [j for j in changed if j in members and j not in pending]
             new = {j for j in changed if j in pending and j not in members}
             if len(members) - len(gone) + len(new) == len(pending):

@@ -57,9 +57,10 @@ class KeptCapacity:
     """``cluster_capacity`` of one state kept between cycles: the sum reads only each
     node's status, GPUs' health, CPU and memory, which change only by node events, and
     the reducer journals the nodes those change (``ClusterState.node_changes``). So a
-    cordon or a failed GPU re-adds those nodes' parts (the whole sum at 5,000 nodes was
-    most of what a node event added to a cycle); a registration, an overrun journal or
-    another state sum again. Integers: the kept sum is the fresh one exactly."""
+    cordon, a failed GPU or a registration (a node added, or its inventory taken again)
+    re-adds those nodes' parts (the whole sum at 5,000 nodes was most of what a node event
+    added to a cycle); an overrun journal or another state sum again. Integers: the kept
+    sum is the fresh one exactly."""
 
     __slots__ = ("journal", "parts", "total")
 
@@ -69,7 +70,7 @@ class KeptCapacity:
         self.total: Vector = (0, 0, 0)
 
     def of(self, state: ClusterState) -> Vector:
-        read = self.journal.read_nodes(state, jobs=False)
+        read = self.journal.read_nodes(state, jobs=False, registered=True)
         if read is None:
             self.parts = {name: _node_part(node) for name, node in state.nodes.items()}
             self.total = cluster_capacity(state)

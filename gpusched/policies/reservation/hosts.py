@@ -5,8 +5,8 @@ the cluster, to learn which could ever host a worker of the job (its pool, model
 healthy GPUs: ``could_ever_host``) and offer those at ``now``; on a pool of thousands of
 nodes that pass was a third of a busy cycle, though what it finds depends on the nodes
 alone, and nodes change rarely. So it is kept by (pool, per-worker resources) for one
-state while no node registered (``ClusterState.nodes_registered``); a node cordoned,
-uncordoned, lost or with a GPU's health changed (the reducer journals it,
+state; a node registered (added, or its inventory taken again), cordoned, uncordoned,
+lost or with a GPU's health changed (the reducer journals it,
 ``ClusterState.node_changes``) moves to its new class and in or out of each shape's hosts.
 The tentative changes of a cycle's ``Statement`` include node status (nominee holds
 cordon nodes): the caller keeps hosts only in cycles without those (as ``at_now``).
@@ -25,10 +25,11 @@ random node and job changes.
 from __future__ import annotations
 
 from bisect import bisect_left
+from typing import Mapping
 
 from gpusched.core.model import WorkerResources
 from gpusched.core.state import ClusterState, JobState, NodeState
-from gpusched.policies.journal_cursor import JournalCursor
+from gpusched.policies.journal_cursor import JournalCursor, registration_order
 from gpusched.policies.touched_nodes import TouchedNodes
 
 # Shapes kept at most: past it they are forgotten and found again as cycles need them.
@@ -94,8 +95,8 @@ class KeptHosts:
 
     def _refresh(self, state: ClusterState) -> None:
         """In step with ``state``'s nodes: rebuilt where the journal cannot say (another
-        state, a registration, an overrun), else the nodes journalled moved."""
-        read = self.journal.read_nodes(state, jobs=False)
+        state, an overrun), else the nodes journalled moved (a node added joins)."""
+        read = self.journal.read_nodes(state, jobs=False, registered=True)
         if read is None:
             self.found, self.classes = {}, _classes(state)
             self.where = {node.name: (i, key) for key, members in self.classes.items() for i, node in members}
@@ -103,19 +104,24 @@ class KeptHosts:
         if len(self.found) >= MAX_KEPT:
             self.found = {}
         for name in set(read[1]):
-            self._move(state.nodes[name])
+            self._move(state.nodes, name)
 
-    def _move(self, node: NodeState) -> None:
-        """``node`` to its class now, and in or out of each kept shape's hosts."""
-        name, classes = node.name, self.classes
-        i, was = self.where[name]
+    def _move(self, state_nodes: Mapping[str, NodeState], name: str) -> None:
+        """The node ``name`` to its class now (a node added: into its class at its place
+        in the state's order), and in or out of each kept shape's hosts."""
+        node, classes = state_nodes[name], self.classes
         key = _class_of(node)
-        if key == was:
-            return
-        members = classes[was]
-        del members[bisect_left(members, (i,))]
-        if not members:
-            del classes[was]
+        placed = self.where.get(name)
+        if placed is None:
+            i = registration_order(state_nodes, name)
+        else:
+            i, was = placed
+            if key == was:
+                return
+            members = classes[was]
+            del members[bisect_left(members, (i,))]
+            if not members:
+                del classes[was]
         members = classes.setdefault(key, [])
         members.insert(bisect_left(members, (i,)), (i, node))
         self.where[name] = (i, key)
@@ -179,14 +185,14 @@ class OpenNodes:
     __slots__ = ("journal", "closed")
 
     def __init__(self) -> None:
-        self.journal = TouchedNodes()
+        self.journal = TouchedNodes(registered=True)   # a registered node is looked at as any
         self.closed: set[str] = set()
 
     def refresh(self, state: ClusterState) -> None:
         """Call with no tentative change on ``state`` (the cycle has booked nothing yet)."""
         touched = self.journal.since_last(state)
         nodes = state.nodes
-        if touched is None:   # another state, a node change or an overrun journal
+        if touched is None:   # another state or an overrun journal
             self.closed = {node.name for node in nodes.values() if not is_open(node)}
             return
         closed = self.closed

@@ -16,9 +16,9 @@ Which jobs and nodes to look at the reducer says: it journals the jobs each even
 (``ClusterState.changes``), so a refresh compares only the jobs journalled since the last
 and the nodes they held or hold. A node cordoned, lost or with a GPU's health changed
 (``node_changes``) lists no end differently: what it held changes only with a journalled
-job. Where a journal was overrun or a node registered (its registration is listed) it
-compares every node and every running job (a comparison of a few fields, about a tenth
-of the build). An end is kept
+job; a node registered (added, or its registration new) is compared as the nodes of a
+journalled job are. Where a journal was overrun it compares every node and every
+running job (a comparison of a few fields, about a tenth of the build). An end is kept
 unclamped (``raw_end``: a job being stopped ends at ``-inf``): ``max(now, end)`` keeps
 the order, so the walk clamps what it reads (``EndWalk``). Ends that changed are pushed
 as new entries and the old ones left in the heap, dead: ``live`` maps each (node, job)
@@ -179,11 +179,11 @@ class KeptEnds:
         self.number = number
 
     def _refresh(self, state: ClusterState, pool: str, estimate) -> None:
-        read = self.journal.read_nodes(state)   # None: overrun, or a node registered
+        read = self.journal.read_nodes(state, registered=True)   # None: overrun
         if read is None:
             dirty, changed = self._compare_all(state, pool)
         else:
-            dirty, changed = self._compare_changed(state, pool, read[0])
+            dirty, changed = self._compare_changed(state, pool, *read)
         jobs = self.jobs
         for job_id, holder, signature in changed:
             # Listed again with the nodes that hold it now, if any does.
@@ -237,11 +237,12 @@ class KeptEnds:
                    if (h.phase, h.placed_at, h.started_at, h.time_limit_s, h.workers) != signature]
         return dirty, changed
 
-    def _compare_changed(self, state: ClusterState, pool: str, changes: list[str]) -> tuple[set[str], list[tuple]]:
-        """``_compare_all`` on what the reducer's journal says changed since the last
-        cycle (``ClusterState.changes``), no node having registered (``nodes_registered``):
-        a node's jobs change only with a job that the journal names, and that held it
-        before (kept) or holds it now."""
+    def _compare_changed(self, state: ClusterState, pool: str, changes: list[str],
+                         node_changes: list[str]) -> tuple[set[str], list[tuple]]:
+        """``_compare_all`` on what the reducer's journals say changed since the last
+        cycle (``ClusterState.changes``, ``node_changes``): a node's jobs change only with
+        a job that the journal names, and that held it before (kept) or holds it now; its
+        registration only with an entry of its own."""
         nodes, jobs, state_nodes, state_jobs = self.nodes, self.jobs, state.nodes, state.jobs
         dirty: set[str] = set()
         changed = []
@@ -261,6 +262,10 @@ class KeptEnds:
                         dirty.add(name)
                 elif node is None or kept[0] is not node or kept[1] is not node.info or kept[2] != node.jobs:
                     dirty.add(name)
+        for name in dict.fromkeys(node_changes):
+            kept, node = nodes.get(name), state_nodes.get(name)
+            if node is not None and (node.info.pool == pool if kept is None else kept[1] is not node.info):
+                dirty.add(name)
         return dirty, changed
 
     def _list(self, node: NodeState, estimate, out: list, same: AbstractSet[str] = frozenset()) -> None:

@@ -229,7 +229,8 @@ def test_a_cycle_stops_once_every_waiting_shape_failed_and_no_reservation_is_due
 def test_a_cordon_compares_only_what_the_journal_names(monkeypatch):
     """A node cordoned or a GPU failing lists no end differently: the refresh reads the
     journals instead of comparing every node and job (breaking it, e.g. reading a node
-    change as a rebuild, fails here); a registration compares everything."""
+    change as a rebuild, fails here); a registration, new node or known, too: the node
+    registered is listed (again) by itself."""
     log = Log(*(make_node(n, gpus=6, cpu=64_000, mem=512_000) for n in NODES))
     made: list[str] = []
     apply_step(log, ("place", 0, 1, 90.0, False), made)
@@ -244,5 +245,9 @@ def test_a_cordon_compares_only_what_the_journal_names(monkeypatch):
     assert ends(index, log.state, log.now) == ends(EndIndex(log.state, "default", log.now, estimate), log.state,
                                                    log.now)
     assert log(ev.NodeRegistered, node=make_node("n3", gpus=6, cpu=64_000, mem=512_000)).accepted
-    kept.current(log.state, "default", log.now, estimate, setting)
-    assert len(compared) == 1
+    assert log(ev.NodeRegistered, node=make_node("n0", gpus=6, cpu=64_000, mem=512_000)).accepted
+    index = kept.current(log.state, "default", log.now, estimate, setting)
+    assert compared == []
+    assert kept.nodes["n3"][2] == frozenset() and kept.nodes["n0"][1] is log.node("n0").info
+    assert ends(index, log.state, log.now) == ends(EndIndex(log.state, "default", log.now, estimate), log.state,
+                                                   log.now)

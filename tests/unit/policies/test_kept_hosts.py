@@ -113,7 +113,7 @@ def test_hosts_of_several_classes_come_in_the_state_order():
 def test_a_cordon_moves_the_node_instead_of_finding_every_host_again():
     """The classes and the hosts kept survive a cordon, a GPU failing and a node lost (the
     reducer journals those nodes) and read as a fresh pass (breaking the move, e.g.
-    skipping the journalled nodes, fails here); a registration finds them again."""
+    skipping the journalled nodes, fails here), a registration too (a new node joins)."""
     log = Log(make_node("n0"), make_node("n1", model="A100-80GB"), make_node("n2"), make_node("n3"))
     kept = KeptHosts()
     for spec in SHAPES:
@@ -132,4 +132,6 @@ def test_a_cordon_moves_the_node_instead_of_finding_every_host_again():
     assert [n.name for n in kept.hosts(log.state, job(SHAPES[1]))[0]] == ["n0", "n1"]
     assert log(ev.NodeRegistered, node=make_node("n4")).accepted
     assert [n.name for n in kept.hosts(log.state, job(SHAPES[1]))[0]] == ["n0", "n1", "n4"]
-    assert kept.classes is not classes
+    assert log(ev.NodeRegistered, node=make_node("n2", pool="other")).accepted   # a known node moves pool
+    assert [n.name for n in kept.hosts(log.state, job(SHAPES[5]))[0]] == ["n2"]
+    assert kept.classes is classes   # a registration moves its node, as a cordon does

@@ -1,8 +1,8 @@
 """The placement indexes kept between cycles (``placement.kept_index``) against ones built
 afresh from the state at each cycle's start, after random changes (placements of whole
-GPUs, shares and MIG slices, ends, requeues, node loss and registration, cordons, GPU
-health, the journal overrun), and whole cycles that keep them against cycles that keep
-nothing."""
+GPUs, shares and MIG slices, ends, requeues, node loss, registrations of new and known
+nodes, into another pool or with another GPU model, cordons, GPU health, the journal
+overrun), and whole cycles that keep them against cycles that keep nothing."""
 from __future__ import annotations
 
 import dataclasses
@@ -27,6 +27,8 @@ step = st.one_of(
     st.tuples(st.just("mig"), st.integers(0, 2), st.integers(0, 5), st.sampled_from(("1g", "3g")), st.integers(0, 4)),
     st.tuples(st.just("cordon"), st.integers(0, 2), st.booleans()),
     st.tuples(st.just("requeue"), st.integers(0, 30)),
+    st.tuples(st.just("enroll"), st.integers(0, 4), st.sampled_from(("default", "other")),
+              st.sampled_from(("H100-80GB", "L40S-48GB"))),
 )
 
 # What waits: (workers, whole GPUs, share milli, MIG profile, CPU milli).
@@ -35,7 +37,8 @@ waiting_job = st.tuples(st.integers(1, 2), st.integers(0, 3), st.sampled_from((0
 
 
 def change(log: Log, s: tuple, made: list[str]) -> None:
-    """``test_kept_ends.apply_step``, and a MIG slice placed, a node cordoned or uncordoned."""
+    """``test_kept_ends.apply_step``, and a MIG slice placed, a node cordoned or uncordoned,
+    a node registered (new, or known: its agent restarted) in a pool, with a GPU model."""
     if s[0] == "mig":
         _, at, gpu, profile, start = s
         job_id = f"m{len(log.state.jobs)}"
@@ -61,6 +64,10 @@ def change(log: Log, s: tuple, made: list[str]) -> None:
         if job is not None and job.phase in (JobPhase.PLACED, JobPhase.RUNNING):
             assert log(ev.JobPreempted, job_id=job.job_id, attempt=job.attempt, for_job="other").accepted
             log.stopped(job.job_id)
+    elif s[0] == "enroll":   # refused where the node runs jobs and would change pool
+        _, at, pool, model = s
+        log(ev.NodeRegistered, node=make_node((*NODES, "n3", "n4")[at], gpus=6, model=model, pool=pool,
+                                              cpu=64_000, mem=512_000))
     elif s[0] == "cordon":
         log(ev.NodeCordoned if s[2] else ev.NodeUncordoned, node=NODES[s[1]])
     else:
@@ -79,9 +86,9 @@ def fresh_like(index, state):
 
 def contents(index) -> tuple:
     if isinstance(index, GangCapacities):
-        return {res: index.capacities(res) for res in list(index.shapes)}
+        return index.seq, index.rack, {res: index.capacities(res) for res in list(index.shapes)}
     buckets = [index.whole, index.share] if isinstance(index, FreeIndex) else [index.buckets]
-    return index.where, [{k: b for k, b in kind.items() if b} for kind in buckets]
+    return index.seq, index.where, [{k: b for k, b in kind.items() if b} for kind in buckets]
 
 
 def assert_kept_as_fresh(keys: QueueKeys, state) -> int:
@@ -186,7 +193,7 @@ def test_a_cordon_or_a_gpu_failing_refreshes_the_kept_index_instead_of_rebuildin
     """A node cordoned, a GPU failing on another, a node lost: the kept indexes survive
     (the reducer journals those nodes: ``ClusterState.node_changes``) and read as fresh
     ones, those nodes out of them (breaking the refresh, e.g. skipping the journalled
-    nodes, fails here); a node registered rebuilds them."""
+    nodes, fails here); a node registered, new or known, joins them in its place."""
     log = Log(*(make_node(n, gpus=6, cpu=64_000, mem=512_000) for n in NODES))
     assert log.submit("w", make_spec(gpus=6, cpu=0, mem=0)).accepted
     keys, scheduler = QueueKeys(), Scheduler()
@@ -204,5 +211,9 @@ def test_a_cordon_or_a_gpu_failing_refreshes_the_kept_index_instead_of_rebuildin
     assert log(ev.NodeUncordoned, node="n0").accepted
     assert [d.workers[0].node for d in scheduler.schedule(log.state, log.now, None, keys).decisions] == ["n0"]
     assert log(ev.NodeRegistered, node=make_node("n3", gpus=6, cpu=64_000, mem=512_000)).accepted
-    kept.refresh(log.state)
-    assert kept.indexes == {}
+    assert log(ev.NodeRegistered, node=make_node("n2", gpus=6, cpu=64_000, mem=512_000)).accepted   # back
+    indexes = dict(kept.indexes)
+    assert assert_kept_as_fresh(keys, log.state) == len(indexes)
+    assert kept.indexes == indexes
+    free = [index for index in indexes.values() if isinstance(index, FreeIndex)]
+    assert free and all({"n2", "n3"} <= set(index.where) and index.seq["n3"] == 3 for index in free)

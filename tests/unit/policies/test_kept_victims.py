@@ -53,7 +53,8 @@ def _change(c: Cluster, data, now: float, config, kept: VictimIndex) -> None:
     """One random change of the state: what the log brings between two rounds."""
     d, state = data.draw, c.state
     running = _running(state)
-    kind = d(st.sampled_from(["checkpoint", "preempt", "decide", "place", "finish", "gpu", "cordon", "start"]))
+    kind = d(st.sampled_from(["checkpoint", "preempt", "decide", "place", "finish", "gpu", "cordon", "start",
+                              "register", "lost"]))
     if kind == "checkpoint" and running:
         job = d(st.sampled_from(running))
         c.log(ev.CheckpointSaved, job_id=job.job_id, attempt=job.attempt, checkpoint="c", time=now)
@@ -89,6 +90,13 @@ def _change(c: Cluster, data, now: float, config, kept: VictimIndex) -> None:
     elif kind == "cordon":
         node = state.nodes[d(st.sampled_from(sorted(state.nodes)))]
         c.log(ev.NodeUncordoned if node.cordoned else ev.NodeCordoned, node=node.name, time=now)
+    elif kind == "register":   # a new node joins, or a known node's agent restarts (maybe into another pool)
+        node = state.nodes[d(st.sampled_from(sorted(state.nodes)))]
+        name = d(st.sampled_from([node.name, f"x{len(state.nodes)}"]))
+        c.log(ev.NodeRegistered, node=replace(node.info, name=name, pool=d(st.sampled_from([node.info.pool, "other"]))),
+              time=now)
+    elif kind == "lost":
+        c.log(ev.NodeLost, node=d(st.sampled_from(sorted(state.nodes))), time=now)
 
 
 @SETTINGS
