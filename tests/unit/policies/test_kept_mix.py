@@ -103,16 +103,18 @@ def assert_scorer_as_fresh(keys: QueueKeys, state: ClusterState, mix: dict | Non
     """The scorer kept is for the mix at the start of the cycle (``mix``; None when the
     cycle placed no job of the pool, and so may not have looked at the scorer), and scores
     every node of the pool, for every request waiting, as a scorer made afresh for its
-    mix does (its memos, from earlier cycles, included)."""
+    mix does (its memos, from earlier cycles, included). Not looked at, it may be for the
+    pool's models before a node of another model registered."""
     kept = keys.kept.get("placement-indexes")
     scorers = [v for k, v in (kept.indexes.items() if kept else ()) if isinstance(v, KeptScorer) and k[-1] == "default"]
     if not scorers or scorers[0].scorer is None:
         return
-    held = scorers[0]
+    held, arrays = scorers[0], NodeArrays(state.nodes, "default")
+    if mix is None and held.models != arrays.models:
+        return   # a node of another model registered since its last use: ``scorer_for`` renews it at its next
     if mix is not None:
         assert held.shapes == list(mix.items())
     mix = dict(held.shapes)
-    arrays = NodeArrays(state.nodes, "default")
     assert held.models == arrays.models
     new = RowScorer(compile_mix(mix, arrays.models), WasteTable(mix, PATIENCE), lookahead)
     requests = {state.jobs[j].spec.resources for j in state.pending if state.jobs[j].spec.pool == "default"}
