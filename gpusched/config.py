@@ -290,16 +290,21 @@ class PlacerSettings(Settings):
                                 help="jobs a scheduling cycle takes from a pool's queue, offered or skipped "
                                      "(Slurm's bf_max_job_test); a cycle that stops on it is continued by the "
                                      "next (--job-test-head)", ge=1)
-    job_test_head: int = setting(250, flag="--job-test-head",
+    # The cycle is bounded by default, as Slurm's max_sched_time is: unbounded, a burst on
+    # thousands of nodes makes cycles of up to --max-job-test placements, hundreds of ms
+    # with nothing appended meanwhile (docs/running.md). A pool with no more than
+    # --min-job-test waiting jobs never meets the bound.
+    job_test_head: int = setting(100, flag="--job-test-head",
                                  help="jobs from the head of the queue that a cycle continuing where the last "
-                                      "stopped on --max-job-test tests again before the jobs not yet tested "
-                                      "(Slurm's bf_continue; >= --max-job-test: every cycle starts at the head)",
-                                 ge=0)
-    max_cycle_ms: float = setting(0.0, flag="--max-cycle-ms",
+                                      "stopped (on --max-job-test or --max-cycle-ms) tests again before the jobs "
+                                      "not yet tested (Slurm's bf_continue; >= --max-job-test: every cycle starts "
+                                      "at the head)", ge=0)
+    max_cycle_ms: float = setting(25.0, flag="--max-cycle-ms",
                                   help="milliseconds after which a scheduling cycle that took --min-job-test jobs "
                                        "stops taking more, continued by the next as on --max-job-test (Slurm's "
-                                       "max_sched_time; 0: no bound)", ge=0, allow_inf_nan=False)
-    min_job_test: int = setting(500, flag="--min-job-test",
+                                       "max_sched_time; 0: no bound, decisions that depend on no clock)",
+                                  ge=0, allow_inf_nan=False)
+    min_job_test: int = setting(150, flag="--min-job-test",
                                 help="jobs a scheduling cycle takes from the queue before --max-cycle-ms may stop "
                                      "it: more than --job-test-head, so that a continued cycle reaches jobs not "
                                      "yet tested", ge=1)

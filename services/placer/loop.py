@@ -16,9 +16,15 @@ What keeps the cycles few and short in a burst (docs/benchmarks.md, scale_bench)
   cycle of 2,500 placements). The jobs left waiting are looked at by the next pass.
 * The cyclic GC is paused across the cycle and the pass: what they allocate dies by
   reference count when they end, and a collection in the middle would only rescan it.
+* A pool taken (at the start, or from another placer) is warmed before its first cycle,
+  off that cycle's clock (``_warmed``): else the first cycle builds what the cycles keep
+  for the next (the placement indexes from every node, the queues' keys) and costs
+  several later ones.
 """
 from __future__ import annotations
 
+import copy
+import dataclasses
 import math
 import os
 import time
@@ -49,6 +55,10 @@ class PlacementDecider:
         self._keys: dict[int, QueueKeys] = {}      # partition -> its waiting jobs' keys and shapes
         self._wake: dict[int, tuple] = {}          # partition -> (state, version, first back-off end after its cycle)
         self.reasons = PendingReasons(me, default_estimate_s=scheduler.config.default_estimate_s)
+        # The warming cycle: the scheduler with no cursor (a head as long as the budget), so
+        # it leaves the round of cycles where it was; its bound on time is the cycle's.
+        self._warming = copy.copy(scheduler)
+        self._warming.config = dataclasses.replace(scheduler.config, job_test_head=scheduler.config.max_job_test)
 
     def forget(self, partitions: set[int]) -> None:
         """Partitions gained or lost: their next state is another object."""
@@ -89,11 +99,13 @@ class PlacementDecider:
             return [(e, state.jobs[e.job_id].spec.pool) for e in self.reasons.idle_pass(partition, state, now, kept)]
         self._last_version[partition], self._cycled_at[partition] = version, now
         self._wake.pop(partition, None)
+        keys = self._keys.get(partition)
+        if keys is None:
+            keys = self._keys[partition] = self._warmed(state, now)
         if self.cycle_log is not None:
             self.cycle_log.start()
         started = time.perf_counter()
         with tracing.tracer().start_as_current_span("schedule-cycle") as span:
-            keys = self._keys.setdefault(partition, QueueKeys())
             cycle = self.scheduler.schedule(state, now, self._parked.setdefault(partition, ParkedJobs()), keys)
             decisions = cycle.decisions
             span.set_attribute("gpusched.partition", partition)
@@ -112,6 +124,17 @@ class PlacementDecider:
             self.cycle_log.done(partition, cycle_s, len(state.pending), len(placed),
                                 time.perf_counter() - started - cycle_s)
         return placed + [(e, state.jobs[e.job_id].spec.pool) for e in why]
+
+    def _warmed(self, state: ClusterState, now: float) -> QueueKeys:
+        """New keys for a pool's first cycle, with what cycles keep between them built by a
+        cycle whose decisions are dropped: the same jobs in the same order as the first
+        cycle will take (its own parked set, no cursor), booked and rolled back. What it
+        keeps is brought in step at the next cycle's start like any cycle's
+        (``kept_index``), so the first cycle decides as it would cold."""
+        keys = QueueKeys()
+        with tracing.tracer().start_as_current_span("warm-cycle"):
+            self._warming.schedule(state, now, ParkedJobs(), keys)
+        return keys
 
     def _backoff_ended(self, partition: int, state: ClusterState, now: float, version: int) -> bool:
         """Whether a pending job's retry back-off ended since the last cycle: the only job

@@ -127,12 +127,13 @@ def test_the_guarantee_hold_is_a_placer_flag_with_the_schedulers_default():
             _parse(PlacerSettings, ["--guarantee-hold", bad], {})
 
 
-def test_the_budget_of_jobs_tested_and_its_cursor_are_placer_flags_with_the_schedulers_defaults():
-    from gpusched.policies.scheduler import DEFAULT_JOB_TEST_HEAD, DEFAULT_MAX_JOB_TEST
+def test_the_budget_of_jobs_tested_and_its_cursor_are_placer_flags():
+    from gpusched.policies.scheduler import DEFAULT_MAX_JOB_TEST
     from gpusched_placer.main import scheduler_config
 
     config = scheduler_config(_parse(PlacerSettings, [], {}))
-    assert (config.max_job_test, config.job_test_head) == (DEFAULT_MAX_JOB_TEST, DEFAULT_JOB_TEST_HEAD)
+    # The head below the scheduler's: the bounded cycle takes 150 jobs (the next test).
+    assert (config.max_job_test, config.job_test_head) == (DEFAULT_MAX_JOB_TEST, 100)
     config = scheduler_config(_parse(PlacerSettings, ["--max-job-test", "300", "--job-test-head", "20"], {}))
     assert (config.max_job_test, config.job_test_head) == (300, 20)
     for argv, named in ((["--max-job-test", "0"], "--max-job-test"), (["--job-test-head", "-1"], "--job-test-head")):
@@ -140,15 +141,18 @@ def test_the_budget_of_jobs_tested_and_its_cursor_are_placer_flags_with_the_sche
             _parse(PlacerSettings, argv, {})
 
 
-def test_the_bound_on_a_cycles_time_is_a_placer_flag_off_by_default():
+def test_the_bound_on_a_cycles_time_is_a_placer_flag_on_by_default():
     import math
     from gpusched_placer.main import scheduler_config
 
-    assert scheduler_config(_parse(PlacerSettings, [], {})).max_cycle_s == math.inf
+    config = scheduler_config(_parse(PlacerSettings, [], {}))
+    assert (config.max_cycle_s, config.min_job_test) == (0.025, 150)
+    assert config.min_job_test > config.job_test_head   # a continued round moves on
+    assert scheduler_config(_parse(PlacerSettings, ["--max-cycle-ms", "0"], {})).max_cycle_s == math.inf
     config = scheduler_config(_parse(PlacerSettings, ["--max-cycle-ms", "40", "--min-job-test", "600"], {}))
     assert (config.max_cycle_s, config.min_job_test) == (0.04, 600)
     for argv, named in ((["--max-cycle-ms", "-1"], "--max-cycle-ms"), (["--min-job-test", "0"], "--min-job-test"),
-                        (["--max-cycle-ms", "40", "--min-job-test", "250"], "--min-job-test")):
+                        (["--max-cycle-ms", "40", "--min-job-test", "100"], "--min-job-test")):
         with pytest.raises(SettingsError, match=named):
             _parse(PlacerSettings, argv, {})
 

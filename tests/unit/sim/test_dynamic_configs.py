@@ -21,9 +21,15 @@ def config(text: str) -> SchedulerConfig:
 
 def test_defaults_are_what_the_placer_runs_with_unless_told():
     # The placer's settings with nothing given, the queue's half-life and aging being the
-    # simulator's own options: the placement too, so that a new default reaches both.
+    # simulator's own options: the placement too, so that a new default reaches both. Not
+    # the placer's bound on a cycle's time (a simulation decides by no clock) nor the
+    # shorter head that bound goes with: the scheduler's.
     placer = scheduler_config(PlacerSettings())
-    assert config("defaults") == dataclasses.replace(placer, half_life_s=1800.0, aging_s=7200.0)
+    assert placer.max_cycle_s < math.inf
+    unbounded = SchedulerConfig()
+    assert config("defaults") == dataclasses.replace(
+        placer, half_life_s=1800.0, aging_s=7200.0, max_cycle_s=math.inf, min_job_test=unbounded.min_job_test,
+        job_test_head=unbounded.job_test_head)
     assert config("defaults").placement == DEFAULT_PLACEMENT == "best-fit"
     assert config("defaults+depth=4").reservation_depth == 4
 
