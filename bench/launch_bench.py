@@ -10,7 +10,8 @@ does, side by side in one run:
   (``python -S shim.py ...``), as the node-agent did before the launcher.
 
 CPU per launch: this process (the agent's side) and its reaped descendants (launcher,
-shims, workloads), from ``getrusage``; wall per launch besides.
+shims, workloads), from ``getrusage``; wall per launch besides, and the descendants' minor
+page faults per launch (a forked shim's copy-on-write pages, the launcher's after each fork).
 
     .venv/bin/python bench/launch_bench.py [--launches 300 --concurrency 8 --rounds 3]
 """
@@ -67,9 +68,9 @@ class InterpreterRun(ProcessRun):
             start_new_session=True))
 
 
-def cpu() -> tuple[float, float]:
+def cpu() -> tuple[float, float, int]:
     me, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return me.ru_utime + me.ru_stime, children.ru_utime + children.ru_stime
+    return me.ru_utime + me.ru_stime, children.ru_utime + children.ru_stime, children.ru_minflt
 
 
 async def round_of(kind: type[ProcessRun], launches: int, concurrency: int, root: Path) -> dict:
@@ -83,15 +84,15 @@ async def round_of(kind: type[ProcessRun], launches: int, concurrency: int, root
             if end.exit_code != 0:
                 raise RuntimeError(f"launch {i}: {end}")
 
-    (me0, kids0), wall0 = cpu(), time.perf_counter()
+    (me0, kids0, faults0), wall0 = cpu(), time.perf_counter()
     await asyncio.gather(*(one(i) for i in range(launches)))
     if kind is ProcessRun:   # let the launcher go and reap it, so its CPU (and its shims') is counted
         current = launcher._current
         launcher.close()
         await current.process.wait()
-    (me1, kids1), wall1 = cpu(), time.perf_counter()
+    (me1, kids1, faults1), wall1 = cpu(), time.perf_counter()
     return {"agent_ms": (me1 - me0) * 1e3 / launches, "children_ms": (kids1 - kids0) * 1e3 / launches,
-            "wall_ms": (wall1 - wall0) * 1e3 / launches}
+            "wall_ms": (wall1 - wall0) * 1e3 / launches, "faults": (faults1 - faults0) / launches}
 
 
 async def main() -> None:
@@ -106,14 +107,16 @@ async def main() -> None:
             for name, kind in (("interpreter", InterpreterRun), ("launcher", ProcessRun)):
                 results[name].append(await round_of(kind, args.launches, args.concurrency, Path(tmp) / f"r{r}"))
     print(f"{args.launches} launches of `true`, {args.concurrency} in flight, median of {args.rounds} rounds")
-    print(f"{'path':<12} {'agent CPU':>10} {'launcher+shims CPU':>19} {'total CPU':>10} {'wall':>8}  (ms per launch)")
+    print(f"{'path':<12} {'agent CPU':>10} {'launcher+shims CPU':>19} {'total CPU':>10} {'wall':>8}  (ms per launch)"
+          f" {'faults':>7}")
     totals = {}
     for name, rounds in results.items():
         agent = statistics.median(r["agent_ms"] for r in rounds)
         kids = statistics.median(r["children_ms"] for r in rounds)
         totals[name] = statistics.median(r["agent_ms"] + r["children_ms"] for r in rounds)
         wall = statistics.median(r["wall_ms"] for r in rounds)
-        print(f"{name:<12} {agent:>10.2f} {kids:>19.2f} {totals[name]:>10.2f} {wall:>8.2f}")
+        faults = statistics.median(r["faults"] for r in rounds)
+        print(f"{name:<12} {agent:>10.2f} {kids:>19.2f} {totals[name]:>10.2f} {wall:>8.2f} {faults:>24.0f}")
     print(f"total CPU per launch, interpreter / launcher: {totals['interpreter'] / totals['launcher']:.2f}x")
 
 

@@ -7,12 +7,11 @@ forkserver).
 The agent starts it (``Launcher``) with one end of a socket pair as fd N, and sends it
 one JSON line per launch: ``{"id", "shim", "env", "unset", "cwd"}`` (``shim``: the
 shim's settings, ``shim.run``'s arguments, which the agent has checked; ``env`` and
-``unset``: how the shim's environment differs from the one the launcher was started with,
-so a launch carries a few variables, not the agent's whole environment). The launcher
+``unset``: how the workload's environment differs from the launcher's). The launcher
 removes an earlier run's status file and forks; the child does what ``python -S shim.py
-ARGS`` would in a process of its own: a new session, ``cwd`` (made: a busy file system
-journal can block a mkdir for milliseconds, in no event loop here), exactly the
-environment asked for, ``shim.run(**shim)``, and exits with its code.
+ARGS`` would in a process of its own: a new session, ``cwd`` (made here: a busy journal
+can block a mkdir for milliseconds), ``shim.run(**shim)`` with exactly the environment
+asked for, and exits with its code.
 The launcher answers ``{"id", "pid", "start"}`` (the shim's pid and its start in clock
 ticks, which tells it from a later process with the same pid), or ``{"id", "error"}``;
 ``{"id", "written", "pid"}`` once the shim wrote its first status file, with the workload's
@@ -26,9 +25,9 @@ when the launcher goes, the agent judges its shims by their status files and sta
 launcher for the next launch. A forked shim waits for the launcher's go, sent once the
 agent has its pid: a launcher that dies between the fork and that message leaves no shim
 that starts a workload the agent never heard of (the shim exits, code 126). Standard
-library only (the shim module is imported once, here), so it starts fast; the launcher
-process imports only what a shim needs, as each fork copies its page tables and each
-forked shim unmaps them again (asyncio alone would double both).
+library only, and only what a shim needs (imported once, here): each fork copies the
+launcher's page tables, and each page either side writes afterwards (asyncio alone
+would double both).
 """
 from __future__ import annotations
 
@@ -39,7 +38,6 @@ import select
 import signal
 import socket
 import sys
-import traceback
 
 if __package__:
     from . import shim
@@ -48,10 +46,12 @@ else:   # run as a file (the package need not be installed): shim.py sits beside
     import shim
 
 if __name__ == "__main__":
-    # What every shim would look up when it runs (libc's prctl through ctypes, to become
-    # the subreaper; the boot id): once here, inherited by each forked shim.
+    # Once here, inherited by each forked shim: libc's prctl, the boot id, the base environment.
     shim.prctl()
     shim.boot_id()
+    BASE_ENV = dict(os.environ)
+    import gc
+    gc.freeze()   # what is here stays: no collection scans it, nor writes to its pages in a fork
 else:   # the agent's side (``Launcher``)
     import asyncio
 
@@ -128,8 +128,8 @@ def _launch(conn: socket.socket, request: dict, children: dict[int, int], starti
     starting[written_r] = request["id"]
     children[pid] = request["id"]
     try:
-        _send(conn, {"id": request["id"], "pid": pid, "start": shim.proc_start(pid)})
-        os.write(go_w, b"g")
+        _send(conn, {"id": request["id"], "pid": pid, "start": (start := shim.proc_start(pid))})
+        os.write(go_w, b"g" if start is None else str(start).encode())   # the shim's: no second read
     finally:
         os.close(go_w)
 
@@ -143,20 +143,20 @@ def _run_shim(request: dict, fds: tuple[int, int, int], written: int) -> None:
         *inherited, go = fds
         for fd in inherited:
             os.close(fd)
-        if not os.read(go, 1):            # the launcher died before the agent had our pid
+        go_word = os.read(go, 32)         # "g", or the shim's start (clock ticks)
+        if not go_word:                   # the launcher died before the agent had our pid
             os._exit(EXIT_NO_GO)
         os.close(go)
         code = 1
         signal.set_wakeup_fd(-1)
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        shim.set_handler(signal.SIGCHLD, shim.SIG_DFL)
         os.setsid()                       # its own session: signals to the agent's group miss it
         os.makedirs(request["cwd"], exist_ok=True)
         os.chdir(request["cwd"])
-        for name in request["unset"]:
-            os.environ.pop(name, None)
-        os.environ.update(request["env"])
-        code = shim.run(**request["shim"], written=_telling(written))
+        code = shim.run(**request["shim"], written=_telling(written), env=shim.environment(
+            BASE_ENV, request["env"], request["unset"]), shim_start=int(go_word) if go_word.isdigit() else None)
     except BaseException:
+        import traceback                  # the error path's alone: a smaller launcher forks faster
         traceback.print_exc()
     finally:
         for stream in (sys.stdout, sys.stderr):

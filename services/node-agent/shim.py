@@ -57,6 +57,11 @@ else:   # run as a file (the package need not be installed): lease.py sits besid
 
 EXIT_NOT_STARTED = 127
 PR_SET_CHILD_SUBREAPER = 36
+try:   # the C function: signal.signal's wrapper maps to and from enums, Python code that a
+    # forked shim would page in (copy on write) only to set three handlers
+    from _signal import SIG_DFL, signal as set_handler
+except ImportError:
+    from signal import SIG_DFL, signal as set_handler
 _IGNORED_BY_PYTHON = tuple(getattr(signal, name) for name in ("SIGPIPE", "SIGXFSZ") if hasattr(signal, name))
 
 
@@ -81,10 +86,13 @@ def proc_stat(pid: int) -> tuple[str, int] | None:
     it from a later process with the same pid); None when it is gone or there is no
     /proc (Linux only)."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            text = f.read()
-        fields = text[text.rindex(")") + 2:].split()   # the name in (...) may hold spaces
-        return fields[0], int(fields[19])
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            data = os.read(fd, 4096)   # one read: the kernel renders the whole line at once
+        finally:
+            os.close(fd)
+        fields = data[data.rindex(b")") + 2:].split()   # the name in (...) may hold spaces, any bytes
+        return fields[0].decode("ascii"), int(fields[19])
     except (OSError, ValueError, IndexError):
         return None
 
@@ -97,8 +105,14 @@ def proc_start(pid: int) -> int | None:
 def write_json(path: str, data: dict) -> None:
     """Replace ``path`` atomically: a reader sees the old status or the new one."""
     tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        f.write(json.dumps(data))   # one write (json.dump writes piece by piece)
+    # os.open/os.write, not open(): no text I/O stack built per write in a forked shim
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
+    try:
+        view = memoryview(json.dumps(data).encode())   # json.dumps is ASCII (ensure_ascii)
+        while view:
+            view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)
     os.replace(tmp, path)
 
 
@@ -125,18 +139,33 @@ def _become_subreaper() -> None:
     # else orphans go to init (which, in some containers, never reaps them)
 
 
+def environment(base: dict[str, str], changed: dict[str, str], unset: list[str]) -> dict[str, str]:
+    """A forked shim's workload environment: ``base`` (decoded once, in the launcher) with a
+    launch's changes. Only PATH goes into this process's own, where posix_spawnp looks."""
+    env = base.copy()
+    for name in unset:
+        env.pop(name, None)
+    env.update(changed)
+    if env.get("PATH") != os.environ.get("PATH"):
+        os.environ.pop("PATH", None)
+        os.environ.update({"PATH": env["PATH"]} if "PATH" in env else {})
+    return env
+
+
 class Shim:
     def __init__(self, command: list[str], status: str, lease: str | None, kill_wait: float, poll: float,
-                 written: Callable[[int | None], None] | None = None) -> None:
+                 written: Callable[[int | None], None] | None = None, env: dict[str, str] | None = None,
+                 shim_start: int | None = None) -> None:
         self.command, self.status_path, self.lease = command, status, lease
         # Told the workload's pid (None: not started) once the first status is written: the
         # launcher passes it on to the agent, which then neither polls for the file nor,
         # once the workload started, reads it.
         self.written = written
         self.kill_wait, self.poll = kill_wait, poll
+        self.env = env   # the workload's environment (None: this process's)
         self.status: dict = {"shim_pid": os.getpid(), "pid": None, "pgid": None, "command": command,
                              "lease": lease, "kill_wait": kill_wait, "poll": poll, "boot_id": boot_id(),
-                             "shim_start": proc_start(os.getpid())}
+                             "shim_start": shim_start if shim_start is not None else proc_start(os.getpid())}
         self.leader: int | None = None        # waitstatus_to_exitcode of the leader, once reaped
         self.why_stopped = ""                 # "" while nobody asked the group to stop
         self.fenced = False
@@ -149,9 +178,9 @@ class Shim:
         wake_r, wake_w = os.pipe()            # signals wake the select() below
         os.set_blocking(wake_w, False)
         signal.set_wakeup_fd(wake_w)
-        signal.signal(signal.SIGCHLD, lambda *_: None)
-        signal.signal(signal.SIGTERM, self._on_term)
-        signal.signal(signal.SIGINT, self._on_term)
+        set_handler(signal.SIGCHLD, lambda *_: None)
+        set_handler(signal.SIGTERM, self._on_term)
+        set_handler(signal.SIGINT, self._on_term)
         _become_subreaper()
         if not self._start():
             return EXIT_NOT_STARTED
@@ -161,12 +190,15 @@ class Shim:
             if self.leader is not None and not _group_alive(pid):
                 break
             now = time.time()
-            self._check_stop(now)
+            # one look at the lease per turn (renewals only move it later; a revoke is seen
+            # at the next turn, at most ``poll`` away)
+            expiry = read_expiry(self.lease) if self.lease and not self.why_stopped else math.inf
+            self._check_stop(now, expiry)
             if self.kill_at is not None and not self.killed and now >= self.kill_at:
                 self.killed = True
                 _signal_group(pid, signal.SIGKILL)
                 continue
-            if select.select([wake_r], [], [], self._timeout(now))[0]:
+            if select.select([wake_r], [], [], self._timeout(now, expiry))[0]:
                 os.read(wake_r, 512)
         return self._finish()
 
@@ -179,7 +211,7 @@ class Shim:
         try:
             # setsid: a group of its own, so a signal to the group reaches its children too
             # setsigdef: Python ignores SIGPIPE (and SIGXFSZ); the workload gets the defaults
-            pid = os.posix_spawnp(self.command[0], self.command, dict(os.environ), setsid=True,
+            pid = os.posix_spawnp(self.command[0], self.command, self._workload_env(), setsid=True,
                                   setsigdef=_IGNORED_BY_PYTHON)
         except OSError as exc:
             self._not_started(f"cannot start: {exc}", fenced=False)
@@ -213,12 +245,15 @@ class Shim:
             if child == pid:
                 self.leader = os.waitstatus_to_exitcode(status)
 
-    def _check_stop(self, now: float) -> None:
+    def _workload_env(self) -> dict[str, str]:
+        return dict(os.environ) if self.env is None else self.env
+
+    def _check_stop(self, now: float, expiry: float) -> None:
         if self.why_stopped:
             return
         if self.term_requested:
             self._stop("stopped on request", now)
-        elif self.lease and now > (expiry := read_expiry(self.lease)):
+        elif now > expiry:
             self.fenced = True
             self._stop(f"fenced: lease expired at {expiry:.3f}", now)
         elif self.leader is not None:
@@ -229,10 +264,8 @@ class Shim:
         self.kill_at = now + self.kill_wait
         _signal_group(self.status["pid"], signal.SIGTERM)
 
-    def _timeout(self, now: float) -> float:
-        timeout = self.poll
-        if self.lease and not self.why_stopped:
-            timeout = min(timeout, read_expiry(self.lease) - now)
+    def _timeout(self, now: float, expiry: float) -> float:
+        timeout = self.poll if self.why_stopped else min(self.poll, expiry - now)   # inf: no lease
         if self.kill_at is not None and not self.killed:
             timeout = min(timeout, self.kill_at - now)
         return max(0.0, timeout)
@@ -308,11 +341,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(command: list[str], status: str, lease: str | None, kill_wait: float, poll: float,
-        written: Callable[[int | None], None] | None = None) -> int:
+        written: Callable[[int | None], None] | None = None, env: dict[str, str] | None = None,
+        shim_start: int | None = None) -> int:
     """What ``main`` does with its arguments parsed (the launcher's forked shims start here,
     with settings the agent checked, and ``written``: called with the workload's pid, None
-    when it did not start, once the first status is written); the exit code."""
-    return Shim(command, status, lease, kill_wait, poll, written).run()
+    when it did not start, once the first status is written); the exit code. A forked shim
+    also gets its workload's ``env`` (None: this process's) and its own start in clock ticks
+    (``shim_start``: the launcher read it already; None: read here)."""
+    return Shim(command, status, lease, kill_wait, poll, written, env, shim_start).run()
 
 
 if __name__ == "__main__":

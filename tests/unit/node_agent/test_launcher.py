@@ -213,3 +213,29 @@ async def test_a_shim_gets_exactly_the_environment_asked_for(tmp_path, monkeypat
     for set_by_sh in ("PWD", "SHLVL", "_", "OLDPWD"):
         got.pop(set_by_sh, None)
     assert got == env
+
+
+async def test_a_launch_that_changes_path_finds_its_command_there(tmp_path):
+    """posix_spawnp looks a command up in the shim's own PATH, not in the environment it
+    passes on: a launch's PATH must reach the shim's too."""
+    tools, workdir = tmp_path / "tools", tmp_path / "w"
+    tools.mkdir()
+    (tools / "gpusched-test-tool").write_text("#!/bin/sh\necho found > found\n")
+    (tools / "gpusched-test-tool").chmod(0o755)
+    env = {**os.environ, "PATH": f"{tools}:{os.environ['PATH']}"}
+    settings = {"command": ["gpusched-test-tool"], "status": str(workdir / "shim.json"), "lease": None,
+                "kill_wait": 1.0, "poll": 0.1}
+    shim = await (await launcher.launcher()).launch(settings, env, str(workdir))
+    assert await asyncio.wait_for(shim.wait(), 20) == 0
+    assert (workdir / "found").read_text() == "found\n"
+
+
+async def test_a_forked_shim_records_the_start_the_launcher_read_for_it(tmp_path):
+    """The launcher passes the shim its start (clock ticks) with the go: what the status
+    records must be the shim's own, which leftovers.py checks a pid against."""
+    run = ProcessRun(("sleep", "5"), {}, tmp_path / "w", kill_wait=0.3)
+    await asyncio.wait_for(run.start(), 15)
+    status = read_status(run.status_file)
+    assert status["shim_start"] == run._proc.start == proc_stat(status["shim_pid"])[1]
+    await run.stop(0.3)
+    await asyncio.wait_for(run.wait(), 20)

@@ -33,3 +33,8 @@ def test_missing_lease_reads_expired(tmp_path):
 def test_renew_refuses_what_is_not_a_time(tmp_path, until):
     with pytest.raises(ValueError, match="'until'"):
         NodeLease(tmp_path / "lease").renew(until)
+
+
+def test_whitespace_around_the_expiry_is_ignored(tmp_path):
+    (tmp_path / "lease").write_text(" 1234.5\n", encoding="ascii")
+    assert read_expiry(tmp_path / "lease") == 1234.5

@@ -3,6 +3,7 @@ an expired lease (also with the agent frozen or dead), and lease renewal."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -11,6 +12,7 @@ import time
 import pytest
 
 from gpusched_node_agent.lease import NodeLease
+from gpusched_node_agent.shim import proc_start, proc_stat
 from tests.unit.node_agent.procs import (GPU, ended_status, events, pid_alive, recorder, shim_command,
                                          start_shim, ticking, wait_for)
 
@@ -153,3 +155,20 @@ def test_bad_arguments_are_refused_naming_the_field(tmp_path, args, field):
     done = subprocess.run([sys.executable, str(SHIM), *args, *([] if args[-1] == "--" else ["--", "true"])],
                           cwd=tmp_path, capture_output=True, text=True, timeout=10)
     assert done.returncode == 2 and field in done.stderr
+
+
+def test_proc_stat_reads_a_process_whatever_its_name(tmp_path):
+    """The name in /proc/PID/stat is any bytes, ")" and spaces included: the state and the
+    start still come out (a process read as gone would be taken for ended)."""
+    name = os.fsencode(tmp_path) + b"/a) b \xff"
+    os.symlink(shutil.which("sleep"), name)
+    proc = subprocess.Popen([name, "5"])
+    try:
+        wait_for(lambda: proc_stat(proc.pid) is not None and proc_stat(proc.pid)[0] in "SR", "the process")
+        with open(f"/proc/{proc.pid}/stat", "rb") as f:
+            assert b"(a) b \xff)" in f.read()
+        state, start = proc_stat(proc.pid)
+        assert state in "SR" and start == proc_start(proc.pid) > 0
+    finally:
+        proc.kill()
+        proc.wait()
