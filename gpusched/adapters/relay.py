@@ -24,12 +24,7 @@ appended after everything before it. Reports on the jobs the fold already placed
 agents read them from work views written from this same fold) cost no request.
 
 At least once, idempotent: a batch's offsets are committed only after the pool log
-acknowledged every event of it, and of every batch before it. The next batch is read and
-relayed meanwhile (up to ``MAX_UNACKED_BATCHES``): the idempotent producer keeps each pool
-partition's appends in order, and a report does not wait a broker round trip for the
-acknowledgement of the batch before it (in a burst, that wait was a share of every GPU
-slot's turnaround). A batch whose append failed fails those after it too, and the relay
-reads again from its last commit. A relay killed before that leaves them uncommitted and
+acknowledged every event of it. A relay killed before that leaves them uncommitted and
 the next one (or another replica) reads them again; an event whose id the fold has seen
 is skipped, and one appended twice anyway is dropped by the reducer (same id). So the
 commit may trail: the offsets of every batch relayed within ``COMMIT_INTERVAL_S`` go in
@@ -70,9 +65,6 @@ FETCH_MAX_WAIT_MS = 20
 # The most a commit trails the reports relayed: what a relay killed -9 makes its successor
 # read again (each skipped as seen, or dropped by the reducer as a duplicate).
 COMMIT_INTERVAL_S = 0.5
-# Batches relayed whose appends are not all acknowledged yet, at most: a slow broker then
-# holds the reading too, not only the appends the producer buffers.
-MAX_UNACKED_BATCHES = 8
 
 
 class Relay:
@@ -93,8 +85,6 @@ class Relay:
         self._ends: AIOKafkaConsumer | None = None
         self._task: asyncio.Task | None = None
         self._committing: asyncio.Task | None = None   # commits what is relayed, one at a time
-        self._acking: list[asyncio.Task] = []         # per batch relayed: its acks, then its offsets noted
-        self._failure: BaseException | None = None    # an append that failed: read again from the commit
         self._uncommitted: dict[TopicPartition, int] = {}   # relayed, acknowledged, not committed
         self._committed_at = 0.0                           # time.monotonic() of the last commit
         self._batch_covered = False   # the fold covers the log as it was when this batch was read
@@ -117,7 +107,6 @@ class Relay:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
-        await asyncio.gather(*self._acking, return_exceptions=True)   # what is acknowledged gets committed
         if self._committing is not None:   # no wait for the interval: commit what is left now
             self._committing.cancel()
             await asyncio.gather(self._committing, return_exceptions=True)
@@ -132,7 +121,6 @@ class Relay:
         while True:
             try:
                 batches = await consumer.getmany(timeout_ms=200, max_records=MAX_RECORDS)
-                self._raise_failure()
                 if not batches:
                     continue
                 await self._relay_batches(batches)
@@ -154,9 +142,8 @@ class Relay:
                 await self.follower.wait_applied(Position(tp.partition, end - 1), timeout)
 
     async def _relay_batches(self, batches: dict) -> None:
-        """Relay every record fetched; once the pool log acknowledged every event appended
-        (and those of the batches before), their offsets are committed (with those of the
-        other batches of the interval). Returns without waiting for the acknowledgements."""
+        """Relay every record fetched; once the pool log acknowledged every event appended,
+        their offsets are committed (with those of the other batches of the interval)."""
         acks = []
         self._batch_covered = False
         for tp, records in batches.items():
@@ -166,34 +153,11 @@ class Relay:
                 ack = await self._relay_hosted(host, record) if host else await self._relay(node, record)
                 if ack is not None:
                     acks.append(ack)
-        offsets = {tp: records[-1].offset + 1 for tp, records in batches.items()}
-        before = self._acking[-1] if self._acking else None
-        task = asyncio.create_task(self._settle(before, acks, offsets))
-        self._acking.append(task)
-        task.add_done_callback(self._settled)
-        while len(self._acking) > MAX_UNACKED_BATCHES:
-            await asyncio.wait([self._acking[0]])
-
-    async def _settle(self, before: asyncio.Task | None, acks: list, offsets: dict[TopicPartition, int]) -> None:
-        """Once this batch's appends and every earlier batch's are acknowledged, note its
-        offsets for the next commit (a commit never passes a batch not yet in the log)."""
-        if before is not None:
-            await before
         await asyncio.gather(*acks)
-        self._uncommitted.update(offsets)
+        # The commit goes on while the next batches are read and relayed.
+        self._uncommitted.update((tp, records[-1].offset + 1) for tp, records in batches.items())
         if self._committing is None or self._committing.done():
             self._committing = asyncio.create_task(self._commit_soon())
-
-    def _settled(self, task: asyncio.Task) -> None:
-        self._acking.remove(task)
-        if not task.cancelled() and task.exception() is not None and self._failure is None:
-            self._failure = task.exception()
-
-    def _raise_failure(self) -> None:
-        """An append of a batch relayed earlier failed: raised here, into ``_run``'s retry."""
-        failure, self._failure = self._failure, None
-        if failure is not None:
-            raise failure
 
     async def _commit_soon(self) -> None:
         """Commit what is relayed, at most once per ``COMMIT_INTERVAL_S``, until all is."""
@@ -254,10 +218,6 @@ class Relay:
 
     async def _rewind(self) -> None:
         consumer = self._consumer
-        for task in self._acking:   # read again from the commit: their offsets must not be noted
-            task.cancel()
-        await asyncio.gather(*self._acking, return_exceptions=True)
-        self._failure = None
         if self._committing is not None:
             await asyncio.gather(self._committing, return_exceptions=True)
         for tp in consumer.assignment():

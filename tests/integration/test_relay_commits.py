@@ -1,9 +1,7 @@
 """The relay's commits of the reports it handled (gpusched/adapters/relay.py): the
 offsets of every batch relayed within ``COMMIT_INTERVAL_S`` go in one commit, not one
 commit request per report, and a stop commits what is left, so a relay that stops
-cleanly leaves nothing for its successor to read again. The next reports are relayed while
-the appends of those before are not yet acknowledged, and their offsets are committed only
-once they are."""
+cleanly leaves nothing for its successor to read again."""
 from __future__ import annotations
 
 import asyncio
@@ -17,9 +15,6 @@ from gpusched.adapters.kafka_security import client_args
 from gpusched.adapters.node_access import ensure_node_topics
 from gpusched.adapters.publisher import DeadLetters, EventPublisher
 from gpusched.adapters.relay import Relay
-from gpusched.adapters import codec
-from gpusched.core import events as ev
-from tests.unit.core.builders import make_node
 
 REPORTS = 12
 
@@ -66,61 +61,5 @@ async def test_reports_handled_one_by_one_share_commits_and_a_stop_commits_the_r
     await reader.start()
     try:
         assert await reader.committed(TopicPartition(report_topic, 0)) == REPORTS
-    finally:
-        await reader.stop()
-
-
-class HeldAcks(EventPublisher):
-    """The real publisher, whose acknowledgements of relayed events reach the relay only
-    once the test lets them (the broker has them already)."""
-
-    def __init__(self, *args) -> None:
-        super().__init__(*args)
-        self.gate = asyncio.Event()
-
-    async def send(self, event, pool, carrier=None) -> asyncio.Future:
-        acked = await super().send(event, pool, carrier)
-
-        async def held():
-            await self.gate.wait()
-            return await acked
-        return asyncio.ensure_future(held())
-
-
-async def test_reports_are_relayed_while_earlier_appends_await_their_acks(kafka_bootstrap, topics):
-    report_topic = await ensure_node_topics(kafka_bootstrap, topics, "n1")
-    publisher = HeldAcks(kafka_bootstrap, topics, 4)
-    await publisher.start()
-    dead_letters = DeadLetters(publisher, "relay-test")
-    follower = LogFollower(kafka_bootstrap, topics, "relay-test", dead_letters, FollowerOptions())
-    await follower.start()
-    relay = Relay(kafka_bootstrap, topics, 4, follower, publisher, dead_letters, "relay-test")
-    producer = AIOKafkaProducer(**client_args(kafka_bootstrap), acks="all")
-    await producer.start()
-    reports = [codec.encode(ev.NodeRegistered(event_id=f"reg-{i}", time=float(i), producer="n1",
-                                              node=make_node("n1")), "default") for i in range(3)]
-    try:
-        await follower.caught_up()
-        await relay.start()
-        # One at a time, each its own batch: none waits for the acknowledgement of the one before.
-        for i, value in enumerate(reports):
-            await producer.send_and_wait(report_topic, value, key=b"default")
-            await _until(lambda: relay.counts["relayed"] == i + 1, timeout=10.0)
-        await asyncio.sleep(2 * relay_module.COMMIT_INTERVAL_S)   # a commit would have been due: none is
-        assert relay.counts["commits"] == 0
-        publisher.gate.set()
-        await _until(lambda: relay.counts["commits"] >= 1)
-        await relay.stop()
-    finally:
-        publisher.gate.set()
-        await producer.stop()
-        await follower.stop()
-        await publisher.stop()
-
-    reader = AIOKafkaConsumer(**client_args(kafka_bootstrap), group_id=topics.prefix + "relay",
-                              enable_auto_commit=False)
-    await reader.start()
-    try:
-        assert await reader.committed(TopicPartition(report_topic, 0)) == len(reports)
     finally:
         await reader.stop()
