@@ -14,6 +14,10 @@ when it started. Each side is fed by its ordinary client: ``sbatch`` for Slurm, 
    the job's own start stamp minus the client's clock just before its submission call
    (gpusched: also the log's RUNNING time, ``started_at``).
 
+After each of gpusched's bursts, where a GPU slot's turnaround goes (from one job's end to
+the next job's start on that node's GPU, ``peer_stages.slot_breakdown``); after each steady
+stream, where submit-to-start goes (``peer_stages.breakdown``).
+
 Run by bench/peer_slurm.sh (installs Slurm, starts a private Kafka broker):
 
     bash bench/peer_slurm.sh [--jobs 200 --rate 50 --seconds 6 --rounds 2]
