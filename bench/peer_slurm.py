@@ -14,6 +14,10 @@ when it started. Each side is fed by its ordinary client: ``sbatch`` for Slurm, 
    the job's own start stamp minus the client's clock just before its submission call
    (gpusched: also the log's RUNNING time, ``started_at``).
 
+After each of gpusched's bursts, where a GPU slot's turnaround goes (from one job's end to
+the next job's start on that node's GPU, ``peer_stages.slot_breakdown``); after each steady
+stream, where submit-to-start goes (``peer_stages.breakdown``).
+
 Run by bench/peer_slurm.sh (installs Slurm, starts a private Kafka broker):
 
     bash bench/peer_slurm.sh [--jobs 200 --rate 50 --seconds 6 --rounds 2]
@@ -120,6 +124,9 @@ class Side:
     async def stages(self, sent: dict[str, float], stamps: dict[str, float]) -> list[str]:
         return []
 
+    async def slot_stages(self, ids: set[str]) -> list[str]:
+        return []
+
 
 class SlurmSide(Side):
     id_var = "SLURM_JOB_ID"
@@ -144,8 +151,9 @@ class GpuschedSide(Side):
     name, id_var = "gpusched", "GPUSCHED_JOB_ID"
 
     def __init__(self, client, pids: dict[str, list[int]], elsewhere: frozenset[int] = frozenset(),
-                 work: Path | None = None) -> None:
+                 work: Path | None = None, log: tuple | None = None) -> None:
         self.client = client
+        self.log = log     # (KafkaConnection, TopicNames, node names): the topics whose record times it reads
         self.work = work   # the agents' state folders are under it (their worker folders)
         self.pids = pids   # service name -> pid, for the CPU each spends per job
         self.elsewhere = elsewhere
@@ -168,6 +176,13 @@ class GpuschedSide(Side):
         from peer_stages import breakdown
         return breakdown(await self.client.list_all(team="peer"), sent, stamps, self.work, pct)
 
+    async def slot_stages(self, ids: set[str]) -> list[str]:
+        from peer_stages import record_times, slot_breakdown
+        if self.log is None:
+            return []
+        jobs = [j for j in await self.client.list_all(team="peer") if j.job_id in ids]
+        return slot_breakdown(jobs, self.work, await record_times(*self.log), pct)
+
 
 async def drained(side: Side, timeout: float = 600.0) -> None:
     deadline = time.monotonic() + timeout
@@ -180,10 +195,11 @@ async def drained(side: Side, timeout: float = 600.0) -> None:
 async def burst(side: Side, out: Path, jobs: int, concurrency: int, result: Result) -> None:
     script = job_script(out, side.id_var)
     sem = asyncio.Semaphore(concurrency)
+    ids: set[str] = set()
 
     async def one() -> None:
         async with sem:
-            await side.submit(script)
+            ids.add(await side.submit(script))
     def used() -> dict[str, float]:
         everyone = {pid for pids in side.pids.values() for pid in pids} | side.elsewhere
         return {name: cpu_seconds(*pids, others=frozenset(everyone - set(pids))) for name, pids in side.pids.items()}
@@ -196,6 +212,8 @@ async def burst(side: Side, out: Path, jobs: int, concurrency: int, result: Resu
     after = used()
     result.cpu_ms = {name: 1000 * (after[name] - before[name]) / jobs for name in side.pids}
     result.ran = len(read_stamps(out))
+    if lines := await side.slot_stages(ids):
+        print(f"  {side.name} burst, " + "\n".join(lines).lstrip(), flush=True)
 
 
 async def steady(side: Side, out: Path, rate: float, seconds: float) -> tuple[list[float], list[float]]:
@@ -315,6 +333,7 @@ async def main(args: argparse.Namespace) -> None:
               f"submissions in flight; steady {args.rate:g} jobs/s for {args.seconds:g}s, calm {args.calm_rate:g} "
               f"jobs/s; files in {work}{'' if args.keep else ' (deleted at the end; --keep keeps them)'}")
         print(f"tuned Slurm: {', '.join(f'{k}={v}' for k, v in TUNED.items())}")
+        log = (cluster.connection, cluster.topics, [f"peer-n{i}" for i in range(1, args.nodes + 1)])
         ours = frozenset(pid for group in pids.values() for pid in group if pid != os.getpid())
         results = []
         for r in range(args.rounds):
@@ -325,7 +344,7 @@ async def main(args: argparse.Namespace) -> None:
                         slurm.reconfigure(tuned)
                     results.append(await measure(SlurmSide(slurm, tuned, elsewhere=ours), work, args))
                 theirs = frozenset(pid for group in slurm.pids().values() for pid in group)
-                results.append(await measure(GpuschedSide(client, pids, elsewhere=theirs, work=work), work, args))
+                results.append(await measure(GpuschedSide(client, pids, elsewhere=theirs, work=work, log=log), work, args))
         print("medians over the rounds:")
         print("\n".join(summary(results)))
     finally:

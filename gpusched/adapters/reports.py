@@ -8,11 +8,15 @@ tested without a broker (tests/unit/adapters/test_reports.py).
 """
 from __future__ import annotations
 
+import asyncio
+import logging
 import re
+from typing import Awaitable, Callable
 
 from gpusched.core import events as ev
 from gpusched.core.state import ClusterState
 
+log = logging.getLogger("gpusched.node_agent")
 REPORTS = "reports."
 BEATS = "beats."
 # A node host (many simulated nodes in one process, ``gpusched node-host``) reports for all
@@ -160,9 +164,62 @@ def _check_attempt(node: str, event, state: ClusterState) -> str:
     return "" if ok else f"{kind}: {what} job {event.job_id!r} attempt {event.attempt} is not placed on node {node!r}"
 
 
-async def send_report(publisher, topic: str, event: ev.Event, pool: str, node: str = "") -> None:
-    """Write one event to a node's report topic (keyed and enveloped with its pool, as in
-    the pool log); returns once the broker acknowledged it. ``publisher`` is the
-    agent's ``EventPublisher``; ``node``, on a node host's topic, names the node it is from."""
+async def queue_report(publisher, topic: str, event: ev.Event, pool: str, node: str = "") -> asyncio.Future:
+    """Queue one event on a node's report topic (keyed and enveloped with its pool, as in
+    the pool log); the future it returns resolves once the broker acknowledged it. Reports
+    queued one after the other on a topic are appended in that order (one partition, an
+    idempotent producer). ``publisher`` is the agent's ``EventPublisher``; ``node``, on a
+    node host's topic, names the node it is from."""
     extra = [(NODE_HEADER, node.encode())] if node else None
-    await (await publisher.send_event_to(topic, event, pool, extra))
+    return await publisher.send_event_to(topic, event, pool, extra)
+
+
+async def send_report(publisher, topic: str, event: ev.Event, pool: str, node: str = "") -> None:
+    """``queue_report``, returning once the broker acknowledged the event."""
+    await (await queue_report(publisher, topic, event, pool, node))
+
+
+Queue = Callable[[ev.Event], Awaitable[asyncio.Future]]
+Publish = Callable[[ev.Event], Awaitable[None]]
+
+
+async def queued(queue: Queue, event: ev.Event) -> asyncio.Future | None:
+    """``queue(event)``: the future of its acknowledgement; None when it could not be queued."""
+    try:
+        return await queue(event)
+    except asyncio.CancelledError:
+        raise
+    except Exception:   # confirm() sends it again, with the publisher's retries
+        return None
+
+
+async def confirm(publish: Publish, event: ev.Event, acked: asyncio.Future | None) -> None:
+    """Wait for ``acked``, the acknowledgement of ``event``'s first send; when that send
+    failed or never went, ``publish(event)`` (the sender's send with retries)."""
+    if acked is not None:
+        try:
+            await acked
+            return
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.warning("%s not acknowledged (%r); sending it again", type(event).__name__, exc)
+    await publish(event)
+
+
+async def report_behind(queue: Queue, publish: Publish, event: ev.Event, first: asyncio.Future | None,
+                        confirmed: asyncio.Future) -> None:
+    """Report ``event`` after an earlier report of the same worker, whose first send is
+    ``first`` and whose ``confirm`` is ``confirmed``. While that first send has not failed,
+    ``event`` is queued at once, behind it: a worker's end does not wait for the broker's
+    acknowledgement of its start (in a burst of short jobs, a round trip of every GPU
+    slot's turnaround). Otherwise it goes once the earlier report is in. (Should the first
+    send fail after ``event`` was queued, the earlier report is sent again and lands after
+    it, where the reducer finds it stale: a start after the end.)"""
+    if first is None or (first.done() and (first.cancelled() or first.exception() is not None)):
+        await confirmed
+        await publish(event)
+        return
+    acked = await queued(queue, event)
+    await confirmed
+    await confirm(publish, event, acked)

@@ -22,7 +22,7 @@ from pathlib import Path
 from gpusched.adapters.follower import LogFollower
 from gpusched.adapters import tracing
 from gpusched.adapters.publisher import EventPublisher
-from gpusched.adapters.reports import send_report
+from gpusched.adapters.reports import confirm, queue_report, queued, report_behind
 from gpusched.core import events as ev
 from gpusched.core.model import EXIT_LOST, JobPhase, NodeInfo, WorkerAssignment
 from gpusched.core.state import ClusterState, JobState
@@ -106,7 +106,10 @@ class NodeAgent(NodeLiveness):
                 delay = min(delay * 2, 5.0)
 
     async def _send_report(self, event) -> None:
-        await send_report(self.publisher, self.report_topic, event, self.info.pool)
+        await (await self._queue_report(event))
+
+    async def _queue_report(self, event) -> asyncio.Future:
+        return await queue_report(self.publisher, self.report_topic, event, self.info.pool)
 
     # --- start-up -------------------------------------------------------------------
     async def join(self, follower) -> None:
@@ -305,9 +308,10 @@ class NodeAgent(NodeLiveness):
                 await self._finished(key, WorkerExit(127, reason=f"cannot start: {exc}"))
                 return
             tracing.mark("worker start", job_id, **{"gpusched.node": self.name, "gpusched.worker": worker})
-            await self.publish(self._event(ev.WorkerStarted, job_id=job_id, attempt=attempt,
-                                           worker=worker, node=self.name))
-            await self._finished(key, await run.wait())
+            started = self._event(ev.WorkerStarted, job_id=job_id, attempt=attempt, worker=worker, node=self.name)
+            first = await queued(self._queue_report, started)   # the end is awaited meanwhile
+            confirmed = asyncio.ensure_future(confirm(self.publish, started, first))
+            await self._finished(key, await run.wait(), (first, confirmed))
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -317,15 +321,17 @@ class NodeAgent(NodeLiveness):
             self.runs.pop(key, None)
             self.stopping.discard(key)
 
-    async def _finished(self, key: Key, end: WorkerExit) -> None:
-        """Report the worker's real end: only now may the log release its resources."""
+    async def _finished(self, key: Key, end: WorkerExit, after: tuple | None = None) -> None:
+        """Report the worker's real end: only now may the log release its resources.
+        ``after``: its start's report (``report_behind``), which goes first."""
         if self._still_assigned(key):
             job_id, attempt, worker = key
             tracing.mark("worker end", job_id, **{"gpusched.node": self.name, "gpusched.worker": worker,
                                                   "gpusched.exit_code": end.exit_code})
-            await self.publish(self._event(ev.WorkerFinished, job_id=job_id, attempt=attempt, worker=worker,
-                                           node=self.name, exit_code=end.exit_code, signal=end.signal,
-                                           reason=end.reason))
+            finished = self._event(ev.WorkerFinished, job_id=job_id, attempt=attempt, worker=worker,
+                                   node=self.name, exit_code=end.exit_code, signal=end.signal, reason=end.reason)
+            await (report_behind(self._queue_report, self.publish, finished, *after) if after
+                   else self.publish(finished))
 
     def _job(self, job_id: str) -> JobState | None:
         for state in self.follower.states.values():

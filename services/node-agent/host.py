@@ -24,7 +24,7 @@ import struct
 import time
 from pathlib import Path
 
-from gpusched.adapters.reports import hosted_node_name, send_report
+from gpusched.adapters.reports import hosted_node_name, queue_report
 from gpusched.adapters.service import every
 from gpusched.core import events as ev
 from gpusched.core.model import NodeInfo
@@ -51,8 +51,8 @@ class HostedNode(NodeAgent):
                          in_log=host.in_log)
         self.host = host
 
-    async def _send_report(self, event) -> None:
-        await send_report(self.publisher, self.report_topic, event, self.info.pool, node=self.name)
+    async def _queue_report(self, event):
+        return await queue_report(self.publisher, self.report_topic, event, self.info.pool, node=self.name)
 
     async def beat(self) -> bool:
         """The host beats for all its nodes (``NodeHost.beats``), started before any joins."""

@@ -145,3 +145,42 @@ def test_stage_breakdown_reads_each_jobs_stamps_and_skips_a_job_without_its_fold
     assert len(lines) == 1 + len(STAGES)
     total = lines[STAGES.index(("total: sent -> workload's stamp", "sent", "stamp")) + 1].split()
     assert float(total[-1]) == pytest.approx(72.0, abs=0.01)   # 12 ms after creation minus 60 ms before
+
+
+def test_slot_pairs_follow_each_gpu_and_leave_out_jobs_without_their_record_times(tmp_path):
+    import json
+    import time
+
+    from peer_stages import SLOT_STAGES, slot_breakdown, slot_pairs
+    from gpusched.v1 import types_pb2
+
+    t0 = time.time()
+
+    def job(job_id: str, gpu: int, begin: float, dir_name: str = "agent-n1") -> types_pb2.Job:
+        """A one-GPU job on n1 whose shim spawned it at ``begin`` and saw it end 20 ms later."""
+        folder = tmp_path / dir_name / f"{job_id}-0-0"
+        folder.mkdir(parents=True)
+        (folder / "shim.json").write_text(json.dumps({"started_at": t0 + begin, "ended_at": t0 + begin + 0.020}))
+        j = types_pb2.Job(job_id=job_id, attempt=0)
+        j.workers.add(worker=0, node="n1").gpus.add(index=gpu)
+        for field, at in (("submitted_at", -1.0), ("placed_at", begin - 0.050),
+                          ("started_at", begin + 0.005), ("ended_at", begin + 0.030)):
+            getattr(j, field).FromNanoseconds(int((t0 + at) * 1e9))
+        return j
+    # GPU 0: a, then c (spawned later; listed first); GPU 1: b alone; d on GPU 0 has no record times.
+    jobs = [job("c", 0, 1.0), job("a", 0, 0.0), job("b", 1, 0.5), job("d", 0, 2.0)]
+    times = {}
+    for j, base in (("a", 0.0), ("b", 0.5), ("c", 1.0)):
+        times[("report", "WorkerFinished", j)] = t0 + base + 0.031
+        times[("log", "WorkerFinished", j)] = t0 + base + 0.040
+        times[("log", "JobPlaced", j)] = t0 + base - 0.045
+        times[("view", "", j)] = t0 + base - 0.040
+    pairs = slot_pairs(jobs, [tmp_path / "agent-n1"], times)
+    assert len(pairs) == 1   # a -> c on GPU 0; b has no successor, d no record times
+    pair = pairs[0]
+    assert pair["exited"] == pytest.approx(t0 + 0.020) and pair["spawned"] == pytest.approx(t0 + 1.0)
+    assert pair["log_finished"] == pytest.approx(t0 + 0.040) and pair["view"] == pytest.approx(t0 + 0.960)
+    lines = slot_breakdown(jobs, tmp_path, times, pct)
+    assert len(lines) == 1 + len(SLOT_STAGES)
+    total = lines[1 + [label for label, _, _ in SLOT_STAGES].index("total: end seen -> next spawned")].split()
+    assert float(total[-1]) == pytest.approx(980.0, abs=0.5)   # end seen at 20 ms, next spawned at 1 s
