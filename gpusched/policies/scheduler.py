@@ -386,8 +386,8 @@ class _Cycle:
         return all((shape, False) in failed and not reservations.may_reserve(shape, pool) for shape, pool in waiting)
 
     def known_to_fail(self, shape, held: bool) -> bool:
-        # What fails without the hold fails with it too.
-        return (shape, False) in self.failed or (shape, held) in self.failed
+        # What fails without the hold fails with it too. Nothing hashed before a failure (WorkerResources: in Python).
+        return bool(self.failed) and ((shape, False) in self.failed or held and (shape, True) in self.failed)
 
     def place(self, job: JobState, shape, held: bool) -> Workers | Unplaced:
         """5. Filter, score and reserve: every worker booked on the statement, or none."""

@@ -60,10 +60,18 @@ class Statement:
         nodes, job_id = state.nodes, job.job_id
         # What undoing it must leave as it was: the team's usage entry, and the nodes
         # that list the job already (another worker of it booked there).
-        before = (job.spec.team not in state.usage, [w.node for w in workers if job_id in nodes[w.node].jobs])
+        if len(workers) == 1:   # most jobs: one node, no generator or comprehension to run
+            name = workers[0].node
+            names: tuple[str, ...] = (name,)
+            listed = [name] if job_id in nodes[name].jobs else []
+        else:
+            names = tuple(w.node for w in workers)
+            listed = [name for name in names if job_id in nodes[name].jobs]
+        before = (job.spec.team not in state.usage, listed)
         commit(state, job, workers)
         self._ops.append((_BOOK, job, workers, before))
-        self._notify_workers(workers)
+        if self.views:
+            self._notify(names)
 
     def release(self, job: JobState, workers: tuple[WorkerAssignment, ...] | None = None) -> None:
         """Release ``workers`` of ``job`` (all it holds by default) as the reducer would."""

@@ -97,6 +97,9 @@ class FragView:
         # those can start to fit. Lists, so a Best catches up with set operations in C.
         self.changed: list[int] = []
         self.grew: list[int] = []
+        # Per row, its last place in ``changed`` (-1: none): the rows changed since a
+        # place, distinct, in one numpy call (``since``), for a Best that saw many changes ago.
+        self.stamp = np.full(len(arrays.nodes), -1, dtype=np.int64)
         self.initial = list(arrays.plain)     # (GPUs, CPU, memory, idle, GPU memory) before any change
         self.best: dict[tuple, Best] = {}   # by the request's fields, oldest first
         self._scorer: RowScorer | None = scorer
@@ -148,8 +151,10 @@ class FragView:
             self.u[at] = usable(self.mix, a.gpu[at], a.cpu[at], a.model[at])
         scorer, u, moved, model, plain, initial = self.scorer, self.u, self.moved, self.models, self.plain, self.initial
         one_by_one = len(rows) <= FEW_ROWS
-        grew = self.grew
+        grew, stamp, place = self.grew, self.stamp, len(self.changed)
         self.changed += rows
+        if not one_by_one:
+            stamp[rows] = np.arange(place, place + len(rows))
         for i in rows:
             gpu, cpu, mem, idle, gmem = a.plain[i]
             was = plain.get(i) or initial[i]
@@ -157,12 +162,20 @@ class FragView:
             if one_by_one:   # numpy's cost is per call: one element at a time for a few rows
                 u[i] = row.u
                 moved[i] = True
+                stamp[i] = place
+                place += 1
             # Capacity that grew (CPU, memory, a GPU's free milli or memory) may let a
             # request fit where it did not.
             if cpu > was[1] or mem > was[2] or any(map(gt, gpu, was[0])) or any(map(gt, gmem, was[-1])):
                 grew.append(i)
         if not one_by_one:
             moved[rows] = True
+
+    def since(self, seen: int) -> list[int]:
+        """The rows in ``changed[seen:]`` (in any order, maybe repeated)."""
+        if len(self.changed) - seen <= LONG_GAP:   # the slice itself: cheaper than a numpy call
+            return self.changed[seen:]
+        return np.flatnonzero(self.stamp >= seen).tolist()
 
     @property
     def scorer(self) -> RowScorer:
@@ -223,6 +236,7 @@ class WasteTable:
 NONE = np.iinfo(np.int64).max
 FEW_ROWS = 256            # changed rows rescored one by one in Python (frag_rows); more: numpy
 CACHED_REQUESTS = 256    # distinct requests a view keeps the per-node best of
+LONG_GAP = 128            # changes since a Best last looked, past which ``since`` asks numpy
 
 
 def final_waste(mix: dict[Shape, float], patience: float = PATIENCE) -> np.ndarray:

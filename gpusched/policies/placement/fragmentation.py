@@ -40,7 +40,7 @@ from gpusched.policies.placement.arrays import NodeArrays, arrays_for
 # The view and its numbers; compile_mix, usable and final_waste are read from here too.
 from gpusched.policies.placement.frag_view import (  # noqa: F401
     NONE, FEW_ROWS, CACHED_REQUESTS, PATIENCE, Best, FragView, Shape, compile_mix, final_waste, usable)
-from gpusched.policies.placement.frag_rows import Row, row_takes
+from gpusched.policies.placement.frag_rows import Row
 from gpusched.policies.placement.heuristics import choose_mig, rank_mig
 # The typical-task mix and the default of ``Fgd(popularity=...)`` (``FgdLookahead(patience=...)``'s: frag_view).
 from gpusched.policies.placement.frag_mix import (
@@ -134,14 +134,14 @@ class Fgd:
         if not best.key.size:        # a pool without nodes
             return None
         i = int(best.key.argmin())   # the first row of the least key: registration order
-        return None if best.key[i] == NONE else (i, int(best.gpu[i]))
+        return None if best.key.item(i) == NONE else (i, best.gpu.item(i))   # item: a Python int
 
     def catch_up(self, view: FragView, best: Best, res: WorkerResources) -> None:
         """Rescore the rows changed since ``best`` last saw the view: those that fitted,
         and those that grew (capacity that only shrank cannot make a node fit; GPU memory
         aside, which ``Best.fits`` leaves aside)."""
         fits, changed, grew = best.fits, view.changed, view.grew
-        rows = fits.intersection(changed[best.seen:])
+        rows = fits.intersection(view.since(best.seen))
         if best.grown < len(grew):
             rows.update(grew[best.grown:])
         best.seen, best.grown = len(changed), len(grew)
@@ -182,16 +182,20 @@ class Fgd:
         as ``rescore`` scores it. Returns the unchanged rows that take ``res``. A group's
         rows may differ in free host memory, which no score reads: each row's own is
         checked, not its group's."""
-        key = np.full(len(reps) + 1, NONE, dtype=np.int64)   # the last: changed rows
-        gpu = np.zeros(len(reps) + 1, dtype=np.int64)
-        taken = np.zeros(len(reps) + 1, dtype=bool)
-        takes, score = row_takes(res, view.arrays.allowed_models(res), memory=False), best.score
+        # Python lists, one numpy array each at the end: a few hundred groups a request,
+        # and numpy's cost is per element written. The last entry: the changed rows.
+        key, gpu, taken = [NONE] * (len(reps) + 1), [0] * (len(reps) + 1), [False] * (len(reps) + 1)
+        need_cpu, _, share, gpus, allowed = best.need
+        score = best.score
         for g, row in enumerate(reps):
-            if takes(row):
+            # ``row_takes`` but host memory (checked row by row below), inline as in ``rescore``
+            if row.cpu >= need_cpu and row.mem >= 0 and allowed[row.model] and row.largest >= share \
+                    and row.whole >= gpus:
                 taken[g] = True
                 found = score(row)
                 if found is not None:
                     key[g], gpu[g] = found
+        key, gpu, taken = np.array(key, dtype=np.int64), np.array(gpu, dtype=np.int64), np.array(taken, dtype=bool)
         group = np.where(view.moved, len(reps), view.memory_group if memory else view.group)
         ok = taken[group] & (view.arrays.mem >= res.memory_mib)
         best.key[:], best.gpu[:] = np.where(ok, key[group], NONE), gpu[group]

@@ -79,3 +79,16 @@ def test_a_job_of_a_failed_shape_is_skipped_behind_a_reservation():
                                                                            QueueKeys())
     assert [r.job.job_id for r in result.reservations] == ["big0"]
     assert result.skipped == ["big1", "big2", "big3"]   # big0's shape failed before any hold
+
+
+def test_a_shape_is_known_to_fail_as_it_failed_with_or_without_the_hold():
+    """``_Cycle.known_to_fail``: what failed without the hold fails with it too; what
+    failed under the hold fails under it only; nothing before any failure."""
+    run = object.__new__(scheduler_module._Cycle)
+    run.failed = set()
+    assert not run.known_to_fail("shape", held=False) and not run.known_to_fail("shape", held=True)
+    run.failed.add(("shape", True))
+    assert run.known_to_fail("shape", held=True) and not run.known_to_fail("shape", held=False)
+    assert not run.known_to_fail("other", held=True)
+    run.failed.add(("shape", False))
+    assert run.known_to_fail("shape", held=False) and run.known_to_fail("shape", held=True)

@@ -27,7 +27,7 @@ from gpusched.core.state import ClusterState
 import numpy as np
 
 from gpusched.policies.placement.frag_rows import RowScorer, pairwise
-from gpusched.policies.placement import fragmentation
+from gpusched.policies.placement import frag_view, fragmentation
 from gpusched.policies.placement.fragmentation import Fgd, compile_mix, final_waste, usable
 from gpusched.policies.placement.registry import PLACEMENTS
 from gpusched.policies.gpu_fit import pick_gpus
@@ -152,6 +152,43 @@ def test_many_equal_nodes_fill_in_registration_order(monkeypatch, few_rows):
     for policy in sorted(POLICIES):
         placed = assert_same(log.state, policy, queue="fifo", max_decisions=600)
         assert 200 < len(placed) < 600
+
+
+@pytest.mark.parametrize("long_gap", [0, 7])
+def test_requests_asked_again_after_many_changes_decide_alike(monkeypatch, long_gap):
+    """A request asked again after more than ``LONG_GAP`` changes reads the rows changed
+    since from the view's stamps (``FragView.since``), not from the list of changes."""
+    monkeypatch.setattr(frag_view, "LONG_GAP", long_gap)
+    rng = random.Random(7)
+    log = Log(*(node(f"n{i:02d}", gpus=8, cpu=128_000, mem=1_048_576) for i in range(12)))
+    for i in range(150):
+        res = rng.choice([dict(milli=rng.choice((110, 470, 810))), dict(gpus=1), dict(gpus=rng.choice((2, 4)))])
+        spec = JobSpec(name=f"j{i}", team="t", resources=_resources(cpu=rng.choice((2000, 16_000)), **res))
+        assert log.submit(f"j{i:04d}", spec).accepted
+    for policy in sorted(POLICIES):
+        assert 50 < len(assert_same(log.state, policy, queue="fifo")) < 150
+
+
+@pytest.mark.parametrize("few_rows", [None, 0])
+def test_the_rows_changed_since_a_place_are_those_listed_after_it(monkeypatch, few_rows):
+    """``FragView.since(seen)``: the rows of ``changed[seen:]``, from either path (the
+    list's slice, the stamps), after syncs of one row each or of many (numpy's path)."""
+    monkeypatch.setattr(frag_view, "LONG_GAP", 4)
+    if few_rows is not None:
+        monkeypatch.setattr(frag_view, "FEW_ROWS", few_rows)
+    log = Log(*(node(f"n{i}", gpus=8, cpu=128_000, mem=1_048_576) for i in range(6)))
+    statement = Statement(log.state)
+    view = Fgd().view(log.state, statement, log.state.nodes["n0"].info.pool)
+    rng, res = random.Random(3), _resources(cpu=1000, milli=110)
+    for _ in range(30):
+        for name in rng.sample(sorted(log.state.nodes), rng.randint(1, 3)):
+            node_state = log.state.nodes[name]
+            statement.take(node_state, res, pick_gpus(node_state, res))
+        view.sync()
+    assert len(view.changed) > 30
+    for seen in range(len(view.changed) + 1):
+        assert sorted(set(view.since(seen))) == sorted(set(view.changed[seen:]))
+    statement.close()
 
 
 @FEW_ROWS
