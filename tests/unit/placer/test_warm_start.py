@@ -12,13 +12,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpusched.core import events as ev
-from gpusched.core.model import JobPhase
 from gpusched.core.reducer import apply
 from gpusched.policies.placement.kept_index import KEPT
 from gpusched.policies.queueing.keys import QueueKeys
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig
 from gpusched_placer.loop import PlacementDecider
 from tests.unit.core.builders import Log, make_node, make_spec
+from tests.unit.policies.test_job_test_cursor import end_and_arrive
 
 SHAPES = ((1, 1, 0), (1, 2, 0), (1, 8, 0), (2, 4, 0), (1, 0, 500))   # (workers, gpus, milli)
 SETTINGS = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -59,12 +59,7 @@ def play(scenario, config: SchedulerConfig, warm: bool) -> list[list[tuple]]:
         decider._warmed = lambda state, now: QueueKeys()
     rounds = []
     for ends, arrivals in [(0, [])] + between:
-        for job_id in [j for j, job in log.state.jobs.items() if job.phase is JobPhase.PLACED][:ends]:
-            assert log(ev.JobCancelled, job_id=job_id, reason="ended").accepted
-            log.stopped(job_id, code=0, signal=0)
-        for team, shape in arrivals:
-            n = log.state.next_seq
-            log.submit(f"a{n}", spec(team, shape, f"a{n}"))
+        end_and_arrive(log, ends, arrivals, spec)
         log.now += 1.0
         events = [e for e, _ in decider(0, log.state, log.now)]
         for e in events:

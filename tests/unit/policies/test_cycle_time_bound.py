@@ -14,10 +14,8 @@ from hypothesis import strategies as st
 
 from gpusched.policies.queueing.keys import QueueKeys
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig
-from tests.unit.policies.test_job_test_cursor import SETTINGS, deep_queue, run_cycle, scenarios, spec
+from tests.unit.policies.test_job_test_cursor import SETTINGS, deep_queue, end_and_arrive, run_cycle, scenarios, spec
 from tests.unit.core.builders import Log, make_node
-from gpusched.core import events as ev
-from gpusched.core.model import JobPhase
 
 
 class Ticks:
@@ -91,12 +89,7 @@ def play(scenario, config: SchedulerConfig, clock) -> list[tuple[list, int, int]
         log.submit(f"w{i}", spec(team, shape, f"w{i}", limit))
     scheduler, keys, cycles = Scheduler(config, clock=clock), QueueKeys(), []
     for ends, arrivals in [(0, [])] + between:
-        for job_id in [j for j, job in log.state.jobs.items() if job.phase is JobPhase.PLACED][:ends]:
-            assert log(ev.JobCancelled, job_id=job_id, reason="ended").accepted
-            log.stopped(job_id, code=0, signal=0)
-        for team, shape in arrivals:
-            n = log.state.next_seq
-            log.submit(f"a{n}", spec(team, shape, f"a{n}"))
+        end_and_arrive(log, ends, arrivals, spec)
         before = clock.reads
         result = scheduler.schedule(log.state, log.now, None, keys)
         for d in result.decisions:

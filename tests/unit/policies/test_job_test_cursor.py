@@ -48,6 +48,17 @@ def scenarios(draw):
     return nodes, waiting, between
 
 
+def end_and_arrive(log: Log, ends: int, arrivals: list, make=spec) -> None:
+    """Between two cycles: the first ``ends`` placed jobs end, then ``arrivals`` (team,
+    shape) are submitted, each made by ``make(team, shape, name)``."""
+    for job_id in [j for j, job in log.state.jobs.items() if job.phase is JobPhase.PLACED][:ends]:
+        assert log(ev.JobCancelled, job_id=job_id, reason="ended").accepted
+        log.stopped(job_id, code=0, signal=0)   # its GPUs are free once its workers report their end
+    for team, shape in arrivals:
+        n = log.state.next_seq
+        log.submit(f"a{n}", make(team, shape, f"a{n}"))
+
+
 def play(scenario, config: SchedulerConfig, parking: bool) -> tuple[list, list]:
     """Each cycle's decisions, and whether the budget could stop it."""
     nodes, waiting, between = scenario
@@ -57,12 +68,7 @@ def play(scenario, config: SchedulerConfig, parking: bool) -> tuple[list, list]:
     scheduler, keys, parked = Scheduler(config), QueueKeys(), ParkedJobs() if parking else None
     decided, budget_may_stop = [], []
     for ends, arrivals in [(0, [])] + between:
-        for job_id in [j for j, job in log.state.jobs.items() if job.phase is JobPhase.PLACED][:ends]:
-            assert log(ev.JobCancelled, job_id=job_id, reason="ended").accepted
-            log.stopped(job_id, code=0, signal=0)   # its GPUs are free once its workers report their end
-        for team, shape in arrivals:
-            n = log.state.next_seq
-            log.submit(f"a{n}", spec(team, shape, f"a{n}"))
+        end_and_arrive(log, ends, arrivals)
         # Every job is ready: a cycle with fewer waiting than the budget cannot stop on it.
         budget_may_stop.append(len(log.state.pending) >= config.max_job_test)
         decided.append(run_cycle(log, scheduler, keys, parked))
