@@ -29,6 +29,12 @@ Both versions' decisions are checked to be equal.
 
     python bench/preemptor_bench.py --nodes 1000 5000 --pending 64 --repeats 3
 
+``--node-event register``: the rounds after the first take turns: one after the changes a
+round brings only, one after them and a node's agent registering again with the same
+inventory (a rolling restart; node ``k`` the ``k``-th time), one after them and a new
+node joining another pool (empty: the round's decisions stay those of the others);
+``--repeats`` rounds of each, each kind its own rows.
+
 ``--defrag``: a fragmented pool instead, where defragmentation plans every round. N nodes
 of 8 GPUs, each running three 1-GPU ``training`` jobs (GPUs 0, 3 and 6; checkpointable,
 checkpointed lately, past their exempt time); waiting: P 8-GPU ``training`` jobs, which
@@ -89,14 +95,34 @@ class Log:
         assert outcome.accepted, outcome
 
 
+def node_info(i: int, pool: str = "default") -> NodeInfo:
+    """Node ``i`` of ``pool``, 8 H100s, as its agent registers it (a fresh object each time)."""
+    name = f"n{i:05d}" if pool == "default" else f"{pool}-{i:05d}"
+    gpus = tuple(GpuInfo(g, f"{name}-g{g}", "H100-80GB", 81_920) for g in range(8))
+    return NodeInfo(name=name, pool=pool, cpu_milli=128_000, memory_mib=1_000_000, gpus=gpus)
+
+
 def registered(nodes: int) -> Log:
     """A log of N 8-GPU nodes, registered."""
     log = Log()
     for i in range(nodes):
-        gpus = tuple(GpuInfo(g, f"n{i}-g{g}", "H100-80GB", 81_920) for g in range(8))
-        log.put(ev.NodeRegistered, NOW - 3000, node=NodeInfo(
-            name=f"n{i:05d}", pool="default", cpu_milli=128_000, memory_mib=1_000_000, gpus=gpus))
+        log.put(ev.NodeRegistered, NOW - 3000, node=node_info(i))
     return log
+
+
+# ``--node-event register``: what comes before a round after the first, in turn (row names).
+NODE_EVENTS = ("kept", "registered again", "joined")
+
+
+def node_event(log: Log, nodes: int, round_no: int, now: float) -> str:
+    """Before round ``round_no`` (from 1): nothing, node ``k`` registering again as it was,
+    or new node ``k`` joining the pool ``spare`` (``k``: the turn). The round's row."""
+    kind = NODE_EVENTS[(round_no - 1) % len(NODE_EVENTS)]
+    k = (round_no - 1) // len(NODE_EVENTS)
+    if kind != "kept":
+        info = node_info(k % nodes) if kind == "registered again" else node_info(k, "spare")
+        log.put(ev.NodeRegistered, now, node=info)
+    return kind
 
 
 def run_on(log: Log, node: int, gpu: int, started: float, team: str, priority_class: str) -> str:
@@ -259,6 +285,8 @@ def main() -> None:
     p.add_argument("--pending", type=int, default=64)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--gc-on", action="store_true", help="time rounds with the cyclic GC on (the service pauses it)")
+    p.add_argument("--node-event", choices=("register",), help="before rounds after the first, in turn: none, a "
+                   "node registering again as it was, a new node joining another pool")
     p.add_argument("--defrag", action="store_true",
                    help="a fragmented pool: defragmentation rounds on kept views against views built per round")
     args = p.parse_args()
@@ -284,8 +312,8 @@ def main() -> None:
         kept = VictimIndex() if KEEPS else None
         views: dict | None = {} if KEEPS_VIEWS else None
         now = NOW
-        for r in range(args.repeats + 1):
-            row = "first" if r == 0 else "kept"
+        for r in range(args.repeats * (len(NODE_EVENTS) if args.node_event else 1) + 1):
+            row = "first" if r == 0 else node_event(log, n, r, now) if args.node_event else "kept"
             state = log.state
             with Timed(find_was) as timed_was:
                 t_was, want = cpu(lambda: scan.preemption_decisions(state, now))
@@ -311,14 +339,16 @@ def main() -> None:
     print(f"index kept between rounds: {KEEPS}; placer's views kept: {KEEPS_VIEWS}; "
           f"cyclic GC paused in rounds: {GC_PAUSED}")
     print(f"{'nodes':>6} {'':>40} {'as it was ms':>13} {'as it is ms':>12} {'ratio':>7}")
-    rows = [("first", "preemption round, first"), ("kept", "preemption round, a round later"),
-            ("search", "one decision's search"), ("none", "a search that finds none"),
-            ("defrag", "defrag round")]
+    rounds = [("first", "preemption round, first"), ("kept", "preemption round, a round later")]
+    if args.node_event:
+        rounds += [(r, f"a round later, a node {r}") for r in NODE_EVENTS[1:]]
+    rows = rounds + [("search", "one decision's search"), ("none", "a search that finds none"),
+                     ("defrag", "defrag round")]
     for n in logs:
         for r, label in rows:
             was, now_is = best[n, r, "was"], best[n, r, "is"]
             print(f"{n:>6} {label:>40} {was * 1000:>13.2f} {now_is * 1000:>12.3f} {was / now_is:>6.1f}x")
-        for r in ("first", "kept"):
+        for r, _ in rounds:
             print(f"{n:>6} {'(built in the ' + r + ' round)':>40} {'':>13} {best[n, r + ' built', 'is'] * 1000:>12.2f}")
 
 

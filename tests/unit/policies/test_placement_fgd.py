@@ -11,8 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpusched.policies.placement.fragmentation import compile_mix, usable
-from tests.unit.core.builders import make_spec, share, whole
+from gpusched.core.model import JobSpec, WorkerResources
+from gpusched.policies.placement.fragmentation import NONE, Fgd, compile_mix, usable
+from gpusched.policies.placement.registry import PLACEMENTS
+from gpusched.policies.statement import Statement
+from tests.unit.core.builders import Log, make_spec, share, whole
 from tests.unit.policies.placement_cases import Case, check, choose, cpu_job, node
 
 
@@ -67,6 +70,30 @@ def test_fgd_and_best_fit_disagree_where_fragmentation_matters():
 
 
 # --- the vectorised fragmentation against its definition --------------------------------
+@pytest.mark.parametrize("policy", ["fgd", "fgd-lookahead"])
+def test_nodes_of_a_model_the_request_refuses_get_no_candidate(monkeypatch, policy):
+    """The first scoring of a request (one node per group of equal nodes) keeps no key on
+    the nodes of a GPU model it does not accept. Were they given one, the H100s would win
+    here (the T4-only mix cannot use them: taking one is free), ``take`` would refuse
+    them and ``scan`` rank every candidate again: the same decision, much slower."""
+    log = Log(*(node(f"{m[0].lower()}{i}", model=m) for i in range(2) for m in ("H100-80GB", "T4-16GB")))
+    res = WorkerResources(gpus=1, cpu_milli=1000, memory_mib=1000, gpu_models=("T4-16GB",))
+    assert log.submit("j", JobSpec(name="j", team="t", resources=res)).accepted
+
+    def scan(*_):
+        raise AssertionError("the first candidate was refused: scan ran")
+    monkeypatch.setattr(Fgd, "scan", scan)
+    placement, statement = PLACEMENTS[policy](), Statement(log.state)
+    chosen, _ = placement.choose(log.state, statement, log.job("j"), res)
+    assert chosen.name == "t0"
+    view = placement.view(log.state, statement, "default")
+    (best,) = view.best.values()
+    names = view.arrays.nodes
+    assert sorted(names[i].name for i in np.flatnonzero(best.key != NONE)) == ["t0", "t1"]
+    assert sorted(names[i].name for i in best.fits) == ["t0", "t1"]
+    statement.close()
+
+
 def fragmentation(mix: dict, gpus: list[int], cpu: int, model: str) -> float:
     """Free GPU milli the typical shapes cannot use, by FGD's definition, one node."""
     total, frag = sum(gpus), 0.0
