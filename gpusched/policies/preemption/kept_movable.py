@@ -78,7 +78,8 @@ class KeptMovable:
                 if node.info.pool == self.pool:
                     for jid in node.jobs:
                         if jid not in self._jobs:
-                            self._note(state.jobs[jid], nodes)
+                            self._note(state.jobs[jid], nodes, bulk=True)
+            self._order.sort()   # listed in bulk: sorted once
         else:
             self.now = now
             for jid in dict.fromkeys(read[0]):
@@ -108,7 +109,7 @@ class KeptMovable:
         yield from run
 
     # --- keeping it in step ---------------------------------------------------------------
-    def _note(self, job: JobState, nodes: Mapping[str, NodeState]) -> None:
+    def _note(self, job: JobState, nodes: Mapping[str, NodeState], bulk: bool = False) -> None:
         jid = job.job_id
         self._jobs[jid] = job
         if not _static(job):
@@ -120,16 +121,20 @@ class KeptMovable:
         self._nodes[jid] = on
         due = self.config.exempt_until(job)   # type: ignore[attr-defined]
         if self.now >= due:
-            self._list(jid)
+            self._list(jid, bulk)
         else:
             self._stamps += 1
             self._stamp[jid] = self._stamps
             heapq.heappush(self._waiting, (due, self._stamps, jid))
 
-    def _list(self, jid: str) -> None:
+    def _list(self, jid: str, bulk: bool = False) -> None:
+        """List ``jid`` in order (``bulk``: at the end, the caller sorts)."""
         job = self._jobs[jid]
         key = self._key[jid] = (-_began(job), job.seq, jid)
-        insort(self._order, key)
+        if bulk:
+            self._order.append(key)
+        else:
+            insort(self._order, key)
 
     def _forget(self, jid: str) -> None:
         self._jobs.pop(jid, None)
