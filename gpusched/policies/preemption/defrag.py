@@ -33,19 +33,22 @@ books its plans tentatively (moved jobs released, the pending job and the moved 
 placed) so later plans of the same call build on them, and leaves the state untouched.
 Like preemption, too, a call may read the placer's views kept between the caller's calls
 (``kept``: ``placer_views``) and the kept index of candidate victims (``victims``: what
-is in flight), brought in step with the log at its start: it then decides as a call
-that builds them afresh (``tests/unit/policies/test_kept_placer_views.py``).
+is in flight), brought in step with the log at its start, and in ``kept`` too each
+pool's movable jobs (``kept_movable``), brought in step at its first plan: it then
+decides as a call that builds them afresh (``tests/unit/policies/test_kept_placer_views.py``).
 """
 from __future__ import annotations
 
 from collections import Counter
-from typing import Callable, Iterable, Mapping, Sequence
+from functools import partial
+from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
 from gpusched.core.model import JobPhase, WorkerAssignment
 from gpusched.core.priority import priority_value
 from gpusched.core.state import ClusterState, JobState, NodeState
 from gpusched.policies.preemption.decisions import REASON_DEFRAG, Preemption
 from gpusched.policies.preemption.indexed_search import IndexedSearch
+from gpusched.policies.preemption.kept_movable import KeptEntries, kept_entries
 from gpusched.policies.preemption.slot_counts import SlotCounts
 from gpusched.policies.preemption.victim_index import Entry, VictimIndex
 from gpusched.policies.queueing.quota import within_limits
@@ -119,6 +122,7 @@ def defrag_decisions(state: ClusterState, now: float,
     if not state.pending:   # the common case of a quiet cluster, every round: nothing to search
         return []
     ctx = SearchContext(state, now, config, victims, kept)
+    searcher = indexed_search if kept is None else partial(indexed_search, kept=kept)
     out: list[Preemption] = []
     with ctx.tentative() as scratch:
         for job in ctx.pending_in_order()[: config.max_examined]:
@@ -132,7 +136,7 @@ def defrag_decisions(state: ClusterState, now: float,
                 continue
             if job.job_id in ctx.in_flight or not _blocked(ctx, job):
                 continue
-            plan = _plan(ctx, job, scratch)   # booked on the scratch when found
+            plan = _plan(ctx, job, scratch, searcher)   # booked on the scratch when found
             if plan is not None:
                 out.append(plan)
     return out
@@ -173,9 +177,10 @@ class MovableEntries:
     """The jobs of a pool's nodes that any pending job may move (``_may_move``), one entry
     per node they run on, by a lower bound of the key of any move set holding them (their
     own work at risk, rounded as ``set_key`` rounds the sum): ``IndexedSearch``'s
-    candidates. Built once per call, at the first plan: what a call's scratch changes
-    after that never makes a job movable (it books pending jobs and moved ones, taken),
-    and a job it released stays listed but is no victim (taken, or released back)."""
+    candidates. Built once per call, at the first plan (or kept between calls:
+    ``kept_movable``): what a call's scratch changes after that never makes a job movable
+    (it books pending jobs and moved ones, taken), and a job it released stays listed but
+    is no victim (taken, or released back)."""
 
     def __init__(self, nodes: Mapping[str, NodeState], jobs: Mapping[str, JobState], pool: str,
                  now: float, config: PreemptionConfig) -> None:
@@ -190,25 +195,34 @@ class MovableEntries:
                     self.entries.append((bound, 1, name, victim.seq, victim))
         self.entries.sort()   # (bound, 1, node, seq) differ: a node lists a job once
 
+    def candidates(self) -> Iterator[Entry]:
+        return iter(self.entries)
+
     def touch(self, names: Iterable[str]) -> None:
         """Nothing to do (see the class doc)."""
 
 
 def indexed_search(ctx: SearchContext, job: JobState, scratch: Statement, eligible: Callable,
-                   cost: Callable, set_key: Callable) -> VictimSearch:
-    """The search of a plan on the call's movable jobs (``MovableEntries``) and worker
-    slots (``SlotCounts``), views kept for the call; the nodes' own (``VictimSearch``)
-    where no call is open to keep them."""
-    spec, pool, config = job.spec, job.spec.pool, ctx.config
-    movable = ctx.kept_view((MovableEntries, pool),
-                            lambda nodes: MovableEntries(nodes, ctx.state.jobs, pool, ctx.now, config))
+                   cost: Callable, set_key: Callable, kept: dict | None = None) -> VictimSearch:
+    """The search of a plan on the call's movable jobs (``MovableEntries``; ``kept``: the
+    caller's dict keeping them between calls, ``kept_movable``) and worker slots
+    (``SlotCounts``), views kept for the call; the nodes' own (``VictimSearch``) where no
+    call is open to keep them."""
+    spec, pool, config, now = job.spec, job.spec.pool, ctx.config, ctx.now
+
+    def listed(nodes: Mapping[str, NodeState]) -> MovableEntries | KeptEntries:
+        if kept is None:
+            return MovableEntries(nodes, ctx.state.jobs, pool, now, config)
+        return kept_entries(kept, ctx.state, nodes, pool, now, config)
+
+    movable = ctx.kept_view((MovableEntries, pool), listed)
     shape = (SlotCounts, pool, spec.resources, spec.workers)
     slots = ctx.kept_view(shape, lambda nodes: SlotCounts(nodes, pool, spec.resources, spec.workers))
     if movable is None or slots is None:
         return stepped_search(ctx, job, scratch, eligible, cost, set_key)
-    assert isinstance(movable, MovableEntries) and isinstance(slots, SlotCounts)
+    assert isinstance(movable, (MovableEntries, KeptEntries)) and isinstance(slots, SlotCounts)
     return IndexedSearch(ctx.state, job, scratch, eligible, cost, set_key, config.defrag_max_moves,
-                         iter(movable.entries), slots.on, slots.total, frozenset())
+                         movable.candidates(), slots.on, slots.total, frozenset())
 
 
 def stepped_search(ctx: SearchContext, job: JobState, scratch: Statement, eligible: Callable,

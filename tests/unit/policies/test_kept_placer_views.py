@@ -5,6 +5,7 @@ questions) that keep them decide as rounds that build them afresh: the preempt a
 and defragmentation's, on pools fragmented so that defragmentation moves jobs."""
 from __future__ import annotations
 
+from dataclasses import replace
 from types import SimpleNamespace
 
 from hypothesis import given
@@ -17,7 +18,8 @@ from gpusched.policies.placement.kept_index import KEPT
 from gpusched.policies.placement.mig_index import MigIndex
 from gpusched.policies.placement.topology import GangCapacities
 from gpusched.policies.preemption.decisions import preemption_decisions, preemption_events, victims_for
-from gpusched.policies.preemption.defrag import defrag_decisions
+from gpusched.policies.preemption.defrag import MovableEntries, defrag_decisions
+from gpusched.policies.preemption.kept_movable import KEY as MOVABLE
 from gpusched.policies.preemption.victim_index import VictimIndex
 from tests.unit.core.builders import make_spec
 from tests.unit.policies import preemption_oracle as oracle
@@ -40,6 +42,16 @@ def assert_kept_as_fresh(views: dict, state) -> None:
         for key, index in kept.indexes.items():
             if isinstance(index, NODE_VIEWS):
                 assert contents(index) == contents(fresh_like(index, state)), key
+
+
+def assert_movable_as_fresh(views: dict, state, now: float, config) -> None:
+    """Bring each pool's kept movable jobs in step as a call's first plan does: they must
+    list the entries a fresh ``MovableEntries`` lists at ``now``."""
+    for key, movable in views.items():
+        if isinstance(key, tuple) and key[0] == MOVABLE:
+            kept = movable.refresh(state, state.nodes, now, config).entries(now)
+            fresh = MovableEntries(state.nodes, state.jobs, key[1], now, config).entries
+            assert [e[:4] + (e[4].job_id,) for e in kept] == [e[:4] + (e[4].job_id,) for e in fresh]
 
 
 def a_cluster(data):
@@ -102,6 +114,8 @@ def test_defrag_rounds_that_keep_placer_views_decide_as_rounds_that_build_them(d
     log, now = fragmented_cluster(data)
     c = SimpleNamespace(log=log, state=log.state)
     config = config_for(data) if data.draw(st.booleans()) else random_rules(data)
+    # Work at risk grows past the cap between rounds (``kept_movable``'s cut).
+    config = replace(config, defrag_max_work_lost_s=data.draw(st.sampled_from([300.0, 600.0, 2000.0])))
     victims, views = VictimIndex(), {}
     for _ in range(data.draw(st.integers(2, 5))):
         now = _next_round(c, data, now, config, victims, 2)
@@ -115,6 +129,7 @@ def test_defrag_rounds_that_keep_placer_views_decide_as_rounds_that_build_them(d
         assert plans == defrag_decisions(state, now, config) == oracle.defrag_decisions(state, now, config)
         assert digest(state) == before
         assert_kept_as_fresh(views, state)
+        assert_movable_as_fresh(views, state, now, config)
         _moved(c, data, plans, now)
 
 
@@ -224,3 +239,25 @@ def test_the_preemptors_defrag_action_reads_the_rounds_kept_views(monkeypatch):
     proposals = decider(0, c.state, AT)
     assert [(e.job_id, e.reason) for e, _ in proposals] == [("a", "defragmentation: preempted for big")]
     assert built == ["default"]
+
+
+def test_a_later_defrag_round_lists_no_pool_afresh(monkeypatch):
+    """The second round reads the movable jobs kept by the first (brought in step with the
+    moves the log took), neither listed afresh (``MovableEntries``) nor started over."""
+    from gpusched.policies.preemption.kept_movable import KeptMovable
+    listings: list[str] = []
+    reset, init = KeptMovable._reset, MovableEntries.__init__
+    monkeypatch.setattr(KeptMovable, "_reset", lambda self: listings.append("kept") or reset(self))
+    monkeypatch.setattr(MovableEntries, "__init__", lambda self, *a: listings.append("fresh") or init(self, *a))
+    from tests.unit.policies.test_defrag import NOW as AT, fragmented
+    c = fragmented()
+    c.pending("big2", gpus=8)
+    victims, views = VictimIndex(), {}
+    first = defrag_decisions(c.state, AT, victims=victims, kept=views)
+    assert [p.for_job for p in first] == ["big"] and listings == ["kept", "kept"]   # made, then listed
+    for e in preemption_events(c.state, first[0], AT):
+        assert c.log.replay(e).accepted
+    listings.clear()
+    second = defrag_decisions(c.state, AT + 1, victims=victims, kept=views)
+    assert [p.for_job for p in second] == ["big2"] and listings == []
+    assert second == oracle.defrag_decisions(c.state, AT + 1)
