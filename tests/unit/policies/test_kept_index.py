@@ -51,7 +51,7 @@ def change(log: Log, s: tuple, made: list[str]) -> None:
         for name in [NODES[at], NODES[(at + 1) % len(NODES)]][:1 + gang]:
             node = log.node(name)
             free = [g.info.index for g in node.gpus if not g.used_milli and not g.mig_mask and g.healthy]
-            if len(free) < gpus or not node.schedulable:
+            if len(free) < gpus or not node.schedulable or node.info.pool != "default":   # enrolled elsewhere
                 return
             spots.append((name, whole(*free[:gpus])))
         job_id = f"j{len(made)}"
