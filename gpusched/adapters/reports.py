@@ -174,11 +174,6 @@ async def queue_report(publisher, topic: str, event: ev.Event, pool: str, node: 
     return await publisher.send_event_to(topic, event, pool, extra)
 
 
-async def send_report(publisher, topic: str, event: ev.Event, pool: str, node: str = "") -> None:
-    """``queue_report``, returning once the broker acknowledged the event."""
-    await (await queue_report(publisher, topic, event, pool, node))
-
-
 Queue = Callable[[ev.Event], Awaitable[asyncio.Future]]
 Publish = Callable[[ev.Event], Awaitable[None]]
 
