@@ -3,9 +3,11 @@
 N launches of ``true`` (C in flight), each started and waited for to its end as the agent
 does, side by side in one run:
 
-* ``launcher``: the shim forked by the agent's launcher (``launcher.py``), as the
-  node-agent runs workers; the launcher is started for the round and closed at its end,
-  so its own start counts too.
+* ``native``: the compiled shim (``shim.c``) spawned by the agent, as the node-agent
+  runs workers where deploy/setup.sh built it (``native_shim``).
+* ``launcher``: the Python shim forked by the agent's launcher (``launcher.py``), as the
+  node-agent runs workers where the compiled shim is not built; the launcher is started
+  for the round and closed at its end, so its own start counts too.
 * ``interpreter``: the shim started as a new interpreter per launch
   (``python -S shim.py ...``), as the node-agent did before the launcher.
 
@@ -26,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from gpusched_node_agent import launcher
+from gpusched_node_agent import launcher, native_shim
 from gpusched_node_agent.runner import SHIM, ProcessRun
 
 
@@ -55,7 +57,23 @@ class _InterpreterShim:
         self.proc.kill()
 
 
-class InterpreterRun(ProcessRun):
+class LauncherRun(ProcessRun):
+    """The Python shim forked by the launcher."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.native = False
+
+
+class NativeRun(ProcessRun):
+    """The compiled shim spawned by the agent."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.native = True
+
+
+class InterpreterRun(LauncherRun):
     """The shim started as a new interpreter per launch (the path the launcher replaced),
     whose status file the agent polled every 10 ms."""
 
@@ -86,7 +104,7 @@ async def round_of(kind: type[ProcessRun], launches: int, concurrency: int, root
 
     (me0, kids0, faults0), wall0 = cpu(), time.perf_counter()
     await asyncio.gather(*(one(i) for i in range(launches)))
-    if kind is ProcessRun:   # let the launcher go and reap it, so its CPU (and its shims') is counted
+    if kind is LauncherRun:   # let the launcher go and reap it, so its CPU (and its shims') is counted
         current = launcher._current
         launcher.close()
         await current.process.wait()
@@ -101,10 +119,15 @@ async def main() -> None:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    results: dict[str, list[dict]] = {"launcher": [], "interpreter": []}
+    paths = [("interpreter", InterpreterRun), ("launcher", LauncherRun)]
+    if native_shim.available():
+        paths.append(("native", NativeRun))
+    else:
+        print("the compiled shim is not built (deploy/setup.sh): no native row", file=sys.stderr)
+    results: dict[str, list[dict]] = {name: [] for name, _ in paths}
     with tempfile.TemporaryDirectory(prefix="launch-bench-") as tmp:
         for r in range(args.rounds):
-            for name, kind in (("interpreter", InterpreterRun), ("launcher", ProcessRun)):
+            for name, kind in paths:
                 results[name].append(await round_of(kind, args.launches, args.concurrency, Path(tmp) / f"r{r}"))
     print(f"{args.launches} launches of `true`, {args.concurrency} in flight, median of {args.rounds} rounds")
     print(f"{'path':<12} {'agent CPU':>10} {'launcher+shims CPU':>19} {'total CPU':>10} {'wall':>8}  (ms per launch)"
@@ -118,6 +141,8 @@ async def main() -> None:
         faults = statistics.median(r["faults"] for r in rounds)
         print(f"{name:<12} {agent:>10.2f} {kids:>19.2f} {totals[name]:>10.2f} {wall:>8.2f} {faults:>24.0f}")
     print(f"total CPU per launch, interpreter / launcher: {totals['interpreter'] / totals['launcher']:.2f}x")
+    if "native" in totals:
+        print(f"total CPU per launch, native / launcher: {totals['native'] / totals['launcher']:.2f}x")
 
 
 if __name__ == "__main__":

@@ -6,6 +6,8 @@
 #      `protoc --decode` by consumers outside gpusched; generated files are gitignored)
 #   3. the reducer's modules compiled with mypyc into gpusched/_native/ (seconds;
 #      skipped when built for the same sources; plain Python where it cannot build)
+#      and the worker shim compiled into services/node-agent/build/gpusched-shim
+#      (the Python shim runs where there is no C compiler)
 #   4. the Kafka broker jars in the cache (deploy/kafka.sh fetch)
 # Needs: python3.11 (or python3 >= 3.11), Java 17+, Maven (for the Kafka jars); as root
 # it installs Java, Maven, PostgreSQL and Chromium (the dashboard's browser tests) from
@@ -91,6 +93,14 @@ fi
 # --- 3. the reducer compiled with mypyc (gpusched.native); plain Python without it ---
 .venv/bin/python deploy/build_native.py \
   || log "warning: the reducer runs as plain Python (needs a C compiler and Python headers)"
+
+# --- 3b. the worker shim compiled (services/node-agent/shim.c); the Python shim without it ---
+SHIM_SRC=services/node-agent/shim.c SHIM_BIN=services/node-agent/build/gpusched-shim
+if [[ ! -x "$SHIM_BIN" || "$SHIM_SRC" -nt "$SHIM_BIN" ]]; then
+  mkdir -p "$(dirname "$SHIM_BIN")"
+  ${CC:-cc} -O2 -Wall -o "$SHIM_BIN.tmp" "$SHIM_SRC" -lm && mv "$SHIM_BIN.tmp" "$SHIM_BIN" \
+    || log "warning: workers run under the Python shim (needs a C compiler)"
+fi
 
 # --- 4. Kafka jars ---
 bash deploy/kafka.sh fetch

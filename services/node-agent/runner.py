@@ -20,10 +20,11 @@ from pathlib import Path
 from typing import Awaitable, Callable
 
 if __package__:
-    from . import launcher
+    from . import launcher, native_shim
 else:   # loaded by file path (deploy/gpu_check.py): launcher.py sits beside it
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import launcher
+    import native_shim
 
 
 OnCheckpoint = Callable[[str, float], Awaitable[None]]
@@ -112,8 +113,9 @@ class SimulatedRun:
 
 
 class ProcessRun:
-    """A real workload, run under its shim (``shim.py``) in a session of its own, forked
-    by this agent's launcher (``launcher.py``) rather than started as a new interpreter.
+    """A real workload, run under its shim in a session of its own: the compiled shim
+    (``shim.c``) spawned by the agent where it is built (``native_shim``), else the Python
+    shim (``shim.py``) forked by this agent's launcher (``launcher.py``).
 
     The shim starts the workload, forwards a stop (SIGTERM, then SIGKILL after
     ``kill_wait``), fences it when the lease at ``lease_path`` runs out (no lease: never
@@ -160,6 +162,7 @@ class ProcessRun:
         self._seen = ""
         self._backstop = ""                     # why the agent had to kill, if it did
         self._stop_asked = False
+        self.native = native_shim.available()   # which shim: the same contract either way
 
     def shim_settings(self) -> dict:
         """The shim's settings, as ``shim.run`` takes them (checked in ``__init__``)."""
@@ -196,6 +199,8 @@ class ProcessRun:
             raise
 
     async def _launch_by_launcher(self) -> launcher.ShimProcess:
+        if self.native:
+            return await native_shim.spawn(self.shim_settings(), self.env, str(self.workdir))
         return await (await launcher.launcher()).launch(self.shim_settings(), self.env, str(self.workdir))
 
     async def _start_shim(self) -> None:

@@ -304,8 +304,10 @@ async def test_a_restarted_agent_reports_gone_only_what_it_does_not_run(kafka_bo
 async def test_a_clean_stop_ends_and_reaps_the_agents_launcher(kafka_bootstrap, topics, tmp_path, monkeypatch):
     """The launcher that forks the shims is ended and reaped by the agent's clean stop,
     before the agent's run returns: not left to go only when the process does. The agent
-    runs in this process, so its launcher is seen right as its run returns."""
-    from gpusched_node_agent import launcher, main as agent_main
+    runs in this process, so its launcher is seen right as its run returns. (The launcher
+    forks the Python shim: the agent runs it here even where the compiled one is built.)"""
+    from gpusched_node_agent import launcher, main as agent_main, native_shim
+    monkeypatch.setattr(native_shim, "_available", False)
     cluster = LocalCluster(kafka_bootstrap, topics, tmp_path / "logs")
     callbacks = list(gc.callbacks)
     try:

@@ -9,11 +9,13 @@ import sys
 import time
 from pathlib import Path
 
+from gpusched_node_agent import native_shim
 from gpusched_node_agent.runner import SHIM, read_status
 
 REPO = Path(__file__).resolve().parents[3]
 RECORDER = REPO / "tests" / "workloads" / "recorder.py"
 GPU = "GPU-test-0"
+SHIM_KIND = "python"   # which shim ``start_shim`` runs: "python" or "native" (the ``shim_kind`` fixture)
 
 
 def recorder(*args: str) -> list[str]:
@@ -30,8 +32,13 @@ def start_shim(workdir: Path, command: list[str], *, lease: Path | None = None, 
                             start_new_session=True)
 
 
+def shim_program() -> list[str]:
+    """The shim ``SHIM_KIND`` names, as a command line's start."""
+    return [str(native_shim.BINARY)] if SHIM_KIND == "native" else [sys.executable, str(SHIM)]
+
+
 def shim_command(workdir: Path, command: list[str], lease: Path | None, kill_wait: float, poll: float) -> list[str]:
-    return [sys.executable, str(SHIM), *(["--lease", str(lease)] if lease else []), "--kill-wait", str(kill_wait),
+    return [*shim_program(), *(["--lease", str(lease)] if lease else []), "--kill-wait", str(kill_wait),
             "--poll", str(poll), "--status", str(workdir / "shim.json"), "--", *command]
 
 

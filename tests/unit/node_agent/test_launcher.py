@@ -9,11 +9,15 @@ import signal
 import subprocess
 import sys
 
+import pytest
+
 from gpusched_node_agent import launcher
 from gpusched_node_agent.lease import NodeLease
 from gpusched_node_agent.runner import ProcessRun, WorkerExit, group_alive, read_status
 from gpusched_node_agent.shim import proc_stat
 from tests.unit.node_agent.procs import events, recorder, wait_for
+
+pytestmark = pytest.mark.usefixtures("python_shim")   # the launcher forks the Python shim
 
 
 def gone(pid: int) -> bool:
@@ -65,8 +69,9 @@ async def test_a_shim_ending_after_its_launcher_without_a_record_is_judged_kille
 AGENT = """
 import asyncio, json, sys
 from pathlib import Path
-from gpusched_node_agent import launcher
+from gpusched_node_agent import launcher, native_shim
 from gpusched_node_agent.runner import ProcessRun
+native_shim._available = False   # the launcher's Python shim
 
 async def main():
     run = ProcessRun(("sleep", "60"), {}, Path(sys.argv[1]), lease_path=Path(sys.argv[2]), kill_wait=0.3, poll=0.05)

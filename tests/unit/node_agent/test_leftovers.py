@@ -21,6 +21,8 @@ from tests.unit.node_agent.procs import ended_status, events, pid_alive, recorde
 
 KILL_WAIT = 0.3
 
+pytestmark = pytest.mark.usefixtures("shim_kind")   # what each shim leaves behind
+
 
 def _running(path, *args):
     shim = start_shim(path, recorder(*args), kill_wait=KILL_WAIT)

@@ -14,6 +14,7 @@ from gpusched_node_agent.lease import NodeLease
 from gpusched_node_agent.runner import EXIT_TERMINATED, ProcessRun, SimulatedRun, WorkerExit, group_alive
 from tests.unit.node_agent.procs import events, recorder, wait_for
 
+pytestmark = pytest.mark.usefixtures("shim_kind")   # ProcessRun with either shim
 IDS = {"GPUSCHED_JOB_ID": "job", "GPUSCHED_ATTEMPT": "2", "GPUSCHED_WORKER": "0"}
 NODE = NodeInfo("n1", "default", 8_000, 8_000, tuple(GpuInfo(i, f"GPU-{c}", "H100-80GB", 81_559) for i, c in enumerate("ab")))
 

@@ -14,8 +14,9 @@ import pytest
 from gpusched_node_agent.lease import NodeLease
 from gpusched_node_agent.shim import proc_start, proc_stat
 from tests.unit.node_agent.procs import (GPU, ended_status, events, pid_alive, recorder, shim_command,
-                                         start_shim, ticking, wait_for)
+                                         shim_program, start_shim, ticking, wait_for)
 
+pytestmark = pytest.mark.usefixtures("shim_kind")   # each test with both shims
 KILL_WAIT, POLL = 0.3, 0.05
 SLACK = 0.5    # scheduling delays on a loaded machine, on top of the bounds under test
 
@@ -151,8 +152,7 @@ def test_the_rest_of_the_group_is_stopped_when_the_leader_exits(tmp_path):
     (["--kill-wait", "1", "--status", "s", "--"], "command"),
 ])
 def test_bad_arguments_are_refused_naming_the_field(tmp_path, args, field):
-    from gpusched_node_agent.runner import SHIM
-    done = subprocess.run([sys.executable, str(SHIM), *args, *([] if args[-1] == "--" else ["--", "true"])],
+    done = subprocess.run([*shim_program(), *args, *([] if args[-1] == "--" else ["--", "true"])],
                           cwd=tmp_path, capture_output=True, text=True, timeout=10)
     assert done.returncode == 2 and field in done.stderr
 

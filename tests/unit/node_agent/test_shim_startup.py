@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from gpusched_node_agent import launcher
 from gpusched_node_agent.runner import ProcessRun
+
+pytestmark = pytest.mark.usefixtures("python_shim")   # the launcher forks the Python shim
 
 
 async def test_the_shim_is_forked_by_the_launcher_which_runs_without_site(tmp_path):

@@ -1,0 +1,122 @@
+"""The compiled worker shim (``shim.c``, built by deploy/setup.sh into
+``build/gpusched-shim``), started by the agent itself with ``posix_spawn``: no launcher
+process, no Python forked per worker.
+
+The shim is this agent's child: its end comes through a pidfd on the event loop (no
+thread, no SIGCHLD handler), and its pid cannot be reused before it is reaped here, so
+signals to it never reach a stranger. It writes its workload's pid on a pipe once its
+first status is written, so the agent reads no file for a start. Where the binary is not
+built, or the kernel has no pidfd, ``available()`` is False and the agent forks the
+Python shim through its launcher (``launcher.py``), which behaves the same.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from pathlib import Path
+
+BINARY = Path(__file__).resolve().with_name("build") / "gpusched-shim"
+WRITTEN_FD = 3   # the shim's end of its "status written" pipe
+# The agent is a Python process: it ignores these, and an ignored signal stays ignored
+# across exec. The shim gives its workload every default anyway; this is for itself.
+_PYTHON_IGNORES = tuple(getattr(signal, name) for name in ("SIGPIPE", "SIGXFSZ") if hasattr(signal, name))
+
+_available: bool | None = None
+
+
+def available() -> bool:
+    """The binary is built, and this kernel has pidfds (Linux 5.3)."""
+    global _available
+    if _available is None:
+        _available = os.access(BINARY, os.X_OK) and _has_pidfd()
+    return _available
+
+
+def _has_pidfd() -> bool:
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+    except (AttributeError, OSError):
+        return False
+    return True
+
+
+def arguments(settings: dict, cwd: str) -> list[str]:
+    """The shim's command line for ``settings`` (``shim.run``'s arguments)."""
+    lease = ["--lease", settings["lease"]] if settings["lease"] is not None else []
+    return [str(BINARY), *lease, "--kill-wait", repr(float(settings["kill_wait"])),
+            "--poll", repr(float(settings["poll"])), "--status", settings["status"], "--cwd", cwd,
+            "--written-fd", str(WRITTEN_FD), "--", *settings["command"]]
+
+
+class NativeShim:
+    """A shim this agent spawned: the interface of ``launcher.ShimProcess``."""
+
+    def __init__(self, pid: int, loop: asyncio.AbstractEventLoop, written_r: int) -> None:
+        self.pid, self.start = pid, None
+        self.returncode: int | None = None
+        self.ended = False
+        # Done once the shim wrote its first status: {"pid": its workload's}, else True (read the file).
+        self.written: asyncio.Future = loop.create_future()
+        self._exited: asyncio.Future = loop.create_future()
+        self._loop = loop
+        self._pidfd = os.pidfd_open(pid)
+        self._written_r = written_r
+        loop.add_reader(written_r, self._on_written)
+        loop.add_reader(self._pidfd, self._on_exit)
+
+    def _on_written(self) -> None:
+        try:
+            word = os.read(self._written_r, 32)   # written at once (under PIPE_BUF), then closed
+        except OSError:
+            word = b""
+        self._loop.remove_reader(self._written_r)
+        os.close(self._written_r)
+        if not self.written.done():
+            self.written.set_result({"pid": int(word)} if word.isdigit() else True)
+
+    def _on_exit(self) -> None:
+        try:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+        except ChildProcessError:   # reaped elsewhere: its code is lost
+            pid, status = self.pid, None
+        if pid == 0:
+            return
+        self._loop.remove_reader(self._pidfd)
+        os.close(self._pidfd)
+        self.returncode = None if status is None else os.waitstatus_to_exitcode(status)
+        self.ended = True
+        self._exited.set_result(self.returncode)
+
+    def wait(self) -> asyncio.Future:
+        """The shim's exit code (negative: the signal that ended it)."""
+        return self._exited
+
+    def alive(self) -> bool:
+        return not self.ended
+
+    def send_signal(self, sig: int) -> None:
+        if not self.ended:   # not reaped yet: the pid is still this shim's
+            os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+async def spawn(settings: dict, env: dict[str, str], cwd: str) -> NativeShim:
+    """Start the compiled shim with ``settings`` in a session of its own; OSError when it
+    cannot be started. The shim makes ``cwd`` and removes an earlier status file there."""
+    loop = asyncio.get_running_loop()
+    written_r, written_w = os.pipe()
+    if written_w == WRITTEN_FD:   # dup2 onto itself would keep close-on-exec
+        written_w, old = os.dup(written_w), written_w
+        os.close(old)
+    try:
+        pid = os.posix_spawn(str(BINARY), arguments(settings, cwd), env, setsid=True, setsigdef=_PYTHON_IGNORES,
+                             file_actions=[(os.POSIX_SPAWN_DUP2, written_w, WRITTEN_FD)])
+    except BaseException:
+        os.close(written_r)
+        raise
+    finally:
+        os.close(written_w)
+    return NativeShim(pid, loop, written_r)
