@@ -43,12 +43,12 @@ from collections import Counter
 from functools import partial
 from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
-from gpusched.core.model import JobPhase, WorkerAssignment
+from gpusched.core.model import WorkerAssignment
 from gpusched.core.priority import priority_value
 from gpusched.core.state import ClusterState, JobState, NodeState
 from gpusched.policies.preemption.decisions import REASON_DEFRAG, Preemption
 from gpusched.policies.preemption.indexed_search import IndexedSearch
-from gpusched.policies.preemption.kept_movable import KeptEntries, kept_entries
+from gpusched.policies.preemption.kept_movable import KeptEntries, kept_entries, may_ever_move
 from gpusched.policies.preemption.slot_counts import SlotCounts
 from gpusched.policies.preemption.victim_index import Entry, VictimIndex
 from gpusched.policies.queueing.quota import within_limits
@@ -164,11 +164,10 @@ def _movable(ctx: SearchContext, victim: JobState, job: JobState) -> bool:
 
 
 def _may_move(victim: JobState, now: float, config: PreemptionConfig) -> bool:
-    """What of ``_movable`` holds for any pending job."""
-    spec = victim.spec
-    if victim.phase not in (JobPhase.RUNNING, JobPhase.PLACED) or not spec.preemptible:
-        return False
-    if spec.checkpoint_interval_s <= 0 or victim.work_at_risk(now) > config.defrag_max_work_lost_s:
+    """What of ``_movable`` holds for any pending job: the clock-free rule the kept jobs
+    read too (``kept_movable.may_ever_move``), then the clock's part (work at risk within
+    the cap, exempt time run), inline as this runs for every job of a fresh listing."""
+    if not may_ever_move(victim) or victim.work_at_risk(now) > config.defrag_max_work_lost_s:
         return False
     return now >= config.exempt_until(victim)
 

@@ -7,7 +7,9 @@ does: a journalled job is noted again as it is now (its phase, its last checkpoi
 nodes it holds). A node journalled by itself (lost, registered, cordoned...), another
 state, an overrun journal, other rules or a clock gone back list the pool afresh.
 
-Whether a job is movable, and the bound it is listed by, depend on the clock too:
+Only a job that may move at some clock is kept (``may_ever_move``, the clock-free half
+of ``defrag._may_move``, which a fresh listing reads). Whether it is movable now, and the
+bound it is listed by, depend on the clock too (the other half):
 
 * a job still within its exempt time waits in a heap by when it ends (``exempt_until``,
   compared as ``_may_move`` compares it), listed once the round's clock reaches it;
@@ -36,8 +38,11 @@ from gpusched.policies.preemption.victim_groups import Entry
 KEY = "defrag-movable"   # the entry in the caller's ``kept`` dict, with the pool
 
 
-def _static(job: JobState) -> bool:
-    """What of ``defrag._may_move`` the clock never changes."""
+def may_ever_move(job: JobState) -> bool:
+    """Whether defragmentation may move ``job`` at some clock: running or placed,
+    preemptible and checkpointable. The half of ``defrag._may_move`` the clock never
+    changes: one rule for the kept jobs and a fresh listing (here, as ``defrag`` imports
+    this module)."""
     spec = job.spec
     return job.phase in (JobPhase.RUNNING, JobPhase.PLACED) and spec.preemptible \
         and spec.checkpoint_interval_s > 0
@@ -112,7 +117,7 @@ class KeptMovable:
     def _note(self, job: JobState, nodes: Mapping[str, NodeState], bulk: bool = False) -> None:
         jid = job.job_id
         self._jobs[jid] = job
-        if not _static(job):
+        if not may_ever_move(job):
             return
         on = tuple(dict.fromkeys(w.node for w in job.workers if w.node in nodes
                                  and nodes[w.node].info.pool == self.pool and jid in nodes[w.node].jobs))

@@ -18,14 +18,14 @@ from gpusched.policies.placement.kept_index import KEPT
 from gpusched.policies.placement.mig_index import MigIndex
 from gpusched.policies.placement.topology import GangCapacities
 from gpusched.policies.preemption.decisions import preemption_decisions, preemption_events, victims_for
-from gpusched.policies.preemption.defrag import MovableEntries, defrag_decisions
-from gpusched.policies.preemption.kept_movable import KEY as MOVABLE
+from gpusched.policies.preemption.defrag import MovableEntries, _may_move, defrag_decisions
+from gpusched.policies.preemption.kept_movable import KEY as MOVABLE, KeptMovable
 from gpusched.policies.preemption.victim_index import VictimIndex
-from tests.unit.core.builders import make_spec
+from tests.unit.core.builders import Log, make_node, make_spec, whole
 from tests.unit.policies import preemption_oracle as oracle
 from tests.unit.policies.test_kept_index import contents, fresh_like
 from tests.unit.policies.test_kept_victims import _change, _finish
-from tests.unit.policies.test_preemption import BE, HI, NOW, Cluster
+from tests.unit.policies.test_preemption import BE, HI, NOW, TR, Cluster
 from tests.unit.policies.test_preemption_index import busy_cluster, config_for, fragmented_cluster
 from tests.unit.policies.test_preemption_properties import SETTINGS
 from tests.unit.policies.test_victim_index import packed_cluster, random_rules
@@ -131,6 +131,70 @@ def test_defrag_rounds_that_keep_placer_views_decide_as_rounds_that_build_them(d
         assert_kept_as_fresh(views, state)
         assert_movable_as_fresh(views, state, now, config)
         _moved(c, data, plans, now)
+
+
+def _varied_job(log: Log, jid: str, slots: list[tuple[str, int]], data) -> None:
+    """``jid`` on ``slots`` (node, GPU) per worker, varied in all that defragmentation's
+    rule reads: preemptible or not, checkpointable or not, its start, last checkpoint,
+    preemptions before (its exempt time) and phase (placed, running, preempting, stopping)."""
+    d = data.draw
+    preemptible = d(st.integers(0, 3)) > 0
+    spec = replace(make_spec(name=jid, gpus=1, workers=len(slots), cpu=0, mem=0, preemptible=preemptible,
+                             priority_class=d(st.sampled_from([BE, TR]))),
+                   checkpoint_interval_s=d(st.sampled_from([0.0, 300.0, 300.0])))
+    started, preempted = NOW - d(st.sampled_from([10.0, 400.0, 1000.0, 5000.0])), d(st.sampled_from([0, 0, 1]))
+    preempted *= preemptible
+    phase = d(st.sampled_from(["placed", "running", "running", "preempting" if preemptible else "stopping",
+                               "stopping"]))
+    assigned = tuple(ev.WorkerAssignment(i, node, whole(gpu)) for i, (node, gpu) in enumerate(slots))
+    assert log(ev.JobSubmitted, job_id=jid, spec=spec, time=started - 200).accepted
+    for attempt in range(preempted + 1):
+        at = started - 100 * (preempted - attempt)
+        assert log(ev.JobPlaced, job_id=jid, attempt=attempt, workers=assigned, time=at).accepted
+        if attempt == preempted and phase == "placed":
+            return
+        for w in assigned:
+            assert log(ev.WorkerStarted, job_id=jid, attempt=attempt, worker=w.worker, node=w.node, time=at).accepted
+        if attempt < preempted:
+            assert log(ev.JobPreempted, job_id=jid, attempt=attempt, for_job="x", reason="priority: preempted for x",
+                       time=at + 50).accepted
+            for w in assigned:
+                assert log(ev.WorkerFinished, job_id=jid, attempt=attempt, worker=w.worker, node=w.node,
+                           exit_code=0, time=at + 50).accepted
+    if d(st.booleans()):
+        assert log(ev.CheckpointSaved, job_id=jid, attempt=preempted, checkpoint="c",
+                   time=d(st.sampled_from([started + 5.0, NOW - 50.0]))).accepted
+    if phase == "preempting":
+        assert log(ev.JobPreempted, job_id=jid, attempt=preempted, for_job="x", reason="priority: preempted for x",
+                   time=NOW).accepted
+    elif phase == "stopping":
+        assert log(ev.JobCancelled, job_id=jid, time=NOW).accepted
+
+
+@SETTINGS
+@given(st.data())
+def test_kept_movable_jobs_are_those_defrag_may_move(data):
+    """On a pool of varied jobs, at a few clocks with changes of the log between them, the
+    kept movable jobs (``KeptMovable``) are on each node the jobs defragmentation's own
+    rule (``defrag._may_move``) says may move: the two read one rule."""
+    d = data.draw
+    log = Log(*(make_node(f"n{i}", gpus=4) for i in range(d(st.integers(1, 3)))))
+    slots = d(st.permutations([(name, gpu) for name in log.state.nodes for gpu in range(4)]))
+    k = 0
+    while slots and d(st.integers(0, 5)):
+        workers = min(len(slots), d(st.sampled_from([1, 1, 2])))
+        _varied_job(log, f"j{k}", slots[:workers], data)
+        slots, k = slots[workers:], k + 1
+    c, now = SimpleNamespace(log=log, state=log.state), NOW
+    config = replace(random_rules(data), defrag_max_work_lost_s=d(st.sampled_from([300.0, 2000.0, 1e9])))
+    kept, victims = KeptMovable("default"), VictimIndex()
+    for _ in range(d(st.integers(1, 4))):
+        state = c.state
+        listed = kept.refresh(state, state.nodes, now, config).entries(now)
+        assert {(e[2], e[4].job_id) for e in listed} == {
+            (name, jid) for name, node in state.nodes.items() for jid in node.jobs
+            if _may_move(state.jobs[jid], now, config)}
+        now = _next_round(c, data, now, config, victims, 2)
 
 
 def _full_pool() -> Cluster:
