@@ -252,15 +252,16 @@ async def why_pending(client: Client) -> None:
     print(f"pending: {len(pending)} ({dict(kinds.most_common())}); e.g. {example!r}")
 
 
-async def takeover(cluster: LocalCluster, client: Client, wait_placed_s: float = 30.0) -> tuple[float, float, float | None]:
-    """kill -9 the placer, start another, submit one job: seconds from the kill until the
-    new placer was ready, until its first cycle ended (its first decisions, the old one
-    is gone), and until the job was placed (None when it was not within ``wait_placed_s``
-    of that cycle: a full cluster has no room for it)."""
+async def takeover(cluster: LocalCluster, client: Client, placer_args: list[str],
+                   wait_placed_s: float = 30.0) -> tuple[float, float, float | None]:
+    """kill -9 the placer, start another (with the bench's ``placer_args``), submit one job:
+    seconds from the kill until the new placer was ready, until its first cycle ended (its
+    first decisions, the old one is gone), and until the job was placed (None when it was not
+    within ``wait_placed_s`` of that cycle: a full cluster has no room for it)."""
     old = next(s for s in cluster.services if s.name == "placer")
     await old.kill9()
     killed = time.perf_counter()
-    new = await cluster.start("placer-2", "gpusched-placer", timeout=1200)
+    new = await cluster.start("placer-2", "gpusched-placer", *placer_args, timeout=1200)
     ready = time.perf_counter() - killed
     job = (await client.submit(spec("after-takeover", "t", gpus=1, duration=HOUR))).job.job_id
     while not histogram(await scrape(new.metrics_port), CYCLE).get(float("inf"), 0.0):
@@ -339,7 +340,7 @@ async def run(args: argparse.Namespace, broker: Broker, bootstrap: str) -> None:
         procs = service_pids(cluster, broker)
         print("RSS MiB: " + ", ".join(f"{n} {rss_mib(p):,.0f}" for n, p in procs.items()))
         if not args.no_takeover:
-            ready, cycled, placed = await takeover(cluster, client)
+            ready, cycled, placed = await takeover(cluster, client, shlex.split(args.placer_args))
             print(f"placer takeover: kill -9, a new placer ready {ready:.1f}s, its first cycle over {cycled:.1f}s, "
                   f"a job submitted then placed " + (f"{placed:.1f}s" if placed is not None else "never (no room)")
                   + " after the kill")
