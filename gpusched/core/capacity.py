@@ -221,6 +221,23 @@ def book_resources(node: NodeState, res: WorkerResources, slots: tuple[GpuSlot, 
             gpu.used_memory_mib += memory
 
 
+def offered_gpus(node: NodeState) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Per GPU of ``node``, its free milli and free memory MiB where it takes whole GPUs
+    and shares (healthy, no MIG instance, MIG not enabled), else 0 and 0: how placement's
+    numpy mirror of the nodes reads them (``policies.placement.arrays``), one compiled
+    call a node instead of an interpreted read of each GPU's fields."""
+    free: list[int] = []
+    memory: list[int] = []
+    for g in node.gpus:
+        if g.healthy and not g.mig_mask and g.whole_ok:
+            free.append(1000 - g.used_milli)
+            memory.append(g.info.memory_mib - g.used_memory_mib)
+        else:
+            free.append(0)
+            memory.append(0)
+    return tuple(free), tuple(memory)
+
+
 def _book(state: ClusterState, job: JobState, workers: tuple[WorkerAssignment, ...], sign: int) -> None:
     """``book_resources`` for each worker, inlined (it runs for every placement and every
     ended attempt), plus the node's job set and the team's usage."""

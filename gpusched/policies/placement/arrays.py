@@ -13,6 +13,7 @@ from typing import Iterable, Mapping
 
 import numpy as np
 
+from gpusched.core.capacity import offered_gpus
 from gpusched.core.model import WorkerResources
 from gpusched.core.state import NodeState
 from gpusched.policies.statement import Statement
@@ -87,15 +88,10 @@ class NodeArrays:
 
     def _refresh(self, i: int) -> None:
         node = self.nodes[i]
-        gpus = node.gpus
-        pad = self._pad[len(gpus):]
-        offered = [g.healthy and not g.mig_mask and g.whole_ok for g in gpus]
-        if all(offered):   # the usual case: one pass a column
-            gpu = (*[1000 - g.used_milli for g in gpus], *pad)
-            gmem = (*[g.info.memory_mib - g.used_memory_mib for g in gpus], *pad)
-        else:
-            gpu = (*[1000 - g.used_milli if ok else 0 for g, ok in zip(gpus, offered)], *pad)
-            gmem = (*[g.info.memory_mib - g.used_memory_mib if ok else 0 for g, ok in zip(gpus, offered)], *pad)
+        gpu, gmem = offered_gpus(node)
+        pad = self._pad[len(gpu):]
+        if pad:   # a node narrower than the widest
+            gpu, gmem = (*gpu, *pad), (*gmem, *pad)
         self.plain[i] = (gpu, node.free_cpu if node.schedulable else -1, node.free_mem, not node.jobs, gmem)
         self._dirty.add(i)
 

@@ -101,3 +101,23 @@ def test_examples_of_each_mode():
     share = one(MigMode.MIXED)
     share.used_milli, share.used_memory_mib = 300, 60_000
     assert share.fits_share(300, 20_000) and not share.fits_share(300, 30_000) and share.fits_share(300)
+
+
+@settings(max_examples=400, deadline=None)
+@given(gpus=st.lists(gpu_st, min_size=1, max_size=3), model=st.sampled_from(["H100-80GB", "L40S-48GB"]),
+       dynamic=st.booleans(), memory=st.sampled_from([1, 10_000, 45_000, 80_000]))
+def test_offered_gpus_mirror_the_share_rule(gpus, model, dynamic, memory):
+    """What placement's node mirror reads of each GPU (``capacity.offered_gpus``): the
+    largest share ``fits_share`` takes there, and the GPU memory a share of one milli
+    may ask for; 0 and 0 where it takes none."""
+    node = build(gpus, model, dynamic).nodes["n1"]
+    free, free_memory = capacity.offered_gpus(node)
+    assert len(free) == len(free_memory) == len(node.gpus)
+    for g, f, m in zip(node.gpus, free, free_memory):
+        assert g.fits_share(f + 1) is False
+        assert (f > 0) == g.fits_share(1) and (f == 0 or g.fits_share(f))
+        if f:
+            assert g.fits_share(1, m) and not g.fits_share(1, m + 1)
+            assert g.fits_share(1, memory) == (memory <= m)
+        else:
+            assert m == 0 or g.fits_share(1) is False and g.used_milli == 1000
