@@ -10,6 +10,7 @@ from aiokafka.errors import OutOfOrderSequenceNumber, TopicAuthorizationFailedEr
 
 from gpusched.adapters.kafka_admin import TopicNames
 from gpusched.adapters.publisher import EventPublisher
+from gpusched.core import events as ev
 
 
 class Producer:
@@ -17,6 +18,7 @@ class Producer:
 
     def __init__(self) -> None:
         self.acks: list[asyncio.Future] = []
+        self._message_accumulator = None   # the linger tuner's, untouched at this rate
         self.started = self.stopped = False
 
     async def start(self) -> None:
@@ -28,6 +30,10 @@ class Producer:
     async def send(self, topic, value, **kwargs) -> asyncio.Future:
         self.acks.append(asyncio.get_running_loop().create_future())
         return self.acks[-1]
+
+
+def _report(i: int) -> ev.NodeCordoned:
+    return ev.NodeCordoned(event_id=f"e{i}", time=1.0, producer="agent", node="n", reason="test")
 
 
 async def _settle() -> None:
@@ -45,14 +51,14 @@ async def test_records_refused_out_of_order_go_through_a_new_producer_made_once(
     monkeypatch.setattr(publisher, "_new_producer", new_producer)
     publisher._producer = new_producer()
     old = made[0]
-    acks = [await publisher.send_raw_later("t.reports.n", b"r") for _ in range(4)]
+    acks = [await publisher.send_event_to("t.reports.n", _report(i), "default") for i in range(4)]
     acks[0].set_exception(TopicAuthorizationFailedError("t.reports.n"))   # refused: the gap
     await _settle()
     assert len(made) == 1                       # a refusal alone leaves the producer as it is
     acks[1].set_exception(OutOfOrderSequenceNumber())
     acks[2].set_exception(OutOfOrderSequenceNumber())
     await asyncio.sleep(0)                                    # their callbacks run
-    await publisher.send_raw_later("t.reports.n", b"again")   # waits for the new producer
+    await publisher.send_event_to("t.reports.n", _report(4), "default")   # waits for the new producer
     assert len(made) == 2 and made[1].started and len(made[1].acks) == 1 and len(old.acks) == 4
     await _settle()
     assert old.stopped
