@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from aiokafka import AIOKafkaProducer
+from aiokafka.errors import OutOfOrderSequenceNumber
 from aiokafka.partitioner import murmur2
 
 from gpusched.adapters import codec
@@ -80,12 +81,18 @@ class EventPublisher:
     def __init__(self, bootstrap: Where, topics: TopicNames, partitions: int) -> None:
         self.topics = topics
         self.partitions = partitions
-        self._producer = AIOKafkaProducer(
-            **client_args(bootstrap), acks="all", enable_idempotence=True,
-            linger_ms=LINGER_MS, max_batch_size=MAX_BATCH_BYTES, request_timeout_ms=30_000,
+        self._bootstrap = bootstrap
+        self._linger = LingerTuner()
+        self._producer = self._new_producer()
+        self._renewal: asyncio.Task | None = None   # a new producer starting (``_after_ack``)
+        self._retired: asyncio.Task | None = None   # the old one stopping
+
+    def _new_producer(self) -> AIOKafkaProducer:
+        return AIOKafkaProducer(
+            **client_args(self._bootstrap), acks="all", enable_idempotence=True,
+            linger_ms=self._linger.linger_ms, max_batch_size=MAX_BATCH_BYTES, request_timeout_ms=30_000,
             retry_backoff_ms=100,
         )
-        self._linger = LingerTuner()
 
     @property
     def linger_ms(self) -> int:
@@ -95,7 +102,30 @@ class EventPublisher:
         await self._producer.start()
 
     async def stop(self) -> None:
+        await asyncio.gather(*(t for t in (self._renewal, self._retired) if t is not None), return_exceptions=True)
         await self._producer.stop()
+
+    def _after_ack(self, producer: AIOKafkaProducer, future: asyncio.Future) -> None:
+        # A record the broker refused (not authorized, say) is never sent again by the
+        # idempotent producer, yet its sequence number is spent: the broker then refuses
+        # every later record of that partition as out of order, so each sender's retries
+        # would fail forever. A new producer (a new producer id, numbered from 0) ends it.
+        if future.cancelled() or not isinstance(future.exception(), OutOfOrderSequenceNumber):
+            return
+        if producer is self._producer and (self._renewal is None or self._renewal.done()):
+            self._renewal = asyncio.ensure_future(self._renew(producer))
+
+    async def _renew(self, old: AIOKafkaProducer) -> None:
+        fresh = self._new_producer()
+        try:
+            await fresh.start()
+        except Exception as exc:   # the next record refused out of order tries again
+            log.warning("no new producer after records refused out of order: %r", exc)
+            return
+        self._producer = fresh
+        log.warning("records refused out of order after a refused one: sending through a new producer")
+        # what the old one still holds fails there, and its senders send it again
+        self._retired = asyncio.ensure_future(old.stop())
 
     async def send(self, event: ev.Event, pool: str, carrier: dict[str, str] | None = None) -> asyncio.Future:
         """Queue the event; the returned future resolves when the broker acknowledged it.
@@ -110,11 +140,18 @@ class EventPublisher:
 
     async def send_event_to(self, topic: str, event: ev.Event, pool: str,
                             extra_headers: list[tuple[str, bytes]] | None = None) -> asyncio.Future:
-        """``send`` to another topic of events (a node's report topic), keyed by the pool."""
-        self._linger.count(self._producer)
+        """``send`` to another topic of events (a node's report topic), keyed by the pool.
+        A report is sent again when refused: its acknowledgement is watched for the gap a
+        refusal leaves (``_after_ack``)."""
+        if self._renewal is not None and not self._renewal.done():
+            await asyncio.gather(self._renewal, return_exceptions=True)
+        producer = self._producer
+        self._linger.count(producer)
         carrier = event_context(event)
-        return await self._producer.send(topic, codec.encode(event, pool, carrier), key=pool.encode(),
-                                         headers=event_headers(event, carrier) + list(extra_headers or ()))
+        future = await producer.send(topic, codec.encode(event, pool, carrier), key=pool.encode(),
+                                     headers=event_headers(event, carrier) + list(extra_headers or ()))
+        future.add_done_callback(functools.partial(self._after_ack, producer))
+        return future
 
     async def publish(self, event: ev.Event, pool: str) -> Position:
         meta = await (await self.send(event, pool))
