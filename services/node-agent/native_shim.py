@@ -41,14 +41,6 @@ def _has_pidfd() -> bool:
     return True
 
 
-def arguments(settings: dict, cwd: str) -> list[str]:
-    """The shim's command line for ``settings`` (``shim.run``'s arguments)."""
-    lease = ["--lease", settings["lease"]] if settings["lease"] is not None else []
-    return [str(BINARY), *lease, "--kill-wait", repr(float(settings["kill_wait"])),
-            "--poll", repr(float(settings["poll"])), "--status", settings["status"], "--cwd", cwd,
-            "--written-fd", str(WRITTEN_FD), "--", *settings["command"]]
-
-
 class NativeShim:
     """A shim this agent spawned: the interface of ``launcher.ShimProcess``."""
 
@@ -103,16 +95,18 @@ class NativeShim:
         self.send_signal(signal.SIGKILL)
 
 
-async def spawn(settings: dict, env: dict[str, str], cwd: str) -> NativeShim:
-    """Start the compiled shim with ``settings`` in a session of its own; OSError when it
-    cannot be started. The shim makes ``cwd`` and removes an earlier status file there."""
+async def spawn(args: list[str], env: dict[str, str], cwd: str) -> NativeShim:
+    """Start the compiled shim with ``args`` (``shim.py``'s, ``ProcessRun.shim_args``) in a
+    session of its own; OSError when it cannot be started. The shim makes ``cwd`` and
+    removes an earlier status file there."""
     loop = asyncio.get_running_loop()
     written_r, written_w = os.pipe()
     if written_w == WRITTEN_FD:   # dup2 onto itself would keep close-on-exec
         written_w, old = os.dup(written_w), written_w
         os.close(old)
     try:
-        pid = os.posix_spawn(str(BINARY), arguments(settings, cwd), env, setsid=True, setsigdef=_PYTHON_IGNORES,
+        argv = [str(BINARY), "--cwd", cwd, "--written-fd", str(WRITTEN_FD), *args]
+        pid = os.posix_spawn(str(BINARY), argv, env, setsid=True, setsigdef=_PYTHON_IGNORES,
                              file_actions=[(os.POSIX_SPAWN_DUP2, written_w, WRITTEN_FD)])
     except BaseException:
         os.close(written_r)

@@ -171,7 +171,7 @@ class ProcessRun:
                 "kill_wait": float(self.kill_wait), "poll": float(self.poll)}
 
     def shim_args(self) -> list[str]:
-        """The shim's arguments (as ``python -S shim.py ARGS`` would take them)."""
+        """The shim's arguments (as ``python -S shim.py ARGS`` and the compiled shim take them)."""
         lease = ["--lease", str(Path(self.lease_path).absolute())] if self.lease_path is not None else []
         return [*lease, "--kill-wait", repr(float(self.kill_wait)), "--poll", repr(float(self.poll)),
                 "--status", str(self.status_file), "--", *self.command]
@@ -189,18 +189,19 @@ class ProcessRun:
 
     async def _launch_shim(self) -> launcher.ShimProcess:
         try:
-            return await asyncio.wait_for(self._launch_by_launcher(), self.START_TIMEOUT_S)
+            return await asyncio.wait_for(self._new_shim(), self.START_TIMEOUT_S)
         except asyncio.TimeoutError:
             self._kill_from_status()
-            raise OSError(f"the shim launcher did not start a shim within {self.START_TIMEOUT_S:g}s") from None
+            raise OSError(f"no worker shim started within {self.START_TIMEOUT_S:g}s") from None
         except OSError:
             # the launcher died mid-launch: a shim it may have forked must not run unseen
             self._kill_from_status()
             raise
 
-    async def _launch_by_launcher(self) -> launcher.ShimProcess:
+    async def _new_shim(self) -> launcher.ShimProcess:
+        """The compiled shim spawned here, or the Python one forked by the launcher."""
         if self.native:
-            return await native_shim.spawn(self.shim_settings(), self.env, str(self.workdir))
+            return await native_shim.spawn(self.shim_args(), self.env, str(self.workdir))
         return await (await launcher.launcher()).launch(self.shim_settings(), self.env, str(self.workdir))
 
     async def _start_shim(self) -> None:
