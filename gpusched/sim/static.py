@@ -95,8 +95,9 @@ def pack(nodes: list[NodeInfo], tasks: list[Task], policy: str, seed: int, label
         apply(state, ev.JobSubmitted(event_id=f"submit-{job_id}", job_id=job_id, spec=task.spec(job_id)))
 
     name, args = parse_placement(policy)
+    # One cycle offers every arrival: no cap on decisions nor on jobs tested.
     scheduler = Scheduler(SchedulerConfig(queue="fifo", placement=name, placement_args=args,
-                                          max_decisions=len(arrivals)))
+                                          max_decisions=len(arrivals), max_job_test=len(arrivals)))
     decisions = {d.job_id: d for d in scheduler.cycle(state, now=0.0)}
 
     run = Run(label, policy, seed, [0.0] * (POINTS + 1), tasks=len(arrivals))
