@@ -41,8 +41,11 @@ from gpusched.core.model import JobPhase
 from gpusched.core.reducer import apply
 from gpusched.core.state import ClusterState
 from gpusched.policies.placement.registry import PLACEMENTS
-from gpusched.policies.preemption.decisions import preemption_decisions, preemption_events
+from gpusched.policies.actions import Situation, make_actions, run_actions
+from gpusched.policies.preemption.decisions import Preemption, preemption_events
+from gpusched.policies.preemption.victim_index import VictimIndex
 from gpusched.policies.preemption.victim_rules import PreemptionConfig
+from gpusched.policies.supervision import SupervisionConfig
 from gpusched.policies.queueing.parking import ParkedJobs
 from gpusched.policies.queueing.keys import QueueKeys
 from gpusched.policies.scheduler import Decision, Scheduler, SchedulerConfig
@@ -63,6 +66,10 @@ class DynamicSimulator:
             quotas=config.quotas,
             placement=config.placement if config.placement in PLACEMENTS else "best-fit"),
             **(preemption_rules or {})) if preemption else None
+        # The preemptor's actions that judge jobs (nodes never fail here), with what the
+        # service keeps between its calls: the candidate victims and the placer's views.
+        self._actions = make_actions(("preempt", "defrag"))
+        self._victims, self._kept = VictimIndex(), {}
         # every decision is applied at once, so parking changes no decision (policies.queueing.parking)
         self._parked = ParkedJobs()
         self._keys = QueueKeys()
@@ -163,7 +170,10 @@ class DynamicSimulator:
         (its workers' WorkerFinished make the reducer send it back to pending). The state
         changed, so the next cycle (at ``cycle_interval_s``) places the beneficiaries."""
         self._last_preempt = now
-        for decision in preemption_decisions(self.state, now, self.preemption):
+        situation = Situation(self.state, now, SupervisionConfig(), lambda _: self.preemption,
+                              victims=self._victims, kept=self._kept)
+        for decision in run_actions(self._actions, situation):
+            assert isinstance(decision, Preemption)
             for e in preemption_events(self.state, decision, now, producer="sim"):
                 victim = self.state.jobs[e.job_id]
                 self._charge_preemption(e.job_id, now)
