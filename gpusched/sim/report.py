@@ -8,7 +8,7 @@ from statistics import mean, stdev
 from typing import Iterable, Protocol, Sequence
 
 # The paper simulator's expected results (GPU allocation ratio at 130 % arrived, %, mean
-# of 10 seeds), as /work/shared/traces/README.md lists them; by our policy names.
+# of 10 seeds), as the trace folder's README lists them; by our policy names.
 PUBLISHED: dict[str, dict[str, float]] = {
     "default":    {"random": 87.47, "dot-product": 90.85, "gpu-clustering": 91.88,
                    "gpu-packing": 92.00, "best-fit": 93.08, "fgd": 95.39},
@@ -65,16 +65,27 @@ def table(runs: Sequence[RunLike], lists: Sequence[str], policies: Sequence[str]
             + "\n".join(lines))
 
 
-def write(runs: Sequence[RunLike], lists: Sequence[str], policies: Sequence[str], out: Path,
-          wall_s: float) -> list[Path]:
-    out.mkdir(parents=True, exist_ok=True)
-    summary = {
+def summary(runs: Sequence[RunLike], lists: Sequence[str], policies: Sequence[str]) -> dict:
+    """Per list and policy: the mean, spread and per-seed ratios at 130 % (%), and the
+    paper's published value."""
+    return {
         pod_list: {policy: {"mean": mean(v), "stdev": stdev(v) if len(v) > 1 else 0.0, "seeds": v,
                             "published": PUBLISHED[pod_list].get(policy)}
                    for policy in policies if (v := finals(runs, pod_list, policy))}
         for pod_list in lists
     }
-    doc = {"method": "gpusched.sim.static", "wall_s": wall_s, "summary": summary,
+
+
+def figures(runs: Sequence[RunLike], lists: Sequence[str], policies: Sequence[str]) -> dict:
+    """The headline figures as published (``gpusched.sim.figures``): the seeds run, in
+    order, and ``summary``."""
+    return {"seeds": sorted({r.seed for r in runs}), "summary": summary(runs, lists, policies)}
+
+
+def write(runs: Sequence[RunLike], lists: Sequence[str], policies: Sequence[str], out: Path,
+          wall_s: float) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    doc = {"method": "gpusched.sim.static", "wall_s": wall_s, "summary": summary(runs, lists, policies),
            "runs": [{"pod_list": r.pod_list, "policy": r.policy, "seed": r.seed, "seconds": r.seconds,
                      "curve": r.curve} for r in runs]}
     paths = [out / "static.json", out / "static.csv"]

@@ -37,7 +37,7 @@ from gpusched.core.reducer import apply
 from gpusched.core.state import ClusterState
 from gpusched.policies.placement.registry import make_placement, parse_placement
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig
-from gpusched.sim import report
+from gpusched.sim import figures, report
 from gpusched.sim.traces import POD_LISTS, TEAM, TRACE_DIR, Task, load_nodes, load_tasks
 
 LOAD = 1.30          # offered GPU request, as a share of the cluster's GPUs
@@ -90,9 +90,11 @@ def pack(nodes: list[NodeInfo], tasks: list[Task], policy: str, seed: int, label
     state = ClusterState()
     for i, node in enumerate(random.Random(f"nodes:{seed}").sample(nodes, len(nodes))):
         apply(state, ev.NodeRegistered(event_id=f"node-{i}", node=node))
-    job_ids = [f"{label}-{seed}-{i:06d}" for i in range(len(arrivals))]
+    job_ids = [f"{label or 'pack'}-{seed}-{i:06d}" for i in range(len(arrivals))]
     for job_id, task in zip(job_ids, arrivals):
-        apply(state, ev.JobSubmitted(event_id=f"submit-{job_id}", job_id=job_id, spec=task.spec(job_id)))
+        outcome = apply(state, ev.JobSubmitted(event_id=f"submit-{job_id}", job_id=job_id, spec=task.spec(job_id)))
+        if not outcome.accepted:
+            raise RuntimeError(f"the reducer rejected the submission of {job_id}: {outcome.reason}")
 
     name, args = parse_placement(policy)
     # One cycle offers every arrival: no cap on decisions nor on jobs tested.
@@ -147,6 +149,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
     parser.add_argument("--trace-dir", type=Path, default=TRACE_DIR)
     parser.add_argument("--out", type=Path, default=Path("results/static"), help="where the JSON/CSV/PNG go")
+    parser.add_argument("--publish", type=Path, metavar="FOLDER",
+                        help=f"also write the headline figures to FOLDER/static.json and .md (the published "
+                             f"figures: {figures.DEFAULT_FOLDER})")
     args = parser.parse_args(argv)
     lists = POD_LISTS if args.all or args.lists == "all" else tuple(args.lists.split(","))
     policies = POLICIES if args.all or args.policies == "all" else tuple(args.policies.split(","))
@@ -171,7 +176,12 @@ def main(argv: list[str] | None = None) -> int:
     print(report.table(runs, lists, policies))
     print(f"\n{len(runs)} runs in {wall:.0f} s wall ({sum(r.seconds for r in runs):.0f} s of simulation) "
           f"on {args.jobs} process(es)")
-    for path in report.write(runs, lists, policies, args.out, wall):
+    paths = report.write(runs, lists, policies, args.out, wall)
+    if args.publish:
+        command = figures.command_line("gpusched simulate static", argv)
+        paths += figures.publish(args.publish, "static", command, report.figures(runs, lists, policies),
+                                 f"```text\n{report.table(runs, lists, policies)}\n```")
+    for path in paths:
         print(f"wrote {path}")
     return 0
 

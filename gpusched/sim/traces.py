@@ -6,7 +6,8 @@ Nodes (``openb_node_list_gpu_node.csv``: ``sn,cpu_milli,memory_mib,gpu,model``) 
 ``gpu_milli < 1000`` is a GPU share, any other GPU task takes ``num_gpu`` whole GPUs,
 ``num_gpu == 0`` is CPU-only; ``gpu_spec`` (``|``-separated, may be absent) restricts
 the GPU models. Only the first five columns and ``gpu_spec`` are read (multigpu20 has
-only the five). The trace folder is ``$GPUSCHED_TRACE_DIR`` or the shared copy.
+only the five). The trace folder is ``$GPUSCHED_TRACE_DIR``, else ``shared/traces/alibaba-v2023``
+in the folder that holds the checkout or in any folder above it.
 """
 from __future__ import annotations
 
@@ -18,9 +19,17 @@ from gpusched.config import process_settings
 from gpusched.core.catalog import CATALOG, is_mig_capable
 from gpusched.core.model import GpuInfo, JobSpec, NodeInfo, WorkerResources
 
-# The shared/ folder sits beside the repository checkout.
-_SHARED_TRACES = Path(__file__).resolve().parents[2].parent / "shared" / "traces" / "alibaba-v2023"
-TRACE_DIR = Path(process_settings().trace_dir or _SHARED_TRACES)
+_SHARED = Path("shared") / "traces" / "alibaba-v2023"
+
+
+def _shared_traces() -> Path:
+    """The first ``shared/traces/alibaba-v2023`` found beside the checkout or above it
+    (the one beside the checkout when none is)."""
+    above = Path(__file__).resolve().parents[2].parents
+    return next((folder / _SHARED for folder in above if (folder / _SHARED).is_dir()), above[0] / _SHARED)
+
+
+TRACE_DIR = Path(process_settings().trace_dir or _shared_traces())
 NODE_LIST = "openb_node_list_gpu_node.csv"
 POD_LISTS = ("default", "cpu050", "gpushare40", "multigpu20", "gpuspec10")
 POOL = "default"
