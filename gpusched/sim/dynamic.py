@@ -50,7 +50,7 @@ from gpusched.policies.queueing.parking import ParkedJobs
 from gpusched.policies.queueing.keys import QueueKeys
 from gpusched.policies.scheduler import Decision, Scheduler, SchedulerConfig
 from gpusched.sim.dynamic_configs import parse_config, split_preemption, split_preemption_rules
-from gpusched.sim.metrics import FragmentationProbe, JobRecord, Sample, SimResult
+from gpusched.sim.metrics import FragmentationProbe, JobRecord, PreemptionRecord, Sample, SimResult
 from gpusched.sim.workload import Workload
 
 
@@ -91,6 +91,7 @@ class DynamicSimulator:
         self._remaining: dict[str, float] = {}      # job -> run time its next attempt needs
         self._first_start: dict[str, float] = {}    # job -> when its first attempt started
         self._preempted: dict[str, tuple[int, float]] = {}   # job -> (preemptions, GPU-seconds lost)
+        self._records: list[PreemptionRecord] = []           # every victim of every preemption
         self._checkpointing: set[str] = set()       # running jobs with a checkpoint interval
         # When running jobs' exempt times end: they may become victims with nothing else
         # happening, so the preemptor runs again then, at most once per cycle_interval_s.
@@ -126,6 +127,7 @@ class DynamicSimulator:
                 result.fragmentation.append((now, *probe.measure(state)))
                 next_probe = now + self.fragmentation_every_s
         result.jobs = [self._record(job_id) for job_id in state.jobs]
+        result.preempted = self._records
         result.rejected = state.rejected
         result.wall_s = time.perf_counter() - started
         return result
@@ -174,8 +176,11 @@ class DynamicSimulator:
                               victims=self._victims, kept=self._kept)
         for decision in run_actions(self._actions, situation):
             assert isinstance(decision, Preemption)
+            for_class = self.state.jobs[decision.for_job].spec.priority_class
             for e in preemption_events(self.state, decision, now, producer="sim"):
                 victim = self.state.jobs[e.job_id]
+                self._records.append(PreemptionRecord(now, decision.reason, victim.spec.priority_class, for_class,
+                                                      self._lost_gpu_s(victim, now), victim.preemptions))
                 self._charge_preemption(e.job_id, now)
                 self._checkpointing.discard(e.job_id)
                 self._apply(e)
@@ -198,16 +203,23 @@ class DynamicSimulator:
                                                job_id=job_id, attempt=job.attempt, checkpoint=f"sim://{job_id}",
                                                progress_s=saved_at - job.started_at))
 
+    @staticmethod
+    def _saved_s(job, now: float) -> float:
+        """Run time of the attempt up to its last checkpoint (one every
+        ``checkpoint_interval_s`` of run time, if any)."""
+        interval = job.spec.checkpoint_interval_s
+        return math.floor((now - job.started_at) / interval) * interval if interval > 0 else 0.0
+
+    def _lost_gpu_s(self, job, now: float) -> float:
+        return (now - job.started_at - self._saved_s(job, now)) * job.milli / 1000
+
     def _charge_preemption(self, job_id: str, now: float) -> None:
         """Count the preemption and the work it loses: what ran since the attempt's last
-        checkpoint (a checkpoint every ``checkpoint_interval_s`` of run time, if any)."""
+        checkpoint."""
         job = self.state.jobs[job_id]
-        ran = now - job.started_at
-        interval = job.spec.checkpoint_interval_s
-        saved = math.floor(ran / interval) * interval if interval > 0 else 0.0
-        self._remaining[job_id] = self._remaining.get(job_id, job.spec.simulated_duration_s) - saved
+        self._remaining[job_id] = self._remaining.get(job_id, job.spec.simulated_duration_s) - self._saved_s(job, now)
         count, lost = self._preempted.get(job_id, (0, 0.0))
-        self._preempted[job_id] = (count + 1, lost + (ran - saved) * job.milli / 1000)
+        self._preempted[job_id] = (count + 1, lost + self._lost_gpu_s(job, now))
 
     def _sample(self, now: float) -> Sample:
         usage = self.state.usage
@@ -258,7 +270,7 @@ class DynamicSimulator:
         preemptions, lost_gpu_s = self._preempted.get(job_id, (0, 0.0))
         return JobRecord(job_id, job.team, job.milli, job.spec.workers, job.submitted_at,
                          self._first_start[job_id] if ran else None, job.ended_at if ran else None,
-                         preemptions, lost_gpu_s)
+                         preemptions, lost_gpu_s, job.spec.priority_class)
 
 
 def _entitlements(wl: Workload, teams: tuple[str, ...], capacity: int) -> tuple[float, ...]:
@@ -330,11 +342,7 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out / wl.name
     command = "python -m gpusched.sim.dynamic " + shlex.join(argv if argv is not None else sys.argv[1:])
     dynamic_report.write(out, wl.note, command, summaries)
-    print(dynamic_report.table(summaries))
-    print()
-    print(dynamic_report.team_table(summaries))
-    print()
-    print(dynamic_report.size_table(summaries))
+    print("\n\n".join(dynamic_report.tables(summaries)))
     if not args.no_plots:
         last_arrival = wl.arrivals[-1].time
         for path in dynamic_report.plot(out, results, until_s=1.5 * last_arrival):

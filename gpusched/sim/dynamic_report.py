@@ -2,7 +2,8 @@
 
 Files go under ``<out>/<workload>/``: ``summary.json`` (every figure, per team too, with
 the workload's description and the command line), ``summary.csv`` (one row per
-configuration), ``table.md`` (the tables printed on stdout: overall, per team, waits by job size), ``utilization.png`` (GPU
+configuration), ``table.md`` (the tables printed on stdout: overall, per team, per priority class, waits by
+job size, preemptions by reason and class), ``utilization.png`` (GPU
 allocation and queue length over time) and ``team_shares.png`` (GPUs each team held).
 """
 from __future__ import annotations
@@ -88,6 +89,37 @@ def team_table(summaries: list[dict]) -> str:
     return "\n".join([head, rule, *rows])
 
 
+def class_table(summaries: list[dict]) -> str:
+    """Per priority class: mean and p99 wait (seconds), per configuration."""
+    classes = list(summaries[0]["classes"]) if summaries else []
+    head = "| config | " + " | ".join(f"{c} wait mean / p99" for c in classes) + " |"
+    rule = "|---|" + "---:|" * len(classes)
+
+    def number(value):
+        return "-" if value is None else f"{value:,.0f}"
+    rows = [f"| {s['config']} | " + " | ".join(f"{number(s['classes'][c]['mean'])} / {number(s['classes'][c]['p99'])}"
+                                              for c in classes) + " |" for s in summaries]
+    return "\n".join([head, rule, *rows])
+
+
+def preemption_table(summaries: list[dict]) -> str:
+    """Each configuration's victims by reason and classes (victim -> beneficiary): how many,
+    GPU-hours lost (and their share of the capacity over the arrivals), median work lost
+    per victim, victims already preempted before."""
+    head = "| config | reason | victim -> for | victims | GPU-h lost | of capacity | median lost GPU-s | again |"
+    rule = "|---|---|---|---:|---:|---:|---:|---:|"
+    rows = []
+    for s in summaries:
+        capacity = s["capacity_gpu_hours"] or 1.0
+        rows.append(f"| {s['config']} | all | | {s['preemptions']} | {s['gpu_hours_lost']:,.0f} | "
+                    f"{s['gpu_hours_lost'] / capacity:.2%} | | |")
+        for r in s["preemptions_by"]:
+            rows.append(f"| | {r['reason']} | {r['victim_class']} -> {r['for_class']} | {r['victims']} | "
+                        f"{r['gpu_hours_lost']:,.0f} | {r['gpu_hours_lost'] / capacity:.2%} | "
+                        f"{r['median_lost_gpu_s']:,.0f} | {r['again']} |")
+    return "\n".join([head, rule, *rows])
+
+
 def write(out: Path, workload_note: str, command: str, summaries: list[dict]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps(
@@ -97,8 +129,13 @@ def write(out: Path, workload_note: str, command: str, summaries: list[dict]) ->
         writer = csv.DictWriter(f, fieldnames=[name for name, _, _ in COLUMNS])
         writer.writeheader()
         writer.writerows(flat)
-    (out / "table.md").write_text(table(summaries) + "\n\n" + team_table(summaries) + "\n\n"
-                                  + size_table(summaries) + "\n")
+    (out / "table.md").write_text("\n\n".join(tables(summaries)) + "\n")
+
+
+def tables(summaries: list[dict]) -> list[str]:
+    """Every table of a run, in the order printed."""
+    return [table(summaries), team_table(summaries), class_table(summaries), size_table(summaries),
+            preemption_table(summaries)]
 
 
 def plot(out: Path, results: list[SimResult], until_s: float) -> list[Path]:

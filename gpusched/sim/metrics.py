@@ -12,7 +12,11 @@
 * Waits by job size (``SIZES``: 1 GPU or a share, 2-4 GPUs, 5-8 GPUs on one node, gangs of
   more than one worker): the p99 and the worst wait of the jobs that ran, and how many
   never ran. Starvation shows in the worst waits of the big ones, not in means.
-* Preemptions and the GPU-hours they lost (GPU time of attempts that did not finish).
+* Preemptions and the GPU-hours they lost (GPU time of attempts that did not finish), by
+  reason and by the priority classes of victim and beneficiary (``preemptions_by``), with
+  how many struck a job already preempted before.
+* Waits by priority class (``classes``): what the preemptor is for is that the higher
+  classes wait less.
 * Fairness: Jain's index over the teams that have jobs waiting, of each team's allocation
   divided by its entitlement (its guarantee, or an equal split without quotas), averaged
   over the time at least two teams wait. 1.0: every waiting team gets the same fraction
@@ -66,6 +70,19 @@ class JobRecord:
     ended_at: float | None
     preemptions: int = 0               # attempts preempted
     lost_gpu_s: float = 0.0            # GPU-seconds of those attempts
+    priority_class: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class PreemptionRecord:
+    """One victim of one preemption."""
+
+    time: float
+    reason: str                        # "priority" | "reclaim" | "defragmentation"
+    victim_class: str
+    for_class: str                     # the beneficiary's priority class
+    lost_gpu_s: float                  # the victim's work since its last checkpoint, on all its GPUs
+    earlier: int                       # times the victim was preempted before
 
 
 @dataclass
@@ -78,6 +95,7 @@ class SimResult:
     samples: list[Sample] = field(default_factory=list)
     fragmentation: list[tuple[float, float, float]] = field(default_factory=list)  # (t, ratio, stranded milli)
     jobs: list[JobRecord] = field(default_factory=list)
+    preempted: list[PreemptionRecord] = field(default_factory=list)
     cycles: int = 0
     backfilled: int = 0
     rejected: int = 0
@@ -146,11 +164,29 @@ def summarize(result: SimResult) -> dict:
         "waits_by_size": _by_size(result.jobs),
         "preemptions": sum(j.preemptions for j in result.jobs),
         "gpu_hours_lost": sum(j.lost_gpu_s for j in result.jobs) / 3600,
+        "capacity_gpu_hours": result.capacity_milli / 1000 * (last - first) / 3600,   # over the arrivals
+        "preemptions_by": _preemptions_by(result.preempted),
+        "classes": {c: _stats([j.started_at - j.submitted_at for j in ran if j.priority_class == c])
+                    for c in sorted({j.priority_class for j in result.jobs})},
         "cycles": result.cycles, "backfilled": result.backfilled, "rejected": result.rejected,
         "wall_s": result.wall_s,
         "teams": {t: _team(result, i, ran, window, last) for i, t in enumerate(result.teams)},
     }
     return summary
+
+
+def _preemptions_by(records: list[PreemptionRecord]) -> list[dict]:
+    """Victims by (reason, victim's class, beneficiary's class): how many, the GPU-hours
+    they lost, the median work lost per victim, and how many had been preempted before."""
+    groups: dict[tuple[str, str, str], list[PreemptionRecord]] = {}
+    for r in records:
+        groups.setdefault((r.reason, r.victim_class, r.for_class), []).append(r)
+    rows = [{"reason": reason, "victim_class": victim, "for_class": for_class, "victims": len(rs),
+             "gpu_hours_lost": sum(r.lost_gpu_s for r in rs) / 3600,
+             "median_lost_gpu_s": float(np.median([r.lost_gpu_s for r in rs])),
+             "again": sum(1 for r in rs if r.earlier)}
+            for (reason, victim, for_class), rs in groups.items()]
+    return sorted(rows, key=lambda row: -row["gpu_hours_lost"])
 
 
 def _by_size(jobs: list[JobRecord]) -> dict[str, dict]:
