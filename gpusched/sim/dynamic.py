@@ -47,6 +47,7 @@ from gpusched.policies.preemption.victim_index import VictimIndex
 from gpusched.policies.preemption.victim_rules import PreemptionConfig
 from gpusched.policies.supervision import SupervisionConfig
 from gpusched.policies.queueing.parking import ParkedJobs
+from gpusched.policies.queueing.quota import claims_guarantee
 from gpusched.policies.queueing.keys import QueueKeys
 from gpusched.policies.scheduler import Decision, Scheduler, SchedulerConfig
 from gpusched.sim.dynamic_configs import parse_config, split_preemption, split_preemption_rules
@@ -96,7 +97,10 @@ class DynamicSimulator:
         # When running jobs' exempt times end: they may become victims with nothing else
         # happening, so the preemptor runs again then, at most once per cycle_interval_s.
         self._wakes: list[float] = []
+        self._quotas = config.quotas
         self._guarantees = any(config.quotas.team_quota(t).guaranteed_milli for t in self.teams)
+        # Jobs whose team held less than its guarantee with them when they arrived.
+        self._within_guarantee: set[str] = set()
         self._last_preempt = -math.inf
 
     def run(self) -> SimResult:
@@ -148,6 +152,9 @@ class DynamicSimulator:
         arrivals = self.workload.arrivals
         while self._next_arrival < len(arrivals) and arrivals[self._next_arrival].time <= now:
             a = arrivals[self._next_arrival]
+            used = self.state.usage[a.spec.team].gpu_milli if a.spec.team in self.state.usage else 0
+            if claims_guarantee(used, a.spec.total_milli, self._quotas.team_quota(a.spec.team).guaranteed_milli):
+                self._within_guarantee.add(a.job_id)
             self._apply(ev.JobSubmitted(event_id=f"submit:{a.job_id}", time=now, job_id=a.job_id, spec=a.spec))
             self._waiting[self._team_index[a.spec.team]] += 1
             self._waiting_milli += a.spec.total_milli
@@ -270,7 +277,7 @@ class DynamicSimulator:
         preemptions, lost_gpu_s = self._preempted.get(job_id, (0, 0.0))
         return JobRecord(job_id, job.team, job.milli, job.spec.workers, job.submitted_at,
                          self._first_start[job_id] if ran else None, job.ended_at if ran else None,
-                         preemptions, lost_gpu_s, job.spec.priority_class)
+                         preemptions, lost_gpu_s, job.spec.priority_class, job_id in self._within_guarantee)
 
 
 def _entitlements(wl: Workload, teams: tuple[str, ...], capacity: int) -> tuple[float, ...]:

@@ -15,8 +15,9 @@
 * Preemptions and the GPU-hours they lost (GPU time of attempts that did not finish), by
   reason and by the priority classes of victim and beneficiary (``preemptions_by``), with
   how many struck a job already preempted before.
-* Waits by priority class (``classes``): what the preemptor is for is that the higher
-  classes wait less.
+* Waits by priority class (``classes``), and of the jobs that arrived within their team's
+  guarantee (``within_guarantee_wait_s``): what the preemptor is for is that the higher
+  classes and guaranteed work wait less.
 * Fairness: Jain's index over the teams that have jobs waiting, of each team's allocation
   divided by its entitlement (its guarantee, or an equal split without quotas), averaged
   over the time at least two teams wait. 1.0: every waiting team gets the same fraction
@@ -71,6 +72,7 @@ class JobRecord:
     preemptions: int = 0               # attempts preempted
     lost_gpu_s: float = 0.0            # GPU-seconds of those attempts
     priority_class: str = ""
+    within_guarantee: bool = False     # its team held less than its guarantee with it, on arrival
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +170,7 @@ def summarize(result: SimResult) -> dict:
         "preemptions_by": _preemptions_by(result.preempted),
         "classes": {c: _stats([j.started_at - j.submitted_at for j in ran if j.priority_class == c])
                     for c in sorted({j.priority_class for j in result.jobs})},
+        "within_guarantee_wait_s": _stats([j.started_at - j.submitted_at for j in ran if j.within_guarantee]),
         "cycles": result.cycles, "backfilled": result.backfilled, "rejected": result.rejected,
         "wall_s": result.wall_s,
         "teams": {t: _team(result, i, ran, window, last) for i, t in enumerate(result.teams)},
