@@ -30,6 +30,7 @@ else:   # loaded by file path (deploy/gpu_check.py): launcher.py sits beside it
 OnCheckpoint = Callable[[str, float], Awaitable[None]]
 EXIT_TERMINATED = 128 + int(signal.SIGTERM)
 EXIT_KILLED = 128 + int(signal.SIGKILL)
+EXIT_NOT_STARTED = launcher.shim.EXIT_NOT_STARTED   # a workload that never started (exec's 127)
 # run by file path (not -m): it then runs where the package is not installed
 SHIM = Path(__file__).resolve().with_name("shim.py")
 STATUS_FILE = "shim.json"
