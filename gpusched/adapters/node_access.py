@@ -13,6 +13,7 @@ import hashlib
 import secrets
 import time
 from dataclasses import replace
+from functools import partial
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError, for_code
@@ -103,12 +104,14 @@ async def _create(admin: AIOKafkaAdminClient, spec: NewTopic, hint: str, deadlin
 
 
 async def add_node(admin_connection: Where, names: TopicNames, node: str, password: str = "",
-                   timeout_s: float = 30.0) -> str:
+                   timeout_s: float = 30.0, reads_log: bool = False) -> str:
     """As the admin: the node's report and beats topics, its SCRAM user with ``password`` (a random
     one when empty) and its ACLs; returns the password. Idempotent: running it again
-    sets the password anew."""
+    sets the password anew. ``reads_log``: its agent folds the pool log (``--source
+    log``) and may read it; otherwise it reads its work view only, and a READ of the pool
+    log granted before is taken back."""
     return await _add_principal(admin_connection, names, node, password, timeout_s,
-                                ensure_node_topics, node_principal, grant_node_acls)
+                                ensure_node_topics, node_principal, partial(grant_node_acls, reads_log=reads_log))
 
 
 async def add_host(admin_connection: Where, names: TopicNames, host: str, password: str = "",
