@@ -29,6 +29,7 @@ from gpusched.adapters import dev_pki
 from gpusched.client import Client, ClientTls, seconds
 from gpusched.consumers.usage_report import number_type, collect, format_report
 from gpusched.consumers.utilization import UtilizationLedger
+from gpusched.ctl.output import milli_of
 from gpusched.local_cluster import LocalCluster
 from gpusched.adapters.kafka_admin import TopicNames, delete_topics
 from gpusched.adapters.kafka_security import KafkaConnection, Where
@@ -132,7 +133,7 @@ async def _serve(port: int, pki) -> None:
 def _report(jobs, t_submit, makespan, samples, args) -> None:
     phases = Counter(types_pb2.JobPhase.Name(j.phase).removeprefix("JOB_PHASE_").lower() for j in jobs)
     shapes = Counter(j.spec.name.split("-")[0] for j in jobs)
-    gpu_s = sum(j.spec.workers * _milli(j.spec.resources) / 1000 * (seconds(j.ended_at) - seconds(j.started_at))
+    gpu_s = sum(j.spec.workers * milli_of(j.spec.resources) / 1000 * (seconds(j.ended_at) - seconds(j.started_at))
                 for j in jobs if seconds(j.started_at))
     capacity = args.nodes * int(args.gpus.split("x")[0]) * makespan
     waits = sorted(seconds(j.started_at) - seconds(j.submitted_at) for j in jobs if seconds(j.started_at))
@@ -152,14 +153,6 @@ async def _usage_report(bootstrap: Where, topics: TopicNames, args: argparse.Nam
     ledger = UtilizationLedger(idle_after_s=args.idle_after)
     await collect(bootstrap, topics, ledger)
     print("\n" + format_report(ledger.report(now=time.time()), ledger))
-
-
-def _milli(r) -> int:
-    if r.gpu_milli:
-        return r.gpu_milli
-    if r.mig_profile:
-        return int(r.mig_profile[0]) * 1000 // 7
-    return r.gpus * 1000
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:

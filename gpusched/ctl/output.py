@@ -12,7 +12,9 @@ from google.protobuf.message import Message
 from rich.console import Console
 from rich.table import Table
 
+from gpusched.adapters.codec import from_proto
 from gpusched.client import seconds
+from gpusched.core.model import WorkerResources
 from gpusched.v1 import types_pb2
 
 Instant = float | Message   # epoch seconds, or the API's google.protobuf.Timestamp (unset: not yet)
@@ -94,9 +96,6 @@ def gpu_count(gpus: float) -> str:
 
 
 def milli_of(resources: types_pb2.WorkerResources) -> int:
-    """A worker's GPU milli (a MIG slice counts its compute sevenths)."""
-    if resources.gpu_milli:
-        return resources.gpu_milli
-    if resources.mig_profile:
-        return int(resources.mig_profile[0]) * 1000 // 7
-    return resources.gpus * 1000
+    """A worker's GPU milli, as the reducer counts a job's usage (``WorkerResources.milli``:
+    a MIG slice counts its compute slices in sevenths, a 3g slice 428)."""
+    return from_proto(WorkerResources, resources).milli

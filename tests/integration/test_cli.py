@@ -170,6 +170,20 @@ async def test_nodes_cordon_uncordon_and_top(cluster):
     assert "NOT_FOUND" in err
 
 
+async def test_a_mig_slice_counts_the_same_in_every_figure(cluster):
+    """A 3g slice holds 4 of 8 memory slices but counts its 3 of 7 compute slices: 0.43
+    GPU in top nodes, top teams, get queues and describe node alike (a job's usage)."""
+    _, cli = cluster
+    out = await cli.run("submit", "--name", "sliced", "--team", "vision", "--mig", "3g", "--duration", "600")
+    job = out.split()[0].removeprefix("job/")
+    assert await first_running(cli, job) == job
+    assert rows(await cli.run("top", "nodes"))[0]["GPUS"] == "0.43/4"
+    assert {r["TEAM"]: r for r in rows(await cli.run("top", "teams"))}["vision"]["GPUS"] == "0.43"
+    assert rows(await cli.run("get", "queues"))[0]["RUNNING GPUS"] == "0.43"
+    assert "allocated 0.43, MIG slices 4/8 used" in await cli.run("describe", "node", "node-0")
+    assert json.loads(await cli.run("top", "nodes", "-o", "json"))[0]["gpus_allocated"] == 0.428
+
+
 async def test_policy_commands_set_and_show_quotas(cluster):
     _, cli = cluster
     view = json.loads(await cli.run("policy", "set-quota", "--team", "llm", "--guaranteed", "2", "--limit", "3"))
