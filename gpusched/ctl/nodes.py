@@ -7,7 +7,8 @@ import click
 
 from gpusched.client import SyncClient
 from gpusched.ctl.jobs import HOLDING, describe, get
-from gpusched.ctl.output import as_dict, dump, gpu_count, milli_of, node_status, output_option, table
+from gpusched.ctl.output import (as_dict, dump, echo_lines, gpu_count, milli_of, node_status, output_option,
+                                 table)
 from gpusched.ctl.root import pass_client
 from gpusched.v1 import types_pb2
 
@@ -73,7 +74,7 @@ def describe_node(client: SyncClient, name: str, output: str) -> None:
         lines.append(f"  {g.info.index:<3} {g.info.model:<14} {'healthy' if g.healthy else 'FAULTY':<8} "
                      f"allocated {gpu_count(g.allocated_milli / 1000)}{mig}")
     lines.append(f"Jobs:       {', '.join(node.jobs) or '-'}")
-    click.echo("\n".join(lines))
+    echo_lines(lines)
 
 
 @click.command()
@@ -82,7 +83,7 @@ def describe_node(client: SyncClient, name: str, output: str) -> None:
 @pass_client
 def cordon(client: SyncClient, name: str, reason: str) -> None:
     """Place no new work on a node (its running jobs go on)."""
-    click.echo(f"node/{name} {node_status(client.cordon(name, reason).status).lower()}")
+    echo_lines([f"node/{name} {node_status(client.cordon(name, reason).status).lower()}"])
 
 
 @click.command()
@@ -90,7 +91,7 @@ def cordon(client: SyncClient, name: str, reason: str) -> None:
 @pass_client
 def uncordon(client: SyncClient, name: str) -> None:
     """Let work be placed on a node again (clears a quarantine too)."""
-    click.echo(f"node/{name} {node_status(client.uncordon(name).status).lower()}")
+    echo_lines([f"node/{name} {node_status(client.uncordon(name).status).lower()}"])
 
 
 @click.group()

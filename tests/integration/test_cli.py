@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import re
+import signal
 import sys
 
 import pytest
@@ -84,7 +85,7 @@ async def test_submit_from_yaml_get_describe_cancel_and_watch(cluster, tmp_path)
 
     jobs = {j["job_id"]: j for j in json.loads(await cli.run("get", "jobs", "-o", "json"))}
     assert set(jobs) == {short, long, huge}
-    assert jobs[long]["spec"]["workers"] == 2 and jobs[long]["spec"]["resources"]["cpu_milli"] == "2000"
+    assert jobs[long]["spec"]["workers"] == 2 and jobs[long]["spec"]["resources"]["cpu_milli"] == 2000
     assert jobs[running]["phase"] == "JOB_PHASE_RUNNING" and jobs[waiting]["phase"] == "JOB_PHASE_PENDING"
     table = {r["NAME"]: r for r in rows(await cli.run("get", "jobs", "--team", "nlp"))}
     assert set(table) == {"short", "long"}
@@ -168,6 +169,44 @@ async def test_nodes_cordon_uncordon_and_top(cluster):
     assert 0 < llm["utilization"] <= 1 and llm["simulated"]
     err = await cli.run("cordon", "node-9", ok=False)
     assert "NOT_FOUND" in err
+
+
+async def test_json_has_every_field_and_text_escapes_what_a_terminal_would_act_on(cluster):
+    _, cli = cluster
+    evil = "\x1b]0;owned\x07\x1b[2J\x9b31m"   # retitle the terminal, clear the screen, a C1 CSI
+    out = await cli.run("submit", "--name", "evil", "--team", "nlp", "--gpus", "1", "--duration", "600",
+                        "--", "sh", "-c", f"echo {evil}")
+    job = out.split()[0].removeprefix("job/")
+    assert await first_running(cli, job) == job
+    [shown] = json.loads(await cli.run("get", "jobs", "-o", "json"))
+    worker = shown["workers"][0]
+    assert worker["worker"] == 0 and worker["gpus"][0]["index"] == 0      # zeros are there, not left out
+    assert shown["spec"]["resources"]["memory_mib"] == 4096                # int64: a number, not "4096"
+    assert shown["spec"]["resources"]["gpu_memory_mib"] == 0 and shown["ended_at"] is None
+    assert shown["spec"]["command"][2] == f"echo {evil}"                    # JSON carries it as it is
+    await cli.run("cancel", job, "--reason", f"stop {evil}")
+    for args in (("describe", "job", job), ("get", "jobs", "-o", "wide"), ("watch", job)):
+        _, text, _ = await cli.status(*args)   # watch: exit status 1, the job was cancelled
+        assert f"job/{job}" in text or job in text, (args, text)
+        assert "\x1b" not in text and "\x07" not in text and "\x9b" not in text, args
+    described = await cli.run("describe", "job", job)
+    assert "Command:      sh -c echo \\x1b]0;owned\\x07\\x1b[2J\\x9b31m" in described, described
+    assert "stop \\x1b]0;owned" in described
+
+
+async def test_watch_ends_quietly_on_ctrl_c_and_when_its_job_ends(cluster):
+    _, cli = cluster
+    long = (await cli.run("submit", "--name", "long", "--team", "nlp", "--gpus", "1", "--duration", "600")).split()[0]
+    long = long.removeprefix("job/")
+    watch = await asyncio.create_subprocess_exec(sys.executable, "-m", "gpusched.cli", "watch", long, env=cli.env,
+                                                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    assert long in (await asyncio.wait_for(watch.stdout.readline(), 60)).decode()   # following the stream now
+    watch.send_signal(signal.SIGINT)
+    _, err = await asyncio.wait_for(watch.communicate(), 60)
+    assert watch.returncode == 130 and err.decode() == "", err.decode()[-3000:]
+    short = (await cli.run("submit", "--name", "short", "--team", "nlp", "--gpus", "1", "--duration", "0.2"))
+    code, out, err = await cli.status("watch", short.split()[0].removeprefix("job/"))
+    assert code == 0 and "Succeeded" in out.splitlines()[-1] and err == "", err
 
 
 async def test_a_mig_slice_counts_the_same_in_every_figure(cluster):
