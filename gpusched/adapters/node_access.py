@@ -24,9 +24,9 @@ from gpusched.adapters.kafka_acls import grant_host_acls, grant_node_acls
 from gpusched.adapters.kafka_admin import TopicNames, replication_for
 from gpusched.adapters.kafka_security import (KafkaConnection, KafkaLoginRefused, Where, check_login, client_args,
                                               connection)
-from gpusched.adapters.reports import (BEATS, HOST_BEATS, HOST_REPORTS, REPORTS, beats_topic, host_beats_topic,
-                                       host_principal, host_report_topic, node_principal, report_topic)
-from gpusched.adapters.work_view import WORK, work_topic
+from gpusched.adapters.reports import (beats_topic, host_beats_topic, host_principal, host_report_topic,
+                                       node_principal, report_topic)
+from gpusched.adapters.work_view import work_topic
 
 _NOT_ALLOWED = {29, 31}   # TOPIC_AUTHORIZATION_FAILED, CLUSTER_AUTHORIZATION_FAILED
 _MECHANISMS = {"SCRAM-SHA-256": (1, "sha256"), "SCRAM-SHA-512": (2, "sha512")}
@@ -209,19 +209,3 @@ async def _until_login_works(conn: KafkaConnection, timeout_s: float) -> None:
                 if time.monotonic() > deadline:
                     raise
                 await asyncio.sleep(0.1)
-
-
-async def delete_report_topics(admin_connection: Where, names: TopicNames, timeout_s: float = 30.0) -> None:
-    """Delete a prefix's report, beats and work-view topics, the node hosts' too (tests and benchmarks, like
-    ``delete_topics``); best effort."""
-    admin = AIOKafkaAdminClient(**client_args(admin_connection), request_timeout_ms=int(timeout_s * 1000))
-    try:
-        await asyncio.wait_for(admin.start(), timeout_s)
-        heads = tuple(names.prefix + kind for kind in (REPORTS, BEATS, WORK, HOST_REPORTS, HOST_BEATS))
-        topics = [t for t in await admin.list_topics() if t.startswith(heads)]
-        if topics:
-            await admin.delete_topics(topics)
-    except Exception:   # a broker already gone: nothing to clean on it
-        pass
-    finally:
-        await admin.close()

@@ -16,7 +16,7 @@ from aiokafka.errors import ClusterAuthorizationFailedError, TopicAuthorizationF
 
 from gpusched.adapters.kafka_admin import TopicNames, delete_topics, ensure_topics
 from gpusched.adapters.kafka_security import KafkaConnection, KafkaLoginRefused, check_login, client_args
-from gpusched.adapters.node_access import add_node, delete_report_topics
+from gpusched.adapters.node_access import add_node
 from gpusched.adapters.reports import beats_topic, node_principal, report_topic
 from gpusched.local_cluster import BIN, LocalCluster
 
@@ -185,7 +185,6 @@ async def test_kafka_setup_as_the_admin_is_what_services_need(secured, kafka_boo
             await cluster.stop_all()
     finally:
         await delete_topics(secured("admin"), names, timeout_s=10)
-        await delete_report_topics(secured("admin"), names, timeout_s=10)
 
 
 async def test_billing_consumer_runs_as_its_read_only_principal(secured, kafka_bootstrap, topics, tmp_path):
