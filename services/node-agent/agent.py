@@ -33,7 +33,8 @@ from gpusched_node_agent.launch_env import node_addresses, worker_env
 from gpusched_node_agent.lease import NodeLease
 from gpusched_node_agent.leftovers import kill_leftovers, worker_dir_name
 from gpusched_node_agent.liveness import NodeLiveness
-from gpusched_node_agent.runner import EXIT_NOT_STARTED, ProcessRun, SimulatedRun, WorkerExit, group_alive
+from gpusched_node_agent.runner import (EXIT_NOT_STARTED, NotStarted, NothingToRun, ProcessRun, SimulatedRun,
+                                        WorkerExit, group_alive, why_not_started)
 
 log = logging.getLogger("gpusched.node_agent")
 Key = tuple[str, int, int]   # (job id, attempt, worker)
@@ -380,30 +381,6 @@ class NodeAgent(NodeLiveness):
             await self._register()
         finally:
             self._returning = None
-
-
-class NothingToRun(Exception):
-    """A job without a command on a node that runs real processes."""
-
-
-class NotStarted:
-    """The run of a worker whose run could not even be made: its start raises why."""
-
-    def __init__(self, why: Exception) -> None:
-        self.why = why
-
-    async def start(self) -> None:
-        raise self.why
-
-    async def stop(self, grace: float) -> None:
-        return None
-
-
-def why_not_started(exc: Exception) -> str:
-    """A start's failure as its reason: an OSError says it itself (a missing program, a
-    device that cannot be set up), and so does ``NothingToRun``; anything else is named by
-    its type too (``ValueError: embedded null byte``)."""
-    return str(exc) if isinstance(exc, (OSError, NothingToRun)) else f"{type(exc).__name__}: {exc}"
 
 
 def note_in_log(in_log: dict[str, asyncio.Future], event, state: ClusterState) -> None:

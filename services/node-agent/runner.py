@@ -314,6 +314,30 @@ class ProcessRun:
             _signal_group(proc.pid, signal.SIGKILL)
 
 
+class NothingToRun(Exception):
+    """A job without a command on a node that runs real processes."""
+
+
+class NotStarted:
+    """The run of a worker whose run could not even be made: its start raises why."""
+
+    def __init__(self, why: Exception) -> None:
+        self.why = why
+
+    async def start(self) -> None:
+        raise self.why
+
+    async def stop(self, grace: float) -> None:
+        return None
+
+
+def why_not_started(exc: Exception) -> str:
+    """A start's failure as its reason: an OSError says it itself (a missing program, a
+    device that cannot be set up), and so does ``NothingToRun``; anything else is named by
+    its type too (``ValueError: embedded null byte``)."""
+    return str(exc) if isinstance(exc, (OSError, NothingToRun)) else f"{type(exc).__name__}: {exc}"
+
+
 async def wait_group_gone(pgid: int, timeout: float, poll: float = 0.02) -> bool:
     """True once no process of group ``pgid`` is left (not our children: polled)."""
     deadline = time.monotonic() + timeout
