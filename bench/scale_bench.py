@@ -57,7 +57,6 @@ from aiokafka import AIOKafkaConsumer, TopicPartition   # noqa: E402
 from gpusched.adapters import codec   # noqa: E402
 from gpusched.adapters.kafka_admin import TopicNames, delete_topics   # noqa: E402
 from gpusched.adapters.kafka_security import client_args   # noqa: E402
-from gpusched.adapters.node_access import delete_report_topics   # noqa: E402
 from gpusched.adapters.reports import host_beats_topic   # noqa: E402
 from gpusched.client import Client, spec   # noqa: E402
 from gpusched.core import events as ev   # noqa: E402
@@ -349,7 +348,6 @@ async def run(args: argparse.Namespace, broker: Broker, bootstrap: str) -> None:
         await cluster.stop_all()
         if problem := await delete_topics(bootstrap, topics):
             print(f"could not delete topics {topics.prefix}*: {problem}")
-        await delete_report_topics(bootstrap, topics)   # the hosts' report and beats topics
 
 
 async def settle(client: Client, cycles_path: str, quiet_s: float, moved) -> None:

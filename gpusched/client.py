@@ -260,6 +260,11 @@ class Client:
         return await self._call(self.cluster.SetTeamPolicy, request)
 
 
+async def _next(updates: AsyncIterator[T]) -> T:
+    """``updates``' next item, as a coroutine (a task can run it)."""
+    return await updates.__anext__()
+
+
 def trace_metadata() -> tuple[tuple[str, str], ...] | None:
     """The current span's W3C context as gRPC metadata; None outside a span (or without
     an OpenTelemetry SDK configured: the API's no-op span injects nothing)."""
@@ -291,11 +296,33 @@ class SyncClient:
         self.close()
 
     def _run(self, coro) -> T:
-        return self._loop.run_until_complete(coro)
+        """Run ``coro`` to its end. Interrupted (Ctrl-C raises KeyboardInterrupt in the
+        loop's wait), it is cancelled and run until it has unwound before the interrupt
+        goes on: no call is left half-way for ``close`` to trip over."""
+        task = self._loop.create_task(coro)
+        try:
+            return self._loop.run_until_complete(task)
+        except BaseException:
+            if not task.done():
+                task.cancel()
+                self._loop.run_until_complete(asyncio.gather(task, return_exceptions=True))
+            raise
 
     def close(self) -> None:
-        if not self._loop.is_closed():
+        """Close the channel, then end every task still on the loop (gRPC's own among
+        them) and the async generators, as ``asyncio.run`` does, so that none is destroyed
+        pending with the loop."""
+        if self._loop.is_closed():
+            return
+        try:
             self._run(self.aio.close())
+            left = [t for t in asyncio.all_tasks(self._loop) if not t.done()]
+            for t in left:
+                t.cancel()
+            if left:
+                self._loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
+            self._loop.run_until_complete(self._loop.shutdown_asyncgens())
+        finally:
             self._loop.close()
 
     def submit(self, job_spec: types_pb2.JobSpec, key: str = "") -> admission_pb2.SubmitJobResponse:
@@ -318,7 +345,7 @@ class SyncClient:
         try:
             while True:
                 try:
-                    yield self._run(updates.__anext__())
+                    yield self._run(_next(updates))
                 except StopAsyncIteration:
                     return
         finally:

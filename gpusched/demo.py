@@ -2,16 +2,19 @@
 and what happened.
 
 Starts the broker with deploy/kafka.sh unless KAFKA_BOOTSTRAP_SERVERS names one, then
-admission, placer and simulated node-agents as separate processes, exactly as in
-production, on fresh topics. Submits training jobs, GPU shares, MIG slices and 2-node
+admission, placer, preemptor and simulated node-agents as separate processes, exactly as
+in production, on fresh topics. The preemptor lets an attempt be preempted for priority
+once it is ``--min-runtime`` old (seconds; production's default is 10 minutes), so the
+README's tour shows a preemption at once. Submits training jobs, GPU shares, MIG slices and 2-node
 gangs, follows them to the end and prints jobs run, allocation and time, then GPU-hours
 allocated vs used as the agents measured them (simulated nodes: the usage model, marked
 [simulated]) and the jobs that held GPUs idle.
 
 With --serve the cluster stays up after the report, for the gpusched commands
-(README: a five-minute tour), until Ctrl-C. At the end the demo deletes its topics
-(--keep-topics keeps them), stops its services, and says what it left: the broker, which
-it leaves running for the next run, and the services' log folder.
+(README: a five-minute tour), until Ctrl-C. At the end the demo stops its services,
+deletes its topics, the nodes' report, beats and work-view topics included
+(--keep-topics keeps them), and says what it left: the broker, which it leaves running
+for the next run, and the services' log folder.
 """
 from __future__ import annotations
 
@@ -26,12 +29,14 @@ from collections import Counter
 from pathlib import Path
 
 from gpusched.adapters import dev_pki
+from gpusched.adapters.kafka_acls import grant_service_acls
+from gpusched.adapters.kafka_admin import TopicNames, delete_topics, ensure_topics
+from gpusched.adapters.kafka_security import KafkaConnection, Where
 from gpusched.client import Client, ClientTls, seconds
 from gpusched.consumers.usage_report import number_type, collect, format_report
 from gpusched.consumers.utilization import UtilizationLedger
+from gpusched.ctl.output import milli_of
 from gpusched.local_cluster import LocalCluster
-from gpusched.adapters.kafka_admin import TopicNames, delete_topics
-from gpusched.adapters.kafka_security import KafkaConnection, Where
 from gpusched.v1 import types_pb2
 from gpusched.workloads import mixed_jobs
 
@@ -70,6 +75,9 @@ async def run_demo(args: argparse.Namespace) -> int:
     cluster = LocalCluster(bootstrap, topics, logs, partitions=4, pki=pki)
     print(f"broker {bootstrap}; topics {topics.prefix}*; service logs in {logs}")
     try:
+        if cluster.connection.secured:   # services may not create topics there: set up as kafka-setup does
+            await ensure_topics(cluster.connection, topics, 4)
+            await grant_service_acls(cluster.connection, topics)
         return await _run(cluster, bootstrap, topics, pki, args)
     finally:
         await cluster.stop_all()
@@ -86,6 +94,7 @@ async def _delete(bootstrap: Where, topics: TopicNames) -> str:
 async def _run(cluster: LocalCluster, bootstrap: Where, topics: TopicNames, pki, args: argparse.Namespace) -> int:
     admission = await cluster.admission("admission", args.port)
     await cluster.placer()
+    await cluster.preemptor("preemptor", "--min-runtime", repr(args.min_runtime))
     usage = ["--usage-interval", str(args.usage_interval)]
     if args.idle_jobs:
         usage += ["--simulated-usage", f"{args.idle_jobs}=0"]
@@ -95,7 +104,8 @@ async def _run(cluster: LocalCluster, bootstrap: Where, topics: TopicNames, pki,
               else Client(f"127.0.0.1:{admission.port}"))
     if pki:
         print(f"APIs over TLS; throwaway credentials in {pki.directory}")
-    print(f"cluster up: admission :{admission.port}, placer, {args.nodes} simulated nodes x {args.gpus}")
+    print(f"cluster up: admission :{admission.port}, placer, preemptor (jobs may be preempted for priority after "
+          f"{args.min_runtime:g}s), {args.nodes} simulated nodes x {args.gpus}")
     specs = mixed_jobs(args.jobs, seed=args.seed, duration=(args.min_duration, args.max_duration))
     samples: list[float] = []
     stop = asyncio.Event()
@@ -132,13 +142,14 @@ async def _serve(port: int, pki) -> None:
 def _report(jobs, t_submit, makespan, samples, args) -> None:
     phases = Counter(types_pb2.JobPhase.Name(j.phase).removeprefix("JOB_PHASE_").lower() for j in jobs)
     shapes = Counter(j.spec.name.split("-")[0] for j in jobs)
-    gpu_s = sum(j.spec.workers * _milli(j.spec.resources) / 1000 * (seconds(j.ended_at) - seconds(j.started_at))
+    gpu_s = sum(j.spec.workers * milli_of(j.spec.resources) / 1000 * (seconds(j.ended_at) - seconds(j.started_at))
                 for j in jobs if seconds(j.started_at))
     capacity = args.nodes * int(args.gpus.split("x")[0]) * makespan
     waits = sorted(seconds(j.started_at) - seconds(j.submitted_at) for j in jobs if seconds(j.started_at))
     print(f"\n{len(jobs)} jobs submitted in {t_submit:.2f}s ({len(jobs) / t_submit:.0f}/s); all ended after {makespan:.1f}s")
     print("by outcome: " + ", ".join(f"{k} {v}" for k, v in sorted(phases.items())))
     print("by shape:   " + ", ".join(f"{k} {v}" for k, v in sorted(shapes.items())))
+    print(f"preemptions: {sum(j.preemptions for j in jobs)} (jobs requeued for higher-priority work)")
     print(f"GPU allocation (GPU-seconds allocated / available): {gpu_s / capacity:.1%}")
     print(f"GPU allocation sampled every 0.25 s: mean {sum(samples) / max(1, len(samples)):.1%}, peak {max(samples, default=0):.1%}")
     if waits:
@@ -154,14 +165,6 @@ async def _usage_report(bootstrap: Where, topics: TopicNames, args: argparse.Nam
     print("\n" + format_report(ledger.report(now=time.time()), ledger))
 
 
-def _milli(r) -> int:
-    if r.gpu_milli:
-        return r.gpu_milli
-    if r.mig_profile:
-        return int(r.mig_profile[0]) * 1000 // 7
-    return r.gpus * 1000
-
-
 def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nodes", type=int, default=4)
     parser.add_argument("--serve", action="store_true",
@@ -173,6 +176,9 @@ def add_args(parser: argparse.ArgumentParser) -> None:
                         help="serve the APIs over TLS with tokens and a policy (a throwaway dev CA); "
                              "default: the --insecure dev mode on loopback (docs/security.md)")
     parser.add_argument("--gpus", default="8xH100-80GB", help="simulated GPUs per node")
+    parser.add_argument("--min-runtime", type=number_type(0.0), default=5.0,
+                        help="seconds an attempt runs before it may be preempted for priority (the preemptor's "
+                             "--min-runtime; its default, 600, would keep the tour from showing one)")
     parser.add_argument("--jobs", type=int, default=200)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--min-duration", type=float, default=0.5)

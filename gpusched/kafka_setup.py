@@ -7,7 +7,10 @@ cluster: their principals may not. Run it once per topic prefix, and again after
 own SCRAM user ``node-agent.NAME`` with a new random password, written to
 ``--node-secrets DIR/node-agent.NAME`` (mode 600), and its ACLs. Give that file to the
 node's agent (``--kafka-user node-agent.NAME --kafka-password-file ...``). Running it again
-for a node sets a new password: that is how a node's login is rotated or revoked.
+for a node sets a new password: that is how a node's login is rotated or revoked. A node's
+login reads its own work view, not the pool log (which holds every team's job specs and
+commands); ``--node-reads-log NAME`` adds a node whose agent runs with ``--source log``
+and so may read its pool's log (running ``--node NAME`` again takes that back).
 ``--node-host NAME`` does the same for a node host (``gpusched node-host``): its topics
 ``hostreports.NAME`` and ``hostbeats.NAME`` and its user ``node-host.NAME``."""
 from __future__ import annotations
@@ -33,6 +36,8 @@ async def setup(args: argparse.Namespace) -> int:
                                        min_insync_replicas=settings.min_insync_replicas)
         acls = await grant_service_acls(conn, topics) if conn.secured else 0
         nodes = [await _add_node(conn, topics, node, Path(args.node_secrets)) for node in args.node]
+        nodes += [await _add_node(conn, topics, node, Path(args.node_secrets), reads_log=True)
+                  for node in args.node_reads_log]
         nodes += [await _add_node(conn, topics, host, Path(args.node_secrets), host=True) for host in args.node_host]
     except (KafkaLoginRefused, TimeoutError, PermissionError, AclError, ValueError) as exc:
         print(f"gpusched kafka-setup: {exc}")
@@ -42,7 +47,7 @@ async def setup(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _add_node(conn, topics, node: str, secrets_dir: Path, host: bool = False) -> str:
+async def _add_node(conn, topics, node: str, secrets_dir: Path, host: bool = False, reads_log: bool = False) -> str:
     from gpusched.adapters.node_access import add_host, add_node
     from gpusched.adapters.reports import (beats_topic, host_beats_topic, host_principal, host_report_topic,
                                            node_principal, report_topic)
@@ -53,8 +58,9 @@ async def _add_node(conn, topics, node: str, secrets_dir: Path, host: bool = Fal
                f"{host_beats_topic(topics.prefix, node)}"
         user = host_principal(node)
     else:
-        password = await add_node(conn, topics, node)
-        made = f"node {node}: topics {report_topic(topics.prefix, node)}, {beats_topic(topics.prefix, node)}"
+        password = await add_node(conn, topics, node, reads_log=reads_log)
+        made = f"node {node}: topics {report_topic(topics.prefix, node)}, {beats_topic(topics.prefix, node)}" \
+               + (" (its agent may read the pool log: --source log)" if reads_log else "")
         user = node_principal(node)
     if not conn.secured:
         return made
@@ -74,6 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--connect-timeout", type=float, default=60.0)
     parser.add_argument("--node", action="append", default=[], metavar="NAME",
                         help="add a node: its report topic, Kafka user node-agent.NAME and ACLs (repeatable)")
+    parser.add_argument("--node-reads-log", action="append", default=[], metavar="NAME",
+                        help="add a node whose agent runs with --source log: as --node, and it may read its "
+                             "pool's log (every team's jobs); the exception, not the rule (repeatable)")
     parser.add_argument("--node-host", action="append", default=[], metavar="NAME",
                         help="add a node host: its topics, Kafka user node-host.NAME and ACLs (repeatable)")
     parser.add_argument("--node-secrets", default="node-secrets", metavar="DIR",

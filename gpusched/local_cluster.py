@@ -122,7 +122,8 @@ class LocalCluster:
     async def start(self, name: str, command: str, *args: str, timeout: float = 90.0,
                     principal: str = "") -> Service:
         if command == "gpusched-node-agent" and not principal:   # its node's own login
-            principal = await self.add_node(args[list(args).index("--name") + 1])
+            reads_log = "--source" in args and args[list(args).index("--source") + 1] == "log"
+            principal = await self.add_node(args[list(args).index("--name") + 1], reads_log=reads_log)
         log_path = self.log_dir / f"{name}.log"
         log = open(log_path, "ab")
         env = self._env(principal or PRINCIPALS.get(command, "audit"))
@@ -178,13 +179,14 @@ class LocalCluster:
             self.credentials[principal] = await add_host(self.connection, self.topics, host)
         return principal
 
-    async def add_node(self, node: str) -> str:
-        """The node's principal, with its login, report topic and ACLs made the first time."""
+    async def add_node(self, node: str, reads_log: bool = False) -> str:
+        """The node's principal, with its login, report topic and ACLs made the first time
+        (``reads_log``: its agent folds the pool log, ``--source log``, and may read it)."""
         from gpusched.adapters.node_access import add_node
 
         principal = node_principal(node)
         if self.connection.secured and principal not in self.credentials:
-            self.credentials[principal] = await add_node(self.connection, self.topics, node)
+            self.credentials[principal] = await add_node(self.connection, self.topics, node, reads_log=reads_log)
         return principal
 
     async def relay(self, name: str = "relay", *args: str) -> Service:

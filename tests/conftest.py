@@ -38,7 +38,6 @@ import pytest
 from gpusched.adapters.kafka_acls import grant_service_acls
 from gpusched.adapters.kafka_admin import TopicNames, delete_topics, ensure_topics
 from gpusched.adapters.kafka_security import KafkaConnection, load_credentials
-from gpusched.adapters.node_access import delete_report_topics
 from gpusched.ports import free_port, free_ports
 
 REPO = Path(__file__).resolve().parents[1]
@@ -218,7 +217,6 @@ async def topics(request: pytest.FixtureRequest, kafka_bootstrap: KafkaConnectio
         await grant_service_acls(kafka_bootstrap, names)
     yield names
     await delete_topics(kafka_bootstrap, names, timeout_s=10)   # best effort: no piling up partitions
-    await delete_report_topics(kafka_bootstrap, names, timeout_s=10)
 
 
 # --- PostgreSQL: the accounting database's production option (docs/audit-billing.md) ---

@@ -11,9 +11,12 @@ Node-agents log in one principal per node, ``node-agent.<node>``: ``node_acl_ent
 lets each write only its own report and beats topics, never the pool log, the shared
 heartbeats or usage; the relay appends what it validated (``gpusched.adapters.relay``),
 the preemptor reads the beats topics itself. Each reads only its own work view
-(``<prefix>work.<node>``), which the relay writes. A node host (many simulated nodes in
-one process) logs in as ``node-host.<host>`` and writes only its own
-``hostreports.<host>`` and ``hostbeats.<host>`` (``host_acl_entries``).
+(``<prefix>work.<node>``), which the relay writes, not the pool log: that holds every
+team's job specs, commands and submitters, and a node runs users' code. Only a node
+whose agent folds the pool log itself (``--source log``) is granted it
+(``reads_log``). A node host (many simulated nodes in one process, which fold the pool
+log) logs in as ``node-host.<host>`` and writes only its own ``hostreports.<host>`` and
+``hostbeats.<host>`` (``host_acl_entries``).
 """
 from __future__ import annotations
 
@@ -23,7 +26,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.protocol.admin import CreateAclsRequest_v1, DescribeAclsRequest_v1
+from aiokafka.protocol.admin import CreateAclsRequest_v1, DeleteAclsRequest_v1, DescribeAclsRequest_v1
 from aiokafka.protocol.api import Request
 
 from gpusched.adapters.kafka_admin import TopicNames
@@ -81,17 +84,20 @@ GRANTS: dict[str, Grant] = {
 }
 
 
-# What every node's own principal gets besides its report and beats topics: it folds its
-# pool's log and dead-letters what it cannot apply. Its beats and usage records go on its
-# own topics (docs/kafka-security.md), no shared one.
-NODE_GRANT = Grant(reads=("events",), writes=("dead_letters",))
+# What every node's own principal gets besides its report and beats topics and its work
+# view: it dead-letters what it cannot apply. Its beats and usage records go on its own
+# topics (docs/kafka-security.md), no shared one.
+NODE_GRANT = Grant(writes=("dead_letters",))
+# A node whose agent folds its pool's log itself (``--source log``), and a node host.
+LOG_READER_GRANT = Grant(reads=("events",), writes=("dead_letters",))
 
 
-def node_acl_entries(names: TopicNames, node: str) -> list[tuple]:
-    """The ACLs of one node's principal: ``NODE_GRANT`` plus WRITE and DESCRIBE on its
-    own report and beats topics and READ on its own work view, nothing on any other node's."""
+def node_acl_entries(names: TopicNames, node: str, reads_log: bool = False) -> list[tuple]:
+    """The ACLs of one node's principal: ``NODE_GRANT`` (``LOG_READER_GRANT`` when
+    ``reads_log``) plus WRITE and DESCRIBE on its own report and beats topics and READ on
+    its own work view, nothing on any other node's."""
     principal = f"User:{node_principal(node)}"
-    out = acl_entries(names, {node_principal(node): NODE_GRANT})
+    out = acl_entries(names, {node_principal(node): LOG_READER_GRANT if reads_log else NODE_GRANT})
     for topic in (report_topic(names.prefix, node), beats_topic(names.prefix, node)):
         out += [(_TOPIC, topic, _LITERAL, principal, "*", op, _ALLOW) for op in (DESCRIBE, DESCRIBE_CONFIGS, WRITE)]
     out += [(_TOPIC, work_topic(names.prefix, node), _LITERAL, principal, "*", op, _ALLOW)
@@ -100,11 +106,12 @@ def node_acl_entries(names: TopicNames, node: str) -> list[tuple]:
 
 
 def host_acl_entries(names: TopicNames, host: str) -> list[tuple]:
-    """The ACLs of a node host's principal ``node-host.<host>``: ``NODE_GRANT`` plus WRITE
-    and DESCRIBE on its own report and beats topics; the relay and the preemptor let it
-    speak only for nodes named ``<host>-...`` (gpusched.adapters.reports.hosted_by)."""
+    """The ACLs of a node host's principal ``node-host.<host>``: ``LOG_READER_GRANT`` (its
+    simulated nodes fold the pool log) plus WRITE and DESCRIBE on its own report and beats
+    topics; the relay and the preemptor let it speak only for nodes named ``<host>-...``
+    (gpusched.adapters.reports.hosted_by)."""
     principal = f"User:{host_principal(host)}"
-    out = acl_entries(names, {host_principal(host): NODE_GRANT})
+    out = acl_entries(names, {host_principal(host): LOG_READER_GRANT})
     for topic in (host_report_topic(names.prefix, host), host_beats_topic(names.prefix, host)):
         out += [(_TOPIC, topic, _LITERAL, principal, "*", op, _ALLOW) for op in (DESCRIBE, DESCRIBE_CONFIGS, WRITE)]
     return out
@@ -154,6 +161,16 @@ class _CreateAcls(Request[CreateAclsRequest_v1]):
         return request_struct_class(self._creations)
 
 
+class _DeleteAcls(Request[DeleteAclsRequest_v1]):
+    API_KEY = 31
+
+    def __init__(self, filters: list[tuple]) -> None:
+        self._filters = filters
+
+    def build(self, request_struct_class: type[DeleteAclsRequest_v1]) -> DeleteAclsRequest_v1:
+        return request_struct_class(self._filters)
+
+
 class _DescribeAcls(Request[DescribeAclsRequest_v1]):
     API_KEY = 29
 
@@ -174,9 +191,17 @@ async def grant_service_acls(admin_connection: Where, names: TopicNames, timeout
     return await create_acls(admin_connection, acl_entries(names), names.prefix + "*", timeout_s)
 
 
-async def grant_node_acls(admin_connection: Where, names: TopicNames, node: str, timeout_s: float = 30.0) -> int:
-    """Create the ACLs of one node's principal (``node_acl_entries``); needs the admin."""
-    return await create_acls(admin_connection, node_acl_entries(names, node), node_principal(node), timeout_s)
+async def grant_node_acls(admin_connection: Where, names: TopicNames, node: str, timeout_s: float = 30.0,
+                          reads_log: bool = False) -> int:
+    """Create the ACLs of one node's principal (``node_acl_entries``); needs the admin.
+    Without ``reads_log`` a READ of the pool log granted before is deleted: running the
+    setup again for a node takes that back."""
+    created = await create_acls(admin_connection, node_acl_entries(names, node, reads_log), node_principal(node),
+                                timeout_s)
+    if not reads_log:
+        await delete_acls(admin_connection, [(_TOPIC, names.events, _LITERAL, f"User:{node_principal(node)}", "*",
+                                              READ, _ALLOW)], timeout_s)
+    return created
 
 
 async def grant_host_acls(admin_connection: Where, names: TopicNames, host: str, timeout_s: float = 30.0) -> int:
@@ -199,10 +224,27 @@ async def create_acls(admin_connection: Where, entries: list[tuple], what: str, 
     return len(entries)
 
 
-async def _until_every_broker_has(admin: AIOKafkaAdminClient, entries: list[tuple], timeout_s: float) -> None:
+async def delete_acls(admin_connection: Where, entries: list[tuple], timeout_s: float = 30.0) -> None:
+    """Delete the ACLs ``entries`` name exactly (absent ones are fine) and wait until no
+    broker shows them any more; needs the admin."""
+    admin = AIOKafkaAdminClient(**client_args(admin_connection), request_timeout_ms=15000)
+    try:
+        await admin.start()
+        response = await admin._send_request(_DeleteAcls(entries))
+        errors = [result for result in response.filter_responses if result[0]]
+        if errors:
+            raise AclError(f"deleting {len(entries)} ACLs: {errors[0][:2]}")
+        await _until_every_broker_has(admin, entries, timeout_s, present=False)
+    finally:
+        await admin.close()
+
+
+async def _until_every_broker_has(admin: AIOKafkaAdminClient, entries: list[tuple], timeout_s: float,
+                                  present: bool = True) -> None:
     """ACLs reach each broker's authorizer through the metadata log, a little after the
-    controller accepted them: wait until every broker lists them all, so that a service
-    started next is not refused by a broker that lags."""
+    controller accepted them: wait until every broker lists them all (``present``; none
+    of them, once deleted), so that a service started next is not refused (or allowed)
+    by a broker that lags."""
     want: dict[tuple, set] = defaultdict(set)
     for rtype, name, pattern, principal, _, op, _ in entries:
         want[(rtype, name, pattern)].add((principal, op))
@@ -212,8 +254,9 @@ async def _until_every_broker_has(admin: AIOKafkaAdminClient, entries: list[tupl
             while True:
                 reply = await admin._send_request(_DescribeAcls(rtype, name, pattern), broker.nodeId)
                 shown = {(acl[0], acl[2]) for r in reply.resources for acl in r[3]}
-                if acls <= shown:
+                if acls <= shown if present else not acls & shown:
                     break
                 if time.monotonic() > deadline:
-                    raise AclError(f"broker {broker.nodeId} does not show the ACLs of {name} after {timeout_s}s")
-                await asyncio.sleep(0.05)
+                    raise AclError(f"broker {broker.nodeId} still does not show the ACLs of {name} as "
+                                   f"{'created' if present else 'deleted'} after {timeout_s}s")
+                await asyncio.sleep(0.05)   # another broker's metadata: nothing to await but a poll

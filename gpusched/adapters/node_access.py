@@ -13,6 +13,7 @@ import hashlib
 import secrets
 import time
 from dataclasses import replace
+from functools import partial
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError, for_code
@@ -23,9 +24,9 @@ from gpusched.adapters.kafka_acls import grant_host_acls, grant_node_acls
 from gpusched.adapters.kafka_admin import TopicNames, replication_for
 from gpusched.adapters.kafka_security import (KafkaConnection, KafkaLoginRefused, Where, check_login, client_args,
                                               connection)
-from gpusched.adapters.reports import (BEATS, HOST_BEATS, HOST_REPORTS, REPORTS, beats_topic, host_beats_topic,
-                                       host_principal, host_report_topic, node_principal, report_topic)
-from gpusched.adapters.work_view import WORK, work_topic
+from gpusched.adapters.reports import (beats_topic, host_beats_topic, host_principal, host_report_topic,
+                                       node_principal, report_topic)
+from gpusched.adapters.work_view import work_topic
 
 _NOT_ALLOWED = {29, 31}   # TOPIC_AUTHORIZATION_FAILED, CLUSTER_AUTHORIZATION_FAILED
 _MECHANISMS = {"SCRAM-SHA-256": (1, "sha256"), "SCRAM-SHA-512": (2, "sha512")}
@@ -103,12 +104,14 @@ async def _create(admin: AIOKafkaAdminClient, spec: NewTopic, hint: str, deadlin
 
 
 async def add_node(admin_connection: Where, names: TopicNames, node: str, password: str = "",
-                   timeout_s: float = 30.0) -> str:
+                   timeout_s: float = 30.0, reads_log: bool = False) -> str:
     """As the admin: the node's report and beats topics, its SCRAM user with ``password`` (a random
     one when empty) and its ACLs; returns the password. Idempotent: running it again
-    sets the password anew."""
+    sets the password anew. ``reads_log``: its agent folds the pool log (``--source
+    log``) and may read it; otherwise it reads its work view only, and a READ of the pool
+    log granted before is taken back."""
     return await _add_principal(admin_connection, names, node, password, timeout_s,
-                                ensure_node_topics, node_principal, grant_node_acls)
+                                ensure_node_topics, node_principal, partial(grant_node_acls, reads_log=reads_log))
 
 
 async def add_host(admin_connection: Where, names: TopicNames, host: str, password: str = "",
@@ -206,19 +209,3 @@ async def _until_login_works(conn: KafkaConnection, timeout_s: float) -> None:
                 if time.monotonic() > deadline:
                     raise
                 await asyncio.sleep(0.1)
-
-
-async def delete_report_topics(admin_connection: Where, names: TopicNames, timeout_s: float = 30.0) -> None:
-    """Delete a prefix's report, beats and work-view topics, the node hosts' too (tests and benchmarks, like
-    ``delete_topics``); best effort."""
-    admin = AIOKafkaAdminClient(**client_args(admin_connection), request_timeout_ms=int(timeout_s * 1000))
-    try:
-        await asyncio.wait_for(admin.start(), timeout_s)
-        heads = tuple(names.prefix + kind for kind in (REPORTS, BEATS, WORK, HOST_REPORTS, HOST_BEATS))
-        topics = [t for t in await admin.list_topics() if t.startswith(heads)]
-        if topics:
-            await admin.delete_topics(topics)
-    except Exception:   # a broker already gone: nothing to clean on it
-        pass
-    finally:
-        await admin.close()

@@ -5,7 +5,8 @@ Roles are Kubernetes-RBAC-like bindings, per team or cluster-wide:
 
 - ``member`` of a team: submit and see that team's jobs, cancel the ones it submitted;
   read the cluster.
-- ``team-admin`` of a team: the same for any job of the team, plus the team's settings.
+- ``team-admin`` of a team: the same for any job of the team, plus the team's settings:
+  its quota, within its org's (``gpusched.core.policy.team_quota_within_org``).
 - ``operator`` (cluster-wide): nodes, pools, quotas/policy, retention, any job.
 - ``read-only`` (cluster-wide; billing, dashboards): list/get/watch everything, write nothing.
 
@@ -30,7 +31,7 @@ READ_CLUSTER = "cluster.read"
 WRITE_NODES = "nodes.write"
 WRITE_POOLS = "pools.write"
 WRITE_POLICY = "policy.write"          # quotas, team policy, retention (cluster-wide)
-TEAM_SETTINGS = "team.settings"        # a team's own settings
+TEAM_SETTINGS = "team.settings"        # a team's own settings: its quota, within its org's
 PUBLIC = "public"                      # health checks: no identity needed
 
 TEAM_SCOPED = frozenset({SUBMIT, CANCEL, CANCEL_ANY, READ_JOBS, TEAM_SETTINGS})
@@ -61,7 +62,7 @@ METHODS: dict[str, str] = {
     "/gpusched.v1.ClusterService/UncordonNode": WRITE_NODES,
     "/gpusched.v1.ClusterService/SetPoolTimeLimits": WRITE_POOLS,
     "/gpusched.v1.ClusterService/CreatePool": WRITE_POOLS,
-    "/gpusched.v1.ClusterService/SetQuota": WRITE_POLICY,
+    "/gpusched.v1.ClusterService/SetQuota": TEAM_SETTINGS,
     "/gpusched.v1.ClusterService/SetTeamPolicy": WRITE_POLICY,
     "/gpusched.v1.ClusterService/GetPolicy": READ_CLUSTER,
     "/gpusched.v1.NodeAgentService/GetInventory": READ_CLUSTER,
@@ -70,6 +71,46 @@ METHODS: dict[str, str] = {
     "/grpc.health.v1.Health/Watch": PUBLIC,
     "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo": READ_CLUSTER,
 }
+
+# A method's permission, and the one that lifts the limit its handler puts on it: a
+# member cancels the jobs it submitted, a team admin (``jobs.cancel-any``) any job of its
+# team; a team admin sets its own team's quota within its org's, an operator
+# (``policy.write``) any quota.
+LIFTED_BY = {CANCEL: CANCEL_ANY, TEAM_SETTINGS: WRITE_POLICY}
+# What a team role's grant of a team-scoped permission covers (the handlers check it).
+TEAM_SCOPES = {SUBMIT: "own teams", CANCEL: "jobs it submitted", CANCEL_ANY: "any job of its teams",
+               READ_JOBS: "own teams' jobs", TEAM_SETTINGS: "its team's quota, within its org's"}
+CLUSTER_SCOPES = {CANCEL_ANY: "any job", WRITE_POLICY: "any quota"}   # else "any team"
+TABLE_ROLES = ("member", "team-admin", "operator", "read-only")
+
+
+def role_may(role: str, permission: str) -> str:
+    """What ``role`` may do of a method that needs ``permission``, as the docs' table
+    says it: "no", "yes", "any team", or a team role's scope."""
+    if permission == PUBLIC:
+        return "yes (no identity needed)"
+    granted = ROLES[role]
+    lifted = LIFTED_BY.get(permission)
+    if lifted in granted:
+        return CLUSTER_SCOPES.get(lifted, "any team") if role in CLUSTER_ROLES else TEAM_SCOPES[lifted]
+    if permission not in granted:
+        return "no"
+    if permission not in TEAM_SCOPED:
+        return "yes"
+    return "any team" if role in CLUSTER_ROLES else TEAM_SCOPES[permission]
+
+
+def permission_table() -> str:
+    """Every RPC with its permission and who may call it, as docs/security.md lists
+    them (``python -m gpusched.adapters.permissions`` prints it; a test compares)."""
+    lines = ["| method | permission | " + " | ".join(TABLE_ROLES) + " |",
+             "| --- | --- | " + " | ".join("---" for _ in TABLE_ROLES) + " |"]
+    for method, permission in METHODS.items():
+        name = method.removeprefix("/").removeprefix("gpusched.v1.")
+        needs = f"`{permission}`" + (f" (`{LIFTED_BY[permission]}`)" if permission in LIFTED_BY else "")
+        lines.append(f"| `{name}` | {needs} | " + " | ".join(role_may(role, permission) for role in TABLE_ROLES)
+                     + " |")
+    return "\n".join(lines) + "\n"
 
 
 @dataclass(frozen=True)
@@ -180,3 +221,7 @@ def _binding(where: str, item: object) -> Binding:
     if role in CLUSTER_ROLES and team:
         raise PolicyError(f"{where}.team: role {role} is cluster-wide: leave team out")
     return Binding(principal, role, team)
+
+
+if __name__ == "__main__":
+    print(permission_table(), end="")

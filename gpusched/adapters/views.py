@@ -4,9 +4,9 @@ from __future__ import annotations
 from gpusched.adapters.api_time import duration, set_instant
 from gpusched.adapters.codec import to_proto
 from gpusched.core.model import PendingKind
-from gpusched.core.queries import PoolSummary
+from gpusched.core.queries import PoolSummary, gpus_allocated_milli
 from gpusched.core.model import JobSpec
-from gpusched.core.state import JobState, NodeState
+from gpusched.core.state import ClusterState, JobState, NodeState
 from gpusched.v1 import cluster_pb2, types_pb2
 
 
@@ -40,16 +40,17 @@ def spec_message(spec: JobSpec) -> types_pb2.JobSpec:
     return msg
 
 
-def node_message(node: NodeState) -> types_pb2.Node:
+def node_message(node: NodeState, state: ClusterState) -> types_pb2.Node:
+    """``node`` of ``state`` (whose jobs say what its MIG slices count)."""
     msg = types_pb2.Node(
         status=types_pb2.NodeStatus.Value("NODE_STATUS_" + node.status.name),
         used_cpu_milli=node.used_cpu, used_memory_mib=node.used_mem, jobs=sorted(node.jobs),
     )
     msg.info.CopyFrom(to_proto(node.info, types_pb2.NodeInfo))
-    for g in node.gpus:
+    for g, allocated in zip(node.gpus, gpus_allocated_milli(state, node)):
         msg.gpus.append(types_pb2.Gpu(info=to_proto(g.info, types_pb2.GpuInfo), healthy=g.healthy,
                                       used_milli=g.used_milli, mig_slices_used=g.mig_mask,
-                                      used_memory_mib=g.used_memory_mib))
+                                      used_memory_mib=g.used_memory_mib, allocated_milli=allocated))
     return msg
 
 

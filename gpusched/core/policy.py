@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Mapping
 
 from gpusched.core.priority import PRIORITY_CLASSES
 
@@ -95,3 +96,36 @@ def allowed(policy: TeamPolicy | None, priority_class: str, pool: str) -> str:
     if policy.pools and pool not in policy.pools:
         return "spec.pool"
     return ""
+
+
+def team_quota_within_org(quota: Quota, team_quotas: Mapping[str, Quota], org_quotas: Mapping[str, Quota]) -> str:
+    """Why a team's own admin may not set its team's quota to ``quota`` (the field named,
+    as ``check_quota`` does); "" when it may. As a Kueue or KAI queue admin manages a
+    queue within its parent's limits, a team admin manages its team's quota within its
+    org's: the team stays in the org the log has it in (moving it is an operator's), the
+    org has a quota of its own, the org's teams' guarantees together stay within the
+    org's guarantee, and the team's limit within the org's limit. Borrowing and the
+    lending limit are the team's to choose (``check_quota`` keeps the latter within its
+    guarantee). Everything else about quotas is an operator's."""
+    team = quota.team
+    if not team or team == DEFAULT_TEAM:
+        return "team: only an operator sets an org's quota or the default team's ('*')"
+    current = team_quotas.get(team)
+    if current is None or not current.org:
+        return f"org: team {team!r} belongs to no org in the log: an operator sets its quota"
+    if quota.org != current.org:
+        return f"org: team {team!r} belongs to org {current.org!r}: an operator moves it"
+    org = org_quotas.get(current.org)
+    if org is None:
+        return f"org: org {current.org!r} has no quota of its own to stay within: an operator sets the team's"
+    others = sum(q.guaranteed_milli for q in team_quotas.values() if q.org == current.org and q.team != team)
+    if others + quota.guaranteed_milli > org.guaranteed_milli:
+        return (f"guaranteed_milli: {_gpus(quota.guaranteed_milli)} GPUs with the {_gpus(others)} of org "
+                f"{current.org!r}'s other teams is above the org's guarantee of {_gpus(org.guaranteed_milli)}")
+    if org.limit_milli != NO_LIMIT and not 0 <= quota.limit_milli <= org.limit_milli:
+        return f"limit_milli: must be set, at most org {current.org!r}'s limit of {_gpus(org.limit_milli)} GPUs"
+    return ""
+
+
+def _gpus(milli: int) -> str:
+    return f"{milli / 1000:g}"

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpusched.core.model import JobPhase, NodeStatus
-from gpusched.core.state import ClusterState
+from gpusched.core.state import ClusterState, NodeState
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,9 +30,23 @@ class PoolSummary:
         return self.gpu_milli_allocated / self.gpu_milli_capacity if self.gpu_milli_capacity else 0.0
 
 
-def gpu_milli_used(gpu) -> int:
-    """Allocated milli of one GPU; MIG slices count by the memory slices they hold."""
-    return gpu.used_milli + bin(gpu.mig_mask).count("1") * 1000 // 8
+def gpus_allocated_milli(state: ClusterState, node: NodeState) -> list[int]:
+    """Per GPU of ``node``, the milli allocated on it by the rule a job's usage is counted
+    by (``WorkerResources.milli``, what fair share and quotas charge a team): a whole GPU
+    1000, a share its milli, a MIG slice its compute slices in sevenths of the GPU (a 3g
+    slice 428, however many of the 8 memory slices it holds)."""
+    allocated = [g.used_milli for g in node.gpus]
+    name = node.info.name
+    for job_id in node.jobs:
+        job = state.jobs.get(job_id)
+        if job is None or not job.phase.holds_gpus or not job.spec.resources.mig_profile:
+            continue
+        milli = job.spec.resources.milli
+        for worker in job.workers:
+            if worker.node == name:
+                for slot in worker.gpus:
+                    allocated[slot.index] += milli
+    return allocated
 
 
 def pool_summary(state: ClusterState, pool: str) -> PoolSummary:
@@ -42,7 +56,7 @@ def pool_summary(state: ClusterState, pool: str) -> PoolSummary:
     return PoolSummary(
         pool=pool, nodes=len(nodes), gpus=len(gpus),
         gpu_milli_capacity=1000 * len(gpus),
-        gpu_milli_allocated=sum(gpu_milli_used(g) for g in gpus),
+        gpu_milli_allocated=sum(sum(gpus_allocated_milli(state, n)) for n in nodes),
         pending_jobs=sum(1 for j in jobs if j.phase is JobPhase.PENDING),
         running_jobs=sum(1 for j in jobs if j.phase is JobPhase.RUNNING),
         cpu_milli_capacity=sum(n.info.cpu_milli for n in nodes),

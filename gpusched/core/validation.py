@@ -127,7 +127,7 @@ def check_spec_alone(spec: JobSpec) -> list[FieldError]:
     errors = _check_sizes(spec)
     if errors:   # an oversized field is not looked at further (no regex over megabytes)
         return errors
-    return _check_identity(spec) + _check_resources(spec) + _check_numbers(spec)
+    return _check_identity(spec) + _check_resources(spec) + _check_numbers(spec) + _check_command(spec)
 
 
 def check_length(field: str, value: str, limit: int) -> list[FieldError]:
@@ -203,6 +203,18 @@ def _good_name(name: str) -> bool:
         _GOOD_NAMES.clear()
     _GOOD_NAMES.add(name)
     return True
+
+
+def _check_command(spec: JobSpec) -> list[FieldError]:
+    """Each argument reaches ``execve`` as a C string, which ends at a NUL byte: an
+    argument holding one cannot be passed to a process at all, so no node could start
+    the job."""
+    errors = []
+    for i, arg in enumerate(spec.command):
+        if "\x00" in arg:
+            errors.append(FieldError(f"spec.command[{i}]", "must not contain a NUL byte (\\x00): "
+                                                            "no process can be started with it"))
+    return errors
 
 
 def _check_identity(spec: JobSpec) -> list[FieldError]:

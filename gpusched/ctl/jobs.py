@@ -9,8 +9,8 @@ import click
 
 from gpusched.client import TERMINAL, SyncClient, seconds
 from gpusched.ctl import jobfile
-from gpusched.ctl.output import (age, as_dict, clock, dump, gpu_count, gpus_of, milli_of, output_option, phase_name,
-                                 table)
+from gpusched.ctl.output import (age, as_dict, clock, dump, echo_lines, gpu_count, gpus_of, milli_of, output_option,
+                                 phase_name, table)
 from gpusched.ctl.root import pass_client
 from gpusched.v1 import types_pb2
 
@@ -88,7 +88,7 @@ def submit(client: SyncClient, filename: Path | None, key: str | None, output: s
     for s in specs:   # each printed as it is accepted: a refusal later in a file leaves them standing
         r = client.submit(s, key or "")
         if output == "name":
-            click.echo(f"job/{r.job.job_id} {'submitted' if r.created else 'unchanged (the key named it)'}")
+            echo_lines([f"job/{r.job.job_id} {'submitted' if r.created else 'unchanged (the key named it)'}"])
         jobs.append(as_dict(r.job))
     if output != "name":
         dump(jobs, output)
@@ -226,7 +226,7 @@ def describe_job(client: SyncClient, job_id: str, output: str) -> None:
     if output != "text":
         dump(as_dict(job), output)
         return
-    click.echo("\n".join(job_lines(job)))
+    echo_lines(job_lines(job))
 
 
 # --- cancel, watch -----------------------------------------------------------------------
@@ -238,7 +238,7 @@ def cancel(client: SyncClient, job_ids: tuple[str, ...], reason: str) -> None:
     """Cancel jobs; each is printed with its phase after the call."""
     for job_id in job_ids:
         job = client.cancel(job_id, reason)
-        click.echo(f"job/{job.job_id} {phase_name(job.phase).lower()}")
+        echo_lines([f"job/{job.job_id} {phase_name(job.phase).lower()}"])
 
 
 @click.command()
@@ -264,9 +264,8 @@ def watch(client: SyncClient, job_ids: tuple[str, ...], team: str, pool: str, ou
         if output == "json":
             click.echo(json.dumps(as_dict(update)))
         else:
-            click.echo(f"{time.strftime('%H:%M:%S')}  {job.job_id}  {job.spec.name:<20} "
-                       f"{phase_name(job.phase):<11} {update.event_type or '-':<16} {why(job, none='')}"
-                       .rstrip())
+            echo_lines([f"{time.strftime('%H:%M:%S')}  {job.job_id}  {job.spec.name:<20} "
+                        f"{phase_name(job.phase):<11} {update.event_type or '-':<16} {why(job, none='')}".rstrip()])
         if left and job.phase in TERMINAL:
             left.discard(job.job_id)
             failed |= job.phase != types_pb2.JOB_PHASE_SUCCEEDED

@@ -7,18 +7,20 @@ import click
 
 from gpusched.client import SyncClient
 from gpusched.ctl.jobs import HOLDING, describe, get
-from gpusched.ctl.output import as_dict, dump, gpu_count, milli_of, node_status, output_option, table
+from gpusched.ctl.output import (as_dict, dump, echo_lines, gpu_count, milli_of, node_status, output_option,
+                                 table)
 from gpusched.ctl.root import pass_client
 from gpusched.v1 import types_pb2
 
 
-def gpu_milli_used(gpu: types_pb2.Gpu) -> int:
-    """As gpusched.core.queries.gpu_milli_used: MIG slices count by the memory slices they hold."""
-    return gpu.used_milli + bin(gpu.mig_slices_used).count("1") * 1000 // 8
+def _allocated(node: types_pb2.Node) -> float:
+    """GPUs allocated on ``node`` as the API counts them (``Gpu.allocated_milli``: a MIG
+    slice its compute sevenths, as a job's usage)."""
+    return sum(g.allocated_milli for g in node.gpus) / 1000
 
 
 def _alloc(node: types_pb2.Node) -> str:
-    return f"{sum(gpu_milli_used(g) for g in node.gpus) / 1000:g}/{len(node.gpus)}"
+    return f"{gpu_count(_allocated(node))}/{len(node.gpus)}"
 
 
 def _models(node: types_pb2.Node) -> str:
@@ -70,9 +72,9 @@ def describe_node(client: SyncClient, name: str, output: str) -> None:
     for g in node.gpus:
         mig = f", MIG slices {bin(g.mig_slices_used).count('1')}/8 used" if g.mig_slices_used else ""
         lines.append(f"  {g.info.index:<3} {g.info.model:<14} {'healthy' if g.healthy else 'FAULTY':<8} "
-                     f"allocated {gpu_milli_used(g) / 1000:g}{mig}")
+                     f"allocated {gpu_count(g.allocated_milli / 1000)}{mig}")
     lines.append(f"Jobs:       {', '.join(node.jobs) or '-'}")
-    click.echo("\n".join(lines))
+    echo_lines(lines)
 
 
 @click.command()
@@ -81,7 +83,7 @@ def describe_node(client: SyncClient, name: str, output: str) -> None:
 @pass_client
 def cordon(client: SyncClient, name: str, reason: str) -> None:
     """Place no new work on a node (its running jobs go on)."""
-    click.echo(f"node/{name} {node_status(client.cordon(name, reason).status).lower()}")
+    echo_lines([f"node/{name} {node_status(client.cordon(name, reason).status).lower()}"])
 
 
 @click.command()
@@ -89,7 +91,7 @@ def cordon(client: SyncClient, name: str, reason: str) -> None:
 @pass_client
 def uncordon(client: SyncClient, name: str) -> None:
     """Let work be placed on a node again (clears a quarantine too)."""
-    click.echo(f"node/{name} {node_status(client.uncordon(name).status).lower()}")
+    echo_lines([f"node/{name} {node_status(client.uncordon(name).status).lower()}"])
 
 
 @click.group()
@@ -105,14 +107,14 @@ def top_nodes(client: SyncClient, pool: str, output: str) -> None:
     """Per node: GPUs, CPU and memory allocated, as shares of what it has."""
     rows = []
     for n in sorted(client.nodes(pool), key=lambda n: n.info.name):
-        gpus = sum(gpu_milli_used(g) for g in n.gpus) / 1000
+        gpus = _allocated(n)
         rows.append({"node": n.info.name, "pool": n.info.pool, "status": node_status(n.status).lower(),
                      "gpus_allocated": gpus, "gpus": len(n.gpus),
                      "cpu_allocated": n.used_cpu_milli / 1000, "cpu": n.info.cpu_milli / 1000,
                      "memory_allocated_mib": n.used_memory_mib, "memory_mib": n.info.memory_mib,
                      "jobs": len(n.jobs)})
     table(rows, [("NODE", lambda r: r["node"]), ("POOL", lambda r: r["pool"]),
-                 ("GPUS", lambda r: f"{r['gpus_allocated']:g}/{r['gpus']}"),
+                 ("GPUS", lambda r: f"{gpu_count(r['gpus_allocated'])}/{r['gpus']}"),
                  ("GPU%", lambda r: _pct(r["gpus_allocated"], r["gpus"])),
                  ("CPU%", lambda r: _pct(r["cpu_allocated"], r["cpu"])),
                  ("MEM%", lambda r: _pct(r["memory_allocated_mib"], r["memory_mib"])),

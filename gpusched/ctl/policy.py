@@ -17,7 +17,8 @@ _format = click.option("-o", "--output", type=click.Choice(["json", "yaml"]), de
               help="admission's address (older name of the global --endpoint)")
 @click.pass_context
 def policy(ctx: click.Context, target: str | None) -> None:
-    """Quotas, fair-share weights and allow-lists (operators; docs/policy.md)."""
+    """Quotas, fair-share weights and allow-lists (operators; a team admin sets its own
+    team's quota within its org's: docs/policy.md, docs/security.md)."""
     state = ctx.find_object(State)
     if target and not state.flags.get("endpoint"):
         state.flags["endpoint"] = target

@@ -3,6 +3,7 @@ API errors printed as one line (``NOT_FOUND: job-...``), never a traceback."""
 from __future__ import annotations
 
 import functools
+import signal
 
 import grpc
 import click
@@ -10,6 +11,9 @@ import click
 from gpusched.client import SyncClient
 from gpusched.ctl.config import resolve
 from gpusched.ctl.jobfile import JobFileError
+from gpusched.ctl.output import printable
+
+INTERRUPTED = 128 + int(signal.SIGINT)   # the exit status of a command Ctrl-C ended, as shells report it
 
 
 class State:
@@ -42,9 +46,11 @@ class Root(click.Group):
         try:
             return super().invoke(ctx)
         except grpc.aio.AioRpcError as exc:
-            raise click.ClickException(f"{exc.code().name}: {exc.details()}") from None
+            raise click.ClickException(printable(f"{exc.code().name}: {exc.details()}")) from None
         except JobFileError as exc:
-            raise click.ClickException(str(exc)) from None
+            raise click.ClickException(printable(str(exc))) from None
+        except KeyboardInterrupt:   # Ctrl-C (a watch that follows until interrupted): quietly, as a shell expects
+            ctx.exit(INTERRUPTED)
 
 
 def connection_options(f):

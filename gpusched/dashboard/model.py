@@ -15,8 +15,9 @@ MIG_SLICES = 8
 
 
 def gpu_milli_used(gpu: types_pb2.Gpu) -> int:
-    """As gpusched.core.queries.gpu_milli_used: MIG slices count by the memory slices they hold."""
-    return gpu.used_milli + bin(gpu.mig_slices_used).count("1") * 1000 // MIG_SLICES
+    """Allocated milli of one GPU, as the API counts it (``Gpu.allocated_milli``: a MIG
+    slice its compute sevenths, as a job's usage)."""
+    return gpu.allocated_milli
 
 
 def gpu_state(gpu: types_pb2.Gpu) -> str:

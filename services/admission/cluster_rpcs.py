@@ -31,13 +31,15 @@ class ClusterServicer(PolicyRpcs, cluster_pb2_grpc.ClusterServiceServicer):
         self.producer = producer
 
     async def ListNodes(self, request, context):
-        nodes = (self.model.pool_nodes(request.pool) if request.pool else
-                 [n for s in self.model.follower.states.values() for n in s.nodes.values()])
-        return cluster_pb2.ListNodesResponse(nodes=[node_message(n) for n in sorted(nodes, key=lambda n: n.name)])
+        states = self.model.follower.states.values()
+        nodes = ([(n, s) for s in states for n in s.nodes.values()
+                  if not request.pool or n.info.pool == request.pool])
+        nodes.sort(key=lambda pair: pair[0].name)
+        return cluster_pb2.ListNodesResponse(nodes=[node_message(node, state) for node, state in nodes])
 
     async def GetNode(self, request, context):
         node = await self._node_or_abort(request.name, context)
-        return node_message(node)
+        return node_message(node, self.model.state_for_pool(node.info.pool))
 
     async def GetPoolSummary(self, request, context):
         pool = request.pool or "default"
@@ -92,7 +94,7 @@ class ClusterServicer(PolicyRpcs, cluster_pb2_grpc.ClusterServiceServicer):
     async def _apply(self, event, node: NodeState, context):
         pos = await self.publisher.publish(event, node.info.pool)
         await self.model.follower.wait_applied(pos)
-        return node_message(self.model.node(node.name))
+        return node_message(self.model.node(node.name), self.model.state_for_pool(node.info.pool))
 
     async def _node_or_abort(self, name: str, context) -> NodeState:
         if not name:

@@ -21,7 +21,11 @@ DEFAULT_PREEMPTIBLE = True
 # API span field -> the domain's seconds field.
 _SPANS = (("max_runtime", "max_runtime_s"), ("checkpoint_interval", "checkpoint_interval_s"),
           ("simulated_duration", "simulated_duration_s"))
-_COPIED = ("name", "team", "pool", "priority_class", "kind", "workers", "command", "org")
+_COPIED = ("name", "team", "pool", "priority_class", "kind", "command", "org")
+# What a request may leave unset, with what it means then. Set to 0 (or to anything
+# invalid), such a field is refused by validation, naming it: a gang of 0 is a mistake,
+# not a request for the default.
+DEFAULT_WORKERS = 1
 
 # Field numbers the API's JobSpec had for seconds as doubles, and what replaced them: an
 # old caller's value is refused, not silently dropped.
@@ -62,7 +66,7 @@ def spec_from_request(msg: types_pb2.JobSpec, team: str = "") -> JobSpec | Field
         record.kind = types_pb2.JOB_KIND_TRAINING
     record.pool = record.pool or "default"
     record.priority_class = record.priority_class or "training"
-    record.workers = record.workers or 1
+    record.workers = msg.workers if msg.HasField("workers") else DEFAULT_WORKERS
     if record.resources.gpu_milli == 1000 and record.resources.gpus == 0:
         record.resources.gpus, record.resources.gpu_milli = 1, 0   # a full share is a whole GPU
     try:

@@ -13,13 +13,15 @@ from pathlib import Path
 
 import grpc
 
-from gpusched.adapters.auth import current_access
+from gpusched.adapters import permissions as perm
+from gpusched.adapters.auth import current_access, deny
 from gpusched.adapters.follower import LogFollower
 from gpusched.adapters.publisher import EventPublisher
 from gpusched.core import events as ev
 from gpusched.core.model import JobSpec
 from gpusched.core.policy import (
     DEFAULT_TEAM, MAX_MILLI, NO_LIMIT, Quota, TeamPolicy, allowed, check_quota, check_team_policy,
+    team_quota_within_org,
 )
 from gpusched.core.priority import PRIORITY_CLASSES
 from gpusched.core.state import ClusterState
@@ -59,10 +61,13 @@ def quota_from_request(req) -> Quota | str:
     if req.team and req.HasField("weight"):
         return "weight: a team's weight is set with SetTeamPolicy (SetQuota's weight is an org's)"
     problem = check_quota(quota)
-    if problem:
-        field, _, rest = problem.partition(":")
-        return f"{_REQUEST_FIELD.get(field, field)}:{rest}"
-    return quota
+    return request_problem(problem) if problem else quota
+
+
+def request_problem(problem: str) -> str:
+    """A policy rule's ``field: why`` (``check_quota``'s), naming the request's field."""
+    field, _, rest = problem.partition(":")
+    return f"{_REQUEST_FIELD.get(field, field)}:{rest}"
 
 
 def team_policy_from_request(req) -> TeamPolicy | str:
@@ -114,9 +119,28 @@ class PolicyRpcs:
         quota = quota_from_request(request)
         if isinstance(quota, str):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, quota)
+        await self._check_may_set(context, quota)
         return await self._write_policy(lambda: ev.QuotaSet(
             event_id=uuid.uuid4().hex, time=time.time(), producer=self.producer, quota=quota,
             principal=current_access().principal))
+
+    async def _check_may_set(self, context, quota: Quota) -> None:
+        """An operator sets any quota; a team admin its own team's, within its org's
+        (``team_quota_within_org``, on the policy the log holds now)."""
+        access = current_access()
+        if access.allows(perm.WRITE_POLICY):
+            return
+        who = f"principal {access.principal!r} ({access.describe()})"
+        method = "/gpusched.v1.ClusterService/SetQuota"
+        if not quota.team or not access.allows(perm.TEAM_SETTINGS, quota.team):
+            what = f"team {quota.team!r}'s quota" if quota.team else f"org {quota.org!r}'s quota"
+            await deny(context, grpc.StatusCode.PERMISSION_DENIED, method,
+                       f"team: {who} may not set {what}: a team admin sets its own team's")
+        state = self.model.follower.states.get(0)
+        problem = team_quota_within_org(quota, state.team_quotas if state else {}, state.org_quotas if state else {})
+        if problem:
+            await deny(context, grpc.StatusCode.PERMISSION_DENIED, method,
+                       f"{request_problem(problem)} ({who}: a team admin stays within its org's quota)")
 
     async def SetTeamPolicy(self, request, context):
         policy = team_policy_from_request(request)

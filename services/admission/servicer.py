@@ -269,6 +269,10 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
         check_lengths(("team", request.team, limits.MAX_NAME), ("job_id", request.job_id, limits.MAX_ID),
                       ("pool", request.pool, limits.MAX_NAME))
         teams = await _readable_teams(context, _API + "WatchJobs", request.team)
+        watched = self.model.job(request.job_id) if request.job_id else None
+        if watched is not None:   # another team's job: denied as by GetJob, not an empty watch that hangs
+            await _check_team(context, _API + "WatchJobs", perm.READ_JOBS, watched.team,
+                              f"watch job {watched.job_id!r}")
         queue = self.watchers.subscribe(request.team, request.job_id, request.pool, teams)
         try:
             for job in list(self.model.jobs()):

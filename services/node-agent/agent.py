@@ -33,7 +33,8 @@ from gpusched_node_agent.launch_env import node_addresses, worker_env
 from gpusched_node_agent.lease import NodeLease
 from gpusched_node_agent.leftovers import kill_leftovers, worker_dir_name
 from gpusched_node_agent.liveness import NodeLiveness
-from gpusched_node_agent.runner import ProcessRun, SimulatedRun, WorkerExit, group_alive
+from gpusched_node_agent.runner import (EXIT_NOT_STARTED, NotStarted, NothingToRun, ProcessRun, SimulatedRun,
+                                        WorkerExit, group_alive, why_not_started)
 
 log = logging.getLogger("gpusched.node_agent")
 Key = tuple[str, int, int]   # (job id, attempt, worker)
@@ -260,20 +261,31 @@ class NodeAgent(NodeLiveness):
                 self.rendezvous_offered.add((job.job_id, job.attempt))
                 asyncio.create_task(self._offer_rendezvous(job))
             return
-        spec = job.spec
-        report = self._checkpoint_reporter(key) if worker.worker == 0 else None
-        if not self.real_processes or not spec.command:
-            # nothing reads a worker environment here: no env built, no rendezvous port bound
-            run = SimulatedRun(spec.simulated_duration_s, job.checkpoint_progress_s, spec.checkpoint_interval_s,
-                               report, location=f"sim://{job.job_id}")
-        else:
-            devices = WorkerDevices(self.info, worker.gpus, spec.resources, self.info.mps, self.mig)
-            run = ProcessRun(spec.command, self._worker_env(job, worker, addresses),
-                             self.state_dir / worker_dir_name(*key), report, devices=devices,
-                             lease_path=self.lease.path if self.lease else None, kill_wait=self.grace_s)
         self.launched.add(key)
+        try:
+            run = self._new_run(job, worker, key, addresses)
+        except Exception as exc:   # nothing started: its end is reported all the same
+            self.running[key] = asyncio.create_task(self._run(key, NotStarted(exc)))
+            return
         self.runs[key] = run
         self.running[key] = asyncio.create_task(self._run(key, run))
+
+    def _new_run(self, job: JobState, worker: WorkerAssignment, key: Key, addresses: dict[str, str]):
+        """The worker's run: its command as a process under its shim on a node that runs
+        processes, else a simulated run."""
+        spec = job.spec
+        report = self._checkpoint_reporter(key) if worker.worker == 0 else None
+        if not self.real_processes:
+            # nothing reads a worker environment here: no env built, no rendezvous port bound
+            return SimulatedRun(spec.simulated_duration_s, job.checkpoint_progress_s, spec.checkpoint_interval_s,
+                                report, location=f"sim://{job.job_id}")
+        if not spec.command:
+            raise NothingToRun(f"spec.command is empty, and {self.name} runs jobs as real processes: "
+                               "the job would run nothing")
+        devices = WorkerDevices(self.info, worker.gpus, spec.resources, self.info.mps, self.mig)
+        return ProcessRun(spec.command, self._worker_env(job, worker, addresses),
+                          self.state_dir / worker_dir_name(*key), report, devices=devices,
+                          lease_path=self.lease.path if self.lease else None, kill_wait=self.grace_s)
 
     def _worker_env(self, job: JobState, worker: WorkerAssignment, addresses: dict[str, str]) -> dict[str, str]:
         """A real worker's environment (``launch_env``); a single worker's rendezvous is a
@@ -304,8 +316,11 @@ class NodeAgent(NodeLiveness):
         try:
             try:
                 await run.start()
-            except OSError as exc:
-                await self._finished(key, WorkerExit(127, reason=f"cannot start: {exc}"))
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:   # whatever it was, the worker is not running: its end frees its resources
+                log.warning("worker %s of %s cannot start: %s", worker, job_id, why_not_started(exc))
+                await self._finished(key, WorkerExit(EXIT_NOT_STARTED, reason=f"cannot start: {why_not_started(exc)}"))
                 return
             tracing.mark("worker start", job_id, **{"gpusched.node": self.name, "gpusched.worker": worker})
             started = self._event(ev.WorkerStarted, job_id=job_id, attempt=attempt, worker=worker, node=self.name)

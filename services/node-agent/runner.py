@@ -30,6 +30,7 @@ else:   # loaded by file path (deploy/gpu_check.py): launcher.py sits beside it
 OnCheckpoint = Callable[[str, float], Awaitable[None]]
 EXIT_TERMINATED = 128 + int(signal.SIGTERM)
 EXIT_KILLED = 128 + int(signal.SIGKILL)
+EXIT_NOT_STARTED = launcher.shim.EXIT_NOT_STARTED   # a workload that never started (exec's 127)
 # run by file path (not -m): it then runs where the package is not installed
 SHIM = Path(__file__).resolve().with_name("shim.py")
 STATUS_FILE = "shim.json"
@@ -311,6 +312,30 @@ class ProcessRun:
             if self.pid is not None:
                 _signal_group(self.pid, signal.SIGKILL)
             _signal_group(proc.pid, signal.SIGKILL)
+
+
+class NothingToRun(Exception):
+    """A job without a command on a node that runs real processes."""
+
+
+class NotStarted:
+    """The run of a worker whose run could not even be made: its start raises why."""
+
+    def __init__(self, why: Exception) -> None:
+        self.why = why
+
+    async def start(self) -> None:
+        raise self.why
+
+    async def stop(self, grace: float) -> None:
+        return None
+
+
+def why_not_started(exc: Exception) -> str:
+    """A start's failure as its reason: an OSError says it itself (a missing program, a
+    device that cannot be set up), and so does ``NothingToRun``; anything else is named by
+    its type too (``ValueError: embedded null byte``)."""
+    return str(exc) if isinstance(exc, (OSError, NothingToRun)) else f"{type(exc).__name__}: {exc}"
 
 
 async def wait_group_gone(pgid: int, timeout: float, poll: float = 0.02) -> bool:

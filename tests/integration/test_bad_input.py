@@ -84,6 +84,19 @@ async def test_huge_fields_are_invalid_argument_naming_the_field(api):
     assert (await client.get(job.job_id)).phase != 0
 
 
+async def test_a_gang_of_zero_is_refused_and_an_unset_size_is_one(api):
+    """proto3 reads an unset int as 0: ``workers`` has presence, so 0 is the caller's."""
+    _, client = api
+    zero = _ok_spec()
+    zero.workers = 0
+    code, details = await _status(client.submit(zero))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and details.startswith("spec.workers: must be 1..4096, got 0"), \
+        details
+    unset = _ok_spec()
+    unset.ClearField("workers")
+    assert (await client.submit(unset)).job.spec.workers == 1
+
+
 async def test_undecodable_requests_and_unknown_phases_are_invalid_argument(api):
     _, client = api
     raw = client.channel.unary_unary("/gpusched.v1.AdmissionService/SubmitJob")   # bytes in, bytes out

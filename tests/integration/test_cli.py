@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import re
+import signal
 import sys
 
 import pytest
@@ -13,26 +12,7 @@ import yaml
 
 from gpusched.adapters import dev_pki
 from gpusched.local_cluster import LocalCluster
-
-
-class Cli:
-    """Runs ``python -m gpusched.cli`` against one admission, with no config file."""
-
-    def __init__(self, port: int, home) -> None:
-        self.env = {**os.environ, "GPUSCHED_ENDPOINT": f"127.0.0.1:{port}",
-                    "GPUSCHED_CONFIG": str(home / "no-config.yaml")}
-
-    async def run(self, *args: str, ok: bool = True, timeout: float = 120.0, env: dict | None = None) -> str:
-        code, out, err = await self.status(*args, timeout=timeout, env=env)
-        assert (code == 0) == ok, f"gpusched {' '.join(args)} -> {code}\n{out}\n{err}"
-        return out if ok else err
-
-    async def status(self, *args: str, timeout: float = 120.0, env: dict | None = None) -> tuple[int, str, str]:
-        proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "gpusched.cli", *args,
-                                                    env={**self.env, **(env or {})},
-                                                    stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-        out, err = await asyncio.wait_for(proc.communicate(), timeout)
-        return proc.returncode, out.decode(), err.decode()
+from tests.integration.cli_runs import Cli, first_running, rows
 
 
 @pytest.fixture
@@ -46,15 +26,6 @@ async def cluster(request, kafka_bootstrap, topics, tmp_path):
     await cluster.agent("node-0", "4xH100-80GB", "--usage-interval", "0.25")
     yield cluster, Cli(admission.port, tmp_path)
     await cluster.stop_all()
-
-
-def rows(table: str) -> list[dict[str, str]]:
-    """A printed table as dicts by header: columns start where the header's names do
-    (a name may hold single spaces; columns are two or more apart)."""
-    header, *lines = table.rstrip().splitlines()
-    starts = [m.start() for m in re.finditer(r"\S+(?: \S+)*", header)]
-    names = [header[a:b].strip() for a, b in zip(starts, starts[1:] + [None])]
-    return [{n: line[a:b].strip() for n, a, b in zip(names, starts, starts[1:] + [None])} for line in lines]
 
 
 @pytest.mark.parametrize("cluster", ["best-fit", "fgd-lookahead"], indirect=True)
@@ -84,7 +55,7 @@ async def test_submit_from_yaml_get_describe_cancel_and_watch(cluster, tmp_path)
 
     jobs = {j["job_id"]: j for j in json.loads(await cli.run("get", "jobs", "-o", "json"))}
     assert set(jobs) == {short, long, huge}
-    assert jobs[long]["spec"]["workers"] == 2 and jobs[long]["spec"]["resources"]["cpu_milli"] == "2000"
+    assert jobs[long]["spec"]["workers"] == 2 and jobs[long]["spec"]["resources"]["cpu_milli"] == 2000
     assert jobs[running]["phase"] == "JOB_PHASE_RUNNING" and jobs[waiting]["phase"] == "JOB_PHASE_PENDING"
     table = {r["NAME"]: r for r in rows(await cli.run("get", "jobs", "--team", "nlp"))}
     assert set(table) == {"short", "long"}
@@ -113,22 +84,6 @@ async def test_submit_from_yaml_get_describe_cancel_and_watch(cluster, tmp_path)
     assert "FAILED_PRECONDITION" in err and "Traceback" not in err
     err = await cli.run("describe", "job", "job-none", ok=False)
     assert err.startswith("Error: NOT_FOUND") and "Traceback" not in err
-
-
-async def first_running(cli: Cli, *job_ids: str) -> str:
-    """The first of ``job_ids`` that ``gpusched watch`` shows running (awaited, not polled)."""
-    watch = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "gpusched.cli", "watch", *job_ids, env=cli.env, stdout=asyncio.subprocess.PIPE)
-    try:
-        while True:
-            line = (await asyncio.wait_for(watch.stdout.readline(), 60)).decode()
-            assert line, "watch ended before any of the jobs ran"
-            fields = line.split()   # time, job id, name, phase, event, reason
-            if fields[1] in job_ids and fields[3] == "Running":
-                return fields[1]
-    finally:
-        watch.terminate()
-        await watch.wait()
 
 
 async def test_nodes_cordon_uncordon_and_top(cluster):
@@ -168,6 +123,58 @@ async def test_nodes_cordon_uncordon_and_top(cluster):
     assert 0 < llm["utilization"] <= 1 and llm["simulated"]
     err = await cli.run("cordon", "node-9", ok=False)
     assert "NOT_FOUND" in err
+
+
+async def test_json_has_every_field_and_text_escapes_what_a_terminal_would_act_on(cluster):
+    _, cli = cluster
+    evil = "\x1b]0;owned\x07\x1b[2J\x9b31m"   # retitle the terminal, clear the screen, a C1 CSI
+    out = await cli.run("submit", "--name", "evil", "--team", "nlp", "--gpus", "1", "--duration", "600",
+                        "--", "sh", "-c", f"echo {evil}")
+    job = out.split()[0].removeprefix("job/")
+    assert await first_running(cli, job) == job
+    [shown] = json.loads(await cli.run("get", "jobs", "-o", "json"))
+    worker = shown["workers"][0]
+    assert worker["worker"] == 0 and worker["gpus"][0]["index"] == 0      # zeros are there, not left out
+    assert shown["spec"]["resources"]["memory_mib"] == 4096                # int64: a number, not "4096"
+    assert shown["spec"]["resources"]["gpu_memory_mib"] == 0 and shown["ended_at"] is None
+    assert shown["spec"]["command"][2] == f"echo {evil}"                    # JSON carries it as it is
+    await cli.run("cancel", job, "--reason", f"stop {evil}")
+    for args in (("describe", "job", job), ("get", "jobs", "-o", "wide"), ("watch", job)):
+        _, text, _ = await cli.status(*args)   # watch: exit status 1, the job was cancelled
+        assert f"job/{job}" in text or job in text, (args, text)
+        assert "\x1b" not in text and "\x07" not in text and "\x9b" not in text, args
+    described = await cli.run("describe", "job", job)
+    assert "Command:      sh -c echo \\x1b]0;owned\\x07\\x1b[2J\\x9b31m" in described, described
+    assert "stop \\x1b]0;owned" in described
+
+
+async def test_watch_ends_quietly_on_ctrl_c_and_when_its_job_ends(cluster):
+    _, cli = cluster
+    long = (await cli.run("submit", "--name", "long", "--team", "nlp", "--gpus", "1", "--duration", "600")).split()[0]
+    long = long.removeprefix("job/")
+    watch = await asyncio.create_subprocess_exec(sys.executable, "-m", "gpusched.cli", "watch", long, env=cli.env,
+                                                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    assert long in (await asyncio.wait_for(watch.stdout.readline(), 60)).decode()   # following the stream now
+    watch.send_signal(signal.SIGINT)
+    _, err = await asyncio.wait_for(watch.communicate(), 60)
+    assert watch.returncode == 130 and err.decode() == "", err.decode()[-3000:]
+    short = (await cli.run("submit", "--name", "short", "--team", "nlp", "--gpus", "1", "--duration", "0.2"))
+    code, out, err = await cli.status("watch", short.split()[0].removeprefix("job/"))
+    assert code == 0 and "Succeeded" in out.splitlines()[-1] and err == "", err
+
+
+async def test_a_mig_slice_counts_the_same_in_every_figure(cluster):
+    """A 3g slice holds 4 of 8 memory slices but counts its 3 of 7 compute slices: 0.43
+    GPU in top nodes, top teams, get queues and describe node alike (a job's usage)."""
+    _, cli = cluster
+    out = await cli.run("submit", "--name", "sliced", "--team", "vision", "--mig", "3g", "--duration", "600")
+    job = out.split()[0].removeprefix("job/")
+    assert await first_running(cli, job) == job
+    assert rows(await cli.run("top", "nodes"))[0]["GPUS"] == "0.43/4"
+    assert {r["TEAM"]: r for r in rows(await cli.run("top", "teams"))}["vision"]["GPUS"] == "0.43"
+    assert rows(await cli.run("get", "queues"))[0]["RUNNING GPUS"] == "0.43"
+    assert "allocated 0.43, MIG slices 4/8 used" in await cli.run("describe", "node", "node-0")
+    assert json.loads(await cli.run("top", "nodes", "-o", "json"))[0]["gpus_allocated"] == 0.428
 
 
 async def test_policy_commands_set_and_show_quotas(cluster):

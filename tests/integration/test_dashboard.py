@@ -211,10 +211,12 @@ async def test_pages_in_headless_chromium(dashboard, tmp_path):
     slices = bin(mig_gpu.mig_slices_used).count("1")
     mig_cell = next(c for c in page.all("div", class_="gpu") if c.attrs["data-state"] == "mig")
     assert len(mig_cell.all("div", class_="used")) == slices and len(mig_cell.all("div", class_="slice")) == 8
-    # 4 whole + 0.25 + slices/8 of the 7 schedulable GPUs (node-2 cordoned, one GPU faulty)
-    assert pool.one("td", class_="allocation").content() == f"{(4 + 0.25 + slices / 8) / 7:.0%}"
+    # 4 whole + 0.25 + the 3g slice's 3 of 7 compute slices, of the 7 schedulable GPUs
+    # (node-2 cordoned, one GPU faulty): a slice counts as a job's usage does
+    assert mig_gpu.allocated_milli == 428
+    assert pool.one("td", class_="allocation").content() == f"{(4 + 0.25 + 0.428) / 7:.0%}"
     # of the free GPUs (the whole free one and what is left of two), those left of two
-    stranded = 0.75 + (1 - slices / 8)
+    stranded = 0.75 + (1 - 0.428)
     assert pool.one("td", class_="fragmentation").content() == f"{stranded / (1 + stranded):.0%}"
     assert len(pool.one("polyline", class_="allocation").attrs["points"].split()) >= 3
 

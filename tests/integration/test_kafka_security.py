@@ -16,7 +16,7 @@ from aiokafka.errors import ClusterAuthorizationFailedError, TopicAuthorizationF
 
 from gpusched.adapters.kafka_admin import TopicNames, delete_topics, ensure_topics
 from gpusched.adapters.kafka_security import KafkaConnection, KafkaLoginRefused, check_login, client_args
-from gpusched.adapters.node_access import add_node, delete_report_topics
+from gpusched.adapters.node_access import add_node
 from gpusched.adapters.reports import beats_topic, node_principal, report_topic
 from gpusched.local_cluster import BIN, LocalCluster
 
@@ -100,7 +100,8 @@ async def test_a_node_agent_writes_only_its_own_report_and_beats_topics(secured,
     for topic in (report_topic(topics.prefix, "n1"), beats_topic(topics.prefix, "n1")):
         await _write(agent, topic, idempotent=True)
         assert await _read(secured("audit"), topic) == 1   # the auditor reads what nodes send
-    assert await _read(agent, topics.events) == 0   # it folds its pool's log
+    with pytest.raises(TopicAuthorizationFailedError):
+        await _read(agent, topics.events)   # every team's jobs: not a node's to read (it reads its work view)
     await add_node(kafka_bootstrap, topics, "n2")
     for topic in (topics.events, topics.snapshots, topics.heartbeats, topics.usage,
                   report_topic(topics.prefix, "n2"), beats_topic(topics.prefix, "n2")):
@@ -110,6 +111,16 @@ async def test_a_node_agent_writes_only_its_own_report_and_beats_topics(secured,
         await _read(agent, topics.usage)   # no reading the fleet's measurements either
     with pytest.raises(KafkaLoginRefused):   # its own password only
         await check_login(secured(node_principal("n1"), "not-its-password"))
+
+
+async def test_only_a_node_set_up_to_fold_the_pool_log_reads_it_and_running_the_setup_again_takes_it_back(
+        secured, kafka_bootstrap, topics):
+    await _write(secured("admission"), topics.events, idempotent=True)
+    password = await add_node(kafka_bootstrap, topics, "n1", reads_log=True)   # its agent runs --source log
+    assert await _read(secured(node_principal("n1"), password), topics.events) == 1
+    password = await add_node(kafka_bootstrap, topics, "n1")                   # back to its work view
+    with pytest.raises(TopicAuthorizationFailedError):
+        await _read(secured(node_principal("n1"), password), topics.events)
 
 
 async def test_a_principal_without_a_role_writes_and_reads_nothing(secured, topics):
@@ -174,7 +185,6 @@ async def test_kafka_setup_as_the_admin_is_what_services_need(secured, kafka_boo
             await cluster.stop_all()
     finally:
         await delete_topics(secured("admin"), names, timeout_s=10)
-        await delete_report_topics(secured("admin"), names, timeout_s=10)
 
 
 async def test_billing_consumer_runs_as_its_read_only_principal(secured, kafka_bootstrap, topics, tmp_path):

@@ -161,8 +161,8 @@ async def test_allow_lists_refuse_a_class_or_pool_naming_the_field(kafka_bootstr
         target = f"127.0.0.1:{admission.port}"
         out = await _cli("--target", target, "set-quota", "--org", "ml", "--team", "llm", "--guaranteed", "2",
                          "--limit", "4", "--no-borrowing")
-        assert {"org": "ml", "team": "llm", "guaranteed_gpus": 2.0, "limit_gpus": 4.0, "lending_limit_gpus": -1.0,
-                "weight": 1.0} in json.loads(out)["quotas"]
+        assert {"org": "ml", "team": "llm", "guaranteed_gpus": 2.0, "limit_gpus": 4.0, "borrowing": False,
+                "lending_limit_gpus": -1.0, "weight": 1.0} in json.loads(out)["quotas"]   # every field, false too
         assert "llm" in [p["team"] for p in json.loads(await _cli("--target", target, "set-team", "llm",
                                                                   "--pool", "default"))["team_policies"]]
         with pytest.raises(AssertionError, match="INVALID_ARGUMENT: weight"):

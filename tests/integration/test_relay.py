@@ -26,7 +26,7 @@ from gpusched.core.reducer import apply
 from gpusched.core.state import ClusterState
 from gpusched.local_cluster import LocalCluster
 from gpusched.v1 import admission_pb2, events_pb2, types_pb2
-from tests.integration.logcheck import check_log, read_log
+from tests.integration.logcheck import check_log, dead_letters, read_log
 from tests.integration.test_fault_tolerance import until_node
 from tests.unit.core.builders import make_spec
 
@@ -41,18 +41,6 @@ async def _write(conn, topic: str, values: list[bytes], pool: str = "default", h
         return [(await producer.send_and_wait(topic, v, key=pool.encode(), headers=headers)).offset for v in values]
     finally:
         await producer.stop()
-
-
-async def _dead_letters(conn, topics, source: str, count: int, timeout: float = 60.0) -> dict[int, str]:
-    """The dead letters of records of ``source`` (offset -> reason), once there are ``count``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        letters = [events_pb2.DeadLetter.FromString(v)
-                   for vs in (await read_log(conn, topics, topics.dead_letters)).values() for _, v in vs]
-        found = {letter.offset: letter.reason for letter in letters if letter.source_topic == source}
-        if len(found) >= count or time.monotonic() > deadline:
-            return found
-        await asyncio.sleep(0.2)   # polls the topic: the relay writes letters asynchronously
 
 
 def _forge(cls, **fields) -> ev.Event:
@@ -97,7 +85,7 @@ async def test_one_nodes_login_cannot_forge_events_about_others(kafka_bootstrap,
         }
         own = report_topic(topics.prefix, thief)
         offsets = await _write(login, own, [codec.encode(e, "default") for e in forged.values()])
-        letters = await _dead_letters(kafka_bootstrap, topics, own, len(forged))
+        letters = await dead_letters(kafka_bootstrap, topics, own, len(forged))
         for offset, (why, event) in zip(offsets, forged.items()):
             assert why in letters.get(offset, ""), (type(event).__name__, letters)
 
@@ -154,7 +142,7 @@ async def test_one_nodes_login_cannot_keep_another_alive_or_report_its_usage(kaf
         usage = [_usage(node, victim, job.attempt) for node in (on, thief)]
         own = report_topic(topics.prefix, thief)
         offsets = await _write(login, own, [encode_usage(u) for u in usage], headers=[(KIND_HEADER, USAGE_KIND)])
-        letters = await _dead_letters(kafka_bootstrap, topics, own, 1)
+        letters = await dead_letters(kafka_bootstrap, topics, own, 1)
         assert f"usage record of node {on!r} reported by node {thief!r}" in letters.get(offsets[0], ""), letters
         forwarded = await _until_usage(kafka_bootstrap, topics, usage[1].record_id)
         assert usage[1].record_id in forwarded and usage[0].record_id not in forwarded

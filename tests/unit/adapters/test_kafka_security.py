@@ -119,9 +119,18 @@ def test_no_shared_node_agent_login_is_granted():
 def test_a_node_writes_its_own_topics_and_no_shared_one_but_dead_letters():
     node = {(e[1], e[5]) for e in node_acl_entries(names, "n1") if e[3] == "User:node-agent.n1"}
     assert len(node) == len(node_acl_entries(names, "n1"))   # all of them for that principal
-    assert {("x.reports.n1", WRITE), ("x.beats.n1", WRITE), (names.events, READ)} <= node
+    assert {("x.reports.n1", WRITE), ("x.beats.n1", WRITE)} <= node
     assert {t for t, op in node if op == WRITE} == {"x.reports.n1", "x.beats.n1", names.dead_letters}
     assert all(e[2] == 3 for e in node_acl_entries(names, "n1"))   # LITERAL only
+
+
+def test_a_node_reads_the_pool_log_only_when_its_agent_folds_it():
+    """The pool log holds every team's specs, commands and submitters: a node's login,
+    on the machine that runs users' code, reads its work view unless told otherwise."""
+    reads = {e[1] for e in node_acl_entries(names, "n1") if e[5] == READ}
+    assert reads == {"x.work.n1"}
+    log_reader = {e[1] for e in node_acl_entries(names, "n1", reads_log=True) if e[5] == READ}
+    assert log_reader == {"x.work.n1", names.events}
 
 
 def test_only_the_relays_and_the_auditor_read_every_report_topic():

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -54,6 +55,20 @@ CASES = [
     ("viewer", A + "SubmitJob", None, False),
     ("viewer", A + "CancelJob", "any-team", False),
     ("viewer", C + "CordonNode", None, False),
+    ("alice", C + "SetQuota", None, False),
+    ("alice", C + "SetTeamPolicy", None, False),
+    ("alice", C + "GetPolicy", None, True),
+    ("alice", C + "CreatePool", None, False),
+    ("lead", C + "SetQuota", "a", True),         # its team's, within its org's (the handler's check)
+    ("lead", C + "SetQuota", "b", False),
+    ("lead", C + "SetTeamPolicy", None, False),  # weights and allow-lists are the cluster's
+    ("lead", C + "CreatePool", None, False),
+    ("ops", C + "SetQuota", "any-team", True),
+    ("ops", C + "SetTeamPolicy", None, True),
+    ("ops", C + "CreatePool", None, True),
+    ("viewer", C + "GetPolicy", None, True),
+    ("viewer", C + "SetQuota", None, False),
+    ("stranger", C + "GetPolicy", None, False),
     ("stranger", A + "ListJobs", None, False),
     ("stranger", C + "ListNodes", None, False),
     ("stranger", "/grpc.health.v1.Health/Check", None, True),
@@ -70,6 +85,16 @@ def test_every_rpc_of_every_service_has_an_entry():
                             (node_agent_pb2, "NodeAgentService")):
         for method in module.DESCRIPTOR.services_by_name[service].methods:
             assert f"/gpusched.v1.{service}/{method.name}" in METHODS
+
+
+def test_the_docs_list_every_rpc_with_who_may_call_it_as_the_code_has_it():
+    """docs/security.md's table is ``permission_table()``'s output, between its markers."""
+    text = (Path(__file__).resolve().parents[3] / "docs" / "security.md").read_text()
+    begin, end = "<!-- permission table: python -m gpusched.adapters.permissions -->\n", "<!-- end of the table -->"
+    assert begin in text and end in text, "docs/security.md lacks the generated permission table"
+    assert text.split(begin, 1)[1].split(end, 1)[0] == perm.permission_table()
+    for rpc in METHODS:
+        assert f"`{rpc.removeprefix('/').removeprefix('gpusched.v1.')}`" in perm.permission_table()
 
 
 def test_reads_are_filtered_to_the_principals_teams():

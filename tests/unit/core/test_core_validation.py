@@ -66,6 +66,8 @@ INVALID = [
     ("negative-sim-duration", {"simulated_duration_s": -0.5}, "spec.simulated_duration_s", False),
     ("nan-sim-duration", {"simulated_duration_s": math.nan}, "spec.simulated_duration_s", False),
     ("negative-max-restarts", {"max_restarts": -1}, "spec.max_restarts", False),
+    ("nul-in-an-argument", {"command": ("echo", "a\x00b")}, "spec.command[1]", False),
+    ("nul-alone", {"command": ("\x00",)}, "spec.command[0]", False),
     # against the nodes of the pool
     ("more-gpus-than-any-node", {"gpus": 9}, "spec.resources.gpus", True),
     ("more-gpus-than-allowed-model", {"gpus": 5, "models": ("L40S-48GB",)},
@@ -112,6 +114,7 @@ VALID = [
     ("numbers", {"max_runtime_s": 3600.0, "checkpoint_interval_s": 600.0, "simulated_duration_s": 1.5}),
     ("dotted-names", {"name": "run_1.v2-final", "team": "ml.infra_team-3"}),
     ("other-pool", {"pool": "other", "gpus": 2}),
+    ("command-with-control-characters", {"command": ("sh", "-c", "printf '\\033[2J'\n\techo \x1b\x7f")}),
 ]
 
 

@@ -31,6 +31,7 @@ FORGED = [
     (_forged(org="x" * 3_000_000), "spec.org"),
     (_forged(command=("x",) * (MAX_COMMAND_ARGS + 1)), "spec.command"),
     (_forged(priority_class="god-mode"), "spec.priority_class"),
+    (_forged(command=("echo", "a\x00b")), "spec.command[1]"),
     (_forged(max_runtime_s=float("nan")), "spec.max_runtime_s"),
     (_forged(r_gpu_milli=-1, r_gpus=0), "spec.resources.gpu_milli"),
     (_forged(pool="nowhere"), "spec.pool"),

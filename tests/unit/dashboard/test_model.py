@@ -10,9 +10,11 @@ from gpusched.v1 import types_pb2
 READY, CORDONED = types_pb2.NODE_STATUS_READY, types_pb2.NODE_STATUS_CORDONED
 
 
-def gpu(milli: int = 0, mig: int = 0, healthy: bool = True, index: int = 0) -> types_pb2.Gpu:
+def gpu(milli: int = 0, mig: int = 0, healthy: bool = True, index: int = 0, mig_milli: int = 0) -> types_pb2.Gpu:
+    """``mig``: the memory slices MIG instances hold; ``mig_milli``: what they count
+    (their compute sevenths, as the API's ``allocated_milli``)."""
     return types_pb2.Gpu(info=types_pb2.GpuInfo(index=index, model="H100-80GB"), healthy=healthy,
-                         used_milli=milli, mig_slices_used=mig)
+                         used_milli=milli, mig_slices_used=mig, allocated_milli=milli + mig_milli)
 
 
 def node(*gpus: types_pb2.Gpu, status: int = READY, pool: str = "default", name: str = "n") -> types_pb2.Node:
@@ -31,7 +33,7 @@ def test_gpu_state(g, state):
     ([node(gpu(), gpu())], 0.0, 0.0),                          # all free, all whole
     ([node(gpu(1000), gpu())], 0.5, 0.0),                      # one whole GPU used
     ([node(gpu(250), gpu())], 0.125, 0.75 / 1.75),             # a share strands 0.75
-    ([node(gpu(mig=0b11110000), gpu())], 0.25, 0.5 / 1.5),     # 4 of 8 memory slices
+    ([node(gpu(mig=0b11110000, mig_milli=428), gpu())], 0.214, 0.572 / 1.572),   # a 3g slice: 3 of 7 compute
     ([node(gpu(1000), gpu(1000))], 1.0, 0.0),                  # nothing free
     ([node(gpu(250), gpu(healthy=False))], 0.25, 1.0),         # a faulty GPU offers nothing
     ([node(gpu(250)), node(gpu(), gpu(), status=CORDONED)], 0.25, 1.0),   # nor a cordoned node
@@ -43,7 +45,7 @@ def test_allocation_and_fragmentation(nodes, alloc, frag):
 
 
 gpus = st.builds(gpu, milli=st.sampled_from([0, 100, 250, 500, 999, 1000]),
-                 mig=st.integers(0, 255), healthy=st.booleans())
+                 mig=st.integers(0, 255), healthy=st.booleans(), mig_milli=st.sampled_from([0, 142, 428, 1000]))
 
 
 @given(st.lists(gpus, max_size=8))

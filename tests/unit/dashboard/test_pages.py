@@ -31,7 +31,7 @@ def evil_node() -> types_pb2.Node:
     return types_pb2.Node(info=types_pb2.NodeInfo(name=EVIL, pool=EVIL),
                           status=types_pb2.NODE_STATUS_READY,
                           gpus=[types_pb2.Gpu(info=types_pb2.GpuInfo(index=0, model=EVIL), healthy=True,
-                                              used_milli=1000)])
+                                              used_milli=1000, allocated_milli=1000)])
 
 
 def test_overview_escapes_names_teams_pools_and_reasons():
