@@ -6,8 +6,8 @@
 #      `protoc --decode` by consumers outside gpusched; generated files are gitignored)
 #   3. the reducer's modules compiled with mypyc into gpusched/_native/ (seconds;
 #      skipped when built for the same sources; plain Python where it cannot build)
-#      and the worker shim compiled into services/node-agent/build/gpusched-shim
-#      (the Python shim runs where there is no C compiler)
+#      and the worker shim compiled into services/node-agent/gpusched-shim (without a
+#      C compiler the node-agent runs simulated work only, and says so if asked for more)
 #   4. the Kafka broker jars in the cache (deploy/kafka.sh fetch)
 # Needs: python3.11 (or python3 >= 3.11), Java 17+, Maven (for the Kafka jars); as root
 # it installs Java, Maven, PostgreSQL and Chromium (the dashboard's browser tests) from
@@ -94,12 +94,11 @@ fi
 .venv/bin/python deploy/build_native.py \
   || log "warning: the reducer runs as plain Python (needs a C compiler and Python headers)"
 
-# --- 3b. the worker shim compiled (services/node-agent/shim.c); the Python shim without it ---
-SHIM_SRC=services/node-agent/shim.c SHIM_BIN=services/node-agent/build/gpusched-shim
+# --- 3b. the worker shim compiled (services/node-agent/shim.c) ---
+SHIM_SRC=services/node-agent/shim.c SHIM_BIN=services/node-agent/gpusched-shim
 if [[ ! -x "$SHIM_BIN" || "$SHIM_SRC" -nt "$SHIM_BIN" ]]; then
-  mkdir -p "$(dirname "$SHIM_BIN")"
   ${CC:-cc} -O2 -Wall -o "$SHIM_BIN.tmp" "$SHIM_SRC" -lm && mv "$SHIM_BIN.tmp" "$SHIM_BIN" \
-    || log "warning: workers run under the Python shim (needs a C compiler)"
+    || log "warning: the worker shim is not built (needs a C compiler): node-agents run simulated work only"
 fi
 
 # --- 4. Kafka jars ---
