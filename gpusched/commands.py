@@ -69,6 +69,10 @@ def run(command: str, argv: list[str] | None = None) -> int:
             raise
         print(line, file=sys.stderr)
         return 1
+    service = sys.modules.get("gpusched.adapters.service")   # loaded by every service, never imported here
+    if service is not None and service.failure:   # it stopped itself (stop_failing): say why last
+        print(service.failure, file=sys.stderr)
+        return 1
     return result if isinstance(result, int) else 0
 
 
