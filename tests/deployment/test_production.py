@@ -203,7 +203,7 @@ async def test_a_job_runs_through_the_load_balancer_as_a_real_process_under_the_
                                         command=("sh", "-c", "exit 0")))).job
         (done,) = await client.wait_terminal({job.job_id}, 120)
         assert done.phase == SUCCEEDED, done.reason
-        nodes = {n.name: n for n in await client.nodes(POOL)}
+        nodes = {n.info.name: n for n in await client.nodes(POOL)}
         assert nodes[NODE].status == types_pb2.NODE_STATUS_READY
     finally:
         await client.close()
