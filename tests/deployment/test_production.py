@@ -15,6 +15,7 @@ running services export, and a real Prometheus scraping them evaluates each."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -252,6 +253,13 @@ async def test_admission_replicas_restart_one_at_a_time_onto_a_new_login_and_tok
 
 
 # --- the Grafana dashboard --------------------------------------------------------------
+async def running(client: Client, job_id: str) -> None:
+    async with contextlib.aclosing(client.watch(job_id=job_id)) as updates:
+        async for update in updates:
+            if update.job.phase == types_pb2.JOB_PHASE_RUNNING:
+                return
+
+
 def dashboard_queries() -> list[str]:
     board = json.loads(DASHBOARD.read_text())
     queries = [target["expr"] for panel in board["panels"] for target in panel["targets"]]
@@ -278,8 +286,7 @@ async def test_every_grafana_query_names_metrics_the_services_export_and_prometh
         await client.submit(spec("waits", "vision", gpus=1, pool="reserved"))
         victim = (await client.submit(spec("filler", "vision", gpus=2, pool=POOL, duration=600,
                                            priority="best-effort"))).job.job_id
-        while (await client.get(victim)).phase != types_pb2.JOB_PHASE_RUNNING:
-            await asyncio.sleep(0.2)   # the node-agent's report through the relay: polled via the API
+        await asyncio.wait_for(running(client, victim), 60)   # started: preemptible now (--min-runtime 0)
         urgent = (await client.submit(spec("urgent", "search", gpus=2, pool=POOL, duration=30,
                                            priority="production-inference"))).job.job_id
         with pytest.raises(Exception, match="NOT_FOUND"):
