@@ -19,7 +19,7 @@
 #   GPUSCHED_KAFKA_JVM_OPTS      more JVM options for the broker (e.g. -XX:TieredStopAtLevel=4)
 #   GPUSCHED_KAFKA_START_TIMEOUT seconds to wait for the broker (default 90)
 #   GPUSCHED_KAFKA_SECURITY      plaintext (default) or sasl_ssl: clients speak SASL_SSL
-#                                with SCRAM-SHA-512, a throwaway CA and broker cert are
+#                                with SCRAM-SHA-512 (or -256), a throwaway CA and broker cert are
 #                                made in <run>/kafka/secrets at format time, with one
 #                                SCRAM user per service (PRINCIPALS below) and
 #                                their passwords in <run>/kafka/secrets/credentials;
