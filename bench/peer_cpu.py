@@ -9,8 +9,8 @@ _TICK = os.sysconf("SC_CLK_TCK")
 
 
 def cpu_seconds(*pids: int, others: frozenset[int] = frozenset()) -> float:
-    """CPU so far of processes and of all their live descendants (a node-agent's launcher
-    and its shims, which live through the run; a slurmd's slurmsteps in flight), each with
+    """CPU so far of processes and of all their live descendants (a node-agent's shims,
+    which live through their workers' runs; a slurmd's slurmsteps in flight), each with
     that of the children it has reaped (the jobs); every process counted once, one gone
     counts 0, and the subtrees of ``others`` (counted on their own: the services this
     process started) left out. A child reaped between two readings moves from its own

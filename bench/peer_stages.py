@@ -7,9 +7,8 @@ this machine's):
 * ``sent``: the client's clock just before its ``SubmitJob`` call;
 * ``accepted``: the job's ``submitted_at`` (admission's clock when it took the job);
 * ``placed``: ``placed_at`` (the placer's ``JobPlaced``);
-* ``forked``: the birth time of the worker's folder, which the worker's shim makes first
-  (the compiled one the agent spawned, or the Python one its launcher forked): the agent has
-  read the placement and started the shim. File systems stamp it at a coarse clock, a few
+* ``forked``: the birth time of the worker's folder, which the worker's shim (spawned by
+  the agent) makes first: the agent has read the placement and started the shim. File systems stamp it at a coarse clock, a few
   ms early;
 * ``spawned``: ``started_at`` in the shim's status file: the shim has spawned the workload;
 * ``stamp``: the workload's own record of its start;

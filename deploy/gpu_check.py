@@ -9,6 +9,9 @@ existing GPU instances with their profiles, memory and MIG UUIDs, and NVML's pro
 
     PYTHONPATH=. python3 deploy/gpu_check.py [--watch-s 5] [--usage-samples 3] [--workload] [--torchrun]
 
+(``--workload`` and ``--torchrun`` run through the agent's worker shim: build it first with
+``python3 deploy/build_parts.py shim``, which needs only a C compiler.)
+
 Needs only the NVIDIA driver and nvidia-ml-py (``pynvml``); no Kafka, no gRPC. What it
 runs is the agent's own code: ``nvml_gpus()`` (what a node registers with) and
 ``NvmlWatch`` (XID events and ECC counters), as ``gpusched-node-agent`` builds them,

@@ -19,7 +19,7 @@
 #   GPUSCHED_KAFKA_JVM_OPTS      more JVM options for the broker (e.g. -XX:TieredStopAtLevel=4)
 #   GPUSCHED_KAFKA_START_TIMEOUT seconds to wait for the broker (default 90)
 #   GPUSCHED_KAFKA_SECURITY      plaintext (default) or sasl_ssl: clients speak SASL_SSL
-#                                with SCRAM-SHA-512, a throwaway CA and broker cert are
+#                                with SCRAM-SHA-512 (or -256), a throwaway CA and broker cert are
 #                                made in <run>/kafka/secrets at format time, with one
 #                                SCRAM user per service (PRINCIPALS below) and
 #                                their passwords in <run>/kafka/secrets/credentials;
@@ -220,17 +220,20 @@ EOF
     return
   fi
   local admin_pw; admin_pw="$(password_of admin)"
-  # Clients: SASL_SSL with SCRAM-SHA-512; brokers talk to each other on it as the admin
-  # user. The controller listener is mutual TLS: SCRAM users live in the metadata log
-  # that controllers serve, so they cannot authenticate the controllers themselves.
+  # Clients: SASL_SSL with SCRAM-SHA-512 (SCRAM-SHA-256 too: a user's credentials of the
+  # two mechanisms are apart, which rotates a login without downtime, docs/deploying.md);
+  # brokers talk to each other on it as the admin user. The controller listener is mutual
+  # TLS: SCRAM users live in the metadata log that controllers serve, so they cannot
+  # authenticate the controllers themselves.
   cat <<EOF
 listeners=SASL_SSL://127.0.0.1:$PORT,CONTROLLER://127.0.0.1:$CONTROLLER_PORT
 advertised.listeners=SASL_SSL://127.0.0.1:$PORT
 inter.broker.listener.name=SASL_SSL
 listener.security.protocol.map=CONTROLLER:SSL,SASL_SSL:SASL_SSL
-sasl.enabled.mechanisms=SCRAM-SHA-512
+sasl.enabled.mechanisms=SCRAM-SHA-512,SCRAM-SHA-256
 sasl.mechanism.inter.broker.protocol=SCRAM-SHA-512
 listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required username="admin" password="$admin_pw";
+listener.name.sasl_ssl.scram-sha-256.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;
 listener.name.controller.ssl.client.auth=required
 ssl.keystore.type=PEM
 ssl.keystore.location=$SECRETS/broker.pem

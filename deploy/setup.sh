@@ -1,17 +1,16 @@
 #!/usr/bin/env bash
 # Prepare this checkout on a fresh machine (idempotent; seconds on a second run):
 #   1. .venv (Python 3.11) with the project installed editable, dev extras included
-#   2. protobuf/gRPC Python code generated from proto/gpusched/v1/*.proto into
-#      gpusched/v1/, and their descriptor set gpusched/v1/gpusched.desc (for
-#      `protoc --decode` by consumers outside gpusched; generated files are gitignored)
-#   3. the reducer's modules compiled with mypyc into gpusched/_native/ (seconds;
-#      skipped when built for the same sources; plain Python where it cannot build)
-#      and the worker shim compiled into services/node-agent/build/gpusched-shim
-#      (the Python shim runs where there is no C compiler)
-#   4. the Kafka broker jars in the cache (deploy/kafka.sh fetch)
+#   2. what the package build generates and compiles, made in the checkout
+#      (deploy/build_parts.py; generated files are gitignored): the protobuf/gRPC code of
+#      proto/gpusched/v1/*.proto in gpusched/v1/ with its descriptor set
+#      gpusched/v1/gpusched.desc, the worker shim services/node-agent/gpusched-shim, and
+#      the reducer's modules compiled with mypyc into gpusched/_native/ (skipped when built
+#      for the same sources; plain Python where it cannot build)
+#   3. the Kafka broker jars in the cache (deploy/kafka.sh fetch)
 # Needs: python3.11 (or python3 >= 3.11), Java 17+, Maven (for the Kafka jars); as root
-# it installs Java, Maven, PostgreSQL and Chromium (the dashboard's browser tests) from
-# Debian's packages where missing.
+# it installs Java, Maven, PostgreSQL, Chromium (the dashboard's browser tests), nginx and
+# systemd (the deployment's tests: docs/deploying.md) from Debian's packages where missing.
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -35,6 +34,20 @@ if ! command -v chromium >/dev/null; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
   else
     log "warning: no chromium: the dashboard's browser tests will be skipped (apt-get install chromium)"
+  fi
+fi
+
+# nginx and systemd-analyze: the deployment tests start the load balancer in front of
+# admission and check the unit files (docs/deploying.md; no systemd needs to run).
+if ! command -v nginx >/dev/null || ! compgen -G "/usr/lib/nginx/modules/ngx_stream_module.so" >/dev/null \
+    || ! command -v systemd-analyze >/dev/null; then
+  if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null; then
+    log "installing nginx (with its stream module) and systemd with apt-get (for the deployment tests)"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx libnginx-mod-stream \
+      systemd >/dev/null
+  else
+    log "warning: no nginx or systemd-analyze: the deployment tests will fail (apt-get install nginx" \
+      "libnginx-mod-stream systemd)"
   fi
 fi
 
@@ -72,36 +85,14 @@ if [[ ! -f "$STAMP" || "$(cat "$STAMP")" != "$WANT" ]]; then
   echo "$WANT" >"$STAMP"
 fi
 
-# --- 2. generated protobuf / gRPC code ---
-shopt -s nullglob
-PROTOS=(proto/gpusched/v1/*.proto)
-shopt -u nullglob
-PROTO_STAMP=.venv/.gpusched-protos
-if ((${#PROTOS[@]} == 0)); then
-  log "no .proto files yet; skipping code generation"
-elif [[ ! -f "$PROTO_STAMP" || "$(cat "$PROTO_STAMP")" != "$REPO" ]] \
-    || [[ -n "$(find proto -name '*.proto' -newer "$PROTO_STAMP" | head -n1)" ]] \
-    || ! ls gpusched/v1/*_pb2.py >/dev/null 2>&1 || [[ ! -f gpusched/v1/gpusched.desc ]]; then
-  log "generating Python code and the descriptor set from ${#PROTOS[@]} .proto files"
-  rm -f gpusched/v1/*_pb2.py gpusched/v1/*_pb2.pyi gpusched/v1/*_pb2_grpc.py gpusched/v1/gpusched.desc
-  .venv/bin/python -m grpc_tools.protoc -I proto \
-    --python_out=. --pyi_out=. --grpc_python_out=. \
-    --descriptor_set_out=gpusched/v1/gpusched.desc --include_imports "${PROTOS[@]}"
-  echo "$REPO" >"$PROTO_STAMP"
-fi
+# --- 2. the generated and compiled parts, as the package build makes them (deploy/build_parts.py):
+# the protobuf/gRPC code and its descriptor set, the worker shim, the reducer compiled by
+# mypyc; each skipped when newer than its sources. Without a C compiler the reducer runs as
+# plain Python and node-agents run simulated work only (it says which) ---
+parts=0
+.venv/bin/python deploy/build_parts.py || parts=$?
+if [[ $parts -eq 3 ]]; then log "warning: some parts are not compiled (above)"; elif [[ $parts -ne 0 ]]; then exit 1; fi
 
-# --- 3. the reducer compiled with mypyc (gpusched.native); plain Python without it ---
-.venv/bin/python deploy/build_native.py \
-  || log "warning: the reducer runs as plain Python (needs a C compiler and Python headers)"
-
-# --- 3b. the worker shim compiled (services/node-agent/shim.c); the Python shim without it ---
-SHIM_SRC=services/node-agent/shim.c SHIM_BIN=services/node-agent/build/gpusched-shim
-if [[ ! -x "$SHIM_BIN" || "$SHIM_SRC" -nt "$SHIM_BIN" ]]; then
-  mkdir -p "$(dirname "$SHIM_BIN")"
-  ${CC:-cc} -O2 -Wall -o "$SHIM_BIN.tmp" "$SHIM_SRC" -lm && mv "$SHIM_BIN.tmp" "$SHIM_BIN" \
-    || log "warning: workers run under the Python shim (needs a C compiler)"
-fi
-
-# --- 4. Kafka jars ---
+# --- 3. Kafka jars ---
 bash deploy/kafka.sh fetch
 log "ready"

@@ -2,47 +2,28 @@
 one entry point for the services, the demo and the simulator."""
 from __future__ import annotations
 
-import importlib
 import sys
 
 import click
 
+from gpusched.commands import COMMANDS, run
 from gpusched.ctl.decode import decode
 from gpusched.ctl.jobs import cancel, describe, get, submit, watch
 from gpusched.ctl.nodes import cordon, top, uncordon
 from gpusched.ctl.policy import policy
 from gpusched.ctl.root import Root, State, connection_options
+from gpusched.ctl.version import version
 from gpusched.dashboard.command import dashboard
 
-# Commands with parsers of their own: their arguments are handed on as given.
-COMMANDS = {
-    "admission": ("gpusched_admission.main", "the job API (gRPC) in front of the pool logs"),
-    "placer": ("gpusched_placer.main", "schedules the pools it owns"),
-    "preemptor": ("gpusched_preemptor.main", "preemption, quota reclaim, node-loss detection"),
-    "node-agent": ("gpusched_node_agent.main", "runs the work of one node (NVML or simulated)"),
-    "node-host": ("gpusched_node_agent.host_main", "runs many simulated nodes in one process"),
-    # audit and billing: docs/audit-billing.md ("module:function" where not ``main``)
-    "billing": ("gpusched.consumers.reports:billing_main", "GPU-hours per team, pool, job, day (from the database)"),
-    "audit": ("gpusched.consumers.reports:audit_main", "who did what, when (from the database)"),
-    "billing-consumer": ("gpusched.consumers.stream:billing_main", "store GPU-hours in the database (faust)"),
-    "audit-consumer": ("gpusched.consumers.stream:audit_main", "store who did what in the database (faust)"),
-    "usage": ("gpusched.consumers.usage_report", "GPU-hours allocated vs used (measured), idle jobs"),
-    "kafka-setup": ("gpusched.kafka_setup", "create a deployment's topics and ACLs (as the Kafka admin)"),
-    "relay": ("gpusched.relay", "node-agents' reports into the pool log (admission runs one too)"),
-    "demo": ("gpusched.demo", "a local cluster, a mixed workload, and what happened"),
-    "simulate": ("gpusched.sim.cli", "trace-driven simulator: `simulate static|dynamic ...`"),
-}
 
-
-def _handed_on(name: str, module: str, help_text: str) -> click.Command:
+def _handed_on(name: str, help_text: str) -> click.Command:
+    """A service or tool with a parser of its own: its arguments are handed on as given."""
     @click.command(name, help=f"{help_text} (`gpusched {name} --help`)", short_help=help_text,
                    add_help_option=False, context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
     @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-    def run(args: tuple[str, ...]) -> None:
-        module_name, _, function = module.partition(":")
-        result = getattr(importlib.import_module(module_name), function or "main")(list(args))
-        sys.exit(result if isinstance(result, int) else 0)
-    return run
+    def handed_on(args: tuple[str, ...]) -> None:
+        sys.exit(run(name, list(args)))
+    return handed_on
 
 
 @click.group(cls=Root, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -55,10 +36,10 @@ def cli(ctx: click.Context, config_path: str | None, context: str | None, **flag
     ctx.obj = State(flags, config_path, context)
 
 
-for command in (submit, get, describe, cancel, watch, top, cordon, uncordon, policy, dashboard, decode):
+for command in (submit, get, describe, cancel, watch, top, cordon, uncordon, policy, dashboard, decode, version):
     cli.add_command(command)
-for name, (module, help_text) in COMMANDS.items():
-    cli.add_command(_handed_on(name, module, help_text))
+for name, command in COMMANDS.items():
+    cli.add_command(_handed_on(name, command.help))
 cli.services = frozenset(COMMANDS)
 
 

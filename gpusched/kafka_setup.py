@@ -12,13 +12,22 @@ login reads its own work view, not the pool log (which holds every team's job sp
 commands); ``--node-reads-log NAME`` adds a node whose agent runs with ``--source log``
 and so may read its pool's log (running ``--node NAME`` again takes that back).
 ``--node-host NAME`` does the same for a node host (``gpusched node-host``): its topics
-``hostreports.NAME`` and ``hostbeats.NAME`` and its user ``node-host.NAME``."""
+``hostreports.NAME`` and ``hostbeats.NAME`` and its user ``node-host.NAME``.
+
+``--service NAME`` (repeatable: admission, placer, preemptor, relay, billing, audit) sets
+that service's SCRAM credential to a new random password, written to ``--secrets DIR/NAME``
+(mode 600), for the mechanism ``--scram-mechanism`` (default: the admin's). A user has
+one credential per mechanism: setting the other mechanism's leaves the one in use
+working, so a service's password is rotated without downtime by alternating mechanisms
+(docs/deploying.md, "Rotating logins, certificates and tokens")."""
 from __future__ import annotations
 
 import argparse
 import asyncio
 import os
 from pathlib import Path
+
+SERVICES = ("admission", "placer", "preemptor", "relay", "billing", "audit")   # kafka_acls.GRANTS' services
 
 
 async def setup(args: argparse.Namespace) -> int:
@@ -35,10 +44,11 @@ async def setup(args: argparse.Namespace) -> int:
                                        replication_factor=settings.replication_factor,
                                        min_insync_replicas=settings.min_insync_replicas)
         acls = await grant_service_acls(conn, topics) if conn.secured else 0
-        nodes = [await _add_node(conn, topics, node, Path(args.node_secrets)) for node in args.node]
-        nodes += [await _add_node(conn, topics, node, Path(args.node_secrets), reads_log=True)
+        nodes = [await _add_node(conn, topics, node, Path(args.secrets)) for node in args.node]
+        nodes += [await _add_node(conn, topics, node, Path(args.secrets), reads_log=True)
                   for node in args.node_reads_log]
-        nodes += [await _add_node(conn, topics, host, Path(args.node_secrets), host=True) for host in args.node_host]
+        nodes += [await _add_node(conn, topics, host, Path(args.secrets), host=True) for host in args.node_host]
+        nodes += [await _add_service(conn, service, args.scram_mechanism, Path(args.secrets)) for service in args.service]
     except (KafkaLoginRefused, TimeoutError, PermissionError, AclError, ValueError) as exc:
         print(f"gpusched kafka-setup: {exc}")
         return 1
@@ -64,12 +74,26 @@ async def _add_node(conn, topics, node: str, secrets_dir: Path, host: bool = Fal
         user = node_principal(node)
     if not conn.secured:
         return made
+    return f"{made}, user {user}, password in {_write_secret(secrets_dir, user, password)}"
+
+
+async def _add_service(conn, service: str, mechanism: str, secrets_dir: Path) -> str:
+    from gpusched.adapters.node_access import add_service_user
+
+    if not conn.secured:
+        raise ValueError(f"--service {service}: the broker takes no logins (not SASL_SSL)")
+    password = await add_service_user(conn, service, mechanism=mechanism)
+    return (f"service {service}: {mechanism or conn.sasl_mechanism} credential, password in "
+            f"{_write_secret(secrets_dir, service, password)}")
+
+
+def _write_secret(secrets_dir: Path, user: str, password: str) -> Path:
     secrets_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     path = secrets_dir / user
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(password + "\n")
-    return f"{made}, user {user}, password in {path}"
+    return path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -85,6 +109,10 @@ def main(argv: list[str] | None = None) -> int:
                              "pool's log (every team's jobs); the exception, not the rule (repeatable)")
     parser.add_argument("--node-host", action="append", default=[], metavar="NAME",
                         help="add a node host: its topics, Kafka user node-host.NAME and ACLs (repeatable)")
-    parser.add_argument("--node-secrets", default="node-secrets", metavar="DIR",
-                        help="where the nodes' new passwords are written, one file per user")
+    parser.add_argument("--service", action="append", default=[], choices=SERVICES,
+                        help="set the service's SCRAM credential to a new password (repeatable)")
+    parser.add_argument("--scram-mechanism", default="", choices=("SCRAM-SHA-512", "SCRAM-SHA-256"),
+                        help="the mechanism of the services' new credentials (default: the admin login's)")
+    parser.add_argument("--secrets", "--node-secrets", dest="secrets", default="node-secrets", metavar="DIR",
+                        help="where the new passwords are written, one file per user")
     return asyncio.run(setup(parser.parse_args(argv)))

@@ -1,7 +1,8 @@
 """The reducer's modules compiled with mypyc, used when built for exactly these sources.
 
-``deploy/build_native.py`` (run by ``deploy/setup.sh``) compiles ``COMPILED`` into
-``gpusched/_native/``, beside a stamp of the sources it compiled. ``gpusched.core`` then
+The package build (setup.py), or ``deploy/build_parts.py`` in a checkout (run by
+``deploy/setup.sh``), compiles ``COMPILED`` into ``gpusched/_native/``, beside a stamp of
+the sources it compiled. ``gpusched.core`` then
 imports those modules from there instead of the ``.py`` files: the same code, ~12 %
 faster to replay a log (docs/design.md: "Package choices"; docs/benchmarks.md:
 "Recovery"). The build lives outside the source folders so that a stale build can
@@ -61,7 +62,7 @@ def core_path(path: list[str]) -> list[str]:
         return path
     built = built_stamp()
     if built is None:
-        status = "pure Python: not built (deploy/setup.sh builds it)"
+        status = "pure Python: not compiled (no C compiler where it was built; deploy/setup.sh builds it in a checkout)"
         return path
     if built != source_stamp():
         status = "pure Python: the build is for other sources (deploy/setup.sh rebuilds it)"

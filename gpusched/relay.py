@@ -12,6 +12,7 @@ async def run(args: argparse.Namespace) -> None:
     from gpusched.adapters.follower import FollowerOptions, LogFollower
     from gpusched.adapters.kafka_admin import TopicNames
     from gpusched.adapters.kafka_security import KafkaConnection
+    from gpusched.adapters.metrics import setup_metrics
     from gpusched.adapters.relay import Relay
     from gpusched.adapters.work_writer import WorkViewWriter
     from gpusched.adapters.service import connect, instance_id, stop_event
@@ -27,6 +28,7 @@ async def run(args: argparse.Namespace) -> None:
     follower = LogFollower(conn, topics, me, dead_letters,
                            FollowerOptions(freeze_state=True, parallel_replay_min=settings.parallel_replay_min),
                            on_event=views.on_event if views is not None else None)
+    setup_metrics("gpusched-relay", follower)
     await follower.start()
     await follower.caught_up()
     relay = Relay(conn, topics, settings.partitions, follower, publisher, dead_letters, me)

@@ -98,8 +98,8 @@ async def read_range(bootstrap: Where, topic: str, partition: int, start: int, e
     the binary stream ``out``."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
-    from gpusched.adapters.codec import DecodeError, decode_flat
-    from gpusched.adapters.flat import forget_strings
+    from gpusched.adapters.codec import DecodeError, NewerLogSchema, decode_flat
+    from gpusched.adapters.flat import NEWER_SCHEMA, forget_strings
 
     consumer = AIOKafkaConsumer(**client_args(bootstrap), enable_auto_commit=False,
                                 max_partition_fetch_bytes=16 << 20, fetch_max_bytes=64 << 20,
@@ -125,6 +125,8 @@ async def read_range(bootstrap: Where, topic: str, partition: int, start: int, e
                         item = decode_flat(record.value)
                     except DecodeError as exc:
                         item = (-1, str(exc), record.key, record.value)
+                    except NewerLogSchema as exc:   # the follower stops on it (fold.fold_flat)
+                        item = (NEWER_SCHEMA, exc.schema, exc.producer)
                     offsets.append(record.offset)
                     items.append(item)
                     if len(items) >= FRAME_EVENTS:

@@ -5,7 +5,7 @@ plan per class, built once from the dataclass's type hints, serves every event t
 nested dataclasses map to messages, tuples to repeated fields, enums to the prefixed
 proto enum values (``JobPhase.RUNNING`` <-> ``JOB_PHASE_RUNNING``), and node labels to
 a proto map. A new event needs its dataclass, its proto message and a line in
-``EVENT_TYPES``; nothing here.
+``EVENT_TYPES``; nothing here. A record of a newer log schema stops the reader (log_schema).
 """
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from typing import Any, Callable
 from gpusched.adapters import flat
 from gpusched.core import events as ev
 from gpusched.core import model
+from gpusched.adapters.log_schema import LOG_SCHEMA, NewerLogSchema
 from gpusched.v1 import events_pb2, types_pb2
 
 _ENVELOPE_FIELDS = ("event_id", "time", "producer")
@@ -130,7 +131,7 @@ def _oneof_name(cls_name: str) -> str:
 def encode(event: ev.Event, pool: str, trace_context: dict[str, str] | None = None) -> bytes:
     env = events_pb2.EventEnvelope(
         event_id=event.event_id, type=type(event).__name__, time=event.time,
-        pool=pool, producer=event.producer,
+        pool=pool, producer=event.producer, schema=LOG_SCHEMA,
     )
     if trace_context:
         env.trace_context.update(trace_context)
@@ -146,6 +147,8 @@ def _parse_envelope(data: bytes) -> events_pb2.EventEnvelope:
         env.ParseFromString(data)
     except Exception as exc:  # protobuf raises DecodeError or RuntimeError variants
         raise DecodeError(f"not an EventEnvelope: {exc}") from None
+    if env.schema > LOG_SCHEMA:
+        raise NewerLogSchema(env.schema, env.producer)
     return env
 
 

@@ -31,6 +31,9 @@ from gpusched.core import model
 # Type codes are positions in this tuple: both processes run the same code.
 EVENT_CLASSES: tuple[type[ev.Event], ...] = tuple(ev.EVENT_TYPES.values())
 _CODES = {cls: code for code, cls in enumerate(EVENT_CLASSES)}
+# Negative codes are records that are no event: -1 did not decode (-1, reason, key, value);
+# NEWER_SCHEMA is of a newer log schema (NEWER_SCHEMA, schema, producer), which stops the folder.
+NEWER_SCHEMA = -2
 
 _INTERNED = frozenset({model.GpuSlot, model.WorkerResources})
 INTERN_LIMIT = 4096

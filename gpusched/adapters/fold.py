@@ -47,6 +47,8 @@ async def fold_records(name: str, state: ClusterState, records, on_event: OnEven
             state.offset = last = offset
             await dead_letters.put(record, str(exc))
             continue
+        except codec.NewerLogSchema as exc:   # stops the process: never folded, never skipped
+            raise exc.at(f"{record.topic}[{record.partition}]@{offset}") from None
         try:
             outcome = fold(state, event)
         except Exception as exc:  # a reducer bug must not stop the service
@@ -77,6 +79,8 @@ def fold_flat(name: str, topic: str, partition: int, state: ClusterState, offset
             if offset <= last:
                 continue
             code = item[0]
+            if code == flat.NEWER_SCHEMA:   # (NEWER_SCHEMA, schema, producer): stops the process
+                raise codec.NewerLogSchema(item[1], item[2], f"{topic}[{partition}]@{offset}")
             if code < 0:   # did not decode: (-1, reason, key, value)
                 state.offset = last = offset
                 dead.append((DeadRecord(topic, partition, offset, item[2], item[3]), item[1]))

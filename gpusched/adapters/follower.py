@@ -35,9 +35,11 @@ from gpusched.adapters.fold import OnEvent, fold_records
 from gpusched.adapters.gc_pacing import GC_PAUSE_MIN, gc_paused
 from gpusched.adapters.kafka_admin import TopicNames
 from gpusched.adapters.kafka_security import Where, client_args
+from gpusched.adapters.log_schema import NewerLogSchema
 from gpusched.adapters.parallel_catchup import CatchUps
 from gpusched.adapters.publisher import DeadLetters, Position
 from gpusched.adapters.restore import SnapshotLoad, restore
+from gpusched.adapters.service import stop_failing
 from gpusched.adapters.snapshots import SnapshotStore
 from gpusched.config import PARALLEL_REPLAY_MIN
 from gpusched.core.state import ClusterState
@@ -228,7 +230,12 @@ class LogFollower:
                     log.exception("%s: fetch failed; retrying", self.name)
                     await asyncio.sleep(0.5)
                     continue
-                applied, size, rebuilt = await self._fold_batches(batches)
+                try:
+                    applied, size, rebuilt = await self._fold_batches(batches)
+                except NewerLogSchema as exc:   # folds nothing more: the service stops, saying why
+                    if not stop_failing(str(exc)):
+                        raise
+                    return
                 replaying = size >= GC_PAUSE_MIN
                 if replaying and rebuilt and self.options.freeze_state:
                     # Before the GC runs again: otherwise its next collections scan the

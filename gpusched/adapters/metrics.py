@@ -45,6 +45,21 @@ RPC_SECONDS = METER.create_histogram(
     explicit_bucket_boundaries_advisory=[0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5])
 RPC_ERRORS = METER.create_counter("gpusched.rpc.server.errors",
                                   description="gRPC calls answered with a status other than OK")
+# From a second to a day: how long jobs wait to be placed, the fair-share queue's figure per team.
+QUEUE_WAIT = METER.create_histogram(
+    "gpusched.queue.wait", unit="s", description="time from entering the queue to being placed, per team and pool "
+    "(folded by admission)", explicit_bucket_boundaries_advisory=[1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200,
+                                                                  14400, 43200, 86400])
+_gpus_used: dict[tuple[str, str], float] = {}   # (pool, node) -> GPUs busy in its latest usage sample
+
+
+def _used() -> Iterable[Observation]:
+    return [Observation(v, {"pool": pool, "node": node}) for (pool, node), v in _gpus_used.items()]
+
+
+METER.create_observable_gauge("gpusched.gpus.used", [lambda options: _used()],
+                              description="GPUs kept busy by their workers in a node's latest usage sample "
+                                          "(SM fraction x the workers' parts of their GPUs), per pool and node")
 
 
 def setup_metrics(service: str, follower=None) -> int:
@@ -157,11 +172,21 @@ def count_outcome(event: ev.Event, result, state) -> None:
     """Count what a folded event means for the cluster (called by one service, admission)."""
     if not result.accepted:
         REJECTIONS.add(1, {"event": type(event).__name__, "reason": result.reason})
+    elif type(event) is ev.JobPlaced:
+        job = state.jobs.get(event.job_id)
+        if job is not None and job.placed_at >= job.pending_since > 0:
+            QUEUE_WAIT.record(job.placed_at - job.pending_since, {"team": job.spec.team, "pool": job.spec.pool})
     elif type(event) is ev.JobPreempted:
         PREEMPTIONS.add(1, {"cause": event.reason or "unspecified"})
     elif type(event) is ev.GpuHealthChanged and not event.healthy:
         node = state.nodes.get(event.node)
         GPU_FAULTS.add(1, {"pool": node.info.pool if node is not None else ""})
+
+
+def usage_sampled(pool: str, node: str, gpus_busy: float) -> None:
+    """A node's latest usage sample (the node-agent's): GPUs its workers kept busy."""
+    global _gpus_used
+    _gpus_used = {**_gpus_used, (pool, node): gpus_busy}   # replaced whole: the scrape's thread reads it
 
 
 def rpc_done(method: str, seconds: float, code: str) -> None:

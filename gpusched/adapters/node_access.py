@@ -182,18 +182,34 @@ def salted_upsertion(user: str, password: str, mechanism: str = "SCRAM-SHA-512")
     return (user, code, SCRAM_ITERATIONS, salt, salted, {})
 
 
-async def set_scram_password(admin_connection: Where, user: str, password: str) -> None:
-    """Create or update a SCRAM user (the connection's mechanism); needs the admin."""
+async def set_scram_password(admin_connection: Where, user: str, password: str, mechanism: str = "") -> None:
+    """Create or update a SCRAM user's credential of ``mechanism`` (default: the
+    connection's), leaving its credential of the other mechanism as it is; needs the admin."""
     conn = connection(admin_connection)
     admin = AIOKafkaAdminClient(**client_args(conn), request_timeout_ms=15000)
     try:
         await admin.start()
-        reply = await admin._send_request(_Upsert([salted_upsertion(user, password, conn.sasl_mechanism)]))
+        reply = await admin._send_request(_Upsert([salted_upsertion(user, password, mechanism or conn.sasl_mechanism)]))
     finally:
         await admin.close()
     for name, code, message, _ in reply.results:
         if code:
             raise PermissionError(f"creating Kafka user {name}: {for_code(code).__name__}: {message}")
+
+
+async def add_service_user(admin_connection: Where, principal: str, password: str = "", mechanism: str = "",
+                           timeout_s: float = 30.0) -> str:
+    """As the admin: a service's SCRAM credential of ``mechanism`` (default: the admin
+    connection's) with ``password`` (a random one when empty), once every broker takes the
+    login; returns the password. Its ACLs are the deployment's (``grant_service_acls``).
+    Setting the other mechanism's credential leaves this one working: how a service's
+    password is rotated without a moment in which neither logs in (docs/deploying.md)."""
+    admin = connection(admin_connection)
+    password = password or secrets.token_hex(16)
+    await set_scram_password(admin, principal, password, mechanism)
+    login = replace(admin.as_user(principal, password), sasl_mechanism=mechanism or admin.sasl_mechanism)
+    await _until_login_works(login, timeout_s)
+    return password
 
 
 async def _until_login_works(conn: KafkaConnection, timeout_s: float) -> None:

@@ -21,6 +21,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from gpusched.adapters import catchup
 from gpusched.adapters.fold import OnEvent, fold_flat
+from gpusched.adapters.log_schema import NewerLogSchema
 from gpusched.adapters.kafka_security import Where
 from gpusched.adapters.publisher import DeadLetters
 from gpusched.core.state import ClusterState
@@ -95,6 +96,9 @@ class CatchUps:
                     self._on_progress(partition, state.offset)
         except asyncio.CancelledError:
             raise
+        except NewerLogSchema as exc:   # the consumer folds on from here: it stops the service on that record
+            run["error"] = str(exc)
+            return
         except Exception as exc:
             run["error"] = repr(exc)
             log.warning("%s: parallel catch-up of partition %d stopped at offset %d (%r); the consumer goes on "

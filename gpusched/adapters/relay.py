@@ -246,6 +246,8 @@ def triage(node: str, value: bytes | None, states: dict[int, ClusterState], part
         event, envelope = codec.decode(value or b"")
     except codec.DecodeError as exc:
         return Verdict(reason=f"does not decode: {exc}")
+    except codec.NewerLogSchema as exc:   # a node-agent upgraded before its relay: its report waits in letters
+        return Verdict(reason=f"refused: {exc}")
     pool = envelope.pool
     state = states.get(partition_for(pool, partitions))
     if state is None:

@@ -61,12 +61,30 @@ async def _wait_for_broker(conn: KafkaConnection, seconds: float, instance: str)
         client_log.setLevel(level)
 
 
+_stop: asyncio.Event | None = None   # the service's, once stop_event() made it
+failure = ""   # why the service stopped itself (stop_failing): the process then exits with code 1
+
+
 def stop_event() -> asyncio.Event:
-    stop = asyncio.Event()
+    global _stop
+    stop = _stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     return stop
+
+
+def stop_failing(why: str) -> bool:
+    """Stop this service the clean way, as SIGTERM does, and have its process exit with
+    code 1 after printing ``why`` as its last line (gpusched.commands.run); False when no
+    service's stop event runs in this process (the caller raises then)."""
+    global failure
+    if _stop is None:
+        return False
+    failure = why
+    log.critical("%s; stopping", why)
+    _stop.set()
+    return True
 
 
 async def every(interval: float, stop: asyncio.Event, action) -> None:

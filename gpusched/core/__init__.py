@@ -6,7 +6,7 @@ the simulator is a figure of the production code and two replicas that applied t
 log prefix hold the same state (see ``digest``).
 
 Importing the package picks how its reducer modules are loaded: compiled by mypyc when
-``deploy/build_native.py`` built them for these very sources, else the ``.py`` files
+the package build (or ``deploy/build_parts.py``) built them for these very sources, else the ``.py`` files
 (``gpusched.native``). Both fold a log to the same state (tests/unit/core/test_native.py).
 """
 from gpusched import native

@@ -7,10 +7,10 @@ Contract:
   acknowledges a heartbeat the agent sent at ``sent_at``. Counting from the send time,
   not the acknowledgement, keeps the lease on the safe side: the scheduler cannot
   have seen the node alive later than that heartbeat.
-* Every worker's shim (``shim.py``) reads the file on its own and fences its workload
+* Every worker's shim (``shim.c``) reads the file on its own and fences its workload
   (SIGTERM, then SIGKILL after its kill-wait) once ``time.time()`` passes the expiry,
   so a frozen or dead agent stops renewing and its work ends by itself. A workload
-  never outlives ``expiry + kill_wait + poll`` (see ``shim.py``), which is how long
+  never outlives ``expiry + kill_wait + poll`` (see ``shim.c``), which is how long
   the scheduler waits after the last acknowledged heartbeat before it places the job
   elsewhere.
 * ``revoke()`` expires the lease now, e.g. when the node learns it was declared lost.
@@ -18,21 +18,23 @@ Contract:
   work on a lease it cannot read.
 
 Shims and agent share one host, hence one clock; the file is replaced atomically, so a
-reader sees the old expiry or the new one, never a half-written value. This module
-imports only the standard library: the shim imports it and must start fast.
+reader sees the old expiry or the new one, never a half-written value. ``read_expiry``
+reads the file as the shim does (``read_expiry`` in ``shim.c``).
 """
 from __future__ import annotations
 
 import math
 import os
+import tempfile
 import time
+from pathlib import Path
 
 EXPIRED = 0.0
 
 
 def read_expiry(path: str | os.PathLike) -> float:
     """The lease's expiry (epoch seconds); ``0.0`` when the file is missing or garbled."""
-    try:   # os.open/os.read, not open(): a shim reads this each loop, and text I/O costs more
+    try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         try:
             data = os.read(fd, 64)
@@ -48,8 +50,6 @@ class NodeLease:
     """The writer's side: the agent renews and revokes the lease file at ``path``."""
 
     def __init__(self, path: str | os.PathLike) -> None:
-        from pathlib import Path   # here, not at the top: the shim reads leases and starts without it
-
         self.path = Path(path)
 
     def renew(self, until: float) -> None:
@@ -66,8 +66,6 @@ class NodeLease:
         return read_expiry(self.path)
 
     def _write(self, until: float) -> None:
-        import tempfile   # the writer's alone (see NodeLease.__init__)
-
         # temp file in the same folder + os.replace: readers never see a partial value
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".lease-", dir=self.path.parent)

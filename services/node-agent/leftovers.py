@@ -12,6 +12,7 @@ id may itself contain dashes, the two numbers may not.
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -23,7 +24,7 @@ from typing import Callable, NamedTuple
 from gpusched.core.model import EXIT_LOST
 from gpusched_node_agent.runner import (STATUS_FILE, WorkerExit, check_seconds, exit_from_status, group_alive,
                                         read_status)
-from gpusched_node_agent.shim import boot_id, proc_stat, write_json
+from gpusched_node_agent.proc_info import boot_id, proc_stat
 
 log = logging.getLogger("gpusched.node_agent")
 POLL_S = 0.02
@@ -122,8 +123,8 @@ class _Leftover:
     def _record(self, end: WorkerExit) -> None:
         """Write the end into the status, so the worker is not reported twice."""
         self.end = end
-        write_json(str(self.path), {**self.status, "ended_at": time.time(), "exit_code": None if end.signal else
-                                    end.exit_code, "signal": end.signal, "fenced": False, "reason": end.reason})
+        _write_status(self.path, {**self.status, "ended_at": time.time(), "exit_code": None if end.signal else
+                                  end.exit_code, "signal": end.signal, "fenced": False, "reason": end.reason})
 
     def lost(self, reason: str) -> None:
         self._record(WorkerExit(EXIT_LOST, 0, reason=reason))
@@ -202,6 +203,13 @@ def _same_process(pid, started) -> bool:
         return not os.path.isdir("/proc/self")
     state, start = stat
     return state not in "ZX" and (started is None or start == started)
+
+
+def _write_status(path: Path, status: dict) -> None:
+    """Replace the status file atomically (as the shim does): a reader sees the old or the new."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(status))
+    os.replace(tmp, path)
 
 
 def _signal(send, pid: int, sig: int) -> None:

@@ -23,7 +23,7 @@ from gpusched.adapters.server_security import server_security_from_args
 from gpusched.config import KafkaSettings, NodeAgentSettings, SecuritySettings, kafka_settings, settings_or_exit
 from gpusched.core.model import NodeInfo
 from gpusched.v1 import node_agent_pb2_grpc
-from gpusched_node_agent import launcher
+from gpusched_node_agent import shim_process
 from gpusched_node_agent.agent import NodeAgent, RelayTimeout
 from gpusched_node_agent.api import NodeAgentServicer
 from gpusched_node_agent.devices import MigManager, load_nvml, mps_running
@@ -79,6 +79,8 @@ async def run(args: argparse.Namespace) -> None:
     conn, topics = KafkaConnection.from_settings(settings), TopicNames(settings.topic_prefix)
     own = settings_or_exit(NodeAgentSettings, args)
     rules = usage_rules(own)
+    if real_processes(own) and (why := shim_process.missing()):   # no worker could start: say so now
+        raise SystemExit(f"gpusched-node-agent: {why}")
     security = server_security_from_args(args, own.listen)   # before connecting: a bad setting stops at once
     setup_tracing("gpusched-node-agent")
     try:
@@ -123,8 +125,7 @@ async def run(args: argparse.Namespace) -> None:
         task.cancel()
     await server.stop(grace=1)
     await follower.stop()
-    await publisher.stop()
-    await launcher.shutdown()   # its shims run on, fenced by the lease
+    await publisher.stop()   # the workers' shims run on, fenced by the lease
 
 
 def parser() -> argparse.ArgumentParser:

@@ -20,19 +20,16 @@ from pathlib import Path
 from typing import Awaitable, Callable
 
 if __package__:
-    from . import launcher, native_shim
-else:   # loaded by file path (deploy/gpu_check.py): launcher.py sits beside it
+    from . import shim_process
+else:   # loaded by file path (deploy/gpu_check.py): shim_process.py sits beside it
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import launcher
-    import native_shim
+    import shim_process
 
 
 OnCheckpoint = Callable[[str, float], Awaitable[None]]
 EXIT_TERMINATED = 128 + int(signal.SIGTERM)
 EXIT_KILLED = 128 + int(signal.SIGKILL)
-EXIT_NOT_STARTED = launcher.shim.EXIT_NOT_STARTED   # a workload that never started (exec's 127)
-# run by file path (not -m): it then runs where the package is not installed
-SHIM = Path(__file__).resolve().with_name("shim.py")
+EXIT_NOT_STARTED = 127   # a workload that never started (exec's 127; the shim's EXIT_NOT_STARTED)
 STATUS_FILE = "shim.json"
 
 
@@ -114,9 +111,8 @@ class SimulatedRun:
 
 
 class ProcessRun:
-    """A real workload, run under its shim in a session of its own: the compiled shim
-    (``shim.c``) spawned by the agent where it is built (``native_shim``), else the Python
-    shim (``shim.py``) forked by this agent's launcher (``launcher.py``).
+    """A real workload, run under its worker shim (``shim.c``, spawned by the agent:
+    ``shim_process``) in a session of its own.
 
     The shim starts the workload, forwards a stop (SIGTERM, then SIGKILL after
     ``kill_wait``), fences it when the lease at ``lease_path`` runs out (no lease: never
@@ -131,10 +127,7 @@ class ProcessRun:
     before ``wait`` returns."""
 
     POLL_S = 0.5            # checkpoint file
-    # status file, while the shim starts the workload: the launcher tells when it is
-    # written, so this poll only serves when the launcher went meanwhile
-    START_POLL_S = 0.1
-    START_TIMEOUT_S = 30.0
+    START_TIMEOUT_S = 30.0  # for the shim's word that it started the workload (or could not)
     STOP_MARGIN_S = 3.0     # past the shim's own kill deadline before the agent steps in
     GONE_TIMEOUT_S = 10.0
 
@@ -159,27 +152,20 @@ class ProcessRun:
         self.kill_wait = kill_wait
         self.poll = poll
         self.pid: int | None = None             # the workload's (its group's id too)
-        self._proc: launcher.ShimProcess | None = None   # the shim
+        self._proc: shim_process.ShimProcess | None = None   # the shim
         self._seen = ""
         self._backstop = ""                     # why the agent had to kill, if it did
         self._stop_asked = False
-        self.native = native_shim.available()   # which shim: the same contract either way
-
-    def shim_settings(self) -> dict:
-        """The shim's settings, as ``shim.run`` takes them (checked in ``__init__``)."""
-        lease = str(Path(self.lease_path).absolute()) if self.lease_path is not None else None
-        return {"command": list(self.command), "status": str(self.status_file), "lease": lease,
-                "kill_wait": float(self.kill_wait), "poll": float(self.poll)}
 
     def shim_args(self) -> list[str]:
-        """The shim's arguments (as ``python -S shim.py ARGS`` and the compiled shim take them)."""
+        """The shim's arguments (``gpusched-shim ARGS``; checked in ``__init__``)."""
         lease = ["--lease", str(Path(self.lease_path).absolute())] if self.lease_path is not None else []
         return [*lease, "--kill-wait", repr(float(self.kill_wait)), "--poll", repr(float(self.poll)),
                 "--status", str(self.status_file), "--", *self.command]
 
     async def start(self) -> None:
         """Start the shim and return once it started the workload; OSError when it could not.
-        The launcher makes the worker's folder (and removes an earlier status file)."""
+        The shim makes the worker's folder (and removes an earlier status file)."""
         if self.devices is not None:
             self.env.update(self.devices.acquire())
         try:
@@ -188,28 +174,16 @@ class ProcessRun:
             self._release()
             raise
 
-    async def _launch_shim(self) -> launcher.ShimProcess:
-        try:
-            return await asyncio.wait_for(self._new_shim(), self.START_TIMEOUT_S)
-        except asyncio.TimeoutError:
-            self._kill_from_status()
-            raise OSError(f"no worker shim started within {self.START_TIMEOUT_S:g}s") from None
-        except OSError:
-            # the launcher died mid-launch: a shim it may have forked must not run unseen
-            self._kill_from_status()
-            raise
-
-    async def _new_shim(self) -> launcher.ShimProcess:
-        """The compiled shim spawned here, or the Python one forked by the launcher."""
-        if self.native:
-            return await native_shim.spawn(self.shim_args(), self.env, str(self.workdir))
-        return await (await launcher.launcher()).launch(self.shim_settings(), self.env, str(self.workdir))
-
     async def _start_shim(self) -> None:
-        self._proc = await self._launch_shim()
+        self._proc = await shim_process.spawn(self.shim_args(), self.env, str(self.workdir))
         status = await self._started_status()
-        if status is None:
-            raise OSError(f"the worker shim ended with code {self._proc.returncode} before starting {self.command[0]}")
+        if status is None:   # the shim ended, or is ending, without a status file
+            try:
+                code = await asyncio.wait_for(asyncio.shield(self._proc.wait()), self.GONE_TIMEOUT_S)
+            except asyncio.TimeoutError:
+                self._proc.kill()
+                code = await self._proc.wait()
+            raise OSError(f"the worker shim ended with code {code} before starting {self.command[0]}")
         pid = status.get("pid")
         if not isinstance(pid, int) or pid <= 1:
             await self._proc.wait()
@@ -218,34 +192,16 @@ class ProcessRun:
         if self._stop_asked:   # stop() came while the shim was starting: pass it on now
             self._proc.send_signal(signal.SIGTERM)
 
-    def _kill_from_status(self) -> None:
-        status = read_status(self.status_file) or {}
-        for key in ("pid", "shim_pid"):   # each leads a group of its own
-            if isinstance(status.get(key), int) and status[key] > 1:
-                _signal_group(status[key], signal.SIGKILL)
-
     async def _started_status(self) -> dict | None:
-        deadline = time.monotonic() + self.START_TIMEOUT_S
-        word = self._proc.written
-        # Before the launcher's word the file is not there yet: no read (an open that
-        # fails costs an exception), unless the wait for the word timed out.
-        waited_out = word is None or word.done()
-        while (left := deadline - time.monotonic()) > 0:
-            if word is not None and word.done() and isinstance(word.result(), dict):
-                return word.result()      # the workload's pid, as the launcher passed it on: no read
-            if waited_out or word.done() or self._proc.ended:
-                status = read_status(self.status_file)
-                if status is not None or self._proc.ended:
-                    return status
-            # the launcher's word that the shim wrote it, or the shim's end; the file is
-            # read again after at most START_POLL_S in case no word can come any more
-            ended = asyncio.ensure_future(self._proc.wait())
-            waits = [ended] + ([] if word is None or word.done() else [word])
-            done, _ = await asyncio.wait(waits, timeout=min(left, self.START_POLL_S),
-                                         return_when=asyncio.FIRST_COMPLETED)
-            waited_out = waited_out or not done
-        self._proc.kill()
-        raise OSError(f"the worker shim did not start {self.command[0]} within {self.START_TIMEOUT_S:g}s")
+        """The workload's pid as the shim wrote it on its pipe; else (nothing started) the
+        status file, or None when the shim ended without writing one."""
+        try:
+            word = await asyncio.wait_for(asyncio.shield(self._proc.written), self.START_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            self._proc.kill()
+            raise OSError(f"the worker shim did not start {self.command[0]} within {self.START_TIMEOUT_S:g}s") \
+                from None
+        return word if isinstance(word, dict) else read_status(self.status_file)
 
     async def wait(self) -> WorkerExit:
         while True:
@@ -269,7 +225,7 @@ class ProcessRun:
         # The shim died without recording the end (killed): the workload has lost its
         # fence, so it is killed here and reported only once it is really gone.
         if shim_code is None:
-            shim = "ended after its launcher (exit code unknown)"
+            shim = "ended (exit code unknown)"
         else:
             shim = f"killed by signal {-shim_code}" if shim_code < 0 else f"exited with code {shim_code}"
         if self.pid is not None:
@@ -298,7 +254,7 @@ class ProcessRun:
         kill-wait; the agent kills both itself only if the shim overstays that."""
         self._stop_asked = True
         proc = self._proc
-        if proc is None or proc.ended:
+        if proc is None or proc.ended or self.pid is None:   # still starting: the start passes it on
             return
         try:
             proc.send_signal(signal.SIGTERM)

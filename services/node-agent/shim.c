@@ -1,18 +1,42 @@
-/* The worker shim compiled: what ``python -S shim.py`` does (shim.py states the contract:
- * the status file, stop forwarding, fencing by the lease, the exit code), as a small C
- * program the agent starts with posix_spawn. A Python shim forked per worker costs its
- * copy-on-write page faults (~3 ms of CPU a launch); this one ~0.5 ms. The same tests run
- * both (tests/unit/node_agent/test_shim.py); deploy/setup.sh builds this one into
- * build/gpusched-shim, and the agent falls back to the Python shim where it is not built.
+/* The worker shim ("gpusched-shim"): one small process per worker, between the node-agent
+ * and the workload, that ends the workload on its own when the node's lease runs out.
+ * The agent spawns it with posix_spawn (shim_process.py); the package build, or
+ * deploy/setup.sh in a checkout, compiles it beside shim_process.py.
  *
  *   gpusched-shim [--lease PATH] --kill-wait S --status PATH [--poll S]
  *                 [--cwd DIR] [--written-fd N] -- CMD ARGS...
  *
- * Beyond shim.py's arguments: --cwd, the worker's folder, made (with its parents) and
- * entered before anything else, after an earlier run's status file in it is removed;
- * --written-fd, a pipe on which the workload's pid (nothing when it did not start) is
- * written once the first status is, then closed, so the agent need not read the file.
- * Linux only (prctl, /proc). */
+ * - --cwd DIR: the worker's folder, made (with its parents) and entered first; an
+ *   earlier run's status file in it is removed before anything starts.
+ * - Starts CMD in a new session (its own process group, whose id is its pid) with the
+ *   shim's environment, every signal at its default and none blocked.
+ * - Writes the status file (JSON, replaced atomically) right after the start:
+ *   shim_pid, pid, pgid, command, lease, kill_wait, poll, boot_id, shim_start,
+ *   started_at, pid_start; at the end it adds ended_at, exit_code, signal, fenced,
+ *   reason (exit_code is the workload's code, null when a signal ended it; signal is
+ *   that signal or 0). A workload that cannot start gets pid null and exit code 127.
+ * - --written-fd N: a pipe on which the workload's pid (nothing when it did not start)
+ *   is written once the first status is, then closed, so the agent reads no file.
+ * - SIGTERM or SIGINT to the shim: SIGTERM to the workload's group, SIGKILL to the group
+ *   --kill-wait seconds later if it is still there.
+ * - Fencing: the shim reads the lease (lease.py: an expiry in epoch seconds as text)
+ *   and sleeps until that expiry or --poll, whichever is sooner (the agent may renew or
+ *   revoke it meanwhile). Once the clock passes the expiry it stops the group the same
+ *   way and marks the end fenced. Hence the bound the scheduler relies on to place the
+ *   job elsewhere:  a workload never runs past  lease expiry + kill_wait + poll  (plus
+ *   the moment the kernel takes to deliver SIGKILL). A lease that has already expired
+ *   when the shim starts means the workload never starts.
+ * - When the workload's leader exits, whatever is left of its group is stopped the same
+ *   way; the shim exits once the whole group is gone, with a code that mirrors the
+ *   workload's (128 + signal when a signal ended it). Bad arguments: exit code 2, with
+ *   the field named on stderr.
+ *
+ * The shim depends on nothing from the agent once started: in its own session it keeps
+ * working (and fencing) when the agent is frozen (SIGSTOP) or killed. It makes itself
+ * the child subreaper, so the workload's orphaned children are reaped here and never
+ * linger as zombies that would look like a live group. A process that leaves the group
+ * (its own setsid) escapes the shim; containing that takes a cgroup. Linux only (prctl,
+ * /proc). Tests: tests/unit/node_agent/test_shim.py and test_shim_process.py. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>

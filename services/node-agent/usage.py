@@ -15,6 +15,7 @@ import time
 import uuid
 
 from gpusched.adapters.gpu_usage import NvmlSampler, RunningWorker, SimulatedSampler, UsageRule, parse_usage_rule
+from gpusched.adapters.metrics import usage_sampled
 from gpusched.adapters.reports import KIND_HEADER, USAGE_KIND
 from gpusched.adapters.usage_records import GpuSample, WorkerUsage, encode_usage
 from gpusched.config import NodeAgentSettings
@@ -99,6 +100,8 @@ async def publish_usage(agent, sampler, last: dict[Key, float], interval_s: floa
     now = time.time()
     readings = await asyncio.to_thread(sampler.read, workers)   # NVML calls block
     records = usage_records(agent.info, workers, readings, last, now, interval_s, sampler.simulated)
+    usage_sampled(agent.info.pool, agent.name, sum(g.milli * g.sm_percent / 100 for r in records for g in r.gpus
+                                                   if g.measured) / 1000)
     # On the node's own report topic: the relay forwards them to <prefix>usage once it
     # checked they are about this node (docs/kafka-security.md).
     topic, key, headers = agent.report_topic, agent.name.encode(), [(KIND_HEADER, USAGE_KIND)]

@@ -9,7 +9,6 @@ the end each worker's shim recorded after reaping it, never the log's own releas
 from __future__ import annotations
 
 import asyncio
-import gc
 import json
 import os
 import signal
@@ -298,40 +297,3 @@ async def test_a_restarted_agent_reports_gone_only_what_it_does_not_run(kafka_bo
     for e in gone:   # reported gone by the new agent: run by the old one only
         assert e.job_id in fillers and e.attempt == 0, e
     assert check_log(log).violations == []
-
-
-
-async def test_a_clean_stop_ends_and_reaps_the_agents_launcher(kafka_bootstrap, topics, tmp_path, monkeypatch):
-    """The launcher that forks the shims is ended and reaped by the agent's clean stop,
-    before the agent's run returns: not left to go only when the process does. The agent
-    runs in this process, so its launcher is seen right as its run returns. (The launcher
-    forks the Python shim: the agent runs it here even where the compiled one is built.)"""
-    from gpusched_node_agent import launcher, main as agent_main, native_shim
-    monkeypatch.setattr(native_shim, "_available", False)
-    cluster = LocalCluster(kafka_bootstrap, topics, tmp_path / "logs")
-    callbacks = list(gc.callbacks)
-    try:
-        admission = await cluster.admission()
-        await cluster.placer()
-        for name, value in cluster._env(await cluster.add_node("node-0")).items():
-            monkeypatch.setenv(name, value)
-        args = agent_main.parser().parse_args([
-            "--name", "node-0", "--simulate", "1xH100-80GB", "--run-processes", "--state-dir", str(tmp_path / "node-0"),
-            "--lease", str(LEASE_S), "--grace", str(KILL_WAIT_S), "--heartbeat-interval", str(BEAT_S)])
-        agent = asyncio.create_task(agent_main.run(args))
-        client = Client(f"127.0.0.1:{admission.port}")
-        await _node_ready(client, "node-0")
-        job = (await client.submit(spec("one", "research", gpus=1, command=("true",)))).job.job_id
-        assert (await client.wait_terminal({job}, 60))[0].phase == SUCCEEDED
-        await client.close()
-        forked_it = launcher._current
-        assert forked_it is not None and forked_it.process.returncode is None
-        os.kill(os.getpid(), signal.SIGTERM)          # the agent's stop signal (its loop handles it)
-        await asyncio.wait_for(agent, 30)
-    finally:
-        await cluster.stop_all()
-        # The agent ran in this process: its GC pacer and what its follower froze
-        # (adapters.gc_pacing, adapters.follower) must not outlive the test.
-        gc.callbacks[:] = callbacks
-        gc.unfreeze()
-    assert forked_it.process.returncode == 0 and launcher._current is None

@@ -1,7 +1,7 @@
 """The package's import graph keeps its layers (docs/architecture.md, "Where the code lives"):
 no import cycles, and no arrow upward in
 
-    gpusched.native, gpusched.config  <-  gpusched.core  <-  gpusched.policies
+    gpusched.native, gpusched.config, gpusched.version  <-  gpusched.core  <-  gpusched.policies
         <-  gpusched.adapters (and the generated gpusched.v1)  <-  the rest of gpusched
         (entry points, consumers, simulator)  <-  services/*
 
@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 KNOWN_CYCLES: dict[str, frozenset[str]] = {}   # none: a cycle added here needs its reason
 
 # Rank of each layer: a module may import only modules of its own rank or below.
-RANKS = {"gpusched.native": 0, "gpusched.config": 0, "gpusched.core": 1, "gpusched.policies": 2,
+RANKS = {"gpusched.native": 0, "gpusched.config": 0, "gpusched.version": 0, "gpusched.core": 1, "gpusched.policies": 2,
          "gpusched.adapters": 3, "gpusched.v1": 3}
 ENTRY_RANK = 4      # the rest of gpusched: CLI, consumers, simulator, local cluster
 SERVICE_RANK = 5    # services/* (packages gpusched_<service>)

@@ -119,3 +119,23 @@ def test_a_scrape_skips_the_gauges_when_the_loop_is_busy(monkeypatch):
         loop.call_soon_threadsafe(loop.stop)
         thread.join(5)
         loop.close()
+
+
+def test_a_placement_records_the_jobs_wait_in_the_queue_by_team_and_pool(reader):
+    log = Log(make_node("n1", gpus=2))
+    assert log.submit("w", team="search", gpus=1).accepted          # pending since t=2
+    log.now += 37.0
+    placed = log.place("w", ("n1", whole(0)))                       # placed at t=40
+    metrics.count_outcome(log.events[-1], placed, log.state)
+    point = next(p for rm in reader.get_metrics_data().resource_metrics for sm in rm.scope_metrics
+                 for m in sm.metrics if m.name == "gpusched.queue.wait"
+                 for p in m.data.data_points if p.attributes == {"team": "search", "pool": "default"})
+    assert (point.count, point.sum) == (1, 38.0)
+
+
+def test_a_nodes_usage_sample_is_the_gpus_its_workers_keep_busy(reader):
+    metrics.usage_sampled("default", "n1", 3.5)
+    metrics.usage_sampled("default", "n1", 2.25)   # the latest sample counts
+    metrics.usage_sampled("a100", "n2", 1.0)
+    assert points(reader, "gpusched.gpus.used") == {(("node", "n1"), ("pool", "default")): 2.25,
+                                                    (("node", "n2"), ("pool", "a100")): 1.0}

@@ -100,7 +100,7 @@ sys.stdin.read()
 
 
 def test_cpu_seconds_counts_live_descendants_once():
-    """A node-agent's launcher and shims live through a run: their CPU is the agent's."""
+    """A node-agent's shims live through a run: their CPU is the agent's."""
     import subprocess
     parent = subprocess.Popen([sys.executable, "-S", "-c", _TREE], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:

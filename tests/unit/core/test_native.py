@@ -72,7 +72,7 @@ def test_compiled_and_plain_reducers_fold_the_same_log_outcome_for_outcome() -> 
 
 @pytest.mark.parametrize("env, stamp, expect", [
     ("0", "matching", "pure Python: GPUSCHED_NATIVE=0"),
-    ("1", None, "pure Python: not built"),
+    ("1", None, "pure Python: not compiled"),
     ("1", "stale", "pure Python: the build is for other sources"),
     ("1", "matching", COMPILED),
 ])

@@ -9,13 +9,12 @@ import sys
 import time
 from pathlib import Path
 
-from gpusched_node_agent import native_shim
-from gpusched_node_agent.runner import SHIM, read_status
+from gpusched_node_agent import shim_process
+from gpusched_node_agent.runner import read_status
 
 REPO = Path(__file__).resolve().parents[3]
 RECORDER = REPO / "tests" / "workloads" / "recorder.py"
 GPU = "GPU-test-0"
-SHIM_KIND = "python"   # which shim ``start_shim`` runs: "python" or "native" (the ``shim_kind`` fixture)
 
 
 def recorder(*args: str) -> list[str]:
@@ -33,8 +32,8 @@ def start_shim(workdir: Path, command: list[str], *, lease: Path | None = None, 
 
 
 def shim_program() -> list[str]:
-    """The shim ``SHIM_KIND`` names, as a command line's start."""
-    return [str(native_shim.BINARY)] if SHIM_KIND == "native" else [sys.executable, str(SHIM)]
+    """The shim, as a command line's start."""
+    return [str(shim_process.BINARY)]
 
 
 def shim_command(workdir: Path, command: list[str], lease: Path | None, kill_wait: float, poll: float) -> list[str]:

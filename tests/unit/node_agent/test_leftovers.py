@@ -16,12 +16,11 @@ from gpusched.core.model import EXIT_LOST
 from gpusched_node_agent import leftovers
 from gpusched_node_agent.leftovers import WorkerDir, kill_leftovers, parse_worker_dir, worker_dir_name
 from gpusched_node_agent.runner import group_alive, read_status
-from gpusched_node_agent.shim import boot_id, proc_start
+from gpusched_node_agent.proc_info import boot_id, proc_start
 from tests.unit.node_agent.procs import ended_status, events, pid_alive, recorder, start_shim, wait_for
 
 KILL_WAIT = 0.3
 
-pytestmark = pytest.mark.usefixtures("shim_kind")   # what each shim leaves behind
 
 
 def _running(path, *args):

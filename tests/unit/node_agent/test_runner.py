@@ -4,7 +4,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import sys
 
 import pytest
 
@@ -14,7 +13,6 @@ from gpusched_node_agent.lease import NodeLease
 from gpusched_node_agent.runner import EXIT_TERMINATED, ProcessRun, SimulatedRun, WorkerExit, group_alive
 from tests.unit.node_agent.procs import events, recorder, wait_for
 
-pytestmark = pytest.mark.usefixtures("shim_kind")   # ProcessRun with either shim
 IDS = {"GPUSCHED_JOB_ID": "job", "GPUSCHED_ATTEMPT": "2", "GPUSCHED_WORKER": "0"}
 NODE = NodeInfo("n1", "default", 8_000, 8_000, tuple(GpuInfo(i, f"GPU-{c}", "H100-80GB", 81_559) for i, c in enumerate("ab")))
 
@@ -140,19 +138,6 @@ async def test_simulated_runs_end_with_the_same_type():
     assert await waiting == WorkerExit(EXIT_TERMINATED, signal.SIGTERM, reason="stopped on request")
 
 
-def test_the_shim_runs_by_path_without_the_package(tmp_path):
-    """deploy/gpu_check.py loads runner.py without installing the package: the shim it
-    starts must run from its file alone (-S: no site-packages, so no package)."""
-    import subprocess
-    from gpusched_node_agent.runner import SHIM
-    assert subprocess.run([sys.executable, "-I", "-S", "-c", "import gpusched_node_agent"],
-                          capture_output=True, timeout=10).returncode != 0
-    done = subprocess.run([sys.executable, "-I", "-S", str(SHIM), "--kill-wait", "1",
-                           "--status", str(tmp_path / "s.json"), "--", "sh", "-c", "exit 4"],
-                          capture_output=True, text=True, timeout=10)
-    assert done.returncode == 4, done.stderr
-
-
 @pytest.mark.parametrize("change, field", [
     ({"command": ()}, "command"),
     ({"kill_wait": -1.0}, "kill_wait"),
@@ -168,9 +153,8 @@ def test_bad_parameters_are_refused_naming_the_field(tmp_path, change, field):
 
 
 async def test_a_run_reads_the_status_file_once_at_its_end_and_never_to_start(tmp_path, monkeypatch):
-    """A read before the launcher's word finds no file (a failed open: an exception, on
-    every launch), and the word carries the workload's pid: the start reads nothing, the
-    end reads the file once."""
+    """The shim's word on its pipe carries the workload's pid: the start reads nothing,
+    the end reads the file once."""
     from gpusched_node_agent import runner
     reads: list[bool] = []
     real = runner.read_status

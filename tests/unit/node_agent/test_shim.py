@@ -12,11 +12,10 @@ import time
 import pytest
 
 from gpusched_node_agent.lease import NodeLease
-from gpusched_node_agent.shim import proc_start, proc_stat
+from gpusched_node_agent.proc_info import proc_start, proc_stat
 from tests.unit.node_agent.procs import (GPU, ended_status, events, pid_alive, recorder, shim_command,
                                          shim_program, start_shim, ticking, wait_for)
 
-pytestmark = pytest.mark.usefixtures("shim_kind")   # each test with both shims
 KILL_WAIT, POLL = 0.3, 0.05
 SLACK = 0.5    # scheduling delays on a loaded machine, on top of the bounds under test
 
@@ -88,21 +87,21 @@ def test_renewing_keeps_the_workload_alive_past_several_lease_periods(tmp_path):
     assert status["fenced"] is True and status["ended_at"] - revoked <= POLL + SLACK
 
 
-LAUNCHER = ("import subprocess, sys, time\n"
+PARENT = ("import subprocess, sys, time\n"
             "p = subprocess.Popen(sys.argv[1:], start_new_session=True)\n"
             "print(p.pid, flush=True)\n"
             "time.sleep(600)\n")
 
 
 def test_the_shim_outlives_its_frozen_then_killed_parent_and_still_fences(tmp_path):
-    """The launcher plays the agent: frozen, then killed; the lease is renewed meanwhile
+    """A parent process plays the agent: frozen, then killed; the lease is renewed meanwhile
     (as if by the agent's heartbeats), then no more."""
     lease, period = NodeLease(tmp_path / "lease"), 0.3
     lease.renew(time.time() + 10)
     work = tmp_path / "w"
     work.mkdir()
     env = {**os.environ, "GPUSCHED_RECORD": str(work / "record.jsonl"), "CUDA_VISIBLE_DEVICES": GPU}
-    parent = subprocess.Popen([sys.executable, "-c", LAUNCHER, *shim_command(work, recorder(), lease.path,
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, *shim_command(work, recorder(), lease.path,
                                                                               KILL_WAIT, POLL)],
                               cwd=work, env=env, stdout=subprocess.PIPE, text=True)
     shim_pid = int(parent.stdout.readline())

@@ -20,7 +20,7 @@ from gpusched_node_agent import leftovers
 from gpusched_node_agent.agent import NodeAgent, note_in_log
 from gpusched_node_agent.leftovers import worker_dir_name
 from gpusched_node_agent.runner import group_alive
-from gpusched_node_agent.shim import boot_id
+from gpusched_node_agent.proc_info import boot_id
 from tests.unit.core.builders import Log, make_node, make_spec, whole, workers
 from tests.unit.node_agent.procs import pid_alive
 

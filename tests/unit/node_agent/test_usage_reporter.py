@@ -145,3 +145,14 @@ async def test_a_sampler_that_cannot_start_ends_the_reporter_not_the_agent(caplo
             raise OSError("NVML: driver not loaded")
     await asyncio.wait_for(report_usage(_agent(Publisher(want=1)), Broken(NODE.gpus), 0.01, asyncio.Event()), 10)
     assert "usage sampling unavailable" in caplog.text
+
+
+async def test_each_sample_sets_the_nodes_gpus_used_for_its_metrics():
+    from gpusched.adapters import metrics
+    from gpusched_node_agent.usage import publish_usage
+    agent = _agent(Publisher(want=3))
+    sampler = SimulatedSampler(NODE.gpus, rules=(UsageRule("train-*", 50), UsageRule("gang-*", 100),
+                                                 UsageRule("inf-*", 0)))
+    records = await publish_usage(agent, sampler, {}, 5.0)
+    assert len(records) == 3
+    assert metrics._gpus_used[("default", "n1")] == pytest.approx(2 * 0.5 + 1.0)   # 2 GPUs half busy, 1 whole

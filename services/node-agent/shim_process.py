@@ -1,38 +1,41 @@
-"""The compiled worker shim (``shim.c``, built by deploy/setup.sh into
-``build/gpusched-shim``), started by the agent itself with ``posix_spawn``: no launcher
-process, no Python forked per worker.
+"""The worker shim as the agent runs it: the compiled program ``gpusched-shim`` (built
+from ``shim.c`` beside this file: by the package build, or by deploy/setup.sh in a
+checkout) spawned by the agent itself with ``posix_spawn``, one per worker.
 
 The shim is this agent's child: its end comes through a pidfd on the event loop (no
 thread, no SIGCHLD handler), and its pid cannot be reused before it is reaped here, so
 signals to it never reach a stranger. It writes its workload's pid on a pipe once its
-first status is written, so the agent reads no file for a start. Where the binary is not
-built, or the kernel has no pidfd, ``available()`` is False and the agent forks the
-Python shim through its launcher (``launcher.py``), which behaves the same.
+first status is written, so the agent reads no file for a start. ``missing()`` says
+why the shim cannot run here (the binary is not built, or the kernel has no pidfd);
+the node-agent checks it at start-up and refuses to run real workloads without it.
 """
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import signal
 from pathlib import Path
 
-BINARY = Path(__file__).resolve().with_name("build") / "gpusched-shim"
+BINARY = Path(__file__).resolve().with_name("gpusched-shim")
 WRITTEN_FD = 3   # the shim's end of its "status written" pipe
 # The agent is a Python process: it ignores these, and an ignored signal stays ignored
 # across exec. The shim gives its workload every default anyway; this is for itself.
 _PYTHON_IGNORES = tuple(getattr(signal, name) for name in ("SIGPIPE", "SIGXFSZ") if hasattr(signal, name))
-
-_available: bool | None = None
-
-
-def available() -> bool:
-    """The binary is built, and this kernel has pidfds (Linux 5.3)."""
-    global _available
-    if _available is None:
-        _available = os.access(BINARY, os.X_OK) and _has_pidfd()
-    return _available
+HOW_TO_BUILD = ("install a C compiler and reinstall the package (pip install --force-reinstall --no-binary gpusched "
+                "'gpusched[agent]'), or run deploy/setup.sh in a checkout")
 
 
+def missing() -> str | None:
+    """Why no worker shim can run here, in one line that says what to do; None when it can."""
+    if not os.access(BINARY, os.X_OK):
+        return f"the worker shim {BINARY} is not built: {HOW_TO_BUILD}"
+    if not _has_pidfd():
+        return "the worker shim needs Linux 5.3 or later (pidfd_open): run real workloads on a newer kernel"
+    return None
+
+
+@functools.cache
 def _has_pidfd() -> bool:
     try:
         os.close(os.pidfd_open(os.getpid()))
@@ -41,14 +44,15 @@ def _has_pidfd() -> bool:
     return True
 
 
-class NativeShim:
-    """A shim this agent spawned: the interface of ``launcher.ShimProcess``."""
+class ShimProcess:
+    """A shim this agent spawned, until it is reaped."""
 
     def __init__(self, pid: int, loop: asyncio.AbstractEventLoop, written_r: int) -> None:
-        self.pid, self.start = pid, None
+        self.pid = pid
         self.returncode: int | None = None
         self.ended = False
-        # Done once the shim wrote its first status: {"pid": its workload's}, else True (read the file).
+        # Done once the shim wrote its first status: {"pid": its workload's}; True when it
+        # wrote no pid (nothing started, or it ended first): the status file says why.
         self.written: asyncio.Future = loop.create_future()
         self._exited: asyncio.Future = loop.create_future()
         self._loop = loop
@@ -81,11 +85,8 @@ class NativeShim:
         self._exited.set_result(self.returncode)
 
     def wait(self) -> asyncio.Future:
-        """The shim's exit code (negative: the signal that ended it)."""
+        """The shim's exit code (negative: the signal that ended it; None: unknown)."""
         return self._exited
-
-    def alive(self) -> bool:
-        return not self.ended
 
     def send_signal(self, sig: int) -> None:
         if not self.ended:   # not reaped yet: the pid is still this shim's
@@ -95,10 +96,12 @@ class NativeShim:
         self.send_signal(signal.SIGKILL)
 
 
-async def spawn(args: list[str], env: dict[str, str], cwd: str) -> NativeShim:
-    """Start the compiled shim with ``args`` (``shim.py``'s, ``ProcessRun.shim_args``) in a
-    session of its own; OSError when it cannot be started. The shim makes ``cwd`` and
-    removes an earlier status file there."""
+async def spawn(args: list[str], env: dict[str, str], cwd: str) -> ShimProcess:
+    """Start the shim with ``args`` (``ProcessRun.shim_args``) in a session of its own;
+    OSError when it cannot be started (``missing()`` says why, where it can). The shim
+    makes ``cwd`` and removes an earlier status file there."""
+    if (why := missing()) is not None:
+        raise OSError(why)
     loop = asyncio.get_running_loop()
     written_r, written_w = os.pipe()
     if written_w == WRITTEN_FD:   # dup2 onto itself would keep close-on-exec
@@ -113,4 +116,4 @@ async def spawn(args: list[str], env: dict[str, str], cwd: str) -> NativeShim:
         raise
     finally:
         os.close(written_w)
-    return NativeShim(pid, loop, written_r)
+    return ShimProcess(pid, loop, written_r)
