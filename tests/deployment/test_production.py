@@ -233,21 +233,21 @@ async def test_admission_replicas_restart_one_at_a_time_onto_a_new_login_and_tok
         for replica in ("1", "2"):
             await deployment.services[f"admission@{replica}"].terminate()
             submitted.append((await client.submit(spec(f"while-{replica}-is-down", "nlp", gpus=1, pool=POOL,
-                                                       duration=0.2))).job.job_id)
+                                                       command=("sleep", "0.2")))).job.job_id)
             started = await deployment.start(f"admission@{replica}", SERVER_UNITS["admission"], replica,
                                              deployment.server_venv)
             assert started.alive
         log = deployment.services["admission@1"].log_path.read_text()
         assert "refused the login" not in log
         done = await client.wait_terminal(set(submitted), 120)
-        assert {j.phase for j in done} == {SUCCEEDED}
+        assert {j.phase for j in done} == {SUCCEEDED}, [(j.spec.name, j.reason) for j in done]
     finally:
         await client.close()
     rotated = deployment.client(new_token)   # the new token, now known to every replica
     try:
-        job = (await rotated.submit(spec("with-the-new-token", "nlp", gpus=1, pool=POOL, duration=0.2))).job
+        job = (await rotated.submit(spec("with-the-new-token", "nlp", gpus=1, pool=POOL, command=("true",)))).job
         (done,) = await rotated.wait_terminal({job.job_id}, 120)
-        assert done.phase == SUCCEEDED
+        assert done.phase == SUCCEEDED, done.reason
     finally:
         await rotated.close()
 
@@ -284,10 +284,10 @@ async def test_every_grafana_query_names_metrics_the_services_export_and_prometh
     try:
         await client.create_pool("reserved")
         await client.submit(spec("waits", "vision", gpus=1, pool="reserved"))
-        victim = (await client.submit(spec("filler", "vision", gpus=2, pool=POOL, duration=600,
+        victim = (await client.submit(spec("filler", "vision", gpus=2, pool=POOL, command=("sleep", "600"),
                                            priority="best-effort"))).job.job_id
         await asyncio.wait_for(running(client, victim), 60)   # started: preemptible now (--min-runtime 0)
-        urgent = (await client.submit(spec("urgent", "search", gpus=2, pool=POOL, duration=30,
+        urgent = (await client.submit(spec("urgent", "search", gpus=2, pool=POOL, command=("sleep", "30"),
                                            priority="production-inference"))).job.job_id
         with pytest.raises(Exception, match="NOT_FOUND"):
             await client.get("job-that-does-not-exist")
