@@ -20,13 +20,22 @@ PHASES = [phase_name(p).lower() for p in types_pb2.JobPhase.values() if p]
 
 
 # --- submit ----------------------------------------------------------------------------
+def _span(value: str) -> float | str:
+    """A span flag as a job file takes it: seconds, or amounts with units (checked there)."""
+    try:
+        return float(value)
+    except ValueError:
+        return value
+
+
 def _flag_fields(o: dict) -> dict:
     """The flags given, as job-file fields (the file's values, overridden)."""
     fields = {k: v for k, v in (("name", o["name"]), ("team", o["team"]), ("pool", o["pool"]),
                                 ("priority_class", o["priority"]), ("workers", o["workers"]),
                                 ("org", o["org"]), ("simulated_duration", o["duration"]),
                                 ("max_runtime", o["max_runtime"]), ("preemptible", o["preemptible"]),
-                                ("checkpoint_interval", o["checkpoint_interval"])) if v is not None}
+                                ("checkpoint_interval", o["checkpoint_interval"]), ("kind", o["kind"]))
+              if v is not None}
     resources = {k: v for k, v in (("gpus", o["gpus"]), ("gpu_milli", o["gpu_milli"]), ("mig_profile", o["mig"]),
                                    ("cpu_milli", o["cpu_milli"]), ("memory_mib", o["memory_mib"])) if v is not None}
     if o["gpu_model"]:
@@ -54,6 +63,8 @@ def _merge(doc: object, flags: dict) -> object:
 @click.option("--team", help="default: the caller's team (from its credentials)")
 @click.option("--pool", help="[default]")
 @click.option("--priority", help="production-inference | training-high | training | best-effort [training]")
+@click.option("--kind", type=click.Choice(["training", "inference"]),
+              help="inference: a serving job, which preempts lower classes at once [training]")
 @click.option("--workers", type=int, help="gang size, all or nothing [1]")
 @click.option("--gpus", type=int, help="whole GPUs per worker")
 @click.option("--gpu-milli", type=int, help="a share of one GPU per worker, in thousandths (250: a quarter)")
@@ -62,9 +73,9 @@ def _merge(doc: object, flags: dict) -> object:
 @click.option("--cpu-milli", type=int, help="[1000]")
 @click.option("--memory-mib", type=int, help="[4096]")
 @click.option("--org")
-@click.option("--duration", type=float, help="run time on simulated nodes (s)")
-@click.option("--max-runtime", type=float, help="time limit (s)")
-@click.option("--checkpoint-interval", type=float, help="seconds between checkpoints")
+@click.option("--duration", type=_span, help="run time on simulated nodes (600, 90s, 10m, 1h30m)")
+@click.option("--max-runtime", type=_span, help="time limit (a span)")
+@click.option("--checkpoint-interval", type=_span, help="time between checkpoints (a span)")
 @click.option("--preemptible/--no-preemptible", default=None, help="may be preempted [preemptible]")
 @click.option("--key", help="idempotency key: submitting again with it answers the same job [a new one]")
 @click.option("-o", "--output", type=click.Choice(["name", "json", "yaml"]), default="name")

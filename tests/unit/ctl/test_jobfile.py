@@ -66,3 +66,20 @@ def test_a_file_that_is_not_yaml_is_refused_with_its_line(tmp_path):
     path.write_text("name: [unclosed\n")
     result = CliRunner().invoke(cli, ["submit", "-f", str(path)])
     assert result.exit_code == 1 and f"{path}: not YAML" in result.output and "line" in result.output
+
+
+def test_span_and_kind_flags_read_as_a_job_file_reads_them(monkeypatch):
+    """``--duration 10m`` as the README's tour types it, and ``--kind inference``; a bad
+    span is named by its field before any call."""
+    from gpusched.ctl import jobs
+    sent = []
+    monkeypatch.setattr(jobs.jobfile, "parse", lambda doc, where=None: sent.append(doc) or parse(doc, where))
+    result = CliRunner().invoke(cli, ["--endpoint", "127.0.0.1:9", "submit", "--name", "s", "--team", "t",
+                                      "--duration", "10m", "--max-runtime", "90", "--checkpoint-interval", "1h30m",
+                                      "--kind", "inference", "--key", "k"])
+    spec = parse(sent[0])
+    assert spec.simulated_duration.ToSeconds() == 600 and spec.max_runtime.ToSeconds() == 90
+    assert spec.checkpoint_interval.ToSeconds() == 5400 and spec.kind == types_pb2.JOB_KIND_INFERENCE
+    assert result.exit_code != 0   # nothing listens: the spec was built, the call failed
+    bad = CliRunner().invoke(cli, ["--endpoint", "127.0.0.1:9", "submit", "--name", "s", "--duration", "10x"])
+    assert bad.exit_code != 0 and "simulated_duration: must be a span" in bad.output
