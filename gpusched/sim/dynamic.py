@@ -297,7 +297,8 @@ def build_parser():
     p.add_argument("--configs", default="fifo+best-fit,priority+best-fit,fair-share+best-fit+backfill",
                    help="comma-separated defaults[+quotas] or queue+placement[:ARG=VALUE...][+backfill[=MINUTES]]"
                         "[+reserve=MINUTES][+depth=N][+quotas], with the preemptor's rules maybe "
-                        "[+min-runtime=S][+growth=F][+max-min-runtime=S][+budget=N], each maybe ending in "
+                        "[+min-runtime=S][+growth=F][+max-min-runtime=S][+budget=N][+loss-per-wait=F][+reclaim-min-runtime=S]"
+                        "[+reclaim-window=S], each maybe ending in "
                         "+no-preemption (no preemptor runs)")
     p.add_argument("--seed", type=int, default=0, help="synthetic: workload seed")
     p.add_argument("--horizon-h", type=float, default=48.0, help="synthetic: hours of arrivals")
@@ -315,39 +316,62 @@ def build_parser():
                    help="run no preemptor in any configuration (as +no-preemption on each)")
     p.add_argument("--out", type=Path, default=Path("results/dynamic"))
     p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--publish", type=Path, metavar="FOLDER",
+                   help="also write the figures to FOLDER/dynamic-<workload>.json and .md (the published figures: "
+                        "docs/figures)")
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    import shlex
-    import sys
-
-    from gpusched.sim import dynamic_report
-    from gpusched.sim.metrics import summarize
+def workload_of(args):
+    """The workload the command line names."""
     from gpusched.sim.synthetic import synthetic_workload
     from gpusched.sim.workload import openb_workload
 
-    args = build_parser().parse_args(argv)
     if args.workload == "synthetic":
-        wl = synthetic_workload(args.seed, args.horizon_h * 3600, args.load, worker_gpus=args.worker_gpus)
-    else:
-        wl = openb_workload(args.pods, args.compress, args.node_stride)
-    configs = []
+        return synthetic_workload(args.seed, args.horizon_h * 3600, args.load, worker_gpus=args.worker_gpus)
+    return openb_workload(args.pods, args.compress, args.node_stride)
+
+
+def figures_name(args, wl: Workload) -> str:
+    """The published figures' name of a run: its workload's, and its horizon when not 48 h."""
+    horizon = f"-h{args.horizon_h:g}" if args.workload == "synthetic" and args.horizon_h != 48.0 else ""
+    return f"dynamic-{wl.name}{horizon}"
+
+
+def run_configs(args, wl: Workload, log=None) -> tuple[list[SimResult], list[dict]]:
+    """Each configuration of ``args.configs`` run on ``wl``: the results and their summaries."""
+    from gpusched.sim.metrics import summarize
+
+    results, summaries = [], []
     for text in args.configs.split(","):
         base, preemption = split_preemption(text)
         base, rules = split_preemption_rules(base)
         _, config = parse_config(base, wl.quotas, args.half_life_h * 3600, args.aging_h * 3600)
-        configs.append((text, config, preemption and not args.no_preemption, rules))
-    print(f"# {wl.name}: {len(wl.arrivals)} jobs; {wl.note}", flush=True)
-    results, summaries = [], []
-    for label, config, preemption, rules in configs:
-        result = DynamicSimulator(wl, config, label, args.cycle_interval, preemption=preemption,
+        result = DynamicSimulator(wl, config, text, args.cycle_interval, preemption=preemption and not args.no_preemption,
                                   preemption_rules=rules).run()
         results.append(result)
         summaries.append(summarize(result))
-        print(f"  {label}: {result.wall_s:.0f} s", file=sys.stderr, flush=True)
+        if log is not None:
+            log(f"  {text}: {result.wall_s:.0f} s")
+    return results, summaries
+
+
+def published(summary: dict) -> dict:
+    """A summary as published: every figure but the wall time, which the machine decides."""
+    return {k: v for k, v in summary.items() if k != "wall_s"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    import sys
+
+    from gpusched.sim import dynamic_report, figures
+
+    args = build_parser().parse_args(argv)
+    wl = workload_of(args)
+    print(f"# {wl.name}: {len(wl.arrivals)} jobs; {wl.note}", flush=True)
+    results, summaries = run_configs(args, wl, lambda line: print(line, file=sys.stderr, flush=True))
     out = args.out / wl.name
-    command = "python -m gpusched.sim.dynamic " + shlex.join(argv if argv is not None else sys.argv[1:])
+    command = figures.command_line("python -m gpusched.sim.dynamic", argv)
     dynamic_report.write(out, wl.note, command, summaries)
     print("\n\n".join(dynamic_report.tables(summaries)))
     if not args.no_plots:
@@ -355,6 +379,12 @@ def main(argv: list[str] | None = None) -> int:
         for path in dynamic_report.plot(out, results, until_s=1.5 * last_arrival):
             print(f"wrote {path}")
     print(f"wrote {out}/summary.json, summary.csv, table.md")
+    if args.publish:
+        argv_used = list(argv if argv is not None else sys.argv[1:])
+        data = {"argv": argv_used, "workload": wl.note, "summaries": [published(s) for s in summaries]}
+        table = f"{wl.note}.\n\n" + "\n\n".join(dynamic_report.tables(summaries))
+        for path in figures.publish(args.publish, figures_name(args, wl), command, data, table):
+            print(f"wrote {path}")
     return 0
 
 

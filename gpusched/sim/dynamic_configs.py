@@ -15,7 +15,9 @@ NO_PREEMPTION = "+no-preemption"
 
 # Flags of a config that set the preemptor's rules: flag -> (PreemptionConfig field, type).
 PREEMPTION_RULES = {"min-runtime": ("min_runtime_s", float), "growth": ("min_runtime_growth", float),
-                    "max-min-runtime": ("max_min_runtime_s", float), "budget": ("preemption_budget", int)}
+                    "max-min-runtime": ("max_min_runtime_s", float), "budget": ("preemption_budget", int),
+                    "loss-per-wait": ("max_loss_per_wait", float), "reclaim-min-runtime": ("reclaim_min_runtime_s", float),
+                    "reclaim-window": ("reclaim_window_s", float)}
 
 
 def split_preemption(text: str) -> tuple[str, bool]:
