@@ -66,7 +66,7 @@ from gpusched.policies.preemption.decisions import preemption_decisions, preempt
 from gpusched.policies.preemption.defrag import defrag_decisions  # noqa: E402
 from gpusched.policies.preemption.borrowing import TeamRanking  # noqa: E402
 from gpusched.policies.preemption.victim_index import VictimIndex  # noqa: E402
-from gpusched.policies.preemption.victim_rules import SearchContext  # noqa: E402
+from gpusched.policies.preemption.victim_rules import PreemptionConfig, SearchContext  # noqa: E402
 from tests.unit.policies import preemption_oracle as oracle  # noqa: E402
 from tests.unit.policies import victim_search_oracle as scan  # noqa: E402
 
@@ -76,6 +76,9 @@ except ImportError:   # the code as it was before slot counts had a module of th
     from gpusched.policies.preemption.victim_index import SlotCounts  # type: ignore[no-redef]  # noqa: E402
 
 NOW = 10_000.0
+# The search is timed where it decides: no bound on work lost for a wait, which the
+# pending jobs here, waiting seconds, would never meet.
+RULES = PreemptionConfig(max_loss_per_wait=float("inf"))
 # Whether this code keeps its index between rounds (else every round builds one), and
 # the placer's views beside it (else every round builds them).
 KEEPS = "victims" in inspect.signature(preemption_decisions).parameters
@@ -173,8 +176,8 @@ def defrag_rounds(logs: dict[int, Log], repeats: int) -> None:
         for r in range(repeats + 1):
             state = log.state
             kw = {"victims": victims, "kept": views} if DEFRAG_KEEPS else {}
-            assert not (preemption_decisions(state, now, victims=victims, kept=views) if KEEPS_VIEWS
-                        else preemption_decisions(state, now))   # nothing to preempt: defrag's turn
+            assert not (preemption_decisions(state, now, RULES, victims=victims, kept=views) if KEEPS_VIEWS
+                        else preemption_decisions(state, now, RULES))   # nothing to preempt: defrag's turn
             t_is, got = cpu(lambda: defrag_decisions(state, now, **kw))
             t_was, want = cpu(lambda: defrag_decisions(state, now))
             assert got == want and len(got) == 4, (n, r, got)
@@ -316,11 +319,11 @@ def main() -> None:
             row = "first" if r == 0 else node_event(log, n, r, now) if args.node_event else "kept"
             state = log.state
             with Timed(find_was) as timed_was:
-                t_was, want = cpu(lambda: scan.preemption_decisions(state, now))
+                t_was, want = cpu(lambda: scan.preemption_decisions(state, now, RULES))
             with Timed(find_is, *built) as timed_is:
-                t_is, got = cpu(lambda: preemption_decisions(state, now, victims=kept, kept=views) if KEEPS_VIEWS
-                                else preemption_decisions(state, now, victims=kept) if KEEPS
-                                else preemption_decisions(state, now))
+                t_is, got = cpu(lambda: preemption_decisions(state, now, RULES, victims=kept, kept=views) if KEEPS_VIEWS
+                                else preemption_decisions(state, now, RULES, victims=kept) if KEEPS
+                                else preemption_decisions(state, now, RULES))
             assert got == want, (n, r)
             decided = got
             keep((n, row, "was"), t_was)

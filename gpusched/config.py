@@ -383,6 +383,10 @@ class PreemptorSettings(Settings):
     preemption_budget: int = setting(3, flag="--preemption-budget",
                                      help="a job preempted this many times is not preempted for priority any "
                                           "more; quota reclaim still may (0: no budget)", ge=0)
+    max_loss_per_wait: float = setting(0.02, flag="--max-loss-per-wait",
+                                       help="a preemption's victims lose at most this times the GPU-time its "
+                                            "beneficiary waited (GPU-seconds of work since their checkpoints per "
+                                            "GPU-second waited), for priority and reclaim alike (inf: no bound)", ge=0)
     reclaim_window: float = setting(600.0, flag="--reclaim-window",
                                     help="a job preempted for quota reclaim is not reclaimed again for this "
                                          "long (seconds), so reclaims between teams settle", ge=0,

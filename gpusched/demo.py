@@ -4,8 +4,9 @@ and what happened.
 Starts the broker with deploy/kafka.sh unless KAFKA_BOOTSTRAP_SERVERS names one, then
 admission, placer, preemptor and simulated node-agents as separate processes, exactly as
 in production, on fresh topics. The preemptor lets an attempt be preempted for priority
-once it is ``--min-runtime`` old (seconds; production's default is 10 minutes), so the
-README's tour shows a preemption at once. Submits training jobs, GPU shares, MIG slices and 2-node
+once it is ``--min-runtime`` old (seconds; production's default is 10 minutes) and with
+no bound on the work it loses (``--max-loss-per-wait``), so the README's tour shows a
+preemption at once. Submits training jobs, GPU shares, MIG slices and 2-node
 gangs, follows them to the end and prints jobs run, allocation and time, then GPU-hours
 allocated vs used as the agents measured them (simulated nodes: the usage model, marked
 [simulated]) and the jobs that held GPUs idle.
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import os
 import signal
 import subprocess
@@ -91,10 +93,22 @@ async def _delete(bootstrap: Where, topics: TopicNames) -> str:
     return f"topics {topics.prefix}* deleted" if not why_not else f"topics {topics.prefix}* not deleted ({why_not})"
 
 
+def _ratio(text: str) -> float:
+    """A number >= 0, ``inf`` included (no bound)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number >= 0 (or inf)")
+    return value
+
+
 async def _run(cluster: LocalCluster, bootstrap: Where, topics: TopicNames, pki, args: argparse.Namespace) -> int:
     admission = await cluster.admission("admission", args.port)
     await cluster.placer()
-    await cluster.preemptor("preemptor", "--min-runtime", repr(args.min_runtime))
+    await cluster.preemptor("preemptor", "--min-runtime", repr(args.min_runtime),
+                            "--max-loss-per-wait", repr(args.max_loss_per_wait))
     usage = ["--usage-interval", str(args.usage_interval)]
     if args.idle_jobs:
         usage += ["--simulated-usage", f"{args.idle_jobs}=0"]
@@ -179,6 +193,9 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--min-runtime", type=number_type(0.0), default=5.0,
                         help="seconds an attempt runs before it may be preempted for priority (the preemptor's "
                              "--min-runtime; its default, 600, would keep the tour from showing one)")
+    parser.add_argument("--max-loss-per-wait", type=_ratio, default=float("inf"),
+                        help="the preemptor's --max-loss-per-wait (default: no bound; the cluster default, "
+                             "0.02, would keep the tour's job waiting long before it preempts)")
     parser.add_argument("--jobs", type=int, default=200)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--min-duration", type=float, default=0.5)

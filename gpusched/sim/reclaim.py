@@ -14,6 +14,12 @@ stays busy (and, with ``departures_when_steady`` off, no job ends). Flips are co
 over the whole run and from the start of steady demand (``ReclaimReport.flips``). A *flip* is a reclaim from team X for team Y after the latest reclaim between
 the two was from Y for X: preemption going back and forth.
 
+The preemptor runs with its default rules but one: no bound on the work a preemption may
+lose for its beneficiary's wait (``max_loss_per_wait``, ``--max-loss-per-wait`` to set
+one). With the default bound these jobs, which wait minutes and checkpoint only when
+stopped, would seldom be reclaimed: the question here is whether reclaims settle when
+nothing else holds them back.
+
 ``python -m gpusched.sim.reclaim --teams 2 --seeds 5``: preemptions per hour and flips.
 """
 from __future__ import annotations
@@ -116,7 +122,7 @@ def _quotas(wl: ReclaimWorkload) -> QueueTree:
 def run(wl: ReclaimWorkload, preemption: PreemptionConfig | None = None) -> ReclaimReport:
     rng = random.Random(wl.seed)
     tree = _quotas(wl)
-    config = replace(preemption or PreemptionConfig(), quotas=tree)
+    config = replace(preemption or PreemptionConfig(max_loss_per_wait=math.inf), quotas=tree)
     # Reservations off: this workload studies preemption between teams, as it always did.
     scheduler = Scheduler(SchedulerConfig(queue="fair-share", quotas=tree, backfill=False, reserve_after_s=math.inf,
                                           guarantee_hold_s=wl.guarantee_hold_s))
@@ -203,13 +209,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--summary", action="store_true", help="one row: the sums (means) over the seeds")
     p.add_argument("--guarantee-hold-s", type=float, default=DEFAULT_GUARANTEE_HOLD_S,
                    help="the cycle's guarantee hold (0: free capacity is lent at once)")
+    p.add_argument("--max-loss-per-wait", type=float, default=math.inf,
+                   help="the preemptor's bound on work lost per GPU-second waited (default: none)")
     args = p.parse_args(argv)
     reports = []
     for seed in range(args.seeds):
         wl = ReclaimWorkload(teams=args.teams, hours=args.hours, steady_after_h=args.hours / 2, seed=seed,
                              departures_when_steady=not args.no_departures_when_steady,
                              guarantee_hold_s=args.guarantee_hold_s)
-        reports.append((seed, run(wl)))
+        reports.append((seed, run(wl, PreemptionConfig(max_loss_per_wait=args.max_loss_per_wait))))
     if args.summary:
         print("| teams | ending when steady | preemptions / h | flips | flips once steady "
               "| jobs reclaimed twice within 10 min | GPUs allocated | GPUs allocated once steady |")

@@ -33,7 +33,7 @@ def preemption_config(own: PreemptorSettings) -> PreemptionConfig:
     return PreemptionConfig(min_runtime_s=own.min_runtime, min_runtime_growth=own.min_runtime_growth,
                             max_min_runtime_s=own.max_min_runtime, pool_min_runtime_s=dict(own.pool_min_runtime),
                             preemption_budget=own.preemption_budget, reclaim_min_runtime_s=own.reclaim_min_runtime,
-                            reclaim_window_s=own.reclaim_window)
+                            reclaim_window_s=own.reclaim_window, max_loss_per_wait=own.max_loss_per_wait)
 
 
 def revoked(decider: PreemptorDecider, loop: PartitionProposer, partitions: set[int]) -> None:

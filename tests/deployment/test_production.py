@@ -6,7 +6,8 @@ shipped environment files with this machine's hosts, paths and ports: tests/depl
 units.py) from the wheel installed per role: two admission replicas behind nginx
 (deploy/nginx), two placers, a preemptor, the relay from ``[server]``, and a node-agent
 from ``[agent]`` that runs real processes through the wheel's shim (on simulated GPUs:
-the one line added to its environment file, with the preemptor's ``--min-runtime 0``).
+the one line added to its environment file, with the preemptor's ``--min-runtime 0
+--max-loss-per-wait inf``).
 
 The units pass ``systemd-analyze verify``; a job runs through the load balancer; the API
 stays up while the admission replicas restart one at a time onto a new Kafka login and a
@@ -106,7 +107,7 @@ async def deployment(three_brokers, server_venv, agent_venv, tmp_path_factory):
     root = tmp_path_factory.mktemp("production")
     site = Site(etc=root / "etc", var=root / "var", brokers=three_brokers.connection.bootstrap, node=NODE,
                 extra={"--pool h100": "--pool h100 --simulate 2xH100-80GB --run-processes",
-                       "--heartbeat-timeout 30": "--heartbeat-timeout 30 --min-runtime 0"})
+                       "--heartbeat-timeout 30": "--heartbeat-timeout 30 --min-runtime 0 --max-loss-per-wait inf"})
     for folder in (site.etc / "kafka", site.etc / "tls", site.etc / "api", site.var / "gpusched-node", root / "logs"):
         folder.mkdir(parents=True)
     # What an operator puts in /etc/gpusched: the brokers' CA, this host's API certificate,

@@ -88,7 +88,7 @@ async def restart(cluster: LocalCluster, name: str, admission_port: int, state_r
     elif name == "placer":
         await cluster.placer("placer")
     elif name == "preemptor":
-        await cluster.preemptor("preemptor", "--heartbeat-timeout", "3", "--min-runtime", "1")
+        await cluster.preemptor("preemptor", "--heartbeat-timeout", "3", "--min-runtime", "1", "--max-loss-per-wait", "inf")
     else:
         node = name.removeprefix("agent-")
         await cluster.agent(node, "8xH100-80GB", *agent_args(node, state_root))
@@ -101,7 +101,7 @@ async def test_chaos_run_loses_nothing_runs_nothing_twice_never_overallocates(ka
     try:
         await cluster.admission("admission", port)
         await cluster.placer("placer")
-        await cluster.preemptor("preemptor", "--heartbeat-timeout", "3", "--min-runtime", "1")
+        await cluster.preemptor("preemptor", "--heartbeat-timeout", "3", "--min-runtime", "1", "--max-loss-per-wait", "inf")
         await asyncio.gather(*(cluster.agent(f"node-{i}", "8xH100-80GB", *agent_args(f"node-{i}", tmp_path))
                                for i in range(4)))
         specs = mixed_jobs(JOBS, seed=99, duration=(0.05, 0.4))

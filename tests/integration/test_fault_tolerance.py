@@ -70,7 +70,7 @@ async def test_priority_preemption_checkpoints_victims_and_they_resume(kafka_boo
     try:
         admission = await cluster.admission()
         await cluster.placer()
-        await cluster.preemptor("preemptor", "--min-runtime", "0")
+        await cluster.preemptor("preemptor", "--min-runtime", "0", "--max-loss-per-wait", "inf")
         await asyncio.gather(*(cluster.agent(f"node-{i}", "8xH100-80GB", "--grace", "5") for i in range(2)))
         client = Client(f"127.0.0.1:{admission.port}")
         filler = [spec(f"be-{i}", "research", gpus=1, duration=8.0, priority="best-effort",
@@ -206,7 +206,7 @@ async def test_quota_reclaim_gives_a_team_its_guarantee_back(kafka_bootstrap, to
     try:
         admission = await cluster.admission("admission", 0, "--quotas", str(quotas))   # a bootstrap
         await cluster.placer("placer")
-        await cluster.preemptor("preemptor", "--min-runtime", "0", "--reclaim-min-runtime", "0")
+        await cluster.preemptor("preemptor", "--min-runtime", "0", "--max-loss-per-wait", "inf", "--reclaim-min-runtime", "0")
         await asyncio.gather(*(cluster.agent(f"node-{i}", "8xH100-80GB", "--grace", str(grace)) for i in range(2)))
         client = Client(f"127.0.0.1:{admission.port}")
         # Team A takes the whole cluster while B is idle: 8 GPUs of it are borrowed.
@@ -239,7 +239,7 @@ async def test_defragmentation_migrates_checkpointable_jobs_to_fit_a_whole_node_
     try:
         admission = await cluster.admission()
         await cluster.placer()
-        await cluster.preemptor("preemptor", "--min-runtime", "0")
+        await cluster.preemptor("preemptor", "--min-runtime", "0", "--max-loss-per-wait", "inf")
         await cluster.agent("node-0", "8xH100-80GB", "--grace", "2")
         client = Client(f"127.0.0.1:{admission.port}")
         # node-0 gets 4 x 1-GPU jobs and a 4-GPU hog; node-1 joins and gets 4 more jobs.

@@ -159,7 +159,7 @@ async def test_chaos_with_hosted_nodes_loses_nothing_and_runs_nothing_twice(kafk
         elif name == "placer":
             await cluster.placer("placer")
         elif name == "preemptor":
-            await cluster.preemptor("preemptor", "--heartbeat-timeout", "3", "--min-runtime", "1")
+            await cluster.preemptor("preemptor", "--heartbeat-timeout", "3", "--min-runtime", "1", "--max-loss-per-wait", "inf")
         elif name == "host-h1":
             await cluster.node_host("h1", 12, "8xH100-80GB", *args)
         else:

@@ -149,7 +149,7 @@ async def test_a_preemption_and_the_requeued_attempt_stay_in_the_victims_trace(
     try:
         admission = await cluster.admission()
         await cluster.placer()
-        await cluster.preemptor("preemptor", "--min-runtime", "0")
+        await cluster.preemptor("preemptor", "--min-runtime", "0", "--max-loss-per-wait", "inf")
         await cluster.agent("node-0", "8xH100-80GB", "--grace", "1")
         client = Client(f"127.0.0.1:{admission.port}")
         victim = (await client.submit(spec("victim", "research", gpus=8, duration=1.0,

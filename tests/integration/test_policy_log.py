@@ -59,7 +59,7 @@ async def test_a_quota_set_through_the_api_takes_effect_in_placer_and_preemptor_
         admission = await cluster.admission("admission", 0, "--quotas", str(bootstrap))
         second = await cluster.admission("admission-2")
         await cluster.placer("placer")
-        await cluster.preemptor("preemptor", "--min-runtime", "0", "--reclaim-min-runtime", "0")
+        await cluster.preemptor("preemptor", "--min-runtime", "0", "--max-loss-per-wait", "inf", "--reclaim-min-runtime", "0")
         await cluster.agent("node-0", "8xH100-80GB", "--grace", "0.5")
         client, client2 = Client(f"127.0.0.1:{admission.port}"), Client(f"127.0.0.1:{second.port}")
         policy = await client.cluster.GetPolicy(cluster_pb2.GetPolicyRequest())

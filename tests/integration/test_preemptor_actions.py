@@ -19,7 +19,7 @@ async def test_defrag_before_preempt_moves_a_job_where_the_default_order_would_s
     try:
         admission = await cluster.admission()
         await cluster.placer()
-        await cluster.preemptor("preemptor", "--min-runtime", "0", "--actions", "nodes,attempts,defrag,preempt")
+        await cluster.preemptor("preemptor", "--min-runtime", "0", "--max-loss-per-wait", "inf", "--actions", "nodes,attempts,defrag,preempt")
         await cluster.agent("node-0", "8xH100-80GB", "--grace", "2")
         client = Client(f"127.0.0.1:{admission.port}")
         work = {"duration": 20.0, "checkpoint_interval": 1.0, "priority": "training"}

@@ -89,7 +89,7 @@ async def test_preemption_and_a_failed_gang_member_hold_gpus_until_every_worker_
     try:
         admission = await cluster.admission()
         await cluster.placer()
-        await cluster.preemptor("preemptor", "--min-runtime", "0")
+        await cluster.preemptor("preemptor", "--min-runtime", "0", "--max-loss-per-wait", "inf")
         await asyncio.gather(*(real_agent(cluster, f"node-{i}", tmp_path) for i in range(2)))
         client = Client(f"127.0.0.1:{admission.port}")
         # A gang whose worker 1 fails at once in attempt 0, while worker 0 ignores SIGTERM.

@@ -137,7 +137,9 @@ def preemption_decisions(state: ClusterState, now: float,
         return []
     ctx = SearchContext(state, now, config, victims, kept)
     out: list[Preemption] = []
-    failed: set[tuple] = set()        # shapes no victim set helps, this call
+    # Shapes no victim set helps this call, with the most work the failed search was allowed
+    # to lose: a job of the shape that may lose no more fails too.
+    failed: dict[tuple, float] = {}
     unplaceable: set[tuple] = set()   # shapes that do not fit as is, since the last booking
     with ctx.tentative() as scratch:
         for job in ctx.pending_in_order()[: config.max_examined]:
@@ -155,12 +157,12 @@ def preemption_decisions(state: ClusterState, now: float,
                 unplaceable.add(fit_shape)
             if job.job_id in ctx.in_flight:
                 continue
-            shape = ctx.shape(job)
-            if shape in failed:
+            shape, allowance = ctx.shape(job), ctx.allowance(job)
+            if allowance <= failed.get(shape, -1.0):
                 continue
             found = ctx.find(job, scratch)
             if found is None:
-                failed.add(shape)
+                failed[shape] = allowance
                 continue
             ctx.take(job, found, scratch)
             out.append(_decision(job, found))

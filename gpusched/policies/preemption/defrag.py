@@ -121,6 +121,8 @@ def defrag_decisions(state: ClusterState, now: float,
     views of this state, as for ``preemption_decisions`` (None: built for the call)."""
     if not state.pending:   # the common case of a quiet cluster, every round: nothing to search
         return []
+    if not any(may_ever_move(state.jobs[j]) for node in state.nodes.values() for j in node.jobs):
+        return []   # no job could ever be moved (none checkpoints): no plan to look for
     ctx = SearchContext(state, now, config, victims, kept)
     searcher = indexed_search if kept is None else partial(indexed_search, kept=kept)
     out: list[Preemption] = []

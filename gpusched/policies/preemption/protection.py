@@ -21,6 +21,16 @@ is stopped again, and its work is lost each time. Three rules bound that, as Slu
   reclaimed job from being reclaimed again soon, so reclaims between teams still settle.
 * **Work lost** (``lost_gpu_s``): victims are ranked by the GPU-seconds they would lose,
   run time since their last checkpoint (since their start without one) times their GPUs.
+* **A preemption pays for itself** (``wait_allowance``): its victims may lose,
+  together and each, at most ``max_loss_per_wait`` times the GPU-time its
+  beneficiary has waited (its GPUs times the time since it last entered the queue). Work
+  that checkpoints loses little and goes at once; work that would lose hours goes only for
+  a job that has waited long on many GPUs. This holds for priority and reclaim alike:
+  without it a preemptor stops long-running jobs that do not checkpoint for jobs that
+  would have started soon anyway (docs/scheduling-fairness.md, "With the preemptor").
+  It binds every class and kind, best-effort victims and serving beneficiaries included:
+  exempting either one let churn back (best-effort work placed in the gaps, stopped as
+  its exempt time ends, placed and stopped again) and cost more than the waits it saved.
 
 ``Shield`` names why a running job is not a victim of a pending one: the typed answer the
 preemptor gives when it explains itself (``victim_rules.SearchContext.shield``,
@@ -28,6 +38,7 @@ preemptor gives when it explains itself (``victim_rules.SearchContext.shield``,
 """
 from __future__ import annotations
 
+import math
 from enum import Enum
 
 from gpusched.core.state import JobState
@@ -46,6 +57,7 @@ class Shield(str, Enum):
     NOT_LOWER = "not-lower-priority"        # its class is not below the pending job's, no reclaim
     GUARANTEED = "within-guarantee"         # a reclaim would take its team below its guarantee
     RECLAIM_WINDOW = "reclaimed-recently"   # reclaimed less than reclaim_window_s ago
+    COSTLY = "costs-more-than-the-wait"     # would lose more than the pending job's wait allows
 
 
 def running_since(job: JobState) -> float:
@@ -72,6 +84,15 @@ def lost_gpu_s(job: JobState, now: float) -> float:
     """GPU-seconds lost if ``job`` were stopped at ``now``: its work since the last
     checkpoint (its start without one) on all its GPUs."""
     return job.work_at_risk(now) * job.milli / 1000.0
+
+
+def wait_allowance(job: JobState, now: float, loss_per_wait: float) -> float:
+    """GPU-seconds of victims' work a preemption for the pending ``job`` may lose at
+    ``now``: ``loss_per_wait`` times the GPU-time ``job`` has waited since it last entered
+    the queue (no bound when ``loss_per_wait`` is infinite)."""
+    if loss_per_wait == math.inf:
+        return math.inf
+    return loss_per_wait * max(0.0, now - job.pending_since) * job.milli / 1000.0
 
 
 def reclaimed_within(job: JobState, now: float, window_s: float) -> bool:

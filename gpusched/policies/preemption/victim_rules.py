@@ -33,6 +33,10 @@ would take capacity back and forth); and a job preempted for reclaim (its latest
 price: a team's guarantee is met to within the size of another team's job that straddles
 its own guarantee, until that job ends.
 
+Either way, a preemption must pay for itself (``SearchContext.costly``,
+``protection.wait_allowance``): no victim, and no set of victims together, loses more than
+``max_loss_per_wait`` times the GPU-time ``J`` has waited since it last entered the queue.
+
 Cost. *Work lost* is GPU-seconds: run time since the last checkpoint (since the start
 without one) times the job's GPUs. Candidates are ranked one by one by ``(priority,
 borrowed first, work lost, larger first, submission order)``, except reclaimed ones (of
@@ -63,7 +67,7 @@ from gpusched.policies.placement.registry import PLACEMENTS, make_placement
 from gpusched.policies.queueing.quota import QueueTree, claims_guarantee
 from gpusched.policies.statement import NodeView, Statement, tentative
 from gpusched.policies.preemption.protection import (
-    Shield, budget_spent, exempt_s, lost_gpu_s, reclaimed_within, running_since)
+    Shield, budget_spent, exempt_s, lost_gpu_s, reclaimed_within, running_since, wait_allowance)
 from gpusched.policies.preemption.borrowing import TeamLedger
 from gpusched.policies.preemption.indexed_search import IndexedSearch
 from gpusched.policies.preemption.placer_views import PlacerViews
@@ -105,12 +109,17 @@ class PreemptionConfig:
     # A job preempted for reclaim is not reclaimed again for this long (seconds): else two
     # teams borrowing from each other can take the same jobs back and forth.
     reclaim_window_s: float = 600.0
+    # A preemption's victims lose at most this times the GPU-time its beneficiary waited
+    # (``protection.wait_allowance``), for priority and reclaim alike.
+    max_loss_per_wait: float = 0.02
 
     def __post_init__(self) -> None:
         if self.placement not in PLACEMENTS:
             raise ValueError(f"unknown placement policy {self.placement!r}; known: {sorted(PLACEMENTS)}")
-        if min(self.min_runtime_s, self.nomination_ttl_s, self.reclaim_window_s, self.reclaim_min_runtime_s) < 0:
-            raise ValueError("min_runtime_s, nomination_ttl_s, reclaim_window_s and reclaim_min_runtime_s must be >= 0")
+        if not all(v >= 0 for v in (self.min_runtime_s, self.nomination_ttl_s, self.reclaim_window_s,
+                                    self.reclaim_min_runtime_s, self.max_loss_per_wait)):
+            raise ValueError("min_runtime_s, nomination_ttl_s, reclaim_window_s, reclaim_min_runtime_s and "
+                             "max_loss_per_wait must be >= 0")
         if self.min_runtime_growth < 1 or self.max_min_runtime_s < 0 or self.preemption_budget < 0:
             raise ValueError("min_runtime_growth must be >= 1, max_min_runtime_s and preemption_budget >= 0")
         if any(not v >= 0 for v in self.pool_min_runtime_s.values()):
@@ -270,7 +279,7 @@ class SearchContext:
         age = self.now - running_since(victim)
         exempt = age < self.config.exempt_s(victim)
         if lower and not exempt and not budget_spent(victim, self.config.preemption_budget):
-            return None
+            return Shield.COSTLY if self.costly(victim, job) else None
         # Past here only a reclaim may take it; for a lower class, the priority rule that
         # keeps it is the reason given.
         priority_reason = Shield.EXEMPT if exempt else Shield.BUDGET_SPENT
@@ -279,9 +288,19 @@ class SearchContext:
         held = Shield.EXEMPT if age < self.config.reclaim_min_runtime_s else self.reclaim_shield(victim)
         if held is not None:
             return priority_reason if lower else held
+        if self.costly(victim, job):
+            return Shield.COSTLY
         if lower:
             self.via_reclaim.add(victim.job_id)
         return None
+
+    def allowance(self, job: JobState) -> float:
+        """GPU-seconds of work a preemption for ``job`` may lose now."""
+        return wait_allowance(job, self.now, self.config.max_loss_per_wait)
+
+    def costly(self, victim: JobState, job: JobState) -> bool:
+        """``victim`` alone would lose more than ``job``'s wait allows."""
+        return lost_gpu_s(victim, self.now) > self.allowance(job)
 
     def cost(self, victim: JobState, mine: int | None = None) -> tuple:
         """A victim's rank; ``mine``: the beneficiary's priority. Reclaimed capacity (a
@@ -327,7 +346,7 @@ class SearchContext:
         reclaim = self.may_reclaim(job)
         mine = priority_value(job.spec.priority_class)
         victims = self._search(job, scratch, reclaim, mine).run()
-        if victims is None:
+        if victims is None or sum(lost_gpu_s(v, self.now) for v in victims) > self.allowance(job):
             return None
         mark = scratch.checkpoint()
         try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 from gpusched.core import events as ev
 from gpusched.core.catalog import CATALOG
 from gpusched.core.model import (
-    GpuInfo, GpuSlot, JobSpec, NodeInfo, WorkerAssignment, WorkerResources,
+    GpuInfo, GpuSlot, JobKind, JobSpec, NodeInfo, WorkerAssignment, WorkerResources,
 )
 from gpusched.core.reducer import Outcome, apply
 from gpusched.core.state import ClusterState, JobState, NodeState
@@ -25,11 +25,12 @@ def make_node(name: str, gpus: int = 4, model: str = "H100-80GB", pool: str = "d
 def make_spec(team: str = "team-a", *, workers: int = 1, gpus: int = 0, milli: int = 0,
               mig: str = "", cpu: int = 1000, mem: int = 1000, models: tuple[str, ...] = (),
               pool: str = "default", preemptible: bool = True, max_restarts: int = 3,
-              name: str = "job", priority_class: str = "training") -> JobSpec:
+              name: str = "job", priority_class: str = "training",
+              kind: JobKind = JobKind.TRAINING) -> JobSpec:
     if not (gpus or milli or mig):
         gpus = 1
     return JobSpec(
-        name=name, team=team, pool=pool, priority_class=priority_class, workers=workers,
+        name=name, team=team, pool=pool, priority_class=priority_class, kind=kind, workers=workers,
         resources=WorkerResources(gpus=gpus, gpu_milli=milli, mig_profile=mig,
                                   cpu_milli=cpu, memory_mib=mem, gpu_models=models),
         preemptible=preemptible, max_restarts=max_restarts,

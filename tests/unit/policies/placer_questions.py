@@ -11,6 +11,7 @@ from gpusched.policies.preemption.victim_rules import PreemptionConfig
 from gpusched.policies.statement import tentative
 from tests.unit.policies import preemption_oracle
 from tests.unit.policies.test_preemption import NOW, Cluster
+from tests.unit.policies.preemption_configs import other_rules
 
 
 def ask(state, policy: str, path: str):
@@ -35,7 +36,7 @@ def ask(state, policy: str, path: str):
 def planned_nodes(c: Cluster, policy: str) -> list[str]:
     """The nodes the one preemption for the pending ``job`` (its victim ``v``, decided as
     the oracle decides) plans for it: the ones the placer gives ``job`` once ``v`` is gone."""
-    config = PreemptionConfig(placement=policy)
+    config = other_rules(placement=policy)
     decisions = c.decisions(config)
     assert decisions == preemption_oracle.preemption_decisions(c.state, NOW, config)
     [decision] = [d for d in decisions if d.for_job == "job"]

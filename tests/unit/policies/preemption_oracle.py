@@ -41,7 +41,7 @@ def preemption_decisions(state: ClusterState, now: float,
         return []
     ctx = FreshViewsContext(state, now, config)
     out: list[Preemption] = []
-    failed: set[tuple] = set()
+    failed: dict[tuple, float] = {}   # shape -> the allowance its search failed with
     unplaceable: set[tuple] = set()
     with tentative(state) as scratch:
         for job in ctx.pending_in_order()[: config.max_examined]:
@@ -59,12 +59,12 @@ def preemption_decisions(state: ClusterState, now: float,
                 unplaceable.add(fit_shape)
             if job.job_id in ctx.in_flight:
                 continue
-            shape = ctx.shape(job)
-            if shape in failed:
+            shape, allowance = ctx.shape(job), ctx.allowance(job)
+            if allowance <= failed.get(shape, -1.0):
                 continue
             found = ctx.find(job, scratch)
             if found is None:
-                failed.add(shape)
+                failed[shape] = allowance
                 continue
             ctx.take(job, found, scratch)
             out.append(_decision(job, found))

@@ -23,6 +23,7 @@ from gpusched.policies.supervision import (
 from gpusched_preemptor.decide import PreemptorDecider
 from tests.unit.core.builders import make_spec, whole
 from tests.unit.policies.test_defrag import BE, NOW, Cluster
+from tests.unit.policies.preemption_configs import other_rules
 
 SUPERVISION = SupervisionConfig(heartbeat_timeout_s=10.0)
 ALL_HEARD = {"n1": NOW, "n2": NOW, "n3": NOW}
@@ -50,7 +51,7 @@ def timed_out(c: Cluster, job_id: str, node: str, gpus: tuple[int, ...]) -> None
 
 
 def decide(c: Cluster, names=DEFAULT_ACTIONS, heard=ALL_HEARD) -> list[ev.Event]:
-    decider = PreemptorDecider("p", PreemptionConfig(), SUPERVISION, lambda now: (heard, 0.0, True),
+    decider = PreemptorDecider("p", other_rules(), SUPERVISION, lambda now: (heard, 0.0, True),
                                make_actions(names))
     return [e for e, _ in decider(0, c.state, NOW)]
 
@@ -59,7 +60,7 @@ def before(c: Cluster, heard=ALL_HEARD) -> list[ev.Event]:
     """What the preemptor decided before its actions were configurable, written out: lost
     nodes and fences (and nothing else when there are any), then timeouts, hung attempts,
     and preemption, with defragmentation only when preemption found nothing."""
-    state, config, out = c.state, PreemptionConfig(), []
+    state, config, out = c.state, other_rules(), []
     out += [ev.NodeLost(event_id="", node=n, reason=r) for n, r in lost_nodes(state, heard, 0.0, NOW, SUPERVISION)]
     out += [ev.NodeFenced(event_id="", node=n) for n in nodes_to_fence(state, NOW)]
     if out:
@@ -142,7 +143,7 @@ def test_run_actions_stops_after_the_first_stopping_action_that_proposed():
             return [NodeVerdict(name)] if proposes else []
         return replace(ACTIONS["nodes"], name=name, decide=decide_, stops=stops)
 
-    s = Situation(Cluster().state, NOW, SUPERVISION, lambda state: PreemptionConfig())
+    s = Situation(Cluster().state, NOW, SUPERVISION, lambda state: other_rules())
     chain = [action("quiet", True, False), action("loud", False, True), action("stopper", True, True),
              action("never", False, True)]
     assert [p.node for p in run_actions(chain, s)] == ["loud", "stopper"]
@@ -151,7 +152,7 @@ def test_run_actions_stops_after_the_first_stopping_action_that_proposed():
 
 def test_the_preemption_settings_are_computed_only_when_an_action_asks():
     asked = []
-    s = Situation(Cluster().state, NOW, SUPERVISION, lambda state: asked.append(state) or PreemptionConfig())
+    s = Situation(Cluster().state, NOW, SUPERVISION, lambda state: asked.append(state) or other_rules())
     run_actions(make_actions(("nodes", "attempts")), s)
     assert asked == []
     run_actions(make_actions(("preempt", "defrag")), s)
@@ -161,7 +162,7 @@ def test_the_preemption_settings_are_computed_only_when_an_action_asks():
 def test_attempt_verdicts_say_which_end():
     c = Cluster()
     timed_out(c, "late", "n1", (0,))
-    (verdict,) = ACTIONS["attempts"].decide(Situation(c.state, NOW, SUPERVISION, lambda s: PreemptionConfig()))
+    (verdict,) = ACTIONS["attempts"].decide(Situation(c.state, NOW, SUPERVISION, lambda s: other_rules()))
     assert verdict == AttemptVerdict("late", 0, "time limit of 60s reached", timed_out=True)
 
 

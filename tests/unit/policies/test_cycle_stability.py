@@ -18,6 +18,7 @@ from gpusched.policies.queueing.keys import QueueKeys
 from gpusched.policies.queueing.parking import ParkedJobs
 from gpusched.policies.queueing.quota import OrgQuota, QueueTree, TeamQuota, claims_guarantee
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig, Unplaced
+from tests.unit.policies.preemption_configs import other_rules
 from tests.unit.policies.test_fairness import Cluster
 
 
@@ -65,7 +66,7 @@ def test_cycle_and_preemptor_agree_on_a_job_crossing_its_guarantee(a_holds, recl
     c = crossing_cluster(a_holds)
     tree = two_teams(8)
     job = c.state.jobs["a-job"]
-    victims = victims_for(c.state, job, c.log.now + 100, PreemptionConfig(quotas=tree))
+    victims = victims_for(c.state, job, c.log.now + 100, other_rules(quotas=tree))
     assert (None if victims is None else len(victims)) == reclaimed
     # The cycle ranks the job in the guarantee tier exactly when the preemptor reclaims for it.
     assert (tier_of(c.state, job, tree) == 0) is (reclaimed is not None)

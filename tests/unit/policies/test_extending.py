@@ -14,6 +14,7 @@ from gpusched.policies.preemption.victim_rules import PreemptionConfig, SearchCo
 from gpusched.policies.preemption.victim_search import VictimSearch
 from tests.unit.core.builders import Log, make_node, make_spec
 from tests.unit.policies.test_preemption import BE, HI, NOW, Cluster
+from tests.unit.policies.preemption_configs import other_rules
 
 
 # --- a placement score ---------------------------------------------------------------------
@@ -74,7 +75,7 @@ def test_shortest_first_orders_by_time_limit_then_submission():
 
 
 # --- a preemption rule -------------------------------------------------------------------------
-def same_team_victims(state, job, now, config: PreemptionConfig = PreemptionConfig()):
+def same_team_victims(state, job, now, config: PreemptionConfig = other_rules()):
     """Preemption's eligibility and cost, but a job may stop only its own team's jobs."""
     ctx = SearchContext(state, now, config)
     with tentative(state) as scratch:

@@ -29,6 +29,7 @@ from tests.unit.policies.test_preemption import BE, HI, NOW, TR, Cluster
 from tests.unit.policies.test_preemption_index import busy_cluster, config_for, fragmented_cluster
 from tests.unit.policies.test_preemption_properties import SETTINGS
 from tests.unit.policies.test_victim_index import packed_cluster, random_rules
+from tests.unit.policies.preemption_configs import other_rules
 
 NODE_VIEWS = (FreeIndex, MigIndex, GangCapacities)
 
@@ -215,7 +216,7 @@ def test_what_a_call_changed_and_undid_does_not_stay_in_the_kept_views():
     from gpusched.policies.preemption.victim_rules import PreemptionConfig, SearchContext
     c = _full_pool()
     views: dict = {}
-    ctx = SearchContext(c.state, NOW, PreemptionConfig(), None, views)
+    ctx = SearchContext(c.state, NOW, other_rules(), None, views)
     with ctx.tentative() as scratch:
         scratch.release(c.state.jobs["r1-0"])
         assert ctx.place(c.state.jobs["p1"]) is None
@@ -230,11 +231,11 @@ def test_a_later_round_builds_no_free_index(monkeypatch):
     init = FreeIndex.__init__
     monkeypatch.setattr(FreeIndex, "__init__", lambda self, *a: built.append(a[1]) or init(self, *a))
     victims, views = VictimIndex(), {}
-    first = preemption_decisions(c.state, NOW, victims=victims, kept=views)
-    assert built == ["default"] and first == oracle.preemption_decisions(c.state, NOW)
+    first = preemption_decisions(c.state, NOW, other_rules(), victims=victims, kept=views)
+    assert first and built == ["default"] and first == oracle.preemption_decisions(c.state, NOW, other_rules())
     index = views[KEPT].indexes["free", "default"]
     built.clear()
-    assert preemption_decisions(c.state, NOW + 1, victims=victims, kept=views) == first
+    assert preemption_decisions(c.state, NOW + 1, other_rules(), victims=victims, kept=views) == first
     assert built == [] and views[KEPT].indexes["free", "default"] is index
 
 
@@ -245,7 +246,7 @@ def test_the_preemptor_keeps_placer_views_per_partition_and_drops_them_on_revoke
     from gpusched_preemptor.main import revoked
     from tests.unit.policies import victim_search_oracle as oracle
     c = _full_pool()
-    decider = PreemptorDecider("me", oracle.PreemptionConfig(), SupervisionConfig(), lambda now: ({}, 0.0, False))
+    decider = PreemptorDecider("me", other_rules(), SupervisionConfig(), lambda now: ({}, 0.0, False))
     assert decider(0, c.state, NOW)
     kept = decider.kept[0][KEPT]
     index = kept.indexes["free", "default"]
@@ -299,7 +300,7 @@ def test_the_preemptors_defrag_action_reads_the_rounds_kept_views(monkeypatch):
     built: list[str] = []
     init = FreeIndex.__init__
     monkeypatch.setattr(FreeIndex, "__init__", lambda self, *a: built.append(a[1]) or init(self, *a))
-    decider = PreemptorDecider("me", oracle.PreemptionConfig(), SupervisionConfig(), lambda now: ({}, 0.0, False))
+    decider = PreemptorDecider("me", other_rules(), SupervisionConfig(), lambda now: ({}, 0.0, False))
     proposals = decider(0, c.state, AT)
     assert [(e.job_id, e.reason) for e, _ in proposals] == [("a", "defragmentation: preempted for big")]
     assert built == ["default"]

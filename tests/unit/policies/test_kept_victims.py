@@ -22,6 +22,7 @@ from tests.unit.policies import victim_search_oracle as oracle
 from tests.unit.policies.test_preemption import BE, HI, NOW, TR, Cluster
 from tests.unit.policies.test_preemption_properties import SETTINGS
 from tests.unit.policies.test_victim_index import TEAMS, packed_cluster, random_rules
+from tests.unit.policies.preemption_configs import other_rules
 
 
 def reading(index: VictimIndex, state) -> dict:
@@ -149,7 +150,7 @@ def test_the_questions_are_asked_of_the_kept_index():
     c = Cluster(nodes=1, gpus=1)
     c.running("r", ("n1", (0,)), started=NOW - 1000, priority_class=BE)
     c.pending("p", gpus=1, priority_class=HI)
-    config, kept = oracle.PreemptionConfig(), VictimIndex()
+    config, kept = other_rules(), VictimIndex()
     kept.refresh(c.state, NOW, config)
     assert victims_for(c.state, c.job("p"), NOW + 1, config, victims=kept) == ("r",)
     assert kept.now == NOW + 1
@@ -164,9 +165,9 @@ def test_a_clock_that_goes_back_lists_afresh():
     c.running("old", ("n1", (0,)), started=NOW - 1000, priority_class=BE)
     c.running("young", ("n1", (1,)), started=NOW - 100, priority_class=BE)   # exempt until NOW + 500
     kept = VictimIndex()
-    later = reading(kept.refresh(c.state, NOW + 600, oracle.PreemptionConfig()), c.state)
+    later = reading(kept.refresh(c.state, NOW + 600, other_rules()), c.state)
     assert [e[4] for e in later["default", 500, "a", False]] == ["young", "old"]
-    earlier = reading(kept.refresh(c.state, NOW, oracle.PreemptionConfig()), c.state)
+    earlier = reading(kept.refresh(c.state, NOW, other_rules()), c.state)
     assert [e[4] for e in earlier["default", 500, "a", False]] == ["old"]
 
 
@@ -174,7 +175,7 @@ def test_a_job_past_its_exempt_time_is_listed_without_any_event():
     c = Cluster(nodes=1, gpus=2)
     c.running("young", ("n1", (0,)), started=NOW - 100, priority_class=TR)
     kept = VictimIndex()
-    config = oracle.PreemptionConfig()
+    config = other_rules()
     assert list(kept.refresh(c.state, NOW, config).candidates("default", 500, "a", False)) == []
     assert [e[4].job_id for e in kept.refresh(c.state, NOW + 500, config).candidates("default", 500, "a", False)] \
         == ["young"]
@@ -194,8 +195,8 @@ def test_a_search_no_victim_set_can_satisfy_reads_no_node(monkeypatch):
     looked: list[str] = []
     step = IndexedSearch.node_step
     monkeypatch.setattr(IndexedSearch, "node_step", lambda self, name: looked.append(name) or step(self, name))
-    got = preemption_decisions(c.state, NOW)
-    assert got == oracle.preemption_decisions(c.state, NOW)
+    got = preemption_decisions(c.state, NOW, other_rules())
+    assert got == oracle.preemption_decisions(c.state, NOW, other_rules())
     assert [d.for_job for d in got] == ["one"]
     assert len(looked) <= 2   # the 1-GPU job's: the 8-GPU job's search read none
 
@@ -204,7 +205,7 @@ def test_kept_worker_slots_count_a_gpu_healthy_again():
     """A GPU back in health changes no job and no fault count: the index compares the
     GPUs' health of a node that had a fault."""
     c = Cluster(nodes=1, gpus=1)
-    config, kept = oracle.PreemptionConfig(), VictimIndex()
+    config, kept = other_rules(), VictimIndex()
     c.pending("p", gpus=1, priority_class=HI)
     shape = (SlotCounts, "default", c.job("p").spec.resources, 1)
     counts = kept.refresh(c.state, NOW, config).slot_counts(shape, ())
@@ -221,7 +222,7 @@ def test_the_preemptor_keeps_one_index_per_partition_between_rounds():
     c = Cluster(nodes=1, gpus=1)
     c.running("r", ("n1", (0,)), priority_class=BE)
     c.pending("p", gpus=1, priority_class=HI)
-    decider = PreemptorDecider("me", oracle.PreemptionConfig(), SupervisionConfig(), lambda now: ({}, 0.0, False))
+    decider = PreemptorDecider("me", other_rules(), SupervisionConfig(), lambda now: ({}, 0.0, False))
     assert [e.job_id for e, _ in decider(0, c.state, NOW)] == ["r"]
     index = decider.victims[0]
     assert index.journal.state is c.state and index.now == NOW
@@ -240,7 +241,7 @@ def test_a_revoked_partition_s_index_is_dropped_by_the_service_s_revoke_path():
     c = Cluster(nodes=1, gpus=1)
     c.running("r", ("n1", (0,)), priority_class=BE)
     c.pending("p", gpus=1, priority_class=HI)
-    decider = PreemptorDecider("me", oracle.PreemptionConfig(), SupervisionConfig(), lambda now: ({}, 0.0, False))
+    decider = PreemptorDecider("me", other_rules(), SupervisionConfig(), lambda now: ({}, 0.0, False))
     decider(0, c.state, NOW)
     decider(1, c.state, NOW)
     kept = decider.victims[1]
@@ -260,7 +261,7 @@ def test_the_preemptor_s_round_runs_with_the_cyclic_gc_paused():
     from gpusched_preemptor.decide import PreemptorDecider
     seen: list[bool] = []
     probe = Action("probe", lambda s: seen.append(gc.isenabled()) or [], stops=False, help="")
-    decider = PreemptorDecider("me", oracle.PreemptionConfig(), SupervisionConfig(), lambda now: ({}, 0.0, False),
+    decider = PreemptorDecider("me", other_rules(), SupervisionConfig(), lambda now: ({}, 0.0, False),
                                (probe,))
     assert gc.isenabled()
     decider(0, Cluster(nodes=1, gpus=1).state, NOW)
@@ -270,7 +271,7 @@ def test_the_preemptor_s_round_runs_with_the_cyclic_gc_paused():
 def test_an_index_kept_for_one_state_is_not_read_for_another():
     """Positions in a journal hold for that state only: another state whose journal is
     longer would otherwise be read from the first one's position on."""
-    config, kept = oracle.PreemptionConfig(), VictimIndex()
+    config, kept = other_rules(), VictimIndex()
     one, other = Cluster(nodes=1, gpus=2), Cluster(nodes=1, gpus=2)
     one.running("a", ("n1", (0,)), started=NOW - 1000, priority_class=BE)
     other.running("b", ("n1", (0,)), started=NOW - 1000, priority_class=BE)

@@ -19,6 +19,7 @@ from gpusched.policies.placement.registry import make_placement
 from gpusched.policies.preemption.decisions import Preemption, preemption_decisions, preemption_events, victims_for
 from gpusched.policies.queueing.quota import OrgQuota, QueueTree, TeamQuota
 from gpusched.policies.preemption.victim_rules import PreemptionConfig
+from tests.unit.policies.preemption_configs import other_rules
 from tests.unit.core.builders import Log, make_node, make_spec, whole
 
 NOW = 10_000.0
@@ -60,13 +61,13 @@ class Cluster:
         return self.state.jobs[job_id]
 
     # --- the policy calls, each checked to leave the state as it was ------------------
-    def victims(self, job_id: str, config: PreemptionConfig = PreemptionConfig(), now: float = NOW):
+    def victims(self, job_id: str, config: PreemptionConfig = other_rules(), now: float = NOW):
         before = digest(self.state)
         out = victims_for(self.state, self.job(job_id), now, config)
         assert digest(self.state) == before
         return out
 
-    def decisions(self, config: PreemptionConfig = PreemptionConfig(), now: float = NOW, **kw) -> list[Preemption]:
+    def decisions(self, config: PreemptionConfig = other_rules(), now: float = NOW, **kw) -> list[Preemption]:
         before = digest(self.state)
         out = preemption_decisions(self.state, now, config, **kw)
         assert digest(self.state) == before
@@ -92,7 +93,7 @@ class Cluster:
 def quotas(**guaranteed_gpus: float) -> PreemptionConfig:
     tree = QueueTree(orgs={"org": OrgQuota(teams={t: TeamQuota(guaranteed_gpus=g)
                                                    for t, g in guaranteed_gpus.items()})})
-    return PreemptionConfig(quotas=tree)
+    return other_rules(quotas=tree)
 
 
 # --- the ordering of victims ------------------------------------------------------------------
@@ -188,8 +189,8 @@ def test_min_runtime_is_configurable():
     c = Cluster(nodes=1)
     c.running("x", ("n1", (0, 1, 2, 3)), priority_class=BE, started=NOW - 100)
     c.pending("tr", gpus=2)
-    assert c.victims("tr", PreemptionConfig(min_runtime_s=300)) is None
-    assert c.victims("tr", PreemptionConfig(min_runtime_s=60)) == ("x",)
+    assert c.victims("tr", other_rules(min_runtime_s=300)) is None
+    assert c.victims("tr", other_rules(min_runtime_s=60)) == ("x",)
 
 
 def test_non_preemptible_skipped_for_a_preemptible_one_of_higher_class():
@@ -267,8 +268,8 @@ def test_max_victims_bounds_the_set():
     for i in range(8):
         c.running(f"be{i}", ("n1", (i,)), priority_class=BE)
     c.pending("hi", gpus=8, priority_class=HI)
-    assert c.victims("hi", PreemptionConfig(max_victims=7)) is None
-    assert len(c.victims("hi", PreemptionConfig(max_victims=8))) == 8
+    assert c.victims("hi", other_rules(max_victims=7)) is None
+    assert len(c.victims("hi", other_rules(max_victims=8))) == 8
 
 
 # --- gangs ------------------------------------------------------------------------------------
@@ -435,9 +436,9 @@ def test_large_cluster_answers():
     log(ev.JobSubmitted, job_id="gang", time=NOW,
         spec=make_spec(name="gang", gpus=8, workers=2, cpu=0, mem=0, priority_class=PROD))
     before = digest(state)
-    victims = victims_for(state, state.jobs["big"], NOW)
+    victims = victims_for(state, state.jobs["big"], NOW, other_rules())
     assert victims and all(priority_value(state.jobs[v].spec.priority_class) < 1000 for v in victims)
     assert len({w.node for v in victims for w in state.jobs[v].workers}) == 1     # node-local
-    decisions = preemption_decisions(state, NOW)
+    decisions = preemption_decisions(state, NOW, other_rules())
     assert digest(state) == before
     assert [d.for_job for d in decisions] == ["big", "gang"]

@@ -13,6 +13,8 @@ need not, as one may take what was freed for another.
 """
 from __future__ import annotations
 
+import math
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -83,8 +85,9 @@ def build(data) -> tuple[Log, float]:
 def random_config(data) -> PreemptionConfig:
     d = data.draw
     teams = {t: TeamQuota(guaranteed_gpus=d(st.sampled_from([0, 0, 1, 4, 8, 16]))) for t in TEAMS}
+    # No bound on the work lost for a wait (test_preemption_cost): these are the other rules.
     return PreemptionConfig(min_runtime_s=d(st.sampled_from([0.0, 30.0, 30.0, 300.0])), max_victims=64,
-                            quotas=QueueTree(orgs={"o": OrgQuota(teams=teams)}))
+                            quotas=QueueTree(orgs={"o": OrgQuota(teams=teams)}), max_loss_per_wait=math.inf)
 
 
 def fits(state, job) -> bool:
@@ -216,7 +219,7 @@ def test_beneficiaries_sharing_a_node_are_both_placed():
     log.submit("pair", gpus=2, workers=2, priority_class="production-inference")
     log.submit("big", gpus=3, priority_class="production-inference")
     now = log.now + 1.0
-    decisions = preemption_decisions(log.state, now, PreemptionConfig(min_runtime_s=0.0))
+    decisions = preemption_decisions(log.state, now, PreemptionConfig(min_runtime_s=0.0, max_loss_per_wait=math.inf))
     assert [(d.for_job, d.victims, d.planned_nodes) for d in decisions] == [
         ("pair", ("small",), ("n0", "n1")), ("big", ("triple",), ("n0",))]
     for d in decisions:

@@ -19,6 +19,7 @@ from gpusched.policies.preemption.decisions import why_no_victims
 from gpusched.policies.preemption.protection import Shield, exempt_s, lost_gpu_s, running_since
 from gpusched.policies.preemption.victim_rules import PreemptionConfig
 from gpusched.policies.queueing.quota import OrgQuota, QueueTree, TeamQuota
+from tests.unit.policies.preemption_configs import other_rules
 from tests.unit.core.builders import whole
 from tests.unit.policies.test_preemption import BE, HI, NOW, TR, Cluster
 from tests.unit.policies.test_preemption_properties import fits_without
@@ -49,7 +50,7 @@ def running_after(c: Cluster, job_id: str, placement: tuple, *, preempted: int, 
     assert c.job(job_id).preemptions == preempted and c.job(job_id).phase is JobPhase.RUNNING
 
 
-def quotas(config: PreemptionConfig = PreemptionConfig(), **guaranteed: float) -> PreemptionConfig:
+def quotas(config: PreemptionConfig = other_rules(), **guaranteed: float) -> PreemptionConfig:
     tree = QueueTree(orgs={"org": OrgQuota(teams={t: TeamQuota(guaranteed_gpus=g) for t, g in guaranteed.items()})})
     return PreemptionConfig(**{**{f: getattr(config, f) for f in config.__slots__}, "quotas": tree})
 
@@ -70,7 +71,7 @@ def test_exempt_time_grows_per_preemption_and_is_bounded(preemptions, base, grow
     assert exempt_s(preemptions, base, growth, cap) == expected
 
 
-DEFAULTS = PreemptionConfig()
+DEFAULTS = other_rules()
 
 
 @pytest.mark.parametrize("preempted, age, config, is_victim", [
@@ -81,16 +82,16 @@ DEFAULTS = PreemptionConfig()
     (2, 2399.0, DEFAULTS, False),         # ... 40 min after two
     (2, 2400.0, DEFAULTS, True),
     (3, 1e6, DEFAULTS, False),            # budget of 3 spent: never for priority
-    (3, 3599.0, PreemptionConfig(preemption_budget=0), False),   # no budget: capped at an hour
-    (3, 3600.0, PreemptionConfig(preemption_budget=0), True),
-    (9, 3600.0, PreemptionConfig(preemption_budget=0), True),
-    (3, 3600.0, PreemptionConfig(preemption_budget=4), True),
-    (4, 1e6, PreemptionConfig(preemption_budget=4), False),
-    (0, 60.0, PreemptionConfig(pool_min_runtime_s={"default": 60.0}), True),    # the pool's own
-    (0, 60.0, PreemptionConfig(pool_min_runtime_s={"other": 60.0}), False),
-    (1, 120.0, PreemptionConfig(pool_min_runtime_s={"default": 60.0}), True),   # grows from the pool's
-    (1, 119.0, PreemptionConfig(pool_min_runtime_s={"default": 60.0}), False),
-    (0, 30.0, PreemptionConfig(min_runtime_s=30.0), True),
+    (3, 3599.0, other_rules(preemption_budget=0), False),   # no budget: capped at an hour
+    (3, 3600.0, other_rules(preemption_budget=0), True),
+    (9, 3600.0, other_rules(preemption_budget=0), True),
+    (3, 3600.0, other_rules(preemption_budget=4), True),
+    (4, 1e6, other_rules(preemption_budget=4), False),
+    (0, 60.0, other_rules(pool_min_runtime_s={"default": 60.0}), True),    # the pool's own
+    (0, 60.0, other_rules(pool_min_runtime_s={"other": 60.0}), False),
+    (1, 120.0, other_rules(pool_min_runtime_s={"default": 60.0}), True),   # grows from the pool's
+    (1, 119.0, other_rules(pool_min_runtime_s={"default": 60.0}), False),
+    (0, 30.0, other_rules(min_runtime_s=30.0), True),
 ])
 def test_exempt_time_and_budget_decide_who_is_a_victim(preempted, age, config, is_victim):
     c = Cluster(nodes=1)
@@ -126,7 +127,7 @@ def test_a_reclaim_waits_its_own_min_runtime_not_the_exempt_time():
     assert c.victims("a1", config) is None
     assert why_no_victims(c.state, c.job("a1"), NOW, config).next_eligible_at == NOW + 1
     assert c.victims("a1", config, now=NOW + 1) == ("b1",)
-    assert c.victims("a1", quotas(PreemptionConfig(reclaim_min_runtime_s=300.0), a=4, b=0), now=NOW + 1) is None
+    assert c.victims("a1", quotas(other_rules(reclaim_min_runtime_s=300.0), a=4, b=0), now=NOW + 1) is None
 
 
 # --- ranking by work lost -------------------------------------------------------------------
@@ -160,7 +161,7 @@ def test_why_no_victims_names_the_rule_for_each_job():
     c.running("same", ("n2", (0, 1, 2, 3)), priority_class=TR, team="b")
     c.running("old", ("n3", (0, 1, 2, 3)), priority_class=BE)
     c.pending("tr", gpus=8, priority_class=TR)
-    why = why_no_victims(c.state, c.job("tr"), NOW)
+    why = why_no_victims(c.state, c.job("tr"), NOW, other_rules())
     assert why.shielded == {Shield.EXEMPT: 1, Shield.NOT_PREEMPTIBLE: 1, Shield.NOT_LOWER: 2,
                             Shield.BUDGET_SPENT: 1}
     assert why.eligible == 1
@@ -183,7 +184,7 @@ def test_why_no_victims_for_a_reclaim():
     assert c.log(ev.JobPlaced, job_id="b-above", attempt=1, time=NOW - 60,
                  workers=(ev.WorkerAssignment(0, "n2", whole(0, 1, 2, 3)),)).accepted
     assert c.log(ev.WorkerStarted, job_id="b-above", attempt=1, worker=0, node="n2", time=NOW - 60).accepted
-    config = quotas(PreemptionConfig(min_runtime_s=0.0), a=4, b=4)
+    config = quotas(other_rules(min_runtime_s=0.0), a=4, b=4)
     assert why_no_victims(c.state, c.job("a1"), NOW, config).shielded == {
         Shield.GUARANTEED: 1, Shield.RECLAIM_WINDOW: 1}
 
@@ -208,7 +209,7 @@ def random_cluster(data) -> tuple[Cluster, PreemptionConfig]:
             gpu, k = gpu + size, k + 1
     c.pending("J", gpus=d(st.sampled_from([1, 2, 4])), workers=d(st.sampled_from([1, 1, 2])), priority_class=HI,
               team=d(st.sampled_from(["a", "b"])))
-    config = PreemptionConfig(min_runtime_s=d(st.sampled_from([0.0, 300.0, 600.0])),
+    config = other_rules(min_runtime_s=d(st.sampled_from([0.0, 300.0, 600.0])),
                               min_runtime_growth=d(st.sampled_from([1.0, 2.0, 3.0])),
                               max_min_runtime_s=d(st.sampled_from([600.0, 3600.0])),
                               preemption_budget=d(st.sampled_from([0, 1, 2, 3])))
@@ -262,7 +263,7 @@ def test_a_gang_waits_at_most_the_bounded_exempt_time(preempted):
     """4 nodes full of 32 one-GPU best-effort jobs, each preempted ``preempted`` times and
     restarted at NOW (no budget: only exempt times hold them). The 4 x 8-GPU gang finds its
     32 victims once their exempt time ends, never later than ``max_min_runtime_s``."""
-    config = PreemptionConfig(preemption_budget=0)
+    config = other_rules(preemption_budget=0)
     c = Cluster(nodes=4, gpus=8)
     for n in range(4):
         for g in range(8):

@@ -1,4 +1,5 @@
-"""Preemption that converges: large requests find their victims with the default settings,
+"""Preemption that converges: large requests find their victims with the default settings
+but for the bound on work lost for a wait (``other_rules``; test_preemption_cost has it),
 a reclaim takes no more than its beneficiary needs, never takes a team below its guarantee,
 and a job reclaimed once is not reclaimed again within ``reclaim_window_s``.
 
@@ -14,10 +15,11 @@ from hypothesis import strategies as st
 from gpusched.core.model import JobPhase
 from gpusched.core.priority import priority_value
 from gpusched.policies.preemption.victim_rules import PreemptionConfig
+from tests.unit.policies.preemption_configs import other_rules
 from tests.unit.policies.test_preemption import BE, HI, NOW, PROD, TR, Cluster
 from tests.unit.policies.test_preemption_properties import fits_without
 
-# --- large requests find their victims by default ---------------------------------------
+# --- large requests find their victims ---------------------------------------------------
 # (nodes, GPUs a node, GPUs a victim, workers of the request, GPUs a worker)
 GANGS = [
     (4, 8, 1, 4, 8),     # 4 x 8 GPUs over 32 one-GPU jobs
@@ -29,7 +31,7 @@ GANGS = [
 
 
 @pytest.mark.parametrize("nodes, gpus, size, workers, per_worker", GANGS)
-def test_a_gang_preempts_as_many_jobs_as_it_needs_by_default(nodes, gpus, size, workers, per_worker):
+def test_a_gang_preempts_as_many_jobs_as_it_needs(nodes, gpus, size, workers, per_worker):
     c = Cluster(nodes=nodes, gpus=gpus)
     for n in range(nodes):
         for g in range(0, gpus, size):
@@ -49,7 +51,7 @@ def test_a_gang_preempts_as_many_jobs_as_it_needs_by_default(nodes, gpus, size, 
 def test_the_search_finds_victims_whenever_a_victim_set_exists(data):
     """Small clusters full of 1- and 2-GPU jobs of mixed classes, a gang of up to 4 x 8 GPUs.
     A victim set exists exactly when stopping *every* eligible job makes room (releasing
-    more only frees more), so that is the brute force: whenever it makes room, the default
+    more only frees more), so that is the brute force: whenever it makes room, the
     search returns a set, and that set makes room."""
     d = data.draw
     nodes, gpus = d(st.sampled_from([1, 2, 3, 4, 4, 4])), d(st.sampled_from([4, 8, 8]))
@@ -79,7 +81,7 @@ def test_the_search_finds_victims_whenever_a_victim_set_exists(data):
     eligible = [j for j in c.state.jobs.values()
                 if j.phase is JobPhase.RUNNING and j.spec.preemptible and j.job_id != "J"
                 and priority_value(j.spec.priority_class) < mine
-                and NOW - j.started_at >= PreemptionConfig().min_runtime_s]
+                and NOW - j.started_at >= other_rules().min_runtime_s]
     victims = c.victims("J")
     if c.placeable("J"):
         assert victims == ()

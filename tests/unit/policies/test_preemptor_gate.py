@@ -17,6 +17,7 @@ from gpusched.policies.supervision import SupervisionConfig
 from gpusched_preemptor import decide as decide_module
 from gpusched_preemptor.decide import PreemptorDecider
 from gpusched.policies.preemption.gate import PossibleVictims
+from tests.unit.policies.preemption_configs import other_rules
 from tests.unit.policies.test_defrag import BE, HI, NOW, TR, Cluster
 from tests.unit.policies.test_preemption_properties import SETTINGS
 
@@ -87,7 +88,7 @@ def _step(c: Cluster, kind: str, now: float) -> None:
 @given(c=clusters(), guaranteed=st.sampled_from((0.0, 4.0)),
        steps=st.lists(st.sampled_from(("place", "finish")), max_size=3))
 def test_a_gated_round_decides_as_one_that_runs_every_action(c, guaranteed, steps):
-    config = PreemptionConfig(quotas=QueueTree(default_team=TeamQuota(guaranteed_gpus=guaranteed)))
+    config = other_rules(quotas=QueueTree(default_team=TeamQuota(guaranteed_gpus=guaranteed)))
     gated = decider(config)
     now = NOW
     for kind in ["none", *steps]:
@@ -112,7 +113,7 @@ def test_a_burst_of_one_class_runs_no_search_and_a_higher_class_does(monkeypatch
         c.running(f"r{i}", f"n{i + 1}", tuple(range(8)), priority_class=TR, ckpt_every=0.0)
     for i in range(4):
         c.pending(f"p{i}", gpus=1, priority_class=TR)
-    d = decider(PreemptionConfig())
+    d = decider(other_rules())
     assert d(0, c.state, NOW) == []
     c.pending("urgent", gpus=1, priority_class=HI)
     assert [type(e) for e, _ in d(0, c.state, NOW + 1)] == [ev.JobPreempted]
@@ -120,7 +121,7 @@ def test_a_burst_of_one_class_runs_no_search_and_a_higher_class_does(monkeypatch
 
 
 def test_a_guarantee_keeps_the_searches_for_a_reclaim_among_jobs_of_one_class():
-    config = PreemptionConfig(quotas=QueueTree(default_team=TeamQuota(guaranteed_gpus=8.0)))
+    config = other_rules(quotas=QueueTree(default_team=TeamQuota(guaranteed_gpus=8.0)))
     c = Cluster()
     for i in range(3):   # team-b holds 24 GPUs: 16 of them borrowed
         c.running(f"r{i}", f"n{i + 1}", tuple(range(8)), priority_class=TR, ckpt_every=0.0, team="team-b")

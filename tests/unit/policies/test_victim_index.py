@@ -7,6 +7,8 @@ on busy clusters filled by the scheduler. The state is left as it was.
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import replace
 
 from hypothesis import given
@@ -18,6 +20,7 @@ from gpusched.policies.placement.registry import PLACEMENTS
 from gpusched.policies.preemption.decisions import preemption_decisions, victims_for
 from gpusched.policies.preemption.victim_rules import PreemptionConfig
 from gpusched.policies.queueing.quota import OrgQuota, QueueTree, TeamQuota
+from tests.unit.policies.preemption_configs import other_rules
 from tests.unit.core.builders import whole
 from tests.unit.policies import victim_search_oracle as oracle
 from tests.unit.policies.test_preemption import BE, HI, NOW, PROD, TR, Cluster
@@ -95,14 +98,15 @@ def packed_cluster(data) -> tuple[Cluster, float]:
 def random_rules(data) -> PreemptionConfig:
     d = data.draw
     teams = {t: TeamQuota(guaranteed_gpus=d(st.sampled_from([0, 0, 1, 2, 4, 8]))) for t in TEAMS}
-    return PreemptionConfig(
+    return other_rules(
         # No exempt time nor budget, often: many equal costs, the search's tie-breaks.
         min_runtime_s=d(st.sampled_from([0.0, 0.0, 300.0, 600.0])), min_runtime_growth=d(st.sampled_from([1.0, 2.0])),
         max_min_runtime_s=d(st.sampled_from([600.0, 3600.0])), preemption_budget=d(st.sampled_from([0, 0, 1, 3])),
         reclaim_min_runtime_s=d(st.sampled_from([0.0, 30.0, 1000.0])),
         reclaim_window_s=d(st.sampled_from([0.0, 600.0, 10_000.0])),
         max_victims=d(st.sampled_from([None, None, 2, 64])), placement=d(st.sampled_from(sorted(PLACEMENTS))),
-        quotas=QueueTree(orgs={"o": OrgQuota(teams=teams)}))
+        quotas=QueueTree(orgs={"o": OrgQuota(teams=teams)}),
+        max_loss_per_wait=d(st.sampled_from([math.inf, math.inf, 0.5, 50.0])))
 
 
 @SETTINGS
@@ -131,14 +135,14 @@ def test_decisions_are_those_of_the_full_scan_on_busy_clusters(data):
 
 
 def test_a_gang_of_four_by_eight_gpus_preempts_a_full_cluster_of_one_gpu_jobs():
-    """By default (no cap on victims), as the full scan does: 32 victims on 4 nodes."""
+    """With no cap on victims (nor on the work lost), as the full scan does: 32 victims on 4 nodes."""
     c = Cluster(nodes=6, gpus=8)
     for n in range(6):
         for g in range(8):
             c.running(f"r{n}-{g}", (f"n{n + 1}", (g,)), started=NOW - 1000 - 10 * (n * 8 + g), priority_class=BE)
     c.pending("gang", gpus=8, workers=4, priority_class=HI)
-    got = preemption_decisions(c.state, NOW)
-    assert got == oracle.preemption_decisions(c.state, NOW)
+    got = preemption_decisions(c.state, NOW, other_rules())
+    assert got == oracle.preemption_decisions(c.state, NOW, other_rules())
     assert len(got) == 1 and len(got[0].victims) == 32 and len(got[0].nodes) == 4
 
 
@@ -155,8 +159,8 @@ def test_each_decision_looks_at_a_few_nodes_of_a_large_pool(monkeypatch):
             c.running(f"r{n}-{g}", (f"n{n + 1}", (g,)), started=NOW - 1000 - (n * 4 + g) % 7, priority_class=BE)
     for p in range(4):
         c.pending(f"p{p}", gpus=1, priority_class=HI)
-    got = preemption_decisions(c.state, NOW)
-    assert got == oracle.preemption_decisions(c.state, NOW) and len(got) == 4
+    got = preemption_decisions(c.state, NOW, other_rules())
+    assert got == oracle.preemption_decisions(c.state, NOW, other_rules()) and len(got) == 4
     assert len(looked) <= 2 * len(got)
 
 
@@ -230,7 +234,7 @@ def test_a_spread_victims_other_node_keeps_the_step_the_full_scan_saw():
     c = _cluster(6, SPREAD)
     c.pending("p0", gpus=2, workers=3, priority_class=TR, team="a")
     c.pending("p1", gpus=1, workers=3, priority_class=HI, team="a")
-    config = PreemptionConfig(min_runtime_s=0.0, preemption_budget=0)
+    config = other_rules(min_runtime_s=0.0, preemption_budget=0)
     got = preemption_decisions(c.state, NOW, config)
     assert got == oracle.preemption_decisions(c.state, NOW, config)
     assert [d.for_job for d in got] == ["p0"]
@@ -245,7 +249,7 @@ def test_equal_bounds_are_broken_as_the_full_scan_breaks_them():
     c.pending("p1", gpus=2, workers=3, priority_class=HI, team="a")
     c.pending("p2", gpus=1, priority_class=HI, team="b")
     c.pending("p3", gpus=2, priority_class=HI, team="c")
-    config = PreemptionConfig(min_runtime_s=0.0, preemption_budget=0)
+    config = other_rules(min_runtime_s=0.0, preemption_budget=0)
     got = preemption_decisions(c.state, NOW, config)
     assert got == oracle.preemption_decisions(c.state, NOW, config)
     assert [d.for_job for d in got] == ["p1", "p3", "p0"]
@@ -263,7 +267,7 @@ def test_a_spread_victim_gaining_slots_on_two_nodes_wins_a_tie():
         ("r4", BE, "a", [("n2", (2, 3))], None, None, False),
     ], gpus=4)
     c.pending("p0", gpus=1, priority_class=HI, team="a")
-    config = PreemptionConfig(min_runtime_s=0.0, preemption_budget=0)
+    config = other_rules(min_runtime_s=0.0, preemption_budget=0)
     got = preemption_decisions(c.state, NOW, config)
     assert got == oracle.preemption_decisions(c.state, NOW, config)
     assert [d.victims for d in got] == [("r2",)]
@@ -285,7 +289,7 @@ def test_a_later_decision_counts_the_gpus_an_earlier_one_freed():
     c = _cluster(2, FREED_BY_AN_EARLIER_DECISION, gpus=4)
     c.pending("p0", gpus=2, priority_class=HI, team="a")
     c.pending("p1", gpus=3, priority_class=TR, team="a")
-    config = PreemptionConfig(min_runtime_s=0.0, preemption_budget=0)
+    config = other_rules(min_runtime_s=0.0, preemption_budget=0)
     got = preemption_decisions(c.state, NOW, config)
     assert got == oracle.preemption_decisions(c.state, NOW, config)
     assert [d.for_job for d in got] == ["p0", "p1"]

@@ -17,7 +17,7 @@ from gpusched.core.model import JobPhase
 from gpusched.core.priority import priority_value
 from gpusched.core.state import ClusterState, JobState, NodeState
 from gpusched.policies.preemption.decisions import Preemption, _decision
-from gpusched.policies.preemption.protection import Shield, running_since
+from gpusched.policies.preemption.protection import Shield, lost_gpu_s, running_since
 from gpusched.policies.preemption.victim_rules import (
     REASON_PRIORITY, REASON_RECLAIM, Found, PreemptionConfig, SearchContext)
 from gpusched.policies.preemption.victim_search import could_host, worker_slots
@@ -340,7 +340,7 @@ class FrozenSearchContext(SearchContext):
                                     lambda v: self.cost(v, mine), lambda vs: self.set_key(vs, mine),
                                     self.config.max_victims)
         victims = search.run()
-        if victims is None:
+        if victims is None or sum(lost_gpu_s(v, self.now) for v in victims) > self.allowance(job):
             return None
         mark = scratch.checkpoint()
         try:
@@ -374,7 +374,7 @@ def preemption_decisions(state: ClusterState, now: float,
         return []
     ctx = FrozenSearchContext(state, now, config)
     out: list[Preemption] = []
-    failed: set[tuple] = set()
+    failed: dict[tuple, float] = {}   # shape -> the allowance its search failed with
     unplaceable: set[tuple] = set()
     with ctx.tentative() as scratch:
         for job in ctx.pending_in_order()[: config.max_examined]:
@@ -392,12 +392,12 @@ def preemption_decisions(state: ClusterState, now: float,
                 unplaceable.add(fit_shape)
             if job.job_id in ctx.in_flight:
                 continue
-            shape = ctx.shape(job)
-            if shape in failed:
+            shape, allowance = ctx.shape(job), ctx.allowance(job)
+            if allowance <= failed.get(shape, -1.0):
                 continue
             found = ctx.find(job, scratch)
             if found is None:
-                failed.add(shape)
+                failed[shape] = allowance
                 continue
             ctx.take(job, found, scratch)
             out.append(_decision(job, found))

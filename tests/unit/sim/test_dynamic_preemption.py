@@ -3,6 +3,7 @@ records count the preemption and the GPU time it lost."""
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 
@@ -89,7 +90,9 @@ def test_the_log_holds_the_checkpoints_so_the_victim_is_the_one_that_loses_least
     nodes = (base.nodes[0], gpu_node("n1", "H100-80GB", 8, 128_000, 1_048_576))
     wl = Workload("two-nodes", nodes, (Arrival(1.0, "plain", plain), Arrival(1.0, "saver", saver),
                                        Arrival(HIGH_AT_S, "high", high)))
-    jobs = _records(DynamicSimulator(wl, CONFIG, preemption=True).run())
+    # no bound on the work lost for a wait: the high job preempts on arrival
+    jobs = _records(DynamicSimulator(wl, CONFIG, preemption=True,
+                                     preemption_rules={"max_loss_per_wait": math.inf}).run())
     assert (jobs["plain"].preemptions, jobs["saver"].preemptions) == (0, 1)
     assert jobs["saver"].lost_gpu_s == 8 * 99.0
 
