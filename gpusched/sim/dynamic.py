@@ -380,8 +380,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"wrote {path}")
     print(f"wrote {out}/summary.json, summary.csv, table.md")
     if args.publish:
-        argv_used = list(argv if argv is not None else sys.argv[1:])
-        data = {"argv": argv_used, "workload": wl.note, "summaries": [published(s) for s in summaries]}
+        data = {"argv": figures.arguments(argv), "workload": wl.note, "summaries": [published(s) for s in summaries]}
         table = f"{wl.note}.\n\n" + "\n\n".join(dynamic_report.tables(summaries))
         for path in figures.publish(args.publish, figures_name(args, wl), command, data, table):
             print(f"wrote {path}")

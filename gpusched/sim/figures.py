@@ -22,10 +22,14 @@ DEFAULT_FOLDER = Path("docs/figures")
 def command_line(program: str, argv: Sequence[str] | None) -> str:
     """The command a figure came from, as a reader would type it: without where its files
     went (``--out``), which says nothing of the figures."""
+    return f"{program} {shlex.join(arguments(argv))}".strip()
+
+
+def arguments(argv: Sequence[str] | None) -> list[str]:
+    """A command's arguments as published: without ``--out`` and its folder."""
     args = list(argv if argv is not None else sys.argv[1:])
-    kept = [a for i, a in enumerate(args)
+    return [a for i, a in enumerate(args)
             if not a.startswith("--out=") and a != "--out" and (i == 0 or args[i - 1] != "--out")]
-    return f"{program} {shlex.join(kept)}".strip()
 
 
 def publish(folder: Path, name: str, command: str, figures: dict[str, Any], table: str) -> list[Path]:
