@@ -7,13 +7,14 @@ trace, on the property whose loss once broke it unnoticed: every arrival is offe
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from gpusched.core.model import WorkerResources
 from gpusched.policies.scheduler import DEFAULT_MAX_JOB_TEST
-from gpusched.sim import figures, static, traces
+from gpusched.sim import dynamic, figures, static, traces
 from gpusched.sim.traces import Task
 from gpusched.sim.workload import gpu_node
 
@@ -41,3 +42,38 @@ def test_static_published_figure_comes_back(policy):
     assert 100 * run.final == pytest.approx(entry["seeds"][0], abs=0.01)
     # and the published mean is the method's: within half a point of the paper's figure
     assert entry["mean"] == pytest.approx(entry["published"], abs=0.5)
+
+
+# The dynamic figures: one configuration of each published run, run again.
+DYNAMIC_CHECKS = [
+    ("dynamic-synthetic-s0", "fifo+best-fit+no-preemption"),
+    ("dynamic-synthetic-s0-h12", "defaults+quotas"),            # the preemptor's defaults
+]
+OPENB_CHECKS = [("dynamic-openb-default", "fifo+best-fit+no-preemption")]
+
+
+def _run_again(name: str, config: str) -> tuple[dict, dict]:
+    published = figures.load(FIGURES, name)
+    args = dynamic.build_parser().parse_args([*published["argv"], "--configs", config])
+    _, [summary] = dynamic.run_configs(args, dynamic.workload_of(args))
+    expected = next(s for s in published["summaries"] if s["config"] == config)
+    return json.loads(json.dumps(dynamic.published(summary))), expected
+
+
+@pytest.mark.parametrize("name, config", DYNAMIC_CHECKS)
+def test_dynamic_published_figures_come_back(name, config):
+    again, expected = _run_again(name, config)
+    assert again == expected
+
+
+@needs_trace
+@pytest.mark.parametrize("name, config", OPENB_CHECKS)
+def test_openb_dynamic_published_figures_come_back(name, config):
+    again, expected = _run_again(name, config)
+    assert again == expected
+
+
+def test_the_published_command_leaves_out_where_files_went():
+    assert figures.command_line("gpusched simulate static", ["--all", "--out", "/tmp/x", "--publish", "d"]) \
+        == "gpusched simulate static --all --publish d"
+    assert figures.command_line("p", ["--out=/tmp/x", "--seeds", "1"]) == "p --seeds 1"
