@@ -8,6 +8,9 @@ REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO"
 
 bash deploy/setup.sh
+# The tracing and metrics back ends the tests start (Jaeger, Prometheus): built once into
+# the cache, here rather than inside a test, whose time limit a first build would exceed.
+bash deploy/observability.sh fetch
 
 # Safety net: tests/conftest.py notes each broker cluster it starts in this file, one
 # "port run_dir [nodes]" line each; if pytest dies without running its teardown, stop
