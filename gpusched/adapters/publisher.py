@@ -127,31 +127,32 @@ class EventPublisher:
         # what the old one still holds fails there, and its senders send it again
         self._retired = asyncio.ensure_future(old.stop())
 
-    async def send(self, event: ev.Event, pool: str, carrier: dict[str, str] | None = None) -> asyncio.Future:
-        """Queue the event; the returned future resolves when the broker acknowledged it.
-        ``carrier``: the trace context to write (a relayed report keeps its own), else
-        this process's (``tracing.event_context``)."""
-        self._linger.count(self._producer)
-        carrier = carrier or event_context(event)
-        return await self._producer.send(
-            self.topics.events, codec.encode(event, pool, carrier), key=pool.encode(),
-            partition=partition_for(pool, self.partitions), headers=event_headers(event, carrier),
-        )
-
-    async def send_event_to(self, topic: str, event: ev.Event, pool: str,
-                            extra_headers: list[tuple[str, bytes]] | None = None) -> asyncio.Future:
-        """``send`` to another topic of events (a node's report topic), keyed by the pool.
-        A report is sent again when refused: its acknowledgement is watched for the gap a
-        refusal leaves (``_after_ack``)."""
+    async def _send(self, topic: str, value: bytes, **kwargs) -> asyncio.Future:
+        """Every record goes out here: through the current producer (once a renewal in
+        progress is done), its acknowledgement watched for the gap a refusal leaves
+        (``_after_ack``) - on the pool log as on any other topic."""
         if self._renewal is not None and not self._renewal.done():
             await asyncio.gather(self._renewal, return_exceptions=True)
         producer = self._producer
         self._linger.count(producer)
-        carrier = event_context(event)
-        future = await producer.send(topic, codec.encode(event, pool, carrier), key=pool.encode(),
-                                     headers=event_headers(event, carrier) + list(extra_headers or ()))
+        future = await producer.send(topic, value, **kwargs)
         future.add_done_callback(functools.partial(self._after_ack, producer))
         return future
+
+    async def send(self, event: ev.Event, pool: str, carrier: dict[str, str] | None = None) -> asyncio.Future:
+        """Queue the event; the returned future resolves when the broker acknowledged it.
+        ``carrier``: the trace context to write (a relayed report keeps its own), else
+        this process's (``tracing.event_context``)."""
+        carrier = carrier or event_context(event)
+        return await self._send(self.topics.events, codec.encode(event, pool, carrier), key=pool.encode(),
+                                partition=partition_for(pool, self.partitions), headers=event_headers(event, carrier))
+
+    async def send_event_to(self, topic: str, event: ev.Event, pool: str,
+                            extra_headers: list[tuple[str, bytes]] | None = None) -> asyncio.Future:
+        """``send`` to another topic of events (a node's report topic), keyed by the pool."""
+        carrier = event_context(event)
+        return await self._send(topic, codec.encode(event, pool, carrier), key=pool.encode(),
+                                headers=event_headers(event, carrier) + list(extra_headers or ()))
 
     async def publish(self, event: ev.Event, pool: str) -> Position:
         meta = await (await self.send(event, pool))
@@ -159,10 +160,9 @@ class EventPublisher:
 
     async def publish_to(self, event: ev.Event, partition: int) -> Position:
         """An event about a partition's log itself (its ``JobRetentionSet``), not a pool."""
-        self._linger.count(self._producer)
         carrier = current_context()
-        future = await self._producer.send(self.topics.events, codec.encode(event, "", carrier),
-                                           partition=partition, headers=event_headers(event, carrier))
+        future = await self._send(self.topics.events, codec.encode(event, "", carrier),
+                                  partition=partition, headers=event_headers(event, carrier))
         meta = await future
         return Position(meta.partition, meta.offset)
 
@@ -179,13 +179,12 @@ class EventPublisher:
                              headers: list[tuple[str, bytes]] | None = None) -> asyncio.Future:
         """Queue a record; the returned future resolves when the broker acknowledged it. A
         ``gpusched.schema`` header is added from the topic where the caller gave none."""
-        self._linger.count(self._producer)   # a node host's beats, the work views: a burst batches too
-        headers = list(headers or ())
+        headers = list(headers or ())   # (a node host's beats, the work views: a burst batches too)
         # a usage record on a node's report topic is marked as such (its other records are events)
         schema = USAGE_SCHEMA if (KIND_HEADER, USAGE_KIND) in headers else raw_schema(self.topics.prefix, topic)
         if schema is not None and all(name != SCHEMA_HEADER for name, _ in headers):
             headers.append((SCHEMA_HEADER, schema))
-        return await self._producer.send(topic, value, key=key, partition=partition, headers=headers or None)
+        return await self._send(topic, value, key=key, partition=partition, headers=headers or None)
 
 
 class DeadLetters:

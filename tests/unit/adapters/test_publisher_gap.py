@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from aiokafka.errors import OutOfOrderSequenceNumber, TopicAuthorizationFailedError
 
 from gpusched.adapters.kafka_admin import TopicNames
@@ -41,7 +42,15 @@ async def _settle() -> None:
         await asyncio.sleep(0)
 
 
-async def test_records_refused_out_of_order_go_through_a_new_producer_made_once(monkeypatch):
+# Every way a record goes out: a report to a node's topic, an event on the pool log (the
+# relay's and every service's), a raw record (heartbeats, work views).
+SENDS = {"report": lambda p, i: p.send_event_to("t.reports.n", _report(i), "default"),
+         "pool log": lambda p, i: p.send(_report(i), "default"),
+         "raw": lambda p, i: p.send_raw_later("t.beats.n", b"beat", key=b"n")}
+
+
+@pytest.mark.parametrize("send", SENDS.values(), ids=SENDS.keys())
+async def test_records_refused_out_of_order_go_through_a_new_producer_made_once(monkeypatch, send):
     publisher = EventPublisher("127.0.0.1:1", TopicNames("t."), 4)
     made: list[Producer] = []
 
@@ -51,14 +60,14 @@ async def test_records_refused_out_of_order_go_through_a_new_producer_made_once(
     monkeypatch.setattr(publisher, "_new_producer", new_producer)
     publisher._producer = new_producer()
     old = made[0]
-    acks = [await publisher.send_event_to("t.reports.n", _report(i), "default") for i in range(4)]
+    acks = [await send(publisher, i) for i in range(4)]
     acks[0].set_exception(TopicAuthorizationFailedError("t.reports.n"))   # refused: the gap
     await _settle()
     assert len(made) == 1                       # a refusal alone leaves the producer as it is
     acks[1].set_exception(OutOfOrderSequenceNumber())
     acks[2].set_exception(OutOfOrderSequenceNumber())
     await asyncio.sleep(0)                                    # their callbacks run
-    await publisher.send_event_to("t.reports.n", _report(4), "default")   # waits for the new producer
+    await send(publisher, 4)                                  # waits for the new producer
     assert len(made) == 2 and made[1].started and len(made[1].acks) == 1 and len(old.acks) == 4
     await _settle()
     assert old.stopped
