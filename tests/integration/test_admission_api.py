@@ -12,21 +12,8 @@ from gpusched.adapters.publisher import partition_for
 from gpusched.adapters.kafka_security import client_args
 from gpusched.client import Client, duration_of, seconds, spec
 from gpusched.v1 import admission_pb2, cluster_pb2, events_pb2, types_pb2
-from gpusched.local_cluster import LocalCluster
 from tests.integration.logcheck import read_log
-from tests.integration.test_end_to_end import SUCCEEDED
-
-
-@pytest.fixture
-async def api(kafka_bootstrap, topics, tmp_path):
-    cluster = LocalCluster(kafka_bootstrap, topics, tmp_path)
-    admission = await cluster.admission()
-    await cluster.placer()
-    await cluster.agent("node-0", "8xA100-80GB")
-    client = Client(f"127.0.0.1:{admission.port}")
-    yield cluster, client
-    await client.close()
-    await cluster.stop_all()
+from tests.integration.cluster_calls import SUCCEEDED
 
 
 async def test_same_idempotency_key_gives_one_job_even_concurrently_and_across_replicas(api):

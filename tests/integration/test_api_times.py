@@ -14,8 +14,7 @@ from gpusched.client import Client, instant, seconds, span, spec
 from gpusched.core import events as ev
 from gpusched.v1 import admission_pb2, types_pb2
 from tests.integration.logcheck import read_log
-from tests.integration.test_admission_api import api  # noqa: F401 (the fixture: a one-node cluster and a client)
-from tests.integration.test_end_to_end import SUCCEEDED
+from tests.integration.cluster_calls import SUCCEEDED
 
 
 async def test_a_jobs_instants_are_timestamps_and_its_spans_durations(api):

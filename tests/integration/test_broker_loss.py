@@ -14,7 +14,7 @@ from gpusched.adapters.kafka_admin import TopicNames, delete_topics, ensure_topi
 from gpusched.client import Client, spec
 from gpusched.local_cluster import LocalCluster
 from tests.conftest import start_private_cluster
-from tests.integration.test_end_to_end import SUCCEEDED
+from tests.integration.cluster_calls import SUCCEEDED
 
 pytestmark = pytest.mark.broker
 PARTITIONS = 2

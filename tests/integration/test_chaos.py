@@ -14,17 +14,16 @@ import random
 import sys
 from pathlib import Path
 
-import grpc
-
 from gpusched.client import Client, seconds
 from gpusched.local_cluster import LocalCluster
-from gpusched.v1 import admission_pb2, types_pb2
+from gpusched.v1 import types_pb2
 from gpusched.workloads import mixed_jobs
 from gpusched.ports import free_port
 from gpusched.adapters import codec
 from gpusched.core import events as ev
 from tests.integration.logcheck import check_log, read_log
 from tests.workloads.intervals import attempts_overlap, over_capacity, read_records, with_shim_ends
+from tests.integration.cluster_calls import submit_with_retries
 
 JOBS = 2000
 AGENT_ARGS = ("--heartbeat-interval", "0.5", "--grace", "2")
@@ -36,29 +35,6 @@ def agent_args(node: str, state_root: Path) -> tuple[str, ...]:
     if node != REAL_NODE:
         return AGENT_ARGS
     return (*AGENT_ARGS, "--run-processes", "--lease", "2", "--state-dir", str(state_root / node))
-RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.INTERNAL,
-             grpc.StatusCode.UNKNOWN, grpc.StatusCode.CANCELLED}
-
-
-async def submit_with_retries(target: str, specs, keys) -> dict[str, str]:
-    """Submit every job with its idempotency key, retrying through admission restarts."""
-    client = Client(target)
-    ids: dict[str, str] = {}
-    sem = asyncio.Semaphore(32)
-
-    async def one(spec, key):
-        async with sem:
-            while True:
-                try:
-                    request = admission_pb2.SubmitJobRequest(spec=spec, idempotency_key=key)
-                    ids[key] = (await client.jobs.SubmitJob(request, timeout=10)).job.job_id
-                    return
-                except grpc.aio.AioRpcError as err:
-                    assert err.code() in RETRYABLE, err
-                    await asyncio.sleep(0.2)   # back-off while admission restarts
-    await asyncio.gather(*(one(s, k) for s, k in zip(specs, keys)))
-    await client.close()
-    return ids
 
 
 async def chaos(cluster: LocalCluster, kafka_control, rng: random.Random, admission_port: int, rounds: int,

@@ -17,7 +17,7 @@ from gpusched.client import Client, spec
 from gpusched.local_cluster import LocalCluster
 from gpusched.v1 import events_pb2
 from tests.integration.logcheck import read_log
-from tests.integration.test_end_to_end import SUCCEEDED
+from tests.integration.cluster_calls import SUCCEEDED
 
 PARTITIONS = 4
 

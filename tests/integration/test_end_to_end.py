@@ -4,12 +4,10 @@ from __future__ import annotations
 import asyncio
 
 from gpusched.client import Client
-from gpusched.v1 import types_pb2
 from gpusched.workloads import mixed_jobs
 from gpusched.local_cluster import LocalCluster
 from tests.integration.logcheck import check_log, read_log
-
-SUCCEEDED = types_pb2.JOB_PHASE_SUCCEEDED
+from tests.integration.cluster_calls import SUCCEEDED
 
 
 async def test_300_mixed_jobs_all_succeed_and_the_log_holds_the_invariants(kafka_bootstrap, topics, tmp_path):

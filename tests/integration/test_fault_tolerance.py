@@ -3,9 +3,6 @@ from __future__ import annotations
 
 import asyncio
 
-from gpusched.adapters import codec
-from gpusched.adapters.follower import LogFollower
-from gpusched.adapters.publisher import DeadLetters
 from gpusched.core.model import NodeStatus
 from gpusched.client import Client, spec
 from gpusched.core import events as ev
@@ -14,37 +11,9 @@ from gpusched.v1 import admission_pb2, cluster_pb2, node_agent_pb2, node_agent_p
 from tests.integration.logcheck import check_log, read_log
 
 import grpc
+from tests.integration.cluster_calls import RUNNING, until, all_running, events_of, until_node
 
-RUNNING = types_pb2.JOB_PHASE_RUNNING
 SUCCEEDED = types_pb2.JOB_PHASE_SUCCEEDED
-
-
-async def until(client: Client, predicate, timeout: float = 120.0, **filters) -> types_pb2.Job:
-    """First WatchJobs update (current state included) for which ``predicate(job)`` holds."""
-    stream = client.jobs.WatchJobs(admission_pb2.WatchJobsRequest(**filters))
-
-    async def follow():
-        async for update in stream:
-            if predicate(update.job):
-                return update.job
-    try:
-        return await asyncio.wait_for(follow(), timeout)
-    finally:
-        stream.cancel()
-
-
-async def all_running(client: Client, ids: set[str], timeout: float = 120.0) -> None:
-    running: set[str] = set()
-
-    def seen(job) -> bool:
-        if job.job_id in ids and job.phase == RUNNING:
-            running.add(job.job_id)
-        return running == ids
-    await until(client, seen, timeout)
-
-
-def events_of(log) -> list[ev.Event]:
-    return [codec.decode(v)[0] for records in log.values() for _, v in records if v]
 
 
 def work_lost_per_preemption(events: list[ev.Event], victims: set[str]) -> list[float]:
@@ -167,24 +136,6 @@ async def test_gpu_fault_excludes_gpu_moves_job_and_repeated_fault_quarantines(k
     finally:
         await cluster.stop_all()
     assert check_log(await read_log(kafka_bootstrap, topics)).violations == []
-
-
-async def until_node(bootstrap, topics, name: str, status: NodeStatus, timeout: float = 30.0):
-    """Follow the pool log itself until the node reaches ``status``."""
-    follower = LogFollower(bootstrap, topics, "test-watch", DeadLetters(None, "test"))
-    await follower.start()
-    try:
-        async def reached():
-            while True:
-                for state in follower.states.values():
-                    node = state.nodes.get(name)
-                    if node is not None and node.status is status:
-                        return node
-                follower.changed.clear()
-                await follower.changed.wait()
-        return await asyncio.wait_for(reached(), timeout)
-    finally:
-        await follower.stop()
 
 
 QUOTAS = {"orgs": {"ml": {"teams": {"team-a": {"guaranteed_gpus": 8}, "team-b": {"guaranteed_gpus": 8}}}}}

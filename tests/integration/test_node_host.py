@@ -21,8 +21,7 @@ from gpusched.v1 import types_pb2
 from gpusched.workloads import mixed_jobs
 from tests.integration.logcheck import check_log, read_log
 from gpusched.ports import free_port
-from tests.integration.test_chaos import submit_with_retries
-from tests.integration.test_fault_tolerance import all_running, events_of
+from tests.integration.cluster_calls import all_running, events_of, submit_with_retries
 
 SUCCEEDED = types_pb2.JOB_PHASE_SUCCEEDED
 HOSTED = 50

@@ -24,7 +24,7 @@ from gpusched.ctl.decode import DESCRIPTOR_SET
 from gpusched.local_cluster import LocalCluster
 from gpusched.v1 import events_pb2, types_pb2
 from tests.integration.logcheck import read_log
-from tests.integration.test_fault_tolerance import until
+from tests.integration.cluster_calls import until
 
 SUCCEEDED = types_pb2.JOB_PHASE_SUCCEEDED
 PENDING = types_pb2.JOB_PHASE_PENDING

@@ -8,7 +8,7 @@ from __future__ import annotations
 from gpusched.client import Client, spec
 from gpusched.local_cluster import LocalCluster
 from gpusched_placer import cycle_log
-from tests.integration.test_fault_tolerance import all_running
+from tests.integration.cluster_calls import all_running
 
 MIN_JOB_TEST, JOBS = 12, 96
 

@@ -25,7 +25,7 @@ from gpusched.policies.queueing.fairshare import QueueContext, fair_share
 from gpusched.policies.queueing.usage import folded_decay
 from gpusched.v1 import cluster_pb2
 from tests.integration.logcheck import check_log, read_log
-from tests.integration.test_fault_tolerance import all_running
+from tests.integration.cluster_calls import all_running
 
 POOL_PARTITION = partition_for("default", 4)
 

@@ -7,7 +7,7 @@ from gpusched.core import events as ev
 from gpusched.local_cluster import LocalCluster
 from gpusched.v1 import admission_pb2
 from tests.integration.logcheck import check_log, read_log
-from tests.integration.test_fault_tolerance import all_running, events_of
+from tests.integration.cluster_calls import all_running, events_of
 
 
 async def test_defrag_before_preempt_moves_a_job_where_the_default_order_would_stop_one(

@@ -20,7 +20,7 @@ from gpusched.core import events as ev
 from gpusched.local_cluster import LocalCluster
 from gpusched.v1 import admission_pb2, types_pb2
 from tests.integration.logcheck import check_log, read_log
-from tests.integration.test_fault_tolerance import events_of, until
+from tests.integration.cluster_calls import events_of, until
 from tests.workloads.intervals import Interval, attempts_overlap, overlaps, read_records, with_shim_ends
 
 WORKLOADS = Path(__file__).resolve().parents[1] / "workloads"

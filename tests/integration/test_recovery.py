@@ -16,7 +16,7 @@ from gpusched.v1 import admission_pb2, cluster_pb2, types_pb2
 from gpusched.workloads import mixed_jobs
 from gpusched.local_cluster import LocalCluster
 from tests.integration.logcheck import check_log, read_log
-from tests.integration.test_end_to_end import SUCCEEDED
+from tests.integration.cluster_calls import SUCCEEDED
 
 
 async def _fresh_follower(bootstrap, topics, partitions=4) -> tuple[LogFollower, EventPublisher]:

@@ -27,7 +27,7 @@ from gpusched.core.state import ClusterState
 from gpusched.local_cluster import LocalCluster
 from gpusched.v1 import admission_pb2, events_pb2, types_pb2
 from tests.integration.logcheck import check_log, dead_letters, read_log
-from tests.integration.test_fault_tolerance import until_node
+from tests.integration.cluster_calls import until_node
 from tests.unit.core.builders import make_spec
 
 SUCCEEDED, RUNNING = types_pb2.JOB_PHASE_SUCCEEDED, types_pb2.JOB_PHASE_RUNNING

@@ -29,7 +29,7 @@ from gpusched.core.state import ClusterState
 from gpusched.local_cluster import LocalCluster
 from gpusched.v1 import types_pb2
 from tests.integration.logcheck import check_log, read_log
-from tests.integration.test_fault_tolerance import until
+from tests.integration.cluster_calls import until
 
 JOBS, GPUS = 24, 8
 SUCCEEDED, FAILED, PLACED = types_pb2.JOB_PHASE_SUCCEEDED, types_pb2.JOB_PHASE_FAILED, types_pb2.JOB_PHASE_PLACED

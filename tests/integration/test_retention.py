@@ -14,7 +14,7 @@ from gpusched.core import events as ev
 from gpusched.local_cluster import LocalCluster
 from gpusched.v1 import types_pb2
 from tests.integration.logcheck import read_log
-from tests.integration.test_end_to_end import SUCCEEDED
+from tests.integration.cluster_calls import SUCCEEDED
 
 RETENTION_S = 2.0
 

@@ -9,7 +9,7 @@ import asyncio
 from gpusched.client import Client, spec
 from gpusched.local_cluster import LocalCluster
 from gpusched.v1 import types_pb2
-from tests.integration.test_cli import Cli
+from tests.integration.cli_runs import Cli
 
 # The placer's defaults reserve for the first blocked job (backfill): the reason says so.
 NO_FIT = "0/3 nodes are available: 2 not enough free GPUs, 1 cordoned. Capacity is reserved for it (backfill)."

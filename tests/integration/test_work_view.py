@@ -25,7 +25,7 @@ from gpusched.core.state import ClusterState
 from gpusched.local_cluster import LocalCluster
 from gpusched.v1 import types_pb2
 from tests.integration.logcheck import check_log, read_log
-from tests.integration.test_fault_tolerance import all_running, events_of, until
+from tests.integration.cluster_calls import all_running, events_of, until
 from tests.unit.core.builders import Log, make_node, whole
 
 SUCCEEDED, CANCELLED, RUNNING = (types_pb2.JOB_PHASE_SUCCEEDED, types_pb2.JOB_PHASE_CANCELLED,

@@ -14,8 +14,7 @@ from gpusched.adapters import codec, flat
 from gpusched.core import events as ev
 from gpusched.core.model import GpuSlot, JobSpec, WorkerAssignment, WorkerResources
 from gpusched.v1 import events_pb2, types_pb2
-from tests.unit.adapters.test_codec import BAD as CODEC_BAD
-from tests.unit.adapters.test_codec import EVENTS, FAST, any_event
+from tests.unit.adapters.codec_cases import BAD as CODEC_BAD, EVENTS, FAST, any_event
 
 
 def test_every_event_type_has_a_code():

@@ -11,7 +11,7 @@ import pytest
 from gpusched.adapters.forked_snapshot import CAN_FORK, snapshot_bytes_forked
 from gpusched.core.digest import digest
 from gpusched.core.snapshot import SnapshotError, snapshot_bytes, state_from_snapshot
-from tests.unit.core.test_snapshot import _sample_state
+from tests.unit.core.builders import _sample_state
 
 pytestmark = pytest.mark.skipif(not CAN_FORK, reason="no os.fork on this platform")
 

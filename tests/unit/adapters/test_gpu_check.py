@@ -81,7 +81,7 @@ async def test_the_workload_check_runs_the_agents_process_run_loaded_by_path(mon
 
 
 def test_usage_samples_read_every_gpu_each_round_and_probe_mig_devices():
-    from tests.unit.adapters.test_gpu_usage import FakeNvml
+    from tests.unit.adapters.fake_nvml import FakeNvml
 
     class Nvml(FakeNvml):
         def nvmlDeviceGetMigMode(self, h):

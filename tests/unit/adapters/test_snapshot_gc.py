@@ -15,7 +15,7 @@ from gpusched.adapters.snapshots import capture_state, encode_state
 from gpusched.core import snapshot as codec
 from gpusched.core.digest import digest
 from gpusched.core.snapshot import snapshot_bytes
-from tests.unit.core.test_snapshot import _sample_state
+from tests.unit.core.builders import _sample_state
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from gpusched.core.reducer import apply
 from gpusched.core.state import ClusterState
 
 from ..core.builders import Log, make_node, whole
-from ..core.test_core_properties import ACTIONS, SETTINGS, History, Rnd, cluster
+from ..core.random_histories import ACTIONS, SETTINGS, History, Rnd, cluster
 
 RUNS = (JobPhase.PLACED, JobPhase.RUNNING)
 

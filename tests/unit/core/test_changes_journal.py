@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from gpusched.core.reducer import note_changes, note_node
 from gpusched.core.state import CHANGES_KEPT, ClusterState
 from tests.unit.core.builders import Log, make_node
-from tests.unit.policies.test_kept_ends import NODES, apply_step, step
+from tests.unit.policies.kept_ends_steps import NODES, apply_step, step
 
 
 def jobs_seen(state: ClusterState) -> dict[str, tuple]:

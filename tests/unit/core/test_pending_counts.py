@@ -11,7 +11,7 @@ from gpusched.core.snapshot import snapshot_bytes, state_from_snapshot
 from gpusched.core.state import ClusterState, pending_key
 from gpusched.policies.placement.frag_mix import raw_counts
 from tests.unit.core.builders import Log, make_node, make_spec, whole
-from tests.unit.policies.test_kept_ends import NODES, SETTINGS, apply_step, step
+from tests.unit.policies.kept_ends_steps import NODES, SETTINGS, apply_step, step
 
 # Requests of pending jobs: whole GPUs, shares, MIG, gangs, another pool, a model list.
 REQUESTS = (

@@ -16,7 +16,7 @@ from gpusched.core import events as ev
 from gpusched.core import snapshot as snap
 from gpusched.core.catalog import CATALOG
 from gpusched.core.digest import digest
-from gpusched.core.mig import PROFILES, parse_profile
+from gpusched.core.mig import parse_profile
 from gpusched.core.model import (
     EXIT_LOST, GpuInfo, GpuSlot, JobKind, JobPhase, JobSpec, NodeInfo, NodeStatus, WorkerAssignment,
     WorkerResources,
@@ -24,6 +24,7 @@ from gpusched.core.model import (
 from gpusched.core.reducer import apply
 from gpusched.core.snapshot import SnapshotError, snapshot_bytes, snapshot_doc, state_from_snapshot
 from gpusched.core.state import ClusterState, DedupeWindow, GpuState, JobState, NodeState, Usage
+from tests.unit.core.builders import _sample_state
 
 SETTINGS = settings(max_examples=100, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -243,36 +244,6 @@ def _round_trip_then_fold(data):
         assert restored.version == original.version
     assert digest(restored) == digest(original)
     assert snapshot_doc(restored) == snapshot_doc(original)
-
-
-def _sample_state() -> ClusterState:
-    """A small state through the reducer with every kind of booking."""
-    state = ClusterState()
-    h100 = CATALOG["H100-80GB"]
-    info = NodeInfo("n1", "default", 64_000, 512_000,
-                    tuple(GpuInfo(i, f"GPU-{i}", "H100-80GB", h100.memory_mib, True) for i in range(4)),
-                    (("rack", "r1"),), False, "a1")
-    t = 1.0
-
-    def do(cls, **kw):
-        nonlocal t
-        t += 1
-        out = apply(state, cls(event_id=f"e{t}", time=t, **kw))
-        assert out.accepted, out.reason
-
-    do(ev.NodeRegistered, node=info)
-    shapes = [WorkerResources(gpus=2, cpu_milli=100), WorkerResources(gpu_milli=250),
-              WorkerResources(mig_profile="3g")]
-    slots = [(GpuSlot(0), GpuSlot(1)), (GpuSlot(2, 250),), (GpuSlot(3, PROFILES["3g"].milli, "3g", 4),)]
-    for i, (res, s) in enumerate(zip(shapes, slots)):
-        do(ev.JobSubmitted, job_id=f"j{i}", spec=JobSpec(f"j{i}", "t1", resources=res), idempotency_key=f"k{i}")
-        do(ev.JobPlaced, job_id=f"j{i}", attempt=0, workers=(WorkerAssignment(0, "n1", s),))
-        do(ev.WorkerStarted, job_id=f"j{i}", attempt=0, worker=0, node="n1")
-    do(ev.JobSubmitted, job_id="vip", spec=JobSpec("vip", "t2", resources=WorkerResources(gpus=4)))
-    do(ev.JobPreempted, job_id="j0", attempt=0, for_job="vip")
-    do(ev.WorkerFinished, job_id="j1", attempt=0, worker=0, node="n1", exit_code=0)
-    state.offset = 41
-    return state
 
 
 def test_sample_state_round_trip_covers_bookings():

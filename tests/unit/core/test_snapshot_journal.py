@@ -14,7 +14,7 @@ from gpusched.core.reducer import apply, note_changes, note_node
 from gpusched.core.snapshot import snapshot_bytes, snapshot_doc, state_from_snapshot
 from gpusched.core.state import ClusterState
 from gpusched.policies.touched_nodes import TouchedNodes
-from tests.unit.core.test_snapshot import _sample_state
+from tests.unit.core.builders import _sample_state
 
 
 def _with_long_journal() -> ClusterState:

@@ -18,7 +18,7 @@ from gpusched.policies.queueing.keys import QueueKeys
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig
 from gpusched_placer.loop import PlacementDecider
 from tests.unit.core.builders import Log, make_node, make_spec
-from tests.unit.policies.test_job_test_cursor import end_and_arrive
+from tests.unit.policies.cursor_scenarios import end_and_arrive
 
 SHAPES = ((1, 1, 0), (1, 2, 0), (1, 8, 0), (2, 4, 0), (1, 0, 500))   # (workers, gpus, milli)
 SETTINGS = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])

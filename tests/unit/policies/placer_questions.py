@@ -10,7 +10,7 @@ from gpusched.policies.preemption.slot_counts import ScratchChanges
 from gpusched.policies.preemption.victim_rules import PreemptionConfig
 from gpusched.policies.statement import tentative
 from tests.unit.policies import preemption_oracle
-from tests.unit.policies.test_preemption import NOW, Cluster
+from tests.unit.policies.preemption_clusters import NOW, Cluster
 from tests.unit.policies.preemption_configs import other_rules
 
 

@@ -22,7 +22,7 @@ from gpusched.policies.supervision import (
 )
 from gpusched_preemptor.decide import PreemptorDecider
 from tests.unit.core.builders import make_spec, whole
-from tests.unit.policies.test_defrag import BE, NOW, Cluster
+from tests.unit.policies.defrag_clusters import BE, NOW, Cluster
 from tests.unit.policies.preemption_configs import other_rules
 
 SUPERVISION = SupervisionConfig(heartbeat_timeout_s=10.0)

@@ -19,7 +19,7 @@ from gpusched.policies.queueing.parking import ParkedJobs
 from gpusched.policies.queueing.quota import OrgQuota, QueueTree, TeamQuota, claims_guarantee
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig, Unplaced
 from tests.unit.policies.preemption_configs import other_rules
-from tests.unit.policies.test_fairness import Cluster
+from tests.unit.policies.fairness_clusters import Cluster
 
 
 def two_teams(guaranteed: float) -> QueueTree:

@@ -17,7 +17,7 @@ from gpusched.policies.queueing.quota import OrgQuota, QueueTree, TeamQuota
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig, Unplaced
 from gpusched.sim.dynamic_configs import parse_config
 from tests.unit.core.builders import Log, make_node, make_spec, whole
-from tests.unit.policies.test_backfill import NOW, gang_behind_busy_cluster
+from tests.unit.policies.backfill_clusters import NOW, gang_behind_busy_cluster
 
 
 def busy_node() -> Log:

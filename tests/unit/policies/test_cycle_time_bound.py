@@ -14,7 +14,9 @@ from hypothesis import strategies as st
 
 from gpusched.policies.queueing.keys import QueueKeys
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig
-from tests.unit.policies.test_job_test_cursor import SETTINGS, deep_queue, end_and_arrive, run_cycle, scenarios, spec
+from tests.unit.policies.cursor_scenarios import (
+    SETTINGS, deep_queue, end_and_arrive, run_cycle, scenarios, spec,
+)
 from tests.unit.core.builders import Log, make_node
 
 

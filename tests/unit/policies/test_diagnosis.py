@@ -17,7 +17,7 @@ from gpusched.policies.placement.diagnosis import Diagnosis, diagnose
 from gpusched.policies.queueing.quota import QueueTree
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig, Unplaced
 from tests.unit.core.builders import Log, make_node, make_spec, whole, workers
-from tests.unit.core.test_fit_rules import build, gpu_st, requests
+from tests.unit.core.fit_cases import build, gpu_st, requests
 
 NOW = 100.0
 

@@ -13,7 +13,7 @@ from gpusched.policies.statement import tentative
 from gpusched.policies.preemption.victim_rules import PreemptionConfig, SearchContext
 from gpusched.policies.preemption.victim_search import VictimSearch
 from tests.unit.core.builders import Log, make_node, make_spec
-from tests.unit.policies.test_preemption import BE, HI, NOW, Cluster
+from tests.unit.policies.preemption_clusters import BE, HI, NOW, Cluster
 from tests.unit.policies.preemption_configs import other_rules
 
 

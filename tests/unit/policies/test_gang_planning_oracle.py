@@ -21,7 +21,7 @@ from gpusched.policies.scheduler import Scheduler, SchedulerConfig
 from gpusched.policies.statement import tentative
 from tests.unit.core.builders import Log
 from tests.unit.policies.placement_cases import node
-from tests.unit.policies.test_placement_properties import MIG_SETUPS, with_mig
+from tests.unit.policies.placement_strategies import MIG_SETUPS, with_mig
 from tests.unit.policies.topology_oracle import oracle_place_gang
 
 POLICIES = ("best-fit", "fgd", "fgd-lookahead", "gpu-packing", "dot-product", "gpu-clustering")

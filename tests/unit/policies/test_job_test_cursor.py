@@ -7,56 +7,20 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from gpusched.core import events as ev
-from gpusched.core.model import JobPhase
 from gpusched.policies.queueing.cursor import JobTestCursor
 from gpusched.policies.queueing.keys import QueueKeys
 from gpusched.policies.queueing.parking import ParkedJobs
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig
-from tests.unit.core.builders import Log, make_node, make_spec, whole
+from tests.unit.core.builders import Log, make_node, make_spec
+from tests.unit.policies.cursor_scenarios import (
+    SETTINGS, spec, run_cycle, scenarios, end_and_arrive, deep_queue,
+)
 
-SHAPES = ((1, 1, 0), (1, 2, 0), (1, 8, 0), (2, 4, 0), (1, 0, 500))   # (workers, gpus, milli)
-SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 UNLIMITED = 10 ** 9
-
-
-def spec(team: str, shape: tuple, name: str, limit: float = 0.0, priority_class: str = "training"):
-    workers, gpus, milli = shape
-    return dataclasses.replace(make_spec(team, workers=workers, gpus=gpus, milli=milli, cpu=0, mem=0, name=name,
-                                         priority_class=priority_class), max_runtime_s=limit)
-
-
-def run_cycle(log: Log, scheduler: Scheduler, keys: QueueKeys, parked: ParkedJobs | None) -> list:
-    result = scheduler.schedule(log.state, log.now, parked, keys)
-    for d in result.decisions:
-        assert log.place(d.job_id, *[(w.node, w.gpus) for w in d.workers]).accepted
-    return sorted((d.job_id, d.workers, d.backfilled) for d in result.decisions)
-
-
-@st.composite
-def scenarios(draw):
-    """Nodes, waiting jobs, and what happens between cycles (jobs end, jobs arrive)."""
-    nodes = draw(st.integers(1, 3))
-    waiting = [(draw(st.sampled_from("abc")), draw(st.sampled_from(SHAPES)), float(draw(st.sampled_from([0, 50]))))
-               for _ in range(draw(st.integers(1, 30)))]
-    between = [(draw(st.integers(0, 2)), [(draw(st.sampled_from("abc")), draw(st.sampled_from(SHAPES)))
-                                          for _ in range(draw(st.integers(0, 3)))])
-               for _ in range(draw(st.integers(1, 5)))]
-    return nodes, waiting, between
-
-
-def end_and_arrive(log: Log, ends: int, arrivals: list, make=spec) -> None:
-    """Between two cycles: the first ``ends`` placed jobs end, then ``arrivals`` (team,
-    shape) are submitted, each made by ``make(team, shape, name)``."""
-    for job_id in [j for j, job in log.state.jobs.items() if job.phase is JobPhase.PLACED][:ends]:
-        assert log(ev.JobCancelled, job_id=job_id, reason="ended").accepted
-        log.stopped(job_id, code=0, signal=0)   # its GPUs are free once its workers report their end
-    for team, shape in arrivals:
-        n = log.state.next_seq
-        log.submit(f"a{n}", make(team, shape, f"a{n}"))
 
 
 def play(scenario, config: SchedulerConfig, parking: bool) -> tuple[list, list]:
@@ -92,18 +56,6 @@ def test_until_the_budget_stops_a_cycle_the_decisions_are_those_of_an_unlimited_
         assert limited[cycle] == (restarting if may_stop else unlimited)[cycle], f"cycle {cycle}"
         if may_stop:
             break   # the next may continue: its decisions are the cursor's
-
-
-def deep_queue(blocked: int, queue: str) -> Log:
-    """One node with 1 GPU free, ``blocked`` waiting 2-GPU jobs that cannot fit, then one
-    1-GPU job that fits."""
-    log = Log(make_node("n0", gpus=8, cpu=64_000, mem=512_000))
-    log.submit("run", spec("r", (1, 7, 0), "run"))
-    assert log.place("run", ("n0", whole(*range(7)))).accepted
-    for i in range(blocked):
-        log.submit(f"b{i:03d}", spec("a", (1, 2, 0), f"b{i}"))
-    log.submit("deep", spec("a", (1, 1, 0), "deep"))
-    return log
 
 
 def cycles_to_place(log: Log, config: SchedulerConfig, keys: QueueKeys, limit: int, job_id: str = "deep") -> int:

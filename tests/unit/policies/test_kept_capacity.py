@@ -14,8 +14,8 @@ from gpusched.policies.queueing import shares
 from gpusched.policies.queueing.fair_queue import TeamQueues
 from gpusched.policies.queueing.shares import QueueContext, cluster_capacity
 from tests.unit.core.builders import Log, make_node, make_spec
-from tests.unit.policies.test_kept_ends import NODES
-from tests.unit.policies.test_kept_index import change, step as index_step
+from tests.unit.policies.kept_ends_steps import NODES
+from tests.unit.policies.kept_index_steps import change, step as index_step
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

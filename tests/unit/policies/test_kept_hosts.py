@@ -9,7 +9,7 @@ from gpusched.core import events as ev
 from gpusched.core.state import JobState
 from gpusched.policies.reservation.hosts import KeptHosts, OpenNodes, find_hosts, is_open
 from tests.unit.core.builders import Log, make_node, make_spec, whole
-from tests.unit.policies.test_kept_ends import NODES, apply_step, step as kept_ends_step
+from tests.unit.policies.kept_ends_steps import NODES, apply_step, step as kept_ends_step
 
 NAMES = ("n0", "n1", "n2", "n3")
 SHAPES = (make_spec(gpus=1), make_spec(gpus=4), make_spec(milli=500), make_spec(gpus=1, models=("A100-80GB",)),

@@ -16,7 +16,10 @@ from gpusched.policies.placement.frag_view import PATIENCE, WasteTable, compile_
 from gpusched.policies.queueing.keys import QueueKeys
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig
 from tests.unit.core.builders import Log, make_node, make_spec
-from tests.unit.policies.test_kept_index import SETTINGS, NODES, change, decided, step as index_step, submit_waiting
+from tests.unit.policies.kept_index_steps import (
+    SETTINGS, change, decided, step as index_step, submit_waiting,
+)
+from tests.unit.policies.kept_ends_steps import NODES
 
 # (pool, workers, whole GPUs, share milli, MIG profile, CPU milli) of a job that waits.
 request = st.tuples(st.sampled_from(("default", "default", "other")), st.integers(1, 2), st.integers(0, 2),

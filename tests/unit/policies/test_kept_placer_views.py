@@ -23,12 +23,13 @@ from gpusched.policies.preemption.kept_movable import KEY as MOVABLE, KeptMovabl
 from gpusched.policies.preemption.victim_index import VictimIndex
 from tests.unit.core.builders import Log, make_node, make_spec, whole
 from tests.unit.policies import preemption_oracle as oracle
-from tests.unit.policies.test_kept_index import contents, fresh_like
-from tests.unit.policies.test_kept_victims import _change, _finish
-from tests.unit.policies.test_preemption import BE, HI, NOW, TR, Cluster
-from tests.unit.policies.test_preemption_index import busy_cluster, config_for, fragmented_cluster
-from tests.unit.policies.test_preemption_properties import SETTINGS
-from tests.unit.policies.test_victim_index import packed_cluster, random_rules
+from tests.unit.policies.kept_index_steps import contents, fresh_like
+from tests.unit.policies.kept_victims_steps import _change, _finish
+from tests.unit.policies.preemption_clusters import BE, HI, NOW, TR, Cluster
+from tests.unit.policies.index_clusters import (
+    busy_cluster, config_for, fragmented_cluster, packed_cluster, random_rules,
+)
+from tests.unit.policies.random_preemption import SETTINGS
 from tests.unit.policies.preemption_configs import other_rules
 
 NODE_VIEWS = (FreeIndex, MigIndex, GangCapacities)
@@ -261,7 +262,7 @@ def test_the_preemptor_keeps_placer_views_per_partition_and_drops_them_on_revoke
 def _fragmented_rounds() -> tuple[list, list]:
     """Two defragmentation rounds on kept views, the first's plan carried out between
     them; the FreeIndex pools built in each round."""
-    from tests.unit.policies.test_defrag import NOW as AT, fragmented
+    from tests.unit.policies.defrag_clusters import NOW as AT, fragmented
     c = fragmented()
     c.pending("big2", gpus=8)
     victims, views, built, rounds = VictimIndex(), {}, [], []
@@ -295,7 +296,7 @@ def test_the_preemptors_defrag_action_reads_the_rounds_kept_views(monkeypatch):
     from gpusched.policies.supervision import SupervisionConfig
     from gpusched_preemptor.decide import PreemptorDecider
     from tests.unit.policies import victim_search_oracle as oracle
-    from tests.unit.policies.test_defrag import NOW as AT, fragmented
+    from tests.unit.policies.defrag_clusters import NOW as AT, fragmented
     c = fragmented()
     built: list[str] = []
     init = FreeIndex.__init__
@@ -314,7 +315,7 @@ def test_a_later_defrag_round_lists_no_pool_afresh(monkeypatch):
     reset, init = KeptMovable._reset, MovableEntries.__init__
     monkeypatch.setattr(KeptMovable, "_reset", lambda self: listings.append("kept") or reset(self))
     monkeypatch.setattr(MovableEntries, "__init__", lambda self, *a: listings.append("fresh") or init(self, *a))
-    from tests.unit.policies.test_defrag import NOW as AT, fragmented
+    from tests.unit.policies.defrag_clusters import NOW as AT, fragmented
     c = fragmented()
     c.pending("big2", gpus=8)
     victims, views = VictimIndex(), {}

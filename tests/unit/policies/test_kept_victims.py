@@ -13,16 +13,15 @@ from hypothesis import strategies as st
 
 from gpusched.core import events as ev
 from gpusched.core.digest import digest
-from gpusched.core.model import JobPhase
-from gpusched.policies.preemption.decisions import preemption_decisions, preemption_events, victims_for, why_no_victims
+from gpusched.policies.preemption.decisions import preemption_decisions, victims_for, why_no_victims
 from gpusched.policies.preemption.slot_counts import SlotCounts
 from gpusched.policies.preemption.victim_index import CLASSES, VictimIndex
-from gpusched.policies.scheduler import Scheduler
 from tests.unit.policies import victim_search_oracle as oracle
-from tests.unit.policies.test_preemption import BE, HI, NOW, TR, Cluster
-from tests.unit.policies.test_preemption_properties import SETTINGS
-from tests.unit.policies.test_victim_index import TEAMS, packed_cluster, random_rules
+from tests.unit.policies.preemption_clusters import BE, HI, NOW, TR, Cluster
+from tests.unit.policies.random_preemption import SETTINGS
+from tests.unit.policies.index_clusters import TEAMS, packed_cluster, random_rules
 from tests.unit.policies.preemption_configs import other_rules
+from tests.unit.policies.kept_victims_steps import _change
 
 
 def reading(index: VictimIndex, state) -> dict:
@@ -37,67 +36,6 @@ def reading(index: VictimIndex, state) -> dict:
                     out[pool, mine, team, reclaim] = [(*e[:4], e[4].job_id)
                                                       for e in index.candidates(pool, mine, team, reclaim)]
     return out
-
-
-def _running(state) -> list:
-    return sorted((j for j in state.jobs.values() if j.phase in (JobPhase.RUNNING, JobPhase.PLACED)),
-                  key=lambda j: j.seq)
-
-
-def _finish(c: Cluster, job, now: float, code: int = 0) -> None:
-    for w in job.workers:
-        c.log(ev.WorkerFinished, job_id=job.job_id, attempt=job.attempt, worker=w.worker, node=w.node,
-              exit_code=code, time=now)
-
-
-def _change(c: Cluster, data, now: float, config, kept: VictimIndex) -> None:
-    """One random change of the state: what the log brings between two rounds."""
-    d, state = data.draw, c.state
-    running = _running(state)
-    kind = d(st.sampled_from(["checkpoint", "preempt", "decide", "place", "finish", "gpu", "cordon", "start",
-                              "register", "lost"]))
-    if kind == "checkpoint" and running:
-        job = d(st.sampled_from(running))
-        c.log(ev.CheckpointSaved, job_id=job.job_id, attempt=job.attempt, checkpoint="c", time=now)
-    elif kind == "preempt" and running:
-        job = d(st.sampled_from(running))
-        why = d(st.sampled_from(["priority", "reclaim"]))
-        c.log(ev.JobPreempted, job_id=job.job_id, attempt=job.attempt, for_job="x",
-              reason=f"{why}: preempted for x", time=now)
-        if d(st.booleans()):
-            _finish(c, job, now)
-    elif kind == "decide":
-        for decision in preemption_decisions(state, now, config, victims=kept)[:2]:
-            for e in preemption_events(state, decision, now):
-                c.log.replay(e)
-            if d(st.booleans()):
-                for vid in decision.victims:
-                    _finish(c, state.jobs[vid], now)
-    elif kind == "place":
-        for dec in Scheduler().cycle(state, now)[:3]:
-            c.log(ev.JobPlaced, job_id=dec.job_id, attempt=dec.attempt, workers=dec.workers, time=now)
-    elif kind == "start":
-        for job in [j for j in running if j.phase is JobPhase.PLACED][:2]:
-            for w in job.workers:
-                c.log(ev.WorkerStarted, job_id=job.job_id, attempt=job.attempt, worker=w.worker, node=w.node,
-                      time=now)
-    elif kind == "finish" and running:
-        _finish(c, d(st.sampled_from(running)), now, d(st.sampled_from([0, 1])))
-    elif kind == "gpu":
-        node = d(st.sampled_from(sorted(state.nodes)))
-        gpu = d(st.integers(0, len(state.nodes[node].gpus) - 1))
-        c.log(ev.GpuHealthChanged, node=node, gpu_index=gpu, healthy=not state.nodes[node].gpus[gpu].healthy,
-              time=now)
-    elif kind == "cordon":
-        node = state.nodes[d(st.sampled_from(sorted(state.nodes)))]
-        c.log(ev.NodeUncordoned if node.cordoned else ev.NodeCordoned, node=node.name, time=now)
-    elif kind == "register":   # a new node joins, or a known node's agent restarts (maybe into another pool)
-        node = state.nodes[d(st.sampled_from(sorted(state.nodes)))]
-        name = d(st.sampled_from([node.name, f"x{len(state.nodes)}"]))
-        c.log(ev.NodeRegistered, node=replace(node.info, name=name, pool=d(st.sampled_from([node.info.pool, "other"]))),
-              time=now)
-    elif kind == "lost":
-        c.log(ev.NodeLost, node=d(st.sampled_from(sorted(state.nodes))), time=now)
 
 
 @SETTINGS

@@ -29,7 +29,7 @@ from gpusched.policies.scheduler import Scheduler, SchedulerConfig
 from gpusched.policies.statement import Statement, tentative
 from tests.unit.core.builders import Log, make_node, mig, share, whole
 from tests.unit.policies.mig_scan import scan_choose_mig, scanning
-from tests.unit.policies.test_statement import hold_changes
+from tests.unit.policies.reservation_holds import hold_changes
 
 SETTINGS = settings(max_examples=150, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

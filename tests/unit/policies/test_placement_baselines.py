@@ -11,6 +11,7 @@ from gpusched.policies.placement.gang import place_gang
 from gpusched.policies.placement.registry import make_placement
 from tests.unit.core.builders import Log, make_spec, share, whole
 from tests.unit.policies.placement_cases import Case, check, cpu_job, node
+from tests.unit.policies.clustering_cases import GPU_CLUSTERING
 
 GPU_PACKING = [
     Case("share goes on a used GPU, the fuller the better",
@@ -28,20 +29,6 @@ GPU_PACKING = [
          [node("a"), node("b")], cpu_job(1000), "a", busy=[("b", whole(0), 0)]),
 ]
 
-GPU_CLUSTERING = [
-    Case("node running only the same shape",
-         [node("a"), node("b"), node("c")], make_spec(gpus=1), "c",
-         busy=[("b", share(0, 300), 0), ("c", whole(0), 0)]),
-    Case("a mixed node with the shape beats an idle one",
-         [node("a"), node("b")], make_spec(milli=300), "b",
-         busy=[("b", whole(0), 0), ("b", share(1, 400), 0)]),
-    Case("an idle node beats one of other shapes",
-         [node("b"), node("a")], make_spec(gpus=2), "a",
-         busy=[("b", share(0, 300), 0)]),
-    Case("same class: the fuller node",
-         [node("a"), node("b")], make_spec(gpus=1), "b",
-         busy=[("a", whole(0), 0), ("b", whole(0), 0), ("b", whole(1), 0)]),
-]
 
 DOT_PRODUCT = [
     # dot(free, request): a has less free GPU, b less free CPU; the request is GPU-heavy.

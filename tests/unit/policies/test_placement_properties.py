@@ -19,10 +19,8 @@ from hypothesis import strategies as st
 
 from gpusched.core import events as ev
 from gpusched.core.digest import digest
-from gpusched.core.mig import FULL_MASK, PROFILES
-from dataclasses import replace
-
-from gpusched.core.model import JobSpec, MigInstance, MigMode, WorkerResources
+from gpusched.core.mig import FULL_MASK
+from gpusched.core.model import JobSpec, MigMode, WorkerResources
 from gpusched.core.state import ClusterState
 from gpusched.policies.statement import tentative
 from gpusched.policies.gpu_fit import fit
@@ -34,46 +32,19 @@ from gpusched.sim.static import pack
 from gpusched.sim.traces import Task
 from tests.unit.core.builders import Log
 from tests.unit.policies.placement_cases import node
+from tests.unit.policies.placement_strategies import (
+    MODELS, MIG_SETUPS, resources_st, jobs_st, with_mig,
+)
 
-MODELS = ("H100-80GB", "A10-24GB", "T4-16GB")
-
-# MIG modes a node's GPUs register with: MIXED (simulated), MIG off, MIG on with
-# existing instances (static), MIG on with dynamic MIG.
-MIG_SETUPS = ("mixed", "mixed", "disabled", "static", "dynamic")
-INSTANCES = (MigInstance("3g.40gb", 0, "MIG-a", slices=4), MigInstance("2g.20gb", 4, "MIG-b", slices=2),
-             MigInstance("1g.10gb", 6, "MIG-c", slices=1))
 nodes_st = st.lists(
     st.tuples(st.integers(0, 8), st.sampled_from(MODELS), st.sampled_from([8000, 32_000, 64_000]),
               st.sampled_from([16_000, 128_000]), st.sampled_from(["r1", "r2"]), st.sampled_from(MIG_SETUPS)),
     min_size=1, max_size=5)
 
-resources_st = st.one_of(
-    st.builds(lambda m, c: WorkerResources(gpu_milli=m, cpu_milli=c, memory_mib=c),
-              st.integers(1, 999), st.sampled_from([0, 2000, 8000])),
-    st.builds(lambda m, g: WorkerResources(gpu_milli=m, gpu_memory_mib=g, cpu_milli=1000),
-              st.integers(1, 400), st.sampled_from([4000, 12_000, 30_000])),
-    st.builds(lambda g, c, models: WorkerResources(gpus=g, cpu_milli=c, memory_mib=2 * c, gpu_models=models),
-              st.integers(1, 4), st.sampled_from([0, 4000, 16_000]), st.sampled_from([(), ("A10-24GB",)])),
-    st.builds(lambda p: WorkerResources(mig_profile=p, cpu_milli=1000), st.sampled_from(sorted(PROFILES))),
-    st.builds(lambda c: WorkerResources(cpu_milli=c, memory_mib=c), st.sampled_from([1000, 12_000, 40_000])),
-)
-jobs_st = st.lists(st.tuples(resources_st, st.integers(1, 3)), min_size=1, max_size=14)
-
 
 def cluster(spec) -> Log:
     return Log(*(with_mig(node(f"n{i}", gpus=g, model=m, cpu=cpu, mem=mem, labels=(("rack", r),)), setup)
                  for i, (g, m, cpu, mem, r, setup) in enumerate(spec)))
-
-
-def with_mig(info, setup: str):
-    if setup == "mixed":
-        return info
-    if setup == "disabled":
-        return replace(info, gpus=tuple(replace(g, mig_mode=MigMode.DISABLED) for g in info.gpus))
-    # MIG on where the GPU can: instances on every other GPU, none on the rest
-    gpus = tuple(replace(g, mig_mode=MigMode.ENABLED, mig_instances=INSTANCES if g.index % 2 == 0 else ())
-                 if g.mig_capable else replace(g, mig_mode=MigMode.DISABLED) for g in info.gpus)
-    return replace(info, gpus=gpus, dynamic_mig=setup == "dynamic")
 
 
 def check_capacity(state: ClusterState) -> None:

@@ -16,8 +16,8 @@ from gpusched.policies.statement import tentative
 from tests.unit.core.builders import make_spec, share, whole
 from tests.unit.policies.placement_cases import Case, build, choose, node
 from tests.unit.policies.placer_questions import ask, planned_nodes
-from tests.unit.policies.test_placement_baselines import GPU_CLUSTERING
-from tests.unit.policies.test_preemption import BE, HI, NOW, Cluster
+from tests.unit.policies.clustering_cases import GPU_CLUSTERING
+from tests.unit.policies.preemption_clusters import BE, HI, NOW, Cluster
 
 POLICY = "gpu-clustering"
 # Where the tags decide: seen without them every node is idle to the policy and the

@@ -21,8 +21,8 @@ from gpusched.policies.preemption.decisions import preemption_decisions, why_no_
 from gpusched.policies.preemption.protection import Shield, lost_gpu_s, wait_allowance
 from gpusched.policies.preemption.victim_rules import PreemptionConfig
 from tests.unit.core.builders import whole
-from tests.unit.policies.test_preemption import BE, HI, NOW, PROD, TR, Cluster, quotas
-from tests.unit.policies.test_preemption_properties import SETTINGS, build, random_config
+from tests.unit.policies.preemption_clusters import BE, HI, NOW, PROD, TR, Cluster, quotas
+from tests.unit.policies.random_preemption import SETTINGS, build, random_config
 
 RATIO = PreemptionConfig(max_loss_per_wait=0.1)
 

@@ -17,8 +17,8 @@ from gpusched.policies.placement.registry import make_placement
 from gpusched.policies.statement import Statement, lend, tentative
 from tests.unit.policies.placement_cases import build, choose
 from tests.unit.policies.placer_questions import ask, planned_nodes
-from tests.unit.policies.test_placement_fgd import CASES
-from tests.unit.policies.test_preemption import BE, HI, NOW, Cluster
+from tests.unit.policies.fgd_cases import CASES
+from tests.unit.policies.preemption_clusters import BE, HI, NOW, Cluster
 
 # The cases whose node the mix decides: with no mix every candidate scores alike and the
 # first registered wins (``equal growth``), so there the answers could not differ.

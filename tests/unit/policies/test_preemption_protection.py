@@ -21,8 +21,8 @@ from gpusched.policies.preemption.victim_rules import PreemptionConfig
 from gpusched.policies.queueing.quota import OrgQuota, QueueTree, TeamQuota
 from tests.unit.policies.preemption_configs import other_rules
 from tests.unit.core.builders import whole
-from tests.unit.policies.test_preemption import BE, HI, NOW, TR, Cluster
-from tests.unit.policies.test_preemption_properties import fits_without
+from tests.unit.policies.preemption_clusters import BE, HI, NOW, TR, Cluster
+from tests.unit.policies.random_preemption import fits_without
 
 PROPERTY = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

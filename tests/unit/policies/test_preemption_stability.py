@@ -16,8 +16,8 @@ from gpusched.core.model import JobPhase
 from gpusched.core.priority import priority_value
 from gpusched.policies.preemption.victim_rules import PreemptionConfig
 from tests.unit.policies.preemption_configs import other_rules
-from tests.unit.policies.test_preemption import BE, HI, NOW, PROD, TR, Cluster
-from tests.unit.policies.test_preemption_properties import fits_without
+from tests.unit.policies.preemption_clusters import BE, HI, NOW, PROD, TR, Cluster
+from tests.unit.policies.random_preemption import fits_without
 
 # --- large requests find their victims ---------------------------------------------------
 # (nodes, GPUs a node, GPUs a victim, workers of the request, GPUs a worker)
@@ -95,7 +95,7 @@ def test_the_search_finds_victims_whenever_a_victim_set_exists(data):
 
 # --- a reclaim takes the least that frees enough ------------------------------------------
 def reclaim_config():
-    from tests.unit.policies.test_preemption import quotas
+    from tests.unit.policies.preemption_clusters import quotas
     return quotas(a=4, b=0)     # b borrows everything it holds
 
 
@@ -134,7 +134,7 @@ def test_priority_preemption_still_prefers_the_least_work_lost():
 
 # --- stability: no reclaim below a guarantee, none twice within the window -------------------
 def test_a_reclaim_never_takes_a_team_below_its_guarantee():
-    from tests.unit.policies.test_preemption import quotas
+    from tests.unit.policies.preemption_clusters import quotas
     c = Cluster(nodes=2)
     # b is guaranteed 4 and holds 5: b-old (1 GPU, inside) and b-big (4 GPUs, straddling).
     c.running("b-old", ("n1", (0,)), team="b", started=NOW - 5000)
@@ -148,7 +148,7 @@ def test_a_reclaim_never_takes_a_team_below_its_guarantee():
 
 
 def test_a_reclaim_takes_what_lies_wholly_above_the_guarantee():
-    from tests.unit.policies.test_preemption import quotas
+    from tests.unit.policies.preemption_clusters import quotas
     c = Cluster(nodes=2)
     c.running("b-old", ("n1", (0,)), team="b", started=NOW - 5000)
     c.running("b-big", ("n2", (0, 1, 2, 3)), team="b", started=NOW - 1000)
@@ -178,7 +178,7 @@ def restart(c: Cluster, job_id: str, node: str, gpus: tuple[int, ...], at: float
 ])
 def test_a_reclaimed_job_is_not_reclaimed_again_within_the_window(window, later, reclaimed_again):
     from dataclasses import replace
-    from tests.unit.policies.test_preemption import quotas
+    from tests.unit.policies.preemption_clusters import quotas
     cfg = replace(quotas(a=4, b=0), reclaim_window_s=window)
     c = Cluster(nodes=1)
     c.running("b1", ("n1", (0, 1, 2, 3)), team="b")
@@ -195,7 +195,7 @@ def test_a_reclaimed_job_is_not_reclaimed_again_within_the_window(window, later,
 
 def test_a_reclaimed_job_may_still_be_preempted_by_priority_within_the_window():
     from dataclasses import replace
-    from tests.unit.policies.test_preemption import quotas
+    from tests.unit.policies.preemption_clusters import quotas
     cfg = replace(quotas(a=4, b=0), reclaim_window_s=3600.0)
     c = Cluster(nodes=1)
     c.running("b1", ("n1", (0, 1, 2, 3)), team="b")
@@ -216,7 +216,7 @@ def test_a_reclaimed_job_may_still_be_preempted_by_priority_within_the_window():
 def test_a_reclaim_leaves_every_team_at_or_above_its_guarantee(data):
     """Two teams of one class on nodes full of their 1-, 2- and 4-GPU jobs, random
     guarantees: whatever a reclaim takes from team b leaves b at or above its guarantee."""
-    from tests.unit.policies.test_preemption import quotas
+    from tests.unit.policies.preemption_clusters import quotas
     d = data.draw
     nodes = d(st.integers(1, 3))
     c = Cluster(nodes=nodes, gpus=8)

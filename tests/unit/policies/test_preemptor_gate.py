@@ -18,8 +18,8 @@ from gpusched_preemptor import decide as decide_module
 from gpusched_preemptor.decide import PreemptorDecider
 from gpusched.policies.preemption.gate import PossibleVictims
 from tests.unit.policies.preemption_configs import other_rules
-from tests.unit.policies.test_defrag import BE, HI, NOW, TR, Cluster
-from tests.unit.policies.test_preemption_properties import SETTINGS
+from tests.unit.policies.defrag_clusters import BE, HI, NOW, TR, Cluster
+from tests.unit.policies.random_preemption import SETTINGS
 
 SUPERVISION = SupervisionConfig(heartbeat_timeout_s=10.0)
 CLASSES = (BE, TR, HI)

@@ -11,7 +11,7 @@ from gpusched.core import events as ev
 from gpusched.core.digest import digest
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig, Unplaced
 from tests.unit.core.builders import make_node, whole, workers
-from tests.unit.policies.test_backfill import Cluster, spec
+from tests.unit.policies.backfill_clusters import Cluster, spec
 
 # No reservation for the first blocked job at once: only the wait bound reserves.
 BOUND_ONLY = {"queue": "fifo", "backfill": False, "reserve_after_s": 300.0}

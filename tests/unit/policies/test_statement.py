@@ -14,7 +14,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpusched.core.digest import digest
-from gpusched.core.mig import FULL_MASK
 from gpusched.core.model import JobPhase, NodeStatus
 from gpusched.policies.placement.gang import place_gang
 from gpusched.policies.placement.registry import make_placement
@@ -23,26 +22,12 @@ from gpusched.policies.placement.index import FreeIndex
 from gpusched.policies.statement import Statement, tentative
 from gpusched.policies.preemption.victim_search import worker_slots
 from tests.unit.core.builders import Log, make_node, make_spec
-from tests.unit.policies.test_preemption_properties import build
+from tests.unit.policies.random_preemption import build
+from tests.unit.policies.reservation_holds import hold_changes
 
 SETTINGS = settings(max_examples=120, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 OPS = ("place", "release", "count", "hold", "lift", "nominate", "unnominate", "checkpoint", "rollback")
-
-
-def hold_changes(state, data) -> tuple[tuple, tuple[str, ...]]:
-    """Some free capacity of one node, as a reservation would hold it."""
-    node = data.draw(st.sampled_from(sorted(state.nodes)))
-    n = state.nodes[node]
-    changes = [(n, "used_cpu", data.draw(st.integers(0, max(0, n.free_cpu)))),
-               (n, "used_mem", data.draw(st.integers(0, max(0, n.free_mem))))]
-    for gpu in n.gpus:
-        if gpu.used_milli == 0 and gpu.info.mig_capable and data.draw(st.booleans()):
-            bits = data.draw(st.integers(1, FULL_MASK)) & ~gpu.mig_mask
-            changes.append((gpu, "mig_mask", bits))
-        elif not gpu.mig_mask:
-            changes.append((gpu, "used_milli", data.draw(st.integers(0, 1000 - gpu.used_milli))))
-    return tuple(c for c in changes if c[2]), (node,)
 
 
 def assert_views_true(statement: Statement) -> None:

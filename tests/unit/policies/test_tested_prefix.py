@@ -13,7 +13,7 @@ from gpusched.policies.queueing import tested_prefix
 from gpusched.policies.queueing.keys import QueueKeys
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig
 from tests.unit.core.builders import Log, make_node
-from tests.unit.policies.test_job_test_cursor import SETTINGS, SHAPES, deep_queue, spec
+from tests.unit.policies.cursor_scenarios import SETTINGS, SHAPES, deep_queue, spec
 
 CLASSES = ("best-effort", "training", "training-high")
 
