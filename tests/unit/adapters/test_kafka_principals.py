@@ -30,6 +30,12 @@ def test_the_printed_list_is_the_table_and_needs_nothing_installed(tmp_path):
     assert len(set(NAMES)) == len(NAMES) and all(re.fullmatch(r"[a-z][a-z0-9-]*", n) for n in NAMES)
 
 
+def test_kafka_sh_takes_its_users_from_the_package():
+    script = (REPO / "deploy" / "kafka.sh").read_text()
+    assert "-m gpusched.adapters.kafka_principals" in script
+    assert f"super.users=User:{SUPER_USER};" in script   # the admin it logs in as, and the brokers
+
+
 def test_the_acls_and_kafka_setup_are_generated_from_the_table():
     assert ACL_GRANTS is GRANTS
     assert SETUP_SERVICES == SERVICES == tuple(p.name for p in PRINCIPALS if p.grant is not None)
