@@ -21,7 +21,7 @@
 #   GPUSCHED_KAFKA_SECURITY      plaintext (default) or sasl_ssl: clients speak SASL_SSL
 #                                with SCRAM-SHA-512 (or -256), a throwaway CA and broker cert are
 #                                made in <run>/kafka/secrets at format time, with one
-#                                SCRAM user per service (PRINCIPALS below) and
+#                                SCRAM user per principal (principals() below) and
 #                                their passwords in <run>/kafka/secrets/credentials;
 #                                the StandardAuthorizer denies what no ACL allows
 #                                (docs/kafka-security.md). The controller listener is
@@ -335,9 +335,18 @@ java_cmd() {  # $1 = main class (or @FILE: a Java argument file holding it), res
     "-Dlog4j2.configurationFile=$LOG4J" "-Dkafka.logs.dir=$LOG_DIR" -cp "$LIBS/*" "$@"
 }
 
-# One SCRAM user per service, the admin (super user: creates topics and ACLs) and
-# "nobody" (a valid login with no role: tests check it is refused everything).
-PRINCIPALS="admin admission placer preemptor relay billing audit nobody"
+# The SCRAM users: one per service, the admin (super user: creates topics and ACLs) and
+# "nobody" (a valid login with no role: tests check it is refused everything). The list
+# is the package's (gpusched/adapters/kafka_principals.py, standard library only), read
+# from this checkout, so any python3 will do; set by cmd_start on a secured start.
+PRINCIPALS=""
+principals() {
+  local names
+  names="$(PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" "$(python_bin)" -m gpusched.adapters.kafka_principals)" \
+    && [[ -n "$names" ]] \
+    || die "could not list the Kafka principals (python -m gpusched.adapters.kafka_principals in $REPO)"
+  echo "$names"
+}
 
 password_of() { awk -v u="$1" '$1 == u {print $2}' "$SECRETS/credentials"; }
 
@@ -437,7 +446,7 @@ cmd_start() {
     die "$RUN_DIR was formatted with GPUSCHED_KAFKA_SECURITY=$(cat "$RUN_DIR/security"); use that or \`clean\` first"
   fi
   mkdir -p "$RUN_DIR"; echo "$SECURITY" >"$RUN_DIR/security"
-  if [[ "$SECURITY" == sasl_ssl ]]; then make_secrets; fi
+  if [[ "$SECURITY" == sasl_ssl ]]; then PRINCIPALS="$(principals)"; make_secrets; fi
   ready_env
   local t0=$SECONDS i pids=()
   for ((i = 1; i <= NODES; i++)); do node "$i"; pids+=("$(start_node)"); done

@@ -14,7 +14,7 @@ and so may read its pool's log (running ``--node NAME`` again takes that back).
 ``--node-host NAME`` does the same for a node host (``gpusched node-host``): its topics
 ``hostreports.NAME`` and ``hostbeats.NAME`` and its user ``node-host.NAME``.
 
-``--service NAME`` (repeatable: admission, placer, preemptor, relay, billing, audit) sets
+``--service NAME`` (repeatable: a service's principal, ``kafka_principals.SERVICES``) sets
 that service's SCRAM credential to a new random password, written to ``--secrets DIR/NAME``
 (mode 600), for the mechanism ``--scram-mechanism`` (default: the admin's). A user has
 one credential per mechanism: setting the other mechanism's leaves the one in use
@@ -27,7 +27,7 @@ import asyncio
 import os
 from pathlib import Path
 
-SERVICES = ("admission", "placer", "preemptor", "relay", "billing", "audit")   # kafka_acls.GRANTS' services
+from gpusched.adapters.kafka_principals import SERVICES
 
 
 async def setup(args: argparse.Namespace) -> int:

@@ -10,13 +10,14 @@ its tokens, JWTs and (``mtls``) client certificates, and check its policy file
 (docs/security.md).
 
 On a secured cluster each service logs in to Kafka as its own principal
-(``gpusched.adapters.kafka_acls.GRANTS``): its password comes from ``credentials``
-(by default the ``credentials`` file next to the connection's CA, as deploy/kafka.sh
-writes them). Each node-agent logs in as its node's own principal ``node-agent.<node>``,
-made when the agent is first started (``gpusched.adapters.node_access.add_node``: this
-needs the cluster's connection to be the admin's, as the tests' is). Admission relays
-the agents' reports into the pool log; ``relay()`` starts one on its own. ``node_host()``
-starts many simulated nodes in one process (``gpusched node-host``).
+(``principal_of``, from ``gpusched.adapters.kafka_principals.PRINCIPALS``): its password
+comes from ``credentials`` (by default the ``credentials`` file next to the connection's
+CA, as deploy/kafka.sh writes them). Each node-agent logs in as its node's own principal
+``node-agent.<node>``, made when the agent is first started
+(``gpusched.adapters.node_access.add_node``: this needs the cluster's connection to be the
+admin's, as the tests' is). Admission relays the agents' reports into the pool log;
+``relay()`` starts one on its own. ``node_host()`` starts many simulated nodes in one
+process (``gpusched node-host``).
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpusched.adapters.kafka_admin import TopicNames
+from gpusched.adapters.kafka_principals import principal_of_command
 from gpusched.adapters.kafka_security import Where, connection, load_credentials
 from gpusched.adapters.reports import host_principal, node_principal
 from gpusched.ports import free_port
@@ -38,9 +40,18 @@ if TYPE_CHECKING:
     from gpusched.adapters.dev_pki import DevPki
 
 BIN = Path(sys.executable).parent
-# The Kafka principal each service command logs in as (a node-agent: its node's own).
-PRINCIPALS = {"gpusched-admission": "admission", "gpusched-placer": "placer",
-              "gpusched-preemptor": "preemptor", "gpusched": "audit"}
+
+
+def principal_of(command: str, *args: str) -> str:
+    """The Kafka principal that ``command`` (a console script, or ``gpusched`` and its
+    subcommand in ``args``) logs in as: ``kafka_principals.principal_of_command``. A
+    node-agent's or a node host's is its own, given by the caller (``LocalCluster.start``)."""
+    name = (args[0] if args else "") if command == "gpusched" else command.removeprefix("gpusched-")
+    principal = principal_of_command(name)
+    if principal is None:
+        raise ValueError(f"no Kafka principal logs in as {command} {' '.join(args[:1])}".rstrip()
+                         + " (gpusched.adapters.kafka_principals): pass principal=")
+    return principal
 
 
 @dataclass
@@ -100,7 +111,7 @@ class LocalCluster:
             conn = conn.as_user(principal, self.credentials.get(principal, ""))
         return conn.env()
 
-    def _env(self, principal: str = "audit") -> dict[str, str]:
+    def _env(self, principal: str) -> dict[str, str]:
         return {**os.environ, **self.kafka_env(principal),
                 "GPUSCHED_TOPIC_PREFIX": self.topics.prefix,
                 "GPUSCHED_PARTITIONS": str(self.partitions), "GPUSCHED_LOG_LEVEL": "WARNING",
@@ -124,9 +135,9 @@ class LocalCluster:
         if command == "gpusched-node-agent" and not principal:   # its node's own login
             reads_log = "--source" in args and args[list(args).index("--source") + 1] == "log"
             principal = await self.add_node(args[list(args).index("--name") + 1], reads_log=reads_log)
+        env = self._env(principal or principal_of(command, *args))
         log_path = self.log_dir / f"{name}.log"
         log = open(log_path, "ab")
-        env = self._env(principal or PRINCIPALS.get(command, "audit"))
         metrics_port = free_port() if self.metrics else 0
         env["GPUSCHED_METRICS_PORT"] = str(metrics_port)
         proc = await asyncio.create_subprocess_exec(
@@ -190,7 +201,7 @@ class LocalCluster:
         return principal
 
     async def relay(self, name: str = "relay", *args: str) -> Service:
-        return await self.start(name, "gpusched", "relay", *args, principal="relay")
+        return await self.start(name, "gpusched", "relay", *args)
 
     async def stop_all(self) -> None:
         await asyncio.gather(*(s.terminate() for s in self.services), return_exceptions=True)

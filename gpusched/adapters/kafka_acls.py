@@ -1,5 +1,6 @@
 """Kafka ACLs of a gpusched deployment: one principal per service, each allowed only
-what it needs (docs/kafka-security.md has the table and the reasons).
+what it needs (``gpusched.adapters.kafka_principals`` lists them with their grants;
+docs/kafka-security.md has the table and the reasons).
 
 The broker (``deploy/kafka.sh`` with ``GPUSCHED_KAFKA_SECURITY=sasl_ssl``) runs the
 ``StandardAuthorizer`` with ``allow.everyone.if.no.acl.found=false``: what no ACL allows
@@ -23,13 +24,13 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import defaultdict
-from dataclasses import dataclass
 
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.protocol.admin import CreateAclsRequest_v1, DeleteAclsRequest_v1, DescribeAclsRequest_v1
 from aiokafka.protocol.api import Request
 
 from gpusched.adapters.kafka_admin import TopicNames
+from gpusched.adapters.kafka_principals import GRANTS, Grant
 from gpusched.adapters.kafka_security import Where, client_args
 from gpusched.adapters.reports import (BEATS, HOST_BEATS, HOST_REPORTS, REPORTS, beats_topic, host_beats_topic,
                                        host_principal, host_report_topic, node_principal, report_topic)
@@ -42,47 +43,9 @@ _ALLOW = 3
 _ANY = 1
 READ, WRITE, DESCRIBE, DESCRIBE_CONFIGS, IDEMPOTENT_WRITE = 3, 4, 8, 10, 12
 
-
-@dataclass(frozen=True)
-class Grant:
-    """What one principal may do: topics (by ``TopicNames`` attribute) it reads and
-    writes, and consumer groups (a suffix of the prefix) it joins."""
-
-    reads: tuple[str, ...] = ()
-    writes: tuple[str, ...] = ()
-    groups: tuple[str, ...] = ()
-    reads_reports: bool = False   # every node's report topic of the prefix (the relay)
-    reads_beats: bool = False     # every node's beats topic of the prefix (the preemptor)
-    writes_work: bool = False     # every node's work view (the relay: gpusched.adapters.work_writer)
-
-
-# Read from the code: who produces to and consumes from which topic. Every writer also
-# dead-letters what it cannot apply. Billing and audit read only; "nobody" (a valid login
-# with no role) gets nothing, the admin is a super user (topics and ACLs).
-GRANTS: dict[str, Grant] = {
-    # Admission runs the relay (gpusched.adapters.relay) unless started with --no-relay;
-    # the relay forwards the usage records it checked.
-    "admission": Grant(reads=("events",), writes=("events", "usage", "dead_letters"), groups=("relay",),
-                       reads_reports=True, writes_work=True),
-    # The placer writes the pool log's dead letters, once each: it reads the topic first.
-    "placer": Grant(reads=("events", "snapshots", "dead_letters"), writes=("events", "snapshots", "dead_letters"),
-                    groups=("placer",)),
-    # The preemptor's heartbeat monitor reads every node's beats topic, and sends probe
-    # beats through <prefix>heartbeats to know its own consumer hears
-    # (gpusched/adapters/heartbeats.py), hence its write there.
-    "preemptor": Grant(reads=("events", "heartbeats"), writes=("events", "heartbeats", "dead_letters"),
-                       groups=("preemptor",), reads_beats=True),
-    # The relay on its own (``gpusched relay``): what admission needs for it.
-    "relay": Grant(reads=("events",), writes=("events", "usage", "dead_letters"), groups=("relay",),
-                   reads_reports=True, writes_work=True),
-    # Their consumers (gpusched.consumers.stream) commit offsets in a group of their name.
-    "billing": Grant(reads=("events", "usage"), groups=("billing",)),
-    # The auditor reads every topic, the nodes' own report and beats topics included: what
-    # a node sent, forged records too, is part of who did what.
-    "audit": Grant(reads=("events", "heartbeats", "dead_letters", "snapshots", "usage"), groups=("audit",),
-                   reads_reports=True, reads_beats=True),
-}
-
+# GRANTS, the services' ACLs, come from the one list of the broker's users
+# (gpusched.adapters.kafka_principals.PRINCIPALS); "nobody" (a valid login with no role)
+# gets nothing, the admin is a super user (topics and ACLs).
 
 # What every node's own principal gets besides its report and beats topics and its work
 # view: it dead-letters what it cannot apply. Its beats and usage records go on its own

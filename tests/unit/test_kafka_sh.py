@@ -8,6 +8,7 @@ import stat
 import subprocess
 from pathlib import Path
 
+from gpusched.adapters.kafka_principals import NAMES
 from gpusched.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -51,7 +52,7 @@ def test_a_secured_start_passes_no_password_on_a_command_line(tmp_path):
 
     secrets = run / "kafka" / "secrets"
     passwords = dict(line.split() for line in (secrets / "credentials").read_text().splitlines())
-    assert {"admin", "admission", "placer", "relay"} <= passwords.keys()
+    assert list(passwords) == list(NAMES)   # one user per principal of the package's list, no other
     record = (tmp_path / "java.log").read_text()
     command_lines = [line for line in record.splitlines() if line.startswith("argv:")]
     assert any("kafka.Kafka" in line for line in command_lines)   # the broker was started (after the format)

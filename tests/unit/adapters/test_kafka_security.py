@@ -192,13 +192,13 @@ def test_acls_name_only_this_prefixs_topics_and_groups(user):
 
 
 def test_local_cluster_gives_each_service_its_own_login(tmp_path):
-    from gpusched.local_cluster import PRINCIPALS, LocalCluster
+    from gpusched.local_cluster import LocalCluster, principal_of
 
     (tmp_path / "credentials").write_text("admin a\nplacer p\nnode-agent.n1 n\n")
     admin = KafkaConnection("h:1", "SASL_SSL", "admin", "a", str(tmp_path / "ca.pem"))
     cluster = LocalCluster(admin, TopicNames("p."), tmp_path / "logs")
     env = cluster.kafka_env("node-agent.n1")
     assert (env["GPUSCHED_KAFKA_USER"], env["GPUSCHED_KAFKA_PASSWORD"]) == ("node-agent.n1", "n")
-    assert PRINCIPALS["gpusched-placer"] == "placer"
+    assert principal_of("gpusched-placer") == "placer"
     assert cluster.kafka_env("placer")["GPUSCHED_KAFKA_PASSWORD"] == "p"
     assert "GPUSCHED_KAFKA_USER" not in LocalCluster("h:1", TopicNames("p."), tmp_path / "l2").kafka_env("placer")
