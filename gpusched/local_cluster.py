@@ -62,6 +62,25 @@ class Service:
     log_path: Path | None = None
     metrics_port: int = 0   # its Prometheus /metrics port (LocalCluster(metrics=True))
     _drain: asyncio.Task | None = field(default=None, repr=False)
+    _exited: asyncio.Future | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        """Hear the process's exit through a pidfd. Not ``proc.wait()``: that also waits
+        for its stdout to close, which a node-agent's worker shims inherit and keep open
+        on purpose (they outlive the agent)."""
+        loop = asyncio.get_running_loop()
+        self._exited = loop.create_future()
+        try:
+            pidfd = os.pidfd_open(self.proc.pid)
+        except ProcessLookupError:   # gone already
+            self._exited.set_result(None)
+            return
+
+        def on_exit() -> None:
+            loop.remove_reader(pidfd)
+            os.close(pidfd)
+            self._exited.set_result(None)
+        loop.add_reader(pidfd, on_exit)
 
     @property
     def port(self) -> int:
@@ -75,13 +94,13 @@ class Service:
     async def kill9(self) -> None:
         if self.alive:
             self.proc.send_signal(signal.SIGKILL)
-        await self.proc.wait()
+        await asyncio.shield(self._exited)
 
     async def terminate(self, timeout: float = 15.0) -> None:
         if self.alive:
             self.proc.send_signal(signal.SIGTERM)
             try:
-                await asyncio.wait_for(self.proc.wait(), timeout)
+                await asyncio.wait_for(asyncio.shield(self._exited), timeout)
             except asyncio.TimeoutError:
                 await self.kill9()
 

@@ -24,17 +24,18 @@ from gpusched.adapters import tracing
 from gpusched.adapters.publisher import EventPublisher
 from gpusched.adapters.reports import confirm, queue_report, queued, report_behind
 from gpusched.core import events as ev
-from gpusched.core.model import EXIT_LOST, JobPhase, NodeInfo, WorkerAssignment
+from gpusched.core.model import EXIT_LOST, JobPhase, NodeInfo, NodeStatus, WorkerAssignment
 from gpusched.core.state import ClusterState, JobState
 from gpusched.adapters.work_view import JOB_KEY, NODE_KEY
 from gpusched.ports import free_port
 from gpusched_node_agent.devices import WorkerDevices
 from gpusched_node_agent.launch_env import node_addresses, worker_env
 from gpusched_node_agent.lease import NodeLease
-from gpusched_node_agent.leftovers import kill_leftovers, worker_dir_name
+from gpusched_node_agent.leftovers import end_leftovers, find_leftovers, worker_dir_name
 from gpusched_node_agent.liveness import NodeLiveness
-from gpusched_node_agent.runner import (EXIT_NOT_STARTED, NotStarted, NothingToRun, ProcessRun, SimulatedRun,
-                                        WorkerExit, group_alive, why_not_started)
+from gpusched_node_agent.runner import (EXIT_NOT_STARTED, STATUS_FILE, NotStarted, NothingToRun, ProcessRun,
+                                        SimulatedRun, WorkerExit, exit_from_status, group_alive, read_status,
+                                        why_not_started)
 
 log = logging.getLogger("gpusched.node_agent")
 Key = tuple[str, int, int]   # (job id, attempt, worker)
@@ -114,19 +115,27 @@ class NodeAgent(NodeLiveness):
 
     # --- start-up -------------------------------------------------------------------
     async def join(self, follower) -> None:
-        """End what an earlier life of this agent left running, replay, register, then
-        report every worker the log still gives us as gone: we do not run it any more,
-        so the scheduler places it again (uncharged)."""
+        """Take over what an earlier life of this agent left running where the log still
+        runs it here, end the rest, register, then report every other worker the log
+        still gives us as gone: we do not run it any more, so the scheduler places it
+        again (uncharged)."""
         self.follower = follower
-        leftovers = await asyncio.to_thread(kill_leftovers, self.state_dir, self.grace_s, self.process_alive) \
+        found = await asyncio.to_thread(find_leftovers, self.state_dir, self.process_alive) \
             if self.real_processes else []
+        if any(w.adoptable for w in found):
+            # Their shims fence them when the lease runs out: renew it while the log is
+            # read. Safe: a node is declared lost only after its lease has run out, and a
+            # shim that fenced its workload does not start it again.
+            await self.beat()
+        await follower.caught_up()
+        await self.beat()                        # a valid lease before anything starts
+        rest = [w for w in found if not (w.adoptable and self._adopt(w))]
+        leftovers = await asyncio.to_thread(end_leftovers, rest, self.grace_s) if rest else []
         ends = {(w.key.job_id, w.key.attempt, w.key.worker): w.end for w in leftovers if w.key is not None}
         # A worker still there after SIGKILL (uninterruptible sleep) still uses its GPUs:
         # its end is never reported, so the log keeps them held, and the node is cordoned.
         stuck = [w.name for w in leftovers if not w.gone]
         self.stuck = {(w.key.job_id, w.key.attempt, w.key.worker) for w in leftovers if not w.gone and w.key}
-        await follower.caught_up()
-        await self.beat()                        # a valid lease before anything starts
         await self._register()
         if stuck:
             await self._cordon_for(stuck)
@@ -137,9 +146,44 @@ class NodeAgent(NodeLiveness):
         self.live = True
         for key in gone:
             end = ends.get(key)
+            if end is None and (end := self._recorded_end(key)) is not None and not end.fenced:
+                # It ended by itself while no agent watched: its shim recorded the real end
+                # (fenced by the lease, it is gone by no fault of its own: reported as such).
+                if key not in self.ended and key not in self.launched:
+                    self.ended.add(key)
+                    await self._finished(key, end)
+                continue
             why = f"stopped when the agent on {self.name} restarted" if end else \
                 f"not running on {self.name} after agent restart"
             await self._report_gone(key, why, end.signal if end else 0)
+
+    def _recorded_end(self, key: Key) -> WorkerExit | None:
+        """The end a worker's shim recorded in its folder, if it ran here and ended."""
+        if not self.real_processes:
+            return None
+        status = read_status(self.state_dir / worker_dir_name(*key) / STATUS_FILE)
+        return exit_from_status(status) if status is not None and "ended_at" in status else None
+
+    def _adopt(self, leftover) -> bool:
+        """Take over a worker an earlier life of this agent started, when the log still
+        runs that very attempt's worker on this node (not lost, not ending): its run
+        goes on as if this agent had started it. False: it is ended instead."""
+        key = leftover.key
+        job = self._job(key.job_id)
+        if job is None or job.attempt != key.attempt or job.phase not in _RUNS or self.node_status() is NodeStatus.LOST:
+            return False
+        worker = next((w for w in self._my_workers(job) if w.worker == key.worker), None)
+        if worker is None or (self.mig is not None and any(s.mig_profile for s in worker.gpus)):
+            return False   # dynamic MIG: the instances it made for the worker died with that life
+        run = self._new_run(job, worker, key, {}, env=False)
+        if not run.adopt(leftover.status):
+            return False
+        key = (key.job_id, key.attempt, key.worker)
+        log.info("adopted worker %s of %s (attempt %s), left running by an earlier agent", key[2], key[0], key[1])
+        self.launched.add(key)
+        self.runs[key] = run
+        self.running[key] = asyncio.create_task(self._run(key, run, adopted=True))
+        return True
 
     async def _register(self) -> None:
         """Report the node and wait until the relay put it in the pool log and the fold
@@ -270,9 +314,11 @@ class NodeAgent(NodeLiveness):
         self.runs[key] = run
         self.running[key] = asyncio.create_task(self._run(key, run))
 
-    def _new_run(self, job: JobState, worker: WorkerAssignment, key: Key, addresses: dict[str, str]):
+    def _new_run(self, job: JobState, worker: WorkerAssignment, key: Key, addresses: dict[str, str],
+                 env: bool = True):
         """The worker's run: its command as a process under its shim on a node that runs
-        processes, else a simulated run."""
+        processes, else a simulated run. ``env=False``: for a run to adopt, which starts
+        nothing (no environment built, no port bound)."""
         spec = job.spec
         report = self._checkpoint_reporter(key) if worker.worker == 0 else None
         if not self.real_processes:
@@ -283,7 +329,7 @@ class NodeAgent(NodeLiveness):
             raise NothingToRun(f"spec.command is empty, and {self.name} runs jobs as real processes: "
                                "the job would run nothing")
         devices = WorkerDevices(self.info, worker.gpus, spec.resources, self.info.mps, self.mig)
-        return ProcessRun(spec.command, self._worker_env(job, worker, addresses),
+        return ProcessRun(spec.command, self._worker_env(job, worker, addresses) if env else {},
                           self.state_dir / worker_dir_name(*key), report, devices=devices,
                           lease_path=self.lease.path if self.lease else None, kill_wait=self.grace_s)
 
@@ -311,18 +357,26 @@ class NodeAgent(NodeLiveness):
                                            checkpoint=location, progress_s=progress))
         return report
 
-    async def _run(self, key: Key, run) -> None:
+    async def _run(self, key: Key, run, adopted: bool = False) -> None:
+        """Start the worker (an ``adopted`` one runs already), report its start unless the
+        log has it, then its end."""
         job_id, attempt, worker = key
         try:
-            try:
-                await run.start()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:   # whatever it was, the worker is not running: its end frees its resources
-                log.warning("worker %s of %s cannot start: %s", worker, job_id, why_not_started(exc))
-                await self._finished(key, WorkerExit(EXIT_NOT_STARTED, reason=f"cannot start: {why_not_started(exc)}"))
+            if not adopted:
+                try:
+                    await run.start()
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:   # whatever it was, the worker is not running: its end frees its resources
+                    log.warning("worker %s of %s cannot start: %s", worker, job_id, why_not_started(exc))
+                    await self._finished(key, WorkerExit(EXIT_NOT_STARTED,
+                                                         reason=f"cannot start: {why_not_started(exc)}"))
+                    return
+                tracing.mark("worker start", job_id, **{"gpusched.node": self.name, "gpusched.worker": worker})
+            job = self._job(job_id)
+            if adopted and job is not None and worker in job.started:
+                await self._finished(key, await run.wait())
                 return
-            tracing.mark("worker start", job_id, **{"gpusched.node": self.name, "gpusched.worker": worker})
             started = self._event(ev.WorkerStarted, job_id=job_id, attempt=attempt, worker=worker, node=self.name)
             first = await queued(self._queue_report, started)   # the end is awaited meanwhile
             confirmed = asyncio.ensure_future(confirm(self.publish, started, first))

@@ -1,11 +1,13 @@
-"""Work left running from an earlier life of the agent, found and ended.
+"""Work left running from an earlier life of the agent: found, and ended unless the
+restarted agent takes it over.
 
-An agent that restarts, or learns it was declared lost, must not report stale work as
-running: the scheduler has placed (or will place) it elsewhere. ``kill_leftovers`` goes
-through the worker folders under the agent's state folder, and for every shim status
-that records no end it stops that worker: through its shim when the shim is alive (the
-shim records the real end), or directly when only the workload is left. It returns
-once the processes are really gone, with each worker's end.
+``find_leftovers`` goes through the worker folders under the agent's state folder and
+returns every worker whose shim status records no end. The agent adopts those the log
+still runs on this node and whose shim is alive (``Leftover.adoptable``; ``agent.py``);
+it must not let any other run on: the scheduler has placed (or will place) that work
+elsewhere. ``end_leftovers`` stops those: through the shim when it is alive (the shim
+records the real end), or directly when only the workload is left, and returns once
+the processes are really gone, with each worker's end.
 
 Worker folders are named ``<job_id>-<attempt>-<worker>`` (``worker_dir_name``); the job
 id may itself contain dashes, the two numbers may not.
@@ -64,8 +66,8 @@ class LeftoverWorker:
     gone: bool = True          # False: a process was still there when the deadline passed
 
 
-class _Leftover:
-    """One worker whose shim status records no end, while it is being stopped."""
+class Leftover:
+    """One worker whose shim status records no end: adopted, or stopped here."""
 
     def __init__(self, path: Path, status: dict, group_alive: GroupAlive) -> None:
         self.path, self.status, self.group_alive = path, status, group_alive
@@ -74,6 +76,15 @@ class _Leftover:
         self.last_signal = 0
         self.kill_at = 0.0
         self.end: WorkerExit | None = None
+
+    @property
+    def key(self) -> WorkerDir | None:
+        return _key(self.path.parent.name)
+
+    @property
+    def adoptable(self) -> bool:
+        """Its shim is alive and started the workload: a restarted agent may take it over."""
+        return self.via_shim and self.pid is not None and self.key is not None
 
     def alive(self) -> bool:
         return self.via_shim or (self.pid is not None and self.group_alive(self.pid))
@@ -130,14 +141,33 @@ class _Leftover:
         self._record(WorkerExit(EXIT_LOST, 0, reason=reason))
 
 
-def kill_leftovers(state_dir: Path, kill_wait: float, alive: GroupAlive = group_alive) -> list[LeftoverWorker]:
-    """End every worker under ``state_dir`` whose shim status records no end; wait
-    (polling, up to ``kill_wait`` + a margin, then SIGKILL and a margin more) until its
-    processes are gone (``alive``: whether a process group still runs). Ended workers are
-    ignored; each one ended here is returned, ``gone=False`` where a process outlived
-    SIGKILL (its end is not recorded: the next agent looks again)."""
+def find_leftovers(state_dir: Path, alive: GroupAlive = group_alive) -> list[Leftover]:
+    """Every worker under ``state_dir`` whose shim status records no end (``alive``:
+    whether a process group still runs). Pids recorded in an earlier boot are never
+    signalled (nor adopted)."""
+    here = boot_id()
+    found = []
+    for path in sorted(Path(state_dir).glob(f"*/{STATUS_FILE}")):
+        status = read_status(path)
+        if status is None:
+            log.warning("unreadable worker status %s: skipped", path)
+            continue
+        if "ended_at" in status:
+            continue
+        w = Leftover(path, status, alive)
+        if status.get("boot_id") and here and status["boot_id"] != here:
+            w.pid = None          # its pids belong to an earlier boot: never signal them
+            w.via_shim = False
+        found.append(w)
+    return found
+
+
+def end_leftovers(found: list[Leftover], kill_wait: float) -> list[LeftoverWorker]:
+    """End the workers ``found``; wait (polling, up to ``kill_wait`` + a margin, then
+    SIGKILL and a margin more) until their processes are gone. Each one is returned with
+    its end, ``gone=False`` where a process outlived SIGKILL (its end is not recorded:
+    the next agent looks again)."""
     check_seconds("kill_wait", kill_wait)
-    found = _not_ended(Path(state_dir), alive)
     live = [w for w in found if w.alive()]
     for w in found:
         if w not in live:
@@ -151,28 +181,16 @@ def kill_leftovers(state_dir: Path, kill_wait: float, alive: GroupAlive = group_
     for w in stuck:
         log.error("worker %s is still there after SIGKILL", w.path.parent.name)
         w.end = WorkerExit(128 + signal.SIGKILL, signal.SIGKILL, reason="still there after SIGKILL")
-    return [LeftoverWorker(w.path.parent.name, _key(w.path.parent.name), w.end, w not in stuck) for w in found]
+    return [LeftoverWorker(w.path.parent.name, w.key, w.end, w not in stuck) for w in found]
 
 
-def _not_ended(state_dir: Path, alive: GroupAlive) -> list[_Leftover]:
-    here = boot_id()
-    found = []
-    for path in sorted(state_dir.glob(f"*/{STATUS_FILE}")):
-        status = read_status(path)
-        if status is None:
-            log.warning("unreadable worker status %s: skipped", path)
-            continue
-        if "ended_at" in status:
-            continue
-        w = _Leftover(path, status, alive)
-        if status.get("boot_id") and here and status["boot_id"] != here:
-            w.pid = None          # its pids belong to an earlier boot: never signal them
-            w.via_shim = False
-        found.append(w)
-    return found
+def kill_leftovers(state_dir: Path, kill_wait: float, alive: GroupAlive = group_alive) -> list[LeftoverWorker]:
+    """End every worker under ``state_dir`` whose shim status records no end."""
+    check_seconds("kill_wait", kill_wait)
+    return end_leftovers(find_leftovers(state_dir, alive), kill_wait)
 
 
-def _wait(workers: list[_Leftover], deadline: float) -> list[_Leftover]:
+def _wait(workers: list[Leftover], deadline: float) -> list[Leftover]:
     """Poll until every worker is over or the deadline passes; those still pending."""
     pending = list(workers)
     while pending:

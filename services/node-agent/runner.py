@@ -174,6 +174,21 @@ class ProcessRun:
             self._release()
             raise
 
+    def adopt(self, status: dict) -> bool:
+        """Take over this worker's shim from an earlier life of the agent, as its status
+        (``shim.json``, no end recorded) names it: ``wait`` and ``stop`` then work as for
+        a shim this run started, the devices having been acquired by that earlier life.
+        False when the shim is gone (or its pid is another process's now)."""
+        pid, shim_pid, shim_start = status.get("pid"), status.get("shim_pid"), status.get("shim_start")
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v > 1 for v in (pid, shim_pid)) \
+                or not isinstance(shim_start, int):
+            return False
+        proc = shim_process.adopt(shim_pid, shim_start)
+        if proc is None:
+            return False
+        self._proc, self.pid = proc, pid
+        return True
+
     async def _start_shim(self) -> None:
         self._proc = await shim_process.spawn(self.shim_args(), self.env, str(self.workdir))
         status = await self._started_status()

@@ -4,7 +4,10 @@ checkout) spawned by the agent itself with ``posix_spawn``, one per worker.
 
 The shim is this agent's child: its end comes through a pidfd on the event loop (no
 thread, no SIGCHLD handler), and its pid cannot be reused before it is reaped here, so
-signals to it never reach a stranger. It writes its workload's pid on a pipe once its
+signals to it never reach a stranger. A restarted agent ``adopt``s the shims an earlier
+life of it spawned: those are not its children, so it signals them through their pidfd
+(which never reaches a later process with the same pid) and learns their end from the
+status file alone. It writes its workload's pid on a pipe once its
 first status is written, so the agent reads no file for a start. ``missing()`` says
 why the shim cannot run here (the binary is not built, or the kernel has no pidfd);
 the node-agent checks it at start-up and refuses to run real workloads without it.
@@ -16,6 +19,11 @@ import functools
 import os
 import signal
 from pathlib import Path
+
+if __package__:
+    from .proc_info import proc_stat
+else:   # loaded by file path (deploy/gpu_check.py): proc_info.py sits beside it
+    from proc_info import proc_stat
 
 BINARY = Path(__file__).resolve().with_name("gpusched-shim")
 WRITTEN_FD = 3   # the shim's end of its "status written" pipe
@@ -47,7 +55,8 @@ def _has_pidfd() -> bool:
 class ShimProcess:
     """A shim this agent spawned, until it is reaped."""
 
-    def __init__(self, pid: int, loop: asyncio.AbstractEventLoop, written_r: int) -> None:
+    def __init__(self, pid: int, loop: asyncio.AbstractEventLoop, written_r: int | None,
+                 pidfd: int | None = None) -> None:
         self.pid = pid
         self.returncode: int | None = None
         self.ended = False
@@ -56,9 +65,13 @@ class ShimProcess:
         self.written: asyncio.Future = loop.create_future()
         self._exited: asyncio.Future = loop.create_future()
         self._loop = loop
-        self._pidfd = os.pidfd_open(pid)
+        self.adopted = pidfd is not None         # not our child: no exit code to reap
+        self._pidfd = os.pidfd_open(pid) if pidfd is None else pidfd
         self._written_r = written_r
-        loop.add_reader(written_r, self._on_written)
+        if written_r is None:
+            self.written.set_result(True)
+        else:
+            loop.add_reader(written_r, self._on_written)
         loop.add_reader(self._pidfd, self._on_exit)
 
     def _on_written(self) -> None:
@@ -72,10 +85,13 @@ class ShimProcess:
             self.written.set_result({"pid": int(word)} if word.isdigit() else True)
 
     def _on_exit(self) -> None:
-        try:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
-        except ChildProcessError:   # reaped elsewhere: its code is lost
+        if self.adopted:   # another process reaps it (init, or a subreaper): its code is lost
             pid, status = self.pid, None
+        else:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:   # reaped elsewhere: its code is lost
+                pid, status = self.pid, None
         if pid == 0:
             return
         self._loop.remove_reader(self._pidfd)
@@ -89,7 +105,11 @@ class ShimProcess:
         return self._exited
 
     def send_signal(self, sig: int) -> None:
-        if not self.ended:   # not reaped yet: the pid is still this shim's
+        if self.ended:
+            return
+        if self.adopted:   # the pidfd names this very process, whoever reaps it
+            signal.pidfd_send_signal(self._pidfd, sig)
+        else:              # not reaped yet: the pid is still this shim's
             os.kill(self.pid, sig)
 
     def kill(self) -> None:
@@ -117,3 +137,18 @@ async def spawn(args: list[str], env: dict[str, str], cwd: str) -> ShimProcess:
     finally:
         os.close(written_w)
     return ShimProcess(pid, loop, written_r)
+
+
+def adopt(pid: int, started: int) -> ShimProcess | None:
+    """A shim an earlier life of this agent spawned, found by its pid and its start
+    (``proc_info.proc_stat``, as the shim recorded it in its status); None when that
+    process is gone (or is another one now)."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except (OSError, ValueError):
+        return None
+    stat = proc_stat(pid)   # read after the pidfd is open: a match means the pidfd is that shim
+    if stat is None or stat[0] in "ZX" or stat[1] != started:
+        os.close(pidfd)
+        return None
+    return ShimProcess(pid, asyncio.get_running_loop(), None, pidfd=pidfd)

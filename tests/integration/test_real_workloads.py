@@ -17,6 +17,7 @@ from pathlib import Path
 
 from gpusched.client import Client, spec
 from gpusched.core import events as ev
+from gpusched.core.model import EXIT_LOST
 from gpusched.local_cluster import LocalCluster
 from gpusched.v1 import admission_pb2, types_pb2
 from tests.integration.logcheck import check_log, read_log
@@ -29,6 +30,7 @@ RENDEZVOUS = (sys.executable, str(WORKLOADS / "rendezvous.py"))
 RUNNING, SUCCEEDED = types_pb2.JOB_PHASE_RUNNING, types_pb2.JOB_PHASE_SUCCEEDED
 CANCELLED, TIMEOUT = types_pb2.JOB_PHASE_CANCELLED, types_pb2.JOB_PHASE_TIMEOUT
 LEASE_S, KILL_WAIT_S, BEAT_S = 2.0, 1.5, 0.3
+RESTART_LEASE_S = 15.0   # long enough for an agent to start again before its workers' shims fence them
 
 
 async def real_agent(cluster: LocalCluster, node: str, tmp_path: Path, gpus: int = 1, lease: float = LEASE_S):
@@ -261,20 +263,22 @@ async def _records(root: Path, job_id: str, attempt: int, count: int, timeout: f
     return await asyncio.wait_for(poll(), timeout)
 
 
-async def test_a_restarted_agent_reports_gone_only_what_it_does_not_run(kafka_bootstrap, topics, tmp_path):
-    """An agent killed with -9 comes back: it ends its leftovers and reports them gone,
-    which frees GPUs while urgent jobs wait for this node. Those start on the new agent
-    while it is still reporting; none of them may be reported gone too (which would run
-    a second attempt next to the first). No preemptor runs, so nothing else ends a job."""
+async def test_a_restarted_agent_keeps_its_workers_and_ends_only_what_the_log_ended(kafka_bootstrap, topics,
+                                                                                   tmp_path):
+    """An agent killed with -9 comes back within its lease: it takes over the workers its
+    shims still run, which finish their attempt as if nothing happened; the one job
+    cancelled while it was down is stopped through its shim and reported with its real
+    end. Urgent jobs waiting for this node start on the new agent while it is reporting,
+    and none is reported gone. No preemptor runs, so nothing else ends a job."""
     cluster = LocalCluster(kafka_bootstrap, topics, tmp_path / "logs")
     gpus = 8
     try:
         admission = await cluster.admission()
         await cluster.placer()
-        agent = await real_agent(cluster, "node-0", tmp_path, gpus=gpus)
+        agent = await real_agent(cluster, "node-0", tmp_path, gpus=gpus, lease=RESTART_LEASE_S)
         client = Client(f"127.0.0.1:{admission.port}")
         fillers = [(await client.submit(spec(f"fill-{i}", "research", gpus=1, priority="best-effort",
-                                             command=(*RECORDER, "--duration", "2")))).job.job_id
+                                             command=(*RECORDER, "--duration", "5")))).job.job_id
                    for i in range(gpus)]
         for job_id in fillers:
             await recorded_start(tmp_path, job_id)
@@ -282,18 +286,73 @@ async def test_a_restarted_agent_reports_gone_only_what_it_does_not_run(kafka_bo
                                             command=(*RECORDER, "--duration", "1")))).job.job_id
                   for i in range(2 * gpus)]
         await agent.kill9()
-        await real_agent(cluster, "node-0", tmp_path, gpus=gpus)
+        cancelled = fillers[0]
+        await client.cancel(cancelled)                   # while no agent runs: the new one must stop it
+        await real_agent(cluster, "node-0", tmp_path, gpus=gpus, lease=RESTART_LEASE_S)
         done = {j.job_id: j for j in await client.wait_terminal({*fillers, *urgent}, 120)}
         await client.close()
     finally:
         await cluster.stop_all()
-    assert all(j.phase == SUCCEEDED for j in done.values())
-    assert all(done[job_id].attempt == 0 for job_id in urgent)     # each ran once, to its end
+    kept = fillers[1:]
+    assert done[cancelled].phase == CANCELLED
+    assert {j: (done[j].phase, done[j].attempt) for j in [*kept, *urgent]} == {j: (SUCCEEDED, 0) for j in [*kept, *urgent]}
+    records = [json.loads(line) for p in (tmp_path / "node-0").rglob("record.jsonl") for line in p.read_text().splitlines()]
+    for job_id in kept:   # one start, one end of its own: the workload never noticed the restart
+        assert _story(records, job_id) == ["start", "end done"], job_id
+    assert _story(records, cancelled) == ["start", "end term"]
     intervals = lived(tmp_path / "node-0")
     assert overlaps(intervals) == [] and attempts_overlap(intervals) == []
     log = await read_log(kafka_bootstrap, topics)
-    gone = [e for e in events_of(log) if isinstance(e, ev.WorkerFinished) and "restart" in e.reason]
-    assert {(e.job_id, e.attempt, e.worker) for e in gone} >= {(f, 0, 0) for f in fillers}
-    for e in gone:   # reported gone by the new agent: run by the old one only
-        assert e.job_id in fillers and e.attempt == 0, e
+    ends = [e for e in events_of(log) if isinstance(e, ev.WorkerFinished)]
+    assert sorted((e.job_id, e.exit_code) for e in ends if e.job_id in kept) == sorted((j, 0) for j in kept)
+    [stopped] = [e for e in ends if e.job_id == cancelled]
+    assert "restarted" in stopped.reason and stopped.exit_code == EXIT_LOST, stopped   # stopped by the agent
+    assert not [e for e in ends if e.job_id in urgent and e.exit_code != 0]
     assert check_log(log).violations == []
+
+
+async def test_a_rolling_restart_of_every_agent_kills_no_worker(kafka_bootstrap, topics, tmp_path):
+    """An upgrade as operators run it: every node-agent stopped (SIGTERM) and started
+    again, one node at a time, while each node's GPUs all run real workloads, a 2-node
+    gang among them. Every job ends as it would have without the restarts: succeeded in
+    its first attempt, each worker started once and ending by itself (its own records)."""
+    cluster = LocalCluster(kafka_bootstrap, topics, tmp_path / "logs")
+    nodes = [f"node-{i}" for i in range(3)]
+    try:
+        admission = await cluster.admission()
+        await cluster.placer()
+        await cluster.preemptor()
+        agents = dict(zip(nodes, await asyncio.gather(
+            *(real_agent(cluster, n, tmp_path, gpus=2, lease=RESTART_LEASE_S) for n in nodes))))
+        client = Client(f"127.0.0.1:{admission.port}")
+        work = (*RECORDER, "--duration", "20", "--checkpoint-every", "2")
+        jobs = [(await client.submit(spec(f"train-{i}", "llm", gpus=1, command=work))).job.job_id for i in range(4)]
+        jobs.append((await client.submit(spec("gang", "llm", gpus=1, workers=2, command=work))).job.job_id)
+        for job_id in jobs:
+            await recorded_start(tmp_path, job_id)
+        for node in nodes:
+            await agents[node].terminate()
+            agents[node] = await real_agent(cluster, node, tmp_path, gpus=2, lease=RESTART_LEASE_S)
+        done = await client.wait_terminal(set(jobs), 120)
+        await client.close()
+    finally:
+        await cluster.stop_all()
+    assert [(j.phase, j.attempt, j.restarts) for j in done] == [(SUCCEEDED, 0, 0)] * len(jobs)
+    records = [json.loads(line) for p in tmp_path.rglob("record.jsonl") for line in p.read_text().splitlines()]
+    starts = [r for r in records if r["event"] == "start"]
+    assert sorted((r["job"], r["worker"]) for r in starts) == sorted(
+        [(j, 0) for j in jobs] + [(jobs[-1], 1)])                       # each worker started once
+    assert sorted(r["how"] for r in records if r["event"] == "end") == ["done"] * len(starts)
+    intervals = lived(tmp_path)
+    assert overlaps(intervals) == [] and attempts_overlap(intervals) == []
+    log = await read_log(kafka_bootstrap, topics)
+    ends = [e for e in events_of(log) if isinstance(e, ev.WorkerFinished)]
+    assert len(ends) == len(starts) and all(e.exit_code == 0 for e in ends)
+    assert check_log(log).violations == []
+
+
+def _story(records: list[dict], job_id: str) -> list[str]:
+    """What ``job_id``'s workloads recorded of their starts and ends, in order."""
+    pids = {r["pid"] for r in records if r["event"] == "start" and r.get("job") == job_id}
+    return [f"{r['event']} {r['how']}" if r["event"] == "end" else r["event"]
+            for r in records if r["pid"] in pids and r["event"] in ("start", "end")]

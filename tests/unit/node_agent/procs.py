@@ -31,6 +31,21 @@ def start_shim(workdir: Path, command: list[str], *, lease: Path | None = None, 
                             start_new_session=True)
 
 
+def start_orphan_shim(workdir: Path, command: list[str], *, lease: Path | None = None, kill_wait: float = 0.3,
+                      poll: float = 0.05) -> dict:
+    """A shim whose parent is gone, as an earlier life of the agent leaves one: started
+    by a process that exits at once. Its status once it started the workload."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "GPUSCHED_RECORD": str(workdir / "record.jsonl"), "CUDA_VISIBLE_DEVICES": GPU,
+           "GPUSCHED_JOB_ID": "job", "GPUSCHED_ATTEMPT": "0", "GPUSCHED_WORKER": "0",
+           "GPUSCHED_CHECKPOINT_FILE": str(workdir / "checkpoint")}   # where ProcessRun reads it
+    spawn = "import os, sys; os.posix_spawn(sys.argv[1], sys.argv[1:], os.environ, setsid=True)"
+    subprocess.run([sys.executable, "-c", spawn, *shim_command(workdir, command, lease, kill_wait, poll)],
+                   cwd=workdir, env=env, check=True)
+    return wait_for(lambda: (read_status(workdir / "shim.json") or {}).get("pid") and read_status(workdir / "shim.json"),
+                    f"the shim in {workdir.name} to start its workload")
+
+
 def shim_program() -> list[str]:
     """The shim, as a command line's start."""
     return [str(shim_process.BINARY)]
