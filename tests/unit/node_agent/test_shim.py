@@ -163,11 +163,15 @@ def test_proc_stat_reads_a_process_whatever_its_name(tmp_path):
     os.symlink(shutil.which("sleep"), name)
     proc = subprocess.Popen([name, "5"])
     try:
-        wait_for(lambda: proc_stat(proc.pid) is not None and proc_stat(proc.pid)[0] in "SR", "the process")
-        with open(f"/proc/{proc.pid}/stat", "rb") as f:
-            assert b"(a) b \xff)" in f.read()
+        # the child has its parent's name until it has exec'd: wait for the new one
+        wait_for(lambda: b"(a) b \xff)" in _stat_bytes(proc.pid), "the process to exec under its name")
         state, start = proc_stat(proc.pid)
         assert state in "SR" and start == proc_start(proc.pid) > 0
     finally:
         proc.kill()
         proc.wait()
+
+
+def _stat_bytes(pid: int) -> bytes:
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        return f.read()
