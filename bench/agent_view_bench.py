@@ -30,8 +30,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.pool_workload import POOL, PoolSim  # noqa: E402
-from gpusched.adapters import codec  # noqa: E402
-from gpusched.adapters.work_view import NodeView, ViewBuilder, decode_record, job_content  # noqa: E402
+from gpusched.adapters.log import codec  # noqa: E402
+from gpusched.adapters.nodes.work_view import NodeView, ViewBuilder, decode_record, job_content  # noqa: E402
 from gpusched.core.reducer import apply  # noqa: E402
 from gpusched.core.state import ClusterState  # noqa: E402
 

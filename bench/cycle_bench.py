@@ -55,7 +55,7 @@ cycles.
 
 A cycle's CPU time includes the cyclic GC's collections that fall in it; a full one scans
 the whole state (hundreds of thousands of objects here). The services freeze what
-survives each full collection (``gpusched.adapters.gc_pacing``), so theirs scan only what
+survives each full collection (``gpusched.adapters.log.gc_pacing``), so theirs scan only what
 came since: ``--freeze`` does that once before the measured cycles (with ``--cold``,
 before the backlog's first cycle).
 The placer pauses the cyclic GC across each cycle (``gpusched_placer.loop``): with
@@ -74,7 +74,7 @@ import random
 import time
 from dataclasses import replace
 
-from gpusched.adapters.gc_pacing import gc_paused
+from gpusched.adapters.log.gc_pacing import gc_paused
 from gpusched.config import DEFAULT_PLACEMENT
 from gpusched.core import events as ev
 from gpusched.core.model import GpuInfo, JobPhase, JobSpec, NodeInfo, WorkerResources
@@ -292,7 +292,7 @@ def main() -> None:
                    "cycle: a cordon or an uncordon, a GPU failing or healthy again, a node registering again or a "
                    "new one joining")
     p.add_argument("--freeze", action="store_true", help="gc.freeze() once the backlog is in, as a service's "
-                   "GC pacing (gpusched.adapters.gc_pacing) does after each full collection: the cycles' "
+                   "GC pacing (gpusched.adapters.log.gc_pacing) does after each full collection: the cycles' "
                    "figures then leave out full collections of the whole state")
     p.add_argument("--pause-gc", action="store_true", help="the cyclic GC paused across each measured cycle, "
                    "as the placer pauses it (gpusched_placer.loop): no collection inside a cycle")

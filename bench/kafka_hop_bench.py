@@ -5,7 +5,7 @@ more produce (acks=all, idempotent) and one more consume than a report written s
 the pool log. This measures that hop: one record at a time, produce -> a consumer that
 already waits for it, in ms, and a burst's throughput; on the connection given by the
 environment (``KAFKA_BOOTSTRAP_SERVERS`` and ``GPUSCHED_KAFKA_*``, see
-gpusched.adapters.kafka_security), so the same run on a plaintext and a secured broker
+gpusched.adapters.broker.kafka_security), so the same run on a plaintext and a secured broker
 gives the cost of SASL_SSL too.
 
     GPUSCHED_KAFKA_SECURITY_PROTOCOL=SASL_SSL GPUSCHED_KAFKA_USER=admin \\
@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition  # noqa: E402
 
-from gpusched.adapters.kafka_admin import TopicNames, delete_topics, ensure_topics  # noqa: E402
-from gpusched.adapters.kafka_security import KafkaConnection, client_args  # noqa: E402
+from gpusched.adapters.broker.kafka_admin import TopicNames, delete_topics, ensure_topics  # noqa: E402
+from gpusched.adapters.broker.kafka_security import KafkaConnection, client_args  # noqa: E402
 
 
 async def run(conn: KafkaConnection, count: int, burst: int) -> dict:

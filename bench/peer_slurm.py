@@ -290,12 +290,12 @@ def broker_pid() -> int | None:
 
 
 async def gpusched_cluster(work: Path, args: argparse.Namespace):
-    from gpusched.adapters.kafka_security import KafkaConnection
-    from gpusched.adapters.kafka_admin import TopicNames
+    from gpusched.adapters.broker.kafka_security import KafkaConnection
+    from gpusched.adapters.broker.kafka_admin import TopicNames
     from gpusched.local_cluster import LocalCluster
 
     topics = TopicNames(f"peer-{int(time.time())}.")
-    from gpusched.adapters.kafka_admin import delete_topics
+    from gpusched.adapters.broker.kafka_admin import delete_topics
     cluster = LocalCluster(KafkaConnection.from_env(), topics, work / "gpusched-logs")
     try:
         # The relay writes each node's work view by default; agents on the log need none.
@@ -313,7 +313,7 @@ async def gpusched_cluster(work: Path, args: argparse.Namespace):
 
 
 async def main(args: argparse.Namespace) -> None:
-    from gpusched.adapters.kafka_admin import delete_topics
+    from gpusched.adapters.broker.kafka_admin import delete_topics
     from gpusched.client import Client
 
     work = Path(tempfile.mkdtemp(prefix="peer-slurm-", dir=args.work_dir))

@@ -106,9 +106,9 @@ async def record_times(connection, topics, nodes: list[str]) -> dict[tuple[str, 
     job)`` from the pool log, ``("report", event type, job)`` from the nodes' report
     topics, ``("view", "", job)`` from their work views."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
-    from gpusched.adapters import codec
-    from gpusched.adapters.reports import report_topic
-    from gpusched.adapters.work_view import JOB_KEY, work_topic
+    from gpusched.adapters.log import codec
+    from gpusched.adapters.nodes.reports import report_topic
+    from gpusched.adapters.nodes.work_view import JOB_KEY, work_topic
     kinds = {topics.events: "log", **{report_topic(topics.prefix, n): "report" for n in nodes},
              **{work_topic(topics.prefix, n): "view" for n in nodes}}
     consumer = AIOKafkaConsumer(**connection.client_args(), enable_auto_commit=False)

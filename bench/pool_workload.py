@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gpusched.adapters.snapshots import capture_state, encode_state  # noqa: E402
+from gpusched.adapters.log.snapshots import capture_state, encode_state  # noqa: E402
 from gpusched.core import events as ev  # noqa: E402
 from gpusched.core.catalog import CATALOG  # noqa: E402
 from gpusched.core.mig import PROFILES  # noqa: E402

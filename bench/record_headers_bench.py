@@ -21,8 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from aiokafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder  # noqa: E402
 
 from bench.pool_workload import PoolSim  # noqa: E402
-from gpusched.adapters import codec  # noqa: E402
-from gpusched.adapters.publisher import event_headers  # noqa: E402
+from gpusched.adapters.log import codec  # noqa: E402
+from gpusched.adapters.log.publisher import event_headers  # noqa: E402
 
 CONTEXT = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
 BATCH = 2000   # records a batch: the fetches of a replay bring batches of about this size

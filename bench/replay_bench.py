@@ -6,7 +6,7 @@
    folded through the reducer while generating.
 2. (a) Full replay into a fresh ``LogFollower`` as the services run it (a partition
    100,000 records or more behind is rebuilt with a catch-up reader process, see
-   ``gpusched.adapters.catchup``): events/s, and the CPU of each process. ``--serial-too``
+   ``gpusched.adapters.log.catchup``): events/s, and the CPU of each process. ``--serial-too``
    also times each replay in one process (parallel catch-up off).
 3. (b) Resume: a new placer-like replica (fresh process, consumer-group member, as
    ``gpusched-placer`` builds its follower) from process start to "state caught up, ready
@@ -39,14 +39,14 @@ sys.path.insert(0, str(REPO))
 from aiokafka import AIOKafkaProducer  # noqa: E402
 
 from gpusched import native  # noqa: E402
-from gpusched.adapters import codec  # noqa: E402
-from gpusched.adapters.follower import FollowerOptions, LogFollower  # noqa: E402
-from gpusched.adapters.publisher import DeadLetters, EventPublisher, partition_for  # noqa: E402
-from gpusched.adapters.forked_snapshot import CAN_FORK, snapshot_bytes_forked  # noqa: E402
-from gpusched.adapters.kafka_admin import TopicNames, delete_topics, ensure_topics, wait_for_broker  # noqa: E402
-from gpusched.adapters.kafka_security import KafkaConnection, client_args  # noqa: E402
-from gpusched.adapters.restore import decode_state  # noqa: E402
-from gpusched.adapters.snapshots import SnapshotStore, capture_state, encode_state  # noqa: E402
+from gpusched.adapters.log import codec  # noqa: E402
+from gpusched.adapters.log.follower import FollowerOptions, LogFollower  # noqa: E402
+from gpusched.adapters.log.publisher import DeadLetters, EventPublisher, partition_for  # noqa: E402
+from gpusched.adapters.log.forked_snapshot import CAN_FORK, snapshot_bytes_forked  # noqa: E402
+from gpusched.adapters.broker.kafka_admin import TopicNames, delete_topics, ensure_topics, wait_for_broker  # noqa: E402
+from gpusched.adapters.broker.kafka_security import KafkaConnection, client_args  # noqa: E402
+from gpusched.adapters.log.restore import decode_state  # noqa: E402
+from gpusched.adapters.log.snapshots import SnapshotStore, capture_state, encode_state  # noqa: E402
 from gpusched.config import DEFAULT_JOB_RETENTION_S, PARALLEL_REPLAY_MIN  # noqa: E402
 from gpusched.core.digest import digest  # noqa: E402
 from gpusched.core.state import ClusterState  # noqa: E402
@@ -222,14 +222,14 @@ async def main(args: argparse.Namespace) -> None:
             # The end state's snapshot: the cost a placer pays to write one.
             gc.collect()
             t0, c0 = time.perf_counter(), time.process_time()
-            captured = capture_state(st)   # as a placer does (gpusched.adapters.snapshots)
+            captured = capture_state(st)   # as a placer does (gpusched.adapters.log.snapshots)
             t_cap, c_cap = time.perf_counter() - t0, time.process_time() - c0
             t0, c0 = time.perf_counter(), time.process_time()
             blob = encode_state(captured)
             t_encode, c_encode = time.perf_counter() - t0, time.process_time() - c0
             del captured
             t0, c0 = time.perf_counter(), time.process_time()
-            restored = decode_state(blob)   # as a follower restores one (gpusched.adapters.restore)
+            restored = decode_state(blob)   # as a follower restores one (gpusched.adapters.log.restore)
             t_restore, c_restore = time.perf_counter() - t0, time.process_time() - c0
             assert digest(restored) == expected
             del restored

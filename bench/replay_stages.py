@@ -26,11 +26,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from aiokafka import AIOKafkaConsumer, TopicPartition  # noqa: E402
 
 from gpusched import native  # noqa: E402
-from gpusched.adapters import codec, flat  # noqa: E402
-from gpusched.adapters.catchup import FRAME_EVENTS  # noqa: E402
-from gpusched.adapters.publisher import partition_for  # noqa: E402
-from gpusched.adapters.kafka_admin import TopicNames  # noqa: E402
-from gpusched.adapters.kafka_security import KafkaConnection, client_args  # noqa: E402
+from gpusched.adapters.log import codec, flat  # noqa: E402
+from gpusched.adapters.log.catchup import FRAME_EVENTS  # noqa: E402
+from gpusched.adapters.log.publisher import partition_for  # noqa: E402
+from gpusched.adapters.broker.kafka_admin import TopicNames  # noqa: E402
+from gpusched.adapters.broker.kafka_security import KafkaConnection, client_args  # noqa: E402
 from gpusched.core.reducer import apply  # noqa: E402
 from gpusched.core.state import ClusterState  # noqa: E402
 from gpusched.v1 import events_pb2  # noqa: E402
@@ -89,7 +89,7 @@ def main() -> None:
 
 def catch_up_stages(values: list[bytes]) -> None:
     """The two sides of a parallel catch-up on the same records, as the reader frames them
-    (``catchup.read_range``) and the follower folds them (``gpusched.adapters.fold.fold_flat``)."""
+    (``catchup.read_range``) and the follower folds them (``gpusched.adapters.log.fold.fold_flat``)."""
     n = len(values)
     frames: list[bytes] = []
 

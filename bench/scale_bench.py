@@ -54,10 +54,10 @@ os.environ.setdefault("GPUSCHED_MAX_PENDING_PER_TEAM", "0")
 import urllib.request   # noqa: E402  (scraping the placer's /metrics)
 from aiokafka import AIOKafkaConsumer, TopicPartition   # noqa: E402
 
-from gpusched.adapters import codec   # noqa: E402
-from gpusched.adapters.kafka_admin import TopicNames, delete_topics   # noqa: E402
-from gpusched.adapters.kafka_security import client_args   # noqa: E402
-from gpusched.adapters.reports import host_beats_topic   # noqa: E402
+from gpusched.adapters.log import codec   # noqa: E402
+from gpusched.adapters.broker.kafka_admin import TopicNames, delete_topics   # noqa: E402
+from gpusched.adapters.broker.kafka_security import client_args   # noqa: E402
+from gpusched.adapters.nodes.reports import host_beats_topic   # noqa: E402
 from gpusched.client import Client, spec   # noqa: E402
 from gpusched.core import events as ev   # noqa: E402
 from gpusched.local_cluster import LocalCluster   # noqa: E402

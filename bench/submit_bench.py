@@ -31,8 +31,8 @@ from pathlib import Path
 os.environ.setdefault("GPUSCHED_SUBMIT_RATE", "0")
 os.environ.setdefault("GPUSCHED_MAX_PENDING_PER_TEAM", "0")
 
-from gpusched.adapters.publisher import EventPublisher
-from gpusched.adapters.kafka_admin import TopicNames, delete_topics
+from gpusched.adapters.log.publisher import EventPublisher
+from gpusched.adapters.broker.kafka_admin import TopicNames, delete_topics
 from gpusched.client import Client, spec
 from gpusched.core import events as ev
 from gpusched.core.model import GpuInfo, NodeInfo

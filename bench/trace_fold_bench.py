@@ -1,4 +1,4 @@
-"""Benchmark: what tracing costs the fold (``gpusched.adapters.fold.fold_records``), side by
+"""Benchmark: what tracing costs the fold (``gpusched.adapters.log.fold.fold_records``), side by
 side in one process: the pool workload (``pool_workload.py``) encoded as records whose job
 events carry a W3C context (as admission writes them), folded into fresh states with
 tracing off, then on while replaying (contexts noted, no spans), then on live (a span per
@@ -20,9 +20,10 @@ from typing import NamedTuple
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.pool_workload import PoolSim  # noqa: E402
-from gpusched.adapters import codec, tracing  # noqa: E402
-from gpusched.adapters.fold import fold_records  # noqa: E402
-from gpusched.adapters.publisher import DeadLetters  # noqa: E402
+from gpusched.adapters.log import codec  # noqa: E402
+from gpusched.adapters.telemetry import tracing
+from gpusched.adapters.log.fold import fold_records  # noqa: E402
+from gpusched.adapters.log.publisher import DeadLetters  # noqa: E402
 from gpusched.core.state import ClusterState  # noqa: E402
 
 CONTEXT = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}

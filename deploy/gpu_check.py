@@ -42,11 +42,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import pynvml  # noqa: E402
 
-from gpusched.adapters.gpu_health import FATAL_XIDS, NvmlWatch, SimulatedNvml  # noqa: E402
-from gpusched.adapters.gpu_inventory import (  # noqa: E402
+from gpusched.adapters.gpus.gpu_health import FATAL_XIDS, NvmlWatch, SimulatedNvml  # noqa: E402
+from gpusched.adapters.gpus.gpu_inventory import (  # noqa: E402
     InventoryError, mig_instances, mig_mode, mig_profiles, nvml_gpus, simulated_gpus,
 )
-from gpusched.adapters.gpu_usage import NvmlSampler, RunningWorker  # noqa: E402
+from gpusched.adapters.gpus.gpu_usage import NvmlSampler, RunningWorker  # noqa: E402
 from gpusched.core.catalog import CATALOG  # noqa: E402
 from gpusched.core.model import GpuSlot, MigMode, NodeInfo, WorkerResources  # noqa: E402
 

@@ -337,14 +337,14 @@ java_cmd() {  # $1 = main class (or @FILE: a Java argument file holding it), res
 
 # The SCRAM users: one per service, the admin (super user: creates topics and ACLs) and
 # "nobody" (a valid login with no role: tests check it is refused everything). The list
-# is the package's (gpusched/adapters/kafka_principals.py, standard library only), read
+# is the package's (gpusched/adapters/broker/kafka_principals.py, standard library only), read
 # from this checkout, so any python3 will do; set by cmd_start on a secured start.
 PRINCIPALS=""
 principals() {
   local names
-  names="$(PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" "$(python_bin)" -m gpusched.adapters.kafka_principals)" \
+  names="$(PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" "$(python_bin)" -m gpusched.adapters.broker.kafka_principals)" \
     && [[ -n "$names" ]] \
-    || die "could not list the Kafka principals (python -m gpusched.adapters.kafka_principals in $REPO)"
+    || die "could not list the Kafka principals (python -m gpusched.adapters.broker.kafka_principals in $REPO)"
   echo "$names"
 }
 

@@ -86,7 +86,7 @@ def seconds(value: timestamp_pb2.Timestamp | duration_pb2.Duration) -> float:
     return value.seconds + value.nanos / 1e9
 
 
-# The servers' limits (gpusched.adapters.grpc_server), mirrored: a client sends what a
+# The servers' limits (gpusched.adapters.api.grpc_server), mirrored: a client sends what a
 # server receives and takes the largest answer a server sends.
 CHANNEL_OPTIONS = [("grpc.max_send_message_length", 16 * 1024 * 1024),
                    ("grpc.max_receive_message_length", 128 * 1024 * 1024)]

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 # ``--job-retention`` (this by default) in each partition's log as a JobRetentionSet.
 DEFAULT_JOB_RETENTION_S = 3600.0
 # A partition this many records behind is rebuilt by a reader process and the follower
-# in parallel (gpusched.adapters.parallel_catchup); below it, starting the reader (~0.3 s)
+# in parallel (gpusched.adapters.log.parallel_catchup); below it, starting the reader (~0.3 s)
 # costs more than it saves.
 PARALLEL_REPLAY_MIN = 100_000
 # The placer's placement policy unless --placement names another; the simulator's ``defaults``

@@ -30,10 +30,10 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from gpusched.adapters import dev_pki
-from gpusched.adapters.kafka_acls import grant_service_acls
-from gpusched.adapters.kafka_admin import TopicNames, delete_topics, ensure_topics
-from gpusched.adapters.kafka_security import KafkaConnection, Where
+from gpusched.adapters.broker import dev_pki
+from gpusched.adapters.broker.kafka_acls import grant_service_acls
+from gpusched.adapters.broker.kafka_admin import TopicNames, delete_topics, ensure_topics
+from gpusched.adapters.broker.kafka_security import KafkaConnection, Where
 from gpusched.client import Client, ClientTls, seconds
 from gpusched.consumers.usage_report import number_type, collect, format_report
 from gpusched.consumers.utilization import UtilizationLedger

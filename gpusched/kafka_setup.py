@@ -27,13 +27,13 @@ import asyncio
 import os
 from pathlib import Path
 
-from gpusched.adapters.kafka_principals import SERVICES
+from gpusched.adapters.broker.kafka_principals import SERVICES
 
 
 async def setup(args: argparse.Namespace) -> int:
-    from gpusched.adapters.kafka_acls import AclError, grant_service_acls
-    from gpusched.adapters.kafka_admin import TopicNames, ensure_topics, wait_for_broker
-    from gpusched.adapters.kafka_security import KafkaConnection, KafkaLoginRefused
+    from gpusched.adapters.broker.kafka_acls import AclError, grant_service_acls
+    from gpusched.adapters.broker.kafka_admin import TopicNames, ensure_topics, wait_for_broker
+    from gpusched.adapters.broker.kafka_security import KafkaConnection, KafkaLoginRefused
     from gpusched.config import kafka_settings
 
     settings = kafka_settings(args)
@@ -58,8 +58,8 @@ async def setup(args: argparse.Namespace) -> int:
 
 
 async def _add_node(conn, topics, node: str, secrets_dir: Path, host: bool = False, reads_log: bool = False) -> str:
-    from gpusched.adapters.node_access import add_host, add_node
-    from gpusched.adapters.reports import (beats_topic, host_beats_topic, host_principal, host_report_topic,
+    from gpusched.adapters.nodes.node_access import add_host, add_node
+    from gpusched.adapters.nodes.reports import (beats_topic, host_beats_topic, host_principal, host_report_topic,
                                            node_principal, report_topic)
 
     if host:
@@ -78,7 +78,7 @@ async def _add_node(conn, topics, node: str, secrets_dir: Path, host: bool = Fal
 
 
 async def _add_service(conn, service: str, mechanism: str, secrets_dir: Path) -> str:
-    from gpusched.adapters.node_access import add_service_user
+    from gpusched.adapters.nodes.node_access import add_service_user
 
     if not conn.secured:
         raise ValueError(f"--service {service}: the broker takes no logins (not SASL_SSL)")

@@ -10,11 +10,11 @@ its tokens, JWTs and (``mtls``) client certificates, and check its policy file
 (docs/security.md).
 
 On a secured cluster each service logs in to Kafka as its own principal
-(``principal_of``, from ``gpusched.adapters.kafka_principals.PRINCIPALS``): its password
+(``principal_of``, from ``gpusched.adapters.broker.kafka_principals.PRINCIPALS``): its password
 comes from ``credentials`` (by default the ``credentials`` file next to the connection's
 CA, as deploy/kafka.sh writes them). Each node-agent logs in as its node's own principal
 ``node-agent.<node>``, made when the agent is first started
-(``gpusched.adapters.node_access.add_node``: this needs the cluster's connection to be the
+(``gpusched.adapters.nodes.node_access.add_node``: this needs the cluster's connection to be the
 admin's, as the tests' is). Admission relays the agents' reports into the pool log;
 ``relay()`` starts one on its own. ``node_host()`` starts many simulated nodes in one
 process (``gpusched node-host``).
@@ -30,14 +30,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpusched.adapters.kafka_admin import TopicNames
-from gpusched.adapters.kafka_principals import principal_of_command
-from gpusched.adapters.kafka_security import Where, connection, load_credentials
-from gpusched.adapters.reports import host_principal, node_principal
+from gpusched.adapters.broker.kafka_admin import TopicNames
+from gpusched.adapters.broker.kafka_principals import principal_of_command
+from gpusched.adapters.broker.kafka_security import Where, connection, load_credentials
+from gpusched.adapters.nodes.reports import host_principal, node_principal
 from gpusched.ports import free_port
 
 if TYPE_CHECKING:
-    from gpusched.adapters.dev_pki import DevPki
+    from gpusched.adapters.broker.dev_pki import DevPki
 
 BIN = Path(sys.executable).parent
 
@@ -50,7 +50,7 @@ def principal_of(command: str, *args: str) -> str:
     principal = principal_of_command(name)
     if principal is None:
         raise ValueError(f"no Kafka principal logs in as {command} {' '.join(args[:1])}".rstrip()
-                         + " (gpusched.adapters.kafka_principals): pass principal=")
+                         + " (gpusched.adapters.broker.kafka_principals): pass principal=")
     return principal
 
 
@@ -202,7 +202,7 @@ class LocalCluster:
 
     async def add_host(self, host: str) -> str:
         """The node host's principal, with its login, topics and ACLs made the first time."""
-        from gpusched.adapters.node_access import add_host
+        from gpusched.adapters.nodes.node_access import add_host
 
         principal = host_principal(host)
         if self.connection.secured and principal not in self.credentials:
@@ -212,7 +212,7 @@ class LocalCluster:
     async def add_node(self, node: str, reads_log: bool = False) -> str:
         """The node's principal, with its login, report topic and ACLs made the first time
         (``reads_log``: its agent folds the pool log, ``--source log``, and may read it)."""
-        from gpusched.adapters.node_access import add_node
+        from gpusched.adapters.nodes.node_access import add_node
 
         principal = node_principal(node)
         if self.connection.secured and principal not in self.credentials:

@@ -1,5 +1,5 @@
 """``gpusched relay``: node-agents' reports into the pool log, on its own
-(``gpusched.adapters.relay``). Admission runs the same relay unless started with
+(``gpusched.adapters.nodes.relay``). Admission runs the same relay unless started with
 ``--no-relay``; run this where the relay should scale or fail apart from the job API.
 Replicas share the work through the consumer group ``<prefix>relay``."""
 from __future__ import annotations
@@ -9,12 +9,12 @@ import asyncio
 
 
 async def run(args: argparse.Namespace) -> None:
-    from gpusched.adapters.follower import FollowerOptions, LogFollower
-    from gpusched.adapters.kafka_admin import TopicNames
-    from gpusched.adapters.kafka_security import KafkaConnection
-    from gpusched.adapters.metrics import setup_metrics
-    from gpusched.adapters.relay import Relay
-    from gpusched.adapters.work_writer import WorkViewWriter
+    from gpusched.adapters.log.follower import FollowerOptions, LogFollower
+    from gpusched.adapters.broker.kafka_admin import TopicNames
+    from gpusched.adapters.broker.kafka_security import KafkaConnection
+    from gpusched.adapters.telemetry.metrics import setup_metrics
+    from gpusched.adapters.nodes.relay import Relay
+    from gpusched.adapters.nodes.work_writer import WorkViewWriter
     from gpusched.adapters.service import connect, instance_id, stop_event
     from gpusched.config import AdmissionSettings, kafka_settings, settings_or_exit
 

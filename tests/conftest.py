@@ -2,7 +2,7 @@
 
 * ``kafka_bootstrap`` (session): the cluster, as a ``KafkaConnection`` logged in as the
   admin (``str()`` of it is the bootstrap address). Uses ``KAFKA_BOOTSTRAP_SERVERS``
-  (and ``GPUSCHED_KAFKA_*``, see gpusched.adapters.kafka_security) when set; otherwise
+  (and ``GPUSCHED_KAFKA_*``, see gpusched.adapters.broker.kafka_security) when set; otherwise
   starts a private broker with ``deploy/kafka.sh`` on a free loopback port pair (or
   ``GPUSCHED_TEST_KAFKA_PORT``) with its data in ``.run/test-kafka-<port>``, and stops
   it at session end. The run dir is deleted afterwards unless a test failed (its logs
@@ -14,7 +14,7 @@
 * ``topics`` (function): a fresh, unique set of topics (``TopicNames``) per test, with
   the services' ACLs on a secured broker, deleted again afterwards with the nodes'
   report topics. Each node-agent gets its own login (``node-agent.<node>``) and report
-  topic from ``LocalCluster.agent`` (gpusched.adapters.node_access.add_node).
+  topic from ``LocalCluster.agent`` (gpusched.adapters.nodes.node_access.add_node).
 * ``kafka_control`` (function): stop/kill/start the broker (only the broker this
   file started; skips with KAFKA_BOOTSTRAP_SERVERS). A test that leaves the
   broker down gets it restarted at teardown.
@@ -35,9 +35,9 @@ from pathlib import Path
 
 import pytest
 
-from gpusched.adapters.kafka_acls import grant_service_acls
-from gpusched.adapters.kafka_admin import TopicNames, delete_topics, ensure_topics
-from gpusched.adapters.kafka_security import KafkaConnection, load_credentials
+from gpusched.adapters.broker.kafka_acls import grant_service_acls
+from gpusched.adapters.broker.kafka_admin import TopicNames, delete_topics, ensure_topics
+from gpusched.adapters.broker.kafka_security import KafkaConnection, load_credentials
 from gpusched.ports import free_port, free_ports
 
 REPO = Path(__file__).resolve().parents[1]

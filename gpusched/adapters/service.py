@@ -7,12 +7,12 @@ import logging
 import signal
 import uuid
 
-from gpusched.adapters.broker_watch import watch_broker
-from gpusched.adapters.dead_letters import LetterIndex
-from gpusched.adapters.publisher import DeadLetters, EventPublisher
-from gpusched.adapters.gc_pacing import pace_gc
-from gpusched.adapters.kafka_admin import TopicNames, ensure_topics, wait_for_broker
-from gpusched.adapters.kafka_security import KafkaConnection, KafkaLoginRefused
+from gpusched.adapters.broker.broker_watch import watch_broker
+from gpusched.adapters.log.dead_letters import LetterIndex
+from gpusched.adapters.log.publisher import DeadLetters, EventPublisher
+from gpusched.adapters.log.gc_pacing import pace_gc
+from gpusched.adapters.broker.kafka_admin import TopicNames, ensure_topics, wait_for_broker
+from gpusched.adapters.broker.kafka_security import KafkaConnection, KafkaLoginRefused
 from gpusched.config import KafkaSettings
 
 log = logging.getLogger("gpusched.service")

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Iterable
 
-from gpusched.adapters.usage_records import WorkerUsage
+from gpusched.adapters.nodes.usage_records import WorkerUsage
 from gpusched.consumers.billing import CHARGED
 from gpusched.core import events as ev
 from gpusched.core.reducer import Outcome

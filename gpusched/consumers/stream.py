@@ -25,10 +25,10 @@ from typing import Callable
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from gpusched.adapters import codec
-from gpusched.adapters.kafka_security import KafkaConnection, _ssl_context, client_args
-from gpusched.adapters.kafka_admin import TopicNames
-from gpusched.adapters.usage_records import UsageRecordError, decode_usage
+from gpusched.adapters.log import codec
+from gpusched.adapters.broker.kafka_security import KafkaConnection, _ssl_context, client_args
+from gpusched.adapters.broker.kafka_admin import TopicNames
+from gpusched.adapters.nodes.usage_records import UsageRecordError, decode_usage
 from gpusched.consumers.records import Row, SpanTracker, audit_row, usage_row
 from gpusched.consumers.store import Store, StoreError
 from gpusched.core import events as ev
@@ -123,7 +123,7 @@ def build_app(kind: str, conn: KafkaConnection, prefix: str, store: Store, data_
     """The faust app of ``kind`` (audit or billing), reading as ``conn``'s principal."""
     import faust
 
-    from gpusched.adapters.kafka_admin import TopicNames
+    from gpusched.adapters.broker.kafka_admin import TopicNames
 
     topics = TopicNames(prefix)
     credentials = None
@@ -221,8 +221,8 @@ def main(argv: list[str] | None, kind: str) -> int:
 
 async def _check_broker(settings, timeout_s: float) -> str:
     """Why the consumer cannot start on this broker and prefix ('' when it can), in one line."""
-    from gpusched.adapters.kafka_admin import wait_for_broker
-    from gpusched.adapters.kafka_security import KafkaLoginRefused
+    from gpusched.adapters.broker.kafka_admin import wait_for_broker
+    from gpusched.adapters.broker.kafka_security import KafkaLoginRefused
     from gpusched.consumers.usage_report import missing_topics
 
     conn = KafkaConnection.from_settings(settings)

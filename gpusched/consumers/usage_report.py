@@ -18,11 +18,11 @@ import time
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 
-from gpusched.adapters.follower import LogFollower
-from gpusched.adapters.publisher import DeadLetters, EventPublisher
-from gpusched.adapters.kafka_admin import TopicNames, wait_for_broker
-from gpusched.adapters.kafka_security import KafkaConnection, Where, client_args
-from gpusched.adapters.usage_records import UsageRecordError, decode_usage
+from gpusched.adapters.log.follower import LogFollower
+from gpusched.adapters.log.publisher import DeadLetters, EventPublisher
+from gpusched.adapters.broker.kafka_admin import TopicNames, wait_for_broker
+from gpusched.adapters.broker.kafka_security import KafkaConnection, Where, client_args
+from gpusched.adapters.nodes.usage_records import UsageRecordError, decode_usage
 from gpusched.consumers.utilization import (
     DEFAULT_IDLE_AFTER_S, DEFAULT_IDLE_PERCENT, GpuHours, UtilizationLedger, UtilizationReport,
 )

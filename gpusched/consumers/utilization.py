@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from gpusched.adapters.usage_records import WorkerUsage
+from gpusched.adapters.nodes.usage_records import WorkerUsage
 from gpusched.core.state import JobState
 
 DEFAULT_IDLE_PERCENT = 5.0

@@ -2,7 +2,7 @@
 
 Plain frozen dataclasses. ``event_id`` makes replay idempotent; ``time`` is the producer's
 wall clock when it decided the event (the reducer reads time only from here, never from
-a clock). Serialisation to the protobuf envelope lives in ``gpusched.adapters.codec``.
+a clock). Serialisation to the protobuf envelope lives in ``gpusched.adapters.log.codec``.
 
 Events written by schedulers (``JobPlaced``, ``JobPreempted``...) are *proposals*: the
 reducer applies them only if they are still valid at their position in the log.

@@ -42,7 +42,7 @@ immutable: strings, numbers, enums, frozen dataclasses, tuples of them) then
 in a thread). ``snapshot_bytes`` does both; ``snapshot_doc`` gives the JSON document.
 
 This module only encodes and decodes. Where it runs (a thread, a forked child) and what
-the cyclic GC does meanwhile is the caller's choice (``gpusched.adapters.snapshots``,
+the cyclic GC does meanwhile is the caller's choice (``gpusched.adapters.log.snapshots``,
 ``restore``, ``forked_snapshot``). The codec of every column is built when the module is
 imported, so capture and encode may run on two threads at once.
 """

@@ -168,8 +168,8 @@ def _measured(pool: str) -> dict[str, dict]:
     import asyncio
     import time
 
-    from gpusched.adapters.kafka_admin import TopicNames
-    from gpusched.adapters.kafka_security import KafkaConnection
+    from gpusched.adapters.broker.kafka_admin import TopicNames
+    from gpusched.adapters.broker.kafka_security import KafkaConnection
     from gpusched.config import KafkaSettings, kafka_settings
     from gpusched.consumers.usage_report import collect
     from gpusched.consumers.utilization import GpuHours, UtilizationLedger

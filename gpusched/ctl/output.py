@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from gpusched.adapters.codec import from_proto
+from gpusched.adapters.log.codec import from_proto
 from gpusched.client import seconds
 from gpusched.core.model import WorkerResources
 from gpusched.v1 import types_pb2

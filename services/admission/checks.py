@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import grpc
 
-from gpusched.adapters.grpc_server import RequestRefused
+from gpusched.adapters.api.grpc_server import RequestRefused
 from gpusched.core.model import JobPhase, JobSpec
 from gpusched.core.state import JobState
 from gpusched.core.validation import FieldError, check_known_pool, check_length

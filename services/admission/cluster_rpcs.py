@@ -8,10 +8,10 @@ import uuid
 
 import grpc
 
-from gpusched.adapters.api_time import span_seconds
-from gpusched.adapters.auth import current_access
-from gpusched.adapters.publisher import EventPublisher
-from gpusched.adapters.views import node_message, summary_message
+from gpusched.adapters.api.api_time import span_seconds
+from gpusched.adapters.api.auth import current_access
+from gpusched.adapters.log.publisher import EventPublisher
+from gpusched.adapters.api.views import node_message, summary_message
 from gpusched.core import events as ev
 from gpusched.core import validation as limits
 from gpusched.core.queries import pool_summary

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from google.protobuf import unknown_fields
 
-from gpusched.adapters.api_time import span_seconds
-from gpusched.adapters.codec import DecodeError, from_proto
+from gpusched.adapters.api.api_time import span_seconds
+from gpusched.adapters.log.codec import DecodeError, from_proto
 from gpusched.core.model import JobSpec
 from gpusched.core.validation import FieldError
 from gpusched.v1 import types_pb2

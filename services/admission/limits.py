@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from gpusched.adapters.grpc_server import RequestRefused
+from gpusched.adapters.api.grpc_server import RequestRefused
 from gpusched.core.model import JobPhase
 from gpusched.core.state import ClusterState
 

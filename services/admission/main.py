@@ -7,17 +7,17 @@ import logging
 import time
 import uuid
 
-from gpusched.adapters.follower import FollowerOptions, LogFollower
-from gpusched.adapters.publisher import EventPublisher
-from gpusched.adapters.grpc_server import set_serving, start_server
-from gpusched.adapters.relay import Relay
-from gpusched.adapters.work_writer import WorkViewWriter
+from gpusched.adapters.log.follower import FollowerOptions, LogFollower
+from gpusched.adapters.log.publisher import EventPublisher
+from gpusched.adapters.api.grpc_server import set_serving, start_server
+from gpusched.adapters.nodes.relay import Relay
+from gpusched.adapters.nodes.work_writer import WorkViewWriter
 from gpusched.adapters.service import connect, instance_id, stop_event
-from gpusched.adapters.metrics import count_outcome, setup_metrics
-from gpusched.adapters.tracing import setup_tracing
-from gpusched.adapters.kafka_admin import TopicNames
-from gpusched.adapters.kafka_security import KafkaConnection
-from gpusched.adapters.server_security import server_security_from_args
+from gpusched.adapters.telemetry.metrics import count_outcome, setup_metrics
+from gpusched.adapters.telemetry.tracing import setup_tracing
+from gpusched.adapters.broker.kafka_admin import TopicNames
+from gpusched.adapters.broker.kafka_security import KafkaConnection
+from gpusched.adapters.api.server_security import server_security_from_args
 from gpusched.config import AdmissionSettings, KafkaSettings, SecuritySettings, kafka_settings, settings_or_exit
 from gpusched.core import events as ev
 from gpusched.v1 import admission_pb2_grpc, cluster_pb2_grpc
@@ -44,7 +44,7 @@ async def run(args: argparse.Namespace) -> None:
     holder: dict = {}
     submitters = Submitters()   # fed from the first event replayed, before the API exists
     limits = SubmissionLimits(own.submit_rate, own.submit_burst, own.max_pending_per_team)
-    # The relay's fold also writes each node's work view (gpusched.adapters.work_writer),
+    # The relay's fold also writes each node's work view (gpusched.adapters.nodes.work_writer),
     # what node-agents read by default; --no-work-views where every agent reads the log.
     views = None if own.no_work_views or own.no_relay else WorkViewWriter(conn, topics, publisher, me)
 

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import grpc
 
-from gpusched.adapters import permissions as perm
-from gpusched.adapters.auth import current_access, deny
-from gpusched.adapters.follower import LogFollower
-from gpusched.adapters.publisher import EventPublisher
+from gpusched.adapters.api import permissions as perm
+from gpusched.adapters.api.auth import current_access, deny
+from gpusched.adapters.log.follower import LogFollower
+from gpusched.adapters.log.publisher import EventPublisher
 from gpusched.core import events as ev
 from gpusched.core.model import JobSpec
 from gpusched.core.policy import (

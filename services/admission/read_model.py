@@ -2,8 +2,8 @@
 partition, and who submitted each live job (only this API needs that)."""
 from __future__ import annotations
 
-from gpusched.adapters.follower import LogFollower
-from gpusched.adapters.publisher import partition_for
+from gpusched.adapters.log.follower import LogFollower
+from gpusched.adapters.log.publisher import partition_for
 from gpusched.core import events as ev
 from gpusched.core.state import ClusterState, JobState, NodeState
 from gpusched.core.validation import PoolShape

@@ -12,11 +12,11 @@ from typing import NamedTuple
 
 import grpc
 
-from gpusched.adapters import permissions as perm
-from gpusched.adapters import tracing
-from gpusched.adapters.auth import current_access, deny
-from gpusched.adapters.publisher import EventPublisher
-from gpusched.adapters.views import job_message
+from gpusched.adapters.api import permissions as perm
+from gpusched.adapters.telemetry import tracing
+from gpusched.adapters.api.auth import current_access, deny
+from gpusched.adapters.log.publisher import EventPublisher
+from gpusched.adapters.api.views import job_message
 from gpusched.core import events as ev
 from gpusched.core.state import JobState
 from gpusched.core import validation as limits

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import asyncio
 
-from gpusched.adapters.views import job_message
+from gpusched.adapters.api.views import job_message
 from gpusched.core.state import JobState
 from gpusched.v1 import admission_pb2
 

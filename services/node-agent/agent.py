@@ -19,14 +19,14 @@ import time
 import uuid
 from pathlib import Path
 
-from gpusched.adapters.follower import LogFollower
-from gpusched.adapters import tracing
-from gpusched.adapters.publisher import EventPublisher
-from gpusched.adapters.reports import confirm, queue_report, queued, report_behind
+from gpusched.adapters.log.follower import LogFollower
+from gpusched.adapters.telemetry import tracing
+from gpusched.adapters.log.publisher import EventPublisher
+from gpusched.adapters.nodes.reports import confirm, queue_report, queued, report_behind
 from gpusched.core import events as ev
 from gpusched.core.model import EXIT_LOST, JobPhase, NodeInfo, NodeStatus, WorkerAssignment
 from gpusched.core.state import ClusterState, JobState
-from gpusched.adapters.work_view import JOB_KEY, NODE_KEY
+from gpusched.adapters.nodes.work_view import JOB_KEY, NODE_KEY
 from gpusched.ports import free_port
 from gpusched_node_agent.devices import WorkerDevices
 from gpusched_node_agent.launch_env import node_addresses, worker_env
@@ -60,7 +60,7 @@ class NodeAgent(NodeLiveness):
         self.info = info
         self.publisher = publisher
         # Our events go to this node's own topic; the relay appends them to the pool log
-        # (gpusched.adapters.relay). The agent may not write the pool log itself.
+        # (gpusched.adapters.nodes.relay). The agent may not write the pool log itself.
         self.report_topic = report_topic
         # event id -> its fold's state, once relayed; a node host shares one among its nodes
         self._in_log: dict[str, asyncio.Future] = {} if in_log is None else in_log

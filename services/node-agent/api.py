@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import grpc
 
-from gpusched.adapters.codec import to_proto
-from gpusched.adapters.gpu_health import SimulatedNvml
+from gpusched.adapters.log.codec import to_proto
+from gpusched.adapters.gpus.gpu_health import SimulatedNvml
 from gpusched.v1 import node_agent_pb2, node_agent_pb2_grpc, types_pb2
 from gpusched_node_agent.agent import NodeAgent
 

@@ -76,7 +76,7 @@ def load_nvml(fake_spec: str = ""):
     None for the real ``pynvml``. Raises ValueError for a bad spec."""
     if not fake_spec:
         return None
-    from gpusched.adapters.fake_nvml import FakeNvml
+    from gpusched.adapters.gpus.fake_nvml import FakeNvml
     return FakeNvml.from_file(fake_spec)
 
 

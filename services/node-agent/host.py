@@ -24,7 +24,7 @@ import struct
 import time
 from pathlib import Path
 
-from gpusched.adapters.reports import hosted_node_name, queue_report
+from gpusched.adapters.nodes.reports import hosted_node_name, queue_report
 from gpusched.adapters.service import every
 from gpusched.core import events as ev
 from gpusched.core.model import NodeInfo

@@ -7,14 +7,14 @@ import asyncio
 import socket
 import uuid
 
-from gpusched.adapters.follower import FollowerOptions, LogFollower
-from gpusched.adapters.gpu_inventory import InventoryError, simulated_gpus
-from gpusched.adapters.kafka_admin import TopicNames
-from gpusched.adapters.kafka_security import KafkaConnection
-from gpusched.adapters.metrics import setup_metrics
-from gpusched.adapters.node_access import ensure_host_topics
-from gpusched.adapters.publisher import partition_for
-from gpusched.adapters.reports import check_node_name, host_beats_topic, hosted_node_name
+from gpusched.adapters.log.follower import FollowerOptions, LogFollower
+from gpusched.adapters.gpus.gpu_inventory import InventoryError, simulated_gpus
+from gpusched.adapters.broker.kafka_admin import TopicNames
+from gpusched.adapters.broker.kafka_security import KafkaConnection
+from gpusched.adapters.telemetry.metrics import setup_metrics
+from gpusched.adapters.nodes.node_access import ensure_host_topics
+from gpusched.adapters.log.publisher import partition_for
+from gpusched.adapters.nodes.reports import check_node_name, host_beats_topic, hosted_node_name
 from gpusched.adapters.service import connect, stop_event
 from gpusched.config import KafkaSettings, NodeHostSettings, kafka_settings, settings_or_exit
 from gpusched.core.model import NodeInfo

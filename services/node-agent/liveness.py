@@ -9,7 +9,7 @@ import asyncio
 import logging
 import time
 
-from gpusched.adapters.reports import beats_topic
+from gpusched.adapters.nodes.reports import beats_topic
 from gpusched.adapters.service import every
 from gpusched.core import events as ev
 from gpusched.core.model import NodeStatus

@@ -8,18 +8,18 @@ import tempfile
 import uuid
 from pathlib import Path
 
-from gpusched.adapters.follower import FollowerOptions, LogFollower
-from gpusched.adapters.publisher import partition_for
-from gpusched.adapters.gpu_health import NvmlWatch, SimulatedNvml
-from gpusched.adapters.gpu_inventory import InventoryError, nvml_gpus, simulated_gpus
-from gpusched.adapters.grpc_server import set_serving, start_server
-from gpusched.adapters.node_access import ensure_node_topics
+from gpusched.adapters.log.follower import FollowerOptions, LogFollower
+from gpusched.adapters.log.publisher import partition_for
+from gpusched.adapters.gpus.gpu_health import NvmlWatch, SimulatedNvml
+from gpusched.adapters.gpus.gpu_inventory import InventoryError, nvml_gpus, simulated_gpus
+from gpusched.adapters.api.grpc_server import set_serving, start_server
+from gpusched.adapters.nodes.node_access import ensure_node_topics
 from gpusched.adapters.service import connect, stop_event
-from gpusched.adapters.metrics import setup_metrics
-from gpusched.adapters.tracing import setup_tracing
-from gpusched.adapters.kafka_admin import TopicNames
-from gpusched.adapters.kafka_security import KafkaConnection
-from gpusched.adapters.server_security import server_security_from_args
+from gpusched.adapters.telemetry.metrics import setup_metrics
+from gpusched.adapters.telemetry.tracing import setup_tracing
+from gpusched.adapters.broker.kafka_admin import TopicNames
+from gpusched.adapters.broker.kafka_security import KafkaConnection
+from gpusched.adapters.api.server_security import server_security_from_args
 from gpusched.config import KafkaSettings, NodeAgentSettings, SecuritySettings, kafka_settings, settings_or_exit
 from gpusched.core.model import NodeInfo
 from gpusched.v1 import node_agent_pb2_grpc

@@ -14,10 +14,10 @@ import math
 import time
 import uuid
 
-from gpusched.adapters.gpu_usage import NvmlSampler, RunningWorker, SimulatedSampler, UsageRule, parse_usage_rule
-from gpusched.adapters.metrics import usage_sampled
-from gpusched.adapters.reports import KIND_HEADER, USAGE_KIND
-from gpusched.adapters.usage_records import GpuSample, WorkerUsage, encode_usage
+from gpusched.adapters.gpus.gpu_usage import NvmlSampler, RunningWorker, SimulatedSampler, UsageRule, parse_usage_rule
+from gpusched.adapters.telemetry.metrics import usage_sampled
+from gpusched.adapters.nodes.reports import KIND_HEADER, USAGE_KIND
+from gpusched.adapters.nodes.usage_records import GpuSample, WorkerUsage, encode_usage
 from gpusched.config import NodeAgentSettings
 from gpusched.core.model import NodeInfo
 from gpusched.core.state import JobState

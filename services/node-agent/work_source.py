@@ -14,11 +14,11 @@ from typing import Callable
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from gpusched.adapters.kafka_admin import TopicNames
-from gpusched.adapters.kafka_security import Where, client_args
-from gpusched.adapters.publisher import DeadLetters
-from gpusched.adapters import tracing
-from gpusched.adapters.work_view import NodeView, ViewDecodeError, decode_record, work_topic
+from gpusched.adapters.broker.kafka_admin import TopicNames
+from gpusched.adapters.broker.kafka_security import Where, client_args
+from gpusched.adapters.log.publisher import DeadLetters
+from gpusched.adapters.telemetry import tracing
+from gpusched.adapters.nodes.work_view import NodeView, ViewDecodeError, decode_record, work_topic
 
 log = logging.getLogger("gpusched.node_agent")
 # How long the broker holds a fetch of the view while no record comes. It answers a fetch

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from typing import TextIO
 
-from gpusched.adapters.gc_pacing import GcClock
+from gpusched.adapters.log.gc_pacing import GcClock
 
 FIELDS = ("time", "partition", "wall_ms", "cpu_ms", "gc_ms", "pending", "placed", "reasons_ms")
 

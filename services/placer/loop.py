@@ -29,8 +29,8 @@ import math
 import os
 import time
 
-from gpusched.adapters import metrics, tracing
-from gpusched.adapters.gc_pacing import gc_paused
+from gpusched.adapters.telemetry import metrics, tracing
+from gpusched.adapters.log.gc_pacing import gc_paused
 from gpusched.core import events as ev
 from gpusched.core.state import ClusterState
 from gpusched.policies.queueing.parking import ParkedJobs

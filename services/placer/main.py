@@ -6,18 +6,18 @@ import asyncio
 import logging
 import math
 
-from gpusched.adapters.follower import FollowerOptions, LogFollower
-from gpusched.adapters.grpc_server import set_serving, start_server
+from gpusched.adapters.log.follower import FollowerOptions, LogFollower
+from gpusched.adapters.api.grpc_server import set_serving, start_server
 from gpusched.adapters.service import connect, instance_id, stop_event
-from gpusched.adapters.metrics import setup_metrics
-from gpusched.adapters.tracing import setup_tracing
-from gpusched.adapters.kafka_admin import TopicNames
-from gpusched.adapters.kafka_security import KafkaConnection
-from gpusched.adapters.server_security import server_security_from_args
+from gpusched.adapters.telemetry.metrics import setup_metrics
+from gpusched.adapters.telemetry.tracing import setup_tracing
+from gpusched.adapters.broker.kafka_admin import TopicNames
+from gpusched.adapters.broker.kafka_security import KafkaConnection
+from gpusched.adapters.api.server_security import server_security_from_args
 from gpusched.config import KafkaSettings, PlacerSettings, SecuritySettings, kafka_settings, settings_or_exit
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig
-from gpusched.adapters.proposer import PartitionProposer
-from gpusched.adapters.snapshots import SnapshotStore, SnapshotWriter
+from gpusched.adapters.log.proposer import PartitionProposer
+from gpusched.adapters.log.snapshots import SnapshotStore, SnapshotWriter
 from gpusched_placer.cycle_log import CycleLog
 from gpusched_placer.loop import PlacementDecider
 

@@ -7,7 +7,7 @@ from collections import ChainMap
 from dataclasses import replace
 from typing import Callable, Iterable, Mapping, Sequence
 
-from gpusched.adapters.gc_pacing import gc_paused
+from gpusched.adapters.log.gc_pacing import gc_paused
 from gpusched.core import events as ev
 from gpusched.core.state import ClusterState
 from gpusched.policies.actions import (

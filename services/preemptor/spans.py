@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 
-from gpusched.adapters import tracing
+from gpusched.adapters.telemetry import tracing
 from gpusched.core import events as ev
 from gpusched.core.state import ClusterState
 

@@ -111,10 +111,10 @@ async def deployment(three_brokers, server_venv, agent_venv, tmp_path_factory):
     for folder in (site.etc / "kafka", site.etc / "tls", site.etc / "api", site.var / "gpusched-node", root / "logs"):
         folder.mkdir(parents=True)
     # What an operator puts in /etc/gpusched: the brokers' CA, this host's API certificate,
-    # the API's tokens and policy (a throwaway CA here: gpusched.adapters.dev_pki).
+    # the API's tokens and policy (a throwaway CA here: gpusched.adapters.broker.dev_pki).
     shutil.copy(Path(three_brokers.connection.ca_file), site.etc / "kafka" / "ca.pem")
     pki = root / "pki"
-    subprocess.run([sys.executable, "-m", "gpusched.adapters.dev_pki", str(pki), "--operator", "ops"], check=True,
+    subprocess.run([sys.executable, "-m", "gpusched.adapters.broker.dev_pki", str(pki), "--operator", "ops"], check=True,
                    capture_output=True)
     for name, where in (("ca.pem", "tls"), ("server.pem", "tls"), ("server-key.pem", "tls"), ("tokens.csv", "api"),
                         ("policy.json", "api")):

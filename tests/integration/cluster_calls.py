@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import asyncio
 
-from gpusched.adapters import codec
-from gpusched.adapters.follower import LogFollower
-from gpusched.adapters.publisher import DeadLetters
+from gpusched.adapters.log import codec
+from gpusched.adapters.log.follower import LogFollower
+from gpusched.adapters.log.publisher import DeadLetters
 from gpusched.core.model import NodeStatus
 from gpusched.client import Client
 from gpusched.core import events as ev

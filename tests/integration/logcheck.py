@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from gpusched.adapters import codec
-from gpusched.adapters.kafka_admin import TopicNames
-from gpusched.adapters.kafka_security import client_args
+from gpusched.adapters.log import codec
+from gpusched.adapters.broker.kafka_admin import TopicNames
+from gpusched.adapters.broker.kafka_security import client_args
 from gpusched.core import events as ev
 from gpusched.core.mig import parse_profile
 from gpusched.core.reducer import apply

@@ -8,8 +8,8 @@ import grpc
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from gpusched.adapters.publisher import partition_for
-from gpusched.adapters.kafka_security import client_args
+from gpusched.adapters.log.publisher import partition_for
+from gpusched.adapters.broker.kafka_security import client_args
 from gpusched.client import Client, duration_of, seconds, spec
 from gpusched.v1 import admission_pb2, cluster_pb2, events_pb2, types_pb2
 from tests.integration.logcheck import read_log

@@ -9,7 +9,7 @@ from datetime import datetime, timedelta, timezone
 import grpc
 import pytest
 
-from gpusched.adapters import codec
+from gpusched.adapters.log import codec
 from gpusched.client import Client, instant, seconds, span, spec
 from gpusched.core import events as ev
 from gpusched.v1 import admission_pb2, types_pb2

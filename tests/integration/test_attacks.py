@@ -17,11 +17,13 @@ from cryptography.hazmat.primitives import serialization
 from google.protobuf import message_factory
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from gpusched.adapters import codec, dev_pki
-from gpusched.adapters.kafka_security import client_args
-from gpusched.adapters.publisher import partition_for
-from gpusched.adapters.reports import node_principal, report_topic
-from gpusched.adapters.work_view import work_topic
+from gpusched.adapters.log import codec
+
+from gpusched.adapters.broker import dev_pki
+from gpusched.adapters.broker.kafka_security import client_args
+from gpusched.adapters.log.publisher import partition_for
+from gpusched.adapters.nodes.reports import node_principal, report_topic
+from gpusched.adapters.nodes.work_view import work_topic
 from gpusched.client import Client, ClientTls, spec
 from gpusched.core import events as ev
 from gpusched.local_cluster import LocalCluster

@@ -12,8 +12,10 @@ import time
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from gpusched.adapters import codec, dev_pki
-from gpusched.adapters.kafka_security import client_args
+from gpusched.adapters.log import codec
+
+from gpusched.adapters.broker import dev_pki
+from gpusched.adapters.broker.kafka_security import client_args
 from gpusched.client import Client, ClientTls, spec
 from gpusched.consumers.billing import BillingLedger
 from gpusched.consumers.records import allocated_hours

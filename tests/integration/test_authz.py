@@ -12,7 +12,9 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from gpusched.adapters import codec, dev_pki
+from gpusched.adapters.log import codec
+
+from gpusched.adapters.broker import dev_pki
 from gpusched.client import NO_RETRY, Client, ClientTls, spec
 from gpusched.local_cluster import BIN, LocalCluster
 from gpusched.v1 import admission_pb2, cluster_pb2, types_pb2

@@ -7,9 +7,9 @@ import grpc
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from gpusched.adapters import codec
-from gpusched.adapters.publisher import partition_for
-from gpusched.adapters.kafka_security import client_args
+from gpusched.adapters.log import codec
+from gpusched.adapters.log.publisher import partition_for
+from gpusched.adapters.broker.kafka_security import client_args
 from gpusched.client import Client, spec
 from gpusched.core import events as ev
 from gpusched.core.model import JobSpec, WorkerResources

@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from gpusched.adapters.kafka_acls import grant_service_acls
-from gpusched.adapters.kafka_admin import TopicNames, delete_topics, ensure_topics
+from gpusched.adapters.broker.kafka_acls import grant_service_acls
+from gpusched.adapters.broker.kafka_admin import TopicNames, delete_topics, ensure_topics
 from gpusched.client import Client, spec
 from gpusched.local_cluster import LocalCluster
 from tests.conftest import start_private_cluster

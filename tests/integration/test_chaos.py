@@ -19,7 +19,7 @@ from gpusched.local_cluster import LocalCluster
 from gpusched.v1 import types_pb2
 from gpusched.workloads import mixed_jobs
 from gpusched.ports import free_port
-from gpusched.adapters import codec
+from gpusched.adapters.log import codec
 from gpusched.core import events as ev
 from tests.integration.logcheck import check_log, read_log
 from tests.workloads.intervals import attempts_overlap, over_capacity, read_records, with_shim_ends

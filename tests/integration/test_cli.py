@@ -10,7 +10,7 @@ import sys
 import pytest
 import yaml
 
-from gpusched.adapters import dev_pki
+from gpusched.adapters.broker import dev_pki
 from gpusched.local_cluster import LocalCluster
 from tests.integration.cli_runs import Cli, first_running, rows
 

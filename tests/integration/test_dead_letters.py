@@ -10,9 +10,9 @@ import time
 
 from aiokafka import AIOKafkaProducer
 
-from gpusched.adapters.kafka_security import client_args
-from gpusched.adapters.publisher import partition_for
-from gpusched.adapters.work_view import work_topic
+from gpusched.adapters.broker.kafka_security import client_args
+from gpusched.adapters.log.publisher import partition_for
+from gpusched.adapters.nodes.work_view import work_topic
 from gpusched.client import Client, spec
 from gpusched.local_cluster import LocalCluster
 from gpusched.v1 import events_pb2

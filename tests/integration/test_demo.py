@@ -13,7 +13,7 @@ import sys
 
 from aiokafka.admin import AIOKafkaAdminClient
 
-from gpusched.adapters.kafka_security import client_args
+from gpusched.adapters.broker.kafka_security import client_args
 from tests.integration.cli_runs import Cli, first_running
 
 NODES = 2

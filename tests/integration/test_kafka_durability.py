@@ -13,12 +13,12 @@ import grpc
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 
-from gpusched.adapters.codec import decode
-from gpusched.adapters.follower import FollowerOptions, LogFollower
-from gpusched.adapters.publisher import DeadLetters, partition_for
-from gpusched.adapters.kafka_acls import grant_service_acls
-from gpusched.adapters.kafka_admin import TopicNames, delete_topics, ensure_topics
-from gpusched.adapters.kafka_security import client_args
+from gpusched.adapters.log.codec import decode
+from gpusched.adapters.log.follower import FollowerOptions, LogFollower
+from gpusched.adapters.log.publisher import DeadLetters, partition_for
+from gpusched.adapters.broker.kafka_acls import grant_service_acls
+from gpusched.adapters.broker.kafka_admin import TopicNames, delete_topics, ensure_topics
+from gpusched.adapters.broker.kafka_security import client_args
 from gpusched.client import Client, spec
 from gpusched.core import events as ev
 from gpusched.core.digest import digest

@@ -14,10 +14,10 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import ClusterAuthorizationFailedError, TopicAuthorizationFailedError
 
-from gpusched.adapters.kafka_admin import TopicNames, delete_topics, ensure_topics
-from gpusched.adapters.kafka_security import KafkaConnection, KafkaLoginRefused, check_login, client_args
-from gpusched.adapters.node_access import add_node
-from gpusched.adapters.reports import beats_topic, node_principal, report_topic
+from gpusched.adapters.broker.kafka_admin import TopicNames, delete_topics, ensure_topics
+from gpusched.adapters.broker.kafka_security import KafkaConnection, KafkaLoginRefused, check_login, client_args
+from gpusched.adapters.nodes.node_access import add_node
+from gpusched.adapters.nodes.reports import beats_topic, node_principal, report_topic
 from gpusched.local_cluster import BIN, LocalCluster
 
 

@@ -8,9 +8,9 @@ import asyncio
 
 from aiokafka import AIOKafkaProducer
 
-from gpusched.adapters import codec
-from gpusched.adapters.kafka_security import client_args
-from gpusched.adapters.publisher import partition_for
+from gpusched.adapters.log import codec
+from gpusched.adapters.broker.kafka_security import client_args
+from gpusched.adapters.log.publisher import partition_for
 from gpusched.client import Client
 from gpusched.core import events as ev
 from gpusched.local_cluster import LocalCluster

@@ -11,9 +11,9 @@ from collections import Counter
 
 from aiokafka import AIOKafkaProducer
 
-from gpusched.adapters import codec
-from gpusched.adapters.kafka_security import client_args
-from gpusched.adapters.reports import NODE_HEADER, host_report_topic
+from gpusched.adapters.log import codec
+from gpusched.adapters.broker.kafka_security import client_args
+from gpusched.adapters.nodes.reports import NODE_HEADER, host_report_topic
 from gpusched.client import Client, spec
 from gpusched.core import events as ev
 from gpusched.local_cluster import LocalCluster

@@ -1,4 +1,4 @@
-"""Parallel catch-up (``gpusched.adapters.catchup``): a follower that rebuilds a partition
+"""Parallel catch-up (``gpusched.adapters.log.catchup``): a follower that rebuilds a partition
 through a reader process folds exactly what folding the records itself would: the same
 state, the same events in the same order to its callback, the same dead letters; then its
 consumer carries on from the offset reached, also when the reader dies half-way; a
@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from gpusched.adapters import catchup
-from gpusched.adapters.follower import FollowerOptions, LogFollower
-from gpusched.adapters.publisher import DeadLetters, EventPublisher, partition_for
-from gpusched.adapters.kafka_security import client_args
+from gpusched.adapters.log import catchup
+from gpusched.adapters.log.follower import FollowerOptions, LogFollower
+from gpusched.adapters.log.publisher import DeadLetters, EventPublisher, partition_for
+from gpusched.adapters.broker.kafka_security import client_args
 from gpusched.core import events as ev
 from gpusched.core.digest import digest
 from gpusched.core.model import GpuSlot, WorkerAssignment
@@ -168,7 +168,7 @@ def readers() -> set[int]:
             cmdline = (stat.parent / "cmdline").read_bytes()
         except OSError:
             continue
-        if int(fields[1]) == me and fields[0] != "Z" and b"gpusched.adapters.catchup" in cmdline:
+        if int(fields[1]) == me and fields[0] != "Z" and b"gpusched.adapters.log.catchup" in cmdline:
             found.add(int(stat.parent.name))
     return found
 

@@ -12,9 +12,9 @@ import uuid
 import grpc
 import pytest
 
-from gpusched.adapters import codec
-from gpusched.adapters.follower import LogFollower
-from gpusched.adapters.publisher import DeadLetters, EventPublisher, partition_for
+from gpusched.adapters.log import codec
+from gpusched.adapters.log.follower import LogFollower
+from gpusched.adapters.log.publisher import DeadLetters, EventPublisher, partition_for
 from gpusched.client import Client, spec
 from gpusched.core import events as ev
 from gpusched.core.digest import digest

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import asyncio
 
-from gpusched.adapters.follower import FollowerOptions, LogFollower
-from gpusched.adapters.proposer import PartitionProposer
-from gpusched.adapters.publisher import DeadLetters, EventPublisher
+from gpusched.adapters.log.follower import FollowerOptions, LogFollower
+from gpusched.adapters.log.proposer import PartitionProposer
+from gpusched.adapters.log.publisher import DeadLetters, EventPublisher
 from gpusched.policies.preemption.victim_rules import PreemptionConfig
 from gpusched.policies.supervision import SupervisionConfig
 from gpusched_preemptor.decide import PreemptorDecider

@@ -7,9 +7,9 @@ import uuid
 import grpc
 import pytest
 
-from gpusched.adapters.follower import LogFollower
-from gpusched.adapters.publisher import DeadLetters, EventPublisher
-from gpusched.adapters.codec import decode
+from gpusched.adapters.log.follower import LogFollower
+from gpusched.adapters.log.publisher import DeadLetters, EventPublisher
+from gpusched.adapters.log.codec import decode
 from gpusched.client import Client
 from gpusched.core.digest import digest
 from gpusched.v1 import admission_pb2, cluster_pb2, types_pb2

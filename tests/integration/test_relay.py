@@ -14,11 +14,11 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import TopicAuthorizationFailedError
 
-from gpusched.adapters import codec
-from gpusched.adapters.publisher import partition_for
-from gpusched.adapters.kafka_security import client_args
-from gpusched.adapters.reports import KIND_HEADER, USAGE_KIND, beats_topic, node_principal, report_topic
-from gpusched.adapters.usage_records import WorkerUsage, decode_usage, encode_usage
+from gpusched.adapters.log import codec
+from gpusched.adapters.log.publisher import partition_for
+from gpusched.adapters.broker.kafka_security import client_args
+from gpusched.adapters.nodes.reports import KIND_HEADER, USAGE_KIND, beats_topic, node_principal, report_topic
+from gpusched.adapters.nodes.usage_records import WorkerUsage, decode_usage, encode_usage
 from gpusched.client import Client, spec
 from gpusched.core import events as ev
 from gpusched.core.model import EXIT_LOST, NodeStatus

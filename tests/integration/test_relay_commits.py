@@ -1,4 +1,4 @@
-"""The relay's commits of the reports it handled (gpusched/adapters/relay.py): the
+"""The relay's commits of the reports it handled (gpusched/adapters/nodes/relay.py): the
 offsets of every batch relayed within ``COMMIT_INTERVAL_S`` go in one commit, not one
 commit request per report, and a stop commits what is left, so a relay that stops
 cleanly leaves nothing for its successor to read again."""
@@ -9,12 +9,12 @@ import time
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from gpusched.adapters import relay as relay_module
-from gpusched.adapters.follower import FollowerOptions, LogFollower
-from gpusched.adapters.kafka_security import client_args
-from gpusched.adapters.node_access import ensure_node_topics
-from gpusched.adapters.publisher import DeadLetters, EventPublisher
-from gpusched.adapters.relay import Relay
+from gpusched.adapters.nodes import relay as relay_module
+from gpusched.adapters.log.follower import FollowerOptions, LogFollower
+from gpusched.adapters.broker.kafka_security import client_args
+from gpusched.adapters.nodes.node_access import ensure_node_topics
+from gpusched.adapters.log.publisher import DeadLetters, EventPublisher
+from gpusched.adapters.nodes.relay import Relay
 
 REPORTS = 12
 

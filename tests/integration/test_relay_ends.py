@@ -1,5 +1,5 @@
 """The relay's ordering check asks the pool log's end offsets only for a report it would
-otherwise refuse (gpusched/adapters/relay.py): a report about a job the fold already
+otherwise refuse (gpusched/adapters/nodes/relay.py): a report about a job the fold already
 placed goes on with no ListOffsets request, and one about a job whose JobPlaced the fold
 has not applied yet waits for the fold to cover the log and is relayed, not refused."""
 from __future__ import annotations
@@ -10,12 +10,12 @@ import uuid
 
 from aiokafka import AIOKafkaProducer
 
-from gpusched.adapters import codec
-from gpusched.adapters.follower import FollowerOptions, LogFollower
-from gpusched.adapters.kafka_security import client_args
-from gpusched.adapters.node_access import ensure_node_topics
-from gpusched.adapters.publisher import DeadLetters, EventPublisher, partition_for
-from gpusched.adapters.relay import Relay
+from gpusched.adapters.log import codec
+from gpusched.adapters.log.follower import FollowerOptions, LogFollower
+from gpusched.adapters.broker.kafka_security import client_args
+from gpusched.adapters.nodes.node_access import ensure_node_topics
+from gpusched.adapters.log.publisher import DeadLetters, EventPublisher, partition_for
+from gpusched.adapters.nodes.relay import Relay
 from gpusched.core import events as ev
 from tests.unit.core.builders import make_node, make_spec, whole, workers
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import gc
 import uuid
 
-from gpusched.adapters.follower import FollowerOptions, LogFollower
-from gpusched.adapters.gc_pacing import GC_PAUSE_MIN
-from gpusched.adapters.publisher import DeadLetters, EventPublisher
+from gpusched.adapters.log.follower import FollowerOptions, LogFollower
+from gpusched.adapters.log.gc_pacing import GC_PAUSE_MIN
+from gpusched.adapters.log.publisher import DeadLetters, EventPublisher
 from gpusched.core import events as ev
 from gpusched.core.digest import digest
 from tests.unit.core.builders import make_node, make_spec

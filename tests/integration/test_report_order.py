@@ -1,5 +1,5 @@
 """A real node-agent's reports when the broker fails them (services/node-agent/agent.py,
-gpusched/adapters/reports.py): a worker's end is queued behind its start without waiting
+gpusched/adapters/nodes/reports.py): a worker's end is queued behind its start without waiting
 for the start's acknowledgement, and a start whose first send failed is sent again and
 must be in the log before the end.
 
@@ -18,10 +18,10 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.protocol.admin import DeleteAclsRequest
 
-from gpusched.adapters import codec
-from gpusched.adapters.kafka_acls import WRITE, create_acls, node_acl_entries
-from gpusched.adapters.kafka_security import client_args
-from gpusched.adapters.reports import report_topic
+from gpusched.adapters.log import codec
+from gpusched.adapters.broker.kafka_acls import WRITE, create_acls, node_acl_entries
+from gpusched.adapters.broker.kafka_security import client_args
+from gpusched.adapters.nodes.reports import report_topic
 from gpusched.client import Client, spec
 from gpusched.core import events as ev
 from gpusched.core.reducer import apply

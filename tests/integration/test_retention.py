@@ -8,7 +8,7 @@ import time
 
 import grpc
 
-from gpusched.adapters import codec
+from gpusched.adapters.log import codec
 from gpusched.client import Client, spec
 from gpusched.core import events as ev
 from gpusched.local_cluster import LocalCluster

@@ -8,10 +8,10 @@ import itertools
 import random
 import uuid
 
-from gpusched.adapters import codec
-from gpusched.adapters.follower import FollowerOptions, LogFollower
-from gpusched.adapters.publisher import DeadLetters, EventPublisher, partition_for
-from gpusched.adapters.snapshots import SnapshotStore, SnapshotWriter
+from gpusched.adapters.log import codec
+from gpusched.adapters.log.follower import FollowerOptions, LogFollower
+from gpusched.adapters.log.publisher import DeadLetters, EventPublisher, partition_for
+from gpusched.adapters.log.snapshots import SnapshotStore, SnapshotWriter
 from gpusched.core import events as ev
 from gpusched.core.digest import digest
 from gpusched.core.model import GpuInfo, GpuSlot, JobSpec, NodeInfo, WorkerAssignment, WorkerResources

@@ -11,7 +11,7 @@ import time
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from gpusched.adapters.kafka_security import client_args, connection
+from gpusched.adapters.broker.kafka_security import client_args, connection
 from gpusched.client import Client, spec
 from gpusched.consumers.usage_report import collect, format_report
 from gpusched.consumers.utilization import UtilizationLedger

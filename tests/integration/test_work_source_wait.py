@@ -12,9 +12,9 @@ import time
 
 from aiokafka import AIOKafkaProducer
 
-from gpusched.adapters.kafka_security import client_args
-from gpusched.adapters.node_access import ensure_node_topics
-from gpusched.adapters.work_view import JOB_KEY, OFFSET_HEADER, work_topic
+from gpusched.adapters.broker.kafka_security import client_args
+from gpusched.adapters.nodes.node_access import ensure_node_topics
+from gpusched.adapters.nodes.work_view import JOB_KEY, OFFSET_HEADER, work_topic
 from gpusched_node_agent import work_source
 from gpusched_node_agent.work_source import WorkSource
 

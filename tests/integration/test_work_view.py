@@ -1,5 +1,5 @@
 """Node-agents on their node's work view (the default, ``--source view``;
-gpusched.adapters.work_view): jobs and gangs run to the end, a cancelled one stops, a kill
+gpusched.adapters.nodes.work_view): jobs and gangs run to the end, a cancelled one stops, a kill
 -9 of the view's writer (the relay in admission) loses and doubles nothing, a node's login
 reads no other node's view, ended work leaves the view as tombstones, and a cluster with
 ``--no-work-views`` runs agents on ``--source log`` and writes no view. The log is checked afterwards (tests/integration/logcheck.py): no worker started
@@ -12,12 +12,12 @@ from collections import Counter
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from gpusched.adapters.kafka_security import client_args
-from gpusched.adapters.node_access import ensure_host_topics, ensure_node_topics
-from gpusched.adapters.publisher import EventPublisher
-from gpusched.adapters.reports import node_principal
-from gpusched.adapters.work_view import OFFSET_HEADER, work_topic
-from gpusched.adapters.work_writer import WorkViewWriter
+from gpusched.adapters.broker.kafka_security import client_args
+from gpusched.adapters.nodes.node_access import ensure_host_topics, ensure_node_topics
+from gpusched.adapters.log.publisher import EventPublisher
+from gpusched.adapters.nodes.reports import node_principal
+from gpusched.adapters.nodes.work_view import OFFSET_HEADER, work_topic
+from gpusched.adapters.nodes.work_writer import WorkViewWriter
 from gpusched.client import Client, spec
 from gpusched.core import events as ev
 from gpusched.core.reducer import apply
@@ -252,7 +252,7 @@ async def test_a_failure_mid_pipeline_leaves_the_newest_record_of_each_key_last(
     was written: the writer sends every batch in flight again, in order, so the view's
     last record of the job is the tombstone (not the placement, which would start it
     again), and every batch is acknowledged in the end."""
-    from gpusched.adapters import work_writer
+    from gpusched.adapters.nodes import work_writer
     monkeypatch.setattr(work_writer, "BATCH", 1)   # one record a batch: several batches in flight
     await ensure_node_topics(kafka_bootstrap, topics, "n1")
     publisher = AckLostOnce(kafka_bootstrap, topics, 1, key=b"job:j")

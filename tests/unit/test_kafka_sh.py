@@ -8,7 +8,7 @@ import stat
 import subprocess
 from pathlib import Path
 
-from gpusched.adapters.kafka_principals import NAMES
+from gpusched.adapters.broker.kafka_principals import NAMES
 from gpusched.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]

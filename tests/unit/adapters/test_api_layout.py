@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from google.protobuf.descriptor import FieldDescriptor as FD
 
-from gpusched.adapters import codec
+from gpusched.adapters.log import codec
 from gpusched.core import events as ev
 from gpusched.core.model import JobSpec
 from gpusched.v1 import events_pb2, types_pb2

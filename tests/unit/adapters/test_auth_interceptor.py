@@ -5,9 +5,11 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from gpusched.adapters import auth, dev_pki
-from gpusched.adapters.grpc_server import start_server
-from gpusched.adapters.server_security import server_security
+from gpusched.adapters.api import auth
+
+from gpusched.adapters.broker import dev_pki
+from gpusched.adapters.api.grpc_server import start_server
+from gpusched.adapters.api.server_security import server_security
 from gpusched.config import SecuritySettings
 from gpusched.client import ClientTls, channel
 from gpusched.v1 import node_agent_pb2, node_agent_pb2_grpc

@@ -9,14 +9,14 @@ from aiokafka.consumer.fetcher import Fetcher
 
 import pytest
 
-from gpusched.adapters import batching
-from gpusched.adapters.batching import (
+from gpusched.adapters.log import batching
+from gpusched.adapters.log.batching import (
     FETCH_MODES, IDLE_FETCH_WAIT_MS, RATE_WINDOW_S, FetchMode, FetchTuner, fetch_mode_for, linger_for,
     next_fetch_mode, set_fetch_mode,
 )
-from gpusched.adapters.kafka_admin import TopicNames
-from gpusched.adapters import codec
-from gpusched.adapters.publisher import EventPublisher, event_headers
+from gpusched.adapters.broker.kafka_admin import TopicNames
+from gpusched.adapters.log import codec
+from gpusched.adapters.log.publisher import EventPublisher, event_headers
 from gpusched.core import events as ev
 from tests.unit.core.builders import make_spec
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from gpusched.adapters.broker_watch import BrokerWatch
+from gpusched.adapters.broker.broker_watch import BrokerWatch
 
 
 def _record(message: str, level: int = logging.ERROR, name: str = "aiokafka") -> logging.LogRecord:

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from gpusched.adapters import codec
-from gpusched.adapters.log_schema import NewerLogSchema
+from gpusched.adapters.log import codec
+from gpusched.adapters.log.log_schema import NewerLogSchema
 from gpusched.core import events as ev
 from gpusched.core.model import GpuSlot, JobSpec, WorkerAssignment
 from gpusched.v1 import events_pb2, types_pb2

@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from gpusched.adapters.dead_letters import WarningLimit, letter_key
-from gpusched.adapters.publisher import DeadLetters, DeadRecord
+from gpusched.adapters.log.dead_letters import WarningLimit, letter_key
+from gpusched.adapters.log.publisher import DeadLetters, DeadRecord
 
 
 def test_a_flood_is_limited_per_window_and_the_rest_counted(caplog):
@@ -26,7 +26,7 @@ def test_a_flood_is_limited_per_window_and_the_rest_counted(caplog):
 
 def test_a_read_only_consumer_logs_topic_partition_offset_and_reason(caplog):
     letters = DeadLetters(None, "billing-1")
-    with caplog.at_level(logging.WARNING, "gpusched.adapters.publisher"):
+    with caplog.at_level(logging.WARNING, "gpusched.adapters.log.publisher"):
         asyncio.run(letters.put(DeadRecord("p.cluster-events", 2, 17, b"k", b"junk"), "not an EventEnvelope"))
     (line,) = [r.getMessage() for r in caplog.records]
     assert line == ("billing-1: skipped a record it cannot apply: topic p.cluster-events partition 2 offset 17: "

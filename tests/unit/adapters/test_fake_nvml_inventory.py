@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpusched.adapters.fake_nvml import FakeNvml
-from gpusched.adapters.gpu_inventory import InventoryError, nvml_gpus, profile_name
+from gpusched.adapters.gpus.fake_nvml import FakeNvml
+from gpusched.adapters.gpus.gpu_inventory import InventoryError, nvml_gpus, profile_name
 from gpusched.core.model import MigMode
 
 from .mig_specs import h200, mig_node, write

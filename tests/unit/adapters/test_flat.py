@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpusched.adapters import codec, flat
+from gpusched.adapters.log import codec, flat
 from gpusched.core import events as ev
 from gpusched.core.model import GpuSlot, JobSpec, WorkerAssignment, WorkerResources
 from gpusched.v1 import events_pb2, types_pb2

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpusched.adapters.forked_snapshot import CAN_FORK, snapshot_bytes_forked
+from gpusched.adapters.log.forked_snapshot import CAN_FORK, snapshot_bytes_forked
 from gpusched.core.digest import digest
 from gpusched.core.snapshot import SnapshotError, snapshot_bytes, state_from_snapshot
 from tests.unit.core.builders import _sample_state

@@ -8,7 +8,7 @@ import weakref
 
 import pytest
 
-from gpusched.adapters.gc_pacing import GcPacer
+from gpusched.adapters.log.gc_pacing import GcPacer
 
 
 class Node:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpusched.adapters.gpu_inventory import simulated_gpus
+from gpusched.adapters.gpus.gpu_inventory import simulated_gpus
 
 _spec = importlib.util.spec_from_file_location(
     "gpu_check", Path(__file__).resolve().parents[3] / "deploy" / "gpu_check.py")
@@ -121,8 +121,8 @@ class Recording:
 
 
 def test_mig_report_is_truthful_and_read_only():
-    from gpusched.adapters.fake_nvml import FakeNvml
-    from gpusched.adapters.gpu_inventory import nvml_gpus
+    from gpusched.adapters.gpus.fake_nvml import FakeNvml
+    from gpusched.adapters.gpus.gpu_inventory import nvml_gpus
     from tests.unit.adapters.mig_specs import h200, mig_node
 
     spec = mig_node()

@@ -6,11 +6,11 @@ import math
 
 import pytest
 
-from gpusched.adapters.gpu_inventory import simulated_gpus
-from gpusched.adapters.gpu_usage import (
+from gpusched.adapters.gpus.gpu_inventory import simulated_gpus
+from gpusched.adapters.gpus.gpu_usage import (
     NvmlSampler, RunningWorker, SimulatedSampler, UsageRule, parse_usage_rule,
 )
-from gpusched.adapters.usage_records import (
+from gpusched.adapters.nodes.usage_records import (
     UNMEASURED, GpuSample, UsageRecordError, WorkerUsage, decode_usage, encode_usage,
 )
 from gpusched.core.model import GpuSlot

@@ -8,8 +8,8 @@ import logging
 import grpc
 import pytest
 
-from gpusched.adapters.grpc_server import INTERNAL_MESSAGE, RequestRefused, start_server
-from gpusched.adapters.server_security import ServerSecurity
+from gpusched.adapters.api.grpc_server import INTERNAL_MESSAGE, RequestRefused, start_server
+from gpusched.adapters.api.server_security import ServerSecurity
 from gpusched.v1 import admission_pb2
 
 

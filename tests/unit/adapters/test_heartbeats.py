@@ -1,13 +1,13 @@
 """The heartbeat monitor takes a beat's node from its topic (the broker authenticated the
-writer), never from the beat (gpusched.adapters.heartbeats). Pure: records are built here,
+writer), never from the beat (gpusched.adapters.nodes.heartbeats). Pure: records are built here,
 no broker."""
 from __future__ import annotations
 
 import re
 from types import SimpleNamespace
 
-from gpusched.adapters.heartbeats import HeartbeatMonitor, beats_pattern
-from gpusched.adapters.kafka_admin import TopicNames
+from gpusched.adapters.nodes.heartbeats import HeartbeatMonitor, beats_pattern
+from gpusched.adapters.broker.kafka_admin import TopicNames
 from gpusched.v1 import events_pb2
 
 TOPICS = TopicNames("x.")

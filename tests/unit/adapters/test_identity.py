@@ -1,4 +1,4 @@
-"""Token verification (gpusched.adapters.identity): static tokens, JWTs against a JWKS,
+"""Token verification (gpusched.adapters.api.identity): static tokens, JWTs against a JWKS,
 and the loopback check of the dev mode."""
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import jwt
 import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from gpusched.adapters import dev_pki
-from gpusched.adapters.identity import Authenticator, AuthError, JwtSettings, JwtVerifier, StaticTokens
-from gpusched.adapters.server_security import SecurityConfigError, is_loopback, server_security
+from gpusched.adapters.broker import dev_pki
+from gpusched.adapters.api.identity import Authenticator, AuthError, JwtSettings, JwtVerifier, StaticTokens
+from gpusched.adapters.api.server_security import SecurityConfigError, is_loopback, server_security
 from gpusched.config import SecuritySettings
 
 

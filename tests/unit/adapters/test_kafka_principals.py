@@ -1,4 +1,4 @@
-"""The broker's principals are listed once (gpusched.adapters.kafka_principals): what
+"""The broker's principals are listed once (gpusched.adapters.broker.kafka_principals): what
 deploy/kafka.sh makes users of, the ACLs, the services' logins and the docs follow it."""
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from gpusched.adapters.kafka_acls import GRANTS as ACL_GRANTS
-from gpusched.adapters.kafka_principals import (GRANTS, NAMES, PRINCIPALS, SERVICES, SUPER_USER,
+from gpusched.adapters.broker.kafka_acls import GRANTS as ACL_GRANTS
+from gpusched.adapters.broker.kafka_principals import (GRANTS, NAMES, PRINCIPALS, SERVICES, SUPER_USER,
                                                 principal_of_command)
 from gpusched.commands import COMMANDS
 from gpusched.kafka_setup import SERVICES as SETUP_SERVICES
@@ -24,7 +24,7 @@ def test_the_printed_list_is_the_table_and_needs_nothing_installed(tmp_path):
     """As deploy/kafka.sh runs it: from the checkout, with no site-packages (-S), so
     neither the package nor its dependencies need to be installed."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    out = subprocess.run([sys.executable, "-S", "-m", "gpusched.adapters.kafka_principals"], env=env, cwd=tmp_path,
+    out = subprocess.run([sys.executable, "-S", "-m", "gpusched.adapters.broker.kafka_principals"], env=env, cwd=tmp_path,
                          capture_output=True, text=True, check=True).stdout
     assert out.splitlines() == list(NAMES) == [p.name for p in PRINCIPALS]
     assert len(set(NAMES)) == len(NAMES) and all(re.fullmatch(r"[a-z][a-z0-9-]*", n) for n in NAMES)
@@ -32,7 +32,7 @@ def test_the_printed_list_is_the_table_and_needs_nothing_installed(tmp_path):
 
 def test_kafka_sh_takes_its_users_from_the_package():
     script = (REPO / "deploy" / "kafka.sh").read_text()
-    assert "-m gpusched.adapters.kafka_principals" in script
+    assert "-m gpusched.adapters.broker.kafka_principals" in script
     assert f"super.users=User:{SUPER_USER};" in script   # the admin it logs in as, and the brokers
 
 

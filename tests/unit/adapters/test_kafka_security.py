@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpusched.adapters.kafka_acls import (DESCRIBE, DESCRIBE_CONFIGS, GRANTS, IDEMPOTENT_WRITE, READ, WRITE,
+from gpusched.adapters.broker.kafka_acls import (DESCRIBE, DESCRIBE_CONFIGS, GRANTS, IDEMPOTENT_WRITE, READ, WRITE,
                                           acl_entries, node_acl_entries)
-from gpusched.adapters.kafka_admin import TopicNames, replication_for, topic_specs
-from gpusched.adapters.kafka_security import KafkaConnection, client_args, connection, load_credentials
+from gpusched.adapters.broker.kafka_admin import TopicNames, replication_for, topic_specs
+from gpusched.adapters.broker.kafka_security import KafkaConnection, client_args, connection, load_credentials
 from gpusched.config import KafkaSettings, kafka_settings
 
 
@@ -158,7 +158,7 @@ def test_only_the_preemptor_and_the_auditor_read_every_beats_topic():
 
 
 def test_a_node_host_writes_only_its_own_topics_and_only_the_relays_and_preemptor_read_them():
-    from gpusched.adapters.kafka_acls import host_acl_entries
+    from gpusched.adapters.broker.kafka_acls import host_acl_entries
 
     entries = host_acl_entries(names, "h1")
     assert {e[3] for e in entries} == {"User:node-host.h1"}

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from gpusched.adapters.publisher import DeadLetters
+from gpusched.adapters.log.publisher import DeadLetters
 from gpusched.version import LOG_SCHEMA
 from tests.fixtures.logs.fixture_log import replay
 

@@ -10,11 +10,11 @@ from collections import namedtuple
 
 import pytest
 
-from gpusched.adapters import codec, flat
-from gpusched.adapters.fold import fold_flat, fold_records
-from gpusched.adapters.log_schema import NewerLogSchema
-from gpusched.adapters.publisher import DeadLetters
-from gpusched.adapters.relay import triage
+from gpusched.adapters.log import codec, flat
+from gpusched.adapters.log.fold import fold_flat, fold_records
+from gpusched.adapters.log.log_schema import NewerLogSchema
+from gpusched.adapters.log.publisher import DeadLetters
+from gpusched.adapters.nodes.relay import triage
 from gpusched.core import events as ev
 from gpusched.core.state import ClusterState
 from gpusched.v1 import events_pb2

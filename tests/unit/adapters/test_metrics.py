@@ -8,7 +8,7 @@ from opentelemetry import metrics as otel_metrics
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from gpusched.adapters import metrics
+from gpusched.adapters.telemetry import metrics
 from gpusched.core import events as ev
 from gpusched.core.reducer import Outcome
 from tests.unit.core.builders import Log, make_node, whole

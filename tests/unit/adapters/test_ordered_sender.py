@@ -1,4 +1,4 @@
-"""The ordered sender (gpusched.adapters.ordered_sender) over random failures: whatever
+"""The ordered sender (gpusched.adapters.nodes.ordered_sender) over random failures: whatever
 fails, and whether a failed record landed anyway (its acknowledgement lost) or not, and in
 whatever order the acknowledgements come back, the last record that lands for each key is
 the newest one given for it, every batch is reported acknowledged once, in order, and no
@@ -10,7 +10,7 @@ import asyncio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpusched.adapters.ordered_sender import OrderedSender
+from gpusched.adapters.nodes.ordered_sender import OrderedSender
 
 OK, LOST, LANDED_ACK_LOST = "ok", "lost", "landed-ack-lost"
 

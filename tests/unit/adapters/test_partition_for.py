@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aiokafka.partitioner import DefaultPartitioner
 
-from gpusched.adapters.publisher import partition_for
+from gpusched.adapters.log.publisher import partition_for
 
 
 def test_the_partition_of_kafkas_default_partitioner_every_time():

@@ -1,4 +1,4 @@
-"""The permission table and role bindings (gpusched.adapters.permissions), table-driven."""
+"""The permission table and role bindings (gpusched.adapters.api.permissions), table-driven."""
 from __future__ import annotations
 
 import json
@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from gpusched.adapters import permissions as perm
-from gpusched.adapters.permissions import METHODS, Policy, PolicyError
+from gpusched.adapters.api import permissions as perm
+from gpusched.adapters.api.permissions import METHODS, Policy, PolicyError
 from gpusched.v1 import admission_pb2, cluster_pb2, node_agent_pb2
 
 POLICY = Policy.from_dict({"bindings": [
@@ -90,7 +90,7 @@ def test_every_rpc_of_every_service_has_an_entry():
 def test_the_docs_list_every_rpc_with_who_may_call_it_as_the_code_has_it():
     """docs/security.md's table is ``permission_table()``'s output, between its markers."""
     text = (Path(__file__).resolve().parents[3] / "docs" / "security.md").read_text()
-    begin, end = "<!-- permission table: python -m gpusched.adapters.permissions -->\n", "<!-- end of the table -->"
+    begin, end = "<!-- permission table: python -m gpusched.adapters.api.permissions -->\n", "<!-- end of the table -->"
     assert begin in text and end in text, "docs/security.md lacks the generated permission table"
     assert text.split(begin, 1)[1].split(end, 1)[0] == perm.permission_table()
     for rpc in METHODS:

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from gpusched.adapters.proposer import PartitionProposer
+from gpusched.adapters.log.proposer import PartitionProposer
 
 
 class _MovingLog:

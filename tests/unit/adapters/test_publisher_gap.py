@@ -1,4 +1,4 @@
-"""EventPublisher after the broker refused a record (gpusched/adapters/publisher.py): the
+"""EventPublisher after the broker refused a record (gpusched/adapters/log/publisher.py): the
 idempotent producer's sequence then has a gap and the broker refuses every later record
 of the partition as out of order; the first such refusal from the current producer puts
 a new producer in its place, once. With a real broker: tests/integration/test_report_order.py."""
@@ -9,8 +9,8 @@ import asyncio
 import pytest
 from aiokafka.errors import OutOfOrderSequenceNumber, TopicAuthorizationFailedError
 
-from gpusched.adapters.kafka_admin import TopicNames
-from gpusched.adapters.publisher import EventPublisher
+from gpusched.adapters.broker.kafka_admin import TopicNames
+from gpusched.adapters.log.publisher import EventPublisher
 from gpusched.core import events as ev
 
 

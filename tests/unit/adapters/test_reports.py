@@ -1,4 +1,4 @@
-"""What the relay lets into the pool log from a node's report topic (gpusched.adapters.reports):
+"""What the relay lets into the pool log from a node's report topic (gpusched.adapters.nodes.reports):
 the kinds of event an agent emits, about that node's own work. Pure: no broker."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpusched.adapters.reports import (AGENT_KINDS, BEATS, beats_topic, check_node_name, check_report, node_of_topic,
+from gpusched.adapters.nodes.reports import (AGENT_KINDS, BEATS, beats_topic, check_node_name, check_report, node_of_topic,
                                        node_principal, report_pattern, report_topic)
 from gpusched.core import events as ev
 from gpusched.core.model import EXIT_LOST
@@ -107,9 +107,9 @@ def test_names():
 
 
 def test_the_relay_appends_skips_what_the_log_has_and_refuses_the_rest(log):
-    from gpusched.adapters import codec
-    from gpusched.adapters.publisher import partition_for
-    from gpusched.adapters.relay import triage
+    from gpusched.adapters.log import codec
+    from gpusched.adapters.log.publisher import partition_for
+    from gpusched.adapters.nodes.relay import triage
 
     states = {partition_for("default", 4): log.state}
     start = _e(ev.WorkerStarted, job_id="j1", attempt=0, worker=0, node="n1")
@@ -127,8 +127,8 @@ def test_the_relay_appends_skips_what_the_log_has_and_refuses_the_rest(log):
 
 
 def test_a_usage_record_passes_only_on_its_own_nodes_topic():
-    from gpusched.adapters.relay import usage_refusal
-    from gpusched.adapters.usage_records import WorkerUsage, encode_usage
+    from gpusched.adapters.nodes.relay import usage_refusal
+    from gpusched.adapters.nodes.usage_records import WorkerUsage, encode_usage
 
     record = encode_usage(WorkerUsage(record_id="u1", node="n1", pool="default", job_id="j1", attempt=0,
                                       worker=0, time=1.0, window_s=1.0))
@@ -146,7 +146,7 @@ def test_beats_topics_name_their_node():
 
 
 def test_a_host_speaks_only_for_the_nodes_named_after_it():
-    from gpusched.adapters.reports import (NODE_HEADER, host_beats_topic, host_report_topic, hosted_by, hosted_node,
+    from gpusched.adapters.nodes.reports import (NODE_HEADER, host_beats_topic, host_report_topic, hosted_by, hosted_node,
                                            hosted_node_name)
     import re
     assert hosted_node_name("h1", 7) == "h1-00007"

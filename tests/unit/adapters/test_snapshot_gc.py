@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from gpusched.adapters import restore, snapshots
-from gpusched.adapters.restore import decode_state
-from gpusched.adapters.snapshots import capture_state, encode_state
+from gpusched.adapters.log import restore, snapshots
+from gpusched.adapters.log.restore import decode_state
+from gpusched.adapters.log.snapshots import capture_state, encode_state
 from gpusched.core import snapshot as codec
 from gpusched.core.digest import digest
 from gpusched.core.snapshot import snapshot_bytes

@@ -12,9 +12,11 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
-from gpusched.adapters import codec, tracing
-from gpusched.adapters.fold import fold_records
-from gpusched.adapters.publisher import DeadLetters
+from gpusched.adapters.log import codec
+
+from gpusched.adapters.telemetry import tracing
+from gpusched.adapters.log.fold import fold_records
+from gpusched.adapters.log.publisher import DeadLetters
 from gpusched.core import events as ev
 from gpusched.core.state import ClusterState
 
@@ -210,7 +212,7 @@ async def test_a_work_view_record_makes_the_agents_consumer_span_a_child_of_the_
     """The writer folds a placement live: its record of the node carries the job's trace
     (for the worker spans) and the placement's publisher context, the parent of the span
     the agent makes on reading the record (``tracing.view_consumed``)."""
-    from gpusched.adapters.work_view import ViewBuilder, decode_record
+    from gpusched.adapters.nodes.work_view import ViewBuilder, decode_record
     from tests.unit.core.builders import make_node, make_spec, whole, workers
 
     node = ev.NodeRegistered(event_id="r", node=make_node("a"))

@@ -1,4 +1,4 @@
-"""The per-node work view (gpusched.adapters.work_view) against the folded log: over
+"""The per-node work view (gpusched.adapters.nodes.work_view) against the folded log: over
 random histories (the reducer property tests' generator: attempts ending, nodes lost and
 fenced, jobs placed again elsewhere), each node's view — read whole, compacted, or across a
 restart of its writer — holds exactly the workers the log gives that node, with the log's
@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpusched.adapters.work_view import (JOB_KEY, NODE_KEY, OFFSET_HEADER, NodeView, ViewBuilder, ViewDecodeError,
+from gpusched.adapters.nodes.work_view import (JOB_KEY, NODE_KEY, OFFSET_HEADER, NodeView, ViewBuilder, ViewDecodeError,
                                          decode_record, job_of, work_topic)
 from gpusched.core import events as ev
 from gpusched.core.model import JobPhase, NodeStatus

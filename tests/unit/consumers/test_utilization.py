@@ -6,7 +6,7 @@ import random
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from gpusched.adapters.usage_records import UNMEASURED, GpuSample, WorkerUsage
+from gpusched.adapters.nodes.usage_records import UNMEASURED, GpuSample, WorkerUsage
 from gpusched.consumers.utilization import UtilizationLedger
 from gpusched.core import events as ev
 from gpusched.core.model import EXIT_LOST, GpuSlot, JobSpec, WorkerAssignment, WorkerResources

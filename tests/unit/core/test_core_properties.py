@@ -13,7 +13,7 @@ from collections import defaultdict
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpusched.adapters import codec
+from gpusched.adapters.log import codec
 from gpusched.core import events as ev
 from gpusched.core.digest import digest
 from gpusched.core.mig import FULL_MASK, parse_profile

@@ -9,7 +9,7 @@ import json
 from click.testing import CliRunner
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
-from gpusched.adapters import codec
+from gpusched.adapters.log import codec
 from gpusched.cli import cli
 from gpusched.core import events as ev
 from gpusched.ctl.decode import DESCRIPTOR_SET, framed_values

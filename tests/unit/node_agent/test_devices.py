@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpusched.adapters.fake_nvml import FakeNvml
-from gpusched.adapters.gpu_inventory import nvml_gpus
+from gpusched.adapters.gpus.fake_nvml import FakeNvml
+from gpusched.adapters.gpus.gpu_inventory import nvml_gpus
 from gpusched.core.model import GpuSlot, NodeInfo, WorkerResources
 from gpusched_node_agent.devices import (
     MigError, MigManager, WorkerDevices, device_env, mps_running,

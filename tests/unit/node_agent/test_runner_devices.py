@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from gpusched.adapters.fake_nvml import FakeNvml
-from gpusched.adapters.gpu_inventory import nvml_gpus
+from gpusched.adapters.gpus.fake_nvml import FakeNvml
+from gpusched.adapters.gpus.gpu_inventory import nvml_gpus
 from gpusched.core.model import GpuSlot, NodeInfo, WorkerResources
 from gpusched_node_agent.devices import MigError, MigManager, WorkerDevices
 from gpusched_node_agent.runner import ProcessRun

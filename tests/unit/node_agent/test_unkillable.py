@@ -12,7 +12,7 @@ import subprocess
 
 import pytest
 
-from gpusched.adapters.reports import check_report
+from gpusched.adapters.nodes.reports import check_report
 from gpusched.core import events as ev
 from gpusched.core.reducer import apply
 from gpusched.core.model import JobPhase

@@ -8,10 +8,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from gpusched.adapters.gpu_usage import SimulatedSampler, UsageRule
-from gpusched.adapters.kafka_admin import TopicNames
-from gpusched.adapters.reports import KIND_HEADER, USAGE_KIND
-from gpusched.adapters.usage_records import decode_usage
+from gpusched.adapters.gpus.gpu_usage import SimulatedSampler, UsageRule
+from gpusched.adapters.broker.kafka_admin import TopicNames
+from gpusched.adapters.nodes.reports import KIND_HEADER, USAGE_KIND
+from gpusched.adapters.nodes.usage_records import decode_usage
 from gpusched.config import NodeAgentSettings, SettingsError
 from gpusched.core.model import JobKind
 from gpusched_node_agent.usage import report_usage, running_workers, usage_records, usage_rules
@@ -148,7 +148,7 @@ async def test_a_sampler_that_cannot_start_ends_the_reporter_not_the_agent(caplo
 
 
 async def test_each_sample_sets_the_nodes_gpus_used_for_its_metrics():
-    from gpusched.adapters import metrics
+    from gpusched.adapters.telemetry import metrics
     from gpusched_node_agent.usage import publish_usage
     agent = _agent(Publisher(want=3))
     sampler = SimulatedSampler(NODE.gpus, rules=(UsageRule("train-*", 50), UsageRule("gang-*", 100),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import gc
 import time
 
-from gpusched.adapters.gc_pacing import GcClock
+from gpusched.adapters.log.gc_pacing import GcClock
 from gpusched.core import events as ev
 from gpusched.policies.scheduler import Scheduler
 from gpusched_placer import cycle_log

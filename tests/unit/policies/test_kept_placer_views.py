@@ -241,7 +241,7 @@ def test_a_later_round_builds_no_free_index(monkeypatch):
 
 
 def test_the_preemptor_keeps_placer_views_per_partition_and_drops_them_on_revoke():
-    from gpusched.adapters.proposer import PartitionProposer
+    from gpusched.adapters.log.proposer import PartitionProposer
     from gpusched.policies.supervision import SupervisionConfig
     from gpusched_preemptor.decide import PreemptorDecider
     from gpusched_preemptor.main import revoked

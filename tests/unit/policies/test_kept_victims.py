@@ -172,7 +172,7 @@ def test_a_revoked_partition_s_index_is_dropped_by_the_service_s_revoke_path():
     """The consumer group takes a partition away: the preemptor's revoke hook (what
     ``gpusched-preemptor`` hands the follower) drops that partition's kept index and
     keeps the others'."""
-    from gpusched.adapters.proposer import PartitionProposer
+    from gpusched.adapters.log.proposer import PartitionProposer
     from gpusched.policies.supervision import SupervisionConfig
     from gpusched_preemptor.decide import PreemptorDecider
     from gpusched_preemptor.main import revoked

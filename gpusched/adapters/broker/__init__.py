@@ -1,0 +1,1 @@
+"""Adapters for the Kafka cluster itself: topics, principals and ACLs, security settings, the dev PKI, broker loss."""

@@ -1,0 +1,1 @@
+"""Adapters for traces and metrics (OpenTelemetry, Prometheus)."""
