@@ -18,17 +18,32 @@ class SupervisionConfig:
     hang_grace_s: float = 30.0
 
 
+# Past a node's lease before it may be declared lost: its shims' poll and the clocks'
+# disagreement (the margin ``fence_at`` allows too; docs/workloads.md, "Fencing").
+LEASE_MARGIN_S = 1.0
+
+
+def silence_allowed(node_lease_s: float, config: SupervisionConfig) -> float:
+    """How long a node may be silent before it is lost: the heartbeat timeout, and never
+    less than its lease and the margin. So the lease has run out when the node is declared
+    lost, and the agent, which never renews a lease that ran out while work may still run
+    under it, cannot keep a worker going past ``fence_at`` by a heartbeat after that."""
+    return max(config.heartbeat_timeout_s, node_lease_s + LEASE_MARGIN_S if node_lease_s > 0 else 0.0)
+
+
 def lost_nodes(state: ClusterState, last_seen: Mapping[str, float], since: float, now: float,
                config: SupervisionConfig) -> list[tuple[str, str]]:
-    """(node, reason) for nodes whose heartbeats stopped. ``since``: when we started
-    listening — a node never heard from gets that long before it is declared lost."""
+    """(node, reason) for nodes whose heartbeats stopped (``silence_allowed``). ``since``:
+    when we started listening — a node never heard from gets that long before it is
+    declared lost."""
     lost = []
     for name, node in sorted(state.nodes.items()):
         if node.status is NodeStatus.LOST:
             continue
         seen = max(last_seen.get(name, since), since)
-        if now - seen > config.heartbeat_timeout_s:
-            lost.append((name, f"no heartbeat for {now - seen:.1f}s (timeout {config.heartbeat_timeout_s:g}s)"))
+        allowed = silence_allowed(node.info.lease_s, config)
+        if now - seen > allowed:
+            lost.append((name, f"no heartbeat for {now - seen:.1f}s (timeout {allowed:g}s)"))
     return lost
 
 

@@ -120,17 +120,25 @@ class NodeAgent(NodeLiveness):
         still gives us as gone: we do not run it any more, so the scheduler places it
         again (uncharged)."""
         self.follower = follower
+        self.settling = self.real_processes
         found = await asyncio.to_thread(find_leftovers, self.state_dir, self.process_alive) \
             if self.real_processes else []
-        if any(w.adoptable for w in found):
-            # Their shims fence them when the lease runs out: renew it while the log is
-            # read. Safe: a node is declared lost only after its lease has run out, and a
-            # shim that fenced its workload does not start it again.
+        # Workers run on only under a lease that has not run out (a restart shorter than
+        # the lease); past it, their shims are fencing them, and none is taken over.
+        lease_held = self.lease is not None and self.lease.expiry() > time.time()
+        adoptable = lease_held and any(w.adoptable for w in found)
+        if adoptable:
+            # Keep their lease while the log is read (a heartbeat the broker acknowledged,
+            # as always). A node is declared lost only once its lease surely ran out
+            # (``supervision.silence_allowed``), so this renewal comes before any NodeLost.
             await self.beat()
         await follower.caught_up()
         await self.beat()                        # a valid lease before anything starts
-        rest = [w for w in found if not (w.adoptable and self._adopt(w))]
+        rest = [w for w in found if not (adoptable and w.adoptable and self._adopt(w))]
         leftovers = await asyncio.to_thread(end_leftovers, rest, self.grace_s) if rest else []
+        self.settling = False
+        if self.lease is not None and self.lease.expiry() <= time.time():
+            await self.beat()   # it ran out meanwhile: renewed now that nothing of before runs
         ends = {(w.key.job_id, w.key.attempt, w.key.worker): w.end for w in leftovers if w.key is not None}
         # A worker still there after SIGKILL (uninterruptible sleep) still uses its GPUs:
         # its end is never reported, so the log keeps them held, and the node is cordoned.
@@ -426,6 +434,11 @@ class NodeAgent(NodeLiveness):
             asyncio.create_task(run.stop(self.grace_s))
 
     async def _come_back(self) -> None:
+        """Declared lost while alive: revoke the lease (every shim fences its workload at
+        its next look, and ``beat`` renews it only once nothing runs), stop everything,
+        report it gone, and register again as an empty node."""
+        if self.lease is not None:
+            self.lease.revoke()
         try:
             for key in list(self.runs):
                 self._stop(key)

@@ -20,7 +20,10 @@ log = logging.getLogger("gpusched.node_agent")
 
 class NodeLiveness:
     """Part of ``NodeAgent``: reads its ``info``, ``publisher``, ``lease``, ``running``,
-    ``follower`` and ``health``, and reports through its ``publish``."""
+    ``settling``, ``follower`` and ``health``, and reports through its ``publish``."""
+
+    settling = False   # an earlier life's workers not yet taken over or ended (the agent's join)
+    _lapsed = False    # the lease ran out while workers ran: said once
 
     # --- GPU health -----------------------------------------------------------------
     async def watch_health(self, backend) -> None:
@@ -48,6 +51,17 @@ class NodeLiveness:
             log.warning("heartbeat not sent", exc_info=True)
             return False
         if self.lease is not None:
+            if self.lease.expiry() <= sent and (self.running or self.settling):
+                # Ran out while work may still run under it: its shims are ending that
+                # work, and a renewal now could keep one that has not looked yet going
+                # past the bound the scheduler counts on (``fence_at``). It is renewed
+                # once nothing runs under it any more.
+                if not self._lapsed:
+                    log.warning("the lease ran out at %.3f while workers ran: not renewed until they are gone",
+                                self.lease.expiry())
+                self._lapsed = True
+                return True
+            self._lapsed = False
             self.lease.renew(sent + self.info.lease_s)
         return True
 

@@ -141,7 +141,8 @@ async def _fenced_node_case(kafka_bootstrap, topics, tmp_path, how: str):
         await cluster.preemptor("preemptor", "--heartbeat-timeout", "2")
         # The lease outlasts the heartbeat timeout and the workload ignores SIGTERM: a
         # job placed again as soon as the node is declared lost, or before the kill
-        # deadline, would run beside its old attempt.
+        # deadline, would run beside its old attempt. The node is declared lost only once
+        # its lease surely ran out (4 s + the 1 s margin), not after the 2 s timeout.
         doomed = await real_agent(cluster, "node-0", tmp_path, lease=4.0)
         client = Client(f"127.0.0.1:{admission.port}")
         job = (await client.submit(spec("train", "llm", gpus=1, checkpoint_interval=0.5,
@@ -177,6 +178,7 @@ async def _fenced_node_case(kafka_bootstrap, topics, tmp_path, how: str):
     lost = [e for e in events if isinstance(e, ev.NodeLost) and e.node == "node-0"]
     fenced = [e for e in events if isinstance(e, ev.NodeFenced) and e.node == "node-0"]
     assert lost and (fenced or how == "sigstop")
+    assert "(timeout 5s)" in lost[0].reason, lost[0]
     # the old attempt was dead (by its shim's record) before the new one was placed
     placed_again = min(e.time for e in events if isinstance(e, ev.JobPlaced) and e.attempt >= 1)
     assert max(i.last_seen for i in first) < placed_again

@@ -1,4 +1,5 @@
-"""The node lease file: renew, revoke, and what counts as expired."""
+"""The node lease file: renew, revoke, and what counts as expired; and when the agent
+renews it (never a lease that ran out while work may still run under it)."""
 from __future__ import annotations
 
 import math
@@ -7,6 +8,8 @@ import time
 import pytest
 
 from gpusched_node_agent.lease import NodeLease, read_expiry
+from gpusched_node_agent.liveness import NodeLiveness
+from tests.unit.core.builders import make_node
 
 
 def test_renew_and_revoke(tmp_path):
@@ -38,3 +41,49 @@ def test_renew_refuses_what_is_not_a_time(tmp_path, until):
 def test_whitespace_around_the_expiry_is_ignored(tmp_path):
     (tmp_path / "lease").write_text(" 1234.5\n", encoding="ascii")
     assert read_expiry(tmp_path / "lease") == 1234.5
+
+
+# --- the agent's renewals (NodeLiveness.beat) -------------------------------------------
+class _Publisher:
+    """Acknowledges every heartbeat at once."""
+
+    class topics:
+        prefix = "t."
+
+    async def send_raw(self, topic, value, key=None):
+        return None
+
+
+class _Agent(NodeLiveness):
+    def __init__(self, path, lease_s: float = 10.0) -> None:
+        self.info = make_node("n0", lease=lease_s)
+        self.publisher = _Publisher()
+        self.lease = NodeLease(path)
+        self.running = {}
+        self.name = self.info.name
+
+
+@pytest.mark.parametrize("running, settling, renewed", [
+    (False, False, True),    # nothing runs under it: a new lease
+    (True, False, False),    # workers whose shims are fencing them
+    (False, True, False),    # an earlier life's workers, not yet taken over or ended
+])
+async def test_a_lease_that_ran_out_is_renewed_only_once_nothing_runs_under_it(tmp_path, running, settling,
+                                                                              renewed):
+    agent = _Agent(tmp_path / "lease")
+    agent.lease.revoke()                          # ran out (a revoke, or a long silence)
+    agent.running = {("j", 0, 0): None} if running else {}
+    agent.settling = settling
+    before = agent.lease.expiry()
+    assert await agent.beat()
+    assert (agent.lease.expiry() > time.time() + 5) is renewed
+    if not renewed:
+        assert agent.lease.expiry() == before
+
+
+async def test_a_lease_that_holds_is_renewed_while_workers_run(tmp_path):
+    agent = _Agent(tmp_path / "lease")
+    agent.lease.renew(time.time() + 3)
+    agent.running = {("j", 0, 0): None}
+    assert await agent.beat()
+    assert agent.lease.expiry() > time.time() + 9
