@@ -297,18 +297,22 @@ class Backend:
         self._wait_ready(ready_path)
 
     def _wait_ready(self, path: str, timeout: float = 120.0) -> None:
-        import time
         import urllib.request
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        from tests.polling import eventually
+
+        def answered() -> str | None:   # the process is starting: nothing to await but its port
             if self.proc.poll() is not None:
-                break
+                return "exited"
             try:
                 with urllib.request.urlopen(self.url + path, timeout=2) as answer:
-                    if answer.status == 200:
-                        return
+                    return "ready" if answer.status == 200 else None
             except OSError:
-                time.sleep(0.2)   # the process is starting: nothing to await but its port
+                return None
+        try:
+            if eventually(answered, f"{self.log_path.name} ready", timeout, poll=0.2) == "ready":
+                return
+        except AssertionError:
+            pass
         self.stop()
         raise RuntimeError(f"{self.log_path.name}: not ready:\n{self.log_path.read_text()[-3000:]}")
 

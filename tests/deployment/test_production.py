@@ -37,7 +37,7 @@ from gpusched.ports import free_port
 from gpusched.v1 import types_pb2
 from tests.conftest import start_private_cluster
 from tests.deployment.units import UNITS, Site, read_env_file
-from tests.unit.node_agent.procs import wait_for
+from tests.polling import eventually
 
 REPO = Path(__file__).resolve().parents[2]
 DASHBOARD = REPO / "deploy" / "grafana" / "gpusched.json"
@@ -172,7 +172,7 @@ def start_nginx(root: Path, ports: dict[str, int]) -> tuple[str, subprocess.Pope
         assert proc.poll() is None, (root / "stderr.log").read_text()
         with socket.socket() as s:
             return s.connect_ex(("127.0.0.1", listen)) == 0
-    wait_for(accepting, "nginx to listen", timeout=30)
+    eventually(accepting, "nginx to listen", timeout=30)
     return f"127.0.0.1:{listen}", proc
 
 
@@ -299,7 +299,7 @@ async def test_every_grafana_query_names_metrics_the_services_export_and_prometh
         def exported() -> set[str]:
             return set().union(*(metric_names(scrape(port)) for port in ports.values()))
         # the node-agent samples usage every 15 s (its environment file): up to a minute
-        found = await asyncio.to_thread(wait_for, lambda: wanted <= (seen := exported()) and seen,
+        found = await asyncio.to_thread(eventually, lambda: wanted <= (seen := exported()) and seen,
                                         "every metric of the dashboard in the services' /metrics", 90, 1.0)
         assert wanted <= found, wanted - found
         await asyncio.wait_for(running(client, urgent), 120)   # the preemption made room for it
@@ -318,7 +318,7 @@ async def test_every_grafana_query_names_metrics_the_services_export_and_prometh
         return got["data"] if promql.startswith("label_values(") else got["data"]["result"]
 
     first = 'max by (pool) (gpusched_gpus_allocated{state="total", pool="h100"})'   # the first panel's, scraped
-    assert await asyncio.to_thread(wait_for, lambda: (r := query(first)) and float(r[0]["value"][1]),
+    assert await asyncio.to_thread(eventually, lambda: (r := query(first)) and float(r[0]["value"][1]),
                                    "Prometheus to scrape the pool's GPUs", 60, 0.5) == 2.0
     for promql in dashboard_queries():
         query(promql.replace("$__rate_interval", "1m").replace("$pool", ".*"))

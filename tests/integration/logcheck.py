@@ -6,8 +6,6 @@ each node's capacity. What the node-agents reported (started/finished) is checke
 """
 from __future__ import annotations
 
-import asyncio
-import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -21,6 +19,7 @@ from gpusched.core.mig import parse_profile
 from gpusched.core.reducer import apply
 from gpusched.core.state import ClusterState
 from gpusched.v1 import events_pb2
+from tests.polling import eventually_async
 
 
 async def read_log(bootstrap: str, topics: TopicNames, topic: str | None = None,
@@ -54,15 +53,13 @@ async def read_log(bootstrap: str, topics: TopicNames, topic: str | None = None,
 
 async def dead_letters(conn, topics: TopicNames, source: str, count: int, timeout: float = 60.0) -> dict[int, str]:
     """The dead letters of records of topic ``source`` (offset -> reason), once there are
-    ``count`` (or at the deadline)."""
-    deadline = time.monotonic() + timeout
-    while True:
+    ``count``; AssertionError at the deadline."""
+    async def written():   # polls the topic: the relay and the placer write letters asynchronously
         letters = [events_pb2.DeadLetter.FromString(v)
                    for vs in (await read_log(conn, topics, topics.dead_letters)).values() for _, v in vs]
         found = {letter.offset: letter.reason for letter in letters if letter.source_topic == source}
-        if len(found) >= count or time.monotonic() > deadline:
-            return found
-        await asyncio.sleep(0.2)   # polls the topic: the relay and the placer write letters asynchronously
+        return len(found) >= count and found
+    return await eventually_async(written, f"{count} dead letters of {source}", timeout, poll=0.2)
 
 
 @dataclass

@@ -14,6 +14,7 @@ from gpusched.client import Client, duration_of, seconds, spec
 from gpusched.v1 import admission_pb2, cluster_pb2, events_pb2, types_pb2
 from tests.integration.logcheck import read_log
 from tests.integration.cluster_calls import SUCCEEDED
+from tests.polling import eventually_async
 
 
 async def test_same_idempotency_key_gives_one_job_even_concurrently_and_across_replicas(api):
@@ -85,13 +86,14 @@ async def test_a_node_registering_later_widens_what_admission_accepts(api):
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert err.value.details().startswith("spec.resources.gpus: 16 per worker exceeds the largest node")
     await cluster.agent("node-16", "16xA100-80GB")
-    while True:   # until admission's read model has folded the registration
+    async def registered() -> bool:   # once admission's read model has folded the registration
         try:
             await client.cluster.GetNode(cluster_pb2.GetNodeRequest(name="node-16"))
-            break
+            return True
         except grpc.aio.AioRpcError as exc:
             assert exc.code() == grpc.StatusCode.NOT_FOUND, exc
-            await asyncio.sleep(0.05)
+            return False
+    await eventually_async(registered, "node-16 registered", 60, poll=0.05)
     assert (await client.submit(big)).created
 
 

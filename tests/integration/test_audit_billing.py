@@ -7,7 +7,6 @@ import asyncio
 import json
 import os
 import signal
-import time
 
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -25,6 +24,7 @@ from gpusched.core.state import ClusterState
 from gpusched.local_cluster import BIN, LocalCluster
 from gpusched.v1 import admission_pb2, cluster_pb2, types_pb2
 from tests.integration.logcheck import read_log
+from tests.polling import eventually_async
 
 BINDINGS = [{"principal": "alice", "role": "member", "team": "team-a"},
             {"principal": "bob", "role": "member", "team": "team-b"},
@@ -84,13 +84,15 @@ async def _ends(bootstrap, topic: str) -> dict[int, int]:
 
 
 async def _until(condition, consumers, what: str, timeout: float = 120.0) -> None:
-    """Poll the database (what the consumers write is only seen there) until ``condition``."""
-    deadline = time.monotonic() + timeout
-    while not condition():
+    """Poll the database (what the consumers write is only seen there) until ``condition``;
+    a consumer that died fails at once."""
+    def holds() -> bool:
+        if condition():
+            return True
         for c in consumers:
             c.check_alive()
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.1)
+        return False
+    await eventually_async(holds, what, timeout, poll=0.1)
 
 
 def _caught_up(store: Store, prefix: str, kind: str, ends: dict[str, dict[int, int]], delivered_at_least: int = 0):

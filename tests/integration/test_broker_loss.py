@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-import time
 
 import pytest
 
@@ -15,6 +14,7 @@ from gpusched.client import Client, spec
 from gpusched.local_cluster import LocalCluster
 from tests.conftest import start_private_cluster
 from tests.integration.cluster_calls import SUCCEEDED
+from tests.polling import eventually_async
 
 pytestmark = pytest.mark.broker
 PARTITIONS = 2
@@ -45,14 +45,6 @@ def _lines_since(service, mark: int) -> list[str]:
     return service.log_path.read_bytes()[mark:].decode(errors="replace").splitlines()
 
 
-async def _until(condition, timeout: float, what: str) -> None:
-    """The services' logs are files: read them until ``condition`` holds."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.2)
-
-
 async def test_a_lost_broker_is_one_warning_and_its_return_one_line(own_broker, own_topics, tmp_path):
     conn = own_broker.connection
     cluster = LocalCluster(conn, own_topics, tmp_path, partitions=PARTITIONS)
@@ -67,8 +59,9 @@ async def test_a_lost_broker_is_one_warning_and_its_return_one_line(own_broker, 
 
         await own_broker.stop_async()
         for service in watched:
-            await _until(lambda: any("broker unreachable at" in line for line in _lines_since(service, marks[service.name])),
-                         60, f"{service.name}'s warning")
+            await eventually_async(   # the services' logs are files: read until the line is there
+                lambda: any("broker unreachable at" in line for line in _lines_since(service, marks[service.name])),
+                f"{service.name}'s warning", 60, poll=0.2)
         await asyncio.sleep(DOWN_S)   # the broker stays away a while: what is logged meanwhile is the point
         for service in watched:
             lines = _lines_since(service, marks[service.name])
@@ -81,8 +74,9 @@ async def test_a_lost_broker_is_one_warning_and_its_return_one_line(own_broker, 
 
         await own_broker.start_async()
         for service in watched:
-            await _until(lambda: any("reachable again" in line for line in _lines_since(service, marks[service.name])),
-                         90, f"{service.name}'s line that the broker is back")
+            await eventually_async(
+                lambda: any("reachable again" in line for line in _lines_since(service, marks[service.name])),
+                f"{service.name}'s line that the broker is back", 90, poll=0.2)
             (back,) = [line for line in _lines_since(service, marks[service.name]) if "reachable again" in line]
             assert "INFO" in back and " after " in back, back
         await _run_a_job(client, "after")   # recovered: admission appends, the placer places, the agent runs

@@ -20,6 +20,7 @@ from PIL import Image
 from gpusched.client import Client, spec
 from gpusched.local_cluster import LocalCluster
 from gpusched.v1 import node_agent_pb2, node_agent_pb2_grpc, types_pb2
+from tests.polling import eventually_async
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="needs chromium (deploy/setup.sh installs it when root: "
@@ -163,19 +164,19 @@ async def test_pages_in_headless_chromium(dashboard, tmp_path):
     # the chart wants a few samples
     last: list[str] = []
 
-    async def settled() -> Element:
-        while True:
-            html = await chromium(tmp_path, url + "/", "--dump-dom")
-            last[:] = [html]
-            page = Dom(html).root
-            charts = page.all("svg", class_="chart")
-            rows = page.all("tr", **{"data-job": waiting})
-            if rows and rows[0].one("td", class_="why").content() != "-" and charts and all(
-                    int(c.attrs["data-samples"]) >= 3 for c in charts):
-                return page
+    async def settled() -> Element | None:   # the page is rendered again each time: no pause
+        html = await chromium(tmp_path, url + "/", "--dump-dom")
+        last[:] = [html]
+        page = Dom(html).root
+        charts = page.all("svg", class_="chart")
+        rows = page.all("tr", **{"data-job": waiting})
+        if rows and rows[0].one("td", class_="why").content() != "-" and charts and all(
+                int(c.attrs["data-samples"]) >= 3 for c in charts):
+            return page
+        return None
     try:
-        page = await asyncio.wait_for(settled(), 120)
-    except TimeoutError:
+        page = await eventually_async(settled, "a pending job and samples on the page", 120, poll=0)
+    except AssertionError:
         pytest.fail(f"no pending job or samples on the page:\n{last[0] if last else '(no page)'}")
 
     assert page.one("head").one("title").content() == "gpusched dashboard"

@@ -6,7 +6,6 @@ node's work view: its agent warns, dead-letters it and goes on."""
 from __future__ import annotations
 
 import asyncio
-import time
 
 from aiokafka import AIOKafkaProducer
 
@@ -18,6 +17,7 @@ from gpusched.local_cluster import LocalCluster
 from gpusched.v1 import events_pb2
 from tests.integration.logcheck import read_log
 from tests.integration.cluster_calls import SUCCEEDED
+from tests.polling import eventually_async
 
 PARTITIONS = 4
 
@@ -43,14 +43,6 @@ def _warnings(service, where: str) -> list[str]:
             if "skipped a record it cannot apply" in line and where in line]
 
 
-async def _until(condition, timeout: float = 60.0, what: str = "") -> None:
-    """The services' logs are files: read them until ``condition`` holds."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.2)
-
-
 async def _letters(bootstrap, topics) -> list[events_pb2.DeadLetter]:
     log = await read_log(bootstrap, topics, topics.dead_letters)
     return [events_pb2.DeadLetter.FromString(value) for records in log.values() for _, value in records]
@@ -74,7 +66,7 @@ async def test_a_bad_pool_log_record_is_dead_lettered_once_and_logged_by_each_se
 
         agents = [service for service in cluster.services if service.name.startswith("agent-")]
         for service in [service for service in cluster.services if service not in agents]:
-            await _until(lambda: _warnings(service, where), what=f"{service.name}'s warning")
+            await eventually_async(lambda: _warnings(service, where), f"{service.name}'s warning", 60, poll=0.2)
             assert len(_warnings(service, where)) == 1, (service.name, _warnings(service, where))
             assert "not an EventEnvelope" in _warnings(service, where)[0]
         assert "dead letter written" in _warnings(placer, where)[0]
@@ -88,7 +80,7 @@ async def test_a_bad_pool_log_record_is_dead_lettered_once_and_logged_by_each_se
         # A restarted placer replays the record (no snapshots): it finds the letter there.
         await placer.terminate()
         again = await cluster.placer("placer-2", "--no-snapshots")
-        await _until(lambda: _warnings(again, where), what="the restarted placer's warning")
+        await eventually_async(lambda: _warnings(again, where), "the restarted placer's warning", 60, poll=0.2)
         assert "already dead-lettered" in _warnings(again, where)[0]
         await _run_a_job(client, "after-restart")
         assert len([l for l in await _letters(kafka_bootstrap, topics) if l.source_topic == topics.events]) == 1
@@ -97,8 +89,8 @@ async def test_a_bad_pool_log_record_is_dead_lettered_once_and_logged_by_each_se
         view = work_topic(topics.prefix, "node-0")
         offset = await _append_garbage(kafka_bootstrap, view, 0)
         agent = next(a for a in agents if a.name == "agent-node-0")
-        await _until(lambda: f"work-view record at offset {offset}" in agent.log_path.read_text(),
-                     what="the agent's warning")
+        await eventually_async(lambda: f"work-view record at offset {offset}" in agent.log_path.read_text(),
+                               "the agent's warning", 60, poll=0.2)
         letters = [l for l in await _letters(kafka_bootstrap, topics) if l.source_topic == view]
         assert [(l.offset, l.value) for l in letters] == [(offset, b"\xff\x00 not an envelope")]
         assert "work-view record does not decode" in letters[0].reason

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-import time
 from pathlib import Path
 
 import grpc
@@ -17,6 +16,7 @@ import pytest
 from gpusched.client import Client, spec
 from gpusched.local_cluster import LocalCluster
 from gpusched.v1 import admission_pb2, cluster_pb2, types_pb2
+from tests.polling import eventually_async
 from tests.unit.adapters.mig_specs import h200, mig_node
 
 SUCCEEDED = types_pb2.JOB_PHASE_SUCCEEDED
@@ -43,14 +43,9 @@ async def finished(client: Client, job_id: str, timeout: float = 90.0) -> types_
 
 async def registered(client: Client, name: str, timeout: float = 30.0):
     """The node as admission's state has it, once its registration is applied there."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            return await client.cluster.GetNode(cluster_pb2.GetNodeRequest(name=name))
-        except Exception:
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.2)   # admission follows the log on its own: poll its view
+    return await eventually_async(   # admission follows the log on its own: poll its view
+        lambda: client.cluster.GetNode(cluster_pb2.GetNodeRequest(name=name)), f"{name} registered", timeout,
+        poll=0.2, ignoring=(Exception,))
 
 
 async def run_job(client: Client, job_spec, out: Path) -> dict:

@@ -19,6 +19,7 @@ from gpusched.adapters.broker.kafka_security import KafkaConnection, KafkaLoginR
 from gpusched.adapters.nodes.node_access import add_node
 from gpusched.adapters.nodes.reports import beats_topic, node_principal, report_topic
 from gpusched.local_cluster import BIN, LocalCluster
+from tests.polling import eventually_async
 
 
 @pytest.fixture
@@ -212,11 +213,11 @@ async def test_billing_consumer_runs_as_its_read_only_principal(secured, kafka_b
             line = await asyncio.wait_for(proc.stdout.readline(), 120)
             assert line, seen.decode()
             seen += line
-        committed: dict = {}
-        while not any(meta.offset > 0 for meta in committed.values()):   # faust commits every second
+        async def committed() -> bool:   # faust commits every second
             assert proc.returncode is None
-            await asyncio.sleep(0.2)
-            committed = await admin.list_consumer_group_offsets(topics.prefix + "billing")
+            offsets = await admin.list_consumer_group_offsets(topics.prefix + "billing")
+            return any(meta.offset > 0 for meta in offsets.values())
+        await eventually_async(committed, "a commit of the billing consumer", 120, poll=0.2)
         assert Store(url, create=False).progress(topics.prefix, "billing")
     finally:
         await admin.close()

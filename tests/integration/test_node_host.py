@@ -22,6 +22,7 @@ from gpusched.workloads import mixed_jobs
 from tests.integration.logcheck import check_log, read_log
 from gpusched.ports import free_port
 from tests.integration.cluster_calls import all_running, events_of, submit_with_retries
+from tests.polling import eventually_async
 
 SUCCEEDED = types_pb2.JOB_PHASE_SUCCEEDED
 HOSTED = 50
@@ -127,13 +128,10 @@ async def test_a_host_cannot_report_for_a_node_it_does_not_host(kafka_bootstrap,
                                          headers=[(NODE_HEADER, node.encode())])
         await producer.stop()
 
-        async def relayed():
-            while True:
-                ids = {e.event_id for e in events_of(await read_log(kafka_bootstrap, topics))}
-                if "honest-1" in ids:
-                    return ids
-                await asyncio.sleep(0.2)   # polling the log: the relay has no event to await
-        ids = await asyncio.wait_for(relayed(), 60)
+        async def relayed():   # polling the log: the relay has no event to await
+            ids = {e.event_id for e in events_of(await read_log(kafka_bootstrap, topics))}
+            return "honest-1" in ids and ids
+        ids = await eventually_async(relayed, "the honest report relayed", 60, poll=0.2)
         assert "forged-1" not in ids
         letters = await read_log(kafka_bootstrap, topics, topics.dead_letters)
         assert any(b"does not host" in v for records in letters.values() for _, v in records)

@@ -10,7 +10,6 @@ import asyncio
 import json
 import subprocess
 import sys
-import time
 import urllib.parse
 import urllib.request
 
@@ -25,6 +24,7 @@ from gpusched.local_cluster import LocalCluster
 from gpusched.v1 import events_pb2, types_pb2
 from tests.integration.logcheck import read_log
 from tests.integration.cluster_calls import until
+from tests.polling import eventually_async
 
 SUCCEEDED = types_pb2.JOB_PHASE_SUCCEEDED
 PENDING = types_pb2.JOB_PHASE_PENDING
@@ -39,14 +39,17 @@ def get_json(url: str) -> dict:
 async def eventually(probe, what: str, timeout: float = 60.0, done=bool):
     """``probe()``'s first answer that is ``done``: the back-ends take exports and scrapes
     in the background, on their own schedule, so the test asks again until they have."""
-    deadline = time.monotonic() + timeout
     last = None
-    while time.monotonic() < deadline:
+
+    async def answered() -> bool:
+        nonlocal last
         last = await asyncio.to_thread(probe)
-        if done(last):
-            return last
-        await asyncio.sleep(0.5)
-    raise AssertionError(f"{what}: not seen within {timeout}s (last answer: {last!r})")
+        return done(last)
+    try:
+        await eventually_async(answered, what, timeout, poll=0.5)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc} (last answer: {last!r})") from None
+    return last
 
 
 # --- traces -----------------------------------------------------------------------------

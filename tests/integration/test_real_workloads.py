@@ -22,6 +22,7 @@ from gpusched.local_cluster import LocalCluster
 from gpusched.v1 import admission_pb2, types_pb2
 from tests.integration.logcheck import check_log, read_log
 from tests.integration.cluster_calls import events_of, until
+from tests.polling import eventually_async
 from tests.workloads.intervals import Interval, attempts_overlap, overlaps, read_records, with_shim_ends
 
 WORKLOADS = Path(__file__).resolve().parents[1] / "workloads"
@@ -186,13 +187,10 @@ async def _fenced_node_case(kafka_bootstrap, topics, tmp_path, how: str):
 
 
 async def _node_ready(client: Client, name: str, timeout: float = 60.0):
-    async def poll():
-        while True:
-            nodes = {n.info.name: n for n in await client.nodes()}
-            if name in nodes and nodes[name].status == types_pb2.NODE_STATUS_READY:
-                return nodes[name]
-            await asyncio.sleep(0.2)   # the node list has no watch; the agent re-registers shortly
-    return await asyncio.wait_for(poll(), timeout)
+    async def ready():   # the node list has no watch; the agent re-registers shortly
+        nodes = {n.info.name: n for n in await client.nodes()}
+        return name in nodes and nodes[name].status == types_pb2.NODE_STATUS_READY and nodes[name]
+    return await eventually_async(ready, f"{name} ready", timeout, poll=0.2)
 
 
 async def test_frozen_agent_is_fenced_and_its_job_resumes_elsewhere(kafka_bootstrap, topics, tmp_path):
@@ -241,28 +239,24 @@ async def test_gang_rendezvous_over_tcp_and_again_after_a_restart(kafka_bootstra
 async def recorded_start(root: Path, job_id: str, attempt: int = 0, timeout: float = 60.0) -> dict:
     """The workload's own start record: it runs (its signal handlers are set), not just
     its process."""
-    async def poll():
-        while True:
-            for path in root.rglob("record.jsonl"):
-                for line in path.read_text().splitlines():
-                    rec = json.loads(line)
-                    if rec["event"] == "start" and rec["job"] == job_id and rec["attempt"] == attempt:
-                        return rec
-            await asyncio.sleep(0.05)
-    return await asyncio.wait_for(poll(), timeout)
+    def started():
+        for path in root.rglob("record.jsonl"):
+            for line in path.read_text().splitlines():
+                rec = json.loads(line)
+                if rec["event"] == "start" and rec["job"] == job_id and rec["attempt"] == attempt:
+                    return rec
+        return None
+    return await eventually_async(started, f"the start record of {job_id} attempt {attempt}", timeout, poll=0.05)
 
 
 async def _records(root: Path, job_id: str, attempt: int, count: int, timeout: float = 60.0) -> list[dict]:
     """The rendezvous records of one attempt, once all of its workers have written theirs
     (a cross-process fact: read back until it is there)."""
-    async def poll():
-        while True:
-            found = [json.loads(line) for p in root.rglob("rendezvous.jsonl") for line in p.read_text().splitlines()]
-            found = [r for r in found if r["job"] == job_id and r["attempt"] == attempt]
-            if len(found) >= count:
-                return found
-            await asyncio.sleep(0.1)
-    return await asyncio.wait_for(poll(), timeout)
+    def met():
+        found = [json.loads(line) for p in root.rglob("rendezvous.jsonl") for line in p.read_text().splitlines()]
+        found = [r for r in found if r["job"] == job_id and r["attempt"] == attempt]
+        return len(found) >= count and found
+    return await eventually_async(met, f"{count} rendezvous records of {job_id} attempt {attempt}", timeout, poll=0.1)
 
 
 async def test_a_restarted_agent_keeps_its_workers_and_ends_only_what_the_log_ended(kafka_bootstrap, topics,

@@ -28,6 +28,7 @@ from gpusched.local_cluster import LocalCluster
 from gpusched.v1 import admission_pb2, events_pb2, types_pb2
 from tests.integration.logcheck import check_log, dead_letters, read_log
 from tests.integration.cluster_calls import until_node
+from tests.polling import eventually_async
 from tests.unit.core.builders import make_spec
 
 SUCCEEDED, RUNNING = types_pb2.JOB_PHASE_SUCCEEDED, types_pb2.JOB_PHASE_RUNNING
@@ -180,13 +181,11 @@ def _usage(node: str, job_id: str, attempt: int) -> WorkerUsage:
 
 async def _until_usage(conn, topics, record_id: str, timeout: float = 60.0) -> set[str]:
     """The record ids on the usage topic, once ``record_id`` is among them."""
-    deadline = time.monotonic() + timeout
-    while True:
+    async def forwarded():   # polls the topic: the relay forwards asynchronously
         ids = {decode_usage(v).record_id for vs in (await read_log(conn, topics, topics.usage)).values()
                for _, v in vs}
-        if record_id in ids or time.monotonic() > deadline:
-            return ids
-        await asyncio.sleep(0.2)   # polls the topic: the relay forwards asynchronously
+        return record_id in ids and ids
+    return await eventually_async(forwarded, f"usage record {record_id} forwarded", timeout, poll=0.2)
 
 
 async def test_a_relay_killed_mid_reports_loses_and_doubles_none(kafka_bootstrap, topics, tmp_path):

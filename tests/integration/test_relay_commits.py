@@ -4,27 +4,28 @@ commit request per report, and a stop commits what is left, so a relay that stop
 cleanly leaves nothing for its successor to read again."""
 from __future__ import annotations
 
-import asyncio
 import time
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
+<<<<<<< HEAD
 from gpusched.adapters.nodes import relay as relay_module
 from gpusched.adapters.log.follower import FollowerOptions, LogFollower
 from gpusched.adapters.broker.kafka_security import client_args
 from gpusched.adapters.nodes.node_access import ensure_node_topics
 from gpusched.adapters.log.publisher import DeadLetters, EventPublisher
 from gpusched.adapters.nodes.relay import Relay
+=======
+from gpusched.adapters import relay as relay_module
+from gpusched.adapters.follower import FollowerOptions, LogFollower
+from gpusched.adapters.kafka_security import client_args
+from gpusched.adapters.node_access import ensure_node_topics
+from gpusched.adapters.publisher import DeadLetters, EventPublisher
+from gpusched.adapters.relay import Relay
+from tests.polling import eventually_async
+>>>>>>> polling
 
 REPORTS = 12
-
-
-async def _until(predicate, timeout: float = 30.0) -> None:
-    """Wait until ``predicate()`` holds: the relay's counters have no event to await."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.01)
 
 
 async def test_reports_handled_one_by_one_share_commits_and_a_stop_commits_the_rest(kafka_bootstrap, topics):
@@ -45,7 +46,7 @@ async def test_reports_handled_one_by_one_share_commits_and_a_stop_commits_the_r
         began = time.monotonic()
         for i in range(REPORTS):
             await producer.send_and_wait(report_topic, b"not an event", key=b"default")
-            await _until(lambda: relay.counts["refused"] == i + 1)
+            await eventually_async(lambda: relay.counts["refused"] == i + 1, f"report {i} refused")   # no event
         took = time.monotonic() - began
         commits = relay.counts["commits"]
         assert commits < REPORTS

@@ -4,7 +4,6 @@ placed goes on with no ListOffsets request, and one about a job whose JobPlaced 
 has not applied yet waits for the fold to cover the log and is relayed, not refused."""
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 
@@ -17,6 +16,7 @@ from gpusched.adapters.nodes.node_access import ensure_node_topics
 from gpusched.adapters.log.publisher import DeadLetters, EventPublisher, partition_for
 from gpusched.adapters.nodes.relay import Relay
 from gpusched.core import events as ev
+from tests.polling import eventually_async
 from tests.unit.core.builders import make_node, make_spec, whole, workers
 
 PARTITIONS = 4
@@ -24,14 +24,6 @@ PARTITIONS = 4
 
 def _event(cls, **fields) -> ev.Event:
     return cls(event_id=f"e-{uuid.uuid4().hex}", time=time.time(), producer="test", **fields)
-
-
-async def _until(predicate, timeout: float = 30.0) -> None:
-    """Wait until ``predicate()`` holds: the relay's counters have no event to await."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.01)
 
 
 async def _place(publisher: EventPublisher, job_id: str, gpu: int) -> None:
@@ -62,10 +54,11 @@ async def test_reports_on_folded_jobs_ask_no_ends_and_a_lagging_fold_is_waited_f
         await relay.start()
         await (await publisher.send(_event(ev.NodeRegistered, node=make_node("n1", gpus=8)), "default"))
         await _place(publisher, "folded", 0)
-        await _until(lambda: "folded" in state().jobs and state().jobs["folded"].workers)
+        await eventually_async(lambda: "folded" in state().jobs and state().jobs["folded"].workers,
+                               "the placement of 'folded' in the fold")
         # The fold has the placement: the report passes as the fold is, no request.
         await report("folded")
-        await _until(lambda: 0 in state().jobs["folded"].started)
+        await eventually_async(lambda: 0 in state().jobs["folded"].started, "the start of 'folded' relayed")
         assert relay.counts["end_asks"] == 0
         assert relay.counts["relayed"] == 1
 
@@ -74,10 +67,11 @@ async def test_reports_on_folded_jobs_ask_no_ends_and_a_lagging_fold_is_waited_f
         follower._consumer.pause(*follower._consumer.assignment())
         await _place(publisher, "lagging", 1)
         await report("lagging")
-        await _until(lambda: relay.counts["end_asks"] == 1)
+        await eventually_async(lambda: relay.counts["end_asks"] == 1, "the relay to ask for an end")
         assert "lagging" not in state().jobs and relay.counts["relayed"] == 1
         follower._consumer.resume(*follower._consumer.assignment())
-        await _until(lambda: "lagging" in state().jobs and 0 in state().jobs["lagging"].started)
+        await eventually_async(lambda: "lagging" in state().jobs and 0 in state().jobs["lagging"].started,
+                               "the start of 'lagging' relayed")
         assert relay.counts["refused"] == 0
         assert relay.counts["relayed"] == 2
         assert relay.counts["end_asks"] == 1

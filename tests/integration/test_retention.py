@@ -3,8 +3,7 @@ read model once the log's clock is past its retention, its idempotency key can b
 again, live jobs stay, and its history stays in the log."""
 from __future__ import annotations
 
-import asyncio
-import time
+import itertools
 
 import grpc
 
@@ -15,6 +14,7 @@ from gpusched.local_cluster import LocalCluster
 from gpusched.v1 import types_pb2
 from tests.integration.logcheck import read_log
 from tests.integration.cluster_calls import SUCCEEDED
+from tests.polling import eventually_async
 
 RETENTION_S = 2.0
 
@@ -22,18 +22,17 @@ RETENTION_S = 2.0
 async def _gone(client: Client, job_id: str, timeout: float = 60.0) -> grpc.aio.AioRpcError:
     """Submit small jobs (each moves the log's clock) until ``job_id`` is no longer found;
     the NOT_FOUND error. Retention is defined by time passing, so time must pass here."""
-    deadline = time.monotonic() + timeout
-    i = 0
-    while time.monotonic() < deadline:
-        i += 1
-        await client.submit(spec(f"tick-{i}", "ops", gpu_milli=100, duration=0.05))
+    ticks = itertools.count(1)
+
+    async def not_found() -> grpc.aio.AioRpcError | None:
+        await client.submit(spec(f"tick-{next(ticks)}", "ops", gpu_milli=100, duration=0.05))
         try:
             await client.get(job_id)
         except grpc.aio.AioRpcError as exc:
             assert exc.code() == grpc.StatusCode.NOT_FOUND, exc
             return exc
-        await asyncio.sleep(0.5)
-    raise AssertionError(f"{job_id} still in the state after {timeout}s")
+        return None
+    return await eventually_async(not_found, f"{job_id} to leave the state", timeout, poll=0.5)
 
 
 async def test_finished_jobs_leave_the_state_after_the_retention_and_free_their_key(kafka_bootstrap, topics, tmp_path):

@@ -20,6 +20,7 @@ from gpusched.core.snapshot import snapshot_bytes, state_from_snapshot
 from gpusched.core.state import ClusterState
 from gpusched.local_cluster import LocalCluster
 from tests.integration.logcheck import read_log
+from tests.polling import eventually_async
 
 PARTITIONS = 4
 
@@ -246,7 +247,7 @@ async def test_a_member_that_gains_a_pool_starts_from_its_snapshot(kafka_bootstr
     try:
         await publisher.publish_all(log.nodes() + log.jobs(200))
         a = await _follower(kafka_bootstrap, topics, publisher, group_id=group, use_snapshots=True, snapshots=store_a)
-        await _until(lambda: len(a.states) == PARTITIONS)
+        await eventually_async(lambda: len(a.states) == PARTITIONS, "every partition assigned to a", poll=0.05)
         await a.caught_up(60)
         assert set(a.snapshot_offsets.values()) == {-1}        # nothing to start from yet
         writer = SnapshotWriter(a, store_a, every_events=1, every_s=0)
@@ -255,7 +256,9 @@ async def test_a_member_that_gains_a_pool_starts_from_its_snapshot(kafka_bootstr
         await publisher.publish_all(log.jobs(60))              # a tail after the snapshots
 
         b = await _follower(kafka_bootstrap, topics, publisher, group_id=group, use_snapshots=True, snapshots=store_b)
-        await _until(lambda: b.states and len(a.states) + len(b.states) == PARTITIONS and not set(a.states) & set(b.states))
+        await eventually_async(
+            lambda: b.states and len(a.states) + len(b.states) == PARTITIONS and not set(a.states) & set(b.states),
+            "the partitions split between a and b", poll=0.05)
         await b.caught_up(60)
         assert b.states and all(b.snapshot_offsets[p] == written[p] for p in b.states)
         expected = await _full_replay_digests(kafka_bootstrap, topics, publisher)
@@ -267,13 +270,6 @@ async def test_a_member_that_gains_a_pool_starts_from_its_snapshot(kafka_bootstr
         await store_a.stop()
         await store_b.stop()
         await publisher.stop()
-
-
-async def _until(condition, timeout: float = 30.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not condition():
-        assert asyncio.get_running_loop().time() < deadline, "timed out"
-        await asyncio.sleep(0.05)
 
 
 async def test_the_placer_writes_snapshots_and_its_successor_starts_from_them(kafka_bootstrap, topics, tmp_path):
@@ -297,24 +293,19 @@ async def test_the_placer_writes_snapshots_and_its_successor_starts_from_them(ka
         return out
 
     async def placed(count: int) -> int:
-        deadline = asyncio.get_running_loop().time() + 30
-        while True:
+        async def offset():
             records = (await read_log(kafka_bootstrap, topics))[partition]
             n = sum(1 for _, v in records if codec.decode(v)[0].__class__ is ev.JobPlaced)
-            if n >= count:
-                return records[-1][0]
-            assert asyncio.get_running_loop().time() < deadline, f"only {n} of {count} placed"
-            await asyncio.sleep(0.3)
+            return n >= count and (records[-1][0],)   # an offset may be 0: a truthy tuple
+        (last,) = await eventually_async(offset, f"{count} jobs placed", 30, poll=0.3)
+        return last
 
     try:
         await publisher.publish_all([e for e in log.nodes() if e[1] == pool] + submit(20))
         first = await cluster.placer("placer-1", "--snapshot-every-events", "1", "--snapshot-every-s", "0")
         await placed(20)
         # written on its schedule: the state of a log prefix, exactly
-        deadline = asyncio.get_running_loop().time() + 20
-        while (record := await store.read_latest(partition)) is None:
-            assert asyncio.get_running_loop().time() < deadline, "no snapshot written"
-            await asyncio.sleep(0.3)
+        record = await eventually_async(lambda: store.read_latest(partition), "a snapshot written", 20, poll=0.3)
         snap = state_from_snapshot(record.value)
         prefix = ClusterState()
         for offset, value in (await read_log(kafka_bootstrap, topics))[partition]:

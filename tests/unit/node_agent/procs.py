@@ -1,16 +1,16 @@
 """Helpers for tests that run real worker processes: the shim, the recorder workload,
-and waiting on cross-process facts (files, pids) with a deadline."""
+and reading back what they write (files, pids)."""
 from __future__ import annotations
 
 import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from gpusched_node_agent import shim_process
 from gpusched_node_agent.runner import read_status
+from tests.polling import eventually
 
 REPO = Path(__file__).resolve().parents[3]
 RECORDER = REPO / "tests" / "workloads" / "recorder.py"
@@ -42,8 +42,8 @@ def start_orphan_shim(workdir: Path, command: list[str], *, lease: Path | None =
     spawn = "import os, sys; os.posix_spawn(sys.argv[1], sys.argv[1:], os.environ, setsid=True)"
     subprocess.run([sys.executable, "-c", spawn, *shim_command(workdir, command, lease, kill_wait, poll)],
                    cwd=workdir, env=env, check=True)
-    return wait_for(lambda: (read_status(workdir / "shim.json") or {}).get("pid") and read_status(workdir / "shim.json"),
-                    f"the shim in {workdir.name} to start its workload")
+    return eventually(lambda: (read_status(workdir / "shim.json") or {}).get("pid") and read_status(workdir / "shim.json"),
+                      f"the shim in {workdir.name} to start its workload")
 
 
 def shim_program() -> list[str]:
@@ -54,18 +54,6 @@ def shim_program() -> list[str]:
 def shim_command(workdir: Path, command: list[str], lease: Path | None, kill_wait: float, poll: float) -> list[str]:
     return [*shim_program(), *(["--lease", str(lease)] if lease else []), "--kill-wait", str(kill_wait),
             "--poll", str(poll), "--status", str(workdir / "shim.json"), "--", *command]
-
-
-def wait_for(predicate, what: str, timeout: float = 30.0, poll: float = 0.01):
-    """The predicate's first truthy value; AssertionError naming ``what`` at the deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(poll)   # another process's progress: polled with a deadline
 
 
 def records(workdir: Path) -> list[dict]:

@@ -11,7 +11,8 @@ import signal
 import subprocess
 
 from gpusched_node_agent.runner import ProcessRun, group_alive
-from tests.unit.node_agent.procs import events, recorder, start_orphan_shim, wait_for
+from tests.polling import eventually
+from tests.unit.node_agent.procs import events, recorder, start_orphan_shim
 
 KILL_WAIT = 0.3
 
@@ -33,7 +34,7 @@ async def test_an_adopted_worker_ends_with_its_workloads_own_code(tmp_path):
 
 async def test_an_adopted_worker_is_stopped_through_its_shim(tmp_path):
     status = start_orphan_shim(tmp_path / "w", recorder("--duration", "60"), kill_wait=KILL_WAIT)
-    wait_for(lambda: events(tmp_path / "w", "tick"), "the workload ticking")
+    eventually(lambda: events(tmp_path / "w", "tick"), "the workload ticking")
     run = _run(tmp_path / "w")
     assert run.adopt(status)
     await run.stop(KILL_WAIT)
@@ -63,7 +64,7 @@ async def test_a_shim_that_is_gone_or_another_process_now_is_not_adopted(tmp_pat
     assert not _run(tmp_path / "w").adopt({**status, "shim_pid": dead.pid})
     assert not _run(tmp_path / "w").adopt({**status, "pid": None})
     os.kill(status["shim_pid"], signal.SIGTERM)               # clean up: the shim stops its workload
-    wait_for(lambda: not group_alive(status["pid"]), "the workload gone")
+    eventually(lambda: not group_alive(status["pid"]), "the workload gone")
 
 
 def _parent(pid: int) -> int:

@@ -17,7 +17,8 @@ from gpusched_node_agent import leftovers
 from gpusched_node_agent.leftovers import WorkerDir, kill_leftovers, parse_worker_dir, worker_dir_name
 from gpusched_node_agent.runner import group_alive, read_status
 from gpusched_node_agent.proc_info import boot_id, proc_start
-from tests.unit.node_agent.procs import ended_status, events, pid_alive, recorder, start_shim, wait_for
+from tests.polling import eventually
+from tests.unit.node_agent.procs import ended_status, events, pid_alive, recorder, start_shim
 
 KILL_WAIT = 0.3
 
@@ -25,7 +26,7 @@ KILL_WAIT = 0.3
 
 def _running(path, *args):
     shim = start_shim(path, recorder(*args), kill_wait=KILL_WAIT)
-    wait_for(lambda: events(path, "tick"), f"{path.name} ticking")
+    eventually(lambda: events(path, "tick"), f"{path.name} ticking")
     return shim
 
 
@@ -84,7 +85,7 @@ def test_a_frozen_shim_is_killed_with_its_workload_after_the_deadline(tmp_path):
 def test_a_pid_reused_by_another_process_is_not_signalled(tmp_path):
     victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
-        wait_for(lambda: proc_start(victim.pid), "the stand-in process")
+        eventually(lambda: proc_start(victim.pid), "the stand-in process")
         # a shim and workload that once had this pid, but started at another time
         _fake_status(tmp_path / "job-0-0", shim_pid=victim.pid, shim_start=proc_start(victim.pid) - 1,
                      pid=None, boot_id=boot_id())

@@ -11,7 +11,8 @@ from gpusched.core.model import GpuInfo, GpuSlot, NodeInfo, WorkerResources
 from gpusched_node_agent.devices import WorkerDevices
 from gpusched_node_agent.lease import NodeLease
 from gpusched_node_agent.runner import EXIT_TERMINATED, ProcessRun, SimulatedRun, WorkerExit, group_alive
-from tests.unit.node_agent.procs import events, recorder, wait_for
+from tests.polling import eventually_async
+from tests.unit.node_agent.procs import events, recorder
 
 IDS = {"GPUSCHED_JOB_ID": "job", "GPUSCHED_ATTEMPT": "2", "GPUSCHED_WORKER": "0"}
 NODE = NodeInfo("n1", "default", 8_000, 8_000, tuple(GpuInfo(i, f"GPU-{c}", "H100-80GB", 81_559) for i, c in enumerate("ab")))
@@ -27,10 +28,6 @@ def process_run(tmp_path, *args: str, lease: NodeLease | None = None, kill_wait:
                      lease_path=lease.path if lease else None, kill_wait=kill_wait)
     run.POLL_S = 0.05
     return run
-
-
-async def until(predicate, what: str, timeout: float = 10.0):
-    await asyncio.to_thread(wait_for, predicate, what, timeout)
 
 
 async def test_start_checkpoint_stop_and_the_real_end(tmp_path):
@@ -79,7 +76,7 @@ async def test_a_relative_workdir_is_used_as_given(tmp_path, monkeypatch):
 async def test_a_workload_ignoring_the_stop_is_killed_by_its_shim(tmp_path):
     run = process_run(tmp_path, "--ignore-term")
     await run.start()
-    await until(lambda: events(tmp_path, "tick"), "the first tick")
+    await eventually_async(lambda: events(tmp_path, "tick"), "the first tick", 10.0)
     await run.stop(grace=0.1)
     end = await asyncio.wait_for(run.wait(), 10)
     assert (end.exit_code, end.signal, end.fenced) == (137, signal.SIGKILL, False)
@@ -91,7 +88,7 @@ async def test_the_lease_running_out_fences_the_run(tmp_path):
     lease.renew(1e12)
     run = process_run(tmp_path, lease=lease)
     await run.start()
-    await until(lambda: events(tmp_path, "tick"), "the first tick")
+    await eventually_async(lambda: events(tmp_path, "tick"), "the first tick", 10.0)
     lease.revoke()
     end = await asyncio.wait_for(run.wait(), 10)
     assert (end.exit_code, end.signal, end.fenced) == (143, 0, True)
@@ -121,7 +118,7 @@ async def test_an_expired_lease_refuses_the_start(tmp_path):
 async def test_a_shim_killed_from_outside_leaves_no_workload_behind(tmp_path):
     run = process_run(tmp_path)
     await run.start()
-    await until(lambda: events(tmp_path, "tick"), "the first tick")
+    await eventually_async(lambda: events(tmp_path, "tick"), "the first tick", 10.0)
     os.kill(run._proc.pid, signal.SIGKILL)
     end = await asyncio.wait_for(run.wait(), 20)
     assert (end.exit_code, end.signal) == (137, signal.SIGKILL)

@@ -13,8 +13,9 @@ import pytest
 
 from gpusched_node_agent.lease import NodeLease
 from gpusched_node_agent.proc_info import proc_start, proc_stat
+from tests.polling import eventually
 from tests.unit.node_agent.procs import (GPU, ended_status, events, pid_alive, recorder, shim_command,
-                                         shim_program, start_shim, ticking, wait_for)
+                                         shim_program, start_shim, ticking)
 
 KILL_WAIT, POLL = 0.3, 0.05
 SLACK = 0.5    # scheduling delays on a loaded machine, on top of the bounds under test
@@ -22,7 +23,7 @@ SLACK = 0.5    # scheduling delays on a loaded machine, on top of the bounds und
 
 def test_sigterm_is_forwarded_and_the_workload_ends_gracefully(tmp_path):
     shim = start_shim(tmp_path, recorder())
-    wait_for(lambda: ticking(tmp_path), "the workload's first tick")
+    eventually(lambda: ticking(tmp_path), "the workload's first tick")
     shim.send_signal(signal.SIGTERM)
     assert shim.wait(10) == 143
     status = ended_status(tmp_path)
@@ -34,7 +35,7 @@ def test_sigterm_is_forwarded_and_the_workload_ends_gracefully(tmp_path):
 
 def test_a_workload_that_ignores_sigterm_is_killed_after_the_kill_wait(tmp_path):
     shim = start_shim(tmp_path, recorder("--ignore-term"))
-    wait_for(lambda: ticking(tmp_path), "the workload's first tick")
+    eventually(lambda: ticking(tmp_path), "the workload's first tick")
     asked = time.time()
     shim.send_signal(signal.SIGTERM)
     assert shim.wait(10) == 128 + signal.SIGKILL
@@ -53,7 +54,7 @@ def test_an_expired_lease_fences_the_workload_within_expiry_plus_kill_wait_plus_
                       kill_wait=KILL_WAIT, poll=POLL)
     # The lease runs out only once the workload ticks, so it has set up its SIGTERM handling:
     # an expiry during its start would end it by the default SIGTERM action, whatever it asked.
-    wait_for(lambda: ticking(tmp_path / "w"), "the workload's first tick", timeout=30)
+    eventually(lambda: ticking(tmp_path / "w"), "the workload's first tick", timeout=30)
     expiry = time.time() + 0.5
     lease.renew(expiry)
     assert shim.wait(10) == (137 if ignore_term else 143)
@@ -72,7 +73,7 @@ def test_renewing_keeps_the_workload_alive_past_several_lease_periods(tmp_path):
     lease, period = NodeLease(tmp_path / "lease"), 1.0
     lease.renew(time.time() + 30)                # a slow machine may take a while to start Python
     shim = start_shim(tmp_path / "w", recorder(), lease=lease.path, poll=POLL)
-    wait_for(lambda: ticking(tmp_path / "w"), "the workload's first tick", timeout=30)
+    eventually(lambda: ticking(tmp_path / "w"), "the workload's first tick", timeout=30)
     lease.renew(time.time() + period)
     until = time.time() + 5 * period
     while time.time() < until:                  # the agent's acknowledged heartbeats
@@ -105,7 +106,7 @@ def test_the_shim_outlives_its_frozen_then_killed_parent_and_still_fences(tmp_pa
                                                                               KILL_WAIT, POLL)],
                               cwd=work, env=env, stdout=subprocess.PIPE, text=True)
     shim_pid = int(parent.stdout.readline())
-    wait_for(lambda: ticking(work), "the workload's first tick")
+    eventually(lambda: ticking(work), "the workload's first tick")
     parent.send_signal(signal.SIGSTOP)
     lease.renew(time.time() + period)
     parent.kill()
@@ -117,11 +118,11 @@ def test_the_shim_outlives_its_frozen_then_killed_parent_and_still_fences(tmp_pa
     assert pid_alive(shim_pid) and ended_status(work) is None
     expiry = time.time() + period
     lease.renew(expiry)                         # the last renewal
-    status = wait_for(lambda: ended_status(work), "the fenced end", timeout=expiry - time.time() + 10)
+    status = eventually(lambda: ended_status(work), "the fenced end", timeout=expiry - time.time() + 10)
     assert status["fenced"] is True and status["shim_pid"] == shim_pid
     last_tick = events(work, "tick")[-1]["t"]
     assert expiry - 0.1 <= last_tick <= expiry + KILL_WAIT + POLL + SLACK
-    wait_for(lambda: not pid_alive(shim_pid), "the shim to exit")
+    eventually(lambda: not pid_alive(shim_pid), "the shim to exit")
 
 
 def test_a_lease_already_expired_means_the_workload_never_starts(tmp_path):
@@ -164,7 +165,7 @@ def test_proc_stat_reads_a_process_whatever_its_name(tmp_path):
     proc = subprocess.Popen([name, "5"])
     try:
         # the child has its parent's name until it has exec'd: wait for the new one
-        wait_for(lambda: b"(a) b \xff)" in _stat_bytes(proc.pid), "the process to exec under its name")
+        eventually(lambda: b"(a) b \xff)" in _stat_bytes(proc.pid), "the process to exec under its name")
         state, start = proc_stat(proc.pid)
         assert state in "SR" and start == proc_start(proc.pid) > 0
     finally:

@@ -32,11 +32,14 @@ step = st.one_of(
 )
 
 
-def apply_step(log: Log, s: tuple, made: list[str]) -> None:
+def apply_step(log: Log, s: tuple, made: list[str], *, uncut_default_only: bool = False) -> None:
     """One change to the state: a job placed (a gang on two nodes if asked), started,
     cancelled or preempted (it stops), its workers gone, one worker ended, the pool's default time
     limit, time passing, a GPU failed or back, a node lost or (re-)registered, the
-    reducer's journal of changed jobs or of changed nodes overrun."""
+    reducer's journal of changed jobs or of changed nodes overrun.
+
+    ``uncut_default_only``: a job is placed only on GPUs not cut into MIG slices, of nodes
+    of the default pool (for grammars that cut GPUs and enrol nodes elsewhere)."""
     kind = s[0]
     if kind == "place":
         _, at, gpus, limit, gang = s
@@ -44,8 +47,9 @@ def apply_step(log: Log, s: tuple, made: list[str]) -> None:
         spots = []
         for name in names:
             node = log.node(name)
-            free = [g.info.index for g in node.gpus if not g.used_milli and g.healthy]
-            if len(free) < gpus or not node.schedulable:
+            free = [g.info.index for g in node.gpus
+                    if not g.used_milli and g.healthy and not (uncut_default_only and g.mig_mask)]
+            if len(free) < gpus or not node.schedulable or (uncut_default_only and node.info.pool != "default"):
                 return
             spots.append((name, whole(*free[:gpus])))
         job_id = f"j{len(made)}"

@@ -4,8 +4,6 @@ fresh indexes to compare the kept ones with (``fresh_like``, ``contents``), and 
 jobs (``submit_waiting``) and a cycle's decisions (``decided``)."""
 from __future__ import annotations
 
-import dataclasses
-
 from hypothesis import HealthCheck, settings, strategies as st
 
 from gpusched.core import events as ev
@@ -13,7 +11,7 @@ from gpusched.core.model import JobPhase
 from gpusched.policies.placement.index import FreeIndex
 from gpusched.policies.placement.mig_index import MigIndex
 from gpusched.policies.placement.topology import GangCapacities
-from tests.unit.core.builders import Log, make_node, make_spec, mig, whole
+from tests.unit.core.builders import Log, make_node, make_spec, mig
 from tests.unit.policies.kept_ends_steps import NODES, apply_step, step as ends_step
 
 
@@ -30,7 +28,7 @@ step = st.one_of(
 
 
 def change(log: Log, s: tuple, made: list[str]) -> None:
-    """``test_kept_ends.apply_step``, and a MIG slice placed, a node cordoned or uncordoned,
+    """``kept_ends_steps.apply_step``, and a MIG slice placed, a node cordoned or uncordoned,
     a node registered (new, or known: its agent restarted) in a pool, with a GPU model."""
     if s[0] == "mig":
         _, at, gpu, profile, start = s
@@ -38,20 +36,8 @@ def change(log: Log, s: tuple, made: list[str]) -> None:
         assert log.submit(job_id, make_spec(mig=profile, cpu=0, mem=0)).accepted
         log.place(job_id, (NODES[at], mig(gpu, profile, start)))   # may not fit: then it waits
         made.append(job_id)
-    elif s[0] == "place":   # as ``apply_step`` does, on GPUs not cut into MIG slices either
-        _, at, gpus, limit, gang = s
-        spots = []
-        for name in [NODES[at], NODES[(at + 1) % len(NODES)]][:1 + gang]:
-            node = log.node(name)
-            free = [g.info.index for g in node.gpus if not g.used_milli and not g.mig_mask and g.healthy]
-            if len(free) < gpus or not node.schedulable or node.info.pool != "default":   # enrolled elsewhere
-                return
-            spots.append((name, whole(*free[:gpus])))
-        job_id = f"j{len(made)}"
-        spec = dataclasses.replace(make_spec(workers=len(spots), gpus=gpus, cpu=0, mem=0), max_runtime_s=limit)
-        assert log.submit(job_id, spec).accepted
-        assert log.place(job_id, *spots).accepted
-        made.append(job_id)
+    elif s[0] == "place":   # as ``apply_step`` does, on GPUs not cut into MIG slices, of the default pool
+        apply_step(log, s, made, uncut_default_only=True)
     elif s[0] == "requeue":   # preempted and stopped: its workers are forgotten, it waits again
         job = log.job(made[s[1] % len(made)]) if made else None
         if job is not None and job.phase in (JobPhase.PLACED, JobPhase.RUNNING):
