@@ -8,22 +8,13 @@ import time
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-<<<<<<< HEAD
 from gpusched.adapters.nodes import relay as relay_module
 from gpusched.adapters.log.follower import FollowerOptions, LogFollower
 from gpusched.adapters.broker.kafka_security import client_args
 from gpusched.adapters.nodes.node_access import ensure_node_topics
 from gpusched.adapters.log.publisher import DeadLetters, EventPublisher
 from gpusched.adapters.nodes.relay import Relay
-=======
-from gpusched.adapters import relay as relay_module
-from gpusched.adapters.follower import FollowerOptions, LogFollower
-from gpusched.adapters.kafka_security import client_args
-from gpusched.adapters.node_access import ensure_node_topics
-from gpusched.adapters.publisher import DeadLetters, EventPublisher
-from gpusched.adapters.relay import Relay
 from tests.polling import eventually_async
->>>>>>> polling
 
 REPORTS = 12
 
