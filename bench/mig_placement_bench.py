@@ -9,7 +9,7 @@ jobs: ``--mig-fraction`` (all) of them MIG slices (1g 35 %, 2g 25 %, 3g 20 %, 4g
 7g 10 %), the rest the openb mix of ``placement_bench.py``. Per policy, one
 ``Scheduler.cycle`` as the placer runs it (priority queue, at most ``--max-decisions``
 placements) with the index, then the same cycle on the same state with the scan put back
-(the frozen copy the tests use as their oracle, ``tests/unit/policies/mig_scan.py``; the
+(the frozen copy the tests use as their oracle, ``tests/unit/policies/placement/mig_scan.py``; the
 product has no scan to select). Both must decide the same; rates are per CPU second.
 
     .venv/bin/python bench/mig_placement_bench.py [--policies best-fit,fgd] [--mig-nodes 250]
@@ -30,7 +30,7 @@ from gpusched.core.model import GpuInfo, JobSpec, MigMode, NodeInfo, WorkerResou
 from gpusched.core.reducer import apply  # noqa: E402
 from gpusched.core.state import ClusterState  # noqa: E402
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig  # noqa: E402
-from tests.unit.policies.mig_scan import scanning  # noqa: E402
+from tests.unit.policies.placement.mig_scan import scanning  # noqa: E402
 
 MODEL = "A100-80GB"
 MIG_MIX = (("1g", 0.35), ("2g", 0.25), ("3g", 0.20), ("4g", 0.10), ("7g", 0.10))

@@ -11,7 +11,7 @@ another state count everything again. A node event counts no job differently by 
 a running job counts where its node is of the pool, and a node changes pool only while it
 runs nothing (the reducer refuses it otherwise); what a node's loss ends is journalled
 as the jobs it ends. The mix it gives is the one counting afresh gives
-(``tests/unit/policies/test_kept_mix.py``), so FGD decides alike.
+(``tests/unit/policies/placement/test_kept_mix.py``), so FGD decides alike.
 
 A row's scores depend on the mix and the row alone, so while the mix stays the same
 (jobs placed count as they did waiting; a submission or an end changes it) the row

@@ -21,7 +21,7 @@ the state is the log's (the cycle has booked nothing yet), brings them in step:
   asked.
 
 So at each cycle's start a kept index is what a fresh build from the state would be
-(``tests/unit/policies/test_kept_index.py``), and the cycle decides as one without it.
+(``tests/unit/policies/placement/test_kept_index.py``), and the cycle decides as one without it.
 """
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ the greedy multi-node set. As for preemption, the search reads the nodes in orde
 lower bound of their move set's cost (``indexed_search``: here, the least work at risk of
 a movable job on the node) and stops once no node left can come among the cheapest;
 it decides as the search that steps every node (``stepped_search``,
-``tests/unit/policies/test_kept_placer_views.py``). Only whole-GPU jobs are defragmented (shares and MIG slices
+``tests/unit/policies/preemption/test_kept_placer_views.py``). Only whole-GPU jobs are defragmented (shares and MIG slices
 pack inside a GPU and are not blocked by spreading GPUs across nodes).
 
 Decisions are ``Preemption`` with reason ``"defragmentation"``. Like preemption, a call
@@ -35,7 +35,7 @@ Like preemption, too, a call may read the placer's views kept between the caller
 (``kept``: ``placer_views``) and the kept index of candidate victims (``victims``: what
 is in flight), brought in step with the log at its start, and in ``kept`` too each
 pool's movable jobs (``kept_movable``), brought in step at its first plan: it then
-decides as a call that builds them afresh (``tests/unit/policies/test_kept_placer_views.py``).
+decides as a call that builds them afresh (``tests/unit/policies/preemption/test_kept_placer_views.py``).
 """
 from __future__ import annotations
 

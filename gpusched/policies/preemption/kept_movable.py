@@ -21,7 +21,7 @@ bound it is listed by, depend on the clock too (the other half):
   past ``defrag_max_work_lost_s``, as every later one is.
 
 So at a round's start ``entries`` are those a fresh ``MovableEntries`` lists
-(``tests/unit/policies/test_kept_placer_views.py``).
+(``tests/unit/policies/preemption/test_kept_placer_views.py``).
 """
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ journal and with the nodes the last call's scratch changed that they were told o
 since: each is noted as it is told); a node change, an overrun journal or
 another state drops them. So at each call's start a kept view is what a fresh build
 from the state would be, and the call decides as one without it
-(``tests/unit/policies/test_kept_placer_views.py``).
+(``tests/unit/policies/preemption/test_kept_placer_views.py``).
 
 The placer's statement is on a copy of the state holding the nodes only (its usage table
 its own). What a placement policy reads of the state's jobs is lent to it (the log state,
@@ -25,8 +25,8 @@ its own). What a placement policy reads of the state's jobs is lent to it (the l
 call's start (``frag_mix.fix_mixes``, brought in step from kept counts where views are
 kept), and gpu-clustering's node tags (the shapes of the jobs on each node), so the
 question is scored as the placer's cycle scores it
-(``tests/unit/policies/test_preemption_fgd_mix.py``,
-``tests/unit/policies/test_preemption_clustering_tags.py``).
+(``tests/unit/policies/preemption/test_preemption_fgd_mix.py``,
+``tests/unit/policies/preemption/test_preemption_clustering_tags.py``).
 """
 from __future__ import annotations
 

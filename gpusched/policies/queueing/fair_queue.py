@@ -25,7 +25,7 @@ So a cycle costs O(jobs taken x log teams) plus the queue's changes, and the ord
 the one ``fair_share`` builds: the same charges in the same order, so the same floats.
 Claims end with the head's submission number, unique within a log, so two teams never
 tie; the heap's second key, the team's rank, breaks ties as ``fair_share``'s ``min``
-would anyway. (tests/unit/policies/test_fair_queue.py holds the order against the
+would anyway. (tests/unit/policies/queueing/test_fair_queue.py holds the order against the
 whole-queue algorithm, kept there as the oracle.)
 """
 from __future__ import annotations

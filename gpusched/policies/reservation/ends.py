@@ -18,7 +18,7 @@ workers are not in the state yet): their ends are read beside the index, each sw
 index holds the jobs whose workers are in the state; a waiting job holds none (the
 reducer clears them when it requeues), and the cycle books only waiting jobs for good and
 releases none, so the two together are every end the sweep would list itself at its start
-(``tests/unit/policies/test_sweep_index.py`` checks that against the sweep that did).
+(``tests/unit/policies/reservation/test_sweep_index.py`` checks that against the sweep that did).
 """
 from __future__ import annotations
 

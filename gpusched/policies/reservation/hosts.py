@@ -19,7 +19,7 @@ capacity. Which nodes are open is kept between cycles too, from the committed st
 the reducer journals a job for (``ClusterState.changes``), so only the nodes that those
 jobs held before or hold now are looked at again.
 
-``tests/unit/policies/test_kept_hosts.py`` holds what is kept against a fresh pass after
+``tests/unit/policies/reservation/test_kept_hosts.py`` holds what is kept against a fresh pass after
 random node and job changes.
 """
 from __future__ import annotations

@@ -25,7 +25,7 @@ as new entries and the old ones left in the heap, dead: ``live`` maps each (node
 to the number of its one live entry, and the walk skips the others. When the dead
 outnumber the live the heap is rebuilt from the live ones.
 
-``tests/unit/policies/test_kept_ends.py`` holds the kept index against one built afresh
+``tests/unit/policies/reservation/test_kept_ends.py`` holds the kept index against one built afresh
 after random changes to the state, and whole cycles with it against cycles without.
 """
 from __future__ import annotations

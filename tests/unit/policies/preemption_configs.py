@@ -1,5 +1,5 @@
 """The preemptor's configuration for tests of its rules other than "a preemption pays for
-itself" (tests/unit/policies/test_preemption_cost.py): their jobs have waited seconds,
+itself" (tests/unit/policies/preemption/test_preemption_cost.py): their jobs have waited seconds,
 which pay for no victim's lost work, so that rule is off (``max_loss_per_wait`` infinite)
 unless a test sets it."""
 from __future__ import annotations

@@ -2,7 +2,7 @@
 order was kept in per-team queues (``policies.queueing.fair_queue``): every job sorted
 into its team's queue, then repeatedly the head of the team with the best claim, charged
 to its team, the charged team's org re-ranked by a scan. Kept here, unchanged, for
-tests/unit/policies/test_fair_queue.py to hold the lazy order against; not used by the
+tests/unit/policies/queueing/test_fair_queue.py to hold the lazy order against; not used by the
 scheduler."""
 from __future__ import annotations
 

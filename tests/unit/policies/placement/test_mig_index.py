@@ -28,7 +28,7 @@ from gpusched.policies.placement.registry import PLACEMENTS, make_placement
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig
 from gpusched.policies.statement import Statement, tentative
 from tests.unit.core.builders import Log, make_node, mig, share, whole
-from tests.unit.policies.mig_scan import scan_choose_mig, scanning
+from tests.unit.policies.placement.mig_scan import scan_choose_mig, scanning
 from tests.unit.policies.reservation_holds import hold_changes
 
 SETTINGS = settings(max_examples=150, deadline=None,

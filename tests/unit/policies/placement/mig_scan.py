@@ -1,6 +1,6 @@
 """The oracle for the MIG index: ``choose_mig`` as it was before MIG placement was indexed,
 a scan of every node, frozen here and kept only in the tests (the product has one code
-path, the index). ``tests/unit/policies/test_mig_index.py`` compares the index's decisions
+path, the index). ``tests/unit/policies/placement/test_mig_index.py`` compares the index's decisions
 with it; ``bench/mig_placement_bench.py`` measures it as the baseline.
 """
 from __future__ import annotations

@@ -22,7 +22,7 @@ from gpusched.policies.queueing.keys import QueueKeys
 from gpusched.policies.queueing.quota import OrgQuota, QueueTree, TeamQuota
 from gpusched.policies.queueing.usage import Demand
 from tests.unit.core.builders import Log, make_node, make_spec, whole
-from tests.unit.policies.fair_share_oracle import fair_share_whole
+from tests.unit.policies.queueing.fair_share_oracle import fair_share_whole
 
 TEAMS = ("a", "b", "c", "d")
 TREES = (

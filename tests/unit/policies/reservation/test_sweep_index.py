@@ -19,7 +19,7 @@ from gpusched.policies.reservation.ends import EndIndex
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig
 from gpusched.policies.statement import Statement
 from tests.unit.core.builders import Log, make_node, make_spec, whole
-from tests.unit.policies.sweep_oracle import oracle_reserve
+from tests.unit.policies.reservation.sweep_oracle import oracle_reserve
 
 NOW = 60.0
 RUNTIMES = (0.0, 5.0, 20.0, 40.0, 100.0)   # few values, so that ends often coincide

@@ -24,9 +24,9 @@ from gpusched.policies.preemption.victim_index import VictimIndex
 from tests.unit.core.builders import Log, make_node, make_spec, whole
 from tests.unit.policies import preemption_oracle as oracle
 from tests.unit.policies.kept_index_steps import contents, fresh_like
-from tests.unit.policies.kept_victims_steps import _change, _finish
+from tests.unit.policies.preemption.kept_victims_steps import _change, _finish
 from tests.unit.policies.preemption_clusters import BE, HI, NOW, TR, Cluster
-from tests.unit.policies.index_clusters import (
+from tests.unit.policies.preemption.index_clusters import (
     busy_cluster, config_for, fragmented_cluster, packed_cluster, random_rules,
 )
 from tests.unit.policies.random_preemption import SETTINGS

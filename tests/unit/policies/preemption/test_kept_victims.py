@@ -19,9 +19,9 @@ from gpusched.policies.preemption.victim_index import CLASSES, VictimIndex
 from tests.unit.policies import victim_search_oracle as oracle
 from tests.unit.policies.preemption_clusters import BE, HI, NOW, TR, Cluster
 from tests.unit.policies.random_preemption import SETTINGS
-from tests.unit.policies.index_clusters import TEAMS, packed_cluster, random_rules
+from tests.unit.policies.preemption.index_clusters import TEAMS, packed_cluster, random_rules
 from tests.unit.policies.preemption_configs import other_rules
-from tests.unit.policies.kept_victims_steps import _change
+from tests.unit.policies.preemption.kept_victims_steps import _change
 
 
 def reading(index: VictimIndex, state) -> dict:

@@ -32,7 +32,7 @@ from gpusched.sim.static import pack
 from gpusched.sim.traces import Task
 from tests.unit.core.builders import Log
 from tests.unit.policies.placement_cases import node
-from tests.unit.policies.placement_strategies import (
+from tests.unit.policies.placement.placement_strategies import (
     MODELS, MIG_SETUPS, resources_st, jobs_st, with_mig,
 )
 

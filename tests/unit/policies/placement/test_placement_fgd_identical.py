@@ -36,7 +36,7 @@ from gpusched.policies.statement import Statement
 from gpusched.sim import traces
 from gpusched.sim.static import workload
 from tests.unit.policies import placement_reference as reference
-from tests.unit.policies.placement_strategies import MIG_SETUPS, MODELS, jobs_st, with_mig
+from tests.unit.policies.placement.placement_strategies import MIG_SETUPS, MODELS, jobs_st, with_mig
 from tests.unit.core.builders import Log
 from tests.unit.policies.placement_cases import node
 

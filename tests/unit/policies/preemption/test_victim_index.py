@@ -17,7 +17,7 @@ from gpusched.policies.preemption.decisions import preemption_decisions, victims
 from tests.unit.policies.preemption_configs import other_rules
 from tests.unit.policies import victim_search_oracle as oracle
 from tests.unit.policies.preemption_clusters import BE, HI, NOW, TR, Cluster
-from tests.unit.policies.index_clusters import busy_cluster, packed_cluster, random_rules
+from tests.unit.policies.preemption.index_clusters import busy_cluster, packed_cluster, random_rules
 from tests.unit.policies.random_preemption import SETTINGS
 
 

@@ -16,7 +16,7 @@ from gpusched.policies.placement.kept_index import install
 from gpusched.policies.placement.registry import make_placement
 from gpusched.policies.statement import Statement, lend, tentative
 from tests.unit.policies.placement_cases import build, choose
-from tests.unit.policies.placer_questions import ask, planned_nodes
+from tests.unit.policies.preemption.placer_questions import ask, planned_nodes
 from tests.unit.policies.fgd_cases import CASES
 from tests.unit.policies.preemption_clusters import BE, HI, NOW, Cluster
 

@@ -15,7 +15,7 @@ from gpusched.policies.placement.registry import make_placement
 from gpusched.policies.statement import tentative
 from tests.unit.core.builders import make_spec, share, whole
 from tests.unit.policies.placement_cases import Case, build, choose, node
-from tests.unit.policies.placer_questions import ask, planned_nodes
+from tests.unit.policies.preemption.placer_questions import ask, planned_nodes
 from tests.unit.policies.clustering_cases import GPU_CLUSTERING
 from tests.unit.policies.preemption_clusters import BE, HI, NOW, Cluster
 

@@ -21,8 +21,8 @@ from gpusched.policies.scheduler import Scheduler, SchedulerConfig
 from gpusched.policies.statement import tentative
 from tests.unit.core.builders import Log
 from tests.unit.policies.placement_cases import node
-from tests.unit.policies.placement_strategies import MIG_SETUPS, with_mig
-from tests.unit.policies.topology_oracle import oracle_place_gang
+from tests.unit.policies.placement.placement_strategies import MIG_SETUPS, with_mig
+from tests.unit.policies.placement.topology_oracle import oracle_place_gang
 
 POLICIES = ("best-fit", "fgd", "fgd-lookahead", "gpu-packing", "dot-product", "gpu-clustering")
 

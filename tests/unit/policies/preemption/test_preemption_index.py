@@ -16,7 +16,7 @@ from gpusched.policies.preemption.defrag import _blocked, blocked_by_fragmentati
 from gpusched.policies.preemption.victim_rules import SearchContext
 from tests.unit.policies import preemption_oracle as oracle
 from tests.unit.policies.random_preemption import SETTINGS
-from tests.unit.policies.index_clusters import busy_cluster, fragmented_cluster, config_for
+from tests.unit.policies.preemption.index_clusters import busy_cluster, fragmented_cluster, config_for
 
 
 @SETTINGS

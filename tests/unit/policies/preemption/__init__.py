@@ -1,0 +1,1 @@
+"""Tests of gpusched.policies.preemption: preemption, reclaim and defragmentation."""

@@ -1,0 +1,1 @@
+"""Tests of gpusched.policies.queueing: queue order, fair share and quotas."""

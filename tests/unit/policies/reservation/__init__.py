@@ -1,0 +1,1 @@
+"""Tests of gpusched.policies.reservation: reservations and backfill."""
