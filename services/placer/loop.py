@@ -28,6 +28,7 @@ import dataclasses
 import math
 import os
 import time
+from dataclasses import dataclass, field
 
 from gpusched.adapters.telemetry import metrics, tracing
 from gpusched.adapters.log.gc_pacing import gc_paused
@@ -42,18 +43,25 @@ from gpusched_placer.reasons import MIN_INTERVAL_S, PendingReasons
 REASONS_EVERY_S = MIN_INTERVAL_S   # while cycles place jobs: a job's reason is not written more often anyway
 
 
+@dataclass(slots=True)
+class PoolMemory:
+    """What the placer keeps for one partition between its cycles, dropped whole when the
+    partition is gained or lost (its next state is another object)."""
+    parked: ParkedJobs = field(default_factory=ParkedJobs)   # jobs known not to fit
+    keys: QueueKeys | None = None        # its waiting jobs' keys and shapes; built by a warming cycle
+    last_version: int | None = None      # the scheduling version of its last cycle
+    reason_bumps: int = 0                # pending reasons folded (each bumped the state's version)
+    reasons_at: float = -math.inf        # when its last reasons pass ran
+    cycled_at: float = -math.inf         # the ``now`` of its last cycle
+    wake: tuple | None = None            # (state, version, first back-off end after its last cycle)
+
+
 class PlacementDecider:
     def __init__(self, scheduler: Scheduler, me: str, cycle_log: CycleLog | None = None) -> None:
         self.scheduler = scheduler
         self.me = me
         self.cycle_log = cycle_log   # --cycle-log: a line per cycle (benchmarks)
-        self._last_version: dict[int, int] = {}
-        self._reason_bumps: dict[int, int] = {}   # partition -> pending reasons folded (each bumped its version)
-        self._reasons_at: dict[int, float] = {}   # partition -> when its last reasons pass ran
-        self._cycled_at: dict[int, float] = {}    # partition -> the ``now`` of its last cycle
-        self._parked: dict[int, ParkedJobs] = {}   # partition -> jobs known not to fit
-        self._keys: dict[int, QueueKeys] = {}      # partition -> its waiting jobs' keys and shapes
-        self._wake: dict[int, tuple] = {}          # partition -> (state, version, first back-off end after its cycle)
+        self._memory: dict[int, PoolMemory] = {}
         self.reasons = PendingReasons(me, default_estimate_s=scheduler.config.default_estimate_s)
         # The warming cycle: the scheduler with no cursor (a head as long as the budget), so
         # it leaves the round of cycles where it was; its bound on time is the cycle's.
@@ -63,23 +71,25 @@ class PlacementDecider:
     def forget(self, partitions: set[int]) -> None:
         """Partitions gained or lost: their next state is another object."""
         for p in partitions:
-            self._parked.pop(p, None)
-            self._keys.pop(p, None)
-            self._last_version.pop(p, None)
-            self._reasons_at.pop(p, None)
-            self._cycled_at.pop(p, None)
-            self._wake.pop(p, None)
+            self._memory.pop(p, None)
         self.reasons.forget(partitions)
+
+    def memory(self, partition: int) -> PoolMemory:
+        memory = self._memory.get(partition)
+        if memory is None:
+            memory = self._memory[partition] = PoolMemory()
+        return memory
 
     def on_event(self, partition: int, offset: int, event: ev.Event, outcome, state: ClusterState) -> None:
         """The follower's hook: counts the pending reasons folded. An accepted event bumps
         the version by one, so the version less these moves only with what a cycle reads
         (a reason the hook missed moves it too: a cycle too many, never one too few)."""
         if outcome.accepted and type(event) is ev.JobPendingReason:
-            self._reason_bumps[partition] = self._reason_bumps.get(partition, 0) + 1
+            self.memory(partition).reason_bumps += 1
 
     def scheduling_version(self, partition: int, state: ClusterState) -> int:
-        return state.version - self._reason_bumps.get(partition, 0)
+        memory = self._memory.get(partition)
+        return state.version - (memory.reason_bumps if memory is not None else 0)
 
     def __call__(self, partition: int, state: ClusterState, now: float) -> list[tuple[ev.Event, str]]:
         if not state.pending:
@@ -90,23 +100,22 @@ class PlacementDecider:
     def _decide(self, partition: int, state: ClusterState, now: float) -> list[tuple[ev.Event, str]]:
         # Nothing a cycle reads changed since the last cycle and no retry back-off ended: skip.
         version = self.scheduling_version(partition, state)
-        idle = self._last_version.get(partition) == version
-        if idle and not self._backoff_ended(partition, state, now, version):
+        memory = self.memory(partition)
+        if memory.last_version == version and not self._backoff_ended(memory, state, now, version):
             # The same state: only pending reasons the last pass could not reach or held back.
             if not self.reasons.due(partition, state, now):
                 return []
-            kept = self._keys[partition].kept if partition in self._keys else None
+            kept = memory.keys.kept if memory.keys is not None else None
             return [(e, state.jobs[e.job_id].spec.pool) for e in self.reasons.idle_pass(partition, state, now, kept)]
-        self._last_version[partition], self._cycled_at[partition] = version, now
-        self._wake.pop(partition, None)
-        keys = self._keys.get(partition)
+        memory.last_version, memory.cycled_at, memory.wake = version, now, None
+        keys = memory.keys
         if keys is None:
-            keys = self._keys[partition] = self._warmed(state, now)
+            keys = memory.keys = self._warmed(state, now)
         if self.cycle_log is not None:
             self.cycle_log.start()
         started = time.perf_counter()
         with tracing.tracer().start_as_current_span("schedule-cycle") as span:
-            cycle = self.scheduler.schedule(state, now, self._parked.setdefault(partition, ParkedJobs()), keys)
+            cycle = self.scheduler.schedule(state, now, memory.parked, keys)
             decisions = cycle.decisions
             span.set_attribute("gpusched.partition", partition)
             span.set_attribute("gpusched.decisions", len(decisions))
@@ -116,8 +125,8 @@ class PlacementDecider:
         if self.cycle_log is not None:
             self.cycle_log.ended()
         why = []
-        if not placed or now - self._reasons_at.get(partition, -math.inf) >= REASONS_EVERY_S:
-            self._reasons_at[partition] = now
+        if not placed or now - memory.reasons_at >= REASONS_EVERY_S:
+            memory.reasons_at = now
             # What the cycle found, and its placement indexes (closed, in step again at the pass), reused.
             why = self.reasons.after_cycle(partition, state, now, cycle, keys.kept)
         if self.cycle_log is not None:
@@ -136,18 +145,18 @@ class PlacementDecider:
             self._warming.schedule(state, now, ParkedJobs(), keys)
         return keys
 
-    def _backoff_ended(self, partition: int, state: ClusterState, now: float, version: int) -> bool:
+    def _backoff_ended(self, memory: PoolMemory, state: ClusterState, now: float, version: int) -> bool:
         """Whether a pending job's retry back-off ended since the last cycle: the only job
         that cycle could not offer and this one can. (Any back-off at all, even one ended
         long ago or hours away, used to start a cycle every round.) The first end after the
         last cycle is found by one scan of the queue per idle state, not every idle round
         (a scan of 50,000 jobs each): while the scheduling version stays, so do the queue
         and its back-offs (pending reasons change neither)."""
-        known = self._wake.get(partition)
+        known = memory.wake
         if known is None or known[0] is not state or known[1] != version:
-            since, jobs = self._cycled_at.get(partition, -math.inf), state.jobs
+            since, jobs = memory.cycled_at, state.jobs
             first = min((end for j in state.pending if (end := jobs[j].not_before) > since), default=math.inf)
-            known = self._wake[partition] = (state, version, first)
+            known = memory.wake = (state, version, first)
         return known[2] <= now
 
     def _placed(self, d, state: ClusterState, now: float, cycle) -> tuple[ev.Event, str]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 from collections import ChainMap
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Mapping, Sequence
 
 from gpusched.adapters.log.gc_pacing import gc_paused
@@ -21,6 +21,18 @@ from gpusched.policies.supervision import SupervisionConfig
 from gpusched.policies.preemption.gate import SEARCHES, PossibleVictims, has_guarantees
 
 
+@dataclass(slots=True)
+class PartitionMemory:
+    """What the preemptor keeps for one partition between its rounds, dropped whole when
+    the partition is revoked (a partition assigned again is replayed into a new state)."""
+    possible: PossibleVictims = field(default_factory=PossibleVictims)   # whether a search can propose
+    # Its candidate victims: brought in step with what changed rather than listed afresh
+    # (``victim_index``).
+    victims: VictimIndex = field(default_factory=VictimIndex)
+    # The placer's views of its nodes (free capacity), kept likewise (``placer_views``).
+    kept: dict = field(default_factory=dict)
+
+
 class PreemptorDecider:
     def __init__(self, me: str, preemption: PreemptionConfig, supervision: SupervisionConfig,
                  heard: Callable[[float], tuple[Mapping[str, float], float, bool]],
@@ -32,17 +44,11 @@ class PreemptorDecider:
         self.actions = tuple(actions)
         # The actions of a round whose searches can propose nothing (``gate``).
         self.without_searches = tuple(a for a in self.actions if a.name not in SEARCHES)
-        self.possible: dict[int, PossibleVictims] = {}   # per partition, kept between rounds
         # Nodes of the log not heard from yet: when this preemptor first saw them there. A
         # node's beats topic is found by a metadata refresh, which can come after its
         # registration went through the relay: its timeout runs from then, not from ``since``.
         self.unheard: dict[str, float] = {}
-        # Each partition's candidate victims, kept between rounds: brought in step with
-        # what changed rather than listed afresh (``victim_index``).
-        self.victims: dict[int, VictimIndex] = {}
-        # And beside them the placer's views of each partition's nodes (free capacity),
-        # kept likewise (``placer_views``).
-        self.kept: dict[int, dict] = {}
+        self.memory: dict[int, PartitionMemory] = {}   # what each partition keeps between rounds
 
     def revoked(self, partitions: Iterable[int]) -> None:
         """Partitions this preemptor no longer owns (its consumer group gave them to
@@ -51,9 +57,13 @@ class PreemptorDecider:
         partition assigned again is replayed into a new state, which an index would
         rebuild from anyway."""
         for partition in partitions:
-            self.victims.pop(partition, None)
-            self.kept.pop(partition, None)
-            self.possible.pop(partition, None)
+            self.memory.pop(partition, None)
+
+    def _memory(self, partition: int) -> PartitionMemory:
+        memory = self.memory.get(partition)
+        if memory is None:
+            memory = self.memory[partition] = PartitionMemory()
+        return memory
 
     def _config(self, state: ClusterState) -> PreemptionConfig:
         """The preemption settings with the quotas of the log at this state's position."""
@@ -85,13 +95,12 @@ class PreemptorDecider:
         last_seen, since, hearing = self.heard(now)
         situation = Situation(state, now, self.supervision, self._config,
                               self._with_unheard(state, last_seen, now), since, hearing,
-                              self.victims.setdefault(partition, VictimIndex()),
-                              self.kept.setdefault(partition, {}))
+                              self._memory(partition).victims, self._memory(partition).kept)
         return [out for p in run_actions(self._actions(partition, situation), situation)
                 for out in self._events(state, p, now)]
 
     def _actions(self, partition: int, situation: Situation) -> tuple[Action, ...]:
-        possible = self.possible.setdefault(partition, PossibleVictims())
+        possible = self._memory(partition).possible
         if possible.searches_can_propose(situation.state, has_guarantees(situation.preemption.quotas)):
             return self.actions
         return self.without_searches

@@ -39,12 +39,12 @@ async def test_a_partition_the_group_takes_away_loses_its_kept_indexes(kafka_boo
         assert owned == {0, 1, 2, 3}
         for partition, state in a.states.items():    # a round on each: an index kept for each
             decider(partition, state, 1000.0)
-        assert set(decider.victims) == set(decider.kept) == owned
+        assert set(decider.memory) == owned
         await b.start()                               # the group rebalances: a gives some up
         await asyncio.wait_for(b_owns.wait(), 60)
         gone = set(b.states)
-        assert gone and not gone & (set(decider.victims) | set(decider.kept))   # b's: a keeps nothing of them
-        assert set(decider.victims) | set(decider.kept) <= set(a.states)
+        assert gone and not gone & set(decider.memory)   # b's: a keeps nothing of them
+        assert set(decider.memory) <= set(a.states)
     finally:
         await asyncio.gather(a.stop(), b.stop())
         await publisher.stop()

@@ -249,14 +249,14 @@ def test_the_preemptor_keeps_placer_views_per_partition_and_drops_them_on_revoke
     c = _full_pool()
     decider = PreemptorDecider("me", other_rules(), SupervisionConfig(), lambda now: ({}, 0.0, False))
     assert decider(0, c.state, NOW)
-    kept = decider.kept[0][KEPT]
+    kept = decider.memory[0].kept[KEPT]
     index = kept.indexes["free", "default"]
     decider(0, c.state, NOW + 1)
     decider(1, c.state, NOW + 1)
-    assert decider.kept[0][KEPT] is kept and kept.indexes["free", "default"] is index
+    assert decider.memory[0].kept[KEPT] is kept and kept.indexes["free", "default"] is index
     loop = PartitionProposer(None, None, decider, "me")   # type: ignore[arg-type]
     revoked(decider, loop, {0})
-    assert list(decider.kept) == [1]
+    assert list(decider.memory) == [1]
 
 
 def _fragmented_rounds() -> tuple[list, list]:

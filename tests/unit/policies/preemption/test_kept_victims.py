@@ -162,10 +162,10 @@ def test_the_preemptor_keeps_one_index_per_partition_between_rounds():
     c.pending("p", gpus=1, priority_class=HI)
     decider = PreemptorDecider("me", other_rules(), SupervisionConfig(), lambda now: ({}, 0.0, False))
     assert [e.job_id for e, _ in decider(0, c.state, NOW)] == ["r"]
-    index = decider.victims[0]
+    index = decider.memory[0].victims
     assert index.journal.state is c.state and index.now == NOW
     decider(0, c.state, NOW + 1)
-    assert decider.victims[0] is index and index.now == NOW + 1
+    assert decider.memory[0].victims is index and index.now == NOW + 1
 
 
 def test_a_revoked_partition_s_index_is_dropped_by_the_service_s_revoke_path():
@@ -182,11 +182,11 @@ def test_a_revoked_partition_s_index_is_dropped_by_the_service_s_revoke_path():
     decider = PreemptorDecider("me", other_rules(), SupervisionConfig(), lambda now: ({}, 0.0, False))
     decider(0, c.state, NOW)
     decider(1, c.state, NOW)
-    kept = decider.victims[1]
+    kept = decider.memory[1]
     loop = PartitionProposer(None, None, decider, "me")   # type: ignore[arg-type]
     loop.ready_at.update({0: 5, 1: 5})
     revoked(decider, loop, {0})
-    assert decider.victims == {1: kept} and loop.ready_at == {1: 5}
+    assert decider.memory == {1: kept} and loop.ready_at == {1: 5}
 
 
 def test_the_preemptor_s_round_runs_with_the_cyclic_gc_paused():

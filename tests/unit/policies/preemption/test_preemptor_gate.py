@@ -98,7 +98,7 @@ def test_a_gated_round_decides_as_one_that_runs_every_action(c, guaranteed, step
         assert decided(gated, c, now) == decided(ungated(config), c, now)
         fresh = PossibleVictims()
         fresh.refresh(c.state)
-        kept = gated.possible[0]
+        kept = gated.memory[0].possible
         assert (kept.jobs, kept.classes, kept.movable) == (fresh.jobs, fresh.classes, fresh.movable)
 
 
