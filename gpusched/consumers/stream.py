@@ -23,10 +23,11 @@ import sys
 import tempfile
 from typing import Callable
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import TopicPartition
 
 from gpusched.adapters.log import codec
-from gpusched.adapters.broker.kafka_security import KafkaConnection, _ssl_context, client_args
+from gpusched.adapters.broker.kafka_security import KafkaConnection, _ssl_context
+from gpusched.adapters.broker.topic_reader import TopicReader
 from gpusched.adapters.broker.kafka_admin import TopicNames
 from gpusched.adapters.nodes.usage_records import UsageRecordError, decode_usage
 from gpusched.consumers.records import Row, SpanTracker, audit_row, usage_row
@@ -94,15 +95,13 @@ class PartitionFold:
     async def _fold_gap(self, partition: int, state: ClusterState, offset: int) -> None:
         """Fold records state.offset+1 .. offset-1 from Kafka, keeping none of their rows."""
         tp = TopicPartition(self._topic, partition)
-        reader = AIOKafkaConsumer(**client_args(self._conn), group_id=None, enable_auto_commit=False,
-                                  auto_offset_reset="earliest", max_partition_fetch_bytes=16 * 1024 * 1024)
+        reader = TopicReader(self._conn, auto_offset_reset="earliest", max_partition_fetch_bytes=16 * 1024 * 1024)
         await reader.start()
         folded, reached = 0, False
         try:
-            reader.assign([tp])
-            reader.seek(tp, state.offset + 1)
+            await reader.assign([tp], state.offset + 1)
             while not reached:
-                batches = await reader.getmany(tp, timeout_ms=1000, max_records=10_000)
+                batches = await reader.fetch(tp, timeout_ms=1000, max_records=10_000)
                 for record in batches.get(tp, []):
                     # ``offset`` itself is being delivered, so the loop always ends, also
                     # where records before it are gone (a log that lost its beginning)

@@ -15,13 +15,14 @@ import math
 import sys
 import time
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError
 
 from gpusched.adapters.log.follower import LogFollower
 from gpusched.adapters.log.publisher import DeadLetters, EventPublisher
 from gpusched.adapters.broker.kafka_admin import TopicNames, wait_for_broker
-from gpusched.adapters.broker.kafka_security import KafkaConnection, Where, client_args
+from gpusched.adapters.broker.kafka_security import KafkaConnection, Where
+from gpusched.adapters.broker.topic_reader import Batches, TopicReader
 from gpusched.adapters.nodes.usage_records import UsageRecordError, decode_usage
 from gpusched.consumers.utilization import (
     DEFAULT_IDLE_AFTER_S, DEFAULT_IDLE_PERCENT, GpuHours, UtilizationLedger, UtilizationReport,
@@ -41,44 +42,40 @@ class UsageReader:
         self.dead = 0
         self._bootstrap = bootstrap
         self._dead_letters = dead_letters
-        self._consumer: AIOKafkaConsumer | None = None
+        self._reader: TopicReader | None = None
         self._tps: list[TopicPartition] = []
         self._next: dict[TopicPartition, int] = {}   # offset after the last record folded
         self._progress = asyncio.Event()
         self._task: asyncio.Task | None = None
 
     async def start(self) -> None:
-        self._consumer = AIOKafkaConsumer(**client_args(self._bootstrap), group_id=None,
-                                          enable_auto_commit=False, auto_offset_reset="earliest")
-        await self._consumer.start()
+        self._reader = TopicReader(self._bootstrap, auto_offset_reset="earliest")
+        await self._reader.start()
         # aiokafka (0.14) knows a topic's partitions once its client fetched metadata for it
-        await self._consumer._client.force_metadata_update()
-        parts = self._consumer._client.cluster.partitions_for_topic(self.topics.usage)
+        parts = await self._reader.partitions(self.topics.usage)
         if not parts:
             raise KafkaError(f"topic {self.topics.usage} has no partitions (does it exist?)")
-        self._tps = [TopicPartition(self.topics.usage, p) for p in sorted(parts)]
-        self._consumer.assign(self._tps)
-        await self._consumer.seek_to_beginning(*self._tps)
+        self._tps = await self._reader.assign(parts, "beginning")
         self._task = asyncio.create_task(self._run(), name="usage-reader")
 
     async def _run(self) -> None:
-        consumer = self._consumer
-        assert consumer is not None, "start() first"
-        while True:
-            try:
-                batches = await consumer.getmany(timeout_ms=200, max_records=10_000)
-            except asyncio.CancelledError:
-                raise
-            except KafkaError:
-                log.warning("usage fetch failed; retrying", exc_info=True)
-                await asyncio.sleep(0.5)   # back-off before fetching again
-                continue
-            for tp, records in batches.items():
-                for record in records:
-                    await self._fold(record)
-                self._next[tp] = records[-1].offset + 1
-            if batches:
-                self._progress.set()
+        reader = self._reader
+        assert reader is not None, "start() first"
+        await reader.run(self._fold_batches, max_records=10_000, on_fetch_error=self._fetch_failed)
+
+    @staticmethod
+    async def _fetch_failed(exc: Exception) -> None:
+        if not isinstance(exc, KafkaError):
+            raise exc
+        log.warning("usage fetch failed; retrying", exc_info=exc)
+        await asyncio.sleep(0.5)   # back-off before fetching again
+
+    async def _fold_batches(self, batches: Batches) -> None:
+        for tp, records in batches.items():
+            for record in records:
+                await self._fold(record)
+            self._next[tp] = records[-1].offset + 1
+        self._progress.set()
 
     async def _fold(self, record) -> None:
         try:
@@ -91,9 +88,9 @@ class UsageReader:
 
     async def caught_up(self, timeout: float = 60.0) -> None:
         """Wait until everything on the topic when called has been folded."""
-        consumer, task = self._consumer, self._task
-        assert consumer is not None and task is not None, "start() first"
-        ends = await consumer.end_offsets(self._tps)
+        reader, task = self._reader, self._task
+        assert reader is not None and task is not None, "start() first"
+        ends = await reader.end_offsets(self._tps)
         async with asyncio.timeout(timeout):
             while any(self._next.get(tp, 0) < end for tp, end in ends.items()):
                 if task.done():
@@ -108,8 +105,8 @@ class UsageReader:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
-        if self._consumer is not None:
-            await self._consumer.stop()
+        if self._reader is not None:
+            await self._reader.stop()
 
 
 async def collect(bootstrap: Where, topics: TopicNames, ledger: UtilizationLedger, seconds: float = 0.0,
@@ -257,12 +254,8 @@ async def _run(args: argparse.Namespace) -> int:
 
 
 async def missing_topics(bootstrap: Where, topics: TopicNames) -> list[str]:
-    consumer = AIOKafkaConsumer(**client_args(bootstrap))
-    await consumer.start()
-    try:
-        present = await consumer.topics()
-    finally:
-        await consumer.stop()
+    async with TopicReader(bootstrap) as reader:
+        present = await reader.topics()
     return [t for t in (topics.events, topics.usage) if t not in present]
 
 

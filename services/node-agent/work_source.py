@@ -12,11 +12,12 @@ import asyncio
 import logging
 from typing import Callable
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import TopicPartition
 
 from gpusched.adapters.broker.kafka_admin import TopicNames
-from gpusched.adapters.broker.kafka_security import Where, client_args
+from gpusched.adapters.broker.kafka_security import Where
 from gpusched.adapters.log.publisher import DeadLetters
+from gpusched.adapters.broker.topic_reader import Batches, TopicReader
 from gpusched.adapters.telemetry import tracing
 from gpusched.adapters.nodes.work_view import NodeView, ViewDecodeError, decode_record, work_topic
 
@@ -41,51 +42,46 @@ class WorkSource:
         self._bootstrap = bootstrap
         self._dead_letters = dead_letters
         self._on_change = on_change
-        self._consumer: AIOKafkaConsumer | None = None
+        self._reader: TopicReader | None = None
         self._task: asyncio.Task | None = None
         self._position = 0
         self._moved = asyncio.Event()
 
     async def start(self) -> None:
-        self._consumer = AIOKafkaConsumer(**client_args(self._bootstrap), client_id=self.name,
-                                          enable_auto_commit=False, auto_offset_reset="earliest",
-                                          fetch_max_wait_ms=FETCH_WAIT_MS)
-        await self._consumer.start()
-        self._consumer.assign([self._tp])
-        await self._consumer.seek_to_beginning(self._tp)
+        self._reader = TopicReader(self._bootstrap, client_id=self.name, auto_offset_reset="earliest",
+                                   fetch_max_wait_ms=FETCH_WAIT_MS)
+        await self._reader.start()
+        await self._reader.assign([self._tp], "beginning")
         self._task = asyncio.create_task(self._run(), name=f"work-view-{self.name}")
 
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
-        if self._consumer is not None:
-            await self._consumer.stop()
+        if self._reader is not None:
+            await self._reader.stop()
 
     async def caught_up(self, timeout: float = 120.0) -> None:
         """Wait until every record in the view when called has been applied."""
-        end = (await self._consumer.end_offsets([self._tp]))[self._tp]
+        end = (await self._reader.end_offsets([self._tp]))[self._tp]
         async with asyncio.timeout(timeout):
             while self._position < end:
                 self._moved.clear()
                 await self._moved.wait()
 
     async def _run(self) -> None:
-        while True:
-            try:
-                batches = await self._consumer.getmany(timeout_ms=200, max_records=1000)
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("%s: reading the work view failed; retrying", self.name)
-                await asyncio.sleep(0.5)
-                continue
-            for records in batches.values():
-                for record in records:
-                    await self._apply(record)
-                    self._position = record.offset + 1
-            if batches:
-                self._moved.set()
+        await self._reader.run(self._apply_batches, max_records=1000, on_fetch_error=self._fetch_failed)
+
+    async def _fetch_failed(self, exc: Exception) -> None:
+        log.error("%s: reading the work view failed; retrying", self.name, exc_info=exc)
+        await asyncio.sleep(0.5)
+
+    async def _apply_batches(self, batches: Batches) -> None:
+        for records in batches.values():
+            for record in records:
+                await self._apply(record)
+                self._position = record.offset + 1
+        self._moved.set()
 
     async def _apply(self, record) -> None:
         self.records += 1

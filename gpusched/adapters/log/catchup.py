@@ -28,7 +28,7 @@ import struct
 import sys
 from typing import AsyncIterator
 
-from gpusched.adapters.broker.kafka_security import KafkaConnection, Where, client_args, connection
+from gpusched.adapters.broker.kafka_security import KafkaConnection, Where, connection
 
 FRAME_EVENTS = 4096          # events per frame: a fold of ~30 ms between two looks at the loop
 _LENGTH = struct.Struct("<I")
@@ -96,24 +96,23 @@ def _load(data: bytes) -> Frame:
 async def read_range(bootstrap: Where, topic: str, partition: int, start: int, end: int, out) -> None:
     """Decode ``topic[partition]`` from ``start`` to ``end`` (exclusive) into frames on
     the binary stream ``out``."""
-    from aiokafka import AIOKafkaConsumer, TopicPartition
+    from aiokafka import TopicPartition
 
     from gpusched.adapters.log.codec import DecodeError, NewerLogSchema, decode_flat
     from gpusched.adapters.log.flat import NEWER_SCHEMA, forget_strings
+    from gpusched.adapters.broker.topic_reader import TopicReader
 
-    consumer = AIOKafkaConsumer(**client_args(bootstrap), enable_auto_commit=False,
-                                max_partition_fetch_bytes=16 << 20, fetch_max_bytes=64 << 20,
-                                isolation_level="read_uncommitted", client_id=f"catchup-{partition}")
-    await consumer.start()
+    reader = TopicReader(bootstrap, max_partition_fetch_bytes=16 << 20, fetch_max_bytes=64 << 20,
+                         isolation_level="read_uncommitted", client_id=f"catchup-{partition}")
+    await reader.start()
     try:
         tp = TopicPartition(topic, partition)
-        consumer.assign([tp])
-        consumer.seek(tp, start)
+        await reader.assign([tp], start)
         offsets: list[int] = []
         items: list[tuple] = []
         position = start
         while position < end:
-            batch = (await consumer.getmany(tp, timeout_ms=int(READ_IDLE_S * 1000), max_records=FRAME_EVENTS)).get(tp)
+            batch = (await reader.fetch(tp, timeout_ms=int(READ_IDLE_S * 1000), max_records=FRAME_EVENTS)).get(tp)
             if not batch:
                 raise CatchUpFailed(f"no record of {topic}[{partition}] at {position} for {READ_IDLE_S:g} s")
             gc.disable()   # as the follower folds: what a batch builds dies by reference count
@@ -141,7 +140,7 @@ async def read_range(bootstrap: Where, topic: str, partition: int, start: int, e
         out.write(_LENGTH.pack(0))
         out.flush()
     finally:
-        await consumer.stop()
+        await reader.stop()
 
 
 def _write_frame(out, offsets: list[int], items: list[tuple]) -> None:

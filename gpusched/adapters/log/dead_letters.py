@@ -8,9 +8,10 @@ import logging
 import time
 from typing import Callable
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import TopicPartition
 
-from gpusched.adapters.broker.kafka_security import Where, client_args
+from gpusched.adapters.broker.kafka_security import Where
+from gpusched.adapters.broker.topic_reader import TopicReader
 
 WARNINGS_PER_MINUTE = 10
 
@@ -29,7 +30,7 @@ class LetterIndex:
     def __init__(self, bootstrap: Where, topic: str) -> None:
         self._bootstrap = bootstrap
         self._topic = topic
-        self._consumer: AIOKafkaConsumer | None = None
+        self._reader: TopicReader | None = None
         self._partitions: list[TopicPartition] = []
         self._keys: set[bytes] = set()
         self._lock = asyncio.Lock()
@@ -43,26 +44,23 @@ class LetterIndex:
         self._keys.add(key)
 
     async def _read_to_end(self) -> None:
-        if self._consumer is None:
-            consumer = AIOKafkaConsumer(**client_args(self._bootstrap), enable_auto_commit=False)
-            await consumer.start()
-            await consumer._client.force_metadata_update()
-            parts = consumer._client.cluster.partitions_for_topic(self._topic) or {0}
-            self._partitions = [TopicPartition(self._topic, p) for p in sorted(parts)]
-            consumer.assign(self._partitions)
-            await consumer.seek_to_beginning(*self._partitions)
-            self._consumer = consumer
-        ends = await self._consumer.end_offsets(self._partitions)
+        if self._reader is None:
+            reader = await TopicReader(self._bootstrap).start()
+            parts = await reader.partitions(self._topic) or [TopicPartition(self._topic, 0)]
+            self._partitions = await reader.assign(parts, "beginning")
+            self._reader = reader
+        reader = self._reader
+        ends = await reader.end_offsets(self._partitions)
         for tp in self._partitions:
-            while await self._consumer.position(tp) < ends[tp]:
-                batches = await self._consumer.getmany(tp, timeout_ms=1000)
+            while await reader.position(tp) < ends[tp]:
+                batches = await reader.fetch(tp, timeout_ms=1000)
                 for records in batches.values():
                     self._keys.update(r.key for r in records if r.key)
 
     async def stop(self) -> None:
-        if self._consumer is not None:
-            await self._consumer.stop()
-            self._consumer = None
+        if self._reader is not None:
+            await self._reader.stop()
+            self._reader = None
 
 
 class WarningLimit:

@@ -31,13 +31,14 @@ import logging
 import time
 from dataclasses import dataclass
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError, MessageSizeTooLargeError
 
 from gpusched.adapters.log.forked_snapshot import CAN_FORK, snapshot_bytes_forked
 from gpusched.adapters.log.gc_pacing import gc_paused
 from gpusched.adapters.broker.kafka_admin import TopicNames
 from gpusched.adapters.broker.kafka_security import Where, client_args
+from gpusched.adapters.broker.topic_reader import TopicReader
 from gpusched.core.snapshot import Captured, capture, encode_captured
 from gpusched.core.state import ClusterState
 
@@ -86,48 +87,46 @@ class SnapshotStore:
         self._bootstrap = bootstrap
         self._max_bytes = max_bytes
         self._producer: AIOKafkaProducer | None = None
-        self._consumer: AIOKafkaConsumer | None = None
+        self._reader: TopicReader | None = None
         self._read_lock = asyncio.Lock()
         self._write_lock = asyncio.Lock()
         self._partitions: int | None = None
 
     async def start(self) -> None:
         """Optional: connections are opened on first use anyway."""
-        await self._get_consumer()
+        await self._get_reader()
 
     async def stop(self) -> None:
         if self._producer is not None:
             await self._producer.stop()
             self._producer = None
-        if self._consumer is not None:
-            await self._consumer.stop()
-            self._consumer = None
+        if self._reader is not None:
+            await self._reader.stop()
+            self._reader = None
 
     @staticmethod
     def key(partition: int) -> bytes:
         return str(partition).encode()
 
-    async def _get_consumer(self) -> AIOKafkaConsumer:
-        if self._consumer is None:
-            consumer = AIOKafkaConsumer(
-                **client_args(self._bootstrap), group_id=None, enable_auto_commit=False,
-                client_id=f"{self.name}-reader", fetch_max_bytes=self._max_bytes + 1024 * 1024,
+    async def _get_reader(self) -> TopicReader:
+        if self._reader is None:
+            reader = TopicReader(
+                self._bootstrap, client_id=f"{self.name}-reader", fetch_max_bytes=self._max_bytes + 1024 * 1024,
                 max_partition_fetch_bytes=self._max_bytes + 1024 * 1024, fetch_max_wait_ms=50,
                 isolation_level="read_uncommitted",
             )
-            await consumer.start()
-            self._consumer = consumer
-        return self._consumer
+            await reader.start()
+            self._reader = reader
+        return self._reader
 
     async def _snapshot_partition(self, partition: int) -> int:
         """The snapshots partition for an events partition: the same number (falling back to
         modulo for a snapshots topic created with fewer partitions; keys keep them apart)."""
         if self._partitions is None:
-            consumer = await self._get_consumer()
-            parts = consumer.partitions_for_topic(self.topics.snapshots)
+            reader = await self._get_reader()
+            parts = await reader.partitions(self.topics.snapshots, refresh=False)
             if not parts:
-                await consumer._client.force_metadata_update()
-                parts = consumer._client.cluster.partitions_for_topic(self.topics.snapshots)
+                parts = await reader.partitions(self.topics.snapshots)
             if not parts:
                 raise RuntimeError(f"topic {self.topics.snapshots} not found")
             self._partitions = len(parts)
@@ -171,26 +170,26 @@ class SnapshotStore:
             return await asyncio.wait_for(self._read_latest(partition), timeout)
 
     async def _read_latest(self, partition: int) -> SnapshotRecord | None:
-        consumer = await self._get_consumer()
+        reader = await self._get_reader()
         tp = TopicPartition(self.topics.snapshots, await self._snapshot_partition(partition))
-        consumer.assign([tp])
-        begin = (await consumer.beginning_offsets([tp]))[tp]
-        end = (await consumer.end_offsets([tp]))[tp]
+        await reader.assign([tp])
+        begin = (await reader.beginning_offsets([tp]))[tp]
+        end = (await reader.end_offsets([tp]))[tp]
         key = self.key(partition)
         window, stop = 1, end
         while stop > begin:
             start = max(begin, stop - window)
             last = None        # the last record with our key in [start, stop), tombstones included
-            consumer.seek(tp, start)
+            reader.seek(tp, start)
             position, idle = start, 0
             while position < stop and idle < 3:
-                batch = await consumer.getmany(tp, timeout_ms=1000, max_records=max(window, 16))
+                batch = await reader.fetch(tp, timeout_ms=1000, max_records=max(window, 16))
                 for record in batch.get(tp, ()):
                     if record.offset >= stop:
                         break
                     if record.key == key:
                         last = record
-                now = await consumer.position(tp)
+                now = await reader.position(tp)
                 idle = idle + 1 if now == position else 0   # control records or a gap: give up on the window
                 position = now
             if last is not None:

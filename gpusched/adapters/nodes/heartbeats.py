@@ -23,11 +23,10 @@ import time
 import uuid
 from typing import Awaitable, Callable
 
-from aiokafka import AIOKafkaConsumer
-
 from gpusched.adapters.broker.kafka_admin import TopicNames
-from gpusched.adapters.broker.kafka_security import Where, client_args
+from gpusched.adapters.broker.kafka_security import Where
 from gpusched.adapters.nodes.reports import BEATS, HOST_BEATS, hosted_by, node_of_topic
+from gpusched.adapters.broker.topic_reader import Batches, TopicReader
 from gpusched.v1 import events_pb2
 
 log = logging.getLogger(__name__)
@@ -52,13 +51,12 @@ class HeartbeatMonitor:
         self.probe_every_s = probe_every_s
         self._probe_name = f"~monitor-{uuid.uuid4().hex[:8]}"
         self._send = send
-        self._consumer = AIOKafkaConsumer(**client_args(bootstrap), group_id=None, auto_offset_reset="latest",
-                                          enable_auto_commit=False, metadata_max_age_ms=METADATA_MAX_AGE_MS)
+        self._reader = TopicReader(bootstrap, auto_offset_reset="latest", metadata_max_age_ms=METADATA_MAX_AGE_MS)
         self._tasks: list[asyncio.Task] = []
 
     async def start(self) -> None:
-        await self._consumer.start()
-        self._consumer.subscribe(pattern=beats_pattern(self.topics))
+        await self._reader.start()
+        self._reader.subscribe(pattern=beats_pattern(self.topics))
         self.since = time.time()
         self._tasks = [asyncio.create_task(self._run()), asyncio.create_task(self._probe())]
 
@@ -79,15 +77,19 @@ class HeartbeatMonitor:
             await asyncio.sleep(self.probe_every_s)   # the probe's own period
 
     async def _run(self) -> None:
-        while True:
-            try:
-                async for record in self._consumer:
+        await self._reader.run(self._note_batches, on_fetch_error=self._failed)
+
+    async def _note_batches(self, batches: Batches) -> None:
+        for records in batches.values():
+            for record in records:
+                try:
                     self._note(record)
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.warning("heartbeat consumer failed; reconnecting", exc_info=True)
-                await asyncio.sleep(1.0)   # back-off before re-reading
+                except Exception as exc:
+                    await self._failed(exc)
+
+    async def _failed(self, exc: Exception) -> None:
+        log.warning("heartbeat consumer failed; reconnecting", exc_info=exc)
+        await asyncio.sleep(1.0)   # back-off before re-reading
 
     def _note(self, record) -> None:
         host = node_of_topic(self.topics.prefix, record.topic, HOST_BEATS)
@@ -131,4 +133,4 @@ class HeartbeatMonitor:
     async def stop(self) -> None:
         for task in self._tasks:
             task.cancel()
-        await self._consumer.stop()
+        await self._reader.stop()

@@ -38,15 +38,16 @@ import logging
 import time
 from typing import NamedTuple
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import TopicPartition
 
 from gpusched.adapters.log import codec
 from gpusched.adapters.log.follower import LogFollower
 from gpusched.adapters.log.publisher import DeadLetters, EventPublisher, Position, partition_for
 from gpusched.adapters.broker.kafka_admin import TopicNames
-from gpusched.adapters.broker.kafka_security import Where, client_args
+from gpusched.adapters.broker.kafka_security import Where
 from gpusched.adapters.nodes.reports import HOST_REPORTS, KIND_HEADER, USAGE_KIND, check_report, check_usage_node, \
     hosted_node, node_of_topic, report_pattern
+from gpusched.adapters.broker.topic_reader import TopicReader
 from gpusched.adapters.nodes.usage_records import UsageRecordError, decode_usage
 from gpusched.core import events as ev
 from gpusched.core.state import ClusterState
@@ -78,11 +79,11 @@ class Relay:
         self.name = name
         self.counts = {"relayed": 0, "refused": 0, "seen": 0, "usage": 0, "commits": 0, "end_asks": 0}
         self._bootstrap = bootstrap
-        self._consumer: AIOKafkaConsumer | None = None
+        self._reports: TopicReader | None = None
         # Asks the pool log's end offsets. A client of its own: on a connection that also
         # carries a long-polling fetch (the follower's, the reports'), the broker would
         # answer it only after that fetch returns.
-        self._ends: AIOKafkaConsumer | None = None
+        self._ends: TopicReader | None = None
         self._task: asyncio.Task | None = None
         self._committing: asyncio.Task | None = None   # commits what is relayed, one at a time
         self._uncommitted: dict[TopicPartition, int] = {}   # relayed, acknowledged, not committed
@@ -90,17 +91,16 @@ class Relay:
         self._batch_covered = False   # the fold covers the log as it was when this batch was read
 
     async def start(self) -> None:
-        self._consumer = AIOKafkaConsumer(
-            **client_args(self._bootstrap), group_id=self.topics.prefix + "relay", client_id=self.name,
-            enable_auto_commit=False, auto_offset_reset="earliest", metadata_max_age_ms=METADATA_MAX_AGE_MS,
+        self._reports = TopicReader(
+            self._bootstrap, group_id=self.topics.prefix + "relay", client_id=self.name,
+            auto_offset_reset="earliest", metadata_max_age_ms=METADATA_MAX_AGE_MS,
             fetch_max_wait_ms=FETCH_MAX_WAIT_MS,
             session_timeout_ms=10_000, heartbeat_interval_ms=1_000, rebalance_timeout_ms=10_000,
         )
-        self._ends = AIOKafkaConsumer(**client_args(self._bootstrap), client_id=f"{self.name}-ends",
-                                      enable_auto_commit=False)
+        self._ends = TopicReader(self._bootstrap, client_id=f"{self.name}-ends")
         await self._ends.start()
-        await self._consumer.start()
-        self._consumer.subscribe(pattern=report_pattern(self.topics.prefix))
+        await self._reports.start()
+        self._reports.subscribe(pattern=report_pattern(self.topics.prefix))
         self._task = asyncio.create_task(self._run(), name=f"relay-{self.name}")
 
     async def stop(self) -> None:
@@ -110,28 +110,29 @@ class Relay:
         if self._committing is not None:   # no wait for the interval: commit what is left now
             self._committing.cancel()
             await asyncio.gather(self._committing, return_exceptions=True)
-        if self._uncommitted and self._consumer is not None:
+        if self._uncommitted and self._reports is not None:
             await self._commit_relayed()
-        for client in (self._consumer, self._ends):
-            if client is not None:
-                await client.stop()
+        for reader in (self._reports, self._ends):
+            if reader is not None:
+                await reader.stop()
 
     async def _run(self) -> None:
-        consumer = self._consumer
-        while True:
-            try:
-                batches = await consumer.getmany(timeout_ms=200, max_records=MAX_RECORDS)
-                if not batches:
-                    continue
-                await self._relay_batches(batches)
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                # Nothing of the failed batch is committed: read it again from the last
-                # commit (what was appended meanwhile is skipped or dropped as a duplicate).
-                log.exception("%s: relaying failed; reading the reports again", self.name)
-                await asyncio.sleep(0.5)
-                await self._rewind()
+        await self._reports.run(self._relay_or_rewind, max_records=MAX_RECORDS, on_fetch_error=self._failed)
+
+    async def _relay_or_rewind(self, batches: dict) -> None:
+        try:
+            await self._relay_batches(batches)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            await self._failed(exc)
+
+    async def _failed(self, exc: Exception) -> None:
+        # Nothing of the failed batch is committed: read it again from the last
+        # commit (what was appended meanwhile is skipped or dropped as a duplicate).
+        log.error("%s: relaying failed; reading the reports again", self.name, exc_info=exc)
+        await asyncio.sleep(0.5)
+        await self._rewind()
 
     async def _fold_caught_up(self, timeout: float = 120.0) -> None:
         """Wait until the fold covers every partition of the pool log as it is now."""
@@ -170,7 +171,7 @@ class Relay:
         self._committed_at = time.monotonic()
         self.counts["commits"] += 1
         try:
-            await self._consumer.commit(offsets)
+            await self._reports.commit(offsets)
         except Exception as exc:   # revoked meanwhile: their new owner reads them again
             log.warning("%s: could not commit the reports relayed (%r)", self.name, exc)
         for tp, offset in offsets.items():   # those relayed meanwhile wait for the next commit
@@ -217,15 +218,15 @@ class Relay:
         return None
 
     async def _rewind(self) -> None:
-        consumer = self._consumer
+        reader = self._reports
         if self._committing is not None:
             await asyncio.gather(self._committing, return_exceptions=True)
-        for tp in consumer.assignment():
-            committed = await consumer.committed(tp)
+        for tp in reader.assignment():
+            committed = await reader.committed(tp)
             if committed is None:
-                await consumer.seek_to_beginning(tp)
+                await reader.seek_to_beginning(tp)
             else:
-                consumer.seek(tp, committed)
+                reader.seek(tp, committed)
 
 
 class Verdict(NamedTuple):

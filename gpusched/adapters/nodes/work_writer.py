@@ -38,14 +38,13 @@ import math
 import time
 from typing import NamedTuple
 
-from aiokafka import AIOKafkaConsumer
-
 from gpusched.adapters.telemetry import tracing
 from gpusched.adapters.broker.kafka_admin import TopicNames
-from gpusched.adapters.broker.kafka_security import Where, client_args
+from gpusched.adapters.broker.kafka_security import Where
 from gpusched.adapters.nodes.ordered_sender import OrderedSender
 from gpusched.adapters.log.publisher import EventPublisher
 from gpusched.adapters.nodes.reports import HOST_REPORTS, hosted_by
+from gpusched.adapters.broker.topic_reader import TopicReader
 from gpusched.adapters.nodes.work_view import NODE_KEY, ViewBuilder, ViewRecord, work_topic
 from gpusched.core.state import ClusterState
 
@@ -79,7 +78,7 @@ class WorkViewWriter:
         self._hosts: set[str] = set()                           # node hosts whose report topic exists
         self._queue: asyncio.Queue[ViewRecord] = asyncio.Queue()
         self._sender: OrderedSender[Message] = OrderedSender(self._publish, self._acked, name)
-        self._meta: AIOKafkaConsumer | None = None
+        self._meta: TopicReader | None = None   # asks the broker for every topic's name
         self._task: asyncio.Task | None = None
 
     def on_event(self, partition: int, offset: int, event, outcome, state) -> None:
@@ -94,8 +93,7 @@ class WorkViewWriter:
     async def start(self, states: dict[int, ClusterState]) -> None:
         """Go live: write the views of ``states`` (the follower's, folded so far), then
         every change."""
-        self._meta = AIOKafkaConsumer(**client_args(self._bootstrap), client_id=f"{self.name}-work-views",
-                                      enable_auto_commit=False)
+        self._meta = TopicReader(self._bootstrap, client_id=f"{self.name}-work-views")
         await self._meta.start()
         self._started_at = time.monotonic()   # the nodes registered so far: any fetch from now on
         nodes = [node for state in states.values() for node in state.nodes]
@@ -208,7 +206,7 @@ class WorkViewWriter:
         the node hosts' among them."""
         self._metadata_at = time.monotonic()
         self.counts["metadata"] += 1
-        self._metadata_topics = set((await self._meta._client.fetch_all_metadata()).topics())
+        self._metadata_topics = await self._meta.topics()
         head = self.topics.prefix + HOST_REPORTS
         self._hosts = {t[len(head):] for t in self._metadata_topics if t.startswith(head)}
 
