@@ -136,7 +136,7 @@ class Rig:
         self.cluster = LocalCluster(self.bootstrap, self.topics, self.root / "logs", pki=pki)
         self.started = {
             "admission": Started("admission", "admission", "gpusched-admission",
-                                 ("--listen", f"{adm}:0", "--no-relay")),
+                                 ("--listen", f"{adm}:50051", "--no-relay")),
             "relay": Started("relay", "relay", "gpusched", ("relay",)),
             "placer": Started("placer", "placer", "gpusched-placer", ()),
             "preemptor": Started("preemptor", "preemptor", "gpusched-preemptor",
