@@ -121,8 +121,10 @@ class Nemesis:
         deadline = time.monotonic() + seconds
         order: list[str] = []
         try:
-            while time.monotonic() + hold[0] < deadline:
+            while True:
                 await asyncio.sleep(self.rng.uniform(*gap))
+                if time.monotonic() + hold[0] > deadline:
+                    break   # no time left to hold a fault for its shortest while
                 if not order:
                     order = list(self.kinds)
                     self.rng.shuffle(order)
