@@ -80,10 +80,17 @@ class Report:
         if self.requeues:
             lines.append(f"jobs placed again per fault: mean {statistics.mean(self.requeues):.2f}, "
                          f"max {max(self.requeues)}")
+        for kind in sorted(kinds):
+            rec_k = sorted(r for f, r in zip(self.faults, self._recovery_of) if f.kind == kind and r is not None)
+            req_k = [q for f, q in zip(self.faults, self.requeues) if f.kind == kind]
+            lines.append(f"  {kind:<16} x{kinds[kind]}: heal -> placement p50 "
+                         + (f"{_pct(rec_k, 50):.2f}s" if rec_k else "-")
+                         + f", placed again {sum(req_k)} in all")
         lines += [f"  {f}  recovery {r}" for f, r in zip(self.faults, self._per_fault_text)]
         return "\n".join(lines)
 
     _per_fault_text: list[str] = field(default_factory=list)
+    _recovery_of: list[float | None] = field(default_factory=list)   # per fault, None: no placement after
 
 
 def _pct(sorted_values: list[float], p: float) -> float:
@@ -142,6 +149,7 @@ def check(acked: set[str], final: dict[str, str], state_root: Path, log: dict, f
         until = faults[n + 1].start if n + 1 < len(faults) else float("inf")
         r.requeues.append(sum(1 for t, attempt in placed if f.start <= t < until and attempt > 0))
         after = [t - f.healed for t, _ in placed if f.healed and t >= f.healed]
+        r._recovery_of.append(after[0] if after else None)
         if after:
             r.recovery_s.append(after[0])
             r._per_fault_text.append(f"{after[0]:.2f}s, {r.requeues[-1]} placed again")
