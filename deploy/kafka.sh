@@ -30,6 +30,13 @@
 #                                listens on port+2(i-1) (controller one above); node 1
 #                                keeps the single-node paths, node i>1 lives in
 #                                <run>/kafka/node-i. `kill [i]` / `stop [i]` take a node.
+#   GPUSCHED_KAFKA_HOSTS         per-node listen addresses, space separated (default
+#                                127.0.0.1 for every node; a shorter list repeats its
+#                                last entry): node i listens, advertises and votes on
+#                                the i-th address; the printed bootstrap lists them
+#   GPUSCHED_KAFKA_NETNS         per-node network namespaces, space separated ("-" or
+#                                a missing entry: none): node i's java runs under
+#                                `ip netns exec NS` (a test rig's hosts, tests/rig/)
 #   KAFKA_BOOTSTRAP_SERVERS      use this existing cluster: start/status only check
 #                                that it answers, stop does nothing
 #
@@ -53,12 +60,23 @@ START_TIMEOUT="${GPUSCHED_KAFKA_START_TIMEOUT:-90}"
 [[ "$SECURITY" == plaintext || "$SECURITY" == sasl_ssl ]] \
   || { echo "kafka.sh: GPUSCHED_KAFKA_SECURITY must be plaintext or sasl_ssl, not $SECURITY" >&2; exit 2; }
 [[ "$NODES" =~ ^[1-9]$ ]] || { echo "kafka.sh: GPUSCHED_KAFKA_BROKERS must be 1-9, not $NODES" >&2; exit 2; }
+read -r -a HOSTS <<<"${GPUSCHED_KAFKA_HOSTS:-127.0.0.1}"
+((${#HOSTS[@]})) || HOSTS=(127.0.0.1)
+read -r -a NETNSES <<<"${GPUSCHED_KAFKA_NETNS:-}"
+host_of() {  # host_of NODE: its listen address
+  local i=$(($1 - 1))
+  ((i < ${#HOSTS[@]})) || i=$((${#HOSTS[@]} - 1))
+  echo "${HOSTS[$i]}"
+}
 
 # node NODE: set the per-node paths and ports (node 1 keeps the single-node layout).
 node() {
   NODE="$1"
   PORT="$((BASE_PORT + 2 * (NODE - 1)))"
   CONTROLLER_PORT="$((PORT + 1))"
+  HOST="$(host_of "$NODE")"
+  NETNS="${NETNSES[$((NODE - 1))]:-}"
+  [[ "$NETNS" != - ]] || NETNS=""
   if [[ "$NODE" == 1 ]]; then NODE_DIR="$RUN_DIR"; else NODE_DIR="$RUN_DIR/node-$NODE"; fi
   DATA_DIR="$NODE_DIR/data"
   LOG_DIR="$NODE_DIR/logs"
@@ -68,7 +86,7 @@ node() {
 }
 node 1
 BOOTSTRAP=""
-for ((i = 1; i <= NODES; i++)); do BOOTSTRAP+="${BOOTSTRAP:+,}127.0.0.1:$((BASE_PORT + 2 * (i - 1)))"; done
+for ((i = 1; i <= NODES; i++)); do BOOTSTRAP+="${BOOTSTRAP:+,}$(host_of "$i"):$((BASE_PORT + 2 * (i - 1)))"; done
 # maven-dependency-plugin pinned so resolution does not depend on Maven's defaults.
 DEP_PLUGIN="org.apache.maven.plugins:maven-dependency-plugin:3.8.1"
 
@@ -201,7 +219,7 @@ cmd_fetch() {
 
 voters() {
   local i v=""
-  for ((i = 1; i <= NODES; i++)); do v+="${v:+,}$i@127.0.0.1:$((BASE_PORT + 2 * (i - 1) + 1))"; done
+  for ((i = 1; i <= NODES; i++)); do v+="${v:+,}$i@$(host_of "$i"):$((BASE_PORT + 2 * (i - 1) + 1))"; done
   echo "$v"
 }
 
@@ -212,8 +230,8 @@ min_isr() { local r; r="$(replicas)"; if ((r >= 3)); then echo 2; else echo 1; f
 listener_config() {
   if [[ "$SECURITY" == plaintext ]]; then
     cat <<EOF
-listeners=PLAINTEXT://127.0.0.1:$PORT,CONTROLLER://127.0.0.1:$CONTROLLER_PORT
-advertised.listeners=PLAINTEXT://127.0.0.1:$PORT
+listeners=PLAINTEXT://$HOST:$PORT,CONTROLLER://$HOST:$CONTROLLER_PORT
+advertised.listeners=PLAINTEXT://$HOST:$PORT
 inter.broker.listener.name=PLAINTEXT
 listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
 EOF
@@ -226,8 +244,8 @@ EOF
   # TLS: SCRAM users live in the metadata log that controllers serve, so they cannot
   # authenticate the controllers themselves.
   cat <<EOF
-listeners=SASL_SSL://127.0.0.1:$PORT,CONTROLLER://127.0.0.1:$CONTROLLER_PORT
-advertised.listeners=SASL_SSL://127.0.0.1:$PORT
+listeners=SASL_SSL://$HOST:$PORT,CONTROLLER://$HOST:$CONTROLLER_PORT
+advertised.listeners=SASL_SSL://$HOST:$PORT
 inter.broker.listener.name=SASL_SSL
 listener.security.protocol.map=CONTROLLER:SSL,SASL_SSL:SASL_SSL
 sasl.enabled.mechanisms=SCRAM-SHA-512,SCRAM-SHA-256
@@ -363,7 +381,9 @@ make_secrets() {
       -keyout "$d/ca.key" -out "$d/ca.pem" 2>/dev/null
     openssl req -newkey rsa:2048 -nodes -subj "/CN=gpusched-broker" \
       -keyout "$d/broker.key" -out "$d/broker.csr" 2>/dev/null
-    printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\n' >"$d/san.ext"
+    local san="IP:127.0.0.1,DNS:localhost" h
+    for h in "${HOSTS[@]}"; do [[ "$h" == 127.0.0.1 ]] || san+=",IP:$h"; done
+    printf 'subjectAltName=%s\n' "$san" >"$d/san.ext"
     openssl x509 -req -in "$d/broker.csr" -CA "$d/ca.pem" -CAkey "$d/ca.key" -CAcreateserial \
       -days 30 -extfile "$d/san.ext" -out "$d/broker.crt" 2>/dev/null
     # Kafka's PEM keystore: an unencrypted PKCS#8 key followed by the chain.
@@ -420,8 +440,10 @@ start_node() {  # start node $NODE unless it runs; echo its pid
   if pid="$(pid_running)"; then echo "$pid"; return 0; fi
   write_config
   format_storage
-  log "starting node $NODE on 127.0.0.1:$PORT (controller $CONTROLLER_PORT, data $DATA_DIR, $SECURITY)"
-  nohup java -Xms128m "-Xmx$HEAP" -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -XX:TieredStopAtLevel=1 \
+  log "starting node $NODE on $HOST:$PORT (controller $CONTROLLER_PORT, data $DATA_DIR, $SECURITY${NETNS:+, netns $NETNS})"
+  local prefix=()
+  [[ -z "$NETNS" ]] || prefix=(ip netns exec "$NETNS")
+  nohup "${prefix[@]}" java -Xms128m "-Xmx$HEAP" -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -XX:TieredStopAtLevel=1 \
     "${EXTRA_JVM_OPTS[@]}" -Djava.awt.headless=true \
     "-Dlog4j2.configurationFile=$LOG4J" "-Dkafka.logs.dir=$LOG_DIR" -cp "$LIBS/*" \
     kafka.Kafka "$PROPS" >>"$LOG_DIR/kafka.out" 2>&1 </dev/null &

@@ -18,6 +18,10 @@ CA, as deploy/kafka.sh writes them). Each node-agent logs in as its node's own p
 admin's, as the tests' is). Admission relays the agents' reports into the pool log;
 ``relay()`` starts one on its own. ``node_host()`` starts many simulated nodes in one
 process (``gpusched node-host``).
+
+``netns=`` (each start): run the service in that network namespace (``ip netns exec NS``;
+root only), as tests/rig/ does to give every service a host of its own. ``ip netns exec``
+execs the command, so the service's pid is the command's own.
 """
 from __future__ import annotations
 
@@ -150,7 +154,7 @@ class LocalCluster:
                 "GPUSCHED_TLS_CLIENT_CA": str(pki.ca) if self.mtls else ""}
 
     async def start(self, name: str, command: str, *args: str, timeout: float = 90.0,
-                    principal: str = "") -> Service:
+                    principal: str = "", netns: str = "") -> Service:
         if command == "gpusched-node-agent" and not principal:   # its node's own login
             reads_log = "--source" in args and args[list(args).index("--source") + 1] == "log"
             principal = await self.add_node(args[list(args).index("--name") + 1], reads_log=reads_log)
@@ -159,8 +163,9 @@ class LocalCluster:
         log = open(log_path, "ab")
         metrics_port = free_port() if self.metrics else 0
         env["GPUSCHED_METRICS_PORT"] = str(metrics_port)
+        prefix = ("ip", "netns", "exec", netns) if netns else ()
         proc = await asyncio.create_subprocess_exec(
-            str(BIN / command), *args, env=env, stdout=asyncio.subprocess.PIPE, stderr=log)
+            *prefix, str(BIN / command), *args, env=env, stdout=asyncio.subprocess.PIPE, stderr=log)
         service = Service(name, proc, log_path=log_path, metrics_port=metrics_port)
         self.services.append(service)
         try:
@@ -180,17 +185,19 @@ class LocalCluster:
             if b" ready" in line:
                 return line.decode().strip()
 
-    async def admission(self, name: str = "admission", port: int = 0, *args: str) -> Service:
-        return await self.start(name, "gpusched-admission", "--listen", f"127.0.0.1:{port}", *args)
+    async def admission(self, name: str = "admission", port: int = 0, *args: str, host: str = "127.0.0.1",
+                        netns: str = "") -> Service:
+        return await self.start(name, "gpusched-admission", "--listen", f"{host}:{port}", *args, netns=netns)
 
-    async def placer(self, name: str = "placer", *args: str) -> Service:
-        return await self.start(name, "gpusched-placer", *args)
+    async def placer(self, name: str = "placer", *args: str, netns: str = "") -> Service:
+        return await self.start(name, "gpusched-placer", *args, netns=netns)
 
-    async def preemptor(self, name: str = "preemptor", *args: str) -> Service:
-        return await self.start(name, "gpusched-preemptor", *args)
+    async def preemptor(self, name: str = "preemptor", *args: str, netns: str = "") -> Service:
+        return await self.start(name, "gpusched-preemptor", *args, netns=netns)
 
-    async def agent(self, node: str, simulate: str = "8xH100-80GB", *args: str) -> Service:
-        return await self.start(f"agent-{node}", "gpusched-node-agent", "--name", node, "--simulate", simulate, *args)
+    async def agent(self, node: str, simulate: str = "8xH100-80GB", *args: str, netns: str = "") -> Service:
+        return await self.start(f"agent-{node}", "gpusched-node-agent", "--name", node, "--simulate", simulate, *args,
+                                netns=netns)
 
     async def node_host(self, host: str, nodes: int, simulate: str = "8xH100-80GB", *args: str,
                         timeout: float = 180.0) -> Service:
@@ -219,8 +226,8 @@ class LocalCluster:
             self.credentials[principal] = await add_node(self.connection, self.topics, node, reads_log=reads_log)
         return principal
 
-    async def relay(self, name: str = "relay", *args: str) -> Service:
-        return await self.start(name, "gpusched", "relay", *args)
+    async def relay(self, name: str = "relay", *args: str, netns: str = "") -> Service:
+        return await self.start(name, "gpusched", "relay", *args, netns=netns)
 
     async def stop_all(self) -> None:
         await asyncio.gather(*(s.terminate() for s in self.services), return_exceptions=True)

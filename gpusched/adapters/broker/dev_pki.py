@@ -59,9 +59,11 @@ class Ca:
     def pem(self) -> bytes:
         return self.cert.public_bytes(serialization.Encoding.PEM)
 
-    def issue(self, common_name: str, *, server: bool = False, days: int = 30) -> tuple[bytes, bytes]:
-        """(key PEM, certificate PEM). A server certificate names localhost and the
-        loopback addresses; a client certificate only its common name (the principal)."""
+    def issue(self, common_name: str, *, server: bool = False, days: int = 30,
+              addresses: tuple[str, ...] = ()) -> tuple[bytes, bytes]:
+        """(key PEM, certificate PEM). A server certificate names localhost, the
+        loopback addresses and ``addresses`` (IPs); a client certificate only its common
+        name (the principal)."""
         key = ec.generate_private_key(ec.SECP256R1())
         usage = ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH
         builder = (_builder(common_name, self.cert.subject, key.public_key(), days)
@@ -70,7 +72,8 @@ class Ca:
         if server:
             builder = builder.add_extension(x509.SubjectAlternativeName([
                 x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
-                x509.IPAddress(ipaddress.ip_address("::1"))]), critical=False)
+                x509.IPAddress(ipaddress.ip_address("::1")),
+                *(x509.IPAddress(ipaddress.ip_address(a)) for a in addresses)]), critical=False)
         cert = builder.sign(self.key, hashes.SHA256())
         return _pem_key(key), cert.public_bytes(serialization.Encoding.PEM)
 
@@ -134,14 +137,16 @@ class DevPki:
         return flags + (["--tls-client-ca", str(self.ca)] if mtls else [])
 
 
-def write(directory: Path, bindings: list[dict], client_certs: tuple[str, ...] = ()) -> DevPki:
-    """A CA, server certificate, a token per principal of ``bindings``, client
-    certificates for ``client_certs``, a JWKS and its key, and the policy file."""
+def write(directory: Path, bindings: list[dict], client_certs: tuple[str, ...] = (),
+          server_addresses: tuple[str, ...] = ()) -> DevPki:
+    """A CA, server certificate (for loopback and ``server_addresses``), a token per
+    principal of ``bindings``, client certificates for ``client_certs``, a JWKS and its
+    key, and the policy file."""
     directory.mkdir(parents=True, exist_ok=True)
     pki = DevPki(directory)
     ca = Ca.create()
     pki.ca.write_bytes(ca.pem)
-    key, cert = ca.issue("localhost", server=True)
+    key, cert = ca.issue("localhost", server=True, addresses=server_addresses)
     pki.server_key.write_bytes(key)
     pki.server_cert.write_bytes(cert)
     for principal in client_certs:
