@@ -33,9 +33,9 @@ from gpusched_node_agent.launch_env import node_addresses, worker_env
 from gpusched_node_agent.lease import NodeLease
 from gpusched_node_agent.leftovers import end_leftovers, find_leftovers, worker_dir_name
 from gpusched_node_agent.liveness import NodeLiveness
-from gpusched_node_agent.runner import (EXIT_NOT_STARTED, STATUS_FILE, NotStarted, NothingToRun, ProcessRun,
-                                        SimulatedRun, WorkerExit, exit_from_status, group_alive, read_status,
-                                        why_not_started)
+from gpusched_node_agent.runner import (EXIT_NOT_STARTED, STATUS_FILE, LeaseExpired, NotStarted, NothingToRun,
+                                        ProcessRun, SimulatedRun, WorkerExit, exit_from_status, group_alive,
+                                        read_status, why_not_started)
 
 log = logging.getLogger("gpusched.node_agent")
 Key = tuple[str, int, int]   # (job id, attempt, worker)
@@ -120,9 +120,9 @@ class NodeAgent(NodeLiveness):
         still gives us as gone: we do not run it any more, so the scheduler places it
         again (uncharged)."""
         self.follower = follower
-        self.settling = self.real_processes
         found = await asyncio.to_thread(find_leftovers, self.state_dir, self.process_alive) \
             if self.real_processes else []
+        self.settling = bool(found)
         # Workers run on only under a lease that has not run out (a restart shorter than
         # the lease); past it, their shims are fencing them, and none is taken over.
         lease_held = self.lease is not None and self.lease.expiry() > time.time()
@@ -372,13 +372,16 @@ class NodeAgent(NodeLiveness):
         try:
             if not adopted:
                 try:
+                    if isinstance(run, ProcessRun):
+                        await self.lease_held(lambda: key in self.stopping)
                     await run.start()
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:   # whatever it was, the worker is not running: its end frees its resources
                     log.warning("worker %s of %s cannot start: %s", worker, job_id, why_not_started(exc))
-                    await self._finished(key, WorkerExit(EXIT_NOT_STARTED,
-                                                         reason=f"cannot start: {why_not_started(exc)}"))
+                    # the node's lease ran out meanwhile: no fault of the job's, placed again uncharged
+                    code = EXIT_LOST if isinstance(exc, LeaseExpired) else EXIT_NOT_STARTED
+                    await self._finished(key, WorkerExit(code, reason=f"cannot start: {why_not_started(exc)}"))
                     return
                 tracing.mark("worker start", job_id, **{"gpusched.node": self.name, "gpusched.worker": worker})
             job = self._job(job_id)
@@ -432,6 +435,7 @@ class NodeAgent(NodeLiveness):
         if run is not None and key not in self.stopping:
             self.stopping.add(key)
             asyncio.create_task(run.stop(self.grace_s))
+            self.lease_changed.set()   # one waiting for a valid lease goes on, to its stop
 
     async def _come_back(self) -> None:
         """Declared lost while alive: revoke the lease (every shim fences its workload at

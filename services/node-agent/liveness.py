@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import Callable
 
 from gpusched.adapters.nodes.reports import beats_topic
 from gpusched.adapters.service import every
@@ -19,11 +20,13 @@ log = logging.getLogger("gpusched.node_agent")
 
 
 class NodeLiveness:
-    """Part of ``NodeAgent``: reads its ``info``, ``publisher``, ``lease``, ``running``,
-    ``settling``, ``follower`` and ``health``, and reports through its ``publish``."""
+    """Part of ``NodeAgent``: reads its ``info``, ``publisher``, ``lease``, ``runs``,
+    ``running``, ``settling``, ``follower`` and ``health``, and reports through its
+    ``publish``."""
 
     settling = False   # an earlier life's workers not yet taken over or ended (the agent's join)
     _lapsed = False    # the lease ran out while workers ran: said once
+    _lease_changed: asyncio.Event | None = None
 
     # --- GPU health -----------------------------------------------------------------
     async def watch_health(self, backend) -> None:
@@ -51,7 +54,7 @@ class NodeLiveness:
             log.warning("heartbeat not sent", exc_info=True)
             return False
         if self.lease is not None:
-            if self.lease.expiry() <= sent and (self.running or self.settling):
+            if self.lease.expiry() <= sent and (self.settling or any(r.under_lease for r in self.runs.values())):
                 # Ran out while work may still run under it: its shims are ending that
                 # work, and a renewal now could keep one that has not looked yet going
                 # past the bound the scheduler counts on (``fence_at``). It is renewed
@@ -63,7 +66,23 @@ class NodeLiveness:
                 return True
             self._lapsed = False
             self.lease.renew(sent + self.info.lease_s)
+            self.lease_changed.set()   # workers waiting for a valid lease may start
         return True
+
+    @property
+    def lease_changed(self) -> asyncio.Event:
+        """Set when the lease was renewed or a worker waiting for it was told to stop."""
+        if self._lease_changed is None:
+            self._lease_changed = asyncio.Event()
+        return self._lease_changed
+
+    async def lease_held(self, stopped: Callable[[], bool]) -> None:
+        """Return once the lease runs past now, or once ``stopped()`` (the worker waiting
+        was told to stop): a worker starts only under a valid lease (its shim refuses it
+        otherwise). A lease that ran out is renewed once no worker runs under it (``beat``)."""
+        while self.lease is not None and self.lease.expiry() <= time.time() and not stopped():
+            self.lease_changed.clear()
+            await self.lease_changed.wait()
 
     async def heartbeats(self, interval: float, stop: asyncio.Event) -> None:
         await every(interval, stop, self.beat)

@@ -70,6 +70,8 @@ class SimulatedRun:
     """Simulated training: ``duration`` seconds of work in all, of which ``resume_from``
     are already done; checkpoints every ``interval`` and once more when stopped."""
 
+    under_lease = False   # nothing of it runs under the node's lease
+
     def __init__(self, duration: float, resume_from: float = 0.0, interval: float = 0.0,
                  on_checkpoint: OnCheckpoint | None = None, location: str = "sim://") -> None:
         self.duration = duration
@@ -157,6 +159,12 @@ class ProcessRun:
         self._backstop = ""                     # why the agent had to kill, if it did
         self._stop_asked = False
 
+    @property
+    def under_lease(self) -> bool:
+        """Its shim runs (started here or adopted): its workload may be running under the
+        node's lease."""
+        return self._proc is not None and not self._proc.ended
+
     def shim_args(self) -> list[str]:
         """The shim's arguments (``gpusched-shim ARGS``; checked in ``__init__``)."""
         lease = ["--lease", str(Path(self.lease_path).absolute())] if self.lease_path is not None else []
@@ -202,7 +210,8 @@ class ProcessRun:
         pid = status.get("pid")
         if not isinstance(pid, int) or pid <= 1:
             await self._proc.wait()
-            raise OSError(status.get("reason", "the worker shim did not start the workload"))
+            reason = status.get("reason", "the worker shim did not start the workload")
+            raise (LeaseExpired if reason.startswith(LEASE_EXPIRED) else OSError)(reason)
         self.pid = pid
         if self._stop_asked:   # stop() came while the shim was starting: pass it on now
             self._proc.send_signal(signal.SIGTERM)
@@ -283,6 +292,14 @@ class ProcessRun:
             if self.pid is not None:
                 _signal_group(self.pid, signal.SIGKILL)
             _signal_group(proc.pid, signal.SIGKILL)
+
+
+class LeaseExpired(OSError):
+    """The shim did not start the workload: the node's lease had run out (no fault of the
+    job's: it is placed again, uncharged)."""
+
+
+LEASE_EXPIRED = "not started: lease expired"   # how the shim says it (shim.c, start)
 
 
 class NothingToRun(Exception):

@@ -2,6 +2,7 @@
 renews it (never a lease that ran out while work may still run under it)."""
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 
@@ -59,20 +60,27 @@ class _Agent(NodeLiveness):
         self.info = make_node("n0", lease=lease_s)
         self.publisher = _Publisher()
         self.lease = NodeLease(path)
+        self.runs = {}
         self.running = {}
         self.name = self.info.name
+
+
+class _Run:
+    def __init__(self, under_lease: bool) -> None:
+        self.under_lease = under_lease
 
 
 @pytest.mark.parametrize("running, settling, renewed", [
     (False, False, True),    # nothing runs under it: a new lease
     (True, False, False),    # workers whose shims are fencing them
     (False, True, False),    # an earlier life's workers, not yet taken over or ended
+    (None, False, True),     # a worker waiting to start runs nothing under it yet
 ])
 async def test_a_lease_that_ran_out_is_renewed_only_once_nothing_runs_under_it(tmp_path, running, settling,
                                                                               renewed):
     agent = _Agent(tmp_path / "lease")
     agent.lease.revoke()                          # ran out (a revoke, or a long silence)
-    agent.running = {("j", 0, 0): None} if running else {}
+    agent.runs = {} if running is False else {("j", 0, 0): _Run(under_lease=bool(running))}
     agent.settling = settling
     before = agent.lease.expiry()
     assert await agent.beat()
@@ -84,6 +92,29 @@ async def test_a_lease_that_ran_out_is_renewed_only_once_nothing_runs_under_it(t
 async def test_a_lease_that_holds_is_renewed_while_workers_run(tmp_path):
     agent = _Agent(tmp_path / "lease")
     agent.lease.renew(time.time() + 3)
-    agent.running = {("j", 0, 0): None}
+    agent.runs = {("j", 0, 0): _Run(under_lease=True)}
     assert await agent.beat()
     assert agent.lease.expiry() > time.time() + 9
+
+
+async def test_a_worker_waits_for_a_valid_lease_and_starts_on_its_renewal(tmp_path):
+    """A placement that comes while the lease is lapsed waits (its shim would refuse it,
+    and the refusal would bounce the job); a renewal, or a stop, lets it go on."""
+    agent = _Agent(tmp_path / "lease")
+    agent.lease.revoke()
+    agent.runs = {("old", 0, 0): _Run(under_lease=True)}      # a fenced worker still ending
+    waiting = asyncio.ensure_future(agent.lease_held(lambda: False))
+    await agent.beat()                                         # refused: the old worker runs under it
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    agent.runs = {}                                            # it ended
+    await agent.beat()
+    await asyncio.wait_for(waiting, 5)
+    assert agent.lease.expiry() > time.time()
+    agent.lease.revoke()
+    stopped = []
+    waiting = asyncio.ensure_future(agent.lease_held(lambda: bool(stopped)))
+    await asyncio.sleep(0)
+    stopped.append(True)
+    agent.lease_changed.set()                                  # what NodeAgent._stop does
+    await asyncio.wait_for(waiting, 5)
