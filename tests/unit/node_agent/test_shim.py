@@ -164,10 +164,11 @@ def test_proc_stat_reads_a_process_whatever_its_name(tmp_path):
     os.symlink(shutil.which("sleep"), name)
     proc = subprocess.Popen([name, "5"])
     try:
-        # the child has its parent's name until it has exec'd: wait for the new one
-        eventually(lambda: b"(a) b \xff)" in _stat_bytes(proc.pid), "the process to exec under its name")
+        # the child has its parent's name until it has exec'd, and may be in D (loading
+        # the program) a moment after: wait for sleep's own sleep under the new name
+        eventually(lambda: b"(a) b \xff) S " in _stat_bytes(proc.pid), "the process asleep under its name")
         state, start = proc_stat(proc.pid)
-        assert state in "SR" and start == proc_start(proc.pid) > 0
+        assert state == "S" and start == proc_start(proc.pid) > 0
     finally:
         proc.kill()
         proc.wait()
