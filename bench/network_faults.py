@@ -12,6 +12,11 @@ next placement (p50/p99) and the jobs placed again per fault.
 
     sudo python bench/network_faults.py --minutes 10 --agents 6 --jobs-per-minute 60 --seed 1
 
+The soak (docs/faults.md): 30 minutes, two faults at a time, 10,000 jobs:
+
+    sudo python bench/network_faults.py --minutes 30 --agents 8 --gpus-per-agent 4 \
+        --jobs-per-minute 334 --job-seconds 2 --at-once 2 --seed 1
+
 Root only. Exit status 1 when an invariant was broken.
 """
 from __future__ import annotations
@@ -32,7 +37,9 @@ from tests.rig.run import run_under_faults  # noqa: E402
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--minutes", type=float, default=5.0, help="minutes of faults")
-    parser.add_argument("--agents", type=int, default=6, help="node-agents (4-8), one GPU each")
+    parser.add_argument("--agents", type=int, default=6, help="node-agents (4-8)")
+    parser.add_argument("--gpus-per-agent", type=int, default=1, help="simulated GPUs of each node-agent")
+    parser.add_argument("--at-once", type=int, default=1, help="fault sequences side by side (2: faults overlap)")
     parser.add_argument("--jobs-per-minute", type=float, default=60.0)
     parser.add_argument("--job-seconds", type=float, default=3.0, help="each job's work")
     parser.add_argument("--seed", type=int, default=1)
@@ -45,6 +52,7 @@ def main() -> int:
     report = asyncio.run(run_under_faults(
         root, seconds, jobs=max(1, round(args.jobs_per_minute * args.minutes)), agents=args.agents,
         seed=args.seed, kinds=tuple(k for k in args.kinds.split(",") if k), duration=args.job_seconds,
+        gpus=args.gpus_per_agent, at_once=args.at_once, settle=max(180.0, args.minutes * 20),
         log=lambda line: print(line, flush=True)))
     print(f"\n--- {args.minutes:g} min of faults, {time.monotonic() - t0:.0f}s in all, data in {root}")
     print(report.figures())

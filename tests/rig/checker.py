@@ -10,7 +10,11 @@ Invariants (``Report.violations``):
 * no GPU used by two processes at once (``overlaps``);
 * no job ran twice at once: neither two attempts (``attempts_overlap``) nor two copies
   of one attempt's worker;
-* the log's own checks (``check_log``: capacity, reports).
+* the log's own checks (``check_log``: capacity, reports);
+* the replicas agree (``disagreements``): every snapshot the placer wrote of the state it
+  folded live through the faults (restarts from earlier snapshots included) has the digest
+  of a fresh replay of the log up to the offset it covers, and admission's read model ends
+  with every job in the phase the replay ends with.
 
 Figures: faults by kind; per fault, the time from its heal to the first placement
 after it, and the jobs placed again (attempt > 0) between its start and the next
@@ -23,7 +27,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpusched.adapters.log import codec
+from gpusched.adapters.log.restore import decode_state
 from gpusched.core import events as ev
+from gpusched.core.digest import digest
+from gpusched.core.reducer import apply
+from gpusched.core.state import ClusterState
 from tests.integration.cluster_calls import events_of
 from tests.integration.logcheck import check_log
 from tests.rig.nemesis import Fault
@@ -42,6 +51,8 @@ class Report:
     attempt_overlaps: list = field(default_factory=list)
     double_runs: list = field(default_factory=list)
     log_violations: list[str] = field(default_factory=list)
+    snapshots_checked: int = 0
+    disagreements: list[str] = field(default_factory=list)
     faults: list[Fault] = field(default_factory=list)
     recovery_s: list[float] = field(default_factory=list)      # per healed fault with a placement after it
     requeues: list[int] = field(default_factory=list)          # per fault
@@ -63,6 +74,7 @@ class Report:
         if self.double_runs:
             out.append(f"{len(self.double_runs)} double run(s) of one attempt: {self.double_runs[:3]}")
         out += [f"log: {v}" for v in self.log_violations]
+        out += [f"replicas disagree: {d}" for d in self.disagreements]
         return out
 
     def figures(self) -> str:
@@ -73,7 +85,9 @@ class Report:
                  f"not succeeded {len(self.not_succeeded)}",
                  f"worker runs recorded: {self.intervals}; GPU overlaps {len(self.gpu_overlaps)}, "
                  f"attempt overlaps {len(self.attempt_overlaps)}, double runs {len(self.double_runs)}",
-                 f"log violations: {len(self.log_violations)}"]
+                 f"log violations: {len(self.log_violations)}",
+                 f"replicas: {self.snapshots_checked} placer snapshots checked against a replay, "
+                 f"{len(self.disagreements)} disagreement(s)"]
         if rec:
             lines.append(f"heal -> first placement: p50 {_pct(rec, 50):.2f}s p99 {_pct(rec, 99):.2f}s "
                          f"max {rec[-1]:.2f}s (n={len(rec)})")
@@ -126,9 +140,43 @@ def double_runs(intervals: list[Interval]) -> list[tuple]:
     return found
 
 
-def check(acked: set[str], final: dict[str, str], state_root: Path, log: dict, faults: list[Fault]) -> Report:
+def disagreements(log: dict, snapshots: dict, final: dict[str, str]) -> tuple[int, list[str]]:
+    """(snapshots compared, disagreements) between a replay of ``log`` (partition ->
+    [(offset, value)]), the snapshots (partition -> [(offset, value)], each a state
+    covering some events offset) and ``final`` (job id -> phase name, as the API lists)."""
+    found: list[str] = []
+    compared = 0
+    replayed: dict[str, str] = {}
+    for partition, records in log.items():
+        taken = sorted((s.offset, n, s) for n, s in enumerate(
+            decode_state(value) for _, value in snapshots.get(partition, []) if value))
+        state = ClusterState()
+        pending = [(offset, s) for offset, _, s in taken]
+        for offset, value in records:
+            try:
+                event, _ = codec.decode(value)
+            except codec.DecodeError:
+                event = None
+            if event is not None:
+                apply(state, event)
+            state.offset = offset
+            while pending and pending[0][0] == offset:
+                compared += 1
+                if digest(pending.pop(0)[1]) != digest(state):
+                    found.append(f"partition {partition}: the snapshot at offset {offset} differs from a replay")
+        found += [f"partition {partition}: a snapshot at offset {o} beyond the log" for o, _ in pending]
+        replayed.update({jid: j.phase.value.upper() for jid, j in state.jobs.items()})
+    for jid, phase in sorted(final.items()):
+        if replayed.get(jid) != phase:
+            found.append(f"{jid}: admission lists {phase}, a replay of the log {replayed.get(jid)}")
+    return compared, found
+
+
+def check(acked: set[str], final: dict[str, str], state_root: Path, log: dict, faults: list[Fault],
+          snapshots: dict | None = None) -> Report:
     """``acked``: job ids the API acknowledged; ``final``: job id -> phase name of every job
-    listed at the end; ``log``: ``read_log``'s; ``faults``: the nemesis's."""
+    listed at the end; ``log``: ``read_log``'s; ``faults``: the nemesis's; ``snapshots``:
+    ``read_log``'s of the snapshots topic."""
     r = Report(acked=len(acked), faults=list(faults))
     r.lost = sorted(acked - set(final))
     terminal = {"SUCCEEDED", "FAILED", "CANCELLED", "TIMEOUT"}
@@ -144,6 +192,7 @@ def check(acked: set[str], final: dict[str, str], state_root: Path, log: dict, f
     r.attempt_overlaps = attempts_overlap(intervals)
     r.double_runs = double_runs(intervals)
     r.log_violations = list(check_log(log).violations)
+    r.snapshots_checked, r.disagreements = disagreements(log, snapshots or {}, final)
     placed = sorted((e.time, e.attempt) for e in events_of(log) if isinstance(e, ev.JobPlaced))
     for n, f in enumerate(faults):
         until = faults[n + 1].start if n + 1 < len(faults) else float("inf")

@@ -12,7 +12,9 @@ Kinds (``KINDS``):
 * ``pause``: SIGSTOP a process (a broker, a service, an agent), SIGCONT at heal;
 * ``kill``: SIGKILL a process, started again at heal (an agent with its state dir).
 
-One fault at a time: each is held for a while, healed, and followed by a quiet gap.
+Each fault is held for a while, healed, and followed by a quiet gap; ``at_once`` such
+sequences run side by side (2: a second fault may come, or heal, in the middle of the
+recovery from the first), never two on one target.
 """
 from __future__ import annotations
 
@@ -47,7 +49,7 @@ class Nemesis:
     rng: random.Random
     kinds: tuple[str, ...] = KINDS
     faults: list[Fault] = field(default_factory=list)
-    _active: Fault | None = None
+    active: list[Fault] = field(default_factory=list)
 
     def targets(self, kind: str) -> list[str]:
         nodes = self.rig.nodes
@@ -59,7 +61,7 @@ class Nemesis:
                 "kill": [*BROKERS, *nodes, "placer", "preemptor", "relay", "admission"]}[kind]
 
     async def inject(self, kind: str, target: str) -> Fault:
-        assert self._active is None, "one fault at a time"
+        assert target not in {f.target for f in self.active}, f"{target} is under a fault already"
         net, fault = self.rig.net, Fault(kind, target, time.time())
         fid = f"f{len(self.faults)}"
         if kind == "agent-partition":
@@ -72,7 +74,7 @@ class Nemesis:
         elif kind == "isolate":
             net.link(target, False)
         elif kind == "degrade":
-            fault.detail = net.degrade(target)
+            fault.detail = net.degrade(target, seed=self.rng.randrange(1 << 30))
         elif kind == "pause":
             os.kill(self._pid(target), signal.SIGSTOP)
         elif kind == "kill":
@@ -83,21 +85,25 @@ class Nemesis:
         else:
             raise ValueError(kind)
         fault.start = time.time()
-        self._active = fault
+        self.active.append(fault)
         self.faults.append(fault)
         return fault
 
-    async def heal(self) -> Fault | None:
-        fault, self._active = self._active, None
+    async def heal(self, fault: Fault | None = None) -> Fault | None:
+        """Heal ``fault`` (default: the one made last of those still active)."""
         if fault is None:
-            return None
+            if not self.active:
+                return None
+            fault = self.active[-1]
+        self.active.remove(fault)
         net, kind, target = self.rig.net, fault.kind, fault.target
         if kind in ("agent-partition", "broker-partition"):
             net.undrop(f"f{self.faults.index(fault)}")
         elif kind == "isolate":
             net.link(target, True)
         elif kind == "degrade":
-            net.clear_degrade(target)
+            passed = net.clear_degrade(target)
+            fault.detail += f" ({passed})" if passed else ""
         elif kind == "pause":
             os.kill(self._pid(target), signal.SIGCONT)
         elif kind == "kill":
@@ -114,25 +120,36 @@ class Nemesis:
             raise RuntimeError(f"{target} has no process")
         return pid
 
+    async def heal_all(self) -> None:
+        while self.active:
+            await self.heal()
+
     async def run(self, seconds: float, hold: tuple[float, float] = (4.0, 8.0),
-                  gap: tuple[float, float] = (4.0, 8.0), cycle: bool = True) -> list[Fault]:
+                  gap: tuple[float, float] = (4.0, 8.0), cycle: bool = True, at_once: int = 1) -> list[Fault]:
         """Faults for ``seconds``: random kinds (``cycle``: each kind in turn, shuffled
-        per round, so a short run has each), random targets, random hold and gap."""
+        per round, so a short run has each), random targets, random hold and gap;
+        ``at_once`` sequences of them side by side."""
         deadline = time.monotonic() + seconds
         order: list[str] = []
-        try:
+
+        async def sequence() -> None:
             while True:
                 await asyncio.sleep(self.rng.uniform(*gap))
                 if time.monotonic() + hold[0] > deadline:
-                    break   # no time left to hold a fault for its shortest while
+                    return   # no time left to hold a fault for its shortest while
                 if not order:
-                    order = list(self.kinds)
+                    order.extend(self.kinds)
                     self.rng.shuffle(order)
                 kind = order.pop() if cycle else self.rng.choice(self.kinds)
-                target = self.rng.choice(self.targets(kind))
-                await self.inject(kind, target)
+                busy = {f.target for f in self.active}
+                free = [t for t in self.targets(kind) if t not in busy]
+                if not free:
+                    continue
+                fault = await self.inject(kind, self.rng.choice(free))
                 await asyncio.sleep(min(self.rng.uniform(*hold), max(0.0, deadline - time.monotonic())))
-                await self.heal()
+                await self.heal(fault)
+        try:
+            await asyncio.gather(*(sequence() for _ in range(at_once)))
         finally:
-            await self.heal()
+            await self.heal_all()
         return self.faults

@@ -11,9 +11,9 @@ Faults, all undone by ``heal``/``close``:
   would be (a drop one way stalls TCP both ways; callers add the other direction where
   they want it);
 * ``link(host, False)``: the bridge side of the host's veth is down (a pulled cable);
-* ``degrade(host, ...)``: latency and loss on the bridge side (packets towards the
-  host): ``netem`` where the kernel has it, else a ``tbf`` rate limit whose queue
-  delays packets and drops those that would wait longer than its latency.
+* ``degrade(host, ...)``: latency and loss both ways on the host's link: ``netem``
+  where the kernel has it, else a user-space link (``link.py``) spliced between the
+  host's veth and the bridge, which drops and delays real frames.
 
 Why routes and not ``tc filter ... action drop``: kernels without the u32 classifier or
 the gact action (as some CI sandboxes are) still route.
@@ -27,7 +27,13 @@ import ipaddress
 import itertools
 import secrets
 import subprocess
+import sys
 from dataclasses import dataclass, field
+from pathlib import Path
+
+from tests.rig.link import no_offloads
+
+LINK = Path(__file__).with_name("link.py")
 
 
 def sh(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -61,6 +67,7 @@ class Net:
     subnet: int = 0
     _drops: dict[str, list[tuple[str, str]]] = field(default_factory=dict)   # fault id -> (netns, address)
     _netem: bool | None = None
+    _links: dict[str, tuple[subprocess.Popen, str]] = field(default_factory=dict)   # host -> (link.py, its veth)
 
     @property
     def gateway(self) -> str:
@@ -79,6 +86,11 @@ class Net:
             sh("ip", "link", "set", self.bridge, "up")
             for i, name in enumerate(names, start=1):
                 self.add_host(name, f"10.77.{self.subnet}.{i}")
+            # frames as a wire carries them, so that a user-space link can pass them on
+            no_offloads(self.bridge)
+            for host in self.hosts.values():
+                no_offloads(host.veth)
+                sh("ip", "netns", "exec", host.netns, sys.executable, str(LINK), "--no-offloads", "eth0")
         except BaseException:
             self.close()
             raise
@@ -120,26 +132,60 @@ class Net:
     def link(self, host: str, up: bool) -> None:
         sh("ip", "link", "set", self.hosts[host].veth, "up" if up else "down")
 
-    def degrade(self, host: str, delay_ms: int = 200, loss_pct: float = 5.0, rate_kbit: int = 512) -> str:
-        """Latency and loss towards ``host``; what was applied, in words."""
+    def degrade(self, host: str, delay_ms: int = 200, loss_pct: float = 5.0, seed: int = 0) -> str:
+        """Latency and loss both ways on ``host``'s link; what was applied, in words."""
         veth = self.hosts[host].veth
         if self._netem is None:
             self._netem = sh("tc", "qdisc", "replace", "dev", veth, "root", "netem", "delay", "1ms",
                              check=False).returncode == 0
+            sh("tc", "qdisc", "del", "dev", veth, "root", check=False)
         if self._netem:
-            sh("tc", "qdisc", "replace", "dev", veth, "root", "netem", "delay", f"{delay_ms}ms",
-               f"{delay_ms // 4}ms", "loss", f"{loss_pct}%")
-            return f"netem delay {delay_ms}ms loss {loss_pct}%"
-        sh("tc", "qdisc", "replace", "dev", veth, "root", "tbf", "rate", f"{rate_kbit}kbit", "burst", "4kb",
-           "latency", f"{delay_ms}ms")
-        return f"tbf rate {rate_kbit}kbit, queue up to {delay_ms}ms, tail drop beyond"
+            for dev, ns in ((veth, ()), ("eth0", ("-n", self.hosts[host].netns))):
+                sh("tc", *ns, "qdisc", "replace", "dev", dev, "root", "netem", "delay", f"{delay_ms}ms",
+                   "loss", f"{loss_pct}%")
+            return f"netem delay {delay_ms}ms loss {loss_pct}% each way"
+        n = list(self.hosts).index(host)
+        bridge_side, link_side = f"gsr{self.tag}d{n}", f"gsr{self.tag}e{n}"
+        sh("ip", "link", "add", bridge_side, "type", "veth", "peer", "name", link_side)
+        for dev in (bridge_side, link_side):
+            no_offloads(dev)
+        link = subprocess.Popen([sys.executable, str(LINK), veth, link_side, "--delay-ms", str(delay_ms),
+                                 "--loss", str(loss_pct / 100), "--seed", str(seed)],
+                                stdout=subprocess.PIPE, text=True)
+        self._links[host] = (link, bridge_side)
+        if link.stdout.readline().strip() != "ready":
+            raise RuntimeError(f"link.py for {host} did not start (rc {link.poll()})")
+        sh("ip", "link", "set", link_side, "up")
+        sh("ip", "link", "set", veth, "nomaster")
+        sh("ip", "link", "set", bridge_side, "master", self.bridge)
+        sh("ip", "link", "set", bridge_side, "up")
+        return f"delay {delay_ms}ms, loss {loss_pct}% each way (user-space link)"
 
-    def clear_degrade(self, host: str) -> None:
-        sh("tc", "qdisc", "del", "dev", self.hosts[host].veth, "root", check=False)
+    def clear_degrade(self, host: str) -> str:
+        """Back to a plain link; for a user-space one, the frames it passed and dropped."""
+        h = self.hosts[host]
+        if self._netem:
+            sh("tc", "qdisc", "del", "dev", h.veth, "root", check=False)
+            sh("tc", "-n", h.netns, "qdisc", "del", "dev", "eth0", "root", check=False)
+            return ""
+        link, bridge_side = self._links.pop(host, (None, ""))
+        if link is None:
+            return ""
+        sh("ip", "link", "set", h.veth, "master", self.bridge, check=False)
+        sh("ip", "link", "del", bridge_side, check=False)   # its peer goes with it
+        link.terminate()
+        try:
+            out, _ = link.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            link.kill()
+            out, _ = link.communicate()
+        return "; ".join(out.split("\n")).strip("; ")
 
     def close(self) -> None:
         for fault in list(self._drops):
             self.undrop(fault)
+        for host in list(self._links):
+            self.clear_degrade(host)
         for host in self.hosts.values():
             sh("ip", "link", "del", host.veth, check=False)     # its peer goes with it
             sh("ip", "netns", "del", host.netns, check=False)

@@ -5,8 +5,8 @@ and a fault of one link touches only what crosses it.
 
 The brokers are plaintext (deploy/kafka.sh with GPUSCHED_KAFKA_HOSTS/NETNS); the job API
 is TLS (a dev PKI whose server certificate names admission's address: the insecure dev
-mode is loopback only). Node-agents run real workloads (``--run-processes``) on one
-simulated GPU each, with a short lease, so that an agent cut off from the brokers fences
+mode is loopback only). Node-agents run real workloads (``--run-processes``) on
+simulated GPUs (one each unless ``gpus``), with a short lease, so that an agent cut off from the brokers fences
 its workers quickly. The test process in the root namespace is a client over the bridge.
 
     async with Rig(tmp_path, agents=4) as rig:
@@ -57,6 +57,7 @@ class Started:
 class Rig:
     root: Path
     agents: int = 4
+    gpus: int = 1                  # simulated GPUs per node-agent
     lease: float = 3.0
     heartbeat_timeout: float = 3.0
     net: Net = field(default_factory=Net)
@@ -138,14 +139,15 @@ class Rig:
             "admission": Started("admission", "admission", "gpusched-admission",
                                  ("--listen", f"{adm}:50051", "--no-relay")),
             "relay": Started("relay", "relay", "gpusched", ("relay",)),
-            "placer": Started("placer", "placer", "gpusched-placer", ()),
+            # snapshots often, so the checker compares many with a replay
+            "placer": Started("placer", "placer", "gpusched-placer", ("--snapshot-every-s", "5")),
             "preemptor": Started("preemptor", "preemptor", "gpusched-preemptor",
                                  ("--heartbeat-timeout", str(self.heartbeat_timeout), "--min-runtime", "0")),
         }
         for node in self.nodes:
             self.started[node] = Started(
                 f"agent-{node}", node, "gpusched-node-agent",
-                ("--name", node, "--simulate", "1xH100-80GB", "--run-processes",
+                ("--name", node, "--simulate", f"{self.gpus}xH100-80GB", "--run-processes",
                  "--state-dir", str(self.state_root / node), "--lease", str(self.lease), "--grace", "1.5",
                  "--heartbeat-interval", "0.3", "--address", self.net.address(node)))
         for name in SERVICES:

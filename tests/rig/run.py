@@ -70,26 +70,27 @@ async def final_states(rig: Rig, ids: set[str], timeout: float) -> dict[str, str
 async def run_under_faults(root: Path, seconds: float, *, jobs: int, agents: int = 5, seed: int = 1,
                            kinds: tuple[str, ...] = KINDS, duration: float = 3.0,
                            hold: tuple[float, float] = (4.0, 8.0), gap: tuple[float, float] = (3.0, 6.0),
-                           settle: float = 180.0, log=print) -> Report:
+                           settle: float = 180.0, at_once: int = 1, gpus: int = 1, log=print) -> Report:
     rng = random.Random(seed)
     acked: set[str] = set()
     t0 = time.monotonic()
-    async with Rig(root, agents=agents) as rig:
-        log(f"rig up ({agents} agents, brokers {rig.bootstrap}, network tag {rig.net.tag}) "
+    async with Rig(root, agents=agents, gpus=gpus) as rig:
+        log(f"rig up ({agents} agents of {gpus} GPU(s), brokers {rig.bootstrap}, network tag {rig.net.tag}) "
             f"in {time.monotonic() - t0:.0f}s; faults for {seconds:.0f}s, seed {seed}")
         nemesis = Nemesis(rig, rng, kinds)
         every = max(0.05, (seconds - 5) / max(1, jobs))
         submitting = asyncio.create_task(submit_all(rig, jobs, every, duration, acked, log))
         try:
-            await nemesis.run(seconds, hold, gap)
+            await nemesis.run(seconds, hold, gap, at_once=at_once)
             await submitting
         finally:
             submitting.cancel()
-            await nemesis.heal()
+            await nemesis.heal_all()
         log(f"faults over after {time.monotonic() - t0:.0f}s; waiting for {len(acked)} jobs")
         final = await final_states(rig, acked, settle)
         log(f"settled after {time.monotonic() - t0:.0f}s")
         for f in nemesis.faults:
             log(f"  fault at {time.strftime('%H:%M:%S', time.localtime(f.start))}: {f}")
         events = await read_log(rig.bootstrap, rig.topics)
-        return check(acked, final, rig.state_root, events, nemesis.faults)
+        snapshots = await read_log(rig.bootstrap, rig.topics, rig.topics.snapshots)
+        return check(acked, final, rig.state_root, events, nemesis.faults, snapshots)

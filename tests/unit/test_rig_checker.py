@@ -1,8 +1,16 @@
 """The fault rig's checker (tests/rig/checker.py) on made-up records: two copies of one
-attempt's worker alive at once are a double run, one after the other are not."""
+attempt's worker alive at once are a double run, one after the other are not; a replica's
+snapshot or listing that is not what a replay of the log holds is a disagreement."""
 from __future__ import annotations
 
-from tests.rig.checker import _pct, double_runs
+from gpusched.adapters.log import codec
+from gpusched.adapters.log.restore import decode_state
+from gpusched.core import events as ev
+from gpusched.core.reducer import apply
+from gpusched.core.snapshot import snapshot_bytes
+from gpusched.core.state import ClusterState
+from tests.rig.checker import _pct, disagreements, double_runs
+from tests.unit.core.builders import make_node, make_spec
 from tests.workloads.intervals import Interval
 
 
@@ -23,3 +31,37 @@ def test_percentiles_interpolate():
     assert _pct([1.0, 2.0, 3.0], 50) == 2.0
     assert _pct([1.0, 3.0], 50) == 2.0
     assert _pct([4.0], 99) == 4.0
+
+
+def _log_and_states():
+    """Four events of one partition, and the state after each (what a replica would snapshot)."""
+    events = [ev.NodeRegistered(node=make_node("n1"), event_id="e1", time=1.0),
+              ev.JobSubmitted(job_id="j1", spec=make_spec(), event_id="e2", time=2.0),
+              ev.JobSubmitted(job_id="j2", spec=make_spec(), event_id="e3", time=3.0),
+              ev.JobCancelled(job_id="j2", reason="by test", event_id="e4", time=4.0)]
+    state, states = ClusterState(), []
+    for offset, e in enumerate(events):
+        apply(state, e)
+        state.offset = offset
+        states.append(snapshot_bytes(state))
+    return {0: [(o, codec.encode(e, "default")) for o, e in enumerate(events)]}, states
+
+
+def test_replicas_agree_when_every_snapshot_is_the_replay_at_its_offset():
+    log, states = _log_and_states()
+    compared, found = disagreements(log, {0: [(0, states[1]), (1, states[3])]}, {"j1": "PENDING", "j2": "CANCELLED"})
+    assert (compared, found) == (2, [])
+
+
+def test_a_snapshot_that_is_not_the_replay_at_its_offset_disagrees():
+    log, states = _log_and_states()
+    lying = decode_state(states[2])     # the state after offset 2 ...
+    lying.offset = 3                    # ... claiming to cover offset 3
+    compared, found = disagreements(log, {0: [(0, snapshot_bytes(lying))]}, {})
+    assert compared == 1 and found and "offset 3" in found[0]
+
+
+def test_admission_listing_a_phase_the_log_does_not_hold_disagrees():
+    log, _ = _log_and_states()
+    _, found = disagreements(log, {}, {"j1": "PENDING", "j2": "PENDING"})
+    assert found == ["j2: admission lists PENDING, a replay of the log CANCELLED"]
