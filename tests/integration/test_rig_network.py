@@ -90,3 +90,12 @@ def test_a_dropped_route_goes_unanswered_until_undone(net):
     assert time.monotonic() - start >= 1.5   # unanswered, not refused at once
     net.undrop("f0")
     assert probe(net) is not None
+
+
+def test_overlapping_drops_hold_until_the_last_is_undone(net):
+    net.drop("f0", "b", ["a"])
+    net.drop("f1", "b", ["a"])       # a second fault on the same route
+    net.undrop("f0")
+    assert probe(net, timeout=2.0) is None
+    net.undrop("f1")
+    assert probe(net) is not None

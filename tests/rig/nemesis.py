@@ -14,7 +14,8 @@ Kinds (``KINDS``):
 
 Each fault is held for a while, healed, and followed by a quiet gap; ``at_once`` such
 sequences run side by side (2: a second fault may come, or heal, in the middle of the
-recovery from the first), never two on one target.
+recovery from the first), never two on one target nor two on brokers (two brokers of
+three out is an outage, shown apart).
 """
 from __future__ import annotations
 
@@ -142,6 +143,8 @@ class Nemesis:
                     self.rng.shuffle(order)
                 kind = order.pop() if cycle else self.rng.choice(self.kinds)
                 busy = {f.target for f in self.active}
+                if busy & set(BROKERS) or any(f.kind == "broker-partition" for f in self.active):
+                    busy |= set(BROKERS)   # one broker fault at a time: two of three is an outage
                 free = [t for t in self.targets(kind) if t not in busy]
                 if not free:
                     continue

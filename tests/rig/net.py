@@ -118,16 +118,20 @@ class Net:
 
     # --- faults ---
     def drop(self, fault: str, host: str, dsts: list[str]) -> None:
-        """``host``'s packets to ``dsts`` (host names) are dropped until ``undrop(fault)``."""
+        """``host``'s packets to ``dsts`` (host names) are dropped until ``undrop(fault)``.
+        Faults may overlap (two broker partitions both cut b2 from b3): a route stays
+        while any fault that made it holds."""
         ns = self.hosts[host].netns
         for dst in dsts:
-            address = f"{self.address(dst)}/32"
-            sh("ip", "-n", ns, "route", "add", address, "via", self.nowhere)
-            self._drops.setdefault(fault, []).append((ns, address))
+            route = (ns, f"{self.address(dst)}/32")
+            if not any(route in routes for routes in self._drops.values()):
+                sh("ip", "-n", ns, "route", "add", route[1], "via", self.nowhere)
+            self._drops.setdefault(fault, []).append(route)
 
     def undrop(self, fault: str) -> None:
-        for ns, address in self._drops.pop(fault, []):
-            sh("ip", "-n", ns, "route", "del", address, check=False)
+        for route in self._drops.pop(fault, []):
+            if not any(route in routes for routes in self._drops.values()):
+                sh("ip", "-n", route[0], "route", "del", route[1], check=False)
 
     def link(self, host: str, up: bool) -> None:
         sh("ip", "link", "set", self.hosts[host].veth, "up" if up else "down")
