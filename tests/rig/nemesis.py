@@ -65,6 +65,9 @@ class Nemesis:
         assert target not in {f.target for f in self.active}, f"{target} is under a fault already"
         net, fault = self.rig.net, Fault(kind, target, time.time())
         fid = f"f{len(self.faults)}"
+        # held from now on, so that a fault made side by side meanwhile picks another target
+        self.active.append(fault)
+        self.faults.append(fault)
         if kind == "agent-partition":
             net.drop(fid, target, list(BROKERS))
         elif kind == "broker-partition":
@@ -86,8 +89,6 @@ class Nemesis:
         else:
             raise ValueError(kind)
         fault.start = time.time()
-        self.active.append(fault)
-        self.faults.append(fault)
         return fault
 
     async def heal(self, fault: Fault | None = None) -> Fault | None:
@@ -96,7 +97,6 @@ class Nemesis:
             if not self.active:
                 return None
             fault = self.active[-1]
-        self.active.remove(fault)
         net, kind, target = self.rig.net, fault.kind, fault.target
         if kind in ("agent-partition", "broker-partition"):
             net.undrop(f"f{self.faults.index(fault)}")
@@ -113,6 +113,7 @@ class Nemesis:
             else:
                 await self.rig.restart(target)
         fault.healed = time.time()
+        self.active.remove(fault)    # only now: its target is whole again
         return fault
 
     def _pid(self, target: str) -> int:
@@ -151,8 +152,12 @@ class Nemesis:
                 fault = await self.inject(kind, self.rng.choice(free))
                 await asyncio.sleep(min(self.rng.uniform(*hold), max(0.0, deadline - time.monotonic())))
                 await self.heal(fault)
+        tasks = [asyncio.create_task(sequence()) for _ in range(at_once)]
         try:
-            await asyncio.gather(*(sequence() for _ in range(at_once)))
+            await asyncio.gather(*tasks)
         finally:
+            for t in tasks:   # one failed: stop the others before healing what they made
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
             await self.heal_all()
         return self.faults
