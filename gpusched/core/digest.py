@@ -22,6 +22,13 @@ def _pending_reason(job: JobState) -> list:
     return [[r.kind.value, r.summary, r.nodes, [[c.filter, c.nodes] for c in r.counts], job.pending_reason_at]]
 
 
+def _rule_restarts(job: JobState) -> list:
+    # only where a retry rule has a budget of its own. ``job.failures`` is left out: a
+    # history for the API, kept from events every digest covers, and a digest of an older
+    # log (tests/fixtures/logs) must stay the one recorded when it was written.
+    return [sorted(job.rule_restarts.items())] if job.rule_restarts else []
+
+
 def canonical(state: ClusterState) -> dict:
     nodes = {
         name: [n.status.value, n.cordoned, n.used_cpu, n.used_mem, n.faults, sorted(n.jobs),
@@ -32,7 +39,7 @@ def canonical(state: ClusterState) -> dict:
         jid: [j.phase.value, j.attempt, j.reason, j.seq, j.restarts, j.preemptions,
               j.checkpoint, sorted(j.started), sorted(j.finished.items()),
               [[w.worker, w.node, [[s.index, s.milli, s.mig_profile, s.mig_start] for s in w.gpus]]
-               for w in j.workers]] + _pending_reason(j)
+               for w in j.workers]] + _pending_reason(j) + _rule_restarts(j)
         for jid, j in sorted(state.jobs.items())
     }
     usage = {t: [u.gpu_milli, u.cpu_milli, u.memory_mib, u.jobs] for t, u in sorted(state.usage.items())

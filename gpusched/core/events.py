@@ -108,6 +108,7 @@ class WorkerFinished(Event):
     exit_code: int
     reason: str = ""
     signal: int = 0          # the signal that ended the process (SIGKILL after the kill deadline)
+    oom_killed: bool = False  # the host's out-of-memory killer ended it (the node-agent's finding)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -101,6 +101,59 @@ class WorkerResources:
         return not self.gpu_models or model in self.gpu_models
 
 
+class FailureCause(str, Enum):
+    """Why an attempt ended short of success (docs/workloads.md, "Retries by cause")."""
+
+    UNSPECIFIED = "unspecified"   # the API's zero value: refused in a retry rule
+    EXIT = "exit"                 # the command exited non-zero
+    OOM = "oom"                   # the host's out-of-memory killer ended a worker
+    HANG = "hang"                 # no progress within its deadline (the supervisor's verdict)
+    NODE = "node"                 # its node was lost, a GPU faulted, or its node-agent lost the worker
+    PREEMPTION = "preemption"     # preempted for other work
+
+
+class RetryAction(str, Enum):
+    """What a failure of a rule's cause does (Kubernetes' podFailurePolicy actions)."""
+
+    COUNT = "count"     # placed again, counted against the rule's budget (or the job's max_restarts)
+    IGNORE = "ignore"   # placed again, not counted
+    FAIL = "fail"       # the job fails at once
+
+
+@dataclass(frozen=True, slots=True)
+class RetryRule:
+    """One rule of a job's retry policy: the first that matches a failure decides.
+    ``exit_codes`` (cause EXIT only): the codes it matches, empty for any.
+    ``max_restarts`` (COUNT only): a budget of its own; 0: the job's ``max_restarts``."""
+
+    cause: FailureCause = FailureCause.UNSPECIFIED
+    exit_codes: tuple[int, ...] = ()
+    action: RetryAction = RetryAction.COUNT
+    max_restarts: int = 0
+
+    def matches(self, cause: FailureCause, exit_code: int) -> bool:
+        return self.cause is cause and (not self.exit_codes or exit_code in self.exit_codes)
+
+
+# What a failure no rule matches does: the job's own faults count, the cluster's do not.
+DEFAULT_RETRY = {FailureCause.EXIT: RetryAction.COUNT, FailureCause.OOM: RetryAction.COUNT,
+                 FailureCause.HANG: RetryAction.COUNT, FailureCause.NODE: RetryAction.IGNORE,
+                 FailureCause.PREEMPTION: RetryAction.IGNORE}
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptEnd:
+    """How one attempt that did not succeed ended: its cause, the exit code where the
+    command's own (0 otherwise), whether it counted against a budget, and why."""
+
+    attempt: int
+    cause: FailureCause
+    exit_code: int = 0
+    counted: bool = False
+    reason: str = ""
+    time: float = 0.0
+
+
 @dataclass(frozen=True, slots=True)
 class JobSpec:
     name: str
@@ -117,6 +170,14 @@ class JobSpec:
     simulated_duration_s: float = 0.0
     org: str = ""
     max_restarts: int = 3
+    retry: tuple[RetryRule, ...] = ()   # by cause; the first matching rule decides
+
+    def retry_rule(self, cause: FailureCause, exit_code: int = 0) -> tuple[int, RetryAction]:
+        """(index of the rule that decides, -1 for the default; its action)."""
+        for i, rule in enumerate(self.retry):
+            if rule.matches(cause, exit_code):
+                return i, rule.action
+        return -1, DEFAULT_RETRY[cause]
 
     @property
     def total_milli(self) -> int:

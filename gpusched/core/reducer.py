@@ -14,7 +14,9 @@ from typing import Any, NamedTuple
 
 from gpusched.core import events as ev
 from gpusched.core.capacity import check_placement, commit, release, settle_ledger
-from gpusched.core.model import EXIT_LOST, NO_PENDING_REASON, JobPhase, NodeStatus, PendingKind
+from gpusched.core.model import (
+    EXIT_LOST, NO_PENDING_REASON, AttemptEnd, FailureCause, JobPhase, NodeStatus, PendingKind, RetryAction,
+)
 from gpusched.core.policy import DEFAULT_TEAM, allowed, check_quota, check_team_policy
 from gpusched.core.retention import note_ended, prune_finished, set_retention
 from gpusched.core.state import (
@@ -181,7 +183,7 @@ def _node_lost(e: ev.NodeLost, state: ClusterState) -> Outcome:
     note_node(state, e.node)
     node.fence_at = e.time + node.info.lease_s + node.info.kill_wait_s + FENCE_MARGIN_S
     reason = f"node {e.node} lost"
-    moved = [_begin_stop(state, state.jobs[j], "requeue", reason, e.time) for j in sorted(node.jobs)]
+    moved = [_fail_attempt(state, state.jobs[j], _NODE, 0, reason, e.time) for j in sorted(node.jobs)]
     if node.info.lease_s <= 0:
         moved += _fence(state, node, e.time)
     return Outcome(True, jobs=tuple(sorted(set(moved))))
@@ -257,7 +259,7 @@ def _gpu_health_changed(e: ev.GpuHealthChanged, state: ClusterState) -> Outcome:
         if node.status is _READY:
             node.status = _CORDONED
     hit = [j for j in sorted(node.jobs) if _uses_gpu(state.jobs[j], e.node, e.gpu_index)]
-    moved = [_begin_stop(state, state.jobs[j], "requeue", f"GPU {e.node}/{e.gpu_index} unhealthy", e.time)
+    moved = [_fail_attempt(state, state.jobs[j], _NODE, 0, f"GPU {e.node}/{e.gpu_index} unhealthy", e.time)
              for j in hit]
     return Outcome(True, jobs=tuple(moved))
 
@@ -391,11 +393,15 @@ def _worker_finished(e: ev.WorkerFinished, state: ClusterState) -> Outcome:
     if job.phase is _PREEMPTING or job.phase is _STOPPING:
         _settle_stop(state, job, e.time)
     elif e.exit_code == EXIT_LOST:
-        _begin_stop(state, job, "requeue", e.reason or f"worker {e.worker} lost on {e.node}", e.time)
+        _fail_attempt(state, job, _NODE, 0, e.reason or f"worker {e.worker} lost on {e.node}", e.time)
     elif e.exit_code != 0:
         # One failed member fails the attempt: a gang restarts as a whole, once all of
         # its other members are stopped.
-        _begin_stop(state, job, _retry_or_fail(job), e.reason or f"worker {e.worker} exited {e.exit_code}", e.time)
+        reason = e.reason or f"worker {e.worker} exited {e.exit_code}"
+        if e.oom_killed:
+            _fail_attempt(state, job, _OOM, e.exit_code, f"out of memory: {reason}", e.time)
+        else:
+            _fail_attempt(state, job, _EXIT, e.exit_code, reason, e.time)
     elif len(job.finished) == len(job.workers):
         _end(state, job, _SUCCEEDED, "", e.time)
     return _changed(job.job_id)
@@ -453,9 +459,9 @@ def _attempt_failed(e: ev.AttemptFailed, state: ClusterState) -> Outcome:
     if job is None or job.phase is _STOPPING:
         return _reject(f"job {e.job_id} attempt {e.attempt} is not live", e.job_id)
     if e.charge:
-        _begin_stop(state, job, _retry_or_fail(job), e.reason or "attempt failed", e.time)
+        _fail_attempt(state, job, _HANG, 0, e.reason or "attempt failed", e.time)
     else:
-        _begin_stop(state, job, "requeue", e.reason or "attempt lost", e.time)
+        _fail_attempt(state, job, _NODE, 0, e.reason or "attempt lost", e.time)
     return _changed(job.job_id)
 
 
@@ -564,7 +570,7 @@ def _stop(state: ClusterState, job: JobState, time: float) -> None:
             job.run_s += max(0.0, time - job.started_at)
 
 
-def _requeue(state: ClusterState, job: JobState, reason: str, time: float, charge: bool = False) -> str:
+def _requeue(state: ClusterState, job: JobState, reason: str, time: float, charge: int | None = None) -> str:
     """Back to pending as a new attempt; it resumes from ``job.checkpoint`` if any."""
     _stop(state, job, time)
     job.phase = _PENDING
@@ -578,9 +584,13 @@ def _requeue(state: ClusterState, job: JobState, reason: str, time: float, charg
     job.nominated_by = ""
     job.stop_then = ""
     job.rendezvous = ""
-    if charge:
-        job.restarts += 1
-        backoff = min(RETRY_BACKOFF_MAX_S, RETRY_BACKOFF_BASE_S * 2 ** (job.restarts - 1))
+    if charge is not None:   # -1: the job's budget; else the retry rule with a budget of its own
+        if charge < 0:
+            job.restarts += 1
+        else:
+            job.rule_restarts[charge] = job.rule_restarts.get(charge, 0) + 1
+        counted = job.restarts + sum(job.rule_restarts.values())
+        backoff = min(RETRY_BACKOFF_MAX_S, RETRY_BACKOFF_BASE_S * 2 ** (counted - 1))
         job.not_before = time + backoff
     if job.job_id not in state.pending:
         state.pending[job.job_id] = None
@@ -588,12 +598,42 @@ def _requeue(state: ClusterState, job: JobState, reason: str, time: float, charg
     return job.job_id
 
 
-def _retry_or_fail(job: JobState) -> str:
-    """Where a failed attempt leads: another try, or the end when the budget is spent."""
+_EXIT, _OOM, _HANG = FailureCause.EXIT, FailureCause.OOM, FailureCause.HANG
+_NODE, _PREEMPTION = FailureCause.NODE, FailureCause.PREEMPTION
+_COUNT, _FAIL = RetryAction.COUNT, RetryAction.FAIL
+
+
+def _after_failure(job: JobState, cause: FailureCause, exit_code: int) -> str:
+    """Where an attempt that failed for ``cause`` leads, by the job's retry policy: placed
+    again uncounted ("requeue"), counted against the job's budget ("retry") or a rule's
+    ("retry:<rule>"), or the end: at once ("fail now") or with a budget spent ("failed")."""
+    rule, action = job.spec.retry_rule(cause, exit_code)
+    if action is _FAIL:
+        return "fail now"
+    if action is not _COUNT:
+        return "requeue"
+    own = job.spec.retry[rule].max_restarts if rule >= 0 else 0
+    if own:
+        return f"retry:{rule}" if job.rule_restarts.get(rule, 0) < own else "failed"
     return "retry" if job.restarts < job.spec.max_restarts else "failed"
 
 
-_TERMINAL_AFTER_STOP = {"cancelled": _CANCELLED, "failed": _FAILED, "timeout": _TIMEOUT}
+def _fail_attempt(state: ClusterState, job: JobState, cause: FailureCause, exit_code: int, reason: str,
+                  time: float) -> str:
+    """The live attempt failed for ``cause``: noted in ``job.failures``, then stopped and
+    sent where the retry policy says. An attempt already stopping or ended is left be."""
+    if job.phase is _STOPPING or job.phase.terminal or job.phase is _PENDING:
+        return _begin_stop(state, job, "requeue", reason, time)
+    then = _after_failure(job, cause, exit_code)
+    if then == "fail now":
+        reason = f"{reason} (the retry policy fails the job on {cause.value}"
+        reason += f" {exit_code})" if cause is _EXIT else ")"
+    job.failures += (AttemptEnd(job.attempt, cause, exit_code if cause is _EXIT or cause is _OOM else 0,
+                                _counted(then), reason, time),)
+    return _begin_stop(state, job, then, reason, time)
+
+
+_TERMINAL_AFTER_STOP = {"cancelled": _CANCELLED, "failed": _FAILED, "fail now": _FAILED, "timeout": _TIMEOUT}
 _OVERRIDES_STOP = ("cancelled", "timeout")   # what the user or the clock says beats a requeue
 
 
@@ -624,12 +664,35 @@ def _settle_stop(state: ClusterState, job: JobState, time: float) -> None:
     then, reason = job.stop_then, job.reason
     if job.phase is _PREEMPTING or then == "preempted":
         job.preemptions += 1
-        _requeue(state, job, reason if then else f"preempted for {job.nominated_by}", time)
+        reason = reason if then else f"preempted for {job.nominated_by}"
+        if job.spec.retry:   # a policy may count or refuse preemptions; without one they are free
+            then = _after_failure(job, _PREEMPTION, 0)
+            job.failures += (AttemptEnd(job.attempt, _PREEMPTION, 0, _counted(then), reason, time),)
+            if then == "fail now" or then == "failed":
+                _end(state, job, _FAILED, f"{reason} (the retry policy fails the job on preemption)"
+                     if then == "fail now" else f"restart budget spent: {reason}", time)
+                return
+            if then != "requeue":
+                _requeue(state, job, reason, time, charge=_charged(then))
+                return
+        else:
+            job.failures += (AttemptEnd(job.attempt, _PREEMPTION, 0, False, reason, time),)
+        _requeue(state, job, reason, time)
     elif then == "failed":
         _end(state, job, _FAILED, f"restart budget spent: {reason}", time)
     elif then in _TERMINAL_AFTER_STOP:
         _end(state, job, _TERMINAL_AFTER_STOP[then], reason, time)
-    elif then == "retry":
-        _requeue(state, job, f"retrying after failure: {reason}", time, charge=True)
+    elif then.startswith("retry"):
+        _requeue(state, job, f"retrying after failure: {reason}", time, charge=_charged(then))
     else:
         _requeue(state, job, reason, time)
+
+
+def _counted(then: str) -> bool:
+    """Whether an ``_after_failure`` verdict charges a budget (a spent one included)."""
+    return then.startswith("retry") or then == "failed"
+
+
+def _charged(then: str) -> int:
+    """The budget a "retry" or "retry:<rule>" verdict is charged to (-1: the job's)."""
+    return int(then[6:]) if then.startswith("retry:") else -1

@@ -17,7 +17,7 @@ from mypy_extensions import mypyc_attr
 from gpusched.core.mig import ANY_SLOT, FULL_MASK, NO_SLOT, MigProfile, allowed_slots
 from gpusched.core.policy import Quota, TeamPolicy
 from gpusched.core.model import (
-    NO_PENDING_REASON, GpuInfo, JobPhase, JobSpec, MigMode, NodeInfo, NodeStatus, PendingReason, WorkerAssignment,
+    NO_PENDING_REASON, AttemptEnd, GpuInfo, JobPhase, JobSpec, MigMode, NodeInfo, NodeStatus, PendingReason, WorkerAssignment,
 )
 
 _READY = NodeStatus.READY   # bound once: EnumType.__getattr__ costs ~0.13 us a lookup on 3.11
@@ -160,7 +160,9 @@ class JobState:
     placed_at: float = 0.0
     started_at: float = 0.0
     ended_at: float = 0.0
-    restarts: int = 0              # failures charged to the restart budget
+    restarts: int = 0              # failures charged to the job's restart budget (max_restarts)
+    rule_restarts: dict[int, int] = field(default_factory=dict)   # retry rule -> failures charged to its own budget
+    failures: tuple[AttemptEnd, ...] = ()   # every attempt that ended short of success, oldest first
     preemptions: int = 0
     not_before: float = 0.0        # retry back-off: do not place before this time
     checkpoint: str = ""

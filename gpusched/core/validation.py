@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from gpusched.core.catalog import CATALOG, is_mig_capable
 from gpusched.core.mig import NO_SLOT, parse_profile
-from gpusched.core.model import JobSpec
+from gpusched.core.model import FailureCause, JobSpec, RetryAction
 from gpusched.core.priority import PRIORITY_CLASSES
 from gpusched.core.state import NodeState
 
@@ -28,6 +28,8 @@ MAX_COMMAND_ARGS = 256
 MAX_COMMAND_ARG = 4096        # characters of one argument
 MAX_COMMAND_TOTAL = 65536     # characters of all arguments together
 MAX_GPU_MODELS = 16
+MAX_RETRY_RULES = 16
+MAX_EXIT_CODES = 32           # exit codes one retry rule lists
 MAX_PROFILE = 16              # a MIG profile name ("3g.40gb")
 MAX_REASON = 1024             # cancel and cordon reasons
 MAX_KEY = 256                 # idempotency keys
@@ -127,7 +129,32 @@ def check_spec_alone(spec: JobSpec) -> list[FieldError]:
     errors = _check_sizes(spec)
     if errors:   # an oversized field is not looked at further (no regex over megabytes)
         return errors
-    return _check_identity(spec) + _check_resources(spec) + _check_numbers(spec) + _check_command(spec)
+    errors = _check_identity(spec) + _check_resources(spec) + _check_numbers(spec) + _check_command(spec)
+    return errors + _check_retry(spec) if spec.retry else errors
+
+
+def _check_retry(spec: JobSpec) -> list[FieldError]:
+    """A retry policy: known causes, exit codes only where the cause is the command's exit,
+    a budget of its own only where failures are counted."""
+    if len(spec.retry) > MAX_RETRY_RULES:
+        return [FieldError("spec.retry", f"at most {MAX_RETRY_RULES} rules, got {len(spec.retry)}")]
+    errors = []
+    for i, rule in enumerate(spec.retry):
+        at = f"spec.retry[{i}]"
+        if rule.cause is FailureCause.UNSPECIFIED:
+            errors.append(FieldError(f"{at}.cause", "required: one of exit, oom, hang, node, preemption"))
+        if rule.exit_codes and rule.cause is not FailureCause.EXIT:
+            errors.append(FieldError(f"{at}.exit_codes", f"only for cause: exit, not cause: {rule.cause.value}"))
+        if len(rule.exit_codes) > MAX_EXIT_CODES:
+            errors.append(FieldError(f"{at}.exit_codes", f"at most {MAX_EXIT_CODES} codes, got {len(rule.exit_codes)}"))
+        elif any(not 1 <= code <= 255 for code in rule.exit_codes):
+            errors.append(FieldError(f"{at}.exit_codes", f"exit codes are 1..255, got {list(rule.exit_codes)}"))
+        if rule.max_restarts < 0:
+            errors.append(FieldError(f"{at}.max_restarts", f"must not be negative, got {rule.max_restarts}"))
+        elif rule.max_restarts and rule.action is not RetryAction.COUNT:
+            errors.append(FieldError(f"{at}.max_restarts", f"a budget only counts failures (action: count), "
+                                                           f"not action: {rule.action.value}"))
+    return errors
 
 
 def check_length(field: str, value: str, limit: int) -> list[FieldError]:

@@ -94,7 +94,14 @@ def _fill(message: Message, values: dict, prefix: str) -> None:
             continue
         if field is None:
             raise JobFileError(f"{path}: unknown field (known: {', '.join(sorted(fields))})")
-        if field.type == FD.TYPE_MESSAGE:
+        if field.type == FD.TYPE_MESSAGE and field.is_repeated:
+            if not isinstance(value, list):
+                raise JobFileError(f"{path}: must be a list, got {value!r}")
+            for i, item in enumerate(value):
+                if not isinstance(item, dict):
+                    raise JobFileError(f"{path}[{i}]: must be a mapping, got {item!r}")
+                _fill(getattr(message, key).add(), item, f"{path}[{i}].")
+        elif field.type == FD.TYPE_MESSAGE:
             if not isinstance(value, dict):
                 raise JobFileError(f"{path}: must be a mapping, got {value!r}")
             _fill(getattr(message, key), value, f"{path}.")
@@ -143,11 +150,11 @@ def _scalar(field, value: object, path: str):
 
 def _enum(field, value: object, path: str) -> int:
     """``kind: inference`` (or the API's full name, JOB_KIND_INFERENCE)."""
-    prefix = {"kind": "JOB_KIND_"}.get(field.name, "")
-    names = {v.name: v.number for v in field.enum_type.values}
+    prefix = re.sub(r"(?<!^)(?=[A-Z])", "_", field.enum_type.name).upper() + "_"   # JobKind -> JOB_KIND_
+    names = {v.name: v.number for v in field.enum_type.values if not v.name.endswith("_UNSPECIFIED")}
     text = str(value).upper().replace("-", "_")
     for name in (text, prefix + text):
-        if name in names and names[name] != 0:
+        if name in names:
             return names[name]
-    choices = ", ".join(n.removeprefix(prefix).lower() for n, num in names.items() if num)
+    choices = ", ".join(n.removeprefix(prefix).lower() for n in names)
     raise JobFileError(f"{path}: unknown value {value!r} (one of {choices})")

@@ -191,6 +191,8 @@ def job_lines(job: types_pb2.Job) -> list[str]:
     lines += [f"Phase:        {phase_name(job.phase)}", f"Reason:       {job.reason or '-'}"]
     lines += pending_lines(job)
     lines.append(f"Attempt:      {job.attempt}  (restarts {job.restarts}, preemptions {job.preemptions})")
+    if s.retry:
+        lines.append("Retry:        " + "; ".join(retry_rule_text(r) for r in s.retry))
     if seconds(job.time_limit):
         lines.append(f"Time limit:   {seconds(job.time_limit):g}s")
     if job.checkpoint:
@@ -208,7 +210,22 @@ def job_lines(job: types_pb2.Job) -> list[str]:
             slots = ", ".join(f"{g.index}" + (f" ({g.milli}m)" if g.milli and g.milli < 1000 else "")
                               + (f" ({g.mig_profile})" if g.mig_profile else "") for g in w.gpus)
             lines.append(f"  {w.worker:<3} {w.node}  GPUs {slots or '-'}")
+    if job.failures:
+        lines.append("Attempts that failed:")
+        for f in job.failures:
+            cause = types_pb2.FailureCause.Name(f.cause).removeprefix("FAILURE_CAUSE_").lower()
+            code = f" {f.exit_code}" if f.exit_code else ""
+            lines.append(f"  {f.attempt:<3} {clock(f.time)}  {cause}{code:<5} "
+                         f"{'counted' if f.counted else 'not counted':<11}  {f.reason}")
     return lines
+
+
+def retry_rule_text(rule: types_pb2.RetryRule) -> str:
+    """``exit 2 -> fail``, ``oom -> count (2)``: one rule of a retry policy in words."""
+    cause = types_pb2.FailureCause.Name(rule.cause).removeprefix("FAILURE_CAUSE_").lower()
+    codes = f" {','.join(map(str, rule.exit_codes))}" if rule.exit_codes else ""
+    action = types_pb2.RetryAction.Name(rule.action).removeprefix("RETRY_ACTION_").lower()
+    return f"{cause}{codes} -> {action}" + (f" ({rule.max_restarts})" if rule.max_restarts else "")
 
 
 def pending_lines(job: types_pb2.Job) -> list[str]:

@@ -26,6 +26,9 @@ _COPIED = ("name", "team", "pool", "priority_class", "kind", "command", "org")
 # invalid), such a field is refused by validation, naming it: a gang of 0 is a mistake,
 # not a request for the default.
 DEFAULT_WORKERS = 1
+# A retry rule's enums: the values this version knows (proto3 enums accept any number)
+_CAUSES = {v for v in types_pb2.FailureCause.values() if v != types_pb2.FAILURE_CAUSE_UNSPECIFIED}
+_ACTIONS = set(types_pb2.RetryAction.values())
 
 # Field numbers the API's JobSpec had for seconds as doubles, and what replaced them: an
 # old caller's value is refused, not silently dropped.
@@ -55,6 +58,12 @@ def spec_from_request(msg: types_pb2.JobSpec, team: str = "") -> JobSpec | Field
     record.resources.CopyFrom(msg.resources)
     if msg.HasField("max_restarts"):
         record.max_restarts = msg.max_restarts
+    for i, rule in enumerate(msg.retry):
+        if rule.cause not in _CAUSES:
+            return FieldError(f"spec.retry[{i}].cause", "required: one of exit, oom, hang, node, preemption")
+        if rule.action not in _ACTIONS:
+            return FieldError(f"spec.retry[{i}].action", f"one of count, ignore, fail; got {rule.action}")
+    record.retry.extend(msg.retry)
     record.preemptible = msg.preemptible if msg.HasField("preemptible") else DEFAULT_PREEMPTIBLE
     for api, domain in _SPANS:
         seconds = span_seconds(getattr(msg, api), f"spec.{api}")

@@ -33,9 +33,10 @@ from gpusched_node_agent.launch_env import node_addresses, worker_env
 from gpusched_node_agent.lease import NodeLease
 from gpusched_node_agent.leftovers import end_leftovers, find_leftovers, worker_dir_name
 from gpusched_node_agent.liveness import NodeLiveness
+from gpusched_node_agent.proc_info import oom_kills
 from gpusched_node_agent.runner import (EXIT_NOT_STARTED, STATUS_FILE, LeaseExpired, NotStarted, NothingToRun,
                                         ProcessRun, SimulatedRun, WorkerExit, exit_from_status, group_alive,
-                                        read_status, why_not_started)
+                                        killed_unasked, read_status, why_not_started)
 
 log = logging.getLogger("gpusched.node_agent")
 Key = tuple[str, int, int]   # (job id, attempt, worker)
@@ -369,6 +370,7 @@ class NodeAgent(NodeLiveness):
         """Start the worker (an ``adopted`` one runs already), report its start unless the
         log has it, then its end."""
         job_id, attempt, worker = key
+        oom_before = None if adopted else oom_kills()
         try:
             if not adopted:
                 try:
@@ -391,7 +393,8 @@ class NodeAgent(NodeLiveness):
             started = self._event(ev.WorkerStarted, job_id=job_id, attempt=attempt, worker=worker, node=self.name)
             first = await queued(self._queue_report, started)   # the end is awaited meanwhile
             confirmed = asyncio.ensure_future(confirm(self.publish, started, first))
-            await self._finished(key, await run.wait(), (first, confirmed))
+            end = await run.wait()
+            await self._finished(key, end, (first, confirmed), oom_killed=self._oom_killed(key, end, oom_before))
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -401,7 +404,14 @@ class NodeAgent(NodeLiveness):
             self.runs.pop(key, None)
             self.stopping.discard(key)
 
-    async def _finished(self, key: Key, end: WorkerExit, after: tuple | None = None) -> None:
+    def _oom_killed(self, key: Key, end: WorkerExit, oom_before: int | None) -> bool:
+        """Whether the kernel's out-of-memory killer ended the worker: killed by nobody
+        the agent knows of while the kernel's OOM count rose (docs/workloads.md)."""
+        if oom_before is None or key in self.stopping or not killed_unasked(end):
+            return False
+        return (oom_kills() or 0) > oom_before
+
+    async def _finished(self, key: Key, end: WorkerExit, after: tuple | None = None, oom_killed: bool = False) -> None:
         """Report the worker's real end: only now may the log release its resources.
         ``after``: its start's report (``report_behind``), which goes first."""
         if self._still_assigned(key):
@@ -409,7 +419,8 @@ class NodeAgent(NodeLiveness):
             tracing.mark("worker end", job_id, **{"gpusched.node": self.name, "gpusched.worker": worker,
                                                   "gpusched.exit_code": end.exit_code})
             finished = self._event(ev.WorkerFinished, job_id=job_id, attempt=attempt, worker=worker,
-                                   node=self.name, exit_code=end.exit_code, signal=end.signal, reason=end.reason)
+                                   node=self.name, exit_code=end.exit_code, signal=end.signal, reason=end.reason,
+                                   oom_killed=oom_killed)
             await (report_behind(self._queue_report, self.publish, finished, *after) if after
                    else self.publish(finished))
 

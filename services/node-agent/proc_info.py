@@ -21,6 +21,19 @@ def boot_id() -> str:
     return _boot_id
 
 
+def oom_kills() -> int | None:
+    """How many processes the kernel's out-of-memory killer has ended since boot (a host's
+    or a memory cgroup's OOM alike: /proc/vmstat ``oom_kill``); None where it is not kept."""
+    try:
+        with open("/proc/vmstat", "rb") as f:
+            for line in f:
+                if line.startswith(b"oom_kill "):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
 def proc_stat(pid: int) -> tuple[str, int] | None:
     """``pid``'s state letter and when it started (clock ticks since boot); None when it
     is gone or there is no /proc."""

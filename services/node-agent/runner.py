@@ -42,6 +42,13 @@ class WorkerExit:
     reason: str = ""
 
 
+def killed_unasked(end: WorkerExit) -> bool:
+    """SIGKILLed by nothing the shim or the agent did (no stop, kill deadline or fence):
+    the shim's plain "killed by signal 9". With the kernel's OOM count risen meanwhile,
+    the out-of-memory killer's work."""
+    return end.signal == signal.SIGKILL and not end.fenced and end.reason == f"killed by signal {int(signal.SIGKILL)}"
+
+
 def read_status(path: Path) -> dict | None:
     """A shim's status file, or None when it is missing or unreadable."""
     try:

@@ -25,6 +25,10 @@ def job_message(job: JobState) -> types_pb2.Job:
     if job.pending_reason.kind is not PendingKind.NONE:   # docs/why-pending.md
         msg.pending.CopyFrom(to_proto(job.pending_reason, types_pb2.PendingReason))
         msg.pending_at.FromNanoseconds(round(job.pending_reason_at * 1e9))
+    for f in job.failures:
+        end = msg.failures.add(attempt=f.attempt, cause=types_pb2.FailureCause.Value(f"FAILURE_CAUSE_{f.cause.name}"),
+                               exit_code=f.exit_code, counted=f.counted, reason=f.reason)
+        end.time.FromNanoseconds(round(f.time * 1e9))
     return msg
 
 
@@ -36,7 +40,7 @@ def spec_message(spec: JobSpec) -> types_pb2.JobSpec:
                             resources=record.resources, preemptible=record.preemptible, command=record.command,
                             org=record.org, max_restarts=record.max_restarts, max_runtime=duration(spec.max_runtime_s),
                             checkpoint_interval=duration(spec.checkpoint_interval_s),
-                            simulated_duration=duration(spec.simulated_duration_s))
+                            simulated_duration=duration(spec.simulated_duration_s), retry=record.retry)
     return msg
 
 

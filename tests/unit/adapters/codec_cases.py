@@ -8,8 +8,8 @@ from hypothesis import strategies as st
 
 from gpusched.core import events as ev
 from gpusched.core.model import (
-    GpuInfo, GpuSlot, JobKind, JobSpec, NodeCount, NodeInfo, PendingKind, PendingReason, WorkerAssignment,
-    WorkerResources,
+    FailureCause, GpuInfo, GpuSlot, JobKind, JobSpec, NodeCount, NodeInfo, PendingKind, PendingReason, WorkerAssignment,
+    RetryAction, RetryRule, WorkerResources,
 )
 from gpusched.core.policy import Quota, TeamPolicy
 from gpusched.v1 import events_pb2, types_pb2
@@ -37,10 +37,15 @@ resources = st.builds(
     WorkerResources, gpus=i32, gpu_milli=i32, mig_profile=text, cpu_milli=i64, memory_mib=i64,
     gpu_models=words,
 )
+# every cause but the API's zero value, which the log never holds (admission refuses it)
+retry_rules = st.builds(RetryRule, cause=st.sampled_from([c for c in FailureCause if c is not FailureCause.UNSPECIFIED]),
+                        exit_codes=st.lists(i32, max_size=3).map(tuple), action=st.sampled_from(RetryAction),
+                        max_restarts=i32)
 job_specs = st.builds(
     JobSpec, name=text, team=text, pool=text, priority_class=text, kind=st.sampled_from(JobKind),
     workers=i32, resources=resources, max_runtime_s=f64, preemptible=st.booleans(),
     checkpoint_interval_s=f64, command=words, simulated_duration_s=f64, org=text, max_restarts=i32,
+    retry=st.lists(retry_rules, max_size=3).map(tuple),
 )
 slots = st.builds(GpuSlot, index=i32, milli=i32, mig_profile=text, mig_start=i32)
 assignments = st.builds(WorkerAssignment, worker=i32, node=text, gpus=st.lists(slots, max_size=3).map(tuple))
@@ -73,7 +78,7 @@ EVENTS = {
                          workers=st.lists(assignments, max_size=3).map(tuple), policy=text),
     ev.WorkerStarted: _event(ev.WorkerStarted, job_id=text, attempt=i32, worker=i32, node=text),
     ev.WorkerFinished: _event(ev.WorkerFinished, job_id=text, attempt=i32, worker=i32, node=text,
-                              exit_code=i32, reason=text, signal=i32),
+                              exit_code=i32, reason=text, signal=i32, oom_killed=st.booleans()),
     ev.CheckpointSaved: _event(ev.CheckpointSaved, job_id=text, attempt=i32, checkpoint=text, progress_s=f64),
     ev.JobPreempted: _event(ev.JobPreempted, job_id=text, attempt=i32, for_job=text, reason=text,
                             planned_nodes=words),

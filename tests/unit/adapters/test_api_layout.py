@@ -16,7 +16,9 @@ LOG_LAYOUT = [(1, "name", FD.TYPE_STRING, False), (2, "team", FD.TYPE_STRING, Fa
               (7, "resources", FD.TYPE_MESSAGE, True), (8, "max_runtime_s", FD.TYPE_DOUBLE, False),
               (9, "preemptible", FD.TYPE_BOOL, False), (10, "checkpoint_interval_s", FD.TYPE_DOUBLE, False),
               (11, "command", FD.TYPE_STRING, False), (12, "simulated_duration_s", FD.TYPE_DOUBLE, False),
-              (13, "org", FD.TYPE_STRING, False), (14, "max_restarts", FD.TYPE_INT32, True)]
+              (13, "org", FD.TYPE_STRING, False), (14, "max_restarts", FD.TYPE_INT32, True),
+              # fields are only added, never changed: older logs decode with their defaults
+              (15, "retry", FD.TYPE_MESSAGE, False)]
 
 
 def _layout(descriptor) -> list[tuple]:

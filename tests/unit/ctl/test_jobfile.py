@@ -44,6 +44,12 @@ def test_a_job_file_fills_the_spec_and_the_defaults_of_the_python_client(tmp_pat
     ({"name": "x", "max_runtime": True}, "max_runtime: must be a span"),
     ({"name": "x", "checkpoint_interval": -5}, "checkpoint_interval: must not be negative"),
     (["name", "x"], "a job is a mapping of JobSpec fields, got list"),
+    ({"name": "x", "retry": {"cause": "exit"}}, "retry: must be a list"),
+    ({"name": "x", "retry": ["exit"]}, "retry[0]: must be a mapping"),
+    ({"name": "x", "retry": [{"cause": "oom"}, {"cause": "disk"}]}, "retry[1].cause: unknown value 'disk' "
+                                                                   "(one of exit, oom, hang, node, preemption)"),
+    ({"name": "x", "retry": [{"cause": "exit", "action": "retry"}]}, "retry[0].action: unknown value 'retry' "
+                                                                    "(one of count, ignore, fail)"),
 ])
 def test_a_bad_job_names_its_field(doc, message):
     with pytest.raises(JobFileError) as err:
@@ -83,3 +89,11 @@ def test_span_and_kind_flags_read_as_a_job_file_reads_them(monkeypatch):
     assert result.exit_code != 0   # nothing listens: the spec was built, the call failed
     bad = CliRunner().invoke(cli, ["--endpoint", "127.0.0.1:9", "submit", "--name", "s", "--duration", "10x"])
     assert bad.exit_code != 0 and "simulated_duration: must be a span" in bad.output
+
+
+def test_retry_rules_read_by_cause_and_action():
+    spec = parse({"name": "x", "retry": [{"cause": "exit", "exit_codes": [2, 127], "action": "fail"},
+                                         {"cause": "oom", "action": "count", "max_restarts": 1}]})
+    assert [(r.cause, list(r.exit_codes), r.action, r.max_restarts) for r in spec.retry] == [
+        (types_pb2.FAILURE_CAUSE_EXIT, [2, 127], types_pb2.RETRY_ACTION_FAIL, 0),
+        (types_pb2.FAILURE_CAUSE_OOM, [], types_pb2.RETRY_ACTION_COUNT, 1)]
