@@ -40,6 +40,7 @@ def canonical(state: ClusterState) -> dict:
               j.checkpoint, sorted(j.started), sorted(j.finished.items()),
               [[w.worker, w.node, [[s.index, s.milli, s.mig_profile, s.mig_start] for s in w.gpus]]
                for w in j.workers]] + _pending_reason(j) + _rule_restarts(j)
+              + ([list(j.waiting_for)] if j.waiting_for else [])
         for jid, j in sorted(state.jobs.items())
     }
     usage = {t: [u.gpu_milli, u.cpu_milli, u.memory_mib, u.jobs] for t, u in sorted(state.usage.items())
@@ -53,6 +54,8 @@ def canonical(state: ClusterState) -> dict:
            "nominations": nominations,
            "pruned": state.pruned, "applied": state.applied, "rejected": state.rejected, "dedupe": state.dedupe.ids()[-64:]}
     doc["ledger"] = {t: [e.at, e.gpu_milli, e.cpu_milli, e.memory_mib] for t, e in sorted(state.ledger.items())}
+    if state.dependents:   # only while a job waits for another, so other digests are unchanged
+        doc["dependents"] = {j: list(w) for j, w in sorted(state.dependents.items())}
     if state.policy_version:   # only once some policy is set, so other digests are unchanged
         doc["policy"] = _policy(state)
     return doc

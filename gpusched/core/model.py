@@ -154,6 +154,29 @@ class AttemptEnd:
     time: float = 0.0
 
 
+class DependencyCondition(str, Enum):
+    """What a job waits for of another (Slurm's afterok, afterany, afternotok)."""
+
+    SUCCEEDED = "succeeded"   # it succeeded
+    FINISHED = "finished"     # it ended, however
+    FAILED = "failed"         # it failed or reached its time limit
+
+
+@dataclass(frozen=True, slots=True)
+class Dependency:
+    """Start only once job ``job`` (same team, same pool) ended as ``when`` says."""
+
+    job: str
+    when: DependencyCondition = DependencyCondition.SUCCEEDED
+
+    def met_by(self, phase: JobPhase) -> bool:
+        if self.when is DependencyCondition.SUCCEEDED:
+            return phase is JobPhase.SUCCEEDED
+        if self.when is DependencyCondition.FAILED:
+            return phase is JobPhase.FAILED or phase is JobPhase.TIMEOUT
+        return phase.terminal
+
+
 @dataclass(frozen=True, slots=True)
 class JobSpec:
     name: str
@@ -171,6 +194,7 @@ class JobSpec:
     org: str = ""
     max_restarts: int = 3
     retry: tuple[RetryRule, ...] = ()   # by cause; the first matching rule decides
+    depends_on: tuple[Dependency, ...] = ()   # jobs to wait for before it may be placed
 
     def retry_rule(self, cause: FailureCause, exit_code: int = 0) -> tuple[int, RetryAction]:
         """(index of the rule that decides, -1 for the default; its action)."""

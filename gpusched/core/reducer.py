@@ -74,6 +74,9 @@ def apply(state: ClusterState, event: ev.Event) -> Outcome:
             prune_finished(state)
     handler = _HANDLERS.get(type(event)) or _inherited_handler(type(event))
     outcome = handler(event, state)
+    if _RELEASED:   # jobs a job's end released or cancelled (dependencies) changed too
+        outcome = outcome._replace(jobs=outcome.jobs + tuple(_RELEASED))
+        _RELEASED.clear()
     if outcome.accepted:
         state.version += 1
         if outcome.jobs:
@@ -291,15 +294,84 @@ def _job_submitted(e: ev.JobSubmitted, state: ClusterState) -> Outcome:
     if max_s and limit > max_s:
         return _reject(f"spec.max_runtime_s {limit:g}s is above pool {e.spec.pool}'s time limit of {max_s:g}s",
                        e.job_id)
+    unknown = _bad_dependency(state, e.spec)
+    if unknown:
+        return _reject(unknown, e.job_id)
     job = JobState(e.job_id, e.spec, state.next_seq, e.time, e.idempotency_key, pending_since=e.time,
                    time_limit_s=limit)
     state.next_seq += 1
     state.jobs[e.job_id] = job
-    state.pending[e.job_id] = None
-    count_pending(state, job, 1)
     if key:
         state.idempotency[key] = e.job_id
+    if e.spec.depends_on:
+        _wait_for_dependencies(state, job, e.time)
+    else:
+        state.pending[e.job_id] = None
+        count_pending(state, job, 1)
     return _changed(e.job_id)
+
+
+def _bad_dependency(state: ClusterState, spec) -> str:
+    """A dependency on a job this log does not hold (another pool's, or none), or on
+    another team's: refused, naming it."""
+    for i, dep in enumerate(spec.depends_on):
+        other = state.jobs.get(dep.job)
+        if other is None:
+            return f"spec.depends_on[{i}].job: no job {dep.job!r} in pool {spec.pool}"
+        if other.spec.team != spec.team:
+            return f"spec.depends_on[{i}].job: job {dep.job!r} belongs to another team"
+    return ""
+
+
+def _wait_for_dependencies(state: ClusterState, job: JobState, time: float) -> None:
+    """A new job with dependencies: those already met are done with, one that can never be
+    met ends the job at once, the others are waited for (``dependents``)."""
+    waiting = []
+    for dep in job.spec.depends_on:
+        other = state.jobs[dep.job]
+        if not other.phase.terminal:
+            waiting.append(dep.job)
+        elif not dep.met_by(other.phase):
+            _end(state, job, _CANCELLED, _never_met(dep, other), time)
+            return
+    if not waiting:
+        state.pending[job.job_id] = None
+        count_pending(state, job, 1)
+        return
+    job.waiting_for = tuple(waiting)
+    job.reason = f"waits for job {waiting[0]}" + (f" and {len(waiting) - 1} more" if len(waiting) > 1 else "")
+    for dep_id in waiting:
+        state.dependents[dep_id] = state.dependents.get(dep_id, ()) + (job.job_id,)
+
+
+def _never_met(dep, other: JobState) -> str:
+    return f"dependency never met: job {dep.job} ended {other.phase.value}, not {dep.when.value}"
+
+
+# Jobs released or cancelled by the end of a job they waited for, within one event's
+# handler: ``apply`` adds them to its outcome and empties this.
+_RELEASED: list[str] = []
+
+
+def _dependency_ended(state: ClusterState, ended: JobState, time: float) -> None:
+    """``ended`` reached its end: each job waiting for it is released (placed once nothing
+    else holds it back) or, where its condition can now never be met, cancelled."""
+    for job_id in state.dependents.pop(ended.job_id, ()):
+        job = state.jobs.get(job_id)
+        if job is None or job.phase.terminal or ended.job_id not in job.waiting_for:
+            continue
+        dep = next(d for d in job.spec.depends_on if d.job == ended.job_id)
+        _RELEASED.append(job_id)
+        if not dep.met_by(ended.phase):
+            job.waiting_for = ()
+            _end(state, job, _CANCELLED, _never_met(dep, ended), time)
+            continue
+        job.waiting_for = tuple(j for j in job.waiting_for if j != ended.job_id)
+        if not job.waiting_for:
+            job.reason = ""
+            job.pending_since = time
+            state.pending[job_id] = None
+            count_pending(state, job, 1)
 
 
 def _denied_by_policy(state: ClusterState, spec) -> str:
@@ -338,6 +410,8 @@ def _job_placed(e: ev.JobPlaced, state: ClusterState) -> Outcome:
         return _reject(f"job {e.job_id} is not pending", e.job_id)
     if e.attempt != job.attempt:
         return _reject(f"stale attempt {e.attempt}, job is at {job.attempt}", e.job_id)
+    if job.waiting_for:
+        return _reject(f"job {e.job_id} waits for job {job.waiting_for[0]}", e.job_id)
     problem = check_placement(state, job, e.workers)
     if problem:
         job.reason = f"placement rejected: {problem}"
@@ -559,6 +633,8 @@ def _end(state: ClusterState, job: JobState, phase: JobPhase, reason: str, time:
     job.ended_at = time
     job.stop_then = ""
     note_ended(state, job)
+    if job.job_id in state.dependents:
+        _dependency_ended(state, job, time)
 
 
 def _stop(state: ClusterState, job: JobState, time: float) -> None:

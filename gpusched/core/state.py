@@ -163,6 +163,9 @@ class JobState:
     restarts: int = 0              # failures charged to the job's restart budget (max_restarts)
     rule_restarts: dict[int, int] = field(default_factory=dict)   # retry rule -> failures charged to its own budget
     failures: tuple[AttemptEnd, ...] = ()   # every attempt that ended short of success, oldest first
+    # Dependencies not met yet (job ids): while any is left, the job is pending but not in
+    # ``ClusterState.pending``, so no policy sees it.
+    waiting_for: tuple[str, ...] = ()
     preemptions: int = 0
     not_before: float = 0.0        # retry back-off: do not place before this time
     checkpoint: str = ""
@@ -276,6 +279,7 @@ class ClusterState:
     nodes: dict[str, NodeState] = field(default_factory=dict)
     jobs: dict[str, JobState] = field(default_factory=dict)
     pending: dict[str, None] = field(default_factory=dict)   # ordered set of job ids
+    dependents: dict[str, tuple[str, ...]] = field(default_factory=dict)   # job -> jobs waiting for it to end
     # The pending jobs counted by request (``pending_key``), kept by the reducer as jobs
     # enter and leave ``pending``: FGD's task mix reads these few counts instead of every
     # pending job (``policies.placement.frag_mix.raw_counts``). Not written to snapshots:

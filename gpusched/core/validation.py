@@ -29,6 +29,7 @@ MAX_COMMAND_ARG = 4096        # characters of one argument
 MAX_COMMAND_TOTAL = 65536     # characters of all arguments together
 MAX_GPU_MODELS = 16
 MAX_RETRY_RULES = 16
+MAX_DEPENDENCIES = 64
 MAX_EXIT_CODES = 32           # exit codes one retry rule lists
 MAX_PROFILE = 16              # a MIG profile name ("3g.40gb")
 MAX_REASON = 1024             # cancel and cordon reasons
@@ -130,7 +131,22 @@ def check_spec_alone(spec: JobSpec) -> list[FieldError]:
     if errors:   # an oversized field is not looked at further (no regex over megabytes)
         return errors
     errors = _check_identity(spec) + _check_resources(spec) + _check_numbers(spec) + _check_command(spec)
-    return errors + _check_retry(spec) if spec.retry else errors
+    if spec.retry:
+        errors += _check_retry(spec)
+    return errors + _check_dependencies(spec) if spec.depends_on else errors
+
+
+def _check_dependencies(spec: JobSpec) -> list[FieldError]:
+    if len(spec.depends_on) > MAX_DEPENDENCIES:
+        return [FieldError("spec.depends_on", f"at most {MAX_DEPENDENCIES} jobs, got {len(spec.depends_on)}")]
+    errors, seen = [], set()
+    for i, dep in enumerate(spec.depends_on):
+        if not dep.job or len(dep.job) > MAX_ID:
+            errors.append(FieldError(f"spec.depends_on[{i}].job", f"a job id (1..{MAX_ID} characters)"))
+        elif dep.job in seen:
+            errors.append(FieldError(f"spec.depends_on[{i}].job", f"job {dep.job!r} is listed twice"))
+        seen.add(dep.job)
+    return errors
 
 
 def _check_retry(spec: JobSpec) -> list[FieldError]:

@@ -29,6 +29,7 @@ DEFAULT_WORKERS = 1
 # A retry rule's enums: the values this version knows (proto3 enums accept any number)
 _CAUSES = {v for v in types_pb2.FailureCause.values() if v != types_pb2.FAILURE_CAUSE_UNSPECIFIED}
 _ACTIONS = set(types_pb2.RetryAction.values())
+_CONDITIONS = set(types_pb2.DependencyCondition.values())
 
 # Field numbers the API's JobSpec had for seconds as doubles, and what replaced them: an
 # old caller's value is refused, not silently dropped.
@@ -64,6 +65,10 @@ def spec_from_request(msg: types_pb2.JobSpec, team: str = "") -> JobSpec | Field
         if rule.action not in _ACTIONS:
             return FieldError(f"spec.retry[{i}].action", f"one of count, ignore, fail; got {rule.action}")
     record.retry.extend(msg.retry)
+    for i, dep in enumerate(msg.depends_on):
+        if dep.when not in _CONDITIONS:
+            return FieldError(f"spec.depends_on[{i}].when", f"one of succeeded, finished, failed; got {dep.when}")
+    record.depends_on.extend(msg.depends_on)
     record.preemptible = msg.preemptible if msg.HasField("preemptible") else DEFAULT_PREEMPTIBLE
     for api, domain in _SPANS:
         seconds = span_seconds(getattr(msg, api), f"spec.{api}")

@@ -133,6 +133,14 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
         errors += limits.check_length("idempotency_key", key, limits.MAX_KEY)
         if errors:
             return [api_error(e) for e in errors]
+        for i, dep in enumerate(spec.depends_on):   # the reducer checks again at the record's place
+            other = self.model.job(dep.job)
+            if other is None or other.spec.pool != spec.pool:
+                return [FieldError(f"{where}spec.depends_on[{i}].job",
+                                   f"no job {dep.job!r} in pool {spec.pool!r} (a dependency is in the job's pool)")]
+            if other.spec.team != spec.team:
+                return _Denied(f"{where}spec.depends_on[{i}].job: job {dep.job!r} belongs to team "
+                               f"{other.spec.team!r}, not {spec.team!r}")
         denied = denied_field(self.model.state_for_pool(spec.pool), spec)
         if denied:
             value = spec.priority_class if denied == "spec.priority_class" else spec.pool

@@ -40,7 +40,8 @@ def spec_message(spec: JobSpec) -> types_pb2.JobSpec:
                             resources=record.resources, preemptible=record.preemptible, command=record.command,
                             org=record.org, max_restarts=record.max_restarts, max_runtime=duration(spec.max_runtime_s),
                             checkpoint_interval=duration(spec.checkpoint_interval_s),
-                            simulated_duration=duration(spec.simulated_duration_s), retry=record.retry)
+                            simulated_duration=duration(spec.simulated_duration_s), retry=record.retry,
+                            depends_on=record.depends_on)
     return msg
 
 

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from gpusched.core import events as ev
 from gpusched.core.model import (
-    FailureCause, GpuInfo, GpuSlot, JobKind, JobSpec, NodeCount, NodeInfo, PendingKind, PendingReason, WorkerAssignment,
+    Dependency, DependencyCondition, FailureCause, GpuInfo, GpuSlot, JobKind, JobSpec, NodeCount, NodeInfo, PendingKind, PendingReason, WorkerAssignment,
     RetryAction, RetryRule, WorkerResources,
 )
 from gpusched.core.policy import Quota, TeamPolicy
@@ -46,6 +46,8 @@ job_specs = st.builds(
     workers=i32, resources=resources, max_runtime_s=f64, preemptible=st.booleans(),
     checkpoint_interval_s=f64, command=words, simulated_duration_s=f64, org=text, max_restarts=i32,
     retry=st.lists(retry_rules, max_size=3).map(tuple),
+    depends_on=st.lists(st.builds(Dependency, job=text, when=st.sampled_from(DependencyCondition)),
+                        max_size=3).map(tuple),
 )
 slots = st.builds(GpuSlot, index=i32, milli=i32, mig_profile=text, mig_start=i32)
 assignments = st.builds(WorkerAssignment, worker=i32, node=text, gpus=st.lists(slots, max_size=3).map(tuple))
