@@ -216,7 +216,6 @@ def test_what_a_call_changed_and_undid_does_not_stay_in_the_kept_views():
     release undone, the kept views must not keep the freed GPU: the kept set noted the
     node when the placer's views heard of it (``PlacerViews._catch_up``)."""
     from gpusched.policies.preemption.search_context import SearchContext
-    from gpusched.policies.preemption.victim_rules import PreemptionConfig
     c = _full_pool()
     views: dict = {}
     ctx = SearchContext(c.state, NOW, other_rules(), None, views)
