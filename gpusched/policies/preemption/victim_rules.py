@@ -1,9 +1,9 @@
-"""Preemption's rules: who may be a victim, what victims cost, and one call's view
-(``SearchContext``: borrowing, projected usage, victims already chosen), used by
-preemption (``gpusched.policies.preemption.decisions``) and defragmentation
-(``gpusched.policies.preemption.defrag``), which adds a rule of its own.
+"""Preemption's rule: who may be a victim and what victims cost, in which order, used by
+preemption (``gpusched.policies.preemption.decisions``, through one call's view:
+``search_context.SearchContext``) and defragmentation (``gpusched.policies.preemption.defrag``),
+whose rule of moves is here too.
 
-Who may be a victim of a pending job ``J`` for preemption (``SearchContext.eligible``):
+Who may be a victim of a pending job ``J`` for preemption (``shield``):
 
 * it holds GPUs and is running (RUNNING or PLACED, not already PREEMPTING) and is
   ``preemptible``;
@@ -18,26 +18,27 @@ Who may be a victim of a pending job ``J`` for preemption (``SearchContext.eligi
   held up by the exempt time nor the budget: the guarantee is owed to the other team now,
   and the reclaim window (below) keeps a job from being reclaimed again and again.
 
-``SearchContext.shield`` says which of these rules keeps a job from being a victim (a
-``Shield``), None when none does.
+``shield`` says which of these rules keeps a job from being a victim (a ``Shield``), None
+when none does.
 
 A team's jobs above its guarantee count as borrowed: the team's running jobs are ranked
-(priority class high to low, then oldest first), and a job whose cumulative GPU milli
-crosses the guarantee is borrowed, as is every job after it.
+(``borrowing_order``: priority class high to low, then oldest first), and a job whose
+cumulative GPU milli crosses the guarantee is borrowed (``crosses_guarantee``), as is
+every job after it.
 
-Stability of reclaim (``SearchContext.reclaimable``): a reclaim victim lies *wholly* above
-its team's guarantee (the job straddling the guarantee is borrowed for cost, but not
+Stability of reclaim (``reclaim_shield``): a reclaim victim lies *wholly* above
+its team's guarantee (``above_guarantee``; the job straddling the guarantee is borrowed for cost, but not
 reclaimed: the team would fall below its guarantee, reclaim in turn, and the two teams
 would take capacity back and forth); and a job preempted for reclaim (its latest
 ``JobPreempted`` reason says so) is not reclaimed again within ``reclaim_window_s``. The
 price: a team's guarantee is met to within the size of another team's job that straddles
 its own guarantee, until that job ends.
 
-Either way, a preemption must pay for itself (``SearchContext.costly``,
+Either way, a preemption must pay for itself (``costly``,
 ``protection.wait_allowance``): no victim, and no set of victims together, loses more than
 ``max_loss_per_wait`` times the GPU-time ``J`` has waited since it last entered the queue.
 
-Cost. *Work lost* is GPU-seconds: run time since the last checkpoint (since the start
+Cost (``cost``, ``set_key``). *Work lost* is GPU-seconds: run time since the last checkpoint (since the start
 without one) times the job's GPUs. Candidates are ranked one by one by ``(priority,
 borrowed first, work lost, larger first, submission order)``, except reclaimed ones (of
 ``J``'s own class), ranked ``(priority, borrowed first, smaller first, work lost, ...)``; a
@@ -49,7 +50,7 @@ node-local search sees: capacity freed beyond it would be lent to a borrower aga
 reclaimed back, the oscillation between teams that sharing must not show.
 
 Defragmentation's rule (``defrag``), here too as its searches share the index's
-machinery: a job may be *moved* for a pending job ``J`` when it is running or placed,
+machinery: a job may be *moved* (``may_move``) for a pending job ``J`` when it is running or placed,
 preemptible and checkpointable, of ``J``'s class or lower, has run its exempt time and has
 at most ``defrag_max_work_lost_s`` of work at risk; moves are ranked one by one by ``(work
 at risk, larger last, priority, submission order)``, a set by ``(total work at risk, jobs
