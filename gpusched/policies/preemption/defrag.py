@@ -56,7 +56,7 @@ from gpusched.policies.preemption.victim_index import Entry, VictimIndex
 from gpusched.policies.queueing.quota import within_limits
 from gpusched.policies.statement import Statement
 from gpusched.policies.preemption.victim_rules import (
-    PreemptionConfig, may_ever_move, may_move, may_move_now, move_bound, move_cost, move_set_key)
+    PreemptionConfig, may_ever_move, may_move, may_move_now, move_bound, move_cost, move_set_key, moves_within_caps)
 from gpusched.policies.preemption.victim_search import VictimSearch
 
 
@@ -237,9 +237,7 @@ def _plan(ctx: SearchContext, job: JobState, scratch: Statement,
         victims = search.run()
         candidates = [victims] if victims else []
     for moved in candidates:
-        if len(moved) > config.defrag_max_moves:
-            continue
-        if sum(v.work_at_risk(now) for v in moved) > config.defrag_max_work_lost_s:
+        if not moves_within_caps(moved, now, config):
             continue
         placed = _relocate(ctx, job, moved, scratch)
         if placed is not None:

@@ -18,7 +18,7 @@ from gpusched.policies.placement.registry import make_placement
 from gpusched.policies.queueing.quota import claims_guarantee
 from gpusched.policies.statement import NodeView, Statement, tentative
 from gpusched.policies.preemption import victim_rules as rules
-from gpusched.policies.preemption.protection import Shield, lost_gpu_s, wait_allowance
+from gpusched.policies.preemption.protection import Shield, wait_allowance
 from gpusched.policies.preemption.borrowing import TeamLedger
 from gpusched.policies.preemption.indexed_search import IndexedSearch
 from gpusched.policies.preemption.placer_views import PlacerViews
@@ -188,7 +188,7 @@ class SearchContext:
         reclaim = self.may_reclaim(job)
         mine = priority_value(job.spec.priority_class)
         victims = self._search(job, scratch, reclaim, mine).run()
-        if victims is None or sum(lost_gpu_s(v, self.now) for v in victims) > self.allowance(job):
+        if victims is None or rules.set_costly(victims, job, self.now, self.config):
             return None
         mark = scratch.checkpoint()
         try:

@@ -34,7 +34,7 @@ would take capacity back and forth); and a job preempted for reclaim (its latest
 price: a team's guarantee is met to within the size of another team's job that straddles
 its own guarantee, until that job ends.
 
-Either way, a preemption must pay for itself (``costly``,
+Either way, a preemption must pay for itself (``costly``, ``set_costly``,
 ``protection.wait_allowance``): no victim, and no set of victims together, loses more than
 ``max_loss_per_wait`` times the GPU-time ``J`` has waited since it last entered the queue.
 
@@ -54,7 +54,8 @@ machinery: a job may be *moved* (``may_move``) for a pending job ``J`` when it i
 preemptible and checkpointable, of ``J``'s class or lower, has run its exempt time and has
 at most ``defrag_max_work_lost_s`` of work at risk; moves are ranked one by one by ``(work
 at risk, larger last, priority, submission order)``, a set by ``(total work at risk, jobs
-moved, GPU milli moved)``.
+moved, GPU milli moved)``; a plan moves at most ``defrag_max_moves`` jobs, which lose at
+most ``defrag_max_work_lost_s`` together (``moves_within_caps``).
 
 This module is the rule, and only the rule: the functions below decide, and every
 accelerator of the search calls them rather than restating them (``SearchContext`` asks
@@ -235,6 +236,11 @@ def costly(victim: JobState, job: JobState, now: float, config: PreemptionConfig
     return lost_gpu_s(victim, now) > wait_allowance(job, now, config.max_loss_per_wait)
 
 
+def set_costly(victims: Sequence[JobState], job: JobState, now: float, config: PreemptionConfig) -> bool:
+    """``victims`` together would lose more than ``job``'s wait allows."""
+    return sum(lost_gpu_s(v, now) for v in victims) > wait_allowance(job, now, config.max_loss_per_wait)
+
+
 def reclaim_shield(victim: JobState, now: float, config: PreemptionConfig, teams: Borrowing) -> Shield | None:
     """A reclaim never takes a team below its guarantee (a job straddling it stays: else
     the reclaimed team falls short, reclaims in turn, and the two teams flip), nor takes
@@ -362,6 +368,13 @@ def move_risk_ok(job: JobState, now: float, config: PreemptionConfig) -> bool:
 def may_move_now(job: JobState, now: float, config: PreemptionConfig) -> bool:
     """``job`` may be moved at ``now`` for a pending job of any class it is not above."""
     return may_ever_move(job) and move_risk_ok(job, now, config) and now >= movable_from(job, config)
+
+
+def moves_within_caps(moved: Sequence[JobState], now: float, config: PreemptionConfig) -> bool:
+    """A plan moves at most ``defrag_max_moves`` jobs, which lose at most
+    ``defrag_max_work_lost_s`` of work at risk together."""
+    return len(moved) <= config.defrag_max_moves and \
+        not sum(v.work_at_risk(now) for v in moved) > config.defrag_max_work_lost_s
 
 
 def movable_class(theirs: int, mine: int) -> bool:

@@ -19,10 +19,9 @@ from gpusched.core.model import JobPhase
 from gpusched.core.priority import priority_value
 from gpusched.core.state import ClusterState, JobState, NodeState
 from gpusched.policies.preemption.decisions import Preemption, _decision
-from gpusched.policies.preemption.protection import lost_gpu_s
 from gpusched.policies.preemption.search_context import Found, SearchContext
 from gpusched.policies.preemption.victim_rules import (
-    REASON_PRIORITY, PreemptionConfig, above_guarantee, borrowing_order, crosses_guarantee, reason)
+    REASON_PRIORITY, PreemptionConfig, above_guarantee, borrowing_order, crosses_guarantee, reason, set_costly)
 from gpusched.policies.preemption.victim_search import could_host, worker_slots
 from gpusched.policies.queueing.quota import within_limits
 from gpusched.policies.statement import Statement
@@ -335,7 +334,7 @@ class FrozenSearchContext(SearchContext):
                                     lambda v: self.cost(v, mine), lambda vs: self.set_key(vs, mine),
                                     self.config.max_victims)
         victims = search.run()
-        if victims is None or sum(lost_gpu_s(v, self.now) for v in victims) > self.allowance(job):
+        if victims is None or set_costly(victims, job, self.now, self.config):
             return None
         mark = scratch.checkpoint()
         try:
