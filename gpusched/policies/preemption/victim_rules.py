@@ -198,7 +198,7 @@ def reclaim_min_until(job: JobState, config: PreemptionConfig) -> float:
 
 def reclaimed_recently(job: JobState, config: PreemptionConfig, now: float) -> bool:
     """``job`` was reclaimed less than ``reclaim_window_s`` ago."""
-    return reclaimed_within(job, now, config.reclaim_window_s)
+    return bool(job.preempted_reason) and reclaimed_within(job, now, config.reclaim_window_s)
 
 
 def reclaim_ready(job: JobState, config: PreemptionConfig, now: float) -> bool:
@@ -211,15 +211,15 @@ def victim_listing(job: JobState, config: PreemptionConfig, now: float) -> tuple
     """The half of the rule that reads ``job``'s clock and history alone, for a job that
     ``may_be_victim``: whether at ``now`` it may be a victim [for priority (past its exempt
     time, within its budget), for reclaim (``reclaim_ready``)], and when each will hold
-    (inf: never; meaningful only where it does not hold yet). What the index of candidate
-    victims lists a job by (``victim_index``); ``shield`` decides the rest per question."""
+    (inf: never, or it holds already). What the index of candidate victims lists a job by
+    (``victim_index``); ``shield`` decides the rest per question."""
     spent = not within_budget(job, config)
     by_priority = not spent and past_exempt(job, config, now)
     recent = reclaimed_recently(job, config, now)
-    by_reclaim = past_reclaim_min(job, config, now) and not recent
-    priority_due = math.inf if spent else config.exempt_until(job)
-    reclaim_due = max(reclaim_min_until(job, config),
-                      job.preempted_at + config.reclaim_window_s if recent else -math.inf)
+    by_reclaim = not recent and past_reclaim_min(job, config, now)
+    priority_due = math.inf if spent or by_priority else config.exempt_until(job)
+    reclaim_due = math.inf if by_reclaim else max(
+        reclaim_min_until(job, config), job.preempted_at + config.reclaim_window_s if recent else -math.inf)
     return [by_priority, by_reclaim], priority_due, reclaim_due
 
 
