@@ -66,7 +66,8 @@ from gpusched.policies.preemption.decisions import preemption_decisions, preempt
 from gpusched.policies.preemption.defrag import defrag_decisions  # noqa: E402
 from gpusched.policies.preemption.borrowing import TeamRanking  # noqa: E402
 from gpusched.policies.preemption.victim_index import VictimIndex  # noqa: E402
-from gpusched.policies.preemption.victim_rules import PreemptionConfig, SearchContext  # noqa: E402
+from gpusched.policies.preemption.search_context import SearchContext  # noqa: E402
+from gpusched.policies.preemption.victim_rules import PreemptionConfig  # noqa: E402
 from tests.unit.policies import preemption_oracle as oracle  # noqa: E402
 from tests.unit.policies import victim_search_oracle as scan  # noqa: E402
 

@@ -44,7 +44,7 @@ from gpusched.policies.placement.registry import PLACEMENTS
 from gpusched.policies.actions import Situation, make_actions, run_actions
 from gpusched.policies.preemption.decisions import Preemption, preemption_events
 from gpusched.policies.preemption.victim_index import VictimIndex
-from gpusched.policies.preemption.victim_rules import PreemptionConfig
+from gpusched.policies.preemption.victim_rules import PreemptionConfig, reclaim_min_until
 from gpusched.policies.supervision import SupervisionConfig
 from gpusched.policies.queueing.parking import ParkedJobs
 from gpusched.policies.queueing.quota import claims_guarantee
@@ -252,9 +252,9 @@ class DynamicSimulator:
         if job.spec.checkpoint_interval_s > 0:
             self._checkpointing.add(d.job_id)
         if self.preemption is not None:
-            heapq.heappush(self._wakes, now + self.preemption.exempt_s(job))
+            heapq.heappush(self._wakes, self.preemption.exempt_until(job))
             if self._guarantees:   # without guarantees nothing is reclaimed
-                heapq.heappush(self._wakes, now + self.preemption.reclaim_min_runtime_s)
+                heapq.heappush(self._wakes, reclaim_min_until(job, self.preemption))
         self._first_start.setdefault(d.job_id, now)
         heapq.heappush(self._finishes, (now + duration, self._seq, d.job_id, d.attempt))
         self._seq += 1

@@ -1,8 +1,7 @@
 """Teams' usage and borrowing during one preemptor call, without re-ranking a team's jobs
 for every question.
 
-A team's running jobs are ranked once (priority class high to low, then oldest first,
-then submission order: ``victim_rules``' borrowing order) with the sums of GPU milli before
+A team's running jobs are ranked once (``victim_rules.borrowing_order``) with the sums of GPU milli before
 each; the ranking is kept between calls with the index of candidate victims
 (``victim_index``), which tells it of the jobs that join or leave the team, and sorted
 again only when a call asks for the order after such a change. What a call changes
@@ -16,9 +15,8 @@ from __future__ import annotations
 
 from typing import AbstractSet, Callable, Mapping, Sequence
 
-from gpusched.core.priority import priority_value
 from gpusched.core.state import JobState
-from gpusched.policies.preemption.protection import running_since
+from gpusched.policies.preemption.victim_rules import above_guarantee, borrowing_order, crosses_guarantee
 
 
 class TeamRanking:
@@ -47,8 +45,7 @@ class TeamRanking:
     @property
     def rank(self) -> dict[str, int]:
         if self._rank is None:
-            ordered = sorted(self._jobs.values(),
-                             key=lambda j: (-priority_value(j.spec.priority_class), running_since(j), j.seq))
+            ordered = sorted(self._jobs.values(), key=borrowing_order)
             self.before = []
             self._rank = {j.job_id: i for i, j in enumerate(ordered)}
             total = 0
@@ -106,16 +103,19 @@ class TeamLedger:
         return self._extra.get(job.team, 0) + ranking.before[rank] - taken_before
 
     def borrowed(self, job: JobState) -> bool:
-        """Its milli crosses the team's guarantee, or comes after it."""
+        """Its milli crosses the team's guarantee, or comes after it (``crosses_guarantee``)."""
         if not self._ranked(job):
             return False
         guarantee = self._guaranteed(job.team)
-        # With nothing before it, the job borrows if its own milli crosses: no ranking needed.
-        return job.milli > guarantee or self.milli_before(job) + job.milli > guarantee
+        # With nothing before it, the job borrows if its own milli crosses: no ranking needed
+        # (what is ranked before a job is never below 0).
+        return crosses_guarantee(0, job.milli, guarantee) or crosses_guarantee(self.milli_before(job), job.milli,
+                                                                                 guarantee)
 
     def wholly_above(self, job: JobState) -> bool:
         """The team keeps its guarantee without it (and without every job ranked after it)."""
         if not self._ranked(job):
             return False
         guarantee = self._guaranteed(job.team)
-        return guarantee <= 0 or self.milli_before(job) >= guarantee
+        # Above with nothing before it (no guarantee): no ranking needed.
+        return above_guarantee(0, guarantee) or above_guarantee(self.milli_before(job), guarantee)

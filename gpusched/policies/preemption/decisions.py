@@ -16,12 +16,12 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from gpusched.core import events as ev
-from gpusched.core.priority import priority_value
 from gpusched.core.state import ClusterState, JobState
 from gpusched.policies.queueing.quota import within_limits
-from gpusched.policies.preemption.protection import Shield, running_since
+from gpusched.policies.preemption.protection import Shield
 from gpusched.policies.preemption.victim_index import VictimIndex
-from gpusched.policies.preemption.victim_rules import Found, PreemptionConfig, SearchContext
+from gpusched.policies.preemption.search_context import Found, SearchContext
+from gpusched.policies.preemption.victim_rules import PreemptionConfig, shield_ends
 
 REASON_DEFRAG = "defragmentation"
 
@@ -112,8 +112,7 @@ def why_no_victims(state: ClusterState, job: JobState, now: float,
                 continue
             shielded[reason] += 1
             if reason is Shield.EXEMPT:
-                lower = priority_value(victim.spec.priority_class) < priority_value(job.spec.priority_class)
-                until = running_since(victim) + (config.exempt_s(victim) if lower else config.reclaim_min_runtime_s)
+                until = shield_ends(victim, job, config)
                 next_at = until if next_at is None else min(next_at, until)
     return Shields(dict(shielded), eligible, next_at)
 

@@ -17,9 +17,10 @@ consolidate with free ones, on the condition that
   checkpoint) sums to at most ``defrag_max_work_lost_s``, and at most
   ``defrag_max_moves`` jobs move.
 
-Candidate moves come from the same node-local search as preemption
-(``gpusched.policies.preemption.victim_search``), with the cost of a move set being
-``(work at risk, jobs moved, GPU milli moved)``. For a one-worker job every node's minimal
+Which jobs may move and what moves cost is the rule's (``victim_rules``, "defragmentation's
+moves": ``may_move``, ``move_cost``, ``move_set_key``). Candidate moves come from the same
+node-local search as preemption (``gpusched.policies.preemption.victim_search``), with the
+cost of a move set being ``(work at risk, jobs moved, GPU milli moved)``. For a one-worker job every node's minimal
 move set is a candidate, cheapest first (up to ``defrag_max_plans`` tried); a gang gets
 the greedy multi-node set. As for preemption, the search reads the nodes in order of a
 lower bound of their move set's cost (``indexed_search``: here, the least work at risk of
@@ -48,12 +49,14 @@ from gpusched.core.priority import priority_value
 from gpusched.core.state import ClusterState, JobState, NodeState
 from gpusched.policies.preemption.decisions import REASON_DEFRAG, Preemption
 from gpusched.policies.preemption.indexed_search import IndexedSearch
-from gpusched.policies.preemption.kept_movable import KeptEntries, kept_entries, may_ever_move
+from gpusched.policies.preemption.kept_movable import KeptEntries, kept_entries
+from gpusched.policies.preemption.search_context import SearchContext
 from gpusched.policies.preemption.slot_counts import SlotCounts
 from gpusched.policies.preemption.victim_index import Entry, VictimIndex
 from gpusched.policies.queueing.quota import within_limits
 from gpusched.policies.statement import Statement
-from gpusched.policies.preemption.victim_rules import PreemptionConfig, SearchContext
+from gpusched.policies.preemption.victim_rules import (
+    PreemptionConfig, may_ever_move, may_move, may_move_now, move_bound, move_cost, move_set_key, moves_within_caps)
 from gpusched.policies.preemption.victim_search import VictimSearch
 
 
@@ -160,24 +163,13 @@ def defrag_plan(state: ClusterState, job: JobState, now: float,
 def _movable(ctx: SearchContext, victim: JobState, job: JobState) -> bool:
     if victim.job_id == job.job_id or victim.job_id in ctx.taken:
         return False
-    if not _may_move(victim, ctx.now, ctx.config):
-        return False
-    return priority_value(victim.spec.priority_class) <= priority_value(job.spec.priority_class)
-
-
-def _may_move(victim: JobState, now: float, config: PreemptionConfig) -> bool:
-    """What of ``_movable`` holds for any pending job: the clock-free rule the kept jobs
-    read too (``kept_movable.may_ever_move``), then the clock's part (work at risk within
-    the cap, exempt time run), inline as this runs for every job of a fresh listing."""
-    if not may_ever_move(victim) or victim.work_at_risk(now) > config.defrag_max_work_lost_s:
-        return False
-    return now >= config.exempt_until(victim)
+    return may_move(victim, job, ctx.now, ctx.config)
 
 
 class MovableEntries:
-    """The jobs of a pool's nodes that any pending job may move (``_may_move``), one entry
-    per node they run on, by a lower bound of the key of any move set holding them (their
-    own work at risk, rounded as ``set_key`` rounds the sum): ``IndexedSearch``'s
+    """The jobs of a pool's nodes that any pending job may move (``may_move_now``), one
+    entry per node they run on, by a lower bound of the key of any move set holding them
+    (``move_bound``): ``IndexedSearch``'s
     candidates. Built once per call, at the first plan (or kept between calls:
     ``kept_movable``): what a call's scratch changes after that never makes a job movable
     (it books pending jobs and moved ones, taken), and a job it released stays listed but
@@ -191,9 +183,8 @@ class MovableEntries:
                 continue
             for jid in node.jobs:
                 victim = jobs[jid]
-                if _may_move(victim, now, config):
-                    bound = (round(victim.work_at_risk(now), 6),)
-                    self.entries.append((bound, 1, name, victim.seq, victim))
+                if may_move_now(victim, now, config):
+                    self.entries.append((move_bound(victim, now), 1, name, victim.seq, victim))
         self.entries.sort()   # (bound, 1, node, seq) differ: a node lists a job once
 
     def candidates(self) -> Iterator[Entry]:
@@ -237,22 +228,16 @@ def _plan(ctx: SearchContext, job: JobState, scratch: Statement,
     now, config = ctx.now, ctx.config
 
     def cost(v: JobState) -> tuple:
-        return (v.work_at_risk(now), v.milli, priority_value(v.spec.priority_class), v.seq, v.job_id)
+        return move_cost(v, now)
 
-    def set_key(victims: Sequence[JobState]) -> tuple:
-        return (round(sum(v.work_at_risk(now) for v in victims), 6), len(victims),
-                sum(v.milli for v in victims))
-
-    search = searcher(ctx, job, scratch, lambda v: _movable(ctx, v, job), cost, set_key)
+    search = searcher(ctx, job, scratch, lambda v: _movable(ctx, v, job), cost, lambda vs: move_set_key(vs, now))
     if job.spec.workers == 1:
         candidates = [victims for _, _, victims in search.cheapest_steps(config.defrag_max_plans)]
     else:
         victims = search.run()
         candidates = [victims] if victims else []
     for moved in candidates:
-        if len(moved) > config.defrag_max_moves:
-            continue
-        if sum(v.work_at_risk(now) for v in moved) > config.defrag_max_work_lost_s:
+        if not moves_within_caps(moved, now, config):
             continue
         placed = _relocate(ctx, job, moved, scratch)
         if placed is not None:

@@ -9,19 +9,30 @@ from typing import Mapping
 
 from gpusched.core.priority import PRIORITY_CLASSES, priority_value
 from gpusched.core.state import JobState, NodeState
+from gpusched.policies.preemption.victim_rules import lower_class, reclaimable_class
 
 # Class thresholds of ``most_freeable``: every class a job can have.
 CLASSES = tuple(sorted(set(PRIORITY_CLASSES.values()) | {0}))
-_PLACE = {c: i for i, c in enumerate(CLASSES)}
+
+
+def _first_place(takes) -> dict[int, int]:
+    """Per class: the place in ``CLASSES`` of the lowest threshold whose pending jobs may
+    take a job of that class by the rule ``takes`` (its len: none may); every higher
+    threshold may too (the rule's class comparisons are monotone)."""
+    return {c: next((i for i, mine in enumerate(CLASSES) if takes(c, mine)), len(CLASSES)) for c in CLASSES}
+
+
+_PRIORITY_FROM = _first_place(lower_class)        # a class above its own
+_RECLAIM_FROM = _first_place(reclaimable_class)   # its own class
 
 
 def freeable_vector(node: NodeState, here: list[JobState], listed: Mapping[str, list[bool]]) -> tuple[int, ...]:
     """For each class threshold c (and reclaim or not): the node's GPUs less those held
     by jobs a pending job of class c may not take (``VictimIndex.candidates``' rule, all
     teams); ``listed``: each listed job's [for priority, for reclaim].
-    A job may be taken from some threshold on (a class above its own for priority, its
-    own for reclaim): its GPUs are bucketed by that threshold's place in ``CLASSES``,
-    and what is held at a threshold is what the buckets above it hold."""
+    A job may be taken from some threshold on (``_PRIORITY_FROM``, ``_RECLAIM_FROM``, the
+    rule's class comparisons): its GPUs are bucketed by that threshold's place in
+    ``CLASSES``, and what is held at a threshold is what the buckets above it hold."""
     name, last = node.name, len(CLASSES)
     by_priority, by_reclaim = [0] * (last + 1), [0] * (last + 1)   # bucket: from that place on
     for job in here:
@@ -35,10 +46,10 @@ def freeable_vector(node: NodeState, here: list[JobState], listed: Mapping[str, 
             by_priority[last] |= mask
             by_reclaim[last] |= mask
             continue
-        place = _PLACE[priority_value(job.spec.priority_class)]
-        priority_from = place + 1 if by_rule[0] else last
+        cls = priority_value(job.spec.priority_class)
+        priority_from = _PRIORITY_FROM[cls] if by_rule[0] else last
         by_priority[priority_from] |= mask
-        by_reclaim[place if by_rule[1] else priority_from] |= mask
+        by_reclaim[min(priority_from, _RECLAIM_FROM[cls]) if by_rule[1] else priority_from] |= mask
     total, out = len(node.gpus), [0] * (2 * last)
     held, held_reclaim = by_priority[last], by_reclaim[last]
     for place in range(last - 1, -1, -1):

@@ -2,15 +2,16 @@
 at all, told without them: most rounds of a burst of one class of jobs cannot, and the
 searches place every pending job to learn it (``preemption_decisions``).
 
-Every victim either search may take is RUNNING or PLACED and ``preemptible``
-(``victim_rules``, ``defrag``), and besides
+Every victim either search may take ``may_be_victim`` (``victim_rules``), and besides
 
-* for priority: of a class strictly lower than its pending job's;
+* for priority: its class is ``lower_class`` than its pending job's;
 * for reclaim: borrowed capacity, which only a quota tree with guarantees knows;
-* for a move (defrag): checkpointable, of its pending job's class or lower.
+* for a move (defrag): it ``may_ever_move`` and is of a ``movable_class``.
 
-So where no pending job outranks a possible victim, no quota tree has guarantees and no
-possible victim of a pending job's class or lower is checkpointable, both searches
+The class rules are monotone (a class a pending job may take, a higher one may take
+too), so the lowest class of the possible victims (and of the movable ones) answers for
+all. So where no pending job may take the lowest possible victim's class for priority, no
+quota tree has guarantees and no pending job may move the lowest movable one, both searches
 propose nothing, and the round runs the other actions only. The possible victims of a
 state are kept between rounds through its journal of changed jobs
 (``JournalCursor``), so a round reads what changed, not every job.
@@ -20,18 +21,17 @@ from __future__ import annotations
 import math
 from collections import Counter
 
-from gpusched.core.model import JobPhase
 from gpusched.core.priority import priority_value
 from gpusched.core.state import ClusterState, JobState
 from gpusched.policies.journal_cursor import JournalCursor
 from gpusched.policies.queueing.quota import QueueTree
+from gpusched.policies.preemption.victim_rules import lower_class, may_be_victim, may_ever_move, movable_class
 
 SEARCHES = frozenset({"preempt", "defrag"})   # the actions that look for victims
-HOLDING = (JobPhase.RUNNING, JobPhase.PLACED)
 
 
 class PossibleVictims:
-    """The preemptible RUNNING or PLACED jobs of one state, counted by class."""
+    """The jobs of one state that ``may_be_victim``, counted by class."""
 
     def __init__(self) -> None:
         self.cursor = JournalCursor()
@@ -55,9 +55,9 @@ class PossibleVictims:
             _take(self.classes, old[0])
             if old[1]:
                 _take(self.movable, old[0])
-        if job is None or job.phase not in HOLDING or not job.spec.preemptible:
+        if job is None or not may_be_victim(job):
             return
-        new = (priority_value(job.spec.priority_class), job.spec.checkpoint_interval_s > 0)
+        new = (priority_value(job.spec.priority_class), may_ever_move(job))
         self.jobs[job_id] = new
         self.classes[new[0]] += 1
         if new[1]:
@@ -77,7 +77,7 @@ class PossibleVictims:
             job = jobs.get(job_id)
             if job is not None:
                 mine = priority_value(job.spec.priority_class)
-                if mine > lowest or mine >= lowest_movable:
+                if lower_class(lowest, mine) or movable_class(lowest_movable, mine):
                     return True
         return False
 

@@ -7,18 +7,18 @@ does: a journalled job is noted again as it is now (its phase, its last checkpoi
 nodes it holds). A node journalled by itself (lost, registered, cordoned...), another
 state, an overrun journal, other rules or a clock gone back list the pool afresh.
 
-Only a job that may move at some clock is kept (``may_ever_move``, the clock-free half
-of ``defrag._may_move``, which a fresh listing reads). Whether it is movable now, and the
-bound it is listed by, depend on the clock too (the other half):
+Only a job that may move at some clock is kept (``victim_rules.may_ever_move``, the
+clock-free half of ``may_move_now``, which a fresh listing reads). Whether it is movable
+now, and the bound it is listed by, depend on the clock too (the other half):
 
-* a job still within its exempt time waits in a heap by when it ends (``exempt_until``,
-  compared as ``_may_move`` compares it), listed once the round's clock reaches it;
-* a listed job's bound, its work at risk, grows with the clock, but the order of the
-  listed jobs by when their work began (their last checkpoint or start, later first, a
-  job never started first) does not: ``entries`` walks that order, computes each bound
-  at the round's clock (rounded, as a fresh listing rounds it), orders the entries of
-  equal bounds as a fresh listing does (by node, then job), and stops at the first job
-  past ``defrag_max_work_lost_s``, as every later one is.
+* a job not yet ``movable_from`` (its exempt time) waits in a heap by that time, listed
+  once the round's clock reaches it;
+* a listed job's bound (``move_bound``, its work at risk) grows with the clock, but the
+  order of the listed jobs by when their work began (``work_began``, later first, a job
+  never started first) does not: ``entries`` walks that order, computes each bound at
+  the round's clock, orders the entries of equal bounds as a fresh listing does (by
+  node, then job), and stops at the first job whose work at risk is no longer
+  ``move_risk_ok``, as every later one's is not.
 
 So at a round's start ``entries`` are those a fresh ``MovableEntries`` lists
 (``tests/unit/policies/preemption/test_kept_placer_views.py``).
@@ -30,27 +30,13 @@ import math
 from bisect import bisect_left, insort
 from typing import Iterable, Iterator, Mapping
 
-from gpusched.core.model import JobPhase
 from gpusched.core.state import ClusterState, JobState, NodeState
 from gpusched.policies.journal_cursor import JournalCursor
 from gpusched.policies.preemption.victim_groups import Entry
+from gpusched.policies.preemption.victim_rules import may_ever_move, move_bound, move_risk_ok, movable_from, \
+    work_began
 
 KEY = "defrag-movable"   # the entry in the caller's ``kept`` dict, with the pool
-
-
-def may_ever_move(job: JobState) -> bool:
-    """Whether defragmentation may move ``job`` at some clock: running or placed,
-    preemptible and checkpointable. The half of ``defrag._may_move`` the clock never
-    changes: one rule for the kept jobs and a fresh listing (here, as ``defrag`` imports
-    this module)."""
-    spec = job.spec
-    return job.phase in (JobPhase.RUNNING, JobPhase.PLACED) and spec.preemptible \
-        and spec.checkpoint_interval_s > 0
-
-
-def _began(job: JobState) -> float:
-    """When the job's work at risk began (+inf: never started, none at risk)."""
-    return max(job.started_at, job.checkpoint_at) if job.started_at else math.inf
 
 
 class KeptMovable:
@@ -97,14 +83,13 @@ class KeptMovable:
 
     def entries(self, now: float) -> Iterator[Entry]:
         """The movable jobs' entries by bound, as ``MovableEntries`` lists them at ``now``."""
-        limit = self.config.defrag_max_work_lost_s   # type: ignore[attr-defined]
+        config = self.config
         run: list[Entry] = []
         for _, _, jid in self._order:
             job = self._jobs[jid]
-            risk = job.work_at_risk(now)
-            if risk > limit:
+            if not move_risk_ok(job, now, config):   # type: ignore[arg-type]
                 break
-            bound = (round(risk, 6),)
+            bound = move_bound(job, now)
             if run and run[0][0] != bound:
                 run.sort()
                 yield from run
@@ -124,7 +109,7 @@ class KeptMovable:
         if not on:
             return
         self._nodes[jid] = on
-        due = self.config.exempt_until(job)   # type: ignore[attr-defined]
+        due = movable_from(job, self.config)   # type: ignore[arg-type]
         if self.now >= due:
             self._list(jid, bulk)
         else:
@@ -135,7 +120,7 @@ class KeptMovable:
     def _list(self, jid: str, bulk: bool = False) -> None:
         """List ``jid`` in order (``bulk``: at the end, the caller sorts)."""
         job = self._jobs[jid]
-        key = self._key[jid] = (-_began(job), job.seq, jid)
+        key = self._key[jid] = (-work_began(job), job.seq, jid)
         if bulk:
             self._order.append(key)
         else:

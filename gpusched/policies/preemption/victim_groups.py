@@ -1,7 +1,9 @@
 """The victim index's lists of entries (``VictimIndex``): per pool, per team (None: the
 priority list) and per (class, size), a group of entries ordered by when the work a
-preemption would lose began (later first, a job never started first), an order ``now``
-does not change; ``candidates`` merges the groups by their bounds at ``now``.
+preemption would lose began (``victim_rules.work_began``: later first, a job never
+started first), an order ``now`` does not change; ``candidates`` merges the groups of
+the classes the rule lets a pending job take (``lower_class``, ``reclaimable_class``) by
+their bounds at ``now`` (``set_key_bound``).
 
 ``VictimGroups`` keeps each node's entries (``on``) so that a node listed again leaves
 its entries that are as they were in their groups, and edits each changed group once
@@ -11,13 +13,12 @@ several nodes.
 from __future__ import annotations
 
 import heapq
-import math
 from typing import Iterator, Mapping
 
-from gpusched.core.priority import PRIORITY_CLASSES, priority_value
+from gpusched.core.priority import PRIORITY_CLASSES
 from gpusched.core.state import JobState, NodeState
-from gpusched.policies.preemption.protection import lost_gpu_s
 from gpusched.policies.preemption.sorted_groups import edit
+from gpusched.policies.preemption.victim_rules import lower_class, reclaimable_class, set_key_bound, work_began
 
 # (bound, 0 when the node runs a spread job else 1, node, seq, job)
 Entry = tuple[tuple, int, str, int, JobState]
@@ -25,11 +26,8 @@ Entry = tuple[tuple, int, str, int, JobState]
 Pair = tuple[list, tuple]
 
 
-def bound(job: JobState, now: float) -> tuple:
-    """A lower bound of ``SearchContext.set_key`` for any set whose highest class is
-    ``job``'s and which holds ``job``: that class; non-borrowed and reclaimed milli at least
-    0; work lost at least ``job``'s own (every job's is >= 0); at least one job."""
-    return (priority_value(job.spec.priority_class), 0, 0, round(lost_gpu_s(job, now), 6), 1)
+# An entry's bound: the rule's lower bound of the rank of a victim set it tops.
+bound = set_key_bound
 
 
 def _walk(group: list, now: float) -> Iterator[Entry]:
@@ -61,10 +59,10 @@ class VictimGroups:
     def candidates(self, pool: str, mine: int, team: str, reclaim: bool, now: float) -> Iterator[Entry]:
         """``VictimIndex.candidates``, at ``now``."""
         lists = self.groups.get(pool, {})
-        walks = [_walk(g, now) for (cls, _), g in lists.get(None, {}).items() if cls < mine and g]
+        walks = [_walk(g, now) for (cls, _), g in lists.get(None, {}).items() if g and lower_class(cls, mine)]
         if reclaim:
             walks += [_walk(g, now) for other, groups in lists.items() if other is not None and other != team
-                      for (cls, _), g in groups.items() if cls <= mine and g]
+                      for (cls, _), g in groups.items() if g and reclaimable_class(cls, mine)]
         return walks[0] if len(walks) == 1 else heapq.merge(*walks)
 
     def take_off(self, name: str, only: set[str] | None = None) -> tuple[dict[tuple, list[Pair]], list[Pair]]:
@@ -100,7 +98,7 @@ class VictimGroups:
             spec = job.spec
             cls, milli = classes.get(spec.priority_class, 0), spec.total_milli   # priority_value, milli
             # Minus when the work a preemption would lose began: the later, the less lost.
-            began = -max(job.started_at, job.checkpoint_at) if job.started_at else -math.inf
+            began = -work_began(job)
             entry = (began, flag, name, job.seq, job)
             for team, wanted in ((None, yes[0]), (spec.team, yes[1])):
                 if wanted:

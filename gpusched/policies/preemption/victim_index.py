@@ -11,10 +11,16 @@ has it): each once per node it runs on, in two kinds of lists:
   its class or lower, when wholly above their team's guarantee: decided at the question,
   as borrowing changes with the round's decisions).
 
+Which list a job is on is the rule's (``victim_rules``: ``may_be_victim``, then
+``victim_listing``); which lists a pending job may take from too (``lower_class``,
+``reclaimable_class``, in ``victim_groups``); the index asks each listed victim's
+``shield`` at the question, so a rule that only keeps more jobs from being victims
+changes nothing here.
+
 ``candidates`` merges the lists a pending job may take from by ``bound``, a lower bound of
 the rank (``set_key``) of any victim set in which the job is of the highest class: the
 search (``indexed_search``) looks at nodes in that order and stops at the first bound
-above the best set found. Among equal bounds, nodes running a preemptible job spread over
+above the best set found (the bound is the rule's: ``victim_rules.set_key_bound``). Among equal bounds, nodes running a preemptible job spread over
 several nodes (listed or not yet) come first (``spread``: a step there may gain slots on
 the other nodes too), then by name.
 
@@ -53,7 +59,8 @@ from gpusched.policies.preemption.borrowing import TeamRanking
 from gpusched.policies.preemption.freeable import CLASSES, MostFreeable, freeable_vector
 from gpusched.policies.preemption.slot_counts import SlotCounts
 from gpusched.policies.preemption.victim_groups import Entry, VictimGroups, bound
-from gpusched.policies.preemption.victim_timing import Waiting, listing, rules
+from gpusched.policies.preemption.victim_rules import listing_rules, may_be_victim, victim_listing
+from gpusched.policies.preemption.victim_timing import Waiting
 
 __all__ = ["CLASSES", "Entry", "VictimIndex", "bound"]
 _RUNNING, _PLACED = JobPhase.RUNNING, JobPhase.PLACED
@@ -68,7 +75,7 @@ class VictimIndex:
 
     def _reset(self, config, now: float) -> None:
         self.config, self.now = config, now
-        self._rules = rules(config) if config is not None else None
+        self._rules = listing_rules(config) if config is not None else None
         self._slots: dict[tuple, SlotCounts] = {}   # job shape -> its worker slots
         self._jobs: dict[str, JobState] = {}   # every job noted on a node
         self._job_nodes: dict[str, tuple[str, ...]] = {}
@@ -130,7 +137,7 @@ class VictimIndex:
         """Bring the index in step with ``state`` at ``now`` under ``config`` (the round's
         ``PreemptionConfig``)."""
         read = self.journal.read_nodes(state, registered=True)   # None: another state, or overrun
-        if read is None or now < self.now or rules(config) != self._rules:
+        if read is None or now < self.now or listing_rules(config) != self._rules:
             self._reset(config, now)
             relist: dict[str, set[str] | None] = dict.fromkeys(state.nodes)
             fresh, recount, refree = True, set(), set()
@@ -221,12 +228,12 @@ class VictimIndex:
         ranking = self.rankings.get(team)
         if ranking is not None:
             ranking.add(job)
-        if job.spec.preemptible:
+        if may_be_victim(job):
             self._list_by_time(job)
 
     def _list_by_time(self, job: JobState) -> None:
         """Whether ``job`` is listed now for priority and for reclaim; when not, when it will be."""
-        yes, priority_due, reclaim_due = listing(job, self.config, self.now)
+        yes, priority_due, reclaim_due = victim_listing(job, self.config, self.now)
         self._listed[job.job_id] = yes
         self._waiting.wait(job.job_id, yes, priority_due, reclaim_due)
 

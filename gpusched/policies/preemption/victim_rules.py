@@ -1,9 +1,9 @@
-"""Preemption's rules: who may be a victim, what victims cost, and one call's view
-(``SearchContext``: borrowing, projected usage, victims already chosen), used by
-preemption (``gpusched.policies.preemption.decisions``) and defragmentation
-(``gpusched.policies.preemption.defrag``), which adds a rule of its own.
+"""Preemption's rule: who may be a victim and what victims cost, in which order, used by
+preemption (``gpusched.policies.preemption.decisions``, through one call's view:
+``search_context.SearchContext``) and defragmentation (``gpusched.policies.preemption.defrag``),
+whose rule of moves is here too.
 
-Who may be a victim of a pending job ``J`` for preemption (``SearchContext.eligible``):
+Who may be a victim of a pending job ``J`` for preemption (``shield``):
 
 * it holds GPUs and is running (RUNNING or PLACED, not already PREEMPTING) and is
   ``preemptible``;
@@ -18,26 +18,27 @@ Who may be a victim of a pending job ``J`` for preemption (``SearchContext.eligi
   held up by the exempt time nor the budget: the guarantee is owed to the other team now,
   and the reclaim window (below) keeps a job from being reclaimed again and again.
 
-``SearchContext.shield`` says which of these rules keeps a job from being a victim (a
-``Shield``), None when none does.
+``shield`` says which of these rules keeps a job from being a victim (a ``Shield``), None
+when none does.
 
 A team's jobs above its guarantee count as borrowed: the team's running jobs are ranked
-(priority class high to low, then oldest first), and a job whose cumulative GPU milli
-crosses the guarantee is borrowed, as is every job after it.
+(``borrowing_order``: priority class high to low, then oldest first), and a job whose
+cumulative GPU milli crosses the guarantee is borrowed (``crosses_guarantee``), as is
+every job after it.
 
-Stability of reclaim (``SearchContext.reclaimable``): a reclaim victim lies *wholly* above
-its team's guarantee (the job straddling the guarantee is borrowed for cost, but not
+Stability of reclaim (``reclaim_shield``): a reclaim victim lies *wholly* above
+its team's guarantee (``above_guarantee``; the job straddling the guarantee is borrowed for cost, but not
 reclaimed: the team would fall below its guarantee, reclaim in turn, and the two teams
 would take capacity back and forth); and a job preempted for reclaim (its latest
 ``JobPreempted`` reason says so) is not reclaimed again within ``reclaim_window_s``. The
 price: a team's guarantee is met to within the size of another team's job that straddles
 its own guarantee, until that job ends.
 
-Either way, a preemption must pay for itself (``SearchContext.costly``,
+Either way, a preemption must pay for itself (``costly``, ``set_costly``,
 ``protection.wait_allowance``): no victim, and no set of victims together, loses more than
 ``max_loss_per_wait`` times the GPU-time ``J`` has waited since it last entered the queue.
 
-Cost. *Work lost* is GPU-seconds: run time since the last checkpoint (since the start
+Cost (``cost``, ``set_key``). *Work lost* is GPU-seconds: run time since the last checkpoint (since the start
 without one) times the job's GPUs. Candidates are ranked one by one by ``(priority,
 borrowed first, work lost, larger first, submission order)``, except reclaimed ones (of
 ``J``'s own class), ranked ``(priority, borrowed first, smaller first, work lost, ...)``; a
@@ -48,31 +49,38 @@ GPU-seconds lost, then fewest jobs. A reclaim thus frees no more than its benefi
 node-local search sees: capacity freed beyond it would be lent to a borrower again and
 reclaimed back, the oscillation between teams that sharing must not show.
 
-The search itself, shared with defragmentation's own rule, is
-``gpusched.policies.preemption.victim_search``; preemption runs it on an index of candidate
-victims kept between rounds (``victim_index``, ``indexed_search``): the same answer, a few
-nodes read.
+Defragmentation's rule (``defrag``), here too as its searches share the index's
+machinery: a job may be *moved* (``may_move``) for a pending job ``J`` when it is running or placed,
+preemptible and checkpointable, of ``J``'s class or lower, has run its exempt time and has
+at most ``defrag_max_work_lost_s`` of work at risk; moves are ranked one by one by ``(work
+at risk, larger last, priority, submission order)``, a set by ``(total work at risk, jobs
+moved, GPU milli moved)``; a plan moves at most ``defrag_max_moves`` jobs, which lose at
+most ``defrag_max_work_lost_s`` together (``moves_within_caps``).
+
+This module is the rule, and only the rule: the functions below decide, and every
+accelerator of the search calls them rather than restating them (``SearchContext`` asks
+them per question, ``search_context``; the index of candidate victims lists a job by the
+clock half of the rule, ``victim_listing``, and orders its lists by ``set_key_bound``,
+``victim_index``; the teams' rankings follow ``borrowing_order``, ``borrowing``; the
+round's gate asks ``may_be_victim`` and the class rules, ``gate``; defragmentation's kept
+jobs ``may_ever_move`` and ``movable_from``, ``kept_movable``). A rule that only keeps
+more jobs from being victims goes in ``shield`` (or ``may_move``) alone: the accelerators
+list a superset of the victims and ask ``shield`` of each. docs/extending.md, "A
+preemption rule", has the recipe.
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
+import math
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Callable, Mapping, Protocol, Sequence
 
-from gpusched.core.model import JobPhase, WorkerAssignment
+from gpusched.core.model import JobPhase
 from gpusched.core.priority import priority_value
-from gpusched.core.state import ClusterState, JobState, NodeState
-from gpusched.policies.placement.gang import Placement
-from gpusched.policies.placement.registry import PLACEMENTS, make_placement
-from gpusched.policies.queueing.quota import QueueTree, claims_guarantee
-from gpusched.policies.statement import NodeView, Statement, tentative
+from gpusched.core.state import JobState
+from gpusched.policies.placement.registry import PLACEMENTS
+from gpusched.policies.queueing.quota import QueueTree
 from gpusched.policies.preemption.protection import (
     Shield, budget_spent, exempt_s, lost_gpu_s, reclaimed_within, running_since, wait_allowance)
-from gpusched.policies.preemption.borrowing import TeamLedger
-from gpusched.policies.preemption.indexed_search import IndexedSearch
-from gpusched.policies.preemption.placer_views import PlacerViews
-from gpusched.policies.preemption.slot_counts import ScratchChanges, SlotCounts
-from gpusched.policies.preemption.victim_index import VictimIndex
 
 REASON_PRIORITY = "priority"
 REASON_RECLAIM = "reclaim"
@@ -139,249 +147,257 @@ class PreemptionConfig:
         return running_since(job) + self.exempt_s(job)
 
 
-@dataclass(slots=True)
-class Found:
-    victims: list[JobState]
-    workers: tuple[WorkerAssignment, ...]    # where the job goes once they are gone
-    reason: str
+
+class Borrowing(Protocol):
+    """What the rule asks of the teams' borrowing in one call (``SearchContext``, which
+    reads it from ``borrowing.TeamLedger``): see the module doc."""
+
+    def borrowed(self, job: JobState) -> bool: ...
+
+    def wholly_above(self, job: JobState) -> bool: ...
 
 
-class SearchContext:
-    """One call's view: eligibility, borrowing, projected usage and the victim search.
-    ``victims``: the index of candidate victims kept from the caller's last call (brought
-    in step on first use); None: one built for this call. ``kept``: the caller's dict of
-    placer views kept between calls on this state (``placer_views``); None: built for it."""
+# --- who may be a victim --------------------------------------------------------------------
+HOLDING = (JobPhase.RUNNING, JobPhase.PLACED)   # the phases of a job that may be a victim
 
-    def __init__(self, state: ClusterState, now: float, config: PreemptionConfig,
-                 victims: VictimIndex | None = None, kept: dict | None = None) -> None:
-        self.state, self.now, self.config = state, now, config
-        self.score: Placement = make_placement(config.placement)
-        self.taken: set[str] = set()               # victims chosen earlier in this call
-        self.via_reclaim: set[str] = set()         # victims eligible only as quota reclaim
-        self.extra: dict[str, int] = {}            # team -> milli booked for beneficiaries
-        self._ledger: TeamLedger | None = None     # teams' usage and borrowing, built on first use
-        self._kept, self._index = victims, None    # candidate victims, in step on first use
-        self.in_flight = self._in_flight()
-        # The placer's views (free-capacity indexes), held for the whole call while a
-        # scratch is watched (``tentative``), and between calls in ``kept`` if given.
-        self._touched = ScratchChanges()
-        self._placer = PlacerViews(state, self._touched, kept, self.score)
 
-    @contextmanager
-    def tentative(self) -> Iterator[Statement]:
-        """The call's scratch statement (``statement.tentative``), watched: the placer's
-        views are built once for the call and told of the nodes the scratch changes
-        (bookings, released victims), rather than rebuilt from every node of the pool for
-        each pending job ``place`` is asked about (``placer_views``). A kept index of
-        victims is brought in step first: it must never take a tentative booking for the
-        state's own."""
-        if self._kept is not None:
-            self.victim_index()
-        try:
-            with tentative(self.state) as scratch:
-                scratch.views[ScratchChanges] = self._touched
-                self._placer.open()
-                try:
-                    yield scratch
-                finally:
-                    self._placer.close()
-        finally:   # the scratch undone: the index's kept slot counts count its nodes again
-            if self._index is not None:
-                self._index.count_again(self._touched.ever)
-            self._touched.ever.clear()
+def may_be_victim(job: JobState) -> bool:
+    """A victim of some pending job at some clock: preemptible, running or placed (not
+    already being preempted nor stopping). ``shield``'s first two checks."""
+    return job.spec.preemptible and job.phase in HOLDING
 
-    # --- what is already under way ------------------------------------------------------
-    def _in_flight(self) -> set[str]:
-        """Pending jobs with a live preemption: a young nomination or PREEMPTING victims."""
-        live = {j for j, (_, at) in self.state.nominations.items()
-                if self.now - at < self.config.nomination_ttl_s}
-        if self._kept is not None:   # the kept index knows them: no scan of the pool
-            return live | set(self.victim_index().preempting.values())
-        for node in self.state.nodes.values():
-            for jid in node.jobs:
-                job = self.state.jobs[jid]
-                if job.phase is JobPhase.PREEMPTING and job.nominated_by:
-                    live.add(job.nominated_by)
-        return live
 
-    def pending_in_order(self) -> list[JobState]:
-        jobs = [self.state.jobs[j] for j in self.state.pending]
-        ready = [j for j in jobs if j.not_before <= self.now]
-        return sorted(ready, key=lambda j: (-priority_value(j.spec.priority_class), j.seq))
+def lower_class(theirs: int, mine: int) -> bool:
+    """Priority: a victim's class (``theirs``) is strictly below its pending job's."""
+    return theirs < mine
 
-    # --- quota accounting -----------------------------------------------------------------
-    def victim_index(self) -> VictimIndex:
-        """The candidate victims (and the teams' running jobs), in step with the call's state."""
-        if self._index is None:
-            self._index = (self._kept or VictimIndex()).refresh(self.state, self.now, self.config)
-        return self._index
 
-    def team_jobs(self) -> dict[str, list[JobState]]:
-        """Each team's RUNNING or PLACED jobs: those already on their way out (preempted,
-        stopping) are neither victims nor usage to reclaim, their GPUs about to be free."""
-        return self.victim_index().team_jobs()
+def reclaimable_class(theirs: int, mine: int) -> bool:
+    """Reclaim: a victim of another team is of its pending job's class or lower, never higher."""
+    return theirs <= mine
 
-    def used(self, team: str) -> int:
-        """GPU milli the team holds (not counting jobs being preempted), plus what this call
-        booked for it and what its in-flight beneficiaries will take."""
-        held = self.ledger().held(team)
-        coming = sum(self.state.jobs[j].milli for j in self.in_flight
-                     if j in self.state.jobs and self.state.jobs[j].team == team
-                     and self.state.jobs[j].phase is JobPhase.PENDING)
-        return held + coming + self.extra.get(team, 0)
 
-    def ledger(self) -> TeamLedger:
-        """Borrowing (above): a team's jobs ranked once (kept by the index), read through the
-        victims taken and the beneficiaries booked since (``borrowing``)."""
-        if self._ledger is None:
-            self._ledger = TeamLedger(self.team_jobs(), self.config.guaranteed_milli, self.taken, self.extra,
-                                      self.victim_index().rankings)
-        return self._ledger
+def past_exempt(job: JobState, config: PreemptionConfig, now: float) -> bool:
+    """``job``'s attempt has run its exempt time (``PreemptionConfig.exempt_s``)."""
+    return now - running_since(job) >= config.exempt_s(job)
 
-    def borrowed(self, job: JobState) -> bool:
-        return self.ledger().borrowed(job)
 
-    def reclaimable(self, victim: JobState) -> bool:
-        return self.reclaim_shield(victim) is None
+def within_budget(job: JobState, config: PreemptionConfig) -> bool:
+    return not budget_spent(job, config.preemption_budget)
 
-    def reclaim_shield(self, victim: JobState) -> Shield | None:
-        """A reclaim never takes a team below its guarantee (a job straddling it stays: else
-        the reclaimed team falls short, reclaims in turn, and the two teams flip), nor takes
-        a job it reclaimed less than ``reclaim_window_s`` ago."""
-        if not self.ledger().wholly_above(victim):
-            return Shield.GUARANTEED
-        return Shield.RECLAIM_WINDOW if self.reclaimed_recently(victim) else None
 
-    def reclaimed_recently(self, victim: JobState) -> bool:
-        return reclaimed_within(victim, self.now, self.config.reclaim_window_s)
+def past_reclaim_min(job: JobState, config: PreemptionConfig, now: float) -> bool:
+    """``job``'s attempt has run ``reclaim_min_runtime_s``."""
+    return now - running_since(job) >= config.reclaim_min_runtime_s
 
-    def may_reclaim(self, job: JobState) -> bool:
-        return claims_guarantee(self.used(job.team), job.milli, self.config.guaranteed_milli(job.team))
 
-    # --- eligibility and cost -------------------------------------------------------------
-    def eligible(self, victim: JobState, job: JobState, reclaim: bool) -> bool:
-        if victim.job_id == job.job_id or victim.job_id in self.taken:
-            return False
-        return self.shield(victim, job, reclaim) is None
+def reclaim_min_until(job: JobState, config: PreemptionConfig) -> float:
+    """When ``past_reclaim_min`` begins to hold."""
+    return running_since(job) + config.reclaim_min_runtime_s
 
-    def shield(self, victim: JobState, job: JobState, reclaim: bool) -> Shield | None:
-        """Which rule keeps ``victim`` from being preempted for ``job`` (``reclaim``: ``job``
-        may reclaim its team's guarantee), None when it may be. Notes the victims eligible as
-        reclaim only (a lower class past its budget) in ``via_reclaim``."""
-        if not victim.spec.preemptible:
-            return Shield.NOT_PREEMPTIBLE
-        if victim.phase not in (JobPhase.RUNNING, JobPhase.PLACED):
-            return Shield.NOT_RUNNING
-        mine, theirs = priority_value(job.spec.priority_class), priority_value(victim.spec.priority_class)
-        lower, across = theirs < mine, reclaim and victim.team != job.team
-        if not lower and (theirs > mine or not across):
-            return Shield.NOT_LOWER
-        age = self.now - running_since(victim)
-        exempt = age < self.config.exempt_s(victim)
-        if lower and not exempt and not budget_spent(victim, self.config.preemption_budget):
-            return Shield.COSTLY if self.costly(victim, job) else None
-        # Past here only a reclaim may take it; for a lower class, the priority rule that
-        # keeps it is the reason given.
-        priority_reason = Shield.EXEMPT if exempt else Shield.BUDGET_SPENT
-        if not across:
-            return priority_reason
-        held = Shield.EXEMPT if age < self.config.reclaim_min_runtime_s else self.reclaim_shield(victim)
-        if held is not None:
-            return priority_reason if lower else held
-        if self.costly(victim, job):
-            return Shield.COSTLY
-        if lower:
-            self.via_reclaim.add(victim.job_id)
-        return None
 
-    def allowance(self, job: JobState) -> float:
-        """GPU-seconds of work a preemption for ``job`` may lose now."""
-        return wait_allowance(job, self.now, self.config.max_loss_per_wait)
+def reclaimed_recently(job: JobState, config: PreemptionConfig, now: float) -> bool:
+    """``job`` was reclaimed less than ``reclaim_window_s`` ago."""
+    return bool(job.preempted_reason) and reclaimed_within(job, now, config.reclaim_window_s)
 
-    def costly(self, victim: JobState, job: JobState) -> bool:
-        """``victim`` alone would lose more than ``job``'s wait allows."""
-        return lost_gpu_s(victim, self.now) > self.allowance(job)
 
-    def cost(self, victim: JobState, mine: int | None = None) -> tuple:
-        """A victim's rank; ``mine``: the beneficiary's priority. Reclaimed capacity (a
-        victim of the beneficiary's own class) goes smallest first: what a reclaim frees
-        beyond its need, a borrower takes again and the next reclaim takes back."""
-        theirs = priority_value(victim.spec.priority_class)
-        if theirs == mine:
-            return (theirs, not self.borrowed(victim), victim.milli, lost_gpu_s(victim, self.now),
-                    victim.seq, victim.job_id)
-        return (theirs, not self.borrowed(victim), lost_gpu_s(victim, self.now), -victim.milli,
-                victim.seq, victim.job_id)
+def reclaim_ready(job: JobState, config: PreemptionConfig, now: float) -> bool:
+    """The clock and history let ``job`` be reclaimed: past ``reclaim_min_runtime_s`` and
+    not reclaimed recently."""
+    return past_reclaim_min(job, config, now) and not reclaimed_recently(job, config, now)
 
-    def set_key(self, victims: Sequence[JobState], mine: int | None = None) -> tuple:
-        top = max(priority_value(v.spec.priority_class) for v in victims)
-        at_top = [v for v in victims if priority_value(v.spec.priority_class) == top]
-        guaranteed = sum(v.milli for v in at_top if not self.borrowed(v))
-        reclaimed = sum(v.milli for v in at_top) if top == mine else 0
-        lost = sum(lost_gpu_s(v, self.now) for v in victims)
-        return (top, guaranteed, reclaimed, round(lost, 6), len(victims))
 
-    # --- placement --------------------------------------------------------------------------
-    def place(self, job: JobState) -> tuple[WorkerAssignment, ...] | None:
-        """Where the placer would put ``job`` on the state as it is now (booked or not)."""
-        return self._placer.place(job, self.score)
+def victim_listing(job: JobState, config: PreemptionConfig, now: float) -> tuple[list[bool], float, float]:
+    """The half of the rule that reads ``job``'s clock and history alone, for a job that
+    ``may_be_victim``: whether at ``now`` it may be a victim [for priority (past its exempt
+    time, within its budget), for reclaim (``reclaim_ready``)], and when each will hold
+    (inf: never, or it holds already). What the index of candidate victims lists a job by
+    (``victim_index``); ``shield`` decides the rest per question."""
+    spent = not within_budget(job, config)
+    by_priority = not spent and past_exempt(job, config, now)
+    recent = reclaimed_recently(job, config, now)
+    by_reclaim = not recent and past_reclaim_min(job, config, now)
+    priority_due = math.inf if spent or by_priority else config.exempt_until(job)
+    reclaim_due = math.inf if by_reclaim else max(
+        reclaim_min_until(job, config), job.preempted_at + config.reclaim_window_s if recent else -math.inf)
+    return [by_priority, by_reclaim], priority_due, reclaim_due
 
-    def kept_view(self, key: object, build: Callable[[Mapping[str, NodeState]], NodeView]) -> NodeView | None:
-        """A view of the nodes kept for the call beside the placer's (``PlacerViews.view``);
-        None without a watched scratch."""
-        return self._placer.view(key, build)
 
-    def shape(self, job: JobState) -> tuple:
-        spec = job.spec
-        reclaim = self.may_reclaim(job)
-        return (spec.pool, spec.workers, spec.resources, priority_value(spec.priority_class),
-                job.team if reclaim else None)
+def listing_rules(config: PreemptionConfig) -> tuple:
+    """What in a ``PreemptionConfig`` decides ``victim_listing``: an index listed under
+    other values lists afresh."""
+    return (config.min_runtime_s, config.min_runtime_growth, config.max_min_runtime_s,
+            tuple(sorted(config.pool_min_runtime_s.items())), config.preemption_budget,
+            config.reclaim_min_runtime_s, config.reclaim_window_s)
 
-    def find(self, job: JobState, scratch: Statement) -> Found | None:
-        """The cheapest victims for ``job`` (empty when it fits as is), with the placement it
-        gets once they are gone; the scratch is back at its mark on return."""
-        placed = self.place(job)
-        if placed is not None:
-            return Found([], placed, REASON_PRIORITY)
-        reclaim = self.may_reclaim(job)
-        mine = priority_value(job.spec.priority_class)
-        victims = self._search(job, scratch, reclaim, mine).run()
-        if victims is None or sum(lost_gpu_s(v, self.now) for v in victims) > self.allowance(job):
-            return None
-        mark = scratch.checkpoint()
-        try:
-            for v in victims:
-                scratch.release(v)
-            placed = self.place(job)
-        finally:
-            scratch.rollback(mark)
-        if placed is None:
-            return None   # the slot count and the placer disagree (MIG corner): do nothing
-        reclaimed = any(priority_value(v.spec.priority_class) >= mine or v.job_id in self.via_reclaim
-                        for v in victims)
-        reason = REASON_RECLAIM if reclaimed else REASON_PRIORITY
-        return Found(victims, placed, reason)
 
-    def _search(self, job: JobState, scratch: Statement, reclaim: bool, mine: int) -> IndexedSearch:
-        """The victim search for ``job`` on the index of candidate victims (``indexed_search``)."""
-        index, spec = self.victim_index(), job.spec
-        shape = (SlotCounts, spec.pool, spec.resources, spec.workers)
-        slots = self.kept_view(shape, lambda _: index.slot_counts(shape, self._touched.ever))
-        most = index.most_freeable(spec.pool, mine, reclaim, self._touched.ever)
-        if slots is None:   # no watched scratch: nothing would keep counts true, nor the bound
-            slots, most = SlotCounts(self.state.nodes, spec.pool, spec.resources, spec.workers), None
-        assert isinstance(slots, SlotCounts)
-        return IndexedSearch(self.state, job, scratch, lambda v: self.eligible(v, job, reclaim),
-                             lambda v: self.cost(v, mine), lambda vs: self.set_key(vs, mine),
-                             self.config.max_victims, index.candidates(spec.pool, mine, job.team, reclaim),
-                             slots.on, slots.total, index.spread, most)
+def costly(victim: JobState, job: JobState, now: float, config: PreemptionConfig) -> bool:
+    """``victim`` alone would lose more than ``job``'s wait allows."""
+    return lost_gpu_s(victim, now) > wait_allowance(job, now, config.max_loss_per_wait)
 
-    def take(self, job: JobState, found: Found, scratch: Statement) -> None:
-        """Release the victims and book the job, tentatively, for the rest of this call:
-        later searches of the call neither choose those victims again nor count their
-        capacity twice."""
-        for v in found.victims:
-            scratch.release(v)
-            self.taken.add(v.job_id)
-        scratch.book(job, found.workers)
-        self.extra[job.team] = self.extra.get(job.team, 0) + job.milli
+
+def set_costly(victims: Sequence[JobState], job: JobState, now: float, config: PreemptionConfig) -> bool:
+    """``victims`` together would lose more than ``job``'s wait allows."""
+    return sum(lost_gpu_s(v, now) for v in victims) > wait_allowance(job, now, config.max_loss_per_wait)
+
+
+def reclaim_shield(victim: JobState, now: float, config: PreemptionConfig, teams: Borrowing) -> Shield | None:
+    """A reclaim never takes a team below its guarantee (a job straddling it stays: else
+    the reclaimed team falls short, reclaims in turn, and the two teams flip), nor takes
+    a job it reclaimed less than ``reclaim_window_s`` ago."""
+    if not teams.wholly_above(victim):
+        return Shield.GUARANTEED
+    return Shield.RECLAIM_WINDOW if reclaimed_recently(victim, config, now) else None
+
+
+def shield(victim: JobState, job: JobState, reclaim: bool, now: float, config: PreemptionConfig,
+           teams: Borrowing) -> tuple[Shield | None, bool]:
+    """Which rule keeps ``victim`` from being preempted for ``job`` at ``now`` (``reclaim``:
+    ``job`` may reclaim its team's guarantee), None when none does; and whether it is a
+    victim as reclaim only (a lower class past its budget or exempt time)."""
+    if not victim.spec.preemptible:
+        return Shield.NOT_PREEMPTIBLE, False
+    if victim.phase not in HOLDING:
+        return Shield.NOT_RUNNING, False
+    mine, theirs = priority_value(job.spec.priority_class), priority_value(victim.spec.priority_class)
+    lower, across = lower_class(theirs, mine), reclaim and victim.team != job.team
+    if not lower and not (across and reclaimable_class(theirs, mine)):
+        return Shield.NOT_LOWER, False
+    exempt = not past_exempt(victim, config, now)
+    if lower and not exempt and within_budget(victim, config):
+        return (Shield.COSTLY if costly(victim, job, now, config) else None), False
+    # Past here only a reclaim may take it; for a lower class, the priority rule that
+    # keeps it is the reason given.
+    priority_reason = Shield.EXEMPT if exempt else Shield.BUDGET_SPENT
+    if not across:
+        return priority_reason, False
+    held = Shield.EXEMPT if not past_reclaim_min(victim, config, now) else reclaim_shield(victim, now, config, teams)
+    if held is not None:
+        return (priority_reason if lower else held), False
+    if costly(victim, job, now, config):
+        return Shield.COSTLY, False
+    return None, lower
+
+
+def shield_ends(victim: JobState, job: JobState, config: PreemptionConfig) -> float:
+    """When the exempt time that shields ``victim`` from ``job`` ends (``Shield.EXEMPT``):
+    its exempt time for a lower class, else ``reclaim_min_runtime_s``."""
+    lower = lower_class(priority_value(victim.spec.priority_class), priority_value(job.spec.priority_class))
+    return config.exempt_until(victim) if lower else reclaim_min_until(victim, config)
+
+
+def reason(victims: Sequence[JobState], mine: int, via_reclaim: set[str]) -> str:
+    """A preemption's reason: reclaim when a victim is of the beneficiary's class (``mine``)
+    or higher, or was eligible as reclaim only (``via_reclaim``)."""
+    reclaimed = any(priority_value(v.spec.priority_class) >= mine or v.job_id in via_reclaim for v in victims)
+    return REASON_RECLAIM if reclaimed else REASON_PRIORITY
+
+
+# --- what victims cost, and in which order -------------------------------------------------
+def work_began(job: JobState) -> float:
+    """When the work a preemption of ``job`` would lose began (its last checkpoint, or its
+    start; inf: never started, nothing to lose): of two jobs alike, the one whose work
+    began later loses less at any clock (``lost_gpu_s``)."""
+    return max(job.started_at, job.checkpoint_at) if job.started_at else math.inf
+
+
+def cost(victim: JobState, mine: int | None, now: float, borrowed: bool) -> tuple:
+    """A victim's rank; ``mine``: the beneficiary's priority, ``borrowed``: the victim's
+    capacity is borrowed. Reclaimed capacity (a victim of the beneficiary's own class)
+    goes smallest first: what a reclaim frees beyond its need, a borrower takes again and
+    the next reclaim takes back."""
+    theirs = priority_value(victim.spec.priority_class)
+    if theirs == mine:
+        return (theirs, not borrowed, victim.milli, lost_gpu_s(victim, now), victim.seq, victim.job_id)
+    return (theirs, not borrowed, lost_gpu_s(victim, now), -victim.milli, victim.seq, victim.job_id)
+
+
+def set_key(victims: Sequence[JobState], mine: int | None, now: float,
+            borrowed: Callable[[JobState], bool]) -> tuple:
+    """A set of victims' rank (see the module doc)."""
+    top = max(priority_value(v.spec.priority_class) for v in victims)
+    at_top = [v for v in victims if priority_value(v.spec.priority_class) == top]
+    guaranteed = sum(v.milli for v in at_top if not borrowed(v))
+    reclaimed = sum(v.milli for v in at_top) if top == mine else 0
+    lost = sum(lost_gpu_s(v, now) for v in victims)
+    return (top, guaranteed, reclaimed, round(lost, 6), len(victims))
+
+
+def set_key_bound(job: JobState, now: float) -> tuple:
+    """A lower bound of ``set_key`` for any set whose highest class is ``job``'s and which
+    holds ``job``: that class; non-borrowed and reclaimed milli at least 0; work lost at
+    least ``job``'s own (every job's is >= 0); at least one job."""
+    return (priority_value(job.spec.priority_class), 0, 0, round(lost_gpu_s(job, now), 6), 1)
+
+
+def borrowing_order(job: JobState) -> tuple:
+    """The order in which a team's running jobs fill its guarantee: priority class high to
+    low, then oldest first, then submission order."""
+    return (-priority_value(job.spec.priority_class), running_since(job), job.seq)
+
+
+def crosses_guarantee(before: int, milli: int, guarantee: float) -> bool:
+    """A job with ``before`` milli of its team ranked before it is borrowed."""
+    return before + milli > guarantee
+
+
+def above_guarantee(before: int, guarantee: float) -> bool:
+    """A job with ``before`` milli of its team ranked before it lies wholly above the
+    guarantee: the team keeps its guarantee without it."""
+    return guarantee <= 0 or before >= guarantee
+
+
+# --- defragmentation's moves ----------------------------------------------------------------
+def may_ever_move(job: JobState) -> bool:
+    """Defragmentation may move ``job`` at some clock: running or placed, preemptible and
+    checkpointable."""
+    spec = job.spec
+    return job.phase in HOLDING and spec.preemptible and spec.checkpoint_interval_s > 0
+
+
+def movable_from(job: JobState, config: PreemptionConfig) -> float:
+    """When ``job``'s exempt time ends, from which on it may be moved."""
+    return config.exempt_until(job)
+
+
+def move_risk_ok(job: JobState, now: float, config: PreemptionConfig) -> bool:
+    """``job``'s work at risk is within what one pending job's moves may lose."""
+    return not job.work_at_risk(now) > config.defrag_max_work_lost_s
+
+
+def may_move_now(job: JobState, now: float, config: PreemptionConfig) -> bool:
+    """``job`` may be moved at ``now`` for a pending job of any class it is not above."""
+    return may_ever_move(job) and move_risk_ok(job, now, config) and now >= movable_from(job, config)
+
+
+def moves_within_caps(moved: Sequence[JobState], now: float, config: PreemptionConfig) -> bool:
+    """A plan moves at most ``defrag_max_moves`` jobs, which lose at most
+    ``defrag_max_work_lost_s`` of work at risk together."""
+    return len(moved) <= config.defrag_max_moves and \
+        not sum(v.work_at_risk(now) for v in moved) > config.defrag_max_work_lost_s
+
+
+def movable_class(theirs: int, mine: int) -> bool:
+    """A moved job is of its pending job's class or lower."""
+    return theirs <= mine
+
+
+def may_move(victim: JobState, job: JobState, now: float, config: PreemptionConfig) -> bool:
+    """``victim`` may be moved for ``job`` at ``now``."""
+    return may_move_now(victim, now, config) and \
+        movable_class(priority_value(victim.spec.priority_class), priority_value(job.spec.priority_class))
+
+
+def move_cost(victim: JobState, now: float) -> tuple:
+    return (victim.work_at_risk(now), victim.milli, priority_value(victim.spec.priority_class), victim.seq,
+            victim.job_id)
+
+
+def move_set_key(victims: Sequence[JobState], now: float) -> tuple:
+    return (round(sum(v.work_at_risk(now) for v in victims), 6), len(victims), sum(v.milli for v in victims))
+
+
+def move_bound(job: JobState, now: float) -> tuple:
+    """A lower bound of ``move_set_key`` for any set holding ``job``: its own work at
+    risk, rounded as the sum is."""
+    return (round(job.work_at_risk(now), 6),)

@@ -1,8 +1,9 @@
-"""When a running job is a candidate victim (``VictimIndex``): for priority once past its
-exempt time and within its budget, for reclaim once past ``reclaim_min_runtime_s`` and not
-reclaimed within ``reclaim_window_s``. ``listing`` says which now and, for those not yet,
-when; ``Waiting`` holds those due later in a heap by that time, stamped so that a job
-changed since is skipped (it was listed afresh then)."""
+"""The running jobs not yet candidate victims of the index (``VictimIndex``) by when they
+will be: ``victim_rules.victim_listing`` (the rule's clock half: for priority once past
+the exempt time and within the budget, for reclaim once ``reclaim_ready``) says which a
+job is now and, for those not yet, when; ``Waiting`` holds those due later in a heap by
+that time, stamped so that a job changed since is skipped (it was listed afresh then),
+and asks the rule again when one comes due."""
 from __future__ import annotations
 
 import heapq
@@ -10,34 +11,10 @@ import math
 from typing import Mapping
 
 from gpusched.core.state import JobState
-from gpusched.policies.preemption.protection import budget_spent, reclaimed_within, running_since
+from gpusched.policies.preemption.victim_rules import past_exempt, reclaim_ready
 
 # Due times are sums of floats; the rule itself is checked when one comes due.
 _SLACK_S = 1e-3
-
-
-def rules(config) -> tuple:
-    """What in a ``PreemptionConfig`` decides who is listed."""
-    return (config.min_runtime_s, config.min_runtime_growth, config.max_min_runtime_s,
-            tuple(sorted(config.pool_min_runtime_s.items())), config.preemption_budget,
-            config.reclaim_min_runtime_s, config.reclaim_window_s)
-
-
-def listing(job: JobState, config, now: float) -> tuple[list[bool], float, float]:
-    """Whether ``job`` is listed at ``now`` [for priority, for reclaim], and when it will be
-    for each (inf: never; meaningful only where not listed)."""
-    since = job.started_at or job.placed_at    # running_since, inlined: every job of a build
-    age = now - since
-    if config.preemption_budget and budget_spent(job, config.preemption_budget):
-        by_priority, priority_due = False, math.inf
-    else:
-        exempt = config.exempt_s(job)
-        by_priority, priority_due = age >= exempt, since + exempt
-    recent = job.preempted_reason and reclaimed_within(job, now, config.reclaim_window_s)
-    by_reclaim = age >= config.reclaim_min_runtime_s and not recent
-    reclaim_due = max(since + config.reclaim_min_runtime_s,
-                      job.preempted_at + config.reclaim_window_s if recent else -math.inf)
-    return [by_priority, by_reclaim], priority_due, reclaim_due
 
 
 class Waiting:
@@ -53,7 +30,7 @@ class Waiting:
         self._stamp.pop(jid, None)
 
     def wait(self, jid: str, yes: list[bool], priority_due: float, reclaim_due: float) -> None:
-        """Note ``jid`` as ``listing`` has it: what it is not listed for, it waits for."""
+        """Note ``jid`` as ``victim_listing`` has it: what it is not listed for, it waits for."""
         self._stamps += 1
         self._stamp[jid] = stamp = self._stamps
         if not yes[0] and priority_due < math.inf:
@@ -70,11 +47,7 @@ class Waiting:
             if self._stamp.get(jid) != stamp:
                 continue   # the job changed since: listed afresh then
             job = jobs[jid]
-            age = now - running_since(job)
-            if kind == 0:
-                due = age >= config.exempt_s(job)
-            else:
-                due = age >= config.reclaim_min_runtime_s and not reclaimed_within(job, now, config.reclaim_window_s)
+            due = past_exempt(job, config, now) if kind == 0 else reclaim_ready(job, config, now)
             if not due:
                 early.append(entry)
                 continue

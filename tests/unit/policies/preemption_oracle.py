@@ -14,7 +14,8 @@ from gpusched.core.state import ClusterState, JobState
 from gpusched.policies.placement.gang import place_gang
 from gpusched.policies.preemption.decisions import Preemption, _decision
 from gpusched.policies.preemption.defrag import _plan, blocked_by_fragmentation, stepped_search
-from gpusched.policies.preemption.victim_rules import PreemptionConfig, SearchContext
+from gpusched.policies.preemption.search_context import SearchContext
+from gpusched.policies.preemption.victim_rules import PreemptionConfig
 from gpusched.policies.queueing.quota import within_limits
 from gpusched.policies.statement import Statement, lend, tentative
 

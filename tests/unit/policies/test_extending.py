@@ -10,7 +10,8 @@ from gpusched.policies.placement.gang import place_gang
 from gpusched.policies.placement.heuristics import GPU_WEIGHT, ScoredPlacement
 from gpusched.policies.placement.registry import make_placement
 from gpusched.policies.statement import tentative
-from gpusched.policies.preemption.victim_rules import PreemptionConfig, SearchContext
+from gpusched.policies.preemption.search_context import SearchContext
+from gpusched.policies.preemption.victim_rules import PreemptionConfig
 from gpusched.policies.preemption.victim_search import VictimSearch
 from tests.unit.core.builders import Log, make_node, make_spec
 from tests.unit.policies.preemption_clusters import BE, HI, NOW, Cluster

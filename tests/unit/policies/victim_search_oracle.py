@@ -5,7 +5,9 @@ computes every node's step; a team's borrowing is ranked afresh after every deci
 its usage summed over its jobs, found on the nodes for every call. ``test_victim_index``
 checks that ``preemption_decisions`` and ``victims_for`` decide exactly as these do
 (``preemption_decisions`` here keeps the placer's views for the call, as the project
-does, so only the victim search differs);
+does, so only the victim search differs). The rule is the project's own
+(``victim_rules``: eligibility, cost, the borrowing order and guarantee arithmetic): the
+oracle checks how the search and the borrowing are accelerated, not the rule;
 ``bench/preemptor_bench.py`` times both.
 """
 from __future__ import annotations
@@ -17,9 +19,9 @@ from gpusched.core.model import JobPhase
 from gpusched.core.priority import priority_value
 from gpusched.core.state import ClusterState, JobState, NodeState
 from gpusched.policies.preemption.decisions import Preemption, _decision
-from gpusched.policies.preemption.protection import Shield, lost_gpu_s, running_since
+from gpusched.policies.preemption.search_context import Found, SearchContext
 from gpusched.policies.preemption.victim_rules import (
-    REASON_PRIORITY, REASON_RECLAIM, Found, PreemptionConfig, SearchContext)
+    REASON_PRIORITY, PreemptionConfig, above_guarantee, borrowing_order, crosses_guarantee, reason, set_costly)
 from gpusched.policies.preemption.victim_search import could_host, worker_slots
 from gpusched.policies.queueing.quota import within_limits
 from gpusched.policies.statement import Statement
@@ -302,31 +304,23 @@ class FrozenSearchContext(SearchContext):
         if sets is None:
             guarantee = self.config.guaranteed_milli(team)
             mine = [j for j in self.team_jobs().get(team, ()) if j.job_id not in self.taken]
-            mine.sort(key=lambda j: (-priority_value(j.spec.priority_class), running_since(j), j.seq))
+            mine.sort(key=borrowing_order)
             cumulative = self.extra.get(team, 0)   # beneficiaries booked here come first
             sets = (set(), set())
             for j in mine:
-                if cumulative >= guarantee:
+                if above_guarantee(cumulative, guarantee):
                     sets[1].add(j.job_id)
-                cumulative += j.milli
-                if cumulative > guarantee:
+                if crosses_guarantee(cumulative, j.milli, guarantee):
                     sets[0].add(j.job_id)
+                cumulative += j.milli
             self._borrowed[team] = sets
         return sets
 
     def borrowed(self, job: JobState) -> bool:
         return job.job_id in self._ranked(job.team)[0]
 
-    def reclaim_shield(self, victim: JobState) -> Shield | None:
-        """A reclaim never takes a team below its guarantee (a job straddling it stays: else
-        the reclaimed team falls short, reclaims in turn, and the two teams flip), nor takes
-        a job it reclaimed less than ``reclaim_window_s`` ago."""
-        if victim.job_id not in self._ranked(victim.team)[1]:
-            return Shield.GUARANTEED
-        recent = self.now - victim.preempted_at < self.config.reclaim_window_s
-        if recent and victim.preempted_reason.startswith(REASON_RECLAIM + ":"):
-            return Shield.RECLAIM_WINDOW
-        return None
+    def wholly_above(self, job: JobState) -> bool:
+        return job.job_id in self._ranked(job.team)[1]
 
     def find(self, job: JobState, scratch: Statement) -> Found | None:
         """The cheapest victims for ``job`` (empty when it fits as is), with the placement it
@@ -340,7 +334,7 @@ class FrozenSearchContext(SearchContext):
                                     lambda v: self.cost(v, mine), lambda vs: self.set_key(vs, mine),
                                     self.config.max_victims)
         victims = search.run()
-        if victims is None or sum(lost_gpu_s(v, self.now) for v in victims) > self.allowance(job):
+        if victims is None or set_costly(victims, job, self.now, self.config):
             return None
         mark = scratch.checkpoint()
         try:
@@ -351,10 +345,7 @@ class FrozenSearchContext(SearchContext):
             scratch.rollback(mark)
         if placed is None:
             return None   # the slot count and the placer disagree (MIG corner): do nothing
-        reclaimed = any(priority_value(v.spec.priority_class) >= mine or v.job_id in self.via_reclaim
-                        for v in victims)
-        reason = REASON_RECLAIM if reclaimed else REASON_PRIORITY
-        return Found(victims, placed, reason)
+        return Found(victims, placed, reason(victims, mine, self.via_reclaim))
 
     def take(self, job: JobState, found: Found, scratch: Statement) -> None:
         """Release the victims and book the job, tentatively, for the rest of this call:

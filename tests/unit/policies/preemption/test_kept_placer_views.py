@@ -18,9 +18,10 @@ from gpusched.policies.placement.kept_index import KEPT
 from gpusched.policies.placement.mig_index import MigIndex
 from gpusched.policies.placement.topology import GangCapacities
 from gpusched.policies.preemption.decisions import preemption_decisions, preemption_events, victims_for
-from gpusched.policies.preemption.defrag import MovableEntries, _may_move, defrag_decisions
+from gpusched.policies.preemption.defrag import MovableEntries, defrag_decisions
 from gpusched.policies.preemption.kept_movable import KEY as MOVABLE, KeptMovable
 from gpusched.policies.preemption.victim_index import VictimIndex
+from gpusched.policies.preemption.victim_rules import may_move_now
 from tests.unit.core.builders import Log, make_node, make_spec, whole
 from tests.unit.policies import preemption_oracle as oracle
 from tests.unit.policies.kept_index_steps import contents, fresh_like
@@ -178,7 +179,7 @@ def _varied_job(log: Log, jid: str, slots: list[tuple[str, int]], data) -> None:
 def test_kept_movable_jobs_are_those_defrag_may_move(data):
     """On a pool of varied jobs, at a few clocks with changes of the log between them, the
     kept movable jobs (``KeptMovable``) are on each node the jobs defragmentation's own
-    rule (``defrag._may_move``) says may move: the two read one rule."""
+    rule (``victim_rules.may_move_now``) says may move: the two read one rule."""
     d = data.draw
     log = Log(*(make_node(f"n{i}", gpus=4) for i in range(d(st.integers(1, 3)))))
     slots = d(st.permutations([(name, gpu) for name in log.state.nodes for gpu in range(4)]))
@@ -195,7 +196,7 @@ def test_kept_movable_jobs_are_those_defrag_may_move(data):
         listed = kept.refresh(state, state.nodes, now, config).entries(now)
         assert {(e[2], e[4].job_id) for e in listed} == {
             (name, jid) for name, node in state.nodes.items() for jid in node.jobs
-            if _may_move(state.jobs[jid], now, config)}
+            if may_move_now(state.jobs[jid], now, config)}
         now = _next_round(c, data, now, config, victims, 2)
 
 
@@ -214,7 +215,7 @@ def test_what_a_call_changed_and_undid_does_not_stay_in_the_kept_views():
     freed GPU) about a job that still does not fit, so the placer books nothing there; the
     release undone, the kept views must not keep the freed GPU: the kept set noted the
     node when the placer's views heard of it (``PlacerViews._catch_up``)."""
-    from gpusched.policies.preemption.victim_rules import PreemptionConfig, SearchContext
+    from gpusched.policies.preemption.search_context import SearchContext
     c = _full_pool()
     views: dict = {}
     ctx = SearchContext(c.state, NOW, other_rules(), None, views)

@@ -13,7 +13,7 @@ from gpusched.core.digest import digest
 from gpusched.core.model import JobPhase
 from gpusched.policies.preemption.decisions import preemption_decisions
 from gpusched.policies.preemption.defrag import _blocked, blocked_by_fragmentation, defrag_decisions
-from gpusched.policies.preemption.victim_rules import SearchContext
+from gpusched.policies.preemption.search_context import SearchContext
 from tests.unit.policies import preemption_oracle as oracle
 from tests.unit.policies.random_preemption import SETTINGS
 from tests.unit.policies.preemption.index_clusters import busy_cluster, fragmented_cluster, config_for

@@ -23,7 +23,8 @@ from gpusched.core.model import JobSpec, WorkerResources
 from gpusched.core.priority import PRIORITY_CLASSES
 from gpusched.core.reducer import apply
 from gpusched.core.state import ClusterState
-from gpusched.policies.preemption.victim_rules import PreemptionConfig, SearchContext
+from gpusched.policies.preemption.search_context import SearchContext
+from gpusched.policies.preemption.victim_rules import PreemptionConfig
 from gpusched.policies.queueing.fairshare import QueueContext, tier_of
 from gpusched.policies.queueing.guarantee_hold import GuaranteeHold
 from gpusched.policies.queueing.order import QUEUE_ORDERS
