@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from gpusched.policies.placement.fragmentation import final_waste
+from gpusched.policies.placement.fgd.fragmentation import final_waste
 from tests.unit.policies import placement_reference as reference
 from tests.unit.core.builders import make_spec, share, whole
 from tests.unit.policies.placement_cases import Case, check, choose, cpu_job, node

@@ -1,27 +1,15 @@
-"""Fragmentation-aware placement: FGD (Weng et al., "Beware of Fragmentation", ATC'23)
-and ``fgd-lookahead``, ours: FGD with a look-ahead at the waste it leaves behind.
+"""The placement policies ``fgd`` (FGD, Weng et al., "Beware of Fragmentation", ATC'23)
+and ``fgd-lookahead`` (ours: FGD with a look-ahead at the waste it leaves behind): each
+worker where fragmentation grows least, by the rule of ``fragmentation``.
 
-A node's *fragmentation* is the free GPU capacity the pool's typical tasks could not use
-there, averaged over those tasks by how often they occur (``typical_shapes``): for a task shape
-that fits the node (model, CPU, and enough GPUs with room), the free milli of the GPUs
-too small for it; for one that does not fit, all of the node's free GPU milli. FGD puts
-each worker where that fragmentation grows least (for a GPU share, also on the GPU where
-it grows least). As in the reference simulator, the growth is scored as an integer
-``floor(100 * sigmoid(-growth / 1000))``, so close calls tie and go to the node
-registered first: fragmentation first, then first-fit packing.
-
-A node's *usable* capacity ``U = sum over typical shapes t of p_t * [t fits] * (free
-milli of GPUs big enough for t)`` is kept per node (``frag_view.FragView``), so
-fragmentation is ``free milli - U`` and a candidate's growth is ``U(before) - U(after) -
-request``.
-
-At placer speed: the first request of a kind in a cycle is scored with numpy over the
-pool (one node per group of equal nodes); after that the view keeps, per request, each
-node's best candidate, and a decision rescores only the nodes changed since (the one it
-booked, usually), in plain Python (``frag_rows``), bit for bit the numpy scores. The
-choice is the first node, in registration order, of the least key: the same decision
-as sorting every candidate (``ranked``), which ``scan`` still does where a node refuses
-what the arrays offered and for gangs (``rank``).
+The choice is the first node, in registration order, of the least key: the same
+decision as sorting every candidate (``ranked``), which ``scan`` still does where a node
+refuses what the arrays offered and for gangs (``rank``). At placer speed: the first
+request of a kind in a cycle is scored with numpy over the pool (one node per group of
+equal nodes); after that the pool's scores (``pool_scores.PoolScores``) keep, per
+request, each node's best candidate, and a decision rescores only the nodes changed
+since (the one it booked, usually), in plain Python (``node_scores``), bit for bit the
+numpy scores.
 """
 from __future__ import annotations
 
@@ -36,42 +24,25 @@ from gpusched.core.state import JobState, NodeState
 from gpusched.policies.statement import LentState, Statement
 from gpusched.policies.gpu_fit import StateLike, fits_node, pick_gpus
 from gpusched.policies.placement.gang import Choice
-from gpusched.policies.placement.arrays import NodeArrays, arrays_for
-# The view and its numbers; compile_mix, usable and final_waste are read from here too.
-from gpusched.policies.placement.frag_view import (  # noqa: F401
-    NONE, FEW_ROWS, CACHED_REQUESTS, PATIENCE, Best, FragView, Shape, compile_mix, final_waste, usable)
-from gpusched.policies.placement.frag_rows import Row
+from gpusched.policies.placement.arrays import arrays_for
+from gpusched.policies.placement.fgd.fragmentation import (
+    PATIENCE, POPULARITY, candidates, fgd_score, growth)
+from gpusched.policies.placement.fgd.node_scores import Row, kept_scorer
+from gpusched.policies.placement.fgd.pool_scores import (
+    CACHED_REQUESTS, FEW_ROWS, NONE, Best, Need, PoolScores)
+from gpusched.policies.placement.fgd.task_mix import fix_mixes, pool_mix
 from gpusched.policies.placement.heuristics import choose_mig, rank_mig
-# The typical-task mix and the default of ``Fgd(popularity=...)`` (``FgdLookahead(patience=...)``'s: frag_view).
-from gpusched.policies.placement.frag_mix import (
-    POPULARITY, fix_mixes, kept_scorer, pool_mix, raw_counts, typical_of,
-)
 
 
 # Every field of a request: the key of its ``Best`` in the view.
 _FIELDS = attrgetter(*(f.name for f in fields(WorkerResources)))
 
 
-def shape_of(res: WorkerResources) -> Shape | None:
-    if res.is_mig:
-        return None                       # FGD models GPU shares, not MIG slices
-    if res.is_share:
-        return (res.cpu_milli, res.gpu_milli, 1, res.gpu_models)
-    return (res.cpu_milli, 1000 if res.gpus else 0, res.gpus, res.gpu_models)
-
-
-def typical_shapes(state: StateLike, pool: str, popularity: float = POPULARITY) -> dict[Shape, float]:
-    """The pool's current workload (pending jobs and jobs holding GPUs), one count per
-    worker, reduced to the most frequent shapes covering ``popularity`` of them, with
-    their frequencies (summing to 1). Empty when the state has no jobs to look at."""
-    return typical_of(raw_counts(state, pool), popularity)
-
-
 class Fgd:
     """Fragmentation gradient descent: least growth of fragmentation, then first fit."""
 
     name = "fgd"
-    lookahead = False   # whether ``packed`` adds fgd-lookahead's keys (``frag_rows`` mirrors it)
+    lookahead = False   # whether ``packed`` adds fgd-lookahead's keys (``node_scores`` mirrors it)
 
     def __init__(self, popularity: float = POPULARITY) -> None:
         if not 0 < popularity <= 1:
@@ -99,7 +70,7 @@ class Fgd:
         # the first candidate; were they ever to differ, walk the whole order as ``scan`` does.
         return self.scan(view, pool, res)
 
-    def scan(self, view: FragView, pool: str, res: WorkerResources) -> Choice | None:
+    def scan(self, view: PoolScores, pool: str, res: WorkerResources) -> Choice | None:
         """Every candidate in order, best first, until a node takes one."""
         arrays = view.arrays
         rows = arrays.feasible(res)
@@ -113,7 +84,7 @@ class Fgd:
                 return node, slots
         return None
 
-    def first(self, view: FragView, res: WorkerResources) -> tuple[int, int] | None:
+    def first(self, view: PoolScores, res: WorkerResources) -> tuple[int, int] | None:
         """(row, GPU index) of the first candidate in ``ranked``'s order over every
         feasible row, or None: from each node's best candidate, kept per request and
         recomputed only for the nodes changed since it was last asked."""
@@ -124,8 +95,8 @@ class Fgd:
             if len(view.best) >= CACHED_REQUESTS:
                 del view.best[next(iter(view.best))]   # the oldest
             count = len(view.arrays.nodes)
-            need = (res.cpu_milli, res.memory_mib, res.gpu_milli if res.is_share else 0, res.gpus,
-                    view.arrays.allowed_models(res))
+            need = Need(res.cpu_milli, res.memory_mib, res.gpu_milli if res.is_share else 0, res.gpus,
+                        view.arrays.allowed_models(res))
             best = view.best[request] = Best(len(view.changed), len(view.grew), np.full(count, NONE, dtype=np.int64),
                                              np.zeros(count, np.int64), set(), view.scorer.scorer(res), need)
             best.fits.update(self.fill(view, best, res))
@@ -136,7 +107,7 @@ class Fgd:
         i = int(best.key.argmin())   # the first row of the least key: registration order
         return None if best.key.item(i) == NONE else (i, best.gpu.item(i))   # item: a Python int
 
-    def catch_up(self, view: FragView, best: Best, res: WorkerResources) -> None:
+    def catch_up(self, view: PoolScores, best: Best, res: WorkerResources) -> None:
         """Rescore the rows changed since ``best`` last saw the view: those that fitted,
         and those that grew (capacity that only shrank cannot make a node fit; GPU memory
         aside, which ``Best.fits`` leaves aside)."""
@@ -155,7 +126,7 @@ class Fgd:
         fits.difference_update(rows)
         fits.update(feasible.tolist())
 
-    def fill(self, view: FragView, best: Best, res: WorkerResources) -> list[int]:
+    def fill(self, view: PoolScores, best: Best, res: WorkerResources) -> list[int]:
         """``best`` of a request asked for the first time in the cycle: rows that have
         not changed since the view was built score alike within a group of equal rows,
         so one row of each group is scored, on its values when the view was built (in
@@ -176,7 +147,7 @@ class Fgd:
         self.rescore(view, best, changed, res)
         return fits
 
-    def fill_groups(self, view: FragView, best: Best, reps: list[Row], res: WorkerResources,
+    def fill_groups(self, view: PoolScores, best: Best, reps: list[Row], res: WorkerResources,
                     memory: bool) -> list[int]:
         """``fill``'s unchanged rows: each group's best candidate scored on one row,
         as ``rescore`` scores it. Returns the unchanged rows that take ``res``. A group's
@@ -201,7 +172,7 @@ class Fgd:
         best.key[:], best.gpu[:] = np.where(ok, key[group], NONE), gpu[group]
         return np.flatnonzero(ok).tolist()
 
-    def fill_numpy(self, view: FragView, best: Best, res: WorkerResources, memory: bool) -> np.ndarray:
+    def fill_numpy(self, view: PoolScores, best: Best, res: WorkerResources, memory: bool) -> np.ndarray:
         """``fill`` with numpy, one row of each group at once (many groups)."""
         rows = view.arrays.feasible(res)
         moved = view.moved[rows]
@@ -220,8 +191,8 @@ class Fgd:
             self.rescore(view, best, changed.tolist(), res)
         return rows
 
-    def rescore(self, view: FragView, best: Best, rows: Iterable[int], res: WorkerResources) -> None:
-        """``refresh`` of a few changed rows, one by one (``frag_rows``: the same numbers)."""
+    def rescore(self, view: PoolScores, best: Best, rows: Iterable[int], res: WorkerResources) -> None:
+        """``refresh`` of a few changed rows, one by one (``node_scores``: the same numbers)."""
         plain, key, index, fits, score = view.plain, best.key, best.gpu, best.fits, best.score
         need_cpu, need_mem, share, gpus, allowed = best.need
         for i in rows:
@@ -238,7 +209,7 @@ class Fgd:
             else:
                 key[i], index[i] = found
 
-    def refresh(self, view: FragView, best: Best, rows: np.ndarray, res: WorkerResources) -> None:
+    def refresh(self, view: PoolScores, best: Best, rows: np.ndarray, res: WorkerResources) -> None:
         """``best`` on the feasible ``rows`` (sorted): per row, its least candidate by
         (keys, GPU index), as ``ranked`` orders a row's candidates."""
         if not rows.size:
@@ -247,10 +218,9 @@ class Fgd:
         rows, gpu_index, after = candidates(arrays, rows, res, memory=True)
         if not rows.size:
             return
-        growth = view.u[rows] - usable(view.mix, after, arrays.cpu[rows] - res.cpu_milli,
-                                       arrays.model[rows]) - res.milli
         radix = arrays.gpu.shape[1] + 1
-        packed = self.packed(view, rows, after, growth) * radix + (gpu_index + 1)
+        packed = self.packed(view, rows, after, growth(view.mix, view.u[rows], arrays, rows, after, res)) * radix \
+            + (gpu_index + 1)
         if res.is_share:   # several candidates a row, grouped by row
             starts = np.flatnonzero(np.concatenate(([True], rows[1:] != rows[:-1])))
             rows, packed = rows[starts], np.minimum.reduceat(packed, starts)
@@ -274,66 +244,32 @@ class Fgd:
             ranks.setdefault(n.name, len(ranks))
         return ranks
 
-    def ranked(self, view: FragView, rows: np.ndarray, res: WorkerResources):
+    def ranked(self, view: PoolScores, rows: np.ndarray, res: WorkerResources):
         """(candidate rows, their GPU index, the candidates' indices best first) of ``res``
         on the feasible ``rows`` (``view`` synced)."""
         arrays = view.arrays
         rows, gpu_index, after = candidates(arrays, rows, res)
-        # Fragmentation is free milli - U: placing takes res.milli and changes U.
-        growth = view.u[rows] - usable(view.mix, after, arrays.cpu[rows] - res.cpu_milli,
-                                       arrays.model[rows]) - res.milli
-        keys = self.keys(view, rows, after, growth)
+        keys = self.keys(view, rows, after, growth(view.mix, view.u[rows], arrays, rows, after, res))
         return rows, gpu_index, np.lexsort((gpu_index, rows, *reversed(keys)))
 
-    def view(self, state: StateLike, statement: Statement, pool: str) -> FragView:
+    def view(self, state: StateLike, statement: Statement, pool: str) -> PoolScores:
         key = (self.name, self.popularity, self.patience, pool)
         view = statement.views.get(key)
         if view is None:
             arrays = arrays_for(statement, state.nodes, pool)
             mix = pool_mix(state, statement, pool, self.popularity)
             scorer = kept_scorer(statement, key, mix, arrays.models, self.patience, self.lookahead)
-            view = statement.views[key] = FragView(arrays, mix, self.patience, self.lookahead, scorer)
+            view = statement.views[key] = PoolScores(arrays, mix, self.patience, self.lookahead, scorer)
         return view
 
-    def keys(self, view: FragView, rows: np.ndarray, after: np.ndarray, growth: np.ndarray) -> list[np.ndarray]:
+    def keys(self, view: PoolScores, rows: np.ndarray, after: np.ndarray, growth: np.ndarray) -> list[np.ndarray]:
         """Sort keys of the candidates, most significant first, lower better (then node
         registration order, then GPU index)."""
         return [fgd_score(growth)]
 
-    def packed(self, view: FragView, rows: np.ndarray, after: np.ndarray, growth: np.ndarray) -> np.ndarray:
+    def packed(self, view: PoolScores, rows: np.ndarray, after: np.ndarray, growth: np.ndarray) -> np.ndarray:
         """``keys`` as one integer each, in the same order (they are small integers)."""
         return fgd_score(growth).astype(np.int64) + 100
-
-
-def fgd_score(growth: np.ndarray) -> np.ndarray:
-    """The reference's integer score of a fragmentation change, negated (lower better)."""
-    return -np.floor(100 / (1 + np.exp(growth / 1000)))
-
-
-def candidates(arrays: NodeArrays, rows: np.ndarray, res: WorkerResources, memory: bool = False):
-    """(rows, GPU index, free milli per GPU after placing) of every distinct way to place
-    ``res`` on the feasible ``rows``: one per node, or for a share one per node and free
-    amount (GPUs with the same free milli are interchangeable; the lowest index stands for
-    them). ``gpu_index`` is -1 when the worker takes no single chosen GPU. With
-    ``memory``, a share's candidates whose GPU lacks the GPU memory it asks for are left
-    out: the node would refuse them (``take``), and the next candidate in order is the
-    decision."""
-    gpu = arrays.gpu[rows]
-    if res.is_share:
-        r, g = np.nonzero(gpu >= res.gpu_milli)
-        _, first = np.unique(r * 1001 + gpu[r, g], return_index=True)
-        r, g = r[first], g[first]
-        if memory and res.gpu_memory_mib:
-            room = arrays.gmem[rows[r], g] >= res.gpu_memory_mib
-            r, g = r[room], g[room]
-        after = gpu[r].copy()
-        after[np.arange(len(r)), g] -= res.gpu_milli
-        return rows[r], g, after
-    if res.gpus:   # the lowest-index free GPUs, as pick_gpus takes them
-        free = gpu == 1000
-        after = gpu - 1000 * (free & (np.cumsum(free, axis=1) <= res.gpus))
-        return rows, np.full(len(rows), -1), after
-    return rows, np.full(len(rows), -1), gpu
 
 
 def take(node: NodeState, pool: str, res: WorkerResources, index: int) -> tuple[GpuSlot, ...] | None:

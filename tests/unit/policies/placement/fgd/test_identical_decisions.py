@@ -26,9 +26,10 @@ from gpusched.core.reducer import apply
 from gpusched.core.state import ClusterState
 import numpy as np
 
-from gpusched.policies.placement.frag_rows import RowScorer, pairwise
-from gpusched.policies.placement import frag_view, fragmentation
-from gpusched.policies.placement.fragmentation import Fgd, compile_mix, final_waste, usable
+from gpusched.policies.placement.fgd import policy as fgd_policy, pool_scores
+from gpusched.policies.placement.fgd.fragmentation import compile_mix, final_waste, usable
+from gpusched.policies.placement.fgd.node_scores import RowScorer, pairwise
+from gpusched.policies.placement.fgd.policy import Fgd
 from gpusched.policies.placement.registry import PLACEMENTS
 from gpusched.policies.gpu_fit import pick_gpus
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig
@@ -130,7 +131,7 @@ FEW_ROWS = pytest.mark.parametrize("few_rows", [None, 0, 3])
 
 def with_few_rows(monkeypatch, few_rows: int | None) -> None:
     if few_rows is not None:
-        monkeypatch.setattr(fragmentation, "FEW_ROWS", few_rows)
+        monkeypatch.setattr(fgd_policy, "FEW_ROWS", few_rows)
 
 
 @FEW_ROWS
@@ -157,8 +158,8 @@ def test_many_equal_nodes_fill_in_registration_order(monkeypatch, few_rows):
 @pytest.mark.parametrize("long_gap", [0, 7])
 def test_requests_asked_again_after_many_changes_decide_alike(monkeypatch, long_gap):
     """A request asked again after more than ``LONG_GAP`` changes reads the rows changed
-    since from the view's stamps (``FragView.since``), not from the list of changes."""
-    monkeypatch.setattr(frag_view, "LONG_GAP", long_gap)
+    since from the view's stamps (``PoolScores.since``), not from the list of changes."""
+    monkeypatch.setattr(pool_scores, "LONG_GAP", long_gap)
     rng = random.Random(7)
     log = Log(*(node(f"n{i:02d}", gpus=8, cpu=128_000, mem=1_048_576) for i in range(12)))
     for i in range(150):
@@ -171,11 +172,11 @@ def test_requests_asked_again_after_many_changes_decide_alike(monkeypatch, long_
 
 @pytest.mark.parametrize("few_rows", [None, 0])
 def test_the_rows_changed_since_a_place_are_those_listed_after_it(monkeypatch, few_rows):
-    """``FragView.since(seen)``: the rows of ``changed[seen:]``, from either path (the
+    """``PoolScores.since(seen)``: the rows of ``changed[seen:]``, from either path (the
     list's slice, the stamps), after syncs of one row each or of many (numpy's path)."""
-    monkeypatch.setattr(frag_view, "LONG_GAP", 4)
+    monkeypatch.setattr(pool_scores, "LONG_GAP", 4)
     if few_rows is not None:
-        monkeypatch.setattr(frag_view, "FEW_ROWS", few_rows)
+        monkeypatch.setattr(pool_scores, "FEW_ROWS", few_rows)
     log = Log(*(node(f"n{i}", gpus=8, cpu=128_000, mem=1_048_576) for i in range(6)))
     statement = Statement(log.state)
     view = Fgd().view(log.state, statement, log.state.nodes["n0"].info.pool)
@@ -226,7 +227,7 @@ def test_shares_asking_for_gpu_memory_take_the_first_candidate(monkeypatch, few_
 def test_shares_asking_for_gpu_memory_on_a_used_cluster(monkeypatch, few_rows):
     """The cycle's view starts on nodes whose GPUs are equal in free milli but not in
     free GPU memory: shares that ask for GPU memory score one node of each group alike
-    in both (``FragView.memory_group``), the others one of each group alike in milli."""
+    in both (``PoolScores.memory_group``), the others one of each group alike in milli."""
     with_few_rows(monkeypatch, few_rows)
     rng = random.Random(11)
     log = Log(*(node(f"n{i:02d}", gpus=4, cpu=128_000, mem=1_048_576) for i in range(12)))

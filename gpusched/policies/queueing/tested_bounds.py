@@ -27,7 +27,7 @@ from gpusched.policies.queueing.cursor import JobTestCursor
 END = (float("inf"),)   # above any entry: every entry of the list is below
 
 
-class TestedPrefix:
+class TestedBounds:
     """The bounds of one ``TeamQueues``' lists: (young, team) -> [bound, exceptions]."""
 
     __slots__ = ("_round", "_cycle", "_bounds")

@@ -1,70 +1,27 @@
-"""The numbers FGD scores with, per pool and cycle: the typical tasks' mix compiled to
-arrays (``compile_mix``), every node's usable capacity ``U`` (``usable``), fgd-lookahead's
-expected final waste (``final_waste``), and ``FragView``, which keeps them, and each
-recent request's best candidate on every node, true as the cycle's statement books.
+"""FGD's scores of one pool's nodes in one cycle (``PoolScores``): every node's usable
+capacity ``U`` (``fragmentation.usable``) under the cycle's task mix, and each recent
+request's best candidate on every node (``Best``), true as the cycle's statement books.
 
 How it stays cheap: the statement tells the view which nodes it changes (``touch``);
-only those are recomputed, when next asked, and in plain Python (``frag_rows``, bit for
-bit the numpy numbers) since they are few. A request asked for the first time scores
+only those are recomputed, when next asked, and in plain Python (``node_scores``, bit
+for bit the numpy numbers) since they are few. A request asked for the first time scores
 one node of each group of equal nodes (equal free milli per GPU, CPU, model, idleness;
 free host memory, which no score reads, is checked node by node).
 """
 from __future__ import annotations
 
-from bisect import bisect_right
-from collections import Counter
 from dataclasses import dataclass
 from operator import gt
-from typing import Iterable
+from typing import Iterable, NamedTuple
 
 import numpy as np
 
 from gpusched.policies.placement.arrays import NodeArrays
-from gpusched.policies.placement.frag_rows import Row, RowScorer, Score
-
-PATIENCE = 0.1       # fgd-lookahead: how soon a GPU stops getting tasks (final_waste)
-Shape = tuple[int, int, int, tuple[str, ...]]    # (CPU milli, milli per GPU, GPUs, models)
+from gpusched.policies.placement.fgd.fragmentation import PATIENCE, Shape, compile_mix, usable
+from gpusched.policies.placement.fgd.node_scores import Row, RowScorer, Score, WasteTable
 
 
-@dataclass(slots=True)
-class Compiled:
-    """The typical shapes as arrays over one pool's models and CPU thresholds."""
-
-    milli: np.ndarray      # (K,) milli per GPU of each (milli, GPUs) combination
-    count: np.ndarray      # (K,) GPUs it needs
-    cpu_levels: np.ndarray # sorted distinct CPU requests
-    weight: np.ndarray     # (K, models, levels+1): sum of p_t over shapes t of the combination
-                           # the model accepts with CPU request <= the level's
-
-
-def compile_mix(mix: dict[Shape, float], models: list[str]) -> Compiled:
-    gpu_shapes = [(s, p) for s, p in mix.items() if s[2]]
-    combos = sorted({(s[1], s[2]) for s, _ in gpu_shapes})
-    levels = np.array(sorted({s[0] for s, _ in gpu_shapes}), dtype=np.int64)
-    weight = np.zeros((len(combos), len(models), len(levels) + 1))
-    where = {c: i for i, c in enumerate(combos)}
-    for (cpu, milli, gpus, allowed), p in gpu_shapes:
-        level = int(np.searchsorted(levels, cpu, side="right"))
-        for m, model in enumerate(models):
-            if not allowed or model in allowed:
-                weight[where[(milli, gpus)], m, level:] += p
-    return Compiled(np.array([c[0] for c in combos], dtype=np.int64),
-                    np.array([c[1] for c in combos], dtype=np.int64), levels, weight)
-
-
-def usable(mix: Compiled, gpu: np.ndarray, cpu: np.ndarray, model: np.ndarray) -> np.ndarray:
-    """U per row: free milli typical GPU tasks could use, weighted by their frequency."""
-    if not mix.milli.size:
-        return np.zeros(len(cpu))
-    big = gpu[:, None, :] >= mix.milli[None, :, None]                  # rows, combos, GPUs
-    room = (gpu[:, None, :] * big).sum(axis=2)
-    fits = big.sum(axis=2) >= mix.count[None, :]
-    level = np.searchsorted(mix.cpu_levels, cpu, side="right")
-    weight = mix.weight[:, model, level].T                             # rows, combos
-    return (weight * fits * room).sum(axis=1)
-
-
-class FragView:
+class PoolScores:
     """``U`` of every node of a pool under the cycle's task mix, kept up to date, and each
     recent request's best candidate on every node (``best``), also kept up to date.
 
@@ -88,7 +45,7 @@ class FragView:
         # Shared with the row scorer: neither refers to the other, so no reference cycle
         # keeps a cycle's view (its memos, thousands of objects) for the cyclic GC to find;
         # it is freed when the statement drops it.
-        # A scorer kept from an earlier cycle (``frag_mix.kept_scorer``: same mix, models,
+        # A scorer kept from an earlier cycle (``node_scores.kept_scorer``: same mix, models,
         # patience and keys) brings its memos and its waste table.
         self._waste = scorer.final_waste if scorer is not None else WasteTable(mix, patience)
         self.stale: set[int] = set()          # rows changed since the last ``sync``
@@ -157,7 +114,8 @@ class FragView:
             stamp[rows] = np.arange(place, place + len(rows))
         for i in rows:
             gpu, cpu, mem, idle, gmem = a.plain[i]
-            was = plain.get(i) or initial[i]
+            # Its values when last synced (a ``Row``) or when the view was built (``NodeArrays.plain``).
+            was_gpu, was_cpu, was_mem, *_, was_gmem = plain.get(i) or initial[i]
             row = plain[i] = scorer.row(gpu, cpu, mem, model[i], idle, gmem)   # its U: bit for bit numpy's
             if one_by_one:   # numpy's cost is per call: one element at a time for a few rows
                 u[i] = row.u
@@ -166,7 +124,7 @@ class FragView:
                 place += 1
             # Capacity that grew (CPU, memory, a GPU's free milli or memory) may let a
             # request fit where it did not.
-            if cpu > was[1] or mem > was[2] or any(map(gt, gpu, was[0])) or any(map(gt, gmem, was[-1])):
+            if cpu > was_cpu or mem > was_mem or any(map(gt, gpu, was_gpu)) or any(map(gt, gmem, was_gmem)):
                 grew.append(i)
         if not one_by_one:
             moved[rows] = True
@@ -214,59 +172,20 @@ class Best:
     gpu: np.ndarray
     fits: set[int]         # rows that take the request, GPU memory aside
     score: Score           # the request's scorer of one row (``RowScorer.scorer``)
-    need: tuple            # what a row needs to take the request: (CPU, memory, largest free
-                           # milli of one GPU, free whole GPUs, per model whether it is accepted)
+    need: Need             # what a row needs to take the request
 
 
-class WasteTable:
-    """``final_waste`` of one mix, computed when first asked."""
+class Need(NamedTuple):
+    """What a row needs to take a request (``node_scores.row_takes``, inline)."""
 
-    __slots__ = ("shapes", "patience", "_table")
-
-    def __init__(self, shapes: dict[Shape, float], patience: float) -> None:
-        self.shapes, self.patience = shapes, patience
-        self._table: np.ndarray | None = None
-
-    def __call__(self) -> np.ndarray:
-        if self._table is None:
-            self._table = final_waste(self.shapes, self.patience)
-        return self._table
+    cpu: int               # free CPU milli
+    mem: int               # free host memory MiB
+    share: int             # free milli of one GPU (0: not a share)
+    gpus: int              # free whole GPUs
+    allowed: list[bool]    # per model of the pool, whether the request accepts it
 
 
 NONE = np.iinfo(np.int64).max
-FEW_ROWS = 256            # changed rows rescored one by one in Python (frag_rows); more: numpy
+FEW_ROWS = 256            # changed rows rescored one by one in Python (node_scores); more: numpy
 CACHED_REQUESTS = 256    # distinct requests a view keeps the per-node best of
 LONG_GAP = 128            # changes since a Best last looked, past which ``since`` asks numpy
-
-
-def final_waste(mix: dict[Shape, float], patience: float = PATIENCE) -> np.ndarray:
-    """``w[f]``, f = 0..1000: the free milli a GPU with ``f`` free is expected to be left
-    with. Typical tasks arrive in proportion to their frequency ``p``; one that fits (a
-    share of ``s <= f`` milli; a whole-GPU task when the GPU is free) lands and leaves
-    ``f - s``; meanwhile the GPU stops getting tasks at rate ``patience`` (the run ends,
-    or other GPUs take them), so ``w[f] = (patience * f + sum p * w[f - s]) /
-    (patience + sum p)`` over the tasks that fit. A 190-milli hole that only rare small
-    tasks fit is expected to stay nearly empty; a 530 hole that a common 470 fills, not."""
-    shares: Counter[int] = Counter()
-    whole = 0.0
-    for (_, milli, gpus, _), p in mix.items():
-        if gpus == 1 and milli < 1000:
-            shares[milli] += p
-        elif gpus:
-            whole += p
-    sizes = np.array(sorted(shares), dtype=np.int64)
-    p = np.array([shares[s] for s in sizes])
-    # What depends on the shares that fit alone, once per count k of them (sizes[:k]):
-    # their frequencies, and the sum of those, each the very numpy operation it was when
-    # computed anew for each f; and the free milli each leaves of every f.
-    heads = [(p[:k], p[:k].sum()) for k in range(len(sizes) + 1)]
-    left = np.arange(1001)[:, None] - sizes[None, :]
-    bounds = sizes.tolist()
-    w = np.zeros(1001)
-    for f in range(1, 1001):
-        k = bisect_right(bounds, f)     # shares that fit: sizes[:k]
-        fit, reach = heads[k]
-        if f == 1000:
-            reach = reach + whole
-        w[f] = (patience * f + fit @ w[left[f, :k]]) / (patience + reach)
-    return w
