@@ -27,7 +27,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections import Counter
 from dataclasses import dataclass
-from typing import Mapping, NamedTuple
+from typing import Any, Mapping, NamedTuple
 
 import numpy as np
 
@@ -107,8 +107,8 @@ def compile_mix(mix: dict[Shape, float], models: list[str]) -> MixArrays:
         for m, model in enumerate(models):
             if not allowed or model in allowed:
                 weight[where[(milli, gpus)], m, level:] += p
-    return MixArrays(np.array([c[0] for c in combos], dtype=np.int64),
-                     np.array([c[1] for c in combos], dtype=np.int64), levels, weight)
+    return MixArrays(np.array([milli for milli, _ in combos], dtype=np.int64),
+                     np.array([gpus for _, gpus in combos], dtype=np.int64), levels, weight)
 
 
 def usable(mix: MixArrays, gpu: np.ndarray, cpu: np.ndarray, model: np.ndarray) -> np.ndarray:
@@ -131,7 +131,7 @@ def growth(mix: MixArrays, u: np.ndarray, arrays: NodeArrays, rows: np.ndarray, 
     return u - usable(mix, after, arrays.cpu[rows] - res.cpu_milli, arrays.model[rows]) - res.milli
 
 
-def fgd_score(growth: np.ndarray) -> np.ndarray:
+def fgd_score(growth: np.ndarray | float) -> Any:
     """The reference's integer score of a fragmentation change, negated (lower better)."""
     return -np.floor(100 / (1 + np.exp(growth / 1000)))
 

@@ -98,7 +98,7 @@ Score = Callable[[Row], "tuple[int, ...] | None"]
 def row_takes(res: WorkerResources, allowed: list[bool], memory: bool = True) -> Callable[[Row], bool]:
     """Whether a row has room for one worker of ``res`` (GPU memory aside; ``allowed``:
     per model, whether ``res`` accepts it), as ``NodeArrays.feasible`` decides it
-    (``Fgd.rescore`` checks the same inline); without ``memory``, host memory aside too."""
+    (``PoolScores.rescore`` checks the same inline); without ``memory``, host memory aside too."""
     need_cpu, need_mem, gpus = res.cpu_milli, res.memory_mib if memory else 0, res.gpus
     share = res.gpu_milli if res.is_share else 0
     return lambda row: (row.cpu >= need_cpu and row.mem >= need_mem and allowed[row.model]
@@ -130,7 +130,7 @@ class RowScorer:
         self._tallies: dict[tuple, tuple[tuple[int, ...], tuple[int, ...]]] = {}
         self._memo: dict[tuple[int, int], dict[object, Found]] = {}
         self._kinds: dict[Signature, int] = {}     # signature -> its number
-        self._rows: dict[tuple, tuple[float, int, int, tuple, int]] = {}   # by (GPUs, CPU level, model, idle)
+        self._rows: dict[tuple, tuple[float, int, int, Signature, int]] = {}   # by (GPUs, CPU level, model, idle)
         # Weakly: the scorers refer to this object, which holding them would make a
         # reference cycle, left to the cyclic GC (each Best holds its scorer).
         self._requests: WeakValueDictionary[WorkerResources, Score] = WeakValueDictionary()
@@ -206,7 +206,7 @@ class RowScorer:
     def scorer(self, res: WorkerResources) -> Score:
         """``res``'s scorer of rows that take it (checked by the caller, GPU memory
         aside): the row's least candidate by (keys, GPU index), the keys packed as
-        ``Fgd.packed`` / ``FgdLookahead.packed`` pack them.
+        ``policy.Fgd.packed`` / ``policy.FgdLookahead.packed`` pack them.
 
         Candidates are kept by row signature and CPU level after placing, so nodes alike
         share the work. The keys do not depend on the order of the GPUs (sums whose terms

@@ -1,6 +1,8 @@
 """FGD's scores of one pool's nodes in one cycle (``PoolScores``): every node's usable
 capacity ``U`` (``fragmentation.usable``) under the cycle's task mix, and each recent
-request's best candidate on every node (``Best``), true as the cycle's statement books.
+request's best candidate on every node (``Best``), true as the cycle's statement books;
+a request's decision (``first``) is the first node, in registration order, of the least
+key, the one ranking every candidate by the policy's keys gives (``policy.Fgd.ranked``).
 
 How it stays cheap: the statement tells the view which nodes it changes (``touch``);
 only those are recomputed, when next asked, and in plain Python (``node_scores``, bit
@@ -10,15 +12,21 @@ free host memory, which no score reads, is checked node by node).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from operator import gt
-from typing import Iterable, NamedTuple
+from dataclasses import dataclass, fields
+from operator import attrgetter, gt
+from typing import Callable, Iterable, NamedTuple
 
 import numpy as np
 
+from gpusched.core.model import WorkerResources
 from gpusched.policies.placement.arrays import NodeArrays
-from gpusched.policies.placement.fgd.fragmentation import PATIENCE, Shape, compile_mix, usable
+from gpusched.policies.placement.fgd.fragmentation import PATIENCE, Shape, candidates, compile_mix, growth, usable
 from gpusched.policies.placement.fgd.node_scores import Row, RowScorer, Score, WasteTable
+
+# Every field of a request: the key of its ``Best``.
+_FIELDS = attrgetter(*(f.name for f in fields(WorkerResources)))
+# A policy's ``packed``: (view, rows, free milli per GPU after, growth) -> one sort key a candidate.
+Packed = Callable[["PoolScores", np.ndarray, np.ndarray, np.ndarray], np.ndarray]
 
 
 class PoolScores:
@@ -29,15 +37,16 @@ class PoolScores:
     node alone is recomputed for those nodes only, when next asked: ``U`` (``sync``),
     and a request's per-node best (``Best``, refreshed from the ``changed`` rows)."""
 
-    def __init__(self, arrays: NodeArrays, mix: dict[Shape, float], patience: float = PATIENCE,
+    def __init__(self, arrays: NodeArrays, mix: dict[Shape, float], packed: Packed, patience: float = PATIENCE,
                  lookahead: bool = False, scorer: RowScorer | None = None) -> None:
         self.arrays = arrays
+        self.packed = packed         # the policy's sort keys of candidates, one integer each
         self.lookahead = lookahead   # whose keys ``scorer`` packs: fgd-lookahead's, or FGD's
         self.shapes = mix
         self.patience = patience
         self.mix = compile_mix(mix, arrays.models)
         # Rows alike in what a score reads (free milli per GPU, CPU, model, idleness) at
-        # the start: ``Fgd.fill`` scores one row of each group, and U, a row's own
+        # the start: ``fill`` scores one row of each group, and U, a row's own
         # function, is computed on one row of each group.
         self.group = _groups(arrays.gpu, arrays.cpu, arrays.model, arrays.idle)
         first = _firsts(self.group)
@@ -97,7 +106,7 @@ class PoolScores:
 
     def sync(self) -> None:
         """Bring ``U`` up to date (each row's U depends on that row alone), and the
-        plain-Python copy of the changed rows that ``Fgd.rescore`` reads."""
+        plain-Python copy of the changed rows that ``rescore`` reads."""
         if not self.stale:
             return
         a = self.arrays
@@ -140,6 +149,149 @@ class PoolScores:
         if self._scorer is None:
             self._scorer = RowScorer(self.mix, self._waste, self.lookahead)
         return self._scorer
+
+    def first(self, res: WorkerResources) -> tuple[int, int] | None:
+        """(row, GPU index) of the first candidate in ``policy.Fgd.ranked``'s order over every
+        feasible row, or None: from each node's best candidate, kept per request and
+        recomputed only for the nodes changed since it was last asked."""
+        self.sync()
+        request = _FIELDS(res)   # hashed and compared in C, not by the dataclass's methods
+        best = self.best.get(request)
+        if best is None:
+            if len(self.best) >= CACHED_REQUESTS:
+                del self.best[next(iter(self.best))]   # the oldest
+            count = len(self.arrays.nodes)
+            need = Need(res.cpu_milli, res.memory_mib, res.gpu_milli if res.is_share else 0, res.gpus,
+                        self.arrays.allowed_models(res))
+            best = self.best[request] = Best(len(self.changed), len(self.grew), np.full(count, NONE, dtype=np.int64),
+                                             np.zeros(count, np.int64), set(), self.scorer.scorer(res), need)
+            best.fits.update(self.fill(best, res))
+        elif best.seen < len(self.changed):
+            self.catch_up(best, res)
+        if not best.key.size:        # a pool without nodes
+            return None
+        i = int(best.key.argmin())   # the first row of the least key: registration order
+        return None if best.key.item(i) == NONE else (i, best.gpu.item(i))   # item: a Python int
+
+    def catch_up(self, best: Best, res: WorkerResources) -> None:
+        """Rescore the rows changed since ``best`` last saw the view: those that fitted,
+        and those that grew (capacity that only shrank cannot make a node fit; GPU memory
+        aside, which ``Best.fits`` leaves aside)."""
+        fits, changed, grew = best.fits, self.changed, self.grew
+        rows = fits.intersection(self.since(best.seen))
+        if best.grown < len(grew):
+            rows.update(grew[best.grown:])
+        best.seen, best.grown = len(changed), len(grew)
+        if len(rows) <= FEW_ROWS:
+            self.rescore(best, rows, res)
+            return
+        at = np.array(sorted(rows), dtype=np.int64)
+        best.key[at] = NONE
+        feasible = self.arrays.feasible(res, at)
+        self.refresh(best, feasible, res)
+        fits.difference_update(rows)
+        fits.update(feasible.tolist())
+
+    def fill(self, best: Best, res: WorkerResources) -> list[int]:
+        """``best`` of a request asked for the first time in the cycle: rows that have
+        not changed since the view was built score alike within a group of equal rows,
+        so one row of each group is scored, on its values when the view was built (in
+        plain Python when the groups are few); the changed ones are scored one by one.
+        Returns the feasible rows but the changed ones ``rescore`` added to ``fits``."""
+        if not len(self.moved):   # a pool without nodes
+            return []
+        memory = bool(res.is_share and res.gpu_memory_mib)
+        reps = self.representatives(memory)
+        if len(reps) > FEW_ROWS:
+            return self.fill_numpy(best, res, memory).tolist()
+        fits = self.fill_groups(best, reps, res, memory)
+        changed = list(self.plain)   # the rows changed since the view was built
+        if len(changed) > FEW_ROWS:
+            at = self.arrays.feasible(res, np.array(sorted(changed), dtype=np.int64))
+            self.refresh(best, at, res)
+            return fits + at.tolist()
+        self.rescore(best, changed, res)
+        return fits
+
+    def fill_groups(self, best: Best, reps: list[Row], res: WorkerResources,
+                    memory: bool) -> list[int]:
+        """``fill``'s unchanged rows: each group's best candidate scored on one row,
+        as ``rescore`` scores it. Returns the unchanged rows that take ``res``. A group's
+        rows may differ in free host memory, which no score reads: each row's own is
+        checked, not its group's."""
+        # Python lists, one numpy array each at the end: a few hundred groups a request,
+        # and numpy's cost is per element written. The last entry: the changed rows.
+        key, gpu, taken = [NONE] * (len(reps) + 1), [0] * (len(reps) + 1), [False] * (len(reps) + 1)
+        need_cpu, _, share, gpus, allowed = best.need
+        score = best.score
+        for g, row in enumerate(reps):
+            # ``row_takes`` but host memory (checked row by row below), inline as in ``rescore``
+            if row.cpu >= need_cpu and row.mem >= 0 and allowed[row.model] and row.largest >= share \
+                    and row.whole >= gpus:
+                taken[g] = True
+                found = score(row)
+                if found is not None:
+                    key[g], gpu[g] = found
+        key, gpu, taken = np.array(key, dtype=np.int64), np.array(gpu, dtype=np.int64), np.array(taken, dtype=bool)
+        group = np.where(self.moved, len(reps), self.memory_group if memory else self.group)
+        ok = taken[group] & (self.arrays.mem >= res.memory_mib)
+        best.key[:], best.gpu[:] = np.where(ok, key[group], NONE), gpu[group]
+        return np.flatnonzero(ok).tolist()
+
+    def fill_numpy(self, best: Best, res: WorkerResources, memory: bool) -> np.ndarray:
+        """``fill`` with numpy, one row of each group at once (many groups)."""
+        rows = self.arrays.feasible(res)
+        moved = self.moved[rows]
+        fresh = rows[~moved]
+        if fresh.size:
+            group = self.memory_group if memory else self.group
+            _, first, inverse = np.unique(group[fresh], return_index=True, return_inverse=True)
+            scored = fresh[first]
+            self.refresh(best, scored, res)
+            best.key[fresh] = best.key[scored][inverse]
+            best.gpu[fresh] = best.gpu[scored][inverse]
+        changed = rows[moved]
+        if changed.size > FEW_ROWS:
+            self.refresh(best, changed, res)
+        elif changed.size:
+            self.rescore(best, changed.tolist(), res)
+        return rows
+
+    def rescore(self, best: Best, rows: Iterable[int], res: WorkerResources) -> None:
+        """``refresh`` of a few changed rows, one by one (``node_scores``: the same numbers)."""
+        plain, key, index, fits, score = self.plain, best.key, best.gpu, best.fits, best.score
+        need_cpu, need_mem, share, gpus, allowed = best.need
+        for i in rows:
+            row = plain[i]
+            if row.cpu < need_cpu or row.mem < need_mem or not allowed[row.model] or row.largest < share or row.whole < gpus:
+                if i in fits:   # a row out of ``fits`` has no key already
+                    fits.remove(i)
+                    key[i] = NONE
+                continue
+            fits.add(i)
+            found = score(row)
+            if found is None:   # no candidate whose GPU has the memory asked for (yet: see Best)
+                key[i] = NONE
+            else:
+                key[i], index[i] = found
+
+    def refresh(self, best: Best, rows: np.ndarray, res: WorkerResources) -> None:
+        """``best`` on the feasible ``rows`` (sorted): per row, its least candidate by
+        (keys, GPU index), as ``policy.Fgd.ranked`` orders a row's candidates."""
+        if not rows.size:
+            return
+        arrays = self.arrays
+        rows, gpu_index, after = candidates(arrays, rows, res, memory=True)
+        if not rows.size:
+            return
+        radix = arrays.gpu.shape[1] + 1
+        packed = self.packed(self, rows, after, growth(self.mix, self.u[rows], arrays, rows, after, res)) * radix \
+            + (gpu_index + 1)
+        if res.is_share:   # several candidates a row, grouped by row
+            starts = np.flatnonzero(np.concatenate(([True], rows[1:] != rows[:-1])))
+            rows, packed = rows[starts], np.minimum.reduceat(packed, starts)
+        best.key[rows], best.gpu[rows] = np.divmod(packed, radix)
+        best.gpu[rows] -= 1
 
 
 def _groups(*columns: np.ndarray) -> np.ndarray:

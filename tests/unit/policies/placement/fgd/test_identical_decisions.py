@@ -26,7 +26,7 @@ from gpusched.core.reducer import apply
 from gpusched.core.state import ClusterState
 import numpy as np
 
-from gpusched.policies.placement.fgd import policy as fgd_policy, pool_scores
+from gpusched.policies.placement.fgd import pool_scores
 from gpusched.policies.placement.fgd.fragmentation import compile_mix, final_waste, usable
 from gpusched.policies.placement.fgd.node_scores import RowScorer, pairwise
 from gpusched.policies.placement.fgd.policy import Fgd
@@ -131,7 +131,7 @@ FEW_ROWS = pytest.mark.parametrize("few_rows", [None, 0, 3])
 
 def with_few_rows(monkeypatch, few_rows: int | None) -> None:
     if few_rows is not None:
-        monkeypatch.setattr(fgd_policy, "FEW_ROWS", few_rows)
+        monkeypatch.setattr(pool_scores, "FEW_ROWS", few_rows)
 
 
 @FEW_ROWS
