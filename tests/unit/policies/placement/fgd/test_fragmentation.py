@@ -1,5 +1,6 @@
 """FGD's rule (``placement.fgd.fragmentation``): ``usable``, over numpy arrays, against
-the definition of a node's fragmentation written out one node at a time."""
+the definition of a node's fragmentation written out one node at a time; fgd-lookahead's
+``final_waste``, by hand and against the reference's."""
 from __future__ import annotations
 
 import numpy as np
@@ -7,7 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpusched.policies.placement.fgd.fragmentation import compile_mix, usable
+from gpusched.policies.placement.fgd.fragmentation import compile_mix, final_waste, usable
+from tests.unit.policies import placement_reference as reference
 
 
 def fragmentation(mix: dict, gpus: list[int], cpu: int, model: str) -> float:
@@ -46,3 +48,33 @@ def test_usable_matches_the_definition_of_fragmentation(raw, gpus, cpus, models)
     for i in range(rows):
         expected = fragmentation(mix, gpus[i], cpus[i], models[i])
         assert sum(gpus[i]) - u[i] == pytest.approx(expected, abs=1e-6)
+
+
+@pytest.mark.parametrize("f, expected", [(0, 0), (100, 100), (300, 300)])
+def test_final_waste_of_holes_no_typical_task_fits(f, expected):
+    assert final_waste({(1000, 320, 1, ()): 0.5, (8000, 1000, 1, ()): 0.5})[f] == pytest.approx(expected)
+
+
+def test_final_waste_ranks_holes_by_what_will_fill_them():
+    waste = final_waste({(1000, 810, 1, ()): 0.6, (1000, 470, 1, ()): 0.3, (1000, 320, 1, ()): 0.1})
+    assert waste[210] == pytest.approx(210)    # only rare small tasks: stays empty
+    assert waste[530] < 200                    # a common 470 fills it to 60
+    assert waste[360] < waste[210]             # a 320 fills it to 40
+    assert all(waste[f] <= f + 1e-9 for f in range(1001))
+
+
+# Typical mixes: shares of any size, whole-GPU and CPU-only shapes, any frequencies.
+_SHAPES = st.one_of(st.builds(lambda m: (1000, m, 1, ()), st.integers(1, 999)),
+                    st.builds(lambda n: (1000, 1000, n, ()), st.sampled_from((1, 2, 4, 8))),
+                    st.just((1000, 0, 0, ())))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.dictionaries(_SHAPES, st.floats(0.001, 1.0), min_size=1, max_size=20),
+       st.floats(0.01, 2.0))
+def test_final_waste_is_the_references_bit_for_bit(mix, patience):
+    """The table's every bit as the reference computes it anew for each f: fgd-lookahead
+    rounds its growth of waste, so a last-bit difference could change a decision."""
+    total = sum(mix.values())
+    mix = {shape: p / total for shape, p in mix.items()}
+    assert final_waste(mix, patience).tobytes() == reference.final_waste(mix, patience).tobytes()
