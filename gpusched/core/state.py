@@ -282,7 +282,7 @@ class ClusterState:
     dependents: dict[str, tuple[str, ...]] = field(default_factory=dict)   # job -> jobs waiting for it to end
     # The pending jobs counted by request (``pending_key``), kept by the reducer as jobs
     # enter and leave ``pending``: FGD's task mix reads these few counts instead of every
-    # pending job (``policies.placement.frag_mix.raw_counts``). Not written to snapshots:
+    # pending job (``policies.placement.fgd.task_mix.raw_counts``). Not written to snapshots:
     # rebuilt from ``pending`` on restore (``recount_pending``).
     pending_counts: dict[PendingKey, int] = field(default_factory=dict)
     usage: dict[str, Usage] = field(default_factory=dict)    # team -> usage

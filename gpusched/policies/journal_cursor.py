@@ -1,7 +1,7 @@
 """Where a reader of the reducer's journals stands.
 
 What a policy keeps beside one state between cycles (``touched_nodes``,
-``reservation.kept_ends``, ``placement.frag_mix.KeptMix``, ``queueing.fair_queue``,
+``reservation.kept_ends``, ``placement.fgd.task_mix.KeptMix``, ``queueing.fair_queue``,
 ``preemption.victim_index``) reads the jobs the reducer journalled since its last look
 (``ClusterState.changes``) instead of comparing every job, and the nodes it journalled
 (``ClusterState.node_changes``: registered, lost, cordoned, uncordoned, a GPU's health)

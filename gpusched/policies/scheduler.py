@@ -252,7 +252,7 @@ class Scheduler:
         lazily from the per-team queues ``keys`` keeps (``fair_queue``), so a cycle pays
         for the jobs it reaches, not for the whole queue; nominees are first in it. The
         lazy order leaves out the nominees in ``passed`` and, in a continued cycle, the jobs
-        the cursor's round already tested (``queueing.cursor``, ``queueing.tested_prefix``)."""
+        the cursor's round already tested (``queueing.cursor``, ``queueing.tested_bounds``)."""
         if keys is not None and self.config.queue == FAIR_SHARE:
             keys.bind(None, state)
             queues = keys.fair_queues()

@@ -12,7 +12,7 @@ candidate nodes (``node_ranks``; registration order for a policy without one).
 Every policy breaks ties by node registration order (the order of ``state.nodes``), so a
 decision is a pure function of the state. The policies themselves live in
 ``heuristics`` (indexed best-fit, the FGD paper's baselines) and
-``fragmentation`` (FGD, and ``fgd-lookahead``: ours).
+``fgd`` (FGD, and ``fgd-lookahead``: ours).
 """
 from __future__ import annotations
 

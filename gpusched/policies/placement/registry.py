@@ -11,7 +11,7 @@ import functools
 import inspect
 from typing import Callable
 
-from gpusched.policies.placement.fragmentation import Fgd, FgdLookahead
+from gpusched.policies.placement.fgd.policy import Fgd, FgdLookahead
 from gpusched.policies.placement.gang import Placement
 from gpusched.policies.placement.heuristics import BestFit, DotProduct, GpuClustering, GpuPacking, RandomPlacement
 

@@ -22,7 +22,7 @@ from the state would be, and the call decides as one without it
 The placer's statement is on a copy of the state holding the nodes only (its usage table
 its own). What a placement policy reads of the state's jobs is lent to it (the log state,
 ``statement.lend``): FGD's pool mixes of waiting and running jobs, counted once at the
-call's start (``frag_mix.fix_mixes``, brought in step from kept counts where views are
+call's start (``fgd.task_mix.fix_mixes``, brought in step from kept counts where views are
 kept), and gpu-clustering's node tags (the shapes of the jobs on each node), so the
 question is scored as the placer's cycle scores it
 (``tests/unit/policies/preemption/test_preemption_fgd_mix.py``,

@@ -43,7 +43,7 @@ from gpusched.policies.queueing.shape_key import shape_key
 from gpusched.policies.queueing.shares import (
     KeptCapacity, QueueContext, Vector, _Projection, cluster_capacity, is_aged, job_demand,
 )
-from gpusched.policies.queueing.tested_prefix import TestedPrefix
+from gpusched.policies.queueing.tested_bounds import TestedBounds
 
 
 class TeamQueues:
@@ -56,7 +56,7 @@ class TeamQueues:
     behind never comes back to life if the job returns (it gets a new one)."""
 
     __slots__ = ("_journal", "_jobs", "_aging_s", "_now", "_watermark", "_members", "_aged", "_young",
-                 "_ageing", "_dead", "_rank", "_ready_only", "_shape_of", "_census", "_shapes", "_prefix", "cursor",
+                 "_ageing", "_dead", "_rank", "_ready_only", "_shape_of", "_census", "_shapes", "_tested", "cursor",
                  "jump", "_capacity")
 
     def __init__(self) -> None:
@@ -81,9 +81,9 @@ class TeamQueues:
         self._census: dict[tuple, int] = {}
         self._shapes: dict[tuple, tuple] = {}
         # The round of cycles whose tested jobs a walk leaves out (set by ``QueueKeys``),
-        # and how far each list holds only those (``tested_prefix``).
+        # and how far each list holds only those (``tested_bounds``).
         self.cursor: JobTestCursor | None = None
-        self._prefix = TestedPrefix()
+        self._tested = TestedBounds()
         self.jump = True   # False: every entry is walked (the tests' reference)
 
     # --- keeping the queues -------------------------------------------------------------
@@ -158,7 +158,7 @@ class TeamQueues:
         self._dead, self._rank, self._ready_only = 0, None, True
         self._shape_of, self._census, self._shapes = {}, {}, {}
         self._capacity = KeptCapacity()
-        self._prefix.clear()
+        self._tested.clear()
 
     def _uncount(self, job_id: str) -> None:
         shape = self._shape_of.pop(job_id)
@@ -206,7 +206,7 @@ class TeamQueues:
             for team, entries in added.items():
                 target = lists.setdefault(team, [])
                 for entry in entries:
-                    self._prefix.entered(lists is self._young, team, entry)
+                    self._tested.entered(lists is self._young, team, entry)
                 # Many at once into a list not much longer: one sort beats as many insertions.
                 # Into a long one (jobs arriving during a burst) it does not: the sort compares
                 # every entry of the list, an insertion ~log n of them and moves the rest.
@@ -233,7 +233,7 @@ class TeamQueues:
             del young[i]
             aged = members[job_id] = (seq, job_id)
             insort(self._aged.setdefault(jobs[job_id].team, []), aged)
-            self._prefix.entered(False, jobs[job_id].team, aged)
+            self._tested.entered(False, jobs[job_id].team, aged)
         if len(ageing) > 2 * len(members) + 64:   # entries of jobs gone long ago
             self._ageing = [a for a in ageing if (e := members.get(a[2])) is not None and len(e) == 3]
             heapq.heapify(self._ageing)
@@ -285,18 +285,18 @@ class TeamQueues:
     def _live(self, team: str, now: float, skip: AbstractSet[str]) -> Iterator[JobState]:
         """``team``'s live, ready jobs in within-team order, but those in ``skip`` and, once the
         cursor leaves them out, its round's tested jobs: each list is then taken from its
-        bound on (``tested_prefix``)."""
+        bound on (``tested_bounds``)."""
         members, jobs, ready_only, cursor = self._members, self._jobs, self._ready_only, self.cursor
         for young, lists in ((False, self._aged), (True, self._young)):
             entries = lists.get(team, ())
             i, n, deciding, bound = 0, len(entries), cursor is not None, None
             done: AbstractSet[str] = frozenset()
             while i < n:
-                if deciding and cursor.skimming and (d := self._prefix.done(cursor, members, jobs)) is not None:
+                if deciding and cursor.skimming and (d := self._tested.done(cursor, members, jobs)) is not None:
                     deciding, done = False, d
                     if not self.jump:
                         continue
-                    i, bound, exceptions = self._prefix.enter(young, team, entries, i, members, d)
+                    i, bound, exceptions = self._tested.enter(young, team, entries, i, members, d)
                     for entry in exceptions:
                         job = jobs[entry[-1]]
                         if members.get(job.job_id) is entry and job.job_id not in skip and job.job_id not in d \
@@ -307,7 +307,7 @@ class TeamQueues:
                 i += 1
                 job_id = entry[-1]
                 if bound is not None:   # at the bound: it moves over dead and tested entries
-                    bound = self._prefix.step(bound, entries, i, members, done)
+                    bound = self._tested.step(bound, entries, i, members, done)
                 if members.get(job_id) is not entry or job_id in skip or job_id in done:
                     continue
                 job = jobs[job_id]

@@ -9,7 +9,7 @@ from gpusched.core import events as ev
 from gpusched.core.model import JobPhase
 from gpusched.core.snapshot import snapshot_bytes, state_from_snapshot
 from gpusched.core.state import ClusterState, pending_key
-from gpusched.policies.placement.frag_mix import raw_counts
+from gpusched.policies.placement.fgd.task_mix import raw_counts
 from tests.unit.core.builders import Log, make_node, make_spec, whole
 from tests.unit.policies.kept_ends_steps import NODES, SETTINGS, apply_step, step
 

@@ -1,7 +1,7 @@
 """A TEST ORACLE, not production code: a frozen copy of FGD and fgd-lookahead as they
-were before the policies were made fast (``gpusched/policies/placement/fragmentation.py``
+were before the policies were made fast (``gpusched/policies/placement/fgd/``
 scoring every feasible node with numpy at every decision, and the ``NodeArrays`` mirror
-they read). ``test_placement_fgd_identical.py`` runs it beside the production policies and
+they read). ``placement/fgd/test_pool_scores.py`` runs it beside the production policies and
 requires the same decision, node and GPUs, everywhere. Do not "fix" or speed it up: its
 whole value is that it stays as it was. Its names (``reference-fgd``...) and statement
 views are its own, so it never shares a cached view with the production policies.

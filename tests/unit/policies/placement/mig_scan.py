@@ -12,7 +12,8 @@ from unittest.mock import patch
 from gpusched.core.model import WorkerResources
 from gpusched.core.state import NodeState
 from gpusched.policies.gpu_fit import fit
-from gpusched.policies.placement import fragmentation, heuristics
+from gpusched.policies.placement import heuristics
+from gpusched.policies.placement.fgd import policy as fgd_policy
 from gpusched.policies.placement.heuristics import best_fit_key
 
 
@@ -41,7 +42,7 @@ def scanning() -> Iterator[list[str]]:
         return scan_choose_mig(nodes, pool, res)
 
     with ExitStack() as stack:
-        for module in (heuristics, fragmentation):   # the modules that call choose_mig
+        for module in (heuristics, fgd_policy):   # the modules that call choose_mig
             if hasattr(module, "choose_mig"):
                 stack.enter_context(patch.object(module, "choose_mig", scan))
         yield calls

@@ -10,8 +10,8 @@ import pytest
 
 from gpusched.core.digest import digest
 from gpusched.core.state import ClusterState
-from gpusched.policies.placement.frag_mix import POPULARITY, pool_mix
-from gpusched.policies.placement.fragmentation import typical_shapes
+from gpusched.policies.placement.fgd.fragmentation import POPULARITY
+from gpusched.policies.placement.fgd.task_mix import pool_mix, typical_shapes
 from gpusched.policies.placement.kept_index import install
 from gpusched.policies.placement.registry import make_placement
 from gpusched.policies.statement import Statement, lend, tentative

@@ -1,4 +1,5 @@
-"""The fast FGD and fgd-lookahead decide exactly as the policies did when they scored
+"""The fast FGD and fgd-lookahead (each request's best candidates kept per node,
+``placement.fgd.pool_scores``) decide exactly as the policies did when they scored
 every feasible node at every decision (``placement_reference``, a frozen copy kept as
 the test oracle): the same jobs placed, on the same nodes and GPUs, in every cycle.
 
@@ -24,11 +25,8 @@ from gpusched.core import events as ev
 from gpusched.core.model import JobSpec, WorkerResources
 from gpusched.core.reducer import apply
 from gpusched.core.state import ClusterState
-import numpy as np
-
-from gpusched.policies.placement.frag_rows import RowScorer, pairwise
-from gpusched.policies.placement import frag_view, fragmentation
-from gpusched.policies.placement.fragmentation import Fgd, compile_mix, final_waste, usable
+from gpusched.policies.placement.fgd import pool_scores
+from gpusched.policies.placement.fgd.policy import Fgd
 from gpusched.policies.placement.registry import PLACEMENTS
 from gpusched.policies.gpu_fit import pick_gpus
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig
@@ -130,7 +128,7 @@ FEW_ROWS = pytest.mark.parametrize("few_rows", [None, 0, 3])
 
 def with_few_rows(monkeypatch, few_rows: int | None) -> None:
     if few_rows is not None:
-        monkeypatch.setattr(fragmentation, "FEW_ROWS", few_rows)
+        monkeypatch.setattr(pool_scores, "FEW_ROWS", few_rows)
 
 
 @FEW_ROWS
@@ -157,8 +155,8 @@ def test_many_equal_nodes_fill_in_registration_order(monkeypatch, few_rows):
 @pytest.mark.parametrize("long_gap", [0, 7])
 def test_requests_asked_again_after_many_changes_decide_alike(monkeypatch, long_gap):
     """A request asked again after more than ``LONG_GAP`` changes reads the rows changed
-    since from the view's stamps (``FragView.since``), not from the list of changes."""
-    monkeypatch.setattr(frag_view, "LONG_GAP", long_gap)
+    since from the view's stamps (``PoolScores.since``), not from the list of changes."""
+    monkeypatch.setattr(pool_scores, "LONG_GAP", long_gap)
     rng = random.Random(7)
     log = Log(*(node(f"n{i:02d}", gpus=8, cpu=128_000, mem=1_048_576) for i in range(12)))
     for i in range(150):
@@ -171,11 +169,11 @@ def test_requests_asked_again_after_many_changes_decide_alike(monkeypatch, long_
 
 @pytest.mark.parametrize("few_rows", [None, 0])
 def test_the_rows_changed_since_a_place_are_those_listed_after_it(monkeypatch, few_rows):
-    """``FragView.since(seen)``: the rows of ``changed[seen:]``, from either path (the
+    """``PoolScores.since(seen)``: the rows of ``changed[seen:]``, from either path (the
     list's slice, the stamps), after syncs of one row each or of many (numpy's path)."""
-    monkeypatch.setattr(frag_view, "LONG_GAP", 4)
+    monkeypatch.setattr(pool_scores, "LONG_GAP", 4)
     if few_rows is not None:
-        monkeypatch.setattr(frag_view, "FEW_ROWS", few_rows)
+        monkeypatch.setattr(pool_scores, "FEW_ROWS", few_rows)
     log = Log(*(node(f"n{i}", gpus=8, cpu=128_000, mem=1_048_576) for i in range(6)))
     statement = Statement(log.state)
     view = Fgd().view(log.state, statement, log.state.nodes["n0"].info.pool)
@@ -226,7 +224,7 @@ def test_shares_asking_for_gpu_memory_take_the_first_candidate(monkeypatch, few_
 def test_shares_asking_for_gpu_memory_on_a_used_cluster(monkeypatch, few_rows):
     """The cycle's view starts on nodes whose GPUs are equal in free milli but not in
     free GPU memory: shares that ask for GPU memory score one node of each group alike
-    in both (``FragView.memory_group``), the others one of each group alike in milli."""
+    in both (``PoolScores.memory_group``), the others one of each group alike in milli."""
     with_few_rows(monkeypatch, few_rows)
     rng = random.Random(11)
     log = Log(*(node(f"n{i:02d}", gpus=4, cpu=128_000, mem=1_048_576) for i in range(12)))
@@ -247,68 +245,6 @@ def test_shares_asking_for_gpu_memory_on_a_used_cluster(monkeypatch, few_rows):
 
 def _resources(cpu: int, gpus: int = 0, milli: int = 0) -> WorkerResources:
     return WorkerResources(gpus=gpus, gpu_milli=milli, cpu_milli=cpu, memory_mib=4 * cpu)
-
-
-# --- the plain-Python rescoring against numpy, to the bit ---------------------------------
-@settings(max_examples=60, deadline=None)
-@given(st.lists(st.floats(0, 1e4, allow_nan=False), min_size=0, max_size=300))
-def test_pairwise_sums_as_numpy_does(values):
-    assert pairwise(values) == np.array(values, dtype=np.float64).sum()
-
-
-@settings(max_examples=40, deadline=None)
-@given(shares=st.lists(st.tuples(st.sampled_from([0, 2000, 8000, 16_000, 32_000]), st.integers(1, 1000),
-                                 st.sampled_from([1, 1, 2, 4, 8]), st.floats(0.01, 1.0)), min_size=1, max_size=40),
-       rows=st.lists(st.tuples(st.lists(st.sampled_from([0, 10, 90, 230, 470, 530, 770, 1000]), min_size=8, max_size=8),
-                               st.integers(-1, 64_000)), min_size=1, max_size=20))
-def test_row_scores_equal_numpy_to_the_bit(shares, rows):
-    """U of single rows (``RowScorer``) is numpy's ``usable``, float for float, with
-    mixes of many (milli, GPUs) combinations (numpy sums 8 or more pairwise), whether
-    asked by the row's GPUs in their order or as a multiset (``row`` asks by the sorted
-    GPUs: U and the tallies depend on the multiset only)."""
-    mix: dict = {}
-    for cpu, milli, gpus, p in shares:
-        shape = (cpu, milli if gpus == 1 else 1000, gpus, ())
-        mix[shape] = mix.get(shape, 0) + p
-    total = sum(mix.values())
-    mix = {s: p / total for s, p in mix.items()}
-    compiled = compile_mix(mix, ["A100-80GB"])
-    gpu = np.array([g for g, _ in rows], dtype=np.int64)
-    cpu = np.array([c for _, c in rows], dtype=np.int64)
-    expected = usable(compiled, gpu, cpu, np.zeros(len(rows), dtype=np.int64))
-    scorer = RowScorer(compiled, lambda: final_waste(mix), lookahead=True)
-    for i, (free, c) in enumerate(rows):
-        assert scorer.usable_row(tuple(free), c, 0) == expected[i]
-        assert scorer.row(tuple(free), c, 0, 0, False, (0,) * len(free)).u == expected[i]
-        for m, cnt, room in zip(compiled.milli.tolist(), *scorer.tallies(free)):
-            assert (cnt, room) == (sum(f >= m for f in free), sum(f for f in free if f >= m))
-
-
-_FREE, _SHARE = [0, 10, 90, 110, 230, 470, 530, 770, 1000], [10, 110, 230, 460, 470, 999]
-# What a share leaves on a GPU: combinations of exactly that many milli sit on a run's edge.
-_SHARES_LEFT = sorted({f - s for f in _FREE for s in _SHARE if f > s})
-
-
-@settings(max_examples=100, deadline=None)
-@given(milli=st.lists(st.integers(1, 1000) | st.sampled_from(_SHARES_LEFT), min_size=0, max_size=20), whole=st.sets(st.sampled_from([1, 2, 4, 8])),
-       free=st.lists(st.sampled_from(_FREE), min_size=1, max_size=8),
-       share=st.sampled_from(_SHARE), level=st.integers(1, 4))
-def test_share_terms_by_runs_equal_the_terms_one_by_one(milli, whole, free, share, level):
-    """``RowScorer._share_terms`` computes the terms of U after a share in three runs of
-    combinations (before and after, before only, neither); every term, for every free
-    amount, is the float the term-by-term formula gives."""
-    shapes = [(2000 * (i % 4), m, 1, ()) for i, m in enumerate(milli)] + [(0, 1000, n, ()) for n in sorted(whole)]
-    mix = {shape: 1 / len(shapes) for shape in shapes} or {(0, 0, 0, ()): 1.0}
-    compiled = compile_mix(mix, ["A100-80GB"])
-    scorer = RowScorer(compiled, lambda: final_waste(mix), lookahead=False)
-    cnt, room = scorer.tallies(tuple(free))
-    weight = scorer.weight[0][min(level, len(scorer.levels))] if scorer.milli else ()   # level 0: no weight
-    parts = tuple(zip(weight, cnt, room, scorer.count, scorer.milli))
-    frees = [f for f in set(free) if f >= share]
-    for f, terms in scorer._share_terms(parts, frees, share):
-        g = f - share
-        assert terms == [w * (r - (f if f >= m else 0) + (g if g >= m else 0))
-                         if c - (f >= m) + (g >= m) >= need else 0.0 for w, c, r, need, m in parts]
 
 
 # --- capacity that grows mid-cycle ---------------------------------------------------------

@@ -1,26 +1,37 @@
-"""FGD's scores of a few nodes in plain Python, bit for bit what the numpy code computes.
+"""FGD's scores of single nodes (rows of ``NodeArrays``) in plain Python, memoized by
+what they depend on, bit for bit what ``fragmentation``'s numpy computes; and the scorer
+kept between cycles while the task mix stays the same (``KeptScorer``).
 
 A decision changes one node (a gang's, a few), and the next decision needs the scores of
 just those nodes again; numpy's fixed cost per call (tens of calls per score) is then
 far more than the arithmetic. So the nodes a decision touched are rescored here, one
-at a time, and ``fragmentation`` keeps numpy for the many-node passes.
+at a time, and numpy stays for the many-node passes (``policy``).
 
 The results are identical to the numpy path's to the last bit, which matters: FGD's
 integer score rounds at exact ties (a growth of exactly 0 scores 50, one ulp more 49).
 Every product and difference is the same IEEE operation numpy performs, in the same
 order; sums over a row follow numpy's pairwise summation of a contiguous row
 (``pairwise``); the exponential is numpy's own. Tests compare both paths on random rows.
+
+A row's scores depend on the mix and the row alone, so while the mix stays the same
+(jobs placed count as they did waiting; a submission or an end changes it) the row
+scorer and its memos are kept too (``KeptScorer``): a cycle then scores for the first
+time only the rows no earlier cycle scored.
 """
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from math import floor
-from typing import Callable, NamedTuple, Sequence
+from typing import Callable, Iterable, NamedTuple, Sequence
 from weakref import WeakValueDictionary
 
 import numpy as np
 
 from gpusched.core.model import WorkerResources
+from gpusched.policies.placement.fgd.fragmentation import MixArrays, Shape, compile_mix, fgd_score, final_waste
+from gpusched.policies.placement.kept_index import KEPT, view
+from gpusched.policies.statement import Statement
+
+MAX_KINDS = 65_536   # row signatures a kept scorer memoizes before it starts over
 
 # Blocks numpy's pairwise summation works in (``pairwise_sum`` in numpy's loops).
 _UNROLL, _BLOCK = 8, 128
@@ -50,6 +61,15 @@ def pairwise(a: Sequence[float]) -> float:
     return pairwise(a[:half]) + pairwise(a[half:])
 
 
+class Signature(NamedTuple):
+    """What a row's candidates' keys depend on but the CPU level after placing."""
+
+    free: tuple[int, ...]    # free milli per GPU, ascending (U and the keys read the multiset)
+    level: int               # the CPU level (``MixArrays.cpu_levels``) of the row's free CPU
+    model: int
+    idle: bool               # for fgd-lookahead's keys only (always False for FGD's)
+
+
 class Row(NamedTuple):
     """One node as ``RowScorer`` reads it (from ``NodeArrays`` and the view's U)."""
 
@@ -61,7 +81,7 @@ class Row(NamedTuple):
     u: float
     largest: int             # the largest free milli of one GPU
     whole: int               # free whole GPUs
-    signature: tuple         # what a candidate's keys depend on but the CPU level after
+    signature: Signature     # what a candidate's keys depend on but the CPU level after
     kind: int                # the signature's number (``RowScorer.row``): a cheaper memo key
     gmem: tuple[int, ...]    # free memory MiB per GPU (a share's GPU-memory request)
 
@@ -78,7 +98,7 @@ Score = Callable[[Row], "tuple[int, ...] | None"]
 def row_takes(res: WorkerResources, allowed: list[bool], memory: bool = True) -> Callable[[Row], bool]:
     """Whether a row has room for one worker of ``res`` (GPU memory aside; ``allowed``:
     per model, whether ``res`` accepts it), as ``NodeArrays.feasible`` decides it
-    (``Fgd.rescore`` checks the same inline); without ``memory``, host memory aside too."""
+    (``PoolScores.rescore`` checks the same inline); without ``memory``, host memory aside too."""
     need_cpu, need_mem, gpus = res.cpu_milli, res.memory_mib if memory else 0, res.gpus
     share = res.gpu_milli if res.is_share else 0
     return lambda row: (row.cpu >= need_cpu and row.mem >= need_mem and allowed[row.model]
@@ -94,9 +114,9 @@ def _flat(found: list[tuple[int, int]]) -> Found:
 
 
 class RowScorer:
-    """Scores one node's candidates under a compiled mix (``fragmentation.Compiled``)."""
+    """Scores one node's candidates under a mix (``fragmentation.MixArrays``)."""
 
-    def __init__(self, mix, final_waste: Callable[[], np.ndarray], lookahead: bool) -> None:
+    def __init__(self, mix: MixArrays, final_waste: Callable[[], np.ndarray], lookahead: bool) -> None:
         self.lookahead = lookahead                 # fgd-lookahead's keys, or FGD's
         self.milli: list[int] = mix.milli.tolist()       # per (milli, GPUs) combination
         self.count: list[int] = mix.count.tolist()
@@ -109,8 +129,8 @@ class RowScorer:
         self._usable: dict[tuple, float] = {}
         self._tallies: dict[tuple, tuple[tuple[int, ...], tuple[int, ...]]] = {}
         self._memo: dict[tuple[int, int], dict[object, Found]] = {}
-        self._kinds: dict[tuple, int] = {}     # signature -> its number
-        self._rows: dict[tuple, tuple[float, int, int, tuple, int]] = {}   # by (GPUs, CPU level, model, idle)
+        self._kinds: dict[Signature, int] = {}     # signature -> its number
+        self._rows: dict[tuple, tuple[float, int, int, Signature, int]] = {}   # by (GPUs, CPU level, model, idle)
         # Weakly: the scorers refer to this object, which holding them would make a
         # reference cycle, left to the cyclic GC (each Best holds its scorer).
         self._requests: WeakValueDictionary[WorkerResources, Score] = WeakValueDictionary()
@@ -164,7 +184,7 @@ class RowScorer:
         """``fgd_score`` of one growth, plus 100 (0..100, lower better)."""
         s = self._score.get(growth)
         if s is None:
-            s = self._score[growth] = 100 - floor(100 / (1 + np.exp(growth / 1000)))
+            s = self._score[growth] = 100 + int(fgd_score(growth))
         return s
 
     def row(self, gpu: tuple[int, ...], cpu: int, mem: int, model: int, idle: bool, gmem: tuple[int, ...]) -> Row:
@@ -176,7 +196,7 @@ class RowScorer:
         known = self._rows.get(memo)
         if known is None:
             ascending = tuple(sorted(gpu))   # U and the keys depend on the multiset only
-            signature = (ascending, level, model, idle and self.lookahead)
+            signature = Signature(ascending, level, model, idle and self.lookahead)
             kind = self._kinds.setdefault(signature, len(self._kinds))
             known = self._rows[memo] = (self.usable_row(ascending, cpu, model), max(gpu, default=0),
                                         gpu.count(1000), signature, kind)
@@ -186,7 +206,7 @@ class RowScorer:
     def scorer(self, res: WorkerResources) -> Score:
         """``res``'s scorer of rows that take it (checked by the caller, GPU memory
         aside): the row's least candidate by (keys, GPU index), the keys packed as
-        ``Fgd.packed`` / ``FgdLookahead.packed`` pack them.
+        ``policy.Fgd.packed`` / ``policy.FgdLookahead.packed`` pack them.
 
         Candidates are kept by row signature and CPU level after placing, so nodes alike
         share the work. The keys do not depend on the order of the GPUs (sums whose terms
@@ -246,7 +266,7 @@ class RowScorer:
         """(packed key, free milli of the GPU taken, or -1) of each candidate, least first.
         A candidate's U after placing comes from the row's tallies and the GPUs it
         changes, term by term as ``usable`` computes it."""
-        gpu, cpu, _, model, idle, u = row[:6]
+        gpu, cpu, model, idle, u = row.gpu, row.cpu, row.model, row.idle, row.u
         cnt, room = self.tallies(gpu)
         weight = self.weight[model][bisect_right(self.levels, cpu - res.cpu_milli)] if self.milli else ()
         if not self.lookahead:   # FGD's keys: the score alone (no waste, no closure to build)
@@ -267,7 +287,7 @@ class RowScorer:
             found.append((self._key(u - pairwise(terms) - taken, waste, bound, idle,
                                     lambda: self._whole_waste(gpu, n, waste)), -1))
         else:   # U after is U at the CPU level after: the memo's, shared by rows alike
-            after = self.usable_row(row.signature[0], cpu - res.cpu_milli, model)
+            after = self.usable_row(row.signature.free, cpu - res.cpu_milli, model)
             found.append((self._key(u - after, waste, bound, idle, lambda: 0.0), -1))
         return _flat(found)
 
@@ -286,7 +306,7 @@ class RowScorer:
             terms = [w * (r - taken) if c - n >= need else 0.0 for w, c, r, need in zip(weight, cnt, room, self.count)]
             return score(u - pairwise(terms) - taken), -1
         # U after is U at the CPU level after: the memo's, shared by rows alike
-        return score(u - self.usable_row(row.signature[0], row.cpu - res.cpu_milli, row.model)), -1
+        return score(u - self.usable_row(row.signature.free, row.cpu - res.cpu_milli, row.model)), -1
 
     def _share_terms(self, parts: tuple, frees: list[int], share: int):
         """Per free amount ``f`` a share can take, the terms of ``usable`` after it takes
@@ -329,3 +349,56 @@ class RowScorer:
         if self._waste is None:
             self._waste = self.final_waste().tolist()
         return self._waste
+
+
+class WasteTable:
+    """``fragmentation.final_waste`` of one mix, computed when first asked."""
+
+    __slots__ = ("shapes", "patience", "_table")
+
+    def __init__(self, shapes: dict[Shape, float], patience: float) -> None:
+        self.shapes, self.patience = shapes, patience
+        self._table: np.ndarray | None = None
+
+    def __call__(self) -> np.ndarray:
+        if self._table is None:
+            self._table = final_waste(self.shapes, self.patience)
+        return self._table
+
+
+class KeptScorer:
+    """FGD's row scorer of one policy and pool, kept between cycles while its mix, the
+    pool's models, patience and keys stay the same (a statement view, as
+    ``task_mix.KeptMix``)."""
+
+    __slots__ = ("shapes", "models", "scorer")
+
+    def __init__(self) -> None:
+        self.shapes: list[tuple[Shape, float]] = []
+        self.models: list[str] = []
+        self.scorer: RowScorer | None = None
+
+    def touch(self, names: Iterable[str]) -> None:
+        """Bookings change rows, not how a row scores."""
+
+    def renew(self, names: Iterable[str]) -> None:
+        """Nor do registrations: the pool's models are compared at ``scorer_for``."""
+
+    def scorer_for(self, mix: dict[Shape, float], models: list[str], patience: float, lookahead: bool) -> RowScorer:
+        # The mix in order: the waste table and compiled weights sum in it.
+        shapes = list(mix.items())
+        scorer = self.scorer
+        if scorer is None or shapes != self.shapes or models != self.models or scorer.kinds() > MAX_KINDS:
+            scorer = self.scorer = RowScorer(compile_mix(mix, models), WasteTable(mix, patience), lookahead)
+            self.shapes, self.models = shapes, list(models)
+        return scorer
+
+
+def kept_scorer(statement: Statement, key: tuple, mix: dict[Shape, float], models: list[str], patience: float,
+                lookahead: bool) -> RowScorer | None:
+    """The scorer kept for ``key`` (the policy's view key) in a cycle that keeps its
+    indexes, None in one that keeps nothing."""
+    if KEPT not in statement.views:
+        return None
+    kept = view(statement, ("fgd-scorer", *key), KeptScorer)
+    return kept.scorer_for(mix, models, patience, lookahead)   # type: ignore[attr-defined]

@@ -1,5 +1,6 @@
-"""FGD's typical-task mix (``typical_shapes``): the pool's pending and running jobs
-counted by request, and that count kept from one cycle to the next (``KeptMix``).
+"""FGD's task mix: the pool's pending and running jobs counted by request (``raw_counts``;
+``fragmentation.typical_of`` reduces the count to the typical shapes), and that count
+kept from one cycle to the next (``KeptMix``).
 
 Counting reads every pending job: at 50,000 pending that is a tenth of an FGD cycle
 that tests 2,500 jobs, though between two cycles only the jobs the reducer journalled
@@ -11,12 +12,7 @@ another state count everything again. A node event counts no job differently by 
 a running job counts where its node is of the pool, and a node changes pool only while it
 runs nothing (the reducer refuses it otherwise); what a node's loss ends is journalled
 as the jobs it ends. The mix it gives is the one counting afresh gives
-(``tests/unit/policies/placement/test_kept_mix.py``), so FGD decides alike.
-
-A row's scores depend on the mix and the row alone, so while the mix stays the same
-(jobs placed count as they did waiting; a submission or an end changes it) the row
-scorer and its memos are kept too (``KeptScorer``): a cycle then scores for the first
-time only the rows no earlier cycle scored.
+(``tests/unit/policies/placement/fgd/test_task_mix.py``), so FGD decides alike.
 """
 from __future__ import annotations
 
@@ -27,17 +23,12 @@ from typing import Iterable, Mapping
 from gpusched.core.state import ClusterState, JobState
 from gpusched.policies.gpu_fit import StateLike
 from gpusched.policies.journal_cursor import JournalCursor
-from gpusched.policies.placement.frag_rows import RowScorer
-from gpusched.policies.placement.frag_view import Shape, WasteTable, compile_mix
+from gpusched.policies.placement.fgd.fragmentation import POPULARITY, Fields, Shape, typical_of
 from gpusched.policies.placement.kept_index import KEPT, view
 from gpusched.policies.statement import LENT, LentState, Statement
 
-POPULARITY = 0.95    # the most frequent shapes covering this share of tasks are "typical"
-MAX_KINDS = 65_536   # row signatures a kept scorer memoizes before it starts over
-
 _FIELDS = attrgetter("cpu_milli", "gpu_milli", "gpus", "gpu_models", "mig_profile")
 _RESOURCES = attrgetter("resources")
-Fields = tuple   # ``_FIELDS`` of a request: (CPU milli, GPU milli, GPUs, models, MIG profile)
 
 
 def counted_ids(state: StateLike, pool: str) -> list[str]:
@@ -74,6 +65,13 @@ def raw_counts(state: StateLike, pool: str) -> Counter[Fields]:
     return raw
 
 
+def typical_shapes(state: StateLike, pool: str, popularity: float = POPULARITY) -> dict[Shape, float]:
+    """The pool's current workload (pending jobs and jobs holding GPUs), one count per
+    worker, reduced to the most frequent shapes covering ``popularity`` of them, with
+    their frequencies (summing to 1). Empty when the state has no jobs to look at."""
+    return typical_of(raw_counts(state, pool), popularity)
+
+
 def _kept_pending(state: StateLike) -> dict | None:
     """The reducer's count of the pending jobs by request (``ClusterState.pending_counts``),
     or None where the state keeps none, or one that does not cover ``pending`` (a state
@@ -104,29 +102,6 @@ def _pending_of(pool: str, kept: dict) -> Counter[Fields]:
         if job_pool == pool:
             raw[tuple(fields)] += n * workers
     return raw
-
-
-def typical_of(raw: Mapping[Fields, int], popularity: float = POPULARITY) -> dict[Shape, float]:
-    """The most frequent shapes of ``raw`` covering ``popularity`` of the workers, with
-    their frequencies (summing to 1); MIG requests left out."""
-    counts: dict[Shape, int] = {}
-    for (cpu, milli, gpus, models, mig), n in raw.items():
-        if mig:
-            continue
-        if milli > 0 and gpus == 0:
-            shape = (cpu, milli, 1, models)
-        else:
-            shape = (cpu, 1000 if gpus else 0, gpus, models)
-        counts[shape] = counts.get(shape, 0) + n
-    total = sum(counts.values())
-    chosen, covered = {}, 0
-    # Most frequent first; equal counts in a fixed order, so the mix is deterministic.
-    for shape, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
-        if covered >= popularity * total:
-            break
-        chosen[shape] = n
-        covered += n
-    return {shape: n / covered for shape, n in chosen.items()}
 
 
 class KeptMix:
@@ -247,40 +222,3 @@ def pool_mix(state: StateLike, statement: Statement, pool: str, popularity: floa
         kept = view(statement, ("fgd-mix", pool), lambda: KeptMix(pool))
         return typical_of(kept.counts(state), popularity)   # type: ignore[attr-defined]
     return typical_of(raw_counts(state, pool), popularity)
-
-
-class KeptScorer:
-    """FGD's row scorer of one policy and pool, kept between cycles while its mix, the
-    pool's models, patience and keys stay the same (a statement view, as ``KeptMix``)."""
-
-    __slots__ = ("shapes", "models", "scorer")
-
-    def __init__(self) -> None:
-        self.shapes: list[tuple[Shape, float]] = []
-        self.models: list[str] = []
-        self.scorer: RowScorer | None = None
-
-    def touch(self, names: Iterable[str]) -> None:
-        """Bookings change rows, not how a row scores."""
-
-    def renew(self, names: Iterable[str]) -> None:
-        """Nor do registrations: the pool's models are compared at ``scorer_for``."""
-
-    def scorer_for(self, mix: dict[Shape, float], models: list[str], patience: float, lookahead: bool) -> RowScorer:
-        # The mix in order: the waste table and compiled weights sum in it.
-        shapes = list(mix.items())
-        scorer = self.scorer
-        if scorer is None or shapes != self.shapes or models != self.models or scorer.kinds() > MAX_KINDS:
-            scorer = self.scorer = RowScorer(compile_mix(mix, models), WasteTable(mix, patience), lookahead)
-            self.shapes, self.models = shapes, list(models)
-        return scorer
-
-
-def kept_scorer(statement: Statement, key: tuple, mix: dict[Shape, float], models: list[str], patience: float,
-                lookahead: bool) -> RowScorer | None:
-    """The scorer kept for ``key`` (the policy's view key) in a cycle that keeps its
-    indexes, None in one that keeps nothing."""
-    if KEPT not in statement.views:
-        return None
-    kept = view(statement, ("fgd-scorer", *key), KeptScorer)
-    return kept.scorer_for(mix, models, patience, lookahead)   # type: ignore[attr-defined]

@@ -1,4 +1,4 @@
-"""FGD's typical-task count kept between cycles (``placement.frag_mix.KeptMix``) against
+"""FGD's typical-task count kept between cycles (``placement.fgd.task_mix.KeptMix``) against
 one counted afresh from the state, after random changes (jobs submitted to this pool or
 another, placed, started, ended, cancelled while waiting, preempted and requeued, MIG
 slices, nodes lost and registered, cordons, GPU health, the journal overrun), and whole
@@ -10,9 +10,9 @@ from hypothesis import given, strategies as st
 from gpusched.core import events as ev
 from gpusched.core.state import ClusterState
 from gpusched.policies.placement.arrays import NodeArrays
-from gpusched.policies.placement.frag_mix import KeptMix, KeptScorer, raw_counts, typical_of
-from gpusched.policies.placement.frag_rows import RowScorer, row_takes
-from gpusched.policies.placement.frag_view import PATIENCE, WasteTable, compile_mix
+from gpusched.policies.placement.fgd.fragmentation import PATIENCE, compile_mix, typical_of
+from gpusched.policies.placement.fgd.node_scores import KeptScorer, RowScorer, WasteTable, row_takes
+from gpusched.policies.placement.fgd.task_mix import KeptMix, raw_counts
 from gpusched.policies.queueing.keys import QueueKeys
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig
 from tests.unit.core.builders import Log, make_node, make_spec
@@ -199,13 +199,13 @@ def test_the_row_scorer_is_kept_while_the_mix_stays_and_replaced_when_it_changes
 
 
 def test_a_scorer_memoizing_too_many_rows_starts_over(monkeypatch):
-    from gpusched.policies.placement import frag_mix
+    from gpusched.policies.placement.fgd import node_scores
     log = cluster()
     assert log.submit("a", make_spec(milli=300, cpu=0, mem=0)).accepted
     keys, scheduler = QueueKeys(), Scheduler(SchedulerConfig(placement="fgd-lookahead"))
     scheduler.schedule(log.state, log.now, None, keys)
     scorer = kept_scorer_of(keys, "fgd-lookahead")
     assert scorer.kinds() > 0
-    monkeypatch.setattr(frag_mix, "MAX_KINDS", scorer.kinds() - 1)
+    monkeypatch.setattr(node_scores, "MAX_KINDS", scorer.kinds() - 1)
     scheduler.schedule(log.state, log.now, None, keys)
     assert kept_scorer_of(keys, "fgd-lookahead") is not scorer

@@ -1,5 +1,5 @@
 """Fair share's queues jump over the jobs a round of continued cycles tested
-(``queueing.tested_prefix``): every cycle decides, tests and reserves as the walk that
+(``queueing.tested_bounds``): every cycle decides, tests and reserves as the walk that
 checks every entry does, while jobs end, arrive (ahead of tested ones too), age and
 hold reservations."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from gpusched.core import events as ev
 from gpusched.core.model import JobPhase
-from gpusched.policies.queueing import tested_prefix
+from gpusched.policies.queueing import tested_bounds
 from gpusched.policies.queueing.keys import QueueKeys
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig
 from tests.unit.core.builders import Log, make_node
@@ -67,7 +67,7 @@ def test_a_continued_cycle_jumps_over_what_its_round_tested():
     """The jump is taken: a deep queue of one team, each continued cycle enters the bound
     once and moves it over the jobs tested, never walking them again."""
     passed: list[int] = []
-    enter = tested_prefix.TestedPrefix.enter
+    enter = tested_bounds.TestedBounds.enter
 
     def counting(self, young, team, entries, i, members, done):
         at, bound, exceptions = enter(self, young, team, entries, i, members, done)
@@ -78,12 +78,12 @@ def test_a_continued_cycle_jumps_over_what_its_round_tested():
     for i in range(60):
         log.submit(f"b{i:03d}", spec("a", (2, 8, 0), f"b{i:03d}"))
     scheduler, keys = Scheduler(SchedulerConfig(max_job_test=10, job_test_head=2)), QueueKeys()
-    tested_prefix.TestedPrefix.enter = counting
+    tested_bounds.TestedBounds.enter = counting
     try:
         for _ in range(5):
             scheduler.schedule(log.state, log.now, None, keys)
     finally:
-        tested_prefix.TestedPrefix.enter = enter
+        tested_bounds.TestedBounds.enter = enter
     # Cycles 3 to 5 start past the head and jump over 8, 16, 24 tested jobs: the bound
     # kept its place from one cycle to the next.
     assert passed[-3:] == [8, 16, 24], passed

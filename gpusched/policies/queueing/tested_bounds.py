@@ -27,15 +27,25 @@ from gpusched.policies.queueing.cursor import JobTestCursor
 END = (float("inf"),)   # above any entry: every entry of the list is below
 
 
-class TestedPrefix:
-    """The bounds of one ``TeamQueues``' lists: (young, team) -> [bound, exceptions]."""
+class Bound:
+    """One list's bound: the entry it is at (``END``: past the last), and its exceptions
+    below it, sorted."""
+
+    __slots__ = ("entry", "exceptions")
+
+    def __init__(self, entry: tuple, exceptions: list) -> None:
+        self.entry, self.exceptions = entry, exceptions
+
+
+class TestedBounds:
+    """The bounds of one ``TeamQueues``' lists, by (young, team)."""
 
     __slots__ = ("_round", "_cycle", "_bounds")
 
     def __init__(self) -> None:
         self._round = -1
         self._cycle = -1   # the cycle whose reserved jobs are exceptions
-        self._bounds: dict[tuple[bool, str], list] = {}
+        self._bounds: dict[tuple[bool, str], Bound] = {}
 
     def clear(self) -> None:
         self._bounds = {}
@@ -60,20 +70,22 @@ class TestedPrefix:
     def entered(self, young: bool, team: str, entry: tuple) -> None:
         """``entry`` is in its list now (or tested again): an exception if below the bound."""
         bound = self._bounds.get((young, team))
-        if bound is not None and entry < bound[0]:
-            exceptions = bound[1]
+        if bound is not None and entry < bound.entry:
+            exceptions = bound.exceptions
             i = bisect_left(exceptions, entry)
             if not any(e is entry for e in exceptions[i:i + 2]):
                 insort(exceptions, entry)
 
     def enter(self, young: bool, team: str, entries: list, i: int, members: Mapping[str, tuple],
-              done: AbstractSet[str]) -> tuple[int, list | None, list]:
+              done: AbstractSet[str]) -> tuple[int, Bound | None, list]:
         """A walk of ``entries`` at ``i`` starts leaving out the tested jobs: where it goes on,
         the bound it moves (None: not at the bound), and the exceptions it takes first."""
-        bound = self._bounds.setdefault((young, team), [entries[0], []])
-        at = bisect_left(entries, bound[0]) if bound[0] is not END else len(entries)
+        bound = self._bounds.get((young, team))
+        if bound is None:
+            bound = self._bounds[(young, team)] = Bound(entries[0], [])
+        at = bisect_left(entries, bound.entry) if bound.entry is not END else len(entries)
         if at >= i:
-            exceptions = bound[1]
+            exceptions = bound.exceptions
             # Exceptions that are dead or tested left out now are like any entry below the bound.
             exceptions[:] = [e for e in exceptions if members.get(e[-1]) is e and e[-1] not in done]
             return at, bound, exceptions[bisect_left(exceptions, entries[i]):] if i < len(entries) else []
@@ -84,16 +96,16 @@ class TestedPrefix:
             if members.get(entry[-1]) is entry and entry[-1] not in done:
                 return i, None, []
             at += 1
-        bound[0] = entries[i] if i < len(entries) else END
+        bound.entry = entries[i] if i < len(entries) else END
         return i, bound, []
 
     @staticmethod
-    def step(bound: list, entries: list, i: int, members: Mapping[str, tuple], done: AbstractSet[str]) -> list | None:
+    def step(bound: Bound, entries: list, i: int, members: Mapping[str, tuple], done: AbstractSet[str]) -> Bound | None:
         """A walk at the bound passed ``entries[i - 1]``: the bound moves over it if it is dead
         or left out as tested, else stays there for the rest of the cycle (None)."""
         entry = entries[i - 1]
         job_id = entry[-1]
         if members.get(job_id) is entry and job_id not in done:
             return None
-        bound[0] = entries[i] if i < len(entries) else END
+        bound.entry = entries[i] if i < len(entries) else END
         return bound

@@ -1,0 +1,1 @@
+"""Tests of gpusched.policies.placement.fgd: FGD and fgd-lookahead."""
