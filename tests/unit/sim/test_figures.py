@@ -14,7 +14,7 @@ import pytest
 
 from gpusched.core.model import WorkerResources
 from gpusched.policies.scheduler import DEFAULT_MAX_JOB_TEST
-from gpusched.sim import dynamic, figures, static, traces
+from gpusched.sim import dynamic, figures, reclaim, static, traces
 from gpusched.sim.traces import Task
 from gpusched.sim.workload import gpu_node
 
@@ -93,6 +93,24 @@ def test_dynamic_published_figures_come_back(name, config):
 def test_openb_dynamic_published_figures_come_back(name, config):
     again, expected = _run_again(name, config)
     assert _differences(again, expected) == []
+
+
+def test_reclaim_published_figures_come_back():
+    """The first published configuration of the borrow-and-reclaim runs (two teams, the
+    default guarantee hold), run again with the published arguments."""
+    published = figures.load(FIGURES, "reclaim")
+    args = dict(zip(published["argv"][::2], published["argv"][1::2]))
+    seeds, hours = int(args.get("--seeds", 5)), float(args.get("--hours", 8.0))
+    expected = published["summaries"][0]
+    again = reclaim.summary(expected["teams"], seeds, hours, expected["departures_when_steady"],
+                            expected["guarantee_hold_s"])
+    assert _differences(again, expected) == []
+
+
+def test_the_index_lists_every_published_result():
+    """docs/figures/README.md is what ``--publish`` writes: every result in the folder."""
+    assert (FIGURES / figures.INDEX).read_text() == figures.index(FIGURES)
+    assert len(figures.index(FIGURES).splitlines()) > len(list(FIGURES.glob("*.json")))
 
 
 def test_the_published_command_leaves_out_where_files_went():
