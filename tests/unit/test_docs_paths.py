@@ -150,6 +150,19 @@ def test_what_the_repository_names_in_docs_exists():
     assert not missing, "files name docs that do not exist:\n" + "\n".join(missing)
 
 
+# What describes one machine or one run rather than gpusched: a developer's paths and the
+# load a run happened to see.
+MACHINE = re.compile(r"(?<![\w.-])/(?:work|root|home)/|load average", re.I)
+
+
+def test_docs_hold_no_machine_paths_or_loads():
+    found = [f"{doc.relative_to(ROOT)}:{number}: {line.strip()}" for doc in DOCS
+             for number, line in enumerate(doc.read_text().splitlines(), 1) if MACHINE.search(line)]
+    assert not found, "docs describe a machine, not gpusched:\n" + "\n".join(found)
+    assert MACHINE.search("see /work/main/docs") and MACHINE.search("Load average 3.2")
+    assert not MACHINE.search("/etc/gpusched/x ~/.config/gpusched/y /tmp/nvidia-mps")
+
+
 def test_docs_name_paths_that_exist():
     missing = [f"{doc.relative_to(ROOT)}:{number}: `{token}` is not in the repository"
                for doc in DOCS for number, text in backticked(doc)
