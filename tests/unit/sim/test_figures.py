@@ -48,6 +48,7 @@ def test_static_published_figure_comes_back(policy):
 DYNAMIC_CHECKS = [
     ("dynamic-synthetic-s0", "fifo+best-fit+no-preemption"),
     ("dynamic-synthetic-s0-h12", "defaults+quotas"),            # the preemptor's defaults
+    ("dynamic-synthetic-s0-no-preemption", "priority+best-fit"),   # the cycle alone, without quotas
 ]
 OPENB_CHECKS = [("dynamic-openb-default", "fifo+best-fit+no-preemption")]
 
