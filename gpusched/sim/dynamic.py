@@ -366,6 +366,14 @@ def published(summary: dict) -> dict:
     return {k: v for k, v in summary.items() if k != "wall_s"}
 
 
+def published_table(data: dict) -> str:
+    """The page of published figures (``figures.publish``'s ``table``): the workload and
+    every table of the published summaries, so without the machine's wall time."""
+    from gpusched.sim import dynamic_report
+
+    return f"{data['workload']}.\n\n" + "\n\n".join(dynamic_report.tables(data["summaries"]))
+
+
 def main(argv: list[str] | None = None) -> int:
     import sys
 
@@ -386,8 +394,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wrote {out}/summary.json, summary.csv, table.md")
     if args.publish:
         data = {"argv": figures.arguments(argv), "workload": wl.note, "summaries": [published(s) for s in summaries]}
-        table = f"{wl.note}.\n\n" + "\n\n".join(dynamic_report.tables(summaries))
-        for path in figures.publish(args.publish, figures_name(args, wl), command, data, table):
+        for path in figures.publish(args.publish, figures_name(args, wl), command, data, published_table(data)):
             print(f"wrote {path}")
     return 0
 

@@ -51,9 +51,14 @@ def publish(folder: Path, name: str, command: str, figures: dict[str, Any], tabl
     data = {"name": name, "command": command, **figures}
     paths = [folder / f"{name}.json", folder / f"{name}.md"]
     paths[0].write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
-    paths[1].write_text(f"# {name}\n\nProduced by:\n\n```bash\n{command}\n```\n\n{table.rstrip()}\n")
+    paths[1].write_text(page(name, command, table))
     write_index(folder)
     return paths
+
+
+def page(name: str, command: str, table: str) -> str:
+    """``<name>.md``: the command, then the table."""
+    return f"# {name}\n\nProduced by:\n\n```bash\n{command}\n```\n\n{table.rstrip()}\n"
 
 
 def index(folder: Path) -> str:

@@ -108,6 +108,15 @@ def test_reclaim_published_figures_come_back():
     assert _differences(again, expected) == []
 
 
+@pytest.mark.parametrize("name", sorted(p.stem for p in FIGURES.glob("dynamic-*.json")))
+def test_dynamic_pages_are_their_figures(name):
+    """What a reader reads, ``<name>.md``, is the page ``--publish`` renders from the
+    figures the tests above run again (``<name>.json``): an edited table fails here."""
+    data = figures.load(FIGURES, name)
+    body = {k: v for k, v in data.items() if k not in ("name", "command")}
+    assert (FIGURES / f"{name}.md").read_text() == figures.page(name, data["command"], dynamic.published_table(body))
+
+
 def test_the_index_lists_every_published_result():
     """docs/figures/README.md is what ``--publish`` writes: every result in the folder."""
     assert (FIGURES / figures.INDEX).read_text() == figures.index(FIGURES)
