@@ -234,6 +234,13 @@ def summary_row(s: dict) -> str:
             f"| {100 * s['allocated']:.1f} % | {100 * s['allocated_once_steady']:.1f} % |")
 
 
+def published_table(data: dict) -> str:
+    """The page of the published figures: the runs' settings and a row per configuration."""
+    return (f"Sums over seeds 0-{data['seeds'] - 1}, preemptions per hour and allocation averaged; "
+            f"{data['hours']:g} h, demand steady after {data['hours'] / 2:g} h.\n\n"
+            + SUMMARY_HEAD + "\n" + "\n".join(map(summary_row, data["summaries"])))
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--teams", type=int, default=2)
@@ -254,12 +261,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.publish:
         rows = [summary(teams, args.seeds, args.hours, departures, hold, args.max_loss_per_wait)
                 for teams, departures, hold in PUBLISHED]
-        table = (f"Sums over seeds 0-{args.seeds - 1}, preemptions per hour and allocation averaged; "
-                 f"{args.hours:g} h, demand steady after {args.hours / 2:g} h.\n\n"
-                 + SUMMARY_HEAD + "\n" + "\n".join(map(summary_row, rows)))
         command = figures.command_line("python -m gpusched.sim.reclaim", argv)
-        data = {"argv": figures.arguments(argv), "summaries": rows}
-        for path in figures.publish(args.publish, "reclaim", command, data, table):
+        data = {"argv": figures.arguments(argv), "seeds": args.seeds, "hours": args.hours, "summaries": rows}
+        for path in figures.publish(args.publish, "reclaim", command, data, published_table(data)):
             print(f"wrote {path}")
         return
     if args.summary:

@@ -100,12 +100,13 @@ def test_reclaim_published_figures_come_back():
     """The first published configuration of the borrow-and-reclaim runs (two teams, the
     default guarantee hold), run again with the published arguments."""
     published = figures.load(FIGURES, "reclaim")
-    args = dict(zip(published["argv"][::2], published["argv"][1::2]))
-    seeds, hours = int(args.get("--seeds", 5)), float(args.get("--hours", 8.0))
     expected = published["summaries"][0]
-    again = reclaim.summary(expected["teams"], seeds, hours, expected["departures_when_steady"],
-                            expected["guarantee_hold_s"])
+    again = reclaim.summary(expected["teams"], published["seeds"], published["hours"],
+                            expected["departures_when_steady"], expected["guarantee_hold_s"])
     assert _differences(again, expected) == []
+    body = {k: v for k, v in published.items() if k not in ("name", "command")}
+    assert (FIGURES / "reclaim.md").read_text() == figures.page("reclaim", published["command"],
+                                                                 reclaim.published_table(body))
 
 
 @pytest.mark.parametrize("name", sorted(p.stem for p in FIGURES.glob("dynamic-*.json")))
