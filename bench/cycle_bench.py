@@ -162,7 +162,7 @@ class Pool:
 
     def end_some(self, count: int) -> None:
         """Cancel ``count`` placed jobs and report their workers' ends, as their node-agent
-        does: only then does the reducer release their GPUs (docs/workloads.md)."""
+        does: only then does the reducer release their GPUs (docs/guide/workloads.md)."""
         if count <= 0:   # --ends 0: capacity never grows, parking skips the waiting jobs
             return
         running = []

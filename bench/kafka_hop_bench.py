@@ -1,6 +1,6 @@
 """Benchmark: the cost of one more hop through the broker, and of SASL_SSL.
 
-A node-agent report relayed through a topic of its own (docs/kafka-security.md) takes one
+A node-agent report relayed through a topic of its own (docs/reference/kafka-security.md) takes one
 more produce (acks=all, idempotent) and one more consume than a report written straight to
 the pool log. This measures that hop: one record at a time, produce -> a consumer that
 already waits for it, in ms, and a burst's throughput; on the connection given by the

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 # Bursts of one team's jobs are the point: admission's per-team rate and pending limits
-# (docs/api-errors.md) are off for the services started here.
+# (docs/reference/api-errors.md) are off for the services started here.
 os.environ.setdefault("GPUSCHED_SUBMIT_RATE", "0")
 os.environ.setdefault("GPUSCHED_MAX_PENDING_PER_TEAM", "0")
 sys.path.insert(0, str(Path(__file__).resolve().parent))

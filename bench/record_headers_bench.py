@@ -1,4 +1,4 @@
-"""Benchmark: what the records' Kafka headers (docs/consuming-the-log.md) cost a reader and
+"""Benchmark: what the records' Kafka headers (docs/reference/consuming-the-log.md) cost a reader and
 the log's size. ``replay_bench.py``'s pool workload is encoded as the publisher writes it
 (``codec.encode`` + ``publisher.event_headers``) into Kafka record batches (format v2,
 no compression, as the services produce), with and without the headers, for tracing off

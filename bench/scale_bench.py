@@ -242,7 +242,7 @@ async def beat_load(bootstrap, topics: TopicNames, hosts: list[str], seconds: fl
 
 
 async def why_pending(client: Client) -> None:
-    """What the placer says of the jobs still pending (docs/why-pending.md), by kind."""
+    """What the placer says of the jobs still pending (docs/guide/why-pending.md), by kind."""
     pending = await client.list_all(phases=(types_pb2.JOB_PHASE_PENDING,))
     if not pending:
         return

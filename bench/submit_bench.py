@@ -27,7 +27,7 @@ import uuid
 from pathlib import Path
 
 # Bursts of thousands of one team's jobs are the point here: admission's per-team rate
-# and pending limits (docs/api-errors.md) are turned off for the services it starts.
+# and pending limits (docs/reference/api-errors.md) are turned off for the services it starts.
 os.environ.setdefault("GPUSCHED_SUBMIT_RATE", "0")
 os.environ.setdefault("GPUSCHED_MAX_PENDING_PER_TEAM", "0")
 

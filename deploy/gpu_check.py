@@ -22,7 +22,7 @@ devices that exist (no per-instance SM utilization). ``--workload`` also runs a 
 preemption signal within the grace period, and resume from its checkpoint; the usage
 sampler reads GPU 0 meanwhile and must see it busy. ``--torchrun`` runs a two-process
 ``torchrun`` job on GPU 0 with the environment the node-agent gives a worker
-(docs/workloads.md): both ranks must meet, all-reduce, and see exactly that GPU.
+(docs/guide/workloads.md): both ranks must meet, all-reduce, and see exactly that GPU.
 """
 from __future__ import annotations
 
@@ -164,7 +164,7 @@ dist.destroy_process_group()
 async def torchrun_job(inventory, procs: int = 2) -> dict:
     """One worker of one GPU that runs ``torchrun`` with the environment the node-agent
     builds (``launch_env.worker_env``), through the agent's ``ProcessRun`` and shim, as
-    docs/workloads.md's example does on many nodes."""
+    docs/guide/workloads.md's example does on many nodes."""
     import socket
     import tempfile
 

@@ -24,7 +24,7 @@
 #                                SCRAM user per principal (principals() below) and
 #                                their passwords in <run>/kafka/secrets/credentials;
 #                                the StandardAuthorizer denies what no ACL allows
-#                                (docs/kafka-security.md). The controller listener is
+#                                (docs/reference/kafka-security.md). The controller listener is
 #                                mutual TLS with the broker certificate.
 #   GPUSCHED_KAFKA_BROKERS       combined broker+controller nodes (default 1); node i
 #                                listens on port+2(i-1) (controller one above); node 1
@@ -239,7 +239,7 @@ EOF
   fi
   local admin_pw; admin_pw="$(password_of admin)"
   # Clients: SASL_SSL with SCRAM-SHA-512 (SCRAM-SHA-256 too: a user's credentials of the
-  # two mechanisms are apart, which rotates a login without downtime, docs/deploying.md);
+  # two mechanisms are apart, which rotates a login without downtime, docs/guide/deploying.md);
   # brokers talk to each other on it as the admin user. The controller listener is mutual
   # TLS: SCRAM users live in the metadata log that controllers serve, so they cannot
   # authenticate the controllers themselves.

@@ -10,7 +10,7 @@
 #   3. the Kafka broker jars in the cache (deploy/kafka.sh fetch)
 # Needs: python3.11 (or python3 >= 3.11), Java 17+, Maven (for the Kafka jars); as root
 # it installs Java, Maven, PostgreSQL, Chromium (the dashboard's browser tests), nginx and
-# systemd (the deployment's tests: docs/deploying.md) from Debian's packages where missing.
+# systemd (the deployment's tests: docs/guide/deploying.md) from Debian's packages where missing.
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -27,7 +27,7 @@ if ! command -v java >/dev/null || ! command -v mvn >/dev/null; then
     log "error: java and mvn are required (Java 17+, Maven 3)"; exit 1
   fi
 fi
-# Chromium: the dashboard's tests load its pages in headless Chromium (docs/dashboard.md).
+# Chromium: the dashboard's tests load its pages in headless Chromium (docs/guide/dashboard.md).
 if ! command -v chromium >/dev/null; then
   if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null; then
     log "installing Chromium with apt-get (for the dashboard's browser tests)"
@@ -38,7 +38,7 @@ if ! command -v chromium >/dev/null; then
 fi
 
 # nginx and systemd-analyze: the deployment tests start the load balancer in front of
-# admission and check the unit files (docs/deploying.md; no systemd needs to run).
+# admission and check the unit files (docs/guide/deploying.md; no systemd needs to run).
 if ! command -v nginx >/dev/null || ! compgen -G "/usr/lib/nginx/modules/ngx_stream_module.so" >/dev/null \
     || ! command -v systemd-analyze >/dev/null; then
   if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null; then

@@ -1,4 +1,4 @@
-"""``gpusched <command>``: the user and operator commands (gpusched.ctl, docs/cli.md) and
+"""``gpusched <command>``: the user and operator commands (gpusched.ctl, docs/reference/cli.md) and
 one entry point for the services, the demo and the simulator."""
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def _handed_on(name: str, help_text: str) -> click.Command:
 def cli(ctx: click.Context, config_path: str | None, context: str | None, **flags: str | None) -> None:
     """gpusched: an event-sourced GPU cluster scheduler. The API's endpoint and credentials
     come from the options, GPUSCHED_* variables, or the current context of
-    ~/.config/gpusched/config.yaml (docs/cli.md)."""
+    ~/.config/gpusched/config.yaml (docs/reference/cli.md)."""
     ctx.obj = State(flags, config_path, context)
 
 

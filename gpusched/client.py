@@ -9,9 +9,9 @@ float seconds; ``spec()`` takes spans as float seconds or ``timedelta``. Calls t
 repeat are retried on ``UNAVAILABLE`` (admission restarting, a connection lost mid-call);
 a submission is retried with the same idempotency key, so a retry that follows a
 submission the server did record answers that job instead of making a second one
-(docs/client.md). While an OpenTelemetry span is current, each call carries its W3C
+(docs/reference/client.md). While an OpenTelemetry span is current, each call carries its W3C
 trace context (``traceparent`` metadata): a job submitted inside the caller's span is
-traced as part of the caller's trace (docs/observability.md)."""
+traced as part of the caller's trace (docs/reference/observability.md)."""
 from __future__ import annotations
 
 import asyncio
@@ -54,7 +54,7 @@ def spec(name: str, team: str, *, gpus: int = 0, gpu_milli: int = 0, mig: str = 
          command: tuple[str, ...] = (), preemptible: bool | None = None, checkpoint_interval: Seconds = 0.0,
          max_runtime: Seconds = 0.0, kind: int = types_pb2.JOB_KIND_TRAINING,
          gpu_memory_mib: int = 0) -> types_pb2.JobSpec:
-    """A JobSpec with the defaults of the CLI and job files (docs/client.md): one worker,
+    """A JobSpec with the defaults of the CLI and job files (docs/reference/client.md): one worker,
     pool ``default``, class ``training``. ``preemptible`` None leaves it unset: the API's
     default, preemptible."""
     msg = types_pb2.JobSpec(

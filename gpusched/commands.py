@@ -29,7 +29,7 @@ COMMANDS = {
                            "server"),
     "node-agent": Command("gpusched_node_agent.main", "runs the work of one node (NVML or simulated)", "agent"),
     "node-host": Command("gpusched_node_agent.host_main", "runs many simulated nodes in one process", "agent"),
-    # audit and billing: docs/audit-billing.md
+    # audit and billing: docs/guide/audit-billing.md
     "billing": Command("gpusched.consumers.reports:billing_main", "GPU-hours per team, pool, job, day (from the "
                        "database)", "accounting"),
     "audit": Command("gpusched.consumers.reports:audit_main", "who did what, when (from the database)", "accounting"),

@@ -3,10 +3,10 @@ comes from (a flag of the services and its environment variable, or the environm
 
 Each model below is validated when a process starts; a bad value stops it with one line
 naming the flag and the variable (``SettingsError``). Flags and variables keep the names
-they always had; docs/configuration.md lists them all, and tests/unit/test_config.py checks
+they always had; docs/reference/configuration.md lists them all, and tests/unit/test_config.py checks
 that list against these models.
 
-This module imports nothing of gpusched, so every layer may read it (docs/architecture.md).
+This module imports nothing of gpusched, so every layer may read it (docs/design/architecture.md).
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ PARALLEL_REPLAY_MIN = 100_000
 # The placer's placement policy unless --placement names another; the simulator's ``defaults``
 # configuration reads it too. best-fit, not fgd-lookahead (which packs best on the openb lists):
 # fgd-lookahead's cycle costs about twice as much and it waits longer for whole-GPU and gang
-# jobs on the synthetic workload (docs/scheduling-placement.md, "Not done / limits").
+# jobs on the synthetic workload (docs/design/scheduling-placement.md, "Not done / limits").
 DEFAULT_PLACEMENT = "best-fit"
 
 # The environment a service (or the catch-up reader process) reads its Kafka connection from.
@@ -151,7 +151,7 @@ class KafkaSettings(Settings):
                               help="partitions of the cluster-events topic (pools hash onto them)", ge=1, le=1024)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = setting(
         "INFO", flag="--log-level", env="GPUSCHED_LOG_LEVEL", help="log level")
-    # Security (docs/kafka-security.md): PLAINTEXT, or SASL_SSL with this service's own
+    # Security (docs/reference/kafka-security.md): PLAINTEXT, or SASL_SSL with this service's own
     # SCRAM principal and the CA of the brokers' certificates.
     security_protocol: Literal["PLAINTEXT", "SASL_SSL"] = setting(
         "PLAINTEXT", flag="--kafka-security-protocol", env=ENV_PROTOCOL, help="PLAINTEXT or SASL_SSL")
@@ -209,7 +209,7 @@ def read_password(password: str, password_file: str) -> str:
 
 
 class SecuritySettings(Settings):
-    """The gRPC server's TLS, identity and policy, the same for every service (docs/security.md)."""
+    """The gRPC server's TLS, identity and policy, the same for every service (docs/reference/security.md)."""
 
     insecure: bool = setting(False, flag="--insecure", env="GPUSCHED_INSECURE",
                              help="development only: plaintext gRPC, no authentication, every call allowed; "
@@ -233,12 +233,12 @@ class SecuritySettings(Settings):
 
 class AdmissionSettings(Settings):
     """Admission's own settings: its API, retention of finished jobs, the policy bootstrap
-    and abuse limits (docs/api-errors.md)."""
+    and abuse limits (docs/reference/api-errors.md)."""
 
     listen: str = setting("127.0.0.1:50051", flag="--listen", help="address of the job API")
     quotas: str = setting("", flag="--quotas",
                           help="JSON file of org/team guarantees, limits and weights: written into each partition's "
-                               "log whose log holds no policy yet (a bootstrap; docs/policy.md)")
+                               "log whose log holds no policy yet (a bootstrap; docs/reference/policy.md)")
     job_retention: float = setting(
         DEFAULT_JOB_RETENTION_S, flag="--job-retention", env="GPUSCHED_JOB_RETENTION_S",
         help="seconds (log time) a finished job stays in the state before it is pruned; 0 keeps every job. "
@@ -267,7 +267,7 @@ class PlacerSettings(Settings):
     placement: str = setting(DEFAULT_PLACEMENT, flag="--placement", help="placement policy name")
     placement_args: dict[str, float] = setting({}, flag="--placement-arg",
                                                help="an argument of the placement policy, e.g. patience=0.2 for "
-                                                    "fgd-lookahead (docs/scheduling-placement.md)")
+                                                    "fgd-lookahead (docs/design/scheduling-placement.md)")
     backfill: bool = setting(True, flag="--backfill",
                              help="reserve at once for the first blocked job of each pool (EASY backfill); "
                                   "--no-backfill: only jobs past --reserve-after get reservations")
@@ -292,7 +292,7 @@ class PlacerSettings(Settings):
                                      "next (--job-test-head)", ge=1)
     # The cycle is bounded by default, as Slurm's max_sched_time is: unbounded, a burst on
     # thousands of nodes makes cycles of up to --max-job-test placements, hundreds of ms
-    # with nothing appended meanwhile (docs/running.md). A pool with no more than
+    # with nothing appended meanwhile (docs/guide/running.md). A pool with no more than
     # --min-job-test waiting jobs never meets the bound.
     job_test_head: int = setting(100, flag="--job-test-head",
                                  help="jobs from the head of the queue that a cycle continuing where the last "
@@ -399,7 +399,7 @@ class PreemptorSettings(Settings):
                                 ge=0, allow_inf_nan=False)
     actions: str = setting("nodes,attempts,preempt,defrag", flag="--actions", env="GPUSCHED_PREEMPTOR_ACTIONS",
                            help="what the preemptor judges each time, in order, comma-separated: nodes, attempts, "
-                                "preempt, defrag (docs/extending.md, 'A preemptor action')")
+                                "preempt, defrag (docs/design/extending.md, 'A preemptor action')")
 
     @field_validator("pool_min_runtime", mode="before")
     @classmethod
@@ -468,7 +468,7 @@ class NodeAgentSettings(Settings):
 
 class NodeHostSettings(Settings):
     """A node host's own settings: how many simulated nodes it runs, and of what
-    (``gpusched node-host``; docs/running.md, "Many simulated nodes in one process")."""
+    (``gpusched node-host``; docs/guide/running.md, "Many simulated nodes in one process")."""
 
     name: str = setting("", flag="--name", help="the host's name; its nodes are named NAME-00000, NAME-00001, ... "
                                                "(default: host name)")
@@ -499,7 +499,7 @@ def labels_key_value(labels: tuple[str, ...]) -> tuple[str, ...]:
 
 
 class AccountingSettings(Settings):
-    """The audit and billing database, for its consumers and its reports (docs/audit-billing.md)."""
+    """The audit and billing database, for its consumers and its reports (docs/guide/audit-billing.md)."""
 
     db: str = setting("sqlite:///gpusched-accounting.db", flag="--db", env="GPUSCHED_ACCOUNTING_DB",
                       help="SQLAlchemy URL: sqlite:///file.db or postgresql://user@host:port/db", min_length=1)
@@ -528,7 +528,7 @@ class ProcessSettings(Settings):
     trace_console: bool = setting(False, env="GPUSCHED_TRACE_CONSOLE", help="1: print spans on the console")
     otlp_endpoint: str = setting("", env="OTEL_EXPORTER_OTLP_ENDPOINT",
                                  help="OTLP/gRPC receiver spans are sent to, e.g. http://127.0.0.1:4317 "
-                                      "(docs/observability.md); empty: no tracing")
+                                      "(docs/reference/observability.md); empty: no tracing")
     metrics_port: int = setting(0, env="GPUSCHED_METRICS_PORT",
                                 help="port of the service's Prometheus /metrics endpoint (0: no metrics)",
                                 ge=0, le=65535)

@@ -188,7 +188,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
                         help="keep the demo's topics (for gpusched usage --topic-prefix, or the billing and audit consumers, afterwards)")
     parser.add_argument("--secure", action="store_true",
                         help="serve the APIs over TLS with tokens and a policy (a throwaway dev CA); "
-                             "default: the --insecure dev mode on loopback (docs/security.md)")
+                             "default: the --insecure dev mode on loopback (docs/reference/security.md)")
     parser.add_argument("--gpus", default="8xH100-80GB", help="simulated GPUs per node")
     parser.add_argument("--min-runtime", type=number_type(0.0), default=5.0,
                         help="seconds an attempt runs before it may be preempted for priority (the preemptor's "

@@ -1,5 +1,5 @@
 """``gpusched kafka-setup``: create a deployment's topics and its services' ACLs, as the
-Kafka admin principal (docs/kafka-security.md). Services do not create topics on a secured
+Kafka admin principal (docs/reference/kafka-security.md). Services do not create topics on a secured
 cluster: their principals may not. Run it once per topic prefix, and again after changing
 ``--replication-factor``/``--min-insync-replicas`` (it reports what it cannot change).
 
@@ -19,7 +19,7 @@ that service's SCRAM credential to a new random password, written to ``--secrets
 (mode 600), for the mechanism ``--scram-mechanism`` (default: the admin's). A user has
 one credential per mechanism: setting the other mechanism's leaves the one in use
 working, so a service's password is rotated without downtime by alternating mechanisms
-(docs/deploying.md, "Rotating logins, certificates and tokens")."""
+(docs/guide/deploying.md, "Rotating logins, certificates and tokens")."""
 from __future__ import annotations
 
 import argparse

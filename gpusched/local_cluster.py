@@ -7,7 +7,7 @@ exactly as an operator's worst day would. Readiness is the service's own "ready"
 The services' gRPC servers run in the ``--insecure`` dev mode (plaintext, no identity,
 loopback only) unless a ``DevPki`` is given: then they serve TLS, identify callers by
 its tokens, JWTs and (``mtls``) client certificates, and check its policy file
-(docs/security.md).
+(docs/reference/security.md).
 
 On a secured cluster each service logs in to Kafka as its own principal
 (``principal_of``, from ``gpusched.adapters.broker.kafka_principals.PRINCIPALS``): its password

@@ -3,8 +3,8 @@
 The package build (setup.py), or ``deploy/build_parts.py`` in a checkout (run by
 ``deploy/setup.sh``), compiles ``COMPILED`` into ``gpusched/_native/``, beside a stamp of
 the sources it compiled. ``gpusched.core`` then
-imports those modules from there instead of the ``.py`` files: the same code, ~12 %
-faster to replay a log (docs/design.md: "Package choices"; docs/benchmarks.md:
+imports those modules from there instead of the ``.py`` files: the same code,
+faster to replay a log (docs/design/design.md: "Package choices"; docs/design/benchmarks.md:
 "Recovery"). The build lives outside the source folders so that a stale build can
 never shadow edited sources: when the stamp does not match the sources (or the
 interpreter), or ``GPUSCHED_NATIVE=0``, the plain modules are used, which are always

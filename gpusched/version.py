@@ -1,6 +1,6 @@
 """What this code is: the package's version and the schema of the log records it writes.
 
-``VERSION`` follows semantic versioning (docs/deploying.md, "Versions and upgrades"): a
+``VERSION`` follows semantic versioning (docs/guide/deploying.md, "Versions and upgrades"): a
 patch release changes no record, a minor release may add to the log's schema and a
 major release may drop what an older schema wrote, never without a release between
 that reads both.

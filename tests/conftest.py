@@ -219,7 +219,7 @@ async def topics(request: pytest.FixtureRequest, kafka_bootstrap: KafkaConnectio
     await delete_topics(kafka_bootstrap, names, timeout_s=10)   # best effort: no piling up partitions
 
 
-# --- PostgreSQL: the accounting database's production option (docs/audit-billing.md) ---
+# --- PostgreSQL: the accounting database's production option (docs/guide/audit-billing.md) ---
 def _postgres_bindir() -> Path:
     """Debian's PostgreSQL server binaries (deploy/setup.sh installs the package)."""
     found = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"), key=lambda p: int(p.parent.parent.name))

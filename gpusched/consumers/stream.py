@@ -11,7 +11,7 @@ What an event means depends on the state it lands in (a placement is a proposal 
 reducer may refuse), so each partition's state is folded here with the shared reducer.
 A consumer that starts a partition mid-log (the group's committed offset) first folds
 the records before it from Kafka with a plain reader, writing nothing: their rows were
-stored by the run that committed them. See docs/audit-billing.md.
+stored by the run that committed them. See docs/guide/audit-billing.md.
 """
 from __future__ import annotations
 
@@ -194,7 +194,7 @@ def main(argv: list[str] | None, kind: str) -> int:
 
     parser = argparse.ArgumentParser(prog=f"gpusched {kind}-consumer",
                                      description=f"Store the {kind} records of the pool log in a database "
-                                                 "(docs/audit-billing.md).")
+                                                 "(docs/guide/audit-billing.md).")
     for model in (KafkaSettings, AccountingSettings, ConsumerSettings):
         model.add_args(parser)
     args = parser.parse_args(argv)

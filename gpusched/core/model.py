@@ -274,7 +274,7 @@ class NodeInfo:
     agent_id: str = ""                            # incarnation of the agent process
     # Where peers reach this node's workers (a gang's MASTER_ADDR), and the fencing
     # contract of its agent: a worker outlives the agent's last renewed lease by at
-    # most ``lease_s + kill_wait_s`` (docs/workloads.md). 0: nothing runs under a lease
+    # most ``lease_s + kill_wait_s`` (docs/guide/workloads.md). 0: nothing runs under a lease
     # (simulated runs), so a lost node's work is gone when it is declared lost.
     address: str = ""
     lease_s: float = 0.0
@@ -290,7 +290,7 @@ class NodeInfo:
 
 
 class PendingKind(str, Enum):
-    """Why a pending job was not placed in the placer's last look at it (docs/why-pending.md).
+    """Why a pending job was not placed in the placer's last look at it (docs/guide/why-pending.md).
     NONE: no reason known yet (the placer has not looked, or the job is not pending)."""
 
     NONE = "none"

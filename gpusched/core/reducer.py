@@ -550,7 +550,7 @@ def _attempt_timed_out(e: ev.AttemptTimedOut, state: ClusterState) -> Outcome:
 
 @_handles(ev.JobPendingReason)
 def _job_pending_reason(e: ev.JobPendingReason, state: ClusterState) -> Outcome:
-    """Only stored, for the API: no decision reads it (docs/why-pending.md)."""
+    """Only stored, for the API: no decision reads it (docs/guide/why-pending.md)."""
     job = state.jobs.get(e.job_id)
     if job is None or job.phase is not _PENDING or e.attempt != job.attempt:
         return _reject(f"job {e.job_id} attempt {e.attempt} is not pending", e.job_id)

@@ -1,7 +1,7 @@
 """Snapshots of a ``ClusterState``: portable, versioned bytes and back.
 
 A snapshot lets a replica resume a pool log from ``state.offset + 1`` instead of offset 0
-(docs/architecture.md section 4). The bytes travel through a Kafka topic any client of the
+(docs/design/architecture.md section 4). The bytes travel through a Kafka topic any client of the
 cluster can write to, so they are data, never code: compact JSON compressed with zlib,
 behind a magic number and a format version — no pickle.
 

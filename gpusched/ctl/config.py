@@ -46,7 +46,7 @@ class Endpoint:
         tls = ClientTls.from_files(self.ca, self.cert or None, self.key or None) if self.ca else None
         if self.token and tls is None:
             raise click.UsageError("a token needs TLS: give --ca (or ca: in the context)")
-        # a person waits at the prompt: give up sooner than a program would (docs/cli.md)
+        # a person waits at the prompt: give up sooner than a program would (docs/reference/cli.md)
         return connect(self.endpoint, tls, self.token, Retry(budget_s=CLI_RETRY_S))
 
 

@@ -1,6 +1,6 @@
 """``gpusched decode``: records of gpusched's topics, read from stdin, as JSON lines.
 
-A record's value is one protobuf message (docs/consuming-the-log.md): an
+A record's value is one protobuf message (docs/reference/consuming-the-log.md): an
 ``EventEnvelope`` on the pool log and the report topics, a ``DeadLetter``, a
 ``Heartbeat`` or a ``WorkerUsage`` on the others (the ``gpusched.schema`` header
 names it). kcat cannot split binary values by lines, so they are read as kcat writes

@@ -1,4 +1,4 @@
-"""Job files: YAML whose keys are the API's ``JobSpec`` fields (docs/cli.md).
+"""Job files: YAML whose keys are the API's ``JobSpec`` fields (docs/reference/cli.md).
 
     name: llama-finetune
     team: nlp

@@ -58,7 +58,7 @@ def _merge(doc: object, flags: dict) -> object:
 
 @click.command(context_settings={"show_default": True})
 @click.option("-f", "--filename", type=click.Path(dir_okay=False, path_type=Path),
-              help="a job file (YAML; JobSpec fields, docs/cli.md); flags override its values")
+              help="a job file (YAML; JobSpec fields, docs/reference/cli.md); flags override its values")
 @click.option("--name")
 @click.option("--team", help="default: the caller's team (from its credentials)")
 @click.option("--pool", help="[default]")
@@ -229,7 +229,7 @@ def retry_rule_text(rule: types_pb2.RetryRule) -> str:
 
 
 def pending_lines(job: types_pb2.Job) -> list[str]:
-    """Why a pending job waits, as the placer last found it (docs/why-pending.md)."""
+    """Why a pending job waits, as the placer last found it (docs/guide/why-pending.md)."""
     if job.phase != types_pb2.JOB_PHASE_PENDING or not job.HasField("pending"):
         return []
     at = job.pending_at.ToNanoseconds() / 1e9

@@ -163,7 +163,7 @@ def top_teams(client: SyncClient, pool: str, measured: bool, output: str) -> Non
 
 
 def _measured(pool: str) -> dict[str, dict]:
-    """GPU-hours per team from the pool log and the agents' usage records (docs/utilization.md)."""
+    """GPU-hours per team from the pool log and the agents' usage records (docs/guide/utilization.md)."""
     import argparse
     import asyncio
     import time

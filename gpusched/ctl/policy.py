@@ -1,5 +1,5 @@
 """``gpusched policy``: read and set quotas, weights and allow-lists through admission's
-ClusterService (docs/policy.md). Prints the policy the log holds after the call."""
+ClusterService (docs/reference/policy.md). Prints the policy the log holds after the call."""
 from __future__ import annotations
 
 import click
@@ -18,7 +18,7 @@ _format = click.option("-o", "--output", type=click.Choice(["json", "yaml"]), de
 @click.pass_context
 def policy(ctx: click.Context, target: str | None) -> None:
     """Quotas, fair-share weights and allow-lists (operators; a team admin sets its own
-    team's quota within its org's: docs/policy.md, docs/security.md)."""
+    team's quota within its org's: docs/reference/policy.md, docs/reference/security.md)."""
     state = ctx.find_object(State)
     if target and not state.flags.get("endpoint"):
         state.flags["endpoint"] = target

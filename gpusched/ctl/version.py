@@ -79,7 +79,7 @@ def details() -> list[str]:
 @click.option("--verbose", "-v", is_flag=True,
               help="also where it is installed, its reducer, its worker shim and its extras")
 def version(verbose: bool) -> None:
-    """The package's version and the log schema it writes (docs/deploying.md)."""
+    """The package's version and the log schema it writes (docs/guide/deploying.md)."""
     click.echo(f"gpusched {VERSION}")
     if verbose:
         for line in details():

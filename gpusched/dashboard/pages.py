@@ -164,7 +164,7 @@ def queues(jobs: list[types_pb2.Job], now: float | None = None) -> str:
 
 
 def why_pending(job: types_pb2.Job) -> str:
-    """The placer's reason a pending job waits (docs/why-pending.md); "" where it gave none."""
+    """The placer's reason a pending job waits (docs/guide/why-pending.md); "" where it gave none."""
     return job.pending.summary if job.phase == types_pb2.JOB_PHASE_PENDING and job.HasField("pending") else ""
 
 

@@ -107,7 +107,7 @@ DEFAULT_MIN_JOB_TEST = 2 * DEFAULT_JOB_TEST_HEAD
 class SchedulerConfig:
     """The defaults are what a new cluster should run with: fair share with aging, EASY
     backfill, and a reservation for any job that waited ``reserve_after_s``
-    (docs/scheduling-fairness.md, "No starvation with the defaults")."""
+    (docs/design/scheduling-fairness.md, "No starvation with the defaults")."""
 
     queue: str = "fair-share"
     placement: str = "best-fit"

@@ -19,7 +19,7 @@ class SupervisionConfig:
 
 
 # Past a node's lease before it may be declared lost: its shims' poll and the clocks'
-# disagreement (the margin ``fence_at`` allows too; docs/workloads.md, "Fencing").
+# disagreement (the margin ``fence_at`` allows too; docs/guide/workloads.md, "Fencing").
 LEASE_MARGIN_S = 1.0
 
 

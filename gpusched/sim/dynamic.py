@@ -319,6 +319,9 @@ def build_parser():
     p.add_argument("--publish", type=Path, metavar="FOLDER",
                    help="also write the figures to FOLDER/dynamic-<workload>.json and .md (the published figures: "
                         "docs/figures)")
+    p.add_argument("--publish-as", metavar="SUFFIX", default="",
+                   help="with --publish: add -SUFFIX to the published name, for a second set of configurations "
+                        "on the same workload")
     return p
 
 
@@ -333,9 +336,11 @@ def workload_of(args):
 
 
 def figures_name(args, wl: Workload) -> str:
-    """The published figures' name of a run: its workload's, and its horizon when not 48 h."""
+    """The published figures' name of a run: its workload's, its horizon when not 48 h, and
+    ``--publish-as``."""
     horizon = f"-h{args.horizon_h:g}" if args.workload == "synthetic" and args.horizon_h != 48.0 else ""
-    return f"dynamic-{wl.name}{horizon}"
+    suffix = f"-{args.publish_as}" if getattr(args, "publish_as", "") else ""
+    return f"dynamic-{wl.name}{horizon}{suffix}"
 
 
 def run_configs(args, wl: Workload, log=None) -> tuple[list[SimResult], list[dict]]:
@@ -361,6 +366,14 @@ def published(summary: dict) -> dict:
     return {k: v for k, v in summary.items() if k != "wall_s"}
 
 
+def published_table(data: dict) -> str:
+    """The page of published figures (``figures.publish``'s ``table``): the workload and
+    every table of the published summaries, so without the machine's wall time."""
+    from gpusched.sim import dynamic_report
+
+    return f"{data['workload']}.\n\n" + "\n\n".join(dynamic_report.tables(data["summaries"]))
+
+
 def main(argv: list[str] | None = None) -> int:
     import sys
 
@@ -381,8 +394,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wrote {out}/summary.json, summary.csv, table.md")
     if args.publish:
         data = {"argv": figures.arguments(argv), "workload": wl.note, "summaries": [published(s) for s in summaries]}
-        table = f"{wl.note}.\n\n" + "\n\n".join(dynamic_report.tables(summaries))
-        for path in figures.publish(args.publish, figures_name(args, wl), command, data, table):
+        for path in figures.publish(args.publish, figures_name(args, wl), command, data, published_table(data)):
             print(f"wrote {path}")
     return 0
 

@@ -46,10 +46,12 @@ def _cell(summary: dict, key, fmt: str) -> str:
 
 
 def table(summaries: list[dict]) -> str:
-    """A markdown table: times in seconds."""
-    head = "| " + " | ".join(name for name, _, _ in COLUMNS) + " |"
-    rule = "|" + "|".join("---" if i == 0 else "---:" for i in range(len(COLUMNS))) + "|"
-    rows = ["| " + " | ".join(_cell(s, key, fmt) for _, key, fmt in COLUMNS) + " |" for s in summaries]
+    """A markdown table: times in seconds. A column whose figure the summaries lack (the
+    wall time, which published summaries leave out) is left out."""
+    columns = [c for c in COLUMNS if not summaries or isinstance(c[1], tuple) or c[1] in summaries[0]]
+    head = "| " + " | ".join(name for name, _, _ in columns) + " |"
+    rule = "|" + "|".join("---" if i == 0 else "---:" for i in range(len(columns))) + "|"
+    rows = ["| " + " | ".join(_cell(s, key, fmt) for _, key, fmt in columns) + " |" for s in summaries]
     return "\n".join([head, rule, *rows])
 
 

@@ -20,7 +20,8 @@ one). With the default bound these jobs, which wait minutes and checkpoint only 
 stopped, would seldom be reclaimed: the question here is whether reclaims settle when
 nothing else holds them back.
 
-``python -m gpusched.sim.reclaim --teams 2 --seeds 5``: preemptions per hour and flips.
+``python -m gpusched.sim.reclaim --teams 2 --seeds 5``: preemptions per hour and flips;
+``--publish docs/figures`` runs the published configurations and writes their figures there.
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ import argparse
 import math
 import random
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from gpusched.core import events as ev
 from gpusched.core.model import GpuInfo, JobPhase, JobSpec, NodeInfo, WorkerResources
@@ -39,6 +41,7 @@ from gpusched.policies.preemption.victim_rules import PreemptionConfig
 from gpusched.policies.queueing.guarantee_hold import DEFAULT_GUARANTEE_HOLD_S
 from gpusched.policies.queueing.quota import OrgQuota, QueueTree, TeamQuota
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig
+from gpusched.sim import figures
 
 SIZES = (1, 1, 2, 4)        # GPUs of a job: mixed, small ones more often
 
@@ -199,6 +202,45 @@ def _spec(name: str, team: str, gpus: int) -> JobSpec:
                    resources=WorkerResources(gpus=gpus, cpu_milli=0, memory_mib=0))
 
 
+SUMMARY_HEAD = ("| teams | ending when steady | guarantee hold | preemptions / h | flips | flips once steady "
+                "| jobs reclaimed twice within 10 min | GPUs allocated | GPUs allocated once steady |\n"
+                "| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+# The published runs (``--publish``): two and three teams with and without departures once
+# demand is steady, at the default guarantee hold; then the hold's length, with departures.
+PUBLISHED = ([(teams, departures, DEFAULT_GUARANTEE_HOLD_S) for teams in (2, 3) for departures in (True, False)]
+             + [(teams, True, hold) for teams in (2, 3) for hold in (0.0, 600.0, 2400.0)])
+
+
+def summary(teams: int, seeds: int, hours: float, departures: bool, hold_s: float,
+            max_loss_per_wait: float = math.inf) -> dict:
+    """The sums (means) over ``seeds`` seeds of one configuration."""
+    rs = [run(ReclaimWorkload(teams=teams, hours=hours, steady_after_h=hours / 2, seed=seed,
+                              departures_when_steady=departures, guarantee_hold_s=hold_s),
+              PreemptionConfig(max_loss_per_wait=max_loss_per_wait)) for seed in range(seeds)]
+    mean = lambda f: sum(map(f, rs)) / len(rs)   # noqa: E731
+    return {"teams": teams, "departures_when_steady": departures, "guarantee_hold_s": hold_s,
+            "preemptions_per_hour": round(mean(ReclaimReport.per_hour), 6), "flips": sum(r.flips() for r in rs),
+            "flips_once_steady": sum(r.flips(r.steady_from_s) for r in rs),
+            "reclaimed_twice_within_10_min": sum(len(r.repeated_within(600.0)) for r in rs),
+            "allocated": round(mean(ReclaimReport.allocated), 6),
+            "allocated_once_steady": round(mean(lambda r: r.allocated(r.steady_from_s)), 6)}
+
+
+def summary_row(s: dict) -> str:
+    hold = s["guarantee_hold_s"]
+    return (f"| {s['teams']} | {'departures' if s['departures_when_steady'] else 'none'} "
+            f"| {'0' if hold == 0 else f'{hold / 60:g} min'} | {s['preemptions_per_hour']:.2f} | {s['flips']} "
+            f"| {s['flips_once_steady']} | {s['reclaimed_twice_within_10_min']} "
+            f"| {100 * s['allocated']:.1f} % | {100 * s['allocated_once_steady']:.1f} % |")
+
+
+def published_table(data: dict) -> str:
+    """The page of the published figures: the runs' settings and a row per configuration."""
+    return (f"Sums over seeds 0-{data['seeds'] - 1}, preemptions per hour and allocation averaged; "
+            f"{data['hours']:g} h, demand steady after {data['hours'] / 2:g} h.\n\n"
+            + SUMMARY_HEAD + "\n" + "\n".join(map(summary_row, data["summaries"])))
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--teams", type=int, default=2)
@@ -211,25 +253,30 @@ def main(argv: list[str] | None = None) -> None:
                    help="the cycle's guarantee hold (0: free capacity is lent at once)")
     p.add_argument("--max-loss-per-wait", type=float, default=math.inf,
                    help="the preemptor's bound on work lost per GPU-second waited (default: none)")
+    p.add_argument("--publish", type=Path, metavar="FOLDER",
+                   help="run the published configurations (teams, departures and guarantee holds; "
+                        "--seeds and --hours apply) and write their summaries to FOLDER as reclaim.json "
+                        "and reclaim.md (the repository's published figures: docs/figures)")
     args = p.parse_args(argv)
+    if args.publish:
+        rows = [summary(teams, args.seeds, args.hours, departures, hold, args.max_loss_per_wait)
+                for teams, departures, hold in PUBLISHED]
+        command = figures.command_line("python -m gpusched.sim.reclaim", argv)
+        data = {"argv": figures.arguments(argv), "seeds": args.seeds, "hours": args.hours, "summaries": rows}
+        for path in figures.publish(args.publish, "reclaim", command, data, published_table(data)):
+            print(f"wrote {path}")
+        return
+    if args.summary:
+        print(SUMMARY_HEAD)
+        print(summary_row(summary(args.teams, args.seeds, args.hours, not args.no_departures_when_steady,
+                                  args.guarantee_hold_s, args.max_loss_per_wait)))
+        return
     reports = []
     for seed in range(args.seeds):
         wl = ReclaimWorkload(teams=args.teams, hours=args.hours, steady_after_h=args.hours / 2, seed=seed,
                              departures_when_steady=not args.no_departures_when_steady,
                              guarantee_hold_s=args.guarantee_hold_s)
         reports.append((seed, run(wl, PreemptionConfig(max_loss_per_wait=args.max_loss_per_wait))))
-    if args.summary:
-        print("| teams | ending when steady | preemptions / h | flips | flips once steady "
-              "| jobs reclaimed twice within 10 min | GPUs allocated | GPUs allocated once steady |")
-        print("| --- | --- | --- | --- | --- | --- | --- | --- |")
-        rs = [r for _, r in reports]
-        mean = lambda f: sum(map(f, rs)) / len(rs)   # noqa: E731
-        print(f"| {args.teams} | {'none' if args.no_departures_when_steady else 'departures'} "
-              f"| {mean(ReclaimReport.per_hour):.2f} | {sum(r.flips() for r in rs)} "
-              f"| {sum(r.flips(r.steady_from_s) for r in rs)} | {sum(len(r.repeated_within(600.0)) for r in rs)} "
-              f"| {100 * mean(ReclaimReport.allocated):.1f} % "
-              f"| {100 * mean(lambda r: r.allocated(r.steady_from_s)):.1f} % |")
-        return
     print("| seed | preemptions/h | reclaims | flips | flips once steady | reclaimed twice within 10 min "
           "| allocated | allocated once steady |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")

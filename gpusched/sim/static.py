@@ -150,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trace-dir", type=Path, default=TRACE_DIR)
     parser.add_argument("--out", type=Path, default=Path("results/static"), help="where the JSON/CSV/PNG go")
     parser.add_argument("--publish", type=Path, metavar="FOLDER",
-                        help=f"also write the headline figures to FOLDER/static.json and .md (the published "
+                        help=f"also write the headline figures to FOLDER/static.json and .md, or "
+                             f"static-seeds-<first>-<last> for other seeds than the default (the published "
                              f"figures: {figures.DEFAULT_FOLDER})")
     args = parser.parse_args(argv)
     lists = POD_LISTS if args.all or args.lists == "all" else tuple(args.lists.split(","))
@@ -179,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     paths = report.write(runs, lists, policies, args.out, wall)
     if args.publish:
         command = figures.command_line("gpusched simulate static", argv)
-        paths += figures.publish(args.publish, "static", command, report.figures(runs, lists, policies),
+        name = "static" if seeds[0] == SEEDS[0] else f"static-seeds-{seeds[0]}-{seeds[-1]}"
+        paths += figures.publish(args.publish, name, command, report.figures(runs, lists, policies),
                                  f"```text\n{report.table(runs, lists, policies)}\n```")
     for path in paths:
         print(f"wrote {path}")

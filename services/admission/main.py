@@ -115,7 +115,7 @@ async def record_retention(follower: LogFollower, publisher: EventPublisher, me:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="gpusched-admission", description=__doc__)
     KafkaSettings.add_args(parser)
-    SecuritySettings.add_args(parser, title="API security (docs/security.md)")
+    SecuritySettings.add_args(parser, title="API security (docs/reference/security.md)")
     AdmissionSettings.add_args(parser)
     asyncio.run(run(parser.parse_args(argv)))
 

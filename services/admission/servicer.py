@@ -73,7 +73,7 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
         self.refusals: dict[str, str] = {}   # event id -> the reducer's reason, for those it rejected
 
     async def SubmitJob(self, request, context):
-        # The job's trace: the caller's, when it sent its context (docs/observability.md).
+        # The job's trace: the caller's, when it sent its context (docs/reference/observability.md).
         with tracing.server_span("SubmitJob", context, _SERVICE) as span:
             await self._fold_unknown_pools([request])
             item = self._prepare(request)
@@ -116,7 +116,7 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
         """A valid request as what to write (or the job its key names); else its errors,
         or its denial. The job's team is the caller's: ``spec.team`` left empty takes the
         caller's only team; a team it may not submit for is denied, and so is a priority
-        class or pool the team's policy does not allow (docs/policy.md). ``where``: the
+        class or pool the team's policy does not allow (docs/reference/policy.md). ``where``: the
         item's place in a batch, to name its fields ("jobs[3].")."""
         access = current_access()
         team = request.spec.team or access.default_team() or ""
@@ -144,7 +144,7 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
         denied = denied_field(self.model.state_for_pool(spec.pool), spec)
         if denied:
             value = spec.priority_class if denied == "spec.priority_class" else spec.pool
-            return _Denied(f"{denied}: team {spec.team!r} may not use {value!r} (docs/policy.md)")
+            return _Denied(f"{denied}: team {spec.team!r} may not use {value!r} (docs/reference/policy.md)")
         job_id = job_id_for(spec.team, key)
         existing = self.model.job(job_id) if key else None
         if existing is not None:

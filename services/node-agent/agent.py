@@ -4,7 +4,7 @@ The agent runs the same reducer as every service over its pool's partition, so i
 only on placements the log accepted, and it stops work as soon as the log says the
 attempt ends (cancelled, preempted, failed elsewhere in the gang, timed out, node lost).
 An ending attempt keeps its resources in the log until the agent reports each worker's
-real end (docs/workloads.md, "The job lifecycle"): the agent stops the process (SIGTERM,
+real end (docs/guide/workloads.md, "The job lifecycle"): the agent stops the process (SIGTERM,
 then SIGKILL after the kill deadline) and reports only once it is gone.
 
 Real workloads run under a shim that kills them when the node's lease runs out, so a
@@ -212,7 +212,7 @@ class NodeAgent(NodeLiveness):
 
     async def _cordon_for(self, stuck: list[str]) -> None:
         """Cordon this node for workers that outlived SIGKILL: nothing new is placed on a
-        node whose GPUs such a process may still use (docs/workloads.md)."""
+        node whose GPUs such a process may still use (docs/guide/workloads.md)."""
         names = ", ".join(stuck[:8]) + (f" and {len(stuck) - 8} more" if len(stuck) > 8 else "")
         reason = (f"worker(s) {names} still running after SIGKILL (a process in uninterruptible sleep?): "
                   "their GPUs stay held; once they are gone, restart the agent and uncordon the node")

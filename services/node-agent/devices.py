@@ -5,7 +5,7 @@ is named by the GPU's UUID, a MIG slice by its MIG device's UUID (``MIG-...``): 
 cannot use a MIG-enabled GPU by its GPU UUID. A share on a node running the CUDA MPS
 daemon also gets MPS's limits — its compute share (``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``)
 and its GPU memory (``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``); without MPS nothing isolates
-shares (docs/devices.md).
+shares (docs/guide/devices.md).
 
 ``MigManager`` creates and destroys MIG instances through NVML for dynamic MIG, and
 ``WorkerDevices`` ties both to one worker's run: instances made before it starts, gone

@@ -5,7 +5,7 @@ What ``torchrun`` and ``torch.distributed`` read (``MASTER_ADDR``, ``MASTER_PORT
 host list, as Slurm's ``srun`` gives ``SLURM_JOB_NODELIST``. One gpusched worker is
 one rank; a worker that runs ``torchrun`` itself uses the ``GPUSCHED_NNODES`` /
 ``NODE_RANK`` / ``GPUSCHED_RDZV_*`` values and lets torchrun set the per-process ranks
-(docs/workloads.md has the worked example). Pure: everything comes from the log.
+(docs/guide/workloads.md has the worked example). Pure: everything comes from the log.
 """
 from __future__ import annotations
 

@@ -131,7 +131,7 @@ async def run(args: argparse.Namespace) -> None:
 def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gpusched-node-agent", description=__doc__)
     KafkaSettings.add_args(parser)
-    SecuritySettings.add_args(parser, title="API security (docs/security.md)")
+    SecuritySettings.add_args(parser, title="API security (docs/reference/security.md)")
     NodeAgentSettings.add_args(parser, title="this node")
     return parser
 

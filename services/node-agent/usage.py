@@ -103,7 +103,7 @@ async def publish_usage(agent, sampler, last: dict[Key, float], interval_s: floa
     usage_sampled(agent.info.pool, agent.name, sum(g.milli * g.sm_percent / 100 for r in records for g in r.gpus
                                                    if g.measured) / 1000)
     # On the node's own report topic: the relay forwards them to <prefix>usage once it
-    # checked they are about this node (docs/kafka-security.md).
+    # checked they are about this node (docs/reference/kafka-security.md).
     topic, key, headers = agent.report_topic, agent.name.encode(), [(KIND_HEADER, USAGE_KIND)]
     sent = await asyncio.gather(*(agent.publisher.send_raw(topic, encode_usage(r), key=key, headers=headers)
                                   for r in records), return_exceptions=True)

@@ -1,4 +1,4 @@
-"""The agent's reader of its node's work view (``--source view``; docs/design.md, "The
+"""The agent's reader of its node's work view (``--source view``; docs/design/design.md, "The
 per-node work view"): it reads ``<prefix>work.<node>`` from the beginning, so its cost
 follows this node's work, not the pool's event rate.
 

@@ -1,8 +1,8 @@
 """The placer's decision: one scheduling cycle per owned pool, as ``JobPlaced`` proposals,
 then why the jobs it left pending wait, as ``JobPendingReason`` where that changed
-(``reasons``, docs/why-pending.md).
+(``reasons``, docs/guide/why-pending.md).
 
-What keeps the cycles few and short in a burst (docs/benchmarks.md, scale_bench):
+What keeps the cycles few and short in a burst (docs/design/benchmarks.md, scale_bench):
 
 * An unchanged pool cycles again only once a waiting job's retry back-off ended since
   its last cycle (``_backoff_ended``).

@@ -47,8 +47,8 @@ async def run(args: argparse.Namespace) -> None:
     except ValueError as exc:
         raise SystemExit(f"invalid settings: {exc} (--queue, --placement, --placement-arg, "
                          "--reserve-after, --pool-reserve-after, --reservation-depth)") from None
-    # Quotas and weights come from the log (QuotaSet/TeamPolicySet, docs/policy.md).
-    publisher, dead_letters = await connect(settings, me, pool_log_letters=True)   # docs/architecture.md
+    # Quotas and weights come from the log (QuotaSet/TeamPolicySet, docs/reference/policy.md).
+    publisher, dead_letters = await connect(settings, me, pool_log_letters=True)   # docs/design/architecture.md
     holder: dict = {}
     # Snapshots: a newly owned pool starts from its latest snapshot and replays the tail;
     # owned pools are snapshotted every N events / T seconds (and on a clean stop).
@@ -97,7 +97,7 @@ async def run(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="gpusched-placer", description=__doc__)
     KafkaSettings.add_args(parser)
-    SecuritySettings.add_args(parser, title="API security (docs/security.md)")
+    SecuritySettings.add_args(parser, title="API security (docs/reference/security.md)")
     PlacerSettings.add_args(parser)
     asyncio.run(run(parser.parse_args(argv)))
 

@@ -1,6 +1,6 @@
 """Pending reasons: after a cycle, why the jobs it left pending wait
 (``gpusched.policies.placement.diagnosis``), appended to the pool log as
-``JobPendingReason`` only when a job's reason changes (docs/why-pending.md).
+``JobPendingReason`` only when a job's reason changes (docs/guide/why-pending.md).
 
 Four limits keep it cheap for a long queue and a busy pool:
 
@@ -20,7 +20,7 @@ Four limits keep it cheap for a long queue and a busy pool:
 When the state does not change, the placer skips its cycle; ``due`` says a pass is still
 owed then (jobs not looked at since the state last changed, reasons held back, requeued
 jobs to look for), and ``idle_pass`` makes it against the same state, with the last
-cycle's result (its verdicts, reservations and quotas: docs/why-pending.md).
+cycle's result (its verdicts, reservations and quotas: docs/guide/why-pending.md).
 """
 from __future__ import annotations
 

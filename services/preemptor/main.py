@@ -89,7 +89,7 @@ async def run(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="gpusched-preemptor", description=__doc__)
     KafkaSettings.add_args(parser)
-    SecuritySettings.add_args(parser, title="API security (docs/security.md)")
+    SecuritySettings.add_args(parser, title="API security (docs/reference/security.md)")
     PreemptorSettings.add_args(parser)
     asyncio.run(run(parser.parse_args(argv)))
 

@@ -5,7 +5,7 @@ round makes one span per decision, parented by the affected job's trace (its con
 is what the log's ``JobSubmitted`` carried, kept in ``tracing.JOBS``). A decision that
 is an event about the job (a preemption, a time-out, a hung attempt) is published with
 its span's context, so every service's consumer span of that event is its child. Spans
-start when the round began: their length is the round's. docs/observability.md lists them.
+start when the round began: their length is the round's. docs/reference/observability.md lists them.
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 environments outside it (tests/deployment/conftest.py): what the wheel carries, the base
 install (the client and the CLI, against a running cluster; no Kafka, faust, SQLAlchemy
 or matplotlib), one line naming the extra a service of another role needs, and each
-role's install running its services' --help (docs/deploying.md, "Packages and extras")."""
+role's install running its services' --help (docs/guide/deploying.md, "Packages and extras")."""
 from __future__ import annotations
 
 import tarfile

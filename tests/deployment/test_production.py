@@ -1,4 +1,4 @@
-"""A production deployment on one machine, set up as docs/deploying.md says: three Kafka
+"""A production deployment on one machine, set up as docs/guide/deploying.md says: three Kafka
 brokers with SASL_SSL and ACLs (deploy/kafka.sh), the deployment's topics, ACLs and
 logins made by ``gpusched kafka-setup`` as the Kafka admin, and every service started
 with exactly the command and environment its systemd unit gives it (deploy/systemd; the
@@ -133,7 +133,7 @@ async def deployment(three_brokers, server_venv, agent_venv, tmp_path_factory):
         args = re.sub(r"--listen 127\.0\.0\.1:\d+", f"--listen 127.0.0.1:{deployment.ports[f'{service}@2']}", args)
         (site.etc / f"{service}@2.env").write_text(f"{service.upper()}_ARGS={args}\n"
                                                    f"GPUSCHED_METRICS_PORT={deployment.metrics[f'{service}@2']}\n")
-    # The deployment's topics, ACLs and logins, as the Kafka admin (docs/deploying.md).
+    # The deployment's topics, ACLs and logins, as the Kafka admin (docs/guide/deploying.md).
     deployment.admin_env = {**read_env_file(site.etc / "cluster.env"), "GPUSCHED_KAFKA_USER": "admin",
                             "GPUSCHED_KAFKA_PASSWORD": three_brokers.credentials["admin"]}
     deployment.kafka_setup("--service", "admission", "--service", "placer", "--service", "preemptor",
@@ -214,7 +214,7 @@ async def test_a_job_runs_through_the_load_balancer_as_a_real_process_under_the_
 
 
 async def test_admission_replicas_restart_one_at_a_time_onto_a_new_login_and_token_and_the_api_stays_up(deployment):
-    """The rolling restart of docs/deploying.md: a new Kafka credential for admission of
+    """The rolling restart of docs/guide/deploying.md: a new Kafka credential for admission of
     the other SCRAM mechanism (the one in use keeps working meanwhile) and a second API
     token; each replica stops and starts again with them while jobs are submitted
     through the load balancer."""

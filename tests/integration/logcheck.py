@@ -1,4 +1,4 @@
-"""Read a pool log back and check docs/architecture.md's invariants on it.
+"""Read a pool log back and check docs/design/architecture.md's invariants on it.
 
 The services are not trusted: the log is replayed here, and after every event the
 allocations are recomputed from scratch from the jobs that hold GPUs and compared with

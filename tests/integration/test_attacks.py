@@ -1,6 +1,6 @@
 """The attacks a secured cluster must hold against, kept as tests: a stranger, a member of
 another team, a member who would pin a GPU, and a compromised node, against real service
-processes serving TLS (docs/security.md) on the secured broker (docs/kafka-security.md),
+processes serving TLS (docs/reference/security.md) on the secured broker (docs/reference/kafka-security.md),
 with a node-agent that runs its workers as real processes."""
 from __future__ import annotations
 

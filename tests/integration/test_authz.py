@@ -1,5 +1,5 @@
 """Identity and permissions on the API, with real service processes serving TLS on
-loopback (docs/security.md): who may submit, cancel, see and cordon what, and that a
+loopback (docs/reference/security.md): who may submit, cancel, see and cordon what, and that a
 denied call writes nothing to the log."""
 from __future__ import annotations
 

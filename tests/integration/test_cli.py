@@ -188,7 +188,7 @@ async def test_policy_commands_set_and_show_quotas(cluster):
 
 
 async def test_a_config_context_carries_tls_and_a_token_to_a_secured_cluster(kafka_bootstrap, topics, tmp_path):
-    """docs/security.md's server (TLS, static tokens, roles); the CLI's credentials from
+    """docs/reference/security.md's server (TLS, static tokens, roles); the CLI's credentials from
     a config file's context, or from the options."""
     pki = dev_pki.write(tmp_path / "pki", [{"principal": "alice", "role": "member", "team": "team-a"}])
     cluster = LocalCluster(kafka_bootstrap, topics, tmp_path / "logs", pki=pki)

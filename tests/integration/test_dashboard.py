@@ -200,7 +200,7 @@ async def test_pages_in_headless_chromium(dashboard, tmp_path):
         assert page.one("tr", **{"data-job": job_id}).one("td", class_="reason").content() == (reason or "-")
     assert "unhealthy" in page.one("tr", **{"data-job": pair.job_id}).one("td", class_="reason").content()
     # why the job that cannot fit waits, as the placer found it: no node has 4 free H100s
-    # The blocked head of line holds a reservation by default (docs/why-pending.md).
+    # The blocked head of line holds a reservation by default (docs/guide/why-pending.md).
     no_fit = "0/3 nodes are available: 2 not enough free GPUs, 1 cordoned. Capacity is reserved for it (backfill)."
     assert (await client.get(waiting)).pending.summary == no_fit
     assert page.one("tr", **{"data-job": waiting}).one("td", class_="why").content() == no_fit

@@ -1,4 +1,4 @@
-"""The secured broker refuses what a principal has no business doing (docs/kafka-security.md).
+"""The secured broker refuses what a principal has no business doing (docs/reference/kafka-security.md).
 
 Runs on the suite's broker, secured by default; on a plaintext one (an external cluster,
 or GPUSCHED_TEST_KAFKA_SECURITY=plaintext) there is nothing to check, so it skips.
@@ -190,7 +190,7 @@ async def test_kafka_setup_as_the_admin_is_what_services_need(secured, kafka_boo
 
 async def test_billing_consumer_runs_as_its_read_only_principal(secured, kafka_bootstrap, topics, tmp_path):
     """The billing consumer (faust) reads and commits its group's offsets as ``billing``,
-    a principal that may write no topic (docs/audit-billing.md)."""
+    a principal that may write no topic (docs/guide/audit-billing.md)."""
     from aiokafka.admin import AIOKafkaAdminClient
 
     from gpusched.consumers.store import Store

@@ -1,7 +1,7 @@
 """Mixed versions on one log, with real services: a record written before the schema field
 existed (an older writer) is folded as schema 1; a record of a newer schema than the
 service reads stops it with one line naming the record and the upgrade, instead of a
-state that differs from its upgraded replicas (docs/deploying.md, "Upgrades")."""
+state that differs from its upgraded replicas (docs/guide/deploying.md, "Upgrades")."""
 from __future__ import annotations
 
 import asyncio
@@ -60,6 +60,6 @@ async def test_an_older_record_is_folded_and_a_newer_one_stops_the_service_namin
         where = f"{topics.events}[{partition_for('legacy', PARTITIONS)}]@{offset}"
         assert log.splitlines()[-1] == (f"{where}: a record of log schema {LOG_SCHEMA + 1} (written by admission-newer);"
                                         f" this gpusched {VERSION} reads log schemas up to {LOG_SCHEMA}: upgrade it "
-                                        '(docs/deploying.md, "Upgrades")')
+                                        '(docs/guide/deploying.md, "Upgrades")')
     finally:
         await cluster.stop_all()

@@ -1,6 +1,6 @@
 """Real worker processes on simulated GPU inventories (``--run-processes``): resources
 are held until a process is really gone, lost nodes are fenced, time limits, and gangs
-that rendezvous (docs/workloads.md).
+that rendezvous (docs/guide/workloads.md).
 
 Every check of "never at once" uses what the workloads recorded themselves
 (``tests/workloads/recorder.py``: a start, ticks every 50 ms, an end when it can) and

@@ -1,4 +1,4 @@
-"""Node-agents report through the relay (docs/kafka-security.md, "What a node-agent can
+"""Node-agents report through the relay (docs/reference/kafka-security.md, "What a node-agent can
 still forge"): with one node's Kafka login nothing about another node, another job or the
 cluster's policy reaches the pool log, no beat keeps another node alive, no usage record
 about another node's worker reaches billing, and the relay loses and doubles no report

@@ -1,5 +1,5 @@
 """gpusched.config: each setting declared once, read from its flag or its variable,
-validated with an error naming both, and documented in docs/configuration.md."""
+validated with an error naming both, and documented in docs/reference/configuration.md."""
 from __future__ import annotations
 
 import argparse
@@ -20,7 +20,7 @@ SERVICES = {service: (KafkaSettings, SecuritySettings, own) for service, own in
              ("node-agent", NodeAgentSettings))}
 SERVICES["consumer"] = (KafkaSettings, AccountingSettings, ConsumerSettings)
 SERVICES["node-host"] = (KafkaSettings, NodeHostSettings)
-DOC = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "reference" / "configuration.md"
 
 
 def _parse(cls: type[Settings], argv: list[str], env: dict[str, str]):
@@ -46,7 +46,7 @@ def test_no_variable_is_declared_twice_nor_a_flag_twice_in_one_service():
 
 
 def _documented() -> dict[str, dict[str, list[str]]]:
-    """Model name -> flag or variable -> its row, from the tables of docs/configuration.md."""
+    """Model name -> flag or variable -> its row, from the tables of docs/reference/configuration.md."""
     tables: dict[str, dict[str, list[str]]] = {}
     rows: dict[str, list[str]] = {}
     for line in DOC.read_text().splitlines():

@@ -14,7 +14,12 @@ backticks (inline or in a fenced block) in README.md and docs/**/*.md.
   character no Python name has (topic names such as ``gpusched.work.gpu-017``, headers
   such as ``gpusched.event-type``) are not checked.
 
-docs/design.md's map ("Where things are") names modules without their folder: in a row of
+Links hold too: every relative link of a doc (``[text](../guide/cli.md)``) reaches a file
+of the checkout, and every ``docs/<page>.md`` a tracked file names (a code comment, an error
+message, a unit file) is a doc that exists, so moving a doc fails here until its readers
+follow.
+
+docs/design/design.md's map ("Where things are") names modules without their folder: in a row of
 a folder of code, each bare name in backticks is a module or package under that folder, or
 a function or class one of them defines.
 
@@ -25,6 +30,7 @@ from __future__ import annotations
 import fnmatch
 import importlib
 import re
+import subprocess
 from functools import cache
 from pathlib import Path
 
@@ -107,6 +113,56 @@ def resolves(name: str) -> bool:
     return f'"{name}"' in code_text() or f"'{name}'" in code_text()
 
 
+LINK = re.compile(r"\]\(([^)\s#]+)(?:#[^)]*)?\)")
+DOC_PATH = re.compile(r"(?<![\w/.-])(docs/[\w/.-]+\.md)\b")
+
+
+def links(text: str):
+    """(line number, target) of every relative link of a markdown text, outside code."""
+    fenced = False
+    for number, line in enumerate(text.splitlines(), 1):
+        if line.lstrip().startswith(("```", "~~~")):
+            fenced = not fenced
+        elif not fenced:
+            for target in LINK.findall(INLINE.sub("", line)):
+                if not re.match(r"[a-z]+:", target):
+                    yield number, target
+
+
+def test_docs_links_reach_files():
+    broken = [f"{doc.relative_to(ROOT)}:{number}: ({target}) reaches no file"
+              for doc in DOCS for number, target in links(doc.read_text()) if not (doc.parent / target).exists()]
+    assert not broken, "docs link to what does not exist:\n" + "\n".join(broken)
+
+
+def test_what_the_repository_names_in_docs_exists():
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    missing = []
+    for name in tracked.split():
+        path = ROOT / name
+        if path.suffix in (".png", ".gz") or not path.is_file():
+            continue
+        try:
+            text = path.read_text()
+        except UnicodeDecodeError:
+            continue
+        missing += [f"{name}: {doc}" for doc in sorted(set(DOC_PATH.findall(text))) if not (ROOT / doc).exists()]
+    assert not missing, "files name docs that do not exist:\n" + "\n".join(missing)
+
+
+# What describes one machine or one run rather than gpusched: a developer's paths and the
+# load a run happened to see.
+MACHINE = re.compile(r"(?<![\w.-])/(?:work|root|home)/|load average", re.I)
+
+
+def test_docs_hold_no_machine_paths_or_loads():
+    found = [f"{doc.relative_to(ROOT)}:{number}: {line.strip()}" for doc in DOCS
+             for number, line in enumerate(doc.read_text().splitlines(), 1) if MACHINE.search(line)]
+    assert not found, "docs describe a machine, not gpusched:\n" + "\n".join(found)
+    assert MACHINE.search("see /work/main/docs") and MACHINE.search("Load average 3.2")
+    assert not MACHINE.search("/etc/gpusched/x ~/.config/gpusched/y /tmp/nvidia-mps")
+
+
 def test_docs_name_paths_that_exist():
     missing = [f"{doc.relative_to(ROOT)}:{number}: `{token}` is not in the repository"
                for doc in DOCS for number, text in backticked(doc)
@@ -138,17 +194,17 @@ def in_folder(folder: Path, name: str, flat: bool) -> bool:
 
 
 def test_design_map_names_modules_that_exist():
-    doc = ROOT / "docs" / "design.md"
+    doc = ROOT / "docs" / "design" / "design.md"
     stale = []
     for number, line in enumerate(doc.read_text().splitlines(), 1):
         row = MAP_ROW.match(line)
         if row:
             flat = row.group(1).endswith("*.py")
             folder = ROOT / (row.group(1).removesuffix("*.py"))
-            stale += [f"docs/design.md:{number}: `{name}` is no module, package, function or class under "
+            stale += [f"docs/design/design.md:{number}: `{name}` is no module, package, function or class under "
                       f"{row.group(1)}" for name in BARE.findall(row.group(2))
                       if name != "gpusched" and not in_folder(folder, name, flat)]
-    assert not stale, "the module map of docs/design.md names what does not exist:\n" + "\n".join(stale)
+    assert not stale, "the module map of docs/design/design.md names what does not exist:\n" + "\n".join(stale)
 
 
 def test_the_checks_see_what_they_must():
@@ -166,3 +222,7 @@ def test_the_checks_see_what_they_must():
     assert in_folder(policies, "queueing/", False) and in_folder(policies, "registry", False)
     assert in_folder(policies, "victims_for", False) and not in_folder(policies, "booking", False)
     assert MAP_ROW.match("| `gpusched/policies/` | `booking` |")
+    page = "see [the CLI](../reference/cli.md#job-files), [Kafka](https://kafka.apache.org) and `[x](y.md)`"
+    assert [target for _, target in links(page)] == ["../reference/cli.md"]
+    assert DOC_PATH.findall("(docs/guide/running.md, docs/figures/static.md) not x/docs/a.md") == \
+        ["docs/guide/running.md", "docs/figures/static.md"]

@@ -18,7 +18,7 @@ ALLOWED: dict[tuple[str, str], str] = {
         "read when gpusched.core is first imported, before gpusched.config may be (the core's processes, "
         "such as the catch-up reader, need no pydantic); ProcessSettings declares and documents it",
     **{("gpusched/ctl/root.py", var): "the client CLI's connection options: click declares each option with its "
-                                      "variable once, documented in docs/cli.md"
+                                      "variable once, documented in docs/reference/cli.md"
        for var in ("GPUSCHED_ENDPOINT", "GPUSCHED_CONTEXT", "GPUSCHED_CONFIG", "GPUSCHED_CA", "GPUSCHED_CERT",
                    "GPUSCHED_KEY", "GPUSCHED_TOKEN", "GPUSCHED_CLIENT_TOKEN_FILE")},
     ("gpusched/demo.py", "KAFKA_BOOTSTRAP_SERVERS"):
@@ -26,7 +26,7 @@ ALLOWED: dict[tuple[str, str], str] = {
         "are read through KafkaSettings (KafkaConnection.from_env)",
     ("gpusched/ctl/policy.py", "GPUSCHED_ADMISSION"):
         "an older name of the client's --endpoint for `gpusched policy`, declared by its click option "
-        "(docs/cli.md)",
+        "(docs/reference/cli.md)",
 }
 
 

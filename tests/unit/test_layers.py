@@ -1,4 +1,4 @@
-"""The package's import graph keeps its layers (docs/architecture.md, "Where the code lives"):
+"""The package's import graph keeps its layers (docs/design/architecture.md, "Where the code lives"):
 no import cycles, and no arrow upward in
 
     gpusched.native, gpusched.config, gpusched.version  <-  gpusched.core  <-  gpusched.policies

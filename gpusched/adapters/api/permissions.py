@@ -101,7 +101,7 @@ def role_may(role: str, permission: str) -> str:
 
 
 def permission_table() -> str:
-    """Every RPC with its permission and who may call it, as docs/security.md lists
+    """Every RPC with its permission and who may call it, as docs/reference/security.md lists
     them (``python -m gpusched.adapters.api.permissions`` prints it; a test compares)."""
     lines = ["| method | permission | " + " | ".join(TABLE_ROLES) + " |",
              "| --- | --- | " + " | ".join("---" for _ in TABLE_ROLES) + " |"]

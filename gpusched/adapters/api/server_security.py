@@ -53,7 +53,7 @@ def server_security(settings: SecuritySettings, listen: str) -> ServerSecurity:
         return ServerSecurity(None, ())
     if not settings.tls_cert or not settings.tls_key:
         raise SecurityConfigError("--tls-cert and --tls-key are required (or --insecure on a loopback address "
-                                  "for development; see docs/security.md)")
+                                  "for development; see docs/reference/security.md)")
     if not settings.policy_file:
         raise SecurityConfigError("--policy-file is required: it binds principals to roles")
     if not (settings.tls_client_ca or settings.token_file or settings.jwks_file):

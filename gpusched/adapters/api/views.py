@@ -22,7 +22,7 @@ def job_message(job: JobState) -> types_pb2.Job:
     msg.spec.CopyFrom(spec_message(job.spec))
     for w in job.workers:
         msg.workers.append(to_proto(w, types_pb2.WorkerAssignment))
-    if job.pending_reason.kind is not PendingKind.NONE:   # docs/why-pending.md
+    if job.pending_reason.kind is not PendingKind.NONE:   # docs/guide/why-pending.md
         msg.pending.CopyFrom(to_proto(job.pending_reason, types_pb2.PendingReason))
         msg.pending_at.FromNanoseconds(round(job.pending_reason_at * 1e9))
     for f in job.failures:

@@ -1,6 +1,6 @@
 """Kafka ACLs of a gpusched deployment: one principal per service, each allowed only
 what it needs (``gpusched.adapters.broker.kafka_principals`` lists them with their grants;
-docs/kafka-security.md has the table and the reasons).
+docs/reference/kafka-security.md has the table and the reasons).
 
 The broker (``deploy/kafka.sh`` with ``GPUSCHED_KAFKA_SECURITY=sasl_ssl``) runs the
 ``StandardAuthorizer`` with ``allow.everyone.if.no.acl.found=false``: what no ACL allows
@@ -49,7 +49,7 @@ READ, WRITE, DESCRIBE, DESCRIBE_CONFIGS, IDEMPOTENT_WRITE = 3, 4, 8, 10, 12
 
 # What every node's own principal gets besides its report and beats topics and its work
 # view: it dead-letters what it cannot apply. Its beats and usage records go on its own
-# topics (docs/kafka-security.md), no shared one.
+# topics (docs/reference/kafka-security.md), no shared one.
 NODE_GRANT = Grant(writes=("dead_letters",))
 # A node whose agent folds its pool's log itself (``--source log``), and a node host.
 LOG_READER_GRANT = Grant(reads=("events",), writes=("dead_letters",))

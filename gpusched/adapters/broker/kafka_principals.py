@@ -1,5 +1,5 @@
 """The Kafka principals of a gpusched deployment, written once: each SCRAM user of the
-broker, the commands that log in as it, what it may do and why (docs/kafka-security.md).
+broker, the commands that log in as it, what it may do and why (docs/reference/kafka-security.md).
 
 Everything else is generated from ``PRINCIPALS``:
 

@@ -5,7 +5,7 @@ Every Kafka request costs a fixed amount of CPU in aiokafka, the kernel's loopba
 and the broker whatever it carries, so at a thousand jobs a second requests of one or two
 records would cost more than everything else the services do. So a busy log is read and
 written in batches, and a quiet one record by record, for latency. The modes and their
-thresholds were chosen with ``bench/submit_bench.py`` (docs/benchmarks.md, "The job API through
+thresholds were chosen with ``bench/submit_bench.py`` (docs/design/benchmarks.md, "The job API through
 the log").
 
 aiokafka (0.14, pinned) offers no setter for the fetch wait or the linger of a running

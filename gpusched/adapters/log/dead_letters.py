@@ -1,6 +1,6 @@
 """What ``publisher.DeadLetters`` needs to write one letter per bad record and to say so
 without flooding the log: the keys the dead-letter topic already holds, and warnings
-limited per minute (docs/architecture.md, "Dead letters")."""
+limited per minute (docs/design/architecture.md, "Dead letters")."""
 from __future__ import annotations
 
 import asyncio

@@ -5,7 +5,7 @@ replicas, and skipping it too: the process stops with one line naming the record
 schema and its writer (``NewerLogSchema`` is a SystemExit, which no handler of
 ``Exception`` swallows and which an asyncio task raises out of the event loop). The
 codec raises it; the relay refuses a node's report of a newer schema instead, into the
-dead letters, since reports do not make the state (docs/deploying.md, "Upgrades").
+dead letters, since reports do not make the state (docs/guide/deploying.md, "Upgrades").
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ class NewerLogSchema(SystemExit):
         self.schema, self.producer = schema, producer
         super().__init__(f"{where + ': ' if where else ''}a record of log schema {schema} (written by "
                          f"{producer or 'an unnamed producer'}); this gpusched {VERSION} reads log schemas up to "
-                         f"{LOG_SCHEMA}: upgrade it (docs/deploying.md, \"Upgrades\")")
+                         f"{LOG_SCHEMA}: upgrade it (docs/guide/deploying.md, \"Upgrades\")")
 
     def at(self, where: str) -> NewerLogSchema:
         """The same refusal, naming where the record is (topic[partition]@offset)."""

@@ -6,7 +6,7 @@ follows its send rate, every send counted whatever its topic, and a batch carrie
 ``MAX_BATCH_BYTES`` (``gpusched.adapters.log.batching``). ``DeadLetters`` writes the records
 no consumer could apply, with the reason.
 
-Every record carries Kafka headers for consumers outside gpusched (docs/consuming-the-log.md):
+Every record carries Kafka headers for consumers outside gpusched (docs/reference/consuming-the-log.md):
 ``gpusched.schema`` (the protobuf message of its value, e.g. ``gpusched.v1.EventEnvelope``),
 on the pool log and report topics ``gpusched.event-type`` (``JobPlaced``...), and the W3C
 trace context of the event (``traceparent``, ``tracestate``), the same as its envelope's.
@@ -193,7 +193,7 @@ class DeadLetters:
     letter per record goes to the dead-letter topic. The pool log is folded by every
     service, so only its designated writer, the placer that owns the partition (the one
     given an ``index``), writes its letters, after checking the topic does not hold it
-    yet; other topics have one consumer, which writes (docs/architecture.md)."""
+    yet; other topics have one consumer, which writes (docs/design/architecture.md)."""
 
     def __init__(self, publisher: EventPublisher | None, consumer: str, index: LetterIndex | None = None) -> None:
         # publisher None: a read-only consumer (billing, reports), whose principal may not

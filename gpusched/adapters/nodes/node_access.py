@@ -1,6 +1,6 @@
 """What one node needs on the broker: its report and beats topics, and on a secured
 cluster its own Kafka login (SCRAM user ``node-agent.<node>``) with its ACLs
-(docs/kafka-security.md).
+(docs/reference/kafka-security.md).
 
 ``add_node`` runs as the admin (``gpusched kafka-setup --node NAME``, the tests'
 ``LocalCluster``); ``ensure_node_topics`` is also what an agent calls at start, which on
@@ -203,7 +203,7 @@ async def add_service_user(admin_connection: Where, principal: str, password: st
     connection's) with ``password`` (a random one when empty), once every broker takes the
     login; returns the password. Its ACLs are the deployment's (``grant_service_acls``).
     Setting the other mechanism's credential leaves this one working: how a service's
-    password is rotated without a moment in which neither logs in (docs/deploying.md)."""
+    password is rotated without a moment in which neither logs in (docs/guide/deploying.md)."""
     admin = connection(admin_connection)
     password = password or secrets.token_hex(16)
     await set_scram_password(admin, principal, password, mechanism)

@@ -1,5 +1,5 @@
 """The relay: node-agents' reports into the pool log, each checked against the node that
-wrote it (docs/kafka-security.md, "What a node-agent can still forge").
+wrote it (docs/reference/kafka-security.md, "What a node-agent can still forge").
 
 Each agent writes its events to ``<prefix>reports.<node>``, a topic only its own principal
 may write, so the topic name is the writer's identity, authenticated by the broker. A node

@@ -1,5 +1,5 @@
 """Node-agent reports: each agent writes its events to its own topic,
-``<prefix>reports.<node>``, which only its principal may write (docs/kafka-security.md).
+``<prefix>reports.<node>``, which only its principal may write (docs/reference/kafka-security.md).
 The relay (``gpusched.adapters.nodes.relay``) appends to the pool log only what ``check_report``
 lets through: the kinds of event an agent emits, about its own node's work.
 

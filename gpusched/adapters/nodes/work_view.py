@@ -4,7 +4,7 @@ A node-agent that folds its whole pool's log pays for every event of every node.
 work view gives it only its own: one compacted topic per node, ``<prefix>work.<node>``,
 written by one follower of the pool log (``gpusched.adapters.nodes.work_writer``, run by the
 relay) and read only by that node's principal (``gpusched.adapters.broker.kafka_acls``).
-docs/design.md, "The per-node work view", has the reasons and the trade-offs.
+docs/design/design.md, "The per-node work view", has the reasons and the trade-offs.
 
 Records (JSON values), keyed so that compaction keeps the latest of each:
 

@@ -5,7 +5,7 @@ provider whose Prometheus reader serves the port. Instruments are made once here
 API's proxy meter (no-ops while metrics are off). What the state already knows (pending
 jobs, GPUs requested and allocated, lag) is computed from the followed states when
 Prometheus scrapes, by observable callbacks, never per event; counters are added where
-the thing happens (a cycle, an RPC, an outcome admission folds). docs/observability.md
+the thing happens (a cycle, an RPC, an outcome admission folds). docs/reference/observability.md
 lists every metric with its labels.
 """
 from __future__ import annotations

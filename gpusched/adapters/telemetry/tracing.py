@@ -18,7 +18,7 @@ published with through ``publish_in``.
 Exporter: OTLP when ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set, the console when
 ``GPUSCHED_TRACE_CONSOLE=1``, otherwise tracing stays off: nothing is recorded, the fold
 pays one ``is None`` test per record, and the API's no-op tracer costs nothing per
-request. docs/observability.md lists the span names and attributes.
+request. docs/reference/observability.md lists the span names and attributes.
 """
 from __future__ import annotations
 

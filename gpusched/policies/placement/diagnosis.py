@@ -29,7 +29,7 @@ node outside the index's buckets with room for a worker's whole GPUs or share, a
 lost, cordoned or of a model refused, fails at "gpus" or "share", so only the nodes in
 those buckets are checked. On a full pool that is a handful of nodes instead of
 thousands; the counts are those of the scan (``tests/unit/placer/test_reasons_kept.py``).
-Nothing here decides anything: the reason is only shown (docs/why-pending.md).
+Nothing here decides anything: the reason is only shown (docs/guide/why-pending.md).
 """
 from __future__ import annotations
 

@@ -27,7 +27,7 @@ is stopped again, and its work is lost each time. Three rules bound that, as Slu
   that checkpoints loses little and goes at once; work that would lose hours goes only for
   a job that has waited long on many GPUs. This holds for priority and reclaim alike:
   without it a preemptor stops long-running jobs that do not checkpoint for jobs that
-  would have started soon anyway (docs/scheduling-fairness.md, "With the preemptor").
+  would have started soon anyway (docs/design/scheduling-fairness.md, "With the preemptor").
   It binds every class and kind, best-effort victims and serving beneficiaries included:
   exempting either one let churn back (best-effort work placed in the gaps, stopped as
   its exempt time ends, placed and stopped again) and cost more than the waits it saved.

@@ -22,7 +22,7 @@ take them back. So held GPUs idle at most ``hold_s`` past the team's last change
 more than its unused guarantee. The default, 20 minutes, is twice the reclaim window: in
 the borrow/reclaim workload (``gpusched.sim.reclaim``, jobs of 30 min to 2 h) 10 minutes
 still leaves flips once demand is steady, 20 minutes none, and longer only idles more
-(docs/scheduling-fairness.md).
+(docs/design/scheduling-fairness.md).
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The pool log's spec keeps the layout every log was written in, while the API's spec
-moved to Durations and a preemptible with presence (docs/api-errors.md)."""
+moved to Durations and a preemptible with presence (docs/reference/api-errors.md)."""
 from __future__ import annotations
 
 from google.protobuf.descriptor import FieldDescriptor as FD

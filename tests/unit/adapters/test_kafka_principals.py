@@ -78,12 +78,12 @@ def test_the_systemd_units_log_in_as_their_commands_principal():
 
 
 def test_the_docs_table_and_example_name_the_same_principals():
-    doc = (REPO / "docs" / "kafka-security.md").read_text()
+    doc = (REPO / "docs" / "reference" / "kafka-security.md").read_text()
     table = doc.split("## Principals and ACLs", 1)[1].split("\n\n")
     rows = next(part for part in table if part.startswith("| principal |"))
     named = [m for m in re.findall(r"^\| `([^`]+)` \|", rows, re.M) if "<" not in m]
     assert sorted(named) == sorted(NAMES)
-    deploying = (REPO / "docs" / "deploying.md").read_text()
+    deploying = (REPO / "docs" / "guide" / "deploying.md").read_text()
     # the set-up example, once per deployment: every service's login
     [example] = [block for block in deploying.split("```")[1::2] if "gpusched kafka-setup --service" in block]
     assert re.findall(r"--service (\w+)", example) == list(SERVICES)

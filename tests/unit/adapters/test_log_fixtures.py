@@ -2,7 +2,7 @@
 tests/fixtures/logs (real services' pool log, one per log schema, recorded by
 record_log.py and never replaced) is the file it was, and folds as a service folds it
 (``fold_records``) to the digest recorded when it was written, every record applied
-(docs/deploying.md, "Upgrades")."""
+(docs/guide/deploying.md, "Upgrades")."""
 from __future__ import annotations
 
 import collections

@@ -54,7 +54,7 @@ def test_a_record_of_a_newer_schema_is_refused_by_every_decoder_in_one_line(deco
     assert isinstance(refused.value, SystemExit) and not isinstance(refused.value, Exception)
     assert str(refused.value) == (f"a record of log schema {LOG_SCHEMA + 1} (written by node-agent-n1); this "
                                   f"gpusched {VERSION} reads log schemas up to {LOG_SCHEMA}: upgrade it "
-                                  '(docs/deploying.md, "Upgrades")')
+                                  '(docs/guide/deploying.md, "Upgrades")')
 
 
 def test_the_fold_stops_at_a_newer_record_naming_it_without_folding_or_skipping_it():

@@ -88,10 +88,10 @@ def test_every_rpc_of_every_service_has_an_entry():
 
 
 def test_the_docs_list_every_rpc_with_who_may_call_it_as_the_code_has_it():
-    """docs/security.md's table is ``permission_table()``'s output, between its markers."""
-    text = (Path(__file__).resolve().parents[3] / "docs" / "security.md").read_text()
+    """docs/reference/security.md's table is ``permission_table()``'s output, between its markers."""
+    text = (Path(__file__).resolve().parents[3] / "docs" / "reference" / "security.md").read_text()
     begin, end = "<!-- permission table: python -m gpusched.adapters.api.permissions -->\n", "<!-- end of the table -->"
-    assert begin in text and end in text, "docs/security.md lacks the generated permission table"
+    assert begin in text and end in text, "docs/reference/security.md lacks the generated permission table"
     assert text.split(begin, 1)[1].split(end, 1)[0] == perm.permission_table()
     for rpc in METHODS:
         assert f"`{rpc.removeprefix('/').removeprefix('gpusched.v1.')}`" in perm.permission_table()

@@ -112,7 +112,7 @@ class Log:
 
     def stopped(self, job_id: str, code: int = 143, signal: int = 15) -> None:
         """Every unfinished worker of the current attempt reports its end, as agents do
-        once they stopped it (docs/workloads.md: resources are held until then)."""
+        once they stopped it (docs/guide/workloads.md: resources are held until then)."""
         job = self.job(job_id)
         attempt = job.attempt
         for w in [w for w in job.workers if w.worker not in job.finished]:

@@ -1,5 +1,5 @@
 """Property tests: random clusters and random histories keep the invariants of
-docs/architecture.md section 6, whatever mix of valid, stale, adversarial and duplicated
+docs/design/architecture.md section 6, whatever mix of valid, stale, adversarial and duplicated
 events the log holds.
 
 The invariants are recomputed here from the jobs alone (what each job holding GPUs was

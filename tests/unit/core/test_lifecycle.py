@@ -1,4 +1,4 @@
-"""The job lifecycle's ending half (docs/workloads.md): STOPPING holds resources until
+"""The job lifecycle's ending half (docs/guide/workloads.md): STOPPING holds resources until
 every worker's end is reported, time limits, rendezvous, and fencing verdicts."""
 from __future__ import annotations
 

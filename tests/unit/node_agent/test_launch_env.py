@@ -53,8 +53,8 @@ printf '%s\\n' "$@" > "$TORCHRUN_ARGS"
 
 
 def _worked_example() -> list[str]:
-    """The command of docs/workloads.md's worked example (its job.json)."""
-    text = (Path(__file__).resolve().parents[3] / "docs" / "workloads.md").read_text()
+    """The command of docs/guide/workloads.md's worked example (its job.json)."""
+    text = (Path(__file__).resolve().parents[3] / "docs" / "guide" / "workloads.md").read_text()
     block = text.split("# job.json for grpcurl (SubmitJob)\n", 1)[1].split("```", 1)[0]
     return json.loads(block)["spec"]["command"]
 

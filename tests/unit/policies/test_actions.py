@@ -166,7 +166,7 @@ def test_attempt_verdicts_say_which_end():
     assert verdict == AttemptVerdict("late", 0, "time limit of 60s reached", timed_out=True)
 
 
-# --- the worked example of docs/extending.md ("A preemptor action") ---------------------------
+# --- the worked example of docs/design/extending.md ("A preemptor action") ---------------------------
 def stuck_placements(s: Situation) -> list[Proposal]:
     """Attempts placed more than 300 s ago that never started: failed, to be placed again."""
     return [AttemptVerdict(job.job_id, job.attempt, f"not started {s.now - job.placed_at:.0f}s after placement",

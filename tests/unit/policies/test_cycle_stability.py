@@ -1,5 +1,5 @@
 """The cycle's rules that keep borrow and reclaim from going back and forth
-(docs/scheduling-fairness.md, "Borrow and reclaim"): one rule for who borrows
+(docs/design/scheduling-fairness.md, "Borrow and reclaim"): one rule for who borrows
 (``claims_guarantee``), shared by the fair-share tiers, the guarantee hold and the
 preemptor; tiers computed with the preemptions' beneficiaries counted; the nomination that
 binds a beneficiary to what was freed for it; and the guarantee hold, with its bound.

@@ -1,4 +1,4 @@
-"""The worked examples of ``docs/extending.md``: a placement score, a queue order and a
+"""The worked examples of ``docs/design/extending.md``: a placement score, a queue order and a
 preemption rule, each written the way the document says, and checked here."""
 from __future__ import annotations
 

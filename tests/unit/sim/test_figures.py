@@ -14,7 +14,7 @@ import pytest
 
 from gpusched.core.model import WorkerResources
 from gpusched.policies.scheduler import DEFAULT_MAX_JOB_TEST
-from gpusched.sim import dynamic, figures, static, traces
+from gpusched.sim import dynamic, figures, reclaim, static, traces
 from gpusched.sim.traces import Task
 from gpusched.sim.workload import gpu_node
 
@@ -48,6 +48,7 @@ def test_static_published_figure_comes_back(policy):
 DYNAMIC_CHECKS = [
     ("dynamic-synthetic-s0", "fifo+best-fit+no-preemption"),
     ("dynamic-synthetic-s0-h12", "defaults+quotas"),            # the preemptor's defaults
+    ("dynamic-synthetic-s0-no-preemption", "priority+best-fit"),   # the cycle alone, without quotas
 ]
 OPENB_CHECKS = [("dynamic-openb-default", "fifo+best-fit+no-preemption")]
 
@@ -93,6 +94,34 @@ def test_dynamic_published_figures_come_back(name, config):
 def test_openb_dynamic_published_figures_come_back(name, config):
     again, expected = _run_again(name, config)
     assert _differences(again, expected) == []
+
+
+def test_reclaim_published_figures_come_back():
+    """The first published configuration of the borrow-and-reclaim runs (two teams, the
+    default guarantee hold), run again with the published arguments."""
+    published = figures.load(FIGURES, "reclaim")
+    expected = published["summaries"][0]
+    again = reclaim.summary(expected["teams"], published["seeds"], published["hours"],
+                            expected["departures_when_steady"], expected["guarantee_hold_s"])
+    assert _differences(again, expected) == []
+    body = {k: v for k, v in published.items() if k not in ("name", "command")}
+    assert (FIGURES / "reclaim.md").read_text() == figures.page("reclaim", published["command"],
+                                                                 reclaim.published_table(body))
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in FIGURES.glob("dynamic-*.json")))
+def test_dynamic_pages_are_their_figures(name):
+    """What a reader reads, ``<name>.md``, is the page ``--publish`` renders from the
+    figures the tests above run again (``<name>.json``): an edited table fails here."""
+    data = figures.load(FIGURES, name)
+    body = {k: v for k, v in data.items() if k not in ("name", "command")}
+    assert (FIGURES / f"{name}.md").read_text() == figures.page(name, data["command"], dynamic.published_table(body))
+
+
+def test_the_index_lists_every_published_result():
+    """docs/figures/README.md is what ``--publish`` writes: every result in the folder."""
+    assert (FIGURES / figures.INDEX).read_text() == figures.index(FIGURES)
+    assert len(figures.index(FIGURES).splitlines()) > len(list(FIGURES.glob("*.json")))
 
 
 def test_the_published_command_leaves_out_where_files_went():

@@ -1,5 +1,5 @@
 """How ``gpusched.sim.preemption_search`` judges a run with the preemptor against the run
-without one (the goals of docs/scheduling-fairness.md, "With the preemptor")."""
+without one (the goals of docs/design/scheduling-fairness.md, "With the preemptor")."""
 from __future__ import annotations
 
 import pytest

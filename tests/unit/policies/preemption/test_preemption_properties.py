@@ -125,7 +125,7 @@ def test_decisions_are_disjoint_and_leave_the_state_alone(data):
                            exit_code=0, time=now).accepted
     # The next cycle places every beneficiary, each on the nodes the preemptor planned it
     # on (its nomination), nominees being offered in the order they were nominated
-    # (docs/scheduling-fairness.md).
+    # (docs/design/scheduling-fairness.md).
     placed = {d.job_id: d.workers for d in Scheduler().cycle(state, now)}
     for d in decisions:
         assert d.for_job in placed
