@@ -12,7 +12,7 @@ next placement (p50/p99) and the jobs placed again per fault.
 
     sudo python bench/network_faults.py --minutes 10 --agents 6 --jobs-per-minute 60 --seed 1
 
-The soak (docs/faults.md): 30 minutes, two faults at a time, 10,000 jobs:
+The soak (docs/design/faults.md): 30 minutes, two faults at a time, 10,000 jobs:
 
     sudo python bench/network_faults.py --minutes 30 --agents 8 --gpus-per-agent 4 \
         --jobs-per-minute 334 --job-seconds 2 --at-once 2 --seed 1

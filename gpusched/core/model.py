@@ -102,7 +102,7 @@ class WorkerResources:
 
 
 class FailureCause(str, Enum):
-    """Why an attempt ended short of success (docs/workloads.md, "Retries by cause")."""
+    """Why an attempt ended short of success (docs/guide/workloads.md, "Retries by cause")."""
 
     UNSPECIFIED = "unspecified"   # the API's zero value: refused in a retry rule
     EXIT = "exit"                 # the command exited non-zero

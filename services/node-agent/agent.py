@@ -406,7 +406,7 @@ class NodeAgent(NodeLiveness):
 
     def _oom_killed(self, key: Key, end: WorkerExit, oom_before: int | None) -> bool:
         """Whether the kernel's out-of-memory killer ended the worker: killed by nobody
-        the agent knows of while the kernel's OOM count rose (docs/workloads.md)."""
+        the agent knows of while the kernel's OOM count rose (docs/guide/workloads.md)."""
         if oom_before is None or key in self.stopping or not killed_unasked(end):
             return False
         return (oom_kills() or 0) > oom_before

@@ -1,4 +1,4 @@
-"""Dependencies with real worker processes (docs/workloads.md, "Dependencies"): a
+"""Dependencies with real worker processes (docs/guide/workloads.md, "Dependencies"): a
 three-step pipeline submitted at once runs one step after the other, by the workloads'
 own records; a step whose dependency failed is cancelled with the reason; a dependency
 on an unknown job or another pool's is INVALID_ARGUMENT, on another team's job

@@ -1,4 +1,4 @@
-"""Retries by cause with real worker processes (docs/workloads.md, "Retries by cause"):
+"""Retries by cause with real worker processes (docs/guide/workloads.md, "Retries by cause"):
 a command whose exit code a rule marks fatal fails at once, without its restarts; an
 exit no rule names is retried against max_restarts; a worker the kernel's out-of-memory
 killer ends is told apart (a memory cgroup of 64 MiB, where the machine has cgroup v1's

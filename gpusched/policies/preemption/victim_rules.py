@@ -65,7 +65,7 @@ clock half of the rule, ``victim_listing``, and orders its lists by ``set_key_bo
 round's gate asks ``may_be_victim`` and the class rules, ``gate``; defragmentation's kept
 jobs ``may_ever_move`` and ``movable_from``, ``kept_movable``). A rule that only keeps
 more jobs from being victims goes in ``shield`` (or ``may_move``) alone: the accelerators
-list a superset of the victims and ask ``shield`` of each. docs/extending.md, "A
+list a superset of the victims and ask ``shield`` of each. docs/design/extending.md, "A
 preemption rule", has the recipe.
 """
 from __future__ import annotations
