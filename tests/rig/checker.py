@@ -18,7 +18,7 @@ Invariants (``Report.violations``):
 
 Figures: faults by kind; per fault, the time from its heal to the first placement
 after it, and the jobs placed again (attempt > 0) between its start and the next
-fault's start.
+fault's start; the GPU-hours the faults cost (work done and not kept by a checkpoint).
 """
 from __future__ import annotations
 
@@ -36,7 +36,8 @@ from gpusched.core.state import ClusterState
 from tests.integration.cluster_calls import events_of
 from tests.integration.logcheck import check_log
 from tests.rig.nemesis import Fault
-from tests.workloads.intervals import Interval, attempts_overlap, overlaps, read_records, with_shim_ends
+from tests.workloads.intervals import (Interval, attempts_overlap, lost_gpu_seconds, overlaps, read_records,
+                                      with_shim_ends)
 
 FINAL_OK = {"SUCCEEDED"}
 
@@ -52,6 +53,7 @@ class Report:
     double_runs: list = field(default_factory=list)
     log_violations: list[str] = field(default_factory=list)
     snapshots_checked: int = 0
+    gpu_hours_lost: float = 0.0
     disagreements: list[str] = field(default_factory=list)
     faults: list[Fault] = field(default_factory=list)
     recovery_s: list[float] = field(default_factory=list)      # per healed fault with a placement after it
@@ -86,6 +88,7 @@ class Report:
                  f"worker runs recorded: {self.intervals}; GPU overlaps {len(self.gpu_overlaps)}, "
                  f"attempt overlaps {len(self.attempt_overlaps)}, double runs {len(self.double_runs)}",
                  f"log violations: {len(self.log_violations)}",
+                 f"GPU-hours lost (run and not kept by a checkpoint): {self.gpu_hours_lost:.3f}",
                  f"replicas: {self.snapshots_checked} placer snapshots checked against a replay, "
                  f"{len(self.disagreements)} disagreement(s)"]
         if rec:
@@ -188,6 +191,7 @@ def check(acked: set[str], final: dict[str, str], state_root: Path, log: dict, f
             r.trails.setdefault(job, [f"(phase {final[job]})"]).append(_brief(e, faults))
     intervals = with_shim_ends(state_root, read_records(state_root))
     r.intervals = len(intervals)
+    r.gpu_hours_lost = lost_gpu_seconds(state_root) / 3600
     r.gpu_overlaps = overlaps(intervals)
     r.attempt_overlaps = attempts_overlap(intervals)
     r.double_runs = double_runs(intervals)

@@ -3,6 +3,8 @@ attempt's worker alive at once are a double run, one after the other are not; a 
 snapshot or listing that is not what a replay of the log holds is a disagreement."""
 from __future__ import annotations
 
+import json
+
 from gpusched.adapters.log import codec
 from gpusched.adapters.log.restore import decode_state
 from gpusched.core import events as ev
@@ -11,7 +13,7 @@ from gpusched.core.snapshot import snapshot_bytes
 from gpusched.core.state import ClusterState
 from tests.rig.checker import _pct, disagreements, double_runs
 from tests.unit.core.builders import make_node, make_spec
-from tests.workloads.intervals import Interval
+from tests.workloads.intervals import Interval, lost_gpu_seconds
 
 
 def run(start: float, end: float, gpu: str = "g0", attempt: int = 0) -> Interval:
@@ -65,3 +67,18 @@ def test_admission_listing_a_phase_the_log_does_not_hold_disagrees():
     log, _ = _log_and_states()
     _, found = disagreements(log, {}, {"j1": "PENDING", "j2": "PENDING"})
     assert found == ["j2: admission lists PENDING, a replay of the log CANCELLED"]
+
+
+def test_lost_work_is_what_ran_and_the_next_attempt_did_not_resume_from(tmp_path):
+    records = [  # attempt 0 ran 10 s on 2 GPUs and checkpointed 6 s of it; attempt 1 finished
+        {"event": "start", "t": 100.0, "pid": 1, "gpus": "g0,g1", "job": "j", "attempt": 0, "worker": 0,
+         "resumed_from": 0.0},
+        {"event": "tick", "t": 110.0, "pid": 1},
+        {"event": "start", "t": 120.0, "pid": 2, "gpus": "g2,g3", "job": "j", "attempt": 1, "worker": 0,
+         "resumed_from": 6.0},
+        {"event": "end", "t": 125.0, "pid": 2, "how": "done"},
+        {"event": "start", "t": 100.0, "pid": 3, "gpus": "g4", "job": "k", "attempt": 0, "worker": 0,
+         "resumed_from": 0.0},   # never replaced: nothing lost
+        {"event": "end", "t": 130.0, "pid": 3, "how": "done"}]
+    (tmp_path / "record.jsonl").write_text("\n".join(json.dumps(r) for r in records) + "\n")
+    assert lost_gpu_seconds(tmp_path) == (10.0 - 6.0) * 2

@@ -58,6 +58,25 @@ def read_records(paths_or_dir: str | Path | Iterable[str | Path]) -> list[Interv
     return sorted(out, key=lambda i: (i.start, i.gpu))
 
 
+def lost_gpu_seconds(paths_or_dir: str | Path | Iterable[str | Path]) -> float:
+    """Work the faults cost, in GPU-seconds: for each worker run that a later attempt of
+    its job replaced, its time alive less the progress the next attempt resumed from
+    beyond where this one started (what its checkpoints kept), times its GPUs."""
+    runs: dict[tuple, list[dict]] = {}
+    for path in _files(paths_or_dir):
+        for run in _runs(path):
+            if run.get("job") is not None and run.get("attempt") is not None:
+                runs.setdefault((run["job"], run.get("worker")), []).append(run)
+    lost = 0.0
+    for attempts in runs.values():
+        attempts.sort(key=lambda r: (r["attempt"], float(r["t"])))
+        for run, after in zip(attempts, attempts[1:]):
+            kept = float(after.get("resumed_from") or 0.0) - float(run.get("resumed_from") or 0.0)
+            gpus = len([g for g in (run.get("gpus") or "").split(",") if g.strip()]) or 1
+            lost += max(0.0, run["last_seen"] - float(run["t"]) - max(0.0, kept)) * gpus
+    return lost
+
+
 def overlaps(intervals: Iterable[Interval]) -> list[tuple[Interval, Interval]]:
     """Pairs of intervals of different attempts (or jobs) on one GPU that overlap in
     time (touching ends do not count); each pair earlier-started first."""
