@@ -44,7 +44,18 @@ def _flag_fields(o: dict) -> dict:
         fields["resources"] = resources
     if o["command"]:
         fields["command"] = list(o["command"])
+    if o["after"]:
+        fields["depends_on"] = [_dependency(text) for text in o["after"]]
     return fields
+
+
+def _dependency(text: str) -> dict:
+    """``ID`` or ``ID:succeeded|finished|failed`` (``--after``), as a job file's entry."""
+    job, _, when = text.partition(":")
+    if not job:
+        raise click.BadParameter(f"a job id, then :succeeded, :finished or :failed if not the first; got {text!r}",
+                                 param_hint="--after")
+    return {"job": job, "when": when or "succeeded"}
 
 
 def _merge(doc: object, flags: dict) -> object:
@@ -77,6 +88,8 @@ def _merge(doc: object, flags: dict) -> object:
 @click.option("--max-runtime", type=_span, help="time limit (a span)")
 @click.option("--checkpoint-interval", type=_span, help="time between checkpoints (a span)")
 @click.option("--preemptible/--no-preemptible", default=None, help="may be preempted [preemptible]")
+@click.option("--after", multiple=True, metavar="ID[:WHEN]",
+              help="wait for job ID to end (repeat); WHEN: succeeded (default), finished or failed")
 @click.option("--key", help="idempotency key: submitting again with it answers the same job [a new one]")
 @click.option("-o", "--output", type=click.Choice(["name", "json", "yaml"]), default="name")
 @click.argument("command", nargs=-1)
@@ -87,6 +100,7 @@ def submit(client: SyncClient, filename: Path | None, key: str | None, output: s
     \b
       gpusched submit -f job.yaml
       gpusched submit --name sweep-1 --team nlp --gpus 2 -- python train.py --lr 3e-4
+      gpusched submit --name eval --gpus 1 --after job-1f3a9c -- python eval.py
     """
     overrides = _flag_fields(flags)
     docs = jobfile.load_docs(filename) if filename else [{}]

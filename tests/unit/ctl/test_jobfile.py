@@ -97,3 +97,16 @@ def test_retry_rules_read_by_cause_and_action():
     assert [(r.cause, list(r.exit_codes), r.action, r.max_restarts) for r in spec.retry] == [
         (types_pb2.FAILURE_CAUSE_EXIT, [2, 127], types_pb2.RETRY_ACTION_FAIL, 0),
         (types_pb2.FAILURE_CAUSE_OOM, [], types_pb2.RETRY_ACTION_COUNT, 1)]
+
+
+def test_after_flags_read_as_depends_on(monkeypatch):
+    from gpusched.ctl import jobs
+    sent = []
+    monkeypatch.setattr(jobs.jobfile, "parse", lambda doc, where=None: sent.append(doc) or parse(doc, where))
+    CliRunner().invoke(cli, ["--endpoint", "127.0.0.1:9", "submit", "--name", "eval", "--after", "job-a",
+                             "--after", "job-b:finished"])
+    spec = parse(sent[0])
+    assert [(d.job, d.when) for d in spec.depends_on] == [
+        ("job-a", types_pb2.DEPENDENCY_CONDITION_SUCCEEDED), ("job-b", types_pb2.DEPENDENCY_CONDITION_FINISHED)]
+    bad = CliRunner().invoke(cli, ["--endpoint", "127.0.0.1:9", "submit", "--name", "x", "--after", "job-a:later"])
+    assert bad.exit_code != 0 and "depends_on[0].when: unknown value 'later'" in bad.output
