@@ -29,6 +29,13 @@ def _rule_restarts(job: JobState) -> list:
     return [sorted(job.rule_restarts.items())] if job.rule_restarts else []
 
 
+def _array(job: JobState) -> list:
+    # only for arrays and their tasks: other digests stay what they were
+    if job.array_tasks:
+        return [[len(job.array_tasks), job.array_released, job.array_running, job.array_ended, job.array_failed]]
+    return [[job.array_of, job.array_index]] if job.array_of else []
+
+
 def canonical(state: ClusterState) -> dict:
     nodes = {
         name: [n.status.value, n.cordoned, n.used_cpu, n.used_mem, n.faults, sorted(n.jobs),
@@ -40,7 +47,7 @@ def canonical(state: ClusterState) -> dict:
               j.checkpoint, sorted(j.started), sorted(j.finished.items()),
               [[w.worker, w.node, [[s.index, s.milli, s.mig_profile, s.mig_start] for s in w.gpus]]
                for w in j.workers]] + _pending_reason(j) + _rule_restarts(j)
-              + ([list(j.waiting_for)] if j.waiting_for else [])
+              + ([list(j.waiting_for)] if j.waiting_for else []) + _array(j)
         for jid, j in sorted(state.jobs.items())
     }
     usage = {t: [u.gpu_milli, u.cpu_milli, u.memory_mib, u.jobs] for t, u in sorted(state.usage.items())

@@ -178,6 +178,16 @@ class Dependency:
 
 
 @dataclass(frozen=True, slots=True)
+class ArraySpec:
+    """``count`` tasks of one spec (Slurm's ``--array=0-N%P``), each a job of its own told
+    its index (``GPUSCHED_ARRAY_INDEX``); at most ``parallel`` of them queued or running
+    at once (0: all). ``count`` 0: not an array."""
+
+    count: int = 0
+    parallel: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class JobSpec:
     name: str
     team: str
@@ -195,6 +205,7 @@ class JobSpec:
     max_restarts: int = 3
     retry: tuple[RetryRule, ...] = ()   # by cause; the first matching rule decides
     depends_on: tuple[Dependency, ...] = ()   # jobs to wait for before it may be placed
+    array: ArraySpec = field(default_factory=ArraySpec)
 
     def retry_rule(self, cause: FailureCause, exit_code: int = 0) -> tuple[int, RetryAction]:
         """(index of the rule that decides, -1 for the default; its action)."""

@@ -57,7 +57,7 @@ def pool_summary(state: ClusterState, pool: str) -> PoolSummary:
         pool=pool, nodes=len(nodes), gpus=len(gpus),
         gpu_milli_capacity=1000 * len(gpus),
         gpu_milli_allocated=sum(sum(gpus_allocated_milli(state, n)) for n in nodes),
-        pending_jobs=sum(1 for j in jobs if j.phase is JobPhase.PENDING),
+        pending_jobs=sum(1 for j in jobs if j.phase is JobPhase.PENDING and not j.array_tasks),   # an array: its tasks
         running_jobs=sum(1 for j in jobs if j.phase is JobPhase.RUNNING),
         cpu_milli_capacity=sum(n.info.cpu_milli for n in nodes),
         cpu_milli_allocated=sum(n.used_cpu for n in nodes),

@@ -10,12 +10,13 @@ duplicated messages and racing replicas harmless.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, NamedTuple
 
 from gpusched.core import events as ev
 from gpusched.core.capacity import check_placement, commit, release, settle_ledger
 from gpusched.core.model import (
-    EXIT_LOST, NO_PENDING_REASON, AttemptEnd, FailureCause, JobPhase, NodeStatus, PendingKind, RetryAction,
+    EXIT_LOST, NO_PENDING_REASON, ArraySpec, AttemptEnd, FailureCause, JobPhase, NodeStatus, PendingKind, RetryAction,
 )
 from gpusched.core.policy import DEFAULT_TEAM, allowed, check_quota, check_team_policy
 from gpusched.core.retention import note_ended, prune_finished, set_retention
@@ -36,6 +37,7 @@ _HOLDS_GPUS = tuple(phase for phase in JobPhase if phase.holds_gpus)
 # EnumType.__getattr__ (~0.13 us), and the handlers test phases several times an event.
 _PENDING, _PLACED, _RUNNING, _PREEMPTING = JobPhase.PENDING, JobPhase.PLACED, JobPhase.RUNNING, JobPhase.PREEMPTING
 _SUCCEEDED, _FAILED, _CANCELLED = JobPhase.SUCCEEDED, JobPhase.FAILED, JobPhase.CANCELLED
+_NO_ARRAY = ArraySpec()
 _STOPPING, _TIMEOUT = JobPhase.STOPPING, JobPhase.TIMEOUT
 _NO_LIMITS = (0.0, 0.0)
 _READY, _LOST, _CORDONED = NodeStatus.READY, NodeStatus.LOST, NodeStatus.CORDONED
@@ -303,12 +305,90 @@ def _job_submitted(e: ev.JobSubmitted, state: ClusterState) -> Outcome:
     state.jobs[e.job_id] = job
     if key:
         state.idempotency[key] = e.job_id
+    if e.spec.array.count:
+        _create_tasks(state, job, e.time)
     if e.spec.depends_on:
         _wait_for_dependencies(state, job, e.time)
     else:
-        state.pending[e.job_id] = None
-        count_pending(state, job, 1)
+        _queue(state, job, e.time)
     return _changed(e.job_id)
+
+
+def _queue(state: ClusterState, job: JobState, time: float) -> None:
+    """Nothing holds ``job`` back any more: into the queue, or for an array its first tasks."""
+    if job.array_tasks:
+        _release_tasks(state, job, time)
+        return
+    job.pending_since = time
+    state.pending[job.job_id] = None
+    count_pending(state, job, 1)
+
+
+def _create_tasks(state: ClusterState, parent: JobState, time: float) -> None:
+    spec = replace(parent.spec, array=_NO_ARRAY, depends_on=())
+    tasks = []
+    for i in range(parent.spec.array.count):
+        task_id = f"{parent.job_id}.{i}"
+        state.jobs[task_id] = JobState(task_id, spec, state.next_seq, time, pending_since=time,
+                                       time_limit_s=parent.time_limit_s, waiting_for=(parent.job_id,),
+                                       reason=f"waits for its turn in array {parent.job_id}",
+                                       array_of=parent.job_id, array_index=i)
+        state.next_seq += 1
+        tasks.append(task_id)
+    parent.array_tasks = tuple(tasks)
+
+
+def _release_tasks(state: ClusterState, parent: JobState, time: float) -> None:
+    """Queue the array's next tasks, up to ``parallel`` queued or running at once."""
+    limit = parent.spec.array.parallel or len(parent.array_tasks)
+    while parent.array_running < limit and parent.array_released < len(parent.array_tasks):
+        task = state.jobs.get(parent.array_tasks[parent.array_released])
+        parent.array_released += 1
+        if task is None or task.phase.terminal:   # cancelled while it waited
+            continue
+        task.waiting_for = ()
+        task.reason = ""
+        task.pending_since = time
+        state.pending[task.job_id] = None
+        count_pending(state, task, 1)
+        parent.array_running += 1
+        _RELEASED.append(task.job_id)
+
+
+def _array_task_ended(state: ClusterState, task: JobState, time: float) -> None:
+    parent = state.jobs.get(task.array_of)
+    if parent is None or parent.phase.terminal:
+        return
+    _RELEASED.append(parent.job_id)
+    parent.array_ended += 1
+    if task.phase is not _SUCCEEDED:
+        parent.array_failed += 1
+    if not task.waiting_for:       # it was released
+        parent.array_running -= 1
+    if parent.array_ended == len(parent.array_tasks):
+        if parent.stop_then == "cancelled":
+            _end(state, parent, _CANCELLED, parent.reason, time)
+        elif parent.array_failed:
+            _end(state, parent, _FAILED, f"{parent.array_failed} of {parent.array_ended} tasks did not succeed", time)
+        else:
+            _end(state, parent, _SUCCEEDED, "", time)
+    elif parent.stop_then != "cancelled" and not parent.waiting_for:
+        _release_tasks(state, parent, time)
+
+
+def _cancel(state: ClusterState, job: JobState, reason: str, time: float) -> None:
+    """Cancel ``job``; an array's parent ends once each of its tasks is stopped."""
+    if not job.array_tasks:
+        _begin_stop(state, job, "cancelled", reason, time)
+        return
+    job.stop_then, job.reason = "cancelled", reason
+    for task_id in job.array_tasks:
+        task = state.jobs.get(task_id)
+        if task is not None and not task.phase.terminal:
+            _RELEASED.append(task_id)
+            _begin_stop(state, task, "cancelled", reason, time)
+    if job.array_ended == len(job.array_tasks) and not job.phase.terminal:   # none was left to stop
+        _end(state, job, _CANCELLED, reason, time)
 
 
 def _bad_dependency(state: ClusterState, spec) -> str:
@@ -332,11 +412,10 @@ def _wait_for_dependencies(state: ClusterState, job: JobState, time: float) -> N
         if not other.phase.terminal:
             waiting.append(dep.job)
         elif not dep.met_by(other.phase):
-            _end(state, job, _CANCELLED, _never_met(dep, other), time)
+            _cancel(state, job, _never_met(dep, other), time)
             return
     if not waiting:
-        state.pending[job.job_id] = None
-        count_pending(state, job, 1)
+        _queue(state, job, time)
         return
     job.waiting_for = tuple(waiting)
     job.reason = f"waits for job {waiting[0]}" + (f" and {len(waiting) - 1} more" if len(waiting) > 1 else "")
@@ -364,14 +443,12 @@ def _dependency_ended(state: ClusterState, ended: JobState, time: float) -> None
         _RELEASED.append(job_id)
         if not dep.met_by(ended.phase):
             job.waiting_for = ()
-            _end(state, job, _CANCELLED, _never_met(dep, ended), time)
+            _cancel(state, job, _never_met(dep, ended), time)
             continue
         job.waiting_for = tuple(j for j in job.waiting_for if j != ended.job_id)
         if not job.waiting_for:
             job.reason = ""
-            job.pending_since = time
-            state.pending[job_id] = None
-            count_pending(state, job, 1)
+            _queue(state, job, time)
 
 
 def _denied_by_policy(state: ClusterState, spec) -> str:
@@ -399,7 +476,7 @@ def _job_cancelled(e: ev.JobCancelled, state: ClusterState) -> Outcome:
     job = state.jobs.get(e.job_id)
     if job is None or job.phase.terminal or job.stop_then == "cancelled":
         return _reject(f"job {e.job_id} unknown or already ended", e.job_id)
-    _begin_stop(state, job, "cancelled", e.reason or "cancelled", e.time)
+    _cancel(state, job, e.reason or "cancelled", e.time)
     return _changed(job.job_id)
 
 
@@ -410,8 +487,9 @@ def _job_placed(e: ev.JobPlaced, state: ClusterState) -> Outcome:
         return _reject(f"job {e.job_id} is not pending", e.job_id)
     if e.attempt != job.attempt:
         return _reject(f"stale attempt {e.attempt}, job is at {job.attempt}", e.job_id)
-    if job.waiting_for:
-        return _reject(f"job {e.job_id} waits for job {job.waiting_for[0]}", e.job_id)
+    if job.waiting_for or job.array_tasks:
+        return _reject(f"job {e.job_id} waits for job {job.waiting_for[0]}" if job.waiting_for
+                       else f"job {e.job_id} is an array: its tasks are placed", e.job_id)
     problem = check_placement(state, job, e.workers)
     if problem:
         job.reason = f"placement rejected: {problem}"
@@ -635,6 +713,8 @@ def _end(state: ClusterState, job: JobState, phase: JobPhase, reason: str, time:
     note_ended(state, job)
     if job.job_id in state.dependents:
         _dependency_ended(state, job, time)
+    if job.array_of:
+        _array_task_ended(state, job, time)
 
 
 def _stop(state: ClusterState, job: JobState, time: float) -> None:

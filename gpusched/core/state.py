@@ -166,6 +166,17 @@ class JobState:
     # Dependencies not met yet (job ids): while any is left, the job is pending but not in
     # ``ClusterState.pending``, so no policy sees it.
     waiting_for: tuple[str, ...] = ()
+    # An array (``spec.array``): the submitted job is the parent, never placed itself; its
+    # tasks are jobs "<parent>.<i>", released ``parallel`` at a time (the others wait for
+    # the parent: ``waiting_for``). Parent: its tasks, how many were released, are queued
+    # or running, ended, and did not succeed. Task: its parent and index.
+    array_tasks: tuple[str, ...] = ()
+    array_released: int = 0
+    array_running: int = 0
+    array_ended: int = 0
+    array_failed: int = 0
+    array_of: str = ""
+    array_index: int = -1
     preemptions: int = 0
     not_before: float = 0.0        # retry back-off: do not place before this time
     checkpoint: str = ""

@@ -30,6 +30,7 @@ MAX_COMMAND_TOTAL = 65536     # characters of all arguments together
 MAX_GPU_MODELS = 16
 MAX_RETRY_RULES = 16
 MAX_DEPENDENCIES = 64
+MAX_ARRAY_TASKS = 10_000
 MAX_EXIT_CODES = 32           # exit codes one retry rule lists
 MAX_PROFILE = 16              # a MIG profile name ("3g.40gb")
 MAX_REASON = 1024             # cancel and cordon reasons
@@ -133,7 +134,18 @@ def check_spec_alone(spec: JobSpec) -> list[FieldError]:
     errors = _check_identity(spec) + _check_resources(spec) + _check_numbers(spec) + _check_command(spec)
     if spec.retry:
         errors += _check_retry(spec)
+    if spec.array.count or spec.array.parallel:
+        errors += _check_array(spec)
     return errors + _check_dependencies(spec) if spec.depends_on else errors
+
+
+def _check_array(spec: JobSpec) -> list[FieldError]:
+    a = spec.array
+    if not 1 <= a.count <= MAX_ARRAY_TASKS:
+        return [FieldError("spec.array.count", f"must be 1..{MAX_ARRAY_TASKS}, got {a.count}")]
+    if not 0 <= a.parallel <= a.count:
+        return [FieldError("spec.array.parallel", f"must be 0 (all at once) .. count ({a.count}), got {a.parallel}")]
+    return []
 
 
 def _check_dependencies(spec: JobSpec) -> list[FieldError]:

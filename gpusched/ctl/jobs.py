@@ -129,8 +129,16 @@ def _nodes(job: types_pb2.Job) -> str:
     return ",".join(sorted({w.node for w in job.workers})) or "-"
 
 
+def _phase(job: types_pb2.Job) -> str:
+    """The phase; an array's with its tasks' progress (``running 12/50 (3 failed)``)."""
+    a = job.array
+    if not a.count:
+        return phase_name(job.phase)
+    return f"{phase_name(job.phase)} {a.ended}/{a.count}" + (f" ({a.failed} failed)" if a.failed else "")
+
+
 JOB_COLUMNS = [("JOB ID", lambda j: j.job_id), ("NAME", lambda j: j.spec.name), ("TEAM", lambda j: j.spec.team),
-               ("POOL", lambda j: j.spec.pool), ("PHASE", lambda j: phase_name(j.phase)), ("GPUS", _gpus),
+               ("POOL", lambda j: j.spec.pool), ("PHASE", _phase), ("GPUS", _gpus),
                ("AGE", lambda j: age(j.submitted_at))]
 JOB_WIDE = [("PRIORITY", lambda j: j.spec.priority_class), ("NODES", _nodes),
             ("RESTARTS", lambda j: str(j.restarts)), ("PREEMPTIONS", lambda j: str(j.preemptions)),
@@ -154,12 +162,16 @@ def get() -> None:
 @click.option("--pool", default="")
 @click.option("--phase", multiple=True, type=click.Choice(PHASES), help="only these phases (repeat)")
 @click.option("--active", is_flag=True, help="only jobs that have not ended")
+@click.option("--expand", is_flag=True, help="an array's tasks too, each on a line of its own")
 @output_option
 @pass_client
-def get_jobs(client: SyncClient, team: str, pool: str, phase: tuple[str, ...], active: bool, output: str) -> None:
-    """Jobs, oldest first (``-o wide``: priority, nodes, restarts, reason)."""
-    jobs = sorted(client.list_all(team, pool, _phases(phase, active)), key=lambda j: (seconds(j.submitted_at), j.job_id))
-    table(jobs, JOB_COLUMNS, JOB_WIDE, output)
+def get_jobs(client: SyncClient, team: str, pool: str, phase: tuple[str, ...], active: bool, expand: bool,
+             output: str) -> None:
+    """Jobs, oldest first (``-o wide``: priority, nodes, restarts, reason); an array is one
+    line, its tasks under it with ``--expand``."""
+    jobs = sorted(client.list_all(team, pool, _phases(phase, active)),
+                  key=lambda j: (seconds(j.submitted_at), j.array_of or j.job_id, j.array_of != "", j.array_index))
+    table([j for j in jobs if expand or not j.array_of], JOB_COLUMNS, JOB_WIDE, output)
 
 
 @get.command("queues")
@@ -172,6 +184,8 @@ def get_queues(client: SyncClient, pool: str, output: str) -> None:
     rows: dict[tuple[str, str], dict] = defaultdict(lambda: {"pending": 0, "running": 0, "pending_gpus": 0.0,
                                                              "running_gpus": 0.0})
     for job in client.list_all("", pool, phases):
+        if job.array.count:
+            continue   # an array's GPUs are its tasks'
         row = rows[(job.spec.pool, job.spec.team)]
         state = "pending" if job.phase == types_pb2.JOB_PHASE_PENDING else "running"
         row[state] += 1

@@ -82,12 +82,14 @@ class SubmissionLimits:
     pending: PendingCounts = field(default_factory=PendingCounts)
     _buckets: dict[str, TokenBucket] = field(default_factory=dict)
 
-    def check(self, new_by_team: Counter, states: dict[int, ClusterState]) -> None:
-        """Raise ``RequestRefused`` (RESOURCE_EXHAUSTED) when a team would pass a limit."""
+    def check(self, new_by_team: Counter, states: dict[int, ClusterState], jobs_by_team: Counter | None = None) -> None:
+        """Raise ``RequestRefused`` (RESOURCE_EXHAUSTED) when a team would pass a limit:
+        ``new_by_team`` submissions (the rate), ``jobs_by_team`` the jobs they make (an
+        array's tasks count each; default: one a submission)."""
         for team, n in sorted(new_by_team.items()):
             if self.max_pending:
                 pending = self.pending.count(states, team)
-                if pending + n > self.max_pending:
+                if pending + (jobs_by_team or new_by_team)[team] > self.max_pending:
                     raise RequestRefused(grpc.StatusCode.RESOURCE_EXHAUSTED,
                                          f"spec.team: team {team!r} has {pending} pending jobs; the limit "
                                          f"(--max-pending-per-team) is {self.max_pending}")

@@ -163,9 +163,13 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
 
     def _check_limits(self, items: list[_Submission]) -> None:
         """The teams' rate and pending limits, for the jobs these items would create."""
-        new = Counter(item.event.spec.team for item in items if item.event is not None)
+        new, jobs = Counter(), Counter()
+        for item in items:
+            if item.event is not None:
+                new[item.event.spec.team] += 1
+                jobs[item.event.spec.team] += max(1, item.event.spec.array.count)   # an array: its tasks
         if new:
-            self.limits.check(new, self.model.follower.states)
+            self.limits.check(new, self.model.follower.states, jobs)
 
     async def _submit(self, items: list[_Submission], context) -> list[admission_pb2.SubmitJobResponse]:
         """Append the new jobs' events together (one producer batch), wait until this

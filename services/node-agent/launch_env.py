@@ -32,7 +32,8 @@ def worker_env(job: JobState, worker: int, addresses: Mapping[str, str], rendezv
     local = [w.worker for w in by_worker if w.node == me.node]
     address, _, port = rendezvous.rpartition(":")
     peers = [addresses.get(name) or name for name in node_order]
-    return {
+    array = {"GPUSCHED_ARRAY_JOB_ID": job.array_of, "GPUSCHED_ARRAY_INDEX": str(job.array_index)} if job.array_of else {}
+    return array | {
         "GPUSCHED_JOB_ID": job.job_id,
         "GPUSCHED_ATTEMPT": str(job.attempt),
         "GPUSCHED_WORKER": str(worker),

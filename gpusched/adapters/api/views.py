@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from gpusched.adapters.api.api_time import duration, set_instant
 from gpusched.adapters.log.codec import to_proto
-from gpusched.core.model import PendingKind
+from gpusched.core.model import JobPhase, PendingKind
 from gpusched.core.queries import PoolSummary, gpus_allocated_milli
 from gpusched.core.model import JobSpec
 from gpusched.core.state import ClusterState, JobState, NodeState
@@ -25,6 +25,14 @@ def job_message(job: JobState) -> types_pb2.Job:
     if job.pending_reason.kind is not PendingKind.NONE:   # docs/guide/why-pending.md
         msg.pending.CopyFrom(to_proto(job.pending_reason, types_pb2.PendingReason))
         msg.pending_at.FromNanoseconds(round(job.pending_reason_at * 1e9))
+    if job.array_of:
+        msg.array_of, msg.array_index = job.array_of, job.array_index
+    if job.array_tasks:
+        msg.array.CopyFrom(types_pb2.ArrayProgress(count=len(job.array_tasks), released=job.array_released,
+                                                   running=job.array_running, ended=job.array_ended,
+                                                   failed=job.array_failed))
+        if job.phase is JobPhase.PENDING and job.array_released:
+            msg.phase = types_pb2.JOB_PHASE_RUNNING     # under way once its first tasks are queued
     for f in job.failures:
         end = msg.failures.add(attempt=f.attempt, cause=types_pb2.FailureCause.Value(f"FAILURE_CAUSE_{f.cause.name}"),
                                exit_code=f.exit_code, counted=f.counted, reason=f.reason)
@@ -41,7 +49,7 @@ def spec_message(spec: JobSpec) -> types_pb2.JobSpec:
                             org=record.org, max_restarts=record.max_restarts, max_runtime=duration(spec.max_runtime_s),
                             checkpoint_interval=duration(spec.checkpoint_interval_s),
                             simulated_duration=duration(spec.simulated_duration_s), retry=record.retry,
-                            depends_on=record.depends_on)
+                            depends_on=record.depends_on, array=record.array)
     return msg
 
 

@@ -238,13 +238,16 @@ def job_content(job: JobState, node: str, state: ClusterState, spec: str | None 
     for w in job.workers:
         peer = state.nodes.get(w.node)
         addresses[w.node] = (peer.info.address if peer is not None else "") or w.node
-    return {
+    doc = {
         "job": job.job_id, "attempt": job.attempt, "phase": job.phase.value,
         "spec": spec, "workers": workers,
         "finished": {str(w): code for w, code in sorted(job.finished.items())},
         "rendezvous": job.rendezvous, "checkpoint": job.checkpoint,
         "checkpoint_progress_s": job.checkpoint_progress_s, "addresses": addresses,
     }
+    if job.array_of:   # an array's task: its workers are told the array and their index
+        doc["array_of"], doc["array_index"] = job.array_of, job.array_index
+    return doc
 
 
 def encoded_workers(job: JobState, node: str) -> list[str]:
@@ -292,7 +295,8 @@ def job_of(doc: dict) -> JobState:
                         attempt=int(doc["attempt"]), workers=workers,
                         finished={int(w): int(c) for w, c in doc["finished"].items()},
                         rendezvous=doc["rendezvous"], checkpoint=doc["checkpoint"],
-                        checkpoint_progress_s=float(doc["checkpoint_progress_s"]))
+                        checkpoint_progress_s=float(doc["checkpoint_progress_s"]),
+                        array_of=str(doc.get("array_of", "")), array_index=int(doc.get("array_index", -1)))
     except (KeyError, TypeError, ValueError) as exc:
         raise ViewDecodeError(f"job record: {exc!r}") from None
 

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from gpusched.core import events as ev
 from gpusched.core.model import (
-    Dependency, DependencyCondition, FailureCause, GpuInfo, GpuSlot, JobKind, JobSpec, NodeCount, NodeInfo, PendingKind, PendingReason, WorkerAssignment,
+    ArraySpec, Dependency, DependencyCondition, FailureCause, GpuInfo, GpuSlot, JobKind, JobSpec, NodeCount, NodeInfo, PendingKind, PendingReason, WorkerAssignment,
     RetryAction, RetryRule, WorkerResources,
 )
 from gpusched.core.policy import Quota, TeamPolicy
@@ -48,6 +48,7 @@ job_specs = st.builds(
     retry=st.lists(retry_rules, max_size=3).map(tuple),
     depends_on=st.lists(st.builds(Dependency, job=text, when=st.sampled_from(DependencyCondition)),
                         max_size=3).map(tuple),
+    array=st.builds(ArraySpec, count=i32, parallel=i32),
 )
 slots = st.builds(GpuSlot, index=i32, milli=i32, mig_profile=text, mig_start=i32)
 assignments = st.builds(WorkerAssignment, worker=i32, node=text, gpus=st.lists(slots, max_size=3).map(tuple))
