@@ -221,6 +221,16 @@ def job_lines(job: types_pb2.Job) -> list[str]:
     lines.append(f"Attempt:      {job.attempt}  (restarts {job.restarts}, preemptions {job.preemptions})")
     if s.retry:
         lines.append("Retry:        " + "; ".join(retry_rule_text(r) for r in s.retry))
+    if s.depends_on:
+        lines.append("Depends on:   " + ", ".join(
+            f"{d.job} ({types_pb2.DependencyCondition.Name(d.when).removeprefix('DEPENDENCY_CONDITION_').lower()})"
+            for d in s.depends_on))
+    if job.array.count:
+        a = job.array
+        lines.append(f"Array:        {a.count} tasks, {s.array.parallel or a.count} at a time: {a.ended} ended"
+                     f" ({a.failed} not succeeded), {a.running} queued or running")
+    if job.array_of:
+        lines.append(f"Array task:   index {job.array_index} of {job.array_of}")
     if seconds(job.time_limit):
         lines.append(f"Time limit:   {seconds(job.time_limit):g}s")
     if job.checkpoint:

@@ -42,3 +42,14 @@ def test_get_jobs_shows_an_array_as_one_line_and_its_tasks_with_expand(monkeypat
     assert len(rows) == 1 and "Running 2/4 (1 failed)" in rows[0]
     expanded = CliRunner().invoke(cli, ["get", "jobs", "--expand"]).output.splitlines()[1:]
     assert [r.split()[0] for r in expanded] == ["a", "a.0", "a.1"]
+
+
+def test_describe_shows_dependencies_and_an_arrays_progress():
+    job = types_pb2.Job(job_id="a")
+    job.spec.depends_on.add(job="prep", when=types_pb2.DEPENDENCY_CONDITION_FINISHED)
+    job.spec.array.count, job.spec.array.parallel = 10, 2
+    job.array.count, job.array.ended, job.array.failed, job.array.running = 10, 4, 1, 2
+    lines = job_lines(job)
+    assert "Depends on:   prep (finished)" in lines
+    assert "Array:        10 tasks, 2 at a time: 4 ended (1 not succeeded), 2 queued or running" in lines
+    assert "Array task:   index 3 of a" in job_lines(types_pb2.Job(job_id="a.3", array_of="a", array_index=3))
