@@ -33,7 +33,7 @@ import pytest
 
 from gpusched.client import Client, ClientTls, spec
 from gpusched.local_cluster import Service
-from gpusched.ports import free_port
+from gpusched.ports import free_port, free_ports
 from gpusched.v1 import types_pb2
 from tests.conftest import start_private_cluster
 from tests.deployment.units import UNITS, Site, read_env_file
@@ -123,12 +123,15 @@ async def deployment(three_brokers, server_venv, agent_venv, tmp_path_factory):
                  if line.endswith(",ops"))
     deployment = Deployment(site, {}, server_venv, agent_venv, root / "logs", token=token)
     site.env_file("cluster.env", 0, 0)
+    # 14 ports in one free block: ports the kernel picks one by one, each released before
+    # the next is asked for, can come back twice (a relay's metrics on a preemptor's listener)
+    block = iter(range(free_ports(14, "the deployment's listeners"), 1 << 16))
     for name in ("admission", "placer", "preemptor", "relay", "node-agent"):
         key = name if name == "node-agent" else f"{name}@1"
-        deployment.metrics[key], deployment.ports[key] = free_port(), free_port()
+        deployment.metrics[key], deployment.ports[key] = next(block), next(block)
         site.env_file(f"{name}.env", deployment.metrics[key], deployment.ports[key])
     for service in ("admission", "placer"):   # a second replica on this host: its own ports (the unit's @2 file)
-        deployment.metrics[f"{service}@2"], deployment.ports[f"{service}@2"] = free_port(), free_port()
+        deployment.metrics[f"{service}@2"], deployment.ports[f"{service}@2"] = next(block), next(block)
         args = (site.etc / f"{service}.env").read_text().split(f"{service.upper()}_ARGS=")[1].splitlines()[0]
         args = re.sub(r"--listen 127\.0\.0\.1:\d+", f"--listen 127.0.0.1:{deployment.ports[f'{service}@2']}", args)
         (site.etc / f"{service}@2.env").write_text(f"{service.upper()}_ARGS={args}\n"
