@@ -63,6 +63,10 @@ def canonical(state: ClusterState) -> dict:
     doc["ledger"] = {t: [e.at, e.gpu_milli, e.cpu_milli, e.memory_mib] for t, e in sorted(state.ledger.items())}
     if state.dependents:   # only while a job waits for another, so other digests are unchanged
         doc["dependents"] = {j: list(w) for j, w in sorted(state.dependents.items())}
+    if state.services:   # only where services exist, so other digests are unchanged
+        doc["services"] = {n: [v.desired, v.revision, sorted(v.templates), list(v.replicas.items()),
+                               sorted(v.ready.items()), v.replaced, v.scaled_reason]
+                           for n, v in sorted(state.services.items())}
     if state.policy_version:   # only once some policy is set, so other digests are unchanged
         doc["policy"] = _policy(state)
     return doc

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpusched.core.model import JobSpec, NodeInfo, PendingReason, WorkerAssignment
+from gpusched.core.model import JobSpec, NodeInfo, PendingReason, ServiceSpec, WorkerAssignment
 from gpusched.core.policy import Quota, TeamPolicy
 
 
@@ -181,6 +181,50 @@ class JobPendingReason(Event):
     reason: PendingReason
 
 
+# --- services -----------------------------------------------------------------------
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServiceApplied(Event):
+    """Create ``spec.name`` or change it. A changed template is a new revision, rolled out
+    by the service's update strategy; ``spec.replicas`` becomes the desired count when the
+    service is new or the spec's count changed (so re-applying a file after an autoscaler
+    moved the count keeps the count)."""
+
+    spec: ServiceSpec
+    principal: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServiceScaled(Event):
+    """The service's desired replica count: from ``gpusched scale``, the autoscaler, or a
+    request for a service scaled to zero."""
+
+    service: str
+    replicas: int
+    reason: str = ""
+    principal: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServiceDeleted(Event):
+    """The service goes and its replicas are stopped."""
+
+    service: str
+    principal: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReplicaReadiness(Event):
+    """A replica's node-agent found attempt ``attempt`` of it ready to serve, or no longer
+    ready, by its readiness check; ``address``:``port`` is where it serves."""
+
+    job_id: str
+    attempt: int
+    ready: bool
+    address: str = ""
+    port: int = 0
+    reason: str = ""
+
+
 # --- the log's own settings -----------------------------------------------------------
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PoolTimeLimitsSet(Event):
@@ -236,5 +280,6 @@ EVENT_TYPES: dict[str, type[Event]] = {
         CheckpointSaved, JobPreempted, AttemptFailed, JobRetentionSet,
         NodeFenced, RendezvousSet, AttemptTimedOut, PoolTimeLimitsSet, PoolCreated,
         QuotaSet, TeamPolicySet, JobPendingReason,
+        ServiceApplied, ServiceScaled, ServiceDeleted, ReplicaReadiness,
     )
 }

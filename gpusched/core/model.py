@@ -4,7 +4,7 @@ All frozen: they travel inside events, which are history and never change.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 
 from gpusched.core.mig import parse_profile
@@ -188,6 +188,45 @@ class ArraySpec:
 
 
 @dataclass(frozen=True, slots=True)
+class Readiness:
+    """How a service's replica is found ready to serve, checked by its node-agent every
+    ``period_s`` on worker 0: an HTTP GET of ``http_path`` on the port the agent gave it
+    (``PORT``) answering 2xx or 3xx, or ``command`` exiting 0 (as Kubernetes' readiness
+    probe). Ready after ``success_threshold`` passes in a row, not ready after
+    ``failure_threshold`` failures in a row. Neither set: ready once it runs. Zeros
+    (what a record without the field holds) mean the defaults: every 1 s, a 1 s timeout,
+    1 pass, 3 failures."""
+
+    http_path: str = ""
+    command: tuple[str, ...] = ()
+    period_s: float = 0.0
+    timeout_s: float = 0.0
+    initial_delay_s: float = 0.0
+    success_threshold: int = 0
+    failure_threshold: int = 0
+
+    @property
+    def checked(self) -> bool:
+        return bool(self.http_path or self.command)
+
+    @property
+    def every_s(self) -> float:
+        return self.period_s or 1.0
+
+    @property
+    def within_s(self) -> float:
+        return self.timeout_s or 1.0
+
+    @property
+    def passes(self) -> int:
+        return self.success_threshold or 1
+
+    @property
+    def failures(self) -> int:
+        return self.failure_threshold or 3
+
+
+@dataclass(frozen=True, slots=True)
 class JobSpec:
     name: str
     team: str
@@ -206,6 +245,12 @@ class JobSpec:
     retry: tuple[RetryRule, ...] = ()   # by cause; the first matching rule decides
     depends_on: tuple[Dependency, ...] = ()   # jobs to wait for before it may be placed
     array: ArraySpec = field(default_factory=ArraySpec)
+    # A service's replica (``ServiceSpec``): the service it belongs to; each worker is
+    # given a free port in ``PORT`` when ``serve_port``, worker 0's being the endpoint;
+    # the node-agent reports it ready by ``readiness``.
+    service: str = ""
+    serve_port: bool = False
+    readiness: Readiness = field(default_factory=Readiness)
 
     def retry_rule(self, cause: FailureCause, exit_code: int = 0) -> tuple[int, RetryAction]:
         """(index of the rule that decides, -1 for the default; its action)."""
@@ -217,6 +262,69 @@ class JobSpec:
     @property
     def total_milli(self) -> int:
         return self.workers * self.resources.milli
+
+
+@dataclass(frozen=True, slots=True)
+class UpdateStrategy:
+    """How a changed template replaces a service's replicas (a Deployment's rolling
+    update): at most ``max_surge`` replicas above the desired count, and at most
+    ``max_unavailable`` of the desired count not ready, at any time."""
+
+    max_surge: int = 1
+    max_unavailable: int = 0
+
+
+class ScalingMetric(str, Enum):
+    """What a service's replica count follows (docs/guide/inference.md, "Autoscaling")."""
+
+    NONE = "none"
+    REQUESTS_IN_FLIGHT = "requests_in_flight"     # per replica, as the replicas report it
+    REQUESTS_PER_SECOND = "requests_per_second"   # per replica
+    GPU_UTILIZATION = "gpu_utilization"           # percent, from the node-agents' usage records
+
+
+@dataclass(frozen=True, slots=True)
+class Autoscaling:
+    """The HorizontalPodAutoscaler's rule: desired = ceil(replicas x metric / target),
+    unchanged within ``tolerance`` of the target, never below the highest
+    recommendation of the last ``scale_down_window_s``, at most ``max_scale_up`` more
+    replicas a minute; to zero after ``scale_to_zero_after_s`` without a request (0:
+    never), back to one on the first."""
+
+    metric: ScalingMetric = ScalingMetric.NONE
+    target: float = 0.0
+    tolerance: float = 0.1
+    scale_down_window_s: float = 300.0
+    max_scale_up: int = 4
+    scale_to_zero_after_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceSpec:
+    """A long-running service: ``replicas`` copies of ``template`` (its name, team, pool
+    and priority class are the service's), each placed and replaced on its own, each a
+    gang of ``template.workers`` (leader first) where a model spans nodes. ``min_replicas``
+    and ``max_replicas`` (0: no bound) bound scaling and preemption."""
+
+    name: str
+    team: str
+    template: JobSpec
+    pool: str = "default"
+    priority_class: str = "production-inference"
+    preemptible: bool = False
+    replicas: int = 1
+    min_replicas: int = 1
+    max_replicas: int = 0
+    update: UpdateStrategy = field(default_factory=UpdateStrategy)
+    autoscaling: Autoscaling = field(default_factory=Autoscaling)
+    org: str = ""
+
+    def replica_spec(self) -> JobSpec:
+        """The spec each replica of the current template runs with."""
+        return replace(self.template, name=self.name, team=self.team, pool=self.pool,
+                       priority_class=self.priority_class, preemptible=self.preemptible,
+                       kind=JobKind.INFERENCE, service=self.name, org=self.org,
+                       array=ArraySpec(), depends_on=())
 
 
 @dataclass(frozen=True, slots=True)

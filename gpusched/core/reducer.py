@@ -17,13 +17,15 @@ from gpusched.core import events as ev
 from gpusched.core.capacity import check_placement, commit, release, settle_ledger
 from gpusched.core.model import (
     EXIT_LOST, NO_PENDING_REASON, ArraySpec, AttemptEnd, FailureCause, JobPhase, NodeStatus, PendingKind, RetryAction,
+    ServiceSpec,
 )
 from gpusched.core.policy import DEFAULT_TEAM, allowed, check_quota, check_team_policy
 from gpusched.core.retention import note_ended, prune_finished, set_retention
 from gpusched.core.state import (
-    CHANGES_KEPT, ClusterState, JobState, NodeState, count_pending, gpu_state, set_gpu_info,
+    CHANGES_KEPT, ClusterState, JobState, NodeState, ServiceState, count_pending, gpu_state, set_gpu_info,
 )
-from gpusched.core.validation import check_known_pool, check_pool_name, check_spec_alone
+from gpusched.core.services import Replica, plan
+from gpusched.core.validation import check_known_pool, check_pool_name, check_service_alone, check_spec_alone
 
 # A node with this many GPU faults is cordoned until an operator clears it.
 FAULTS_TO_QUARANTINE = 2
@@ -698,6 +700,141 @@ def _pool_created(e: ev.PoolCreated, state: ClusterState) -> Outcome:
     return ACCEPTED
 
 
+# --- services -----------------------------------------------------------------------
+MAX_REVISIONS_KEPT = 10   # templates a service keeps for ``rollout undo``
+
+
+@_handles(ev.ServiceApplied)
+def _service_applied(e: ev.ServiceApplied, state: ClusterState) -> Outcome:
+    spec = e.spec
+    errors = check_service_alone(spec)
+    if not errors and spec.pool not in state.pools and not _pool_has_nodes(state, spec.pool):
+        errors = check_known_pool(spec.pool, state.pools)
+    if errors:
+        return _reject("; ".join(map(str, errors)))
+    denied = _denied_by_policy(state, spec)
+    if denied:
+        return _reject(denied)
+    template = spec.replica_spec()
+    service = state.services.get(spec.name)
+    if service is None:
+        service = state.services[spec.name] = ServiceState(spec, e.time, desired=spec.replicas,
+                                                           templates={1: template}, updated_at=e.time,
+                                                           rollout_at=e.time, scaled_reason="applied")
+    else:
+        if service.spec.team != spec.team or service.spec.pool != spec.pool:
+            return _reject(f"spec.team, spec.pool: service {spec.name} is team {service.spec.team}'s "
+                           f"in pool {service.spec.pool}; delete it to move it")
+        if template != service.templates[service.revision]:
+            service.revision += 1
+            # A template an earlier revision had (a rollback): its replicas are current again.
+            for earlier in [r for r, t in service.templates.items() if t == template]:
+                del service.templates[earlier]
+                for job_id, revision in service.replicas.items():
+                    if revision == earlier:
+                        service.replicas[job_id] = service.revision
+            service.templates[service.revision] = template
+            service.rollout_at = e.time
+            for old in [r for r in service.templates if r <= service.revision - MAX_REVISIONS_KEPT]:
+                del service.templates[old]
+        if spec.replicas != service.spec.replicas:
+            service.desired, service.scaled_reason = spec.replicas, "applied"
+        service.spec = spec
+        service.desired = _bounded_count(spec, service.desired)
+        service.updated_at = e.time
+    _reconcile(state, service, e.time)
+    return ACCEPTED
+
+
+def _bounded_count(spec: ServiceSpec, count: int) -> int:
+    count = max(spec.min_replicas, count)
+    return min(spec.max_replicas, count) if spec.max_replicas else count
+
+
+@_handles(ev.ServiceScaled)
+def _service_scaled(e: ev.ServiceScaled, state: ClusterState) -> Outcome:
+    service = state.services.get(e.service)
+    if service is None:
+        return _reject(f"no service {e.service}")
+    spec = service.spec
+    if e.replicas != _bounded_count(spec, e.replicas) and not (e.replicas == 0 == spec.min_replicas):
+        return _reject(f"replicas: {e.replicas} is outside min_replicas..max_replicas "
+                       f"({spec.min_replicas}..{spec.max_replicas or 'no bound'})")
+    service.desired = e.replicas
+    service.scaled_reason = e.reason or "scaled"
+    service.updated_at = e.time
+    _reconcile(state, service, e.time)
+    return ACCEPTED
+
+
+@_handles(ev.ServiceDeleted)
+def _service_deleted(e: ev.ServiceDeleted, state: ClusterState) -> Outcome:
+    service = state.services.pop(e.service, None)
+    if service is None:
+        return _reject(f"no service {e.service}")
+    for job_id in service.replicas:
+        job = state.jobs.get(job_id)
+        if job is not None and not job.phase.terminal:
+            _RELEASED.append(job_id)
+            _begin_stop(state, job, "cancelled", f"service {e.service} deleted", e.time)
+    return ACCEPTED
+
+
+@_handles(ev.ReplicaReadiness)
+def _replica_readiness(e: ev.ReplicaReadiness, state: ClusterState) -> Outcome:
+    job = _current(state, e.job_id, e.attempt)
+    service = state.services.get(job.spec.service) if job is not None else None
+    if (job is None or service is None or e.job_id not in service.replicas
+            or (job.phase is not _RUNNING and job.phase is not _PLACED)):
+        return _reject(f"replica {e.job_id} attempt {e.attempt} is not a live replica", e.job_id)
+    if e.ready:
+        service.ready[e.job_id] = f"{e.address}:{e.port}"
+    elif service.ready.pop(e.job_id, None) is None:
+        return ACCEPTED
+    _reconcile(state, service, e.time)
+    return _changed(e.job_id)
+
+
+def _reconcile(state: ClusterState, service: ServiceState, time: float) -> None:
+    """Stop and make replicas as ``core.services.plan`` says."""
+    replicas = []
+    for job_id, revision in service.replicas.items():
+        job = state.jobs[job_id]
+        load = sum(g.used_milli for w in job.workers if (n := state.nodes.get(w.node)) for g in n.gpus)
+        replicas.append(Replica(job_id, revision, job_id in service.ready, bool(job.workers), load, job.seq))
+    stop, make = plan(service.desired, service.revision, service.spec.update, replicas)
+    for job_id in stop:
+        del service.replicas[job_id]
+        service.ready.pop(job_id, None)
+        _RELEASED.append(job_id)
+        _begin_stop(state, state.jobs[job_id], "cancelled", f"service {service.spec.name}: scaled down or replaced",
+                    time)
+    spec = service.templates[service.revision]
+    for _ in range(make):
+        job_id = f"{service.spec.name}-{state.next_seq}"
+        while job_id in state.jobs:   # a job of that name submitted by hand
+            job_id += "x"
+        job = JobState(job_id, spec, state.next_seq, time, pending_since=time, time_limit_s=spec.max_runtime_s)
+        state.next_seq += 1
+        state.jobs[job_id] = job
+        service.replicas[job_id] = service.revision
+        _queue(state, job, time)
+        _RELEASED.append(job_id)
+
+
+def _replica_not_serving(state: ClusterState, job: JobState, ended: bool, time: float) -> None:
+    """A replica's attempt ends (it stops serving: out of the endpoints first) or the
+    replica itself ended (replaced)."""
+    service = state.services.get(job.spec.service)
+    if service is None or job.job_id not in service.replicas:
+        return
+    service.ready.pop(job.job_id, None)
+    if ended:
+        del service.replicas[job.job_id]
+        service.replaced += 1
+        _reconcile(state, service, time)
+
+
 # --- transitions shared by several events --------------------------------------------
 def _end(state: ClusterState, job: JobState, phase: JobPhase, reason: str, time: float) -> None:
     _stop(state, job, time)
@@ -715,6 +852,8 @@ def _end(state: ClusterState, job: JobState, phase: JobPhase, reason: str, time:
         _dependency_ended(state, job, time)
     if job.array_of:
         _array_task_ended(state, job, time)
+    if job.spec.service:
+        _replica_not_serving(state, job, True, time)
 
 
 def _stop(state: ClusterState, job: JobState, time: float) -> None:
@@ -740,6 +879,8 @@ def _requeue(state: ClusterState, job: JobState, reason: str, time: float, charg
     job.nominated_by = ""
     job.stop_then = ""
     job.rendezvous = ""
+    if job.spec.service:
+        _replica_not_serving(state, job, False, time)
     if charge is not None:   # -1: the job's budget; else the retry rule with a budget of its own
         if charge < 0:
             job.restarts += 1
@@ -808,6 +949,8 @@ def _begin_stop(state: ClusterState, job: JobState, then: str, reason: str, time
     job.phase = _STOPPING
     job.stop_then = then
     job.reason = reason
+    if job.spec.service:
+        _replica_not_serving(state, job, False, time)
     _settle_stop(state, job, time)
     return job.job_id
 

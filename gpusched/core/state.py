@@ -17,7 +17,8 @@ from mypy_extensions import mypyc_attr
 from gpusched.core.mig import ANY_SLOT, FULL_MASK, NO_SLOT, MigProfile, allowed_slots
 from gpusched.core.policy import Quota, TeamPolicy
 from gpusched.core.model import (
-    NO_PENDING_REASON, AttemptEnd, GpuInfo, JobPhase, JobSpec, MigMode, NodeInfo, NodeStatus, PendingReason, WorkerAssignment,
+    NO_PENDING_REASON, AttemptEnd, GpuInfo, JobPhase, JobSpec, MigMode, NodeInfo, NodeStatus, PendingReason, ServiceSpec,
+    WorkerAssignment,
 )
 
 _READY = NodeStatus.READY   # bound once: EnumType.__getattr__ costs ~0.13 us a lookup on 3.11
@@ -217,6 +218,29 @@ class JobState:
 
 
 @dataclass(slots=True)
+class ServiceState:
+    """A service as the log made it (``core.services`` keeps its replicas as it says).
+    ``desired``: the replica count asked for now (the spec's, a scale, the autoscaler's).
+    ``revision``: its template's number, bumped by each change of the template;
+    ``templates``: the templates of its latest revisions, for a rollback. ``replicas``:
+    its live replica jobs (not ended, not being stopped) and the revision of each, in the
+    order made; ``ready``: those ready to serve and the address each serves on (what
+    endpoints list)."""
+
+    spec: ServiceSpec
+    created_at: float
+    desired: int = 0
+    revision: int = 1
+    templates: dict[int, JobSpec] = field(default_factory=dict)
+    replicas: dict[str, int] = field(default_factory=dict)
+    ready: dict[str, str] = field(default_factory=dict)
+    updated_at: float = 0.0        # when the spec or the count last changed
+    rollout_at: float = 0.0        # when the current revision was applied
+    scaled_reason: str = ""        # why ``desired`` has its value
+    replaced: int = 0              # replicas that ended and were replaced
+
+
+@dataclass(slots=True)
 class Usage:
     """What a team holds right now: the basis of quota accounting and fair share."""
 
@@ -317,6 +341,7 @@ class ClusterState:
     # Pools that exist (ordered set): a node registered in it or ``PoolCreated``. Jobs for
     # any other pool are refused (gpusched.core.validation.check_known_pool).
     pools: dict[str, None] = field(default_factory=dict)
+    services: dict[str, ServiceState] = field(default_factory=dict)   # name -> service
     dedupe: DedupeWindow = field(default_factory=DedupeWindow)
     applied: int = 0      # events applied (duplicates excluded)
     rejected: int = 0     # proposals found invalid when applied

@@ -12,7 +12,9 @@ from dataclasses import dataclass
 
 from gpusched.core.catalog import CATALOG, is_mig_capable
 from gpusched.core.mig import NO_SLOT, parse_profile
-from gpusched.core.model import FailureCause, JobSpec, RetryAction
+from gpusched.core.model import (
+    Autoscaling, FailureCause, JobSpec, Readiness, RetryAction, ScalingMetric, ServiceSpec,
+)
 from gpusched.core.priority import PRIORITY_CLASSES
 from gpusched.core.state import NodeState
 
@@ -136,7 +138,108 @@ def check_spec_alone(spec: JobSpec) -> list[FieldError]:
         errors += _check_retry(spec)
     if spec.array.count or spec.array.parallel:
         errors += _check_array(spec)
+    if spec.readiness != _NO_READINESS:
+        errors += _check_readiness(spec)
     return errors + _check_dependencies(spec) if spec.depends_on else errors
+
+
+_NO_READINESS = Readiness()
+MAX_READINESS_PATH = 1024
+MAX_SERVICE_REPLICAS = 10_000
+MAX_SCALE_UP = 1000
+
+
+def _check_readiness(spec: JobSpec) -> list[FieldError]:
+    r, at = spec.readiness, "spec.readiness"
+    errors = []
+    if r.http_path and r.command:
+        errors.append(FieldError(f"{at}.http_path", "an HTTP check or a command, not both"))
+    if r.http_path:
+        if not spec.serve_port:
+            errors.append(FieldError(f"{at}.http_path", "checks the replica's port, and the replica declares none "
+                                                         "(serve_port: false)"))
+        if not r.http_path.startswith("/") or len(r.http_path) > MAX_READINESS_PATH or not r.http_path.isprintable():
+            errors.append(FieldError(f"{at}.http_path", f"a path starting with '/' (at most {MAX_READINESS_PATH} "
+                                                         f"printable characters), got {r.http_path[:64]!r}"))
+    if len(r.command) > MAX_COMMAND_ARGS or any(len(a) > MAX_COMMAND_ARG for a in r.command):
+        errors.append(FieldError(f"{at}.command", f"at most {MAX_COMMAND_ARGS} arguments of {MAX_COMMAND_ARG} characters"))
+    for name in ("period_s", "timeout_s"):
+        value = getattr(r, name)
+        if not (math.isfinite(value) and 0 <= value <= 3600):
+            errors.append(FieldError(f"{at}.{name}", f"seconds in [0, 3600] (0: 1 s), got {value}"))
+    if not (math.isfinite(r.initial_delay_s) and 0 <= r.initial_delay_s <= 86_400):
+        errors.append(FieldError(f"{at}.initial_delay_s", f"seconds in [0, 86400], got {r.initial_delay_s}"))
+    for name in ("success_threshold", "failure_threshold"):
+        if not 0 <= getattr(r, name) <= 100:
+            errors.append(FieldError(f"{at}.{name}", f"must be 0..100 (0: the default), got {getattr(r, name)}"))
+    return errors
+
+
+def check_service_alone(spec: ServiceSpec) -> list[FieldError]:
+    """Every rule of a service spec that needs the spec only, each error naming its field
+    (``spec.replicas``, ``spec.template.resources.gpus``...); the reducer applies it to
+    every ``ServiceApplied``."""
+    errors = []
+    if not spec.name or len(spec.name) > 63 or not _SERVICE_NAME.fullmatch(spec.name):
+        errors.append(FieldError("spec.name", "a DNS label: lower-case letters, digits and '-', starting with a "
+                                              f"letter, at most 63, got {spec.name[:64]!r}"))
+    if spec.template.service or spec.template.array.count or spec.template.depends_on:
+        errors.append(FieldError("spec.template", "a replica template takes no service, array or depends_on"))
+    for error in check_spec_alone(spec.replica_spec()):
+        field = error.field
+        if field.split(".")[1].split("[")[0] not in _SERVICE_FIELDS:
+            field = "spec.template." + field[len("spec."):]
+        errors.append(FieldError(field, error.message))
+    for name in ("replicas", "min_replicas", "max_replicas"):
+        value = getattr(spec, name)
+        if not 0 <= value <= MAX_SERVICE_REPLICAS:
+            errors.append(FieldError(f"spec.{name}", f"must be 0..{MAX_SERVICE_REPLICAS}, got {value}"))
+    if errors:
+        return errors
+    if spec.max_replicas and spec.min_replicas > spec.max_replicas:
+        errors.append(FieldError("spec.min_replicas", f"{spec.min_replicas} is above max_replicas {spec.max_replicas}"))
+    elif spec.replicas < spec.min_replicas or (spec.max_replicas and spec.replicas > spec.max_replicas):
+        errors.append(FieldError("spec.replicas", f"{spec.replicas} is outside min_replicas..max_replicas "
+                                                  f"({spec.min_replicas}..{spec.max_replicas or 'no bound'})"))
+    u = spec.update
+    if u.max_surge < 0 or u.max_surge > MAX_SERVICE_REPLICAS:
+        errors.append(FieldError("spec.update.max_surge", f"must be 0..{MAX_SERVICE_REPLICAS}, got {u.max_surge}"))
+    if u.max_unavailable < 0 or u.max_unavailable > MAX_SERVICE_REPLICAS:
+        errors.append(FieldError("spec.update.max_unavailable",
+                                 f"must be 0..{MAX_SERVICE_REPLICAS}, got {u.max_unavailable}"))
+    if u.max_surge == 0 and u.max_unavailable == 0:
+        errors.append(FieldError("spec.update.max_surge", "max_surge and max_unavailable may not both be 0: "
+                                                          "the rollout could never replace a replica"))
+    return errors + _check_autoscaling(spec)
+
+
+_SERVICE_NAME = re.compile(r"[a-z]([a-z0-9-]{0,61}[a-z0-9])?")
+_SERVICE_FIELDS = ("name", "team", "pool", "priority_class", "org", "preemptible")
+
+
+def _check_autoscaling(spec: ServiceSpec) -> list[FieldError]:
+    a, at = spec.autoscaling, "spec.autoscaling"
+    if a.metric is ScalingMetric.NONE:
+        if a != Autoscaling():
+            return [FieldError(f"{at}.metric", "required with any other autoscaling setting: one of "
+                                               "requests_in_flight, requests_per_second, gpu_utilization")]
+        return []
+    errors = []
+    if not (math.isfinite(a.target) and a.target > 0):
+        errors.append(FieldError(f"{at}.target", f"a positive value of the metric per replica, got {a.target}"))
+    if not spec.max_replicas:
+        errors.append(FieldError("spec.max_replicas", "required (above 0) when the service autoscales"))
+    if not (math.isfinite(a.tolerance) and 0 <= a.tolerance < 1):
+        errors.append(FieldError(f"{at}.tolerance", f"a fraction in [0, 1), got {a.tolerance}"))
+    if not (math.isfinite(a.scale_down_window_s) and 0 <= a.scale_down_window_s <= 86_400):
+        errors.append(FieldError(f"{at}.scale_down_window_s", f"seconds in [0, 86400], got {a.scale_down_window_s}"))
+    if not 1 <= a.max_scale_up <= MAX_SCALE_UP:
+        errors.append(FieldError(f"{at}.max_scale_up", f"replicas a minute, 1..{MAX_SCALE_UP}, got {a.max_scale_up}"))
+    if not (math.isfinite(a.scale_to_zero_after_s) and 0 <= a.scale_to_zero_after_s <= 30 * 86_400):
+        errors.append(FieldError(f"{at}.scale_to_zero_after_s", f"seconds (0: never), got {a.scale_to_zero_after_s}"))
+    elif a.scale_to_zero_after_s and spec.min_replicas:
+        errors.append(FieldError(f"{at}.scale_to_zero_after_s", f"needs min_replicas 0, got {spec.min_replicas}"))
+    return errors
 
 
 def _check_array(spec: JobSpec) -> list[FieldError]:

@@ -339,7 +339,8 @@ def _plain_slots_dataclass(cls: type) -> bool:
     )
 
 
-_WIRE_NAMES = {"JobSpec": "JobSpecRecord"}   # the API's JobSpec is not the layout logs hold
+_WIRE_NAMES = {"JobSpec": "JobSpecRecord", "ServiceSpec": "ServiceSpecRecord", "UpdateStrategy": "UpdateStrategyRecord"}
+# the API's JobSpec, ServiceSpec and UpdateStrategy are not the layouts logs hold
 
 
 def _message_builder(cls: type) -> Callable[[Any], Any]:

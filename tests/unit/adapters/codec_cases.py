@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from gpusched.core import events as ev
 from gpusched.core.model import (
     ArraySpec, Dependency, DependencyCondition, FailureCause, GpuInfo, GpuSlot, JobKind, JobSpec, NodeCount, NodeInfo, PendingKind, PendingReason, WorkerAssignment,
-    RetryAction, RetryRule, WorkerResources,
+    RetryAction, RetryRule, WorkerResources, Autoscaling, Readiness, ScalingMetric, ServiceSpec, UpdateStrategy,
 )
 from gpusched.core.policy import Quota, TeamPolicy
 from gpusched.v1 import events_pb2, types_pb2
@@ -49,6 +49,17 @@ job_specs = st.builds(
     depends_on=st.lists(st.builds(Dependency, job=text, when=st.sampled_from(DependencyCondition)),
                         max_size=3).map(tuple),
     array=st.builds(ArraySpec, count=i32, parallel=i32),
+    service=text, serve_port=st.booleans(),
+    readiness=st.builds(Readiness, http_path=text, command=words, period_s=f64, timeout_s=f64, initial_delay_s=f64,
+                        success_threshold=i32, failure_threshold=i32),
+)
+service_specs = st.builds(
+    ServiceSpec, name=text, team=text, template=job_specs, pool=text, priority_class=text, preemptible=st.booleans(),
+    replicas=i32, min_replicas=i32, max_replicas=i32,
+    update=st.builds(UpdateStrategy, max_surge=i32, max_unavailable=i32),
+    autoscaling=st.builds(Autoscaling, metric=st.sampled_from(ScalingMetric), target=f64, tolerance=f64,
+                          scale_down_window_s=f64, max_scale_up=i32, scale_to_zero_after_s=f64),
+    org=text,
 )
 slots = st.builds(GpuSlot, index=i32, milli=i32, mig_profile=text, mig_start=i32)
 assignments = st.builds(WorkerAssignment, worker=i32, node=text, gpus=st.lists(slots, max_size=3).map(tuple))
@@ -95,6 +106,11 @@ EVENTS = {
     ev.TeamPolicySet: _event(ev.TeamPolicySet, policy=team_policies, principal=text),
     ev.PoolCreated: _event(ev.PoolCreated, pool=text, principal=text),
     ev.JobPendingReason: _event(ev.JobPendingReason, job_id=text, attempt=i32, reason=pending_reasons),
+    ev.ServiceApplied: _event(ev.ServiceApplied, spec=service_specs, principal=text),
+    ev.ServiceScaled: _event(ev.ServiceScaled, service=text, replicas=i32, reason=text, principal=text),
+    ev.ServiceDeleted: _event(ev.ServiceDeleted, service=text, principal=text),
+    ev.ReplicaReadiness: _event(ev.ReplicaReadiness, job_id=text, attempt=i32, ready=st.booleans(), address=text,
+                                port=i32, reason=text),
 }
 any_event = st.one_of(*EVENTS.values())
 
