@@ -397,9 +397,9 @@ class PreemptorSettings(Settings):
                                     allow_inf_nan=False)
     hang_grace: float = setting(30.0, flag="--hang-grace", help="seconds added to that deadline",
                                 ge=0, allow_inf_nan=False)
-    actions: str = setting("nodes,attempts,preempt,defrag", flag="--actions", env="GPUSCHED_PREEMPTOR_ACTIONS",
+    actions: str = setting("nodes,attempts,autoscale,preempt,defrag", flag="--actions", env="GPUSCHED_PREEMPTOR_ACTIONS",
                            help="what the preemptor judges each time, in order, comma-separated: nodes, attempts, "
-                                "preempt, defrag (docs/design/extending.md, 'A preemptor action')")
+                                "autoscale, preempt, defrag (docs/design/extending.md, 'A preemptor action')")
 
     @field_validator("pool_min_runtime", mode="before")
     @classmethod

@@ -18,6 +18,10 @@ yet:
 * ``defrag`` (stops): checkpointable jobs to move for pending jobs blocked by
   fragmentation only (``policies.preemption.defrag``).
 
+* ``autoscale``: services whose load calls for more or fewer replicas, by the HPA's rule
+  (``policies.autoscaling``) over what their replicas measured. It does not stop: a
+  scale changes no running job, and the replicas it adds are pending jobs as any.
+
 ``preempt`` and ``defrag`` each book their plans on their own tentative statement, so a
 plan of one does not see the other's: that is why each stops, and why the default runs
 ``defrag`` only when ``preempt`` proposed nothing.
@@ -34,6 +38,7 @@ from functools import cached_property
 from typing import Callable, Mapping, Sequence, Union
 
 from gpusched.core.state import ClusterState
+from gpusched.policies.autoscaling import ReplicaLoad, ScaleMemory, recommend
 from gpusched.policies.preemption.decisions import Preemption, preemption_decisions
 from gpusched.policies.preemption.defrag import defrag_decisions
 from gpusched.policies.preemption.victim_index import VictimIndex
@@ -62,7 +67,16 @@ class AttemptVerdict:
     timed_out: bool
 
 
-Proposal = Union[NodeVerdict, AttemptVerdict, Preemption]
+@dataclass(frozen=True, slots=True)
+class ScaleVerdict:
+    """Set ``service``'s desired count to ``replicas`` (``reason`` says why)."""
+
+    service: str
+    replicas: int
+    reason: str
+
+
+Proposal = Union[NodeVerdict, AttemptVerdict, ScaleVerdict, Preemption]
 
 
 class Situation:
@@ -73,8 +87,11 @@ class Situation:
     def __init__(self, state: ClusterState, now: float, supervision: SupervisionConfig,
                  preemption: Callable[[ClusterState], PreemptionConfig],
                  last_seen: Mapping[str, float] | None = None, since: float = 0.0, hearing: bool = False,
-                 victims: VictimIndex | None = None, kept: dict | None = None) -> None:
+                 victims: VictimIndex | None = None, kept: dict | None = None,
+                 loads: Mapping[str, ReplicaLoad] | None = None, scaling: dict[str, ScaleMemory] | None = None) -> None:
         self.state, self.now, self.supervision = state, now, supervision
+        self.loads = loads if loads is not None else {}   # replica -> what it measured last
+        self.scaling = scaling if scaling is not None else {}   # service -> the autoscaler's memory of it
         self.victims = victims      # candidate victims kept between calls on this state, if any
         self.kept = kept            # the placer's views kept likewise (``placer_views``), if any
         self._preemption = preemption
@@ -119,14 +136,29 @@ def defrag(s: Situation) -> list[Proposal]:
     return list(defrag_decisions(s.state, s.now, s.preemption, victims=s.victims, kept=s.kept))
 
 
+def autoscale(s: Situation) -> list[Proposal]:
+    out: list[Proposal] = []
+    for name, service in s.state.services.items():
+        memory = s.scaling.get(name)
+        if memory is None:
+            memory = s.scaling[name] = ScaleMemory(s.now)
+        got = recommend(service, s.loads, memory, s.now)
+        if got is not None:
+            out.append(ScaleVerdict(name, got.replicas, got.reason))
+    for gone in [name for name in s.scaling if name not in s.state.services]:
+        del s.scaling[gone]
+    return out
+
+
 # The registry: every action the preemptor can be configured with, by name.
 ACTIONS: dict[str, Action] = {a.name: a for a in (
     Action("nodes", judge_nodes, stops=True, help="declare silent nodes lost, fence lost nodes past their fence time"),
     Action("attempts", judge_attempts, stops=False, help="time out attempts past their limit, fail hung attempts"),
+    Action("autoscale", autoscale, stops=False, help="scale services to their load (HPA's rule)"),
     Action("preempt", preempt, stops=True, help="victims for pending jobs, by priority or quota reclaim"),
     Action("defrag", defrag, stops=True, help="move checkpointable jobs for jobs blocked by fragmentation only"),
 )}
-DEFAULT_ACTIONS = ("nodes", "attempts", "preempt", "defrag")
+DEFAULT_ACTIONS = ("nodes", "attempts", "autoscale", "preempt", "defrag")
 
 
 def make_actions(names: Sequence[str]) -> tuple[Action, ...]:

@@ -11,8 +11,10 @@ from gpusched.adapters.log.gc_pacing import gc_paused
 from gpusched.core import events as ev
 from gpusched.core.state import ClusterState
 from gpusched.policies.actions import (
-    DEFAULT_ACTIONS, Action, AttemptVerdict, NodeVerdict, Proposal, Situation, make_actions, run_actions,
+    DEFAULT_ACTIONS, Action, AttemptVerdict, NodeVerdict, Proposal, ScaleVerdict, Situation, make_actions,
+    run_actions,
 )
+from gpusched.policies.autoscaling import ReplicaLoad, ScaleMemory
 from gpusched.policies.queueing.policy_tree import policy_tree
 from gpusched.policies.preemption.decisions import preemption_events
 from gpusched.policies.preemption.victim_index import VictimIndex
@@ -31,16 +33,20 @@ class PartitionMemory:
     victims: VictimIndex = field(default_factory=VictimIndex)
     # The placer's views of its nodes (free capacity), kept likewise (``placer_views``).
     kept: dict = field(default_factory=dict)
+    # The autoscaler's memory of each service (``policies.autoscaling``).
+    scaling: dict[str, ScaleMemory] = field(default_factory=dict)
 
 
 class PreemptorDecider:
     def __init__(self, me: str, preemption: PreemptionConfig, supervision: SupervisionConfig,
                  heard: Callable[[float], tuple[Mapping[str, float], float, bool]],
-                 actions: Sequence[Action] = make_actions(DEFAULT_ACTIONS)) -> None:
+                 actions: Sequence[Action] = make_actions(DEFAULT_ACTIONS),
+                 loads: Mapping[str, ReplicaLoad] | None = None) -> None:
         self.me = me
         self.preemption = preemption
         self.supervision = supervision
         self.heard = heard          # now -> (last beat per node, listening since, hearing at all)
+        self.loads = loads if loads is not None else {}   # replica -> its last measured load
         self.actions = tuple(actions)
         # The actions of a round whose searches can propose nothing (``gate``).
         self.without_searches = tuple(a for a in self.actions if a.name not in SEARCHES)
@@ -95,7 +101,8 @@ class PreemptorDecider:
         last_seen, since, hearing = self.heard(now)
         situation = Situation(state, now, self.supervision, self._config,
                               self._with_unheard(state, last_seen, now), since, hearing,
-                              self._memory(partition).victims, self._memory(partition).kept)
+                              self._memory(partition).victims, self._memory(partition).kept,
+                              self.loads, self._memory(partition).scaling)
         return [out for p in run_actions(self._actions(partition, situation), situation)
                 for out in self._events(state, p, now)]
 
@@ -116,5 +123,9 @@ class PreemptorDecider:
             kind = ev.AttemptTimedOut if proposal.timed_out else ev.AttemptFailed
             event = self._event(kind, now, job_id=proposal.job_id, attempt=proposal.attempt, reason=proposal.reason)
             return [(event, state.jobs[proposal.job_id].spec.pool)]
+        if isinstance(proposal, ScaleVerdict):
+            event = self._event(ev.ServiceScaled, now, service=proposal.service, replicas=proposal.replicas,
+                                reason=proposal.reason)
+            return [(event, state.services[proposal.service].spec.pool)]
         pool = state.jobs[proposal.for_job].spec.pool
         return [(e, pool) for e in preemption_events(state, proposal, now, self.me)]

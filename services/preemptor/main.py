@@ -8,6 +8,7 @@ import asyncio
 from gpusched.adapters.log.follower import FollowerOptions, LogFollower
 from gpusched.adapters.api.grpc_server import set_serving, start_server
 from gpusched.adapters.nodes.heartbeats import HeartbeatMonitor
+from gpusched.adapters.nodes.replica_loads import ReplicaLoadReader
 from gpusched.adapters.log.proposer import PartitionProposer
 from gpusched.adapters.service import connect, instance_id, stop_event
 from gpusched.adapters.telemetry.metrics import setup_metrics
@@ -59,11 +60,16 @@ async def run(args: argparse.Namespace) -> None:
         conn, topics,
         lambda value, key: publisher.send_raw(topics.heartbeats, value, key=key))
     await monitor.start()
+    loads = None
+    if any(a.name == "autoscale" for a in actions):   # the replicas' load, from the usage topic
+        loads = ReplicaLoadReader(conn, topics)
+        await loads.start()
     decider = PreemptorDecider(
         me, preemption_config(own),   # quotas: the log's
         SupervisionConfig(heartbeat_timeout_s=own.heartbeat_timeout, hang_intervals=own.hang_intervals,
                           hang_grace_s=own.hang_grace),
-        lambda now: (monitor.last_seen, monitor.since, monitor.hearing(now)), actions)
+        lambda now: (monitor.last_seen, monitor.since, monitor.hearing(now)), actions,
+        loads.loads if loads is not None else None)
     holder: dict = {}
     options = FollowerOptions(group_id=f"{settings.topic_prefix}preemptor", freeze_state=True,
                               parallel_replay_min=settings.parallel_replay_min)
@@ -83,6 +89,8 @@ async def run(args: argparse.Namespace) -> None:
     await server.stop(grace=1)
     await follower.stop()
     await monitor.stop()
+    if loads is not None:
+        await loads.stop()
     await publisher.stop()
 
 

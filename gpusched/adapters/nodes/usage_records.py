@@ -47,6 +47,8 @@ class WorkerUsage:
     window_s: float
     gpus: tuple[GpuSample, ...] = ()
     simulated: bool = False
+    requests_in_flight: float = UNMEASURED   # a service's replica: what it reported (-1: nothing)
+    requests_total: float = UNMEASURED
 
     @property
     def key(self) -> tuple[str, int, int]:
@@ -58,6 +60,10 @@ def encode_usage(usage: WorkerUsage) -> bytes:
         record_id=usage.record_id, node=usage.node, pool=usage.pool, job_id=usage.job_id,
         attempt=usage.attempt, worker=usage.worker, time=usage.time, window_s=usage.window_s,
         simulated=usage.simulated)
+    if usage.requests_in_flight != UNMEASURED:
+        msg.requests_in_flight = usage.requests_in_flight
+    if usage.requests_total != UNMEASURED:
+        msg.requests_total = usage.requests_total
     for g in usage.gpus:
         msg.gpus.add(index=g.index, uuid=g.uuid, milli=g.milli, mig_profile=g.mig_profile,
                      sm_percent=g.sm_percent, memory_used_mib=g.memory_used_mib, power_w=g.power_w)
@@ -79,9 +85,15 @@ def decode_usage(data: bytes) -> WorkerUsage:
         raise UsageRecordError(f"time: {msg.time!r} is not a positive time")
     if not (math.isfinite(msg.window_s) and msg.window_s > 0):
         raise UsageRecordError(f"window_s: {msg.window_s!r} is not a positive duration")
+    requests = []
+    for name in ("requests_in_flight", "requests_total"):
+        value = getattr(msg, name) if msg.HasField(name) else UNMEASURED
+        if not (value == UNMEASURED or 0.0 <= value < math.inf):
+            raise UsageRecordError(f"{name}: {value!r} is not a count")
+        requests.append(value)
     gpus = tuple(_gpu(i, g) for i, g in enumerate(msg.gpus))
     return WorkerUsage(msg.record_id, msg.node, msg.pool, msg.job_id, msg.attempt, msg.worker,
-                       msg.time, msg.window_s, gpus, msg.simulated)
+                       msg.time, msg.window_s, gpus, msg.simulated, *requests)
 
 
 def _gpu(i: int, g) -> GpuSample:

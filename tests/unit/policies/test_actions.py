@@ -190,7 +190,7 @@ def test_a_new_action_runs_where_the_order_names_it(monkeypatch):
 
 # --- configuration -------------------------------------------------------------------------
 @pytest.mark.parametrize("names, message", [
-    (("nodes", "bogus", "preempt", "other"), "unknown action 'bogus', 'other' (known: nodes, attempts, preempt, defrag)"),
+    (("nodes", "bogus", "preempt", "other"), "unknown action 'bogus', 'other' (known: nodes, attempts, autoscale, preempt, defrag)"),
     (("preempt", "defrag", "preempt"), "action 'preempt' named more than once"),
     ((), "no action named"),
 ])
