@@ -35,7 +35,7 @@ from gpusched.client import Client, ClientTls, spec
 from gpusched.local_cluster import Service
 from gpusched.ports import free_port, free_ports
 from gpusched.v1 import types_pb2
-from tests.conftest import start_private_cluster
+from tests.kafka_control import start_private_cluster
 from tests.deployment.units import UNITS, Site, read_env_file
 from tests.polling import eventually
 

@@ -12,7 +12,7 @@ from gpusched.adapters.broker.kafka_acls import grant_service_acls
 from gpusched.adapters.broker.kafka_admin import TopicNames, delete_topics, ensure_topics
 from gpusched.client import Client, spec
 from gpusched.local_cluster import LocalCluster
-from tests.conftest import start_private_cluster
+from tests.kafka_control import start_private_cluster
 from tests.integration.cluster_calls import SUCCEEDED
 from tests.polling import eventually_async
 

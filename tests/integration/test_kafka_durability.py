@@ -23,7 +23,7 @@ from gpusched.client import Client, spec
 from gpusched.core import events as ev
 from gpusched.core.digest import digest
 from gpusched.local_cluster import LocalCluster
-from tests.conftest import start_private_cluster
+from tests.kafka_control import start_private_cluster
 from tests.integration.logcheck import read_log
 
 pytestmark = pytest.mark.broker

@@ -7,8 +7,8 @@ module-level code twice over, and its tests get collected where they are importe
 Every ``.py`` under tests/ is read with ``ast``; any import of a module whose last dotted
 part starts with ``test_`` fails, naming the file and line: ``import tests.x.test_y``,
 ``from tests.x.test_y import z``, the relative forms (``from .test_y import z``,
-``from ..x.test_y import z``) and ``from tests.x import test_y``. An import inside a
-function counts too.
+``from ..x.test_y import z``) and ``from tests.x import test_y``; a ``conftest.py`` counts as a test module. An import
+inside a function counts too.
 """
 from __future__ import annotations
 
@@ -21,7 +21,10 @@ TESTS = Path(__file__).resolve().parents[1]
 
 
 def is_test_module(dotted: str) -> bool:
-    return dotted.rsplit(".", 1)[-1].startswith("test_")
+    """A test module, or a ``conftest.py`` (pytest loads it as a plugin: imported again,
+    its fixtures exist twice)."""
+    last = dotted.rsplit(".", 1)[-1]
+    return last.startswith("test_") or last == "conftest"
 
 
 def imports_of_test_modules(tree: ast.AST) -> list[tuple[int, str]]:
@@ -58,6 +61,7 @@ def test_no_test_module_imports_another():
     ("from ..core.test_core_properties import History", "..core.test_core_properties"),
     ("from tests.unit.policies import test_defrag", "tests.unit.policies.test_defrag"),
     ("from . import test_codec", ".test_codec"),
+    ("from tests.conftest import start_private_cluster", "tests.conftest"),
     ("def f():\n    from tests.unit.policies.test_defrag import fragmented", "tests.unit.policies.test_defrag"),
 ])
 def test_an_import_of_a_test_module_is_found(source, module):
