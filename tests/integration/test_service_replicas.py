@@ -104,8 +104,9 @@ async def test_replicas_serve_on_their_port_are_reported_ready_and_a_killed_one_
         await follower.start()
         await cluster.admission()
         await cluster.placer()
-        await cluster.agent("node-0", "4xH100-80GB", "--run-processes", "--state-dir", str(state_dir),
-                            "--address", "127.0.0.1", "--grace", "1")
+        agent_args = ("node-0", "4xH100-80GB", "--run-processes", "--state-dir", str(state_dir),
+                      "--address", "127.0.0.1", "--grace", "1", "--lease", "20")
+        agent = await cluster.agent(*agent_args)
         await publisher.publish(ev.ServiceApplied(event_id=uuid.uuid4().hex, time=time.time(), producer="test",
                                                   spec=web_service(2)), "default")
 
@@ -116,8 +117,20 @@ async def test_replicas_serve_on_their_port_are_reported_ready_and_a_killed_one_
             assert await fetch(endpoint) == f"{replica} web"
             assert await fetch(endpoint, "/healthz") == "ok"
         # reported by the check of /healthz, on the port each replica serves on
+        assert len(watch.reports) == 2
         assert {(r.job_id, f"{r.address}:{r.port}", r.ready, r.reason) for r in watch.reports} == \
             {(job, endpoint, True, "http 200") for job, endpoint in ready.items()}
+
+        # The agent restarts: it adopts the running workers and checks them again on the
+        # port each kept, reporting each ready again at the same endpoint.
+        await agent.terminate()
+        await cluster.agent(*agent_args)
+        await watch.until(lambda w: len(w.reports) == 4, "the restarted agent's reports")
+        assert {(r.job_id, f"{r.address}:{r.port}", r.ready) for r in watch.reports[2:]} == \
+            {(job, endpoint, True) for job, endpoint in ready.items()}
+        assert watch.ready == ready and watch.left == []
+        for replica, endpoint in ready.items():
+            assert await fetch(endpoint) == f"{replica} web"
 
         victim, survivor = sorted(ready)
         status = read_status(next(state_dir.glob(f"{victim}-*-0")) / STATUS_FILE)
