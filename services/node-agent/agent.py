@@ -29,11 +29,12 @@ from gpusched.core.state import ClusterState, JobState
 from gpusched.adapters.nodes.work_view import JOB_KEY, NODE_KEY
 from gpusched.ports import free_port
 from gpusched_node_agent.devices import WorkerDevices
-from gpusched_node_agent.launch_env import node_addresses, worker_env
+from gpusched_node_agent.launch_env import node_addresses, service_env, worker_env
 from gpusched_node_agent.lease import NodeLease
 from gpusched_node_agent.leftovers import end_leftovers, find_leftovers, worker_dir_name
 from gpusched_node_agent.liveness import NodeLiveness
 from gpusched_node_agent.proc_info import oom_kills
+from gpusched_node_agent.readiness import ReadinessWatch, keep_port, kept_port, probe_for
 from gpusched_node_agent.runner import (EXIT_NOT_STARTED, STATUS_FILE, LeaseExpired, NotStarted, NothingToRun,
                                         ProcessRun, SimulatedRun, WorkerExit, exit_from_status, group_alive,
                                         killed_unasked, read_status, why_not_started)
@@ -82,6 +83,7 @@ class NodeAgent(NodeLiveness):
         self.ended: set[Key] = set()             # ends reported for workers that never ran
         self.stuck: set[Key] = set()             # leftovers that outlived SIGKILL: never reported ended
         self.rendezvous_offered: set[tuple[str, int]] = set()
+        self.checks: dict[Key, asyncio.Task] = {}    # readiness checks of the replicas whose worker 0 runs here
         self.health: dict[int, str] = {}         # GPU index -> why it is unhealthy
         self._returning: asyncio.Task | None = None
 
@@ -347,6 +349,11 @@ class NodeAgent(NodeLiveness):
         port free on this node now."""
         rendezvous = job.rendezvous or f"{self._address()}:{free_port('')}"
         env = worker_env(job, worker.worker, addresses, rendezvous)
+        port = 0
+        if job.spec.serve_port:   # kept in its folder: an agent that adopts it checks the same port
+            port = free_port("")
+            keep_port(self.state_dir / worker_dir_name(job.job_id, job.attempt, worker.worker), port)
+        env.update(service_env(job, port))
         if job.checkpoint:
             env["GPUSCHED_RESUME_FROM"] = job.checkpoint
         return env
@@ -388,21 +395,53 @@ class NodeAgent(NodeLiveness):
                 tracing.mark("worker start", job_id, **{"gpusched.node": self.name, "gpusched.worker": worker})
             job = self._job(job_id)
             if adopted and job is not None and worker in job.started:
-                await self._finished(key, await run.wait())
+                self._check_readiness(key, job, known=None)
+                end = await run.wait()
+                self._end_check(key)
+                await self._finished(key, end)
                 return
             started = self._event(ev.WorkerStarted, job_id=job_id, attempt=attempt, worker=worker, node=self.name)
             first = await queued(self._queue_report, started)   # the end is awaited meanwhile
             confirmed = asyncio.ensure_future(confirm(self.publish, started, first))
+            if job is not None:
+                self._check_readiness(key, job, known=None if adopted else False)
             end = await run.wait()
+            self._end_check(key)
             await self._finished(key, end, (first, confirmed), oom_killed=self._oom_killed(key, end, oom_before))
         except asyncio.CancelledError:
             raise
         except Exception:
             log.exception("worker %s failed to run", key)
         finally:
+            self._end_check(key)
             self.running.pop(key, None)
             self.runs.pop(key, None)
             self.stopping.discard(key)
+
+    def _check_readiness(self, key: Key, job: JobState, known: bool | None) -> None:
+        """Check a service replica's readiness while its worker 0 runs here, reporting
+        each change (``readiness``); ``known``: what the log is taken to say now. A
+        simulated worker serves nothing to check: it is ready once started."""
+        job_id, attempt, worker = key
+        if worker != 0 or not job.spec.service or job.attempt != attempt:
+            return
+        port = kept_port(self.state_dir / worker_dir_name(*key)) if self.real_processes else 0
+        probe = probe_for(job.spec.readiness, port, service_env(job, port)) if self.real_processes else None
+        address = self._address()
+
+        async def report(ready: bool, reason: str) -> None:
+            log.info("replica %s (attempt %s) %s: %s", job_id, attempt, "ready" if ready else "not ready", reason)
+            await self.publish(self._event(ev.ReplicaReadiness, job_id=job_id, attempt=attempt, ready=ready,
+                                           address=address, port=port, reason=reason))
+        self._end_check(key)
+        self.checks[key] = asyncio.create_task(ReadinessWatch(job.spec.readiness, probe, report, known).run())
+
+    def _end_check(self, key: Key) -> None:
+        """Stop checking: the worker ended or is being stopped (a stopped replica leaves
+        the ready set by the log's own rule: no report needed)."""
+        task = self.checks.pop(key, None)
+        if task is not None:
+            task.cancel()
 
     def _oom_killed(self, key: Key, end: WorkerExit, oom_before: int | None) -> bool:
         """Whether the kernel's out-of-memory killer ended the worker: killed by nobody
@@ -445,6 +484,7 @@ class NodeAgent(NodeLiveness):
         run = self.runs.get(key)
         if run is not None and key not in self.stopping:
             self.stopping.add(key)
+            self._end_check(key)
             asyncio.create_task(run.stop(self.grace_s))
             self.lease_changed.set()   # one waiting for a valid lease goes on, to its stop
 

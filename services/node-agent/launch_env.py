@@ -54,5 +54,15 @@ def worker_env(job: JobState, worker: int, addresses: Mapping[str, str], rendezv
     }
 
 
+def service_env(job: JobState, port: int = 0) -> dict[str, str]:
+    """What a service's replica is told: its service and replica (job id) and, where its
+    spec has ``serve_port``, ``PORT``, the port this worker serves on (worker 0's is the
+    replica's endpoint). Empty for any other job."""
+    if not job.spec.service:
+        return {}
+    return {"GPUSCHED_SERVICE": job.spec.service, "GPUSCHED_REPLICA": job.job_id,
+            **({"PORT": str(port)} if port else {})}
+
+
 def _address(node: NodeState | None, name: str) -> str:
     return (node.info.address if node is not None else "") or name

@@ -34,7 +34,8 @@ KIND_HEADER, USAGE_KIND = "gpusched-kind", b"usage"
 _NODE_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,199}")
 
 # Events about one attempt's workers; the other agent kinds are about the node itself.
-_ATTEMPT_KINDS = (ev.WorkerStarted, ev.WorkerFinished, ev.AttemptFailed, ev.CheckpointSaved, ev.RendezvousSet)
+_ATTEMPT_KINDS = (ev.WorkerStarted, ev.WorkerFinished, ev.AttemptFailed, ev.CheckpointSaved, ev.RendezvousSet,
+                  ev.ReplicaReadiness)
 # An agent cordons its own node when a worker outlives SIGKILL (services/node-agent).
 AGENT_KINDS = (ev.NodeRegistered, ev.GpuHealthChanged, ev.NodeCordoned, *_ATTEMPT_KINDS)
 
@@ -143,7 +144,7 @@ def check_report(node: str, pool: str, event: ev.Event, state: ClusterState) -> 
 
 def _check_attempt(node: str, event, state: ClusterState) -> str:
     kind = type(event).__name__
-    named = getattr(event, "node", node)   # CheckpointSaved and AttemptFailed name no node
+    named = getattr(event, "node", node)   # CheckpointSaved, AttemptFailed, ReplicaReadiness name no node
     if named != node:
         return f"{kind} about node {named!r} reported by node {node!r}"
     job = state.jobs.get(event.job_id)
@@ -155,7 +156,7 @@ def _check_attempt(node: str, event, state: ClusterState) -> str:
     if isinstance(event, (ev.WorkerStarted, ev.WorkerFinished)):
         ok = event.worker in workers
         what = f"worker {event.worker} of"
-    elif isinstance(event, ev.RendezvousSet):
+    elif isinstance(event, (ev.RendezvousSet, ev.ReplicaReadiness)):   # worker 0's node meets and serves
         ok = 0 in workers
         what = "worker 0 of"
     else:

@@ -2,6 +2,8 @@
 the kinds of event an agent emits, about that node's own work. Pure: no broker."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -37,6 +39,7 @@ def test_an_agents_own_events_pass(log):
         _e(ev.RendezvousSet, job_id="j1", attempt=0, node="n1", address="10.0.0.1", port=2000),
         _e(ev.CheckpointSaved, job_id="j1", attempt=0, checkpoint="s3://c"),
         _e(ev.AttemptFailed, job_id="j1", attempt=0, reason="hung"),
+        _e(ev.ReplicaReadiness, job_id="j1", attempt=0, ready=True, address="10.0.0.1", port=8000, reason="http 200"),
     ]
     assert [check_report("n1", "default", e, state) for e in own] == [""] * len(own)
 
@@ -124,6 +127,24 @@ def test_the_relay_appends_skips_what_the_log_has_and_refuses_the_rest(log):
     assert triage("n1", b"\xff garbage", states, 4).reason.startswith("does not decode")
     other = next(p for p in ("a", "b", "c", "d", "e") if partition_for(p, 4) not in states)
     assert "whose log this relay does not follow" in triage("n1", codec.encode(start, other), states, 4).reason
+
+
+def test_the_relay_takes_a_replicas_readiness_only_from_the_node_of_its_worker_0(log):
+    from gpusched.adapters.log import codec
+    from gpusched.adapters.log.publisher import partition_for
+    from gpusched.adapters.nodes.relay import triage
+
+    states = {partition_for("default", 4): log.state}
+    ready = _e(ev.ReplicaReadiness, job_id="j1", attempt=0, ready=True, address="10.0.0.1", port=8000,
+               reason="http 200")
+    passed = triage("n1", codec.encode(ready, "default"), states, 4)
+    assert (passed.event, passed.pool, passed.reason) == (ready, "default", "")
+    # n2 runs worker 1 of the attempt, not worker 0: it does not serve the replica's endpoint
+    assert triage("n2", codec.encode(ready, "default"), states, 4).reason == \
+        "refused: ReplicaReadiness: worker 0 of job 'j1' attempt 0 is not placed on node 'n2'"
+    stale = dataclasses.replace(ready, attempt=1)
+    assert triage("n1", codec.encode(stale, "default"), states, 4).reason == \
+        "refused: ReplicaReadiness of attempt 1 of job 'j1', which is at attempt 0"
 
 
 def test_a_usage_record_passes_only_on_its_own_nodes_topic():

@@ -15,11 +15,11 @@ from hypothesis import strategies as st
 from gpusched.adapters.nodes.work_view import (JOB_KEY, NODE_KEY, OFFSET_HEADER, NodeView, ViewBuilder, ViewDecodeError,
                                          decode_record, job_of, work_topic)
 from gpusched.core import events as ev
-from gpusched.core.model import JobPhase, NodeStatus
+from gpusched.core.model import JobPhase, NodeStatus, Readiness, ServiceSpec
 from gpusched.core.reducer import apply
 from gpusched.core.state import ClusterState
 
-from ..core.builders import Log, make_node, whole
+from ..core.builders import Log, make_node, make_spec, whole
 from ..core.random_histories import ACTIONS, SETTINGS, History, Rnd, cluster
 
 RUNS = (JobPhase.PLACED, JobPhase.RUNNING)
@@ -200,6 +200,20 @@ def test_a_gang_record_carries_the_peers_without_their_gpus():
     # a record that changes nothing for the node is not written again
     assert builder.records(0, 8, log.events[-1], out, state) == []
     assert work_topic("p.", "a") == "p.work.a" and NODE_KEY == "node"
+
+
+def test_a_replica_record_carries_its_service_port_and_readiness_check():
+    log = Log(make_node("a"))
+    readiness = Readiness(http_path="/healthz", period_s=2.0, timeout_s=0.5, initial_delay_s=3.0,
+                          success_threshold=2, failure_threshold=4)
+    template = replace(make_spec(), command=("serve",), serve_port=True, readiness=readiness)
+    assert log(ev.ServiceApplied, spec=ServiceSpec(name="web", team="team-a", template=template, replicas=1)).accepted
+    [replica] = log.state.services["web"].replicas
+    builder = ViewBuilder()
+    out = log.place(replica, ("a", whole(0)))
+    [record] = builder.records(0, 3, log.events[-1], out, log.state)
+    spec = job_of(record.value).spec
+    assert (spec.service, spec.serve_port, spec.readiness) == ("web", True, readiness)
 
 
 def test_a_job_record_carries_the_jobs_trace_where_the_writer_has_one():

@@ -7,7 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from gpusched.core import events as ev
-from gpusched_node_agent.launch_env import node_addresses, worker_env
+from gpusched_node_agent.launch_env import node_addresses, service_env, worker_env
 from tests.unit.core.builders import Log, make_node, whole
 
 
@@ -84,3 +84,13 @@ def test_the_torchrun_example_gives_ranks_by_node_rank(tmp_path):
         node_rank, per_node = int(args["node-rank"]), int(args["nproc-per-node"])
         ranks[job.workers[worker].node] = range(node_rank * per_node, (node_rank + 1) * per_node)
     assert 0 in ranks["b"] and set(ranks["a"]) | set(ranks["b"]) == set(range(16))
+
+
+def test_a_replica_is_told_its_service_its_id_and_its_port():
+    log = Log(make_node("n1"))
+    log.submit("r1")
+    job = log.job("r1")
+    assert service_env(job, 8123) == {}                       # not a service's replica
+    replica = replace(job, spec=replace(job.spec, service="web", serve_port=True))
+    assert service_env(replica, 8123) == {"GPUSCHED_SERVICE": "web", "GPUSCHED_REPLICA": "r1", "PORT": "8123"}
+    assert service_env(replica) == {"GPUSCHED_SERVICE": "web", "GPUSCHED_REPLICA": "r1"}
