@@ -1,4 +1,4 @@
-"""A service's replicas as real processes (docs/guide/workloads.md, "Services"): each is
+"""A service's replicas as real processes (tests/workloads/model_server.py; docs/guide/workloads.md, "Services"): each is
 given a free port in PORT and told its service and replica; its node-agent checks its
 readiness (an HTTP GET of /healthz) and reports it, the relay puts the report in the pool
 log, and the log lists the replica's address as ready. Each endpoint answers with its own
@@ -24,7 +24,7 @@ from gpusched.local_cluster import LocalCluster
 from gpusched_node_agent.runner import STATUS_FILE, read_status
 from tests.polling import eventually_async
 
-SERVE = Path(__file__).resolve().parents[1] / "workloads" / "serve.py"
+SERVE = Path(__file__).resolve().parents[1] / "workloads" / "model_server.py"
 
 
 def web_service(replicas: int) -> ServiceSpec:
@@ -114,8 +114,8 @@ async def test_replicas_serve_on_their_port_are_reported_ready_and_a_killed_one_
         assert {endpoint.rpartition(":")[0] for endpoint in ready.values()} == {"127.0.0.1"}   # the node's address
         assert len(set(ready.values())) == 2                                                 # a port each
         for replica, endpoint in ready.items():
-            assert await fetch(endpoint) == f"{replica} web"
-            assert await fetch(endpoint, "/healthz") == "ok"
+            assert await fetch(endpoint) == f"{replica} v1\n"
+            assert await fetch(endpoint, "/healthz") == "ok\n"
         # reported by the check of /healthz, on the port each replica serves on
         assert len(watch.reports) == 2
         assert {(r.job_id, f"{r.address}:{r.port}", r.ready, r.reason) for r in watch.reports} == \
@@ -130,7 +130,7 @@ async def test_replicas_serve_on_their_port_are_reported_ready_and_a_killed_one_
             {(job, endpoint, True) for job, endpoint in ready.items()}
         assert watch.ready == ready and watch.left == []
         for replica, endpoint in ready.items():
-            assert await fetch(endpoint) == f"{replica} web"
+            assert await fetch(endpoint) == f"{replica} v1\n"
 
         victim, survivor = sorted(ready)
         status = read_status(next(state_dir.glob(f"{victim}-*-0")) / STATUS_FILE)
@@ -139,7 +139,7 @@ async def test_replicas_serve_on_their_port_are_reported_ready_and_a_killed_one_
                                   "a new replica in the victim's place")
         [new] = set(after) - {survivor}
         assert new not in ready and after[survivor] == ready[survivor]
-        assert await fetch(after[new]) == f"{new} web"
+        assert await fetch(after[new]) == f"{new} v1\n"
         assert watch.left == [(victim, "WorkerFinished")]   # the survivor never left the ready set
 
         # deleted: every replica is stopped (its worker too), and none is reported not ready
