@@ -13,6 +13,7 @@ import logging
 import math
 import time
 import uuid
+from dataclasses import replace
 
 from gpusched.adapters.gpus.gpu_usage import NvmlSampler, RunningWorker, SimulatedSampler, UsageRule, parse_usage_rule
 from gpusched.adapters.telemetry.metrics import usage_sampled
@@ -21,6 +22,9 @@ from gpusched.adapters.nodes.usage_records import GpuSample, WorkerUsage, encode
 from gpusched.config import NodeAgentSettings
 from gpusched.core.model import NodeInfo
 from gpusched.core.state import JobState
+from gpusched_node_agent.readiness import kept_port
+from gpusched_node_agent.replica_load import read_load
+from gpusched_node_agent.leftovers import worker_dir_name
 
 log = logging.getLogger("gpusched.node_agent.usage")
 Key = tuple[str, int, int]   # (job id, attempt, worker)
@@ -95,11 +99,26 @@ def usage_records(info: NodeInfo, workers: list[RunningWorker], readings: dict[K
     return records
 
 
+async def with_replica_load(agent, records: list[WorkerUsage]) -> list[WorkerUsage]:
+    """Worker 0 of a service's replica: its record with the load it reports (``replica_load``)."""
+    async def add(record: WorkerUsage) -> WorkerUsage:
+        job = _job(agent, record.job_id)
+        if record.worker != 0 or job is None or not job.spec.serve_port or not agent.real_processes:
+            return record
+        port = kept_port(agent.state_dir / worker_dir_name(record.job_id, record.attempt, 0))
+        if not port:
+            return record
+        in_flight, answered = await read_load(port)
+        return replace(record, requests_in_flight=in_flight, requests_total=answered)
+    return list(await asyncio.gather(*(add(r) for r in records)))
+
+
 async def publish_usage(agent, sampler, last: dict[Key, float], interval_s: float) -> list[WorkerUsage]:
     workers = running_workers(agent)
     now = time.time()
     readings = await asyncio.to_thread(sampler.read, workers)   # NVML calls block
     records = usage_records(agent.info, workers, readings, last, now, interval_s, sampler.simulated)
+    records = await with_replica_load(agent, records)
     usage_sampled(agent.info.pool, agent.name, sum(g.milli * g.sm_percent / 100 for r in records for g in r.gpus
                                                    if g.measured) / 1000)
     # On the node's own report topic: the relay forwards them to <prefix>usage once it
