@@ -1,0 +1,151 @@
+"""The services API (ServiceApi) on a real broker with admission, a placer and a simulated
+node: apply makes the replicas as jobs, scale changes their count, a changed template is a
+new revision and a rollback makes the earlier one current again, delete cancels the
+replicas; bad specs are refused naming the field and write nothing; an unknown service is
+NOT_FOUND."""
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from gpusched.client import Client, spec
+from gpusched.local_cluster import LocalCluster
+from gpusched.v1 import types_pb2
+from tests.integration.logcheck import read_log
+from tests.polling import eventually_async
+from gpusched.adapters.log import codec
+
+TERMINAL = {types_pb2.JOB_PHASE_CANCELLED, types_pb2.JOB_PHASE_SUCCEEDED, types_pb2.JOB_PHASE_FAILED}
+SERVICE_EVENTS = ("ServiceApplied", "ServiceScaled", "ServiceDeleted")
+
+
+def web(replicas: int = 2, command: str = "serve-v1") -> types_pb2.ServiceSpec:
+    template = spec("", "", gpus=1, command=(command,))
+    msg = types_pb2.ServiceSpec(name="web", team="ml", template=template, max_replicas=4)
+    msg.replicas = replicas
+    return msg
+
+
+async def _service_events(kafka_bootstrap, topics) -> list:
+    return [e for records in (await read_log(kafka_bootstrap, topics)).values() for _, v in records if v
+            for e in [codec.decode(v)[0]] if type(e).__name__ in SERVICE_EVENTS]
+
+
+async def _replicas(client: Client, name: str) -> list[types_pb2.Job]:
+    return [j for j in await client.list_all() if j.spec.name == name and j.phase not in TERMINAL]
+
+
+async def _refused(call) -> tuple[grpc.StatusCode, str]:
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await call
+    return err.value.code(), err.value.details()
+
+
+async def test_apply_scale_update_rollback_delete(kafka_bootstrap, topics, tmp_path):
+    cluster = LocalCluster(kafka_bootstrap, topics, tmp_path / "logs")
+    try:
+        admission = await cluster.admission()
+        await cluster.placer()
+        await cluster.agent("node-0", "8xA100-80GB")
+        client = Client(f"127.0.0.1:{admission.port}")
+        await eventually_async(lambda: _has_pool(client), "the node's pool is known", 30)
+
+        made = await client.apply_service(web())
+        assert (made.spec.name, made.spec.team, made.desired, made.revision, made.replicas) == ("web", "ml", 2, 1, 2)
+        assert made.spec.priority_class == "production-inference" and not made.spec.preemptible
+        assert made.spec.min_replicas == 1 and made.spec.update.max_surge == 1
+        jobs = await _replicas(client, "web")
+        assert sorted(j.job_id for j in jobs) == sorted(r.job_id for r in made.replica)
+        assert all(j.job_id.startswith("web-") and j.spec.kind == types_pb2.JOB_KIND_INFERENCE for j in jobs)
+        assert {j.phase for j in jobs} <= {types_pb2.JOB_PHASE_PENDING, types_pb2.JOB_PHASE_PLACED,
+                                           types_pb2.JOB_PHASE_RUNNING}
+        assert (await client.get_service("web")).replicas == 2
+        assert [s.spec.name for s in await client.list_services(team="ml")] == ["web"]
+        assert await client.list_services(team="other") == []
+
+        scaled = await client.scale_service("web", 3)
+        assert (scaled.desired, scaled.replicas, scaled.scaled_reason) == (3, 3, "scaled by user")
+        assert len(await _replicas(client, "web")) == 3
+
+        changed = await client.apply_service(web(replicas=3, command="serve-v2"))
+        assert changed.revision == 2 and changed.revisions == [1, 2]
+        assert changed.spec.template.command == ["serve-v2"] and changed.desired == 3
+        assert not changed.rollout_done and changed.rollout.startswith("rolling out revision 2")
+
+        back = await client.rollback_service("web", 1)
+        assert back.revision == 3 and back.spec.template.command == ["serve-v1"]
+        assert back.revisions == [2, 3]          # revision 1's template is current again, as 3
+
+        gone = await client.delete_service("web")
+        assert gone.spec.name == "web"
+        code, message = await _refused(client.get_service("web"))
+        assert code == grpc.StatusCode.NOT_FOUND and "web" in message
+
+        async def all_stopped() -> bool:
+            return not await _replicas(client, "web")
+        await eventually_async(all_stopped, "every replica cancelled", 60)
+        cancelled = [j for j in await client.list_all() if j.spec.name == "web"]
+        assert cancelled and {j.phase for j in cancelled} == {types_pb2.JOB_PHASE_CANCELLED}
+        await client.close()
+    finally:
+        await cluster.stop_all()
+
+
+async def _has_pool(client: Client) -> bool:
+    try:
+        return (await client.summary("default")).nodes == 1
+    except grpc.aio.AioRpcError:
+        return False
+
+
+def _bad_specs() -> list[tuple[types_pb2.ServiceSpec, str]]:
+    above = web(replicas=2)
+    above.min_replicas, above.max_replicas = 3, 2
+    negative = web()
+    negative.replicas = -1
+    http_without_port = web()
+    http_without_port.template.readiness.http_path = "/healthz"
+    unknown_metric = web()
+    unknown_metric.autoscaling.metric = 17
+    no_max = web()
+    no_max.max_replicas = 0
+    no_max.autoscaling.metric, no_max.autoscaling.target = types_pb2.SCALING_METRIC_REQUESTS_IN_FLIGHT, 8
+    return [(above, "spec.min_replicas: 3 is above max_replicas 2"), (negative, "spec.replicas"),
+            (http_without_port, "spec.template.readiness.http_path"), (unknown_metric, "spec.autoscaling.metric"),
+            (no_max, "spec.max_replicas")]
+
+
+async def test_bad_requests_are_refused_naming_the_field_and_write_nothing(kafka_bootstrap, topics, tmp_path):
+    cluster = LocalCluster(kafka_bootstrap, topics, tmp_path / "logs")
+    try:
+        admission = await cluster.admission()
+        await cluster.agent("node-0", "8xA100-80GB")
+        client = Client(f"127.0.0.1:{admission.port}")
+        await eventually_async(lambda: _has_pool(client), "the node's pool is known", 30)
+        for bad, named in _bad_specs():
+            code, message = await _refused(client.apply_service(bad))
+            assert code == grpc.StatusCode.INVALID_ARGUMENT and named in message, (named, message)
+        job = spec("plain", "ml", gpus=1)
+        job.readiness.http_path = "/healthz"
+        code, message = await _refused(client.submit(job))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and "spec.readiness" in message
+        assert await _service_events(kafka_bootstrap, topics) == []
+        assert await client.list_services() == []
+
+        await client.apply_service(web(replicas=2))
+        written = len(await _service_events(kafka_bootstrap, topics))
+        for call, named in ((client.scale_service("web", 5), "replicas: 5 is outside"),
+                            (client.scale_service("web", 0), "replicas: 0 is outside"),
+                            (client.rollback_service("web", 7), "revision"),
+                            (client.rollback_service("web"), "revision")):
+            code, message = await _refused(call)
+            assert code == grpc.StatusCode.INVALID_ARGUMENT and message.startswith(named), (named, message)
+        for call in (client.get_service("nope"), client.scale_service("nope", 1), client.delete_service("nope"),
+                     client.rollback_service("nope")):
+            code, message = await _refused(call)
+            assert code == grpc.StatusCode.NOT_FOUND and "nope" in message
+        assert len(await _service_events(kafka_bootstrap, topics)) == written
+        assert (await client.get_service("web")).desired == 2
+        await client.close()
+    finally:
+        await cluster.stop_all()
