@@ -5,10 +5,13 @@ replicas; bad specs are refused naming the field and write nothing; an unknown s
 NOT_FOUND."""
 from __future__ import annotations
 
+import asyncio
+
 import grpc
 import pytest
 
-from gpusched.client import Client, spec
+from gpusched.adapters.broker import dev_pki
+from gpusched.client import Client, ClientTls, spec
 from gpusched.local_cluster import LocalCluster
 from gpusched.v1 import types_pb2
 from tests.integration.logcheck import read_log
@@ -20,7 +23,7 @@ SERVICE_EVENTS = ("ServiceApplied", "ServiceScaled", "ServiceDeleted")
 
 
 def web(replicas: int = 2, command: str = "serve-v1") -> types_pb2.ServiceSpec:
-    template = spec("", "", gpus=1, command=(command,))
+    template = spec("", "", gpus=1, command=(command,), duration=3600)   # runs until stopped
     msg = types_pb2.ServiceSpec(name="web", team="ml", template=template, max_replicas=4)
     msg.replicas = replicas
     return msg
@@ -76,8 +79,14 @@ async def test_apply_scale_update_rollback_delete(kafka_bootstrap, topics, tmp_p
         assert back.revision == 3 and back.spec.template.command == ["serve-v1"]
         assert back.revisions == [2, 3]          # revision 1's template is current again, as 3
 
+        watch = client.watch_endpoints("web")
+        first = await anext(watch)
+        assert first.service == "web" and not first.deleted and list(first.endpoints) == []   # none ready yet
         gone = await client.delete_service("web")
         assert gone.spec.name == "web"
+        last = await asyncio.wait_for(anext(watch), 30)
+        assert last.deleted and last.service == "web"
+        await watch.aclose()
         code, message = await _refused(client.get_service("web"))
         assert code == grpc.StatusCode.NOT_FOUND and "web" in message
 
@@ -147,5 +156,34 @@ async def test_bad_requests_are_refused_naming_the_field_and_write_nothing(kafka
         assert len(await _service_events(kafka_bootstrap, topics)) == written
         assert (await client.get_service("web")).desired == 2
         await client.close()
+    finally:
+        await cluster.stop_all()
+
+
+async def test_another_teams_service_is_denied_and_nothing_is_written(kafka_bootstrap, topics, tmp_path):
+    bindings = [{"principal": "alice", "role": "member", "team": "team-a"},
+                {"principal": "bob", "role": "member", "team": "ml"}]
+    pki = dev_pki.write(tmp_path / "pki", bindings)
+    cluster = LocalCluster(kafka_bootstrap, topics, tmp_path / "logs", pki=pki)
+    try:
+        admission = await cluster.admission()
+        await cluster.agent("node-0", "8xA100-80GB")
+        target, tls = f"127.0.0.1:{admission.port}", ClientTls.from_files(pki.ca)
+        alice, bob = Client(target, tls, pki.tokens["alice"]), Client(target, tls, pki.tokens["bob"])
+        await eventually_async(lambda: _has_pool(bob), "the node's pool is known", 30)
+        await bob.apply_service(web())
+        written = len(await _service_events(kafka_bootstrap, topics))
+        for call, field in ((alice.apply_service(web()), "spec.team"), (alice.scale_service("web", 3), "name"),
+                            (alice.rollback_service("web"), "name"), (alice.delete_service("web"), "name"),
+                            (alice.get_service("web"), "name")):
+            code, message = await _refused(call)
+            assert code == grpc.StatusCode.PERMISSION_DENIED and message.startswith(field) and "alice" in message
+        code, _ = await _refused(alice.list_services(team="ml"))
+        assert code == grpc.StatusCode.PERMISSION_DENIED
+        assert await alice.list_services() == []                  # bob's service is not listed to alice
+        assert len(await _service_events(kafka_bootstrap, topics)) == written
+        assert (await bob.get_service("web")).desired == 2
+        await alice.close()
+        await bob.close()
     finally:
         await cluster.stop_all()
