@@ -81,6 +81,32 @@ def parse(doc: object, where: str = "") -> types_pb2.JobSpec:
         raise JobFileError(f"{where}: {exc}" if where else str(exc)) from None
 
 
+# A service file (``gpusched apply -f``): ServiceSpec fields, ``template`` a job's; a
+# Kubernetes-style ``kind: Service`` at the top is allowed and ignored.
+TEMPLATE_DEFAULTS = {"resources": DEFAULTS["resources"]}
+
+
+def parse_service(doc: object, where: str = "") -> types_pb2.ServiceSpec:
+    """A ServiceSpec from one document; the template's resources default as a job's."""
+    try:
+        if not isinstance(doc, dict):
+            raise JobFileError(f"a service is a mapping of ServiceSpec fields, got {type(doc).__name__}")
+        doc = dict(doc)
+        if doc.pop("kind", "Service") != "Service":
+            raise JobFileError("kind: only Service may be applied")
+        template = doc.get("template") or {}
+        if not isinstance(template, dict):
+            raise JobFileError(f"template: must be a mapping, got {template!r}")
+        resources = template.get("resources", {})
+        if isinstance(resources, dict):
+            doc["template"] = {**template, "resources": {**TEMPLATE_DEFAULTS["resources"], **(resources or {})}}
+        msg = types_pb2.ServiceSpec()
+        _fill(msg, doc, "")
+        return msg
+    except JobFileError as exc:
+        raise JobFileError(f"{where}: {exc}" if where else str(exc)) from None
+
+
 def _fill(message: Message, values: dict, prefix: str) -> None:
     fields = message.DESCRIPTOR.fields_by_name
     for key, value in values.items():
