@@ -116,7 +116,7 @@ def _fill(message: Message, values: dict, prefix: str) -> None:
             raise JobFileError(f"{path}: now {prefix}{_RENAMED[key]}, a span (600, 90s, 10m, 1h30m)")
         if field is not None and field.message_type is not None and field.message_type.full_name == \
                 "google.protobuf.Duration":
-            getattr(message, key).FromNanoseconds(round(_span_seconds(value, path) * 1e9))
+            getattr(message, key).FromNanoseconds(round(span_seconds(value, path) * 1e9))
             continue
         if field is None:
             raise JobFileError(f"{path}: unknown field (known: {', '.join(sorted(fields))})")
@@ -139,7 +139,7 @@ def _fill(message: Message, values: dict, prefix: str) -> None:
             setattr(message, key, _scalar(field, value, path))
 
 
-def _span_seconds(value: object, path: str) -> float:
+def span_seconds(value: object, path: str) -> float:
     """A span: seconds as a number, or a string of amounts with units (``1h30m``)."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         seconds = float(value)

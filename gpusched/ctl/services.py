@@ -17,7 +17,7 @@ from gpusched.v1 import admission_pb2, types_pb2
 
 def _span(text: str) -> float:
     try:
-        return jobfile._span_seconds(float(text) if text.replace(".", "", 1).isdigit() else text, "--timeout")
+        return jobfile.span_seconds(float(text) if text.replace(".", "", 1).isdigit() else text, "--timeout")
     except jobfile.JobFileError as exc:
         raise click.BadParameter(str(exc).removeprefix("--timeout: "), param_hint="--timeout") from None
 

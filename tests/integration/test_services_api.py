@@ -14,6 +14,7 @@ from gpusched.adapters.broker import dev_pki
 from gpusched.client import Client, ClientTls, spec
 from gpusched.local_cluster import LocalCluster
 from gpusched.v1 import types_pb2
+from tests.integration.cli_runs import Cli, rows
 from tests.integration.logcheck import read_log
 from tests.polling import eventually_async
 from gpusched.adapters.log import codec
@@ -185,5 +186,56 @@ async def test_another_teams_service_is_denied_and_nothing_is_written(kafka_boot
         assert (await bob.get_service("web")).desired == 2
         await alice.close()
         await bob.close()
+    finally:
+        await cluster.stop_all()
+
+
+SERVICE_FILE = """\
+kind: Service
+name: chat
+team: ml
+replicas: 2
+max_replicas: 3
+template:
+  resources: {gpus: 1}
+  command: [serve]
+  simulated_duration: 1h
+"""
+
+
+async def test_the_service_commands(kafka_bootstrap, topics, tmp_path):
+    cluster = LocalCluster(kafka_bootstrap, topics, tmp_path / "logs")
+    try:
+        admission = await cluster.admission()
+        await cluster.placer()
+        await cluster.agent("node-0", "8xA100-80GB")
+        client = Client(f"127.0.0.1:{admission.port}")
+        await eventually_async(lambda: _has_pool(client), "the node's pool is known", 30)
+        cli = Cli(admission.port, tmp_path)
+        path = tmp_path / "chat.yaml"
+        path.write_text(SERVICE_FILE)
+        assert await cli.run("apply", "-f", str(path)) == "service/chat applied (revision 1, 2 replicas)\n"
+        [row] = rows(await cli.run("get", "services"))
+        assert (row["NAME"], row["TEAM"], row["UP-TO-DATE"], row["REVISION"]) == ("chat", "ml", "2", "1")
+        assert row["READY"] == "0/2"                       # simulated replicas report no readiness
+        assert await cli.run("scale", "chat", "--replicas", "3") == "service/chat scaled to 3\n"
+        refused = await cli.run("scale", "chat", "--replicas", "4", ok=False)
+        assert refused.startswith("Error: INVALID_ARGUMENT: replicas: 4 is outside"), refused
+        path.write_text(SERVICE_FILE.replace("[serve]", "[serve, --v2]"))
+        assert "(revision 2, 3 replicas)" in await cli.run("apply", "-f", str(path))
+        described = await cli.run("describe", "service", "chat")
+        assert "Revision:     2 (kept: 1, 2)" in described and "Command:      serve --v2" in described
+        assert "Rollout:      rolling out revision 2" in described
+        assert len([line for line in described.splitlines() if line.startswith("  chat-")]) >= 3
+        assert await cli.run("rollout", "undo", "chat") == "service/chat rolled back (now revision 3)\n"
+        assert (await client.get_service("chat")).spec.template.command == ["serve"]
+        late = await cli.run("rollout", "status", "chat", "--timeout", "1s", ok=False)
+        assert "timed out after 1s" in late, late           # never ready: no agent reports readiness
+        assert await cli.run("get", "endpoints", "chat") == ""
+        assert "service/chat deleted" in await cli.run("delete", "service", "chat")
+        assert "chat" not in await cli.run("get", "services")
+        gone = await cli.run("describe", "service", "chat", ok=False)
+        assert gone.startswith("Error: NOT_FOUND: name: no service 'chat'"), gone
+        await client.close()
     finally:
         await cluster.stop_all()
