@@ -5,7 +5,7 @@ from gpusched.adapters.api.api_time import duration, set_instant
 from gpusched.adapters.log.codec import to_proto
 from gpusched.core.model import JobPhase, PendingKind
 from gpusched.core.queries import PoolSummary, gpus_allocated_milli
-from gpusched.core.model import JobSpec, ServiceSpec
+from gpusched.core.model import JobSpec, Readiness, ServiceSpec
 from gpusched.core.services import rollout_done
 from gpusched.core.state import ClusterState, JobState, NodeState, ServiceState
 from gpusched.v1 import cluster_pb2, types_pb2
@@ -41,6 +41,9 @@ def job_message(job: JobState) -> types_pb2.Job:
     return msg
 
 
+_NO_READINESS = Readiness()
+
+
 def spec_message(spec: JobSpec) -> types_pb2.JobSpec:
     """The domain spec as the API shows it: spans as Durations, preemptible always set."""
     record = to_proto(spec, types_pb2.JobSpecRecord)
@@ -51,7 +54,7 @@ def spec_message(spec: JobSpec) -> types_pb2.JobSpec:
                             checkpoint_interval=duration(spec.checkpoint_interval_s),
                             simulated_duration=duration(spec.simulated_duration_s), retry=record.retry,
                             depends_on=record.depends_on, array=record.array, serve_port=record.serve_port)
-    if spec.readiness.checked or record.HasField("readiness"):
+    if spec.readiness != _NO_READINESS:
         r = spec.readiness
         msg.readiness.CopyFrom(types_pb2.ReadinessCheck(
             http_path=r.http_path, command=r.command, period=duration(r.period_s), timeout=duration(r.timeout_s),
