@@ -107,11 +107,12 @@ class ServiceApiServicer(admission_pb2_grpc.ServiceApiServicer):
             errors += pool_errors(replica, self.model.known_pools()) if not errors else []
             errors += [template_error(e) for e in check_time_limit(replica, self.model.pool_limits(spec.pool))]
         if errors:
-            await abort_invalid(context, [api_error(e) for e in errors])
+            await abort_invalid(context, [_api_field(e) for e in errors])
         existing = self.model.service(spec.name)
         if existing is not None:
             old = existing[0].spec
-            await self._check_team(context, "ApplyService", old.team, f"change service {old.name!r}")
+            await self._check_team(context, "ApplyService", old.team, f"change service {old.name!r}",
+                                   field="spec.name")
             if (old.team, old.pool) != (spec.team, spec.pool):
                 await abort_invalid(context, [FieldError("spec.pool" if old.team == spec.team else "spec.team",
                                                          f"service {old.name!r} is team {old.team!r}'s in pool "
@@ -233,11 +234,19 @@ class ServiceApiServicer(admission_pb2_grpc.ServiceApiServicer):
         await self._check_team(context, method, service.spec.team, f"{verb} service {name!r}")
         return service, state
 
-    async def _check_team(self, context, method: str, team: str, what: str, permission: str = perm.SUBMIT) -> None:
+    async def _check_team(self, context, method: str, team: str, what: str, permission: str = perm.SUBMIT,
+                          field: str = "name") -> None:
         access = current_access()
         if not access.allows(permission, team):
             await deny(context, grpc.StatusCode.PERMISSION_DENIED, _API + method,
-                       f"name: principal {access.principal!r} ({access.describe()}) may not {what} of team {team!r}")
+                       f"{field}: principal {access.principal!r} ({access.describe()}) may not {what} of team {team!r}")
+
+
+def _api_field(error: FieldError) -> FieldError:
+    """A core error as the API names it: ``spec.template.max_runtime``, not ``..._s``."""
+    if error.field.startswith("spec.template."):
+        return template_error(api_error(FieldError("spec." + error.field[len("spec.template."):], error.message)))
+    return api_error(error)
 
 
 def _as_template(replica_spec, template):

@@ -120,7 +120,10 @@ def _bad_specs() -> list[tuple[types_pb2.ServiceSpec, str]]:
     no_max = web()
     no_max.max_replicas = 0
     no_max.autoscaling.metric, no_max.autoscaling.target = types_pb2.SCALING_METRIC_REQUESTS_IN_FLIGHT, 8
+    too_big = web()
+    too_big.template.resources.gpus = 16
     return [(above, "spec.min_replicas: 3 is above max_replicas 2"), (negative, "spec.replicas"),
+            (too_big, "spec.template.resources.gpus"),
             (http_without_port, "spec.template.readiness.http_path"), (unknown_metric, "spec.autoscaling.metric"),
             (no_max, "spec.max_replicas")]
 
@@ -174,7 +177,10 @@ async def test_another_teams_service_is_denied_and_nothing_is_written(kafka_boot
         await eventually_async(lambda: _has_pool(bob), "the node's pool is known", 30)
         await bob.apply_service(web())
         written = len(await _service_events(kafka_bootstrap, topics))
-        for call, field in ((alice.apply_service(web()), "spec.team"), (alice.scale_service("web", 3), "name"),
+        as_own_team = web()
+        as_own_team.team = "team-a"
+        for call, field in ((alice.apply_service(web()), "spec.team"), (alice.apply_service(as_own_team), "spec.name"),
+                            (alice.scale_service("web", 3), "name"),
                             (alice.rollback_service("web"), "name"), (alice.delete_service("web"), "name"),
                             (alice.get_service("web"), "name")):
             code, message = await _refused(call)
