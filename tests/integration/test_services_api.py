@@ -1,20 +1,27 @@
 """The services API (ServiceApi) on a real broker with admission, a placer and a simulated
 node: apply makes the replicas as jobs, scale changes their count, a changed template is a
-new revision and a rollback makes the earlier one current again, delete cancels the
-replicas; bad specs are refused naming the field and write nothing; an unknown service is
-NOT_FOUND."""
+new revision and a rollback makes the earlier one current again, WatchEndpoints sends the
+ready list at each change (a readiness report written as a node-agent would) and ends
+when the service is deleted, which cancels the replicas. Bad specs are refused naming the
+field and write nothing; an unknown service is NOT_FOUND; another team's service is
+PERMISSION_DENIED on a secured cluster. Then the same through the commands."""
 from __future__ import annotations
 
 import asyncio
+import time
+import uuid
 
 import grpc
 import pytest
 
 from gpusched.adapters.broker import dev_pki
+from gpusched.adapters.log.publisher import EventPublisher
+from gpusched.core import events as ev
 from gpusched.client import Client, ClientTls, spec
 from gpusched.local_cluster import LocalCluster
 from gpusched.v1 import types_pb2
 from tests.integration.cli_runs import Cli, rows
+from tests.integration.cluster_calls import until
 from tests.integration.logcheck import read_log
 from tests.polling import eventually_async
 from gpusched.adapters.log import codec
@@ -83,6 +90,14 @@ async def test_apply_scale_update_rollback_delete(kafka_bootstrap, topics, tmp_p
         watch = client.watch_endpoints("web")
         first = await anext(watch)
         assert first.service == "web" and not first.deleted and list(first.endpoints) == []   # none ready yet
+        current = {r.job_id for r in back.replica}
+        running = await until(client, lambda j: j.job_id in current and j.phase == types_pb2.JOB_PHASE_RUNNING, 60)
+        await _report_ready(kafka_bootstrap, topics, running)     # as a node-agent's readiness check would
+        changed = await asyncio.wait_for(anext(watch), 30)
+        assert [(e.replica, e.address, e.port, e.revision) for e in changed.endpoints] == \
+            [(running.job_id, "10.1.2.3", 8000, 3)]
+        view = await client.get_service("web")
+        assert view.ready == 1 and [r.endpoint for r in view.replica if r.ready] == ["10.1.2.3:8000"]
         gone = await client.delete_service("web")
         assert gone.spec.name == "web"
         last = await asyncio.wait_for(anext(watch), 30)
@@ -99,6 +114,17 @@ async def test_apply_scale_update_rollback_delete(kafka_bootstrap, topics, tmp_p
         await client.close()
     finally:
         await cluster.stop_all()
+
+
+async def _report_ready(kafka_bootstrap, topics, job: types_pb2.Job) -> None:
+    publisher = EventPublisher(kafka_bootstrap, topics, 4)
+    await publisher.start()
+    try:
+        await publisher.publish(ev.ReplicaReadiness(event_id=uuid.uuid4().hex, time=time.time(), producer="test",
+                                                    job_id=job.job_id, attempt=job.attempt, ready=True,
+                                                    address="10.1.2.3", port=8000), "default")
+    finally:
+        await publisher.stop()
 
 
 async def _has_pool(client: Client) -> bool:
