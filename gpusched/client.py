@@ -145,6 +145,7 @@ class Client:
         self.channel = channel(target, tls, token)
         self.jobs = admission_pb2_grpc.AdmissionServiceStub(self.channel)
         self.cluster = cluster_pb2_grpc.ClusterServiceStub(self.channel)
+        self.services = admission_pb2_grpc.ServiceApiStub(self.channel)
         self.retry = retry
 
     async def __aenter__(self) -> "Client":
@@ -230,6 +231,44 @@ class Client:
                             return
         await asyncio.wait_for(follow(), timeout)
         return list(done.values())
+
+    # --- services --------------------------------------------------------------------------
+    async def apply_service(self, service_spec: types_pb2.ServiceSpec) -> types_pb2.Service:
+        """Create the service or change it (applying the same spec again changes nothing)."""
+        return await self._call(self.services.ApplyService, admission_pb2.ApplyServiceRequest(spec=service_spec))
+
+    async def get_service(self, name: str) -> types_pb2.Service:
+        return await self._call(self.services.GetService, admission_pb2.GetServiceRequest(name=name))
+
+    async def list_services(self, team: str = "", pool: str = "") -> list[types_pb2.Service]:
+        request = admission_pb2.ListServicesRequest(team=team, pool=pool)
+        return list((await self._call(self.services.ListServices, request)).services)
+
+    async def scale_service(self, name: str, replicas: int, reason: str = "") -> types_pb2.Service:
+        request = admission_pb2.ScaleServiceRequest(name=name, replicas=replicas, reason=reason)
+        return await self._call(self.services.ScaleService, request)
+
+    async def rollback_service(self, name: str, revision: int = 0) -> types_pb2.Service:
+        """To ``revision``, or to the previous one (0). Not retried: a retry after one that
+        went through would roll back again."""
+        request = admission_pb2.RollbackServiceRequest(name=name, revision=revision)
+        return await self._call(self.services.RollbackService, request, retry=False)
+
+    async def delete_service(self, name: str) -> types_pb2.Service:
+        """The service as it was; not retried (a retry would answer NOT_FOUND)."""
+        request = admission_pb2.DeleteServiceRequest(name=name)
+        return (await self._call(self.services.DeleteService, request, retry=False)).service
+
+    async def watch_endpoints(self, name: str) -> AsyncIterator[admission_pb2.Endpoints]:
+        """WatchEndpoints: the ready list first, then again on every change; the last
+        message of a deleted service says ``deleted``."""
+        stream = self.services.WatchEndpoints(admission_pb2.WatchEndpointsRequest(name=name),
+                                              metadata=trace_metadata())
+        try:
+            async for update in stream:
+                yield update
+        finally:
+            stream.cancel()
 
     # --- nodes, pools, policy --------------------------------------------------------------
     async def summary(self, pool: str = "default") -> cluster_pb2.PoolSummary:
@@ -354,6 +393,36 @@ class SyncClient:
 
     def wait_terminal(self, job_ids: set[str], timeout: float = 600.0) -> list[types_pb2.Job]:
         return self._run(self.aio.wait_terminal(job_ids, timeout))
+
+    def apply_service(self, service_spec: types_pb2.ServiceSpec) -> types_pb2.Service:
+        return self._run(self.aio.apply_service(service_spec))
+
+    def get_service(self, name: str) -> types_pb2.Service:
+        return self._run(self.aio.get_service(name))
+
+    def list_services(self, team: str = "", pool: str = "") -> list[types_pb2.Service]:
+        return self._run(self.aio.list_services(team, pool))
+
+    def scale_service(self, name: str, replicas: int, reason: str = "") -> types_pb2.Service:
+        return self._run(self.aio.scale_service(name, replicas, reason))
+
+    def rollback_service(self, name: str, revision: int = 0) -> types_pb2.Service:
+        return self._run(self.aio.rollback_service(name, revision))
+
+    def delete_service(self, name: str) -> types_pb2.Service:
+        return self._run(self.aio.delete_service(name))
+
+    def watch_endpoints(self, name: str) -> Iterator[admission_pb2.Endpoints]:
+        updates = self.aio.watch_endpoints(name)
+        try:
+            while True:
+                try:
+                    yield self._run(_next(updates))
+                except StopAsyncIteration:
+                    return
+        finally:
+            if not self._loop.is_closed():
+                self._run(updates.aclose())
 
     def summary(self, pool: str = "default") -> cluster_pb2.PoolSummary:
         return self._run(self.aio.summary(pool))

@@ -25,7 +25,9 @@ from gpusched.core.state import (
     CHANGES_KEPT, ClusterState, JobState, NodeState, ServiceState, count_pending, gpu_state, set_gpu_info,
 )
 from gpusched.core.services import Replica, plan
-from gpusched.core.validation import check_known_pool, check_pool_name, check_service_alone, check_spec_alone
+from gpusched.core.validation import (
+    check_known_pool, check_pool_name, check_scale, check_service_alone, check_spec_alone,
+)
 
 # A node with this many GPU faults is cordoned until an operator clears it.
 FAULTS_TO_QUARANTINE = 2
@@ -757,9 +759,9 @@ def _service_scaled(e: ev.ServiceScaled, state: ClusterState) -> Outcome:
     if service is None:
         return _reject(f"no service {e.service}")
     spec = service.spec
-    if e.replicas != _bounded_count(spec, e.replicas) and not (e.replicas == 0 == spec.min_replicas):
-        return _reject(f"replicas: {e.replicas} is outside min_replicas..max_replicas "
-                       f"({spec.min_replicas}..{spec.max_replicas or 'no bound'})")
+    errors = check_scale(spec, e.replicas)
+    if errors:
+        return _reject("; ".join(map(str, errors)))
     service.desired = e.replicas
     service.scaled_reason = e.reason or "scaled"
     service.updated_at = e.time

@@ -213,6 +213,15 @@ def check_service_alone(spec: ServiceSpec) -> list[FieldError]:
     return errors + _check_autoscaling(spec)
 
 
+def check_scale(spec: ServiceSpec, replicas: int) -> list[FieldError]:
+    """A desired count asked of a running service: within min..max replicas, or 0 where
+    min_replicas is 0."""
+    if spec.min_replicas <= replicas and (not spec.max_replicas or replicas <= spec.max_replicas):
+        return []
+    return [FieldError("replicas", f"{replicas} is outside min_replicas..max_replicas "
+                                   f"({spec.min_replicas}..{spec.max_replicas or 'no bound'})")]
+
+
 _SERVICE_NAME = re.compile(r"[a-z]([a-z0-9-]{0,61}[a-z0-9])?")
 _SERVICE_FIELDS = ("name", "team", "pool", "priority_class", "org", "preemptible")
 

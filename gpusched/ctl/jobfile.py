@@ -81,6 +81,32 @@ def parse(doc: object, where: str = "") -> types_pb2.JobSpec:
         raise JobFileError(f"{where}: {exc}" if where else str(exc)) from None
 
 
+# A service file (``gpusched apply -f``): ServiceSpec fields, ``template`` a job's; a
+# Kubernetes-style ``kind: Service`` at the top is allowed and ignored.
+TEMPLATE_DEFAULTS = {"resources": DEFAULTS["resources"]}
+
+
+def parse_service(doc: object, where: str = "") -> types_pb2.ServiceSpec:
+    """A ServiceSpec from one document; the template's resources default as a job's."""
+    try:
+        if not isinstance(doc, dict):
+            raise JobFileError(f"a service is a mapping of ServiceSpec fields, got {type(doc).__name__}")
+        doc = dict(doc)
+        if doc.pop("kind", "Service") != "Service":
+            raise JobFileError("kind: only Service may be applied")
+        template = doc.get("template") or {}
+        if not isinstance(template, dict):
+            raise JobFileError(f"template: must be a mapping, got {template!r}")
+        resources = template.get("resources", {})
+        if isinstance(resources, dict):
+            doc["template"] = {**template, "resources": {**TEMPLATE_DEFAULTS["resources"], **(resources or {})}}
+        msg = types_pb2.ServiceSpec()
+        _fill(msg, doc, "")
+        return msg
+    except JobFileError as exc:
+        raise JobFileError(f"{where}: {exc}" if where else str(exc)) from None
+
+
 def _fill(message: Message, values: dict, prefix: str) -> None:
     fields = message.DESCRIPTOR.fields_by_name
     for key, value in values.items():
@@ -90,7 +116,7 @@ def _fill(message: Message, values: dict, prefix: str) -> None:
             raise JobFileError(f"{path}: now {prefix}{_RENAMED[key]}, a span (600, 90s, 10m, 1h30m)")
         if field is not None and field.message_type is not None and field.message_type.full_name == \
                 "google.protobuf.Duration":
-            getattr(message, key).FromNanoseconds(round(_span_seconds(value, path) * 1e9))
+            getattr(message, key).FromNanoseconds(round(span_seconds(value, path) * 1e9))
             continue
         if field is None:
             raise JobFileError(f"{path}: unknown field (known: {', '.join(sorted(fields))})")
@@ -113,7 +139,7 @@ def _fill(message: Message, values: dict, prefix: str) -> None:
             setattr(message, key, _scalar(field, value, path))
 
 
-def _span_seconds(value: object, path: str) -> float:
+def span_seconds(value: object, path: str) -> float:
     """A span: seconds as a number, or a string of amounts with units (``1h30m``)."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         seconds = float(value)

@@ -154,7 +154,7 @@ def _phases(names: tuple[str, ...], active: bool) -> tuple[int, ...]:
 
 @click.group()
 def get() -> None:
-    """List jobs, nodes or queues."""
+    """List jobs, nodes, queues, services or endpoints."""
 
 
 @get.command("jobs")
@@ -200,7 +200,7 @@ def get_queues(client: SyncClient, pool: str, output: str) -> None:
 # --- describe ----------------------------------------------------------------------------
 @click.group()
 def describe() -> None:
-    """One job or node in detail."""
+    """One job, node or service in detail."""
 
 
 def job_lines(job: types_pb2.Job) -> list[str]:

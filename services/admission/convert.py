@@ -9,7 +9,7 @@ from google.protobuf import unknown_fields
 
 from gpusched.adapters.api.api_time import span_seconds
 from gpusched.adapters.log.codec import DecodeError, from_proto
-from gpusched.core.model import JobSpec
+from gpusched.core.model import Autoscaling, JobSpec, ScalingMetric, ServiceSpec, UpdateStrategy
 from gpusched.core.validation import FieldError
 from gpusched.v1 import types_pb2
 
@@ -50,12 +50,21 @@ def api_error(error: FieldError, where: str = "") -> FieldError:
     return FieldError(where + API_FIELDS.get(error.field, error.field), message)
 
 
-def spec_from_request(msg: types_pb2.JobSpec, team: str = "") -> JobSpec | FieldError:
-    """``team``: the job's team where the caller left ``spec.team`` empty."""
+def spec_from_request(msg: types_pb2.JobSpec, team: str = "", template: bool = False) -> JobSpec | FieldError:
+    """``team``: the job's team where the caller left ``spec.team`` empty. ``template``:
+    a service's replica template, the only spec that may say how it is found ready."""
     removed = _removed_field(msg)
     if removed is not None:
         return removed
     record = types_pb2.JobSpecRecord(**{name: getattr(msg, name) for name in _COPIED})
+    if msg.HasField("readiness"):
+        if not template:
+            return FieldError("spec.readiness", "only a service's template (spec.template.readiness) takes one")
+        readiness = _readiness_record(msg.readiness)
+        if isinstance(readiness, FieldError):
+            return readiness
+        record.readiness.CopyFrom(readiness)
+    record.serve_port = msg.serve_port
     record.resources.CopyFrom(msg.resources)
     if msg.HasField("max_restarts"):
         record.max_restarts = msg.max_restarts
@@ -97,3 +106,67 @@ def _removed_field(msg: types_pb2.JobSpec) -> FieldError | None:
             return FieldError(f"spec.{old}", f"replaced by spec.{new}, a google.protobuf.Duration "
                                              f"(field {unknown.field_number} is no longer read)")
     return None
+
+
+_READINESS_SPANS = (("period", "period_s"), ("timeout", "timeout_s"), ("initial_delay", "initial_delay_s"))
+
+
+def _readiness_record(msg: types_pb2.ReadinessCheck) -> types_pb2.Readiness | FieldError:
+    record = types_pb2.Readiness(http_path=msg.http_path, command=msg.command,
+                                 success_threshold=msg.success_threshold, failure_threshold=msg.failure_threshold)
+    for api, domain in _READINESS_SPANS:
+        seconds = span_seconds(getattr(msg, api), f"spec.readiness.{api}")
+        if isinstance(seconds, FieldError):
+            return seconds
+        setattr(record, domain, seconds)
+    return record
+
+
+# What a service request may leave unset, with what it means then (types.proto's
+# ServiceSpec); the autoscaling defaults are core's ``Autoscaling``'s.
+SERVICE_DEFAULTS = {"pool": "default", "priority_class": "production-inference", "preemptible": False,
+                    "replicas": 1, "min_replicas": 1}
+_AUTOSCALING, _UPDATE = Autoscaling(), UpdateStrategy()
+_METRICS = {types_pb2.ScalingMetric.Value("SCALING_METRIC_" + m.name): m for m in ScalingMetric}
+
+
+def template_error(error: FieldError) -> FieldError:
+    """An error about a service's template spec, named as the service's field
+    (``spec.template.max_runtime``)."""
+    field = error.field
+    if field.startswith("spec.") and field != "spec.pool" and not field.startswith("spec.template"):
+        field = "spec.template." + field[len("spec."):]
+    return FieldError(field, error.message)
+
+
+def service_from_request(msg: types_pb2.ServiceSpec, team: str = "") -> ServiceSpec | FieldError:
+    """The API's ServiceSpec as the domain's, with the defaults a caller may leave out;
+    ``team``: the service's where ``spec.team`` is empty."""
+    template = spec_from_request(msg.template, team, template=True)
+    if isinstance(template, FieldError):
+        return template_error(template)
+    a = msg.autoscaling
+    if a.metric not in _METRICS:
+        return FieldError("spec.autoscaling.metric", f"one of none, requests_in_flight, requests_per_second, "
+                                                     f"gpu_utilization; got {a.metric}")
+    spans = {}
+    for api, default in (("scale_down_window", _AUTOSCALING.scale_down_window_s), ("scale_to_zero_after", 0.0)):
+        seconds = span_seconds(getattr(a, api), f"spec.autoscaling.{api}") if a.HasField(api) else default
+        if isinstance(seconds, FieldError):
+            return seconds
+        spans[api + "_s"] = seconds
+    autoscaling = Autoscaling(metric=_METRICS[a.metric], target=a.target,
+                              tolerance=a.tolerance if a.HasField("tolerance") else _AUTOSCALING.tolerance,
+                              max_scale_up=a.max_scale_up if a.HasField("max_scale_up") else _AUTOSCALING.max_scale_up,
+                              **spans)
+    d, u = SERVICE_DEFAULTS, msg.update
+    update = UpdateStrategy(max_surge=u.max_surge if u.HasField("max_surge") else _UPDATE.max_surge,
+                            max_unavailable=u.max_unavailable if u.HasField("max_unavailable")
+                            else _UPDATE.max_unavailable)
+    return ServiceSpec(
+        name=msg.name, team=msg.team or team, template=template, pool=msg.pool or d["pool"],
+        priority_class=msg.priority_class or d["priority_class"],
+        preemptible=msg.preemptible if msg.HasField("preemptible") else d["preemptible"],
+        replicas=msg.replicas if msg.HasField("replicas") else d["replicas"],
+        min_replicas=msg.min_replicas if msg.HasField("min_replicas") else d["min_replicas"],
+        max_replicas=msg.max_replicas, update=update, autoscaling=autoscaling, org=msg.org)

@@ -25,11 +25,12 @@ from gpusched_admission.limits import SubmissionLimits
 from gpusched_admission.policy_api import bootstrap_policy
 from gpusched_admission.cluster_rpcs import ClusterServicer
 from gpusched_admission.read_model import ReadModel, Submitters
+from gpusched_admission.service_api import EndpointWatchers, ServiceApiServicer
 from gpusched_admission.servicer import AdmissionServicer
 from gpusched_admission.watch import Watchers
 
 log = logging.getLogger("gpusched.admission")
-SERVICES = ["gpusched.v1.AdmissionService", "gpusched.v1.ClusterService"]
+SERVICES = ["gpusched.v1.AdmissionService", "gpusched.v1.ClusterService", "gpusched.v1.ServiceApi"]
 
 
 async def run(args: argparse.Namespace) -> None:
@@ -41,6 +42,7 @@ async def run(args: argparse.Namespace) -> None:
     me = instance_id("admission")
     publisher, dead_letters = await connect(settings, me)
     watchers = Watchers()
+    endpoint_watchers = EndpointWatchers()
     holder: dict = {}
     submitters = Submitters()   # fed from the first event replayed, before the API exists
     limits = SubmissionLimits(own.submit_rate, own.submit_burst, own.max_pending_per_team)
@@ -58,10 +60,14 @@ async def run(args: argparse.Namespace) -> None:
             admission.note_outcome(event, outcome.accepted, outcome.reason)
             if outcome.accepted and type(event) is ev.NodeRegistered:
                 admission.model.inventory_changes += 1
+        services = holder.get("services")
+        if services is not None:
+            services.note_outcome(event, outcome.accepted, outcome.reason)
         if outcome.accepted:
             limits.pending.note(partition, state, outcome.jobs)
             for job_id in outcome.jobs:
                 watchers.publish(state.jobs[job_id], type(event).__name__, offset)
+            endpoint_watchers.on_event(partition, offset, state)
 
     # Admission answers for every pool, so it follows every partition (no group).
     follower = LogFollower(conn, topics, me, dead_letters,
@@ -71,9 +77,11 @@ async def run(args: argparse.Namespace) -> None:
     model = ReadModel(follower, settings.partitions, submitters)
     admission = holder["admission"] = AdmissionServicer(model, publisher, me, watchers, limits)
     cluster = ClusterServicer(model, publisher, me)
+    services = holder["services"] = ServiceApiServicer(model, publisher, me, endpoint_watchers)
     server, port, health = await start_server(own.listen, [
         lambda s: admission_pb2_grpc.add_AdmissionServiceServicer_to_server(admission, s),
         lambda s: cluster_pb2_grpc.add_ClusterServiceServicer_to_server(cluster, s),
+        lambda s: admission_pb2_grpc.add_ServiceApiServicer_to_server(services, s),
     ], SERVICES, security)
     await follower.caught_up()
     await record_retention(follower, publisher, me, own.job_retention)

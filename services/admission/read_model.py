@@ -5,7 +5,7 @@ from __future__ import annotations
 from gpusched.adapters.log.follower import LogFollower
 from gpusched.adapters.log.publisher import partition_for
 from gpusched.core import events as ev
-from gpusched.core.state import ClusterState, JobState, NodeState
+from gpusched.core.state import ClusterState, JobState, NodeState, ServiceState
 from gpusched.core.validation import PoolShape
 
 
@@ -80,6 +80,19 @@ class ReadModel:
     def jobs(self):
         for state in self.follower.states.values():
             yield from state.jobs.values()
+
+    def service(self, name: str) -> tuple[ServiceState, ClusterState] | None:
+        """The service and the state of its pool's partition (which holds its replicas)."""
+        for state in self.follower.states.values():
+            service = state.services.get(name)
+            if service is not None:
+                return service, state
+        return None
+
+    def services(self):
+        for state in self.follower.states.values():
+            for service in state.services.values():
+                yield service, state
 
     def known_pools(self) -> set[str]:
         return {pool for state in self.follower.states.values() for pool in state.pools}

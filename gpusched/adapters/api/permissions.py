@@ -4,7 +4,7 @@ per-method permission table every gRPC server checks (``gpusched.adapters.api.au
 Roles are Kubernetes-RBAC-like bindings, per team or cluster-wide:
 
 - ``member`` of a team: submit and see that team's jobs, cancel the ones it submitted;
-  read the cluster.
+  apply, scale, roll back and delete the team's services; read the cluster.
 - ``team-admin`` of a team: the same for any job of the team, plus the team's settings:
   its quota, within its org's (``gpusched.core.policy.team_quota_within_org``).
 - ``operator`` (cluster-wide): nodes, pools, quotas/policy, retention, any job.
@@ -55,6 +55,13 @@ METHODS: dict[str, str] = {
     "/gpusched.v1.AdmissionService/ListJobs": READ_JOBS,
     "/gpusched.v1.AdmissionService/WatchJobs": READ_JOBS,
     "/gpusched.v1.AdmissionService/CancelJob": CANCEL,
+    "/gpusched.v1.ServiceApi/ApplyService": SUBMIT,
+    "/gpusched.v1.ServiceApi/GetService": READ_JOBS,
+    "/gpusched.v1.ServiceApi/ListServices": READ_JOBS,
+    "/gpusched.v1.ServiceApi/ScaleService": SUBMIT,
+    "/gpusched.v1.ServiceApi/RollbackService": SUBMIT,
+    "/gpusched.v1.ServiceApi/DeleteService": SUBMIT,
+    "/gpusched.v1.ServiceApi/WatchEndpoints": READ_JOBS,
     "/gpusched.v1.ClusterService/ListNodes": READ_CLUSTER,
     "/gpusched.v1.ClusterService/GetNode": READ_CLUSTER,
     "/gpusched.v1.ClusterService/GetPoolSummary": READ_CLUSTER,

@@ -5,8 +5,9 @@ from gpusched.adapters.api.api_time import duration, set_instant
 from gpusched.adapters.log.codec import to_proto
 from gpusched.core.model import JobPhase, PendingKind
 from gpusched.core.queries import PoolSummary, gpus_allocated_milli
-from gpusched.core.model import JobSpec
-from gpusched.core.state import ClusterState, JobState, NodeState
+from gpusched.core.model import JobSpec, Readiness, ServiceSpec
+from gpusched.core.services import rollout_done
+from gpusched.core.state import ClusterState, JobState, NodeState, ServiceState
 from gpusched.v1 import cluster_pb2, types_pb2
 
 
@@ -40,6 +41,9 @@ def job_message(job: JobState) -> types_pb2.Job:
     return msg
 
 
+_NO_READINESS = Readiness()
+
+
 def spec_message(spec: JobSpec) -> types_pb2.JobSpec:
     """The domain spec as the API shows it: spans as Durations, preemptible always set."""
     record = to_proto(spec, types_pb2.JobSpecRecord)
@@ -49,8 +53,78 @@ def spec_message(spec: JobSpec) -> types_pb2.JobSpec:
                             org=record.org, max_restarts=record.max_restarts, max_runtime=duration(spec.max_runtime_s),
                             checkpoint_interval=duration(spec.checkpoint_interval_s),
                             simulated_duration=duration(spec.simulated_duration_s), retry=record.retry,
-                            depends_on=record.depends_on, array=record.array)
+                            depends_on=record.depends_on, array=record.array, serve_port=record.serve_port)
+    if spec.readiness != _NO_READINESS:
+        r = spec.readiness
+        msg.readiness.CopyFrom(types_pb2.ReadinessCheck(
+            http_path=r.http_path, command=r.command, period=duration(r.period_s), timeout=duration(r.timeout_s),
+            initial_delay=duration(r.initial_delay_s), success_threshold=r.success_threshold,
+            failure_threshold=r.failure_threshold))
     return msg
+
+
+# --- services ---------------------------------------------------------------------------
+ROLLOUT_DEADLINE_S = 600.0   # a rollout not done this long after it began is reported stalled
+
+
+def service_spec_message(spec: ServiceSpec) -> types_pb2.ServiceSpec:
+    a = spec.autoscaling
+    return types_pb2.ServiceSpec(
+        name=spec.name, team=spec.team, pool=spec.pool, priority_class=spec.priority_class,
+        preemptible=spec.preemptible, template=spec_message(spec.template), replicas=spec.replicas,
+        min_replicas=spec.min_replicas, max_replicas=spec.max_replicas, org=spec.org,
+        update=types_pb2.UpdateStrategy(max_surge=spec.update.max_surge, max_unavailable=spec.update.max_unavailable),
+        autoscaling=types_pb2.AutoscalingPolicy(
+            metric=types_pb2.ScalingMetric.Value("SCALING_METRIC_" + a.metric.name), target=a.target,
+            tolerance=a.tolerance, scale_down_window=duration(a.scale_down_window_s), max_scale_up=a.max_scale_up,
+            scale_to_zero_after=duration(a.scale_to_zero_after_s)))
+
+
+def rollout_words(service: ServiceState, now: float) -> str:
+    """The rollout's state as ``gpusched rollout status`` says it: "complete", "rolling out
+    revision 3: 2 of 4 updated, 3 ready", or "stalled: ..." once ROLLOUT_DEADLINE_S have
+    passed since the revision or the count last changed without it completing."""
+    if rollout_done(service.desired, service.revision, service.replicas, service.ready):
+        return "complete"
+    updated = sum(1 for r in service.replicas.values() if r == service.revision)
+    progress = f"{updated} of {service.desired} updated, {len(service.ready)} ready"
+    if now - max(service.rollout_at, service.updated_at) > ROLLOUT_DEADLINE_S:
+        return f"stalled: revision {service.revision} not ready after {ROLLOUT_DEADLINE_S:g}s ({progress})"
+    return f"rolling out revision {service.revision}: {progress}"
+
+
+def service_message(service: ServiceState, state: ClusterState, now: float) -> types_pb2.Service:
+    """``service`` of ``state`` (whose jobs are its replicas), its rollout judged at ``now``."""
+    msg = types_pb2.Service(
+        spec=service_spec_message(service.spec), desired=service.desired, scaled_reason=service.scaled_reason,
+        revision=service.revision, replicas=len(service.replicas),
+        updated=sum(1 for r in service.replicas.values() if r == service.revision), ready=len(service.ready),
+        rollout_done=rollout_done(service.desired, service.revision, service.replicas, service.ready),
+        rollout=rollout_words(service, now), replaced=service.replaced, revisions=sorted(service.templates))
+    set_instant(msg.created_at, service.created_at)
+    set_instant(msg.rollout_at, service.rollout_at)
+    for job_id, revision in service.replicas.items():
+        job = state.jobs.get(job_id)
+        if job is None:
+            continue
+        pending = job.phase is JobPhase.PENDING and job.pending_reason.kind is not PendingKind.NONE
+        msg.replica.append(types_pb2.Replica(
+            job_id=job_id, revision=revision, phase=types_pb2.JobPhase.Value("JOB_PHASE_" + job.phase.name),
+            ready=job_id in service.ready, endpoint=service.ready.get(job_id, ""),
+            nodes=sorted({w.node for w in job.workers}),
+            reason=job.pending_reason.summary if pending else job.reason))
+    return msg
+
+
+def endpoints_of(service: ServiceState) -> list[tuple[str, str, int, int]]:
+    """(replica, address, port, revision) of each ready replica, in the order made."""
+    out = []
+    for job_id, revision in service.replicas.items():
+        served = service.ready.get(job_id)
+        if served is not None:
+            address, _, port = served.rpartition(":")
+            out.append((job_id, address, int(port) if port.isdigit() else 0, revision))
+    return out
 
 
 def node_message(node: NodeState, state: ClusterState) -> types_pb2.Node:
