@@ -334,6 +334,11 @@ class SyncClient:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def run(self, coro) -> T:
+        """Run a coroutine of ``self.aio`` (the async client) on this client's loop, to its
+        end: for a tool that needs the async calls together (a watch beside a server)."""
+        return self._run(coro)
+
     def _run(self, coro) -> T:
         """Run ``coro`` to its end. Interrupted (Ctrl-C raises KeyboardInterrupt in the
         loop's wait), it is cancelled and run until it has unwound before the interrupt

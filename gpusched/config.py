@@ -434,6 +434,10 @@ class NodeAgentSettings(Settings):
                                         gt=0, allow_inf_nan=False)
     grace: float = setting(10.0, flag="--grace", help="kill deadline: seconds a stopped workload has to "
                                                       "checkpoint and exit before SIGKILL", gt=0, allow_inf_nan=False)
+    drain: float = setting(2.0, flag="--drain", help="seconds a service's replica keeps serving once stopped, "
+                                                     "out of its endpoints already, before it is told to stop "
+                                                     "(load balancers' time to drop it)", ge=0, le=600,
+                           allow_inf_nan=False)
     lease: float = setting(10.0, flag="--lease", help="fencing: workloads are killed when no heartbeat reached "
                                                       "the broker for this long", gt=0, allow_inf_nan=False)
     run_processes: bool = setting(False, flag="--run-processes",

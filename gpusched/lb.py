@@ -21,11 +21,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import shlex
 import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import AsyncIterator, Awaitable, Callable, Sequence
+
+import grpc
+
+from gpusched.client import Client
 
 log = logging.getLogger(__name__)
 
@@ -61,9 +66,10 @@ class UpstreamFile:
     def __init__(self, path: Path, reload_argv: Sequence[str]) -> None:
         self.path, self.reload_argv = Path(path), list(reload_argv)
         self.reloads = 0
+        self.unloaded = False   # the file changed and no reload has succeeded since
 
     async def write(self, content: str) -> bool:
-        """Write ``content`` and reload, if it differs from the file's; whether it did."""
+        """Write ``content`` and reload, if it differs from the file's; whether it wrote."""
         try:
             if self.path.read_text() == content:
                 return False
@@ -74,6 +80,13 @@ class UpstreamFile:
             f.write(content)
         os.chmod(tmp, 0o644)
         os.replace(tmp, self.path)
+        self.unloaded = True
+        await self.reload()
+        return True
+
+    async def reload(self) -> bool:
+        """Run the reload command; whether nginx now reads the file as written. A failed
+        reload (nginx still starting, or restarting) is tried again by ``keep_upstream``."""
         if self.reload_argv:
             proc = await asyncio.create_subprocess_exec(*self.reload_argv, stdout=asyncio.subprocess.DEVNULL,
                                                         stderr=asyncio.subprocess.PIPE)
@@ -81,7 +94,8 @@ class UpstreamFile:
             if proc.returncode != 0:
                 log.error("reload command %s failed (%s): %s", self.reload_argv, proc.returncode,
                           err.decode(errors="replace").strip())
-                return True
+                return False
+        self.unloaded = False
         self.reloads += 1
         return True
 
@@ -150,10 +164,61 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
 
 
 async def keep_upstream(service: str, lists: AsyncIterator[list[Endpoint]], upstream: UpstreamFile,
-                        activator: Activator | None = None, activator_at: str = "") -> None:
-    """Rewrite ``upstream`` with every list of endpoints ``lists`` yields."""
-    async for endpoints in lists:
+                        activator: Activator | None = None, activator_at: str = "", retry_s: float = 1.0) -> None:
+    """Rewrite ``upstream`` with every list of endpoints ``lists`` yields; a reload that
+    failed is tried again every ``retry_s`` until one succeeds."""
+    async def retry() -> None:
+        while True:
+            await asyncio.sleep(retry_s)
+            if upstream.unloaded:
+                await upstream.reload()
+    retrying = asyncio.create_task(retry())
+    try:
+        async for endpoints in lists:
+            if activator is not None:
+                await activator.set_endpoints(endpoints)
+            if await upstream.write(render_upstream(service, endpoints, activator_at)):
+                log.info("service %s: %d ready replicas written to %s", service, len(endpoints), upstream.path)
+    finally:
+        retrying.cancel()
+
+
+class ServiceDeleted(Exception):
+    """The service followed was deleted."""
+
+
+async def endpoint_lists(client: Client, service: str, retry_s: float = 1.0) -> AsyncIterator[list[Endpoint]]:
+    """Every list ``WatchEndpoints`` sends, following again after admission went away
+    (a restart, another replica behind the balancer); ``ServiceDeleted`` at the end."""
+    while True:
+        try:
+            async for update in client.watch_endpoints(service):
+                if update.deleted:
+                    raise ServiceDeleted(service)
+                yield [Endpoint(e.replica, e.address, e.port) for e in update.endpoints]
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
+                raise
+            log.warning("watching service %s: %s; again in %gs", service, exc.code().name, retry_s)
+        await asyncio.sleep(retry_s)
+
+
+async def keep_nginx(client: Client, service: str, upstream_file: Path, reload_command: str,
+                     activator_host: str = "127.0.0.1", activator_port: int | None = None,
+                     started: Callable[[str], None] = lambda at: None) -> None:
+    """``gpusched lb nginx``: follow the service and keep nginx's upstream; with
+    ``activator_port`` (0: any free port), the activator for a service at zero."""
+    activator, at = None, ""
+    if activator_port is not None:
+        async def scale_up() -> None:
+            if (await client.get_service(service)).desired == 0:
+                await client.scale_service(service, 1, reason="a request for a service at zero (activator)")
+        activator = Activator(scale_up)
+        at = f"{activator_host}:{await activator.start(activator_host, activator_port)}"
+    started(at)
+    try:
+        await keep_upstream(service, endpoint_lists(client, service),
+                            UpstreamFile(upstream_file, shlex.split(reload_command)), activator, at)
+    finally:
         if activator is not None:
-            await activator.set_endpoints(endpoints)
-        if await upstream.write(render_upstream(service, endpoints, activator_at)):
-            log.info("service %s: %d ready replicas written to %s", service, len(endpoints), upstream.path)
+            await activator.stop()

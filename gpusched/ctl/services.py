@@ -12,6 +12,7 @@ from gpusched.ctl import jobfile
 from gpusched.ctl.jobs import describe, get
 from gpusched.ctl.output import age, as_dict, dump, echo_lines, gpus_of, output_option, phase_name, table
 from gpusched.ctl.root import pass_client
+from gpusched.lb import ServiceDeleted, keep_nginx
 from gpusched.v1 import admission_pb2, types_pb2
 
 
@@ -211,3 +212,32 @@ def rollout_undo(client: SyncClient, name: str, to_revision: int) -> None:
     """Roll the service back to an earlier template: a new revision with its template."""
     service = client.rollback_service(name, to_revision)
     echo_lines([f"service/{service.spec.name} rolled back (now revision {service.revision})"])
+
+
+# --- lb ----------------------------------------------------------------------------------
+@click.group()
+def lb() -> None:
+    """Keep a load balancer's upstream list equal to a service's ready replicas."""
+
+
+@lb.command("nginx")
+@click.argument("name")
+@click.option("--upstream-file", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help="the file nginx includes: this service's upstream block, rewritten at every change")
+@click.option("--reload-command", default="nginx -s reload", show_default=True,
+              help="run after each rewrite (empty: none)")
+@click.option("--activator-port", type=int, default=None,
+              help="serve the activator here (0: a free port): a request while no replica is ready asks for one")
+@click.option("--activator-host", default="127.0.0.1", show_default=True)
+@pass_client
+def lb_nginx(client: SyncClient, name: str, upstream_file: Path, reload_command: str,
+             activator_port: int | None, activator_host: str) -> None:
+    """Follow service NAME's endpoints into nginx's upstream ``gpusched_NAME`` until
+    interrupted (docs/guide/inference.md, "Endpoints and a load balancer")."""
+    def started(at: str) -> None:
+        click.echo(f"keeping {upstream_file} for service {name}" + (f"; activator on {at}" if at else ""), err=True)
+    try:
+        client.run(keep_nginx(client.aio, name, upstream_file, reload_command, activator_host, activator_port,
+                              started))
+    except ServiceDeleted:
+        raise click.ClickException(f"service {name} deleted") from None

@@ -58,7 +58,8 @@ class NodeAgent(NodeLiveness):
     process_alive = staticmethod(group_alive)
 
     def __init__(self, info: NodeInfo, publisher: EventPublisher, me: str, *, report_topic: str, state_dir: Path,
-                 grace_s: float = 10.0, real_processes: bool = False, in_log: dict | None = None) -> None:
+                 grace_s: float = 10.0, real_processes: bool = False, in_log: dict | None = None,
+                 drain_s: float = 0.0) -> None:
         self.info = info
         self.publisher = publisher
         # Our events go to this node's own topic; the relay appends them to the pool log
@@ -68,6 +69,7 @@ class NodeAgent(NodeLiveness):
         self._in_log: dict[str, asyncio.Future] = {} if in_log is None else in_log
         self.me = me
         self.grace_s = grace_s                   # the kill deadline: SIGTERM, then SIGKILL
+        self.drain_s = drain_s                   # a stopped replica serves this long before its SIGTERM
         self.state_dir = Path(state_dir)
         self.real_processes = real_processes     # commands run as processes (NVML, or --run-processes)
         self.lease = NodeLease(self.state_dir / "lease") if info.lease_s > 0 else None
@@ -480,13 +482,23 @@ class NodeAgent(NodeLiveness):
             if not self._still_assigned(key):
                 self._stop(key)
 
-    def _stop(self, key: Key) -> None:
+    def _stop(self, key: Key, drain: bool = True) -> None:
+        """Stop a worker; a service replica's after ``drain_s`` (its endpoint is gone from
+        the log already: load balancers drop it meanwhile, and requests they still send
+        are served), unless the node itself is going (``drain`` False)."""
         run = self.runs.get(key)
         if run is not None and key not in self.stopping:
             self.stopping.add(key)
             self._end_check(key)
-            asyncio.create_task(run.stop(self.grace_s))
+            job = self._job(key[0])
+            delay = self.drain_s if drain and job is not None and job.spec.serve_port else 0.0
+            asyncio.create_task(self._stop_run(run, delay))
             self.lease_changed.set()   # one waiting for a valid lease goes on, to its stop
+
+    async def _stop_run(self, run, delay: float) -> None:
+        if delay > 0:
+            await asyncio.sleep(delay)
+        await run.stop(self.grace_s)
 
     async def _come_back(self) -> None:
         """Declared lost while alive: revoke the lease (every shim fences its workload at
@@ -496,7 +508,7 @@ class NodeAgent(NodeLiveness):
             self.lease.revoke()
         try:
             for key in list(self.runs):
-                self._stop(key)
+                self._stop(key, drain=False)
             await asyncio.gather(*list(self.running.values()), return_exceptions=True)
             for key in self._my_keys(list(self.follower.states.values())):
                 await self._report_gone(key, f"{self.name} was declared lost")

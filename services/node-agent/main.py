@@ -99,6 +99,7 @@ async def run(args: argparse.Namespace) -> None:
     state_dir = Path(own.state_dir or Path(tempfile.gettempdir()) / f"gpusched-node-{info.name}")
     state_dir.mkdir(parents=True, exist_ok=True)
     agent = NodeAgent(info, publisher, me, report_topic=report_topic, state_dir=state_dir, grace_s=own.grace,
+                      drain_s=own.drain,
                       real_processes=real_processes(own))
     agent.mig = MigManager(info, nvml) if info.dynamic_mig else None
     backend = SimulatedNvml() if info.simulated else NvmlWatch(len(info.gpus), nvml=nvml)

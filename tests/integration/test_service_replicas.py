@@ -9,11 +9,8 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import sys
 import time
-import urllib.request
 import uuid
-from pathlib import Path
 
 from gpusched.adapters.log.follower import LogFollower
 from gpusched.adapters.log.publisher import DeadLetters, EventPublisher
@@ -22,14 +19,13 @@ from gpusched.core.model import JobSpec, Readiness, ServiceSpec, WorkerResources
 from gpusched.core.state import ClusterState
 from gpusched.local_cluster import LocalCluster
 from gpusched_node_agent.runner import STATUS_FILE, read_status
-from tests.polling import eventually_async
+from tests.integration.service_rig import fetch, kill_workers_left, model_server
 
-SERVE = Path(__file__).resolve().parents[1] / "workloads" / "model_server.py"
 
 
 def web_service(replicas: int) -> ServiceSpec:
     template = JobSpec(name="web", team="ml", resources=WorkerResources(gpus=1),
-                       command=(sys.executable, str(SERVE), "--ready-after", "1"), max_restarts=0,
+                       command=model_server("--ready-after", "1"), max_restarts=0,
                        serve_port=True, readiness=Readiness(http_path="/healthz", period_s=0.2, failure_threshold=2))
     return ServiceSpec(name="web", team="ml", template=template, replicas=replicas)
 
@@ -67,28 +63,6 @@ class ReadyWatch:
             return await asyncio.wait_for(wait(), timeout)
         except asyncio.TimeoutError:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}; ready: {self.ready}") from None
-
-
-def kill_workers_left(state_dir: Path) -> None:
-    """SIGKILL every workload and shim still running under ``state_dir`` (a test that
-    failed early): the agent leaves its workers running when it stops."""
-    for path in state_dir.glob(f"*/{STATUS_FILE}"):
-        status = read_status(path) or {}
-        if "ended_at" in status:
-            continue
-        for pid, kill in ((status.get("pid"), os.killpg), (status.get("shim_pid"), os.kill)):
-            if isinstance(pid, int) and pid > 1:
-                try:
-                    kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-
-
-async def fetch(endpoint: str, path: str = "/") -> str:
-    def get() -> str:
-        with urllib.request.urlopen(f"http://{endpoint}{path}", timeout=5) as answer:
-            return answer.read().decode()
-    return await asyncio.to_thread(get)
 
 
 async def test_replicas_serve_on_their_port_are_reported_ready_and_a_killed_one_is_replaced(

@@ -86,6 +86,7 @@ def main() -> None:
                     counts["in_flight"] -= 1
                     counts["total"] += 1
 
+    ThreadingHTTPServer.request_queue_size = 128   # a listen backlog for a burst (the default is 5)
     server = ThreadingHTTPServer(("0.0.0.0", int(os.environ["PORT"])), Handler)
     server.daemon_threads = False          # drain: server_close joins the request threads
     server.block_on_close = True

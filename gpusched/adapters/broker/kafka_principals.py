@@ -69,10 +69,11 @@ PRINCIPALS: tuple[Principal, ...] = (
                           writes=("events", "snapshots", "dead_letters"), groups=("placer",))),
     # The preemptor's heartbeat monitor reads every node's beats topic, and sends probe
     # beats through <prefix>heartbeats to know its own consumer hears
-    # (gpusched/adapters/nodes/heartbeats.py), hence its write there.
-    Principal("preemptor", "appends preemptions and node loss; reads every node's beats",
+    # (gpusched/adapters/nodes/heartbeats.py), hence its write there. Its autoscaler reads
+    # the replicas' load from the usage records (gpusched/adapters/nodes/replica_loads.py).
+    Principal("preemptor", "appends preemptions, node loss and scales; reads every node's beats and the usage",
               commands=("preemptor",),
-              grant=Grant(reads=("events", "heartbeats"), writes=("events", "heartbeats", "dead_letters"),
+              grant=Grant(reads=("events", "heartbeats", "usage"), writes=("events", "heartbeats", "dead_letters"),
                           groups=("preemptor",), reads_beats=True)),
     # The relay on its own (``gpusched relay``): what admission needs for it.
     Principal("relay", "the relay on its own: the nodes' reports into the pool log, their work views",
