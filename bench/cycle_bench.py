@@ -80,8 +80,8 @@ from gpusched.core import events as ev
 from gpusched.core.model import GpuInfo, JobPhase, JobSpec, NodeInfo, WorkerResources
 from gpusched.core.reducer import apply
 from gpusched.core.state import ClusterState
+from gpusched.policies.memory import CycleMemory
 from gpusched.policies.queueing.parking import ParkedJobs
-from gpusched.policies.queueing.keys import QueueKeys
 from gpusched.policies.scheduler import CycleResult, Scheduler, SchedulerConfig
 
 PRIORITIES = ("training", "training", "training", "best-effort", "training-high")
@@ -206,13 +206,13 @@ class Measured:
         self.decided = 0
         self.longest: list[tuple[float, int, int]] = []   # (ms, decisions, gangs) of each cycle
 
-    def schedule(self, state: ClusterState, now: float, parked: ParkedJobs, keys: QueueKeys | None) -> CycleResult:
+    def schedule(self, state: ClusterState, now: float, memory: CycleMemory) -> CycleResult:
         profile = self.profile
         with gc_paused(self.pause):
             if profile is not None:
                 profile.enable()
             c0 = time.process_time()
-            cycle = self.scheduler.schedule(state, now, parked, keys)
+            cycle = self.scheduler.schedule(state, now, memory)
             c1 = time.process_time()
             if profile is not None:
                 profile.disable()
@@ -239,24 +239,24 @@ def burst(args: argparse.Namespace, scheduler: Scheduler) -> None:
     jobs still arriving (scale_bench without the broker). The log's clock moves a
     millisecond an event, so no job ages (fair share's aging: hours) in the run."""
     pool, rng, tasks = Pool(args.nodes, tick=1e-3), random.Random(7), openb_tasks()
-    parked, keys = ParkedJobs(), QueueKeys()
+    memory = CycleMemory()
     pool.arrive(args.pending, tasks, args.gangs, rng)
     measured = Measured(scheduler, args)
     if args.cold:   # the first cycle measured too: a new replica's, it enters the whole backlog
         gc.collect()
         if args.freeze:
             gc.freeze()
-        first = measured.schedule(pool.state, pool.now(), parked, keys).decisions
+        first = measured.schedule(pool.state, pool.now(), memory).decisions
         print(f"first cycle (enters the backlog): {measured.ms[0]:.1f} ms CPU")
     else:
-        first = scheduler.cycle(pool.state, pool.now(), parked, keys)   # enters the backlog: not measured
+        first = scheduler.cycle(pool.state, pool.now(), memory)   # enters the backlog: not measured
     pool.place(first)
     pool.start(first)
     gc.collect()
     if args.freeze:
         gc.freeze()
     for _ in range(args.cycles):
-        decisions = measured.schedule(pool.state, pool.now(), parked, keys).decisions
+        decisions = measured.schedule(pool.state, pool.now(), memory).decisions
         pool.place(decisions)
         pool.start(decisions)
         pool.arrive(args.burst, tasks, args.gangs, rng)
@@ -285,7 +285,6 @@ def main() -> None:
                    help="SchedulerConfig.max_cycle_s in ms: the bound on a cycle's time (default: none)")
     p.add_argument("--min-job-test", type=int, default=None,
                    help="SchedulerConfig.min_job_test: jobs a cycle takes before the bound may stop it")
-    p.add_argument("--no-keys", action="store_true", help="without the QueueKeys memo (as before it)")
     p.add_argument("--no-parking", action="store_true", help="without the parked set: every cycle offers every job")
     p.add_argument("--reasons", action="store_true", help="also the placer's pending-reason pass after each cycle")
     p.add_argument("--node-event", choices=("cordon", "health", "register"), help="one node event before each "
@@ -318,11 +317,17 @@ def main() -> None:
     scheduler = Scheduler(SchedulerConfig(queue=args.queue, **reserve, **budget, **placement))
     if args.burst is not None:
         return burst(args, scheduler)
-    parked, keys = (None if args.no_parking else ParkedJobs()), (None if args.no_keys else QueueKeys())
+    kept = CycleMemory()
+
+    def memory() -> CycleMemory:
+        """What the cycles keep; with ``--no-parking`` no job stays parked from one to the next."""
+        if args.no_parking:
+            kept.parked = ParkedJobs()
+        return kept
     per_node = 8 // args.job_gpus if args.job_gpus else 80   # 80 shares fill a node
     pool.submit(args.nodes * per_node, args.job_gpus)
     while pool.state.pending:   # fill the pool (a cycle decides up to max_decisions)
-        decisions = scheduler.cycle(pool.state, pool.now(), parked, keys)
+        decisions = scheduler.cycle(pool.state, pool.now(), memory())
         if not decisions:
             break
         pool.place(decisions)
@@ -332,7 +337,7 @@ def main() -> None:
         # The placer enters jobs into its queues as they arrive (each cycle enters those
         # submitted since the one before) and builds what it keeps between cycles once:
         # one cycle, not measured, does both for the backlog submitted at once here.
-        pool.place(scheduler.cycle(pool.state, pool.now(), parked, keys))
+        pool.place(scheduler.cycle(pool.state, pool.now(), memory()))
     reasons = None
     if args.reasons:
         from gpusched_placer.reasons import PendingReasons   # the service's module: installed with the package
@@ -348,10 +353,10 @@ def main() -> None:
         if args.node_event:
             pool.node_event(args.node_event, i)
         now = pool.now()
-        cycle = measured.schedule(pool.state, now, parked, keys)
+        cycle = measured.schedule(pool.state, now, memory())
         if reasons is not None:
             c1 = time.process_time()
-            why = reasons.after_cycle(0, pool.state, now, cycle)
+            why = reasons.after_cycle(0, pool.state, now, cycle, kept)
             why_cpu += time.process_time() - c1
             written += len(why)
             for e in why:

@@ -27,8 +27,7 @@ import time
 from gpusched.config import PlacerSettings
 from gpusched.core import events as ev
 from gpusched.core.reducer import apply
-from gpusched.policies.queueing.keys import QueueKeys
-from gpusched.policies.queueing.parking import ParkedJobs
+from gpusched.policies.memory import CycleMemory
 from gpusched.policies.scheduler import Scheduler
 from gpusched_placer import cycle_log
 from gpusched_placer.cycle_log import CycleLog
@@ -59,13 +58,13 @@ def main() -> None:
     config = scheduler_config(placer_settings(args.placer_args))
     pool, rng, tasks = Pool(args.nodes, tick=1e-3), random.Random(7), openb_tasks()
     pool.arrive(args.pending, tasks, args.gangs, rng)
-    first, parked, keys = Scheduler(config), ParkedJobs(), QueueKeys()
+    first, memory = Scheduler(config), CycleMemory()
     for _ in range(args.before):
-        decisions = first.cycle(pool.state, pool.now(), parked, keys)
+        decisions = first.cycle(pool.state, pool.now(), memory)
         pool.place(decisions)
         pool.start(decisions)
         pool.arrive(args.burst, tasks, args.gangs, rng)
-    del first, parked, keys
+    del first, memory
     gc.collect()
     gc.freeze()   # as the services' GC pacing leaves a replayed state
     with tempfile.TemporaryDirectory() as tmp:
@@ -73,7 +72,7 @@ def main() -> None:
         log = CycleLog.open(path)
         decider = PlacementDecider(Scheduler(config), "bench", log)
         if args.no_warm:
-            decider._warmed = lambda state, now: QueueKeys()
+            decider._warm = lambda memory, state, now: None
         rounds = []
         for _ in range(args.cycles):
             t0 = time.perf_counter()

@@ -17,8 +17,7 @@ from cycle_bench import Pool
 
 from gpusched.core import events as ev
 from gpusched.core.model import JobSpec, WorkerResources
-from gpusched.policies.queueing.keys import QueueKeys
-from gpusched.policies.queueing.parking import ParkedJobs
+from gpusched.policies.memory import CycleMemory
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig
 
 
@@ -48,7 +47,7 @@ def main() -> None:
     for _ in range(args.repeat):
         scheduler = Scheduler(SchedulerConfig(placement=args.policy))
         started = time.process_time()
-        decisions = scheduler.cycle(pool.state, float(pool.n), ParkedJobs(), QueueKeys())
+        decisions = scheduler.cycle(pool.state, float(pool.n), CycleMemory())
         cpu = time.process_time() - started
         gangs = sum(len(d.workers) > 1 for d in decisions)
         print(f"{args.nodes} nodes, {args.jobs} jobs, {args.policy}: {len(decisions)} decisions "

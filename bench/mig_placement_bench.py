@@ -29,6 +29,7 @@ from gpusched.core import events as ev  # noqa: E402
 from gpusched.core.model import GpuInfo, JobSpec, MigMode, NodeInfo, WorkerResources  # noqa: E402
 from gpusched.core.reducer import apply  # noqa: E402
 from gpusched.core.state import ClusterState  # noqa: E402
+from gpusched.policies.memory import CycleMemory
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig  # noqa: E402
 from tests.unit.policies.placement.mig_scan import scanning  # noqa: E402
 
@@ -68,7 +69,7 @@ def submit(state: ClusterState, jobs: int, mig_fraction: float, seed: int) -> No
 def timed_cycle(state: ClusterState, policy: str, max_decisions: int) -> tuple[list, float]:
     scheduler = Scheduler(SchedulerConfig(placement=policy, max_decisions=max_decisions))
     cpu = time.process_time()
-    decisions = scheduler.cycle(state, now=0.0)
+    decisions = scheduler.cycle(state, now=0.0, memory=CycleMemory())
     return decisions, time.process_time() - cpu
 
 

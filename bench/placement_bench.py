@@ -13,7 +13,7 @@ printed too). The state is frozen for the cyclic GC once built, as the placer fr
 what it folded (``gc_pacing``), so a collection does not rescan 50,000 jobs.
 
 ``--kept`` measures the cycle the placer runs once warm: with what it keeps for a state
-between cycles (``QueueKeys``: queue keys, the cursor, the placement indexes and FGD's
+between cycles (``CycleMemory``: queue keys, the cursor, the placement indexes and FGD's
 task count), after one cycle whose decisions the log accepted (each policy on its own
 copy of the state, built alike), so the kept structures are brought in step from 2,500
 placements, as between two placer cycles.
@@ -31,9 +31,8 @@ from gpusched.core import events as ev
 from gpusched.core.model import GpuInfo, JobSpec, NodeInfo, WorkerResources
 from gpusched.core.reducer import apply
 from gpusched.core.state import ClusterState
+from gpusched.policies.memory import CycleMemory
 from gpusched.policies.placement.registry import PLACEMENTS
-from gpusched.policies.queueing.keys import QueueKeys
-from gpusched.policies.queueing.parking import ParkedJobs
 from gpusched.policies.queueing.order import QUEUE_ORDERS
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig
 
@@ -90,7 +89,7 @@ def main() -> None:
     queues = sorted(QUEUE_ORDERS) if args.queue == "all" else args.queue.split(",")
     print(f"{args.nodes} nodes x 8 GPUs, {len(state.pending)} pending jobs, "
           f"cycle capped at {args.max_decisions} decisions and {SchedulerConfig().max_job_test} jobs tested"
-          + (", the cycle after one applied, with kept QueueKeys" if args.kept else ""))
+          + (", the cycle after one applied, with a kept memory" if args.kept else ""))
     fresh = (lambda: build(args.nodes, args.jobs, args.seed)) if args.kept else None
     for queue in queues:
         cycles(state, queue, args.policies.split(","), args.max_decisions, fresh)
@@ -104,16 +103,16 @@ def build(nodes: int, jobs: int, seed: int) -> ClusterState:
     return state
 
 
-def warm(state: ClusterState, scheduler: Scheduler) -> tuple[ParkedJobs, QueueKeys]:
+def warm(state: ClusterState, scheduler: Scheduler) -> CycleMemory:
     """One cycle with kept structures, its decisions accepted by the log: the placer's
-    state and keys before its next cycle."""
-    parked, keys = ParkedJobs(), QueueKeys()
-    for d in scheduler.cycle(state, 0.0, parked, keys):
+    state and memory before its next cycle."""
+    memory = CycleMemory()
+    for d in scheduler.cycle(state, 0.0, memory):
         apply(state, ev.JobPlaced(event_id=f"place-{d.job_id}", job_id=d.job_id, attempt=d.attempt,
                                   workers=d.workers))
     gc.collect()
     gc.freeze()
-    return parked, keys
+    return memory
 
 
 def cycles(state: ClusterState, queue: str, policies: list[str], max_decisions: int, fresh=None) -> None:
@@ -125,12 +124,12 @@ def cycles(state: ClusterState, queue: str, policies: list[str], max_decisions: 
     first = None
     for name in policies:
         scheduler = Scheduler(SchedulerConfig(queue=queue, placement=name, max_decisions=max_decisions))
-        kept: tuple = ()
+        memory = CycleMemory()
         if fresh is not None:   # each policy on its own copy, one cycle applied
             state = fresh()
-            kept = warm(state, scheduler)
+            memory = warm(state, scheduler)
         wall, cpu = time.perf_counter(), time.process_time()
-        decisions = scheduler.cycle(state, 0.0, *kept)
+        decisions = scheduler.cycle(state, 0.0, memory)
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
         gpus = sum(state.jobs[d.job_id].milli for d in decisions) / 1000
         rate = len(decisions) / cpu

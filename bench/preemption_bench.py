@@ -18,6 +18,7 @@ from gpusched.core import events as ev
 from gpusched.core.model import GpuInfo, GpuSlot, JobPhase, JobSpec, NodeInfo, WorkerAssignment, WorkerResources
 from gpusched.core.reducer import apply
 from gpusched.core.state import ClusterState
+from gpusched.policies.memory import CycleMemory
 from gpusched.policies.preemption.decisions import preemption_decisions, victims_for
 
 NOW = 10_000.0
@@ -76,8 +77,8 @@ def main() -> None:
     for _ in range(args.repeats):
         for n, pool in pools.items():
             state = pool.state
-            one, victims = timed(lambda: victims_for(state, state.jobs["big"], NOW))
-            many, decisions = timed(lambda: preemption_decisions(state, NOW))
+            one, victims = timed(lambda: victims_for(state, state.jobs["big"], NOW, CycleMemory()))
+            many, decisions = timed(lambda: preemption_decisions(state, NOW, CycleMemory()))
             assert victims and [d.for_job for d in decisions] == ["big", "gang"]
             best[n] = [min(best[n][0], one), min(best[n][1], many)]
     base = args.nodes[0]

@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import inspect
 import sys
 import time
 from pathlib import Path
@@ -62,6 +61,7 @@ from gpusched.core import events as ev  # noqa: E402
 from gpusched.core.model import GpuInfo, GpuSlot, JobSpec, NodeInfo, WorkerAssignment, WorkerResources  # noqa: E402
 from gpusched.core.reducer import apply  # noqa: E402
 from gpusched.core.state import ClusterState  # noqa: E402
+from gpusched.policies.memory import CycleMemory  # noqa: E402
 from gpusched.policies.preemption.decisions import preemption_decisions, preemption_events  # noqa: E402
 from gpusched.policies.preemption.defrag import defrag_decisions  # noqa: E402
 from gpusched.policies.preemption.borrowing import TeamRanking  # noqa: E402
@@ -80,11 +80,6 @@ NOW = 10_000.0
 # The search is timed where it decides: no bound on work lost for a wait, which the
 # pending jobs here, waiting seconds, would never meet.
 RULES = PreemptionConfig(max_loss_per_wait=float("inf"))
-# Whether this code keeps its index between rounds (else every round builds one), and
-# the placer's views beside it (else every round builds them).
-KEEPS = "victims" in inspect.signature(preemption_decisions).parameters
-KEEPS_VIEWS = "kept" in inspect.signature(preemption_decisions).parameters
-DEFRAG_KEEPS = "kept" in inspect.signature(defrag_decisions).parameters
 
 
 class Log:
@@ -173,19 +168,17 @@ def defrag_rounds(logs: dict[int, Log], repeats: int) -> None:
     """``--defrag``: defragmentation rounds on kept views against views built per round."""
     best: dict[tuple, float] = {}
     for n, log in logs.items():
-        victims, views, now = VictimIndex(), {}, NOW
+        memory, now = CycleMemory(), NOW
         for r in range(repeats + 1):
             state = log.state
-            kw = {"victims": victims, "kept": views} if DEFRAG_KEEPS else {}
-            assert not (preemption_decisions(state, now, RULES, victims=victims, kept=views) if KEEPS_VIEWS
-                        else preemption_decisions(state, now, RULES))   # nothing to preempt: defrag's turn
-            t_is, got = cpu(lambda: defrag_decisions(state, now, **kw))
-            t_was, want = cpu(lambda: defrag_decisions(state, now))
+            assert not preemption_decisions(state, now, memory, RULES)   # nothing to preempt: defrag's turn
+            t_is, got = cpu(lambda: defrag_decisions(state, now, memory))
+            t_was, want = cpu(lambda: defrag_decisions(state, now, CycleMemory()))
             assert got == want and len(got) == 4, (n, r, got)
             for key, t in (((n, "first" if r == 0 else "kept", "is"), t_is), ((n, "fresh", "was"), t_was)):
                 best[key] = min(best.get(key, float("inf")), t)
             now = a_round_later(log, got, now, r)
-    print(f"defrag reads kept views: {DEFRAG_KEEPS}; cyclic GC paused in rounds: {GC_PAUSED}")
+    print(f"cyclic GC paused in rounds: {GC_PAUSED}")
     print(f"{'nodes':>6} {'views built for the round ms':>29} {'first round ms':>15} {'a round later ms':>17} "
           f"{'ratio':>6}")
     for n in logs:
@@ -313,18 +306,14 @@ def main() -> None:
             best[key] = min(best.get(key, float("inf")), value)
 
     for n, log in logs.items():
-        kept = VictimIndex() if KEEPS else None
-        views: dict | None = {} if KEEPS_VIEWS else None
-        now = NOW
+        memory, now = CycleMemory(), NOW
         for r in range(args.repeats * (len(NODE_EVENTS) if args.node_event else 1) + 1):
             row = "first" if r == 0 else node_event(log, n, r, now) if args.node_event else "kept"
             state = log.state
             with Timed(find_was) as timed_was:
                 t_was, want = cpu(lambda: scan.preemption_decisions(state, now, RULES))
             with Timed(find_is, *built) as timed_is:
-                t_is, got = cpu(lambda: preemption_decisions(state, now, RULES, victims=kept, kept=views) if KEEPS_VIEWS
-                                else preemption_decisions(state, now, RULES, victims=kept) if KEEPS
-                                else preemption_decisions(state, now, RULES))
+                t_is, got = cpu(lambda: preemption_decisions(state, now, memory, RULES))
             assert got == want, (n, r)
             decided = got
             keep((n, row, "was"), t_was)
@@ -335,13 +324,12 @@ def main() -> None:
                 keep((n, label, "is"), timed_is.search(failed))
             if r == 0:
                 t_was, want = cpu(lambda: oracle.defrag_decisions(state, now))
-                t_is, got = cpu(lambda: defrag_decisions(state, now))
+                t_is, got = cpu(lambda: defrag_decisions(state, now, CycleMemory()))
                 assert got == want, (n, "defrag")
                 keep((n, "defrag", "was"), t_was)
                 keep((n, "defrag", "is"), t_is)
             now = a_round_later(log, decided, now, r)
-    print(f"index kept between rounds: {KEEPS}; placer's views kept: {KEEPS_VIEWS}; "
-          f"cyclic GC paused in rounds: {GC_PAUSED}")
+    print(f"cyclic GC paused in rounds: {GC_PAUSED}")
     print(f"{'nodes':>6} {'':>40} {'as it was ms':>13} {'as it is ms':>12} {'ratio':>7}")
     rounds = [("first", "preemption round, first"), ("kept", "preemption round, a round later")]
     if args.node_event:

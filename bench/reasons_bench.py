@@ -6,7 +6,7 @@ The pool of ``bench/cycle_bench.py``: ``--nodes`` 8-GPU nodes full of 1-GPU jobs
 defaults (fair share, backfill, reservations, its default placement). Per iteration,
 ``--ends`` running jobs end and as many are submitted, a cycle runs, then two passes
 ask about the state it left, one after the other in rotating order: one reading the
-nodes through the cycle's own kept index (``QueueKeys.kept``, as the placer's pass does),
+nodes through the cycle's own kept index (its ``CycleMemory``, as the placer's pass does),
 one through an index it keeps between passes itself, one scanning every node of the pool
 for every shape (``keep_indexes=False``). Their events must be the same (job, attempt,
 reason: checked every pass); the first's are applied, as the placer's would be.
@@ -28,31 +28,30 @@ from cycle_bench import Pool, openb_tasks, percentile
 
 from gpusched.config import DEFAULT_PLACEMENT
 from gpusched.core.reducer import apply
-from gpusched.policies.queueing.keys import QueueKeys
-from gpusched.policies.queueing.parking import ParkedJobs
+from gpusched.policies.memory import CycleMemory
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig
 from gpusched_placer.reasons import PendingReasons
 
 
-def full_pool(nodes: int, pending: int, scheduler: Scheduler, parked: ParkedJobs, keys: QueueKeys):
+def full_pool(nodes: int, pending: int, scheduler: Scheduler, memory: CycleMemory):
     """A pool of ``nodes`` full 8-GPU nodes with ``pending`` openb jobs waiting, the backlog's
     first cycle run (as cycle_bench: the placer meets the jobs as they arrive)."""
     pool = Pool(nodes)
     pool.submit(nodes * 8, 1)
     while pool.state.pending:
-        decisions = scheduler.cycle(pool.state, pool.now(), parked, keys)
+        decisions = scheduler.cycle(pool.state, pool.now(), memory)
         if not decisions:
             break
         pool.place(decisions)
     tasks = openb_tasks()
     pool.submit(pending, 1, tasks)
-    pool.place(scheduler.cycle(pool.state, pool.now(), parked, keys))
+    pool.place(scheduler.cycle(pool.state, pool.now(), memory))
     return pool, tasks
 
 
-def timed(reasons: PendingReasons, pool: Pool, now: float, cycle, kept: dict | None) -> tuple[float, list]:
+def timed(reasons: PendingReasons, pool: Pool, now: float, cycle, memory: CycleMemory) -> tuple[float, list]:
     c0 = time.process_time()
-    events = reasons.after_cycle(0, pool.state, now, cycle, kept)
+    events = reasons.after_cycle(0, pool.state, now, cycle, memory)
     return (time.process_time() - c0) * 1e3, events
 
 
@@ -68,10 +67,10 @@ def main() -> None:
     p.add_argument("--node-event", choices=("cordon", "health"), help="one node event before each cycle")
     args = p.parse_args()
     scheduler = Scheduler(SchedulerConfig(queue="fair-share", placement=DEFAULT_PLACEMENT))
-    parked, keys = ParkedJobs(), QueueKeys()
-    pool, tasks = full_pool(args.nodes, args.pending, scheduler, parked, keys)
-    passes = {"cycle's index": (PendingReasons("bench"), keys.kept), "own index": (PendingReasons("bench"), None),
-              "every node": (PendingReasons("bench", keep_indexes=False), None)}
+    memory = CycleMemory()
+    pool, tasks = full_pool(args.nodes, args.pending, scheduler, memory)
+    passes = {"cycle's index": (PendingReasons("bench"), memory), "own index": (PendingReasons("bench"), CycleMemory()),
+              "every node": (PendingReasons("bench", keep_indexes=False), CycleMemory())}
     names = list(passes)
     gc.collect()
     gc.freeze()   # as the services' GC pacing: the state is not rescanned by every collection
@@ -84,7 +83,7 @@ def main() -> None:
         if args.node_event:
             pool.node_event(args.node_event, i)
         now = pool.now()
-        cycle = scheduler.schedule(pool.state, now, parked, keys)
+        cycle = scheduler.schedule(pool.state, now, memory)
         turn = i // 2 % len(names)   # not in step with --big-ends
         found = {}
         for name in names[turn:] + names[:turn]:

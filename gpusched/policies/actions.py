@@ -41,7 +41,7 @@ from gpusched.core.state import ClusterState
 from gpusched.policies.autoscaling import ReplicaLoad, ScaleMemory, recommend
 from gpusched.policies.preemption.decisions import Preemption, preemption_decisions
 from gpusched.policies.preemption.defrag import defrag_decisions
-from gpusched.policies.preemption.victim_index import VictimIndex
+from gpusched.policies.memory import CycleMemory
 from gpusched.policies.preemption.victim_rules import PreemptionConfig
 from gpusched.policies.supervision import (
     SupervisionConfig, hung_attempts, lost_nodes, nodes_to_fence, timed_out_attempts,
@@ -86,14 +86,13 @@ class Situation:
 
     def __init__(self, state: ClusterState, now: float, supervision: SupervisionConfig,
                  preemption: Callable[[ClusterState], PreemptionConfig],
-                 last_seen: Mapping[str, float] | None = None, since: float = 0.0, hearing: bool = False,
-                 victims: VictimIndex | None = None, kept: dict | None = None,
-                 loads: Mapping[str, ReplicaLoad] | None = None, scaling: dict[str, ScaleMemory] | None = None) -> None:
+                 memory: CycleMemory, last_seen: Mapping[str, float] | None = None, since: float = 0.0,
+                 hearing: bool = False, loads: Mapping[str, ReplicaLoad] | None = None,
+                 scaling: dict[str, ScaleMemory] | None = None) -> None:
         self.state, self.now, self.supervision = state, now, supervision
+        self.memory = memory        # what the searches keep between calls on this state (``policies.memory``)
         self.loads = loads if loads is not None else {}   # replica -> what it measured last
         self.scaling = scaling if scaling is not None else {}   # service -> the autoscaler's memory of it
-        self.victims = victims      # candidate victims kept between calls on this state, if any
-        self.kept = kept            # the placer's views kept likewise (``placer_views``), if any
         self._preemption = preemption
         self.last_seen = last_seen if last_seen is not None else {}
         self.since = since          # when listening began: a node never heard gets that long
@@ -129,11 +128,11 @@ def judge_attempts(s: Situation) -> list[Proposal]:
 
 
 def preempt(s: Situation) -> list[Proposal]:
-    return list(preemption_decisions(s.state, s.now, s.preemption, victims=s.victims, kept=s.kept))
+    return list(preemption_decisions(s.state, s.now, s.memory, s.preemption))
 
 
 def defrag(s: Situation) -> list[Proposal]:
-    return list(defrag_decisions(s.state, s.now, s.preemption, victims=s.victims, kept=s.kept))
+    return list(defrag_decisions(s.state, s.now, s.memory, s.preemption))
 
 
 def autoscale(s: Situation) -> list[Proposal]:

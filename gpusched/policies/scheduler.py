@@ -11,9 +11,9 @@ by configuration when the scheduler is built, from an explicit map of names:
   2. queue sort  the ready jobs in the configured order (``queue``: ``QUEUE_ORDERS``),
                  nominees first (fair share charges them before ranking the rest).
   Then for each job in that order, until ``max_decisions``, ``max_job_test`` or, once it
-  took ``min_job_test`` jobs, ``max_cycle_s``, or (fair share with ``keys``) until every
+  took ``min_job_test`` jobs, ``max_cycle_s``, or (fair share) until every
   job left is bound to fail (``_Cycle.exhausted``); a cycle that stopped on
-  ``max_job_test`` or ``max_cycle_s`` is continued by the next (with ``keys``): past
+  ``max_job_test`` or ``max_cycle_s`` is continued by the next (with the same memory): past
   the first ``job_test_head`` jobs it takes those not yet tested (``queueing.cursor``):
   3. gate        not offered: parked jobs, and jobs bound to fail: of a shape that
                  failed earlier in this cycle, which no reservation would be made for
@@ -34,6 +34,10 @@ by configuration when the scheduler is built, from an explicit map of names:
   7. record      a ``Decision``, or an ``Unplaced`` reason: ``_Cycle.record``, the one
                  place either is written.
   8. park        the jobs not placed are parked for the next cycle at this capacity.
+
+What a cycle keeps for the next (the parked set, the queue keys, the placement and
+reservation indexes) is in the caller's ``CycleMemory`` (``policies.memory``), one per
+pool state, refreshed at the cycle's start; a caller that keeps nothing passes a new one.
 
 Who writes what: the state is read-only to every stage; tentative writes (bookings,
 holds, nominations) go through the cycle's one ``Statement``, rolled back before
@@ -57,13 +61,14 @@ from typing import AbstractSet, Callable, Iterable, Mapping
 
 from gpusched.core.model import WorkerAssignment
 from gpusched.core.state import ClusterState, JobState
+from gpusched.policies.memory import CycleMemory
 from gpusched.policies.placement.gang import place_gang
 from gpusched.policies.placement.registry import make_placement
 from gpusched.policies.queueing.fairshare import DEFAULT_AGING_S, QueueContext
 from gpusched.policies.queueing.guarantee_hold import DEFAULT_GUARANTEE_HOLD_S, GuaranteeHold, guarantee_hold
 from gpusched.policies.queueing.keys import QueueKeys
 from gpusched.policies.queueing.order import KEYED_ORDERS, QUEUE_KEYS, QUEUE_ORDERS
-from gpusched.policies.queueing.parking import ParkedJobs, parking_applies
+from gpusched.policies.queueing.parking import parking_applies
 from gpusched.policies.queueing.policy_tree import policy_tree
 from gpusched.policies.queueing.quota import QueueTree, within_limits
 from gpusched.policies.queueing.usage import folded_decay
@@ -74,9 +79,8 @@ from gpusched.policies.reservation.nomination import (
 from gpusched.policies.reservation.stages import NomineeHold, ReservationRun, reservation_stage
 from gpusched.policies.outcomes import CycleResult, Decision, Unplaced
 from gpusched.policies.statement import Statement, tentative
-from gpusched.policies.placement.kept_index import install as keep_indexes
 
-__all__ = ["CycleResult", "Decision", "Scheduler", "SchedulerConfig", "Unplaced", "job_shape"]
+__all__ = ["CycleResult", "Decision", "Scheduler", "SchedulerConfig", "Unplaced"]
 
 # A job blocked this long gets a reservation whatever the settings of backfill: short
 # enough that a gang's wait is bounded by it plus the runtimes of what it waits on, long
@@ -162,25 +166,26 @@ class Scheduler:
         self.reservation: Reservation | None = None   # the last cycle's first, for reports
         self.reservations: tuple[Reservation, ...] = ()   # the last cycle's, in the order made
 
-    def cycle(self, state: ClusterState, now: float, parked: ParkedJobs | None = None,
-              keys: QueueKeys | None = None) -> list[Decision]:
+    def cycle(self, state: ClusterState, now: float, memory: CycleMemory) -> list[Decision]:
         """The decisions of one cycle (``schedule``)."""
-        return self.schedule(state, now, parked, keys).decisions
+        return self.schedule(state, now, memory).decisions
 
-    def schedule(self, state: ClusterState, now: float, parked: ParkedJobs | None = None,
-                 keys: QueueKeys | None = None) -> CycleResult:
-        """One cycle. With ``parked`` (kept by the caller for this state between cycles)
-        jobs known not to fit are not offered again (policies.queueing.parking); with
-        ``keys`` (kept likewise) the waiting jobs' queue keys and shapes are computed
-        once, not every cycle (policies.queueing.keys). Neither changes a decision."""
+    def schedule(self, state: ClusterState, now: float, memory: CycleMemory) -> CycleResult:
+        """One cycle. ``memory``: what the caller keeps for this state between cycles
+        (``policies.memory``): jobs known not to fit are not offered again (its ``parked``,
+        policies.queueing.parking); the waiting jobs' queue keys and shapes are computed
+        once, not every cycle (its ``keys``, policies.queueing.keys). Neither changes a
+        decision; a cycle stopped on its budget is continued by the next (its ``keys.cursor``)."""
+        memory.refresh(state)
+        parked, keys = memory.parked, memory.keys
         deadline = self.clock() + self.config.max_cycle_s
         # 1. snapshot
         quotas = policy_tree(state, self.config.quotas)   # the log's, at this state's position
         jobs = state.jobs
         held = guarantee_hold(state, quotas, (jobs[j] for j in state.pending if jobs[j].not_before <= now),
                               now, self.config.guarantee_hold_s)
-        parking = parked is not None and parking_applies(state, not self._reservations.capacity_only)
-        if parked is not None and not parking:
+        parking = parking_applies(state, not self._reservations.capacity_only)
+        if not parking:
             parked.clear()
         skip = parked.current(state, now) if parking else frozenset()
         # Fair share's memory is the log's (``folded_decay``): a placer that takes over orders alike.
@@ -188,26 +193,25 @@ class Scheduler:
         # Tiers are computed with the beneficiaries of preemptions counted (``nominees``).
         context = QueueContext(quotas, folded_decay(state, now), self.config.aging_s, frozenset(nominated))
         # 2. queue sort
-        cursor = keys.cursor if keys is not None and self.config.job_test_head < self.config.max_job_test else None
+        cursor = keys.cursor if self.config.job_test_head < self.config.max_job_test else None
         passed: set[str] | None = set() if cursor is not None else None
         order = self._queue(state, now, context, keys, skip, nominated, passed)
         if cursor is not None:
             order = cursor.order(state, order, self.config.job_test_head, passed, nominated.keys())
-        shape_of = keys.shape if keys is not None else job_shape
+        shape_of = keys.shape
         # Where an offer can only place a job or fail its shape (no stage holds capacity
         # for another job), a job whose shape failed earlier in this cycle would fail
         # too: it is not offered. Offering costs more than the rest of the cycle's work
         # for a waiting job, and in a full pool nearly all of them fail.
-        skim = keys is not None and not nominated
+        skim = not nominated
         capacity_only = self._reservations.capacity_only
         # Once every shape still waiting has failed and none can get a reservation, the
         # rest of the queue would only be skipped: the cycle stops (``_Cycle.exhausted``).
         stoppable = skim and not parking and self.config.queue == FAIR_SHARE
         with tentative(state) as statement:
-            if keys is not None:   # the placement indexes, kept by the caller like the keys
-                keep_indexes(keys.kept, state, statement)
+            memory.indexes.install(state, statement)   # the placement indexes, kept like the keys
             run = _Cycle(self, state, now, statement, quotas, NomineeHold(nominated) if nominated else None, held,
-                         keys.kept if keys is not None else None)
+                         memory)
             # The loop runs once per waiting job, thousands a cycle: what it reads is bound once.
             decisions, failed, skipped = run.decisions, run.failed, run.skipped
             max_decisions, max_job_test = self.config.max_decisions, self.config.max_job_test
@@ -245,15 +249,15 @@ class Scheduler:
         return CycleResult(list(run.decisions.values()), run.unplaced, run.skipped, skip, self.reservation,
                            self.reservations, quotas)
 
-    def _queue(self, state: ClusterState, now: float, context: QueueContext, keys: QueueKeys | None,
+    def _queue(self, state: ClusterState, now: float, context: QueueContext, keys: QueueKeys,
                parked: AbstractSet[str], nominated: Mapping[str, object],
                passed: set[str] | None = None) -> Iterable[JobState]:
-        """The ready jobs in queue order, nominees first. Fair share with ``keys``: taken
+        """The ready jobs in queue order, nominees first. Fair share: taken
         lazily from the per-team queues ``keys`` keeps (``fair_queue``), so a cycle pays
         for the jobs it reaches, not for the whole queue; nominees are first in it. The
         lazy order leaves out the nominees in ``passed`` and, in a continued cycle, the jobs
         the cursor's round already tested (``queueing.cursor``, ``queueing.tested_bounds``)."""
-        if keys is not None and self.config.queue == FAIR_SHARE:
+        if self.config.queue == FAIR_SHARE:
             keys.bind(None, state)
             queues = keys.fair_queues()
             queues.sync(state, now, context.aging_s if context.aging_s > 0 else math.inf)
@@ -264,20 +268,12 @@ class Scheduler:
         return nominees_first(self._ordered(state, ready, now, context, keys), nominated)
 
     def _ordered(self, state: ClusterState, ready: list[JobState], now: float, context: QueueContext,
-                 keys: QueueKeys | None) -> list[JobState]:
+                 keys: QueueKeys) -> list[JobState]:
         key = QUEUE_KEYS.get(self.config.queue)
-        if keys is None:
-            return self._order(state, ready, now, context)
         keys.bind(key, state)
         if key is None:   # an order that looks at the whole queue (fair share)
             return self._order(state, ready, now, context)
         return sorted(ready, key=keys.key)   # what the order does, with the keys kept
-
-
-def job_shape(job: JobState) -> tuple:
-    """What decides whether a job fits: jobs of one shape fit or fail alike."""
-    spec = job.spec
-    return (spec.pool, spec.workers, spec.resources)
 
 
 Workers = tuple[WorkerAssignment, ...]
@@ -288,12 +284,12 @@ class _Cycle:
 
     def __init__(self, scheduler: Scheduler, state: ClusterState, now: float, statement: Statement,
                  quotas: QueueTree, nominees: NomineeHold | None, guarantee: GuaranteeHold | None,
-                 kept: dict | None) -> None:
+                 memory: CycleMemory) -> None:
         self.config = scheduler.config
         self.placement = scheduler._placement
         self.state, self.now, self.statement, self.quotas = state, now, statement, quotas
         self.nominees, self.guarantee = nominees, guarantee
-        self.reservations: ReservationRun = scheduler._reservations.start(statement, now, kept,
+        self.reservations: ReservationRun = scheduler._reservations.start(statement, now, memory,
                                                                           nominees=nominees is not None)
         self.decisions: dict[str, Decision] = {}      # written by record only
         self.unplaced: dict[str, Unplaced] = {}       # written by record only
@@ -314,7 +310,8 @@ class _Cycle:
                 self.guarantee.placed(job)
 
     def offer(self, job: JobState, shape) -> Workers | Unplaced:
-        """4-6 for ``job``; ``shape``: its ``job_shape``, or the number ``QueueKeys`` gave it."""
+        """4-6 for ``job``; ``shape``: the number ``QueueKeys`` gave its shape (jobs of one
+        shape, their pool, workers and per-worker resources, fit or fail alike)."""
         # 4. quota (counting what the reservation will take)
         reserved = self.reservations.reservation
         if not within_limits(self.state, self.quotas, job, reserved.job if reserved else None):

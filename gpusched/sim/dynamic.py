@@ -42,13 +42,11 @@ from gpusched.core.reducer import apply
 from gpusched.core.state import ClusterState
 from gpusched.policies.placement.registry import PLACEMENTS
 from gpusched.policies.actions import Situation, make_actions, run_actions
+from gpusched.policies.memory import CycleMemory
 from gpusched.policies.preemption.decisions import Preemption, preemption_events
-from gpusched.policies.preemption.victim_index import VictimIndex
 from gpusched.policies.preemption.victim_rules import PreemptionConfig, reclaim_min_until
 from gpusched.policies.supervision import SupervisionConfig
-from gpusched.policies.queueing.parking import ParkedJobs
 from gpusched.policies.queueing.quota import claims_guarantee
-from gpusched.policies.queueing.keys import QueueKeys
 from gpusched.policies.scheduler import Decision, Scheduler, SchedulerConfig
 from gpusched.sim.dynamic_configs import parse_config, split_preemption, split_preemption_rules
 from gpusched.sim.metrics import FragmentationProbe, JobRecord, PreemptionRecord, Sample, SimResult
@@ -70,10 +68,10 @@ class DynamicSimulator:
         # The preemptor's actions that judge jobs (nodes never fail here), with what the
         # service keeps between its calls: the candidate victims and the placer's views.
         self._actions = make_actions(("preempt", "defrag"))
-        self._victims, self._kept = VictimIndex(), {}
-        # every decision is applied at once, so parking changes no decision (policies.queueing.parking)
-        self._parked = ParkedJobs()
-        self._keys = QueueKeys()
+        self._preempting = CycleMemory()   # what the preemptor's searches keep between its calls
+        # What the placer's cycles keep for the next: every decision is applied at once, so
+        # parking changes no decision (policies.queueing.parking).
+        self._placing = CycleMemory()
         self.label = label or f"{config.queue}+{config.placement}" + ("+backfill" if config.backfill else "")
         self.cycle_interval_s = cycle_interval_s
         span = workload.arrivals[-1].time - workload.arrivals[0].time if workload.arrivals else 0.0
@@ -164,7 +162,7 @@ class DynamicSimulator:
         result.cycles += 1
         if self.preemption is not None:
             self._log_checkpoints(now)
-        for d in self.scheduler.cycle(self.state, now, self._parked, self._keys):
+        for d in self.scheduler.cycle(self.state, now, self._placing):
             self._start(d, now)
             job = self.state.jobs[d.job_id]
             self._waiting[self._team_index[job.team]] -= 1
@@ -179,8 +177,7 @@ class DynamicSimulator:
         (its workers' WorkerFinished make the reducer send it back to pending). The state
         changed, so the next cycle (at ``cycle_interval_s``) places the beneficiaries."""
         self._last_preempt = now
-        situation = Situation(self.state, now, SupervisionConfig(), lambda _: self.preemption,
-                              victims=self._victims, kept=self._kept)
+        situation = Situation(self.state, now, SupervisionConfig(), lambda _: self.preemption, self._preempting)
         for decision in run_actions(self._actions, situation):
             assert isinstance(decision, Preemption)
             for_class = self.state.jobs[decision.for_job].spec.priority_class

@@ -36,7 +36,7 @@ from gpusched.core.model import GpuInfo, JobPhase, JobSpec, NodeInfo, WorkerReso
 from gpusched.core.reducer import apply
 from gpusched.core.state import ClusterState
 from gpusched.policies.preemption.decisions import preemption_decisions, preemption_events
-from gpusched.policies.preemption.victim_index import VictimIndex
+from gpusched.policies.memory import CycleMemory
 from gpusched.policies.preemption.victim_rules import PreemptionConfig
 from gpusched.policies.queueing.guarantee_hold import DEFAULT_GUARANTEE_HOLD_S
 from gpusched.policies.queueing.quota import OrgQuota, QueueTree, TeamQuota
@@ -148,7 +148,7 @@ def run(wl: ReclaimWorkload, preemption: PreemptionConfig | None = None) -> Recl
     busy = {t: True for t in teams}
     k = 0
     now = 0.0
-    victims = VictimIndex()   # the preemptor's candidate victims, kept as the service keeps them
+    preempting = CycleMemory()   # what the preemptor's searches keep, as the service keeps it
     while now < wl.hours * 3600:
         if now < report.steady_from_s and now % 3600 < wl.step_s:
             busy = {t: rng.random() < 0.6 for t in teams}
@@ -165,11 +165,11 @@ def run(wl: ReclaimWorkload, preemption: PreemptionConfig | None = None) -> Recl
                 spec = _spec(f"j{k}", t, rng.choice(SIZES))
                 put(ev.JobSubmitted, time=now, job_id=f"j{k}", spec=spec)
                 runtime[f"j{k}"] = rng.uniform(*wl.runtime_s)
-        for d in scheduler.cycle(state, now):
+        for d in scheduler.cycle(state, now, CycleMemory()):
             put(ev.JobPlaced, time=now, job_id=d.job_id, attempt=d.attempt, workers=d.workers, policy=d.policy)
             for w in d.workers:
                 put(ev.WorkerStarted, time=now, job_id=d.job_id, attempt=d.attempt, worker=w.worker, node=w.node)
-        for decision in preemption_decisions(state, now, config, victims=victims):
+        for decision in preemption_decisions(state, now, preempting, config):
             for e in preemption_events(state, decision, now):
                 victim = state.jobs[e.job_id]
                 report.preemptions.append(Preempted(now, e.job_id, victim.team, state.jobs[decision.for_job].team,

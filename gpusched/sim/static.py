@@ -35,6 +35,7 @@ from gpusched.core import events as ev
 from gpusched.core.model import NodeInfo
 from gpusched.core.reducer import apply
 from gpusched.core.state import ClusterState
+from gpusched.policies.memory import CycleMemory
 from gpusched.policies.placement.registry import make_placement, parse_placement
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig
 from gpusched.sim import figures, report
@@ -100,7 +101,7 @@ def pack(nodes: list[NodeInfo], tasks: list[Task], policy: str, seed: int, label
     # One cycle offers every arrival: no cap on decisions nor on jobs tested.
     scheduler = Scheduler(SchedulerConfig(queue="fifo", placement=name, placement_args=args,
                                           max_decisions=len(arrivals), max_job_test=len(arrivals)))
-    decisions = {d.job_id: d for d in scheduler.cycle(state, now=0.0)}
+    decisions = {d.job_id: d for d in scheduler.cycle(state, 0.0, CycleMemory())}
 
     run = Run(label, policy, seed, [0.0] * (POINTS + 1), tasks=len(arrivals))
     arrived = reached = 0

@@ -17,7 +17,7 @@ What keeps the cycles few and short in a burst (docs/design/benchmarks.md, scale
 * The cyclic GC is paused across the cycle and the pass: what they allocate dies by
   reference count when they end, and a collection in the middle would only rescan it.
 * A pool taken (at the start, or from another placer) is warmed before its first cycle,
-  off that cycle's clock (``_warmed``): else the first cycle builds what the cycles keep
+  off that cycle's clock (``_warm``): else the first cycle builds what the cycles keep
   for the next (the placement indexes from every node, the queues' keys) and costs
   several later ones.
 """
@@ -34,8 +34,8 @@ from gpusched.adapters.telemetry import metrics, tracing
 from gpusched.adapters.log.gc_pacing import gc_paused
 from gpusched.core import events as ev
 from gpusched.core.state import ClusterState
+from gpusched.policies.memory import CycleMemory
 from gpusched.policies.queueing.parking import ParkedJobs
-from gpusched.policies.queueing.keys import QueueKeys
 from gpusched.policies.scheduler import Scheduler
 from gpusched_placer.cycle_log import CycleLog
 from gpusched_placer.reasons import MIN_INTERVAL_S, PendingReasons
@@ -47,8 +47,9 @@ REASONS_EVERY_S = MIN_INTERVAL_S   # while cycles place jobs: a job's reason is 
 class PoolMemory:
     """What the placer keeps for one partition between its cycles, dropped whole when the
     partition is gained or lost (its next state is another object)."""
-    parked: ParkedJobs = field(default_factory=ParkedJobs)   # jobs known not to fit
-    keys: QueueKeys | None = None        # its waiting jobs' keys and shapes; built by a warming cycle
+    # What its cycles keep for the next (parked jobs, queue keys, indexes: ``policies.memory``).
+    policies: CycleMemory = field(default_factory=CycleMemory)
+    warmed: bool = False                 # whether a warming cycle built ``policies`` (``_warm``)
     last_version: int | None = None      # the scheduling version of its last cycle
     reason_bumps: int = 0                # pending reasons folded (each bumped the state's version)
     reasons_at: float = -math.inf        # when its last reasons pass ran
@@ -105,17 +106,17 @@ class PlacementDecider:
             # The same state: only pending reasons the last pass could not reach or held back.
             if not self.reasons.due(partition, state, now):
                 return []
-            kept = memory.keys.kept if memory.keys is not None else None
-            return [(e, state.jobs[e.job_id].spec.pool) for e in self.reasons.idle_pass(partition, state, now, kept)]
+            return [(e, state.jobs[e.job_id].spec.pool)
+                    for e in self.reasons.idle_pass(partition, state, now, memory.policies)]
         memory.last_version, memory.cycled_at, memory.wake = version, now, None
-        keys = memory.keys
-        if keys is None:
-            keys = memory.keys = self._warmed(state, now)
+        if not memory.warmed:
+            self._warm(memory.policies, state, now)
+            memory.warmed = True
         if self.cycle_log is not None:
             self.cycle_log.start()
         started = time.perf_counter()
         with tracing.tracer().start_as_current_span("schedule-cycle") as span:
-            cycle = self.scheduler.schedule(state, now, memory.parked, keys)
+            cycle = self.scheduler.schedule(state, now, memory.policies)
             decisions = cycle.decisions
             span.set_attribute("gpusched.partition", partition)
             span.set_attribute("gpusched.decisions", len(decisions))
@@ -128,22 +129,21 @@ class PlacementDecider:
         if not placed or now - memory.reasons_at >= REASONS_EVERY_S:
             memory.reasons_at = now
             # What the cycle found, and its placement indexes (closed, in step again at the pass), reused.
-            why = self.reasons.after_cycle(partition, state, now, cycle, keys.kept)
+            why = self.reasons.after_cycle(partition, state, now, cycle, memory.policies)
         if self.cycle_log is not None:
             self.cycle_log.done(partition, cycle_s, len(state.pending), len(placed),
                                 time.perf_counter() - started - cycle_s)
         return placed + [(e, state.jobs[e.job_id].spec.pool) for e in why]
 
-    def _warmed(self, state: ClusterState, now: float) -> QueueKeys:
-        """New keys for a pool's first cycle, with what cycles keep between them built by a
-        cycle whose decisions are dropped: the same jobs in the same order as the first
-        cycle will take (its own parked set, no cursor), booked and rolled back. What it
-        keeps is brought in step at the next cycle's start like any cycle's
+    def _warm(self, memory: CycleMemory, state: ClusterState, now: float) -> None:
+        """Build what cycles keep between them for a pool's first cycle, by a cycle whose
+        decisions are dropped: the same jobs in the same order as the first cycle will
+        take (no cursor), booked and rolled back; the jobs it parked are forgotten. What
+        it keeps is brought in step at the next cycle's start like any cycle's
         (``kept_index``), so the first cycle decides as it would cold."""
-        keys = QueueKeys()
         with tracing.tracer().start_as_current_span("warm-cycle"):
-            self._warming.schedule(state, now, ParkedJobs(), keys)
-        return keys
+            self._warming.schedule(state, now, memory)
+        memory.parked = ParkedJobs()
 
     def _backoff_ended(self, memory: PoolMemory, state: ClusterState, now: float, version: int) -> bool:
         """Whether a pending job's retry back-off ended since the last cycle: the only job

@@ -11,7 +11,7 @@ Four limits keep it cheap for a long queue and a busy pool:
   at 5,000 nodes a pass of 64 shapes that scanned every node took about half as long as
   the cycle; the jobs it did not reach come first in the next pass, and at least one
   shape is looked at a pass. A pass reads the nodes through a free-capacity index kept
-  between passes (``Diagnosis``'s ``kept``; the placer lends its cycle's), so it checks only the nodes with room for
+  between passes (``Diagnosis``'s memory; the placer lends its cycle's), so it checks only the nodes with room for
   a worker's GPUs, but counts the budget in the pool's nodes, as a scan would;
 * a job's reason is written at most once every ``min_interval_s``: a changed reason
   within that time is held back and written when the time is up;
@@ -32,6 +32,7 @@ from gpusched.core import events as ev
 from gpusched.core.model import PendingReason
 from gpusched.core.state import ClusterState, JobState
 from gpusched.policies.journal_cursor import JournalCursor
+from gpusched.policies.memory import CycleMemory
 from gpusched.policies.placement.diagnosis import Diagnosis
 from gpusched.policies.reservation.backfill import DEFAULT_ESTIMATE_S
 from gpusched.policies.scheduler import CycleResult
@@ -64,7 +65,7 @@ class _Partition:
     tokens: float = RATE_PER_S
     tokens_at: float = 0.0
     cycle: CycleResult | None = None   # the last cycle's result
-    kept: dict = field(default_factory=dict)   # the free-capacity indexes kept between passes (or the cycle's)
+    memory: CycleMemory = field(default_factory=CycleMemory)   # its placement indexes kept between passes (or the cycle's)
 
 
 class PendingReasons:
@@ -83,12 +84,12 @@ class PendingReasons:
             self._parts.pop(p, None)
 
     def after_cycle(self, partition: int, state: ClusterState, now: float,
-                    cycle: CycleResult, kept: dict | None = None) -> list[ev.JobPendingReason]:
+                    cycle: CycleResult, memory: CycleMemory) -> list[ev.JobPendingReason]:
         """The reasons to write after ``cycle`` (its decisions are not in the log yet).
-        ``kept``: the cycle's own store of placement indexes (its ``QueueKeys.kept``), to
-        read instead of one kept here (see ``_share``)."""
+        ``memory``: the cycle's, whose placement indexes are read instead of a copy kept
+        here (see ``_share``)."""
         part = self._parts.setdefault(partition, _Partition(tokens=self.rate_per_s, tokens_at=now))
-        self._share(part, kept)
+        self._share(part, memory)
         part.generation += 1
         part.cycle = cycle
         booked = [(state.jobs[d.job_id], d.workers) for d in cycle.decisions]
@@ -101,25 +102,24 @@ class PendingReasons:
                                      or self._full_check_due(part, state, now))
 
     def idle_pass(self, partition: int, state: ClusterState, now: float,
-                  kept: dict | None = None) -> list[ev.JobPendingReason]:
+                  memory: CycleMemory) -> list[ev.JobPendingReason]:
         part = self._parts.get(partition)
         if part is None:
             return []
-        self._share(part, kept)
+        self._share(part, memory)
         return self._pass(part, state, now, [])
 
     @staticmethod
-    def _share(part: _Partition, kept: dict | None) -> None:
+    def _share(part: _Partition, memory: CycleMemory) -> None:
         """Read the cycle's kept placement indexes rather than keep a second copy: after a
         big placing cycle, bringing a copy of its own in step with the log was half of a
         pass, work the cycle had just done for its copy. Safe because the pass runs after
         the cycle's statement closed and before anything changes the state, and a
-        ``Diagnosis`` refreshes the indexes before it reads them (``kept_index.install``):
+        ``Diagnosis`` refreshes the indexes before it reads them (``KeptIndexes.install``):
         the nodes that statement changed are looked at again, so the pass reads what a
         fresh build would be; its own tentative changes are likewise left for the next
         reader's refresh."""
-        if kept is not None:
-            part.kept = kept
+        part.memory = memory
 
     def _pass(self, part: _Partition, state: ClusterState, now: float, booked: list) -> list[ev.JobPendingReason]:
         placed = {job.job_id for job, _ in booked}
@@ -127,8 +127,8 @@ class PendingReasons:
         if not chosen:
             return []
         cycle, out = part.cycle, []
-        kept = part.kept if self.keep_indexes else None
-        with Diagnosis(state, now, cycle.quotas, cycle, booked, self.default_estimate_s, kept) as diagnosis:
+        with Diagnosis(state, now, part.memory, cycle.quotas, cycle, booked, self.default_estimate_s,
+                       scan=not self.keep_indexes) as diagnosis:
             for i, job_id in enumerate(chosen):
                 if i and diagnosis.node_checks >= self.node_checks_per_pass:
                     self._defer(part, chosen[i:])

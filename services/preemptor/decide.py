@@ -17,7 +17,7 @@ from gpusched.policies.actions import (
 from gpusched.policies.autoscaling import ReplicaLoad, ScaleMemory
 from gpusched.policies.queueing.policy_tree import policy_tree
 from gpusched.policies.preemption.decisions import preemption_events
-from gpusched.policies.preemption.victim_index import VictimIndex
+from gpusched.policies.memory import CycleMemory
 from gpusched.policies.preemption.victim_rules import PreemptionConfig
 from gpusched.policies.supervision import SupervisionConfig
 from gpusched.policies.preemption.gate import SEARCHES, PossibleVictims, has_guarantees
@@ -28,11 +28,9 @@ class PartitionMemory:
     """What the preemptor keeps for one partition between its rounds, dropped whole when
     the partition is revoked (a partition assigned again is replayed into a new state)."""
     possible: PossibleVictims = field(default_factory=PossibleVictims)   # whether a search can propose
-    # Its candidate victims: brought in step with what changed rather than listed afresh
-    # (``victim_index``).
-    victims: VictimIndex = field(default_factory=VictimIndex)
-    # The placer's views of its nodes (free capacity), kept likewise (``placer_views``).
-    kept: dict = field(default_factory=dict)
+    # What the searches keep between rounds: its candidate victims, the placer's views of
+    # its nodes, its movable jobs, each brought in step with what changed (``policies.memory``).
+    policies: CycleMemory = field(default_factory=CycleMemory)
     # The autoscaler's memory of each service (``policies.autoscaling``).
     scaling: dict[str, ScaleMemory] = field(default_factory=dict)
 
@@ -99,9 +97,8 @@ class PreemptorDecider:
 
     def _decide(self, partition: int, state: ClusterState, now: float) -> list[tuple[ev.Event, str]]:
         last_seen, since, hearing = self.heard(now)
-        situation = Situation(state, now, self.supervision, self._config,
+        situation = Situation(state, now, self.supervision, self._config, self._memory(partition).policies,
                               self._with_unheard(state, last_seen, now), since, hearing,
-                              self._memory(partition).victims, self._memory(partition).kept,
                               self.loads, self._memory(partition).scaling)
         return [out for p in run_actions(self._actions(partition, situation), situation)
                 for out in self._events(state, p, now)]

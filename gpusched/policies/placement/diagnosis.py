@@ -22,13 +22,14 @@ from it, not worked out again. The checks, in the order the cycle meets them:
 Jobs of one shape (pool, workers, resources) get the same answer from step 3, so it is
 computed once per shape (and reservation/nomination situation) in a ``Diagnosis``.
 
-Step 4 need not call ``first_failing`` on every node of the pool. Given ``kept`` (a
-caller's store of placement indexes, as a cycle's ``QueueKeys.kept``), a ``Diagnosis``
-lends the kept free-capacity index (``FreeIndex``, ``kept_index``) to its statement: a
+Step 4 need not call ``first_failing`` on every node of the pool. A ``Diagnosis`` lends
+the placement indexes of its memory (``CycleMemory.indexes``, as a cycle's; ``kept_index``)
+to its statement, and reads the free-capacity index (``FreeIndex``): a
 node outside the index's buckets with room for a worker's whole GPUs or share, and not
 lost, cordoned or of a model refused, fails at "gpus" or "share", so only the nodes in
 those buckets are checked. On a full pool that is a handful of nodes instead of
-thousands; the counts are those of the scan (``tests/unit/placer/test_reasons_kept.py``).
+thousands; the counts are those of the scan (``scan``: every node checked, the tests'
+reference, ``tests/unit/placer/test_reasons_kept.py``).
 Nothing here decides anything: the reason is only shown (docs/guide/why-pending.md).
 """
 from __future__ import annotations
@@ -40,12 +41,12 @@ from typing import Iterable, Mapping
 
 from gpusched.core.model import NodeCount, NodeStatus, PendingKind, PendingReason, WorkerResources
 from gpusched.core.state import ClusterState, JobState, NodeState
+from gpusched.policies.memory import CycleMemory
 from gpusched.policies.gpu_fit import (
     CORDONED, CPU, GPUS, LOST, MEMORY, MIG, MODEL, POOL, SHARE, first_failing,
 )
 from gpusched.policies.placement.heuristics import free_index
 from gpusched.policies.placement.index import SHARE_STEP, FreeIndex
-from gpusched.policies.placement.kept_index import install
 from gpusched.policies.placement.topology import node_capacity
 from gpusched.policies.queueing.quota import QueueTree, limit_reached
 from gpusched.policies.reservation.backfill import (
@@ -86,11 +87,12 @@ class Diagnosis:
     ran, as in a test of one question); ``default_estimate_s``: the scheduler's, so a job
     is judged to delay a reservation exactly as the cycle judged it."""
 
-    def __init__(self, state: ClusterState, now: float, quotas: QueueTree, cycle: CycleResult | None = None,
-                 decisions: Iterable[tuple[JobState, tuple]] = (),
-                 default_estimate_s: float = DEFAULT_ESTIMATE_S, kept: dict | None = None) -> None:
-        self.state, self.now, self.quotas = state, now, quotas
-        self._kept = kept   # a store of kept placement indexes, or None: every node is checked
+    def __init__(self, state: ClusterState, now: float, memory: CycleMemory, quotas: QueueTree,
+                 cycle: CycleResult | None = None, decisions: Iterable[tuple[JobState, tuple]] = (),
+                 default_estimate_s: float = DEFAULT_ESTIMATE_S, scan: bool = False) -> None:
+        memory.refresh(state)
+        self.state, self.now, self.quotas, self.memory = state, now, quotas, memory
+        self._scan = scan   # every node checked for every shape, the index not read
         self.reservations: tuple[Reservation, ...] = cycle.reservations if cycle is not None else ()
         self._verdict = _verdicts(cycle) if cycle is not None else (lambda job_id: None)
         self._estimate = runtime_estimate(state, default_estimate_s)
@@ -109,8 +111,7 @@ class Diagnosis:
     def __enter__(self) -> "Diagnosis":
         self._context = tentative(self.state)
         self._statement = self._context.__enter__()
-        if self._kept is not None:
-            install(self._kept, self.state, self._statement)   # before any booking: the log's state
+        self.memory.indexes.install(self.state, self._statement)   # before any booking: the log's state
         for job, workers in self._decisions:
             self._statement.book(job, workers)
         return self
@@ -151,7 +152,7 @@ class Diagnosis:
 
     def _nodes(self, job: JobState, blocking: tuple[Reservation, ...], nominee: str) -> PendingReason:
         spec, res = job.spec, job.spec.resources
-        if self._kept is not None and not res.is_mig and (res.gpus or res.is_share):
+        if not self._scan and not res.is_mig and (res.gpus or res.is_share):
             total, counts, free = self._indexed(spec.pool, res)
         else:
             total, counts, free = self._scanned(spec.pool, res)
@@ -313,17 +314,17 @@ def _holders(taken: list[tuple[str, int]]) -> str:
     return f"{len(taken)} backfill reservations hold its room: {each}"
 
 
-def diagnose(state: ClusterState, job: JobState, now: float, quotas: QueueTree = QueueTree(),
+def diagnose(state: ClusterState, job: JobState, now: float, memory: CycleMemory, quotas: QueueTree = QueueTree(),
              cycle: CycleResult | None = None, decisions: Iterable[tuple[JobState, tuple]] = (),
              default_estimate_s: float = DEFAULT_ESTIMATE_S) -> PendingReason:
     """One job's pending reason (a ``Diagnosis`` for one question)."""
-    with Diagnosis(state, now, quotas, cycle, decisions, default_estimate_s) as diagnosis:
+    with Diagnosis(state, now, memory, quotas, cycle, decisions, default_estimate_s) as diagnosis:
         return diagnosis.diagnose(job)
 
 
-def reasons(state: ClusterState, jobs: Iterable[JobState], now: float, quotas: QueueTree,
+def reasons(state: ClusterState, jobs: Iterable[JobState], now: float, memory: CycleMemory, quotas: QueueTree,
             cycle: CycleResult | None = None, decisions: Iterable[tuple[JobState, tuple]] = (),
-            default_estimate_s: float = DEFAULT_ESTIMATE_S, kept: dict | None = None) -> Mapping[str, PendingReason]:
+            default_estimate_s: float = DEFAULT_ESTIMATE_S, scan: bool = False) -> Mapping[str, PendingReason]:
     """Several jobs' pending reasons, against one booking of the cycle's decisions."""
-    with Diagnosis(state, now, quotas, cycle, decisions, default_estimate_s, kept) as diagnosis:
+    with Diagnosis(state, now, memory, quotas, cycle, decisions, default_estimate_s, scan) as diagnosis:
         return {job.job_id: diagnosis.diagnose(job) for job in jobs}

@@ -3,7 +3,7 @@
 Building a pool's free-capacity index and its MIG indexes reads every node; at thousands
 of nodes that was a sixth of a busy cycle, though between two cycles only the nodes of
 the few jobs placed, ended or moved changed. ``KeptIndexes`` keeps them for one state
-(in the caller's ``QueueKeys.kept``, per partition) and, at each cycle's start, while
+(the caller's ``CycleMemory.indexes``, per partition) and, at each cycle's start, while
 the state is the log's (the cycle has booked nothing yet), brings them in step:
 
 * the nodes the last cycle's statement changed tentatively (bookings, holds, nominees'
@@ -31,7 +31,7 @@ from gpusched.core.state import ClusterState
 from gpusched.policies.statement import NodeView, Statement
 from gpusched.policies.touched_nodes import TouchedNodes
 
-KEPT = "placement-indexes"     # the entry in ``QueueKeys.kept``, and this view's key in a statement
+KEPT = "placement-indexes"     # this view's key in a statement
 
 
 class KeptIndexes:
@@ -98,10 +98,3 @@ def view(statement: Statement, key: object, build: Callable[[], NodeView]) -> No
             kept.keep(key, index)   # type: ignore[attr-defined]
     return index
 
-
-def install(kept: dict, state: ClusterState, statement: Statement) -> None:
-    """Lend ``statement`` the indexes kept in ``kept`` (a caller's ``QueueKeys.kept``)."""
-    indexes = kept.get(KEPT)
-    if indexes is None:
-        indexes = kept[KEPT] = KeptIndexes()
-    indexes.install(state, statement)

@@ -17,9 +17,9 @@ from typing import Mapping
 
 from gpusched.core import events as ev
 from gpusched.core.state import ClusterState, JobState
+from gpusched.policies.memory import CycleMemory
 from gpusched.policies.queueing.quota import within_limits
 from gpusched.policies.preemption.protection import Shield
-from gpusched.policies.preemption.victim_index import VictimIndex
 from gpusched.policies.preemption.search_context import Found, SearchContext
 from gpusched.policies.preemption.victim_rules import PreemptionConfig, shield_ends
 
@@ -55,15 +55,13 @@ def preemption_events(state: ClusterState, decision: Preemption, now: float,
 
 
 # --- public entry points ------------------------------------------------------------------
-def victims_for(state: ClusterState, job: JobState, now: float,
-                config: PreemptionConfig = PreemptionConfig(),
-                victims: VictimIndex | None = None, kept: dict | None = None) -> tuple[str, ...] | None:
+def victims_for(state: ClusterState, job: JobState, now: float, memory: CycleMemory,
+                config: PreemptionConfig = PreemptionConfig()) -> tuple[str, ...] | None:
     """The cheapest set of running jobs to preempt so ``job`` becomes placeable: ``()`` when
     it is placeable already, ``None`` when no set of eligible victims makes it placeable.
-    ``victims``: the caller's kept index of candidate victims (the preemptor's, of this
-    state), brought in step here rather than one built for the question; ``kept``: its
-    placer views likewise (``placer_views``)."""
-    ctx = SearchContext(state, now, config, victims, kept)
+    ``memory``: the caller's (the preemptor's, of this state): its index of candidate
+    victims and its placer views, brought in step here rather than built for the question."""
+    ctx = SearchContext(state, now, config, memory)
     with ctx.tentative() as scratch:
         found = ctx.find(job, scratch)
     if found is None:
@@ -87,13 +85,12 @@ class Shields:
         return line
 
 
-def why_no_victims(state: ClusterState, job: JobState, now: float,
-                   config: PreemptionConfig = PreemptionConfig(),
-                   victims: VictimIndex | None = None) -> Shields:
+def why_no_victims(state: ClusterState, job: JobState, now: float, memory: CycleMemory,
+                   config: PreemptionConfig = PreemptionConfig()) -> Shields:
     """What keeps the running jobs of ``job``'s pool from being its victims, as typed reasons
-    (``Shield``): the preemptor's explanation when it finds none for ``job``. ``victims``:
-    as for ``victims_for`` (the teams' borrowing is read from it)."""
-    ctx = SearchContext(state, now, config, victims)
+    (``Shield``): the preemptor's explanation when it finds none for ``job``. ``memory``:
+    as for ``victims_for`` (the teams' borrowing is read from its index of victims)."""
+    ctx = SearchContext(state, now, config, memory)
     reclaim = ctx.may_reclaim(job)
     shielded: Counter[Shield] = Counter()
     eligible, next_at = 0, None
@@ -117,10 +114,8 @@ def why_no_victims(state: ClusterState, job: JobState, now: float,
     return Shields(dict(shielded), eligible, next_at)
 
 
-def preemption_decisions(state: ClusterState, now: float,
-                         config: PreemptionConfig = PreemptionConfig(),
-                         limit: int = 8, victims: VictimIndex | None = None,
-                         kept: dict | None = None) -> list[Preemption]:
+def preemption_decisions(state: ClusterState, now: float, memory: CycleMemory,
+                         config: PreemptionConfig = PreemptionConfig(), limit: int = 8) -> list[Preemption]:
     """Preemptions for the pending jobs the scheduler cannot place, highest priority first.
 
     Pending jobs are walked in priority order (then submission order). One that fits now
@@ -129,12 +124,12 @@ def preemption_decisions(state: ClusterState, now: float,
     ``nomination_ttl_s``, or victims already PREEMPTING for it) is skipped; otherwise its
     cheapest victims are chosen, released and the job booked, all tentatively — so two
     decisions of one call never share victims or count the same freed GPUs twice. The
-    state is left exactly as it was. ``victims``: the index of candidate victims kept
-    from the caller's last call on this state (``victim_index``), brought in step here;
-    ``kept``: the placer's views kept likewise, in the caller's dict (``placer_views``)."""
+    state is left exactly as it was. ``memory``: what the caller keeps between calls on
+    this state, brought in step here: the index of candidate victims (``victim_index``)
+    and the placer's views (``placer_views``)."""
     if not state.pending:   # the common case of a quiet cluster, every round: nothing to search
         return []
-    ctx = SearchContext(state, now, config, victims, kept)
+    ctx = SearchContext(state, now, config, memory)
     out: list[Preemption] = []
     # Shapes no victim set helps this call, with the most work the failed search was allowed
     # to lose: a job of the shape that may lose no more fails too.

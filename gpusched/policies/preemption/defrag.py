@@ -32,27 +32,27 @@ pack inside a GPU and are not blocked by spreading GPUs across nodes).
 Decisions are ``Preemption`` with reason ``"defragmentation"``. Like preemption, a call
 books its plans tentatively (moved jobs released, the pending job and the moved jobs
 placed) so later plans of the same call build on them, and leaves the state untouched.
-Like preemption, too, a call may read the placer's views kept between the caller's calls
-(``kept``: ``placer_views``) and the kept index of candidate victims (``victims``: what
-is in flight), brought in step with the log at its start, and in ``kept`` too each
-pool's movable jobs (``kept_movable``), brought in step at its first plan: it then
-decides as a call that builds them afresh (``tests/unit/policies/preemption/test_kept_placer_views.py``).
+Like preemption, too, a call reads what the caller's memory keeps between its calls: the
+placer's views (``placer_views``) and the index of candidate victims (what is in flight),
+brought in step with the log at its start, and each pool's movable jobs
+(``kept_movable``), brought in step at its first plan: it decides as a call that builds
+them afresh (``tests/unit/policies/preemption/test_kept_placer_views.py``).
 """
 from __future__ import annotations
 
 from collections import Counter
-from functools import partial
 from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
 from gpusched.core.model import WorkerAssignment
 from gpusched.core.priority import priority_value
 from gpusched.core.state import ClusterState, JobState, NodeState
+from gpusched.policies.memory import CycleMemory
 from gpusched.policies.preemption.decisions import REASON_DEFRAG, Preemption
 from gpusched.policies.preemption.indexed_search import IndexedSearch
 from gpusched.policies.preemption.kept_movable import KeptEntries, kept_entries
 from gpusched.policies.preemption.search_context import SearchContext
 from gpusched.policies.preemption.slot_counts import SlotCounts
-from gpusched.policies.preemption.victim_index import Entry, VictimIndex
+from gpusched.policies.preemption.victim_index import Entry
 from gpusched.policies.queueing.quota import within_limits
 from gpusched.policies.statement import Statement
 from gpusched.policies.preemption.victim_rules import (
@@ -115,19 +115,16 @@ def _blocked(ctx: SearchContext, job: JobState) -> bool:
     return view.blocked(job)
 
 
-def defrag_decisions(state: ClusterState, now: float,
-                     config: PreemptionConfig = PreemptionConfig(),
-                     limit: int = 4, victims: VictimIndex | None = None,
-                     kept: dict | None = None) -> list[Preemption]:
+def defrag_decisions(state: ClusterState, now: float, memory: CycleMemory,
+                     config: PreemptionConfig = PreemptionConfig(), limit: int = 4) -> list[Preemption]:
     """Move plans for pending jobs blocked by fragmentation only, highest priority first.
-    ``victims`` and ``kept``: the caller's kept index of candidate victims and placer
-    views of this state, as for ``preemption_decisions`` (None: built for the call)."""
+    ``memory``: what the caller keeps between calls on this state, as for
+    ``preemption_decisions``, and each pool's movable jobs."""
     if not state.pending:   # the common case of a quiet cluster, every round: nothing to search
         return []
     if not any(may_ever_move(state.jobs[j]) for node in state.nodes.values() for j in node.jobs):
         return []   # no job could ever be moved (none checkpoints): no plan to look for
-    ctx = SearchContext(state, now, config, victims, kept)
-    searcher = indexed_search if kept is None else partial(indexed_search, kept=kept)
+    ctx = SearchContext(state, now, config, memory)
     out: list[Preemption] = []
     with ctx.tentative() as scratch:
         for job in ctx.pending_in_order()[: config.max_examined]:
@@ -141,17 +138,17 @@ def defrag_decisions(state: ClusterState, now: float,
                 continue
             if job.job_id in ctx.in_flight or not _blocked(ctx, job):
                 continue
-            plan = _plan(ctx, job, scratch, searcher)   # booked on the scratch when found
+            plan = _plan(ctx, job, scratch)   # booked on the scratch when found
             if plan is not None:
                 out.append(plan)
     return out
 
 
-def defrag_plan(state: ClusterState, job: JobState, now: float,
+def defrag_plan(state: ClusterState, job: JobState, now: float, memory: CycleMemory,
                 config: PreemptionConfig = PreemptionConfig()) -> tuple[str, ...] | None:
     """The jobs to move so ``job`` fits, or None (not fragmentation-blocked, or no plan
     within the caps). The state is left untouched."""
-    ctx = SearchContext(state, now, config)
+    ctx = SearchContext(state, now, config, memory)
     with ctx.tentative() as scratch:
         if ctx.place(job) is not None or not blocked_by_fragmentation(state, job):
             return None
@@ -169,9 +166,10 @@ def _movable(ctx: SearchContext, victim: JobState, job: JobState) -> bool:
 class MovableEntries:
     """The jobs of a pool's nodes that any pending job may move (``may_move_now``), one
     entry per node they run on, by a lower bound of the key of any move set holding them
-    (``move_bound``): ``IndexedSearch``'s
-    candidates. Built once per call, at the first plan (or kept between calls:
-    ``kept_movable``): what a call's scratch changes after that never makes a job movable
+    (``move_bound``): ``IndexedSearch``'s candidates, listed afresh: what a call reads
+    is the kept listing (``kept_movable``), which lists these entries, and is the key
+    of its view in the call's statement. Listed at the call's first plan: what a call's
+    scratch changes after that never makes a job movable
     (it books pending jobs and moved ones, taken), and a job it released stays listed but
     is no victim (taken, or released back)."""
 
@@ -195,24 +193,21 @@ class MovableEntries:
 
 
 def indexed_search(ctx: SearchContext, job: JobState, scratch: Statement, eligible: Callable,
-                   cost: Callable, set_key: Callable, kept: dict | None = None) -> VictimSearch:
-    """The search of a plan on the call's movable jobs (``MovableEntries``; ``kept``: the
-    caller's dict keeping them between calls, ``kept_movable``) and worker slots
-    (``SlotCounts``), views kept for the call; the nodes' own (``VictimSearch``) where no
-    call is open to keep them."""
+                   cost: Callable, set_key: Callable) -> VictimSearch:
+    """The search of a plan on the call's movable jobs (kept between calls in the
+    memory's ``movable``, ``kept_movable``) and worker slots (``SlotCounts``), views kept
+    for the call; the nodes' own (``VictimSearch``) where no call is open to keep them."""
     spec, pool, config, now = job.spec, job.spec.pool, ctx.config, ctx.now
 
-    def listed(nodes: Mapping[str, NodeState]) -> MovableEntries | KeptEntries:
-        if kept is None:
-            return MovableEntries(nodes, ctx.state.jobs, pool, now, config)
-        return kept_entries(kept, ctx.state, nodes, pool, now, config)
+    def listed(nodes: Mapping[str, NodeState]) -> KeptEntries:
+        return kept_entries(ctx.memory.movable_of(pool), ctx.state, nodes, now, config)
 
     movable = ctx.kept_view((MovableEntries, pool), listed)
     shape = (SlotCounts, pool, spec.resources, spec.workers)
     slots = ctx.kept_view(shape, lambda nodes: SlotCounts(nodes, pool, spec.resources, spec.workers))
     if movable is None or slots is None:
         return stepped_search(ctx, job, scratch, eligible, cost, set_key)
-    assert isinstance(movable, (MovableEntries, KeptEntries)) and isinstance(slots, SlotCounts)
+    assert isinstance(movable, KeptEntries) and isinstance(slots, SlotCounts)
     return IndexedSearch(ctx.state, job, scratch, eligible, cost, set_key, config.defrag_max_moves,
                          movable.candidates(), slots.on, slots.total, frozenset())
 

@@ -1,5 +1,5 @@
 """Defragmentation's movable jobs of a pool (``defrag.MovableEntries``) kept between the
-preemptor's rounds, in the caller's ``kept`` dict beside the placer's views.
+preemptor's rounds, one per pool in the caller's ``CycleMemory.movable``.
 
 Listing them afresh reads every job of every node of the pool. Kept, they follow the
 reducer's journal of changed jobs (``JournalCursor``), as the index of candidate victims
@@ -36,7 +36,6 @@ from gpusched.policies.preemption.victim_groups import Entry
 from gpusched.policies.preemption.victim_rules import may_ever_move, move_bound, move_risk_ok, movable_from, \
     work_began
 
-KEY = "defrag-movable"   # the entry in the caller's ``kept`` dict, with the pool
 
 
 class KeptMovable:
@@ -168,10 +167,7 @@ class KeptEntries:
         """Nothing to do (see the class doc)."""
 
 
-def kept_entries(kept: dict, state: ClusterState, nodes: Mapping[str, NodeState], pool: str,
+def kept_entries(movable: KeptMovable, state: ClusterState, nodes: Mapping[str, NodeState],
                  now: float, config) -> KeptEntries:
-    """The pool's movable jobs kept in ``kept``, brought in step with ``state`` at ``now``."""
-    movable = kept.get((KEY, pool))
-    if movable is None:
-        movable = kept[(KEY, pool)] = KeptMovable(pool)
+    """The pool's movable jobs kept in ``movable``, brought in step with ``state`` at ``now``."""
     return KeptEntries(movable.refresh(state, nodes, now, config), now)

@@ -10,8 +10,8 @@ nodes; a placement tried is rolled back on it) and tells them, before each quest
 the nodes the scratch changed since the last (``ScratchChanges``).
 
 The preemptor keeps them between rounds as the placer keeps its own between cycles
-(``kept_index``, in the caller's ``kept`` dict, per partition; its preempt and defrag
-actions read the same dict, one call after the other): at the call's start,
+(``kept_index``, in the caller's ``CycleMemory.indexes``, per partition; its preempt and
+defrag actions read the same memory, one call after the other): at the call's start,
 while the nodes are the log's, the kept views are brought in step with the reducer's
 journal and with the nodes the last call's scratch changed that they were told of (undone
 since: each is noted as it is told); a node change, an overrun journal or
@@ -22,8 +22,7 @@ from the state would be, and the call decides as one without it
 The placer's statement is on a copy of the state holding the nodes only (its usage table
 its own). What a placement policy reads of the state's jobs is lent to it (the log state,
 ``statement.lend``): FGD's pool mixes of waiting and running jobs, counted once at the
-call's start (``fgd.task_mix.fix_mixes``, brought in step from kept counts where views are
-kept), and gpu-clustering's node tags (the shapes of the jobs on each node), so the
+call's start (``fgd.task_mix.fix_mixes``, brought in step from the kept counts), and gpu-clustering's node tags (the shapes of the jobs on each node), so the
 question is scored as the placer's cycle scores it
 (``tests/unit/policies/preemption/test_preemption_fgd_mix.py``,
 ``tests/unit/policies/preemption/test_preemption_clustering_tags.py``).
@@ -35,20 +34,20 @@ from typing import Callable, Mapping
 from gpusched.core.model import WorkerAssignment
 from gpusched.core.state import ClusterState, JobState, NodeState
 from gpusched.policies.placement.gang import Placement, place_gang
-from gpusched.policies.placement.kept_index import install
+from gpusched.policies.placement.kept_index import KeptIndexes
 from gpusched.policies.preemption.slot_counts import ScratchChanges
 from gpusched.policies.statement import NodeView, Statement, lend, tentative
 
 
 class PlacerViews:
-    """The placer's statement and views of one call on ``state``; ``kept``: the caller's
-    dict that keeps them between calls on this state (None: built for the call);
+    """The placer's statement and views of one call on ``state``; ``indexes``: the
+    caller's kept placement indexes, which keep them between calls on this state;
     ``score``: the call's placement policy, if known at the call's start (what it counts
     of the state's jobs is then counted there, see ``statement.lend``)."""
 
-    def __init__(self, state: ClusterState, touched: ScratchChanges, kept: dict | None = None,
+    def __init__(self, state: ClusterState, touched: ScratchChanges, indexes: KeptIndexes,
                  score: Placement | None = None) -> None:
-        self.state, self.touched, self.kept = state, touched, kept
+        self.state, self.touched, self.indexes = state, touched, indexes
         self.score = score
         self.statement: Statement | None = None
 
@@ -57,8 +56,7 @@ class PlacerViews:
         # The nodes shared (so tentative releases show), the usage table private (so its
         # own tentative bookings never touch the state's): all place_gang reads.
         statement = self.statement = Statement(ClusterState(nodes=self.state.nodes))
-        if self.kept is not None:
-            install(self.kept, self.state, statement)
+        self.indexes.install(self.state, statement)
         lend(statement, self.state, self.score)
 
     def close(self) -> None:

@@ -13,6 +13,7 @@ from typing import Callable, Iterator, Mapping, Sequence
 from gpusched.core.model import JobPhase, WorkerAssignment
 from gpusched.core.priority import priority_value
 from gpusched.core.state import ClusterState, JobState, NodeState
+from gpusched.policies.memory import CycleMemory
 from gpusched.policies.placement.gang import Placement
 from gpusched.policies.placement.registry import make_placement
 from gpusched.policies.queueing.quota import claims_guarantee
@@ -36,35 +37,34 @@ class Found:
 
 class SearchContext:
     """One call's view: eligibility, borrowing, projected usage and the victim search.
-    ``victims``: the index of candidate victims kept from the caller's last call (brought
-    in step on first use); None: one built for this call. ``kept``: the caller's dict of
-    placer views kept between calls on this state (``placer_views``); None: built for it."""
+    ``memory``: the caller's, refreshed for ``state``: its index of candidate victims
+    (``victims``, brought in step on first use) and its placer views (``indexes``,
+    ``placer_views``)."""
 
-    def __init__(self, state: ClusterState, now: float, config: PreemptionConfig,
-                 victims: VictimIndex | None = None, kept: dict | None = None) -> None:
-        self.state, self.now, self.config = state, now, config
+    def __init__(self, state: ClusterState, now: float, config: PreemptionConfig, memory: CycleMemory) -> None:
+        memory.refresh(state)
+        self.state, self.now, self.config, self.memory = state, now, config, memory
         self.score: Placement = make_placement(config.placement)
         self.taken: set[str] = set()               # victims chosen earlier in this call
         self.via_reclaim: set[str] = set()         # victims eligible only as quota reclaim
         self.extra: dict[str, int] = {}            # team -> milli booked for beneficiaries
         self._ledger: TeamLedger | None = None     # teams' usage and borrowing, built on first use
-        self._kept, self._index = victims, None    # candidate victims, in step on first use
+        self._index: VictimIndex | None = None     # the memory's candidate victims, in step on first use
         self.in_flight = self._in_flight()
         # The placer's views (free-capacity indexes), held for the whole call while a
-        # scratch is watched (``tentative``), and between calls in ``kept`` if given.
+        # scratch is watched (``tentative``), and between calls in the memory's ``indexes``.
         self._touched = ScratchChanges()
-        self._placer = PlacerViews(state, self._touched, kept, self.score)
+        self._placer = PlacerViews(state, self._touched, memory.indexes, self.score)
 
     @contextmanager
     def tentative(self) -> Iterator[Statement]:
         """The call's scratch statement (``statement.tentative``), watched: the placer's
         views are built once for the call and told of the nodes the scratch changes
         (bookings, released victims), rather than rebuilt from every node of the pool for
-        each pending job ``place`` is asked about (``placer_views``). A kept index of
+        each pending job ``place`` is asked about (``placer_views``). The kept index of
         victims is brought in step first: it must never take a tentative booking for the
         state's own."""
-        if self._kept is not None:
-            self.victim_index()
+        self.victim_index()
         try:
             with tentative(self.state) as scratch:
                 scratch.views[ScratchChanges] = self._touched
@@ -83,14 +83,7 @@ class SearchContext:
         """Pending jobs with a live preemption: a young nomination or PREEMPTING victims."""
         live = {j for j, (_, at) in self.state.nominations.items()
                 if self.now - at < self.config.nomination_ttl_s}
-        if self._kept is not None:   # the kept index knows them: no scan of the pool
-            return live | set(self.victim_index().preempting.values())
-        for node in self.state.nodes.values():
-            for jid in node.jobs:
-                job = self.state.jobs[jid]
-                if job.phase is JobPhase.PREEMPTING and job.nominated_by:
-                    live.add(job.nominated_by)
-        return live
+        return live | set(self.victim_index().preempting.values())   # the kept index knows them
 
     def pending_in_order(self) -> list[JobState]:
         jobs = [self.state.jobs[j] for j in self.state.pending]
@@ -101,7 +94,7 @@ class SearchContext:
     def victim_index(self) -> VictimIndex:
         """The candidate victims (and the teams' running jobs), in step with the call's state."""
         if self._index is None:
-            self._index = (self._kept or VictimIndex()).refresh(self.state, self.now, self.config)
+            self._index = self.memory.victims.refresh(self.state, self.now, self.config)
         return self._index
 
     def team_jobs(self) -> dict[str, list[JobState]]:

@@ -26,8 +26,8 @@ A cycle stopped by the bound on its time (``max_cycle_s``, once it took ``min_jo
 jobs) is continued alike, as one stopped on the budget: the bounds above hold with
 ``min_job_test`` in place of ``max_job_test`` (a cycle takes at least that many).
 
-The cursor is kept with the pool state's ``QueueKeys`` (the placer: one per owned
-partition); a replica that takes a partition over starts a round at the head, which is
+The cursor is kept with the pool state's ``QueueKeys``, in its ``CycleMemory`` (the placer:
+one per owned partition); a replica that takes a partition over starts a round at the head, which is
 where any round may start. A job id submitted again (retention frees ids) is a new job,
 untested.
 """

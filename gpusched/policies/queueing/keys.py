@@ -13,8 +13,8 @@ when a job is first seen, and the shape becomes a small int that is cheap to loo
 A job id can come back as another job: retention (``core.retention``) drops a finished
 job and frees its idempotency key, and the same key yields the same id. The new job has
 a new ``seq`` (the reducer numbers every submission), so an entry counts only for the
-``seq`` it was made for. The caller keeps one per pool state, as its ``ParkedJobs``
-(the placer: one per owned partition). Fair share, whose order has no per-job key,
+``seq`` it was made for. The caller keeps one per pool state, in its ``CycleMemory``
+(``policies.memory``; the placer: one per owned partition). Fair share, whose order has no per-job key,
 keeps its per-team queues here instead (``fair_queues``, ``policies.queueing.fair_queue``).
 """
 from __future__ import annotations
@@ -33,7 +33,7 @@ MAX_SHAPES = 65_536
 
 
 class QueueKeys:
-    __slots__ = ("_key", "_entries", "_shapes", "_fair", "_waiting", "kept", "cursor")
+    __slots__ = ("_key", "_entries", "_shapes", "_fair", "_waiting", "cursor")
 
     def __init__(self) -> None:
         self._key: QueueKey | None = None
@@ -41,9 +41,6 @@ class QueueKeys:
         self._shapes: dict[tuple, int] = {}   # ``shape_key`` -> number
         self._fair: TeamQueues | None = None
         self._waiting: tuple[int, list[tuple[int, str]]] | None = None   # (shapes numbered, waiting_shapes)
-        # What other stages of the cycle keep for this state between cycles, by their own
-        # keys (the reservation stage: each pool's index of ends, ``reservation.kept_ends``).
-        self.kept: dict = {}
         # Where a cycle stopped on its budget of jobs tested, for the next to continue.
         self.cursor = JobTestCursor()
 

@@ -7,9 +7,9 @@ the first few ends. On a large pool most of its cost was listing every running j
 So the ends are listed once per cycle and pool, as a binary heap (``EndIndex``), and each
 sweep reads that heap in order without consuming it (``EndWalk``: a second, small heap
 of the positions whose parents were read), which costs a logarithm per end read and
-nothing for the ends after the shadow time. Where the caller keeps a ``QueueKeys`` for
-its state (the placer does), the index is kept from one cycle to the next and only
-brought in step with what changed (``kept_ends.KeptEnds``).
+nothing for the ends after the shadow time. The index is kept from one cycle to the next
+in the caller's memory (``CycleMemory.ends``) and only brought in step with what changed
+(``kept_ends.KeptEnds``).
 
 Within one cycle an end does not change: it depends on the job's phase and start (only
 the log changes those), its estimate and ``now``. What does change between two sweeps of

@@ -73,7 +73,7 @@ def _signature(holder: JobState) -> tuple:
 
 
 class KeptEnds:
-    """One pool's ends, kept for one state between cycles (by ``QueueKeys.ends``)."""
+    """One pool's ends, kept for one state between cycles (in ``CycleMemory.ends``)."""
 
     __slots__ = ("journal", "setting", "index", "nodes", "jobs", "number", "now")
 

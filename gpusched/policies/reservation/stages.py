@@ -24,12 +24,12 @@ from typing import Callable, ContextManager, Iterator, Mapping, Protocol, Sequen
 
 from gpusched.core.model import WorkerAssignment
 from gpusched.core.state import JobState
+from gpusched.policies.memory import CycleMemory
 from gpusched.policies.reservation.backfill import (
     DEFAULT_ESTIMATE_S, Reservation, ReservationHold, ends_before, reserve_for_head_of_line, runtime_estimate,
 )
 from gpusched.policies.reservation.ends import EndIndex
 from gpusched.policies.reservation.hosts import KeptHosts
-from gpusched.policies.reservation.kept_ends import KeptEnds
 from gpusched.policies.statement import Statement
 
 
@@ -66,10 +66,10 @@ class ReservationStage(Protocol):
     name: str
     capacity_only: bool   # whether a failure under this stage depends on free capacity alone
 
-    def start(self, statement: Statement, now: float, kept: dict | None = None,
+    def start(self, statement: Statement, now: float, memory: CycleMemory,
               nominees: bool = True) -> ReservationRun:
-        """One cycle's run. ``kept``: what the stage keeps for this state between cycles
-        (``QueueKeys.kept``), or None to keep nothing; ``nominees``: whether nodes may be
+        """One cycle's run. ``memory``: the cycle's, where the stage keeps its indexes for
+        this state between cycles (``hosts``, ``ends``); ``nominees``: whether nodes may be
         kept for nominees in this cycle."""
 
 
@@ -79,7 +79,7 @@ class NoReservation:
     name = "none"
     capacity_only = True
 
-    def start(self, statement: Statement, now: float, kept: dict | None = None,
+    def start(self, statement: Statement, now: float, memory: CycleMemory,
               nominees: bool = True) -> "NoReservation":
         return self
 
@@ -131,15 +131,15 @@ class Backfill:
         """How long a job of ``pool`` waits before it gets a reservation."""
         return self.pool_reserve_after_s.get(pool, self.reserve_after_s)
 
-    def start(self, statement: Statement, now: float, kept: dict | None = None,
+    def start(self, statement: Statement, now: float, memory: CycleMemory,
               nominees: bool = True) -> "_BackfillRun":
-        return _BackfillRun(self, statement, now, kept, nominees)
+        return _BackfillRun(self, statement, now, memory, nominees)
 
 
 class _BackfillRun:
-    def __init__(self, stage: Backfill, statement: Statement, now: float, kept: dict | None,
+    def __init__(self, stage: Backfill, statement: Statement, now: float, memory: CycleMemory,
                  nominees: bool = True) -> None:
-        self.stage, self.statement, self.now, self.kept = stage, statement, now, kept
+        self.stage, self.statement, self.now, self.memory = stage, statement, now, memory
         self.estimate = runtime_estimate(statement.state, stage.default_estimate_s)
         self.reservations: list[Reservation] = []   # in the order made
         self.holds: list[ReservationHold] = []      # one per reservation, applied in that order
@@ -157,11 +157,8 @@ class _BackfillRun:
         # The nodes that could ever host each shape (``hosts``), kept between cycles, on
         # the same condition: nominee holds change node status tentatively.
         self.hosts: KeptHosts | None = None
-        if kept is not None and not nominees:
-            hosts = kept.get("hosts")
-            if hosts is None:
-                hosts = kept["hosts"] = KeptHosts()
-            self.hosts = hosts
+        if not nominees:
+            hosts = self.hosts = memory.hosts
             # Which nodes are open, from the log's state: the cycle has booked nothing yet.
             hosts.open.refresh(statement.state)
 
@@ -226,16 +223,11 @@ class _BackfillRun:
 
 
     def _index(self, pool: str) -> EndIndex:
-        """``pool``'s ends for this cycle: kept between cycles where the caller keeps them."""
+        """``pool``'s ends for this cycle, kept between cycles in the cycle's memory."""
         state = self.statement.state
-        if self.kept is None:
-            return EndIndex(state, pool, self.now, self.estimate)
-        kept = self.kept.get(("ends", pool))
-        if kept is None:
-            kept = self.kept[("ends", pool)] = KeptEnds()
         # What the estimate reads besides the job: the pools' default time limits, the default.
         setting = (dict(state.pool_limits), self.stage.default_estimate_s)
-        return kept.current(state, pool, self.now, self.estimate, setting)
+        return self.memory.ends_of(pool).current(state, pool, self.now, self.estimate, setting)
 
 
 # The reservation stages by name: one explicit map; constructor keywords are their arguments.

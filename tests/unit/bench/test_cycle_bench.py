@@ -27,7 +27,7 @@ class Recording:
     def __init__(self, workers: list[int]) -> None:
         self.workers, self.gc_on = list(workers), []
 
-    def schedule(self, state, now, parked, keys) -> CycleResult:
+    def schedule(self, state, now, memory) -> CycleResult:
         self.gc_on.append(gc.isenabled())
         n = self.workers.pop(0)
         decision = Decision(f"job-{n}", 1, tuple(worker(i) for i in range(n)), "best-fit")
@@ -42,23 +42,23 @@ def test_pause_gc_runs_each_cycle_with_the_gc_off_and_turns_it_on_after():
     assert gc.isenabled()
     scheduler = Recording([1, 1])
     measured = cycle_bench.Measured(scheduler, args(True))
-    measured.schedule(None, 0.0, None, None)
+    measured.schedule(None, 0.0, None)
     assert gc.isenabled()
-    measured.schedule(None, 0.0, None, None)
+    measured.schedule(None, 0.0, None)
     assert scheduler.gc_on == [False, False]
     assert gc.isenabled()
 
 
 def test_without_pause_gc_the_gc_stays_on():
     scheduler = Recording([1])
-    cycle_bench.Measured(scheduler, args(False)).schedule(None, 0.0, None, None)
+    cycle_bench.Measured(scheduler, args(False)).schedule(None, 0.0, None)
     assert scheduler.gc_on == [True]
 
 
 def test_report_counts_decisions_and_names_the_longest_cycles_with_their_gangs(capsys):
     measured = cycle_bench.Measured(Recording([1, 3, 1, 2]), args(True))
     for _ in range(4):
-        measured.schedule(None, 0.0, None, None)
+        measured.schedule(None, 0.0, None)
     measured.ms[:] = [5.0, 40.0, 7.0, 20.0]   # the CPU times, made distinct
     measured.longest = [(ms, n, g) for ms, (_, n, g) in zip(measured.ms, measured.longest)]
     measured.report("what")

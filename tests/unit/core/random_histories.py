@@ -18,6 +18,7 @@ from gpusched.core.model import (
 from gpusched.core.priority import PRIORITY_CLASSES
 from gpusched.core.reducer import apply
 from gpusched.core.state import ClusterState
+from gpusched.policies.memory import CycleMemory
 from gpusched.policies.placement.registry import PLACEMENTS
 from gpusched.policies.queueing.order import QUEUE_ORDERS
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig
@@ -156,7 +157,7 @@ def act_schedule(h: History, r: Rnd, hold_back: bool = True) -> None:
     before, snap = digest(h.state), capacity_snapshot(h.state)
     config = SchedulerConfig(queue=r.pick(sorted(QUEUE_ORDERS)), placement=r.pick(sorted(PLACEMENTS)),
                              backfill=r.chance(2))
-    decisions = Scheduler(config).cycle(h.state, h.now)
+    decisions = Scheduler(config).cycle(h.state, h.now, CycleMemory())
     # invariant 4 for the scheduler: its tentative bookings leave no trace
     assert digest(h.state) == before and capacity_snapshot(h.state) == snap
     for d in decisions:

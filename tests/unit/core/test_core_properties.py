@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 from collections import defaultdict
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -20,11 +21,11 @@ from gpusched.core.mig import FULL_MASK, parse_profile
 from gpusched.core.model import JobPhase, NodeStatus
 from gpusched.core.reducer import apply
 from gpusched.core.state import ClusterState
-from gpusched.policies.queueing.parking import ParkedJobs
+from gpusched.policies.memory import CycleMemory
 from gpusched.policies.placement.registry import PLACEMENTS
 from gpusched.policies.queueing.order import QUEUE_ORDERS
-from gpusched.policies.queueing.keys import QueueKeys
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig
+from tests.unit.policies.shape_skim import offer_every_shape
 
 from .random_histories import (
     SETTINGS, Rnd, cluster, History, act_submit, act_schedule, act_finish, act_start_all, act_tick,
@@ -234,13 +235,15 @@ def test_parked_cycles_decide_what_full_cycles_decide(data):
     h = History(cluster(r))
     config = SchedulerConfig(queue=r.pick(sorted(QUEUE_ORDERS)), placement=r.pick(sorted(PLACEMENTS)),
                              backfill=r.chance(4))
-    full, parking, parked, keys = Scheduler(config), Scheduler(config), ParkedJobs(), QueueKeys()
+    full, parking, memory = Scheduler(config), Scheduler(config), CycleMemory()
     skipped = 0
     for _ in range(r.int(5, 60)):
         r.pick(ACTIONS + [act_submit] * 4)(h, r)
-        known = len(parked.current(h.state, h.now) & h.state.pending.keys())
-        expected = full.cycle(h.state, h.now)
-        got = parking.cycle(h.state, h.now, parked, keys)
+        known = len(memory.parked.current(h.state, h.now) & h.state.pending.keys())
+        with pytest.MonkeyPatch.context() as patch:
+            offer_every_shape(patch)
+            expected = full.cycle(h.state, h.now, CycleMemory())
+        got = parking.cycle(h.state, h.now, memory)
         assert [(d.job_id, d.attempt, d.workers) for d in got] == [(d.job_id, d.attempt, d.workers) for d in expected]
         skipped += known
         for d in expected if r.chance(2) else ():   # proposals lost or rejected: not applied

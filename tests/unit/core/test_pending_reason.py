@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from gpusched.core import events as ev
 from gpusched.core.model import NO_PENDING_REASON, NodeCount, PendingKind, PendingReason
+from gpusched.policies.memory import CycleMemory
 from gpusched.policies.scheduler import Scheduler
 from tests.unit.core.builders import Log, make_node, make_spec, whole, workers
 
@@ -52,7 +53,7 @@ def test_no_decision_reads_it():
             log(ev.JobSubmitted, job_id=f"j{i}", spec=make_spec(gpus=gpus))
             if with_reasons:
                 log(ev.JobPendingReason, job_id=f"j{i}", attempt=0, reason=WAITS)
-        return [(d.job_id, d.workers) for d in Scheduler().cycle(log.state, log.now)]
+        return [(d.job_id, d.workers) for d in Scheduler().cycle(log.state, log.now, CycleMemory())]
     assert cycle(True) == cycle(False) != []
 
 

@@ -13,9 +13,8 @@ from hypothesis import strategies as st
 from gpusched.core import events as ev
 from gpusched.core.model import JobPhase, PendingKind
 from gpusched.core.reducer import apply
+from gpusched.policies.memory import CycleMemory
 from gpusched.policies.placement.diagnosis import _verdicts, reasons
-from gpusched.policies.queueing.keys import QueueKeys
-from gpusched.policies.queueing.parking import ParkedJobs
 from gpusched.policies.queueing.quota import QueueTree
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig
 from gpusched_placer.reasons import PendingReasons
@@ -72,7 +71,7 @@ class Scenario:
         self.log = Log(*(make_node(f"n{i}", gpus=g, model=m, cpu=c) for i, (m, g, c) in enumerate(nodes)))
         self.state = self.log.state
         self.scheduler = Scheduler(SchedulerConfig(reserve_after_s=reserve_after_s))
-        self.parked, self.keys = ParkedJobs(), QueueKeys()
+        self.memory = CycleMemory()
         self.jobs = 0
 
     def submit(self, specs) -> None:
@@ -116,11 +115,12 @@ def written(events) -> list[tuple]:
        st.booleans())
 def test_a_pass_that_keeps_writes_what_a_fresh_pass_writes(nodes, reserve_after_s, first, steps, per_pass, checks,
                                                            shared):
-    """``shared``: the pass reads the cycle's own kept indexes (``QueueKeys.kept``), as the
-    placer's loop passes them; the cycles then decide as cycles whose indexes no pass read."""
+    """``shared``: the pass reads the cycle's own memory (its kept indexes), as the placer's
+    loop passes it; the cycles then decide as cycles whose indexes no pass read. Else the
+    pass keeps a memory of its own."""
     case = Scenario(nodes, reserve_after_s)
-    alone = (ParkedJobs(), QueueKeys())   # a cycle's own, never lent to a pass
-    share = case.keys.kept if shared else None
+    alone = CycleMemory()   # a cycle's own, never lent to a pass
+    share = case.memory if shared else CycleMemory()
     case.submit(first)
     kept = PendingReasons("placer-test", per_pass=per_pass, node_checks_per_pass=checks)
     fresh = FreshPass(per_pass=per_pass, node_checks_per_pass=checks)
@@ -129,14 +129,14 @@ def test_a_pass_that_keeps_writes_what_a_fresh_pass_writes(nodes, reserve_after_
         now = case.log.now
         if kind == "idle":
             assert kept.due(0, case.state, now) == fresh.due(0, case.state, now)
-            ours, theirs = kept.idle_pass(0, case.state, now, share), fresh.idle_pass(0, case.state, now)
+            ours, theirs = kept.idle_pass(0, case.state, now, share), fresh.idle_pass(0, case.state, now, CycleMemory())
             decisions = []
         else:
-            cycle = case.scheduler.schedule(case.state, now, case.parked, case.keys)
-            reference = case.scheduler.schedule(case.state, now, *alone)
+            cycle = case.scheduler.schedule(case.state, now, case.memory)
+            reference = case.scheduler.schedule(case.state, now, alone)
             assert cycle.decisions == reference.decisions
             ours = kept.after_cycle(0, case.state, now, cycle, share)
-            theirs = fresh.after_cycle(0, case.state, now, cycle)
+            theirs = fresh.after_cycle(0, case.state, now, cycle, CycleMemory())
             decisions = cycle.decisions
         assert written(ours) == written(theirs)
         for e in ours:
@@ -154,14 +154,15 @@ def test_every_pending_job_gets_the_reason_of_a_scan_of_every_node(nodes, first,
     cycle's own."""
     case = Scenario(nodes, 0.0)
     case.submit(first)
-    kept: dict = {}
+    kept = CycleMemory()
     for kind, pick, dt, specs in steps:
         case.log.now += dt
-        cycle = case.scheduler.schedule(case.state, case.log.now, case.parked, case.keys)
+        cycle = case.scheduler.schedule(case.state, case.log.now, case.memory)
         booked = [(case.state.jobs[d.job_id], d.workers) for d in cycle.decisions]
         waiting = [case.state.jobs[j] for j in case.state.pending]
-        args = (case.state, waiting, case.log.now, cycle.quotas or QueueTree(), cycle, booked)
-        assert reasons(*args, kept=kept) == reasons(*args)
+        args = (cycle.quotas or QueueTree(), cycle, booked)
+        assert reasons(case.state, waiting, case.log.now, kept, *args) \
+            == reasons(case.state, waiting, case.log.now, CycleMemory(), *args, scan=True)
         verdict = _verdicts(cycle)
         assert [verdict(j) for j in case.state.jobs] == [cycle.reason(j) for j in case.state.jobs]
         case.place(cycle.decisions)
@@ -177,13 +178,13 @@ def test_a_pass_reads_the_nodes_the_cycles_reservation_held_as_they_are():
     free again: the small job fits there but for the hold, not for want of GPUs."""
     case = Scenario([("H100-80GB", 8, 16_000)], 0.0)
     case.submit([make_spec(gpus=4)])
-    case.place(case.scheduler.schedule(case.state, case.log.now, case.parked, case.keys).decisions)
+    case.place(case.scheduler.schedule(case.state, case.log.now, case.memory).decisions)
     case.submit([make_spec(gpus=8), make_spec(gpus=2)])   # j2 waits for j1 to end; j3 would delay it
     case.log.now += 1.0
-    cycle = case.scheduler.schedule(case.state, case.log.now, case.parked, case.keys)
+    cycle = case.scheduler.schedule(case.state, case.log.now, case.memory)
     assert not cycle.decisions and cycle.reservations[0].job.job_id == "j2"
-    kept = PendingReasons("placer-test").after_cycle(0, case.state, case.log.now, cycle, case.keys.kept)
-    fresh = FreshPass().after_cycle(0, case.state, case.log.now, cycle)
+    kept = PendingReasons("placer-test").after_cycle(0, case.state, case.log.now, cycle, case.memory)
+    fresh = FreshPass().after_cycle(0, case.state, case.log.now, cycle, CycleMemory())
     assert written(kept) == written(fresh)
     [small] = [e.reason for e in kept if e.job_id == "j3"]
     assert small.kind is PendingKind.RESERVATION

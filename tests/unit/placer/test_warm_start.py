@@ -13,8 +13,6 @@ from hypothesis import strategies as st
 
 from gpusched.core import events as ev
 from gpusched.core.reducer import apply
-from gpusched.policies.placement.kept_index import KEPT
-from gpusched.policies.queueing.keys import QueueKeys
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig
 from gpusched_placer.loop import PlacementDecider
 from tests.unit.core.builders import Log, make_node, make_spec
@@ -56,7 +54,7 @@ def play(scenario, config: SchedulerConfig, warm: bool) -> list[list[tuple]]:
         log.submit(f"w{i}", spec(team, shape, f"w{i}"))
     decider = PlacementDecider(Scheduler(config), "placer-test")
     if not warm:
-        decider._warmed = lambda state, now: QueueKeys()
+        decider._warm = lambda memory, state, now: None
     rounds = []
     for ends, arrivals in [(0, [])] + between:
         end_and_arrive(log, ends, arrivals, spec)
@@ -87,10 +85,9 @@ class Recording(Scheduler):
         super().__init__(config)
         self.kept_at_start: list[bool] = []
 
-    def schedule(self, state, now, parked=None, keys=None):
-        indexes = keys.kept.get(KEPT) if keys is not None else None
-        self.kept_at_start.append(indexes is not None and ("free", "default") in indexes.indexes)
-        return super().schedule(state, now, parked, keys)
+    def schedule(self, state, now, memory):
+        self.kept_at_start.append(("free", "default") in memory.indexes.indexes)
+        return super().schedule(state, now, memory)
 
 
 def test_the_first_cycle_of_a_pool_taken_finds_its_indexes_built_and_a_pool_taken_again_is_warmed_again():

@@ -7,6 +7,7 @@ import math
 
 from gpusched.core import events as ev
 from gpusched.core.model import JobSpec, WorkerAssignment
+from gpusched.policies.memory import CycleMemory
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig
 from tests.unit.core.builders import Log, make_node, make_spec, whole
 
@@ -38,7 +39,7 @@ class Cluster:
     def cycle(self, backfill: bool = True, queue: str = "fifo"):
         """EASY alone: no reservation for waiting past a bound, one reservation at most."""
         config = SchedulerConfig(queue=queue, backfill=backfill, reserve_after_s=math.inf, reservation_depth=1)
-        return Scheduler(config).cycle(self.state, NOW)
+        return Scheduler(config).cycle(self.state, NOW, CycleMemory())
 
 
 def gang_behind_busy_cluster() -> Cluster:

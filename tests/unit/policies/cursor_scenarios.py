@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from gpusched.core import events as ev
 from gpusched.core.model import JobPhase
-from gpusched.policies.queueing.keys import QueueKeys
+from gpusched.policies.memory import CycleMemory
 from gpusched.policies.queueing.parking import ParkedJobs
 from gpusched.policies.scheduler import Scheduler
 from tests.unit.core.builders import Log, make_node, make_spec, whole
@@ -26,8 +26,11 @@ def spec(team: str, shape: tuple, name: str, limit: float = 0.0, priority_class:
                                          priority_class=priority_class), max_runtime_s=limit)
 
 
-def run_cycle(log: Log, scheduler: Scheduler, keys: QueueKeys, parked: ParkedJobs | None) -> list:
-    result = scheduler.schedule(log.state, log.now, parked, keys)
+def run_cycle(log: Log, scheduler: Scheduler, memory: CycleMemory, parking: bool) -> list:
+    """One cycle with ``memory``; without ``parking`` no job stays parked between cycles."""
+    if not parking:
+        memory.parked = ParkedJobs()
+    result = scheduler.schedule(log.state, log.now, memory)
     for d in result.decisions:
         assert log.place(d.job_id, *[(w.node, w.gpus) for w in d.workers]).accepted
     return sorted((d.job_id, d.workers, d.backfilled) for d in result.decisions)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from gpusched.core import events as ev
 from gpusched.core.digest import digest
+from gpusched.policies.memory import CycleMemory
 from gpusched.policies.statement import tentative
 from gpusched.policies.preemption.defrag import defrag_decisions, defrag_plan
 from gpusched.policies.placement.gang import place_gang
@@ -43,13 +44,13 @@ class Cluster:
 
     def decisions(self, config: PreemptionConfig = PreemptionConfig(), now: float = NOW):
         before = digest(self.state)
-        out = defrag_decisions(self.state, now, config)
+        out = defrag_decisions(self.state, now, CycleMemory(), config)
         assert digest(self.state) == before
         return out
 
     def plan(self, job_id: str, config: PreemptionConfig = PreemptionConfig(), now: float = NOW):
         before = digest(self.state)
-        out = defrag_plan(self.state, self.state.jobs[job_id], now, config)
+        out = defrag_plan(self.state, self.state.jobs[job_id], now, CycleMemory(), config)
         assert digest(self.state) == before
         return out
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from gpusched.core import events as ev
 from gpusched.core.digest import digest
 from gpusched.core.model import JobPhase
+from gpusched.policies.memory import CycleMemory
 from gpusched.policies.statement import tentative
 from gpusched.policies.placement.gang import place_gang
 from gpusched.policies.placement.registry import make_placement
@@ -57,13 +58,13 @@ class Cluster:
     # --- the policy calls, each checked to leave the state as it was ------------------
     def victims(self, job_id: str, config: PreemptionConfig = other_rules(), now: float = NOW):
         before = digest(self.state)
-        out = victims_for(self.state, self.job(job_id), now, config)
+        out = victims_for(self.state, self.job(job_id), now, CycleMemory(), config)
         assert digest(self.state) == before
         return out
 
-    def decisions(self, config: PreemptionConfig = other_rules(), now: float = NOW, **kw) -> list[Preemption]:
+    def decisions(self, config: PreemptionConfig = other_rules(), now: float = NOW, limit: int = 8) -> list[Preemption]:
         before = digest(self.state)
-        out = preemption_decisions(self.state, now, config, **kw)
+        out = preemption_decisions(self.state, now, CycleMemory(), config, limit)
         assert digest(self.state) == before
         return out
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from gpusched.core.model import WorkerAssignment
 from gpusched.core.state import ClusterState, JobState
+from gpusched.policies.memory import CycleMemory
 from gpusched.policies.placement.gang import place_gang
 from gpusched.policies.preemption.decisions import Preemption, _decision
 from gpusched.policies.preemption.defrag import _plan, blocked_by_fragmentation, stepped_search
@@ -24,7 +25,7 @@ class FreshViewsContext(SearchContext):
     """``SearchContext`` as it was: fresh placer views for every job."""
 
     def __init__(self, state: ClusterState, now: float, config: PreemptionConfig) -> None:
-        super().__init__(state, now, config)
+        super().__init__(state, now, config, CycleMemory())
         lent = Statement(ClusterState())   # the state is the log's here: no scratch yet
         lend(lent, state, self.score)
         self.lent = lent.views

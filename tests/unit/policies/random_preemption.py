@@ -12,6 +12,7 @@ from gpusched.core import events as ev
 from gpusched.core.capacity import commit, release
 from gpusched.core.model import JobPhase, JobSpec, WorkerResources
 from gpusched.core.priority import PRIORITY_CLASSES
+from gpusched.policies.memory import CycleMemory
 from gpusched.policies.statement import tentative
 from gpusched.policies.placement.gang import place_gang
 from gpusched.policies.placement.registry import make_placement
@@ -53,7 +54,7 @@ def build(data) -> tuple[Log, float]:
         log(ev.JobSubmitted, job_id=f"r{k}", spec=random_spec(data, f"r{k}"), time=t)
     for round_ in range(2):
         t += d(st.sampled_from([0.0, 20.0, 200.0]))
-        for dec in Scheduler().cycle(log.state, t):
+        for dec in Scheduler().cycle(log.state, t, CycleMemory()):
             assert log(ev.JobPlaced, job_id=dec.job_id, attempt=dec.attempt, workers=dec.workers, time=t).accepted
             if d(st.integers(0, 4)) > 0:          # most start; some stay PLACED
                 for w in dec.workers:

@@ -14,6 +14,7 @@ from gpusched.core.model import JobPhase
 from gpusched.policies.actions import (
     ACTIONS, DEFAULT_ACTIONS, Action, AttemptVerdict, NodeVerdict, Proposal, Situation, make_actions, run_actions,
 )
+from gpusched.policies.memory import CycleMemory
 from gpusched.policies.preemption.decisions import preemption_decisions, preemption_events
 from gpusched.policies.preemption.defrag import defrag_decisions
 from gpusched.policies.preemption.victim_rules import PreemptionConfig
@@ -68,7 +69,7 @@ def before(c: Cluster, heard=ALL_HEARD) -> list[ev.Event]:
     out += [ev.AttemptTimedOut(event_id="", job_id=j, attempt=a, reason=r) for j, a, r in timed_out_attempts(state, NOW)]
     out += [ev.AttemptFailed(event_id="", job_id=j, attempt=a, reason=r)
             for j, a, r in hung_attempts(state, NOW, SUPERVISION)]
-    plans = preemption_decisions(state, NOW, config) or defrag_decisions(state, NOW, config)
+    plans = preemption_decisions(state, NOW, CycleMemory(), config) or defrag_decisions(state, NOW, CycleMemory(), config)
     return out + [e for plan in plans for e in preemption_events(state, plan, NOW, "p")]
 
 
@@ -143,7 +144,7 @@ def test_run_actions_stops_after_the_first_stopping_action_that_proposed():
             return [NodeVerdict(name)] if proposes else []
         return replace(ACTIONS["nodes"], name=name, decide=decide_, stops=stops)
 
-    s = Situation(Cluster().state, NOW, SUPERVISION, lambda state: other_rules())
+    s = Situation(Cluster().state, NOW, SUPERVISION, lambda state: other_rules(), CycleMemory())
     chain = [action("quiet", True, False), action("loud", False, True), action("stopper", True, True),
              action("never", False, True)]
     assert [p.node for p in run_actions(chain, s)] == ["loud", "stopper"]
@@ -152,7 +153,7 @@ def test_run_actions_stops_after_the_first_stopping_action_that_proposed():
 
 def test_the_preemption_settings_are_computed_only_when_an_action_asks():
     asked = []
-    s = Situation(Cluster().state, NOW, SUPERVISION, lambda state: asked.append(state) or other_rules())
+    s = Situation(Cluster().state, NOW, SUPERVISION, lambda state: asked.append(state) or other_rules(), CycleMemory())
     run_actions(make_actions(("nodes", "attempts")), s)
     assert asked == []
     run_actions(make_actions(("preempt", "defrag")), s)
@@ -162,7 +163,7 @@ def test_the_preemption_settings_are_computed_only_when_an_action_asks():
 def test_attempt_verdicts_say_which_end():
     c = Cluster()
     timed_out(c, "late", "n1", (0,))
-    (verdict,) = ACTIONS["attempts"].decide(Situation(c.state, NOW, SUPERVISION, lambda s: other_rules()))
+    (verdict,) = ACTIONS["attempts"].decide(Situation(c.state, NOW, SUPERVISION, lambda s: other_rules(), CycleMemory()))
     assert verdict == AttemptVerdict("late", 0, "time limit of 60s reached", timed_out=True)
 
 

@@ -14,8 +14,7 @@ from hypothesis import strategies as st
 
 from gpusched.core import events as ev
 from gpusched.policies import scheduler as scheduler_module
-from gpusched.policies.queueing.keys import QueueKeys
-from gpusched.policies.queueing.parking import ParkedJobs
+from gpusched.policies.memory import CycleMemory
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig
 from tests.unit.core.builders import Log, make_node, make_spec, whole
 
@@ -32,7 +31,7 @@ def pools(draw):
         spec = dataclasses.replace(make_spec("r", workers=workers, gpus=gpus, milli=milli, cpu=0, mem=0,
                                              name=f"r{i}"), max_runtime_s=float(draw(st.integers(10, 500))))
         log.submit(f"r{i}", spec)
-    for d in fill.cycle(log.state, log.now):
+    for d in fill.cycle(log.state, log.now, CycleMemory()):
         assert log.place(d.job_id, *[(w.node, w.gpus) for w in d.workers]).accepted
         log.start_all(d.job_id)
     for i in range(draw(st.integers(1, 25))):
@@ -47,7 +46,7 @@ def pools(draw):
 
 def outcome(log: Log, config: SchedulerConfig, now: float) -> tuple:
     scheduler = Scheduler(config)
-    result = scheduler.schedule(log.state, now, ParkedJobs(), QueueKeys())
+    result = scheduler.schedule(log.state, now, CycleMemory())
     decisions = sorted((d.job_id, d.workers, d.backfilled) for d in result.decisions)
     reservations = [(r.job.job_id, r.shadow_s, r.workers) for r in result.reservations]
     return decisions, reservations
@@ -75,8 +74,7 @@ def test_a_job_of_a_failed_shape_is_skipped_behind_a_reservation():
     assert log.place("run", ("n0", whole(0, 1, 2, 3))).accepted
     for i in range(4):
         log.submit(f"big{i}", make_spec("a", gpus=8, cpu=0, mem=0, name=f"big{i}"))
-    result = Scheduler(SchedulerConfig(reserve_after_s=math.inf)).schedule(log.state, log.now, ParkedJobs(),
-                                                                           QueueKeys())
+    result = Scheduler(SchedulerConfig(reserve_after_s=math.inf)).schedule(log.state, log.now, CycleMemory())
     assert [r.job.job_id for r in result.reservations] == ["big0"]
     assert result.skipped == ["big1", "big2", "big3"]   # big0's shape failed before any hold
 

@@ -11,11 +11,10 @@ from __future__ import annotations
 import pytest
 
 from gpusched.core import events as ev
+from gpusched.policies.memory import CycleMemory
 from gpusched.policies.preemption.decisions import victims_for
 from gpusched.policies.preemption.victim_rules import PreemptionConfig
 from gpusched.policies.queueing.fairshare import tier_of
-from gpusched.policies.queueing.keys import QueueKeys
-from gpusched.policies.queueing.parking import ParkedJobs
 from gpusched.policies.queueing.quota import OrgQuota, QueueTree, TeamQuota, claims_guarantee
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig, Unplaced
 from tests.unit.policies.preemption_configs import other_rules
@@ -66,7 +65,7 @@ def test_cycle_and_preemptor_agree_on_a_job_crossing_its_guarantee(a_holds, recl
     c = crossing_cluster(a_holds)
     tree = two_teams(8)
     job = c.state.jobs["a-job"]
-    victims = victims_for(c.state, job, c.log.now + 100, other_rules(quotas=tree))
+    victims = victims_for(c.state, job, c.log.now + 100, CycleMemory(), other_rules(quotas=tree))
     assert (None if victims is None else len(victims)) == reclaimed
     # The cycle ranks the job in the guarantee tier exactly when the preemptor reclaims for it.
     assert (tier_of(c.state, job, tree) == 0) is (reclaimed is not None)
@@ -91,7 +90,7 @@ def test_a_nominee_counts_in_its_teams_tier_before_the_others_are_ranked():
     tree = QueueTree(orgs={"org": OrgQuota(teams={"a": TeamQuota(guaranteed_gpus=8),
                                                   "b": TeamQuota(guaranteed_gpus=8)}),
                            "other": OrgQuota(teams={"c": TeamQuota()})})
-    decisions = Scheduler(SchedulerConfig(queue="fair-share", quotas=tree)).cycle(c.state, c.log.now)
+    decisions = Scheduler(SchedulerConfig(queue="fair-share", quotas=tree)).cycle(c.state, c.log.now, CycleMemory())
     assert [d.job_id for d in decisions if d.job_id != victim] == ["nominee", "b-job", "a-first"]
 
 
@@ -107,7 +106,7 @@ def test_a_nominee_is_placed_on_the_nodes_freed_for_it():
     c.submit("nominee", "a", gpus=1)
     assert c.log(ev.JobPreempted, job_id=victim, attempt=0, for_job="nominee", reason="reclaim: test").accepted
     c.log.stopped(victim)
-    decisions = {d.job_id: d for d in Scheduler(SchedulerConfig(queue="fifo")).cycle(c.state, c.log.now)}
+    decisions = {d.job_id: d for d in Scheduler(SchedulerConfig(queue="fifo")).cycle(c.state, c.log.now, CycleMemory())}
     assert {w.node for w in decisions["nominee"].workers} == {"n1"}
 
 
@@ -121,7 +120,7 @@ def test_a_nominee_that_its_nodes_do_not_take_goes_elsewhere():
     c.submit("nominee", "a", gpus=2)
     assert c.log(ev.JobPreempted, job_id=victim, attempt=0, for_job="nominee", reason="reclaim: test").accepted
     c.log.stopped(victim)
-    decisions = {d.job_id: d for d in Scheduler(SchedulerConfig(queue="fifo")).cycle(c.state, c.log.now)}
+    decisions = {d.job_id: d for d in Scheduler(SchedulerConfig(queue="fifo")).cycle(c.state, c.log.now, CycleMemory())}
     assert {w.node for w in decisions["nominee"].workers} == {"n0"}
 
 
@@ -142,7 +141,7 @@ def planned_pair(n1_taken_since: bool) -> dict:
     c.log.stopped(victim)
     if n1_taken_since:
         c.hold("c", 1, node="n1")
-    return {d.job_id: d for d in Scheduler(SchedulerConfig(queue="fifo")).cycle(c.state, c.log.now)}
+    return {d.job_id: d for d in Scheduler(SchedulerConfig(queue="fifo")).cycle(c.state, c.log.now, CycleMemory())}
 
 
 def test_a_nominee_goes_worker_by_worker_where_it_was_planned():
@@ -154,8 +153,8 @@ def test_a_nominee_whose_plan_no_longer_fits_goes_where_its_nominated_nodes_take
     assert sorted(w.node for w in planned_pair(n1_taken_since=True)["pair"].workers) == ["n0", "n0"]
 
 
-@pytest.mark.parametrize("queue, keys", [("fifo", None), ("fair-share", None), ("fair-share", QueueKeys)])
-def test_nominees_are_placed_in_the_order_they_were_nominated(queue, keys):
+@pytest.mark.parametrize("queue", ["fifo", "fair-share"])
+def test_nominees_are_placed_in_the_order_they_were_nominated(queue):
     # One preemptor pass freed n0 for "big" (3 GPUs), then n0's last GPU and n1's for
     # "pair" (2 x 1 GPU), booking "big" first. "pair" is first in the queue; placed first,
     # it would pack onto n0 and leave "big" 2 GPUs: nominees go in the preemptor's order.
@@ -168,7 +167,7 @@ def test_nominees_are_placed_in_the_order_they_were_nominated(queue, keys):
     for victim, beneficiary in [(for_big, "big"), *((v, "pair") for v in for_pair)]:
         assert c.log(ev.JobPreempted, job_id=victim, attempt=0, for_job=beneficiary, reason="priority: test").accepted
         c.log.stopped(victim)
-    cycle = Scheduler(SchedulerConfig(queue=queue)).cycle(c.state, c.log.now, keys=keys() if keys else None)
+    cycle = Scheduler(SchedulerConfig(queue=queue)).cycle(c.state, c.log.now, CycleMemory())
     decisions = {d.job_id: d for d in cycle}
     assert {w.node for w in decisions["big"].workers} == {"n0"}
     assert sorted(w.node for w in decisions["pair"].workers) == ["n0", "n1"]
@@ -210,7 +209,7 @@ def test_free_capacity_below_a_waiting_teams_guarantee_is_not_lent(
         guaranteed, a_holds, b_holds, a_waits, b_asks, later_s, hold_s, placed):
     c = held_cluster(a_holds, b_holds, a_waits, b_asks)
     config = SchedulerConfig(queue="fair-share", quotas=two_teams(guaranteed), guarantee_hold_s=hold_s)
-    result = Scheduler(config).schedule(c.state, c.log.now + later_s)
+    result = Scheduler(config).schedule(c.state, c.log.now + later_s, CycleMemory())
     assert "a-job" not in {d.job_id for d in result.decisions}     # it never fits here
     assert ("b-job" in {d.job_id for d in result.decisions}) is placed
     if not placed:
@@ -225,7 +224,7 @@ def test_a_nominee_that_borrows_is_not_held():
     assert c.log(ev.JobPreempted, job_id=victim, attempt=0, for_job="b-job", reason="priority: test").accepted
     c.log.stopped(victim)
     config = SchedulerConfig(queue="fair-share", quotas=two_teams(16))
-    result = Scheduler(config).schedule(c.state, c.log.now)
+    result = Scheduler(config).schedule(c.state, c.log.now, CycleMemory())
     assert "b-job" in {d.job_id for d in result.decisions}
 
 
@@ -235,7 +234,7 @@ def test_a_job_its_limits_keep_out_holds_nothing():
     c = held_cluster(14, 16, 4, 1)
     tree = QueueTree(orgs={"org": OrgQuota(teams={"a": TeamQuota(guaranteed_gpus=16, limit_gpus=17),
                                                   "b": TeamQuota(guaranteed_gpus=16)})})
-    result = Scheduler(SchedulerConfig(queue="fair-share", quotas=tree)).schedule(c.state, c.log.now)
+    result = Scheduler(SchedulerConfig(queue="fair-share", quotas=tree)).schedule(c.state, c.log.now, CycleMemory())
     assert result.reason("a-job") is Unplaced.QUOTA
     assert "b-job" in {d.job_id for d in result.decisions}
 
@@ -246,8 +245,8 @@ def test_a_job_the_hold_refused_is_not_parked():
     c = held_cluster(14, 16, 4, 1)
     waited_from = c.state.jobs["a-job"].pending_since
     scheduler = Scheduler(SchedulerConfig(queue="fair-share", quotas=two_teams(16), guarantee_hold_s=5))
-    parked = ParkedJobs()
-    first = scheduler.schedule(c.state, waited_from + 1, parked)
-    assert first.reason("b-job") is Unplaced.HELD_FOR_GUARANTEE and "b-job" not in parked.jobs
-    later = scheduler.schedule(c.state, waited_from + 6, parked)     # same epoch, the hold lapsed
+    memory = CycleMemory()
+    first = scheduler.schedule(c.state, waited_from + 1, memory)
+    assert first.reason("b-job") is Unplaced.HELD_FOR_GUARANTEE and "b-job" not in memory.parked.jobs
+    later = scheduler.schedule(c.state, waited_from + 6, memory)     # same epoch, the hold lapsed
     assert "b-job" in {d.job_id for d in later.decisions}

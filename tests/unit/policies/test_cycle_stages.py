@@ -10,9 +10,8 @@ import pytest
 
 from gpusched.config import PlacerSettings, SettingsError
 from gpusched.core import events as ev
+from gpusched.policies.memory import CycleMemory
 from gpusched.policies.placement.registry import parse_placement
-from gpusched.policies.queueing.keys import QueueKeys
-from gpusched.policies.queueing.parking import ParkedJobs
 from gpusched.policies.queueing.quota import OrgQuota, QueueTree, TeamQuota
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig, Unplaced
 from gpusched.sim.dynamic_configs import parse_config
@@ -39,15 +38,15 @@ NO_RESERVATIONS = {"backfill": False, "reserve_after_s": math.inf}
 
 
 def test_each_job_not_placed_has_its_reason_then_is_parked():
-    log, parked = busy_node(), ParkedJobs()
+    log, memory = busy_node(), CycleMemory()
     scheduler = Scheduler(SchedulerConfig(queue="fifo", quotas=LIMITED, **NO_RESERVATIONS))
-    result = scheduler.schedule(log.state, log.now, parked, QueueKeys())
+    result = scheduler.schedule(log.state, log.now, memory)
     assert [d.job_id for d in result.decisions] == ["small"]
     assert result.unplaced == {"big": Unplaced.NO_FIT, "big2": Unplaced.SKIPPED_SAME_SHAPE,
                                "over": Unplaced.QUOTA}
     [small] = result.decisions
     assert log(ev.JobPlaced, job_id="small", attempt=0, workers=small.workers).accepted
-    again = scheduler.schedule(log.state, log.now, parked, QueueKeys())
+    again = scheduler.schedule(log.state, log.now, memory)
     assert again.unplaced == {}
     assert {j: again.reason(j) for j in ("big", "big2", "over", "small")} == {
         "big": Unplaced.PARKED, "big2": Unplaced.PARKED, "over": Unplaced.PARKED, "small": None}
@@ -55,7 +54,7 @@ def test_each_job_not_placed_has_its_reason_then_is_parked():
 
 def test_without_keys_every_job_is_tried_and_fails_alike():
     log = busy_node()
-    result = Scheduler(SchedulerConfig(queue="fifo", **NO_RESERVATIONS)).schedule(log.state, log.now)
+    result = Scheduler(SchedulerConfig(queue="fifo", **NO_RESERVATIONS)).schedule(log.state, log.now, CycleMemory())
     assert [d.job_id for d in result.decisions] == ["over"]   # no quota: the first 1-GPU job
     assert result.unplaced == {"big": Unplaced.NO_FIT, "big2": Unplaced.SKIPPED_SAME_SHAPE,
                                "small": Unplaced.NO_FIT}
@@ -65,7 +64,7 @@ def test_a_job_that_only_the_reservation_keeps_out_is_held_for_it():
     c = gang_behind_busy_cluster()
     c.pending("small", 6_000, gpus=4)   # n2's 4 free GPUs would take it, past the shadow time
     scheduler = Scheduler(SchedulerConfig(queue="fifo", backfill=True))
-    result = scheduler.schedule(c.state, NOW)
+    result = scheduler.schedule(c.state, NOW, CycleMemory())
     assert result.decisions == []
     assert result.unplaced == {"gang": Unplaced.NO_FIT, "small": Unplaced.HELD_FOR_RESERVATION}
     assert result.reservation.job.job_id == "gang" and scheduler.reservation is result.reservation
@@ -78,7 +77,7 @@ def test_a_job_kept_off_a_nominees_nodes_says_so():
     log.submit("nominee", gpus=1)
     log.submit("other", gpus=1, cpu=2000)   # another shape: tried, not skipped
     assert log(ev.JobPreempted, job_id="run", attempt=0, for_job="nominee", reason="test").accepted
-    result = Scheduler(SchedulerConfig(queue="fifo", **NO_RESERVATIONS)).schedule(log.state, log.now)
+    result = Scheduler(SchedulerConfig(queue="fifo", **NO_RESERVATIONS)).schedule(log.state, log.now, CycleMemory())
     assert result.unplaced == {"nominee": Unplaced.NO_FIT, "other": Unplaced.HELD_FOR_NOMINEE}
 
 

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpusched.policies.queueing.keys import QueueKeys
+from gpusched.policies.memory import CycleMemory
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig
 from tests.unit.policies.cursor_scenarios import (
     SETTINGS, deep_queue, end_and_arrive, run_cycle, scenarios, spec,
@@ -53,16 +53,16 @@ def taken(result) -> int:
 
 def test_a_cycle_stops_on_the_bound_once_it_took_min_job_test_jobs():
     log = deep_queue(BLOCKED, "fifo")
-    keys = QueueKeys()
-    late = Scheduler(CONFIG, clock=Always()).schedule(log.state, log.now, None, keys)
+    memory = CycleMemory()
+    late = Scheduler(CONFIG, clock=Always()).schedule(log.state, log.now, memory)
     assert taken(late) == MIN
-    assert keys.cursor.tested == {f"b{i:03d}" for i in range(MIN)}   # continued by the next cycle
+    assert memory.keys.cursor.tested == {f"b{i:03d}" for i in range(MIN)}   # continued by the next cycle
     # A clock that never reaches the bound: the whole queue (the job budget is 1,000).
-    whole = Scheduler(CONFIG, clock=Ticks()).schedule(log.state, log.now, None, QueueKeys())
+    whole = Scheduler(CONFIG, clock=Ticks()).schedule(log.state, log.now, CycleMemory())
     assert taken(whole) == BLOCKED + 1 and [d.job_id for d in whole.decisions] == ["deep"]
     # The clock is read from the cycle's start: a bound that passes at the 3rd reading of
     # the loop (the 4th in all) stops it after MIN + 2 jobs.
-    some = Scheduler(CONFIG, clock=Ticks(jump=4)).schedule(log.state, log.now, None, QueueKeys())
+    some = Scheduler(CONFIG, clock=Ticks(jump=4)).schedule(log.state, log.now, CycleMemory())
     assert taken(some) == MIN + 2
 
 
@@ -71,16 +71,16 @@ def test_every_job_is_still_tested_within_the_cursors_bound():
     bound = 1 + math.ceil((BLOCKED + 1 - MIN) / (MIN - HEAD))
     for queue in ("fifo", "fair-share"):
         config = dataclasses.replace(CONFIG, queue=queue)
-        log, keys = deep_queue(BLOCKED, queue), QueueKeys()
+        log, memory = deep_queue(BLOCKED, queue), CycleMemory()
         scheduler = Scheduler(config, clock=Always())
         for cycle in range(1, 3 * bound + 1):
-            if "deep" in {d[0] for d in run_cycle(log, scheduler, keys, None)}:
+            if "deep" in {d[0] for d in run_cycle(log, scheduler, memory, False)}:
                 break
         assert cycle == bound, queue
         # Without the cursor (every cycle from the head) the bound would starve it.
         restart = Scheduler(dataclasses.replace(config, job_test_head=config.max_job_test), clock=Always())
-        log, keys = deep_queue(BLOCKED, queue), QueueKeys()
-        assert not any("deep" in {d[0] for d in run_cycle(log, restart, keys, None)} for _ in range(3 * bound))
+        log, memory = deep_queue(BLOCKED, queue), CycleMemory()
+        assert not any("deep" in {d[0] for d in run_cycle(log, restart, memory, False)} for _ in range(3 * bound))
 
 
 def play(scenario, config: SchedulerConfig, clock) -> list[tuple[list, int, int]]:
@@ -89,11 +89,11 @@ def play(scenario, config: SchedulerConfig, clock) -> list[tuple[list, int, int]
     log = Log(*(make_node(f"n{i}", gpus=8, cpu=64_000, mem=512_000) for i in range(nodes)))
     for i, (team, shape, limit) in enumerate(waiting):
         log.submit(f"w{i}", spec(team, shape, f"w{i}", limit))
-    scheduler, keys, cycles = Scheduler(config, clock=clock), QueueKeys(), []
+    scheduler, memory, cycles = Scheduler(config, clock=clock), CycleMemory(), []
     for ends, arrivals in [(0, [])] + between:
         end_and_arrive(log, ends, arrivals, spec)
         before = clock.reads
-        result = scheduler.schedule(log.state, log.now, None, keys)
+        result = scheduler.schedule(log.state, log.now, memory)
         for d in result.decisions:
             assert log.place(d.job_id, *[(w.node, w.gpus) for w in d.workers]).accepted
         cycles.append(([(d.job_id, d.workers, d.backfilled) for d in result.decisions], before, clock.reads))

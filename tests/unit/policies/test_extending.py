@@ -6,6 +6,7 @@ import dataclasses
 
 from gpusched.core import events as ev
 from gpusched.core.digest import digest
+from gpusched.policies.memory import CycleMemory
 from gpusched.policies.placement.gang import place_gang
 from gpusched.policies.placement.heuristics import GPU_WEIGHT, ScoredPlacement
 from gpusched.policies.placement.registry import make_placement
@@ -78,7 +79,7 @@ def test_shortest_first_orders_by_time_limit_then_submission():
 # --- a preemption rule -------------------------------------------------------------------------
 def same_team_victims(state, job, now, config: PreemptionConfig = other_rules()):
     """Preemption's eligibility and cost, but a job may stop only its own team's jobs."""
-    ctx = SearchContext(state, now, config)
+    ctx = SearchContext(state, now, config, CycleMemory())
     with tentative(state) as scratch:
         search = VictimSearch(state, job, scratch,
                               lambda v: v.team == job.team and ctx.eligible(v, job, reclaim=False),

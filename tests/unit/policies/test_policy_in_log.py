@@ -12,8 +12,7 @@ from gpusched.core.policy import NO_LIMIT, Quota, TeamPolicy
 from gpusched.core.reducer import apply
 from gpusched.core.snapshot import snapshot_bytes, state_from_snapshot
 from gpusched.core.state import ClusterState
-from gpusched.policies.queueing.parking import ParkedJobs
-from gpusched.policies.queueing.keys import QueueKeys
+from gpusched.policies.memory import CycleMemory
 from gpusched.policies.queueing.fairshare import QueueContext, fair_share
 from gpusched.policies.queueing.policy_tree import bootstrap_events, policy_tree, tree_of
 from gpusched.policies.queueing.quota import QueueTree
@@ -83,10 +82,10 @@ def test_a_quota_change_in_the_log_changes_the_next_cycle(queue):
     log.run("a1", ("n1", whole(0, 1)))
     assert log.submit("a2", team="a", gpus=2).accepted
     scheduler = Scheduler(SchedulerConfig(queue=queue))
-    parked, keys = ParkedJobs(), QueueKeys()                  # kept between cycles, as the placer does
-    assert scheduler.cycle(log.state, log.now, parked, keys) == []          # over its limit: parked
+    memory = CycleMemory()                                    # kept between cycles, as the placer does
+    assert scheduler.cycle(log.state, log.now, memory) == []                # over its limit: parked
     log(ev.QuotaSet, quota=Quota("", "a", 0, 4000))            # team a: 4 GPUs
-    assert [d.job_id for d in scheduler.cycle(log.state, log.now, parked, keys)] == ["a2"]
+    assert [d.job_id for d in scheduler.cycle(log.state, log.now, memory)] == ["a2"]
 
 
 def test_the_preemptor_reads_guarantees_from_the_log():
@@ -151,7 +150,7 @@ def test_queue_order_comes_from_the_folded_ledger():
     log.submit("a-job", team="a", gpus=8)
     log.submit("b-job", team="b", gpus=8)
     fresh = Scheduler(SchedulerConfig(queue="fair-share", aging_s=1e9))
-    assert [d.job_id for d in fresh.cycle(log.state, log.now + 1)][:1] == ["b-job"]
+    assert [d.job_id for d in fresh.cycle(log.state, log.now + 1, CycleMemory())][:1] == ["b-job"]
     # Without the ledger (what a fresh in-memory ledger knew) a's job, older, went first.
     pending = [log.state.jobs[j] for j in log.state.pending]
     assert fair_share(log.state, pending, log.now + 1, QueueContext(aging_s=1e9))[0].job_id == "a-job"
@@ -162,7 +161,7 @@ def test_tentative_bookings_leave_the_ledger_alone():
     for i in range(3):
         log.submit(f"j{i}", team=f"t{i}", gpus=4)
     before = {t: (e.at, e.gpu_milli) for t, e in log.state.ledger.items()}
-    Scheduler(SchedulerConfig(queue="fair-share")).cycle(log.state, log.now + 500)
+    Scheduler(SchedulerConfig(queue="fair-share")).cycle(log.state, log.now + 500, CycleMemory())
     assert {t: (e.at, e.gpu_milli) for t, e in log.state.ledger.items()} == before
 
 
@@ -217,7 +216,7 @@ def test_a_team_that_does_not_borrow_stays_within_its_guarantee():
     log = _two_teams(Quota("", "a", 2000, NO_LIMIT, False))   # no limit given, but no borrowing
     log.submit("a1", team="a", gpus=2)
     log.submit("a2", team="a", gpus=2)
-    assert [d.job_id for d in Scheduler(SchedulerConfig(queue="fair-share")).cycle(log.state, log.now)] == ["a1"]
+    assert [d.job_id for d in Scheduler(SchedulerConfig(queue="fair-share")).cycle(log.state, log.now, CycleMemory())] == ["a1"]
 
 
 @pytest.mark.parametrize("lending, placed", [
@@ -229,7 +228,7 @@ def test_a_lending_limit_keeps_part_of_an_unused_guarantee_free(lending, placed)
     log = _two_teams(Quota("", "a", 4000, NO_LIMIT, True, lending))
     for i in (1, 2, 3, 4):
         log.submit(f"b{i}", team="b", gpus=2)
-    decisions = Scheduler(SchedulerConfig(queue="fifo")).cycle(log.state, log.now)
+    decisions = Scheduler(SchedulerConfig(queue="fifo")).cycle(log.state, log.now, CycleMemory())
     assert [d.job_id for d in decisions] == placed
     for d in decisions:
         assert log(ev.JobPlaced, job_id=d.job_id, attempt=d.attempt, workers=d.workers).accepted
@@ -237,7 +236,7 @@ def test_a_lending_limit_keeps_part_of_an_unused_guarantee_free(lending, placed)
         return   # the node is full
     # The lender itself is not held back by its own lending limit.
     log.submit("a1", team="a", gpus=2)
-    assert "a1" in [d.job_id for d in Scheduler(SchedulerConfig(queue="fifo")).cycle(log.state, log.now)]
+    assert "a1" in [d.job_id for d in Scheduler(SchedulerConfig(queue="fifo")).cycle(log.state, log.now, CycleMemory())]
 
 
 def test_a_node_not_heard_yet_gets_its_timeout_from_when_the_preemptor_first_saw_it():

@@ -18,6 +18,7 @@ from typing import Callable, Iterable, Sequence
 from gpusched.core.model import JobPhase
 from gpusched.core.priority import priority_value
 from gpusched.core.state import ClusterState, JobState, NodeState
+from gpusched.policies.memory import CycleMemory
 from gpusched.policies.preemption.decisions import Preemption, _decision
 from gpusched.policies.preemption.search_context import Found, SearchContext
 from gpusched.policies.preemption.victim_rules import (
@@ -267,12 +268,23 @@ class FrozenVictimSearch:
 
 
 class FrozenSearchContext(SearchContext):
-    """``SearchContext`` with the search, the borrowing and the usage as they were."""
+    """``SearchContext`` with the search, the borrowing, the usage and the preemptions in
+    flight as they were (a new memory: nothing kept from another call)."""
 
     def __init__(self, state: ClusterState, now: float, config: PreemptionConfig) -> None:
-        super().__init__(state, now, config)
         self._borrowed: dict[str, tuple[set[str], set[str]]] = {}
         self._found: dict[str, list[JobState]] | None = None
+        super().__init__(state, now, config, CycleMemory())
+
+    def _in_flight(self) -> set[str]:
+        """Pending jobs with a young nomination or PREEMPTING victims, found on the nodes."""
+        live = {j for j, (_, at) in self.state.nominations.items() if self.now - at < self.config.nomination_ttl_s}
+        for node in self.state.nodes.values():
+            for jid in node.jobs:
+                job = self.state.jobs[jid]
+                if job.phase is JobPhase.PREEMPTING and job.nominated_by:
+                    live.add(job.nominated_by)
+        return live
 
     def team_jobs(self) -> dict[str, list[JobState]]:
         """Each team's running jobs, found on the nodes once for the call."""

@@ -193,8 +193,8 @@ class KeptMix:
 def fix_mixes(lent: LentState, statement: Statement) -> None:
     """Count every pool's mix of the lent state as it is now, once for ``statement``
     (``lent.memo``, read by ``pool_mix``); call while the lent state is the log's.
-    Brought in step from the count kept (``KeptMix``) where ``statement`` keeps
-    indexes, else counted afresh."""
+    Brought in step from the count kept (``KeptMix``) where ``statement`` was lent kept
+    indexes (``KeptIndexes.install``), else counted afresh."""
     state = lent.state
     pools = dict.fromkeys(state.pools)
     pools.update(dict.fromkeys(node.info.pool for node in state.nodes.values()))

@@ -13,6 +13,7 @@ from gpusched.core import events as ev
 from gpusched.core.digest import digest
 from gpusched.core.model import NodeStatus, PendingKind, WorkerResources
 from gpusched.policies.gpu_fit import first_failing, fit
+from gpusched.policies.memory import CycleMemory
 from gpusched.policies.placement.diagnosis import Diagnosis, diagnose
 from gpusched.policies.queueing.quota import QueueTree
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig, Unplaced
@@ -49,7 +50,7 @@ class Case:
         return self.submit(make_spec("t", **spec_kw))
 
     def ask(self, job_id: str):
-        return diagnose(self.state, self.state.jobs[job_id], NOW, self.quotas, self.cycle, self.decisions)
+        return diagnose(self.state, self.state.jobs[job_id], NOW, CycleMemory(), self.quotas, self.cycle, self.decisions)
 
     def running_until(self, node: str, gpus: int, runtime: float, name: str = "busy", team: str = "other") -> str:
         """A running job of ``gpus`` GPUs on ``node`` expected to end ``runtime`` s after it
@@ -159,7 +160,7 @@ def reservation(c: Case) -> str:
         c.running_until(node, 4, runtime)
     head = c.submit(dataclasses.replace(make_spec("t", gpus=4, workers=2, name="head"), max_runtime_s=100.0))
     later = c.job(gpus=1)
-    c.cycle = Scheduler(SchedulerConfig(queue="fifo", backfill=True)).schedule(c.state, NOW)
+    c.cycle = Scheduler(SchedulerConfig(queue="fifo", backfill=True)).schedule(c.state, NOW, CycleMemory())
     assert c.cycle.decisions == [] and [r.job.job_id for r in c.cycle.reservations] == [head]
     return later
 
@@ -175,7 +176,7 @@ def two_reservations(c: Case) -> str:
     second = c.submit(dataclasses.replace(make_spec("t", gpus=4, name="second"), max_runtime_s=100.0))
     later = c.job(gpus=2)
     config = SchedulerConfig(queue="fifo", backfill=True, reserve_after_s=0.0, reservation_depth=2)
-    c.cycle = Scheduler(config).schedule(c.state, NOW)
+    c.cycle = Scheduler(config).schedule(c.state, NOW, CycleMemory())
     assert [r.job.job_id for r in c.cycle.reservations] == [first, second]
     assert c.cycle.reason(later) is Unplaced.HELD_FOR_RESERVATION
     return later
@@ -196,7 +197,7 @@ def guarantee_hold(c: Case) -> str:
     busy(c, "n1", "n2")
     c.submit(make_spec("g", gpus=4, workers=2))
     job_id = c.job(gpus=1)
-    c.cycle = Scheduler(SchedulerConfig(queue="fifo", quotas=c.quotas, reservation_depth=0)).schedule(c.state, NOW)
+    c.cycle = Scheduler(SchedulerConfig(queue="fifo", quotas=c.quotas, reservation_depth=0)).schedule(c.state, NOW, CycleMemory())
     assert c.cycle.reason(job_id) is Unplaced.HELD_FOR_GUARANTEE
     return job_id
 
@@ -260,7 +261,7 @@ def test_jobs_of_one_shape_are_looked_at_once():
     c = Case()
     busy(c, "n1", "n2", "n3")
     jobs = [c.state.jobs[c.job()] for _ in range(3)] + [c.state.jobs[c.job(gpus=1)]]
-    with Diagnosis(c.state, NOW, QueueTree()) as diagnosis:
+    with Diagnosis(c.state, NOW, CycleMemory(), QueueTree()) as diagnosis:
         found = [diagnosis.diagnose(job) for job in jobs]
         assert len(diagnosis._by_shape) == 2
     assert found[0] is found[1] is found[2] and found[3].counts == found[0].counts

@@ -11,12 +11,11 @@ from dataclasses import replace
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from gpusched.core import events as ev
+from gpusched.policies.memory import CycleMemory
 from gpusched.policies.placement.gang import place_gang
 from gpusched.policies.placement.heuristics import free_index
-from gpusched.policies.placement.kept_index import KEPT
 from gpusched.policies.placement.registry import make_placement
 from gpusched.policies.placement.topology import GangCapacities
-from gpusched.policies.queueing.keys import QueueKeys
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig
 from gpusched.policies.statement import tentative
 from tests.unit.core.builders import Log, make_node, make_spec, share, whole
@@ -122,17 +121,17 @@ def test_cycles_that_keep_gang_capacities_decide_as_cycles_that_keep_nothing(nod
     log = build(nodes)
     submit(log, jobs)
     config = SchedulerConfig(placement="best-fit", reserve_after_s=0.0, default_estimate_s=100.0)
-    keeping, fresh, keys = Scheduler(config), Scheduler(config), QueueKeys()
+    keeping, fresh, memory = Scheduler(config), Scheduler(config), CycleMemory()
     for r, (apply, cordon, arriving) in enumerate(rounds):
         now = log.now
-        kept = keeping.schedule(log.state, now, None, keys)
-        assert decided(kept) == decided(fresh.schedule(log.state, now, None, None))
+        kept = keeping.schedule(log.state, now, memory)
+        assert decided(kept) == decided(fresh.schedule(log.state, now, CycleMemory()))
         for d in kept.decisions[:apply]:
             assert log(ev.JobPlaced, job_id=d.job_id, attempt=d.attempt, workers=d.workers).accepted
         if cordon is not None and cordon[0] < len(nodes):
             log(ev.NodeCordoned if cordon[1] else ev.NodeUncordoned, node=f"n{cordon[0]}")
         submit(log, arriving, prefix=f"r{r}-")
-    assert KEPT in keys.kept
+    assert memory.indexes.indexes
 
 
 def decided(result) -> list:

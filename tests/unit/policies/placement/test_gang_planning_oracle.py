@@ -15,6 +15,7 @@ from gpusched.core import events as ev
 from gpusched.core.digest import digest
 from gpusched.core.model import JobSpec, WorkerResources
 from gpusched.policies import scheduler as scheduler_module
+from gpusched.policies.memory import CycleMemory
 from gpusched.policies.placement.gang import place_gang
 from gpusched.policies.placement.registry import make_placement
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig
@@ -57,7 +58,7 @@ def fill(log: Log, busy: list[WorkerResources]) -> None:
     """Leave the nodes partly used: one cycle of one-worker jobs, applied."""
     for i, res in enumerate(busy):
         assert log.submit(f"busy{i}", JobSpec(name=f"busy{i}", team="t0", resources=res)).accepted
-    for d in Scheduler(SchedulerConfig(queue="fifo", placement="best-fit")).cycle(log.state, log.now):
+    for d in Scheduler(SchedulerConfig(queue="fifo", placement="best-fit")).cycle(log.state, log.now, CycleMemory()):
         assert log(ev.JobPlaced, job_id=d.job_id, attempt=d.attempt, workers=d.workers).accepted
 
 
@@ -105,10 +106,10 @@ def test_a_cycle_of_many_gangs_decides_as_the_oracle(policy, labelled):
     log = cluster(spec, labelled)
     fill(log, [WorkerResources(gpus=1 + i % 3, cpu_milli=8000) for i in range(30)])
     many_gangs(log, 60)
-    live = Scheduler(SchedulerConfig(queue="fifo", placement=policy)).cycle(log.state, log.now)
+    live = Scheduler(SchedulerConfig(queue="fifo", placement=policy)).cycle(log.state, log.now, CycleMemory())
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(scheduler_module, "place_gang", oracle_place_gang)
-        oracle = Scheduler(SchedulerConfig(queue="fifo", placement=policy)).cycle(log.state, log.now)
+        oracle = Scheduler(SchedulerConfig(queue="fifo", placement=policy)).cycle(log.state, log.now, CycleMemory())
     assert sum(len(d.workers) > 1 for d in live) >= 5, "the cycle must place gangs to compare"
     assert [(d.job_id, d.workers) for d in live] == [(d.job_id, d.workers) for d in oracle]
 

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from gpusched.core import events as ev
 from gpusched.core.mig import PROFILES
 from gpusched.core.model import GpuInfo, JobSpec, MigInstance, MigMode, NodeInfo, WorkerResources
+from gpusched.policies.memory import CycleMemory
 from gpusched.policies.placement.gang import place_gang
 from gpusched.policies.placement.heuristics import choose_mig
 from gpusched.policies.placement.mig_index import MigIndex
@@ -199,7 +200,7 @@ def test_indexed_choice_is_the_scans_within_one_statement(data):
 # --- through the scheduler ---------------------------------------------------------------
 def decided(state, policy: str, backfill: bool) -> list[tuple]:
     config = SchedulerConfig(placement=policy, backfill=backfill, max_decisions=50)
-    return [(x.job_id, x.workers) for x in Scheduler(config).cycle(state, now=100.0)]
+    return [(x.job_id, x.workers) for x in Scheduler(config).cycle(state, now=100.0, memory=CycleMemory())]
 
 
 @SETTINGS

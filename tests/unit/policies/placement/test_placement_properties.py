@@ -22,6 +22,7 @@ from gpusched.core.digest import digest
 from gpusched.core.mig import FULL_MASK
 from gpusched.core.model import JobSpec, MigMode, WorkerResources
 from gpusched.core.state import ClusterState
+from gpusched.policies.memory import CycleMemory
 from gpusched.policies.statement import tentative
 from gpusched.policies.gpu_fit import fit
 from gpusched.policies.placement.gang import place_gang
@@ -78,7 +79,7 @@ def test_cycles_never_overallocate_and_gangs_are_whole(policy, nodes, rounds, fi
             assert log.submit(f"j{count}", spec).accepted
             count += 1
         before = digest(log.state)
-        decisions = scheduler.cycle(log.state, log.now)
+        decisions = scheduler.cycle(log.state, log.now, CycleMemory())
         assert digest(log.state) == before, "a cycle must leave the state as the log made it"
         for d in decisions:
             job = log.job(d.job_id)

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from gpusched.core import events as ev
 from gpusched.core.model import JobPhase
+from gpusched.policies.memory import CycleMemory
 from gpusched.policies.placement.registry import PLACEMENTS
 from gpusched.policies.preemption.victim_rules import PreemptionConfig
 from gpusched.policies.queueing.quota import OrgQuota, QueueTree, TeamQuota
@@ -38,7 +39,7 @@ def busy_cluster(data) -> tuple[Log, float]:
         log(ev.JobSubmitted, job_id=f"r{k}", spec=spec, time=t)
     for _ in range(2):
         t += d(st.sampled_from([0.0, 20.0, 200.0]))
-        for dec in Scheduler().cycle(log.state, t):
+        for dec in Scheduler().cycle(log.state, t, CycleMemory()):
             assert log(ev.JobPlaced, job_id=dec.job_id, attempt=dec.attempt, workers=dec.workers, time=t).accepted
             if d(st.integers(0, 4)) > 0:
                 for w in dec.workers:

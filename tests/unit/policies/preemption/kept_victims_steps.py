@@ -8,8 +8,8 @@ from hypothesis import strategies as st
 
 from gpusched.core import events as ev
 from gpusched.core.model import JobPhase
+from gpusched.policies.memory import CycleMemory
 from gpusched.policies.preemption.decisions import preemption_decisions, preemption_events
-from gpusched.policies.preemption.victim_index import VictimIndex
 from gpusched.policies.scheduler import Scheduler
 from tests.unit.policies.preemption_clusters import Cluster
 
@@ -25,7 +25,7 @@ def _finish(c: Cluster, job, now: float, code: int = 0) -> None:
               exit_code=code, time=now)
 
 
-def _change(c: Cluster, data, now: float, config, kept: VictimIndex) -> None:
+def _change(c: Cluster, data, now: float, config, memory: CycleMemory) -> None:
     """One random change of the state: what the log brings between two rounds."""
     d, state = data.draw, c.state
     running = _running(state)
@@ -42,14 +42,14 @@ def _change(c: Cluster, data, now: float, config, kept: VictimIndex) -> None:
         if d(st.booleans()):
             _finish(c, job, now)
     elif kind == "decide":
-        for decision in preemption_decisions(state, now, config, victims=kept)[:2]:
+        for decision in preemption_decisions(state, now, memory, config)[:2]:
             for e in preemption_events(state, decision, now):
                 c.log.replay(e)
             if d(st.booleans()):
                 for vid in decision.victims:
                     _finish(c, state.jobs[vid], now)
     elif kind == "place":
-        for dec in Scheduler().cycle(state, now)[:3]:
+        for dec in Scheduler().cycle(state, now, CycleMemory())[:3]:
             c.log(ev.JobPlaced, job_id=dec.job_id, attempt=dec.attempt, workers=dec.workers, time=now)
     elif kind == "start":
         for job in [j for j in running if j.phase is JobPhase.PLACED][:2]:

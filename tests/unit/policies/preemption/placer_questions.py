@@ -4,6 +4,7 @@ question, and a preemption's planned node checked against the placer's choice.""
 from __future__ import annotations
 
 from gpusched.policies.placement.gang import place_gang
+from gpusched.policies.placement.kept_index import KeptIndexes
 from gpusched.policies.placement.registry import make_placement
 from gpusched.policies.preemption.placer_views import PlacerViews
 from gpusched.policies.preemption.slot_counts import ScratchChanges
@@ -19,7 +20,7 @@ def ask(state, policy: str, path: str):
     tentative``'s order: scratch, then the placer's statement) or with none open."""
     score = make_placement(policy)
     touched = ScratchChanges()
-    views = PlacerViews(state, touched, {} if path == "kept" else None, score)
+    views = PlacerViews(state, touched, KeptIndexes(), score)
     if path == "closed":
         placed = views.place(state.jobs["job"], score)
     else:

@@ -13,14 +13,13 @@ from hypothesis import strategies as st
 
 from gpusched.core import events as ev
 from gpusched.core.digest import digest
+from gpusched.policies.memory import CycleMemory
 from gpusched.policies.placement.index import FreeIndex
-from gpusched.policies.placement.kept_index import KEPT
 from gpusched.policies.placement.mig_index import MigIndex
 from gpusched.policies.placement.topology import GangCapacities
 from gpusched.policies.preemption.decisions import preemption_decisions, preemption_events, victims_for
 from gpusched.policies.preemption.defrag import MovableEntries, defrag_decisions
-from gpusched.policies.preemption.kept_movable import KEY as MOVABLE, KeptMovable
-from gpusched.policies.preemption.victim_index import VictimIndex
+from gpusched.policies.preemption.kept_movable import KeptMovable
 from gpusched.policies.preemption.victim_rules import may_move_now
 from tests.unit.core.builders import Log, make_node, make_spec, whole
 from tests.unit.policies import preemption_oracle as oracle
@@ -36,25 +35,23 @@ from tests.unit.policies.preemption_configs import other_rules
 NODE_VIEWS = (FreeIndex, MigIndex, GangCapacities)
 
 
-def assert_kept_as_fresh(views: dict, state) -> None:
+def assert_kept_as_fresh(memory: CycleMemory, state) -> None:
     """Bring the kept views in step as a round's start does: each node view must read as
     one built afresh from the state."""
-    kept = views.get(KEPT)
-    if kept is not None:
-        kept.refresh(state)
-        for key, index in kept.indexes.items():
-            if isinstance(index, NODE_VIEWS):
-                assert contents(index) == contents(fresh_like(index, state)), key
+    kept = memory.indexes
+    kept.refresh(state)
+    for key, index in kept.indexes.items():
+        if isinstance(index, NODE_VIEWS):
+            assert contents(index) == contents(fresh_like(index, state)), key
 
 
-def assert_movable_as_fresh(views: dict, state, now: float, config) -> None:
+def assert_movable_as_fresh(memory: CycleMemory, state, now: float, config) -> None:
     """Bring each pool's kept movable jobs in step as a call's first plan does: they must
     list the entries a fresh ``MovableEntries`` lists at ``now``."""
-    for key, movable in views.items():
-        if isinstance(key, tuple) and key[0] == MOVABLE:
-            kept = movable.refresh(state, state.nodes, now, config).entries(now)
-            fresh = MovableEntries(state.nodes, state.jobs, key[1], now, config).entries
-            assert [e[:4] + (e[4].job_id,) for e in kept] == [e[:4] + (e[4].job_id,) for e in fresh]
+    for pool, movable in memory.movable.items():
+        kept = movable.refresh(state, state.nodes, now, config).entries(now)
+        fresh = MovableEntries(state.nodes, state.jobs, pool, now, config).entries
+        assert [e[:4] + (e[4].job_id,) for e in kept] == [e[:4] + (e[4].job_id,) for e in fresh]
 
 
 def a_cluster(data):
@@ -71,11 +68,11 @@ def a_cluster(data):
     return SimpleNamespace(log=log, state=log.state), now
 
 
-def _next_round(c, data, now: float, config, victims, most: int) -> float:
+def _next_round(c, data, now: float, config, memory: CycleMemory, most: int) -> float:
     """The clock of the next round, and up to ``most`` changes of the log before it."""
     now += data.draw(st.sampled_from([0.0, 1.0, 40.0, 700.0]))
     for _ in range(data.draw(st.integers(0, most))):
-        _change(c, data, now, config, victims)
+        _change(c, data, now, config, memory)
     return now
 
 
@@ -84,18 +81,18 @@ def _next_round(c, data, now: float, config, victims, most: int) -> float:
 def test_rounds_that_keep_placer_views_decide_as_rounds_that_build_them(data):
     c, now = a_cluster(data)
     config = random_rules(data)
-    victims, views = VictimIndex(), {}
+    memory = CycleMemory()
     for _ in range(data.draw(st.integers(2, 6))):
-        now = _next_round(c, data, now, config, victims, 3)
+        now = _next_round(c, data, now, config, memory, 3)
         state, before = c.state, digest(c.state)
-        assert preemption_decisions(state, now, config, victims=victims, kept=views) \
-            == preemption_decisions(state, now, config)
+        assert preemption_decisions(state, now, memory, config) \
+            == preemption_decisions(state, now, CycleMemory(), config)
         if state.pending and data.draw(st.booleans()):
             job = state.jobs[data.draw(st.sampled_from(sorted(state.pending)))]
-            assert victims_for(state, job, now, config, victims=victims, kept=views) \
-                == victims_for(state, job, now, config)
+            assert victims_for(state, job, now, memory, config) \
+                == victims_for(state, job, now, CycleMemory(), config)
         assert digest(state) == before
-        assert_kept_as_fresh(views, state)
+        assert_kept_as_fresh(memory, state)
 
 
 def _moved(c, data, decisions, now: float) -> None:
@@ -112,27 +109,27 @@ def _moved(c, data, decisions, now: float) -> None:
 @SETTINGS
 @given(st.data())
 def test_defrag_rounds_that_keep_placer_views_decide_as_rounds_that_build_them(data):
-    """Rounds as the preemptor runs them (preempt, then defragmentation, on one kept dict
-    of views) on fragmented pools, the plans of one round carried out before the next."""
+    """Rounds as the preemptor runs them (preempt, then defragmentation, on one kept
+    memory) on fragmented pools, the plans of one round carried out before the next."""
     log, now = fragmented_cluster(data)
     c = SimpleNamespace(log=log, state=log.state)
     config = config_for(data) if data.draw(st.booleans()) else random_rules(data)
     # Work at risk grows past the cap between rounds (``kept_movable``'s cut).
     config = replace(config, defrag_max_work_lost_s=data.draw(st.sampled_from([300.0, 600.0, 2000.0])))
-    victims, views = VictimIndex(), {}
+    memory = CycleMemory()
     for _ in range(data.draw(st.integers(2, 5))):
-        now = _next_round(c, data, now, config, victims, 2)
+        now = _next_round(c, data, now, config, memory, 2)
         state, before = c.state, digest(c.state)
         if data.draw(st.booleans()):   # the preempt action ran first this round
-            assert preemption_decisions(state, now, config, victims=victims, kept=views) \
-                == preemption_decisions(state, now, config)
-        plans = defrag_decisions(state, now, config, victims=victims, kept=views)
+            assert preemption_decisions(state, now, memory, config) \
+                == preemption_decisions(state, now, CycleMemory(), config)
+        plans = defrag_decisions(state, now, memory, config)
         # Views built for the round; and fresh views for each question with plans that
         # step every node (``defrag.stepped_search``), not only those the index reads.
-        assert plans == defrag_decisions(state, now, config) == oracle.defrag_decisions(state, now, config)
+        assert plans == defrag_decisions(state, now, CycleMemory(), config) == oracle.defrag_decisions(state, now, config)
         assert digest(state) == before
-        assert_kept_as_fresh(views, state)
-        assert_movable_as_fresh(views, state, now, config)
+        assert_kept_as_fresh(memory, state)
+        assert_movable_as_fresh(memory, state, now, config)
         _moved(c, data, plans, now)
 
 
@@ -190,14 +187,14 @@ def test_kept_movable_jobs_are_those_defrag_may_move(data):
         slots, k = slots[workers:], k + 1
     c, now = SimpleNamespace(log=log, state=log.state), NOW
     config = replace(random_rules(data), defrag_max_work_lost_s=d(st.sampled_from([300.0, 2000.0, 1e9])))
-    kept, victims = KeptMovable("default"), VictimIndex()
+    kept, memory = KeptMovable("default"), CycleMemory()
     for _ in range(d(st.integers(1, 4))):
         state = c.state
         listed = kept.refresh(state, state.nodes, now, config).entries(now)
         assert {(e[2], e[4].job_id) for e in listed} == {
             (name, jid) for name, node in state.nodes.items() for jid in node.jobs
             if may_move_now(state.jobs[jid], now, config)}
-        now = _next_round(c, data, now, config, victims, 2)
+        now = _next_round(c, data, now, config, memory, 2)
 
 
 def _full_pool() -> Cluster:
@@ -217,12 +214,12 @@ def test_what_a_call_changed_and_undid_does_not_stay_in_the_kept_views():
     node when the placer's views heard of it (``PlacerViews._catch_up``)."""
     from gpusched.policies.preemption.search_context import SearchContext
     c = _full_pool()
-    views: dict = {}
-    ctx = SearchContext(c.state, NOW, other_rules(), None, views)
+    memory = CycleMemory()
+    ctx = SearchContext(c.state, NOW, other_rules(), memory)
     with ctx.tentative() as scratch:
         scratch.release(c.state.jobs["r1-0"])
         assert ctx.place(c.state.jobs["p1"]) is None
-    assert_kept_as_fresh(views, c.state)
+    assert_kept_as_fresh(memory, c.state)
 
 
 def test_a_later_round_builds_no_free_index(monkeypatch):
@@ -232,13 +229,13 @@ def test_a_later_round_builds_no_free_index(monkeypatch):
     built: list[str] = []
     init = FreeIndex.__init__
     monkeypatch.setattr(FreeIndex, "__init__", lambda self, *a: built.append(a[1]) or init(self, *a))
-    victims, views = VictimIndex(), {}
-    first = preemption_decisions(c.state, NOW, other_rules(), victims=victims, kept=views)
+    memory = CycleMemory()
+    first = preemption_decisions(c.state, NOW, memory, other_rules())
     assert first and built == ["default"] and first == oracle.preemption_decisions(c.state, NOW, other_rules())
-    index = views[KEPT].indexes["free", "default"]
+    index = memory.indexes.indexes["free", "default"]
     built.clear()
-    assert preemption_decisions(c.state, NOW + 1, other_rules(), victims=victims, kept=views) == first
-    assert built == [] and views[KEPT].indexes["free", "default"] is index
+    assert preemption_decisions(c.state, NOW + 1, memory, other_rules()) == first
+    assert built == [] and memory.indexes.indexes["free", "default"] is index
 
 
 def test_the_preemptor_keeps_placer_views_per_partition_and_drops_them_on_revoke():
@@ -250,11 +247,11 @@ def test_the_preemptor_keeps_placer_views_per_partition_and_drops_them_on_revoke
     c = _full_pool()
     decider = PreemptorDecider("me", other_rules(), SupervisionConfig(), lambda now: ({}, 0.0, False))
     assert decider(0, c.state, NOW)
-    kept = decider.memory[0].kept[KEPT]
+    kept = decider.memory[0].policies.indexes
     index = kept.indexes["free", "default"]
     decider(0, c.state, NOW + 1)
     decider(1, c.state, NOW + 1)
-    assert decider.memory[0].kept[KEPT] is kept and kept.indexes["free", "default"] is index
+    assert decider.memory[0].policies.indexes is kept and kept.indexes["free", "default"] is index
     loop = PartitionProposer(None, None, decider, "me")   # type: ignore[arg-type]
     revoked(decider, loop, {0})
     assert list(decider.memory) == [1]
@@ -266,13 +263,13 @@ def _fragmented_rounds() -> tuple[list, list]:
     from tests.unit.policies.defrag_clusters import NOW as AT, fragmented
     c = fragmented()
     c.pending("big2", gpus=8)
-    victims, views, built, rounds = VictimIndex(), {}, [], []
+    memory, built, rounds = CycleMemory(), [], []
     init = FreeIndex.__init__
     FreeIndex.__init__ = lambda self, *a: built.append(a[1]) or init(self, *a)   # type: ignore[method-assign]
     try:
         for now in (AT, AT + 1):
             built.clear()
-            plans = defrag_decisions(c.state, now, victims=victims, kept=views)
+            plans = defrag_decisions(c.state, now, memory)
             rounds.append((plans, list(built)))   # before the oracle's builds
             assert plans == oracle.defrag_decisions(c.state, now)
             for e in preemption_events(c.state, plans[0], now):
@@ -293,7 +290,7 @@ def test_a_later_defrag_round_builds_no_free_index():
 
 def test_the_preemptors_defrag_action_reads_the_rounds_kept_views(monkeypatch):
     """In the preemptor's round the preempt action finds nothing to preempt and builds the
-    pool's ``FreeIndex``; defragmentation then reads that one (the partition's kept dict)."""
+    pool's ``FreeIndex``; defragmentation then reads that one (the partition's memory)."""
     from gpusched.policies.supervision import SupervisionConfig
     from gpusched_preemptor.decide import PreemptorDecider
     from tests.unit.policies import victim_search_oracle as oracle
@@ -319,12 +316,12 @@ def test_a_later_defrag_round_lists_no_pool_afresh(monkeypatch):
     from tests.unit.policies.defrag_clusters import NOW as AT, fragmented
     c = fragmented()
     c.pending("big2", gpus=8)
-    victims, views = VictimIndex(), {}
-    first = defrag_decisions(c.state, AT, victims=victims, kept=views)
+    memory = CycleMemory()
+    first = defrag_decisions(c.state, AT, memory)
     assert [p.for_job for p in first] == ["big"] and listings == ["kept", "kept"]   # made, then listed
     for e in preemption_events(c.state, first[0], AT):
         assert c.log.replay(e).accepted
     listings.clear()
-    second = defrag_decisions(c.state, AT + 1, victims=victims, kept=views)
+    second = defrag_decisions(c.state, AT + 1, memory)
     assert [p.for_job for p in second] == ["big2"] and listings == []
     assert second == oracle.defrag_decisions(c.state, AT + 1)

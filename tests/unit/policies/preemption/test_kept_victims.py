@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from gpusched.core import events as ev
 from gpusched.core.digest import digest
+from gpusched.policies.memory import CycleMemory
 from gpusched.policies.preemption.decisions import preemption_decisions, victims_for, why_no_victims
 from gpusched.policies.preemption.slot_counts import SlotCounts
 from gpusched.policies.preemption.victim_index import CLASSES, VictimIndex
@@ -43,17 +44,18 @@ def reading(index: VictimIndex, state) -> dict:
 def test_the_kept_index_reads_as_one_built_afresh_after_any_events(data):
     c, now = packed_cluster(data)
     config = random_rules(data)
-    kept = VictimIndex()
+    memory = CycleMemory()
+    kept = memory.victims
     for _ in range(data.draw(st.integers(1, 8))):
         now += data.draw(st.sampled_from([0.0, 0.0005, 1.0, 40.0, 400.0, 700.0]))
         if data.draw(st.integers(0, 9)) == 0:   # another rule set: listed afresh
             config = replace(config, min_runtime_s=data.draw(st.sampled_from([0.0, 300.0, 900.0])))
         for _ in range(data.draw(st.integers(0, 3))):
-            _change(c, data, now, config, kept)
+            _change(c, data, now, config, memory)
         before = digest(c.state)
         assert reading(kept.refresh(c.state, now, config), c.state) \
             == reading(VictimIndex().refresh(c.state, now, config), c.state)
-        assert preemption_decisions(c.state, now, config, victims=kept) \
+        assert preemption_decisions(c.state, now, memory, config) \
             == oracle.preemption_decisions(c.state, now, config)
         assert digest(c.state) == before
         for shape, counts in kept._slots.items():   # the worker slots kept, as counted afresh
@@ -69,16 +71,17 @@ def test_questions_on_the_kept_index_answer_as_the_full_scan(data):
     and leave the index reading as one built afresh."""
     c, now = packed_cluster(data)
     config = random_rules(data)
-    kept = VictimIndex()
+    memory = CycleMemory()
+    kept = memory.victims
     for _ in range(data.draw(st.integers(1, 4))):
         now += data.draw(st.sampled_from([0.0, 1.0, 40.0, 700.0]))
         for _ in range(data.draw(st.integers(0, 3))):
-            _change(c, data, now, config, kept)
+            _change(c, data, now, config, memory)
         before = digest(c.state)
         for job_id in sorted(c.state.pending):
             job = c.state.jobs[job_id]
-            assert victims_for(c.state, job, now, config, victims=kept) == oracle.victims_for(c.state, job, now, config)
-            assert why_no_victims(c.state, job, now, config, victims=kept) == why_no_victims(c.state, job, now, config)
+            assert victims_for(c.state, job, now, memory, config) == oracle.victims_for(c.state, job, now, config)
+            assert why_no_victims(c.state, job, now, memory, config) == why_no_victims(c.state, job, now, CycleMemory(), config)
         assert digest(c.state) == before
         assert reading(kept.refresh(c.state, now, config), c.state) \
             == reading(VictimIndex().refresh(c.state, now, config), c.state)
@@ -88,11 +91,12 @@ def test_the_questions_are_asked_of_the_kept_index():
     c = Cluster(nodes=1, gpus=1)
     c.running("r", ("n1", (0,)), started=NOW - 1000, priority_class=BE)
     c.pending("p", gpus=1, priority_class=HI)
-    config, kept = other_rules(), VictimIndex()
+    config, memory = other_rules(), CycleMemory()
+    kept = memory.victims
     kept.refresh(c.state, NOW, config)
-    assert victims_for(c.state, c.job("p"), NOW + 1, config, victims=kept) == ("r",)
+    assert victims_for(c.state, c.job("p"), NOW + 1, memory, config) == ("r",)
     assert kept.now == NOW + 1
-    assert why_no_victims(c.state, c.job("p"), NOW + 2, config, victims=kept).eligible == 1
+    assert why_no_victims(c.state, c.job("p"), NOW + 2, memory, config).eligible == 1
     assert kept.now == NOW + 2
 
 
@@ -133,7 +137,7 @@ def test_a_search_no_victim_set_can_satisfy_reads_no_node(monkeypatch):
     looked: list[str] = []
     step = IndexedSearch.node_step
     monkeypatch.setattr(IndexedSearch, "node_step", lambda self, name: looked.append(name) or step(self, name))
-    got = preemption_decisions(c.state, NOW, other_rules())
+    got = preemption_decisions(c.state, NOW, CycleMemory(), other_rules())
     assert got == oracle.preemption_decisions(c.state, NOW, other_rules())
     assert [d.for_job for d in got] == ["one"]
     assert len(looked) <= 2   # the 1-GPU job's: the 8-GPU job's search read none
@@ -162,10 +166,10 @@ def test_the_preemptor_keeps_one_index_per_partition_between_rounds():
     c.pending("p", gpus=1, priority_class=HI)
     decider = PreemptorDecider("me", other_rules(), SupervisionConfig(), lambda now: ({}, 0.0, False))
     assert [e.job_id for e, _ in decider(0, c.state, NOW)] == ["r"]
-    index = decider.memory[0].victims
+    index = decider.memory[0].policies.victims
     assert index.journal.state is c.state and index.now == NOW
     decider(0, c.state, NOW + 1)
-    assert decider.memory[0].victims is index and index.now == NOW + 1
+    assert decider.memory[0].policies.victims is index and index.now == NOW + 1
 
 
 def test_a_revoked_partition_s_index_is_dropped_by_the_service_s_revoke_path():

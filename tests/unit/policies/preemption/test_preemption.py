@@ -12,6 +12,7 @@ from gpusched.core import events as ev
 from gpusched.core.digest import digest
 from gpusched.core.model import GpuSlot, JobPhase
 from gpusched.core.priority import priority_value
+from gpusched.policies.memory import CycleMemory
 from gpusched.policies.statement import tentative
 from gpusched.policies.placement.gang import place_gang
 from gpusched.policies.placement.registry import make_placement
@@ -361,9 +362,9 @@ def test_large_cluster_answers():
     log(ev.JobSubmitted, job_id="gang", time=NOW,
         spec=make_spec(name="gang", gpus=8, workers=2, cpu=0, mem=0, priority_class=PROD))
     before = digest(state)
-    victims = victims_for(state, state.jobs["big"], NOW, other_rules())
+    victims = victims_for(state, state.jobs["big"], NOW, CycleMemory(), other_rules())
     assert victims and all(priority_value(state.jobs[v].spec.priority_class) < 1000 for v in victims)
     assert len({w.node for v in victims for w in state.jobs[v].workers}) == 1     # node-local
-    decisions = preemption_decisions(state, NOW, other_rules())
+    decisions = preemption_decisions(state, NOW, CycleMemory(), other_rules())
     assert digest(state) == before
     assert [d.for_job for d in decisions] == ["big", "gang"]

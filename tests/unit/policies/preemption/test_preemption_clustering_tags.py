@@ -42,7 +42,7 @@ def without_tags(case: Case) -> str | None:
     return None if placed is None else placed[0].node
 
 
-@pytest.mark.parametrize("path", ["open", "kept", "closed"])
+@pytest.mark.parametrize("path", ["open", "closed"])
 @pytest.mark.parametrize("case", GPU_CLUSTERING + TAGGED[1:], ids=str)
 def test_the_preemptors_question_answers_the_placers_choice(case, path):
     state = build(case).state

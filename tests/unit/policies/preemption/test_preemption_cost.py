@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from gpusched.core import events as ev
 from gpusched.core.model import JobKind
+from gpusched.policies.memory import CycleMemory
 from gpusched.policies.preemption.decisions import preemption_decisions, why_no_victims
 from gpusched.policies.preemption.protection import Shield, lost_gpu_s, wait_allowance
 from gpusched.policies.preemption.victim_rules import PreemptionConfig
@@ -116,7 +117,7 @@ def test_a_victim_ranked_later_is_chosen_when_the_first_costs_too_much():
 def test_the_explanation_names_the_cost():
     c = one_victim()
     c.pending("hi", gpus=4, priority_class=HI, at=NOW - 100)
-    shields = why_no_victims(c.state, c.job("hi"), NOW, RATIO)
+    shields = why_no_victims(c.state, c.job("hi"), NOW, CycleMemory(), RATIO)
     assert shields.shielded == {Shield.COSTLY: 1} and shields.eligible == 0
     assert "costs-more-than-the-wait" in shields.summary()
 
@@ -129,7 +130,7 @@ def test_a_reclaim_pays_for_itself_too():
     c.running("borrowed", ("n1", (0, 1, 2, 3)), team="b", started=NOW - 1000)
     c.pending("mine", gpus=4, team="a", at=NOW - 100)
     assert c.victims("mine", config) is None
-    assert why_no_victims(c.state, c.job("mine"), NOW, config).shielded == {Shield.COSTLY: 1}
+    assert why_no_victims(c.state, c.job("mine"), NOW, CycleMemory(), config).shielded == {Shield.COSTLY: 1}
     c.pending("mine-later", gpus=4, team="a", at=NOW - 10_000)
     (decision,) = [d for d in c.decisions(config) if d.for_job == "mine-later"]
     assert decision.victims == ("borrowed",) and decision.reason == "reclaim"
@@ -154,7 +155,7 @@ def test_no_decision_loses_more_than_its_beneficiary_waited_for(data):
     config = PreemptionConfig(**{**{f: getattr(config, f) for f in config.__slots__},
                                  "max_loss_per_wait": data.draw(st.sampled_from([0.0, 0.02, 0.5]))})
     state = log.state
-    for d in preemption_decisions(state, now, config):
+    for d in preemption_decisions(state, now, CycleMemory(), config):
         allowance = wait_allowance(state.jobs[d.for_job], now, config.max_loss_per_wait)
         charged = [lost_gpu_s(state.jobs[v], now) for v in d.victims]
         assert max(charged) <= allowance and sum(charged) <= allowance + 1e-6, (d, charged, allowance)

@@ -2,7 +2,7 @@
 fragmentation by the pool's real mix of waiting and running jobs, as the placer's own
 cycle does: asked on the hand-built clusters of the FGD tests, where the mix decides the
 node, the preemptor's question answers what the placer chooses, with a call open (its
-views kept between calls or not) and with none; and the node a preemption plans for its
+views kept between calls) and with none; and the node a preemption plans for its
 beneficiary (its nomination) is the one the placer then gives it."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from gpusched.core.digest import digest
 from gpusched.core.state import ClusterState
 from gpusched.policies.placement.fgd.fragmentation import POPULARITY
 from gpusched.policies.placement.fgd.task_mix import pool_mix, typical_shapes
-from gpusched.policies.placement.kept_index import install
+from gpusched.policies.placement.kept_index import KeptIndexes
 from gpusched.policies.placement.registry import make_placement
 from gpusched.policies.statement import Statement, lend, tentative
 from tests.unit.policies.placement_cases import build, choose
@@ -25,7 +25,7 @@ from tests.unit.policies.preemption_clusters import BE, HI, NOW, Cluster
 MIXED = [case for case in CASES if case.expect is not None and case.expect != case.nodes[0].name]
 
 
-@pytest.mark.parametrize("path", ["open", "kept", "closed"])
+@pytest.mark.parametrize("path", ["open", "closed"])
 @pytest.mark.parametrize("policy", ["fgd", "fgd-lookahead"])
 @pytest.mark.parametrize("case", MIXED, ids=str)
 def test_the_preemptors_question_answers_the_placers_choice(case, policy, path):
@@ -67,7 +67,7 @@ def test_the_mix_lent_is_counted_at_the_lending_not_after_the_scratch_changed_th
     log_mix = typical_shapes(state, "default")
     statement = Statement(ClusterState(nodes=state.nodes))
     if kept:
-        install({}, state, statement)
+        KeptIndexes().install(state, statement)
     lend(statement, state, make_placement("fgd"))
     with tentative(state) as scratch:
         scratch.release(state.jobs["v"])

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from gpusched.core.digest import digest
 from gpusched.core.model import JobPhase
+from gpusched.policies.memory import CycleMemory
 from gpusched.policies.preemption.decisions import preemption_decisions
 from gpusched.policies.preemption.defrag import _blocked, blocked_by_fragmentation, defrag_decisions
 from gpusched.policies.preemption.search_context import SearchContext
@@ -27,7 +28,7 @@ def test_preemption_decisions_are_those_of_fresh_views(data):
     before = digest(log.state)
     expected = oracle.preemption_decisions(log.state, now, config)
     assert digest(log.state) == before
-    assert preemption_decisions(log.state, now, config) == expected
+    assert preemption_decisions(log.state, now, CycleMemory(), config) == expected
     assert digest(log.state) == before
 
 
@@ -39,7 +40,7 @@ def test_defrag_plans_are_those_of_fresh_views(data):
     before = digest(log.state)
     expected = oracle.defrag_decisions(log.state, now, config)
     assert digest(log.state) == before
-    assert defrag_decisions(log.state, now, config) == expected
+    assert defrag_decisions(log.state, now, CycleMemory(), config) == expected
     assert digest(log.state) == before
 
 
@@ -50,7 +51,7 @@ def test_kept_free_whole_gpus_agree_with_a_scan(data):
     of the pool says, through bookings, released jobs and cordoned nodes of the call."""
     log, now = data.draw(st.sampled_from([busy_cluster, fragmented_cluster]))(data)
     state = log.state
-    ctx = SearchContext(state, now, config_for(data))
+    ctx = SearchContext(state, now, config_for(data), CycleMemory())
     pending = [state.jobs[j] for j in sorted(state.pending)]
     running = [j for j in state.jobs.values() if j.phase in (JobPhase.RUNNING, JobPhase.PLACED)]
     with ctx.tentative() as scratch:

@@ -22,6 +22,7 @@ from gpusched.core import events as ev
 from gpusched.core.digest import digest
 from gpusched.core.model import GpuSlot, JobPhase
 from gpusched.core.priority import priority_value
+from gpusched.policies.memory import CycleMemory
 from gpusched.policies.preemption.decisions import Preemption, preemption_decisions, preemption_events, victims_for
 from gpusched.policies.queueing.quota import claims_guarantee
 from gpusched.policies.scheduler import Scheduler
@@ -40,7 +41,7 @@ def test_victims_make_the_job_placeable(data):
     state = log.state
     job = state.jobs["J"]
     before = digest(state)
-    victims = victims_for(state, job, now, config)
+    victims = victims_for(state, job, now, CycleMemory(), config)
     assert digest(state) == before
 
     mine = priority_value(job.spec.priority_class)
@@ -93,7 +94,7 @@ def test_victims_make_the_job_placeable(data):
     assert fits(state, job)
     others = [j for j in state.pending if j != "J"]
     if all(priority_value(state.jobs[j].spec.priority_class) < mine for j in others):
-        placed = {d.job_id for d in Scheduler().cycle(state, now)}
+        placed = {d.job_id for d in Scheduler().cycle(state, now, CycleMemory())}
         assert "J" in placed
 
 
@@ -106,7 +107,7 @@ def test_decisions_are_disjoint_and_leave_the_state_alone(data):
     config = random_config(data)
     state = log.state
     before = digest(state)
-    decisions = preemption_decisions(state, now, config)
+    decisions = preemption_decisions(state, now, CycleMemory(), config)
     assert digest(state) == before
     seen: set[str] = set()
     for d in decisions:
@@ -126,7 +127,7 @@ def test_decisions_are_disjoint_and_leave_the_state_alone(data):
     # The next cycle places every beneficiary, each on the nodes the preemptor planned it
     # on (its nomination), nominees being offered in the order they were nominated
     # (docs/design/scheduling-fairness.md).
-    placed = {d.job_id: d.workers for d in Scheduler().cycle(state, now)}
+    placed = {d.job_id: d.workers for d in Scheduler().cycle(state, now, CycleMemory())}
     for d in decisions:
         assert d.for_job in placed
         assert {w.node for w in placed[d.for_job]} <= set(d.planned_nodes)
@@ -145,7 +146,7 @@ def test_beneficiaries_sharing_a_node_are_both_placed():
     log.submit("pair", gpus=2, workers=2, priority_class="production-inference")
     log.submit("big", gpus=3, priority_class="production-inference")
     now = log.now + 1.0
-    decisions = preemption_decisions(log.state, now, PreemptionConfig(min_runtime_s=0.0, max_loss_per_wait=math.inf))
+    decisions = preemption_decisions(log.state, now, CycleMemory(), PreemptionConfig(min_runtime_s=0.0, max_loss_per_wait=math.inf))
     assert [(d.for_job, d.victims, d.planned_nodes) for d in decisions] == [
         ("pair", ("small",), ("n0", "n1")), ("big", ("triple",), ("n0",))]
     for d in decisions:
@@ -154,6 +155,6 @@ def test_beneficiaries_sharing_a_node_are_both_placed():
         for v in d.victims:
             log.stopped(v)
     assert {j: nodes for j, (nodes, _) in log.state.nominations.items()} == {"pair": ("n0", "n1"), "big": ("n0",)}
-    placed = {d.job_id: d.workers for d in Scheduler().cycle(log.state, log.now)}
+    placed = {d.job_id: d.workers for d in Scheduler().cycle(log.state, log.now, CycleMemory())}
     assert sorted(w.node for w in placed["pair"]) == ["n0", "n1"]
     assert [w.node for w in placed["big"]] == ["n0"]

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from gpusched.core import events as ev
 from gpusched.core.model import JobPhase
 from gpusched.core.priority import priority_value
+from gpusched.policies.memory import CycleMemory
 from gpusched.policies.preemption.decisions import why_no_victims
 from gpusched.policies.preemption.protection import Shield, exempt_s, lost_gpu_s, running_since
 from gpusched.policies.preemption.victim_rules import PreemptionConfig
@@ -125,7 +126,7 @@ def test_a_reclaim_waits_its_own_min_runtime_not_the_exempt_time():
     c.pending("a1", gpus=4, team="a")
     config = quotas(a=4, b=0)
     assert c.victims("a1", config) is None
-    assert why_no_victims(c.state, c.job("a1"), NOW, config).next_eligible_at == NOW + 1
+    assert why_no_victims(c.state, c.job("a1"), NOW, CycleMemory(), config).next_eligible_at == NOW + 1
     assert c.victims("a1", config, now=NOW + 1) == ("b1",)
     assert c.victims("a1", quotas(other_rules(reclaim_min_runtime_s=300.0), a=4, b=0), now=NOW + 1) is None
 
@@ -161,7 +162,7 @@ def test_why_no_victims_names_the_rule_for_each_job():
     c.running("same", ("n2", (0, 1, 2, 3)), priority_class=TR, team="b")
     c.running("old", ("n3", (0, 1, 2, 3)), priority_class=BE)
     c.pending("tr", gpus=8, priority_class=TR)
-    why = why_no_victims(c.state, c.job("tr"), NOW, other_rules())
+    why = why_no_victims(c.state, c.job("tr"), NOW, CycleMemory(), other_rules())
     assert why.shielded == {Shield.EXEMPT: 1, Shield.NOT_PREEMPTIBLE: 1, Shield.NOT_LOWER: 2,
                             Shield.BUDGET_SPENT: 1}
     assert why.eligible == 1
@@ -174,7 +175,7 @@ def test_why_no_victims_for_a_reclaim():
     c.running("b-inside", ("n1", (0, 1, 2, 3)), team="b", priority_class=TR)
     c.running("b-above", ("n2", (0, 1, 2, 3)), team="b", priority_class=TR, started=NOW - 900)
     c.pending("a1", gpus=4, team="a", priority_class=TR)
-    why = why_no_victims(c.state, c.job("a1"), NOW, quotas(a=4, b=4))
+    why = why_no_victims(c.state, c.job("a1"), NOW, CycleMemory(), quotas(a=4, b=4))
     assert why.shielded == {Shield.GUARANTEED: 1} and why.eligible == 1
     # b-above reclaimed a minute ago, placed again at once: inside the reclaim window.
     assert c.log(ev.JobPreempted, job_id="b-above", attempt=0, for_job="x", reason="reclaim: preempted for x",
@@ -185,7 +186,7 @@ def test_why_no_victims_for_a_reclaim():
                  workers=(ev.WorkerAssignment(0, "n2", whole(0, 1, 2, 3)),)).accepted
     assert c.log(ev.WorkerStarted, job_id="b-above", attempt=1, worker=0, node="n2", time=NOW - 60).accepted
     config = quotas(other_rules(min_runtime_s=0.0), a=4, b=4)
-    assert why_no_victims(c.state, c.job("a1"), NOW, config).shielded == {
+    assert why_no_victims(c.state, c.job("a1"), NOW, CycleMemory(), config).shielded == {
         Shield.GUARANTEED: 1, Shield.RECLAIM_WINDOW: 1}
 
 

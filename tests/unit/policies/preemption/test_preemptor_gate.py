@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from gpusched.core import events as ev
 from gpusched.core.model import JobPhase
 from gpusched.policies.actions import DEFAULT_ACTIONS, make_actions
+from gpusched.policies.memory import CycleMemory
 from gpusched.policies.preemption.victim_rules import PreemptionConfig
 from gpusched.policies.queueing.quota import QueueTree, TeamQuota
 from gpusched.policies.scheduler import Scheduler
@@ -73,7 +74,7 @@ def clusters(draw):
 def _step(c: Cluster, kind: str, now: float) -> None:
     """What the log brings between two rounds: jobs placed, or a running job's end."""
     if kind == "place":
-        for dec in Scheduler().cycle(c.state, now)[:3]:
+        for dec in Scheduler().cycle(c.state, now, CycleMemory())[:3]:
             c.log(ev.JobPlaced, job_id=dec.job_id, attempt=dec.attempt, workers=dec.workers, time=now)
         return
     running = sorted(j.job_id for j in c.state.jobs.values() if j.phase in (JobPhase.RUNNING, JobPhase.PLACED))

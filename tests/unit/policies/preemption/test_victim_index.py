@@ -13,6 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpusched.core.digest import digest
+from gpusched.policies.memory import CycleMemory
 from gpusched.policies.preemption.decisions import preemption_decisions, victims_for
 from tests.unit.policies.preemption_configs import other_rules
 from tests.unit.policies import victim_search_oracle as oracle
@@ -28,11 +29,11 @@ def test_decisions_are_those_of_the_full_scan_on_packed_clusters(data):
     config = random_rules(data)
     before = digest(c.state)
     expected = oracle.preemption_decisions(c.state, now, config)
-    assert preemption_decisions(c.state, now, config) == expected
+    assert preemption_decisions(c.state, now, CycleMemory(), config) == expected
     assert digest(c.state) == before
     for job_id in sorted(c.state.pending):
         job = c.state.jobs[job_id]
-        assert victims_for(c.state, job, now, config) == oracle.victims_for(c.state, job, now, config)
+        assert victims_for(c.state, job, now, CycleMemory(), config) == oracle.victims_for(c.state, job, now, config)
     assert digest(c.state) == before
 
 
@@ -42,7 +43,7 @@ def test_decisions_are_those_of_the_full_scan_on_busy_clusters(data):
     log, now = busy_cluster(data)
     config = replace(random_rules(data), min_runtime_s=data.draw(st.sampled_from([0.0, 30.0])))
     before = digest(log.state)
-    assert preemption_decisions(log.state, now, config) == oracle.preemption_decisions(log.state, now, config)
+    assert preemption_decisions(log.state, now, CycleMemory(), config) == oracle.preemption_decisions(log.state, now, config)
     assert digest(log.state) == before
 
 
@@ -53,7 +54,7 @@ def test_a_gang_of_four_by_eight_gpus_preempts_a_full_cluster_of_one_gpu_jobs():
         for g in range(8):
             c.running(f"r{n}-{g}", (f"n{n + 1}", (g,)), started=NOW - 1000 - 10 * (n * 8 + g), priority_class=BE)
     c.pending("gang", gpus=8, workers=4, priority_class=HI)
-    got = preemption_decisions(c.state, NOW, other_rules())
+    got = preemption_decisions(c.state, NOW, CycleMemory(), other_rules())
     assert got == oracle.preemption_decisions(c.state, NOW, other_rules())
     assert len(got) == 1 and len(got[0].victims) == 32 and len(got[0].nodes) == 4
 
@@ -71,7 +72,7 @@ def test_each_decision_looks_at_a_few_nodes_of_a_large_pool(monkeypatch):
             c.running(f"r{n}-{g}", (f"n{n + 1}", (g,)), started=NOW - 1000 - (n * 4 + g) % 7, priority_class=BE)
     for p in range(4):
         c.pending(f"p{p}", gpus=1, priority_class=HI)
-    got = preemption_decisions(c.state, NOW, other_rules())
+    got = preemption_decisions(c.state, NOW, CycleMemory(), other_rules())
     assert got == oracle.preemption_decisions(c.state, NOW, other_rules()) and len(got) == 4
     assert len(looked) <= 2 * len(got)
 
@@ -147,7 +148,7 @@ def test_a_spread_victims_other_node_keeps_the_step_the_full_scan_saw():
     c.pending("p0", gpus=2, workers=3, priority_class=TR, team="a")
     c.pending("p1", gpus=1, workers=3, priority_class=HI, team="a")
     config = other_rules(min_runtime_s=0.0, preemption_budget=0)
-    got = preemption_decisions(c.state, NOW, config)
+    got = preemption_decisions(c.state, NOW, CycleMemory(), config)
     assert got == oracle.preemption_decisions(c.state, NOW, config)
     assert [d.for_job for d in got] == ["p0"]
 
@@ -162,7 +163,7 @@ def test_equal_bounds_are_broken_as_the_full_scan_breaks_them():
     c.pending("p2", gpus=1, priority_class=HI, team="b")
     c.pending("p3", gpus=2, priority_class=HI, team="c")
     config = other_rules(min_runtime_s=0.0, preemption_budget=0)
-    got = preemption_decisions(c.state, NOW, config)
+    got = preemption_decisions(c.state, NOW, CycleMemory(), config)
     assert got == oracle.preemption_decisions(c.state, NOW, config)
     assert [d.for_job for d in got] == ["p1", "p3", "p0"]
 
@@ -180,7 +181,7 @@ def test_a_spread_victim_gaining_slots_on_two_nodes_wins_a_tie():
     ], gpus=4)
     c.pending("p0", gpus=1, priority_class=HI, team="a")
     config = other_rules(min_runtime_s=0.0, preemption_budget=0)
-    got = preemption_decisions(c.state, NOW, config)
+    got = preemption_decisions(c.state, NOW, CycleMemory(), config)
     assert got == oracle.preemption_decisions(c.state, NOW, config)
     assert [d.victims for d in got] == [("r2",)]
 
@@ -202,6 +203,6 @@ def test_a_later_decision_counts_the_gpus_an_earlier_one_freed():
     c.pending("p0", gpus=2, priority_class=HI, team="a")
     c.pending("p1", gpus=3, priority_class=TR, team="a")
     config = other_rules(min_runtime_s=0.0, preemption_budget=0)
-    got = preemption_decisions(c.state, NOW, config)
+    got = preemption_decisions(c.state, NOW, CycleMemory(), config)
     assert got == oracle.preemption_decisions(c.state, NOW, config)
     assert [d.for_job for d in got] == ["p0", "p1"]

@@ -9,6 +9,7 @@ import pickle
 
 import pytest
 
+from gpusched.policies.memory import CycleMemory
 from gpusched.policies.queueing.fairshare import QueueContext, dominant_share, fair_share
 from gpusched.policies.queueing.quota import OrgQuota, QueueTree, TeamAccount, TeamQuota, team_accounts, within_limits
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig
@@ -215,7 +216,7 @@ def test_under_quota_team_gets_the_last_free_gpus():
     c.hold("interns", 4, node="n3")
     c.submit("interns-j", "interns", 4)
     c.submit("search-j", "search", 4)
-    decisions = Scheduler(SchedulerConfig(queue="fair-share", quotas=GUARANTEES)).cycle(c.state, 100.0)
+    decisions = Scheduler(SchedulerConfig(queue="fair-share", quotas=GUARANTEES)).cycle(c.state, 100.0, CycleMemory())
     assert [d.job_id for d in decisions] == ["search-j"]
 
 
@@ -248,7 +249,7 @@ def test_placement_never_exceeds_limits(queue, team_limit, org_limit, held, jobs
         c.hold("t", held)
     for i, gpus in enumerate(jobs):
         c.submit(f"j{i}", "t", gpus)
-    decisions = Scheduler(SchedulerConfig(queue=queue, quotas=tree)).cycle(c.state, 100.0)
+    decisions = Scheduler(SchedulerConfig(queue=queue, quotas=tree)).cycle(c.state, 100.0, CycleMemory())
     assert len(decisions) == placed
     held_after = held * 1000 + sum(c.state.jobs[d.job_id].milli for d in decisions)
     limit = min(x for x in (team_limit, org_limit, 10_000) if x is not None)

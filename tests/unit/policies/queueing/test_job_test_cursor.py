@@ -11,9 +11,8 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from gpusched.core import events as ev
+from gpusched.policies.memory import CycleMemory
 from gpusched.policies.queueing.cursor import JobTestCursor
-from gpusched.policies.queueing.keys import QueueKeys
-from gpusched.policies.queueing.parking import ParkedJobs
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig
 from tests.unit.core.builders import Log, make_node, make_spec
 from tests.unit.policies.cursor_scenarios import (
@@ -29,13 +28,13 @@ def play(scenario, config: SchedulerConfig, parking: bool) -> tuple[list, list]:
     log = Log(*(make_node(f"n{i}", gpus=8, cpu=64_000, mem=512_000) for i in range(nodes)))
     for i, (team, shape, limit) in enumerate(waiting):
         log.submit(f"w{i}", spec(team, shape, f"w{i}", limit))
-    scheduler, keys, parked = Scheduler(config), QueueKeys(), ParkedJobs() if parking else None
+    scheduler, memory = Scheduler(config), CycleMemory()
     decided, budget_may_stop = [], []
     for ends, arrivals in [(0, [])] + between:
         end_and_arrive(log, ends, arrivals)
         # Every job is ready: a cycle with fewer waiting than the budget cannot stop on it.
         budget_may_stop.append(len(log.state.pending) >= config.max_job_test)
-        decided.append(run_cycle(log, scheduler, keys, parked))
+        decided.append(run_cycle(log, scheduler, memory, parking))
     return decided, budget_may_stop
 
 
@@ -58,12 +57,12 @@ def test_until_the_budget_stops_a_cycle_the_decisions_are_those_of_an_unlimited_
             break   # the next may continue: its decisions are the cursor's
 
 
-def cycles_to_place(log: Log, config: SchedulerConfig, keys: QueueKeys, limit: int, job_id: str = "deep") -> int:
+def cycles_to_place(log: Log, config: SchedulerConfig, memory: CycleMemory, limit: int, job_id: str = "deep") -> int:
     """Cycles until ``job_id`` is placed (parking aside: on a busy pool capacity changes
     every cycle, and nothing stays parked), or ``limit + 1``."""
     scheduler = Scheduler(config)
     for cycle in range(1, limit + 1):
-        if job_id in {d[0] for d in run_cycle(log, scheduler, keys, None)}:
+        if job_id in {d[0] for d in run_cycle(log, scheduler, memory, False)}:
             return cycle
     return limit + 1
 
@@ -78,32 +77,32 @@ def test_a_job_beyond_the_budget_is_placed_within_the_bound():
     for queue in ("fifo", "fair-share"):
         config = SchedulerConfig(queue=queue, max_job_test=BUDGET, job_test_head=HEAD,
                                  backfill=False, reserve_after_s=math.inf)
-        assert cycles_to_place(deep_queue(BLOCKED, queue), config, QueueKeys(), 3 * BOUND) == BOUND, queue
+        assert cycles_to_place(deep_queue(BLOCKED, queue), config, CycleMemory(), 3 * BOUND) == BOUND, queue
         # Every cycle from the head (no cursor) never gets there.
         restart = dataclasses.replace(config, job_test_head=BUDGET)
-        assert cycles_to_place(deep_queue(BLOCKED, queue), restart, QueueKeys(), 3 * BOUND) > 3 * BOUND, queue
+        assert cycles_to_place(deep_queue(BLOCKED, queue), restart, CycleMemory(), 3 * BOUND) > 3 * BOUND, queue
 
 
 def test_the_cursor_keeps_its_place_while_jobs_end_and_arrive():
     config = SchedulerConfig(queue="priority", max_job_test=BUDGET, job_test_head=HEAD,
                              backfill=False, reserve_after_s=math.inf)
-    log, keys = deep_queue(BLOCKED, "priority"), QueueKeys()
+    log, memory = deep_queue(BLOCKED, "priority"), CycleMemory()
     scheduler = Scheduler(config)
-    assert run_cycle(log, scheduler, keys, None) == []
-    assert keys.cursor.tested == {f"b{i:03d}" for i in range(BUDGET)}
+    assert run_cycle(log, scheduler, memory, False) == []
+    assert memory.keys.cursor.tested == {f"b{i:03d}" for i in range(BUDGET)}
     # Tested jobs leave the queue (cancelled); 5 jobs arrive ahead of the untested ones,
     # behind the head (a higher priority class, so they sort first: the head re-tests 2).
     for i in range(3):
         assert log(ev.JobCancelled, job_id=f"b{i:03d}", reason="cancelled").accepted
     for i in range(5):
         log.submit(f"new{i}", spec("a", (1, 2, 0), f"new{i}", priority_class="training-high"))
-    assert run_cycle(log, scheduler, keys, None) == []
+    assert run_cycle(log, scheduler, memory, False) == []
     # The head (new0, new1) tested again, then the untested in order: new2-4, b010-b014.
-    assert keys.cursor.tested & log.state.pending.keys() == \
+    assert memory.keys.cursor.tested & log.state.pending.keys() == \
         {f"b{i:03d}" for i in range(3, 15)} | {f"new{i}" for i in range(5)}
     # Untested now: b015-b039 ahead of "deep"; each continued cycle tests BUDGET - HEAD of them.
     ahead = BLOCKED - 15
-    assert cycles_to_place(log, config, keys, 3 * BOUND) == math.ceil((ahead + 1) / (BUDGET - HEAD))
+    assert cycles_to_place(log, config, memory, 3 * BOUND) == math.ceil((ahead + 1) / (BUDGET - HEAD))
 
 
 def test_a_continued_cycle_takes_the_head_then_the_untested_in_order():

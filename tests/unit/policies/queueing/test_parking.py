@@ -7,9 +7,11 @@ import math
 import pytest
 
 from gpusched.core import events as ev
-from gpusched.policies.queueing.parking import MAX_PARKED_S, ParkedJobs
+from gpusched.policies.memory import CycleMemory
+from gpusched.policies.queueing.parking import MAX_PARKED_S
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig
 from tests.unit.core.builders import Log, make_node, whole
+from tests.unit.policies.shape_skim import offer_every_shape
 
 # Parking applies without a reservation stage: the old defaults, named.
 NO_RESERVATIONS = SchedulerConfig(queue="priority", backfill=False, reserve_after_s=math.inf)
@@ -26,12 +28,13 @@ def full_cluster(jobs: int = 50) -> Log:
     return log
 
 
-def cycle(log: Log, scheduler: Scheduler, parked: ParkedJobs) -> list[str]:
-    return [d.job_id for d in scheduler.cycle(log.state, log.now, parked)]
+def cycle(log: Log, scheduler: Scheduler, memory: CycleMemory) -> list[str]:
+    return [d.job_id for d in scheduler.cycle(log.state, log.now, memory)]
 
 
-def offered(scheduler: Scheduler, log: Log, parked: ParkedJobs, monkeypatch) -> list[str]:
-    """Job ids the next cycle offers, in order (by wrapping the cycle's ``offer``)."""
+def offered(scheduler: Scheduler, log: Log, memory: CycleMemory, monkeypatch) -> list[str]:
+    """Job ids the next cycle offers, in order (by wrapping the cycle's ``offer``), every
+    job not parked (none skipped for a shape that failed)."""
     from gpusched.policies.scheduler import _Cycle
     seen: list[str] = []
     real = _Cycle.offer
@@ -41,17 +44,18 @@ def offered(scheduler: Scheduler, log: Log, parked: ParkedJobs, monkeypatch) -> 
         return real(run, job, *shape)
     with monkeypatch.context() as patch:
         patch.setattr(_Cycle, "offer", spy)
-        cycle(log, scheduler, parked)
+        offer_every_shape(patch)
+        cycle(log, scheduler, memory)
     return seen
 
 
 def test_a_full_cluster_parks_its_backlog_and_later_cycles_offer_only_newcomers(monkeypatch):
-    log, scheduler, parked = full_cluster(), Scheduler(NO_RESERVATIONS), ParkedJobs()
-    assert cycle(log, scheduler, parked) == []
-    assert parked.jobs == {f"wait{i}" for i in range(50)}
+    log, scheduler, memory = full_cluster(), Scheduler(NO_RESERVATIONS), CycleMemory()
+    assert cycle(log, scheduler, memory) == []
+    assert memory.parked.jobs == {f"wait{i}" for i in range(50)}
     log.submit("late", gpus=1)
-    assert offered(scheduler, log, parked, monkeypatch) == ["late"]
-    assert "late" in parked.jobs
+    assert offered(scheduler, log, memory, monkeypatch) == ["late"]
+    assert "late" in memory.parked.jobs
 
 
 @pytest.mark.parametrize("frees", [
@@ -61,12 +65,12 @@ def test_a_full_cluster_parks_its_backlog_and_later_cycles_offer_only_newcomers(
                  log.stopped("run1")),                                        # and its worker is gone
 ])
 def test_capacity_growing_moves_the_epoch_and_everything_is_offered_again(frees, monkeypatch):
-    log, scheduler, parked = full_cluster(5), Scheduler(NO_RESERVATIONS), ParkedJobs()
-    cycle(log, scheduler, parked)
+    log, scheduler, memory = full_cluster(5), Scheduler(NO_RESERVATIONS), CycleMemory()
+    cycle(log, scheduler, memory)
     epoch = log.state.capacity_epoch
     frees(log)
     assert log.state.capacity_epoch > epoch
-    assert offered(scheduler, log, parked, monkeypatch)[:1] == ["wait0"]
+    assert offered(scheduler, log, memory, monkeypatch)[:1] == ["wait0"]
 
 
 def test_taking_capacity_keeps_the_epoch():
@@ -83,11 +87,11 @@ def test_a_decision_not_applied_drops_the_parked_set():
     log = Log(make_node("n1", 1))
     log.submit("wait0", gpus=1)
     log.submit("wait1", gpus=1)
-    scheduler, parked = Scheduler(NO_RESERVATIONS), ParkedJobs()
-    assert cycle(log, scheduler, parked) == ["wait0"]
-    assert parked.jobs == {"wait1"} and list(parked.decided) == ["wait0"]
+    scheduler, memory = Scheduler(NO_RESERVATIONS), CycleMemory()
+    assert cycle(log, scheduler, memory) == ["wait0"]
+    assert memory.parked.jobs == {"wait1"} and list(memory.parked.decided) == ["wait0"]
     assert log(ev.JobCancelled, job_id="wait0", reason="user").accepted   # pending: frees nothing
-    assert cycle(log, scheduler, parked) == ["wait1"]
+    assert cycle(log, scheduler, memory) == ["wait1"]
 
 
 def test_a_job_placed_elsewhere_than_decided_drops_the_parked_set():
@@ -98,24 +102,24 @@ def test_a_job_placed_elsewhere_than_decided_drops_the_parked_set():
     log.run("hog", ("n2", whole(0)))
     log.submit("wait0", gpus=1)
     log.submit("wait1", gpus=1)
-    scheduler, parked = Scheduler(NO_RESERVATIONS), ParkedJobs()
-    [decision] = scheduler.cycle(log.state, log.now, parked)
-    assert decision.workers[0].node == "n1" and parked.jobs == {"wait1"}
+    scheduler, memory = Scheduler(NO_RESERVATIONS), CycleMemory()
+    [decision] = scheduler.cycle(log.state, log.now, memory)
+    assert decision.workers[0].node == "n1" and memory.parked.jobs == {"wait1"}
     log.finish("hog", 0, 0)
     assert log.place("wait0", ("n2", whole(0))).accepted   # frees n2, takes it again: the epoch moved once
-    parked.epoch = log.state.capacity_epoch                  # as if no release had happened
-    assert [d.job_id for d in scheduler.cycle(log.state, log.now, parked)] == ["wait1"]
+    memory.parked.epoch = log.state.capacity_epoch                  # as if no release had happened
+    assert [d.job_id for d in scheduler.cycle(log.state, log.now, memory)] == ["wait1"]
 
 
 def test_an_applied_decision_keeps_the_parked_set(monkeypatch):
     log = Log(make_node("n1", 1))
     log.submit("wait0", gpus=1)
     log.submit("wait1", gpus=1)
-    scheduler, parked = Scheduler(NO_RESERVATIONS), ParkedJobs()
-    [decision] = scheduler.cycle(log.state, log.now, parked)
+    scheduler, memory = Scheduler(NO_RESERVATIONS), CycleMemory()
+    [decision] = scheduler.cycle(log.state, log.now, memory)
     assert log(ev.JobPlaced, job_id="wait0", attempt=0, workers=decision.workers).accepted
-    assert offered(scheduler, log, parked, monkeypatch) == []
-    assert parked.jobs == {"wait1"} and parked.decided == {}
+    assert offered(scheduler, log, memory, monkeypatch) == []
+    assert memory.parked.jobs == {"wait1"} and memory.parked.decided == {}
 
 
 @pytest.mark.parametrize("config, nominate", [
@@ -124,30 +128,30 @@ def test_an_applied_decision_keeps_the_parked_set(monkeypatch):
     (NO_RESERVATIONS, True),                     # nominations hold nodes, with no epoch
 ])
 def test_no_parking_with_backfill_or_nominations(config, nominate, monkeypatch):
-    log, scheduler, parked = full_cluster(3), Scheduler(config), ParkedJobs()
+    log, scheduler, memory = full_cluster(3), Scheduler(config), CycleMemory()
     if nominate:
         assert log(ev.JobPreempted, job_id="run0", attempt=0, for_job="wait0", reason="test").accepted
-    cycle(log, scheduler, parked)
-    assert parked.jobs == set()
-    assert set(offered(scheduler, log, parked, monkeypatch)) >= {"wait1", "wait2"}
+    cycle(log, scheduler, memory)
+    assert memory.parked.jobs == set()
+    assert set(offered(scheduler, log, memory, monkeypatch)) >= {"wait1", "wait2"}
 
 
 def test_ids_that_left_the_queue_are_dropped_from_a_large_parked_set():
-    log, scheduler, parked = full_cluster(100), Scheduler(NO_RESERVATIONS), ParkedJobs()
-    cycle(log, scheduler, parked)
+    log, scheduler, memory = full_cluster(100), Scheduler(NO_RESERVATIONS), CycleMemory()
+    cycle(log, scheduler, memory)
     for i in range(100):
         assert log(ev.JobCancelled, job_id=f"wait{i}", reason="user").accepted
     log.submit("last", gpus=1)
-    cycle(log, scheduler, parked)
-    assert parked.jobs == {"last"}
+    cycle(log, scheduler, memory)
+    assert memory.parked.jobs == {"last"}
 
 
 def test_a_parked_set_is_dropped_after_max_parked_s(monkeypatch):
     """Like Kubernetes' flush of unschedulable pods: everything is offered again after a
     while, even if capacity never grew (a policy's false "does not fit" heals)."""
-    log, scheduler, parked = full_cluster(3), Scheduler(NO_RESERVATIONS), ParkedJobs()
-    cycle(log, scheduler, parked)
+    log, scheduler, memory = full_cluster(3), Scheduler(NO_RESERVATIONS), CycleMemory()
+    cycle(log, scheduler, memory)
     log.now += MAX_PARKED_S / 2
-    assert offered(scheduler, log, parked, monkeypatch) == []
+    assert offered(scheduler, log, memory, monkeypatch) == []
     log.now += MAX_PARKED_S / 2
-    assert offered(scheduler, log, parked, monkeypatch) == ["wait0", "wait1", "wait2"]
+    assert offered(scheduler, log, memory, monkeypatch) == ["wait0", "wait1", "wait2"]

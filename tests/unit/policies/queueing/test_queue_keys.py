@@ -13,13 +13,17 @@ from hypothesis import strategies as st
 
 from gpusched.core import events as ev
 from gpusched.core.model import WorkerResources
+from gpusched.policies.memory import CycleMemory
 from gpusched.policies.queueing.order import priority_key
 from gpusched.policies.queueing.keys import QueueKeys
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig, _Cycle
 from tests.unit.core.builders import Log, make_node, make_spec, whole
+from tests.unit.policies.shape_skim import offer_every_shape
 
 
-def offered_and_decided(log: Log, scheduler: Scheduler, keys: QueueKeys | None, monkeypatch):
+def offered_and_decided(log: Log, scheduler: Scheduler, skim: bool, monkeypatch):
+    """The jobs offered and the decisions of a cycle; without ``skim`` one that offers
+    every job, though its shape failed before."""
     seen: list[str] = []
     real = _Cycle.offer
 
@@ -28,7 +32,9 @@ def offered_and_decided(log: Log, scheduler: Scheduler, keys: QueueKeys | None, 
         return real(run, job, *shape)
     with monkeypatch.context() as patch:
         patch.setattr(_Cycle, "offer", spy)
-        decided = [(d.job_id, d.workers) for d in scheduler.cycle(log.state, log.now, None, keys)]
+        if not skim:
+            offer_every_shape(patch)
+        decided = [(d.job_id, d.workers) for d in scheduler.cycle(log.state, log.now, CycleMemory())]
     return seen, decided
 
 
@@ -49,9 +55,9 @@ def busy_pool() -> Log:
 def test_a_failed_shape_is_offered_once_and_the_decisions_are_unchanged(monkeypatch):
     log = busy_pool()
     scheduler = Scheduler(SchedulerConfig(queue="priority", backfill=False, reserve_after_s=math.inf))
-    all_offered, expected = offered_and_decided(log, scheduler, None, monkeypatch)
+    all_offered, expected = offered_and_decided(log, scheduler, False, monkeypatch)
     assert all_offered[0] == "big3" and len(all_offered) == 9   # every waiting job, priority first
-    skimmed, got = offered_and_decided(log, scheduler, QueueKeys(), monkeypatch)
+    skimmed, got = offered_and_decided(log, scheduler, True, monkeypatch)
     assert got == expected == [("small", got[0][1])]
     assert skimmed == ["big3", "small"]   # the first 2-GPU job failed: the others are not offered
 
@@ -67,10 +73,10 @@ def test_with_backfill_a_failed_shape_is_offered_while_it_may_get_a_reservation(
     cycle that offers every job."""
     log = busy_pool()
     scheduler = Scheduler(SchedulerConfig(queue="priority", backfill=True, reserve_after_s=reserve_after))
-    every, expected = offered_and_decided(log, scheduler, None, monkeypatch)
+    every, expected = offered_and_decided(log, scheduler, False, monkeypatch)
     assert len(every) == 9
     reservations = [r.job.job_id for r in scheduler.reservations]
-    got_offered, got = offered_and_decided(log, scheduler, QueueKeys(), monkeypatch)
+    got_offered, got = offered_and_decided(log, scheduler, True, monkeypatch)
     assert got == expected and [r.job.job_id for r in scheduler.reservations] == reservations
     assert got_offered == offered
 

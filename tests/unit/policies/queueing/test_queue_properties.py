@@ -23,6 +23,7 @@ from gpusched.core.model import JobSpec, WorkerResources
 from gpusched.core.priority import PRIORITY_CLASSES
 from gpusched.core.reducer import apply
 from gpusched.core.state import ClusterState
+from gpusched.policies.memory import CycleMemory
 from gpusched.policies.preemption.search_context import SearchContext
 from gpusched.policies.preemption.victim_rules import PreemptionConfig
 from gpusched.policies.queueing.fairshare import QueueContext, tier_of
@@ -94,7 +95,7 @@ def queue_states(draw):
     for a in wl.arrivals:
         apply(state, ev.JobSubmitted(event_id=a.job_id, time=a.time, job_id=a.job_id, spec=a.spec))
     placed = draw(st.integers(0, len(wl.arrivals)))
-    for d in Scheduler(SchedulerConfig(queue="fifo", max_decisions=max(placed, 1))).cycle(state, 0.0)[:placed]:
+    for d in Scheduler(SchedulerConfig(queue="fifo", max_decisions=max(placed, 1))).cycle(state, 0.0, CycleMemory())[:placed]:
         apply(state, ev.JobPlaced(event_id=f"p:{d.job_id}", job_id=d.job_id, attempt=0, workers=d.workers))
     decayed = {t: Demand(draw(st.integers(0, 16_000)), draw(st.integers(0, 64_000)), 0.0)
                for t in draw(st.sets(st.sampled_from(TEAMS)))}
@@ -159,7 +160,7 @@ def test_limits_are_never_exceeded(data):
 def test_the_cycle_and_the_preemptor_classify_every_team_alike(case):
     state, context, now = case
     tree = context.tree
-    preemptor = SearchContext(state, now, PreemptionConfig(quotas=tree))
+    preemptor = SearchContext(state, now, PreemptionConfig(quotas=tree), CycleMemory())
     hold = GuaranteeHold(state, tree, [], now)
     for job_id in state.pending:
         job = state.jobs[job_id]

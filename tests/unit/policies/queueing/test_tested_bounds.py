@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 from gpusched.core import events as ev
 from gpusched.core.model import JobPhase
+from gpusched.policies.memory import CycleMemory
 from gpusched.policies.queueing import tested_bounds
-from gpusched.policies.queueing.keys import QueueKeys
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig
 from tests.unit.core.builders import Log, make_node
 from tests.unit.policies.cursor_scenarios import SETTINGS, SHAPES, deep_queue, spec
@@ -37,9 +37,9 @@ def play(scenario, jump: bool) -> list:
         log.submit(f"w{i}", spec(team, shape, f"w{i}", 100.0, priority_class=cls))
     config = SchedulerConfig(queue="fair-share", max_job_test=budget, job_test_head=head,
                              aging_s=60.0, reserve_after_s=0.0, reservation_depth=2)
-    scheduler, keys = Scheduler(config), QueueKeys()
+    scheduler, memory = Scheduler(config), CycleMemory()
     if not jump:
-        keys.fair_queues().jump = False   # the walk checks every entry
+        memory.keys.fair_queues().jump = False   # the walk checks every entry
     seen = []
     for ends, arrivals, wait in [(0, [], 0.0)] + between:
         log.now += wait
@@ -49,11 +49,11 @@ def play(scenario, jump: bool) -> list:
         for team, shape, cls in arrivals:
             n = log.state.next_seq
             log.submit(f"a{n}", spec(team, shape, f"a{n}", 100.0, priority_class=cls))
-        result = scheduler.schedule(log.state, log.now, None, keys)
+        result = scheduler.schedule(log.state, log.now, memory)
         for d in result.decisions:
             assert log.place(d.job_id, *[(w.node, w.gpus) for w in d.workers]).accepted
         seen.append((sorted((d.job_id, d.workers) for d in result.decisions),
-                     [r.job.job_id for r in result.reservations], sorted(keys.cursor.tested)))
+                     [r.job.job_id for r in result.reservations], sorted(memory.keys.cursor.tested)))
     return seen
 
 
@@ -77,11 +77,11 @@ def test_a_continued_cycle_jumps_over_what_its_round_tested():
     log.submit("big", spec("a", (1, 8, 0), "big"))
     for i in range(60):
         log.submit(f"b{i:03d}", spec("a", (2, 8, 0), f"b{i:03d}"))
-    scheduler, keys = Scheduler(SchedulerConfig(max_job_test=10, job_test_head=2)), QueueKeys()
+    scheduler, memory = Scheduler(SchedulerConfig(max_job_test=10, job_test_head=2)), CycleMemory()
     tested_bounds.TestedBounds.enter = counting
     try:
         for _ in range(5):
-            scheduler.schedule(log.state, log.now, None, keys)
+            scheduler.schedule(log.state, log.now, memory)
     finally:
         tested_bounds.TestedBounds.enter = enter
     # Cycles 3 to 5 start past the head and jump over 8, 16, 24 tested jobs: the bound
@@ -95,14 +95,14 @@ def reservations_of_three_cycles(jump: bool) -> list:
     log = deep_queue(12, "fair-share")
     config = SchedulerConfig(queue="fair-share", max_job_test=4, job_test_head=1, reserve_after_s=0.0,
                              reservation_depth=2)
-    scheduler, keys = Scheduler(config), QueueKeys()
-    keys.fair_queues().jump = jump
-    reserved = [[r.job.job_id for r in scheduler.schedule(log.state, log.now, None, keys).reservations]]
+    scheduler, memory = Scheduler(config), CycleMemory()
+    memory.keys.fair_queues().jump = jump
+    reserved = [[r.job.job_id for r in scheduler.schedule(log.state, log.now, memory).reservations]]
     for job_id in ("b000", "b001"):   # the reserved leave: the next head, b002, gets a reservation
         assert log(ev.JobCancelled, job_id=job_id, reason="user").accepted
-    reserved.append([r.job.job_id for r in scheduler.schedule(log.state, log.now, None, keys).reservations])
+    reserved.append([r.job.job_id for r in scheduler.schedule(log.state, log.now, memory).reservations])
     log.submit("high", spec("a", (1, 2, 0), "high", priority_class="training-high"))   # takes the head
-    reserved.append([r.job.job_id for r in scheduler.schedule(log.state, log.now, None, keys).reservations])
+    reserved.append([r.job.job_id for r in scheduler.schedule(log.state, log.now, memory).reservations])
     return reserved
 
 

@@ -10,6 +10,7 @@ import pytest
 from gpusched.core import events as ev
 from gpusched.core.digest import digest
 from gpusched.core.model import JobSpec, WorkerAssignment, WorkerResources
+from gpusched.policies.memory import CycleMemory
 from gpusched.policies.reservation.backfill import expected_end, reserve_for_head_of_line
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig
 from gpusched.policies.statement import Statement
@@ -76,7 +77,7 @@ def test_only_the_first_blocked_job_gets_a_reservation():
     c.pending("second", 10_000, gpus=8)
     c.pending("small", 1_000, gpus=2)
     scheduler = Scheduler(SchedulerConfig(queue="fifo", backfill=True))
-    assert [d.job_id for d in scheduler.cycle(c.state, NOW)] == ["small"]
+    assert [d.job_id for d in scheduler.cycle(c.state, NOW, CycleMemory())] == ["small"]
     assert scheduler.reservation.job.job_id == "gang"
 
 

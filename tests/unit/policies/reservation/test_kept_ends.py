@@ -6,13 +6,15 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import pytest
 from hypothesis import given, strategies as st
 
 from gpusched.core import events as ev
-from gpusched.policies.queueing.keys import QueueKeys
+from gpusched.policies.memory import CycleMemory
 from gpusched.policies.reservation.backfill import runtime_estimate
 from gpusched.policies.reservation.ends import EndIndex, EndWalk
 from gpusched.policies.reservation.kept_ends import KeptEnds
+from gpusched.policies import scheduler as scheduler_module
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig
 from tests.unit.core.builders import Log, make_node, make_spec, whole
 from tests.unit.policies.kept_ends_steps import NODES, SETTINGS, step, apply_step
@@ -90,9 +92,9 @@ def summary(result) -> tuple:
                                                            min_size=1, max_size=10),
        depth=st.integers(1, 2), rounds=st.integers(2, 4))
 def test_cycles_that_keep_decide_as_cycles_that_do_not(steps, waiting, depth, rounds):
-    """Over several cycles with changes between them: the scheduler with ``QueueKeys``
-    (kept ends, skipping, stopping once the queue is exhausted) decides and reserves as
-    the scheduler without (every job offered, the ends listed each cycle)."""
+    """Over several cycles with changes between them: the scheduler with a memory kept
+    across cycles (kept ends, skipping, stopping once the queue is exhausted) decides and
+    reserves as one that offers every job and lists the ends each cycle."""
     log = Log(*(make_node(n, gpus=6, cpu=64_000, mem=512_000) for n in NODES))
     made: list[str] = []
     for s in steps[:len(steps) // 2]:
@@ -102,16 +104,25 @@ def test_cycles_that_keep_decide_as_cycles_that_do_not(steps, waiting, depth, ro
                                    max_runtime_s=limit)
         assert log.submit(f"w{k}", spec).accepted
     config = SchedulerConfig(reservation_depth=depth, reserve_after_s=0.0, default_estimate_s=100.0)
-    keeping, fresh, keys = Scheduler(config), Scheduler(config), QueueKeys()
+    keeping, fresh, memory = Scheduler(config), Scheduler(config), CycleMemory()
     later = steps[len(steps) // 2:]
     for r in range(rounds):
         now = log.now
-        kept = keeping.schedule(log.state, now, None, keys)
-        assert summary(kept) == summary(fresh.schedule(log.state, now, None, None))
+        kept = keeping.schedule(log.state, now, memory)
+        assert summary(kept) == summary(offering_every_job(fresh, log, now))
         for d in kept.decisions[:1]:   # one placed: the queue and the ends change
             assert log(ev.JobPlaced, job_id=d.job_id, attempt=d.attempt, workers=d.workers).accepted
         for s in later[r::rounds]:
             apply_step(log, s, made)
+
+
+def offering_every_job(scheduler: Scheduler, log: Log, now: float):
+    """A cycle with a new memory (the ends listed afresh) that neither skips a job of a
+    failed shape nor stops once every shape failed."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(scheduler_module._Cycle, "bound_to_fail", lambda self, job, shape: False)
+        mp.setattr(scheduler_module._Cycle, "exhausted", lambda self, waiting: False)
+        return scheduler.schedule(log.state, now, CycleMemory())
 
 
 def full_pool_with_queue(count: int) -> Log:
@@ -129,8 +140,8 @@ def full_pool_with_queue(count: int) -> Log:
 def test_a_cycle_stops_once_every_waiting_shape_failed_and_no_reservation_is_due():
     log = full_pool_with_queue(30)
     config = SchedulerConfig(reservation_depth=2, reserve_after_s=0.0, default_estimate_s=100.0)
-    kept = Scheduler(config).schedule(log.state, log.now, None, QueueKeys())
-    every = Scheduler(config).schedule(log.state, log.now, None, None)
+    kept = Scheduler(config).schedule(log.state, log.now, CycleMemory())
+    every = offering_every_job(Scheduler(config), log, log.now)
     # The first two blocked jobs get the depth's two reservations (the second only
     # because the cycle went on after the shape failed), and the cycle stops there.
     assert [r.job.job_id for r in kept.reservations] == [r.job.job_id for r in every.reservations]

@@ -9,6 +9,7 @@ import pytest
 
 from gpusched.core import events as ev
 from gpusched.core.digest import digest
+from gpusched.policies.memory import CycleMemory
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig, Unplaced
 from tests.unit.core.builders import make_node, whole, workers
 from tests.unit.policies.backfill_clusters import Cluster, spec
@@ -32,10 +33,10 @@ def test_without_backfill_a_job_gets_a_reservation_once_it_waited_the_bound():
     c = busy_cluster()
     c.pending("long", 10_000, gpus=4)     # n2's 4 free GPUs would take it, and delay b
     young = Scheduler(SchedulerConfig(**BOUND_ONLY, reservation_depth=2))
-    assert [d.job_id for d in young.cycle(c.state, 100.0)] == ["long"]   # waited 99 s: no reservation
+    assert [d.job_id for d in young.cycle(c.state, 100.0, CycleMemory())] == ["long"]   # waited 99 s: no reservation
     assert young.reservations == ()
     old = Scheduler(SchedulerConfig(**BOUND_ONLY, reservation_depth=2))
-    result = old.schedule(c.state, 400.0)
+    result = old.schedule(c.state, 400.0, CycleMemory())
     assert result.decisions == []
     assert [(r.job.job_id, r.shadow_s) for r in result.reservations] == [("a", 1000.0), ("b", 3000.0)]
     assert result.unplaced["long"] is Unplaced.HELD_FOR_RESERVATION
@@ -54,9 +55,9 @@ def test_the_bound_is_per_pool():
     assert c.log(ev.JobSubmitted, job_id="slow-job", spec=slow_job, time=1.0).accepted
     config = SchedulerConfig(**{**BOUND_ONLY, "reserve_after_s": 50.0}, pool_reserve_after_s={"slow": 600.0})
     scheduler = Scheduler(config)
-    scheduler.cycle(c.state, 100.0)
+    scheduler.cycle(c.state, 100.0, CycleMemory())
     assert [r.job.job_id for r in scheduler.reservations] == ["fast-job"]
-    scheduler.cycle(c.state, 700.0)
+    scheduler.cycle(c.state, 700.0, CycleMemory())
     assert sorted(r.job.job_id for r in scheduler.reservations) == ["fast-job", "slow-job"]
 
 
@@ -66,7 +67,7 @@ def test_depth_bounds_the_reservations_and_each_protects_its_job():
         c.pending("long", 10_000, gpus=4)
         config = SchedulerConfig(queue="fifo", backfill=True, reserve_after_s=0.0, reservation_depth=depth)
         scheduler = Scheduler(config)
-        placed = [d.job_id for d in scheduler.cycle(c.state, 100.0)]
+        placed = [d.job_id for d in scheduler.cycle(c.state, 100.0, CycleMemory())]
         assert len(scheduler.reservations) == depth
         return placed
     assert place_long(1) == ["long"]   # only a is protected: long takes the GPUs b waits for
@@ -81,7 +82,7 @@ def test_a_later_reservation_waits_for_the_earlier_job_to_end():
     c.pending("a", 5000, gpus=8)
     c.pending("b", 5000, gpus=8)
     scheduler = Scheduler(SchedulerConfig(queue="fifo", reserve_after_s=0.0, reservation_depth=2))
-    scheduler.cycle(c.state, 100.0)
+    scheduler.cycle(c.state, 100.0, CycleMemory())
     assert [(r.job.job_id, r.shadow_s) for r in scheduler.reservations] == [("a", 1000.0), ("b", 6000.0)]
 
 
@@ -89,7 +90,7 @@ def test_a_short_job_still_backfills_before_every_reservation():
     c = busy_cluster()
     c.pending("short", 500, gpus=4)      # ends at 600, before a's 1000 and b's 3000
     scheduler = Scheduler(SchedulerConfig(queue="fifo", reserve_after_s=0.0, reservation_depth=2))
-    decisions = scheduler.cycle(c.state, 100.0)
+    decisions = scheduler.cycle(c.state, 100.0, CycleMemory())
     assert [(d.job_id, d.backfilled) for d in decisions] == [("short", True)]
 
 
@@ -98,7 +99,7 @@ def test_cycles_with_several_reservations_leave_the_state_as_the_log_made_it():
     c.pending("short", 500, gpus=4)
     c.pending("long", 10_000, gpus=2)
     before = digest(c.state)
-    Scheduler(SchedulerConfig(queue="fifo", reserve_after_s=0.0, reservation_depth=3)).cycle(c.state, 100.0)
+    Scheduler(SchedulerConfig(queue="fifo", reserve_after_s=0.0, reservation_depth=3)).cycle(c.state, 100.0, CycleMemory())
     assert digest(c.state) == before
 
 
@@ -115,16 +116,16 @@ def unknown_runtime_in_the_way() -> Cluster:
 def test_a_job_without_a_time_limit_is_expected_to_run_the_default_estimate():
     c = unknown_runtime_in_the_way()
     easy = Scheduler(SchedulerConfig(queue="fifo", reservation_depth=1, default_estimate_s=2000.0))
-    assert easy.cycle(c.state, 100.0) == []
+    assert easy.cycle(c.state, 100.0, CycleMemory()) == []
     assert (easy.reservation.job.job_id, easy.reservation.shadow_s) == ("gang", 2000.0)
-    assert Scheduler(SchedulerConfig(queue="fifo")).schedule(c.state, 100.0).reservation.shadow_s == 86_400.0
+    assert Scheduler(SchedulerConfig(queue="fifo")).schedule(c.state, 100.0, CycleMemory()).reservation.shadow_s == 86_400.0
 
 
 def test_the_pools_default_time_limit_comes_before_the_schedulers_estimate():
     c = unknown_runtime_in_the_way()
     assert c.log(ev.PoolTimeLimitsSet, pool="default", default_s=3000.0).accepted   # after forever's submission
     scheduler = Scheduler(SchedulerConfig(queue="fifo", default_estimate_s=2000.0))
-    scheduler.cycle(c.state, 100.0)
+    scheduler.cycle(c.state, 100.0, CycleMemory())
     assert scheduler.reservation.shadow_s == 3000.0
 
 

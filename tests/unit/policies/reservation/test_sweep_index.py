@@ -13,6 +13,7 @@ from gpusched.core import events as ev
 from gpusched.core.digest import digest
 from gpusched.core.model import WorkerAssignment
 from gpusched.policies.gpu_fit import fits_node, pick_gpus
+from gpusched.policies.memory import CycleMemory
 from gpusched.policies.reservation.backfill import ReservationHold, reserve_for_head_of_line, runtime_estimate
 from gpusched.policies.reservation import stages
 from gpusched.policies.reservation.ends import EndIndex
@@ -143,7 +144,7 @@ def two_cycles(log, config):
     """A cycle at ``NOW``, its decisions applied, then another a little later."""
     scheduler, out = Scheduler(config), []
     for now in (NOW, NOW + 7.0):
-        result = scheduler.schedule(log.state, now)
+        result = scheduler.schedule(log.state, now, CycleMemory())
         out.append(summary(result))
         for d in result.decisions:
             assert log(ev.JobPlaced, job_id=d.job_id, attempt=d.attempt, workers=d.workers, time=now).accepted

@@ -25,6 +25,7 @@ from gpusched.core import events as ev
 from gpusched.core.model import JobSpec, WorkerResources
 from gpusched.core.reducer import apply
 from gpusched.core.state import ClusterState
+from gpusched.policies.memory import CycleMemory
 from gpusched.policies.placement.fgd import pool_scores
 from gpusched.policies.placement.fgd.policy import Fgd
 from gpusched.policies.placement.registry import PLACEMENTS
@@ -50,7 +51,7 @@ def reference_policies(monkeypatch):
 
 def decided(state: ClusterState, config: SchedulerConfig) -> list[tuple]:
     return [(d.job_id, d.attempt, d.workers, d.backfilled)
-            for d in Scheduler(config).cycle(state, now=0.0)]
+            for d in Scheduler(config).cycle(state, now=0.0, memory=CycleMemory())]
 
 
 def assert_same(state: ClusterState, policy: str, **config) -> list[tuple]:

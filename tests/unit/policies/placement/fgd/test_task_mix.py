@@ -9,11 +9,11 @@ from hypothesis import given, strategies as st
 
 from gpusched.core import events as ev
 from gpusched.core.state import ClusterState
+from gpusched.policies.memory import CycleMemory
 from gpusched.policies.placement.arrays import NodeArrays
 from gpusched.policies.placement.fgd.fragmentation import PATIENCE, compile_mix, typical_of
 from gpusched.policies.placement.fgd.node_scores import KeptScorer, RowScorer, WasteTable, row_takes
 from gpusched.policies.placement.fgd.task_mix import KeptMix, raw_counts
-from gpusched.policies.queueing.keys import QueueKeys
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig
 from tests.unit.core.builders import Log, make_node, make_spec
 from tests.unit.policies.kept_index_steps import (
@@ -81,34 +81,34 @@ def test_fgd_cycles_that_keep_the_count_decide_as_cycles_that_keep_nothing(steps
         act(log, s, made, queued)
     submit_waiting(log, waiting)
     config = SchedulerConfig(placement=placement)
-    keeping, fresh, keys = Scheduler(config), Scheduler(config), QueueKeys()
+    keeping, fresh, memory = Scheduler(config), Scheduler(config), CycleMemory()
     later = steps[len(steps) // 2:]
     for r in range(rounds):
-        kept = keys.kept.get("placement-indexes")
+        kept = memory.indexes
         mixes = {k[1]: v for k, v in (kept.indexes.items() if kept else ()) if isinstance(v, KeptMix)}
         assert_counts_as_fresh(mixes, log.state)
         now = log.now
         mix = typical_of(raw_counts(log.state, "default"))
-        result = keeping.schedule(log.state, now, None, keys)
-        assert decided(result) == decided(fresh.schedule(log.state, now, None, None))
+        result = keeping.schedule(log.state, now, memory)
+        assert decided(result) == decided(fresh.schedule(log.state, now, CycleMemory()))
         # A job of the pool placed (not MIG) was placed by FGD, which then used the scorer;
         # a job unplaced may have been turned away without it (its shape bound to fail).
         placed = [log.state.jobs[d.job_id] for d in result.decisions]
         scored = any(j.spec.pool == "default" and not j.spec.resources.is_mig for j in placed)
-        assert_scorer_as_fresh(keys, log.state, mix if scored else None, placement == "fgd-lookahead")
+        assert_scorer_as_fresh(memory, log.state, mix if scored else None, placement == "fgd-lookahead")
         for d in result.decisions[:apply]:
             assert log(ev.JobPlaced, job_id=d.job_id, attempt=d.attempt, workers=d.workers).accepted
         for s in later[r::rounds]:
             act(log, s, made, queued)
 
 
-def assert_scorer_as_fresh(keys: QueueKeys, state: ClusterState, mix: dict | None, lookahead: bool) -> None:
+def assert_scorer_as_fresh(memory: CycleMemory, state: ClusterState, mix: dict | None, lookahead: bool) -> None:
     """The scorer kept is for the mix at the start of the cycle (``mix``; None when the
     cycle placed no job of the pool, and so may not have looked at the scorer), and scores
     every node of the pool, for every request waiting, as a scorer made afresh for its
     mix does (its memos, from earlier cycles, included). Not looked at, it may be for the
     pool's models before a node of another model registered."""
-    kept = keys.kept.get("placement-indexes")
+    kept = memory.indexes
     scorers = [v for k, v in (kept.indexes.items() if kept else ()) if isinstance(v, KeptScorer) and k[-1] == "default"]
     if not scorers or scorers[0].scorer is None:
         return
@@ -135,13 +135,13 @@ def test_a_cycle_keeps_the_count_and_the_next_reads_the_journal():
     after it is counted by the next cycle without counting every job again."""
     log = cluster()
     assert log.submit("a", make_spec(milli=300, cpu=0, mem=0)).accepted
-    keys, scheduler = QueueKeys(), Scheduler(SchedulerConfig(placement="fgd"))
-    scheduler.schedule(log.state, log.now, None, keys)
-    mix = keys.kept["placement-indexes"].indexes[("fgd-mix", "default")]
+    memory, scheduler = CycleMemory(), Scheduler(SchedulerConfig(placement="fgd"))
+    scheduler.schedule(log.state, log.now, memory)
+    mix = memory.indexes.indexes[("fgd-mix", "default")]
     assert isinstance(mix, KeptMix)
     counted = mix.counted
     assert log.submit("b", make_spec(gpus=2, cpu=0, mem=0)).accepted
-    scheduler.schedule(log.state, log.now, None, keys)
+    scheduler.schedule(log.state, log.now, memory)
     # brought in step, not rebuilt; "a", pending at the first count, counted from the
     # reducer's count of pending jobs, not listed
     assert mix.counted is counted and set(counted) == {"b"} and mix.unlisted == {"a"}
@@ -173,8 +173,8 @@ def test_a_count_kept_for_one_state_is_not_read_for_another():
     assert +mix.counts(other.state) == raw_counts(other.state, "default")
 
 
-def kept_scorer_of(keys: QueueKeys, placement: str = "fgd"):
-    kept = keys.kept["placement-indexes"].indexes
+def kept_scorer_of(memory: CycleMemory, placement: str = "fgd"):
+    kept = memory.indexes.indexes
     return next(v for k, v in kept.items() if k[:2] == ("fgd-scorer", placement)).scorer
 
 
@@ -186,26 +186,26 @@ def test_the_row_scorer_is_kept_while_the_mix_stays_and_replaced_when_it_changes
     for k in range(3):
         assert log.submit(f"a{k}", make_spec(milli=300, cpu=0, mem=0)).accepted
     assert log.submit("g", make_spec(gpus=2, cpu=0, mem=0)).accepted
-    keys, scheduler = QueueKeys(), Scheduler(SchedulerConfig(placement="fgd"))
-    first = scheduler.schedule(log.state, log.now, None, keys)
-    scorer = kept_scorer_of(keys)
+    memory, scheduler = CycleMemory(), Scheduler(SchedulerConfig(placement="fgd"))
+    first = scheduler.schedule(log.state, log.now, memory)
+    scorer = kept_scorer_of(memory)
     for d in first.decisions[:2]:
         assert log(ev.JobPlaced, job_id=d.job_id, attempt=d.attempt, workers=d.workers).accepted
-    scheduler.schedule(log.state, log.now, None, keys)
-    assert kept_scorer_of(keys) is scorer
+    scheduler.schedule(log.state, log.now, memory)
+    assert kept_scorer_of(memory) is scorer
     assert log.submit("b", make_spec(milli=700, cpu=0, mem=0)).accepted
-    scheduler.schedule(log.state, log.now, None, keys)
-    assert kept_scorer_of(keys) is not scorer
+    scheduler.schedule(log.state, log.now, memory)
+    assert kept_scorer_of(memory) is not scorer
 
 
 def test_a_scorer_memoizing_too_many_rows_starts_over(monkeypatch):
     from gpusched.policies.placement.fgd import node_scores
     log = cluster()
     assert log.submit("a", make_spec(milli=300, cpu=0, mem=0)).accepted
-    keys, scheduler = QueueKeys(), Scheduler(SchedulerConfig(placement="fgd-lookahead"))
-    scheduler.schedule(log.state, log.now, None, keys)
-    scorer = kept_scorer_of(keys, "fgd-lookahead")
+    memory, scheduler = CycleMemory(), Scheduler(SchedulerConfig(placement="fgd-lookahead"))
+    scheduler.schedule(log.state, log.now, memory)
+    scorer = kept_scorer_of(memory, "fgd-lookahead")
     assert scorer.kinds() > 0
     monkeypatch.setattr(node_scores, "MAX_KINDS", scorer.kinds() - 1)
-    scheduler.schedule(log.state, log.now, None, keys)
-    assert kept_scorer_of(keys, "fgd-lookahead") is not scorer
+    scheduler.schedule(log.state, log.now, memory)
+    assert kept_scorer_of(memory, "fgd-lookahead") is not scorer
