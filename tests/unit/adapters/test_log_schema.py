@@ -61,7 +61,7 @@ def test_the_fold_stops_at_a_newer_record_naming_it_without_folding_or_skipping_
     state, letters = ClusterState(), DeadLetters(None, "test")
     records = [Record("p.cluster-events", 2, 0, b"default", written(registered("e1"), None), ()),
                Record("p.cluster-events", 2, 1, b"default", written(registered("e2"), LOG_SCHEMA + 1), ())]
-    with pytest.raises(NewerLogSchema, match=r"^p\.cluster-events\[2\]@1: a record of log schema 2 "):
+    with pytest.raises(NewerLogSchema, match=rf"^p\.cluster-events\[2\]@1: a record of log schema {LOG_SCHEMA + 1} "):
         asyncio.run(fold_records("test", state, records, None, letters))
     assert state.offset == 0 and "n1" in state.nodes     # the first folded, the newer neither folded nor passed
     assert list(letters.skipped) == []
@@ -70,7 +70,7 @@ def test_the_fold_stops_at_a_newer_record_naming_it_without_folding_or_skipping_
 def test_a_catch_up_frame_stops_the_fold_the_same_way():
     state = ClusterState()
     items = [codec.decode_flat(written(registered("e1"), LOG_SCHEMA)), (flat.NEWER_SCHEMA, LOG_SCHEMA + 1, "placer-1")]
-    with pytest.raises(NewerLogSchema, match=r"^p\.cluster-events\[0\]@8: a record of log schema 2 \(written by "
+    with pytest.raises(NewerLogSchema, match=rf"^p\.cluster-events\[0\]@8: a record of log schema {LOG_SCHEMA + 1} \(written by "
                                              r"placer-1\)"):
         fold_flat("test", "p.cluster-events", 0, state, [7, 8], items, None, freeze=False)
     assert state.offset == 7
@@ -78,4 +78,4 @@ def test_a_catch_up_frame_stops_the_fold_the_same_way():
 
 def test_the_relay_refuses_a_newer_report_into_the_dead_letters():
     verdict = triage("n1", written(registered(), LOG_SCHEMA + 1), {0: ClusterState()}, 1)
-    assert verdict.event is None and verdict.reason.startswith("refused: a record of log schema 2")
+    assert verdict.event is None and verdict.reason.startswith(f"refused: a record of log schema {LOG_SCHEMA + 1}")
