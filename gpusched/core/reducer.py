@@ -24,7 +24,7 @@ from gpusched.core.retention import note_ended, prune_finished, set_retention
 from gpusched.core.state import (
     CHANGES_KEPT, ClusterState, JobState, NodeState, ServiceState, count_pending, gpu_state, set_gpu_info,
 )
-from gpusched.core.services import Replica, plan
+from gpusched.core.services import Replica, keeps_minimum, plan
 from gpusched.core.validation import (
     check_known_pool, check_pool_name, check_scale, check_service_alone, check_spec_alone,
 )
@@ -592,6 +592,8 @@ def _job_preempted(e: ev.JobPreempted, state: ClusterState) -> Outcome:
         return _reject(f"job {e.job_id} attempt {e.attempt} is not running", e.job_id)
     if not job.spec.preemptible:
         return _reject(f"job {e.job_id} is not preemptible", e.job_id)
+    if job.spec.service and not keeps_minimum(state, job):
+        return _reject(f"job {e.job_id}: service {job.spec.service} would go below its min_replicas", e.job_id)
     job.phase = _PREEMPTING
     job.nominated_by = e.for_job
     job.reason = e.reason or f"preempted for {e.for_job}"

@@ -20,9 +20,10 @@ Kubernetes' Deployment controller is the model:
 """
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Collection, NamedTuple
 
-from gpusched.core.model import UpdateStrategy
+from gpusched.core.model import JobPhase, UpdateStrategy
+from gpusched.core.state import ClusterState, JobState
 
 
 class Replica(NamedTuple):
@@ -72,3 +73,22 @@ def rollout_done(desired: int, revision: int, replicas: dict[str, int], ready: d
     """Every replica is of the current revision, as many as desired, all ready."""
     return (len(replicas) == desired and all(rev == revision for rev in replicas.values())
             and all(job_id in ready for job_id in replicas))
+
+
+_STOPPING = (JobPhase.PREEMPTING, JobPhase.STOPPING)
+
+
+def keeps_minimum(state: ClusterState, victim: JobState, taken: Collection[str] = ()) -> bool:
+    """Whether preempting ``victim`` (a replica) for other work leaves its service at
+    least ``min_replicas`` replicas that are not being stopped, ``taken`` (victims chosen
+    beside it) stopped too: preemption never takes a service below its minimum. The
+    preemptor's search asks it of each candidate, the reducer of each ``JobPreempted``."""
+    service = state.services.get(victim.spec.service)
+    if service is None or victim.job_id not in service.replicas:
+        return True
+    left = 0
+    for job_id in service.replicas:
+        job = state.jobs.get(job_id)
+        if job_id != victim.job_id and job_id not in taken and job is not None and job.phase not in _STOPPING:
+            left += 1
+    return left >= service.spec.min_replicas

@@ -58,6 +58,7 @@ class Shield(str, Enum):
     GUARANTEED = "within-guarantee"         # a reclaim would take its team below its guarantee
     RECLAIM_WINDOW = "reclaimed-recently"   # reclaimed less than reclaim_window_s ago
     COSTLY = "costs-more-than-the-wait"     # would lose more than the pending job's wait allows
+    SERVICE_MINIMUM = "service-minimum"     # a replica whose service would go below its min_replicas
 
 
 def running_since(job: JobState) -> float:

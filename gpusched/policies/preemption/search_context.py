@@ -12,6 +12,7 @@ from typing import Callable, Iterator, Mapping, Sequence
 
 from gpusched.core.model import JobPhase, WorkerAssignment
 from gpusched.core.priority import priority_value
+from gpusched.core.services import keeps_minimum
 from gpusched.core.state import ClusterState, JobState, NodeState
 from gpusched.policies.memory import CycleMemory
 from gpusched.policies.placement.gang import Placement
@@ -139,10 +140,22 @@ class SearchContext:
         may reclaim its team's guarantee), None when it may be (``victim_rules.shield``).
         Notes the victims eligible as reclaim only (a lower class past its budget) in
         ``via_reclaim``."""
+        if victim.spec.service and not keeps_minimum(self.state, victim, self.taken):
+            return Shield.SERVICE_MINIMUM
         why, reclaim_only = rules.shield(victim, job, reclaim, self.now, self.config, self)
         if reclaim_only:
             self.via_reclaim.add(victim.job_id)
         return why
+
+    def keeps_minimums(self, victims: Sequence[JobState]) -> bool:
+        """Whether a set of victims, together with those taken earlier in this call, leaves
+        every service its ``min_replicas`` (each victim alone is checked by ``shield``)."""
+        taken = set(self.taken)
+        for v in victims:
+            if v.spec.service and not keeps_minimum(self.state, v, taken):
+                return False
+            taken.add(v.job_id)
+        return True
 
     def allowance(self, job: JobState) -> float:
         """GPU-seconds of work a preemption for ``job`` may lose now."""
@@ -181,7 +194,7 @@ class SearchContext:
         reclaim = self.may_reclaim(job)
         mine = priority_value(job.spec.priority_class)
         victims = self._search(job, scratch, reclaim, mine).run()
-        if victims is None or rules.set_costly(victims, job, self.now, self.config):
+        if victims is None or rules.set_costly(victims, job, self.now, self.config) or not self.keeps_minimums(victims):
             return None
         mark = scratch.checkpoint()
         try:
