@@ -96,7 +96,7 @@ def uncordon(client: SyncClient, name: str) -> None:
 
 @click.group()
 def top() -> None:
-    """GPU allocation now, per node or team."""
+    """GPU allocation now, per node, team or service."""
 
 
 @top.command("nodes")

@@ -1,5 +1,5 @@
 """Service commands: apply, get services|endpoints, describe service, scale, delete
-service, rollout status|undo (docs/reference/cli.md, "Services")."""
+service, rollout status|undo, top services (docs/reference/cli.md, "Services")."""
 from __future__ import annotations
 
 import time
@@ -9,8 +9,10 @@ import click
 
 from gpusched.client import SyncClient, seconds
 from gpusched.ctl import jobfile
-from gpusched.ctl.jobs import describe, get
-from gpusched.ctl.output import age, as_dict, dump, echo_lines, gpus_of, output_option, phase_name, table
+from gpusched.ctl.jobs import HOLDING, describe, get
+from gpusched.ctl.nodes import top
+from gpusched.ctl.output import (age, as_dict, dump, echo_lines, gpu_count, gpus_of, milli_of, output_option,
+                                 phase_name, table)
 from gpusched.ctl.root import pass_client
 from gpusched.lb import ServiceDeleted, keep_nginx
 from gpusched.v1 import admission_pb2, types_pb2
@@ -146,6 +148,56 @@ def describe_service(client: SyncClient, name: str, output: str) -> None:
         dump(as_dict(service), output)
         return
     echo_lines(service_lines(service))
+
+
+# --- top ---------------------------------------------------------------------------------
+REASON_WIDTH = 24
+
+
+def short(text: str, width: int = REASON_WIDTH) -> str:
+    """``text`` cut to ``width`` characters, the cut marked with "..."; "-" when empty."""
+    if not text:
+        return "-"
+    return text if len(text) <= width else text[:width - 3].rstrip() + "..."
+
+
+def _gpus_held(job: types_pb2.Job | types_pb2.JobSpec) -> float:
+    spec = job.spec if isinstance(job, types_pb2.Job) else job
+    return max(spec.workers, 1) * milli_of(spec.resources) / 1000
+
+
+def held_gpus(service: types_pb2.Service, jobs: dict[str, types_pb2.Job]) -> float:
+    """GPUs the service's live replicas hold (those placed or running): each replica's job
+    from ``jobs`` (by id), or the current template where the job is not among them."""
+    return sum(_gpus_held(jobs.get(rep.job_id) or service.spec.template)
+               for rep in service.replica if rep.phase in HOLDING)
+
+
+def top_rows(services: list[types_pb2.Service], jobs: list[types_pb2.Job]) -> list[dict]:
+    by_id = {j.job_id: j for j in jobs}
+    return [{"service": s.spec.name, "team": s.spec.team, "pool": s.spec.pool, "ready": s.ready,
+             "desired": s.desired, "replicas": s.replicas, "updated": s.updated, "revision": s.revision,
+             "gpus_allocated": held_gpus(s, by_id), "scaled_reason": s.scaled_reason,
+             "rollout": s.rollout, "rollout_done": s.rollout_done}
+            for s in sorted(services, key=lambda s: s.spec.name)]
+
+
+TOP_COLUMNS = [("NAME", lambda r: r["service"]), ("TEAM", lambda r: r["team"]), ("POOL", lambda r: r["pool"]),
+               ("READY", lambda r: f"{r['ready']}/{r['desired']}"), ("UPDATED", lambda r: str(r["updated"])),
+               ("REVISION", lambda r: str(r["revision"])), ("GPUS", lambda r: gpu_count(r["gpus_allocated"])),
+               ("SCALED", lambda r: short(r["scaled_reason"])), ("ROLLOUT", lambda r: r["rollout"] or "-")]
+
+
+@top.command("services")
+@click.option("--team", default="")
+@click.option("--pool", default="")
+@output_option
+@pass_client
+def top_services(client: SyncClient, team: str, pool: str, output: str) -> None:
+    """Per service: ready of desired replicas, those of the current revision, the GPUs its
+    replicas hold, why it has its count, its rollout."""
+    jobs = client.list_all(team, pool, tuple(HOLDING))
+    table(top_rows(client.list_services(team, pool), jobs), TOP_COLUMNS, fmt=output, objects=lambda r: r)
 
 
 # --- scale, delete -----------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The dashboard's HTML: one overview page (pools, node grid, queues) and one page per job.
+"""The dashboard's HTML: one overview page (pools, node grid, services, queues) and one page per job.
 Everything shown is escaped (job names, reasons and labels are user input); no scripts,
 no resources from elsewhere: the style is inline and the charts are inline SVG."""
 from __future__ import annotations
@@ -52,9 +52,11 @@ def job_link(job: types_pb2.Job) -> str:
 
 
 def overview(history: dict[str, list[Sample]], nodes: list[types_pb2.Node], jobs: list[types_pb2.Job],
-             endpoint: str, refresh_s: int) -> str:
+             endpoint: str, refresh_s: int, services: list[types_pb2.Service] | None = None) -> str:
+    """``services`` None: admission serves none (an older one), and the section is left out."""
     body = (f'<h1>gpusched <span class="muted">{escape(endpoint)}</span></h1>'
-            + pools_section(history, nodes) + node_grid(nodes, jobs) + queues(jobs))
+            + pools_section(history, nodes) + node_grid(nodes, jobs)
+            + (services_section(services) if services is not None else "") + queues(jobs))
     return page("gpusched dashboard", body, refresh_s)
 
 
@@ -134,6 +136,35 @@ def gpu_cell(node: str, gpu: types_pb2.Gpu, jobs: list[types_pb2.Job]) -> str:
                         for i in range(MIG_SLICES))
     return (f'<div class="gpu {state}" data-gpu="{gpu.info.index}" data-state="{state}" '
             f'data-milli="{gpu_milli_used(gpu)}" title="{escape(tip)}">{inner}</div>')
+
+
+# --- services ------------------------------------------------------------------------------
+def replica_link(job_id: str) -> str:
+    """A replica's job page, as a job's (a replica is a job)."""
+    return f'<a href="/job/{quote(job_id, safe="")}">{escape(job_id)}</a>'
+
+
+def services_section(services: list[types_pb2.Service]) -> str:
+    """Each service: its figures and rollout, then a row per replica (job, phase, ready,
+    endpoint, node)."""
+    rows = []
+    for s in sorted(services, key=lambda s: (s.spec.pool, s.spec.name)):
+        name = escape(s.spec.name)
+        endpoints = sum(1 for r in s.replica if r.ready and r.endpoint)
+        rows.append(f'<tr class="service" data-service="{name}"><th>{name}</th><td>{escape(s.spec.team)}</td>'
+                    f'<td>{escape(s.spec.pool)}</td><td class="ready">{s.ready}/{s.desired}</td>'
+                    f'<td class="revision">{s.revision}</td>'
+                    f'<td class="rollout{"" if s.rollout_done else " muted"}">{escape(s.rollout) or "-"}</td>'
+                    f'<td class="endpoints">{endpoints}</td></tr>')
+        rows += [f'<tr class="replica" data-service="{name}" data-job="{escape(r.job_id)}"><td></td>'
+                 f'<td>{replica_link(r.job_id)}</td><td>rev {r.revision}</td><td>{phase_name(r.phase)}</td>'
+                 f'<td class="replica-ready">{"ready" if r.ready else "not ready"}</td>'
+                 f'<td>{escape(r.endpoint) or "-"}</td><td>{escape(", ".join(r.nodes)) or "-"}</td></tr>'
+                 for r in s.replica]
+    if not rows:
+        return '<h2>Services</h2><p class="muted">no services</p>'
+    return ('<h2>Services</h2><table class="services"><tr><th>Service</th><th>Team</th><th>Pool</th>'
+            f'<th>Ready</th><th>Revision</th><th>Rollout</th><th>Endpoints</th></tr>{"".join(rows)}</table>')
 
 
 # --- queues --------------------------------------------------------------------------------

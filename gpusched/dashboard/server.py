@@ -87,9 +87,18 @@ class Backend:
     # --- what the pages need -------------------------------------------------------------
     def overview(self) -> str:
         async def read():
-            return await self.client.nodes(), await self.client.list_all(phases=ACTIVE)
-        nodes, jobs = self.call(read())
-        return pages.overview(self.history.pools(), nodes, jobs, self.settings.endpoint, self.settings.refresh_s)
+            return await self.client.nodes(), await self.client.list_all(phases=ACTIVE), await services()
+
+        async def services():
+            try:
+                return await self.client.list_services()
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() is grpc.StatusCode.UNIMPLEMENTED:   # an admission that serves no services
+                    return None
+                raise
+        nodes, jobs, services_now = self.call(read())
+        return pages.overview(self.history.pools(), nodes, jobs, self.settings.endpoint, self.settings.refresh_s,
+                              services_now)
 
     def job(self, job_id: str) -> str:
         job = self.call(self.client.get(job_id))

@@ -255,6 +255,25 @@ async def test_pages_in_headless_chromium(dashboard, tmp_path):
     for css in ("#1565c0", "#ff9800", "#8e24aa", "#c62828", "#e8f5e9"):   # whole, share, MIG, faulty, free
         assert pixels.get(tuple(int(css[i:i + 2], 16) for i in (1, 3, 5)), 0) > 14 * 14, css
 
+    # a service: its replica, on the node's one free GPU once the 4-GPU job no longer
+    # waits, listed under Services and linked to its job page
+    await client.cancel(waiting)
+    template = spec("", "", gpus=1, duration=600, models=("H100-80GB",))
+    await client.apply_service(types_pb2.ServiceSpec(name="chat", team="nlp", replicas=1, template=template))
+
+    async def serving() -> Element | None:
+        page = await dom(tmp_path, url + "/")
+        rows = page.all("tr", class_="service")
+        return page if rows and rows[0].one("td", class_="ready").content() == "1/1" else None
+    page = await eventually_async(serving, "the service's replica ready on the page", 120, poll=0)
+    service_row = page.one("tr", class_="service")
+    assert service_row.attrs["data-service"] == "chat" and service_row.one("td", class_="endpoints").content() == "1"
+    assert service_row.one("td", class_="rollout").content() == "complete"
+    replica = page.one("tr", class_="replica")
+    replica_id = replica.attrs["data-job"]
+    assert replica_id.startswith("chat-") and replica.one("a").attrs["href"] == f"/job/{replica_id}"
+    assert replica.one("td", class_="replica-ready").content() == "ready" and node in replica.content()
+
 
 async def test_unavailable_admission_is_a_clear_error_page(tmp_path):
     """No cluster: the page says which admission could not be reached, with a 503."""

@@ -4,6 +4,7 @@ status|undo`` against a client that answers as admission would, and an API refus
 printed as one line."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import grpc
@@ -182,3 +183,39 @@ def test_rollout_status_waits_until_complete_and_fails_when_stalled(fake):
     assert late.exit_code == 1 and "timed out after 0s" in late.output
     bad = run("rollout", "status", "web", "--timeout", "soon")
     assert bad.exit_code == 2 and "--timeout" in bad.output
+
+
+def replica_job(job_id: str, phase: int, gpus: int = 1, workers: int = 1) -> types_pb2.Job:
+    job = types_pb2.Job(job_id=job_id, phase=phase)
+    job.spec.team, job.spec.workers, job.spec.resources.gpus = "ml", workers, gpus
+    return job
+
+
+def test_top_services_shows_gpus_held_by_live_replicas_and_the_rollout(fake, monkeypatch):
+    asked = []
+
+    def list_all(team="", pool="", phases=()):
+        asked.append((team, pool, set(phases)))
+        return [replica_job("web-4", types_pb2.JOB_PHASE_RUNNING, gpus=2),      # an older revision's 2 GPUs
+                replica_job("web-6", types_pb2.JOB_PHASE_PLACED, workers=2),
+                replica_job("train-1", types_pb2.JOB_PHASE_RUNNING)]             # not a replica
+    fake.list_all = list_all
+    rolling = service("rolling out revision 3: 1 of 2 updated, 1 ready", False)
+    rolling.scaled_reason = "requests_in_flight 20 over target 8 per replica"
+    rolling.replica.add(job_id="web-6", revision=3, phase=types_pb2.JOB_PHASE_PLACED)
+    rolling.replica.add(job_id="web-7", revision=3, phase=types_pb2.JOB_PHASE_RUNNING)   # not listed: the template's
+    monkeypatch.setattr(fake, "list_services", lambda team="", pool="": [rolling])
+    out = run("top", "services", "--team", "ml")
+    assert out.exit_code == 0, out.output
+    header, row = out.output.splitlines()
+    assert header.split() == ["NAME", "TEAM", "POOL", "READY", "UPDATED", "REVISION", "GPUS", "SCALED", "ROLLOUT"]
+    assert row.split()[:7] == ["web", "ml", "default", "1/2", "2", "3", "5"]      # 2 + 2x1 + 1; web-5 pending
+    assert "requests_in_flight 20..." in row and row.endswith("rolling out revision 3: 1 of 2 updated, 1 ready")
+    assert asked and asked[0][0] == "ml" and types_pb2.JOB_PHASE_PENDING not in asked[0][2]
+    [data] = json.loads(run("top", "services", "-o", "json").output)
+    assert data["gpus_allocated"] == 5 and data["scaled_reason"].startswith("requests_in_flight")
+
+
+def test_a_short_reason_is_kept_and_a_long_one_cut():
+    assert services.short("") == "-" and services.short("applied") == "applied"
+    assert services.short("x" * 30, 10) == "xxxxxxx..."

@@ -92,3 +92,38 @@ def test_queues_and_job_page_show_why_a_job_is_pending():
         assert "<script>" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
     assert '<td class="why">&lt;script&gt;' in queue and '<td class="why pending">&lt;script&gt;' in page
     assert pages.why_pending(types_pb2.Job(phase=types_pb2.JOB_PHASE_RUNNING, pending=waiting.pending)) == ""
+
+
+def a_service(name: str = "web", done: bool = True) -> types_pb2.Service:
+    msg = types_pb2.Service(desired=3, revision=2, replicas=2, updated=2, ready=1, rollout_done=done,
+                            rollout="complete" if done else "rolling out revision 2: 2 of 3 updated, 1 ready",
+                            spec=types_pb2.ServiceSpec(name=name, team="ml", pool="default"))
+    msg.replica.add(job_id=f"{name}-0", revision=2, phase=types_pb2.JOB_PHASE_RUNNING, ready=True,
+                    endpoint="10.0.0.5:31000", nodes=["node-0"])
+    msg.replica.add(job_id=f"{name}-1", revision=2, phase=types_pb2.JOB_PHASE_PENDING)
+    return msg
+
+
+def test_services_list_each_service_and_its_replicas_linked_to_their_job_pages():
+    html = pages.services_section([a_service("zeta"), a_service("web", done=False)])
+    tags = Tags(html).tags
+    assert [a["data-service"] for t, a in tags if t == "tr" and a.get("class") == "service"] == ["web", "zeta"]
+    replicas = [a["data-job"] for t, a in tags if t == "tr" and a.get("class") == "replica"]
+    assert replicas == ["web-0", "web-1", "zeta-0", "zeta-1"]
+    assert [a["href"] for t, a in tags if t == "a"] == ["/job/web-0", "/job/web-1", "/job/zeta-0", "/job/zeta-1"]
+    assert '<td class="ready">1/3</td><td class="revision">2</td>' in html
+    assert "rolling out revision 2: 2 of 3 updated, 1 ready" in html and '<td class="endpoints">1</td>' in html
+    assert "<td>Running</td><td class=\"replica-ready\">ready</td><td>10.0.0.5:31000</td><td>node-0</td>" in html
+    assert "<td>Pending</td><td class=\"replica-ready\">not ready</td><td>-</td><td>-</td>" in html
+    assert "no services" in pages.services_section([])
+
+
+def test_services_are_escaped_and_left_out_where_admission_serves_none():
+    evil = a_service(EVIL)
+    evil.spec.team, evil.rollout, evil.replica[0].endpoint, evil.replica[0].nodes[0] = EVIL, EVIL, EVIL, EVIL
+    html = pages.overview({}, [], [], "x", 0, [evil])
+    assert "<script>" not in html and "<h2>Services</h2>" in html
+    tags = Tags(html).tags
+    assert next(a for t, a in tags if a.get("class") == "service")["data-service"] == EVIL
+    assert f"/job/{'%3Cscript%3Ealert%281%29%3C%2Fscript%3E%22%27%26'}-0" in [a["href"] for t, a in tags if t == "a"]
+    assert "<h2>Services</h2>" not in pages.overview({}, [], [], "x", 0)
