@@ -96,9 +96,10 @@ class Nginx:
             return False
         return True
 
-    def answers(self, path: str = "/", times: int = 20) -> bool:
+    def answers(self, path: str = "/healthz", times: int = 20) -> bool:
         """Whether ``times`` requests in a row through nginx are answered 200 (after a
-        reload, nginx's old worker may still take a connection or two)."""
+        reload, nginx's old worker may still take a connection or two). The readiness
+        path: the model server does not record it as served."""
         for _ in range(times):
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=5) as answer:

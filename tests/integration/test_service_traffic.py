@@ -123,10 +123,11 @@ async def test_the_autoscaler_follows_requests_in_flight_up_and_after_its_window
         await eventually_async(lambda: _ready(client, 4), "4 replicas ready under load", 120)
         up = await client.get_service("web")
         assert up.desired == 4 and up.scaled_reason.startswith("autoscaler: requests_in_flight")
+        await eventually_async(lambda: len({body.split()[0] for _, body, _ in load.answers[-40:]}) == 4,
+                               "the load spread over the 4 replicas", 60)
         answers = load.stop()
         stopped = time.time()
         assert answers and all(status == 200 for status, _, _ in answers)
-        assert len({body.split()[0] for _, body, _ in answers[-40:]}) > 1   # spread over the new replicas
 
         await eventually_async(lambda: _desired(client, 1), "back to 1 after the window", 60)
         assert time.time() - stopped >= 4.0                                  # not before its window
