@@ -23,6 +23,10 @@ preemptor unless told not to (``--no-preemption``, or a config ending in ``+no-p
 scheduling cycle alone (the aging and starvation bounds, which assume no job is ever
 stopped) are checked on the cycle alone.
 
+With ``services`` (``--services N``) inference services run beside the jobs: their
+requests follow a diurnal curve, the preemptor's ``autoscale`` action scales them and
+their replicas are placed (and preempt) as any job (``gpusched.sim.serving``).
+
 ``python -m gpusched.sim.dynamic --help``: compare configurations on a workload; the
 configurations' text is read by ``gpusched.sim.dynamic_configs``, the report (table,
 JSON/CSV, plots) is ``gpusched.sim.dynamic_report``.
