@@ -92,7 +92,7 @@ class DynamicSimulator:
         self.fragmentation_every_s = fragmentation_every_s if fragmentation_every_s is not None else span / 400
         self.state = ClusterState(ledger_half_life_s=config.half_life_s)   # a setting of the log
         self.teams = tuple(sorted({a.spec.team for a in workload.arrivals} | set(workload.quotas.teams())
-                                  | ({s.spec.team for s in services.services} if self.serving else set())))
+                                  | ({s.spec.team for s in self.serving.loads.services} if self.serving else set())))
         self._team_index = {t: i for i, t in enumerate(self.teams)}
         self._waiting = [0] * len(self.teams)       # jobs waiting, per team
         self._waiting_milli = 0                     # GPU milli they ask for
@@ -235,6 +235,7 @@ class DynamicSimulator:
         requests and the preemptor's ``autoscale`` action scales the services; at the end
         of the service window the services are deleted."""
         serving, state = self.serving, self.state
+        assert serving is not None
         for job_id, attempt in serving.due_ready(now):
             job = state.jobs[job_id]
             service = state.services.get(job.spec.service)
@@ -252,8 +253,8 @@ class DynamicSimulator:
                                   {n: len(s.ready) for n, s in services.items()})
             loads = {job_id: ReplicaLoad(now, per_second=rps[name] / len(s.ready))
                      for name, s in services.items() for job_id in s.ready}
-            situation = Situation(state, now, SupervisionConfig(), lambda _: self.preemption, self._preempting,
-                                  loads=loads, scaling=self._scaling)
+            situation = Situation(state, now, SupervisionConfig(), lambda _: self.preemption or PreemptionConfig(),
+                                  self._preempting, loads=loads, scaling=self._scaling)
             for verdict in autoscale(situation):
                 assert isinstance(verdict, ScaleVerdict)
                 before = services[verdict.service].desired
