@@ -23,6 +23,10 @@ preemptor unless told not to (``--no-preemption``, or a config ending in ``+no-p
 scheduling cycle alone (the aging and starvation bounds, which assume no job is ever
 stopped) are checked on the cycle alone.
 
+With ``services`` (``--services N``) inference services run beside the jobs: their
+requests follow a diurnal curve, the preemptor's ``autoscale`` action scales them and
+their replicas are placed (and preempt) as any job (``gpusched.sim.serving``).
+
 ``python -m gpusched.sim.dynamic --help``: compare configurations on a workload; the
 configurations' text is read by ``gpusched.sim.dynamic_configs``, the report (table,
 JSON/CSV, plots) is ``gpusched.sim.dynamic_report``.
@@ -41,7 +45,8 @@ from gpusched.core.model import JobPhase
 from gpusched.core.reducer import apply
 from gpusched.core.state import ClusterState
 from gpusched.policies.placement.registry import PLACEMENTS
-from gpusched.policies.actions import Situation, make_actions, run_actions
+from gpusched.policies.actions import ScaleVerdict, Situation, autoscale, make_actions, run_actions
+from gpusched.policies.autoscaling import ReplicaLoad
 from gpusched.policies.memory import CycleMemory
 from gpusched.policies.preemption.decisions import Preemption, preemption_events
 from gpusched.policies.preemption.victim_rules import PreemptionConfig, reclaim_min_until
@@ -50,14 +55,23 @@ from gpusched.policies.queueing.quota import claims_guarantee
 from gpusched.policies.scheduler import Decision, Scheduler, SchedulerConfig
 from gpusched.sim.dynamic_configs import parse_config, split_preemption, split_preemption_rules
 from gpusched.sim.metrics import FragmentationProbe, JobRecord, PreemptionRecord, Sample, SimResult
+from gpusched.sim.serving import ServiceLoads, ServiceTracker, static_split
 from gpusched.sim.workload import Workload
 
 
 class DynamicSimulator:
     def __init__(self, workload: Workload, config: SchedulerConfig, label: str = "",
                  cycle_interval_s: float = 0.0, fragmentation_every_s: float | None = None,
-                 preemption: bool = False, preemption_rules: Mapping[str, float] | None = None) -> None:
+                 preemption: bool = False, preemption_rules: Mapping[str, float] | None = None,
+                 services: ServiceLoads | None = None) -> None:
+        if services is not None and services.split == "static":
+            nodes, services = static_split(workload.nodes, services)
+            workload = replace(workload, nodes=nodes)
         self.workload = workload
+        # Inference services beside the jobs (``gpusched.sim.serving``): None, none.
+        self.serving = ServiceTracker(services) if services is not None and services.services else None
+        self._scaling: dict = {}                    # the autoscaler's memory, per service
+        self._replicas: set[str] = set()            # replicas not yet ended
         self.scheduler = Scheduler(config)
         # The preemptor sees the cycle's quota tree and scores placements as the placer does;
         # ``preemption_rules``: PreemptionConfig fields other than their defaults.
@@ -77,7 +91,8 @@ class DynamicSimulator:
         span = workload.arrivals[-1].time - workload.arrivals[0].time if workload.arrivals else 0.0
         self.fragmentation_every_s = fragmentation_every_s if fragmentation_every_s is not None else span / 400
         self.state = ClusterState(ledger_half_life_s=config.half_life_s)   # a setting of the log
-        self.teams = tuple(sorted({a.spec.team for a in workload.arrivals} | set(workload.quotas.teams())))
+        self.teams = tuple(sorted({a.spec.team for a in workload.arrivals} | set(workload.quotas.teams())
+                                  | ({s.spec.team for s in self.serving.loads.services} if self.serving else set())))
         self._team_index = {t: i for i, t in enumerate(self.teams)}
         self._waiting = [0] * len(self.teams)       # jobs waiting, per team
         self._waiting_milli = 0                     # GPU milli they ask for
@@ -106,6 +121,9 @@ class DynamicSimulator:
         wl, state = self.workload, self.state
         for node in wl.nodes:
             self._apply(ev.NodeRegistered(event_id=f"node:{node.name}", node=node))
+        if self.serving is not None:
+            for s in self.serving.loads.services:
+                self._apply(ev.ServiceApplied(event_id=f"service:{s.spec.name}", time=0.0, spec=s.spec))
         capacity = sum(1000 * len(n.gpus) for n in wl.nodes)
         result = SimResult(wl.name, self.label, capacity, self.teams, _entitlements(wl, self.teams, capacity))
         probe = FragmentationProbe.for_workload(wl)
@@ -116,6 +134,8 @@ class DynamicSimulator:
             while self._finishes and self._finishes[0][0] <= now:
                 _, _, job_id, attempt = heapq.heappop(self._finishes)
                 self._finish(job_id, attempt, now)
+            if self.serving is not None:
+                self._serve(now)
             woken = bool(self._wakes) and self._wakes[0] <= now
             while self._wakes and self._wakes[0] <= now:
                 heapq.heappop(self._wakes)
@@ -125,10 +145,15 @@ class DynamicSimulator:
                 self._log_checkpoints(now)
                 self._preempt(now)
             result.samples.append(self._sample(now))
+            if self.serving is not None:
+                self.serving.step(now, sum(j.milli for j in state.jobs.values()
+                                            if j.phase.holds_gpus and not j.spec.service))
             if now >= next_probe:
                 result.fragmentation.append((now, *probe.measure(state)))
                 next_probe = now + self.fragmentation_every_s
-        result.jobs = [self._record(job_id) for job_id in state.jobs]
+        result.jobs = [self._record(job_id) for job_id in state.jobs if not state.jobs[job_id].spec.service]
+        if self.serving is not None:
+            result.services = self.serving.summary()
         result.preempted = self._records
         result.rejected = state.rejected
         result.wall_s = time.perf_counter() - started
@@ -144,6 +169,8 @@ class DynamicSimulator:
             times.append(self._last_cycle + self.cycle_interval_s)   # a cycle is owed
         if self._wakes and self.state.pending:
             times.append(max(self._wakes[0], self._last_preempt + self.cycle_interval_s))
+        if self.serving is not None and (due := self.serving.next_time()) is not None:
+            times.append(due)
         return max(min(times), self._clock) if times else None
 
     def _arrive(self, now: float) -> None:
@@ -165,6 +192,8 @@ class DynamicSimulator:
         for d in self.scheduler.cycle(self.state, now, self._placing):
             self._start(d, now)
             job = self.state.jobs[d.job_id]
+            if job.spec.service:
+                continue   # replicas are not counted among the waiting jobs
             self._waiting[self._team_index[job.team]] -= 1
             self._waiting_milli -= job.milli
             result.backfilled += d.backfilled
@@ -180,11 +209,15 @@ class DynamicSimulator:
         situation = Situation(self.state, now, SupervisionConfig(), lambda _: self.preemption, self._preempting)
         for decision in run_actions(self._actions, situation):
             assert isinstance(decision, Preemption)
-            for_class = self.state.jobs[decision.for_job].spec.priority_class
+            for_job = self.state.jobs[decision.for_job]
+            for_class = for_job.spec.priority_class
             for e in preemption_events(self.state, decision, now, producer="sim"):
                 victim = self.state.jobs[e.job_id]
                 self._records.append(PreemptionRecord(now, decision.reason, victim.spec.priority_class, for_class,
                                                       self._lost_gpu_s(victim, now), victim.preemptions))
+                if self.serving is not None and for_job.spec.service and not victim.spec.service:
+                    self.serving.victims_for_replicas += 1
+                    self.serving.lost_for_replicas_gpu_s += self._lost_gpu_s(victim, now)
                 self._charge_preemption(e.job_id, now)
                 self._checkpointing.discard(e.job_id)
                 self._apply(e)
@@ -192,8 +225,66 @@ class DynamicSimulator:
                     self._apply(ev.WorkerFinished(event_id=f"stop:{e.job_id}:{e.attempt}:{w.worker}", time=now,
                                                   job_id=e.job_id, attempt=e.attempt, worker=w.worker,
                                                   node=w.node, exit_code=0))
-                self._waiting[self._team_index[victim.team]] += 1
-                self._waiting_milli += victim.milli
+                if not victim.spec.service:
+                    self._waiting[self._team_index[victim.team]] += 1
+                    self._waiting_milli += victim.milli
+
+    def _serve(self, now: float) -> None:
+        """The services' side of one step: replicas whose start-up ended report ready (as
+        their node-agents would), then at each sync the replicas measure their share of the
+        requests and the preemptor's ``autoscale`` action scales the services; at the end
+        of the service window the services are deleted."""
+        serving, state = self.serving, self.state
+        assert serving is not None
+        for job_id, attempt in serving.due_ready(now):
+            job = state.jobs[job_id]
+            service = state.services.get(job.spec.service)
+            if job.attempt != attempt or job.phase is not JobPhase.RUNNING or service is None \
+                    or job_id not in service.replicas:
+                continue
+            self._apply(ev.ReplicaReadiness(event_id=f"ready:{job_id}:{attempt}", time=now, job_id=job_id,
+                                            attempt=attempt, ready=True, address=job.workers[0].node, port=9000))
+            serving.ready_count(service.spec.name, now, len(service.ready))
+            self._stop_replicas(now)
+        if serving.sync_due(now):
+            rps = serving.draw(now)
+            services = state.services
+            serving.record_minute(now, {n: s.desired for n, s in services.items()},
+                                  {n: len(s.ready) for n, s in services.items()})
+            loads = {job_id: ReplicaLoad(now, per_second=rps[name] / len(s.ready))
+                     for name, s in services.items() for job_id in s.ready}
+            situation = Situation(state, now, SupervisionConfig(), lambda _: self.preemption or PreemptionConfig(),
+                                  self._preempting, loads=loads, scaling=self._scaling)
+            for verdict in autoscale(situation):
+                assert isinstance(verdict, ScaleVerdict)
+                before = services[verdict.service].desired
+                self._apply(ev.ServiceScaled(event_id=f"scale:{verdict.service}:{now}", time=now,
+                                             service=verdict.service, replicas=verdict.replicas,
+                                             reason=verdict.reason))
+                serving.scaled_to(verdict.service, now, before, verdict.replicas)
+                serving.ready_count(verdict.service, now, len(services[verdict.service].ready))
+            self._stop_replicas(now)
+        if serving.end_due(now):
+            serving.deleted = True
+            for name in sorted(state.services):
+                self._apply(ev.ServiceDeleted(event_id=f"delete:{name}", time=now, service=name))
+            self._stop_replicas(now)
+
+    def _stop_replicas(self, now: float) -> None:
+        """Replicas the reducer stopped (scaled down, deleted) end at once, as their
+        node-agents report."""
+        for service in self.state.services.values():
+            self._replicas.update(service.replicas)
+        for job_id in sorted(self._replicas):
+            job = self.state.jobs[job_id]
+            if job.phase is JobPhase.STOPPING:
+                for w in job.workers:
+                    if w.worker not in job.finished:
+                        self._apply(ev.WorkerFinished(event_id=f"stop:{job_id}:{job.attempt}:{w.worker}", time=now,
+                                                      job_id=job_id, attempt=job.attempt, worker=w.worker,
+                                                      node=w.node, exit_code=0))
+            if job.phase.terminal:
+                self._replicas.discard(job_id)
 
     def _log_checkpoints(self, now: float) -> None:
         """Each running job's latest checkpoint (the one ``_charge_preemption`` counts) as a
@@ -246,6 +337,9 @@ class DynamicSimulator:
                                          job_id=d.job_id, attempt=d.attempt, worker=w.worker, node=w.node))
         duration = self._remaining.get(d.job_id, self.state.jobs[d.job_id].spec.simulated_duration_s)
         job = self.state.jobs[d.job_id]
+        if job.spec.service and self.serving is not None:
+            self.serving.started(d.job_id, d.attempt, now)   # it runs until stopped: no end is due
+            return
         if job.spec.checkpoint_interval_s > 0:
             self._checkpointing.add(d.job_id)
         if self.preemption is not None:
@@ -311,6 +405,18 @@ def build_parser():
     p.add_argument("--aging-h", type=float, default=6.0, help="fair share: wait after which a job goes first")
     p.add_argument("--no-preemption", action="store_true",
                    help="run no preemptor in any configuration (as +no-preemption on each)")
+    p.add_argument("--services", type=int, default=0, metavar="N",
+                   help="also run N inference services with a diurnal request curve each, autoscaled "
+                        "(gpusched.sim.serving); synthetic: deleted at the end of the arrivals")
+    p.add_argument("--service-period-h", type=float, default=24.0, help="services: hours of one request cycle")
+    p.add_argument("--service-startup-s", type=float, default=60.0, help="services: a replica's running to ready")
+    p.add_argument("--service-gpu-milli", type=int, default=1000, help="services: GPU milli of a replica")
+    p.add_argument("--service-max-replicas", type=int, default=16, help="services: replicas at most")
+    p.add_argument("--service-peak-to-trough", type=float, default=4.0, help="services: peak / trough requests")
+    p.add_argument("--split", default="shared",
+                   help="services: comma-separated shared (one cluster) and/or static (an inference pool "
+                        "sized for every service's max replicas, training on the rest); each config runs "
+                        "under each")
     p.add_argument("--out", type=Path, default=Path("results/dynamic"))
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--publish", type=Path, metavar="FOLDER",
@@ -336,6 +442,7 @@ def figures_name(args, wl: Workload) -> str:
     """The published figures' name of a run: its workload's, its horizon when not 48 h, and
     ``--publish-as``."""
     horizon = f"-h{args.horizon_h:g}" if args.workload == "synthetic" and args.horizon_h != 48.0 else ""
+    horizon += f"-svc{args.services}" if getattr(args, "services", 0) else ""
     suffix = f"-{args.publish_as}" if getattr(args, "publish_as", "") else ""
     return f"dynamic-{wl.name}{horizon}{suffix}"
 
@@ -349,13 +456,29 @@ def run_configs(args, wl: Workload, log=None) -> tuple[list[SimResult], list[dic
         base, preemption = split_preemption(text)
         base, rules = split_preemption_rules(base)
         _, config = parse_config(base, wl.quotas, args.half_life_h * 3600, args.aging_h * 3600)
-        result = DynamicSimulator(wl, config, text, args.cycle_interval, preemption=preemption and not args.no_preemption,
-                                  preemption_rules=rules).run()
-        results.append(result)
-        summaries.append(summarize(result))
-        if log is not None:
-            log(f"  {text}: {result.wall_s:.0f} s")
+        for services in services_of(args, wl):
+            label = text if services is None else f"{text}@{services.split}"
+            result = DynamicSimulator(wl, config, label, args.cycle_interval,
+                                      preemption=preemption and not args.no_preemption,
+                                      preemption_rules=rules, services=services).run()
+            results.append(result)
+            summaries.append(summarize(result))
+            if log is not None:
+                log(f"  {label}: {result.wall_s:.0f} s")
     return results, summaries
+
+
+def services_of(args, wl: Workload) -> list:
+    """The services each configuration runs with, one per ``--split``; [None] without."""
+    from gpusched.sim.serving import diurnal_services
+
+    if not getattr(args, "services", 0):
+        return [None]
+    end = args.horizon_h * 3600 if args.workload == "synthetic" else wl.arrivals[-1].time
+    return [diurnal_services(args.services, args.seed, end, args.service_period_h * 3600, args.service_gpu_milli,
+                             max_replicas=args.service_max_replicas, peak_to_trough=args.service_peak_to_trough,
+                             startup_s=args.service_startup_s, split=split)
+            for split in args.split.split(",")]
 
 
 def published(summary: dict) -> dict:

@@ -137,9 +137,34 @@ def write(out: Path, workload_note: str, command: str, summaries: list[dict]) ->
 
 
 def tables(summaries: list[dict]) -> list[str]:
-    """Every table of a run, in the order printed."""
-    return [table(summaries), team_table(summaries), class_table(summaries), size_table(summaries),
-            preemption_table(summaries)]
+    """Every table of a run, in the order printed (the services' last, when services ran)."""
+    out = [table(summaries), team_table(summaries), class_table(summaries), size_table(summaries),
+           preemption_table(summaries)]
+    if any("services" in s for s in summaries):
+        out.append(service_table([s for s in summaries if "services" in s]))
+    return out
+
+
+def service_table(summaries: list[dict]) -> str:
+    """Services beside the jobs (``gpusched.sim.serving``): availability (ready >= what the
+    load needs; and ready >= desired), scale-up latency (seconds), and what training got:
+    GPU-hours lost to preemptions for replicas, GPU-hours it held over the service window,
+    its mean JCT and jobs that never ran."""
+    head = ("| config | split | services | availability | ready >= desired | scale-up p50 / p99 / max | "
+            "training GPU-h lost to replicas | victims | training GPU-h in window | training JCT mean | never ran |")
+    rule = "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+
+    def number(value, fmt="{:,.0f}"):
+        return "-" if value is None else fmt.format(value)
+    rows = []
+    for s in summaries:
+        v, lat = s["services"], s["services"]["scale_up_latency_s"]
+        rows.append(f"| {s['config']} | {v['split']} | {v['services']} | {number(v['availability'], '{:.1%}')} | "
+                    f"{number(v['availability_desired'], '{:.1%}')} | "
+                    f"{number(lat['p50'])} / {number(lat['p99'])} / {number(lat['max'])} | "
+                    f"{v['training_gpu_hours_lost_to_replicas']:,.1f} | {v['training_victims_of_replicas']} | "
+                    f"{v['training_gpu_hours_in_window']:,.0f} | {number(s['jct_s']['mean'])} | {s['never_ran']} |")
+    return "\n".join([head, rule, *rows])
 
 
 def plot(out: Path, results: list[SimResult], until_s: float) -> list[Path]:

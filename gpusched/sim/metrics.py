@@ -102,6 +102,7 @@ class SimResult:
     backfilled: int = 0
     rejected: int = 0
     wall_s: float = 0.0
+    services: dict = field(default_factory=dict)   # ``gpusched.sim.serving``'s figures, when services ran
 
 
 class FragmentationProbe:
@@ -175,6 +176,8 @@ def summarize(result: SimResult) -> dict:
         "wall_s": result.wall_s,
         "teams": {t: _team(result, i, ran, window, last) for i, t in enumerate(result.teams)},
     }
+    if result.services:
+        summary["services"] = result.services
     return summary
 
 

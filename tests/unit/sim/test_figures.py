@@ -53,11 +53,14 @@ DYNAMIC_CHECKS = [
 OPENB_CHECKS = [("dynamic-openb-default", "fifo+best-fit+no-preemption")]
 
 
-def _run_again(name: str, config: str) -> tuple[dict, dict]:
+def _run_again(name: str, config: str, split: str = "") -> tuple[dict, dict]:
+    """One configuration of a published run, again; ``split``: with services, one split."""
     published = figures.load(FIGURES, name)
-    args = dynamic.build_parser().parse_args([*published["argv"], "--configs", config])
+    args = dynamic.build_parser().parse_args([*published["argv"], "--configs", config,
+                                              *(["--split", split] if split else [])])
     _, [summary] = dynamic.run_configs(args, dynamic.workload_of(args))
-    expected = next(s for s in published["summaries"] if s["config"] == config)
+    label = f"{config}@{split}" if split else config
+    expected = next(s for s in published["summaries"] if s["config"] == label)
     return json.loads(json.dumps(dynamic.published(summary))), expected
 
 
@@ -86,6 +89,13 @@ def test_differences_tolerate_only_the_last_digits_of_floats():
 @pytest.mark.parametrize("name, config", DYNAMIC_CHECKS)
 def test_dynamic_published_figures_come_back(name, config):
     again, expected = _run_again(name, config)
+    assert _differences(again, expected) == []
+
+
+def test_dynamic_services_figures_come_back():
+    """The services beside training: the static split's run of the shorter configuration."""
+    again, expected = _run_again("dynamic-synthetic-s0-h6-svc12", "priority+best-fit+loss-per-wait=inf", "static")
+    assert again["services"]["split"] == "static"
     assert _differences(again, expected) == []
 
 
