@@ -239,17 +239,21 @@ async def test_the_service_commands(kafka_bootstrap, topics, tmp_path):
         assert await cli.run("scale", "chat", "--replicas", "3") == "service/chat scaled to 3\n"
         refused = await cli.run("scale", "chat", "--replicas", "4", ok=False)
         assert refused.startswith("Error: INVALID_ARGUMENT: replicas: 4 is outside"), refused
-        path.write_text(SERVICE_FILE.replace("[serve]", "[serve, --v2]"))
+        # revision 2 asks a whole node per replica: it cannot be placed while the 3 old
+        # replicas hold their GPUs, and the rollout (max_unavailable 0) stalls on it
+        path.write_text(SERVICE_FILE.replace("[serve]", "[serve, --v2]").replace("{gpus: 1}", "{gpus: 8}"))
         assert "(revision 2, 3 replicas)" in await cli.run("apply", "-f", str(path))
         described = await cli.run("describe", "service", "chat")
         assert "Revision:     2 (kept: 1, 2)" in described and "Command:      serve --v2" in described
         assert "Rollout:      rolling out revision 2" in described
-        assert len([line for line in described.splitlines() if line.startswith("  chat-")]) >= 3
+        assert len([line for line in described.splitlines() if line.startswith("  chat-")]) >= 4
+        late = await cli.run("rollout", "status", "chat", "--timeout", "1s", ok=False)
+        assert "timed out after 1s" in late, late
         assert await cli.run("rollout", "undo", "chat") == "service/chat rolled back (now revision 3)\n"
         assert (await client.get_service("chat")).spec.template.command == ["serve"]
-        late = await cli.run("rollout", "status", "chat", "--timeout", "1s", ok=False)
-        assert "timed out after 1s" in late, late           # never ready: no agent reports readiness
-        assert await cli.run("get", "endpoints", "chat") == ""
+        assert "complete" in await cli.run("rollout", "status", "chat", "--timeout", "60s")
+        endpoints = (await cli.run("get", "endpoints", "chat")).splitlines()
+        assert len(endpoints) == 3 and all(line.split()[2] == "3" for line in endpoints)   # revision 3's
         assert "service/chat deleted" in await cli.run("delete", "service", "chat")
         assert "chat" not in await cli.run("get", "services")
         gone = await cli.run("describe", "service", "chat", ok=False)
