@@ -152,8 +152,11 @@ async def test_watch_ends_quietly_on_ctrl_c_and_when_its_job_ends(cluster):
     _, cli = cluster
     long = (await cli.run("submit", "--name", "long", "--team", "nlp", "--gpus", "1", "--duration", "600")).split()[0]
     long = long.removeprefix("job/")
+    # Ctrl-C as a terminal sends it: SIGINT at its default, even where this run inherited it
+    # ignored (a test run started in the background by a shell without job control)
     watch = await asyncio.create_subprocess_exec(sys.executable, "-m", "gpusched.cli", "watch", long, env=cli.env,
-                                                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+                                                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                                                 preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert long in (await asyncio.wait_for(watch.stdout.readline(), 60)).decode()   # following the stream now
     watch.send_signal(signal.SIGINT)
     _, err = await asyncio.wait_for(watch.communicate(), 60)
