@@ -385,7 +385,10 @@ class SyncClient:
         return self._run(self.aio.cancel(job_id, reason))
 
     def watch(self, team: str = "", job_id: str = "", pool: str = "") -> Iterator[admission_pb2.JobUpdate]:
-        updates = self.aio.watch(team, job_id, pool)
+        return self._follow(self.aio.watch(team, job_id, pool))
+
+    def _follow(self, updates: AsyncIterator[T]) -> Iterator[T]:
+        """An async stream of ``self.aio`` as a blocking iterator, closed when left."""
         try:
             while True:
                 try:
@@ -418,16 +421,7 @@ class SyncClient:
         return self._run(self.aio.delete_service(name))
 
     def watch_endpoints(self, name: str) -> Iterator[admission_pb2.Endpoints]:
-        updates = self.aio.watch_endpoints(name)
-        try:
-            while True:
-                try:
-                    yield self._run(_next(updates))
-                except StopAsyncIteration:
-                    return
-        finally:
-            if not self._loop.is_closed():
-                self._run(updates.aclose())
+        return self._follow(self.aio.watch_endpoints(name))
 
     def summary(self, pool: str = "default") -> cluster_pb2.PoolSummary:
         return self._run(self.aio.summary(pool))
