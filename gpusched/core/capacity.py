@@ -22,6 +22,7 @@ from collections import defaultdict
 
 from gpusched.core.mig import parse_profile, slice_mask
 from gpusched.core.model import GpuSlot, JobSpec, WorkerAssignment, WorkerResources
+from gpusched.core.topology import NO_REQUEST, placement_violation, pool_levels
 from gpusched.core.state import ClusterState, GpuState, JobState, NodeState, TeamLedger, Usage
 
 
@@ -33,8 +34,13 @@ def check_placement(state: ClusterState, job: JobState, workers: tuple[WorkerAss
     if len(workers) == 1:
         return _check_one(state, spec, workers[0])
     if len({w.node for w in workers}) == len(workers):
-        return _check_on_distinct_nodes(state, spec, workers)
-    return _check_sharing_nodes(state, spec, workers)
+        problem = _check_on_distinct_nodes(state, spec, workers)
+    else:
+        problem = _check_sharing_nodes(state, spec, workers)
+    if problem or spec.topology == NO_REQUEST:
+        return problem
+    infos = {w.node: state.nodes[w.node].info for w in workers}
+    return placement_violation(spec, infos, pool_levels(state.pool_topology, spec.pool), workers)
 
 
 def _numbered(workers: tuple[WorkerAssignment, ...], count: int) -> bool:

@@ -67,6 +67,8 @@ def canonical(state: ClusterState) -> dict:
         doc["services"] = {n: [v.desired, v.revision, sorted(v.templates), list(v.replicas.items()),
                                sorted(v.ready.items()), v.replaced, v.scaled_reason]
                            for n, v in sorted(state.services.items())}
+    if state.pool_topology:   # only once a pool declares levels, so other digests are unchanged
+        doc["topology"] = {p: list(levels) for p, levels in sorted(state.pool_topology.items())}
     if state.policy_version:   # only once some policy is set, so other digests are unchanged
         doc["policy"] = _policy(state)
     return doc

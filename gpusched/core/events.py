@@ -239,6 +239,17 @@ class PoolTimeLimitsSet(Event):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class PoolTopologySet(Event):
+    """A pool's topology levels from the top down, each a node label's key (e.g.
+    ``spine``, ``rack``, ``block``; ``gpusched.core.topology``); empty: the default
+    levels. Applies from the next scheduling cycle, to pending jobs too."""
+
+    pool: str
+    levels: tuple[str, ...] = ()
+    principal: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class PoolCreated(Event):
     """An operator made ``pool`` exist before any node registered in it. A pool exists
     once a node registered in it or this was written; jobs for other pools are refused."""
@@ -278,7 +289,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         NodeRegistered, NodeLost, NodeCordoned, NodeUncordoned, GpuHealthChanged,
         JobSubmitted, JobCancelled, JobPlaced, WorkerStarted, WorkerFinished,
         CheckpointSaved, JobPreempted, AttemptFailed, JobRetentionSet,
-        NodeFenced, RendezvousSet, AttemptTimedOut, PoolTimeLimitsSet, PoolCreated,
+        NodeFenced, RendezvousSet, AttemptTimedOut, PoolTimeLimitsSet, PoolTopologySet, PoolCreated,
         QuotaSet, TeamPolicySet, JobPendingReason,
         ServiceApplied, ServiceScaled, ServiceDeleted, ReplicaReadiness,
     )

@@ -188,6 +188,28 @@ class ArraySpec:
 
 
 @dataclass(frozen=True, slots=True)
+class TopologySlice:
+    """Every ``workers`` consecutive workers of a gang (0..w-1, w..2w-1, ...) inside one
+    domain of ``level`` (Kueue's ``podset-slice-size``); ``level`` "": no slices."""
+
+    level: str = ""
+    workers: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class TopologyRequest:
+    """Where a gang's workers may go in its pool's topology, named by the pool's levels
+    (``PoolTopologySet``; docs/guide/workloads.md, "Topology"). ``required``: all workers
+    inside one domain of that level, or the job waits; ``preferred``: the fewest domains of
+    that level first (every gang is kept compact at every level; this puts one level
+    first); ``slice``: see ``TopologySlice``. All "": today's compact placement."""
+
+    required: str = ""
+    preferred: str = ""
+    slice: TopologySlice = field(default_factory=TopologySlice)
+
+
+@dataclass(frozen=True, slots=True)
 class Readiness:
     """How a service's replica is found ready to serve, checked by its node-agent every
     ``period_s`` on worker 0: an HTTP GET of ``http_path`` on the port the agent gave it
@@ -251,6 +273,7 @@ class JobSpec:
     service: str = ""
     serve_port: bool = False
     readiness: Readiness = field(default_factory=Readiness)
+    topology: TopologyRequest = field(default_factory=TopologyRequest)
 
     def retry_rule(self, cause: FailureCause, exit_code: int = 0) -> tuple[int, RetryAction]:
         """(index of the rule that decides, -1 for the default; its action)."""

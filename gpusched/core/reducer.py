@@ -25,8 +25,9 @@ from gpusched.core.state import (
     CHANGES_KEPT, ClusterState, JobState, NodeState, ServiceState, count_pending, gpu_state, set_gpu_info,
 )
 from gpusched.core.services import Replica, keeps_minimum, plan
+from gpusched.core.topology import NO_REQUEST, check_levels, pool_levels
 from gpusched.core.validation import (
-    check_known_pool, check_pool_name, check_scale, check_service_alone, check_spec_alone,
+    check_known_pool, check_pool_name, check_scale, check_service_alone, check_spec_alone, check_topology,
 )
 
 # A node with this many GPU faults is cordoned until an operator clears it.
@@ -290,6 +291,8 @@ def _job_submitted(e: ev.JobSubmitted, state: ClusterState) -> Outcome:
     errors = check_spec_alone(e.spec)
     if not errors and e.spec.pool not in state.pools and not _pool_has_nodes(state, e.spec.pool):
         errors = check_known_pool(e.spec.pool, state.pools)
+    if not errors and e.spec.topology != NO_REQUEST:
+        errors = check_topology(e.spec, pool_levels(state.pool_topology, e.spec.pool))
     if errors:
         return _reject("; ".join(map(str, errors)), e.job_id)
     denied = _denied_by_policy(state, e.spec)
@@ -665,6 +668,21 @@ def _pool_time_limits_set(e: ev.PoolTimeLimitsSet, state: ClusterState) -> Outco
     if max_s and default_s > max_s:
         return _reject(f"default time limit {default_s:g}s is above the maximum {max_s:g}s")
     state.pool_limits[e.pool] = (default_s, max_s)
+    return ACCEPTED
+
+
+@_handles(ev.PoolTopologySet)
+def _pool_topology_set(e: ev.PoolTopologySet, state: ClusterState) -> Outcome:
+    if not e.pool:
+        return _reject("pool must be named")
+    problem = check_levels(e.levels)
+    if problem:
+        return _reject(problem)
+    if e.levels:
+        state.pool_topology[e.pool] = tuple(e.levels)
+    else:
+        state.pool_topology.pop(e.pool, None)
+    state.capacity_epoch += 1   # a parked gang may fit under the new levels
     return ACCEPTED
 
 

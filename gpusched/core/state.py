@@ -329,6 +329,8 @@ class ClusterState:
     nominations: dict[str, tuple[tuple[str, ...], float]] = field(default_factory=dict)
     # pool -> (default, max) time limit in seconds (PoolTimeLimitsSet); 0: none
     pool_limits: dict[str, tuple[float, float]] = field(default_factory=dict)
+    # pool -> its topology levels, top down (PoolTopologySet); absent: core.topology's default
+    pool_topology: dict[str, tuple[str, ...]] = field(default_factory=dict)
     # Cluster policy (gpusched.core.policy): org -> quota, team -> quota, team -> policy.
     org_quotas: dict[str, Quota] = field(default_factory=dict)
     team_quotas: dict[str, Quota] = field(default_factory=dict)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from typing import Sequence
 
 from gpusched.core.catalog import CATALOG, is_mig_capable
 from gpusched.core.mig import NO_SLOT, parse_profile
@@ -17,6 +18,7 @@ from gpusched.core.model import (
 )
 from gpusched.core.priority import PRIORITY_CLASSES
 from gpusched.core.state import NodeState
+from gpusched.core.topology import NO_REQUEST, request_problems, shape_problems
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")   # used with fullmatch: "$" admits a final newline
 MAX_WORKERS = 4096
@@ -140,6 +142,8 @@ def check_spec_alone(spec: JobSpec) -> list[FieldError]:
         errors += _check_array(spec)
     if spec.readiness != _NO_READINESS:
         errors += _check_readiness(spec)
+    if spec.topology != NO_REQUEST:
+        errors += [FieldError(at, why) for at, why in shape_problems(spec)]
     return errors + _check_dependencies(spec) if spec.depends_on else errors
 
 
@@ -344,6 +348,11 @@ def check_pool_name(pool: str, field: str = "pool") -> list[FieldError]:
     if len(pool) > MAX_NAME or not _NAME.fullmatch(pool):
         return [FieldError(field, f"use letters, digits, '.', '_' or '-' (at most {MAX_NAME}), got {pool[:64]!r}")]
     return []
+
+
+def check_topology(spec: JobSpec, levels: Sequence[str]) -> list[FieldError]:
+    """The job's topology request against its pool's levels (``core.topology``)."""
+    return [FieldError(at, why) for at, why in request_problems(spec, levels)]
 
 
 def check_known_pool(pool: str, known) -> list[FieldError]:
