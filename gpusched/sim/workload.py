@@ -31,6 +31,12 @@ class Workload:
     arrivals: tuple[Arrival, ...]          # sorted by time
     quotas: QueueTree = field(default_factory=QueueTree)
     note: str = ""                         # how it was made: source, scaling, seed
+    # Pools' declared topology levels, top down (a ``PoolTopologySet`` each at time 0);
+    # a pool not named keeps ``core.topology.DEFAULT_LEVELS``.
+    pool_levels: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    # The node label keys, top down, the runs measure gangs' placements by
+    # (``gpusched.sim.topology``); none: not measured.
+    topology: tuple[str, ...] = ()
 
 
 def gpu_node(name: str, model: str, gpus: int, cpu_milli: int, memory_mib: int, pool: str = "default") -> NodeInfo:
