@@ -27,6 +27,11 @@ With ``services`` (``--services N``) inference services run beside the jobs: the
 requests follow a diurnal curve, the preemptor's ``autoscale`` action scales them and
 their replicas are placed (and preempt) as any job (``gpusched.sim.serving``).
 
+With ``--topology B,R`` the nodes are labelled in blocks of B nodes and racks of R blocks,
+the pool's levels are declared (``PoolTopologySet`` at time 0) or left at the default, the
+multi-node gangs may ask for a ``TopologyRequest``, and each run counts how often a gang's
+placement stayed inside one block and one rack (``gpusched.sim.topology``).
+
 ``python -m gpusched.sim.dynamic --help``: compare configurations on a workload; the
 configurations' text is read by ``gpusched.sim.dynamic_configs``, the report (table,
 JSON/CSV, plots) is ``gpusched.sim.dynamic_report``.
@@ -56,6 +61,7 @@ from gpusched.policies.scheduler import Decision, Scheduler, SchedulerConfig
 from gpusched.sim.dynamic_configs import parse_config, split_preemption, split_preemption_rules
 from gpusched.sim.metrics import FragmentationProbe, JobRecord, PreemptionRecord, Sample, SimResult
 from gpusched.sim.serving import ServiceLoads, ServiceTracker, static_split
+from gpusched.sim.topology import GangPlacement, domain_paths, multi_node
 from gpusched.sim.workload import Workload
 
 
@@ -115,17 +121,28 @@ class DynamicSimulator:
         # Jobs whose team held less than its guarantee with them when they arrived.
         self._within_guarantee: set[str] = set()
         self._last_preempt = -math.inf
+        # With a topology to measure: the multi-node gangs (job -> GPUs asked), whose
+        # placements the result records (``gpusched.sim.topology``).
+        self._gangs = _multi_node_gangs(workload) if workload.topology else {}
+        self._result: SimResult | None = None
 
     def run(self) -> SimResult:
         started = time.perf_counter()
         wl, state = self.workload, self.state
         for node in wl.nodes:
             self._apply(ev.NodeRegistered(event_id=f"node:{node.name}", node=node))
+        for pool, levels in wl.pool_levels:
+            self._apply(ev.PoolTopologySet(event_id=f"topology:{pool}", time=0.0, pool=pool, levels=levels))
         if self.serving is not None:
             for s in self.serving.loads.services:
                 self._apply(ev.ServiceApplied(event_id=f"service:{s.spec.name}", time=0.0, spec=s.spec))
         capacity = sum(1000 * len(n.gpus) for n in wl.nodes)
         result = SimResult(wl.name, self.label, capacity, self.teams, _entitlements(wl, self.teams, capacity))
+        if wl.topology:
+            result.topology_levels, result.pool_levels = wl.topology, dict(wl.pool_levels)
+            result.domain_paths = domain_paths(wl.nodes, wl.topology)
+            result.gangs = set(self._gangs)
+        self._result = result
         probe = FragmentationProbe.for_workload(wl)
         next_probe = -math.inf
         while (now := self._next_time()) is not None:
@@ -332,6 +349,9 @@ class DynamicSimulator:
     def _start(self, d: Decision, now: float) -> None:
         self._apply(ev.JobPlaced(event_id=f"place:{d.job_id}:{d.attempt}", time=now, job_id=d.job_id,
                                  attempt=d.attempt, workers=d.workers, policy=d.policy))
+        if d.job_id in self._gangs and self._result is not None:
+            nodes = tuple(w.node for w in sorted(d.workers, key=lambda w: w.worker))
+            self._result.gang_placements.append(GangPlacement(d.job_id, d.attempt, self._gangs[d.job_id], nodes))
         for w in d.workers:
             self._apply(ev.WorkerStarted(event_id=f"start:{d.job_id}:{d.attempt}:{w.worker}", time=now,
                                          job_id=d.job_id, attempt=d.attempt, worker=w.worker, node=w.node))
@@ -369,6 +389,11 @@ class DynamicSimulator:
         return JobRecord(job_id, job.team, job.milli, job.spec.workers, job.submitted_at,
                          self._first_start[job_id] if ran else None, job.ended_at if ran else None,
                          preemptions, lost_gpu_s, job.spec.priority_class, job_id in self._within_guarantee)
+
+
+def _multi_node_gangs(wl: Workload) -> dict[str, float]:
+    """The workload's multi-node gangs (``topology.multi_node``): job -> GPUs it asks for."""
+    return {a.job_id: a.spec.total_milli / 1000 for a in wl.arrivals if multi_node(a.spec, wl.nodes)}
 
 
 def _entitlements(wl: Workload, teams: tuple[str, ...], capacity: int) -> tuple[float, ...]:
@@ -417,6 +442,19 @@ def build_parser():
                    help="services: comma-separated shared (one cluster) and/or static (an inference pool "
                         "sized for every service's max replicas, training on the rest); each config runs "
                         "under each")
+    p.add_argument("--topology", metavar="BLOCK_NODES,RACK_BLOCKS",
+                   help="label the nodes in blocks and racks (4,4: node i in block i // 4, block b in rack b // 4; "
+                        "labels block and rack) and measure how compact the multi-node gangs' placements are "
+                        "(gpusched.sim.topology)")
+    p.add_argument("--topology-levels", default="declared",
+                   help="with --topology, comma-separated: declared (a PoolTopologySet of rack,block at time 0: "
+                        "the gang planner sees blocks) and/or default (no levels declared: the default spine,rack, "
+                        "the planner sees racks only); each config runs under each")
+    p.add_argument("--gang-topology", default="none",
+                   help="with --topology, comma-separated: what the multi-node gangs ask for: none, preferred-block "
+                        "(the fewest blocks first; needs declared levels) and/or required-rack (one rack or wait; a "
+                        "gang no rack can hold asks nothing, or it would wait forever); each config runs under each "
+                        "pair of levels and gang request the pool can honour")
     p.add_argument("--out", type=Path, default=Path("results/dynamic"))
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--publish", type=Path, metavar="FOLDER",
@@ -443,6 +481,7 @@ def figures_name(args, wl: Workload) -> str:
     ``--publish-as``."""
     horizon = f"-h{args.horizon_h:g}" if args.workload == "synthetic" and args.horizon_h != 48.0 else ""
     horizon += f"-svc{args.services}" if getattr(args, "services", 0) else ""
+    horizon += "-topology" if getattr(args, "topology", None) else ""
     suffix = f"-{args.publish_as}" if getattr(args, "publish_as", "") else ""
     return f"dynamic-{wl.name}{horizon}{suffix}"
 
@@ -457,15 +496,38 @@ def run_configs(args, wl: Workload, log=None) -> tuple[list[SimResult], list[dic
         base, rules = split_preemption_rules(base)
         _, config = parse_config(base, wl.quotas, args.half_life_h * 3600, args.aging_h * 3600)
         for services in services_of(args, wl):
-            label = text if services is None else f"{text}@{services.split}"
-            result = DynamicSimulator(wl, config, label, args.cycle_interval,
-                                      preemption=preemption and not args.no_preemption,
-                                      preemption_rules=rules, services=services).run()
-            results.append(result)
-            summaries.append(summarize(result))
-            if log is not None:
-                log(f"  {label}: {result.wall_s:.0f} s")
+            for name, run_wl in topologies_of(args, wl):
+                label = text if services is None else f"{text}@{services.split}"
+                label = label if name is None else f"{label}@{name}"
+                result = DynamicSimulator(run_wl, config, label, args.cycle_interval,
+                                          preemption=preemption and not args.no_preemption,
+                                          preemption_rules=rules, services=services).run()
+                results.append(result)
+                summaries.append(summarize(result))
+                if log is not None:
+                    log(f"  {label}: {result.wall_s:.0f} s")
     return results, summaries
+
+
+def topologies_of(args, wl: Workload) -> list[tuple[str | None, Workload]]:
+    """(name, workload) of each run on a topology (``--topology``): every pair of
+    ``--topology-levels`` and ``--gang-topology`` whose request the pool's levels have;
+    [(None, wl)] without."""
+    from gpusched.sim import topology
+
+    if not getattr(args, "topology", None):
+        return [(None, wl)]
+    block, rack = topology.parse_topology(args.topology)
+    pairs = [(levels, gangs) for levels in args.topology_levels.split(",") for gangs in args.gang_topology.split(",")]
+    for levels, gangs in pairs:
+        if levels not in topology.POOL_LEVELS or gangs not in topology.GANG_REQUESTS:
+            raise SystemExit(f"--topology-levels: {', '.join(topology.POOL_LEVELS)}; --gang-topology: "
+                             f"{', '.join(topology.GANG_REQUESTS)}; got {levels!r}, {gangs!r}")
+    kept = [(levels, gangs) for levels, gangs in pairs if topology.valid_pair(levels, gangs)]
+    if not kept:
+        raise SystemExit("--gang-topology: no gang request names a level the pool's levels have")
+    return [(topology.topology_name(levels, gangs), topology.with_topology(wl, block, rack, levels, gangs))
+            for levels, gangs in kept]
 
 
 def services_of(args, wl: Workload) -> list:

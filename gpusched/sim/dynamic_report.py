@@ -3,8 +3,9 @@
 Files go under ``<out>/<workload>/``: ``summary.json`` (every figure, per team too, with
 the workload's description and the command line), ``summary.csv`` (one row per
 configuration), ``table.md`` (the tables printed on stdout: overall, per team, per priority class, waits by
-job size, preemptions by reason and class), ``utilization.png`` (GPU
-allocation and queue length over time) and ``team_shares.png`` (GPUs each team held).
+job size, preemptions by reason and class; on a topology, how compact the gangs' placements
+were and their waits by size), ``utilization.png`` (GPU allocation and queue length over
+time) and ``team_shares.png`` (GPUs each team held).
 """
 from __future__ import annotations
 
@@ -142,7 +143,58 @@ def tables(summaries: list[dict]) -> list[str]:
            preemption_table(summaries)]
     if any("services" in s for s in summaries):
         out.append(service_table([s for s in summaries if "services" in s]))
+    if any("topology" in s for s in summaries):
+        mine = [s for s in summaries if "topology" in s]
+        out += [topology_table(mine), topology_size_table(mine)]
     return out
+
+
+def _number(value, fmt="{:,.0f}") -> str:
+    return "-" if value is None else fmt.format(value)
+
+
+def _gang_sizes(summaries: list[dict]) -> list[str]:
+    return sorted({size for s in summaries for size in s["topology"]["by_size"]}, key=float)
+
+
+def topology_table(summaries: list[dict]) -> str:
+    """Runs on a topology (``gpusched.sim.topology``): of the multi-node gangs' placements,
+    the share within one domain of each level (bottom up: one block, one rack); the gangs'
+    mean / p99 wait (seconds) by size in GPUs, and every other job's; allocation, mean JCT."""
+    levels = list(reversed(summaries[0]["topology"]["levels"])) if summaries else []
+    sizes = _gang_sizes(summaries)
+    head = ("| config | gang placements | " + " | ".join(f"within one {lv}" for lv in levels) + " | "
+            + " | ".join(f"{size}-GPU gang wait mean / p99" for size in sizes)
+            + " | other jobs wait mean / p99 | alloc | JCT mean |")
+    rule = "|---|" + "---:|" * (1 + len(levels) + len(sizes) + 3)
+    rows = []
+    for s in summaries:
+        t = s["topology"]
+
+        def waits(w):
+            return f"{_number(w['mean'])} / {_number(w['p99'])}"
+        cells = [str(t["placements"])] + [_number(t[f"within_one_{lv}"], "{:.1%}") for lv in levels]
+        cells += [waits(t["by_size"][size]["wait_s"]) if size in t["by_size"] else "-" for size in sizes]
+        cells += [waits(t["other_jobs_wait_s"]), _number(s["gpu_allocation"], "{:.1%}"),
+                  _number(s["jct_s"]["mean"])]
+        rows.append(f"| {s['config']} | " + " | ".join(cells) + " |")
+    return "\n".join([head, rule, *rows])
+
+
+def topology_size_table(summaries: list[dict]) -> str:
+    """The multi-node gangs by size (GPUs): how many, their placements, the share within
+    one domain of each level, never ran."""
+    levels = list(reversed(summaries[0]["topology"]["levels"])) if summaries else []
+    head = ("| config | gang GPUs | gangs | placements | " + " | ".join(f"within one {lv}" for lv in levels)
+            + " | never ran |")
+    rule = "|---|---:|" + "---:|" * (3 + len(levels))
+    rows = []
+    for s in summaries:
+        for size, b in s["topology"]["by_size"].items():
+            rows.append(f"| {s['config']} | {size} | {b['jobs']} | {b['placements']} | "
+                        + " | ".join(_number(b[f"within_one_{lv}"], "{:.1%}") for lv in levels)
+                        + f" | {b['never_ran']} |")
+    return "\n".join([head, rule, *rows])
 
 
 def service_table(summaries: list[dict]) -> str:

@@ -25,6 +25,9 @@
 * Fragmentation: the fraction of free GPU milli on nodes that cannot host the workload's
   median task (by GPU request, with its CPU and memory), i.e. idle GPUs stranded for the
   typical job; averaged over probes in the arrival window.
+* Topology (runs with ``--topology``, ``gpusched.sim.topology.compactness``): of the
+  multi-node gangs' placements, the share within one block and within one rack; their
+  waits by size in GPUs, and every other job's.
 """
 from __future__ import annotations
 
@@ -35,6 +38,7 @@ import numpy as np
 from gpusched.core.model import WorkerResources
 from gpusched.core.state import ClusterState
 from gpusched.policies.gpu_fit import fits_node, pick_gpus
+from gpusched.sim.topology import compactness
 
 LARGE_MILLI = 8000   # a job of a whole 8-GPU node or more
 # Job sizes the waits are broken down by: (name, GPU milli at most, gangs of several workers).
@@ -103,6 +107,14 @@ class SimResult:
     rejected: int = 0
     wall_s: float = 0.0
     services: dict = field(default_factory=dict)   # ``gpusched.sim.serving``'s figures, when services ran
+    # With a topology (``gpusched.sim.topology``): the label keys measured, top down; the
+    # pools' declared levels (none: the default); each node's labels at those levels; the
+    # multi-node gangs' ids; and every placement of one.
+    topology_levels: tuple[str, ...] = ()
+    pool_levels: dict = field(default_factory=dict)
+    domain_paths: dict = field(default_factory=dict)
+    gangs: set = field(default_factory=set)
+    gang_placements: list = field(default_factory=list)
 
 
 class FragmentationProbe:
@@ -178,6 +190,11 @@ def summarize(result: SimResult) -> dict:
     }
     if result.services:
         summary["services"] = result.services
+    if result.topology_levels:
+        summary["topology"] = {
+            "pool_levels": {p: list(lv) for p, lv in sorted(result.pool_levels.items())},
+            **compactness(result.gang_placements, result.domain_paths, result.topology_levels, result.jobs,
+                          result.gangs)}
     return summary
 
 

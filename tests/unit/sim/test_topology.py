@@ -7,6 +7,7 @@ from dataclasses import replace
 import pytest
 
 from gpusched.core.model import JobSpec, TopologyRequest, WorkerResources
+from gpusched.sim import dynamic
 from gpusched.sim.metrics import JobRecord
 from gpusched.sim.synthetic import synthetic_workload
 from gpusched.sim.topology import (
@@ -100,3 +101,14 @@ def test_with_topology_declares_levels_or_not():
     asked = {a.job_id for a in declared.arrivals if a.spec.topology.preferred == "block"}
     assert asked == {a.job_id for a in wl.arrivals if a.spec.workers > 1}
     assert with_topology(wl, 4, 2, "default", "none").pool_levels == ()
+
+
+def test_the_command_runs_each_pair_the_pool_can_honour():
+    wl = synthetic_workload(0, 3600, h100_nodes=8, l40s_nodes=0, flood_jobs=0)
+    args = dynamic.build_parser().parse_args(["--topology", "4,2", "--topology-levels", "default,declared",
+                                              "--gang-topology", "none,preferred-block"])
+    runs = dynamic.topologies_of(args, wl)
+    assert [name for name, _ in runs] == ["default/none", "declared/none", "declared/preferred-block"]
+    assert [run.pool_levels for _, run in runs] == [(), (("default", LEVELS),), (("default", LEVELS),)]
+    assert dynamic.topologies_of(dynamic.build_parser().parse_args([]), wl) == [(None, wl)]
+    assert dynamic.figures_name(args, wl) == "dynamic-synthetic-s0-topology"
