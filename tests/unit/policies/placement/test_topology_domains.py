@@ -175,3 +175,25 @@ def test_a_plan_keeps_every_request_and_required_gangs_wait_only_when_no_domain_
         assert max(held.values()) < workers   # no domain of the level could take it
     elif not request:
         assert sum(free.values()) < workers
+
+
+# --- why pending -----------------------------------------------------------------------------
+def why(log: Log, job_id: str):
+    from gpusched.policies.memory import CycleMemory
+    from gpusched.policies.placement.diagnosis import diagnose
+    return diagnose(log.state, log.state.jobs[job_id], 0.0, CycleMemory())
+
+
+def test_why_pending_names_the_level_and_the_domains_that_came_closest():
+    log = cluster(*racks_and_blocks({"r1": {"b1": 2, "b2": 1}, "r2": {"b3": 2}, "r3": {"b4": 1}}))
+    spec = replace(make_spec(workers=4, gpus=8), topology=TopologyRequest(required="rack"))
+    assert log.submit("g", spec).accepted
+    reason = why(log, "g")
+    assert reason.kind.value == "topology"
+    assert "no rack has room for 4 workers" in reason.summary
+    assert "3 racks with room; closest: r1 with room for 3, r2 with room for 2, r3 with room for 1 workers" \
+        in reason.summary
+    assert log.submit("s", replace(spec, topology=TopologyRequest(slice=TopologySlice("block", 4)))).accepted
+    assert "slices of 4 workers, each inside one block: no block has room for 1 slice (" in why(log, "s").summary
+    assert log.submit("free", replace(spec, topology=TopologyRequest(required="rack"), workers=3)).accepted
+    assert why(log, "free").kind.value == "queued"
