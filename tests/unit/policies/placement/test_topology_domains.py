@@ -197,3 +197,31 @@ def test_why_pending_names_the_level_and_the_domains_that_came_closest():
     assert "slices of 4 workers, each inside one block: no block has room for 1 slice (" in why(log, "s").summary
     assert log.submit("free", replace(spec, topology=TopologyRequest(required="rack"), workers=3)).accepted
     assert why(log, "free").kind.value == "queued"
+
+
+# --- preemption --------------------------------------------------------------------------
+def test_preemption_for_a_gang_requiring_a_rack_takes_its_victims_inside_one_rack():
+    """The cheapest victims (best-effort, one per rack) would free room in two racks; the
+    gang requires one, so the victims are a rack's two jobs, and the gang then fits."""
+    from gpusched.policies.memory import CycleMemory
+    from gpusched.policies.preemption.decisions import victims_for
+    from tests.unit.policies.preemption_clusters import BE, NOW, PROD, TR, Cluster
+    from tests.unit.policies.preemption_configs import other_rules
+
+    c = Cluster(nodes=0)
+    c.log = cluster(host("n1", "r1", "b1"), host("n2", "r1", "b1"), host("n3", "r2", "b2"), host("n4", "r2", "b2"))
+    c.state = c.log.state
+    for job_id, where, klass in (("be1", "n1", BE), ("tr2", "n2", TR), ("be3", "n3", BE), ("tr4", "n4", TR)):
+        c.running(job_id, (where, tuple(range(8))), priority_class=klass)
+    spec = replace(make_spec(name="gang", workers=2, gpus=8, cpu=0, mem=0, priority_class=PROD),
+                   topology=TopologyRequest(required="rack"))
+    free = replace(spec, topology=TopologyRequest())
+    assert c.log(ev.JobSubmitted, job_id="free", spec=free, time=NOW - 5).accepted
+    assert sorted(victims_for(c.state, c.job("free"), NOW, CycleMemory(), other_rules())) == ["be1", "be3"]
+    assert c.log(ev.JobCancelled, job_id="free", time=NOW - 4).accepted
+    assert c.log(ev.JobSubmitted, job_id="gang", spec=spec, time=NOW - 5).accepted
+    victims = c.victims("gang")
+    assert victims is not None and sorted(victims) in (["be1", "tr2"], ["be3", "tr4"])
+    (decision,) = c.decisions()
+    c.preempt(decision)
+    assert c.placeable("gang")
