@@ -68,10 +68,7 @@ def place_spread(state: StateLike, job: JobState, statement: Statement,
                  prefer: Prefer | None = None, rank_key: RankKey | None = None,
                  ) -> tuple[WorkerAssignment, ...] | None:
     spec, res = job.spec, job.spec.resources
-    levels = levels_of(state, spec.pool)
-    view: GangCapacities = kept_view(statement, ("gang", spec.pool, levels),   # type: ignore[assignment]
-                                     lambda: GangCapacities(state.nodes, spec.pool, levels))
-    view.views = statement.views      # this call's indexes: a kept view outlives its statement
+    view = _gang_view(state, statement, spec.pool, levels_of(state, spec.pool))
     plan = plan_gang(view, res, spec.workers, prefer, rank_key, spec.topology)
     if plan is None:
         return None
@@ -93,6 +90,47 @@ def place_spread(state: StateLike, job: JobState, statement: Statement,
     return gang
 
 
+def keep_domains_whole(state: StateLike, job: JobState, statement: Statement, chosen: NodeState,
+                       prefer: Prefer) -> NodeState | None:
+    """For a one-worker job the policy put in an untouched lowest-level domain of a pool
+    that declares its levels: the node, among those that take it in domains already in
+    use, the policy ranks first (None: keep its choice). Whole domains stay free for
+    the gangs that need them; only pools that declare levels are bent so."""
+    spec = job.spec
+    declared = getattr(state, "pool_topology", {})
+    if spec.pool not in declared:
+        return None
+    view = _gang_view(state, statement, spec.pool, pool_levels(declared, spec.pool))
+    nodes, members = view.nodes, view.members
+    in_use: dict[Domain, bool] = {}
+
+    def used(leaf: Domain) -> bool:
+        found = in_use.get(leaf)
+        if found is None:
+            found = in_use[leaf] = any(not _untouched(nodes[n]) for n in members[leaf])
+        return found
+
+    if chosen.name not in view.path or used(view.path[chosen.name]):
+        return None
+    candidates = [nodes[n] for n in sorted(view.capacities(spec.resources), key=view.seq.__getitem__)
+                  if used(view.path[n])]
+    if not candidates:
+        return None
+    ranks = prefer(candidates)
+    return min(candidates, key=lambda n: ranks[n.name])
+
+
+def _untouched(node: NodeState) -> bool:
+    return not node.used_cpu and not node.used_mem and not any(g.used_milli or g.mig_mask for g in node.gpus)
+
+
+def _gang_view(state: StateLike, statement: Statement, pool: str, levels: tuple[str, ...]) -> "GangCapacities":
+    view: GangCapacities = kept_view(statement, ("gang", pool, levels),   # type: ignore[assignment]
+                                     lambda: GangCapacities(state.nodes, pool, levels))
+    view.views = statement.views      # this call's indexes: a kept view outlives its statement
+    return view
+
+
 class GangCapacities:
     """A statement's view of a pool for gangs: how many workers of each shape asked for
     each node takes (only nodes taking some), kept true lazily, and each node's domains
@@ -109,6 +147,9 @@ class GangCapacities:
         self.nodes, self.pool, self.levels, self.views = nodes, pool, levels, views
         self.seq = {n.name: i for i, n in enumerate(nodes.values()) if n.info.pool == pool}
         self.path = {name: domain_path(nodes[name].info, levels) for name in self.seq}
+        self.members: dict[Domain, set[str]] = defaultdict(set)   # lowest-level domain -> its nodes
+        for name, path in self.path.items():
+            self.members[path].add(name)
         self.changed: list[str] = []
         self.shapes: dict[WorkerResources, tuple[dict[str, int], int]] = {}
 
@@ -118,10 +159,12 @@ class GangCapacities:
         nodes = self.nodes
         renew_members(self.seq, nodes, names, lambda node: node.info.pool == self.pool)
         for name in names:
+            before = self.path.pop(name, None)
+            if before is not None:
+                self.members[before].discard(name)
             if name in self.seq:
-                self.path[name] = domain_path(nodes[name].info, self.levels)
-            else:
-                self.path.pop(name, None)
+                path = self.path[name] = domain_path(nodes[name].info, self.levels)
+                self.members[path].add(name)
     def touch(self, names: Iterable[str]) -> None:
         self.changed.extend(names)
         if len(self.changed) > len(self.seq) + 1024:   # reading the pool afresh costs less now

@@ -225,3 +225,14 @@ def test_preemption_for_a_gang_requiring_a_rack_takes_its_victims_inside_one_rac
     (decision,) = c.decisions()
     c.preempt(decision)
     assert c.placeable("gang")
+
+
+@pytest.mark.parametrize("policy", ["best-fit", "fgd"])
+def test_a_one_worker_job_goes_to_a_domain_in_use_keeping_untouched_blocks_whole(policy):
+    hosts = [host("n3", "r1", "b2"), host("n4", "r1", "b2"), host("n1", "r1", "b1"), host("n2", "r1", "b1")]
+    log = cluster(*hosts)
+    busy(log, {"n1": 8})
+    assert plan(log, 1, policy=policy) == ["n2"]
+    today = Log(*hosts)
+    busy(today, {"n1": 8})
+    assert plan(today, 1, policy=policy) == ["n3"]     # without declared levels: the policy's choice
