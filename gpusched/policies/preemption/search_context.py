@@ -183,7 +183,7 @@ class SearchContext:
     def shape(self, job: JobState) -> tuple:
         spec = job.spec
         reclaim = self.may_reclaim(job)
-        return (spec.pool, spec.workers, spec.resources, priority_value(spec.priority_class),
+        return (spec.pool, spec.workers, spec.resources, spec.topology, priority_value(spec.priority_class),
                 job.team if reclaim else None)
 
     def find(self, job: JobState, scratch: Statement) -> Found | None:

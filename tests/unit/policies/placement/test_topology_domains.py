@@ -236,3 +236,39 @@ def test_a_one_worker_job_goes_to_a_domain_in_use_keeping_untouched_blocks_whole
     today = Log(*hosts)
     busy(today, {"n1": 8})
     assert plan(today, 1, policy=policy) == ["n3"]     # without declared levels: the policy's choice
+
+
+# --- the production cycle ------------------------------------------------------------------
+@settings(max_examples=60, deadline=None)
+@given(hosts=hosts_st, gangs=st.lists(st.tuples(st.sampled_from([2, 4]), st.sampled_from([4, 8]), request_st),
+                                      min_size=1, max_size=6),
+       queue=st.sampled_from(["fifo", "fair-share"]))
+def test_a_cycle_places_gangs_only_as_they_ask_and_leaves_the_state_as_it_was(hosts, gangs, queue):
+    """Random labelled clusters and gangs with and without requests: every decision of the
+    production scheduler's cycle keeps its job's request, the reducer accepts every one,
+    and the cycle's tentative bookings are all rolled back."""
+    from gpusched.core.digest import digest
+    from gpusched.policies.memory import CycleMemory
+    from gpusched.policies.scheduler import Scheduler, SchedulerConfig
+
+    log = cluster(*(host(f"n{i}", f"r{r}", f"b{b}", gpus=g) for i, (r, b, g, _) in enumerate(hosts)))
+    busy(log, {f"n{i}": min(used, g) for i, (_, _, g, used) in enumerate(hosts) if min(used, g)})
+    for i, (workers, gpus, request) in enumerate(gangs):
+        request = dict(request)
+        if request.get("required") == "block":
+            request.pop("preferred", None)
+            if request.get("slice", TopologySlice()).level == "rack":
+                request.pop("slice")
+        if "slice" in request and workers % request["slice"].workers:
+            request.pop("slice")
+        spec = replace(make_spec(workers=workers, gpus=gpus, cpu=1000, mem=1000), topology=TopologyRequest(**request))
+        assert log.submit(f"g{i}", spec).accepted
+    before = digest(log.state)
+    decisions = Scheduler(SchedulerConfig(queue=queue)).cycle(log.state, 0.0, CycleMemory())
+    assert digest(log.state) == before
+    nodes = {n.name: n.info for n in log.state.nodes.values()}
+    from gpusched.core.topology import placement_violation
+    for d in decisions:
+        job = log.state.jobs[d.job_id]
+        assert placement_violation(job.spec, nodes, LEVELS, d.workers) == ""
+        assert log.place(d.job_id, *((w.node, w.gpus) for w in sorted(d.workers, key=lambda w: w.worker))).accepted
