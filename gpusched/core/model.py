@@ -444,6 +444,7 @@ class PendingKind(str, Enum):
     GANG = "gang"                # nodes take some workers, not the whole gang
     QUEUED = "queued"            # it fits now: it waits for its turn in a cycle
     GUARANTEE = "guarantee"      # it would borrow what teams waiting below their guarantee keep back
+    TOPOLOGY = "topology"        # the nodes take the gang, but no domain its topology request asks for does
 
 
 @dataclass(frozen=True, slots=True)

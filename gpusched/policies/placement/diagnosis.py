@@ -47,7 +47,8 @@ from gpusched.policies.gpu_fit import (
 )
 from gpusched.policies.placement.heuristics import free_index
 from gpusched.policies.placement.index import SHARE_STEP, FreeIndex
-from gpusched.policies.placement.topology import node_capacity
+from gpusched.core.topology import NO_REQUEST, domain_path, pool_levels
+from gpusched.policies.placement.topology import DomainTree, node_capacity
 from gpusched.policies.queueing.quota import QueueTree, limit_reached
 from gpusched.policies.reservation.backfill import (
     DEFAULT_ESTIMATE_S, Reservation, ReservationHold, ends_before, runtime_estimate,
@@ -140,7 +141,7 @@ class Diagnosis:
         blocking = () if spared else others
         nominee = job.job_id if job.job_id in self._nominated else ""
         spec = job.spec
-        key = (spec.pool, spec.workers, spec.resources, tuple(r.job.job_id for r in blocking), nominee)
+        key = (spec.pool, spec.workers, spec.resources, spec.topology, tuple(r.job.job_id for r in blocking), nominee)
         found = self._by_shape.get(key)
         if found is None:
             found = self._by_shape[key] = self._nodes(job, blocking, nominee)
@@ -163,6 +164,11 @@ class Diagnosis:
         room_all, room_open = _room(free, res, spec.workers), _room(open_nodes, res, spec.workers)
         left, room, taken = self._held(job, open_nodes, blocking, room_open)
         counts[RESERVED] = len(open_nodes) - len(left)
+        if spec.workers > 1 and spec.topology != NO_REQUEST and room >= spec.workers:
+            topology = _topology(job, left, pool_levels(self.state.pool_topology, spec.pool))
+            if topology:
+                return PendingReason(PendingKind.TOPOLOGY, f"{topology}; {len(left)}/{total} nodes have room.",
+                                     total, tuple(NodeCount(f, n) for f, n in counts.items() if n))
         return _verdict(job, total, counts, len(left), (room, room_open, room_all), taken,
                         sorted(j for j in self._nominated if j != nominee))
 
@@ -303,6 +309,35 @@ def _verdict(job: JobState, total: int, counts: Counter, fitting: int, rooms: tu
         return PendingReason(PendingKind.GANG, f"gang of {workers} workers, room for {room} now; {available}",
                              total, listed)
     return PendingReason(PendingKind.NO_FIT, available, total, listed)
+
+
+def _topology(job: JobState, nodes: list[NodeState], levels: tuple[str, ...]) -> str:
+    """Why the gang's topology request keeps it off ``nodes``, which take its workers
+    together: the level it asks for and the domains that came closest; "" if it fits."""
+    spec, t, workers = job.spec, job.spec.topology, job.spec.workers
+    caps = {n.name: c for n in nodes if (c := node_capacity(n, spec.resources, workers))}
+    paths = {name: domain_path(n.info, levels) for n in nodes if (name := n.name) in caps}
+    tree = DomainTree(levels, paths, caps, {n.name: n for n in nodes}, t)
+    if tree.choose(workers, lambda node: 0) is not None:
+        return ""
+    for name, level in (("required", t.required), ("slice", t.slice.level)):
+        if level and level not in levels:
+            return f"its topology {name} level {level!r} is not one of pool {spec.pool}'s levels ({', '.join(levels)})"
+    if t.slice.level:
+        level, size, depth = t.slice.level, t.slice.workers, levels.index(t.slice.level)
+        wanted = f"slices of {size} workers, each inside one {level}"
+        need = f"{workers // size} slice" + ("s" if workers > size else "")
+    else:
+        level, size, depth = t.required, 1, levels.index(t.required)
+        wanted, need = f"all {workers} workers inside one {level}", f"{workers} workers"
+    room: dict[tuple[str, ...], int] = {}
+    for name, path in paths.items():
+        room[path[:depth + 1]] = room.get(path[:depth + 1], 0) + caps[name]
+    closest = sorted(room.items(), key=lambda kv: (-kv[1], kv[0]))[:3]
+    shown = ", ".join(f"{'/'.join(p for p in key if p) or '(unlabelled)'} with room for {c // size}" for key, c in closest)
+    unit = "slices" if t.slice.level else "workers"
+    return (f"gang of {workers} workers asks for {wanted}: no {level} has room for {need} "
+            f"({len(room)} {level}s with room; closest: {shown} {unit})")
 
 
 def _holders(taken: list[tuple[str, int]]) -> str:

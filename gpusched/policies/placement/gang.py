@@ -2,7 +2,9 @@
 
 A placement policy (``Placement``) chooses the node and GPUs of one worker; policies are
 listed by name in ``registry.PLACEMENTS`` and chosen by configuration.
-``place_gang`` places a one-worker job with the policy, and a gang with the topology planner
+``place_gang`` places a one-worker job with the policy (in a pool that declares its
+topology levels, moved out of an untouched lowest-level domain where a domain already in
+use takes it: ``keep_domains_whole``), and a gang with the topology planner
 (``topology``: fewest racks, then fewest nodes), booking each worker so the
 next sees it and giving up the whole gang if any worker does not fit (all-or-nothing).
 Topology comes first for a gang (its workers talk every step, so it stays compact); among
@@ -21,8 +23,8 @@ from typing import Mapping, Protocol, Sequence
 from gpusched.core.model import GpuSlot, WorkerAssignment, WorkerResources
 from gpusched.core.state import JobState, NodeState
 from gpusched.policies.statement import Statement
-from gpusched.policies.gpu_fit import StateLike
-from gpusched.policies.placement.topology import place_spread
+from gpusched.policies.gpu_fit import StateLike, fit
+from gpusched.policies.placement.topology import keep_domains_whole, place_spread
 
 Choice = tuple[NodeState, tuple[GpuSlot, ...]]
 
@@ -59,6 +61,10 @@ def place_gang(state: StateLike, job: JobState, policy: Placement,
         choice = policy.choose(state, statement, job, spec.resources)
         if choice is None:
             return None
+        other = keep_domains_whole(state, job, statement, choice[0],
+                                   lambda nodes: node_ranks(policy, state, statement, job, spec.resources, nodes))
+        if other is not None and (slots := fit(other, spec.pool, spec.resources)) is not None:
+            choice = (other, slots)
         placed = (WorkerAssignment(0, choice[0].name, choice[1]),)
         statement.book(job, placed)
         return placed

@@ -37,8 +37,9 @@ class CandidateNodes:
     """The nodes that could ever host a worker of ``res``: schedulable, in the job's pool;
     decided on first question."""
 
-    def __init__(self, nodes: Mapping[str, NodeState], pool: str, res) -> None:
-        self._nodes, self._pool, self._res = nodes, pool, res
+    def __init__(self, nodes: Mapping[str, NodeState], pool: str, res,
+                 within: AbstractSet[str] | None = None) -> None:
+        self._nodes, self._pool, self._res, self._within = nodes, pool, res, within
         self._known: dict[str, bool] = {}
 
     def __contains__(self, name: object) -> bool:
@@ -46,7 +47,8 @@ class CandidateNodes:
         if ok is None:
             node = self._nodes.get(name)    # type: ignore[arg-type]
             ok = self._known[name] = (node is not None and node.info.pool == self._pool   # type: ignore[index]
-                                      and node.schedulable and could_host(node, self._res))
+                                      and node.schedulable and could_host(node, self._res)
+                                      and (self._within is None or name in self._within))
         return ok
 
     def __getitem__(self, name: str) -> NodeState:
@@ -89,17 +91,20 @@ class Slots:
 
 class IndexedSearch(VictimSearch):
     """``VictimSearch`` over ``candidates`` (eligible or not, by bound) and kept slot counts
-    (see the module doc)."""
+    (see the module doc); ``within``: the only nodes it may free (one topology domain)."""
 
     def __init__(self, state: ClusterState, job: JobState, scratch: Statement,
                  eligible: Callable[[JobState], bool], cost: Callable[[JobState], tuple],
                  set_key: Callable[[Sequence[JobState]], tuple], max_victims: int | None,
                  candidates: Iterator[Entry], slots: Mapping[str, int], total_slots: int,
-                 spread: AbstractSet[str], most_freeable: int | None = None) -> None:
+                 spread: AbstractSet[str], most_freeable: int | None = None,
+                 within: AbstractSet[str] | None = None) -> None:
         # Not VictimSearch.__init__: it scans the pool.
         self._begin(state, job, scratch, eligible, cost, set_key, max_victims)
-        self.nodes = CandidateNodes(state.nodes, job.spec.pool, self.res)    # type: ignore[assignment]
+        self.nodes = CandidateNodes(state.nodes, job.spec.pool, self.res, within)    # type: ignore[assignment]
         self.victims_on = NodeVictims(self)    # type: ignore[assignment]
+        if within is not None:
+            total_slots, slots = sum(slots.get(n, 0) for n in within), {n: slots[n] for n in within if n in slots}
         self.slots = Slots(slots, total_slots)    # type: ignore[assignment]
         self._candidates, self._spread = candidates, spread
         self._most_freeable = most_freeable

@@ -55,7 +55,8 @@ class PlacerViews:
         """Call while the nodes are the log's (the scratch has changed nothing yet)."""
         # The nodes shared (so tentative releases show), the usage table private (so its
         # own tentative bookings never touch the state's): all place_gang reads.
-        statement = self.statement = Statement(ClusterState(nodes=self.state.nodes))
+        nodes_only = ClusterState(nodes=self.state.nodes, pool_topology=self.state.pool_topology)
+        statement = self.statement = Statement(nodes_only)
         self.indexes.install(self.state, statement)
         lend(statement, self.state, self.score)
 
@@ -74,7 +75,7 @@ class PlacerViews:
         """Where the placer would put ``job`` on the nodes as they are now."""
         placer = self.statement
         if placer is None:   # no call open: nothing would tell kept views of changes
-            view = ClusterState(nodes=self.state.nodes)
+            view = ClusterState(nodes=self.state.nodes, pool_topology=self.state.pool_topology)
             with tentative(view) as statement:
                 lend(statement, self.state, score)
                 return place_gang(view, job, score, statement)

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterator, Mapping, Sequence
+from typing import AbstractSet, Callable, Iterator, Mapping, Sequence
 
 from gpusched.core.model import JobPhase, WorkerAssignment
 from gpusched.core.priority import priority_value
 from gpusched.core.services import keeps_minimum
 from gpusched.core.state import ClusterState, JobState, NodeState
+from gpusched.core.topology import domain_path, pool_levels
 from gpusched.policies.memory import CycleMemory
 from gpusched.policies.placement.gang import Placement
 from gpusched.policies.placement.registry import make_placement
@@ -182,7 +183,7 @@ class SearchContext:
     def shape(self, job: JobState) -> tuple:
         spec = job.spec
         reclaim = self.may_reclaim(job)
-        return (spec.pool, spec.workers, spec.resources, priority_value(spec.priority_class),
+        return (spec.pool, spec.workers, spec.resources, spec.topology, priority_value(spec.priority_class),
                 job.team if reclaim else None)
 
     def find(self, job: JobState, scratch: Statement) -> Found | None:
@@ -193,7 +194,7 @@ class SearchContext:
             return Found([], placed, REASON_PRIORITY)
         reclaim = self.may_reclaim(job)
         mine = priority_value(job.spec.priority_class)
-        victims = self._search(job, scratch, reclaim, mine).run()
+        victims = self._victims(job, scratch, reclaim, mine)
         if victims is None or rules.set_costly(victims, job, self.now, self.config) or not self.keeps_minimums(victims):
             return None
         mark = scratch.checkpoint()
@@ -207,7 +208,32 @@ class SearchContext:
             return None   # the slot count and the placer disagree (MIG corner): do nothing
         return Found(victims, placed, rules.reason(victims, mine, self.via_reclaim))
 
-    def _search(self, job: JobState, scratch: Statement, reclaim: bool, mine: int) -> IndexedSearch:
+    def _victims(self, job: JobState, scratch: Statement, reclaim: bool, mine: int) -> list[JobState] | None:
+        """The cheapest victims for ``job``; for a gang that requires one domain of a
+        topology level, the cheapest inside one such domain (freeing room across two
+        would let it run nowhere)."""
+        spec = job.spec
+        if spec.workers == 1 or not spec.topology.required:
+            return self._search(job, scratch, reclaim, mine).run()
+        levels = pool_levels(self.state.pool_topology, spec.pool)
+        if spec.topology.required not in levels:
+            return None
+        cut = levels.index(spec.topology.required) + 1
+        domains: dict[tuple[str, ...], set[str]] = {}
+        for node in self.state.nodes.values():
+            if node.info.pool == spec.pool and node.schedulable:
+                domains.setdefault(domain_path(node.info, levels)[:cut], set()).add(node.name)
+        best: tuple[tuple, list[JobState]] | None = None
+        for key in sorted(domains):
+            found = self._search(job, scratch, reclaim, mine, domains[key]).run()
+            if found is not None:
+                cost = self.set_key(found, mine)
+                if best is None or cost < best[0]:
+                    best = (cost, found)
+        return None if best is None else best[1]
+
+    def _search(self, job: JobState, scratch: Statement, reclaim: bool, mine: int,
+                within: AbstractSet[str] | None = None) -> IndexedSearch:
         """The victim search for ``job`` on the index of candidate victims (``indexed_search``)."""
         index, spec = self.victim_index(), job.spec
         shape = (SlotCounts, spec.pool, spec.resources, spec.workers)
@@ -219,7 +245,7 @@ class SearchContext:
         return IndexedSearch(self.state, job, scratch, lambda v: self.eligible(v, job, reclaim),
                              lambda v: self.cost(v, mine), lambda vs: self.set_key(vs, mine),
                              self.config.max_victims, index.candidates(spec.pool, mine, job.team, reclaim),
-                             slots.on, slots.total, index.spread, most)
+                             slots.on, slots.total, index.spread, most, within)
 
     def take(self, job: JobState, found: Found, scratch: Statement) -> None:
         """Release the victims and book the job, tentatively, for the rest of this call:

@@ -178,7 +178,7 @@ class TeamQueues:
         return self._capacity.of(state)
 
     def shapes(self) -> Iterable[tuple]:
-        """The shapes of the jobs in the queues (ready or not): (pool, workers, resources)."""
+        """The shapes of the jobs in the queues (ready or not): ``shape_key``s, pool first."""
         return self._shapes.values()
 
     def _insert(self, jobs: Iterable[JobState]) -> None:
@@ -190,10 +190,10 @@ class TeamQueues:
         young: dict[str, list] = {}
         for job in jobs:
             spec = job.spec
-            flat = shape_of[job.job_id] = shape_key(spec.pool, spec.workers, spec.resources)
+            flat = shape_of[job.job_id] = shape_key(spec)
             count = census[flat] = census.get(flat, 0) + 1
             if count == 1:
-                shapes[flat] = (spec.pool, spec.workers, spec.resources)
+                shapes[flat] = flat
             if now - job.submitted_at >= aging_s:
                 entry = members[job.job_id] = (job.seq, job.job_id)
                 aged.setdefault(job.team, []).append(entry)

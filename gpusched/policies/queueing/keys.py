@@ -58,7 +58,7 @@ class QueueKeys:
         entry = self._entries.get(job.job_id)
         if entry is None or entry[0] != job.seq:
             spec = job.spec
-            shape = shape_key(spec.pool, spec.workers, spec.resources)
+            shape = shape_key(spec)
             number = self._shapes.get(shape)
             if number is None:
                 number = self._shapes[shape] = len(self._shapes)
@@ -83,7 +83,7 @@ class QueueKeys:
         shapes = self._shapes
         if self._waiting is None or self._waiting[0] != len(shapes):
             # (keyed as ``_entry`` numbers them; rebuilt only when one is numbered, so rarely)
-            self._waiting = (len(shapes), [(shapes.get(shape_key(*shape), -1), shape[0])
+            self._waiting = (len(shapes), [(shapes.get(shape, -1), shape[0])
                                            for shape in self._fair.shapes()])
         return self._waiting[1]
 

@@ -55,7 +55,7 @@ def change(log: Log, s: tuple, made: list[str]) -> None:
 
 def fresh_like(index, state):
     if isinstance(index, GangCapacities):   # the same capacities of every shape it keeps
-        fresh = GangCapacities(state.nodes, index.pool)
+        fresh = GangCapacities(state.nodes, index.pool, index.levels)
         fresh.shapes = {res: (fresh.capacities(res), 0) for res in index.shapes}
         return fresh
     if isinstance(index, FreeIndex):
@@ -65,7 +65,7 @@ def fresh_like(index, state):
 
 def contents(index) -> tuple:
     if isinstance(index, GangCapacities):
-        return index.seq, index.rack, {res: index.capacities(res) for res in list(index.shapes)}
+        return index.seq, index.path, {res: index.capacities(res) for res in list(index.shapes)}
     buckets = [index.whole, index.share] if isinstance(index, FreeIndex) else [index.buckets]
     return index.seq, index.where, [{k: b for k, b in kind.items() if b} for kind in buckets]
 

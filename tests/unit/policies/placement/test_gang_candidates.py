@@ -15,6 +15,7 @@ from gpusched.policies.memory import CycleMemory
 from gpusched.policies.placement.gang import place_gang
 from gpusched.policies.placement.heuristics import free_index
 from gpusched.policies.placement.registry import make_placement
+from gpusched.core.topology import DEFAULT_LEVELS
 from gpusched.policies.placement.topology import GangCapacities
 from gpusched.policies.scheduler import Scheduler, SchedulerConfig
 from gpusched.policies.statement import tentative
@@ -71,7 +72,7 @@ def placements(log: Log, ids: list[str], indexed: bool) -> list:
         if indexed:
             free_index(statement, state, POOL)
         else:
-            statement.views[("gang", POOL)] = GangCapacities(state.nodes, POOL)   # no index to read
+            statement.views[("gang", POOL, DEFAULT_LEVELS)] = GangCapacities(state.nodes, POOL, DEFAULT_LEVELS)   # no index to read
         for job_id in ids:
             job = state.jobs[job_id]
             placed = place_gang(state, job, policy, statement)
@@ -80,7 +81,7 @@ def placements(log: Log, ids: list[str], indexed: bool) -> list:
             gangs = statement.views.get(("gang", POOL))
             if indexed and gangs is not None:   # the kept capacities are the full ones, too
                 res = job.spec.resources
-                assert gangs.capacities(res) == GangCapacities(state.nodes, POOL).capacities(res)
+                assert gangs.capacities(res) == GangCapacities(state.nodes, POOL, DEFAULT_LEVELS).capacities(res)
     return out
 
 
@@ -98,11 +99,11 @@ def test_the_index_is_read_for_whole_gpus():
     res = make_spec(workers=2, gpus=8).resources
     with tentative(log.state) as statement:
         index = free_index(statement, log.state, POOL)
-        assert sorted(GangCapacities(log.state.nodes, POOL, statement.views).capacities(res)) == ["n0", "n1", "n2"]
+        assert sorted(GangCapacities(log.state.nodes, POOL, DEFAULT_LEVELS, statement.views).capacities(res)) == ["n0", "n1", "n2"]
         index.touch(())
         entry, wkey, skey = index.where["n1"]
         index.whole[wkey].remove(entry)    # the index forgets n1: the gang no longer sees it
-        assert sorted(GangCapacities(log.state.nodes, POOL, statement.views).capacities(res)) == ["n0", "n2"]
+        assert sorted(GangCapacities(log.state.nodes, POOL, DEFAULT_LEVELS, statement.views).capacities(res)) == ["n0", "n2"]
 
 
 # Between two cycles: (how many of the cycle's decisions are applied, a node cordoned or
@@ -143,7 +144,7 @@ def test_past_its_bound_of_changes_a_shape_is_read_afresh():
     not left without the changes they did not read."""
     log = build([(8, MODELS[0], 0, 0, False, None, 0, 0, 64_000)] * 3)
     res = make_spec(workers=2, gpus=8).resources
-    view = GangCapacities(log.state.nodes, POOL)
+    view = GangCapacities(log.state.nodes, POOL, DEFAULT_LEVELS)
     assert sorted(view.capacities(res)) == ["n0", "n1", "n2"]
     view.capacities(make_spec(workers=2, gpus=4).resources)   # another shape, up to date too
     assert log.submit("busy", make_spec(gpus=8, cpu=0, mem=0)).accepted

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpusched.core import events as ev
-from gpusched.core.model import JobPhase, WorkerResources
+from gpusched.core.model import JobPhase, TopologyRequest, WorkerResources
 from gpusched.core.priority import PRIORITY_CLASSES
 from gpusched.core.state import ClusterState
 from gpusched.policies.queueing.fair_queue import TeamQueues
@@ -113,9 +113,9 @@ def test_the_kept_order_is_the_order_built_whole(steps, tree, aging_s, decayed, 
             context = QueueContext(tree, ledger, aging_s, nominees)
             expected = oracle(world.state, now, context)
             queues.sync(world.state, now, aging_s if aging_s > 0 else math.inf)
-            # The census of shapes: each waiting job's (pool, workers, resources), once.
+            # The census of shapes: each waiting job's shape, once.
             specs = [world.state.jobs[j].spec for j in world.state.pending]
-            waiting = {(spec.pool, spec.workers, spec.resources) for spec in specs}
+            waiting = {shape_key(spec) for spec in specs}
             shapes = list(queues.shapes())
             assert len(shapes) == len(waiting) and set(shapes) == waiting
             order = queues.order(world.state, now, context)
@@ -236,8 +236,12 @@ def test_jobs_arriving_in_batches_into_long_queues_keep_the_order(batches, take,
 
 def test_the_census_key_holds_every_field_of_a_shape():
     """The census and the shape numbers key by ``shape_key``: a field of ``WorkerResources``
-    it left out would count two shapes as one (a field added to the dataclass must be added there)."""
+    it left out would count two shapes as one (a field added to the dataclass must be added there);
+    a topology request makes another shape (a gang that must stay in a rack may wait where
+    the same gang without it fits)."""
     resources = WorkerResources(gpus=2, gpu_milli=0, mig_profile="", cpu_milli=3, memory_mib=4,
                                 gpu_models=("a",), gpu_memory_mib=5)
     spec = dataclasses.replace(make_spec("a"), resources=resources, workers=3, pool="p")
-    assert shape_key(spec.pool, spec.workers, spec.resources) == ("p", 3, *dataclasses.astuple(resources))
+    assert shape_key(spec) == ("p", 3, *dataclasses.astuple(resources))
+    racked = dataclasses.replace(spec, topology=TopologyRequest(required="rack"))
+    assert shape_key(racked) != shape_key(spec) and shape_key(racked)[0] == "p"
