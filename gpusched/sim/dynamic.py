@@ -517,7 +517,10 @@ def topologies_of(args, wl: Workload) -> list[tuple[str | None, Workload]]:
 
     if not getattr(args, "topology", None):
         return [(None, wl)]
-    block, rack = topology.parse_topology(args.topology)
+    try:
+        block, rack = topology.parse_topology(args.topology)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
     pairs = [(levels, gangs) for levels in args.topology_levels.split(",") for gangs in args.gang_topology.split(",")]
     for levels, gangs in pairs:
         if levels not in topology.POOL_LEVELS or gangs not in topology.GANG_REQUESTS:
