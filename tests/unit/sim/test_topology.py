@@ -1,5 +1,6 @@
 """The simulator's topology (``gpusched.sim.topology``): the labels it gives nodes, what
-gangs ask for, and how compact their placements are counted."""
+gangs ask for, how compact their placements are counted, and a guard that the gang planner
+keeps gangs inside one block more often once the pool declares its levels."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -112,3 +113,22 @@ def test_the_command_runs_each_pair_the_pool_can_honour():
     assert [run.pool_levels for _, run in runs] == [(), (("default", LEVELS),), (("default", LEVELS),)]
     assert dynamic.topologies_of(dynamic.build_parser().parse_args([]), wl) == [(None, wl)]
     assert dynamic.figures_name(args, wl) == "dynamic-synthetic-s0-topology"
+
+def _share_one_block(levels: str) -> tuple[float, int]:
+    args = dynamic.build_parser().parse_args(["--horizon-h", GUARD_HORIZON_H, "--configs", "defaults+quotas",
+                                              "--topology", "4,4", "--topology-levels", levels])
+    _, [summary] = dynamic.run_configs(args, dynamic.workload_of(args))
+    return summary["topology"]["within_one_block"], summary["topology"]["placements"]
+
+
+GUARD_HORIZON_H = "8"
+
+
+def test_declared_levels_keep_gangs_in_one_block_more_often():
+    """With the pool's levels declared, the gang planner sees blocks and keeps gangs inside
+    one more often than today's placement, which sees racks only: fails if the planner
+    ignores the declared levels."""
+    today, placed = _share_one_block("default")
+    declared, placed_declared = _share_one_block("declared")
+    assert min(placed, placed_declared) >= 10
+    assert declared >= today + 0.1, (today, declared)
