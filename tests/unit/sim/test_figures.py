@@ -53,13 +53,17 @@ DYNAMIC_CHECKS = [
 OPENB_CHECKS = [("dynamic-openb-default", "fifo+best-fit+no-preemption")]
 
 
-def _run_again(name: str, config: str, split: str = "") -> tuple[dict, dict]:
-    """One configuration of a published run, again; ``split``: with services, one split."""
+def _run_again(name: str, config: str, split: str = "", topology: tuple[str, str] = ()) -> tuple[dict, dict]:
+    """One configuration of a published run, again; ``split``: with services, one split;
+    ``topology``: on a topology, one (pool levels, gang request) pair."""
     published = figures.load(FIGURES, name)
     args = dynamic.build_parser().parse_args([*published["argv"], "--configs", config,
-                                              *(["--split", split] if split else [])])
+                                              *(["--split", split] if split else []),
+                                              *(["--topology-levels", topology[0], "--gang-topology", topology[1]]
+                                                if topology else [])])
     _, [summary] = dynamic.run_configs(args, dynamic.workload_of(args))
     label = f"{config}@{split}" if split else config
+    label = f"{label}@{topology[0]}/{topology[1]}" if topology else label
     expected = next(s for s in published["summaries"] if s["config"] == label)
     return json.loads(json.dumps(dynamic.published(summary))), expected
 
@@ -96,6 +100,15 @@ def test_dynamic_services_figures_come_back():
     """The services beside training: the static split's run of the shorter configuration."""
     again, expected = _run_again("dynamic-synthetic-s0-h6-svc12", "priority+best-fit+loss-per-wait=inf", "static")
     assert again["services"]["split"] == "static"
+    assert _differences(again, expected) == []
+
+
+def test_dynamic_topology_figures_come_back():
+    """Gangs on a topology: the run with the pool's levels declared and gangs requiring
+    one rack (the planner's and the preemptor's domains both decide it)."""
+    again, expected = _run_again("dynamic-synthetic-s0-h24-topology", "defaults+quotas",
+                                 topology=("declared", "required-rack"))
+    assert again["topology"]["pool_levels"] == {"default": ["rack", "block"]}
     assert _differences(again, expected) == []
 
 
