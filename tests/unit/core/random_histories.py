@@ -333,6 +333,7 @@ def act_fence(h: History, r: Rnd) -> None:
         at = node.fence_at - 1.0
         assert not h.apply(ev.NodeFenced(event_id=f"f{h.ids}", time=at, node=name)).accepted
         h.ids += 1
+        h.now = max(h.now, at)   # the log's clock moved: later events are not older than it
         return
     h.now = max(h.now, at)
     h.emit(ev.NodeFenced, node=name)
