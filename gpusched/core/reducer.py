@@ -732,6 +732,8 @@ def _service_applied(e: ev.ServiceApplied, state: ClusterState) -> Outcome:
     errors = check_service_alone(spec)
     if not errors and spec.pool not in state.pools and not _pool_has_nodes(state, spec.pool):
         errors = check_known_pool(spec.pool, state.pools)
+    if not errors and spec.template.topology != NO_REQUEST:
+        errors = check_topology(spec.replica_spec(), pool_levels(state.pool_topology, spec.pool))
     if errors:
         return _reject("; ".join(map(str, errors)))
     denied = _denied_by_policy(state, spec)

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from gpusched.core import events as ev
 from gpusched.core.digest import digest
-from gpusched.core.model import Autoscaling, JobPhase, Readiness, ScalingMetric, ServiceSpec, UpdateStrategy
+from gpusched.core.model import Autoscaling, JobPhase, Readiness, ScalingMetric, ServiceSpec, TopologyRequest, UpdateStrategy
 from gpusched.core.reducer import apply
 from gpusched.core.services import Replica, plan, removal_order
 from gpusched.core.snapshot import snapshot_bytes, state_from_snapshot
@@ -275,3 +275,14 @@ def test_bounds_hold_and_a_replay_agrees(history, surge, unavailable):
         apply(replayed, event)
     assert digest(replayed) == digest(log.state)
     assert digest(state_from_snapshot(snapshot_bytes(log.state))) == digest(log.state)
+
+
+def test_a_template_naming_a_level_its_pool_lacks_is_refused():
+    log = Log(make_node("n1", gpus=4))
+    spec = service(1)
+    racked = dataclasses.replace(spec, template=dataclasses.replace(
+        spec.template, workers=2, topology=TopologyRequest(required="block")))
+    out = log(ev.ServiceApplied, spec=racked)
+    assert not out.accepted and "spec.topology.required" in out.reason and "block" in out.reason
+    assert log(ev.PoolTopologySet, pool="default", levels=("rack", "block")).accepted
+    assert log(ev.ServiceApplied, spec=racked).accepted
