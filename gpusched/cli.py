@@ -11,6 +11,7 @@ from gpusched.ctl.decode import decode
 from gpusched.ctl.jobs import cancel, describe, get, submit, watch
 from gpusched.ctl.nodes import cordon, top, uncordon
 from gpusched.ctl.policy import policy
+from gpusched.ctl.pools import pool
 from gpusched.ctl.root import Root, State, connection_options
 from gpusched.ctl.services import apply, delete, lb, rollout, scale
 from gpusched.ctl.version import version
@@ -37,7 +38,7 @@ def cli(ctx: click.Context, config_path: str | None, context: str | None, **flag
     ctx.obj = State(flags, config_path, context)
 
 
-for command in (submit, apply, get, describe, cancel, scale, delete, rollout, lb, watch, top, cordon, uncordon, policy, dashboard, decode, version):
+for command in (submit, apply, get, describe, cancel, scale, delete, rollout, lb, watch, top, cordon, uncordon, pool, policy, dashboard, decode, version):
     cli.add_command(command)
 for name, command in COMMANDS.items():
     cli.add_command(_handed_on(name, command.help))

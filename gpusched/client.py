@@ -20,7 +20,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import AsyncIterator, Iterator, TypeVar
+from typing import AsyncIterator, Iterator, Sequence, TypeVar
 
 import grpc
 from google.protobuf import duration_pb2, timestamp_pb2
@@ -289,6 +289,12 @@ class Client:
     async def create_pool(self, pool: str) -> cluster_pb2.PoolSummary:
         return await self._call(self.cluster.CreatePool, cluster_pb2.CreatePoolRequest(pool=pool))
 
+    async def set_pool_topology(self, pool: str, levels: Sequence[str]) -> cluster_pb2.PoolSummary:
+        """The pool's topology levels from the top down (node label keys, e.g. ``("spine",
+        "rack", "block")``); empty: back to the default ones. Operators only."""
+        request = cluster_pb2.SetPoolTopologyRequest(pool=pool, levels=list(levels))
+        return await self._call(self.cluster.SetPoolTopology, request)
+
     async def policy(self) -> cluster_pb2.PolicyView:
         return await self._call(self.cluster.GetPolicy, cluster_pb2.GetPolicyRequest())
 
@@ -440,6 +446,9 @@ class SyncClient:
 
     def create_pool(self, pool: str) -> cluster_pb2.PoolSummary:
         return self._run(self.aio.create_pool(pool))
+
+    def set_pool_topology(self, pool: str, levels: Sequence[str]) -> cluster_pb2.PoolSummary:
+        return self._run(self.aio.set_pool_topology(pool, levels))
 
     def policy(self) -> cluster_pb2.PolicyView:
         return self._run(self.aio.policy())

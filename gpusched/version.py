@@ -13,5 +13,5 @@ than its replicas. It grows only with a change an older reader would fold wrongl
 new event type, a field the reducer must not ignore), and a fixture log of each schema
 stays in tests/fixtures/logs/, replayed by every later version. Imports nothing.
 """
-VERSION = "0.3.0"
-LOG_SCHEMA = 2
+VERSION = "0.4.0"
+LOG_SCHEMA = 3

@@ -85,7 +85,7 @@ Row = AuditRow | SpanStart | SpanEnd | UsageRow
 AUDITED = (
     ev.JobSubmitted, ev.JobCancelled, ev.JobPreempted, ev.AttemptFailed, ev.AttemptTimedOut,
     ev.NodeRegistered, ev.NodeLost, ev.NodeFenced, ev.NodeCordoned, ev.NodeUncordoned, ev.GpuHealthChanged,
-    ev.QuotaSet, ev.TeamPolicySet, ev.PoolCreated, ev.PoolTimeLimitsSet, ev.JobRetentionSet,
+    ev.QuotaSet, ev.TeamPolicySet, ev.PoolCreated, ev.PoolTimeLimitsSet, ev.PoolTopologySet, ev.JobRetentionSet,
 )
 
 
@@ -124,6 +124,8 @@ def _what(event: ev.Event, state: ClusterState) -> tuple[str, str, str]:
             return pool, "", ""
         case ev.PoolTimeLimitsSet(pool=pool, default_s=default_s, max_s=max_s):
             return pool, "", f"default_s={default_s} max_s={max_s}"
+        case ev.PoolTopologySet(pool=pool, levels=levels):
+            return pool, "", f"levels={','.join(levels) or '(default)'}"
         case ev.JobRetentionSet(job_retention_s=seconds):
             return "", "", f"job_retention_s={seconds}"
     return "", "", ""

@@ -66,6 +66,7 @@ def canonical(state: ClusterState) -> dict:
     if state.services:   # only where services exist, so other digests are unchanged
         doc["services"] = {n: [v.desired, v.revision, sorted(v.templates), list(v.replicas.items()),
                                sorted(v.ready.items()), v.replaced, v.scaled_reason]
+                           + ([v.crash_loop] if v.crash_loop else [])   # so other digests are unchanged
                            for n, v in sorted(state.services.items())}
     if state.pool_topology:   # only once a pool declares levels, so other digests are unchanged
         doc["topology"] = {p: list(levels) for p, levels in sorted(state.pool_topology.items())}

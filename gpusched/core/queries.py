@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 from gpusched.core.model import JobPhase, NodeStatus
 from gpusched.core.state import ClusterState, NodeState
+from gpusched.core.topology import DEFAULT_LEVELS, pool_levels
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,6 +21,7 @@ class PoolSummary:
     cpu_milli_allocated: int
     default_time_limit_s: float = 0.0
     max_time_limit_s: float = 0.0
+    topology_levels: tuple[str, ...] = DEFAULT_LEVELS   # top down: as declared, else the default
 
     @property
     def gpu_milli_free(self) -> int:
@@ -63,4 +65,5 @@ def pool_summary(state: ClusterState, pool: str) -> PoolSummary:
         cpu_milli_allocated=sum(n.used_cpu for n in nodes),
         default_time_limit_s=state.pool_limits.get(pool, (0.0, 0.0))[0],
         max_time_limit_s=state.pool_limits.get(pool, (0.0, 0.0))[1],
+        topology_levels=pool_levels(state.pool_topology, pool),
     )

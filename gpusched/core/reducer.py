@@ -732,6 +732,8 @@ def _service_applied(e: ev.ServiceApplied, state: ClusterState) -> Outcome:
     errors = check_service_alone(spec)
     if not errors and spec.pool not in state.pools and not _pool_has_nodes(state, spec.pool):
         errors = check_known_pool(spec.pool, state.pools)
+    if not errors and spec.template.topology != NO_REQUEST:
+        errors = check_topology(spec.replica_spec(), pool_levels(state.pool_topology, spec.pool))
     if errors:
         return _reject("; ".join(map(str, errors)))
     denied = _denied_by_policy(state, spec)
@@ -811,6 +813,7 @@ def _replica_readiness(e: ev.ReplicaReadiness, state: ClusterState) -> Outcome:
         return _reject(f"replica {e.job_id} attempt {e.attempt} is not a live replica", e.job_id)
     if e.ready:
         service.ready[e.job_id] = f"{e.address}:{e.port}"
+        service.crash_loop = 0
     elif service.ready.pop(e.job_id, None) is None:
         return ACCEPTED
     _reconcile(state, service, e.time)
@@ -840,8 +843,17 @@ def _reconcile(state: ClusterState, service: ServiceState, time: float) -> None:
         state.next_seq += 1
         state.jobs[job_id] = job
         service.replicas[job_id] = service.revision
+        if service.crash_loop:
+            job.not_before = time + replacement_backoff(service.crash_loop)
         _queue(state, job, time)
         _RELEASED.append(job_id)
+
+
+def replacement_backoff(crash_loop: int) -> float:
+    """How long the replacement of a service's ``crash_loop``-th replica in a row to end
+    on its own waits before it may be placed: doubling from the retry back-off's base
+    to its maximum, as a job's own retries."""
+    return min(RETRY_BACKOFF_MAX_S, RETRY_BACKOFF_BASE_S * 2 ** min(crash_loop - 1, 30))
 
 
 def _replica_not_serving(state: ClusterState, job: JobState, ended: bool, time: float) -> None:
@@ -854,6 +866,7 @@ def _replica_not_serving(state: ClusterState, job: JobState, ended: bool, time: 
     if ended:
         del service.replicas[job.job_id]
         service.replaced += 1
+        service.crash_loop += 1   # it ended on its own: a scaled-down replica left the list first
         _reconcile(state, service, time)
 
 

@@ -238,6 +238,10 @@ class ServiceState:
     rollout_at: float = 0.0        # when the current revision was applied
     scaled_reason: str = ""        # why ``desired`` has its value
     replaced: int = 0              # replicas that ended and were replaced
+    # Replicas that ended on their own in a row, none ready since: their replacements
+    # wait a growing back-off (Kubernetes' CrashLoopBackOff), so a template that cannot
+    # serve does not fill the log with new replicas.
+    crash_loop: int = 0
 
 
 @dataclass(slots=True)

@@ -216,6 +216,8 @@ def job_lines(job: types_pb2.Job) -> list[str]:
              + (f", GPU memory {r.gpu_memory_mib} MiB" if r.gpu_memory_mib else "")]
     if s.command:
         lines.append(f"Command:      {' '.join(s.command)}")
+    if s.HasField("topology"):
+        lines.append(f"Topology:     {topology_text(s.topology)}")
     lines += [f"Phase:        {phase_name(job.phase)}", f"Reason:       {job.reason or '-'}"]
     lines += pending_lines(job)
     lines.append(f"Attempt:      {job.attempt}  (restarts {job.restarts}, preemptions {job.preemptions})")
@@ -256,6 +258,13 @@ def job_lines(job: types_pb2.Job) -> list[str]:
             lines.append(f"  {f.attempt:<3} {clock(f.time)}  {cause}{code:<5} "
                          f"{'counted' if f.counted else 'not counted':<11}  {f.reason}")
     return lines
+
+
+def topology_text(t: types_pb2.TopologyRequest) -> str:
+    """``required rack, preferred block, slices of 4 workers per block``; "-" when empty."""
+    parts = [f"required {t.required}" if t.required else "", f"preferred {t.preferred}" if t.preferred else "",
+             f"slices of {t.slice.workers} workers per {t.slice.level}" if t.slice.level or t.slice.workers else ""]
+    return ", ".join(p for p in parts if p) or "-"
 
 
 def retry_rule_text(rule: types_pb2.RetryRule) -> str:

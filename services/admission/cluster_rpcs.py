@@ -1,5 +1,5 @@
 """gRPC handlers of ClusterService: nodes (list, get, cordon, uncordon), pools (summary,
-create, time limits) and, through ``PolicyRpcs``, the cluster policy. Writes are events,
+create, time limits, topology) and, through ``PolicyRpcs``, the cluster policy. Writes are events,
 answered once the follower has folded them."""
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from gpusched.core import events as ev
 from gpusched.core import validation as limits
 from gpusched.core.queries import pool_summary
 from gpusched.core.state import NodeState
+from gpusched.core.topology import check_levels
 from gpusched.core.validation import FieldError, check_pool_limits, check_pool_name
 from gpusched.v1 import cluster_pb2, cluster_pb2_grpc
 from gpusched_admission.checks import abort_invalid, check_lengths
@@ -89,6 +90,21 @@ class ClusterServicer(PolicyRpcs, cluster_pb2_grpc.ClusterServiceServicer):
                                      principal=current_access().principal)
         pos = await self.publisher.publish(event, pool)
         await self.model.follower.wait_applied(pos)
+        return summary_message(pool_summary(self.model.state_for_pool(pool), pool))
+
+    async def SetPoolTopology(self, request, context):
+        """A pool's levels (``gpusched.core.topology``); empty: back to the default ones.
+        As the time limits, they may be set before the pool's first node registers."""
+        pool, levels = request.pool, tuple(request.levels)
+        errors = check_pool_name(pool)
+        if not errors:
+            problem = check_levels(levels)
+            errors = [FieldError(*problem.split(": ", 1))] if problem else []
+        if errors:
+            await abort_invalid(context, errors)
+        event = ev.PoolTopologySet(event_id=uuid.uuid4().hex, time=time.time(), producer=self.producer, pool=pool,
+                                   levels=levels, principal=current_access().principal)
+        await self.model.follower.wait_applied(await self.publisher.publish(event, pool))
         return summary_message(pool_summary(self.model.state_for_pool(pool), pool))
 
     async def _apply(self, event, node: NodeState, context):

@@ -79,6 +79,8 @@ def spec_from_request(msg: types_pb2.JobSpec, team: str = "", template: bool = F
             return FieldError(f"spec.depends_on[{i}].when", f"one of succeeded, finished, failed; got {dep.when}")
     record.depends_on.extend(msg.depends_on)
     record.array.CopyFrom(msg.array)
+    if msg.HasField("topology"):
+        record.topology.CopyFrom(msg.topology)
     record.preemptible = msg.preemptible if msg.HasField("preemptible") else DEFAULT_PREEMPTIBLE
     for api, domain in _SPANS:
         seconds = span_seconds(getattr(msg, api), f"spec.{api}")

@@ -6,6 +6,7 @@ from gpusched.adapters.log.follower import LogFollower
 from gpusched.adapters.log.publisher import partition_for
 from gpusched.core import events as ev
 from gpusched.core.state import ClusterState, JobState, NodeState, ServiceState
+from gpusched.core.topology import pool_levels
 from gpusched.core.validation import PoolShape
 
 
@@ -76,6 +77,11 @@ class ReadModel:
     def pool_limits(self, pool: str) -> tuple[float, float]:
         state = self.state_for_pool(pool)
         return state.pool_limits.get(pool, (0.0, 0.0)) if state is not None else (0.0, 0.0)
+
+    def pool_levels(self, pool: str) -> tuple[str, ...]:
+        """The pool's topology levels, top down: as declared, else the default ones."""
+        state = self.state_for_pool(pool)
+        return pool_levels(state.pool_topology if state is not None else {}, pool)
 
     def jobs(self):
         for state in self.follower.states.values():

@@ -19,7 +19,9 @@ from gpusched.adapters.log.publisher import EventPublisher, partition_for
 from gpusched.core import events as ev
 from gpusched.core import validation as limits
 from gpusched.core.state import ClusterState, ServiceState
-from gpusched.core.validation import FieldError, check_scale, check_service_alone, check_time_limit, validate_spec
+from gpusched.core.validation import (
+    FieldError, check_scale, check_service_alone, check_time_limit, check_topology, validate_spec,
+)
 from gpusched.v1 import admission_pb2, admission_pb2_grpc
 from gpusched_admission.checks import abort_invalid, check_lengths, pool_errors
 from gpusched_admission.convert import api_error, service_from_request, template_error
@@ -105,6 +107,8 @@ class ServiceApiServicer(admission_pb2_grpc.ServiceApiServicer):
             replica = spec.replica_spec()
             errors = [template_error(e) for e in validate_spec(replica, self.model.pool_shape(spec.pool))]
             errors += pool_errors(replica, self.model.known_pools()) if not errors else []
+            if not errors:
+                errors = [template_error(e) for e in check_topology(replica, self.model.pool_levels(spec.pool))]
             errors += [template_error(e) for e in check_time_limit(replica, self.model.pool_limits(spec.pool))]
         if errors:
             await abort_invalid(context, [_api_field(e) for e in errors])

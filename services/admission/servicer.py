@@ -20,7 +20,7 @@ from gpusched.adapters.api.views import job_message
 from gpusched.core import events as ev
 from gpusched.core.state import JobState
 from gpusched.core import validation as limits
-from gpusched.core.validation import FieldError, check_time_limit, validate_spec
+from gpusched.core.validation import FieldError, check_time_limit, check_topology, validate_spec
 from gpusched.v1 import admission_pb2, admission_pb2_grpc
 from gpusched_admission.checks import abort_invalid, check_lengths, check_same_spec, phases_of, pool_errors
 from gpusched_admission.convert import api_error, spec_from_request
@@ -128,6 +128,7 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
                            f"{spec.team!r} (spec.team)")
         errors = validate_spec(spec, self.model.pool_shape(spec.pool))
         errors += pool_errors(spec, self.model.known_pools()) if not errors else []
+        errors += check_topology(spec, self.model.pool_levels(spec.pool)) if not errors else []
         errors += check_time_limit(spec, self.model.pool_limits(spec.pool))
         key = request.idempotency_key
         errors += limits.check_length("idempotency_key", key, limits.MAX_KEY)

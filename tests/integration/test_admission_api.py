@@ -208,3 +208,39 @@ async def test_pool_time_limits_give_jobs_a_default_and_refuse_more_than_the_max
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert err.value.details().startswith("spec.max_runtime:") and "3600" in err.value.details()
     assert [j.spec.name for j in await client.list_all(team="nlp")] == ["plain", "asks"]
+
+
+async def test_pool_topology_levels_are_checked_shown_and_honoured_at_submission(api):
+    """SetPoolTopology: bad levels are INVALID_ARGUMENT naming the level; the summary shows
+    the levels (the default ones until declared); a submission naming a level its pool
+    lacks is INVALID_ARGUMENT naming the field, and one it has is taken as asked."""
+    _, client = api
+    assert list((await client.summary()).topology_levels) == ["spine", "rack"]
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await client.set_pool_topology("default", ["rack", "not a label"])
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and err.value.details().startswith("levels[1]:")
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await client.set_pool_topology("", ["rack"])
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and err.value.details().startswith("pool:")
+    assert list((await client.summary()).topology_levels) == ["spine", "rack"]   # nothing written
+
+    gang = spec("gang", "nlp", gpus=1, workers=2, duration=0.1)
+    gang.topology.required = "block"
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await client.submit(gang)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert err.value.details().startswith("spec.topology.required:") and "'block'" in err.value.details()
+    uneven = spec("uneven", "nlp", gpus=1, workers=2, duration=0.1)
+    uneven.topology.slice.level, uneven.topology.slice.workers = "rack", 3
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await client.submit(uneven)
+    assert err.value.details().startswith("spec.topology.slice.workers:")
+
+    summary = await client.set_pool_topology("default", ["spine", "rack", "block"])
+    assert list(summary.topology_levels) == ["spine", "rack", "block"]
+    assert list((await client.summary()).topology_levels) == ["spine", "rack", "block"]
+    gang.topology.slice.level, gang.topology.slice.workers = "block", 1
+    job = (await client.submit(gang)).job
+    assert job.spec.topology == gang.topology
+    assert (await client.get(job.job_id)).spec.topology.required == "block"
+    assert list((await client.set_pool_topology("default", [])).topology_levels) == ["spine", "rack"]

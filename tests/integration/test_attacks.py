@@ -41,7 +41,7 @@ DENIED, UNAUTHENTICATED, INVALID = (grpc.StatusCode.PERMISSION_DENIED, grpc.Stat
                                     grpc.StatusCode.INVALID_ARGUMENT)
 NODE = "node-0"
 API_EVENTS = ("JobSubmitted", "JobCancelled", "NodeCordoned", "NodeUncordoned", "PoolTimeLimitsSet", "PoolCreated",
-              "QuotaSet", "TeamPolicySet")
+              "QuotaSet", "TeamPolicySet", "PoolTopologySet")
 
 
 @pytest.fixture

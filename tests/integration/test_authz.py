@@ -59,7 +59,8 @@ async def _events(kafka_bootstrap, topics) -> list:
 
 
 # What the API writes; placer and agents append placements and reports meanwhile.
-API_EVENTS = ("JobSubmitted", "JobCancelled", "NodeCordoned", "NodeUncordoned", "PoolTimeLimitsSet")
+API_EVENTS = ("JobSubmitted", "JobCancelled", "NodeCordoned", "NodeUncordoned", "PoolTimeLimitsSet",
+              "PoolTopologySet")
 
 
 async def _api_events(kafka_bootstrap, topics) -> list:
@@ -90,6 +91,8 @@ async def test_a_member_cannot_act_for_another_team_and_nothing_is_written(secur
     limits = cluster_pb2.SetPoolTimeLimitsRequest(pool="default", max_time_limit={"seconds": 60})
     code, _ = await _status(c["alice"].cluster.SetPoolTimeLimits(limits))
     assert code == DENIED
+    code, message = await _status(c["alice"].set_pool_topology("default", ["spine", "rack", "block"]))
+    assert code == DENIED and "alice" in message and "pools.write" in message
 
     assert await _api_events(kafka_bootstrap, topics) == before   # no denied call wrote anything
     await _watch_sees_only_own_team(c)
@@ -122,9 +125,10 @@ async def test_an_operator_can_and_is_recorded(secured, kafka_bootstrap, topics)
     await c["ops"].cluster.UncordonNode(cluster_pb2.UncordonNodeRequest(name="node-0"))
     await c["ops"].cluster.SetPoolTimeLimits(cluster_pb2.SetPoolTimeLimitsRequest(pool="default",
                                                                                  max_time_limit={"seconds": 3600}))
+    assert (await c["ops"].set_pool_topology("default", ["rack", "block"])).topology_levels == ["rack", "block"]
     who = {(type(e).__name__, getattr(e, "principal", None)) for e in await _events(kafka_bootstrap, topics)}
     assert {("JobSubmitted", "bob"), ("JobSubmitted", "ops"), ("JobCancelled", "ops"), ("NodeCordoned", "ops"),
-            ("NodeUncordoned", "ops"), ("PoolTimeLimitsSet", "ops")} <= who
+            ("NodeUncordoned", "ops"), ("PoolTimeLimitsSet", "ops"), ("PoolTopologySet", "ops")} <= who
 
 
 async def test_a_member_cancels_its_own_jobs_a_team_admin_any_of_the_team(secured):

@@ -30,6 +30,7 @@ METHODS = {
     "/gpusched.v1.ClusterService/CordonNode": cluster_pb2.CordonNodeRequest(name="n", reason="r"),
     "/gpusched.v1.ClusterService/CreatePool": cluster_pb2.CreatePoolRequest(pool="p"),
     "/gpusched.v1.ClusterService/SetPoolTimeLimits": cluster_pb2.SetPoolTimeLimitsRequest(pool="p", max_time_limit={"seconds": 5}),
+    "/gpusched.v1.ClusterService/SetPoolTopology": cluster_pb2.SetPoolTopologyRequest(pool="p", levels=["rack", "block"]),
 }
 WRONG_TYPES = [types_pb2.Job(job_id="j", reason="r").SerializeToString(),
                admission_pb2.SubmitJobsRequest(jobs=[_VALID_SUBMIT]).SerializeToString(),

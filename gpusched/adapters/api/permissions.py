@@ -68,6 +68,7 @@ METHODS: dict[str, str] = {
     "/gpusched.v1.ClusterService/CordonNode": WRITE_NODES,
     "/gpusched.v1.ClusterService/UncordonNode": WRITE_NODES,
     "/gpusched.v1.ClusterService/SetPoolTimeLimits": WRITE_POOLS,
+    "/gpusched.v1.ClusterService/SetPoolTopology": WRITE_POOLS,
     "/gpusched.v1.ClusterService/CreatePool": WRITE_POOLS,
     "/gpusched.v1.ClusterService/SetQuota": TEAM_SETTINGS,
     "/gpusched.v1.ClusterService/SetTeamPolicy": WRITE_POLICY,

@@ -8,6 +8,7 @@ from gpusched.core.queries import PoolSummary, gpus_allocated_milli
 from gpusched.core.model import JobSpec, Readiness, ServiceSpec
 from gpusched.core.services import rollout_done
 from gpusched.core.state import ClusterState, JobState, NodeState, ServiceState
+from gpusched.core.topology import NO_REQUEST
 from gpusched.v1 import cluster_pb2, types_pb2
 
 
@@ -54,6 +55,8 @@ def spec_message(spec: JobSpec) -> types_pb2.JobSpec:
                             checkpoint_interval=duration(spec.checkpoint_interval_s),
                             simulated_duration=duration(spec.simulated_duration_s), retry=record.retry,
                             depends_on=record.depends_on, array=record.array, serve_port=record.serve_port)
+    if spec.topology != NO_REQUEST:
+        msg.topology.CopyFrom(record.topology)
     if spec.readiness != _NO_READINESS:
         r = spec.readiness
         msg.readiness.CopyFrom(types_pb2.ReadinessCheck(
@@ -148,5 +151,5 @@ def summary_message(s: PoolSummary) -> cluster_pb2.PoolSummary:
         pending_jobs=s.pending_jobs, running_jobs=s.running_jobs,
         allocation_ratio=s.allocation_ratio, cpu_milli_capacity=s.cpu_milli_capacity,
         cpu_milli_allocated=s.cpu_milli_allocated, default_time_limit=duration(s.default_time_limit_s),
-        max_time_limit=duration(s.max_time_limit_s),
+        max_time_limit=duration(s.max_time_limit_s), topology_levels=s.topology_levels,
     )

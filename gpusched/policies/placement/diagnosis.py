@@ -124,6 +124,11 @@ class Diagnosis:
     def diagnose(self, job: JobState) -> PendingReason:
         if job.not_before > self.now:
             stamp = time.strftime("%H:%M:%S", time.gmtime(job.not_before))
+            service = self.state.services.get(job.spec.service) if job.spec.service else None
+            if service is not None and not job.restarts and service.crash_loop:
+                return PendingReason(PendingKind.BACKOFF, f"service {service.spec.name}: {service.crash_loop} "
+                                                          f"replica(s) in a row ended on their own (crash loop): "
+                                                          f"this replacement is not offered before {stamp} UTC")
             return PendingReason(PendingKind.BACKOFF, f"retry back-off after {job.restarts} failure(s): "
                                                       f"not offered before {stamp} UTC")
         verdict = self._verdict(job.job_id)

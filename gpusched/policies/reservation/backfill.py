@@ -27,6 +27,7 @@ from typing import Callable, Iterable, Iterator, Mapping, Sequence
 from gpusched.core.mig import FULL_MASK, parse_profile
 from gpusched.core.model import JobPhase, WorkerAssignment
 from gpusched.core.state import ClusterState, GpuState, JobState, NodeState
+from gpusched.core.topology import domain_path, pool_levels
 from gpusched.policies.gpu_fit import fits_node, pick_gpus
 from gpusched.policies.reservation.ends import EndIndex, EndWalk
 from gpusched.policies.reservation.hosts import KeptHosts, find_hosts
@@ -259,30 +260,51 @@ def _free_and_offer(statement: Statement, sweep: "_Sweep", t: float,
 
 
 class _Sweep:
-    """The slots found so far, each booked on the statement."""
+    """The slots found so far, each booked on the statement. For a gang that requires one
+    domain of a topology level, slots count per domain of that level and the sweep is done
+    when one domain has them all: the reservation is that domain's (a slice request is not
+    looked at here: the held room is the gang's, the planner cuts it into slices)."""
 
     def __init__(self, job: JobState, statement: Statement) -> None:
         self.job = job
         self.statement = statement
         self.found: list[WorkerAssignment] = []
+        self.domain = _required_domain(statement.state, job)
+        self.by_domain: dict[tuple[str, ...], list[WorkerAssignment]] = {}
+        self.full: list[WorkerAssignment] | None = None
 
     @property
     def done(self) -> bool:
-        return len(self.found) == self.job.spec.workers
+        return self.full is not None if self.domain is not None else len(self.found) == self.job.spec.workers
 
     def offer(self, node: NodeState, t: float) -> None:
         """Give ``node`` as many of the remaining workers as it can host now."""
-        res = self.job.spec.resources
-        while not self.done and fits_node(node, res):
+        res, workers = self.job.spec.resources, self.job.spec.workers
+        mine = self.found if self.domain is None else self.by_domain.setdefault(self.domain(node), [])
+        while len(mine) < workers and fits_node(node, res):
             slots = pick_gpus(node, res)
             if slots is None:
                 return
-            assignment = WorkerAssignment(len(self.found), node.name, slots)
+            assignment = WorkerAssignment(len(mine), node.name, slots)
             self.statement.book(self.job, (assignment,))
-            self.found.append(assignment)
+            mine.append(assignment)
+            if mine is not self.found:
+                self.found.append(assignment)
+        if mine is not self.found and len(mine) == workers:
+            self.full = mine
 
     def reservation(self, shadow: float) -> Reservation:
-        return Reservation(self.job, shadow, tuple(self.found))
+        return Reservation(self.job, shadow, tuple(self.full if self.full is not None else self.found))
+
+
+def _required_domain(state: ClusterState, job: JobState) -> Callable[[NodeState], tuple[str, ...]] | None:
+    """A node's domain at the level ``job`` requires one of (None: it requires none)."""
+    required = job.spec.topology.required
+    if not required or job.spec.workers == 1:
+        return None
+    levels = pool_levels(getattr(state, "pool_topology", {}), job.spec.pool)
+    cut = levels.index(required) + 1 if required in levels else 0   # a level gone: one domain, the planner waits
+    return lambda node: domain_path(node.info, levels)[:cut]
 
 
 class ReservationHold:

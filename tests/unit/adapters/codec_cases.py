@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from gpusched.core import events as ev
 from gpusched.core.model import (
     ArraySpec, Dependency, DependencyCondition, FailureCause, GpuInfo, GpuSlot, JobKind, JobSpec, NodeCount, NodeInfo, PendingKind, PendingReason, WorkerAssignment,
+    TopologyRequest, TopologySlice,
     RetryAction, RetryRule, WorkerResources, Autoscaling, Readiness, ScalingMetric, ServiceSpec, UpdateStrategy,
 )
 from gpusched.core.policy import Quota, TeamPolicy
@@ -52,6 +53,8 @@ job_specs = st.builds(
     service=text, serve_port=st.booleans(),
     readiness=st.builds(Readiness, http_path=text, command=words, period_s=f64, timeout_s=f64, initial_delay_s=f64,
                         success_threshold=i32, failure_threshold=i32),
+    topology=st.builds(TopologyRequest, required=text, preferred=text,
+                       slice=st.builds(TopologySlice, level=text, workers=i32)),
 )
 service_specs = st.builds(
     ServiceSpec, name=text, team=text, template=job_specs, pool=text, priority_class=text, preemptible=st.booleans(),
@@ -102,6 +105,7 @@ EVENTS = {
     ev.RendezvousSet: _event(ev.RendezvousSet, job_id=text, attempt=i32, node=text, address=text, port=i32),
     ev.AttemptTimedOut: _event(ev.AttemptTimedOut, job_id=text, attempt=i32, reason=text),
     ev.PoolTimeLimitsSet: _event(ev.PoolTimeLimitsSet, pool=text, default_s=f64, max_s=f64, principal=text),
+    ev.PoolTopologySet: _event(ev.PoolTopologySet, pool=text, levels=words, principal=text),
     ev.QuotaSet: _event(ev.QuotaSet, quota=quotas, principal=text),
     ev.TeamPolicySet: _event(ev.TeamPolicySet, policy=team_policies, principal=text),
     ev.PoolCreated: _event(ev.PoolCreated, pool=text, principal=text),

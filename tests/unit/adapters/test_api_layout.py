@@ -20,7 +20,8 @@ LOG_LAYOUT = [(1, "name", FD.TYPE_STRING, False), (2, "team", FD.TYPE_STRING, Fa
               # fields are only added, never changed: older logs decode with their defaults
               (15, "retry", FD.TYPE_MESSAGE, False), (16, "depends_on", FD.TYPE_MESSAGE, False),
               (17, "array", FD.TYPE_MESSAGE, True), (18, "service", FD.TYPE_STRING, False),
-              (19, "serve_port", FD.TYPE_BOOL, False), (20, "readiness", FD.TYPE_MESSAGE, True)]
+              (19, "serve_port", FD.TYPE_BOOL, False), (20, "readiness", FD.TYPE_MESSAGE, True),
+              (21, "topology", FD.TYPE_MESSAGE, True)]
 
 
 def _layout(descriptor) -> list[tuple]:

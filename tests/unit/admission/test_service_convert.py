@@ -62,3 +62,19 @@ def test_only_a_template_takes_a_readiness_check():
     error = spec_from_request(job)
     assert isinstance(error, FieldError) and error.field == "spec.readiness"
     assert spec_from_request(job, template=True).readiness.command == ("true",)
+
+
+def test_a_topology_request_is_copied_to_the_job_and_shown_back_as_asked():
+    from gpusched.adapters.api.views import spec_message
+    from gpusched.core.model import TopologyRequest, TopologySlice
+
+    msg = spec("g", "nlp", gpus=1, workers=4)
+    assert spec_from_request(msg).topology == TopologyRequest()
+    assert not spec_message(spec_from_request(msg)).HasField("topology")
+    msg.topology.required, msg.topology.preferred = "rack", "block"
+    msg.topology.slice.level, msg.topology.slice.workers = "block", 2
+    job = spec_from_request(msg)
+    assert job.topology == TopologyRequest("rack", "block", TopologySlice("block", 2))
+    assert spec_message(job).topology == msg.topology
+    web = service_from_request(types_pb2.ServiceSpec(name="web", template=msg))
+    assert web.replica_spec().topology == job.topology   # a service's replicas ask what its template asks

@@ -150,3 +150,14 @@ def test_the_reports_say_what_is_wrong(tmp_path, capsys):
         reports.billing_main(["--db", url, "--since", "yesterday"])
     assert "neither epoch seconds nor an ISO date" in capsys.readouterr().err
     assert reports.parse_time("2026-03-02") == MIDNIGHT
+
+
+def test_audit_records_who_set_a_pools_topology_levels():
+    state = ClusterState()
+    for levels, accepted, detail in ((("spine", "rack", "block"), True, "levels=spine,rack,block"),
+                                     (("bad level",), False, "levels=bad level"), ((), True, "levels=(default)")):
+        e = ev.PoolTopologySet(event_id=f"t{len(levels)}{accepted}", time=1.0, producer="admission-0", pool="gpu-a",
+                               levels=levels, principal="ops")
+        row = audit_row(e, apply(state, e), state, "gpu-a")
+        assert (row.action, row.principal, row.subject, row.accepted, row.detail) == \
+            ("PoolTopologySet", "ops", "gpu-a", accepted, detail)

@@ -13,7 +13,8 @@ from gpusched.core import events as ev
 from gpusched.core.digest import digest
 from gpusched.core.mig import PROFILES, parse_profile
 from gpusched.core.model import (
-    EXIT_LOST, GpuSlot, JobPhase, JobSpec, NodeInfo, NodeStatus, WorkerAssignment, WorkerResources,
+    EXIT_LOST, GpuSlot, JobPhase, JobSpec, NodeInfo, NodeStatus, TopologyRequest, TopologySlice, WorkerAssignment,
+    WorkerResources,
 )
 from gpusched.core.priority import PRIORITY_CLASSES
 from gpusched.core.reducer import apply
@@ -84,10 +85,11 @@ def job_spec(r: Rnd) -> JobSpec:
         milli = r.pick([100, 250, 333, 500, 750, 1000])
     elif form == "mig":
         mig = r.pick(sorted(PROFILES)) + r.pick(["", ".10gb"])
+    workers = r.int(1, 3)
     return JobSpec(
         name="j", team=r.pick(TEAMS), pool=r.pick(POOLS),
         priority_class=r.pick(sorted(PRIORITY_CLASSES)),
-        workers=r.int(1, 3),
+        workers=workers,
         resources=WorkerResources(
             gpus=gpus, gpu_milli=milli, mig_profile=mig,
             cpu_milli=r.pick([0, 500, 4_000, 16_000]),
@@ -96,7 +98,22 @@ def job_spec(r: Rnd) -> JobSpec:
         ),
         preemptible=r.chance(2),
         max_restarts=r.int(0, 2),
+        topology=topology_request(r, workers) if r.chance(4) else TopologyRequest(),
     )
+
+
+# Levels a pool may declare (good and bad) and a job may name (some no pool has). The
+# nodes carry no labels, so every node is in one domain at every level: a request the
+# pool can honour never stops a cycle's placement, and one it cannot is refused.
+POOL_LEVELS = [(), ("spine", "rack"), ("rack", "block"), ("spine", "rack", "block"),
+               ("rack", "rack"), ("bad level",), tuple(f"l{i}" for i in range(9))]
+JOB_LEVELS = ("", "", "spine", "rack", "block", "zone", "bad level")
+
+
+def topology_request(r: Rnd, workers: int) -> TopologyRequest:
+    size = r.pick([0, 1, workers, 2, 5])
+    return TopologyRequest(required=r.pick(JOB_LEVELS), preferred=r.pick(JOB_LEVELS),
+                           slice=TopologySlice(r.pick(JOB_LEVELS) if size else "", size))
 
 
 # --- the simulation harness ---------------------------------------------------------
@@ -316,6 +333,7 @@ def act_fence(h: History, r: Rnd) -> None:
         at = node.fence_at - 1.0
         assert not h.apply(ev.NodeFenced(event_id=f"f{h.ids}", time=at, node=name)).accepted
         h.ids += 1
+        h.now = max(h.now, at)   # the log's clock moved: later events are not older than it
         return
     h.now = max(h.now, at)
     h.emit(ev.NodeFenced, node=name)
@@ -341,6 +359,10 @@ def act_pool_limits(h: History, r: Rnd) -> None:
            max_s=r.pick([0.0, 0.0, 600.0, 7200.0]))
 
 
+def act_pool_topology(h: History, r: Rnd) -> None:
+    h.emit(ev.PoolTopologySet, pool=r.pick(POOLS + ("",)), levels=r.pick(POOL_LEVELS))
+
+
 def act_gpu_health(h: History, r: Rnd) -> None:
     name = r.pick(sorted(h.state.nodes))
     index = r.int(-1, len(h.state.nodes[name].gpus))
@@ -359,5 +381,5 @@ ACTIONS = (
     [act_submit] * 4 + [act_schedule] * 4 + [act_start_all] * 3 + [act_finish] * 4 + [act_node] * 2
     + [act_start, act_random_place, act_random_place, act_zombie, act_cancel, act_checkpoint,
        act_preempt, act_attempt_failed, act_gpu_health, act_duplicate, act_duplicate, act_tick, act_tick,
-       act_fence, act_time_out, act_rendezvous, act_pool_limits]
+       act_fence, act_time_out, act_rendezvous, act_pool_limits, act_pool_topology]
 )

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from gpusched.core import events as ev
 from gpusched.core.digest import digest
-from gpusched.core.model import Autoscaling, JobPhase, Readiness, ScalingMetric, ServiceSpec, UpdateStrategy
+from gpusched.core.model import Autoscaling, JobPhase, Readiness, ScalingMetric, ServiceSpec, TopologyRequest, UpdateStrategy
 from gpusched.core.reducer import apply
 from gpusched.core.services import Replica, plan, removal_order
 from gpusched.core.snapshot import snapshot_bytes, state_from_snapshot
@@ -33,9 +33,11 @@ def replicas(log: Log, name: str = "web") -> list[str]:
     return list(log.state.services[name].replicas)
 
 
-def serve(log: Log, job_id: str, gpu: int, node: str = "n1") -> None:
-    """Place and start the replica and report it ready."""
+def serve(log: Log, job_id: str, gpu: int, node: str = "n1", ready: bool = True) -> None:
+    """Place and start the replica and report it ready (``ready``: else only start it)."""
     log.run(job_id, (node, whole(gpu)))
+    if not ready:
+        return
     out = log(ev.ReplicaReadiness, job_id=job_id, attempt=log.job(job_id).attempt, ready=True,
               address=node, port=9000 + gpu)
     assert out.accepted, out.reason
@@ -275,3 +277,40 @@ def test_bounds_hold_and_a_replay_agrees(history, surge, unavailable):
         apply(replayed, event)
     assert digest(replayed) == digest(log.state)
     assert digest(state_from_snapshot(snapshot_bytes(log.state))) == digest(log.state)
+
+
+def test_a_template_naming_a_level_its_pool_lacks_is_refused():
+    log = Log(make_node("n1", gpus=4))
+    spec = service(1)
+    racked = dataclasses.replace(spec, template=dataclasses.replace(
+        spec.template, workers=2, topology=TopologyRequest(required="block")))
+    out = log(ev.ServiceApplied, spec=racked)
+    assert not out.accepted and "spec.topology.required" in out.reason and "block" in out.reason
+    assert log(ev.PoolTopologySet, pool="default", levels=("rack", "block")).accepted
+    assert log(ev.ServiceApplied, spec=racked).accepted
+
+
+def test_replacements_of_a_crash_looping_replica_back_off_until_one_is_ready():
+    """Each replica that ends on its own before any became ready makes its replacement wait
+    twice as long (Kubernetes' CrashLoopBackOff); a ready replica resets the count; a
+    replica stopped by a scale-down is no crash."""
+    log = Log(make_node("n1", gpus=4))
+    spec = service(1)
+    once = dataclasses.replace(spec, template=dataclasses.replace(spec.template, max_restarts=0))
+    log(ev.ServiceApplied, spec=once)
+    waits = []
+    for _ in range(4):
+        (job_id,) = replicas(log)
+        job = log.job(job_id)
+        waits.append(job.not_before - job.submitted_at if job.not_before else 0.0)
+        serve(log, job_id, free_gpu(log), ready=False)
+        assert log.finish(job_id, 0, 1).accepted
+    assert waits == [0.0, 1.0, 2.0, 4.0]
+    assert log.state.services["web"].crash_loop == 4
+    (job_id,) = replicas(log)
+    serve(log, job_id, free_gpu(log))
+    assert log.state.services["web"].crash_loop == 0
+    assert log(ev.ServiceScaled, service="web", replicas=2).accepted
+    serve_pending(log)
+    assert log(ev.ServiceScaled, service="web", replicas=1).accepted   # one stopped: no crash
+    assert log.state.services["web"].crash_loop == 0

@@ -110,3 +110,16 @@ def test_after_flags_read_as_depends_on(monkeypatch):
         ("job-a", types_pb2.DEPENDENCY_CONDITION_SUCCEEDED), ("job-b", types_pb2.DEPENDENCY_CONDITION_FINISHED)]
     bad = CliRunner().invoke(cli, ["--endpoint", "127.0.0.1:9", "submit", "--name", "x", "--after", "job-a:later"])
     assert bad.exit_code != 0 and "depends_on[0].when: unknown value 'later'" in bad.output
+
+
+def test_a_topology_request_reads_from_a_job_file_and_a_wrong_key_is_named():
+    spec = parse({"name": "g", "team": "nlp", "workers": 8,
+                  "topology": {"required": "rack", "preferred": "block", "slice": {"level": "block", "workers": 4}}})
+    assert spec.HasField("topology")
+    assert (spec.topology.required, spec.topology.preferred) == ("rack", "block")
+    assert (spec.topology.slice.level, spec.topology.slice.workers) == ("block", 4)
+    assert not parse({"name": "g", "team": "nlp"}).HasField("topology")
+    with pytest.raises(JobFileError, match=r"^topology\.slice\.size: unknown field"):
+        parse({"name": "g", "topology": {"slice": {"size": 4}}})
+    with pytest.raises(JobFileError, match=r"^topology\.slice\.workers: must be an integer"):
+        parse({"name": "g", "topology": {"slice": {"level": "block", "workers": "four"}}})

@@ -53,3 +53,11 @@ def test_describe_shows_dependencies_and_an_arrays_progress():
     assert "Depends on:   prep (finished)" in lines
     assert "Array:        10 tasks, 2 at a time: 4 ended (1 not succeeded), 2 queued or running" in lines
     assert "Array task:   index 3 of a" in job_lines(types_pb2.Job(job_id="a.3", array_of="a", array_index=3))
+
+
+def test_describe_shows_a_topology_request_only_when_one_is_set():
+    job = types_pb2.Job(job_id="g")
+    assert not any(line.startswith("Topology:") for line in job_lines(job))
+    job.spec.topology.required, job.spec.topology.preferred = "rack", "block"
+    job.spec.topology.slice.level, job.spec.topology.slice.workers = "block", 4
+    assert "Topology:     required rack, preferred block, slices of 4 workers per block" in job_lines(job)

@@ -272,3 +272,32 @@ def test_a_cycle_places_gangs_only_as_they_ask_and_leaves_the_state_as_it_was(ho
         job = log.state.jobs[d.job_id]
         assert placement_violation(job.spec, nodes, LEVELS, d.workers) == ""
         assert log.place(d.job_id, *((w.node, w.gpus) for w in sorted(d.workers, key=lambda w: w.worker))).accepted
+
+
+# --- reservations ----------------------------------------------------------------------------
+def test_a_reservation_for_a_gang_requiring_a_rack_is_inside_one_rack_or_none():
+    """r1's two nodes free at 100 and 300, r2's one at 50: a 2-node gang without the
+    requirement is reserved at 100 across racks; requiring a rack, at 300 inside r1; a
+    3-node gang requiring a rack never fits, so nothing is reserved (and held) for it."""
+    from gpusched.policies.reservation.backfill import reserve_for_head_of_line
+
+    log = cluster(host("a0", "r1", "b1"), host("a1", "r1", "b1"), host("b0", "r2", "b2"))
+    for name, runtime in (("a0", 100.0), ("a1", 300.0), ("b0", 50.0)):
+        spec = replace(make_spec("busy", gpus=8, cpu=0, mem=0), max_runtime_s=runtime)
+        assert log.submit(f"on-{name}", spec).accepted
+        assert log.place(f"on-{name}", (name, whole(*range(8)))).accepted
+
+    def reserve(workers: int, **request):
+        spec = replace(make_spec(workers=workers, gpus=8, cpu=0, mem=0), topology=TopologyRequest(**request))
+        job_id = f"g{len(log.state.jobs)}"
+        assert log.submit(job_id, spec).accepted
+        with tentative(log.state) as statement:
+            found = reserve_for_head_of_line(statement, log.state.jobs[job_id], 0.0)
+        return None if found is None else (found.shadow_s, sorted(w.node for w in found.workers))
+
+    (loose, across), (racked, inside) = reserve(2), reserve(2, required="rack")
+    assert across == ["a0", "b0"] and inside == ["a0", "a1"]
+    ends = {name: log.state.jobs[f"on-{name}"].placed_at + log.state.jobs[f"on-{name}"].time_limit_s
+            for name in ("a0", "a1")}
+    assert (loose, racked) == (ends["a0"], ends["a1"])   # a1's end rather than a0's
+    assert reserve(3, required="rack") is None
