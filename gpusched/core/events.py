@@ -108,7 +108,9 @@ class WorkerFinished(Event):
     exit_code: int
     reason: str = ""
     signal: int = 0          # the signal that ended the process (SIGKILL after the kill deadline)
-    oom_killed: bool = False  # the host's out-of-memory killer ended it (the node-agent's finding)
+    # It ran out of memory (the node-agent's finding): the host's out-of-memory killer
+    # ended it, or it failed after its output said a GPU allocation failed.
+    oom_killed: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

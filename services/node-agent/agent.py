@@ -17,6 +17,7 @@ import asyncio
 import logging
 import time
 import uuid
+from dataclasses import replace
 from pathlib import Path
 
 from gpusched.adapters.log.follower import LogFollower
@@ -36,8 +37,8 @@ from gpusched_node_agent.liveness import NodeLiveness
 from gpusched_node_agent.proc_info import oom_kills
 from gpusched_node_agent.readiness import ReadinessWatch, keep_port, kept_port, probe_for
 from gpusched_node_agent.runner import (EXIT_NOT_STARTED, STATUS_FILE, LeaseExpired, NotStarted, NothingToRun,
-                                        ProcessRun, SimulatedRun, WorkerExit, exit_from_status, group_alive,
-                                        killed_unasked, read_status, why_not_started)
+                                        ProcessRun, SimulatedRun, WorkerExit, device_out_of_memory, exit_from_status,
+                                        group_alive, killed_unasked, read_status, why_not_started)
 
 log = logging.getLogger("gpusched.node_agent")
 Key = tuple[str, int, int]   # (job id, attempt, worker)
@@ -409,7 +410,8 @@ class NodeAgent(NodeLiveness):
                 self._check_readiness(key, job, known=None if adopted else False)
             end = await run.wait()
             self._end_check(key)
-            await self._finished(key, end, (first, confirmed), oom_killed=self._oom_killed(key, end, oom_before))
+            end, oom = self._out_of_memory(key, run, end, oom_before)
+            await self._finished(key, end, (first, confirmed), oom_killed=oom)
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -445,12 +447,20 @@ class NodeAgent(NodeLiveness):
         if task is not None:
             task.cancel()
 
-    def _oom_killed(self, key: Key, end: WorkerExit, oom_before: int | None) -> bool:
-        """Whether the kernel's out-of-memory killer ended the worker: killed by nobody
-        the agent knows of while the kernel's OOM count rose (docs/guide/workloads.md)."""
-        if oom_before is None or key in self.stopping or not killed_unasked(end):
-            return False
-        return (oom_kills() or 0) > oom_before
+    def _out_of_memory(self, key: Key, run, end: WorkerExit, oom_before: int | None) -> tuple[WorkerExit, bool]:
+        """The worker's end, and whether it ran out of memory (docs/guide/workloads.md,
+        "Retries by cause"): killed by nobody the agent knows of while the kernel's OOM
+        count rose (the host's OOM killer), or failing after its output said a GPU
+        allocation failed (CUDA out of memory; the words join the end's reason)."""
+        if key in self.stopping or end.exit_code == 0 or end.fenced:
+            return end, False
+        if oom_before is not None and killed_unasked(end) and (oom_kills() or 0) > oom_before:
+            return end, True
+        words = device_out_of_memory(run.output_file) if isinstance(run, ProcessRun) else ""
+        if not words:
+            return end, False
+        said = end.reason or f"exited {end.exit_code}"
+        return replace(end, reason=f"{said}; its output says {words!r}"), True
 
     async def _finished(self, key: Key, end: WorkerExit, after: tuple | None = None, oom_killed: bool = False) -> None:
         """Report the worker's real end: only now may the log release its resources.

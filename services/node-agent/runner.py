@@ -12,6 +12,7 @@ import asyncio
 import json
 import math
 import os
+import re
 import signal
 import sys
 import time
@@ -47,6 +48,30 @@ def killed_unasked(end: WorkerExit) -> bool:
     the shim's plain "killed by signal 9". With the kernel's OOM count risen meanwhile,
     the out-of-memory killer's work."""
     return end.signal == signal.SIGKILL and not end.fenced and end.reason == f"killed by signal {int(signal.SIGKILL)}"
+
+
+OUTPUT_FILE = "output.log"
+OUTPUT_TAIL = 64 * 1024   # what is read of a failed worker's output for its cause
+# What frameworks print when a GPU allocation fails: PyTorch (CUDA and ROCm), the CUDA
+# runtime and cuBLAS, JAX/XLA and TensorFlow.
+_DEVICE_OOM = re.compile(rb"CUDA out of memory|HIP out of memory|CUDA error: out of memory|cudaErrorMemoryAllocation"
+                         rb"|CUBLAS_STATUS_ALLOC_FAILED|RESOURCE_EXHAUSTED: Out of memory"
+                         rb"|ResourceExhaustedError: OOM when allocating")
+
+
+def device_out_of_memory(output: Path) -> str:
+    """What the end of a worker's output says of a GPU memory allocation that failed
+    (the matching words), or "" when it says none or cannot be read."""
+    try:
+        with open(output, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - OUTPUT_TAIL))
+            tail = f.read()
+    except OSError:
+        return ""
+    found = None
+    for found in _DEVICE_OOM.finditer(tail):
+        pass
+    return found.group().decode() if found is not None else ""
 
 
 def read_status(path: Path) -> dict | None:
@@ -123,7 +148,8 @@ class ProcessRun:
     """A real workload, run under its worker shim (``shim.c``, spawned by the agent:
     ``shim_process``) in a session of its own.
 
-    The shim starts the workload, forwards a stop (SIGTERM, then SIGKILL after
+    The workload's stdout and stderr go to ``<workdir>/output.log`` (``OUTPUT_FILE``,
+    appended to by each start). The shim starts the workload, forwards a stop (SIGTERM, then SIGKILL after
     ``kill_wait``), fences it when the lease at ``lease_path`` runs out (no lease: never
     fenced) and records its end in ``<workdir>/shim.json``, which outlives the agent.
     The workload learns where to resume from ``GPUSCHED_RESUME_FROM`` and reports a
@@ -151,6 +177,7 @@ class ProcessRun:
         self.command = command
         self.checkpoint_file = workdir / "checkpoint"
         self.status_file = workdir / STATUS_FILE
+        self.output_file = workdir / OUTPUT_FILE
         self.usage_file = workdir / "usage"
         self.env = {**os.environ, **env, "GPUSCHED_CHECKPOINT_FILE": str(self.checkpoint_file),
                     "GPUSCHED_USAGE_FILE": str(self.usage_file)}
@@ -176,7 +203,7 @@ class ProcessRun:
         """The shim's arguments (``gpusched-shim ARGS``; checked in ``__init__``)."""
         lease = ["--lease", str(Path(self.lease_path).absolute())] if self.lease_path is not None else []
         return [*lease, "--kill-wait", repr(float(self.kill_wait)), "--poll", repr(float(self.poll)),
-                "--status", str(self.status_file), "--", *self.command]
+                "--status", str(self.status_file), "--output", str(self.output_file), "--", *self.command]
 
     async def start(self) -> None:
         """Start the shim and return once it started the workload; OSError when it could not.

@@ -4,10 +4,12 @@
  * deploy/setup.sh in a checkout, compiles it beside shim_process.py.
  *
  *   gpusched-shim [--lease PATH] --kill-wait S --status PATH [--poll S]
- *                 [--cwd DIR] [--written-fd N] -- CMD ARGS...
+ *                 [--cwd DIR] [--output PATH] [--written-fd N] -- CMD ARGS...
  *
  * - --cwd DIR: the worker's folder, made (with its parents) and entered first; an
  *   earlier run's status file in it is removed before anything starts.
+ * - --output PATH: the file (made, or appended to) that the shim's and its workload's
+ *   stdout and stderr go to, opened once the folder is entered.
  * - Starts CMD in a new session (its own process group, whose id is its pid) with the
  *   shim's environment, every signal at its default and none blocked.
  * - Writes the status file (JSON, replaced atomically) right after the start:
@@ -63,7 +65,7 @@ static volatile sig_atomic_t term_requested;
 
 struct shim {
     char **command;
-    const char *status_path, *lease, *cwd;
+    const char *status_path, *lease, *cwd, *output;
     double kill_wait, poll;
     int written_fd;
     char boot_id[64];
@@ -425,7 +427,7 @@ static int run(struct shim *s) {
 /* --- arguments ----------------------------------------------------------------------- */
 static int usage(const char *message, const char *value) {
     fprintf(stderr, "usage: gpusched-shim [--lease PATH] --kill-wait S --status PATH [--poll S] "
-                    "[--cwd DIR] [--written-fd N] -- CMD ARGS...\ngpusched-shim: error: %s", message);
+                    "[--cwd DIR] [--output PATH] [--written-fd N] -- CMD ARGS...\ngpusched-shim: error: %s", message);
     if (value)
         fprintf(stderr, ", got '%s'", value);
     fputc('\n', stderr);
@@ -456,6 +458,8 @@ static int parse(struct shim *s, int argc, char **argv) {
             s->status_path = value;
         } else if (!strcmp(name, "--cwd")) {
             s->cwd = value;
+        } else if (!strcmp(name, "--output")) {
+            s->output = value;
         } else if (!strcmp(name, "--kill-wait")) {
             if (!seconds(value, &s->kill_wait, 0))
                 return usage("--kill-wait must be >= 0", value);
@@ -508,6 +512,14 @@ int main(int argc, char **argv) {
             return 1;
         }
         free(dir);
+    }
+    if (s.output) {                   /* the workload's stdout and stderr, and the shim's */
+        int fd = open(s.output, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
+        if (fd < 0 || dup2(fd, STDOUT_FILENO) < 0 || dup2(fd, STDERR_FILENO) < 0) {
+            fprintf(stderr, "gpusched-shim: cannot open %s: %s\n", s.output, strerror(errno));
+            return 1;
+        }
+        close(fd);
     }
     if (unlink(s.status_path) < 0 && errno != ENOENT) {   /* an earlier run's: never read as ours */
         fprintf(stderr, "gpusched-shim: cannot remove an earlier status file: %s\n", strerror(errno));

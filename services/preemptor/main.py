@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 
 from gpusched.adapters.log.follower import FollowerOptions, LogFollower
 from gpusched.adapters.api.grpc_server import set_serving, start_server
@@ -30,11 +31,17 @@ BUSY_SHARE = 0.25
 
 
 def preemption_config(own: PreemptorSettings) -> PreemptionConfig:
-    """The preemption rules of the settings (the quota tree comes from the log)."""
-    return PreemptionConfig(min_runtime_s=own.min_runtime, min_runtime_growth=own.min_runtime_growth,
-                            max_min_runtime_s=own.max_min_runtime, pool_min_runtime_s=dict(own.pool_min_runtime),
-                            preemption_budget=own.preemption_budget, reclaim_min_runtime_s=own.reclaim_min_runtime,
-                            reclaim_window_s=own.reclaim_window, max_loss_per_wait=own.max_loss_per_wait)
+    """The preemption rules of the settings: each field of ``PreemptionConfig`` from the
+    setting of its name (a field in seconds, ``..._s``, from the setting without the
+    suffix), so a rule's new setting needs nothing here; the others keep their defaults,
+    and the quota tree comes from the log."""
+    given = own.model_dump()
+    values = {}
+    for field in dataclasses.fields(PreemptionConfig):
+        name = field.name.removesuffix("_s")
+        if name in given:
+            values[field.name] = given[name]
+    return PreemptionConfig(**values)
 
 
 def revoked(decider: PreemptorDecider, loop: PartitionProposer, partitions: set[int]) -> None:

@@ -25,6 +25,10 @@ RECORDER = (sys.executable, str(WORKLOADS / "recorder.py"))
 RUNNING, SUCCEEDED, FAILED = types_pb2.JOB_PHASE_RUNNING, types_pb2.JOB_PHASE_SUCCEEDED, types_pb2.JOB_PHASE_FAILED
 EXIT, OOM, NODE = types_pb2.FAILURE_CAUSE_EXIT, types_pb2.FAILURE_CAUSE_OOM, types_pb2.FAILURE_CAUSE_NODE
 MEMCG = Path("/sys/fs/cgroup/memory")
+# What PyTorch prints when a CUDA allocation fails, then exits 1 (an uncaught exception).
+CUDA_OOM = ("import sys; print('step 1: loss 2.31', flush=True); sys.stderr.write("
+            "'torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total "
+            "capacity of 79.11 GiB of which 1.02 GiB is free.\\n'); sys.exit(1)")
 CAN_OOM = os.geteuid() == 0 and (MEMCG / "memory.limit_in_bytes").exists()
 
 
@@ -61,7 +65,9 @@ async def test_failures_are_retried_by_their_cause(kafka_bootstrap, topics, tmp_
         moved = spec("long", "ml", gpus=1, checkpoint_interval=0.5,
                      command=(*RECORDER, "--duration", "8", "--checkpoint-every", "0.5"))
         moved.max_restarts = 0
-        jobs = [fatal, flaky, moved]
+        cuda = with_rules(spec("cuda", "ml", gpus=1, command=(sys.executable, "-c", CUDA_OOM)),
+                          {"cause": OOM, "action": types_pb2.RETRY_ACTION_FAIL}, max_restarts=3)
+        jobs = [fatal, flaky, moved, cuda]
         if CAN_OOM:
             cgroup.mkdir()
             (cgroup / "memory.limit_in_bytes").write_text(str(64 << 20))
@@ -83,8 +89,13 @@ async def test_failures_are_retried_by_their_cause(kafka_bootstrap, topics, tmp_
         assert "restart budget spent" in again.reason
         assert attempts_recorded(tmp_path, ids[1]) == {0, 1}
 
+        out_of_memory = done[ids[3]]   # PyTorch's CUDA OOM in its output: the cause is oom, the rule fails it
+        assert out_of_memory.phase == FAILED and out_of_memory.attempt == 0, out_of_memory
+        assert [(f.cause, f.exit_code, f.counted) for f in out_of_memory.failures] == [(OOM, 1, False)]
+        assert "CUDA out of memory" in out_of_memory.failures[0].reason, out_of_memory.failures
+
         if CAN_OOM:
-            hog = done[ids[3]]
+            hog = done[ids[4]]
             assert hog.phase == FAILED and hog.attempt == 0, hog
             assert [(f.cause, f.counted) for f in hog.failures] == [(OOM, False)], hog.failures
 

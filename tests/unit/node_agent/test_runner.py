@@ -69,8 +69,8 @@ async def test_a_relative_workdir_is_used_as_given(tmp_path, monkeypatch):
                      devices=gpu(0))
     await run.start()
     assert (await asyncio.wait_for(run.wait(), 10)).exit_code == 0
-    assert sorted(p.name for p in (tmp_path / "rel" / "job-0-0").iterdir()) == ["checkpoint", "record.jsonl",
-                                                                               "shim.json"]
+    assert sorted(p.name for p in (tmp_path / "rel" / "job-0-0").iterdir()) == ["checkpoint", "output.log",
+                                                                               "record.jsonl", "shim.json"]
 
 
 async def test_a_workload_ignoring_the_stop_is_killed_by_its_shim(tmp_path):

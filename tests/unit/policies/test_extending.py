@@ -1,11 +1,20 @@
-"""The worked examples of ``docs/design/extending.md``: a placement score, a queue order and a
-preemption rule, each written the way the document says, and checked here."""
+"""The worked examples of ``docs/design/extending.md``: a placement score, a queue order, a
+preemption rule, a consumer of the pool log and a job's own reaction to an exit code, each
+written the way the document says, and checked here."""
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+from collections import Counter
+from types import SimpleNamespace
 
+from gpusched.adapters.log import codec
+from gpusched.adapters.log.fold import fold_records
+from gpusched.adapters.log.publisher import DeadLetters
 from gpusched.core import events as ev
 from gpusched.core.digest import digest
+from gpusched.core.model import FailureCause, JobPhase, RetryAction, RetryRule
+from gpusched.core.state import ClusterState
 from gpusched.policies.memory import CycleMemory
 from gpusched.policies.placement.gang import place_gang
 from gpusched.policies.placement.heuristics import GPU_WEIGHT, ScoredPlacement
@@ -14,7 +23,7 @@ from gpusched.policies.statement import tentative
 from gpusched.policies.preemption.search_context import SearchContext
 from gpusched.policies.preemption.victim_rules import PreemptionConfig
 from gpusched.policies.preemption.victim_search import VictimSearch
-from tests.unit.core.builders import Log, make_node, make_spec
+from tests.unit.core.builders import Log, make_node, make_spec, whole
 from tests.unit.policies.preemption_clusters import BE, HI, NOW, Cluster
 from tests.unit.policies.preemption_configs import other_rules
 
@@ -99,3 +108,50 @@ def test_same_team_rule_stops_only_the_own_teams_job():
     assert digest(c.state) == before
     c.pending("other", gpus=4, team="c", priority_class=HI)
     assert same_team_victims(c.state, c.job("other"), NOW) is None   # team c has nothing to stop
+
+
+# --- a Kafka consumer --------------------------------------------------------------------------
+class PlacementsPerTeam:
+    """Placements the pool log accepted, per team: the ``on_event`` of a ``LogFollower``."""
+
+    def __init__(self) -> None:
+        self.counts: Counter[str] = Counter()
+
+    def __call__(self, partition, offset, event, outcome, state) -> None:
+        if isinstance(event, ev.JobPlaced) and outcome.accepted:
+            self.counts[state.jobs[event.job_id].team] += 1
+
+
+def test_a_consumer_counts_the_placements_the_log_accepted():
+    log = Log(make_node("n1", gpus=2))
+    log.submit("a1", make_spec("team-a", gpus=1, cpu=0, mem=0))
+    log.submit("a2", make_spec("team-a", gpus=1, cpu=0, mem=0))
+    log.submit("b1", make_spec("team-b", gpus=1, cpu=0, mem=0))
+    assert log.place("a1", ("n1", whole(0))).accepted
+    assert log.place("a2", ("n1", whole(1))).accepted
+    assert not log.place("b1", ("n1", whole(1))).accepted     # a GPU already taken: refused, not counted
+    # the records as the follower's consumer fetches them, folded by the follower's own loop
+    records = [SimpleNamespace(topic="events", partition=0, offset=offset, value=codec.encode(event, "default"))
+               for offset, event in enumerate(log.events)]
+    counts = PlacementsPerTeam()
+    folded = ClusterState()
+    asyncio.run(fold_records("placements", folded, records, counts, DeadLetters(None, "placements")))
+    assert counts.counts == Counter({"team-a": 2})
+    assert digest(folded) == digest(log.state)
+
+
+# --- a reaction to a worker's exit -------------------------------------------------------------
+def test_a_job_asks_that_exit_75_place_it_again_uncounted():
+    log = Log(make_node("n1", gpus=1))
+    spec = dataclasses.replace(make_spec(gpus=1, max_restarts=0),
+                               retry=(RetryRule(FailureCause.EXIT, (75,), RetryAction.IGNORE),))
+    assert log.submit("j", spec).accepted
+    log.run("j", ("n1", whole(0)))
+    assert log.finish("j", 0, 75).accepted
+    job = log.job("j")
+    assert job.phase is JobPhase.PENDING and job.restarts == 0
+    assert [(f.cause, f.exit_code, f.counted) for f in job.failures] == [(FailureCause.EXIT, 75, False)]
+    log.job("j").not_before = 0.0
+    log.run("j", ("n1", whole(0)))
+    assert log.finish("j", 0, 1).accepted                    # any other code: its max_restarts (0) decides
+    assert log.job("j").phase is JobPhase.FAILED

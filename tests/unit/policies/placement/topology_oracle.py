@@ -1,6 +1,8 @@
 """ORACLE, for tests only: a frozen copy of ``gpusched.policies.placement.topology``'s
 ``place_spread``/``plan_gang``/``node_capacity`` (and ``gang.place_gang``) as they were before
-gang planning was made proportional to what a decision needs. The tests compare the
+gang planning was made proportional to what a decision needs, for a pool on the default
+levels (spine, rack), with the planner's choice among spines as it is now (the one needing
+the fewest racks, then the fullest; where none takes the gang, the spines biggest first). The tests compare the
 live planner's decisions with these, which computed every node's capacity and the
 policy's rank of every candidate for every gang. Do not optimise or import from here
 in the project.
@@ -64,8 +66,7 @@ def plan_gang(nodes: list[NodeState], res: WorkerResources, workers: int,
     def rack_cap(key: tuple[str, str]) -> int:
         return sum(caps[n.name] for n in racks[key])
 
-    def nodes_needed(key: tuple[str, str]) -> int:
-        left = workers
+    def nodes_needed(key: tuple[str, str], left: int = workers) -> int:
         for i, n in enumerate(racks[key]):
             left -= caps[n.name]
             if left <= 0:
@@ -77,7 +78,10 @@ def plan_gang(nodes: list[NodeState], res: WorkerResources, workers: int,
         best = min(whole, key=lambda k: (nodes_needed(k), rack_cap(k), order[racks[k][0].name]))
         chosen = [best]
     else:
-        chosen = _fewest_racks(racks, rack_cap, workers)
+        def top(keys: list[tuple[str, str]]) -> int:   # the first node of the racks: most workers, then order
+            first = min((n for k in keys for n in racks[k][:1]), key=lambda n: (-caps[n.name], order[n.name]))
+            return order[first.name]
+        chosen = _fewest_racks(racks, rack_cap, workers, nodes_needed, top)
     members = sorted((n for k in chosen for n in racks[k]), key=lambda n: (-caps[n.name], order[n.name]))
     plan, left = [], workers
     for n in members:
@@ -89,14 +93,20 @@ def plan_gang(nodes: list[NodeState], res: WorkerResources, workers: int,
     return None
 
 
-def _fewest_racks(racks: dict, rack_cap, workers: int) -> list[tuple[str, str]]:
-    """Biggest racks first, inside one spine when a spine can take the gang."""
+def _fewest_racks(racks: dict, rack_cap, workers: int, nodes_needed, top) -> list[tuple[str, str]]:
+    """Biggest racks first, inside one spine when a spine can take the gang (the one
+    needing the fewest racks, then the fullest, then the one whose first node comes
+    first); else the spines biggest first, each whole but the last, which holds the
+    rest in its one rack that fits best, else in its biggest racks."""
     spines: dict[str, list[tuple[str, str]]] = defaultdict(list)
     for key in racks:
         spines[key[0]].append(key)
 
-    def take(keys: list[tuple[str, str]]) -> list[tuple[str, str]]:
-        out, left = [], workers
+    def spine_cap(spine: str) -> int:
+        return sum(map(rack_cap, spines[spine]))
+
+    def take(keys: list[tuple[str, str]], left: int) -> list[tuple[str, str]]:
+        out = []
         for k in sorted(keys, key=lambda k: (-rack_cap(k), k)):
             out.append(k)
             left -= rack_cap(k)
@@ -104,10 +114,21 @@ def _fewest_racks(racks: dict, rack_cap, workers: int) -> list[tuple[str, str]]:
                 break
         return out
 
-    fitting = [take(keys) for keys in spines.values() if sum(map(rack_cap, keys)) >= workers]
+    fitting = [spine for spine in spines if spine_cap(spine) >= workers]
     if fitting:
-        return min(fitting, key=lambda ks: (len(ks), ks))
-    return take(list(racks))
+        best = min(fitting, key=lambda sp: (len(take(spines[sp], workers)), spine_cap(sp), top(spines[sp])))
+        return take(spines[best], workers)
+    out, left = [], workers
+    for spine in sorted(spines, key=lambda sp: (-spine_cap(sp), sp)):
+        if spine_cap(spine) < left:
+            out += spines[spine]
+            left -= spine_cap(spine)
+            continue
+        whole = [k for k in spines[spine] if rack_cap(k) >= left]
+        if whole:
+            return out + [min(whole, key=lambda k: (nodes_needed(k, left), rack_cap(k), top([k])))]
+        return out + take(spines[spine], left)
+    return out
 
 
 def node_capacity(node: NodeState, res: WorkerResources, cap: int) -> int:
